@@ -1,0 +1,245 @@
+//! `ipq-agent`: the node agent. `ipq-agent --config FILE` runs it; `ipq-agent datapath ...`
+//! inspects or repairs the pinned datapath directly (break-glass, works with no agent running).
+
+use std::{net::IpAddr, path::PathBuf, process::ExitCode};
+
+use anyhow::{bail, Context as _};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use ipq::{
+    config::{Config, Overrides},
+    datapath::DatapathMaps,
+    netdev, paths,
+};
+use ipq_common::{
+    addr::{AddrEntry, AddrKey, AddrState, NO_IFINDEX},
+    counters::{counter_index, Action, Hook, Reason},
+};
+
+#[derive(Parser)]
+#[command(
+    name = "ipq-agent",
+    version,
+    about = "ipq node agent: IP quarantine in the kernel datapath"
+)]
+#[command(args_conflicts_with_subcommands = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+#[derive(Args, Default)]
+struct RunArgs {
+    /// Configuration file; without it, /etc/ipq/agent.toml if it exists, else built-in defaults.
+    #[arg(long, short)]
+    config: Option<PathBuf>,
+    /// enforce | observe
+    #[arg(long)]
+    mode: Option<String>,
+    /// fence-old | refuse-new | observe
+    #[arg(long)]
+    on_early_reuse: Option<String>,
+    #[arg(long)]
+    cooldown: Option<String>,
+    #[arg(long)]
+    quiet_period: Option<String>,
+    #[arg(long)]
+    max_cooldown: Option<String>,
+    #[arg(long)]
+    capacity: Option<String>,
+    #[arg(long)]
+    bpffs_dir: Option<String>,
+    #[arg(long)]
+    state_dir: Option<String>,
+    #[arg(long)]
+    api_socket: Option<String>,
+    #[arg(long)]
+    metrics_addr: Option<String>,
+    /// Workload interface glob (repeatable); replaces [interfaces] workload.
+    #[arg(long)]
+    workload: Vec<String>,
+    /// Uplink interface name (repeatable); replaces [interfaces] uplink.
+    #[arg(long)]
+    uplink: Vec<String>,
+}
+
+impl RunArgs {
+    fn overrides(&self) -> Overrides {
+        let mut values = Vec::new();
+        for (key, value) in [
+            ("mode", &self.mode),
+            ("on_early_reuse", &self.on_early_reuse),
+            ("cooldown", &self.cooldown),
+            ("quiet_period", &self.quiet_period),
+            ("max_cooldown", &self.max_cooldown),
+            ("capacity", &self.capacity),
+            ("bpffs_dir", &self.bpffs_dir),
+            ("state_dir", &self.state_dir),
+            ("api_socket", &self.api_socket),
+            ("metrics_addr", &self.metrics_addr),
+        ] {
+            if let Some(value) = value {
+                values.push((key, value.clone()));
+            }
+        }
+        Overrides {
+            values,
+            workload: (!self.workload.is_empty()).then(|| self.workload.clone()),
+            uplink: (!self.uplink.is_empty()).then(|| self.uplink.clone()),
+        }
+    }
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Inspect or repair the pinned datapath maps directly.
+    #[command(subcommand)]
+    Datapath(DatapathCommand),
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum StateArg {
+    Active,
+    Draining,
+    Quarantined,
+}
+
+#[derive(Subcommand)]
+enum DatapathCommand {
+    /// Every address in the datapath, and the drop counters.
+    Show {
+        #[arg(long, default_value = paths::DEFAULT_BPFFS_DIR)]
+        bpffs_dir: PathBuf,
+    },
+    /// Writes one address entry.
+    Set {
+        addr: IpAddr,
+        #[arg(long, value_enum)]
+        state: StateArg,
+        /// Interface of the holder whose traffic flows.
+        #[arg(long)]
+        holder: Option<String>,
+        /// Interface whose packets with this address are dropped both ways.
+        #[arg(long)]
+        fenced: Option<String>,
+        #[arg(long, default_value = paths::DEFAULT_BPFFS_DIR)]
+        bpffs_dir: PathBuf,
+    },
+    /// Removes one address entry (the address becomes free).
+    Delete {
+        addr: IpAddr,
+        #[arg(long, default_value = paths::DEFAULT_BPFFS_DIR)]
+        bpffs_dir: PathBuf,
+    },
+}
+
+fn ifindex_of(name: &Option<String>, what: &str) -> anyhow::Result<u32> {
+    match name {
+        None => Ok(NO_IFINDEX),
+        Some(name) => netdev::ifindex(name)
+            .with_context(|| format!("{what} interface {name:?} does not exist")),
+    }
+}
+
+fn datapath_command(command: DatapathCommand) -> anyhow::Result<()> {
+    match command {
+        DatapathCommand::Show { bpffs_dir } => {
+            let maps = DatapathMaps::open_pinned(&bpffs_dir)?;
+            println!(
+                "{:<40} {:<12} {:>7} {:>7}",
+                "ADDRESS", "STATE", "HOLDER", "FENCED"
+            );
+            for (addr, entry) in maps.table.entries()? {
+                let state = entry.state().map_or("unknown", AddrState::as_str);
+                println!(
+                    "{:<40} {:<12} {:>7} {:>7}",
+                    addr.to_ip().to_string(),
+                    state,
+                    entry.holder_ifindex,
+                    entry.fenced_ifindex
+                );
+            }
+            let counters = maps.counters()?;
+            for action in Action::ALL {
+                for hook in Hook::ALL {
+                    for reason in Reason::ALL {
+                        let c = counters[counter_index(action, hook, reason) as usize];
+                        if c.packets > 0 {
+                            println!(
+                                "{} {} {}: {} packets, {} bytes",
+                                action.as_str(),
+                                hook.as_str(),
+                                reason.as_str(),
+                                c.packets,
+                                c.bytes
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        DatapathCommand::Set {
+            addr,
+            state,
+            holder,
+            fenced,
+            bpffs_dir,
+        } => {
+            let state = match state {
+                StateArg::Active => AddrState::Active,
+                StateArg::Draining => AddrState::Draining,
+                StateArg::Quarantined => AddrState::Quarantined,
+            };
+            let holder = ifindex_of(&holder, "holder")?;
+            let fenced = ifindex_of(&fenced, "fenced")?;
+            if state != AddrState::Quarantined && holder == NO_IFINDEX {
+                bail!("--holder is required for an {} address", state.as_str());
+            }
+            let mut maps = DatapathMaps::open_pinned(&bpffs_dir)?;
+            let entry = AddrEntry::new(state, holder, netdev::boottime_ns()).with_fenced(fenced);
+            maps.table.put(AddrKey::from(addr), entry)?;
+            println!(
+                "{addr}: {} holder if{holder} fenced if{fenced}",
+                state.as_str()
+            );
+        }
+        DatapathCommand::Delete { addr, bpffs_dir } => {
+            let mut maps = DatapathMaps::open_pinned(&bpffs_dir)?;
+            match maps.table.remove(&AddrKey::from(addr))? {
+                Some(_) => println!("{addr}: removed"),
+                None => bail!("{addr} is not in the datapath"),
+            }
+        }
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
+        .format_timestamp_millis()
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Some(Command::Datapath(command)) => datapath_command(command),
+        None => run(cli.run),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("ipq-agent: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: RunArgs) -> anyhow::Result<()> {
+    let config = Config::load(args.config.as_deref(), &args.overrides())?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(ipq::agent::run(config))?;
+    Ok(())
+}

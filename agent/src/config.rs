@@ -1,0 +1,435 @@
+//! The agent's configuration: `agent.toml`, every key with a default, flags overriding keys.
+//!
+//! A bad configuration is refused at start with the key, the value and why. The file is read as
+//! a TOML table and each key converted by hand, so that every error can name its key and value
+//! the way an operator wrote them, and an unknown key (a typo) is an error rather than a silent
+//! default.
+
+use std::{
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use thiserror::Error;
+use toml::{Table, Value};
+
+use crate::paths;
+
+/// Global enforcement mode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    Enforce,
+    Observe,
+}
+
+/// What happens when a new holder claims an address another live holder still has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EarlyReusePolicy {
+    FenceOld,
+    RefuseNew,
+    Observe,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Interfaces {
+    /// Globs of workload interface names (host side of pod veths, bridge ports).
+    pub workload: Vec<String>,
+    /// Names of uplinks.
+    pub uplink: Vec<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    pub mode: Mode,
+    pub on_early_reuse: EarlyReusePolicy,
+    pub cooldown: Duration,
+    pub quiet_period: Duration,
+    pub max_cooldown: Duration,
+    pub capacity: u32,
+    pub bpffs_dir: PathBuf,
+    pub state_dir: PathBuf,
+    pub api_socket: PathBuf,
+    pub metrics_addr: SocketAddr,
+    pub interfaces: Interfaces,
+}
+
+/// Largest registry the datapath map is created with (16 Mi entries, ~1 GiB of kernel memory).
+pub const MAX_CAPACITY: u32 = 1 << 24;
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            mode: Mode::Enforce,
+            on_early_reuse: EarlyReusePolicy::FenceOld,
+            cooldown: Duration::from_secs(30),
+            quiet_period: Duration::from_secs(10),
+            max_cooldown: Duration::from_secs(300),
+            capacity: ipq_common::names::DEFAULT_ADDR_CAPACITY,
+            bpffs_dir: paths::DEFAULT_BPFFS_DIR.into(),
+            state_dir: paths::DEFAULT_STATE_DIR.into(),
+            api_socket: paths::DEFAULT_API_SOCKET.into(),
+            metrics_addr: SocketAddr::from(([127, 0, 0, 1], 9740)),
+            interfaces: Interfaces {
+                // The host side of pod veths as the common CNIs name it: the reference plugins
+                // (ptp, bridge), Calico, Cilium and the AWS VPC CNI.
+                workload: ["veth*", "cali*", "lxc*", "eni*"]
+                    .map(String::from)
+                    .to_vec(),
+                uplink: Vec::new(),
+            },
+        }
+    }
+}
+
+#[derive(Debug, Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("config {source_name}: not valid TOML: {message}")]
+    Syntax {
+        source_name: String,
+        message: String,
+    },
+    #[error("config {source_name}: unknown key `{key}` (known keys: {known})")]
+    UnknownKey {
+        source_name: String,
+        key: String,
+        known: &'static str,
+    },
+    #[error("config {source_name}: `{key}` = {value}: {reason}")]
+    Invalid {
+        source_name: String,
+        key: String,
+        value: String,
+        reason: String,
+    },
+}
+
+const TOP_KEYS: &str = "mode, on_early_reuse, cooldown, quiet_period, max_cooldown, capacity, \
+                        bpffs_dir, state_dir, api_socket, metrics_addr, [interfaces]";
+const INTERFACE_KEYS: &str = "workload, uplink";
+
+/// Values given on the command line; each overrides the key of the same name.
+#[derive(Clone, Debug, Default)]
+pub struct Overrides {
+    pub values: Vec<(&'static str, String)>,
+    pub workload: Option<Vec<String>>,
+    pub uplink: Option<Vec<String>>,
+}
+
+impl Config {
+    /// Loads `path`, or the defaults when no path is given and the default file does not exist,
+    /// then applies `overrides` and validates the result.
+    pub fn load(path: Option<&Path>, overrides: &Overrides) -> Result<Self, ConfigError> {
+        let (text, source_name) = match path {
+            Some(path) => (read(path)?, path.display().to_string()),
+            None => {
+                let default = Path::new(paths::DEFAULT_CONFIG);
+                if default.exists() {
+                    (read(default)?, default.display().to_string())
+                } else {
+                    (String::new(), "(built-in defaults)".to_owned())
+                }
+            }
+        };
+        let mut config = Self::from_toml(&text, &source_name)?;
+        config.apply(overrides)?;
+        config.validate("command line and config")?;
+        Ok(config)
+    }
+
+    /// Parses and validates one TOML document.
+    pub fn from_toml(text: &str, source_name: &str) -> Result<Self, ConfigError> {
+        let table: Table = text
+            .parse()
+            .map_err(|e: toml::de::Error| ConfigError::Syntax {
+                source_name: source_name.to_owned(),
+                message: e.to_string(),
+            })?;
+        let mut config = Self::default();
+        let p = Parser { source_name };
+        for (key, value) in &table {
+            match key.as_str() {
+                "mode" => config.mode = p.mode(key, value)?,
+                "on_early_reuse" => config.on_early_reuse = p.policy(key, value)?,
+                "cooldown" => config.cooldown = p.duration(key, value)?,
+                "quiet_period" => config.quiet_period = p.duration(key, value)?,
+                "max_cooldown" => config.max_cooldown = p.duration(key, value)?,
+                "capacity" => config.capacity = p.capacity(key, value)?,
+                "bpffs_dir" => config.bpffs_dir = p.abs_path(key, value)?,
+                "state_dir" => config.state_dir = p.abs_path(key, value)?,
+                "api_socket" => config.api_socket = p.abs_path(key, value)?,
+                "metrics_addr" => config.metrics_addr = p.socket_addr(key, value)?,
+                "interfaces" => {
+                    let Value::Table(interfaces) = value else {
+                        return Err(p.invalid(key, value, "must be a table: [interfaces]"));
+                    };
+                    for (sub, value) in interfaces {
+                        let key = format!("interfaces.{sub}");
+                        match sub.as_str() {
+                            "workload" => config.interfaces.workload = p.globs(&key, value)?,
+                            "uplink" => config.interfaces.uplink = p.ifnames(&key, value)?,
+                            _ => return Err(p.unknown(&key, INTERFACE_KEYS)),
+                        }
+                    }
+                }
+                _ => return Err(p.unknown(key, TOP_KEYS)),
+            }
+        }
+        config.validate(source_name)?;
+        Ok(config)
+    }
+
+    fn apply(&mut self, overrides: &Overrides) -> Result<(), ConfigError> {
+        let p = Parser {
+            source_name: "command line",
+        };
+        for (flag, raw) in &overrides.values {
+            let value = Value::String(raw.clone());
+            let key = format!("--{}", flag.replace('_', "-"));
+            match *flag {
+                "mode" => self.mode = p.mode(&key, &value)?,
+                "on_early_reuse" => self.on_early_reuse = p.policy(&key, &value)?,
+                "cooldown" => self.cooldown = p.duration(&key, &value)?,
+                "quiet_period" => self.quiet_period = p.duration(&key, &value)?,
+                "max_cooldown" => self.max_cooldown = p.duration(&key, &value)?,
+                "capacity" => {
+                    let n = raw.parse::<i64>().map_err(|_| {
+                        p.invalid(&key, &value, "must be a whole number of entries")
+                    })?;
+                    self.capacity = p.capacity(&key, &Value::Integer(n))?;
+                }
+                "bpffs_dir" => self.bpffs_dir = p.abs_path(&key, &value)?,
+                "state_dir" => self.state_dir = p.abs_path(&key, &value)?,
+                "api_socket" => self.api_socket = p.abs_path(&key, &value)?,
+                "metrics_addr" => self.metrics_addr = p.socket_addr(&key, &value)?,
+                other => unreachable!("override of unknown key {other}"),
+            }
+        }
+        if let Some(workload) = &overrides.workload {
+            let list = Value::Array(workload.iter().cloned().map(Value::String).collect());
+            self.interfaces.workload = p.globs("--workload", &list)?;
+        }
+        if let Some(uplink) = &overrides.uplink {
+            let list = Value::Array(uplink.iter().cloned().map(Value::String).collect());
+            self.interfaces.uplink = p.ifnames("--uplink", &list)?;
+        }
+        Ok(())
+    }
+
+    /// Checks that keys which are valid one by one are also valid together.
+    fn validate(&self, source_name: &str) -> Result<(), ConfigError> {
+        let invalid = |key: &str, value: String, reason: String| ConfigError::Invalid {
+            source_name: source_name.to_owned(),
+            key: key.to_owned(),
+            value,
+            reason,
+        };
+        let human = |d: Duration| format!("\"{}\"", humantime::format_duration(d));
+        if self.max_cooldown < self.cooldown {
+            return Err(invalid(
+                "max_cooldown",
+                human(self.max_cooldown),
+                format!(
+                    "must be at least cooldown ({})",
+                    humantime::format_duration(self.cooldown)
+                ),
+            ));
+        }
+        if self.quiet_period > self.max_cooldown {
+            return Err(invalid(
+                "quiet_period",
+                human(self.quiet_period),
+                format!(
+                    "must not exceed max_cooldown ({}): the quarantine could never end quietly",
+                    humantime::format_duration(self.max_cooldown)
+                ),
+            ));
+        }
+        for uplink in &self.interfaces.uplink {
+            if let Some(glob) = self.workload_glob_matching(uplink) {
+                return Err(invalid(
+                    "interfaces.uplink",
+                    format!("\"{uplink}\""),
+                    format!("also matches workload glob \"{glob}\": an interface has one role"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The first workload glob that matches `ifname`.
+    pub fn workload_glob_matching(&self, ifname: &str) -> Option<&str> {
+        self.interfaces
+            .workload
+            .iter()
+            .find(|glob| {
+                glob::Pattern::new(glob)
+                    .map(|p| p.matches(ifname))
+                    .unwrap_or(false)
+            })
+            .map(String::as_str)
+    }
+
+    pub fn is_uplink(&self, ifname: &str) -> bool {
+        self.interfaces.uplink.iter().any(|u| u == ifname)
+    }
+}
+
+fn read(path: &Path) -> Result<String, ConfigError> {
+    std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+/// Converts one key's value, naming the key and the value in every error.
+struct Parser<'a> {
+    source_name: &'a str,
+}
+
+impl Parser<'_> {
+    fn invalid(&self, key: &str, value: &Value, reason: &str) -> ConfigError {
+        ConfigError::Invalid {
+            source_name: self.source_name.to_owned(),
+            key: key.to_owned(),
+            value: value.to_string(),
+            reason: reason.to_owned(),
+        }
+    }
+
+    fn unknown(&self, key: &str, known: &'static str) -> ConfigError {
+        ConfigError::UnknownKey {
+            source_name: self.source_name.to_owned(),
+            key: key.to_owned(),
+            known,
+        }
+    }
+
+    fn string<'v>(&self, key: &str, value: &'v Value) -> Result<&'v str, ConfigError> {
+        value
+            .as_str()
+            .ok_or_else(|| self.invalid(key, value, "must be a string"))
+    }
+
+    fn mode(&self, key: &str, value: &Value) -> Result<Mode, ConfigError> {
+        match self.string(key, value)? {
+            "enforce" => Ok(Mode::Enforce),
+            "observe" => Ok(Mode::Observe),
+            _ => Err(self.invalid(key, value, "must be \"enforce\" or \"observe\"")),
+        }
+    }
+
+    fn policy(&self, key: &str, value: &Value) -> Result<EarlyReusePolicy, ConfigError> {
+        match self.string(key, value)? {
+            "fence-old" => Ok(EarlyReusePolicy::FenceOld),
+            "refuse-new" => Ok(EarlyReusePolicy::RefuseNew),
+            "observe" => Ok(EarlyReusePolicy::Observe),
+            _ => Err(self.invalid(
+                key,
+                value,
+                "must be \"fence-old\", \"refuse-new\" or \"observe\"",
+            )),
+        }
+    }
+
+    fn duration(&self, key: &str, value: &Value) -> Result<Duration, ConfigError> {
+        let text = self.string(key, value)?;
+        let duration = humantime::parse_duration(text).map_err(|e| {
+            self.invalid(
+                key,
+                value,
+                &format!("not a duration ({e}); write e.g. \"30s\", \"500ms\" or \"5m\""),
+            )
+        })?;
+        if duration.is_zero() {
+            return Err(self.invalid(key, value, "must be longer than zero"));
+        }
+        Ok(duration)
+    }
+
+    fn capacity(&self, key: &str, value: &Value) -> Result<u32, ConfigError> {
+        let n = value
+            .as_integer()
+            .ok_or_else(|| self.invalid(key, value, "must be a whole number of entries"))?;
+        if n < 1 || n > i64::from(MAX_CAPACITY) {
+            return Err(self.invalid(key, value, &format!("must be between 1 and {MAX_CAPACITY}")));
+        }
+        Ok(n as u32)
+    }
+
+    fn abs_path(&self, key: &str, value: &Value) -> Result<PathBuf, ConfigError> {
+        let path = PathBuf::from(self.string(key, value)?);
+        if !path.is_absolute() {
+            return Err(self.invalid(key, value, "must be an absolute path"));
+        }
+        Ok(path)
+    }
+
+    fn socket_addr(&self, key: &str, value: &Value) -> Result<SocketAddr, ConfigError> {
+        self.string(key, value)?.parse().map_err(|_| {
+            self.invalid(
+                key,
+                value,
+                "must be an address and port, e.g. \"127.0.0.1:9740\" or \"[::1]:9740\"",
+            )
+        })
+    }
+
+    fn strings(&self, key: &str, value: &Value) -> Result<Vec<String>, ConfigError> {
+        let array = value
+            .as_array()
+            .ok_or_else(|| self.invalid(key, value, "must be a list of strings"))?;
+        array
+            .iter()
+            .map(|item| {
+                item.as_str()
+                    .map(str::to_owned)
+                    .ok_or_else(|| self.invalid(key, item, "must be a string"))
+            })
+            .collect()
+    }
+
+    fn globs(&self, key: &str, value: &Value) -> Result<Vec<String>, ConfigError> {
+        let globs = self.strings(key, value)?;
+        for glob in &globs {
+            let item = Value::String(glob.clone());
+            if glob.is_empty() {
+                return Err(self.invalid(key, &item, "an empty glob matches nothing"));
+            }
+            glob::Pattern::new(glob)
+                .map_err(|e| self.invalid(key, &item, &format!("not a glob: {e}")))?;
+        }
+        Ok(globs)
+    }
+
+    fn ifnames(&self, key: &str, value: &Value) -> Result<Vec<String>, ConfigError> {
+        let names = self.strings(key, value)?;
+        for name in &names {
+            // IFNAMSIZ is 16 with the terminating NUL; '/', ':' and white space are refused by
+            // the kernel's dev_valid_name().
+            let valid = !name.is_empty()
+                && name.len() < 16
+                && name != "."
+                && name != ".."
+                && !name
+                    .chars()
+                    .any(|c| c == '/' || c == ':' || c.is_whitespace());
+            if !valid {
+                return Err(self.invalid(
+                    key,
+                    &Value::String(name.clone()),
+                    "not an interface name (1 to 15 characters, no '/', ':' or spaces)",
+                ));
+            }
+        }
+        Ok(names)
+    }
+}
+
+#[cfg(test)]
+mod tests;

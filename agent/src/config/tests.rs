@@ -1,0 +1,176 @@
+use super::*;
+
+fn err(text: &str) -> String {
+    Config::from_toml(text, "test.toml")
+        .unwrap_err()
+        .to_string()
+}
+
+#[test]
+fn empty_file_gives_defaults() {
+    assert_eq!(
+        Config::from_toml("", "test.toml").unwrap(),
+        Config::default()
+    );
+}
+
+#[test]
+fn every_key_is_read() {
+    let config = Config::from_toml(
+        r#"
+        mode = "observe"
+        on_early_reuse = "refuse-new"
+        cooldown = "45s"
+        quiet_period = "5s"
+        max_cooldown = "10m"
+        capacity = 1000
+        bpffs_dir = "/sys/fs/bpf/other"
+        state_dir = "/tmp/state"
+        api_socket = "/tmp/ipq.sock"
+        metrics_addr = "[::1]:9999"
+        [interfaces]
+        workload = ["lxc*", "veth?x"]
+        uplink = ["eth0", "bond0"]
+        "#,
+        "test.toml",
+    )
+    .unwrap();
+    assert_eq!(config.mode, Mode::Observe);
+    assert_eq!(config.on_early_reuse, EarlyReusePolicy::RefuseNew);
+    assert_eq!(config.cooldown, Duration::from_secs(45));
+    assert_eq!(config.quiet_period, Duration::from_secs(5));
+    assert_eq!(config.max_cooldown, Duration::from_secs(600));
+    assert_eq!(config.capacity, 1000);
+    assert_eq!(config.bpffs_dir, PathBuf::from("/sys/fs/bpf/other"));
+    assert_eq!(config.state_dir, PathBuf::from("/tmp/state"));
+    assert_eq!(config.api_socket, PathBuf::from("/tmp/ipq.sock"));
+    assert_eq!(config.metrics_addr, "[::1]:9999".parse().unwrap());
+    assert_eq!(config.interfaces.workload, ["lxc*", "veth?x"]);
+    assert_eq!(config.interfaces.uplink, ["eth0", "bond0"]);
+    assert_eq!(config.workload_glob_matching("lxc123"), Some("lxc*"));
+    assert_eq!(config.workload_glob_matching("eth0"), None);
+    assert!(config.is_uplink("bond0"));
+}
+
+#[test]
+fn errors_name_the_key_the_value_and_why() {
+    let e = err(r#"mode = "drop""#);
+    assert!(
+        e.contains("`mode`") && e.contains("\"drop\"") && e.contains("enforce"),
+        "{e}"
+    );
+
+    let e = err(r#"cooldown = "30""#);
+    assert!(
+        e.contains("`cooldown`") && e.contains("\"30\"") && e.contains("duration"),
+        "{e}"
+    );
+
+    let e = err(r#"cooldown = 30"#);
+    assert!(e.contains("`cooldown`") && e.contains("string"), "{e}");
+
+    let e = err(r#"capacity = 0"#);
+    assert!(e.contains("`capacity`") && e.contains("between 1"), "{e}");
+
+    let e = err(r#"state_dir = "var/lib/ipq""#);
+    assert!(e.contains("`state_dir`") && e.contains("absolute"), "{e}");
+
+    let e = err(r#"metrics_addr = "localhost""#);
+    assert!(
+        e.contains("`metrics_addr`") && e.contains("\"localhost\""),
+        "{e}"
+    );
+
+    let e = err(r#"on_early_reuse = "fence_old""#);
+    assert!(
+        e.contains("`on_early_reuse`") && e.contains("fence-old"),
+        "{e}"
+    );
+
+    let e = err("[interfaces]\nworkload = [\"veth[\"]");
+    assert!(
+        e.contains("`interfaces.workload`") && e.contains("not a glob"),
+        "{e}"
+    );
+
+    let e = err("[interfaces]\nuplink = [\"a/b\"]");
+    assert!(
+        e.contains("`interfaces.uplink`") && e.contains("\"a/b\""),
+        "{e}"
+    );
+
+    let e = err("interfaces = 3");
+    assert!(e.contains("`interfaces`") && e.contains("table"), "{e}");
+}
+
+#[test]
+fn unknown_keys_are_refused() {
+    let e = err(r#"cooldwn = "30s""#);
+    assert!(
+        e.contains("unknown key `cooldwn`") && e.contains("cooldown"),
+        "{e}"
+    );
+    let e = err("[interfaces]\nuplinks = [\"eth0\"]");
+    assert!(e.contains("unknown key `interfaces.uplinks`"), "{e}");
+}
+
+#[test]
+fn syntax_errors_are_reported() {
+    let e = err("mode = ");
+    assert!(
+        e.contains("test.toml") && e.contains("not valid TOML"),
+        "{e}"
+    );
+}
+
+#[test]
+fn keys_are_checked_together() {
+    let e = err("cooldown = \"10m\"\nmax_cooldown = \"5m\"");
+    assert!(
+        e.contains("`max_cooldown`") && e.contains("at least cooldown"),
+        "{e}"
+    );
+    let e = err("quiet_period = \"10m\"");
+    assert!(e.contains("`quiet_period`"), "{e}");
+    let e = err("[interfaces]\nuplink = [\"veth0\"]");
+    assert!(
+        e.contains("`interfaces.uplink`") && e.contains("veth*"),
+        "{e}"
+    );
+}
+
+#[test]
+fn flags_override_keys_and_are_validated() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("agent.toml");
+    std::fs::write(&path, "mode = \"observe\"\ncooldown = \"1m\"\n").unwrap();
+    let overrides = Overrides {
+        values: vec![("mode", "enforce".into()), ("capacity", "42".into())],
+        workload: Some(vec!["pod*".into()]),
+        uplink: Some(vec!["eth9".into()]),
+    };
+    let config = Config::load(Some(&path), &overrides).unwrap();
+    assert_eq!(config.mode, Mode::Enforce);
+    assert_eq!(config.cooldown, Duration::from_secs(60));
+    assert_eq!(config.capacity, 42);
+    assert_eq!(config.interfaces.workload, ["pod*"]);
+    assert_eq!(config.interfaces.uplink, ["eth9"]);
+
+    let bad = Overrides {
+        values: vec![("cooldown", "soon".into())],
+        ..Default::default()
+    };
+    let e = Config::load(Some(&path), &bad).unwrap_err().to_string();
+    assert!(e.contains("`--cooldown`") && e.contains("\"soon\""), "{e}");
+}
+
+#[test]
+fn missing_explicit_file_is_an_error() {
+    let e = Config::load(
+        Some(Path::new("/nonexistent/agent.toml")),
+        &Overrides::default(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("/nonexistent/agent.toml"), "{e}");
+}

@@ -1,0 +1,203 @@
+//! Attaching the programs and keeping them attached across agent restarts.
+//!
+//! Every link is pinned under `bpffs_dir/links`. A new agent re-opens the pin and swaps its own
+//! program into the existing link (`bpf_link_update`, atomic): there is no moment without a
+//! program, and never a second attachment. Only when the pin is missing or its link is dead (the
+//! device went away) is a new link created.
+
+use std::{collections::BTreeSet, fs, io, path::Path};
+
+use aya::programs::{
+    links::{FdLink, LinkError, LinkOrder, PinnedLink},
+    tc::{SchedClassifierLink, TcAttachOptions},
+    xdp::XdpLink,
+    SchedClassifier, TcAttachType, Xdp, XdpMode,
+};
+use log::{debug, info, warn};
+
+use super::DatapathError;
+use crate::paths::{AttachPoint, PinLayout};
+
+/// How an attachment came to be.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Attached {
+    /// The pinned link of a previous agent now runs this agent's program.
+    Reused,
+    /// A new link was created and pinned.
+    Created,
+}
+
+fn tc_attach_type(point: AttachPoint) -> TcAttachType {
+    match point {
+        AttachPoint::TcxEgress => TcAttachType::Egress,
+        _ => TcAttachType::Ingress,
+    }
+}
+
+/// Opens the pinned link of (`ifindex`, `point`), if one exists.
+fn open_pin(path: &Path) -> Result<Option<FdLink>, DatapathError> {
+    if !path.exists() {
+        return Ok(None);
+    }
+    match PinnedLink::from_pin(path) {
+        Ok(pinned) => Ok(Some(pinned.into())),
+        Err(LinkError::SyscallError(e)) => {
+            warn!(
+                "pinned link {} cannot be opened ({}); replacing it",
+                path.display(),
+                e.io_error
+            );
+            remove_pin(path)?;
+            Ok(None)
+        }
+        Err(source) => Err(DatapathError::Link {
+            path: path.to_owned(),
+            source,
+        }),
+    }
+}
+
+fn remove_pin(path: &Path) -> Result<(), DatapathError> {
+    match fs::remove_file(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(source) => Err(DatapathError::Io {
+            path: path.to_owned(),
+            source,
+        }),
+    }
+}
+
+fn pin(link: FdLink, path: &Path) -> Result<(), DatapathError> {
+    link.pin(path)
+        .map(drop)
+        .map_err(|source| DatapathError::Pin {
+            path: path.to_owned(),
+            source,
+        })
+}
+
+/// Attaches `prog` to the TCX hook `point` of `ifname`, first in the chain.
+pub fn attach_tc(
+    prog: &mut SchedClassifier,
+    layout: &PinLayout,
+    ifname: &str,
+    ifindex: u32,
+    point: AttachPoint,
+) -> Result<Attached, DatapathError> {
+    let path = layout.link(ifindex, point);
+    let attach_err = |source| DatapathError::Attach {
+        ifname: ifname.to_owned(),
+        point,
+        source,
+    };
+    if let Some(fd_link) = open_pin(&path)? {
+        match SchedClassifierLink::try_from(fd_link) {
+            Ok(link) => match prog.attach_to_link(link) {
+                Ok(id) => {
+                    // Dropping our handle closes only the fd: the pin keeps the link.
+                    drop(prog.take_link(id).map_err(attach_err)?);
+                    debug!("{ifname}: reused pinned {} link", point.as_str());
+                    return Ok(Attached::Reused);
+                }
+                Err(e) => info!(
+                    "{ifname}: pinned {} link is no longer usable ({e}); creating a new one",
+                    point.as_str()
+                ),
+            },
+            Err(e) => warn!(
+                "{ifname}: pin {} is not a TCX link ({e}); replacing it",
+                path.display()
+            ),
+        }
+        remove_pin(&path)?;
+    }
+    let id = prog
+        .attach_with_options(
+            ifname,
+            tc_attach_type(point),
+            TcAttachOptions::TcxOrder(LinkOrder::first()),
+        )
+        .map_err(attach_err)?;
+    let link = prog.take_link(id).map_err(attach_err)?;
+    let fd_link = FdLink::try_from(link).map_err(|source| DatapathError::Link {
+        path: path.clone(),
+        source,
+    })?;
+    pin(fd_link, &path)?;
+    Ok(Attached::Created)
+}
+
+/// Attaches `prog` as the XDP program of the uplink `ifname`.
+pub fn attach_xdp(
+    prog: &mut Xdp,
+    layout: &PinLayout,
+    ifname: &str,
+    ifindex: u32,
+) -> Result<Attached, DatapathError> {
+    let point = AttachPoint::Xdp;
+    let path = layout.link(ifindex, point);
+    let attach_err = |source| DatapathError::Attach {
+        ifname: ifname.to_owned(),
+        point,
+        source,
+    };
+    if let Some(fd_link) = open_pin(&path)? {
+        match XdpLink::try_from(fd_link) {
+            Ok(link) => match prog.attach_to_link(link) {
+                Ok(id) => {
+                    drop(prog.take_link(id).map_err(attach_err)?);
+                    debug!("{ifname}: reused pinned xdp link");
+                    return Ok(Attached::Reused);
+                }
+                Err(e) => info!("{ifname}: pinned xdp link is no longer usable ({e})"),
+            },
+            Err(e) => warn!(
+                "{ifname}: pin {} is not an XDP link ({e}); replacing it",
+                path.display()
+            ),
+        }
+        remove_pin(&path)?;
+    }
+    let id = prog
+        .attach_to_if_index(ifindex, XdpMode::Default)
+        .map_err(attach_err)?;
+    let link = prog.take_link(id).map_err(attach_err)?;
+    // Only a bpf_link can be pinned; the netlink fallback of old kernels cannot survive a
+    // restart without a gap, so it is refused rather than silently used.
+    let fd_link = FdLink::try_from(link).map_err(|source| DatapathError::Link {
+        path: path.clone(),
+        source,
+    })?;
+    pin(fd_link, &path)?;
+    Ok(Attached::Created)
+}
+
+/// Removes (and so detaches) every link pin not in `keep`. Returns what it removed.
+pub fn prune(
+    layout: &PinLayout,
+    keep: &BTreeSet<(u32, AttachPoint)>,
+) -> Result<Vec<(u32, AttachPoint)>, DatapathError> {
+    let dir = layout.links_dir();
+    let entries = match fs::read_dir(&dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(source) => return Err(DatapathError::Io { path: dir, source }),
+    };
+    let mut removed = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|source| DatapathError::Io {
+            path: dir.clone(),
+            source,
+        })?;
+        let name = entry.file_name();
+        let Some(parsed) = name.to_str().and_then(PinLayout::parse_link_name) else {
+            continue;
+        };
+        if !keep.contains(&parsed) {
+            remove_pin(&entry.path())?;
+            removed.push(parsed);
+        }
+    }
+    Ok(removed)
+}

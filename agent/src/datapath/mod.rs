@@ -1,0 +1,365 @@
+//! The kernel datapath: loading the embedded object with maps pinned under `bpffs_dir`,
+//! attaching its programs to workload interfaces and uplinks, and the typed maps.
+
+mod links;
+pub mod maps;
+mod object;
+mod table;
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    ffi::CString,
+    fs, io,
+    net::IpAddr,
+    path::{Path, PathBuf},
+};
+
+use aya::{
+    maps::{MapData, MapError},
+    pin::PinError,
+    programs::{links::LinkError, ProgramError, SchedClassifier, Xdp},
+    Ebpf, EbpfError, EbpfLoader,
+};
+use ipq_common::{
+    addr::{AddrEntry, AddrKey},
+    config::{DatapathConfig, Mode, DEFAULT_SAMPLE_INTERVAL_NS},
+    counters::Counter,
+    iface::IfaceEntry,
+    names,
+    sample::ConflictSample,
+};
+use log::info;
+use thiserror::Error;
+
+pub use links::Attached;
+pub use maps::{ConfigCell, Counters, Samples};
+pub use object::OBJECT;
+pub use table::{fast_path_eligible, AddressTable};
+
+use crate::paths::{AttachPoint, PinLayout, BPFFS_MOUNT};
+
+#[derive(Debug, Error)]
+pub enum DatapathError {
+    #[error(
+        "{path} is not on a bpf filesystem: mount one with `mount -t bpf bpf {BPFFS_MOUNT}` \
+         (`cargo xtask setup` does) or set bpffs_dir below a bpffs mount"
+    )]
+    NotBpffs { path: PathBuf },
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: io::Error },
+    #[error(
+        "pinned map {path} does not fit this agent ({what}: pinned {pinned}, needed {needed}); \
+         it was made by an incompatible ipq version: drain the node, remove {path} and restart"
+    )]
+    IncompatiblePin {
+        path: PathBuf,
+        what: &'static str,
+        pinned: u32,
+        needed: u32,
+    },
+    #[error("loading the eBPF object failed: {0}")]
+    Load(#[source] Box<EbpfError>),
+    #[error("program {name} is missing from the eBPF object")]
+    MissingProgram { name: &'static str },
+    #[error("map {name} is missing from the eBPF object")]
+    MissingMap { name: &'static str },
+    #[error("program {name}: {source}")]
+    Program {
+        name: &'static str,
+        source: ProgramError,
+    },
+    #[error("map {name}: {source}")]
+    Map {
+        name: &'static str,
+        source: MapError,
+    },
+    #[error("opening pinned map {path}: {source} (is an ipq agent installed on this node?)")]
+    OpenPin { path: PathBuf, source: MapError },
+    #[error("attaching {point:?} to {ifname}: {source}")]
+    Attach {
+        ifname: String,
+        point: AttachPoint,
+        source: ProgramError,
+    },
+    #[error("pinned link {path}: {source}")]
+    Link { path: PathBuf, source: LinkError },
+    #[error("pinning link at {path}: {source}")]
+    Pin { path: PathBuf, source: PinError },
+    #[error("the address map is full: {addr} was not stored")]
+    Full { addr: IpAddr },
+}
+
+/// What a loaded datapath needs from the configuration.
+#[derive(Clone, Debug)]
+pub struct LoadOptions {
+    pub bpffs_dir: PathBuf,
+    pub capacity: u32,
+    pub mode: Mode,
+}
+
+/// The maps of a datapath, whether just loaded or opened from pins.
+pub struct DatapathMaps {
+    pub table: AddressTable,
+    pub counters: Counters,
+    pub config: ConfigCell,
+}
+
+impl DatapathMaps {
+    fn open(mut source: maps::Source) -> Result<Self, DatapathError> {
+        let addrs = maps::AddrMap::open(&mut source)?;
+        let slots = maps::IfaceSlots::open(&mut source)?;
+        let filter = maps::QuarantineFilter::open(&mut source)?;
+        Ok(Self {
+            table: AddressTable::open(addrs, slots, filter)?,
+            counters: Counters::open(&mut source)?,
+            config: ConfigCell::open(&mut source)?,
+        })
+    }
+
+    /// Opens the maps a running (or stopped) agent pinned under `bpffs_dir`, for tools that
+    /// inspect or repair the datapath without loading programs.
+    pub fn open_pinned(bpffs_dir: &Path) -> Result<Self, DatapathError> {
+        let layout = PinLayout::new(bpffs_dir);
+        Self::open(maps::Source::Pinned(&layout))
+    }
+
+    pub fn counters(&self) -> Result<Vec<Counter>, DatapathError> {
+        self.counters.read()
+    }
+
+    pub fn set_mode(&mut self, mode: Mode) -> Result<(), DatapathError> {
+        let mut config = self.config.get()?;
+        config.mode = mode as u32;
+        if config.sample_interval_ns == 0 {
+            config.sample_interval_ns = DEFAULT_SAMPLE_INTERVAL_NS;
+        }
+        self.config.set(&config)
+    }
+}
+
+/// A loaded datapath: the programs, the maps, and the attachments this agent made.
+pub struct Datapath {
+    ebpf: Ebpf,
+    layout: PinLayout,
+    pub maps: DatapathMaps,
+    samples: Option<Samples>,
+    attached: BTreeMap<(u32, AttachPoint), String>,
+    capacity: u32,
+}
+
+/// Key and value sizes every pinned map must have, from the shared types.
+fn expected_layout(name: &str) -> Option<(u32, u32)> {
+    use core::mem::size_of;
+    let sizes = match name {
+        names::MAP_ADDRS => (size_of::<AddrKey>(), size_of::<AddrEntry>()),
+        names::MAP_IFACES => (size_of::<u32>(), size_of::<IfaceEntry>()),
+        names::MAP_QFILTER => (size_of::<u32>(), size_of::<u64>()),
+        names::MAP_COUNTERS => (size_of::<u32>(), size_of::<Counter>()),
+        names::MAP_CONFIG => (size_of::<u32>(), size_of::<DatapathConfig>()),
+        _ => return None,
+    };
+    Some((sizes.0 as u32, sizes.1 as u32))
+}
+
+/// Checks that `path` lies on a bpf filesystem.
+fn check_bpffs(path: &Path) -> Result<(), DatapathError> {
+    const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+    let mut probe = path.to_path_buf();
+    while !probe.exists() {
+        if !probe.pop() {
+            break;
+        }
+    }
+    let c_path = CString::new(probe.as_os_str().as_encoded_bytes()).map_err(|_| {
+        DatapathError::NotBpffs {
+            path: path.to_owned(),
+        }
+    })?;
+    let mut stat: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid C string and a zeroed out-parameter of the right type.
+    let rc = unsafe { libc::statfs(c_path.as_ptr(), &mut stat) };
+    if rc != 0 || stat.f_type as i64 != BPF_FS_MAGIC {
+        return Err(DatapathError::NotBpffs {
+            path: path.to_owned(),
+        });
+    }
+    Ok(())
+}
+
+fn create_dir(path: &Path) -> Result<(), DatapathError> {
+    fs::create_dir_all(path).map_err(|source| DatapathError::Io {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+impl Datapath {
+    /// Loads the embedded object. Maps already pinned by an earlier agent are re-used with
+    /// their contents; missing ones are created and pinned.
+    pub fn load(options: &LoadOptions) -> Result<Self, DatapathError> {
+        let layout = PinLayout::new(&options.bpffs_dir);
+        check_bpffs(layout.root())?;
+        create_dir(&layout.maps_dir())?;
+        create_dir(&layout.links_dir())?;
+        let capacity = Self::check_pins(&layout, options.capacity)?;
+
+        let mut loader = EbpfLoader::new();
+        loader
+            .default_map_pin_directory(layout.maps_dir())
+            .map_max_entries(names::MAP_ADDRS, capacity);
+        let mut ebpf = loader
+            .load(OBJECT)
+            .map_err(|e| DatapathError::Load(Box::new(e)))?;
+
+        for name in [names::PROG_TC_INGRESS, names::PROG_TC_EGRESS] {
+            let prog: &mut SchedClassifier = program(&mut ebpf, name)?;
+            prog.load()
+                .map_err(|source| DatapathError::Program { name, source })?;
+        }
+        let xdp: &mut Xdp = program(&mut ebpf, names::PROG_XDP_UPLINK)?;
+        xdp.load().map_err(|source| DatapathError::Program {
+            name: names::PROG_XDP_UPLINK,
+            source,
+        })?;
+
+        let samples = Samples::open(&mut maps::Source::Loaded(&mut ebpf))?;
+        let mut maps = DatapathMaps::open(maps::Source::Loaded(&mut ebpf))?;
+        maps.set_mode(options.mode)?;
+        info!(
+            "datapath loaded: {} addresses in pinned maps under {}",
+            maps.table.len(),
+            layout.root().display()
+        );
+        Ok(Self {
+            ebpf,
+            layout,
+            maps,
+            samples: Some(samples),
+            attached: BTreeMap::new(),
+            capacity,
+        })
+    }
+
+    /// Verifies pins left by an earlier agent before the loader trusts them, and returns the
+    /// capacity to load with: an existing address map keeps its size (and its contents).
+    fn check_pins(layout: &PinLayout, capacity: u32) -> Result<u32, DatapathError> {
+        let mut effective = capacity;
+        for name in names::PINNED_MAPS {
+            let path = layout.map(name);
+            if !path.exists() {
+                continue;
+            }
+            let data = MapData::from_pin(&path).map_err(|source| DatapathError::OpenPin {
+                path: path.clone(),
+                source,
+            })?;
+            let map_info = data
+                .info()
+                .map_err(|source| DatapathError::Map { name, source })?;
+            if let Some((key, value)) = expected_layout(name) {
+                for (what, pinned, needed) in [
+                    ("key size", map_info.key_size(), key),
+                    ("value size", map_info.value_size(), value),
+                ] {
+                    if pinned != needed {
+                        return Err(DatapathError::IncompatiblePin {
+                            path,
+                            what,
+                            pinned,
+                            needed,
+                        });
+                    }
+                }
+            }
+            if name == names::MAP_ADDRS && map_info.max_entries() != capacity {
+                log::warn!(
+                    "capacity is {capacity} but the pinned address map holds {}: keeping the \
+                     pinned map and its entries; to resize, drain the node and remove {}",
+                    map_info.max_entries(),
+                    path.display()
+                );
+                effective = map_info.max_entries();
+            }
+        }
+        Ok(effective)
+    }
+
+    pub fn layout(&self) -> &PinLayout {
+        &self.layout
+    }
+
+    pub fn capacity(&self) -> u32 {
+        self.capacity
+    }
+
+    /// The conflict-sample ring buffer, handed out once to its reader.
+    pub fn take_samples(&mut self) -> Option<Samples> {
+        self.samples.take()
+    }
+
+    /// Attaches the TC programs to a workload interface (ingress and egress).
+    pub fn attach_workload(&mut self, ifname: &str, ifindex: u32) -> Result<(), DatapathError> {
+        for (name, point) in [
+            (names::PROG_TC_INGRESS, AttachPoint::TcxIngress),
+            (names::PROG_TC_EGRESS, AttachPoint::TcxEgress),
+        ] {
+            let prog: &mut SchedClassifier = program(&mut self.ebpf, name)?;
+            let how = links::attach_tc(prog, &self.layout, ifname, ifindex, point)?;
+            info!(
+                "{ifname} (if{ifindex}): {} attached ({how:?})",
+                point.as_str()
+            );
+            self.attached.insert((ifindex, point), ifname.to_owned());
+        }
+        Ok(())
+    }
+
+    /// Attaches the XDP program to an uplink.
+    pub fn attach_uplink(&mut self, ifname: &str, ifindex: u32) -> Result<(), DatapathError> {
+        let prog: &mut Xdp = program(&mut self.ebpf, names::PROG_XDP_UPLINK)?;
+        let how = links::attach_xdp(prog, &self.layout, ifname, ifindex)?;
+        info!("{ifname} (if{ifindex}): xdp attached ({how:?})");
+        self.attached
+            .insert((ifindex, AttachPoint::Xdp), ifname.to_owned());
+        Ok(())
+    }
+
+    /// Forgets an interface that went away; the kernel has already detached its links.
+    pub fn forget_interface(&mut self, ifindex: u32) -> Result<(), DatapathError> {
+        self.attached.retain(|(i, _), _| *i != ifindex);
+        let keep: BTreeSet<_> = self.attached.keys().copied().collect();
+        links::prune(&self.layout, &keep)?;
+        Ok(())
+    }
+
+    /// Detaches what earlier agents attached and this one did not (interfaces gone, or no
+    /// longer configured). Call once every configured interface is attached.
+    pub fn prune_links(&self) -> Result<Vec<(u32, AttachPoint)>, DatapathError> {
+        let keep: BTreeSet<_> = self.attached.keys().copied().collect();
+        links::prune(&self.layout, &keep)
+    }
+
+    /// Interfaces attached by this agent, by attach point.
+    pub fn attached(&self) -> &BTreeMap<(u32, AttachPoint), String> {
+        &self.attached
+    }
+}
+
+fn program<'a, T>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut T, DatapathError>
+where
+    &'a mut T: TryFrom<&'a mut aya::programs::Program, Error = ProgramError>,
+{
+    ebpf.program_mut(name)
+        .ok_or(DatapathError::MissingProgram { name })?
+        .try_into()
+        .map_err(|source| DatapathError::Program { name, source })
+}
+
+/// Decodes one ring-buffer record into a sample, refusing records of the wrong size.
+pub fn decode_sample(bytes: &[u8]) -> Option<ConflictSample> {
+    if bytes.len() != std::mem::size_of::<ConflictSample>() {
+        return None;
+    }
+    // SAFETY: the length is checked; ConflictSample is Pod (valid for any bytes).
+    Some(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<ConflictSample>()) })
+}

@@ -1,0 +1,246 @@
+//! The address table: `IPQ_ADDRS` together with the two accelerators derived from it, the
+//! per-interface fast-path slots (`IPQ_IFACES`) and the quarantine bitmap (`IPQ_QFILTER`).
+//!
+//! The accelerators may only ever make a packet skip a lookup that would have passed it. Every
+//! change is therefore written in an order that keeps that true at each step: an address leaves
+//! a fast-path slot before its entry stops passing, and joins one only after; a bitmap bit is set
+//! before an entry becomes quarantined, and cleared only after it stops being so.
+
+use std::collections::{BTreeMap, HashMap};
+
+use ipq_common::{
+    addr::{AddrEntry, AddrKey, AddrState, NO_IFINDEX},
+    filter::{filter_position, FILTER_WORDS},
+    iface::{iface_slot, IfaceEntry, IFACE_OWN_ADDRS},
+    verdict::{workload_receives, workload_sends},
+};
+
+use super::{
+    maps::{AddrMap, IfaceSlots, QuarantineFilter},
+    DatapathError,
+};
+
+/// Whether packets of `ifindex` carrying the address of `entry` may skip the hash lookup: the
+/// verdict functions pass them in both directions.
+pub fn fast_path_eligible(ifindex: u32, entry: &AddrEntry) -> bool {
+    ifindex != NO_IFINDEX
+        && entry.holder_ifindex == ifindex
+        && workload_sends(ifindex, entry).is_none()
+        && workload_receives(ifindex, entry).is_none()
+}
+
+fn is_quarantined(entry: &AddrEntry) -> bool {
+    entry.state() == Some(AddrState::Quarantined)
+}
+
+pub struct AddressTable {
+    addrs: AddrMap,
+    slots: IfaceSlots,
+    filter: QuarantineFilter,
+    /// What `IPQ_ADDRS` holds, as last written by this table.
+    entries: BTreeMap<AddrKey, AddrEntry>,
+    /// Which interface each used slot describes.
+    slot_owner: HashMap<u32, u32>,
+    /// How many quarantined addresses set each bitmap word's bits, per bit.
+    filter_refs: HashMap<(u32, u64), u32>,
+    filter_words: Vec<u64>,
+}
+
+impl AddressTable {
+    /// Opens the table over the maps and rebuilds both accelerators from `IPQ_ADDRS`, which
+    /// is the only state trusted: the slots and bitmap of a previous agent are rewritten.
+    pub fn open(
+        addrs: AddrMap,
+        slots: IfaceSlots,
+        filter: QuarantineFilter,
+    ) -> Result<Self, DatapathError> {
+        let entries: BTreeMap<_, _> = addrs.entries()?.into_iter().collect();
+        let mut table = Self {
+            addrs,
+            slots,
+            filter,
+            entries,
+            slot_owner: HashMap::new(),
+            filter_refs: HashMap::new(),
+            filter_words: vec![0; FILTER_WORDS as usize],
+        };
+        table.rebuild_accelerators()?;
+        Ok(table)
+    }
+
+    fn rebuild_accelerators(&mut self) -> Result<(), DatapathError> {
+        let quarantined: Vec<AddrKey> = self
+            .entries
+            .iter()
+            .filter(|(_, e)| is_quarantined(e))
+            .map(|(k, _)| *k)
+            .collect();
+        for addr in &quarantined {
+            self.filter_ref(addr)?;
+        }
+        // Clear the words no current entry sets (left by a previous agent).
+        for word in 0..FILTER_WORDS {
+            self.filter
+                .set_word(word, self.filter_words[word as usize])?;
+        }
+        let mut holders: Vec<u32> = self.entries.values().map(|e| e.holder_ifindex).collect();
+        holders.sort_unstable();
+        holders.dedup();
+        for slot in 0..self.slots.len() {
+            let current = self.slots.get(slot)?;
+            if current.ifindex != 0 {
+                self.slots.set(slot, &IfaceEntry::default())?;
+            }
+        }
+        for ifindex in holders {
+            self.write_slot(ifindex, None)?;
+        }
+        Ok(())
+    }
+
+    pub fn get(&self, addr: &AddrKey) -> Option<&AddrEntry> {
+        self.entries.get(addr)
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Every entry, with the kernel-written stamps as they are now.
+    pub fn entries(&self) -> Result<Vec<(AddrKey, AddrEntry)>, DatapathError> {
+        self.addrs.entries()
+    }
+
+    /// Writes the entry of `addr`, keeping the kernel-written stamps.
+    pub fn put(&mut self, addr: AddrKey, mut entry: AddrEntry) -> Result<(), DatapathError> {
+        let old = self.entries.get(&addr).copied();
+        if let Some(current) = self.addrs.get(&addr)? {
+            entry.last_stale_ns = current.last_stale_ns;
+            entry.last_sample_ns = current.last_sample_ns;
+        }
+        let affected = affected_interfaces(old.as_ref(), Some(&entry));
+
+        // 1. Leave the fast path where the new entry no longer passes.
+        for &ifindex in &affected {
+            let keep = old.is_some_and(|o| fast_path_eligible(ifindex, &o))
+                && fast_path_eligible(ifindex, &entry);
+            self.write_slot(ifindex, Some((addr, keep)))?;
+        }
+        // 2. Make the uplink look before the entry says quarantined.
+        if is_quarantined(&entry) && !old.as_ref().is_some_and(is_quarantined) {
+            self.filter_ref(&addr)?;
+        }
+        // 3. The authoritative write.
+        self.addrs.insert(&addr, &entry)?;
+        self.entries.insert(addr, entry);
+        // 4. Stop looking once it no longer is.
+        if old.as_ref().is_some_and(is_quarantined) && !is_quarantined(&entry) {
+            self.filter_unref(&addr)?;
+        }
+        // 5. Join the fast path where the new entry passes.
+        for &ifindex in &affected {
+            self.write_slot(ifindex, None)?;
+        }
+        Ok(())
+    }
+
+    /// Removes `addr` (it becomes Free), returning what it was.
+    pub fn remove(&mut self, addr: &AddrKey) -> Result<Option<AddrEntry>, DatapathError> {
+        let Some(old) = self.entries.get(addr).copied() else {
+            self.addrs.remove(addr)?;
+            return Ok(None);
+        };
+        let affected = affected_interfaces(Some(&old), None);
+        // A free address passes everywhere, so the slots may follow the map.
+        self.addrs.remove(addr)?;
+        self.entries.remove(addr);
+        if is_quarantined(&old) {
+            self.filter_unref(addr)?;
+        }
+        for &ifindex in &affected {
+            self.write_slot(ifindex, None)?;
+        }
+        Ok(Some(old))
+    }
+
+    /// Rewrites the slot of `ifindex` from the table; with `Some((addr, keep))`, `addr` is listed
+    /// only if `keep` (the transition's intermediate state).
+    fn write_slot(
+        &mut self,
+        ifindex: u32,
+        pending: Option<(AddrKey, bool)>,
+    ) -> Result<(), DatapathError> {
+        if ifindex == NO_IFINDEX {
+            return Ok(());
+        }
+        let slot = iface_slot(ifindex);
+        match self.slot_owner.get(&slot) {
+            Some(&owner) if owner != ifindex => return Ok(()), // collision: hash-map path
+            _ => {}
+        }
+        let own: Vec<AddrKey> = self
+            .entries
+            .iter()
+            .filter(|(addr, entry)| match pending {
+                Some((pending_addr, keep)) if **addr == pending_addr => keep,
+                _ => fast_path_eligible(ifindex, entry),
+            })
+            .map(|(addr, _)| *addr)
+            .take(IFACE_OWN_ADDRS)
+            .collect();
+        let mut value = IfaceEntry::default();
+        if !own.is_empty() {
+            value.ifindex = ifindex;
+            value.own[..own.len()].copy_from_slice(&own);
+            self.slot_owner.insert(slot, ifindex);
+        } else {
+            self.slot_owner.remove(&slot);
+        }
+        if self.slots.get(slot)? != value {
+            self.slots.set(slot, &value)?;
+        }
+        Ok(())
+    }
+
+    fn filter_ref(&mut self, addr: &AddrKey) -> Result<(), DatapathError> {
+        let (word, mask) = filter_position(addr);
+        let refs = self.filter_refs.entry((word, mask)).or_insert(0);
+        *refs += 1;
+        if *refs == 1 {
+            self.filter_words[word as usize] |= mask;
+            self.filter
+                .set_word(word, self.filter_words[word as usize])?;
+        }
+        Ok(())
+    }
+
+    fn filter_unref(&mut self, addr: &AddrKey) -> Result<(), DatapathError> {
+        let (word, mask) = filter_position(addr);
+        if let Some(refs) = self.filter_refs.get_mut(&(word, mask)) {
+            *refs -= 1;
+            if *refs == 0 {
+                self.filter_refs.remove(&(word, mask));
+                self.filter_words[word as usize] &= !mask;
+                self.filter
+                    .set_word(word, self.filter_words[word as usize])?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn affected_interfaces(old: Option<&AddrEntry>, new: Option<&AddrEntry>) -> Vec<u32> {
+    let mut ifaces: Vec<u32> = [old, new]
+        .into_iter()
+        .flatten()
+        .map(|e| e.holder_ifindex)
+        .filter(|&i| i != NO_IFINDEX)
+        .collect();
+    ifaces.sort_unstable();
+    ifaces.dedup();
+    ifaces
+}

@@ -1,0 +1,9 @@
+//! The ipq agent library: configuration, the kernel datapath (loading, pinning, attaching and
+//! the typed maps), and metrics. The binaries in `src/bin` are thin edges over it.
+
+pub mod agent;
+pub mod config;
+pub mod datapath;
+pub mod metrics;
+pub mod netdev;
+pub mod paths;

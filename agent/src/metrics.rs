@@ -1,0 +1,294 @@
+//! Prometheus metrics and the agent's HTTP endpoints: `/metrics`, `/healthz`, `/readyz`.
+//!
+//! Datapath counters are read from the pinned per-CPU map at scrape time, so a scrape always
+//! sees the kernel's own numbers, including what was counted while the agent was down.
+
+use std::{
+    convert::Infallible,
+    net::SocketAddr,
+    path::Path,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc, Mutex,
+    },
+};
+
+use http_body_util::Full;
+use hyper::{body::Bytes, server::conn::http1, service::service_fn, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use ipq_common::counters::{counter_index, Action, Hook, Reason, SAMPLES_LOST_INDEX};
+use log::{debug, warn};
+use prometheus::{
+    core::{Collector, Desc},
+    proto::MetricFamily,
+    Encoder, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+};
+use thiserror::Error;
+use tokio::net::TcpListener;
+
+use crate::datapath::{maps::Source, Counters, DatapathError};
+use crate::paths::PinLayout;
+
+#[derive(Debug, Error)]
+pub enum MetricsError {
+    #[error("registering metric: {0}")]
+    Register(#[from] prometheus::Error),
+    #[error("opening the datapath counters: {0}")]
+    Datapath(#[from] DatapathError),
+    #[error("listening on metrics_addr {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+}
+
+/// Builds the three packet-counter families fresh on every scrape from the kernel's counters.
+struct DatapathCollector {
+    counters: Mutex<Counters>,
+    descs: Vec<Desc>,
+}
+
+fn packet_families() -> Result<[(Action, IntCounterVec, IntCounterVec); 3], prometheus::Error> {
+    let family = |action: Action, what: &str, help: &str| -> Result<_, prometheus::Error> {
+        let packets = IntCounterVec::new(
+            Opts::new(
+                format!("ipq_{what}_packets_total"),
+                format!("Packets {help}."),
+            ),
+            &["hook", "reason"],
+        )?;
+        let bytes = IntCounterVec::new(
+            Opts::new(format!("ipq_{what}_bytes_total"), format!("Bytes {help}.")),
+            &["hook", "reason"],
+        )?;
+        Ok((action, packets, bytes))
+    };
+    Ok([
+        family(
+            Action::Dropped,
+            "dropped",
+            "dropped by the datapath in enforce mode, by hook and reason",
+        )?,
+        family(
+            Action::Observed,
+            "observed",
+            "that enforce mode would have dropped, passed in observe mode, by hook and reason",
+        )?,
+        family(
+            Action::Reported,
+            "reported",
+            "passed and reported as evidence (remote claims), by hook and reason",
+        )?,
+    ])
+}
+
+fn events_lost() -> Result<IntCounterVec, prometheus::Error> {
+    IntCounterVec::new(
+        Opts::new(
+            "ipq_events_lost_total",
+            "Conflict events lost, by where they were lost (kernel: the sample ring was full).",
+        ),
+        &["source"],
+    )
+}
+
+impl DatapathCollector {
+    fn new(counters: Counters) -> Result<Self, prometheus::Error> {
+        let mut descs = Vec::new();
+        for (_, packets, bytes) in packet_families()? {
+            descs.extend(packets.desc().into_iter().cloned());
+            descs.extend(bytes.desc().into_iter().cloned());
+        }
+        descs.extend(events_lost()?.desc().into_iter().cloned());
+        Ok(Self {
+            counters: Mutex::new(counters),
+            descs,
+        })
+    }
+
+    fn families(&self) -> Result<Vec<MetricFamily>, Box<dyn std::error::Error>> {
+        let values = self
+            .counters
+            .lock()
+            .map_err(|_| "counters lock poisoned")?
+            .read()?;
+        let mut out = Vec::new();
+        for (action, packets, bytes) in packet_families()? {
+            for hook in Hook::ALL {
+                for reason in Reason::ALL {
+                    let c = values[counter_index(action, hook, reason) as usize];
+                    let labels = [hook.as_str(), reason.as_str()];
+                    packets.with_label_values(&labels).inc_by(c.packets);
+                    bytes.with_label_values(&labels).inc_by(c.bytes);
+                }
+            }
+            out.extend(packets.collect());
+            out.extend(bytes.collect());
+        }
+        let lost = events_lost()?;
+        lost.with_label_values(&["kernel"])
+            .inc_by(values[SAMPLES_LOST_INDEX as usize].packets);
+        out.extend(lost.collect());
+        Ok(out)
+    }
+}
+
+impl Collector for DatapathCollector {
+    fn desc(&self) -> Vec<&Desc> {
+        self.descs.iter().collect()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        match self.families() {
+            Ok(families) => families,
+            Err(e) => {
+                warn!("reading datapath counters for /metrics: {e}");
+                Vec::new()
+            }
+        }
+    }
+}
+
+/// The agent's metrics, shared with whoever updates them.
+pub struct Metrics {
+    pub registry: Registry,
+    pub datapath_interfaces: IntGaugeVec,
+    pub registry_entries: IntGauge,
+    pub registry_capacity: IntGauge,
+    ready: AtomicBool,
+}
+
+impl Metrics {
+    /// Registers every metric; the datapath counters come from the maps pinned under
+    /// `bpffs_dir`.
+    pub fn new(bpffs_dir: &Path) -> Result<Arc<Self>, MetricsError> {
+        let registry = Registry::new();
+        let layout = PinLayout::new(bpffs_dir);
+        let counters = Counters::open(&mut Source::Pinned(&layout))?;
+        registry.register(Box::new(DatapathCollector::new(counters)?))?;
+
+        let datapath_interfaces = IntGaugeVec::new(
+            Opts::new(
+                "ipq_datapath_interfaces",
+                "Interfaces with an ipq program attached, by hook.",
+            ),
+            &["hook"],
+        )?;
+        registry.register(Box::new(datapath_interfaces.clone()))?;
+        for hook in Hook::ALL {
+            datapath_interfaces
+                .with_label_values(&[hook.as_str()])
+                .set(0);
+        }
+        let registry_entries = IntGauge::new(
+            "ipq_registry_entries",
+            "Addresses in the datapath's address map.",
+        )?;
+        registry.register(Box::new(registry_entries.clone()))?;
+        let registry_capacity = IntGauge::new(
+            "ipq_registry_capacity",
+            "Addresses the datapath's address map can hold.",
+        )?;
+        registry.register(Box::new(registry_capacity.clone()))?;
+        let build_info = IntGaugeVec::new(
+            Opts::new("ipq_build_info", "Always 1; the labels say which ipq runs."),
+            &["version"],
+        )?;
+        registry.register(Box::new(build_info.clone()))?;
+        build_info
+            .with_label_values(&[env!("CARGO_PKG_VERSION")])
+            .set(1);
+
+        Ok(Arc::new(Self {
+            registry,
+            datapath_interfaces,
+            registry_entries,
+            registry_capacity,
+            ready: AtomicBool::new(false),
+        }))
+    }
+
+    pub fn set_ready(&self, ready: bool) {
+        self.ready.store(ready, Ordering::SeqCst);
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::SeqCst)
+    }
+
+    /// The registry in the Prometheus text exposition format.
+    pub fn render(&self) -> String {
+        let mut out = Vec::new();
+        if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut out) {
+            warn!("encoding metrics: {e}");
+        }
+        String::from_utf8(out).unwrap_or_default()
+    }
+}
+
+fn respond(status: StatusCode, content_type: &str, body: String) -> Response<Full<Bytes>> {
+    Response::builder()
+        .status(status)
+        .header("content-type", content_type)
+        .body(Full::new(Bytes::from(body)))
+        .unwrap_or_else(|_| Response::new(Full::new(Bytes::new())))
+}
+
+async fn handle(
+    metrics: Arc<Metrics>,
+    req: Request<hyper::body::Incoming>,
+) -> Response<Full<Bytes>> {
+    match req.uri().path() {
+        "/metrics" => respond(
+            StatusCode::OK,
+            "text/plain; version=0.0.4; charset=utf-8",
+            metrics.render(),
+        ),
+        "/healthz" => respond(StatusCode::OK, "text/plain", "ok\n".into()),
+        "/readyz" if metrics.is_ready() => respond(StatusCode::OK, "text/plain", "ready\n".into()),
+        "/readyz" => respond(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "text/plain",
+            "not ready: datapath not attached yet\n".into(),
+        ),
+        _ => respond(
+            StatusCode::NOT_FOUND,
+            "text/plain",
+            "not found: try /metrics, /healthz or /readyz\n".into(),
+        ),
+    }
+}
+
+/// Binds `addr` now (so a bad address fails the start) and serves until the task is dropped.
+pub async fn serve(
+    addr: SocketAddr,
+    metrics: Arc<Metrics>,
+) -> Result<impl std::future::Future<Output = ()>, MetricsError> {
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|source| MetricsError::Bind { addr, source })?;
+    Ok(async move {
+        loop {
+            let (stream, peer) = match listener.accept().await {
+                Ok(conn) => conn,
+                Err(e) => {
+                    warn!("metrics: accept failed: {e}");
+                    continue;
+                }
+            };
+            let metrics = metrics.clone();
+            tokio::spawn(async move {
+                let service = service_fn(move |req| {
+                    let metrics = metrics.clone();
+                    async move { Ok::<_, Infallible>(handle(metrics, req).await) }
+                });
+                if let Err(e) = http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await
+                {
+                    debug!("metrics: connection from {peer}: {e}");
+                }
+            });
+        }
+    })
+}

@@ -1,0 +1,98 @@
+//! Every filesystem path the agent uses at run time, in one place.
+
+use std::path::{Path, PathBuf};
+
+pub const DEFAULT_CONFIG: &str = "/etc/ipq/agent.toml";
+pub const DEFAULT_BPFFS_DIR: &str = "/sys/fs/bpf/ipq";
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/ipq";
+pub const DEFAULT_API_SOCKET: &str = "/run/ipq/ipq.sock";
+pub const BPFFS_MOUNT: &str = "/sys/fs/bpf";
+
+/// Where a hook is attached; part of a link's pin name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum AttachPoint {
+    TcxIngress,
+    TcxEgress,
+    Xdp,
+}
+
+impl AttachPoint {
+    pub const ALL: [AttachPoint; 3] = [Self::TcxIngress, Self::TcxEgress, Self::Xdp];
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::TcxIngress => "tcx-ingress",
+            Self::TcxEgress => "tcx-egress",
+            Self::Xdp => "xdp",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|p| p.as_str() == s)
+    }
+}
+
+/// Layout of ipq's pins under `bpffs_dir`:
+///
+/// ```text
+/// <bpffs_dir>/maps/IPQ_ADDRS ...   the maps, pinned by name
+/// <bpffs_dir>/links/if7-tcx-ingress the links, one per interface and attach point
+/// ```
+#[derive(Clone, Debug)]
+pub struct PinLayout {
+    root: PathBuf,
+}
+
+impl PinLayout {
+    pub fn new(bpffs_dir: impl Into<PathBuf>) -> Self {
+        Self {
+            root: bpffs_dir.into(),
+        }
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    pub fn maps_dir(&self) -> PathBuf {
+        self.root.join("maps")
+    }
+
+    pub fn map(&self, name: &str) -> PathBuf {
+        self.maps_dir().join(name)
+    }
+
+    pub fn links_dir(&self) -> PathBuf {
+        self.root.join("links")
+    }
+
+    pub fn link(&self, ifindex: u32, point: AttachPoint) -> PathBuf {
+        self.links_dir()
+            .join(format!("if{ifindex}-{}", point.as_str()))
+    }
+
+    /// The interface and attach point a link pin stands for, from its file name.
+    pub fn parse_link_name(name: &str) -> Option<(u32, AttachPoint)> {
+        let rest = name.strip_prefix("if")?;
+        let (ifindex, point) = rest.split_once('-')?;
+        Some((ifindex.parse().ok()?, AttachPoint::parse(point)?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn link_names_round_trip() {
+        let layout = PinLayout::new("/sys/fs/bpf/ipq");
+        for point in AttachPoint::ALL {
+            let path = layout.link(42, point);
+            let name = path.file_name().unwrap().to_str().unwrap();
+            assert_eq!(PinLayout::parse_link_name(name), Some((42, point)));
+        }
+        assert_eq!(PinLayout::parse_link_name("ifx-xdp"), None);
+        assert_eq!(PinLayout::parse_link_name("if3-tc"), None);
+        assert_eq!(PinLayout::parse_link_name("IPQ_ADDRS"), None);
+    }
+}

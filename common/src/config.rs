@@ -1,0 +1,39 @@
+//! The single-entry `IPQ_CONFIG` array: the agent's settings the kernel programs need.
+
+/// Enforcement mode. Stored as its `u32` discriminant; the zeroed array means `Enforce`, the
+/// configuration's default.
+#[repr(u32)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Mode {
+    /// Drop what conflicts.
+    Enforce = 0,
+    /// Drop nothing; count what would have been dropped.
+    Observe = 1,
+}
+
+impl Mode {
+    #[inline(always)]
+    pub const fn from_raw(raw: u32) -> Self {
+        // Anything unknown enforces: ipq is a safety net and fails closed on its own config.
+        if raw == Self::Observe as u32 {
+            Self::Observe
+        } else {
+            Self::Enforce
+        }
+    }
+}
+
+/// Default minimum interval between two conflict samples for one address.
+pub const DEFAULT_SAMPLE_INTERVAL_NS: u64 = 1_000_000_000;
+
+#[repr(C)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub struct DatapathConfig {
+    /// A [`Mode`] discriminant.
+    pub mode: u32,
+    /// Reserved; zero.
+    pub _reserved: u32,
+    /// Minimum interval between two conflict samples of one address, in nanoseconds.
+    pub sample_interval_ns: u64,
+}
+crate::assert_layout!(DatapathConfig, size = 16, align = 8);

@@ -1,0 +1,31 @@
+//! Names of maps and programs in the eBPF object. They are also the pin names under `bpffs_dir`,
+//! so renaming one is a breaking change for upgrades: the new agent would not find the old pin.
+
+pub const MAP_ADDRS: &str = "IPQ_ADDRS";
+pub const MAP_IFACES: &str = "IPQ_IFACES";
+pub const MAP_QFILTER: &str = "IPQ_QFILTER";
+pub const MAP_COUNTERS: &str = "IPQ_COUNTERS";
+pub const MAP_SAMPLES: &str = "IPQ_SAMPLES";
+pub const MAP_CONFIG: &str = "IPQ_CONFIG";
+
+/// Every map ipq pins, in the order the loader checks them.
+pub const PINNED_MAPS: [&str; 6] = [
+    MAP_ADDRS,
+    MAP_IFACES,
+    MAP_QFILTER,
+    MAP_COUNTERS,
+    MAP_SAMPLES,
+    MAP_CONFIG,
+];
+
+pub const PROG_TC_INGRESS: &str = "ipq_tc_ingress";
+pub const PROG_TC_EGRESS: &str = "ipq_tc_egress";
+pub const PROG_XDP_UPLINK: &str = "ipq_xdp_uplink";
+/// Empty programs of each hook: the floor the benchmarks and tests compare against.
+pub const PROG_TC_EMPTY: &str = "ipq_tc_empty";
+pub const PROG_XDP_EMPTY: &str = "ipq_xdp_empty";
+
+/// Default capacity of `IPQ_ADDRS`; the agent's `capacity` key overrides it at load time.
+pub const DEFAULT_ADDR_CAPACITY: u32 = 65536;
+/// Size of the conflict-sample ring buffer in bytes (a power-of-two number of pages).
+pub const SAMPLES_RING_BYTES: u32 = 256 * 1024;

@@ -1,0 +1,58 @@
+//! What every hook does once it has a reason about a packet: count it, stamp the entry, send a
+//! rate-limited sample, and drop unless the mode is `observe`.
+
+use aya_ebpf::helpers::bpf_ktime_get_boot_ns;
+use ipq_common::{
+    addr::{AddrEntry, AddrKey},
+    counters::{counter_index, Action, Hook, Reason},
+    sample::ConflictSample,
+    verdict::action_for,
+};
+
+use crate::{maps, Verdict};
+
+/// Where and what a program saw.
+pub struct Seen<'a> {
+    pub hook: Hook,
+    pub ifindex: u32,
+    pub len: u32,
+    pub src_mac: &'a [u8; 6],
+}
+
+#[inline(always)]
+pub fn act(seen: &Seen, addr: &AddrKey, entry: *mut AddrEntry, reason: Reason) -> Verdict {
+    let action = action_for(maps::mode(), reason);
+    maps::count(counter_index(action, seen.hook, reason), seen.len);
+
+    let now = unsafe { bpf_ktime_get_boot_ns() };
+    // SAFETY: `entry` points into a map value that the kernel keeps alive for this program run.
+    // The two stamps are plain 8-byte stores; a concurrent CPU can only make one of them a
+    // few nanoseconds older, which neither the release timer nor the rate limit cares about.
+    let entry = unsafe { &mut *entry };
+    if reason == Reason::StaleTraffic {
+        entry.last_stale_ns = now;
+    }
+    if now.wrapping_sub(entry.last_sample_ns) >= maps::sample_interval_ns() {
+        entry.last_sample_ns = now;
+        maps::send_sample(&ConflictSample {
+            ts_ns: now,
+            addr: *addr,
+            ifindex: seen.ifindex,
+            hook: seen.hook as u32,
+            reason: reason as u32,
+            action: action as u32,
+            state: entry.state,
+            holder_ifindex: entry.holder_ifindex,
+            src_mac: *seen.src_mac,
+            _pad: [0; 2],
+            pkt_len: seen.len,
+            _reserved: 0,
+        });
+    }
+
+    if action == Action::Dropped {
+        Verdict::Drop
+    } else {
+        Verdict::Pass
+    }
+}

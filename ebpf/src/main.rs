@@ -1,0 +1,84 @@
+//! ipq's kernel programs. Entry points are thin: each calls a `try_*` function of its hook's
+//! module and turns the verdict into the hook's return code.
+#![no_std]
+#![no_main]
+
+mod act;
+mod maps;
+mod parse;
+mod tc;
+mod xdp;
+
+use aya_ebpf::{
+    bindings::{xdp_action, TC_ACT_SHOT},
+    macros::{classifier, xdp},
+    programs::{TcContext, XdpContext},
+};
+use ipq_common::counters::Hook;
+
+/// What a program decided for one packet.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    Pass,
+    Drop,
+}
+
+/// TCX: hand the packet to the next program on the interface (or the stack when we are last),
+/// so ipq never short-circuits another TCX user such as a CNI's own programs.
+const TCX_NEXT: i32 = -1;
+
+#[inline(always)]
+fn tc_code(verdict: Verdict) -> i32 {
+    match verdict {
+        Verdict::Pass => TCX_NEXT,
+        Verdict::Drop => TC_ACT_SHOT as i32,
+    }
+}
+
+#[inline(always)]
+fn xdp_code(verdict: Verdict) -> u32 {
+    match verdict {
+        Verdict::Pass => xdp_action::XDP_PASS,
+        Verdict::Drop => xdp_action::XDP_DROP,
+    }
+}
+
+/// Workload interface, ingress: what the workload sends.
+#[classifier]
+pub fn ipq_tc_ingress(ctx: TcContext) -> i32 {
+    tc_code(tc::try_workload(&ctx, Hook::TcIngress))
+}
+
+/// Workload interface, egress: what the workload receives.
+#[classifier]
+pub fn ipq_tc_egress(ctx: TcContext) -> i32 {
+    tc_code(tc::try_workload(&ctx, Hook::TcEgress))
+}
+
+/// Uplink: stale traffic to quarantined addresses, and remote claims.
+#[xdp]
+pub fn ipq_xdp_uplink(ctx: XdpContext) -> u32 {
+    xdp_code(xdp::try_uplink(&ctx))
+}
+
+/// The floor of the TC hook for tests and benchmarks: does nothing.
+#[classifier]
+pub fn ipq_tc_empty(_ctx: TcContext) -> i32 {
+    TCX_NEXT
+}
+
+/// The floor of the XDP hook for tests and benchmarks: does nothing.
+#[xdp]
+pub fn ipq_xdp_empty(_ctx: XdpContext) -> u32 {
+    xdp_action::XDP_PASS
+}
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}
+
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";

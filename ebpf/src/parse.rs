@@ -1,0 +1,184 @@
+//! Verifier-facing packet parsing: Ethernet, up to two VLAN tags (802.1Q, 802.1ad), IPv4, IPv6,
+//! ARP and ICMPv6 neighbour solicitation/advertisement. Every read is bounds-checked against
+//! the end of the packet; anything that does not parse completely is `None`, and passes.
+//!
+//! Only addresses matter to ipq, so nothing past the headers that carry them is read: an IPv4
+//! fragment is judged by its addresses like any other packet, and the L4 header is read only
+//! for ICMPv6 neighbour discovery, whose target address is an announcement.
+
+use core::mem::size_of;
+
+use ipq_common::addr::AddrKey;
+
+const ETH_HEADER_LEN: usize = 14;
+const ETHERTYPE_OFFSET: usize = 12;
+const VLAN_TAG_LEN: usize = 4;
+
+const ETH_P_IP: u16 = 0x0800;
+const ETH_P_IPV6: u16 = 0x86DD;
+const ETH_P_ARP: u16 = 0x0806;
+const ETH_P_8021Q: u16 = 0x8100;
+const ETH_P_8021AD: u16 = 0x88A8;
+
+const IPV4_MIN_HEADER_LEN: usize = 20;
+const IPV4_SRC_OFFSET: usize = 12;
+const IPV4_DST_OFFSET: usize = 16;
+
+const IPV6_HEADER_LEN: usize = 40;
+const IPV6_NEXT_HEADER_OFFSET: usize = 6;
+const IPV6_SRC_OFFSET: usize = 8;
+const IPV6_DST_OFFSET: usize = 24;
+const IPPROTO_ICMPV6: u8 = 58;
+
+const ICMPV6_NS: u8 = 135;
+const ICMPV6_NA: u8 = 136;
+const NDP_TARGET_OFFSET: usize = 8;
+
+const ARP_LEN: usize = 28;
+const ARP_HTYPE_ETHERNET: u16 = 1;
+const ARP_SENDER_IP_OFFSET: usize = 14;
+const ARP_TARGET_IP_OFFSET: usize = 24;
+const ARP_OP_OFFSET: usize = 6;
+pub const ARP_OP_REQUEST: u16 = 1;
+
+/// The linear bytes of a packet: `[start, end)`.
+pub struct Frame {
+    start: usize,
+    end: usize,
+}
+
+impl Frame {
+    #[inline(always)]
+    pub fn new(start: usize, end: usize) -> Self {
+        Self { start, end }
+    }
+
+    #[inline(always)]
+    pub fn len(&self) -> u32 {
+        (self.end - self.start) as u32
+    }
+
+    /// Reads a `T` at `offset`, if the whole of it lies inside the packet.
+    #[inline(always)]
+    fn load<T: Copy>(&self, offset: usize) -> Option<T> {
+        let at = self.start + offset;
+        if at + size_of::<T>() > self.end {
+            return None;
+        }
+        // Headers are not aligned for T in general (the Ethernet header is 14 bytes).
+        Some(unsafe { core::ptr::read_unaligned(at as *const T) })
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum NeighborKind {
+    Solicitation,
+    Advertisement,
+}
+
+/// The addresses a packet carries, by kind.
+#[derive(Clone, Copy)]
+pub enum Packet {
+    /// IPv4 or IPv6 (including ICMPv6 other than NS/NA, and fragments).
+    Ip { src: AddrKey, dst: AddrKey },
+    /// ARP over Ethernet for IPv4. `op` in host order.
+    Arp {
+        op: u16,
+        sender: AddrKey,
+        target: AddrKey,
+    },
+    /// ICMPv6 neighbour solicitation or advertisement.
+    Neighbor {
+        kind: NeighborKind,
+        src: AddrKey,
+        target: AddrKey,
+    },
+}
+
+pub struct Parsed {
+    pub packet: Packet,
+    pub src_mac: [u8; 6],
+}
+
+#[inline(always)]
+fn is_vlan(ethertype: u16) -> bool {
+    ethertype == ETH_P_8021Q || ethertype == ETH_P_8021AD
+}
+
+#[inline(always)]
+pub fn parse(frame: &Frame) -> Option<Parsed> {
+    let src_mac: [u8; 6] = frame.load(6)?;
+    let mut ethertype_at = ETHERTYPE_OFFSET;
+    let mut ethertype = u16::from_be(frame.load::<u16>(ethertype_at)?);
+    // Outer (802.1ad or 802.1Q) and inner tag; a third tag is not parsed and passes.
+    if is_vlan(ethertype) {
+        ethertype_at += VLAN_TAG_LEN;
+        ethertype = u16::from_be(frame.load::<u16>(ethertype_at)?);
+        if is_vlan(ethertype) {
+            ethertype_at += VLAN_TAG_LEN;
+            ethertype = u16::from_be(frame.load::<u16>(ethertype_at)?);
+        }
+    }
+    let l3 = ethertype_at + (ETH_HEADER_LEN - ETHERTYPE_OFFSET);
+    let packet = match ethertype {
+        ETH_P_IP => parse_ipv4(frame, l3)?,
+        ETH_P_IPV6 => parse_ipv6(frame, l3)?,
+        ETH_P_ARP => parse_arp(frame, l3)?,
+        _ => return None,
+    };
+    Some(Parsed { packet, src_mac })
+}
+
+#[inline(always)]
+fn parse_ipv4(frame: &Frame, l3: usize) -> Option<Packet> {
+    // The whole minimal header must be there, not just the addresses.
+    let _: [u8; IPV4_MIN_HEADER_LEN] = frame.load(l3)?;
+    let version: u8 = frame.load(l3)?;
+    if version >> 4 != 4 {
+        return None;
+    }
+    let src = AddrKey::from_v4_wire(frame.load(l3 + IPV4_SRC_OFFSET)?);
+    let dst = AddrKey::from_v4_wire(frame.load(l3 + IPV4_DST_OFFSET)?);
+    Some(Packet::Ip { src, dst })
+}
+
+#[inline(always)]
+fn parse_ipv6(frame: &Frame, l3: usize) -> Option<Packet> {
+    let _: [u8; IPV6_HEADER_LEN] = frame.load(l3)?;
+    let version: u8 = frame.load(l3)?;
+    if version >> 4 != 6 {
+        return None;
+    }
+    let src = AddrKey::from_v6_wire(frame.load(l3 + IPV6_SRC_OFFSET)?);
+    let dst = AddrKey::from_v6_wire(frame.load(l3 + IPV6_DST_OFFSET)?);
+    let next_header: u8 = frame.load(l3 + IPV6_NEXT_HEADER_OFFSET)?;
+    if next_header == IPPROTO_ICMPV6 {
+        let l4 = l3 + IPV6_HEADER_LEN;
+        let kind = match frame.load::<u8>(l4) {
+            Some(ICMPV6_NS) => Some(NeighborKind::Solicitation),
+            Some(ICMPV6_NA) => Some(NeighborKind::Advertisement),
+            _ => None,
+        };
+        if let Some(kind) = kind {
+            // A neighbour message too short to carry its target is malformed: not parsed.
+            let target = AddrKey::from_v6_wire(frame.load(l4 + NDP_TARGET_OFFSET)?);
+            return Some(Packet::Neighbor { kind, src, target });
+        }
+    }
+    Some(Packet::Ip { src, dst })
+}
+
+#[inline(always)]
+fn parse_arp(frame: &Frame, l3: usize) -> Option<Packet> {
+    let _: [u8; ARP_LEN] = frame.load(l3)?;
+    let htype = u16::from_be(frame.load(l3)?);
+    let ptype = u16::from_be(frame.load(l3 + 2)?);
+    let lengths: [u8; 2] = frame.load(l3 + 4)?;
+    if htype != ARP_HTYPE_ETHERNET || ptype != ETH_P_IP || lengths != [6, 4] {
+        return None;
+    }
+    let op = u16::from_be(frame.load(l3 + ARP_OP_OFFSET)?);
+    let sender = AddrKey::from_v4_wire(frame.load(l3 + ARP_SENDER_IP_OFFSET)?);
+    let target = AddrKey::from_v4_wire(frame.load(l3 + ARP_TARGET_IP_OFFSET)?);
+    Some(Packet::Arp { op, sender, target })
+}

@@ -1,0 +1,88 @@
+//! XDP program of uplinks: drops stale traffic for quarantined addresses and reports remote
+//! claims (another machine announcing an address a holder here still has).
+
+use aya_ebpf::programs::XdpContext;
+use ipq_common::{
+    addr::AddrKey,
+    counters::Hook,
+    verdict::{uplink_announces, uplink_receives},
+};
+
+use crate::{
+    act::{act, Seen},
+    maps,
+    parse::{parse, Frame, NeighborKind, Packet, ARP_OP_REQUEST},
+    Verdict,
+};
+
+#[inline(always)]
+pub fn try_uplink(ctx: &XdpContext) -> Verdict {
+    let frame = Frame::new(ctx.data(), ctx.data_end());
+    let Some(parsed) = parse(&frame) else {
+        return Verdict::Pass;
+    };
+    let seen = Seen {
+        hook: Hook::Xdp,
+        ifindex: ctx.ingress_ifindex() as u32,
+        len: frame.len(),
+        src_mac: &parsed.src_mac,
+    };
+    match parsed.packet {
+        Packet::Ip { dst, .. } => stale(&seen, &dst),
+        Packet::Arp { op, sender, target } => {
+            claim(&seen, &sender);
+            if op == ARP_OP_REQUEST {
+                // Someone still resolving a quarantined address: stale traffic too.
+                stale(&seen, &target)
+            } else {
+                Verdict::Pass
+            }
+        }
+        Packet::Neighbor {
+            kind: NeighborKind::Advertisement,
+            target,
+            ..
+        } => {
+            claim(&seen, &target);
+            Verdict::Pass
+        }
+        Packet::Neighbor {
+            kind: NeighborKind::Solicitation,
+            src,
+            target,
+        } => {
+            if src == AddrKey::UNSPECIFIED {
+                // Duplicate address detection: the sender is about to use `target`.
+                claim(&seen, &target);
+                Verdict::Pass
+            } else {
+                stale(&seen, &target)
+            }
+        }
+    }
+}
+
+#[inline(always)]
+fn stale(seen: &Seen, addr: &AddrKey) -> Verdict {
+    // The pass path: one inlined array read, no hash lookup, for every address not quarantined.
+    if !maps::maybe_quarantined(addr) {
+        return Verdict::Pass;
+    }
+    let Some(entry) = maps::addr_entry(addr) else {
+        return Verdict::Pass;
+    };
+    match uplink_receives(unsafe { &*entry }) {
+        Some(reason) => act(seen, addr, entry, reason),
+        None => Verdict::Pass,
+    }
+}
+
+#[inline(always)]
+fn claim(seen: &Seen, addr: &AddrKey) {
+    if let Some(entry) = maps::addr_entry(addr) {
+        if let Some(reason) = uplink_announces(unsafe { &*entry }) {
+            // A remote claim is reported, never dropped: the verdict is always Pass.
+            let _ = act(seen, addr, entry, reason);
+        }
+    }
+}
