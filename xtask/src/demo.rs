@@ -1,0 +1,7 @@
+//! `cargo xtask demo`: not written yet.
+
+use anyhow::{bail, Result};
+
+pub fn run() -> Result<()> {
+    bail!("demo: not yet written")
+}

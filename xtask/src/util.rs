@@ -1,0 +1,130 @@
+//! Running external commands, with errors that name the command that failed.
+
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Output, Stdio};
+
+use anyhow::{bail, Context, Result};
+
+/// A command for `program` with `args`.
+pub fn cmd<I, S>(program: impl AsRef<OsStr>, args: I) -> Command
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    let mut command = Command::new(program);
+    command.args(args);
+    command
+}
+
+/// A command running the cargo that runs xtask (the `CARGO` cargo sets), so that nested builds
+/// use the same toolchain.
+pub fn cargo<I, S>(args: I) -> Command
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    let program = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    cmd(program, args)
+}
+
+/// A command run under the nightly toolchain: `rustup run nightly <program> <args>`.
+/// Besides PATH, rustup puts the toolchain's `lib` on LD_LIBRARY_PATH, which is where a
+/// bpf-linker built against nightly's LLVM finds `libLLVM.so.*`.
+pub fn nightly<I, S>(program: impl AsRef<OsStr>, args: I) -> Command
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    let mut command = cmd("rustup", ["run", "nightly"]);
+    command.arg(program).args(args);
+    command
+}
+
+/// Runs `command` with inherited stdio, printing it first (to stderr); fails unless it exits 0.
+pub fn run(command: &mut Command) -> Result<()> {
+    let line = command_line(command);
+    eprintln!("+ {line}");
+    let status = command
+        .status()
+        .with_context(|| spawn_failure(command, &line))?;
+    check(&line, status, None)
+}
+
+/// Runs `command` quietly and returns its stdout; fails unless it exits 0, quoting its stderr.
+pub fn output(command: &mut Command) -> Result<String> {
+    let line = command_line(command);
+    let out = probe(command)?;
+    check(&line, out.status, Some(&out.stderr))?;
+    String::from_utf8(out.stdout).with_context(|| format!("`{line}` printed non-UTF-8 output"))
+}
+
+/// Runs `command` quietly and returns whatever it produced, whatever its exit status; fails only
+/// when it cannot be started at all.
+pub fn probe(command: &mut Command) -> Result<Output> {
+    let line = command_line(command);
+    command
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| spawn_failure(command, &line))
+}
+
+fn check(line: &str, status: ExitStatus, stderr: Option<&[u8]>) -> Result<()> {
+    if status.success() {
+        return Ok(());
+    }
+    match stderr.map(String::from_utf8_lossy) {
+        Some(err) if !err.trim().is_empty() => {
+            bail!("`{line}` failed with {status}:\n{}", err.trim_end())
+        }
+        _ => bail!("`{line}` failed with {status}"),
+    }
+}
+
+fn spawn_failure(command: &Command, line: &str) -> String {
+    let program = command.get_program().to_string_lossy();
+    format!("could not start `{line}`: is `{program}` installed and on PATH?")
+}
+
+/// The command as a shell would show it, environment overrides first.
+pub fn command_line(command: &Command) -> String {
+    let env = command.get_envs().filter_map(|(key, value)| {
+        value.map(|v| format!("{}={}", key.to_string_lossy(), quote(v)))
+    });
+    let words = std::iter::once(command.get_program())
+        .chain(command.get_args())
+        .map(quote);
+    env.chain(words).collect::<Vec<_>>().join(" ")
+}
+
+fn quote(word: &OsStr) -> String {
+    let word = word.to_string_lossy();
+    let plain = |c: char| c.is_ascii_alphanumeric() || "-_./=+:,@%".contains(c);
+    if !word.is_empty() && word.chars().all(plain) {
+        word.into_owned()
+    } else {
+        format!("'{}'", word.replace('\'', r"'\''"))
+    }
+}
+
+/// The workspace root: the directory above this crate's manifest.
+pub fn workspace_root() -> PathBuf {
+    let manifest_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    manifest_dir
+        .parent()
+        .expect("xtask lives in a directory of the workspace")
+        .to_path_buf()
+}
+
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Fails with `<what> needs root: <why>` unless running as root.
+pub fn require_root(what: &str, why: &str) -> Result<()> {
+    if !is_root() {
+        bail!("{what} needs root: {why}");
+    }
+    Ok(())
+}
