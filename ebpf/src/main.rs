@@ -31,7 +31,7 @@ const TCX_NEXT: i32 = -1;
 fn tc_code(verdict: Verdict) -> i32 {
     match verdict {
         Verdict::Pass => TCX_NEXT,
-        Verdict::Drop => TC_ACT_SHOT as i32,
+        Verdict::Drop => TC_ACT_SHOT,
     }
 }
 

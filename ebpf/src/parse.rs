@@ -91,6 +91,7 @@ pub enum Packet {
     Neighbor {
         kind: NeighborKind,
         src: AddrKey,
+        dst: AddrKey,
         target: AddrKey,
     },
 }
@@ -162,7 +163,12 @@ fn parse_ipv6(frame: &Frame, l3: usize) -> Option<Packet> {
         if let Some(kind) = kind {
             // A neighbour message too short to carry its target is malformed: not parsed.
             let target = AddrKey::from_v6_wire(frame.load(l4 + NDP_TARGET_OFFSET)?);
-            return Some(Packet::Neighbor { kind, src, target });
+            return Some(Packet::Neighbor {
+                kind,
+                src,
+                dst,
+                target,
+            });
         }
     }
     Some(Packet::Ip { src, dst })

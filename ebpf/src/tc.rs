@@ -38,15 +38,18 @@ pub fn try_workload(ctx: &TcContext, hook: Hook) -> Verdict {
     match (hook, parsed.packet) {
         (Hook::TcIngress, Packet::Ip { src, .. }) => check(&seen, own, &src),
         (Hook::TcIngress, Packet::Arp { sender, .. }) => check(&seen, own, &sender),
-        (Hook::TcIngress, Packet::Neighbor { kind, src, target }) => {
-            match check(&seen, own, &src) {
-                Verdict::Drop => Verdict::Drop,
-                Verdict::Pass if kind == NeighborKind::Advertisement => check(&seen, own, &target),
-                Verdict::Pass => Verdict::Pass,
-            }
-        }
-        (_, Packet::Ip { dst, .. }) => check(&seen, own, &dst),
-        // What a workload receives of ARP and NDP is harmless: its answers are judged on ingress.
+        (
+            Hook::TcIngress,
+            Packet::Neighbor {
+                kind, src, target, ..
+            },
+        ) => match check(&seen, own, &src) {
+            Verdict::Drop => Verdict::Drop,
+            Verdict::Pass if kind == NeighborKind::Advertisement => check(&seen, own, &target),
+            Verdict::Pass => Verdict::Pass,
+        },
+        (_, Packet::Ip { dst, .. } | Packet::Neighbor { dst, .. }) => check(&seen, own, &dst),
+        // ARP a workload receives is harmless: its answers are judged on ingress.
         _ => Verdict::Pass,
     }
 }

@@ -50,6 +50,7 @@ pub fn try_uplink(ctx: &XdpContext) -> Verdict {
             kind: NeighborKind::Solicitation,
             src,
             target,
+            ..
         } => {
             if src == AddrKey::UNSPECIFIED {
                 // Duplicate address detection: the sender is about to use `target`.

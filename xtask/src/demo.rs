@@ -1,7 +1,235 @@
-//! `cargo xtask demo`: not written yet.
+//! `cargo xtask demo`: a throwaway lab that shows ipq at work, then removes itself.
+//!
+//! Four network namespaces stand in for a node, two pods wired to it as the CNI ptp plugin
+//! wires them, and a peer behind the node's uplink. The real `ipq-agent` runs in the node. Pod A's
+//! address is then fenced, as ipq does to the old holder when an orchestrator hands the address
+//! to someone else too early: pod A is cut off in both directions, pod B is untouched, and the
+//! agent's own metrics count every dropped packet.
 
-use anyhow::{bail, Result};
+use std::{
+    path::PathBuf,
+    process::{Child, Command, Stdio},
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context as _, Result};
+
+use crate::util::{self, cmd, output};
+
+const NODE: &str = "ipq-demo-node";
+const POD_A: &str = "ipq-demo-pod-a";
+const POD_B: &str = "ipq-demo-pod-b";
+const PEER: &str = "ipq-demo-peer";
+const BPFFS_DIR: &str = "/sys/fs/bpf/ipq-demo";
+const METRICS: &str = "127.0.0.1:9740";
+
+/// Removes everything the demo made, whatever happened.
+struct Lab {
+    agent: Option<Child>,
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        if let Some(mut agent) = self.agent.take() {
+            let _ = cmd("kill", ["-TERM", &agent.id().to_string()]).status();
+            let _ = agent.wait();
+        }
+        for ns in [NODE, POD_A, POD_B, PEER] {
+            let _ = cmd("ip", ["netns", "del", ns])
+                .stderr(Stdio::null())
+                .status();
+        }
+        let _ = std::fs::remove_dir_all(BPFFS_DIR);
+        say("cleaned up: namespaces, links and pins removed");
+    }
+}
+
+fn say(text: &str) {
+    println!("\n\x1b[1m== {text}\x1b[0m");
+}
+
+fn ip(ns: &str, args: &str) -> Result<()> {
+    let mut command = cmd("ip", ["-n", ns]);
+    command.args(args.split_whitespace());
+    output(&mut command).map(drop)
+}
+
+/// A command run inside `ns` without `ip netns exec`, which would remount /sys and hide the
+/// bpf filesystem from the agent.
+fn in_ns(ns: &str, program: &str) -> Command {
+    let mut command = cmd("nsenter", [format!("--net=/run/netns/{ns}")]);
+    command.arg(program);
+    command
+}
+
+fn build_lab() -> Result<()> {
+    for ns in [NODE, POD_A, POD_B, PEER] {
+        let _ = cmd("ip", ["netns", "del", ns])
+            .stderr(Stdio::null())
+            .status();
+        output(&mut cmd("ip", ["netns", "add", ns]))?;
+        ip(ns, "link set lo up")?;
+    }
+    for (pod, host, addr4, addr6, mac) in [
+        (POD_A, "vethpa", "10.77.0.2", "fd77::2", "02:00:00:77:00:02"),
+        (POD_B, "vethpb", "10.77.0.3", "fd77::3", "02:00:00:77:00:03"),
+    ] {
+        ip(
+            NODE,
+            &format!("link add {host} type veth peer name eth0 netns {pod}"),
+        )?;
+        ip(
+            NODE,
+            &format!("link set {host} address 02:00:00:77:01:01 up"),
+        )?;
+        ip(NODE, &format!("addr add 10.77.0.1/32 dev {host}"))?;
+        ip(NODE, &format!("addr add fe80::1/64 dev {host} nodad"))?;
+        ip(NODE, &format!("route add {addr4}/32 dev {host}"))?;
+        ip(NODE, &format!("-6 route add {addr6}/128 dev {host}"))?;
+        ip(pod, &format!("link set eth0 address {mac} up"))?;
+        ip(pod, &format!("addr add {addr4}/32 dev eth0"))?;
+        ip(pod, &format!("addr add {addr6}/128 dev eth0 nodad"))?;
+        ip(pod, "route add 10.77.0.1 dev eth0 scope link")?;
+        ip(pod, "route add default via 10.77.0.1 dev eth0")?;
+        ip(pod, "-6 route add default via fe80::1 dev eth0")?;
+    }
+    ip(
+        NODE,
+        &format!("link add up0 type veth peer name eth0 netns {PEER}"),
+    )?;
+    ip(NODE, "link set up0 up")?;
+    ip(NODE, "addr add 10.78.0.1/24 dev up0")?;
+    ip(NODE, "addr add fd78::1/64 dev up0 nodad")?;
+    ip(PEER, "link set eth0 up")?;
+    ip(PEER, "addr add 10.78.0.2/24 dev eth0")?;
+    ip(PEER, "addr add fd78::2/64 dev eth0 nodad")?;
+    ip(PEER, "route add 10.77.0.0/24 via 10.78.0.1")?;
+    ip(PEER, "-6 route add fd77::/64 via fd78::1")?;
+    for key in ["net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1"] {
+        output(in_ns(NODE, "sysctl").args(["-qw", key]))?;
+    }
+    Ok(())
+}
+
+fn agent_binary() -> Result<PathBuf> {
+    util::run(&mut util::cargo([
+        "build",
+        "--quiet",
+        "--package",
+        "ipq",
+        "--bins",
+    ]))?;
+    let path = util::workspace_root().join("target/debug/ipq-agent");
+    if !path.exists() {
+        bail!("{} was not built", path.display());
+    }
+    Ok(path)
+}
+
+fn metrics() -> Result<String> {
+    output(in_ns(NODE, "curl").args(["-sf", &format!("http://{METRICS}/metrics")]))
+}
+
+fn wait_ready() -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        let ready = in_ns(NODE, "curl")
+            .args([
+                "-sf",
+                "-o",
+                "/dev/null",
+                &format!("http://{METRICS}/readyz"),
+            ])
+            .status()
+            .is_ok_and(|s| s.success());
+        if ready {
+            return Ok(());
+        }
+        thread::sleep(Duration::from_millis(200));
+    }
+    bail!("the agent did not become ready within 20 s")
+}
+
+/// Pings `dst` from `ns`; returns the replies received out of `count`.
+fn ping(ns: &str, dst: &str, count: u32) -> Result<u32> {
+    let out = in_ns(ns, "ping")
+        .args(["-c", &count.to_string(), "-i", "0.05", "-W", "1", dst])
+        .output()
+        .context("running ping (cargo xtask setup installs iputils-ping)")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let received = text
+        .lines()
+        .find_map(|l| {
+            l.split(", ")
+                .nth(1)?
+                .strip_suffix(" received")?
+                .parse()
+                .ok()
+        })
+        .context("ping printed no summary")?;
+    Ok(received)
+}
+
+fn show_pings(label: &str) -> Result<()> {
+    for (from, to, what) in [
+        (POD_A, "10.78.0.2", "pod A  -> peer  (IPv4)"),
+        (PEER, "10.77.0.2", "peer   -> pod A (IPv4)"),
+        (POD_A, "fd78::2", "pod A  -> peer  (IPv6)"),
+        (PEER, "fd77::2", "peer   -> pod A (IPv6)"),
+        (POD_B, "10.78.0.2", "pod B  -> peer  (IPv4)"),
+        (PEER, "fd77::3", "peer   -> pod B (IPv6)"),
+    ] {
+        let got = ping(from, to, 5)?;
+        println!("  {label}: {what}: {got}/5 replies");
+    }
+    Ok(())
+}
 
 pub fn run() -> Result<()> {
-    bail!("demo: not yet written")
+    let agent = agent_binary()?;
+    say("building the lab: node, pod A (10.77.0.2, fd77::2), pod B (10.77.0.3, fd77::3), peer");
+    let mut lab = Lab { agent: None };
+    build_lab()?;
+
+    say("starting ipq-agent in the node (TCX on vethpa/vethpb, XDP on the uplink up0)");
+    let child = in_ns(NODE, agent.to_str().context("agent path is not UTF-8")?)
+        .args(["--bpffs-dir", BPFFS_DIR, "--metrics-addr", METRICS])
+        .args(["--workload", "vethp*", "--uplink", "up0"])
+        .env("RUST_LOG", "info")
+        .spawn()
+        .context("starting ipq-agent")?;
+    lab.agent = Some(child);
+    wait_ready()?;
+
+    say("before: both pods reach the peer and are reached");
+    show_pings("before")?;
+
+    say("pod A's address is handed to another holder too early: ipq fences pod A");
+    for addr in ["10.77.0.2", "fd77::2"] {
+        let mut set = in_ns(NODE, agent.to_str().unwrap_or_default());
+        set.args(["datapath", "set", addr, "--state", "draining"])
+            .args([
+                "--holder",
+                "vethpa",
+                "--fenced",
+                "vethpa",
+                "--bpffs-dir",
+                BPFFS_DIR,
+            ]);
+        println!("  {}", output(&mut set)?.trim());
+    }
+
+    say("after: pod A is cut off in both directions, pod B is untouched");
+    show_pings("after ")?;
+
+    say("what the agent counted (from its /metrics)");
+    for line in metrics()?.lines() {
+        let counted = line.starts_with("ipq_dropped_packets_total") && !line.ends_with(" 0");
+        if counted || line.starts_with("ipq_datapath_interfaces") {
+            println!("  {line}");
+        }
+    }
+    drop(lab);
+    Ok(())
 }

@@ -13,7 +13,15 @@ use crate::util::{self, cmd, nightly};
 
 /// Debian packages the integration tests run. The one list: add a package here when a test
 /// starts using a new tool.
-pub const TEST_PACKAGES: &[&str] = &["iproute2", "iputils-ping", "bpftool", "tcpdump", "procps"];
+pub const TEST_PACKAGES: &[&str] = &[
+    "iproute2",
+    "iputils-ping",
+    "bpftool",
+    "tcpdump",
+    "procps",
+    "curl",
+    "util-linux",
+];
 
 /// How much of the setup a command needs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

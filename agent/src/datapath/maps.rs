@@ -87,6 +87,9 @@ impl AddrMap {
     pub fn remove(&mut self, addr: &AddrKey) -> Result<(), DatapathError> {
         match self.0.remove(addr) {
             Ok(()) | Err(MapError::KeyNotFound) => Ok(()),
+            Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::ENOENT) => {
+                Ok(())
+            }
             Err(e) => Err(map_err(names::MAP_ADDRS)(e)),
         }
     }

@@ -339,6 +339,12 @@ impl Datapath {
         links::prune(&self.layout, &keep)
     }
 
+    /// A program of the loaded object, by name: tests and benchmarks run programs through
+    /// `BPF_PROG_TEST_RUN`, including the empty floor programs the agent never attaches.
+    pub fn program_mut(&mut self, name: &str) -> Option<&mut aya::programs::Program> {
+        self.ebpf.program_mut(name)
+    }
+
     /// Interfaces attached by this agent, by attach point.
     pub fn attached(&self) -> &BTreeMap<(u32, AttachPoint), String> {
         &self.attached
