@@ -18,7 +18,7 @@ use tokio::{
 
 use crate::{
     config::{Config, Mode},
-    datapath::{decode_sample, Datapath, DatapathError, LoadOptions, Samples},
+    datapath::{decode_sample, Datapath, DatapathError, KernelLogger, LoadOptions, Samples},
     metrics::{self, Metrics, MetricsError},
     netdev,
     paths::AttachPoint,
@@ -144,7 +144,7 @@ fn sample_json(sample: &ConflictSample) -> serde_json::Value {
         "holder_ifindex": sample.holder_ifindex,
         "src_mac": format!("{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}", m[0], m[1], m[2], m[3], m[4], m[5]),
         "pkt_len": sample.pkt_len,
-        "ts_boottime_ns": sample.ts_ns,
+        "ts_monotonic_ns": sample.ts_ns,
     })
 }
 
@@ -174,6 +174,27 @@ async fn read_samples(samples: Samples) -> Result<(), AgentError> {
     }
 }
 
+/// Forwards the kernel programs' aya-log records to the agent's log (debug level).
+async fn forward_kernel_logs(logger: KernelLogger) -> Result<(), AgentError> {
+    // SAFETY: the logger owns its ring buffer's fd for as long as the AsyncFd owns it.
+    let mut logger = unsafe { AsyncFd::register_with_interest(logger, Interest::READABLE) }
+        .map_err(|e| AgentError::Io {
+            what: "polling the kernel log ring",
+            source: e.into_parts().1,
+        })?;
+    loop {
+        let mut guard = logger
+            .readable_mut()
+            .await
+            .map_err(|source| AgentError::Io {
+                what: "polling the kernel log ring",
+                source,
+            })?;
+        guard.get_inner_mut().flush();
+        guard.clear_ready();
+    }
+}
+
 pub async fn run(config: Config) -> Result<(), AgentError> {
     info!(
         "ipq-agent {} starting: mode {:?}, bpffs_dir {}",
@@ -193,6 +214,13 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
     let server = metrics::serve(config.metrics_addr, metrics.clone()).await?;
     tokio::spawn(server);
     let samples = datapath.take_samples();
+    if let Some(logger) = datapath.take_logger() {
+        tokio::spawn(async move {
+            if let Err(e) = forward_kernel_logs(logger).await {
+                warn!("kernel log reader stopped: {e}");
+            }
+        });
+    }
 
     let mut agent = Agent {
         config,

@@ -32,14 +32,16 @@ pub fn ifindex(name: &str) -> Option<u32> {
     (index != 0).then_some(index)
 }
 
-/// CLOCK_BOOTTIME in nanoseconds: the clock of `bpf_ktime_get_boot_ns`, so user space and the
-/// kernel programs compare stamps directly. It keeps counting across suspend.
-pub fn boottime_ns() -> u64 {
+/// CLOCK_MONOTONIC_COARSE in nanoseconds: the clock of the kernel programs'
+/// `bpf_ktime_get_coarse_ns`, so both sides compare stamps directly. The coarse clock (one tick
+/// of resolution) is the one the drop path can afford: it reads a cached value instead of the
+/// clock source.
+pub fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
-    // SAFETY: a valid out-parameter; CLOCK_BOOTTIME always exists on Linux.
-    unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
+    // SAFETY: a valid out-parameter; CLOCK_MONOTONIC_COARSE always exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }

@@ -148,11 +148,11 @@ pub struct AddrEntry {
     pub fenced_ifindex: u32,
     /// Reserved for flags; zero.
     pub flags: u32,
-    /// CLOCK_BOOTTIME nanoseconds at which the address entered its current state.
+    /// CLOCK_MONOTONIC nanoseconds at which the address entered its current state.
     pub since_ns: u64,
-    /// CLOCK_BOOTTIME nanoseconds of the last stale packet seen for it (kernel-written).
+    /// CLOCK_MONOTONIC nanoseconds of the last stale packet seen for it (kernel-written).
     pub last_stale_ns: u64,
-    /// CLOCK_BOOTTIME nanoseconds of the last conflict sample sent for it (kernel-written):
+    /// CLOCK_MONOTONIC nanoseconds of the last conflict sample sent for it (kernel-written):
     /// the per-address rate limit of the sample ring buffer.
     pub last_sample_ns: u64,
 }

@@ -6,7 +6,7 @@ use crate::addr::AddrKey;
 #[repr(C)]
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
 pub struct ConflictSample {
-    /// CLOCK_BOOTTIME nanoseconds.
+    /// CLOCK_MONOTONIC nanoseconds.
     pub ts_ns: u64,
     /// The address in conflict.
     pub addr: AddrKey,

@@ -1,7 +1,8 @@
 //! What every hook does once it has a reason about a packet: count it, stamp the entry, send a
 //! rate-limited sample, and drop unless the mode is `observe`.
 
-use aya_ebpf::helpers::bpf_ktime_get_boot_ns;
+use aya_ebpf::{helpers::bpf_ktime_get_coarse_ns, EbpfContext};
+use aya_log_ebpf::debug;
 use ipq_common::{
     addr::{AddrEntry, AddrKey},
     counters::{counter_index, Action, Hook, Reason},
@@ -12,7 +13,8 @@ use ipq_common::{
 use crate::{maps, Verdict};
 
 /// Where and what a program saw.
-pub struct Seen<'a> {
+pub struct Seen<'a, C: EbpfContext> {
+    pub ctx: &'a C,
     pub hook: Hook,
     pub ifindex: u32,
     pub len: u32,
@@ -20,11 +22,16 @@ pub struct Seen<'a> {
 }
 
 #[inline(always)]
-pub fn act(seen: &Seen, addr: &AddrKey, entry: *mut AddrEntry, reason: Reason) -> Verdict {
+pub fn act<C: EbpfContext>(
+    seen: &Seen<C>,
+    addr: &AddrKey,
+    entry: *mut AddrEntry,
+    reason: Reason,
+) -> Verdict {
     let action = action_for(maps::mode(), reason);
     maps::count(counter_index(action, seen.hook, reason), seen.len);
 
-    let now = unsafe { bpf_ktime_get_boot_ns() };
+    let now = unsafe { bpf_ktime_get_coarse_ns() };
     // SAFETY: `entry` points into a map value that the kernel keeps alive for this program run.
     // The two stamps are plain 8-byte stores; a concurrent CPU can only make one of them a
     // few nanoseconds older, which neither the release timer nor the rate limit cares about.
@@ -48,6 +55,10 @@ pub fn act(seen: &Seen, addr: &AddrKey, entry: *mut AddrEntry, reason: Reason) -
             pkt_len: seen.len,
             _reserved: 0,
         });
+        // Rare by construction (one per address per interval): never per packet. Filtered in
+        // the kernel unless the agent runs at debug level.
+        let code = counter_index(action, seen.hook, reason);
+        debug!(seen.ctx, "ipq: conflict sample, counter {}", code);
     }
 
     if action == Action::Dropped {

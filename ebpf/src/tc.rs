@@ -30,6 +30,7 @@ pub fn try_workload(ctx: &TcContext, hook: Hook) -> Verdict {
     let ifindex = unsafe { (*ctx.skb.skb).ifindex };
     let own = maps::iface_entry(ifindex);
     let seen = Seen {
+        ctx,
         hook,
         ifindex,
         len: ctx.len(),
@@ -67,7 +68,7 @@ fn pull_headers(ctx: &TcContext) {
 }
 
 #[inline(always)]
-fn check(seen: &Seen, own: Option<&IfaceEntry>, addr: &AddrKey) -> Verdict {
+fn check(seen: &Seen<TcContext>, own: Option<&IfaceEntry>, addr: &AddrKey) -> Verdict {
     // The fast path: one of the interface's own conflict-free addresses.
     if let Some(own) = own {
         if own.owns(addr) {

@@ -22,6 +22,7 @@ pub fn try_uplink(ctx: &XdpContext) -> Verdict {
         return Verdict::Pass;
     };
     let seen = Seen {
+        ctx,
         hook: Hook::Xdp,
         ifindex: ctx.ingress_ifindex() as u32,
         len: frame.len(),
@@ -64,7 +65,7 @@ pub fn try_uplink(ctx: &XdpContext) -> Verdict {
 }
 
 #[inline(always)]
-fn stale(seen: &Seen, addr: &AddrKey) -> Verdict {
+fn stale(seen: &Seen<XdpContext>, addr: &AddrKey) -> Verdict {
     // The pass path: one inlined array read, no hash lookup, for every address not quarantined.
     if !maps::maybe_quarantined(addr) {
         return Verdict::Pass;
@@ -79,7 +80,7 @@ fn stale(seen: &Seen, addr: &AddrKey) -> Verdict {
 }
 
 #[inline(always)]
-fn claim(seen: &Seen, addr: &AddrKey) {
+fn claim(seen: &Seen<XdpContext>, addr: &AddrKey) {
     if let Some(entry) = maps::addr_entry(addr) {
         if let Some(reason) = uplink_announces(unsafe { &*entry }) {
             // A remote claim is reported, never dropped: the verdict is always Pass.

@@ -197,7 +197,7 @@ fn datapath_command(command: DatapathCommand) -> anyhow::Result<()> {
                 bail!("--holder is required for an {} address", state.as_str());
             }
             let mut maps = DatapathMaps::open_pinned(&bpffs_dir)?;
-            let entry = AddrEntry::new(state, holder, netdev::boottime_ns()).with_fenced(fenced);
+            let entry = AddrEntry::new(state, holder, netdev::monotonic_ns()).with_fenced(fenced);
             maps.table.put(AddrKey::from(addr), entry)?;
             println!(
                 "{addr}: {} holder if{holder} fenced if{fenced}",

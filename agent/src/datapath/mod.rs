@@ -28,7 +28,7 @@ use ipq_common::{
     names,
     sample::ConflictSample,
 };
-use log::info;
+use log::{info, warn};
 use thiserror::Error;
 
 pub use links::Attached;
@@ -143,6 +143,7 @@ pub struct Datapath {
     layout: PinLayout,
     pub maps: DatapathMaps,
     samples: Option<Samples>,
+    logger: Option<KernelLogger>,
     attached: BTreeMap<(u32, AttachPoint), String>,
     capacity: u32,
 }
@@ -203,10 +204,13 @@ impl Datapath {
         create_dir(&layout.links_dir())?;
         let capacity = Self::check_pins(&layout, options.capacity)?;
 
+        let log_level = kernel_log_level();
         let mut loader = EbpfLoader::new();
         loader
             .default_map_pin_directory(layout.maps_dir())
-            .map_max_entries(names::MAP_ADDRS, capacity);
+            .map_max_entries(names::MAP_ADDRS, capacity)
+            // The kernel skips log records the agent's logger would discard anyway.
+            .override_global("AYA_LOG_LEVEL", &log_level, false);
         let mut ebpf = loader
             .load(OBJECT)
             .map_err(|e| DatapathError::Load(Box::new(e)))?;
@@ -223,6 +227,9 @@ impl Datapath {
         })?;
 
         let samples = Samples::open(&mut maps::Source::Loaded(&mut ebpf))?;
+        let logger = aya_log::EbpfLogger::init(&mut ebpf)
+            .map_err(|e| warn!("kernel-side log records will not be read: {e}"))
+            .ok();
         let mut maps = DatapathMaps::open(maps::Source::Loaded(&mut ebpf))?;
         maps.set_mode(options.mode)?;
         info!(
@@ -235,6 +242,7 @@ impl Datapath {
             layout,
             maps,
             samples: Some(samples),
+            logger,
             attached: BTreeMap::new(),
             capacity,
         })
@@ -297,6 +305,11 @@ impl Datapath {
         self.samples.take()
     }
 
+    /// The reader of the kernel programs' aya-log records, handed out once.
+    pub fn take_logger(&mut self) -> Option<KernelLogger> {
+        self.logger.take()
+    }
+
     /// Attaches the TC programs to a workload interface (ingress and egress).
     pub fn attach_workload(&mut self, ifname: &str, ifindex: u32) -> Result<(), DatapathError> {
         for (name, point) in [
@@ -348,6 +361,21 @@ impl Datapath {
     /// Interfaces attached by this agent, by attach point.
     pub fn attached(&self) -> &BTreeMap<(u32, AttachPoint), String> {
         &self.attached
+    }
+}
+
+/// Reader of the kernel programs' log records (aya-log), which it forwards to `log`.
+pub type KernelLogger = aya_log::EbpfLogger<&'static dyn log::Log>;
+
+/// The aya-log level (`aya_log_common::Level`: 1 error ... 5 trace) matching the agent's own.
+fn kernel_log_level() -> u8 {
+    match log::max_level() {
+        log::LevelFilter::Off => 0,
+        log::LevelFilter::Error => 1,
+        log::LevelFilter::Warn => 2,
+        log::LevelFilter::Info => 3,
+        log::LevelFilter::Debug => 4,
+        log::LevelFilter::Trace => 5,
     }
 }
 
