@@ -1,1 +1,4 @@
-//! Test support.
+//! Privileged test support for ipq: network namespaces, crafted frames, the lab.
+pub mod lab;
+pub mod netns;
+pub mod packets;

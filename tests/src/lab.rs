@@ -1,0 +1,641 @@
+//! The lab of "node + two pods + a peer behind an uplink", the real `ipq-agent` running in it,
+//! and helpers that send traffic through it and read the agent's metrics.
+//!
+//! ```text
+//!  pod-a eth0 10.77.0.2 fd77::2 ── vethpa ┐
+//!                                          node ── up0 10.78.0.1 fd78::1 ── eth0 10.78.0.2  peer
+//!  pod-b eth0 10.77.0.3 fd77::3 ── vethpb ┘  (forwarding)                  fd78::2
+//! ```
+//!
+//! Pods are wired as the CNI ptp plugin wires them (a /32 and a /128 on the pod, the gateway
+//! 10.77.0.1 and fe80::1 on every host-side veth, a host route per pod address). Every
+//! neighbour entry traffic needs is PERMANENT and DAD is off, so no ARP or NDP packet is ever
+//! sent during a test: datapath counters then equal the packets a test sends, exactly.
+
+use std::{
+    collections::BTreeMap,
+    fs,
+    io::{ErrorKind, Read as _, Write as _},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream, UdpSocket},
+    os::unix::process::CommandExt as _,
+    path::{Path, PathBuf},
+    process::{Child, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{anyhow, bail, Context as _};
+
+use crate::netns::{agent_binary, require_root, unique, BpffsDir, NetNs};
+
+pub const GATEWAY_V4: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 1);
+pub const GATEWAY_LL: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 1);
+pub const POD_A_V4: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 2);
+pub const POD_A_V6: Ipv6Addr = Ipv6Addr::new(0xfd77, 0, 0, 0, 0, 0, 0, 2);
+pub const POD_B_V4: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 3);
+pub const POD_B_V6: Ipv6Addr = Ipv6Addr::new(0xfd77, 0, 0, 0, 0, 0, 0, 3);
+pub const UPLINK_V4: Ipv4Addr = Ipv4Addr::new(10, 78, 0, 1);
+pub const UPLINK_V6: Ipv6Addr = Ipv6Addr::new(0xfd78, 0, 0, 0, 0, 0, 0, 1);
+pub const PEER_V4: Ipv4Addr = Ipv4Addr::new(10, 78, 0, 2);
+pub const PEER_V6: Ipv6Addr = Ipv6Addr::new(0xfd78, 0, 0, 0, 0, 0, 0, 2);
+
+const VETHPA_MAC: &str = "02:77:00:00:0a:01";
+const POD_A_MAC: &str = "02:77:00:00:0a:02";
+const VETHPB_MAC: &str = "02:77:00:00:0b:01";
+const POD_B_MAC: &str = "02:77:00:00:0b:02";
+const UP0_MAC: &str = "02:78:00:00:00:01";
+const PEER_MAC: &str = "02:78:00:00:00:02";
+
+/// Inside the node namespace only, so every lab can use the agent's default port.
+pub const METRICS_ADDR: &str = "127.0.0.1:9740";
+
+/// How long an agent may take from exec to `/readyz` answering 200.
+const READY_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// A scratch directory for agent logs, state and config; removed on drop.
+#[derive(Debug)]
+struct WorkDir(PathBuf);
+
+impl Drop for WorkDir {
+    fn drop(&mut self) {
+        if let Err(e) = fs::remove_dir_all(&self.0) {
+            eprintln!("cleanup: removing {}: {e}", self.0.display());
+        }
+    }
+}
+
+/// The four namespaces, the agent's bpffs dir and a scratch dir. Field order is drop order:
+/// namespaces (and so every veth and attachment) first, then the pins, then the logs.
+#[derive(Debug)]
+pub struct Lab {
+    pub node: NetNs,
+    pub pod_a: NetNs,
+    pub pod_b: NetNs,
+    pub peer: NetNs,
+    pub bpffs: BpffsDir,
+    work: WorkDir,
+}
+
+/// `ip -n <ns> <format!(...)>`, split on whitespace: the wiring below reads like the shell
+/// commands it runs.
+macro_rules! ip {
+    ($ns:expr, $($fmt:tt)+) => {
+        $ns.ip(&format!($($fmt)+).split_whitespace().collect::<Vec<_>>())
+    };
+}
+
+/// Wires one pod to the node through `host_if` as the CNI ptp plugin does.
+fn wire_pod(
+    node: &NetNs,
+    pod: &NetNs,
+    host_if: &str,
+    (host_mac, pod_mac): (&str, &str),
+    (v4, v6): (Ipv4Addr, Ipv6Addr),
+) -> anyhow::Result<()> {
+    let (gw4, gw6) = (GATEWAY_V4, GATEWAY_LL);
+    let pod_end = format!("name eth0 address {pod_mac} netns {}", pod.name());
+    ip!(
+        node,
+        "link add {host_if} address {host_mac} type veth peer {pod_end}"
+    )?;
+    ip!(node, "addr add {gw4}/32 dev {host_if}")?;
+    ip!(node, "addr add {gw6}/64 dev {host_if} nodad")?;
+    ip!(node, "link set {host_if} up")?;
+    ip!(pod, "addr add {v4}/32 dev eth0")?;
+    ip!(pod, "addr add {v6}/128 dev eth0 nodad")?;
+    ip!(pod, "link set eth0 up")?;
+    ip!(pod, "route add {gw4} dev eth0 scope link")?;
+    ip!(pod, "route add default via {gw4} dev eth0")?;
+    ip!(pod, "-6 route add default via {gw6} dev eth0")?;
+    ip!(
+        pod,
+        "neigh add {gw4} lladdr {host_mac} dev eth0 nud permanent"
+    )?;
+    ip!(
+        pod,
+        "neigh add {gw6} lladdr {host_mac} dev eth0 nud permanent"
+    )?;
+    ip!(node, "route add {v4}/32 dev {host_if}")?;
+    ip!(node, "-6 route add {v6}/128 dev {host_if}")?;
+    ip!(
+        node,
+        "neigh add {v4} lladdr {pod_mac} dev {host_if} nud permanent"
+    )?;
+    ip!(
+        node,
+        "neigh add {v6} lladdr {pod_mac} dev {host_if} nud permanent"
+    )?;
+    Ok(())
+}
+
+/// The uplink: `up0` in the node, `eth0` in the peer, one /24 and one /64 between them.
+fn wire_uplink(node: &NetNs, peer: &NetNs) -> anyhow::Result<()> {
+    let peer_end = format!("name eth0 address {PEER_MAC} netns {}", peer.name());
+    ip!(
+        node,
+        "link add up0 address {UP0_MAC} type veth peer {peer_end}"
+    )?;
+    ip!(node, "addr add {UPLINK_V4}/24 dev up0")?;
+    ip!(node, "addr add {UPLINK_V6}/64 dev up0 nodad")?;
+    ip!(node, "link set up0 up")?;
+    ip!(peer, "addr add {PEER_V4}/24 dev eth0")?;
+    ip!(peer, "addr add {PEER_V6}/64 dev eth0 nodad")?;
+    ip!(peer, "link set eth0 up")?;
+    ip!(peer, "route add 10.77.0.0/24 via {UPLINK_V4}")?;
+    ip!(peer, "-6 route add fd77::/64 via {UPLINK_V6}")?;
+    ip!(
+        node,
+        "neigh add {PEER_V4} lladdr {PEER_MAC} dev up0 nud permanent"
+    )?;
+    ip!(
+        node,
+        "neigh add {PEER_V6} lladdr {PEER_MAC} dev up0 nud permanent"
+    )?;
+    ip!(
+        peer,
+        "neigh add {UPLINK_V4} lladdr {UP0_MAC} dev eth0 nud permanent"
+    )?;
+    ip!(
+        peer,
+        "neigh add {UPLINK_V6} lladdr {UP0_MAC} dev eth0 nud permanent"
+    )?;
+    Ok(())
+}
+
+impl Lab {
+    /// Builds the lab; fails (never skips) when not root or bpffs is missing.
+    pub fn new() -> anyhow::Result<Lab> {
+        require_root()?;
+        let work = WorkDir(std::env::temp_dir().join(unique("ipq-lab")));
+        fs::create_dir(&work.0).with_context(|| format!("creating {}", work.0.display()))?;
+        let lab = Lab {
+            node: NetNs::new("node")?,
+            pod_a: NetNs::new("pa")?,
+            pod_b: NetNs::new("pb")?,
+            peer: NetNs::new("peer")?,
+            bpffs: BpffsDir::new()?,
+            work,
+        };
+        lab.node.sysctl("net.ipv4.ip_forward", "1")?;
+        lab.node.sysctl("net.ipv6.conf.all.forwarding", "1")?;
+        wire_pod(
+            &lab.node,
+            &lab.pod_a,
+            "vethpa",
+            (VETHPA_MAC, POD_A_MAC),
+            (POD_A_V4, POD_A_V6),
+        )?;
+        wire_pod(
+            &lab.node,
+            &lab.pod_b,
+            "vethpb",
+            (VETHPB_MAC, POD_B_MAC),
+            (POD_B_V4, POD_B_V6),
+        )?;
+        wire_uplink(&lab.node, &lab.peer)?;
+        Ok(lab)
+    }
+
+    /// The names of the lab's namespaces.
+    pub fn netns_names(&self) -> Vec<String> {
+        [&self.node, &self.pod_a, &self.pod_b, &self.peer]
+            .iter()
+            .map(|ns| ns.name().to_owned())
+            .collect()
+    }
+
+    /// Where agent logs, state and config go.
+    pub fn work_dir(&self) -> &Path {
+        &self.work.0
+    }
+
+    /// Starts the agent in the node namespace and waits until it is ready.
+    pub fn start_agent(&self, extra: &[&str]) -> anyhow::Result<Agent<'_>> {
+        Agent::start(self, extra)
+    }
+
+    /// `ipq-agent datapath <args> --bpffs-dir <lab's>` inside the node namespace (interface
+    /// names resolve there). Returns stdout.
+    pub fn datapath(&self, args: &[&str]) -> anyhow::Result<String> {
+        let mut cmd = self.node.command(agent_binary());
+        cmd.arg("datapath")
+            .args(args)
+            .arg("--bpffs-dir")
+            .arg(self.bpffs.path());
+        let line = format!("{cmd:?}");
+        let out = cmd.output().with_context(|| format!("running {line}"))?;
+        if !out.status.success() {
+            bail!(
+                "{line} failed ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// Pod a is draining and fenced on its own interface: all its traffic is to be dropped.
+    pub fn fence_pod_a(&self) -> anyhow::Result<()> {
+        for addr in [POD_A_V4.to_string(), POD_A_V6.to_string()] {
+            self.datapath(&[
+                "set", &addr, "--state", "draining", "--holder", "vethpa", "--fenced", "vethpa",
+            ])?;
+        }
+        Ok(())
+    }
+
+    /// Pod b holds its addresses normally: all its traffic is to pass.
+    pub fn register_pod_b(&self) -> anyhow::Result<()> {
+        for addr in [POD_B_V4.to_string(), POD_B_V6.to_string()] {
+            self.datapath(&["set", &addr, "--state", "active", "--holder", "vethpb"])?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        // A failing test gets every agent log of the lab in its output.
+        if !std::thread::panicking() {
+            return;
+        }
+        let Ok(entries) = fs::read_dir(&self.work.0) else {
+            return;
+        };
+        let mut logs: Vec<PathBuf> = entries
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|x| x == "log"))
+            .collect();
+        logs.sort();
+        for log in logs {
+            let text = fs::read_to_string(&log).unwrap_or_else(|e| format!("(unreadable: {e})"));
+            eprintln!("----- {} -----\n{text}----- end -----", log.display());
+        }
+    }
+}
+
+/// `GET path` over HTTP/1.0 to the agent, from inside `ns`: (status, body).
+fn http_get(ns: &NetNs, path: &str) -> anyhow::Result<(u16, String)> {
+    ns.run(|| {
+        let addr: SocketAddr = METRICS_ADDR.parse().expect("valid");
+        let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(1))?;
+        stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+        write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
+        // HTTP/1.0 without keep-alive: the server closes when the response is complete.
+        let mut response = String::new();
+        stream.read_to_string(&mut response)?;
+        let (head, body) = response
+            .split_once("\r\n\r\n")
+            .ok_or_else(|| anyhow!("no end of headers in {response:?}"))?;
+        let status = head
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| anyhow!("bad status line in {head:?}"))?;
+        Ok((status, body.to_owned()))
+    })
+}
+
+/// A running `ipq-agent`, killed on drop if still running.
+pub struct Agent<'l> {
+    lab: &'l Lab,
+    child: Option<Child>,
+    pid: u32,
+    log: PathBuf,
+}
+
+impl<'l> Agent<'l> {
+    /// Starts the agent in `lab`'s node namespace on `lab`'s bpffs dir, with its own state dir,
+    /// API socket and an empty config file (so nothing on the host leaks in), plus `extra`.
+    pub fn start(lab: &'l Lab, extra: &[&str]) -> anyhow::Result<Agent<'l>> {
+        let work = lab.work_dir();
+        let config = work.join("agent.toml");
+        fs::write(&config, "# every key from the command line\n")?;
+        let runs = fs::read_dir(work)?
+            .flatten()
+            .filter(|e| e.path().extension().is_some_and(|x| x == "log"))
+            .count();
+        let log = work.join(format!("agent-{}.log", runs + 1));
+        let out = fs::File::create(&log)?;
+        let mut cmd = lab.node.command(agent_binary());
+        cmd.arg("--config")
+            .arg(&config)
+            .arg("--bpffs-dir")
+            .arg(lab.bpffs.path())
+            .arg("--state-dir")
+            .arg(work.join("state"))
+            .arg("--api-socket")
+            .arg(work.join("ipq.sock"))
+            .args(["--metrics-addr", METRICS_ADDR])
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(out.try_clone()?)
+            .stderr(out);
+        // If the test process dies without unwinding (SIGKILL, a harness timeout), the agent
+        // must not live on holding pins and attachments. The signal comes when the spawning
+        // thread exits, which is the test's own thread: the Agent guard never outlives it.
+        // SAFETY: prctl is async-signal-safe.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = cmd.spawn().with_context(|| format!("starting {cmd:?}"))?;
+        let mut agent = Agent {
+            lab,
+            pid: child.id(),
+            child: Some(child),
+            log,
+        };
+        agent.wait_ready()?;
+        Ok(agent)
+    }
+
+    fn wait_ready(&mut self) -> anyhow::Result<()> {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().transpose()) {
+                self.child = None;
+                bail!(
+                    "ipq-agent exited ({}) before it was ready; log {}:\n{}",
+                    status?,
+                    self.log.display(),
+                    self.log()
+                );
+            }
+            let last = match http_get(&self.lab.node, "/readyz") {
+                Ok((200, _)) => return Ok(()),
+                Ok((status, body)) => format!("{status} {body}"),
+                Err(e) => format!("{e:#}"),
+            };
+            if Instant::now() > deadline {
+                bail!(
+                    "ipq-agent not ready in {READY_TIMEOUT:?} (last /readyz: {last}); log {}:\n{}",
+                    self.log.display(),
+                    self.log()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// Everything the agent logged so far.
+    pub fn log(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_else(|e| format!("(unreadable: {e})"))
+    }
+
+    /// `/metrics`, as text.
+    pub fn metrics(&self) -> anyhow::Result<String> {
+        match http_get(&self.lab.node, "/metrics")? {
+            (200, body) => Ok(body),
+            (status, body) => bail!("/metrics answered {status}: {body}"),
+        }
+    }
+
+    /// One scrape, parsed.
+    pub fn scrape(&self) -> anyhow::Result<Scrape> {
+        Scrape::parse(&self.metrics()?)
+    }
+
+    /// The value of `name` with `labels` (summed over the series carrying them all); an error
+    /// if no such series exists, so a renamed metric cannot make a test pass by reading 0.
+    pub fn metric(&self, name: &str, labels: &[(&str, &str)]) -> anyhow::Result<f64> {
+        self.scrape()?.get(name, labels)
+    }
+
+    /// SIGKILL, as an OOM kill or a node crash would: no clean-up code runs.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            // SAFETY: signals our own child, which has not been reaped yet.
+            unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGTERM, then waits (bounded); the agent must exit 0.
+    pub fn terminate(&mut self) -> anyhow::Result<()> {
+        let mut child = self.child.take().context("the agent is not running")?;
+        // SAFETY: signals our own child, which has not been reaped yet.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let status = loop {
+            if let Some(status) = child.try_wait()? {
+                break status;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                bail!("ipq-agent ignored SIGTERM for 10 s; log:\n{}", self.log());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        if !status.success() {
+            bail!("ipq-agent exited {status} on SIGTERM; log:\n{}", self.log());
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Agent<'_> {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// One sample of the text format.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sample {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    pub value: f64,
+}
+
+/// A parsed `/metrics` response.
+#[derive(Clone, Debug)]
+pub struct Scrape(pub Vec<Sample>);
+
+/// `{a="x",b="y"}` (after the name) → labels and the rest of the line.
+fn parse_labels(s: &str) -> anyhow::Result<(BTreeMap<String, String>, &str)> {
+    let mut labels = BTreeMap::new();
+    let mut rest = s.strip_prefix('{').context("labels start with {")?;
+    loop {
+        rest = rest.trim_start_matches([' ', ',']);
+        if let Some(after) = rest.strip_prefix('}') {
+            return Ok((labels, after));
+        }
+        let (key, after) = rest.split_once("=\"").context("label without =\"")?;
+        let mut value = String::new();
+        let mut chars = after.char_indices();
+        let end = loop {
+            match chars.next().context("unterminated label value")? {
+                (i, '"') => break i,
+                (_, '\\') => match chars.next().context("dangling escape")?.1 {
+                    'n' => value.push('\n'),
+                    c => value.push(c),
+                },
+                (_, c) => value.push(c),
+            }
+        };
+        labels.insert(key.trim().to_owned(), value);
+        rest = &after[end + 1..];
+    }
+}
+
+impl Scrape {
+    pub fn parse(text: &str) -> anyhow::Result<Scrape> {
+        let mut samples = Vec::new();
+        for line in text.lines().map(str::trim) {
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let parse = || -> anyhow::Result<Sample> {
+                let end = line.find(['{', ' ']).context("no value")?;
+                let (name, rest) = line.split_at(end);
+                let (labels, rest) = if rest.starts_with('{') {
+                    parse_labels(rest)?
+                } else {
+                    (BTreeMap::new(), rest)
+                };
+                let value = rest.split_whitespace().next().context("no value")?;
+                Ok(Sample {
+                    name: name.to_owned(),
+                    labels,
+                    value: value.parse()?,
+                })
+            };
+            samples.push(parse().with_context(|| format!("metrics line {line:?}"))?);
+        }
+        Ok(Scrape(samples))
+    }
+
+    fn matching<'a>(
+        &'a self,
+        name: &'a str,
+        labels: &'a [(&str, &str)],
+    ) -> impl Iterator<Item = &'a Sample> + 'a {
+        self.0.iter().filter(move |s| {
+            s.name == name
+                && labels
+                    .iter()
+                    .all(|(k, v)| s.labels.get(*k).is_some_and(|x| x == v))
+        })
+    }
+
+    /// The sum of every series of `name` carrying all of `labels`; an error if there is none.
+    pub fn get(&self, name: &str, labels: &[(&str, &str)]) -> anyhow::Result<f64> {
+        let mut found = false;
+        let sum = self
+            .matching(name, labels)
+            .inspect(|_| found = true)
+            .map(|s| s.value)
+            .sum();
+        if !found {
+            bail!("no series {name} with labels {labels:?} in /metrics");
+        }
+        Ok(sum)
+    }
+
+    /// Every series of `name` whose value differs from `before`, as `label=value,...` → the
+    /// change. Comparing whole families shows what else moved, not just what a test expects.
+    pub fn changes_since(&self, before: &Scrape, name: &str) -> BTreeMap<String, f64> {
+        let mut changes = BTreeMap::new();
+        for sample in self.matching(name, &[]) {
+            let old = before
+                .0
+                .iter()
+                .find(|s| s.name == sample.name && s.labels == sample.labels)
+                .map_or(0.0, |s| s.value);
+            if sample.value != old {
+                let key = sample
+                    .labels
+                    .iter()
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect::<Vec<_>>()
+                    .join(",");
+                changes.insert(key, sample.value - old);
+            }
+        }
+        changes
+    }
+}
+
+/// Sends `n` small UDP datagrams from `from` to `dst` (which lives in `to`) and returns how many
+/// arrived. The receiver is bound before the first send; the count stops at `n` or after
+/// 500 ms of silence, which is ample on veths where delivery is synchronous.
+pub fn udp_burst(from: &NetNs, to: &NetNs, dst: IpAddr, n: usize) -> usize {
+    let any: IpAddr = match dst {
+        IpAddr::V4(_) => Ipv4Addr::UNSPECIFIED.into(),
+        IpAddr::V6(_) => Ipv6Addr::UNSPECIFIED.into(),
+    };
+    // A socket stays in the namespace it was made in, whichever thread uses it later.
+    let rx = to
+        .run(|| UdpSocket::bind((any, 0)))
+        .unwrap_or_else(|e| panic!("binding a UDP receiver in {}: {e}", to.name()));
+    let port = rx.local_addr().expect("bound").port();
+    let tag = format!("ipq-test {}", unique("burst"));
+    from.run(|| {
+        let tx = UdpSocket::bind((any, 0)).expect("binding the UDP sender");
+        for i in 0..n {
+            tx.send_to(format!("{tag} {i}").as_bytes(), (dst, port))
+                .unwrap_or_else(|e| panic!("sending to {dst}:{port} from {}: {e}", from.name()));
+        }
+    });
+    rx.set_read_timeout(Some(Duration::from_millis(500)))
+        .expect("setting a timeout");
+    let mut received = 0;
+    let mut buf = [0u8; 256];
+    while received < n {
+        match rx.recv_from(&mut buf) {
+            // Only our own datagrams count.
+            Ok((len, _)) if buf[..len].starts_with(tag.as_bytes()) => received += 1,
+            Ok(_) => {}
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => break,
+            Err(e) => panic!("receiving in {}: {e}", to.name()),
+        }
+    }
+    received
+}
+
+/// `ping -c n` from inside `from`; returns how many replies came back. Panics if ping did not
+/// send exactly `n` requests, since callers compare counters with `n`.
+pub fn ping(from: &NetNs, dst: IpAddr, n: u32) -> u32 {
+    let out = from
+        .command("ping")
+        .args(["-n", "-q", "-c", &n.to_string(), "-i", "0.02", "-W", "1"])
+        .arg(dst.to_string())
+        .output()
+        .unwrap_or_else(|e| panic!("running ping (cargo xtask setup installs iputils-ping): {e}"));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    // "5 packets transmitted, 5 received, 0% packet loss, time 81ms"
+    let summary = stdout
+        .lines()
+        .find(|l| l.contains("packets transmitted"))
+        .unwrap_or_else(|| {
+            panic!(
+                "no summary from ping {dst} in {}: {stdout}{}",
+                from.name(),
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+    let count = |what: &str| -> u32 {
+        summary
+            .split(',')
+            .find(|part| part.contains(what))
+            .and_then(|part| part.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no '{what}' count in {summary:?}"))
+    };
+    let transmitted = count("transmitted");
+    assert_eq!(
+        transmitted, n,
+        "ping {dst} sent {transmitted} requests, not {n}"
+    );
+    count("received")
+}

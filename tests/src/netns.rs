@@ -1,0 +1,215 @@
+//! Network namespaces and bpffs directories owned by one test, removed when it ends (also when it
+//! panics), plus the preconditions every privileged test checks first.
+//!
+//! Processes are put into a namespace with `setns` in `pre_exec`, never with `ip netns exec`:
+//! that one remounts `/sys` for the new namespace, which hides `/sys/fs/bpf` and so the pins the
+//! agent must see.
+
+use std::{
+    ffi::{CString, OsStr},
+    fs, io,
+    os::unix::{fs::PermissionsExt as _, io::AsRawFd as _, process::CommandExt as _},
+    path::{Path, PathBuf},
+    process::Command,
+    sync::atomic::{AtomicU32, Ordering},
+};
+
+use anyhow::{bail, Context as _};
+
+/// One counter for every name this process makes: namespaces and bpffs dirs of tests running in
+/// parallel (threads of one test binary) never collide, and the pid separates test binaries.
+static NEXT: AtomicU32 = AtomicU32::new(0);
+
+pub(crate) fn unique(prefix: &str) -> String {
+    format!(
+        "{prefix}-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Fails unless the test runs as root: namespaces, veths and BPF all need it.
+pub fn require_root() -> anyhow::Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!("this test needs root (cargo xtask test runs as root)");
+    }
+    Ok(())
+}
+
+/// `target/<profile>/ipq-agent`, next to the directory (`deps/`) the test binary runs from.
+pub fn agent_binary() -> PathBuf {
+    let exe = std::env::current_exe().expect("the path of the running test binary");
+    let path = exe
+        .parent()
+        .and_then(Path::parent)
+        .map(|dir| dir.join("ipq-agent"))
+        .expect("the test binary lives in target/<profile>/deps");
+    assert!(
+        path.is_file(),
+        "{} is missing: build it first: cargo build -p ipq --bins (cargo xtask test does)",
+        path.display()
+    );
+    path
+}
+
+/// Runs `cmd` and returns its stdout; the error names the command line and quotes stderr.
+fn output_of(cmd: &mut Command) -> anyhow::Result<String> {
+    let line = format!("{cmd:?}");
+    let out = cmd.output().with_context(|| format!("running {line}"))?;
+    if !out.status.success() {
+        bail!(
+            "{line} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// A named network namespace (`ip netns add`), deleted on drop.
+#[derive(Debug)]
+pub struct NetNs {
+    name: String,
+    /// `/run/netns/<name>`: what `setns` opens.
+    path: PathBuf,
+}
+
+impl NetNs {
+    /// Creates `ipq-<role>-<pid>-<n>` with `lo` up and duplicate address detection off, so
+    /// addresses are usable at once and no DAD probe ever shows up in a packet count.
+    pub fn new(role: &str) -> anyhow::Result<NetNs> {
+        let name = unique(&format!("ipq-{role}"));
+        output_of(Command::new("ip").args(["netns", "add", &name]))?;
+        // From here on the guard exists, so a failure below still deletes the namespace.
+        let ns = NetNs {
+            path: Path::new("/run/netns").join(&name),
+            name,
+        };
+        for scope in ["all", "default"] {
+            ns.sysctl(&format!("net.ipv6.conf.{scope}.accept_dad"), "0")?;
+        }
+        ns.ip(&["link", "set", "lo", "up"])?;
+        Ok(ns)
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// `ip -n <name> <args>`; returns stdout.
+    pub fn ip(&self, args: &[&str]) -> anyhow::Result<String> {
+        output_of(Command::new("ip").arg("-n").arg(&self.name).args(args))
+    }
+
+    /// Writes `/proc/sys/<key with dots as slashes>` as seen from inside the namespace: net
+    /// sysctls are resolved against the namespace of the thread that opens them.
+    pub fn sysctl(&self, key: &str, value: &str) -> anyhow::Result<()> {
+        let path = Path::new("/proc/sys").join(key.replace('.', "/"));
+        self.run(|| fs::write(&path, value))
+            .with_context(|| format!("sysctl {key}={value} in netns {}", self.name))
+    }
+
+    /// A command that runs inside this namespace (only the network namespace changes: the
+    /// mount namespace, hence `/sys/fs/bpf`, stays the host's).
+    pub fn command(&self, program: impl AsRef<OsStr>) -> Command {
+        let path = CString::new(self.path.as_os_str().as_encoded_bytes())
+            .expect("netns paths have no NUL");
+        let mut cmd = Command::new(program);
+        // SAFETY: between fork and exec only async-signal-safe calls (open, setns, close) run,
+        // and the path was allocated before the fork.
+        unsafe {
+            cmd.pre_exec(move || {
+                let fd = libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
+                if fd < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                let rc = libc::setns(fd, libc::CLONE_NEWNET);
+                let err = io::Error::last_os_error();
+                libc::close(fd);
+                if rc != 0 {
+                    return Err(err);
+                }
+                Ok(())
+            });
+        }
+        cmd
+    }
+
+    /// Runs `f` on a fresh thread that entered this namespace (`setns` affects the calling
+    /// thread only, so the caller's thread never changes namespace). Sockets keep the namespace
+    /// they were created in, so `f` may return them for use anywhere.
+    pub fn run<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
+        std::thread::scope(|scope| {
+            let thread = scope.spawn(|| {
+                let file = fs::File::open(&self.path)
+                    .unwrap_or_else(|e| panic!("opening {}: {e}", self.path.display()));
+                // SAFETY: a valid namespace fd; only this thread changes namespace.
+                if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+                    panic!(
+                        "setns into {}: {}",
+                        self.path.display(),
+                        io::Error::last_os_error()
+                    );
+                }
+                f()
+            });
+            match thread.join() {
+                Ok(value) => value,
+                Err(panic) => std::panic::resume_unwind(panic),
+            }
+        })
+    }
+}
+
+impl Drop for NetNs {
+    fn drop(&mut self) {
+        // Deleting the namespace destroys its veths, and with them every link attached there.
+        if let Err(e) = output_of(Command::new("ip").args(["netns", "del", &self.name])) {
+            eprintln!("cleanup: {e:#}");
+        }
+    }
+}
+
+/// A directory of its own under `/sys/fs/bpf` for one agent's pins, removed (pins and all) on
+/// drop.
+#[derive(Debug)]
+pub struct BpffsDir {
+    path: PathBuf,
+}
+
+impl BpffsDir {
+    pub fn new() -> anyhow::Result<BpffsDir> {
+        const BPFFS: &str = "/sys/fs/bpf";
+        const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+        let c_path = CString::new(BPFFS).expect("no NUL");
+        // SAFETY: statfs is plain old data, filled in by the call.
+        let mut stat: libc::statfs = unsafe { std::mem::zeroed() };
+        // SAFETY: a valid C string and out-parameter.
+        let rc = unsafe { libc::statfs(c_path.as_ptr(), &mut stat) };
+        if rc != 0 || stat.f_type as i64 != BPF_FS_MAGIC {
+            bail!(
+                "{BPFFS} is not a bpf filesystem: run cargo xtask setup \
+                 (or mount -t bpf bpf {BPFFS})"
+            );
+        }
+        let path = Path::new(BPFFS).join(unique("ipq-test"));
+        fs::create_dir(&path).with_context(|| format!("creating {}", path.display()))?;
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o700))
+            .with_context(|| format!("chmod {}", path.display()))?;
+        Ok(BpffsDir { path })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for BpffsDir {
+    fn drop(&mut self) {
+        // Unlinking a link pin detaches its program unless a process still holds the link.
+        if let Err(e) = fs::remove_dir_all(&self.path) {
+            eprintln!("cleanup: removing {}: {e}", self.path.display());
+        }
+    }
+}
