@@ -47,12 +47,88 @@ pub fn run(test_args: &[OsString]) -> Result<()> {
     )?;
     step("clippy-ebpf", util::nightly("cargo", CLIPPY_EBPF))?;
     step("build", host(["build", "--bins"]))?;
-    let mut test = host(["test", "--no-fail-fast"]);
+    // Doc tests are left out: there are none, and their empty result would be the last line.
+    let mut test = host(["test", "--no-fail-fast", "--lib", "--bins", "--tests"]);
     test.args(test_args).env("RUST_BACKTRACE", "1");
-    step("test", test)?;
+    println!("==> test");
+    let totals = run_tests(test).context("xtask test: step `test` failed")?;
 
     println!("xtask test: all steps passed");
+    // One closing line for the whole suite, in the plain form CI reads.
+    println!(
+        "summary: {} passed, {} failed",
+        totals.passed, totals.failed
+    );
     Ok(())
+}
+
+#[derive(Default, Debug, PartialEq, Eq)]
+struct Totals {
+    passed: u64,
+    failed: u64,
+    ignored: u64,
+}
+
+/// Adds up one libtest line: `test result: ok. 9 passed; 0 failed; 0 ignored; ...`.
+fn add_result_line(totals: &mut Totals, line: &str) {
+    let Some(rest) = line.trim().strip_prefix("test result: ") else {
+        return;
+    };
+    for part in rest.split(';') {
+        let mut words = part.split_whitespace().rev();
+        let (Some(what), Some(count)) = (words.next(), words.next()) else {
+            continue;
+        };
+        let Ok(count) = count.parse::<u64>() else {
+            continue;
+        };
+        match what {
+            "passed" => totals.passed += count,
+            "failed" => totals.failed += count,
+            "ignored" => totals.ignored += count,
+            _ => {}
+        }
+    }
+}
+
+/// Runs cargo test, echoing its output, and totals its result lines. Fails when cargo test
+/// fails, when nothing ran, or when anything was ignored: an ignored test is one that does not
+/// run, and this project does not count it as passing.
+fn run_tests(mut command: Command) -> Result<Totals> {
+    use std::io::{BufRead as _, BufReader};
+    use std::process::Stdio;
+
+    command.current_dir(util::workspace_root());
+    let line = util::command_line(&command);
+    eprintln!("+ {line}");
+    let mut child = command
+        .stdout(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("starting `{line}`"))?;
+    let stdout = child.stdout.take().context("cargo test stdout")?;
+    let mut totals = Totals::default();
+    for text in BufReader::new(stdout).lines() {
+        let text = text.context("reading cargo test output")?;
+        println!("{text}");
+        add_result_line(&mut totals, &text);
+    }
+    let status = child
+        .wait()
+        .with_context(|| format!("waiting for `{line}`"))?;
+    if !status.success() {
+        println!(
+            "summary: {} passed, {} failed",
+            totals.passed, totals.failed
+        );
+        anyhow::bail!("`{line}` failed with {status}");
+    }
+    if totals.passed == 0 {
+        anyhow::bail!("`{line}` ran no test");
+    }
+    if totals.ignored > 0 {
+        anyhow::bail!("{} tests are #[ignore]d: make them run", totals.ignored);
+    }
+    Ok(totals)
 }
 
 /// `cargo <subcommand> --workspace --exclude ipq-ebpf <rest>`.
@@ -67,4 +143,31 @@ fn step(name: &str, mut command: Command) -> Result<()> {
     println!("==> {name}");
     command.current_dir(util::workspace_root());
     util::run(&mut command).with_context(|| format!("xtask test: step `{name}` failed"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn result_lines_are_totalled() {
+        let mut totals = Totals::default();
+        add_result_line(
+            &mut totals,
+            "test result: ok. 9 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out; finished in 0.00s",
+        );
+        add_result_line(
+            &mut totals,
+            "test result: FAILED. 2 passed; 1 failed; 3 ignored; 0 measured; 0 filtered out",
+        );
+        add_result_line(&mut totals, "running 3 tests");
+        assert_eq!(
+            totals,
+            Totals {
+                passed: 11,
+                failed: 1,
+                ignored: 3
+            }
+        );
+    }
 }
