@@ -4,6 +4,9 @@
 pub mod agent;
 pub mod config;
 pub mod datapath;
+pub mod journal;
 pub mod metrics;
 pub mod netdev;
+pub mod netlink;
 pub mod paths;
+pub mod registry;

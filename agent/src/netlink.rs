@@ -1,0 +1,312 @@
+//! What the kernel's routing tables say about workloads: links, per-pod host routes and
+//! neighbours, from a dump and then from the rtnetlink multicast groups, IPv4 and IPv6.
+//!
+//! This module only observes and translates; deciding what an event means for an address is
+//! the tracker's job. Message translation is pure so it is unit tested without a kernel.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+};
+
+use futures::{StreamExt, TryStreamExt};
+use netlink_packet_route::{
+    link::{LinkAttribute, LinkMessage},
+    neighbour::{NeighbourAddress, NeighbourAttribute, NeighbourMessage, NeighbourState},
+    route::{RouteAddress, RouteAttribute, RouteMessage, RouteType},
+    AddressFamily, RouteNetlinkMessage,
+};
+use rtnetlink::{
+    packet_core::NetlinkPayload, Handle, IpVersion, MulticastGroup, RouteMessageBuilder,
+};
+use thiserror::Error;
+use tokio::sync::mpsc;
+
+#[derive(Debug, Error)]
+pub enum NetlinkError {
+    #[error("opening a netlink socket: {0}")]
+    Socket(#[source] std::io::Error),
+    #[error("netlink dump of {what}: {source}")]
+    Dump {
+        what: &'static str,
+        source: rtnetlink::Error,
+    },
+}
+
+/// Routing table `main`: where CNIs put per-pod host routes.
+const RT_TABLE_MAIN: u32 = 254;
+
+/// One change the kernel reported.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NetEvent {
+    /// A link appeared or changed (a rename included).
+    Link {
+        ifindex: u32,
+        name: String,
+    },
+    /// A link was deleted (or left this namespace, which is the same for its holder).
+    LinkGone {
+        ifindex: u32,
+    },
+    /// A host route (/32, /128) through an interface, with no gateway: a pod's address as the
+    /// ptp plugin and routed CNIs install it.
+    HostRoute {
+        addr: IpAddr,
+        ifindex: u32,
+    },
+    HostRouteGone {
+        addr: IpAddr,
+        ifindex: u32,
+    },
+    /// A resolved neighbour on an interface.
+    Neighbour {
+        addr: IpAddr,
+        ifindex: u32,
+    },
+    NeighbourGone {
+        addr: IpAddr,
+        ifindex: u32,
+    },
+    /// Events were lost (the socket overran): the state must be rebuilt from a fresh dump.
+    Overrun,
+}
+
+/// Everything the tracker needs from one dump.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NetState {
+    pub links: BTreeMap<u32, String>,
+    pub host_routes: BTreeSet<(IpAddr, u32)>,
+    pub neighbours: BTreeSet<(IpAddr, u32)>,
+}
+
+impl NetState {
+    /// Applies one event; returns whether it changed anything.
+    pub fn apply(&mut self, event: &NetEvent) -> bool {
+        match event {
+            NetEvent::Link { ifindex, name } => {
+                self.links.insert(*ifindex, name.clone()).as_ref() != Some(name)
+            }
+            NetEvent::LinkGone { ifindex } => {
+                let removed = self.links.remove(ifindex).is_some();
+                self.host_routes.retain(|(_, i)| i != ifindex);
+                self.neighbours.retain(|(_, i)| i != ifindex);
+                removed
+            }
+            NetEvent::HostRoute { addr, ifindex } => self.host_routes.insert((*addr, *ifindex)),
+            NetEvent::HostRouteGone { addr, ifindex } => {
+                self.host_routes.remove(&(*addr, *ifindex))
+            }
+            NetEvent::Neighbour { addr, ifindex } => self.neighbours.insert((*addr, *ifindex)),
+            NetEvent::NeighbourGone { addr, ifindex } => self.neighbours.remove(&(*addr, *ifindex)),
+            NetEvent::Overrun => false,
+        }
+    }
+
+    /// The events that turn `self` into `next`: what a resync reports after lost events.
+    /// Removals come first, so that a link recreated under the same index is seen as new.
+    pub fn diff(&self, next: &NetState) -> Vec<NetEvent> {
+        let mut events = Vec::new();
+        for &(addr, ifindex) in self.host_routes.difference(&next.host_routes) {
+            events.push(NetEvent::HostRouteGone { addr, ifindex });
+        }
+        for &(addr, ifindex) in self.neighbours.difference(&next.neighbours) {
+            events.push(NetEvent::NeighbourGone { addr, ifindex });
+        }
+        for (ifindex, name) in &self.links {
+            if next.links.get(ifindex) != Some(name) {
+                events.push(NetEvent::LinkGone { ifindex: *ifindex });
+            }
+        }
+        for (ifindex, name) in &next.links {
+            if self.links.get(ifindex) != Some(name) {
+                events.push(NetEvent::Link {
+                    ifindex: *ifindex,
+                    name: name.clone(),
+                });
+            }
+        }
+        for &(addr, ifindex) in next.host_routes.difference(&self.host_routes) {
+            events.push(NetEvent::HostRoute { addr, ifindex });
+        }
+        for &(addr, ifindex) in next.neighbours.difference(&self.neighbours) {
+            events.push(NetEvent::Neighbour { addr, ifindex });
+        }
+        events
+    }
+}
+
+pub fn link_event(msg: &LinkMessage, new: bool) -> Option<NetEvent> {
+    let ifindex = msg.header.index;
+    if !new {
+        return Some(NetEvent::LinkGone { ifindex });
+    }
+    let name = msg.attributes.iter().find_map(|a| match a {
+        LinkAttribute::IfName(name) => Some(name.clone()),
+        _ => None,
+    })?;
+    Some(NetEvent::Link { ifindex, name })
+}
+
+/// A host route through an interface, or `None` for any other route (prefixes, gateways,
+/// other tables, local/broadcast routes).
+pub fn route_event(msg: &RouteMessage, new: bool) -> Option<NetEvent> {
+    let header = &msg.header;
+    let full = match header.address_family {
+        AddressFamily::Inet => 32,
+        AddressFamily::Inet6 => 128,
+        _ => return None,
+    };
+    if header.destination_prefix_length != full || header.kind != RouteType::Unicast {
+        return None;
+    }
+    let mut table = u32::from(header.table);
+    let mut addr = None;
+    let mut ifindex = None;
+    for attribute in &msg.attributes {
+        match attribute {
+            RouteAttribute::Destination(RouteAddress::Inet(a)) => addr = Some(IpAddr::V4(*a)),
+            RouteAttribute::Destination(RouteAddress::Inet6(a)) => addr = Some(IpAddr::V6(*a)),
+            RouteAttribute::Oif(i) => ifindex = Some(*i),
+            RouteAttribute::Table(t) => table = *t,
+            // Through a gateway: the address lives behind another machine, not on a local link.
+            RouteAttribute::Gateway(_) | RouteAttribute::Via(_) | RouteAttribute::MultiPath(_) => {
+                return None
+            }
+            _ => {}
+        }
+    }
+    if table != RT_TABLE_MAIN {
+        return None;
+    }
+    let (addr, ifindex) = (addr?, ifindex?);
+    Some(if new {
+        NetEvent::HostRoute { addr, ifindex }
+    } else {
+        NetEvent::HostRouteGone { addr, ifindex }
+    })
+}
+
+pub fn neighbour_event(msg: &NeighbourMessage, new: bool) -> Option<NetEvent> {
+    let ifindex = msg.header.ifindex;
+    let addr = msg.attributes.iter().find_map(|a| match a {
+        NeighbourAttribute::Destination(NeighbourAddress::Inet(a)) => Some(IpAddr::V4(*a)),
+        NeighbourAttribute::Destination(NeighbourAddress::Inet6(a)) => Some(IpAddr::V6(*a)),
+        _ => None,
+    })?;
+    let resolved = matches!(
+        msg.header.state,
+        NeighbourState::Reachable
+            | NeighbourState::Stale
+            | NeighbourState::Delay
+            | NeighbourState::Probe
+            | NeighbourState::Permanent
+            | NeighbourState::Noarp
+    );
+    Some(if new && resolved {
+        NetEvent::Neighbour { addr, ifindex }
+    } else {
+        NetEvent::NeighbourGone { addr, ifindex }
+    })
+}
+
+fn event_of(message: RouteNetlinkMessage) -> Option<NetEvent> {
+    match message {
+        RouteNetlinkMessage::NewLink(m) => link_event(&m, true),
+        RouteNetlinkMessage::DelLink(m) => link_event(&m, false),
+        RouteNetlinkMessage::NewRoute(m) => route_event(&m, true),
+        RouteNetlinkMessage::DelRoute(m) => route_event(&m, false),
+        RouteNetlinkMessage::NewNeighbour(m) => neighbour_event(&m, true),
+        RouteNetlinkMessage::DelNeighbour(m) => neighbour_event(&m, false),
+        _ => None,
+    }
+}
+
+/// A connection for requests (dumps).
+pub fn connect() -> Result<Handle, NetlinkError> {
+    let (connection, handle, _) = rtnetlink::new_connection().map_err(NetlinkError::Socket)?;
+    tokio::spawn(connection);
+    Ok(handle)
+}
+
+/// Dumps links, host routes (IPv4 and IPv6) and neighbours.
+pub async fn dump(handle: &Handle) -> Result<NetState, NetlinkError> {
+    let mut state = NetState::default();
+    let mut links = handle.link().get().execute();
+    while let Some(msg) = links
+        .try_next()
+        .await
+        .map_err(|source| NetlinkError::Dump {
+            what: "links",
+            source,
+        })?
+    {
+        if let Some(event) = link_event(&msg, true) {
+            state.apply(&event);
+        }
+    }
+    for version in [IpVersion::V4, IpVersion::V6] {
+        let request = match version {
+            IpVersion::V4 => RouteMessageBuilder::<std::net::Ipv4Addr>::new().build(),
+            IpVersion::V6 => RouteMessageBuilder::<std::net::Ipv6Addr>::new().build(),
+        };
+        let mut routes = handle.route().get(request).execute();
+        while let Some(msg) = routes
+            .try_next()
+            .await
+            .map_err(|source| NetlinkError::Dump {
+                what: "routes",
+                source,
+            })?
+        {
+            if let Some(event) = route_event(&msg, true) {
+                state.apply(&event);
+            }
+        }
+    }
+    let mut neighbours = handle.neighbours().get().execute();
+    while let Some(msg) = neighbours
+        .try_next()
+        .await
+        .map_err(|source| NetlinkError::Dump {
+            what: "neighbours",
+            source,
+        })?
+    {
+        if let Some(event) = neighbour_event(&msg, true) {
+            state.apply(&event);
+        }
+    }
+    Ok(state)
+}
+
+/// Subscribes to link, route and neighbour changes. Events arrive on the returned channel in
+/// kernel order; `NetEvent::Overrun` means some were lost.
+pub fn subscribe() -> Result<mpsc::UnboundedReceiver<NetEvent>, NetlinkError> {
+    let (connection, _handle, mut messages) = rtnetlink::new_multicast_connection(&[
+        MulticastGroup::Link,
+        MulticastGroup::Ipv4Route,
+        MulticastGroup::Ipv6Route,
+        MulticastGroup::Neigh,
+    ])
+    .map_err(NetlinkError::Socket)?;
+    tokio::spawn(connection);
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Some((message, _)) = messages.next().await {
+            let event = match message.payload {
+                NetlinkPayload::InnerMessage(inner) => event_of(inner),
+                NetlinkPayload::Overrun(_) => Some(NetEvent::Overrun),
+                _ => None,
+            };
+            if let Some(event) = event {
+                if tx.send(event).is_err() {
+                    break;
+                }
+            }
+        }
+    });
+    Ok(rx)
+}
+
+#[cfg(test)]
+mod tests;

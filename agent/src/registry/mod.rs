@@ -1,0 +1,255 @@
+//! The address registry: the lifecycle state machine of DESIGN §2 as pure logic.
+//!
+//! ```text
+//!   Free --claim(h)--> Active(h) --drain(h)--> Draining(h)
+//!    ^                    | holder gone             | holder gone
+//!    |                    v                         v
+//!    +--- cool-down over --- Quarantined(since, until)
+//! ```
+//!
+//! The registry owns one record per address, takes its time from an injectable [`Clock`]
+//! (monotonic nanoseconds, the datapath's clock) and performs no I/O: every operation returns the
+//! [`Effect`]s its owner must carry out — datapath map writes, events, conflicts, metrics — or a
+//! [`RegistryError`] that leaves the registry unchanged.
+//!
+//! Invariants (tested as properties in `proptests.rs`):
+//! - the datapath mirror built from the emitted `Upsert`/`Remove` effects alone always equals
+//!   [`Registry::datapath_entries`];
+//! - under `fence-old` an address never has two live holders whose traffic flows;
+//! - a full registry refuses new addresses and never evicts one;
+//! - [`Registry::snapshot`] → [`Registry::restore`] round-trips.
+//!
+//! Operation summary (details on each method):
+//! - [`claim`](Registry::claim): Free → Active; the same holder again is a no-op; a claim over a
+//!   live holder is `early_reuse`, over a quarantine `reuse_in_cooldown`, each resolved by the
+//!   `on_early_reuse` policy.
+//! - [`drain`](Registry::drain): Active → Draining.
+//! - [`holder_gone`](Registry::holder_gone): Active/Draining → Quarantined, or → Active of the
+//!   blocked claimant (`refuse-new`).
+//! - [`stale_seen`](Registry::stale_seen) moves a quarantine's end (adaptive release);
+//!   [`tick`](Registry::tick) ends the quarantines that are over;
+//!   [`release`](Registry::release) frees an address early, with force.
+//! - [`remote_claim`](Registry::remote_claim), [`duplicate_source`](Registry::duplicate_source):
+//!   conflicts reported by the datapath.
+
+mod clock;
+mod effects;
+mod error;
+mod snapshot;
+mod transitions;
+mod types;
+
+#[cfg(test)]
+mod proptests;
+#[cfg(test)]
+mod tests;
+
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap},
+    net::IpAddr,
+};
+
+use ipq_common::addr::AddrEntry;
+
+pub use clock::{Clock, FakeClock, SystemClock};
+pub use effects::{apply_to_mirror, datapath_entry, Conflict, ConflictKind, Effect};
+pub use error::{RecordProblem, RegistryError};
+pub use snapshot::{Snapshot, SNAPSHOT_VERSION};
+pub use types::{
+    duration_ns, policy_str, AddrRecord, AddrStatus, Holder, MonoNs, PodRef, RegistrySettings,
+    Source, StateName,
+};
+
+/// The registry of every address this node knows. One owner; everything else sends it messages.
+#[derive(Debug)]
+pub struct Registry<C: Clock = SystemClock> {
+    settings: RegistrySettings,
+    clock: C,
+    records: BTreeMap<IpAddr, AddrRecord>,
+    /// Interface → addresses whose record names it alive (holder, fenced or blocked claimant):
+    /// `holder_gone` touches only these.
+    by_ifindex: HashMap<u32, BTreeSet<IpAddr>>,
+    /// (release time, address) of every quarantine: `tick` and `next_deadline` read the front.
+    deadlines: BTreeSet<(MonoNs, IpAddr)>,
+    refused_claims: u64,
+    full_rejections: u64,
+}
+
+impl<C: Clock> Registry<C> {
+    pub fn new(settings: RegistrySettings, clock: C) -> Self {
+        Self {
+            settings,
+            clock,
+            records: BTreeMap::new(),
+            by_ifindex: HashMap::new(),
+            deadlines: BTreeSet::new(),
+            refused_claims: 0,
+            full_rejections: 0,
+        }
+    }
+
+    pub fn settings(&self) -> &RegistrySettings {
+        &self.settings
+    }
+
+    pub fn clock(&self) -> &C {
+        &self.clock
+    }
+
+    /// The record of `addr` (IPv4-mapped IPv6 addresses are looked up as IPv4), if not Free.
+    pub fn get(&self, addr: IpAddr) -> Option<&AddrRecord> {
+        self.records.get(&addr.to_canonical())
+    }
+
+    /// The state of `addr`, `Free` when it has no record.
+    pub fn state(&self, addr: IpAddr) -> StateName {
+        self.get(addr).map_or(StateName::Free, AddrRecord::state)
+    }
+
+    /// Every record, in address order.
+    pub fn iter(&self) -> impl Iterator<Item = &AddrRecord> + '_ {
+        self.records.values()
+    }
+
+    pub fn len(&self) -> usize {
+        self.records.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.records.is_empty()
+    }
+
+    pub fn capacity(&self) -> u32 {
+        self.settings.capacity
+    }
+
+    /// How many addresses are in `state` (`Free` counts as 0: the registry does not list it).
+    pub fn count(&self, state: StateName) -> usize {
+        self.records.values().filter(|r| r.state() == state).count()
+    }
+
+    /// Explicit claims refused by `refuse-new` (`ipq_refused_claims_total`).
+    pub fn refused_claims(&self) -> u64 {
+        self.refused_claims
+    }
+
+    /// Claims of new addresses refused because the registry was full.
+    pub fn full_rejections(&self) -> u64 {
+        self.full_rejections
+    }
+
+    /// When the earliest quarantine ends: the owner should call [`tick`](Self::tick) then.
+    pub fn next_deadline(&self) -> Option<MonoNs> {
+        self.deadlines.first().map(|(at, _)| *at)
+    }
+
+    /// What the datapath map must hold: one entry per record.
+    pub fn datapath_entries(&self) -> BTreeMap<IpAddr, AddrEntry> {
+        self.records
+            .iter()
+            .map(|(addr, record)| (*addr, datapath_entry(record)))
+            .collect()
+    }
+
+    /// Replaces the record of `addr` by `after` (None = Free), keeping the indexes in step and
+    /// appending the map write and transition this causes. Every mutation goes through here.
+    fn put(&mut self, addr: IpAddr, mut after: Option<AddrRecord>, out: &mut Vec<Effect>) {
+        if let Some(record) = &mut after {
+            // The fence slot never stays empty while a displaced holder lives.
+            if record.fenced.is_none() && !record.displaced.is_empty() {
+                record.fenced = Some(record.displaced.remove(0));
+            }
+        }
+        let before = self.records.remove(&addr);
+        if let Some(before) = &before {
+            self.unindex(before);
+        }
+        effects::diff(addr, before.as_ref(), after.as_ref(), out);
+        if let Some(after) = after {
+            self.index(&after);
+            self.records.insert(addr, after);
+        }
+    }
+
+    fn index(&mut self, record: &AddrRecord) {
+        for ifindex in record.live_ifindexes() {
+            self.by_ifindex
+                .entry(ifindex)
+                .or_default()
+                .insert(record.addr);
+        }
+        if let AddrStatus::Quarantined { until, .. } = record.status {
+            self.deadlines.insert((until, record.addr));
+        }
+    }
+
+    fn unindex(&mut self, record: &AddrRecord) {
+        for ifindex in record.live_ifindexes() {
+            if let Some(addrs) = self.by_ifindex.get_mut(&ifindex) {
+                addrs.remove(&record.addr);
+                if addrs.is_empty() {
+                    self.by_ifindex.remove(&ifindex);
+                }
+            }
+        }
+        if let AddrStatus::Quarantined { until, .. } = record.status {
+            self.deadlines.remove(&(until, record.addr));
+        }
+    }
+
+    /// Checks the indexes and record invariants; for tests.
+    #[cfg(test)]
+    pub(crate) fn check_invariants(&self) -> Result<(), String> {
+        let mut by_ifindex: HashMap<u32, BTreeSet<IpAddr>> = HashMap::new();
+        let mut deadlines = BTreeSet::new();
+        for (addr, record) in &self.records {
+            if *addr != record.addr || addr.to_canonical() != *addr || addr.is_unspecified() {
+                return Err(format!("record key {addr} vs {}", record.addr));
+            }
+            for ifindex in record.live_ifindexes() {
+                if ifindex == ipq_common::addr::NO_IFINDEX {
+                    return Err(format!("{addr}: ifindex 0"));
+                }
+                by_ifindex.entry(ifindex).or_default().insert(*addr);
+            }
+            if let AddrStatus::Quarantined { since, until, .. } = record.status {
+                if until < since {
+                    return Err(format!("{addr}: until {until} < since {since}"));
+                }
+                deadlines.insert((until, *addr));
+            }
+            if record.fenced.is_none() && !record.displaced.is_empty() {
+                return Err(format!("{addr}: displaced holders but an empty fence slot"));
+            }
+            if let (Some(h), Some(b)) = (record.status.holder(), &record.blocked_claimant) {
+                if h.same_as(b) {
+                    return Err(format!("{addr}: blocked claimant is the holder"));
+                }
+            }
+        }
+        if by_ifindex != self.by_ifindex {
+            return Err(format!(
+                "by_ifindex {:?} != {:?}",
+                self.by_ifindex, by_ifindex
+            ));
+        }
+        if deadlines != self.deadlines {
+            return Err(format!("deadlines {:?} != {:?}", self.deadlines, deadlines));
+        }
+        if self.records.len() > self.settings.capacity as usize {
+            return Err(format!("{} records over capacity", self.records.len()));
+        }
+        Ok(())
+    }
+}
+
+/// The registry's key for `addr`: IPv4-mapped IPv6 as IPv4 (the datapath key of both is the
+/// same), the unspecified address refused (its key marks unused slots).
+fn canonical(addr: IpAddr) -> Result<IpAddr, RegistryError> {
+    let addr = addr.to_canonical();
+    if addr.is_unspecified() {
+        Err(RegistryError::InvalidAddress { addr })
+    } else {
+        Ok(addr)
+    }
+}
