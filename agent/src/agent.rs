@@ -1,8 +1,8 @@
-//! The agent's main loop: load the datapath, attach to the configured interfaces, follow
-//! interfaces as they come and go, report conflict samples, serve metrics, and stop on SIGTERM
-//! leaving every pin in place so enforcement continues while no agent runs.
+//! The agent's main loop: load the datapath, recover the registry, follow netlink and the
+//! kernel's conflict samples through the tracker, tick cool-downs, serve metrics, and stop on
+//! SIGTERM leaving every pin in place so enforcement continues while no agent runs.
 
-use std::{collections::BTreeMap, sync::Arc, time::Duration};
+use std::time::Duration;
 
 use ipq_common::{
     addr::AddrState,
@@ -14,18 +14,21 @@ use thiserror::Error;
 use tokio::{
     io::{unix::AsyncFd, Interest},
     signal::unix::{signal, SignalKind},
+    sync::mpsc,
 };
 
 use crate::{
     config::{Config, Mode},
     datapath::{decode_sample, Datapath, DatapathError, KernelLogger, LoadOptions, Samples},
+    journal::{Journal, JournalError},
     metrics::{self, Metrics, MetricsError},
     netdev,
-    paths::AttachPoint,
+    netlink::{self, NetEvent, NetlinkError},
+    tracker::Tracker,
 };
 
-/// How often the interface list is compared with what is attached.
-const RESCAN_INTERVAL: Duration = Duration::from_millis(500);
+/// Longest sleep between two ticks: stale-traffic stamps are read from the maps on each.
+const MAX_TICK: Duration = Duration::from_secs(1);
 
 #[derive(Debug, Error)]
 pub enum AgentError {
@@ -33,6 +36,10 @@ pub enum AgentError {
     Datapath(#[from] DatapathError),
     #[error(transparent)]
     Metrics(#[from] MetricsError),
+    #[error(transparent)]
+    Netlink(#[from] NetlinkError),
+    #[error(transparent)]
+    Journal(#[from] JournalError),
     #[error("{what}: {source}")]
     Io {
         what: &'static str,
@@ -44,85 +51,6 @@ fn datapath_mode(mode: Mode) -> ipq_common::config::Mode {
     match mode {
         Mode::Enforce => ipq_common::config::Mode::Enforce,
         Mode::Observe => ipq_common::config::Mode::Observe,
-    }
-}
-
-/// The role an interface has under `config`, if any.
-fn role(config: &Config, ifname: &str) -> Option<AttachPoint> {
-    if config.is_uplink(ifname) {
-        Some(AttachPoint::Xdp)
-    } else if config.workload_glob_matching(ifname).is_some() {
-        Some(AttachPoint::TcxIngress)
-    } else {
-        None
-    }
-}
-
-struct Agent {
-    config: Config,
-    datapath: Datapath,
-    metrics: Arc<Metrics>,
-    /// Interfaces attached, ifindex → name.
-    known: BTreeMap<u32, String>,
-}
-
-impl Agent {
-    /// Attaches every configured interface that exists and is not attached yet; forgets those
-    /// that went away. Failures are per interface: one bad interface does not stop the rest.
-    fn sync_interfaces(&mut self) -> Result<(), AgentError> {
-        let present = netdev::interfaces().map_err(|source| AgentError::Io {
-            what: "listing network interfaces",
-            source,
-        })?;
-        let present: BTreeMap<u32, String> = present.into_iter().collect();
-        let gone: Vec<u32> = self
-            .known
-            .keys()
-            .filter(|i| present.get(i) != self.known.get(i))
-            .copied()
-            .collect();
-        for ifindex in gone {
-            if let Some(name) = self.known.remove(&ifindex) {
-                info!("{name} (if{ifindex}) is gone; its links went with it");
-            }
-            self.datapath.forget_interface(ifindex)?;
-        }
-        for (ifindex, name) in &present {
-            if self.known.contains_key(ifindex) {
-                continue;
-            }
-            let result = match role(&self.config, name) {
-                Some(AttachPoint::Xdp) => self.datapath.attach_uplink(name, *ifindex),
-                Some(_) => self.datapath.attach_workload(name, *ifindex),
-                None => continue,
-            };
-            match result {
-                Ok(()) => {
-                    self.known.insert(*ifindex, name.clone());
-                }
-                Err(e) => error!("{name} (if{ifindex}): not attached: {e}"),
-            }
-        }
-        self.update_gauges();
-        Ok(())
-    }
-
-    fn update_gauges(&self) {
-        let attached = self.datapath.attached();
-        for (hook, point) in [
-            (Hook::TcIngress, AttachPoint::TcxIngress),
-            (Hook::TcEgress, AttachPoint::TcxEgress),
-            (Hook::Xdp, AttachPoint::Xdp),
-        ] {
-            let count = attached.keys().filter(|(_, p)| *p == point).count();
-            self.metrics
-                .datapath_interfaces
-                .with_label_values(&[hook.as_str()])
-                .set(count as i64);
-        }
-        self.metrics
-            .registry_entries
-            .set(self.datapath.maps.table.len() as i64);
     }
 }
 
@@ -150,7 +78,10 @@ fn sample_json(sample: &ConflictSample) -> serde_json::Value {
 
 /// Reads the sample ring until the agent stops. Samples are already rate-limited per address
 /// by the kernel, so each becomes one log line.
-async fn read_samples(samples: Samples) -> Result<(), AgentError> {
+async fn read_samples(
+    samples: Samples,
+    to_tracker: mpsc::UnboundedSender<ConflictSample>,
+) -> Result<(), AgentError> {
     // SAFETY: the ring buffer owns its map fd, which stays open and unchanged for as long as
     // the AsyncFd owns the ring.
     let mut ring = unsafe { AsyncFd::register_with_interest(samples.0, Interest::READABLE) }
@@ -166,7 +97,12 @@ async fn read_samples(samples: Samples) -> Result<(), AgentError> {
         let ring = guard.get_inner_mut();
         while let Some(item) = ring.next() {
             match decode_sample(&item) {
-                Some(sample) => info!(target: "ipq::conflict", "{}", sample_json(&sample)),
+                Some(sample) => {
+                    info!(target: "ipq::conflict", "{}", sample_json(&sample));
+                    if to_tracker.send(sample).is_err() {
+                        return Ok(());
+                    }
+                }
                 None => warn!("sample ring: record of {} bytes ignored", item.len()),
             }
         }
@@ -195,11 +131,33 @@ async fn forward_kernel_logs(logger: KernelLogger) -> Result<(), AgentError> {
     }
 }
 
+/// Sleeps until the registry's next deadline, at most `MAX_TICK`.
+fn tick_delay(tracker: &Tracker) -> Duration {
+    let now = netdev::monotonic_ns();
+    tracker
+        .next_deadline()
+        .map_or(MAX_TICK, |at| Duration::from_nanos(at.saturating_sub(now)))
+        .min(MAX_TICK)
+}
+
+/// Takes a fresh dump after lost events and feeds the difference to the tracker.
+async fn resync(tracker: &mut Tracker, handle: &rtnetlink::Handle, metrics: &Metrics) {
+    metrics.netlink_resyncs.inc();
+    match netlink::dump(handle).await {
+        Ok(state) => {
+            warn!("netlink events were lost; resynced from a fresh dump");
+            tracker.reconcile(state);
+        }
+        Err(e) => error!("netlink resync failed: {e}"),
+    }
+}
+
 pub async fn run(config: Config) -> Result<(), AgentError> {
     info!(
-        "ipq-agent {} starting: mode {:?}, bpffs_dir {}",
+        "ipq-agent {} starting: mode {:?}, on_early_reuse {:?}, bpffs_dir {}",
         env!("CARGO_PKG_VERSION"),
         config.mode,
+        config.on_early_reuse,
         config.bpffs_dir.display()
     );
     let mut datapath = Datapath::load(&LoadOptions {
@@ -213,7 +171,14 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
         .set(i64::from(datapath.capacity()));
     let server = metrics::serve(config.metrics_addr, metrics.clone()).await?;
     tokio::spawn(server);
-    let samples = datapath.take_samples();
+    let (sample_tx, mut sample_rx) = mpsc::unbounded_channel();
+    if let Some(samples) = datapath.take_samples() {
+        tokio::spawn(async move {
+            if let Err(e) = read_samples(samples, sample_tx).await {
+                error!("sample reader stopped: {e}");
+            }
+        });
+    }
     if let Some(logger) = datapath.take_logger() {
         tokio::spawn(async move {
             if let Err(e) = forward_kernel_logs(logger).await {
@@ -222,33 +187,23 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
         });
     }
 
-    let mut agent = Agent {
-        config,
-        datapath,
-        metrics: metrics.clone(),
-        known: BTreeMap::new(),
-    };
-    agent.sync_interfaces()?;
-    for (ifindex, point) in agent.datapath.prune_links()? {
-        info!(
-            "detached if{ifindex} {}: no longer configured or gone",
-            point.as_str()
-        );
-    }
+    let journal = Journal::open(&config.state_dir)?;
+    let metrics_addr = config.metrics_addr;
+    let mut tracker = Tracker::new(config, datapath, journal, metrics.clone());
+    let recovery = tracker.recover();
+    // Subscribe before dumping, so nothing that happens in between is missed.
+    let mut events = netlink::subscribe()?;
+    let handle = netlink::connect()?;
+    tracker.reconcile(netlink::dump(&handle).await?);
+    tracker.prune_links();
+    tracker.persist();
     metrics.set_ready(true);
     info!(
-        "ready: {} interfaces attached; metrics on http://{}/metrics",
-        agent.known.len(),
-        agent.config.metrics_addr
+        "ready: registry recovered from {recovery:?} with {} addresses, {} attachments; \
+         metrics on http://{metrics_addr}/metrics",
+        tracker.registry().len(),
+        tracker.datapath().attached().len(),
     );
-
-    if let Some(samples) = samples {
-        tokio::spawn(async move {
-            if let Err(e) = read_samples(samples).await {
-                error!("sample reader stopped: {e}");
-            }
-        });
-    }
 
     let signal_err = |source| AgentError::Io {
         what: "installing signal handlers",
@@ -256,19 +211,44 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
     };
     let mut sigterm = signal(SignalKind::terminate()).map_err(signal_err)?;
     let mut sigint = signal(SignalKind::interrupt()).map_err(signal_err)?;
-    let mut rescan = tokio::time::interval(RESCAN_INTERVAL);
     loop {
+        let delay = tick_delay(&tracker);
         tokio::select! {
             _ = sigterm.recv() => break,
             _ = sigint.recv() => break,
-            _ = rescan.tick() => {
-                if let Err(e) = agent.sync_interfaces() {
-                    error!("interface rescan: {e}");
+            event = events.recv() => {
+                let Some(event) = event else {
+                    error!("netlink subscription closed");
+                    break;
+                };
+                let mut overrun = event == NetEvent::Overrun;
+                if !overrun {
+                    tracker.on_event(event);
+                }
+                // Take the whole burst before persisting once.
+                while let Ok(event) = events.try_recv() {
+                    if event == NetEvent::Overrun {
+                        overrun = true;
+                    } else {
+                        tracker.on_event(event);
+                    }
+                }
+                if overrun {
+                    resync(&mut tracker, &handle, &metrics).await;
                 }
             }
+            Some(sample) = sample_rx.recv() => {
+                tracker.on_sample(&sample);
+                while let Ok(sample) = sample_rx.try_recv() {
+                    tracker.on_sample(&sample);
+                }
+            }
+            _ = tokio::time::sleep(delay) => tracker.tick(),
         }
+        tracker.persist();
     }
     metrics.set_ready(false);
+    tracker.shutdown();
     info!("stopping; programs stay attached through their pins, enforcement continues");
     Ok(())
 }

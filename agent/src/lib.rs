@@ -10,3 +10,4 @@ pub mod netdev;
 pub mod netlink;
 pub mod paths;
 pub mod registry;
+pub mod tracker;

@@ -21,13 +21,15 @@ use log::{debug, warn};
 use prometheus::{
     core::{Collector, Desc},
     proto::MetricFamily,
-    Encoder, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
 };
 use thiserror::Error;
 use tokio::net::TcpListener;
 
 use crate::datapath::{maps::Source, Counters, DatapathError};
-use crate::paths::PinLayout;
+use crate::paths::{AttachPoint, PinLayout};
+use crate::registry::{Clock, ConflictKind, Registry as AddressRegistry, StateName};
 
 #[derive(Debug, Error)]
 pub enum MetricsError {
@@ -155,8 +157,20 @@ pub struct Metrics {
     pub datapath_interfaces: IntGaugeVec,
     pub registry_entries: IntGauge,
     pub registry_capacity: IntGauge,
+    pub addresses: IntGaugeVec,
+    pub conflicts: IntCounterVec,
+    pub refused_claims: IntCounter,
+    pub netlink_resyncs: IntCounter,
+    pub stale_traffic_age_seconds: Histogram,
+    pub quarantine_duration_seconds: Histogram,
     ready: AtomicBool,
 }
+
+/// Buckets for durations from a few hundred milliseconds to an hour: cool-downs are seconds to
+/// minutes, and the tail is what an operator sizing `cooldown` needs to see.
+const DURATION_BUCKETS: [f64; 14] = [
+    0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0,
+];
 
 impl Metrics {
     /// Registers every metric; the datapath counters come from the maps pinned under
@@ -199,13 +213,103 @@ impl Metrics {
             .with_label_values(&[env!("CARGO_PKG_VERSION")])
             .set(1);
 
+        let addresses = IntGaugeVec::new(
+            Opts::new(
+                "ipq_addresses",
+                "Addresses in the registry, by lifecycle state.",
+            ),
+            &["state"],
+        )?;
+        registry.register(Box::new(addresses.clone()))?;
+        for state in [
+            StateName::Active,
+            StateName::Draining,
+            StateName::Quarantined,
+        ] {
+            addresses.with_label_values(&[state.as_str()]).set(0);
+        }
+        let conflicts = IntCounterVec::new(
+            Opts::new("ipq_conflicts_total", "Address conflicts seen, by kind."),
+            &["kind"],
+        )?;
+        registry.register(Box::new(conflicts.clone()))?;
+        for kind in ConflictKind::ALL {
+            conflicts.with_label_values(&[kind.as_str()]).inc_by(0);
+        }
+        let refused_claims = IntCounter::new(
+            "ipq_refused_claims_total",
+            "Claims refused under on_early_reuse = refuse-new.",
+        )?;
+        registry.register(Box::new(refused_claims.clone()))?;
+        let netlink_resyncs = IntCounter::new(
+            "ipq_netlink_resyncs_total",
+            "Full netlink dumps taken because events were lost.",
+        )?;
+        registry.register(Box::new(netlink_resyncs.clone()))?;
+        let stale_traffic_age_seconds = Histogram::with_opts(
+            HistogramOpts::new(
+                "ipq_stale_traffic_age_seconds",
+                "Time since its holder left at which stale traffic for a quarantined address \
+                 arrived (sampled): the evidence for choosing cooldown.",
+            )
+            .buckets(DURATION_BUCKETS.to_vec()),
+        )?;
+        registry.register(Box::new(stale_traffic_age_seconds.clone()))?;
+        let quarantine_duration_seconds = Histogram::with_opts(
+            HistogramOpts::new(
+                "ipq_quarantine_duration_seconds",
+                "How long addresses stayed quarantined before release.",
+            )
+            .buckets(DURATION_BUCKETS.to_vec()),
+        )?;
+        registry.register(Box::new(quarantine_duration_seconds.clone()))?;
+
         Ok(Arc::new(Self {
             registry,
             datapath_interfaces,
             registry_entries,
             registry_capacity,
+            addresses,
+            conflicts,
+            refused_claims,
+            netlink_resyncs,
+            stale_traffic_age_seconds,
+            quarantine_duration_seconds,
             ready: AtomicBool::new(false),
         }))
+    }
+
+    /// Sets the per-state address gauge from the registry.
+    pub fn observe_registry<C: Clock>(&self, registry: &AddressRegistry<C>) {
+        for state in [
+            StateName::Active,
+            StateName::Draining,
+            StateName::Quarantined,
+        ] {
+            self.addresses
+                .with_label_values(&[state.as_str()])
+                .set(registry.count(state) as i64);
+        }
+    }
+
+    /// Sets the attached-interface gauge from the attach points in use.
+    pub fn observe_attachments(&self, points: impl Iterator<Item = AttachPoint>) {
+        let mut counts = [0i64; 3];
+        for point in points {
+            counts[match point {
+                AttachPoint::TcxIngress => 0,
+                AttachPoint::TcxEgress => 1,
+                AttachPoint::Xdp => 2,
+            }] += 1;
+        }
+        for (hook, count) in [Hook::TcIngress, Hook::TcEgress, Hook::Xdp]
+            .into_iter()
+            .zip(counts)
+        {
+            self.datapath_interfaces
+                .with_label_values(&[hook.as_str()])
+                .set(count);
+        }
     }
 
     pub fn set_ready(&self, ready: bool) {

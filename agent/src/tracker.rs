@@ -1,0 +1,536 @@
+//! The registry's owner: the one place where what netlink observes, what the kernel samples
+//! and what time does become registry transitions, and where those transitions' effects reach
+//! the datapath, the journal, the log and the metrics.
+
+use std::{net::IpAddr, sync::Arc};
+
+use ipq_common::{
+    addr::{AddrEntry, AddrKey, AddrState, NO_IFINDEX},
+    counters::Reason,
+    sample::ConflictSample,
+};
+use log::{error, info, warn};
+
+use crate::{
+    config::Config,
+    datapath::Datapath,
+    journal::{Journal, JournalError},
+    metrics::Metrics,
+    netdev,
+    netlink::{NetEvent, NetState},
+    registry::{
+        datapath_entry, AddrRecord, AddrStatus, Effect, Holder, Registry, RegistryError,
+        RegistrySettings, Snapshot, Source, SystemClock, SNAPSHOT_VERSION,
+    },
+};
+
+/// The role of an interface under the configuration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Role {
+    Workload,
+    Uplink,
+}
+
+/// How the registry came back at start.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Recovery {
+    /// From the journal.
+    Journal,
+    /// The journal was missing or unusable: rebuilt from the pinned maps.
+    PinnedMaps,
+}
+
+/// A holder whose interface ipq cannot know any more (rebuilt from a bare datapath entry).
+const UNKNOWN_IFINDEX: u32 = u32::MAX;
+
+pub struct Tracker {
+    config: Config,
+    registry: Registry,
+    datapath: Datapath,
+    net: NetState,
+    journal: Journal,
+    metrics: Arc<Metrics>,
+    /// Unsaved changes.
+    dirty: bool,
+}
+
+impl Tracker {
+    pub fn new(
+        config: Config,
+        datapath: Datapath,
+        journal: Journal,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        let settings = RegistrySettings::from(&config);
+        Self {
+            registry: Registry::new(settings, SystemClock),
+            config,
+            datapath,
+            net: NetState::default(),
+            journal,
+            metrics,
+            dirty: false,
+        }
+    }
+
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    pub fn datapath(&self) -> &Datapath {
+        &self.datapath
+    }
+
+    fn role(&self, ifname: &str) -> Option<Role> {
+        if self.config.is_uplink(ifname) {
+            Some(Role::Uplink)
+        } else if self.config.workload_glob_matching(ifname).is_some() {
+            Some(Role::Workload)
+        } else {
+            None
+        }
+    }
+
+    /// Brings the registry back from the journal, merged with the pinned maps.
+    ///
+    /// The maps are written before the journal, so where an entry disagrees with the journal
+    /// the map is the more recent truth (an agent killed between the two writes, or an
+    /// operator's break-glass write): its enforcement is adopted, with the journal's richer
+    /// holder identity where the interfaces match. A journal entry the maps lack is kept:
+    /// maps are lost on reboot, and a quarantine must not be.
+    pub fn recover(&mut self) -> Recovery {
+        let (journal, recovery) = match self.journal.load::<Snapshot>() {
+            Ok(Some(loaded)) => {
+                let mut snapshot = loaded.body;
+                if !loaded.same_boot {
+                    // Monotonic stamps of another boot: carry them over by wall-clock time.
+                    let now_unix_ms = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_millis() as u64);
+                    let elapsed_ns = now_unix_ms.saturating_sub(loaded.written_unix_ms) * 1_000_000;
+                    let written_now = netdev::monotonic_ns().saturating_sub(elapsed_ns);
+                    snapshot.rebase(loaded.written_mono_ns, written_now);
+                }
+                (snapshot.records, Recovery::Journal)
+            }
+            Ok(None) => {
+                info!("journal: none yet in {}", self.journal.path().display());
+                (Vec::new(), Recovery::PinnedMaps)
+            }
+            Err(JournalError::Corrupt {
+                path,
+                reason,
+                moved_to,
+            }) => {
+                error!(
+                    "journal {} is corrupt ({reason}); kept as {}; rebuilding from the pinned \
+                     maps",
+                    path.display(),
+                    moved_to.display()
+                );
+                (Vec::new(), Recovery::PinnedMaps)
+            }
+            Err(e) => {
+                error!("journal: {e}; rebuilding from the pinned maps");
+                (Vec::new(), Recovery::PinnedMaps)
+            }
+        };
+        let merged = self.merge_with_maps(journal);
+        let count = merged.len();
+        let snapshot = Snapshot {
+            version: SNAPSHOT_VERSION,
+            taken_at: netdev::monotonic_ns(),
+            records: merged,
+        };
+        match self.registry.restore(snapshot) {
+            Ok(effects) => {
+                info!("registry recovered ({recovery:?}): {count} addresses");
+                self.apply_effects(effects);
+            }
+            Err(e) => error!("recovering the registry failed ({e}); starting empty"),
+        }
+        self.dirty = true;
+        recovery
+    }
+
+    fn merge_with_maps(&self, journal: Vec<AddrRecord>) -> Vec<AddrRecord> {
+        let mut records: std::collections::BTreeMap<IpAddr, AddrRecord> = journal
+            .into_iter()
+            .map(|r| (r.addr.to_canonical(), r))
+            .collect();
+        let entries = match self.datapath.maps.table.entries() {
+            Ok(entries) => entries,
+            Err(e) => {
+                error!("reading the pinned address map: {e}");
+                return records.into_values().collect();
+            }
+        };
+        let now = netdev::monotonic_ns();
+        let settings = *self.registry.settings();
+        for (key, entry) in entries {
+            let addr = key.to_ip();
+            let known = records.get(&addr);
+            if known.is_some_and(|r| same_enforcement(&datapath_entry(r), &entry)) {
+                continue;
+            }
+            if let Some(mut adopted) = record_from_entry(addr, &entry, now, &settings) {
+                if let Some(known) = known {
+                    keep_identities(&mut adopted, known);
+                    warn!(
+                        "{addr}: the datapath disagrees with the journal; adopting the datapath's"
+                    );
+                }
+                records.insert(addr, adopted);
+            }
+        }
+        records.into_values().collect()
+    }
+
+    /// Takes a full netlink dump as the truth: attaches, claims what the routes say, and
+    /// quarantines the addresses of holders whose interfaces went away while no agent ran.
+    pub fn reconcile(&mut self, state: NetState) {
+        let events = self.net.diff(&state);
+        for event in events {
+            self.on_event(event);
+        }
+        let holders: Vec<u32> = self
+            .registry
+            .iter()
+            .flat_map(|r| r.live_holders().map(|h| h.ifindex).collect::<Vec<_>>())
+            .collect();
+        for ifindex in holders {
+            if !self.net.links.contains_key(&ifindex) {
+                let result = self.registry.holder_gone(ifindex);
+                self.apply(result, "holder gone while the agent was down");
+            }
+        }
+        // The datapath mirrors the registry exactly, whatever an earlier agent left.
+        self.sync_datapath();
+        self.update_gauges();
+    }
+
+    /// Rewrites every datapath entry from the registry, removing what it does not hold.
+    fn sync_datapath(&mut self) {
+        let wanted = self.registry.datapath_entries();
+        let present = match self.datapath.maps.table.entries() {
+            Ok(entries) => entries,
+            Err(e) => {
+                error!("reading the address map: {e}");
+                return;
+            }
+        };
+        for (key, _) in present {
+            if !wanted.contains_key(&key.to_ip()) {
+                if let Err(e) = self.datapath.maps.table.remove(&key) {
+                    error!("{}: removing a stale datapath entry: {e}", key.to_ip());
+                }
+            }
+        }
+        for (addr, entry) in wanted {
+            self.write_entry(addr, entry);
+        }
+    }
+
+    fn write_entry(&mut self, addr: IpAddr, entry: AddrEntry) {
+        if let Err(e) = self.datapath.maps.table.put(AddrKey::from(addr), entry) {
+            error!("{addr}: datapath write failed, enforcement may lag the registry: {e}");
+        }
+    }
+
+    /// One netlink event.
+    pub fn on_event(&mut self, event: NetEvent) {
+        match &event {
+            NetEvent::Link { ifindex, name } => {
+                let renamed = self.net.links.get(ifindex).is_some_and(|old| old != name);
+                self.net.apply(&event);
+                if !renamed {
+                    self.attach(*ifindex, name);
+                }
+            }
+            NetEvent::LinkGone { ifindex } => {
+                let known = self.net.links.contains_key(ifindex);
+                self.net.apply(&event);
+                if known {
+                    let result = self.registry.holder_gone(*ifindex);
+                    self.apply(result, "interface deleted");
+                    if let Err(e) = self.datapath.forget_interface(*ifindex) {
+                        warn!("if{ifindex}: forgetting its links: {e}");
+                    }
+                }
+            }
+            NetEvent::HostRoute { addr, ifindex } => {
+                self.net.apply(&event);
+                if let Some(holder) = self.workload_holder(*ifindex) {
+                    let result = self.registry.claim(*addr, holder, Source::Netlink);
+                    self.apply(result, "host route added");
+                }
+            }
+            NetEvent::HostRouteGone { addr, ifindex } => {
+                self.net.apply(&event);
+                // A route withdrawn while its interface lives: the holder is terminating.
+                if let Some(holder) = self.workload_holder(*ifindex) {
+                    let current = self
+                        .registry
+                        .get(*addr)
+                        .and_then(|r| r.status.holder().cloned());
+                    if current.is_some_and(|h| h.same_as(&holder)) {
+                        let result = self.registry.drain(*addr, Some(&holder));
+                        self.apply(result, "host route withdrawn");
+                    }
+                }
+            }
+            NetEvent::Neighbour { .. } | NetEvent::NeighbourGone { .. } => {
+                self.net.apply(&event);
+            }
+            NetEvent::Overrun => {}
+        }
+        self.update_gauges();
+    }
+
+    fn workload_holder(&self, ifindex: u32) -> Option<Holder> {
+        let name = self.net.links.get(&ifindex)?;
+        (self.role(name) == Some(Role::Workload)).then(|| Holder::new(ifindex, name.clone()))
+    }
+
+    fn attach(&mut self, ifindex: u32, name: &str) {
+        let result = match self.role(name) {
+            Some(Role::Workload) => self.datapath.attach_workload(name, ifindex),
+            Some(Role::Uplink) => self.datapath.attach_uplink(name, ifindex),
+            None => return,
+        };
+        if let Err(e) = result {
+            error!("{name} (if{ifindex}): not attached: {e}");
+        }
+    }
+
+    /// Detaches what earlier agents attached and no configured interface needs now.
+    pub fn prune_links(&self) {
+        match self.datapath.prune_links() {
+            Ok(removed) => {
+                for (ifindex, point) in removed {
+                    info!(
+                        "detached if{ifindex} {}: no longer configured or gone",
+                        point.as_str()
+                    );
+                }
+            }
+            Err(e) => warn!("pruning stale link pins: {e}"),
+        }
+    }
+
+    /// Ends the quarantines that are due.
+    pub fn tick(&mut self) {
+        self.refresh_stale();
+        let result = self.registry.tick();
+        self.apply(result, "cool-down over");
+        self.update_gauges();
+    }
+
+    /// When `tick` has work next (monotonic ns).
+    pub fn next_deadline(&self) -> Option<u64> {
+        self.registry.next_deadline()
+    }
+
+    /// Carries the kernel's stale-traffic stamps into the registry: they push releases back.
+    fn refresh_stale(&mut self) {
+        let Ok(entries) = self.datapath.maps.table.entries() else {
+            return;
+        };
+        for (key, entry) in entries {
+            if entry.state() != Some(AddrState::Quarantined) || entry.last_stale_ns == 0 {
+                continue;
+            }
+            let addr = key.to_ip();
+            let known = match self.registry.get(addr).map(|r| &r.status) {
+                Some(AddrStatus::Quarantined { last_stale, .. }) => *last_stale,
+                _ => continue,
+            };
+            if known.is_none_or(|k| entry.last_stale_ns > k) {
+                let result = self.registry.stale_seen(addr, entry.last_stale_ns);
+                self.apply(result, "stale traffic");
+            }
+        }
+    }
+
+    /// One conflict sample from the kernel.
+    pub fn on_sample(&mut self, sample: &ConflictSample) {
+        let addr = sample.addr.to_ip();
+        match Reason::from_raw(sample.reason) {
+            Some(Reason::StaleTraffic) => {
+                if let Some(AddrStatus::Quarantined { since, .. }) =
+                    self.registry.get(addr).map(|r| &r.status)
+                {
+                    let age = sample.ts_ns.saturating_sub(*since) as f64 / 1e9;
+                    self.metrics.stale_traffic_age_seconds.observe(age);
+                }
+                let result = self.registry.stale_seen(addr, sample.ts_ns);
+                self.apply(result, "stale traffic");
+            }
+            Some(Reason::RemoteClaim) => {
+                let result = self.registry.remote_claim(addr);
+                self.apply(result, "remote claim");
+            }
+            Some(Reason::DuplicateSource) => {
+                let result = self.registry.duplicate_source(addr, sample.ifindex);
+                self.apply(result, "duplicate source");
+            }
+            _ => {}
+        }
+    }
+
+    /// Applies a transition's effects, or reports why there was none.
+    fn apply(&mut self, result: Result<Vec<Effect>, RegistryError>, why: &str) {
+        match result {
+            Ok(effects) => self.apply_effects(effects),
+            Err(RegistryError::Refused { .. }) => {
+                self.metrics.refused_claims.inc();
+                warn!("{why}: {}", result.unwrap_err());
+            }
+            Err(e) => warn!("{why}: {e}"),
+        }
+    }
+
+    fn apply_effects(&mut self, effects: Vec<Effect>) {
+        for effect in effects {
+            self.dirty = true;
+            match effect {
+                Effect::Upsert { addr, entry } => self.write_entry(addr, entry),
+                Effect::Remove { addr } => {
+                    if let Err(e) = self.datapath.maps.table.remove(&AddrKey::from(addr)) {
+                        error!("{addr}: datapath removal failed: {e}");
+                    }
+                }
+                Effect::Conflict(conflict) => {
+                    self.metrics
+                        .conflicts
+                        .with_label_values(&[conflict.kind.as_str()])
+                        .inc();
+                    let line = serde_json::json!({ "event": "conflict", "conflict": conflict });
+                    warn!(target: "ipq::conflict", "{line}");
+                }
+                Effect::Transition {
+                    addr,
+                    from,
+                    to,
+                    holder,
+                } => {
+                    let holder = holder.map(|h| h.to_string()).unwrap_or_default();
+                    info!(target: "ipq::transition", "{addr}: {} -> {} {holder}", from.as_str(), to.as_str());
+                }
+                Effect::Released {
+                    addr,
+                    quarantined_for_ns,
+                } => {
+                    let seconds = quarantined_for_ns as f64 / 1e9;
+                    self.metrics.quarantine_duration_seconds.observe(seconds);
+                    info!("{addr}: released after {seconds:.1}s of quarantine");
+                }
+            }
+        }
+    }
+
+    /// Saves the registry if it changed since the last save.
+    pub fn persist(&mut self) {
+        if !self.dirty {
+            return;
+        }
+        match self.journal.save(&self.registry.snapshot()) {
+            Ok(()) => self.dirty = false,
+            Err(e) => error!("journal: {e} (will retry)"),
+        }
+    }
+
+    fn update_gauges(&self) {
+        self.metrics.observe_registry(&self.registry);
+        let attached = self.datapath.attached();
+        self.metrics
+            .observe_attachments(attached.keys().map(|(_, p)| *p));
+        self.metrics
+            .registry_entries
+            .set(self.datapath.maps.table.len() as i64);
+    }
+
+    /// Writes what is still unsaved; the datapath keeps enforcing through its pins.
+    pub fn shutdown(mut self) {
+        self.persist();
+    }
+}
+
+/// Whether two datapath entries enforce the same thing (ignoring the stamps).
+fn same_enforcement(a: &AddrEntry, b: &AddrEntry) -> bool {
+    a.state == b.state
+        && a.holder_ifindex == b.holder_ifindex
+        && a.fenced_ifindex == b.fenced_ifindex
+}
+
+/// Gives `adopted` the identities (container, pod, names) `known` had for the same interfaces.
+fn keep_identities(adopted: &mut AddrRecord, known: &AddrRecord) {
+    let known_holders: Vec<Holder> = known
+        .status
+        .holder()
+        .into_iter()
+        .chain(known.fenced.as_ref())
+        .chain(known.blocked_claimant.as_ref())
+        .chain(known.displaced.iter())
+        .cloned()
+        .collect();
+    let restore = |h: &mut Holder| {
+        if let Some(k) = known_holders.iter().find(|k| k.ifindex == h.ifindex) {
+            *h = k.clone();
+        }
+    };
+    match &mut adopted.status {
+        AddrStatus::Active { holder, .. } | AddrStatus::Draining { holder, .. } => restore(holder),
+        AddrStatus::Quarantined { .. } => {}
+    }
+    if let Some(fenced) = adopted.fenced.as_mut() {
+        restore(fenced);
+    }
+}
+
+/// A registry record for a bare datapath entry: all that is left when the journal is gone.
+fn record_from_entry(
+    addr: IpAddr,
+    entry: &AddrEntry,
+    now: u64,
+    settings: &RegistrySettings,
+) -> Option<AddrRecord> {
+    let since = entry.since_ns.min(now);
+    let holder = |ifindex: u32| {
+        let name = netdev::interfaces()
+            .ok()
+            .and_then(|list| list.into_iter().find(|(i, _)| *i == ifindex))
+            .map_or_else(|| format!("if{ifindex}"), |(_, name)| name);
+        Holder::new(ifindex, name)
+    };
+    // A holder fenced on its own address is a Draining holder another machine claimed it from.
+    let fenced = (entry.fenced_ifindex != NO_IFINDEX).then(|| holder(entry.fenced_ifindex));
+    let status = match entry.state()? {
+        AddrState::Active if entry.holder_ifindex != NO_IFINDEX => AddrStatus::Active {
+            holder: holder(entry.holder_ifindex),
+            since,
+        },
+        AddrState::Draining if entry.holder_ifindex != NO_IFINDEX => AddrStatus::Draining {
+            holder: holder(entry.holder_ifindex),
+            since,
+        },
+        AddrState::Quarantined => {
+            let last_stale = (entry.last_stale_ns != 0).then_some(entry.last_stale_ns.min(now));
+            AddrStatus::Quarantined {
+                since,
+                until: settings.release_at(since, last_stale),
+                last_stale,
+                previous: Holder::new(UNKNOWN_IFINDEX, "unknown (rebuilt from the datapath)"),
+            }
+        }
+        _ => return None,
+    };
+    Some(AddrRecord {
+        addr,
+        status,
+        fenced,
+        blocked_claimant: None,
+        displaced: Vec::new(),
+        conflicts: 0,
+    })
+}
