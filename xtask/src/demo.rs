@@ -1,10 +1,11 @@
-//! `cargo xtask demo`: a throwaway lab that shows ipq at work, then removes itself.
+//! `cargo xtask demo`: a throwaway lab that replays SwarmKit #2407, then removes itself.
 //!
 //! Four network namespaces stand in for a node, two pods wired to it as the CNI ptp plugin
-//! wires them, and a peer behind the node's uplink. The real `ipq-agent` runs in the node. Pod A's
-//! address is then fenced, as ipq does to the old holder when an orchestrator hands the address
-//! to someone else too early: pod A is cut off in both directions, pod B is untouched, and the
-//! agent's own metrics count every dropped packet.
+//! wires them, and a peer behind the node's uplink. The real `ipq-agent` runs in the node and
+//! learns the pods' addresses from their host routes. Pod A starts terminating (its route is
+//! withdrawn, its process still runs); the orchestrator hands its address to pod B at once.
+//! ipq fences pod A: B's traffic flows, A's packets with that address are dropped and counted,
+//! and the early reuse is reported as a conflict.
 
 use std::{
     path::PathBuf,
@@ -23,6 +24,9 @@ const POD_B: &str = "ipq-demo-pod-b";
 const PEER: &str = "ipq-demo-peer";
 const BPFFS_DIR: &str = "/sys/fs/bpf/ipq-demo";
 const METRICS: &str = "127.0.0.1:9740";
+const STATE_DIR: &str = "/tmp/ipq-demo-state";
+/// The agent's own log, shown in part at the end: its JSON conflict records.
+const AGENT_LOG: &str = "/tmp/ipq-demo-agent.log";
 
 /// Removes everything the demo made, whatever happened.
 struct Lab {
@@ -41,6 +45,7 @@ impl Drop for Lab {
                 .status();
         }
         let _ = std::fs::remove_dir_all(BPFFS_DIR);
+        let _ = std::fs::remove_dir_all(STATE_DIR);
         say("cleaned up: namespaces, links and pins removed");
     }
 }
@@ -171,23 +176,25 @@ fn ping(ns: &str, dst: &str, count: u32) -> Result<u32> {
     Ok(received)
 }
 
-fn show_pings(label: &str) -> Result<()> {
-    for (from, to, what) in [
-        (POD_A, "10.78.0.2", "pod A  -> peer  (IPv4)"),
-        (PEER, "10.77.0.2", "peer   -> pod A (IPv4)"),
-        (POD_A, "fd78::2", "pod A  -> peer  (IPv6)"),
-        (PEER, "fd77::2", "peer   -> pod A (IPv6)"),
-        (POD_B, "10.78.0.2", "pod B  -> peer  (IPv4)"),
-        (PEER, "fd77::3", "peer   -> pod B (IPv6)"),
-    ] {
-        let got = ping(from, to, 5)?;
-        println!("  {label}: {what}: {got}/5 replies");
+/// The agent's series matching `prefix` that are not zero.
+fn show_metrics(prefixes: &[&str]) -> Result<()> {
+    for line in metrics()?.lines() {
+        if prefixes.iter().any(|p| line.starts_with(p)) && !line.ends_with(" 0") {
+            println!("  {line}");
+        }
     }
+    Ok(())
+}
+
+fn show_ping(from: &str, to: &str, what: &str) -> Result<()> {
+    let got = ping(from, to, 5)?;
+    println!("  {what}: {got}/5 replies");
     Ok(())
 }
 
 pub fn run() -> Result<()> {
     let agent = agent_binary()?;
+    let _ = std::fs::remove_dir_all(STATE_DIR);
     say("building the lab: node, pod A (10.77.0.2, fd77::2), pod B (10.77.0.3, fd77::3), peer");
     let mut lab = Lab { agent: None };
     build_lab()?;
@@ -195,40 +202,55 @@ pub fn run() -> Result<()> {
     say("starting ipq-agent in the node (TCX on vethpa/vethpb, XDP on the uplink up0)");
     let child = in_ns(NODE, agent.to_str().context("agent path is not UTF-8")?)
         .args(["--bpffs-dir", BPFFS_DIR, "--metrics-addr", METRICS])
+        .args(["--state-dir", STATE_DIR])
         .args(["--workload", "vethp*", "--uplink", "up0"])
         .env("RUST_LOG", "info")
+        .stderr(std::fs::File::create(AGENT_LOG).context(AGENT_LOG)?)
         .spawn()
         .context("starting ipq-agent")?;
     lab.agent = Some(child);
     wait_ready()?;
 
-    say("before: both pods reach the peer and are reached");
-    show_pings("before")?;
+    say("pods A and B run; ipq learned their addresses from their host routes");
+    show_ping(POD_A, "10.78.0.2", "pod A (10.77.0.2) -> peer")?;
+    show_ping(POD_B, "10.78.0.2", "pod B (10.77.0.3) -> peer")?;
+    show_metrics(&["ipq_addresses"])?;
 
-    say("pod A's address is handed to another holder too early: ipq fences pod A");
-    for addr in ["10.77.0.2", "fd77::2"] {
-        let mut set = in_ns(NODE, agent.to_str().unwrap_or_default());
-        set.args(["datapath", "set", addr, "--state", "draining"])
-            .args([
-                "--holder",
-                "vethpa",
-                "--fenced",
-                "vethpa",
-                "--bpffs-dir",
-                BPFFS_DIR,
-            ]);
-        println!("  {}", output(&mut set)?.trim());
-    }
+    say("pod A starts terminating: its route is withdrawn, its process keeps running");
+    ip(NODE, "route del 10.77.0.2/32 dev vethpa")?;
+    ip(NODE, "-6 route del fd77::2/128 dev vethpa")?;
+    thread::sleep(Duration::from_millis(300));
+    show_metrics(&["ipq_addresses"])?;
 
-    say("after: pod A is cut off in both directions, pod B is untouched");
-    show_pings("after ")?;
+    say("the orchestrator hands 10.77.0.2 to pod B at once (SwarmKit #2407)");
+    ip(POD_B, "addr add 10.77.0.2/32 dev eth0")?;
+    ip(NODE, "route add 10.77.0.2/32 dev vethpb")?;
+    thread::sleep(Duration::from_millis(300));
+    println!("  without ipq, pod A's packets would now reach the peer with pod B's address");
+
+    say("with ipq: pod B owns 10.77.0.2, pod A is fenced off it");
+    show_ping(PEER, "10.77.0.2", "peer -> 10.77.0.2 (answered by pod B)")?;
+    show_ping(
+        POD_A,
+        "10.78.0.2",
+        "pod A, still alive, -> peer from 10.77.0.2",
+    )?;
+    show_ping(POD_B, "10.78.0.2", "pod B -> peer")?;
 
     say("what the agent counted (from its /metrics)");
-    for line in metrics()?.lines() {
-        let counted = line.starts_with("ipq_dropped_packets_total") && !line.ends_with(" 0");
-        if counted || line.starts_with("ipq_datapath_interfaces") {
-            println!("  {line}");
-        }
+    show_metrics(&[
+        "ipq_conflicts_total",
+        "ipq_dropped_packets_total",
+        "ipq_addresses",
+        "ipq_datapath_interfaces",
+    ])?;
+
+    say(&format!(
+        "the conflict as the agent logged it (full log: {AGENT_LOG})"
+    ));
+    let log = std::fs::read_to_string(AGENT_LOG).unwrap_or_default();
+    for line in log.lines().filter(|l| l.contains("\"event\":\"conflict\"")) {
+        println!("  {line}");
     }
     drop(lab);
     Ok(())
