@@ -58,25 +58,53 @@ pub enum NetEvent {
         addr: IpAddr,
         ifindex: u32,
     },
-    /// A resolved neighbour on an interface.
+    /// A resolved neighbour on an interface, with its link-layer address.
     Neighbour {
         addr: IpAddr,
         ifindex: u32,
+        mac: Option<Mac>,
     },
     NeighbourGone {
         addr: IpAddr,
         ifindex: u32,
     },
+    /// A MAC address a bridge learned behind one of its ports (the bridge plugin's pods).
+    Fdb {
+        mac: Mac,
+        port: u32,
+    },
+    FdbGone {
+        mac: Mac,
+        port: u32,
+    },
     /// Events were lost (the socket overran): the state must be rebuilt from a fresh dump.
     Overrun,
 }
+
+/// An Ethernet address.
+pub type Mac = [u8; 6];
 
 /// Everything the tracker needs from one dump.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct NetState {
     pub links: BTreeMap<u32, String>,
     pub host_routes: BTreeSet<(IpAddr, u32)>,
-    pub neighbours: BTreeSet<(IpAddr, u32)>,
+    /// (address, interface) → link-layer address, for resolved neighbours.
+    pub neighbours: BTreeMap<(IpAddr, u32), Option<Mac>>,
+    /// Learned (not local) bridge FDB entries: MAC → port.
+    pub fdb: BTreeMap<Mac, u32>,
+}
+
+impl NetState {
+    /// The bridge port behind which `addr` lives: its neighbour entry's MAC, looked up in the
+    /// bridge's forwarding database. This is how holders are found on bridge-plugin nodes,
+    /// where pod addresses have no host routes.
+    pub fn port_of(&self, addr: IpAddr) -> Option<u32> {
+        self.neighbours
+            .iter()
+            .filter(|((a, _), _)| *a == addr)
+            .find_map(|(_, mac)| self.fdb.get(mac.as_ref()?).copied())
+    }
 }
 
 impl NetState {
@@ -89,15 +117,29 @@ impl NetState {
             NetEvent::LinkGone { ifindex } => {
                 let removed = self.links.remove(ifindex).is_some();
                 self.host_routes.retain(|(_, i)| i != ifindex);
-                self.neighbours.retain(|(_, i)| i != ifindex);
+                self.neighbours.retain(|(_, i), _| i != ifindex);
+                self.fdb.retain(|_, port| port != ifindex);
                 removed
             }
             NetEvent::HostRoute { addr, ifindex } => self.host_routes.insert((*addr, *ifindex)),
             NetEvent::HostRouteGone { addr, ifindex } => {
                 self.host_routes.remove(&(*addr, *ifindex))
             }
-            NetEvent::Neighbour { addr, ifindex } => self.neighbours.insert((*addr, *ifindex)),
-            NetEvent::NeighbourGone { addr, ifindex } => self.neighbours.remove(&(*addr, *ifindex)),
+            NetEvent::Neighbour { addr, ifindex, mac } => {
+                self.neighbours.insert((*addr, *ifindex), *mac) != Some(*mac)
+            }
+            NetEvent::NeighbourGone { addr, ifindex } => {
+                self.neighbours.remove(&(*addr, *ifindex)).is_some()
+            }
+            NetEvent::Fdb { mac, port } => self.fdb.insert(*mac, *port) != Some(*port),
+            NetEvent::FdbGone { mac, port } => {
+                if self.fdb.get(mac) == Some(port) {
+                    self.fdb.remove(mac);
+                    true
+                } else {
+                    false
+                }
+            }
             NetEvent::Overrun => false,
         }
     }
@@ -109,8 +151,15 @@ impl NetState {
         for &(addr, ifindex) in self.host_routes.difference(&next.host_routes) {
             events.push(NetEvent::HostRouteGone { addr, ifindex });
         }
-        for &(addr, ifindex) in self.neighbours.difference(&next.neighbours) {
-            events.push(NetEvent::NeighbourGone { addr, ifindex });
+        for &(addr, ifindex) in self.neighbours.keys() {
+            if !next.neighbours.contains_key(&(addr, ifindex)) {
+                events.push(NetEvent::NeighbourGone { addr, ifindex });
+            }
+        }
+        for (&mac, &port) in &self.fdb {
+            if next.fdb.get(&mac) != Some(&port) {
+                events.push(NetEvent::FdbGone { mac, port });
+            }
         }
         for (ifindex, name) in &self.links {
             if next.links.get(ifindex) != Some(name) {
@@ -128,8 +177,15 @@ impl NetState {
         for &(addr, ifindex) in next.host_routes.difference(&self.host_routes) {
             events.push(NetEvent::HostRoute { addr, ifindex });
         }
-        for &(addr, ifindex) in next.neighbours.difference(&self.neighbours) {
-            events.push(NetEvent::Neighbour { addr, ifindex });
+        for (&mac, &port) in &next.fdb {
+            if self.fdb.get(&mac) != Some(&port) {
+                events.push(NetEvent::Fdb { mac, port });
+            }
+        }
+        for (&(addr, ifindex), &mac) in &next.neighbours {
+            if self.neighbours.get(&(addr, ifindex)) != Some(&mac) {
+                events.push(NetEvent::Neighbour { addr, ifindex, mac });
+            }
         }
         events
     }
@@ -186,13 +242,51 @@ pub fn route_event(msg: &RouteMessage, new: bool) -> Option<NetEvent> {
     })
 }
 
+/// Whether an address can belong to a workload: unicast, not link-local, not loopback.
+fn is_workload_address(addr: IpAddr) -> bool {
+    match addr {
+        IpAddr::V4(a) => {
+            !(a.is_unspecified()
+                || a.is_loopback()
+                || a.is_multicast()
+                || a.is_broadcast()
+                || a.is_link_local())
+        }
+        IpAddr::V6(a) => {
+            !(a.is_unspecified()
+                || a.is_loopback()
+                || a.is_multicast()
+                || a.is_unicast_link_local())
+        }
+    }
+}
+
 pub fn neighbour_event(msg: &NeighbourMessage, new: bool) -> Option<NetEvent> {
     let ifindex = msg.header.ifindex;
+    let mac = msg.attributes.iter().find_map(|a| match a {
+        NeighbourAttribute::LinkLayerAddress(bytes) => <Mac>::try_from(bytes.as_slice()).ok(),
+        _ => None,
+    });
+    if msg.header.family == AddressFamily::Bridge {
+        // The bridge's own (local, permanent) entries are its ports' addresses, not pods.
+        if msg.header.state == NeighbourState::Permanent {
+            return None;
+        }
+        let mac = mac?;
+        return Some(if new {
+            NetEvent::Fdb { mac, port: ifindex }
+        } else {
+            NetEvent::FdbGone { mac, port: ifindex }
+        });
+    }
     let addr = msg.attributes.iter().find_map(|a| match a {
         NeighbourAttribute::Destination(NeighbourAddress::Inet(a)) => Some(IpAddr::V4(*a)),
         NeighbourAttribute::Destination(NeighbourAddress::Inet6(a)) => Some(IpAddr::V6(*a)),
         _ => None,
     })?;
+    if !is_workload_address(addr) {
+        return None;
+    }
     let resolved = matches!(
         msg.header.state,
         NeighbourState::Reachable
@@ -203,7 +297,7 @@ pub fn neighbour_event(msg: &NeighbourMessage, new: bool) -> Option<NetEvent> {
             | NeighbourState::Noarp
     );
     Some(if new && resolved {
-        NetEvent::Neighbour { addr, ifindex }
+        NetEvent::Neighbour { addr, ifindex, mac }
     } else {
         NetEvent::NeighbourGone { addr, ifindex }
     })
@@ -263,17 +357,24 @@ pub async fn dump(handle: &Handle) -> Result<NetState, NetlinkError> {
             }
         }
     }
-    let mut neighbours = handle.neighbours().get().execute();
-    while let Some(msg) = neighbours
-        .try_next()
-        .await
-        .map_err(|source| NetlinkError::Dump {
-            what: "neighbours",
-            source,
-        })?
-    {
-        if let Some(event) = neighbour_event(&msg, true) {
-            state.apply(&event);
+    // IPv4 and IPv6 neighbours (AF_UNSPEC), then the bridges' forwarding databases.
+    for family in [AddressFamily::Unspec, AddressFamily::Bridge] {
+        let mut neighbours = handle
+            .neighbours()
+            .get()
+            .set_address_family(family)
+            .execute();
+        while let Some(msg) = neighbours
+            .try_next()
+            .await
+            .map_err(|source| NetlinkError::Dump {
+                what: "neighbours",
+                source,
+            })?
+        {
+            if let Some(event) = neighbour_event(&msg, true) {
+                state.apply(&event);
+            }
         }
     }
     Ok(state)

@@ -279,12 +279,51 @@ impl Tracker {
                     }
                 }
             }
-            NetEvent::Neighbour { .. } | NetEvent::NeighbourGone { .. } => {
+            NetEvent::Neighbour { addr, .. } => {
+                self.net.apply(&event);
+                self.claim_behind_bridge_port(*addr);
+            }
+            NetEvent::Fdb { mac, .. } => {
+                self.net.apply(&event);
+                let addrs: Vec<IpAddr> = self
+                    .net
+                    .neighbours
+                    .iter()
+                    .filter(|(_, m)| m.as_ref() == Some(mac))
+                    .map(|((addr, _), _)| *addr)
+                    .collect();
+                for addr in addrs {
+                    self.claim_behind_bridge_port(addr);
+                }
+            }
+            // A neighbour or FDB entry expiring says nothing about the holder's life: only its
+            // interface going away does.
+            NetEvent::NeighbourGone { .. } | NetEvent::FdbGone { .. } => {
                 self.net.apply(&event);
             }
             NetEvent::Overrun => {}
         }
         self.update_gauges();
+    }
+
+    /// On bridge-plugin nodes a pod's address has no host route: the bridge resolved it to a
+    /// MAC, and the forwarding database says which port (the pod's veth) that MAC is behind.
+    fn claim_behind_bridge_port(&mut self, addr: IpAddr) {
+        let Some(port) = self.net.port_of(addr) else {
+            return;
+        };
+        let Some(holder) = self.workload_holder(port) else {
+            return;
+        };
+        let current = self
+            .registry
+            .get(addr)
+            .and_then(|r| r.status.holder().cloned());
+        if current.is_some_and(|h| h.same_as(&holder)) {
+            return;
+        }
+        let result = self.registry.claim(addr, holder, Source::Netlink);
+        self.apply(result, "neighbour behind a bridge port");
     }
 
     fn workload_holder(&self, ifindex: u32) -> Option<Holder> {

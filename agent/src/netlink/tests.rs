@@ -1,5 +1,6 @@
 use std::net::{Ipv4Addr, Ipv6Addr};
 
+use netlink_packet_route::neighbour::{NeighbourAddress, NeighbourAttribute, NeighbourState};
 use netlink_packet_route::route::{RouteHeader, RouteProtocol, RouteScope};
 
 use super::*;
@@ -170,7 +171,117 @@ fn link_gone_drops_its_routes_and_neighbours() {
     state.apply(&NetEvent::Neighbour {
         addr: a,
         ifindex: 3,
+        mac: Some([2, 0, 0, 0, 0, 1]),
+    });
+    state.apply(&NetEvent::Fdb {
+        mac: [2, 0, 0, 0, 0, 1],
+        port: 3,
     });
     assert!(state.apply(&NetEvent::LinkGone { ifindex: 3 }));
     assert_eq!(state, NetState::default());
+}
+
+#[test]
+fn bridge_port_of_an_address_comes_from_neighbour_and_fdb() {
+    let pod = IpAddr::V4(Ipv4Addr::new(10, 88, 0, 5));
+    let mac = [0x02, 0x42, 0, 0, 0, 5];
+    let mut state = NetState::default();
+    // The bridge (if 2) resolved the pod's address to its MAC...
+    state.apply(&NetEvent::Neighbour {
+        addr: pod,
+        ifindex: 2,
+        mac: Some(mac),
+    });
+    assert_eq!(state.port_of(pod), None);
+    // ... and learned that MAC behind port if 7.
+    state.apply(&NetEvent::Fdb { mac, port: 7 });
+    assert_eq!(state.port_of(pod), Some(7));
+    // The MAC moves to another port (a new pod got the address and the old MAC left).
+    state.apply(&NetEvent::Fdb { mac, port: 9 });
+    assert_eq!(state.port_of(pod), Some(9));
+    state.apply(&NetEvent::FdbGone { mac, port: 7 });
+    assert_eq!(
+        state.port_of(pod),
+        Some(9),
+        "a stale removal for the old port is ignored"
+    );
+    state.apply(&NetEvent::LinkGone { ifindex: 9 });
+    assert_eq!(state.port_of(pod), None);
+}
+
+fn neighbour(
+    family: AddressFamily,
+    state: NeighbourState,
+    attributes: Vec<NeighbourAttribute>,
+) -> NeighbourMessage {
+    let mut msg = NeighbourMessage::default();
+    msg.header.family = family;
+    msg.header.ifindex = 4;
+    msg.header.state = state;
+    msg.attributes = attributes;
+    msg
+}
+
+#[test]
+fn neighbour_messages_are_translated() {
+    let mac = vec![2, 0, 0, 0, 0, 9];
+    let ip = Ipv4Addr::new(10, 88, 0, 9);
+    let dst = NeighbourAttribute::Destination(NeighbourAddress::Inet(ip));
+    let lladdr = NeighbourAttribute::LinkLayerAddress(mac.clone());
+    let msg = neighbour(
+        AddressFamily::Inet,
+        NeighbourState::Reachable,
+        vec![dst.clone(), lladdr.clone()],
+    );
+    assert_eq!(
+        neighbour_event(&msg, true),
+        Some(NetEvent::Neighbour {
+            addr: IpAddr::V4(ip),
+            ifindex: 4,
+            mac: Some([2, 0, 0, 0, 0, 9])
+        })
+    );
+    // Unresolved entries are not neighbours.
+    let failed = neighbour(
+        AddressFamily::Inet,
+        NeighbourState::Failed,
+        vec![dst, lladdr.clone()],
+    );
+    assert_eq!(
+        neighbour_event(&failed, true),
+        Some(NetEvent::NeighbourGone {
+            addr: IpAddr::V4(ip),
+            ifindex: 4
+        })
+    );
+    // Link-local and multicast addresses never name a workload.
+    let ll = NeighbourAttribute::Destination(NeighbourAddress::Inet6(Ipv6Addr::new(
+        0xfe80, 0, 0, 0, 0, 0, 0, 1,
+    )));
+    assert_eq!(
+        neighbour_event(
+            &neighbour(AddressFamily::Inet6, NeighbourState::Reachable, vec![ll]),
+            true
+        ),
+        None
+    );
+    // Bridge FDB: learned entries name a port, the bridge's own permanent ones do not.
+    let fdb = neighbour(
+        AddressFamily::Bridge,
+        NeighbourState::Reachable,
+        vec![lladdr.clone()],
+    );
+    assert_eq!(
+        neighbour_event(&fdb, true),
+        Some(NetEvent::Fdb {
+            mac: [2, 0, 0, 0, 0, 9],
+            port: 4
+        })
+    );
+    let local = neighbour(
+        AddressFamily::Bridge,
+        NeighbourState::Permanent,
+        vec![lladdr],
+    );
+    assert_eq!(neighbour_event(&local, true), None);
 }
