@@ -15,22 +15,23 @@ const BRIDGE_V4: Ipv4Addr = Ipv4Addr::new(10, 88, 0, 1);
 const POD_A: Ipv4Addr = Ipv4Addr::new(10, 88, 0, 5);
 const POD_B: Ipv4Addr = Ipv4Addr::new(10, 88, 0, 6);
 
-/// Waits until `metric{labels}` reads `want`.
-fn wait_metric(
+/// Waits until `metric{labels}` satisfies `ok` (e.g. equals or reaches a value).
+fn wait_metric_until(
     agent: &Agent,
     name: &str,
     labels: &[(&str, &str)],
-    want: f64,
+    what: &str,
+    ok: impl Fn(f64) -> bool,
 ) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let got = agent.metric(name, labels)?;
-        if got == want {
+        if ok(got) {
             return Ok(());
         }
         if Instant::now() > deadline {
             bail!(
-                "{name}{labels:?} is {got}, expected {want}; agent log:\n{}",
+                "{name}{labels:?} is {got}, expected {what}; agent log:\n{}",
                 agent.log()
             );
         }
@@ -38,24 +39,13 @@ fn wait_metric(
     }
 }
 
-/// Waits until `metric{labels}` reads at least `want`.
-fn wait_metric_at_least(
+fn wait_metric(
     agent: &Agent,
     name: &str,
     labels: &[(&str, &str)],
     want: f64,
 ) -> anyhow::Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let got = agent.metric(name, labels)?;
-        if got >= want {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            bail!("{name}{labels:?} is {got}, expected at least {want}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_metric_until(agent, name, labels, &want.to_string(), |got| got == want)
 }
 
 /// Pings `dst` from `src` in `ns`; returns the replies.
