@@ -125,12 +125,10 @@ fn bridge_ports_hold_addresses_and_a_duplicate_is_dropped() -> anyhow::Result<()
         dropped >= 1.0,
         "pod B's ARP from {POD_A} must be dropped, counted {dropped}"
     );
-    wait_metric_at_least(
-        &agent,
-        "ipq_conflicts_total",
-        &[("kind", "duplicate_source")],
-        1.0,
-    )?;
+    let kind = [("kind", "duplicate_source")];
+    wait_metric_until(&agent, "ipq_conflicts_total", &kind, "at least 1", |n| {
+        n >= 1.0
+    })?;
     assert_eq!(
         ping_from(&lab.pod_a, POD_A, BRIDGE_V4)?,
         3,
