@@ -2,25 +2,25 @@
 //! and what time does become registry transitions, and where those transitions' effects reach
 //! the datapath, the journal, the log and the metrics.
 
-use std::{net::IpAddr, sync::Arc};
+use std::{collections::BTreeSet, net::IpAddr, sync::Arc};
 
 use ipq_common::{
-    addr::{AddrEntry, AddrKey, AddrState, NO_IFINDEX},
+    addr::{AddrEntry, AddrKey, AddrState, FLAG_OBSERVE_ONLY, NO_IFINDEX},
     counters::Reason,
     sample::ConflictSample,
 };
 use log::{error, info, warn};
 
 use crate::{
-    config::Config,
+    config::{Config, EarlyReusePolicy},
     datapath::Datapath,
     journal::{Journal, JournalError},
     metrics::Metrics,
     netdev,
     netlink::{NetEvent, NetState},
     registry::{
-        datapath_entry, AddrRecord, AddrStatus, Effect, Holder, Registry, RegistryError,
-        RegistrySettings, Snapshot, Source, SystemClock, SNAPSHOT_VERSION,
+        datapath_entry, AddrRecord, AddrStatus, ConflictKind, Effect, Holder, Registry,
+        RegistryError, RegistrySettings, Snapshot, Source, SystemClock, SNAPSHOT_VERSION,
     },
 };
 
@@ -52,6 +52,9 @@ pub struct Tracker {
     metrics: Arc<Metrics>,
     /// Unsaved changes.
     dirty: bool,
+    /// Addresses an early reuse was let through on under `on_early_reuse = observe`: their
+    /// holders all keep flowing, and what the datapath sees between them is only counted.
+    observed_reuse: BTreeSet<IpAddr>,
 }
 
 impl Tracker {
@@ -70,6 +73,7 @@ impl Tracker {
             journal,
             metrics,
             dirty: false,
+            observed_reuse: BTreeSet::new(),
         }
     }
 
@@ -231,7 +235,10 @@ impl Tracker {
         }
     }
 
-    fn write_entry(&mut self, addr: IpAddr, entry: AddrEntry) {
+    fn write_entry(&mut self, addr: IpAddr, mut entry: AddrEntry) {
+        if self.observed_reuse.contains(&addr) {
+            entry.flags |= FLAG_OBSERVE_ONLY;
+        }
         if let Err(e) = self.datapath.maps.table.put(AddrKey::from(addr), entry) {
             error!("{addr}: datapath write failed, enforcement may lag the registry: {e}");
         }
@@ -409,6 +416,9 @@ impl Tracker {
                 let result = self.registry.remote_claim(addr);
                 self.apply(result, "remote claim");
             }
+            // On an address whose early reuse was let through, the old holder's packets are the
+            // evidence of the conflict already recorded, not a new one.
+            Some(Reason::DuplicateSource) if self.observed_reuse.contains(&addr) => {}
             Some(Reason::DuplicateSource) => {
                 let result = self.registry.duplicate_source(addr, sample.ifindex);
                 self.apply(result, "duplicate source");
@@ -435,11 +445,22 @@ impl Tracker {
             match effect {
                 Effect::Upsert { addr, entry } => self.write_entry(addr, entry),
                 Effect::Remove { addr } => {
+                    self.observed_reuse.remove(&addr);
                     if let Err(e) = self.datapath.maps.table.remove(&AddrKey::from(addr)) {
                         error!("{addr}: datapath removal failed: {e}");
                     }
                 }
                 Effect::Conflict(conflict) => {
+                    let reuse = matches!(
+                        conflict.kind,
+                        ConflictKind::EarlyReuse | ConflictKind::ReuseInCooldown
+                    );
+                    if reuse && conflict.policy == EarlyReusePolicy::Observe {
+                        self.observed_reuse.insert(conflict.addr);
+                        if let Some(entry) = self.registry.get(conflict.addr).map(datapath_entry) {
+                            self.write_entry(conflict.addr, entry);
+                        }
+                    }
                     self.metrics
                         .conflicts
                         .with_label_values(&[conflict.kind.as_str()])

@@ -132,6 +132,10 @@ impl AddrState {
 /// No interface: the holder is gone, or nothing is fenced.
 pub const NO_IFINDEX: u32 = 0;
 
+/// [`AddrEntry::flags`]: conflicts between workloads on this address are counted and sampled
+/// but never dropped (`on_early_reuse = observe`); stale traffic still is, in enforce mode.
+pub const FLAG_OBSERVE_ONLY: u32 = 1;
+
 /// Value of the `IPQ_ADDRS` map: what the datapath must know of one address.
 ///
 /// The first block is written by the agent only. `last_stale_ns` and `last_sample_ns` are written
@@ -146,7 +150,7 @@ pub struct AddrEntry {
     /// Interface whose packets with this address are dropped in both directions (the old holder
     /// under `fence-old`, the new one under `refuse-new`); [`NO_IFINDEX`] when none.
     pub fenced_ifindex: u32,
-    /// Reserved for flags; zero.
+    /// `FLAG_*` bits.
     pub flags: u32,
     /// CLOCK_MONOTONIC nanoseconds at which the address entered its current state.
     pub since_ns: u64,

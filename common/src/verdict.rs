@@ -3,7 +3,7 @@
 //! tested without a kernel as well as through `BPF_PROG_TEST_RUN`.
 
 use crate::{
-    addr::{AddrEntry, AddrState, NO_IFINDEX},
+    addr::{AddrEntry, AddrState, FLAG_OBSERVE_ONLY, NO_IFINDEX},
     config::Mode,
     counters::{Action, Reason},
 };
@@ -72,6 +72,18 @@ pub fn action_for(mode: Mode, reason: Reason) -> Action {
     }
 }
 
+/// What a program does with a packet it has a reason about, for the address of `entry`:
+/// conflicts between workloads on an observe-only address are counted, never dropped.
+#[inline(always)]
+pub fn action_for_entry(mode: Mode, reason: Reason, entry: &AddrEntry) -> Action {
+    let workload_conflict = matches!(reason, Reason::Fenced | Reason::DuplicateSource);
+    if workload_conflict && entry.flags & FLAG_OBSERVE_ONLY != 0 {
+        Action::Observed
+    } else {
+        action_for(mode, reason)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -131,6 +143,27 @@ mod tests {
         assert_eq!(workload_receives(B, &e), None);
         assert_eq!(uplink_receives(&e), None);
         assert_eq!(uplink_announces(&e), None);
+    }
+
+    #[test]
+    fn observe_only_addresses_count_workload_conflicts_without_dropping() {
+        let mut e = entry(AddrState::Active, A, B);
+        e.flags = FLAG_OBSERVE_ONLY;
+        for reason in [Reason::Fenced, Reason::DuplicateSource] {
+            assert_eq!(
+                action_for_entry(Mode::Enforce, reason, &e),
+                Action::Observed
+            );
+        }
+        assert_eq!(
+            action_for_entry(Mode::Enforce, Reason::StaleTraffic, &e),
+            Action::Dropped
+        );
+        e.flags = 0;
+        assert_eq!(
+            action_for_entry(Mode::Enforce, Reason::Fenced, &e),
+            Action::Dropped
+        );
     }
 
     #[test]

@@ -7,7 +7,7 @@ use ipq_common::{
     addr::{AddrEntry, AddrKey},
     counters::{counter_index, Action, Hook, Reason},
     sample::ConflictSample,
-    verdict::action_for,
+    verdict::action_for_entry,
 };
 
 use crate::{maps, Verdict};
@@ -28,14 +28,14 @@ pub fn act<C: EbpfContext>(
     entry: *mut AddrEntry,
     reason: Reason,
 ) -> Verdict {
-    let action = action_for(maps::mode(), reason);
-    maps::count(counter_index(action, seen.hook, reason), seen.len);
-
-    let now = unsafe { bpf_ktime_get_coarse_ns() };
     // SAFETY: `entry` points into a map value that the kernel keeps alive for this program run.
     // The two stamps are plain 8-byte stores; a concurrent CPU can only make one of them a
     // few nanoseconds older, which neither the release timer nor the rate limit cares about.
     let entry = unsafe { &mut *entry };
+    let action = action_for_entry(maps::mode(), reason, entry);
+    maps::count(counter_index(action, seen.hook, reason), seen.len);
+
+    let now = unsafe { bpf_ktime_get_coarse_ns() };
     if reason == Reason::StaleTraffic {
         entry.last_stale_ns = now;
     }

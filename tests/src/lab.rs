@@ -639,3 +639,352 @@ pub fn ping(from: &NetNs, dst: IpAddr, n: u32) -> u32 {
     );
     count("received")
 }
+
+// ---------------------------------------------------------------------------------------------
+// Helpers of the incident tests (`tests/tests/incidents_*.rs`): addresses handed to a second
+// pod, senders bound to an address or a device, crafted frames on the wire, the pinned map as
+// `datapath show` prints it, the agent's conflict log, and bounded polling.
+
+/// MAC addresses of the lab, as `ip` spells them: pod b's `eth0`, the peer's `eth0`.
+pub const POD_B_LLADDR: &str = POD_B_MAC;
+pub const PEER_LLADDR: &str = PEER_MAC;
+
+/// `"02:77:00:00:0a:01"` → its six bytes.
+pub fn mac_bytes(mac: &str) -> [u8; 6] {
+    let mut bytes = [0u8; 6];
+    let parts: Vec<u8> = mac
+        .split(':')
+        .map(|p| u8::from_str_radix(p, 16).unwrap_or_else(|e| panic!("bad MAC {mac:?}: {e}")))
+        .collect();
+    assert_eq!(parts.len(), 6, "bad MAC {mac:?}");
+    bytes.copy_from_slice(&parts);
+    bytes
+}
+
+/// `/32` or `/128`.
+fn host_prefix(addr: IpAddr) -> String {
+    match addr {
+        IpAddr::V4(a) => format!("{a}/32"),
+        IpAddr::V6(a) => format!("{a}/128"),
+    }
+}
+
+/// The interface index of `name` inside `ns`.
+pub fn ifindex(ns: &NetNs, name: &str) -> anyhow::Result<u32> {
+    let c_name = std::ffi::CString::new(name)?;
+    // SAFETY: a valid C string.
+    let index = ns.run(|| unsafe { libc::if_nametoindex(c_name.as_ptr()) });
+    if index == 0 {
+        bail!("no interface {name} in netns {}", ns.name());
+    }
+    Ok(index)
+}
+
+impl Lab {
+    /// Gives `pod` one more address on its `eth0` (as an IPAM handing it out would), with the
+    /// node's PERMANENT neighbour entry for it on `host_if` (`pod_mac`), but no route: routes
+    /// are what the agent watches, so tests add them separately with
+    /// [`add_host_route`](Self::add_host_route).
+    pub fn add_pod_address(
+        &self,
+        pod: &NetNs,
+        host_if: &str,
+        pod_mac: &str,
+        addr: IpAddr,
+    ) -> anyhow::Result<()> {
+        let prefix = host_prefix(addr);
+        match addr {
+            IpAddr::V4(_) => ip!(pod, "addr add {prefix} dev eth0")?,
+            IpAddr::V6(_) => ip!(pod, "addr add {prefix} dev eth0 nodad")?,
+        };
+        ip!(
+            self.node,
+            "neigh replace {addr} lladdr {pod_mac} dev {host_if} nud permanent"
+        )?;
+        Ok(())
+    }
+
+    /// `ip route add <addr>/32|128 dev <host_if> [metric m]` in the node: a per-pod host route
+    /// in the main table, which the agent reads as a claim.
+    pub fn add_host_route(
+        &self,
+        host_if: &str,
+        addr: IpAddr,
+        metric: Option<u32>,
+    ) -> anyhow::Result<()> {
+        let prefix = host_prefix(addr);
+        match metric {
+            Some(m) => ip!(self.node, "route add {prefix} dev {host_if} metric {m}")?,
+            None => ip!(self.node, "route add {prefix} dev {host_if}")?,
+        };
+        Ok(())
+    }
+
+    /// `ip route del <addr>/32|128 dev <host_if>` in the node: the pod's route withdrawn.
+    pub fn del_host_route(&self, host_if: &str, addr: IpAddr) -> anyhow::Result<()> {
+        let prefix = host_prefix(addr);
+        ip!(self.node, "route del {prefix} dev {host_if}")?;
+        Ok(())
+    }
+
+    /// Makes `addrs` reachable through `dev` for node sockets bound to `dev` (SO_BINDTODEVICE),
+    /// whatever the main table says: a rule `oif <dev> lookup <table>` and host routes in
+    /// `table`. The agent reads only the main table, so this claims nothing; it lets a test
+    /// reach a pod whose route was withdrawn or given to another pod.
+    pub fn route_by_oif(&self, dev: &str, table: u32, addrs: &[IpAddr]) -> anyhow::Result<()> {
+        ip!(
+            self.node,
+            "-4 rule add oif {dev} lookup {table} priority {table}"
+        )?;
+        ip!(
+            self.node,
+            "-6 rule add oif {dev} lookup {table} priority {table}"
+        )?;
+        for addr in addrs {
+            let prefix = host_prefix(*addr);
+            ip!(self.node, "route add {prefix} dev {dev} table {table}")?;
+        }
+        Ok(())
+    }
+
+    /// Makes everything the node forwards or sends to `addrs` go through `dev` (a rule
+    /// `to <addr> lookup <table>` ahead of the main table, and host routes in `table`): the
+    /// pod keeps two-way connectivity while its main-table route, the one the agent watches,
+    /// is withdrawn.
+    pub fn route_to_via_table(
+        &self,
+        dev: &str,
+        table: u32,
+        addrs: &[IpAddr],
+    ) -> anyhow::Result<()> {
+        for addr in addrs {
+            let prefix = host_prefix(*addr);
+            let family = if addr.is_ipv4() { "-4" } else { "-6" };
+            ip!(
+                self.node,
+                "{family} rule add to {prefix} lookup {table} priority {table}"
+            )?;
+            ip!(self.node, "route add {prefix} dev {dev} table {table}")?;
+        }
+        Ok(())
+    }
+
+    /// Every entry of the pinned address map, as `ipq-agent datapath show` prints it.
+    pub fn datapath_entries(&self) -> anyhow::Result<BTreeMap<IpAddr, MapEntry>> {
+        let out = self.datapath(&["show"])?;
+        let mut entries = BTreeMap::new();
+        for line in out.lines().skip(1) {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let [addr, state, holder, fenced] = fields[..] else {
+                continue;
+            };
+            let Ok(addr) = addr.parse::<IpAddr>() else {
+                continue;
+            };
+            let entry = MapEntry {
+                state: state.to_owned(),
+                holder: holder
+                    .parse()
+                    .with_context(|| format!("holder in {line:?}"))?,
+                fenced: fenced
+                    .parse()
+                    .with_context(|| format!("fenced in {line:?}"))?,
+            };
+            entries.insert(addr, entry);
+        }
+        Ok(entries)
+    }
+
+    /// The map entry of `addr`, if any.
+    pub fn datapath_entry(&self, addr: IpAddr) -> anyhow::Result<Option<MapEntry>> {
+        Ok(self.datapath_entries()?.remove(&addr))
+    }
+
+    /// Polls the map until `addr`'s entry satisfies `want` (None: no entry), for `timeout`.
+    pub fn wait_entry(
+        &self,
+        addr: IpAddr,
+        timeout: Duration,
+        what: &str,
+        want: impl Fn(Option<&MapEntry>) -> bool,
+    ) -> anyhow::Result<Option<MapEntry>> {
+        poll(&format!("{addr}: {what}"), timeout, || {
+            let entry = self.datapath_entry(addr)?;
+            Ok(want(entry.as_ref()).then_some(entry))
+        })
+    }
+}
+
+/// One entry of the pinned address map. `holder` and `fenced` are ifindexes, 0 for none.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MapEntry {
+    pub state: String,
+    pub holder: u32,
+    pub fenced: u32,
+}
+
+/// Calls `probe` every 20 ms until it returns `Some`, for at most `timeout`; the error names
+/// `what` and the last thing the probe said.
+pub fn poll<T>(
+    what: &str,
+    timeout: Duration,
+    mut probe: impl FnMut() -> anyhow::Result<Option<T>>,
+) -> anyhow::Result<T> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let last = match probe() {
+            Ok(Some(value)) => return Ok(value),
+            Ok(None) => "not yet".to_owned(),
+            Err(e) => format!("{e:#}"),
+        };
+        if Instant::now() > deadline {
+            bail!("timed out after {timeout:?} waiting for {what} (last: {last})");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// How the sender of [`udp_burst_with`] is set up.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct UdpSender<'a> {
+    /// Source address to bind to (else the kernel picks one).
+    pub bind: Option<IpAddr>,
+    /// Interface to bind to (SO_BINDTODEVICE), for a node socket that must leave through one
+    /// pod's veth.
+    pub device: Option<&'a str>,
+}
+
+/// Binds `socket` to interface `dev` (SO_BINDTODEVICE).
+pub fn bind_to_device(socket: &UdpSocket, dev: &str) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd as _;
+    // SAFETY: a valid socket and a buffer of the given length.
+    let rc = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_BINDTODEVICE,
+            dev.as_ptr().cast(),
+            dev.len() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// As [`udp_burst`], with the sender bound as `sender` says. Returns how many of the `n`
+/// datagrams arrived; panics if the kernel refuses a send.
+pub fn udp_burst_with(
+    from: &NetNs,
+    sender: UdpSender<'_>,
+    to: &NetNs,
+    dst: IpAddr,
+    n: usize,
+) -> usize {
+    let any: IpAddr = match dst {
+        IpAddr::V4(_) => Ipv4Addr::UNSPECIFIED.into(),
+        IpAddr::V6(_) => Ipv6Addr::UNSPECIFIED.into(),
+    };
+    let rx = to
+        .run(|| UdpSocket::bind((any, 0)))
+        .unwrap_or_else(|e| panic!("binding a UDP receiver in {}: {e}", to.name()));
+    let port = rx.local_addr().expect("bound").port();
+    let tag = format!("ipq-test {}", unique("burst"));
+    from.run(|| {
+        let tx = UdpSocket::bind((sender.bind.unwrap_or(any), 0)).unwrap_or_else(|e| {
+            panic!(
+                "binding the UDP sender to {:?} in {}: {e}",
+                sender.bind,
+                from.name()
+            )
+        });
+        if let Some(dev) = sender.device {
+            bind_to_device(&tx, dev)
+                .unwrap_or_else(|e| panic!("SO_BINDTODEVICE {dev} in {}: {e}", from.name()));
+        }
+        for i in 0..n {
+            // A send the kernel refuses (no route...) is a broken setup, not a drop: a packet
+            // the datapath drops still leaves the socket successfully.
+            tx.send_to(format!("{tag} {i}").as_bytes(), (dst, port))
+                .unwrap_or_else(|e| {
+                    panic!(
+                        "sending to {dst}:{port} from {} ({sender:?}): {e}",
+                        from.name()
+                    )
+                });
+        }
+    });
+    rx.set_read_timeout(Some(Duration::from_millis(500)))
+        .expect("setting a timeout");
+    let mut received = 0;
+    let mut buf = [0u8; 256];
+    while received < n {
+        match rx.recv_from(&mut buf) {
+            Ok((len, _)) if buf[..len].starts_with(tag.as_bytes()) => received += 1,
+            Ok(_) => {}
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => break,
+            Err(e) => panic!("receiving in {}: {e}", to.name()),
+        }
+    }
+    received
+}
+
+/// Sends each of `frames` (whole Ethernet frames) out of `ifname` in `ns` through an AF_PACKET
+/// raw socket: gratuitous ARP, unsolicited neighbour advertisements, anything no tool is
+/// needed for.
+pub fn send_frames(ns: &NetNs, ifname: &str, frames: &[Vec<u8>]) -> anyhow::Result<()> {
+    use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
+    let index = ifindex(ns, ifname)?;
+    ns.run(|| -> anyhow::Result<()> {
+        // Protocol 0: this socket only sends, it receives nothing.
+        // SAFETY: plain socket creation.
+        let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
+        if fd < 0 {
+            bail!("AF_PACKET socket: {}", std::io::Error::last_os_error());
+        }
+        // SAFETY: a fresh fd nobody else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        for frame in frames {
+            // SAFETY: sockaddr_ll is plain old data.
+            let mut addr: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+            addr.sll_family = libc::AF_PACKET as u16;
+            addr.sll_ifindex = index as i32;
+            addr.sll_halen = 6;
+            addr.sll_addr[..6].copy_from_slice(&frame[..6]);
+            // SAFETY: valid buffers of the given lengths.
+            let sent = unsafe {
+                libc::sendto(
+                    fd.as_raw_fd(),
+                    frame.as_ptr().cast(),
+                    frame.len(),
+                    0,
+                    (&addr as *const libc::sockaddr_ll).cast(),
+                    std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
+                )
+            };
+            if sent != frame.len() as isize {
+                bail!(
+                    "sending a {}-byte frame on {ifname}: {}",
+                    frame.len(),
+                    std::io::Error::last_os_error()
+                );
+            }
+        }
+        Ok(())
+    })
+}
+
+impl Agent<'_> {
+    /// How many `conflict` records of `kind` for `addr` the agent logged so far (JSON lines of
+    /// target `ipq::conflict`; the kernel's raw `conflict_sample` lines are not counted).
+    pub fn conflicts_logged(&self, kind: &str, addr: IpAddr) -> usize {
+        let kind = format!("\"kind\":\"{kind}\"");
+        let addr = format!("\"addr\":\"{addr}\"");
+        self.log()
+            .lines()
+            .filter(|l| l.contains("ipq::conflict") && l.contains("\"event\":\"conflict\""))
+            .filter(|l| l.contains(&kind) && l.contains(&addr))
+            .count()
+    }
+}
