@@ -815,6 +815,23 @@ impl Lab {
     }
 }
 
+/// A map entry as the tests expect it.
+pub fn map_entry(state: &str, holder: u32, fenced: u32) -> MapEntry {
+    MapEntry {
+        state: state.to_owned(),
+        holder,
+        fenced,
+    }
+}
+
+/// Waits up to `settle` until `addr`'s map entry is exactly `want`; panics with what it saw.
+pub fn wait_for_entry(lab: &Lab, addr: IpAddr, want: &MapEntry, settle: Duration) {
+    lab.wait_entry(addr, settle, &format!("map entry {want:?}"), |e| {
+        e == Some(want)
+    })
+    .unwrap_or_else(|e| panic!("{e:#}"));
+}
+
 /// One entry of the pinned address map. `holder` and `fenced` are ifindexes, 0 for none.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MapEntry {

@@ -20,13 +20,17 @@ use std::{
 };
 
 use ipq_tests::lab::{
-    ifindex, ping, udp_burst, udp_burst_with, Agent, Lab, MapEntry, UdpSender, PEER_V4, PEER_V6,
-    POD_A_V4, POD_A_V6,
+    ifindex, map_entry as entry, ping, udp_burst, udp_burst_with, wait_for_entry, Agent, Lab,
+    MapEntry, UdpSender, PEER_V4, PEER_V6, POD_A_V4, POD_A_V6,
 };
 
 const N: usize = 20;
 const PING_COUNT: u32 = 5;
 const SETTLE: Duration = Duration::from_secs(5);
+
+fn wait_for(lab: &Lab, addr: IpAddr, want: &MapEntry) {
+    wait_for_entry(lab, addr, want, SETTLE);
+}
 /// How late a release may be observed after it is due, on a loaded machine.
 const SLACK: Duration = Duration::from_millis(1500);
 /// How much earlier than the userspace clock the kernel's coarse clock may stamp a packet.
@@ -49,21 +53,6 @@ fn agent_args<'a>(cooldown: &'a str, quiet: &'a str) -> Vec<&'a str> {
         "--max-cooldown",
         "20s",
     ]
-}
-
-fn entry(state: &str, holder: u32, fenced: u32) -> MapEntry {
-    MapEntry {
-        state: state.to_owned(),
-        holder,
-        fenced,
-    }
-}
-
-fn wait_for(lab: &Lab, addr: IpAddr, want: &MapEntry) {
-    lab.wait_entry(addr, SETTLE, &format!("map entry {want:?}"), |e| {
-        e == Some(want)
-    })
-    .unwrap_or_else(|e| panic!("{e:#}"));
 }
 
 /// Waits for the start-up claims of pod a; returns vethpa's ifindex.

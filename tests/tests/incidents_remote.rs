@@ -17,14 +17,19 @@ use std::{
 
 use ipq_tests::{
     lab::{
-        ifindex, mac_bytes, poll, send_frames, udp_burst, udp_burst_with, Agent, Lab, MapEntry,
-        UdpSender, PEER_LLADDR, PEER_V4, PEER_V6, POD_A_V4, POD_A_V6, POD_B_V4, POD_B_V6,
+        ifindex, mac_bytes, map_entry as entry, poll, send_frames, udp_burst, udp_burst_with,
+        wait_for_entry, Agent, Lab, MapEntry, UdpSender, PEER_LLADDR, PEER_V4, PEER_V6, POD_A_V4,
+        POD_A_V6, POD_B_V4, POD_B_V6,
     },
     netns::NetNs,
 };
 
 const N: usize = 20;
 const SETTLE: Duration = Duration::from_secs(5);
+
+fn wait_for(lab: &Lab, addr: IpAddr, want: &MapEntry) {
+    wait_for_entry(lab, addr, want, SETTLE);
+}
 
 /// A gratuitous ARP from `mac`: a broadcast request whose sender and target are both `addr`.
 fn gratuitous_arp(mac: [u8; 6], addr: Ipv4Addr) -> Vec<u8> {
@@ -97,21 +102,6 @@ fn announce(peer: &NetNs, addrs: &[IpAddr]) {
         })
         .collect();
     send_frames(peer, "eth0", &frames).expect("sending the announcements");
-}
-
-fn entry(state: &str, holder: u32, fenced: u32) -> MapEntry {
-    MapEntry {
-        state: state.to_owned(),
-        holder,
-        fenced,
-    }
-}
-
-fn wait_for(lab: &Lab, addr: IpAddr, want: &MapEntry) {
-    lab.wait_entry(addr, SETTLE, &format!("map entry {want:?}"), |e| {
-        e == Some(want)
-    })
-    .unwrap_or_else(|e| panic!("{e:#}"));
 }
 
 fn wait_conflicts(agent: &Agent, kind: &str, want: f64) {

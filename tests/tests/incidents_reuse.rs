@@ -14,14 +14,18 @@
 use std::{collections::BTreeMap, net::IpAddr, time::Duration};
 
 use ipq_tests::lab::{
-    ifindex, poll, udp_burst, udp_burst_with, Agent, Lab, MapEntry, UdpSender, PEER_V4, PEER_V6,
-    POD_A_V4, POD_A_V6, POD_B_LLADDR, POD_B_V4, POD_B_V6,
+    ifindex, map_entry as entry, poll, udp_burst, udp_burst_with, wait_for_entry, Agent, Lab,
+    MapEntry, UdpSender, PEER_V4, PEER_V6, POD_A_V4, POD_A_V6, POD_B_LLADDR, POD_B_V4, POD_B_V6,
 };
 
 /// Datagrams per burst.
 const N: usize = 20;
 /// How long the agent may take to act on a netlink event.
 const SETTLE: Duration = Duration::from_secs(5);
+
+fn wait_for(lab: &Lab, addr: IpAddr, want: &MapEntry) {
+    wait_for_entry(lab, addr, want, SETTLE);
+}
 
 /// Routing tables of the node sockets bound to vethpa / vethpb.
 const TABLE_VIA_A: u32 = 101;
@@ -44,22 +48,6 @@ fn args(policy: &str) -> Vec<&str> {
         "--on-early-reuse",
         policy,
     ]
-}
-
-fn entry(state: &str, holder: u32, fenced: u32) -> MapEntry {
-    MapEntry {
-        state: state.to_owned(),
-        holder,
-        fenced,
-    }
-}
-
-/// Waits until the map entry of `addr` is exactly `want`.
-fn wait_for(lab: &Lab, addr: IpAddr, want: &MapEntry) {
-    lab.wait_entry(addr, SETTLE, &format!("map entry {want:?}"), |e| {
-        e == Some(want)
-    })
-    .unwrap_or_else(|e| panic!("{e:#}"));
 }
 
 /// Waits until the agent has claimed every lab address for its pod (from its start-up dump).
