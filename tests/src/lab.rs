@@ -221,16 +221,7 @@ impl Lab {
             .args(args)
             .arg("--bpffs-dir")
             .arg(self.bpffs.path());
-        let line = format!("{cmd:?}");
-        let out = cmd.output().with_context(|| format!("running {line}"))?;
-        if !out.status.success() {
-            bail!(
-                "{line} failed ({}): {}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        crate::netns::output_of(&mut cmd)
     }
 
     /// Pod a is draining and fenced on its own interface: all its traffic is to be dropped.

@@ -54,7 +54,7 @@ pub fn agent_binary() -> PathBuf {
 }
 
 /// Runs `cmd` and returns its stdout; the error names the command line and quotes stderr.
-fn output_of(cmd: &mut Command) -> anyhow::Result<String> {
+pub fn output_of(cmd: &mut Command) -> anyhow::Result<String> {
     let line = format!("{cmd:?}");
     let out = cmd.output().with_context(|| format!("running {line}"))?;
     if !out.status.success() {

@@ -48,15 +48,7 @@ fn gratuitous_arp(mac: [u8; 6], addr: Ipv4Addr) -> Vec<u8> {
 
 /// The Internet checksum of `parts`, concatenated.
 fn checksum(parts: &[&[u8]]) -> u16 {
-    let bytes: Vec<u8> = parts.concat();
-    let mut sum: u32 = bytes
-        .chunks(2)
-        .map(|c| u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)])))
-        .sum();
-    while sum >> 16 != 0 {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    !(sum as u16)
+    ipq_tests::packets::checksum(&parts.concat())
 }
 
 /// An unsolicited neighbour advertisement from `mac` (link-local `src`) to all nodes:
