@@ -2,6 +2,9 @@
 //! the typed maps), and metrics. The binaries in `src/bin` are thin edges over it.
 
 pub mod agent;
+pub mod api;
+pub mod cli;
+pub mod cni;
 pub mod config;
 pub mod datapath;
 pub mod journal;

@@ -8,6 +8,11 @@ pub const DEFAULT_STATE_DIR: &str = "/var/lib/ipq";
 pub const DEFAULT_API_SOCKET: &str = "/run/ipq/ipq.sock";
 pub const BPFFS_MOUNT: &str = "/sys/fs/bpf";
 
+/// Where `ipq-cni` spools the DELs it could not deliver, under the agent's `state_dir`.
+pub fn cni_spool_dir(state_dir: &Path) -> PathBuf {
+    state_dir.join("cni-spool")
+}
+
 /// Where a hook is attached; part of a link's pin name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum AttachPoint {

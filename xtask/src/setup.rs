@@ -21,6 +21,13 @@ pub const TEST_PACKAGES: &[&str] = &[
     "procps",
     "curl",
     "util-linux",
+    // CNI tests: the reference plugins chained with ipq-cni, and a real runtime.
+    "containernetworking-plugins",
+    "podman",
+    "runc",
+    "busybox-static",
+    // Observability tests: promtool and a real Prometheus server scraping the lab.
+    "prometheus",
 ];
 
 /// How much of the setup a command needs.

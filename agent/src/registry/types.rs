@@ -32,6 +32,9 @@ pub struct Holder {
     pub ifname: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub container_id: Option<String>,
+    /// The container-side interface (`CNI_IFNAME`): with the container id, a CNI attachment.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cni_ifname: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub netns: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -45,6 +48,7 @@ impl Holder {
             ifindex,
             ifname: ifname.into(),
             container_id: None,
+            cni_ifname: None,
             netns: None,
             pod: None,
         }
@@ -52,6 +56,11 @@ impl Holder {
 
     pub fn with_container_id(mut self, id: impl Into<String>) -> Self {
         self.container_id = Some(id.into());
+        self
+    }
+
+    pub fn with_cni_ifname(mut self, ifname: impl Into<String>) -> Self {
+        self.cni_ifname = Some(ifname.into());
         self
     }
 
@@ -84,6 +93,7 @@ impl Holder {
             changed = true;
         }
         changed |= fill(&mut self.container_id, &other.container_id);
+        changed |= fill(&mut self.cni_ifname, &other.cni_ifname);
         changed |= fill(&mut self.netns, &other.netns);
         changed |= fill(&mut self.pod, &other.pod);
         changed

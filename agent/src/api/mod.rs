@@ -1,0 +1,21 @@
+//! The local API (DESIGN §4): HTTP/JSON over the unix socket `api_socket`, versioned under
+//! `/v1`, used by the `ipq` CLI, `ipq-cni` and IPAMs.
+//!
+//! | method | path | body | answer |
+//! |---|---|---|---|
+//! | GET | `/v1/status` | | [`Status`](model::Status) |
+//! | GET | `/v1/addresses[?state=S]` | | [`AddressList`](model::AddressList) |
+//! | GET | `/v1/addresses/{ip}` | | [`AddressView`](model::AddressView) |
+//! | POST | `/v1/claims` | [`ClaimRequest`](model::ClaimRequest) | [`ClaimResponse`](model::ClaimResponse) |
+//! | POST | `/v1/addresses/{ip}/drain` | | [`ChangedResponse`](model::ChangedResponse) |
+//! | POST | `/v1/addresses/{ip}/release` | [`ReleaseRequest`](model::ReleaseRequest) | [`ChangedResponse`](model::ChangedResponse) |
+//! | POST | `/v1/drains` | [`DrainAttachmentRequest`](model::DrainAttachmentRequest) | [`ChangedResponse`](model::ChangedResponse) |
+//! | POST | `/v1/gc` | [`GcRequest`](model::GcRequest) | [`ChangedResponse`](model::ChangedResponse) |
+//! | GET | `/v1/conflicts[?limit=N]` | | [`ConflictList`](model::ConflictList) |
+//! | GET | `/v1/events[?follow=true]` | | newline-delimited [`Event`](model::Event)s |
+//!
+//! Errors are [`ErrorResponse`](model::ErrorResponse)s with a stable
+//! [`ErrorCode`](model::ErrorCode); a request that fails changes nothing.
+
+pub mod client;
+pub mod model;

@@ -1,0 +1,307 @@
+//! The API's wire types: what `/v1` accepts and returns. The agent, the `ipq` CLI and `ipq-cni`
+//! share them, so a field cannot mean one thing on one side and another on the other.
+//!
+//! Times are RFC 3339 UTC strings (`"2026-11-22T10:00:00.123Z"`), converted from the
+//! registry's monotonic clock when a response is built. Addresses are IP strings; holders are
+//! [`Holder`]s as the registry keeps them.
+
+use std::net::IpAddr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::registry::{ConflictKind, Holder, PodRef, StateName};
+
+/// The API version prefix of every path.
+pub const API_PREFIX: &str = "/v1";
+
+/// `POST /v1/claims`: `holder` claims every address in `addresses`, all or none.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClaimRequest {
+    pub addresses: Vec<IpAddr>,
+    pub holder: HolderSpec,
+}
+
+/// Who claims: the host-side interface by name plus whatever identity the caller knows.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HolderSpec {
+    /// The host-side interface (the pod's veth peer, a bridge port).
+    pub interface: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container_id: Option<String>,
+    /// The container-side interface name (`CNI_IFNAME`), which with the container id names a
+    /// CNI attachment.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cni_ifname: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub netns: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<PodRef>,
+}
+
+/// The answer to a claim: the addresses as they are now, and the conflicts the claim caused
+/// (under `fence-old` or `observe` a claim over a live holder succeeds *and* conflicts).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClaimResponse {
+    pub addresses: Vec<AddressView>,
+    pub conflicts: Vec<ConflictView>,
+}
+
+/// `POST /v1/drains`: the holder of a CNI attachment is terminating (CNI DEL). Idempotent:
+/// nothing to drain is success. Drains every address whose live holder has `container_id`
+/// (and `cni_ifname`, when given), plus `addresses` whose holder is that container.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DrainAttachmentRequest {
+    pub container_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cni_ifname: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub addresses: Vec<IpAddr>,
+}
+
+/// `POST /v1/addresses/{ip}/release`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReleaseRequest {
+    /// Needed to end a quarantine early or to free a live holder's address.
+    #[serde(default)]
+    pub force: bool,
+}
+
+/// One CNI attachment, as `cni.dev/valid-attachments` lists them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Attachment {
+    pub container_id: String,
+    pub ifname: String,
+}
+
+/// `POST /v1/gc`: drain every CNI-made holder whose attachment is not in `valid_attachments`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GcRequest {
+    pub valid_attachments: Vec<Attachment>,
+}
+
+/// The answer to a drain, a GC or a release: the addresses changed, as they are now.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChangedResponse {
+    pub addresses: Vec<AddressView>,
+}
+
+/// `GET /v1/addresses[?state=S]`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AddressList {
+    pub addresses: Vec<AddressView>,
+}
+
+/// One address as the registry has it. `GET /v1/addresses/{ip}` returns one of these.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AddressView {
+    pub address: IpAddr,
+    /// `active`, `draining` or `quarantined` (a `free` address has no view: 404).
+    pub state: StateName,
+    /// The live holder (Active, Draining).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holder: Option<Holder>,
+    /// The holder that had it before it was quarantined.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous_holder: Option<Holder>,
+    /// A holder whose traffic with this address is dropped (the old one under `fence-old`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fenced: Option<Holder>,
+    /// A claimant kept out until the address is free (`refuse-new`, seen on netlink).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blocked_claimant: Option<Holder>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub displaced: Vec<Holder>,
+    /// When it entered `state`.
+    pub since: String,
+    /// When the quarantine ends, as things stand (stale traffic can push it back).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub until: Option<String>,
+    /// The last stale packet seen for it while quarantined.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_stale: Option<String>,
+    /// Conflicts recorded on it since it left Free.
+    pub conflicts: u32,
+}
+
+/// One conflict, with both holders.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConflictView {
+    pub kind: ConflictKind,
+    pub address: IpAddr,
+    /// The holder that had the address (for `reuse_in_cooldown`, the one that is gone).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub old_holder: Option<Holder>,
+    /// The claimant, or where the duplicate source came from; none for a remote claim.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub new_holder: Option<Holder>,
+    /// The `on_early_reuse` policy applied: `fence-old`, `refuse-new` or `observe`.
+    pub policy: String,
+    /// What the policy did: `fenced_old`, `refused_new`, `blocked_new`, `observed`,
+    /// `dropped` (duplicate source), `reported`.
+    pub outcome: String,
+    pub at: String,
+}
+
+/// `GET /v1/conflicts[?limit=N]`: the most recent conflicts, oldest first.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConflictList {
+    pub conflicts: Vec<ConflictView>,
+}
+
+/// One line of `GET /v1/events` (newline-delimited JSON).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    /// Increases by one per event the agent published; a gap means events were lost.
+    pub seq: u64,
+    pub at: String,
+    #[serde(flatten)]
+    pub body: EventBody,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum EventBody {
+    /// A registry conflict.
+    Conflict(ConflictView),
+    /// An address changed state (or holder).
+    Transition {
+        address: IpAddr,
+        from: StateName,
+        to: StateName,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        holder: Option<Holder>,
+    },
+    /// A packet the kernel dropped, observed or reported, sampled (rate-limited per address).
+    Sample {
+        address: IpAddr,
+        hook: String,
+        reason: String,
+        action: String,
+        ifindex: u32,
+        holder_ifindex: u32,
+    },
+    /// `n` events were dropped before this subscriber could read them.
+    Lost { n: u64 },
+}
+
+/// `GET /v1/status`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Status {
+    pub ready: bool,
+    pub version: String,
+    /// `enforce` or `observe`.
+    pub mode: String,
+    pub on_early_reuse: String,
+    pub registry: RegistryCounts,
+    pub interfaces: Vec<InterfaceStatus>,
+    pub conflicts_total: u64,
+    pub refused_claims_total: u64,
+    pub started_at: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegistryCounts {
+    pub entries: u64,
+    pub capacity: u64,
+    pub active: u64,
+    pub draining: u64,
+    pub quarantined: u64,
+}
+
+/// An interface with ipq's programs attached.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InterfaceStatus {
+    pub ifindex: u32,
+    pub name: String,
+    /// `tcx-ingress`, `tcx-egress`, `xdp`.
+    pub hooks: Vec<String>,
+}
+
+/// Every error response: `{"error": {...}}` with an HTTP status that matches `code`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorResponse {
+    pub error: ApiErrorBody,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApiErrorBody {
+    pub code: ErrorCode,
+    /// Names the input that was wrong and why.
+    pub message: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<IpAddr>,
+    /// The holder in the way (refused, not_holder).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holder: Option<Holder>,
+    /// Until when the address is not free (refused during a quarantine).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub until: Option<String>,
+}
+
+/// Stable error codes. Scripts and the CNI plugin branch on these, never on messages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    /// The body is not JSON of the expected shape (400).
+    BadRequest,
+    /// A field's value is not acceptable: an address, a state name, an empty list (400).
+    InvalidArgument,
+    /// The address is Free or the path does not exist (404).
+    NotFound,
+    /// The interface named by the holder does not exist on this node (404).
+    UnknownInterface,
+    /// `refuse-new`: the address is not free; try again later (409).
+    Refused,
+    /// The caller is not the address's holder (409).
+    NotHolder,
+    /// Releasing this address needs `force` (409).
+    NotReleasable,
+    /// The registry is full; nothing was evicted (507).
+    RegistryFull,
+    /// The peer's credentials are not allowed on the socket (403).
+    Forbidden,
+    /// The path exists but not with this method (405).
+    MethodNotAllowed,
+    /// The agent is starting or stopping (503).
+    NotReady,
+    /// Something failed inside the agent (500).
+    Internal,
+}
+
+impl ErrorCode {
+    pub const fn http_status(self) -> u16 {
+        match self {
+            Self::BadRequest | Self::InvalidArgument => 400,
+            Self::Forbidden => 403,
+            Self::NotFound | Self::UnknownInterface => 404,
+            Self::MethodNotAllowed => 405,
+            Self::Refused | Self::NotHolder | Self::NotReleasable => 409,
+            Self::Internal => 500,
+            Self::NotReady => 503,
+            Self::RegistryFull => 507,
+        }
+    }
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::BadRequest => "bad_request",
+            Self::InvalidArgument => "invalid_argument",
+            Self::NotFound => "not_found",
+            Self::UnknownInterface => "unknown_interface",
+            Self::Refused => "refused",
+            Self::NotHolder => "not_holder",
+            Self::NotReleasable => "not_releasable",
+            Self::RegistryFull => "registry_full",
+            Self::Forbidden => "forbidden",
+            Self::MethodNotAllowed => "method_not_allowed",
+            Self::NotReady => "not_ready",
+            Self::Internal => "internal",
+        }
+    }
+}
