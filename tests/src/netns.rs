@@ -37,13 +37,14 @@ pub fn require_root() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `target/<profile>/ipq-agent`, next to the directory (`deps/`) the test binary runs from.
-pub fn agent_binary() -> PathBuf {
+/// `target/<profile>/<name>`: one of the workspace's binaries (`ipq-agent`, `ipq`, `ipq-cni`),
+/// next to the directory (`deps/`) the test binary runs from.
+pub fn workspace_binary(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("the path of the running test binary");
     let path = exe
         .parent()
         .and_then(Path::parent)
-        .map(|dir| dir.join("ipq-agent"))
+        .map(|dir| dir.join(name))
         .expect("the test binary lives in target/<profile>/deps");
     assert!(
         path.is_file(),
@@ -51,6 +52,11 @@ pub fn agent_binary() -> PathBuf {
         path.display()
     );
     path
+}
+
+/// `target/<profile>/ipq-agent`.
+pub fn agent_binary() -> PathBuf {
+    workspace_binary("ipq-agent")
 }
 
 /// Runs `cmd` and returns its stdout; the error names the command line and quotes stderr.

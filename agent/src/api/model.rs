@@ -20,6 +20,22 @@ pub const API_PREFIX: &str = "/v1";
 pub struct ClaimRequest {
     pub addresses: Vec<IpAddr>,
     pub holder: HolderSpec,
+    /// Who asks: `cni` (ipq-cni) or `api` (an IPAM, an operator; the default). Both are
+    /// explicit claims, which `refuse-new` can refuse.
+    #[serde(default = "api_source")]
+    pub source: ClaimSource,
+}
+
+/// The callers of `POST /v1/claims`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ClaimSource {
+    Cni,
+    Api,
+}
+
+fn api_source() -> ClaimSource {
+    ClaimSource::Api
 }
 
 /// Who claims: the host-side interface by name plus whatever identity the caller knows.
