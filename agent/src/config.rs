@@ -50,6 +50,8 @@ pub struct Config {
     pub bpffs_dir: PathBuf,
     pub state_dir: PathBuf,
     pub api_socket: PathBuf,
+    /// A group (name or numeric gid) whose members may use the API besides root.
+    pub api_group: Option<String>,
     pub metrics_addr: SocketAddr,
     pub interfaces: Interfaces,
 }
@@ -69,6 +71,7 @@ impl Default for Config {
             bpffs_dir: paths::DEFAULT_BPFFS_DIR.into(),
             state_dir: paths::DEFAULT_STATE_DIR.into(),
             api_socket: paths::DEFAULT_API_SOCKET.into(),
+            api_group: None,
             metrics_addr: SocketAddr::from(([127, 0, 0, 1], 9740)),
             interfaces: Interfaces {
                 // The host side of pod veths as the common CNIs name it: the reference plugins
@@ -110,7 +113,7 @@ pub enum ConfigError {
 }
 
 const TOP_KEYS: &str = "mode, on_early_reuse, cooldown, quiet_period, max_cooldown, capacity, \
-                        bpffs_dir, state_dir, api_socket, metrics_addr, [interfaces]";
+                        bpffs_dir, state_dir, api_socket, api_group, metrics_addr, [interfaces]";
 const INTERFACE_KEYS: &str = "workload, uplink";
 
 /// Values given on the command line; each overrides the key of the same name.
@@ -163,6 +166,7 @@ impl Config {
                 "bpffs_dir" => config.bpffs_dir = p.abs_path(key, value)?,
                 "state_dir" => config.state_dir = p.abs_path(key, value)?,
                 "api_socket" => config.api_socket = p.abs_path(key, value)?,
+                "api_group" => config.api_group = Some(p.group(key, value)?),
                 "metrics_addr" => config.metrics_addr = p.socket_addr(key, value)?,
                 "interfaces" => {
                     let Value::Table(interfaces) = value else {
@@ -206,6 +210,7 @@ impl Config {
                 "bpffs_dir" => self.bpffs_dir = p.abs_path(&key, &value)?,
                 "state_dir" => self.state_dir = p.abs_path(&key, &value)?,
                 "api_socket" => self.api_socket = p.abs_path(&key, &value)?,
+                "api_group" => self.api_group = Some(p.group(&key, &value)?),
                 "metrics_addr" => self.metrics_addr = p.socket_addr(&key, &value)?,
                 other => unreachable!("override of unknown key {other}"),
             }
@@ -368,6 +373,25 @@ impl Parser<'_> {
             return Err(self.invalid(key, value, "must be an absolute path"));
         }
         Ok(path)
+    }
+
+    /// A group name as `groupadd` accepts them, or a numeric gid.
+    fn group(&self, key: &str, value: &Value) -> Result<String, ConfigError> {
+        let name = self.string(key, value)?;
+        let valid = !name.is_empty()
+            && name.len() <= 32
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+            && !name.starts_with('-');
+        if !valid {
+            return Err(self.invalid(
+                key,
+                value,
+                "must be a group name (letters, digits, _ - .) or a numeric gid",
+            ));
+        }
+        Ok(name.to_owned())
     }
 
     fn socket_addr(&self, key: &str, value: &Value) -> Result<SocketAddr, ConfigError> {

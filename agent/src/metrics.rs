@@ -8,7 +8,7 @@ use std::{
     net::SocketAddr,
     path::Path,
     sync::{
-        atomic::{AtomicBool, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
         Arc, Mutex,
     },
 };
@@ -48,6 +48,28 @@ pub enum MetricsError {
 struct DatapathCollector {
     counters: Mutex<Counters>,
     descs: Vec<Desc>,
+    /// Events lost in user space, indexed by [`LostAt`]; the kernel's count lives in its map.
+    lost: Arc<[AtomicU64; LostAt::ALL.len()]>,
+}
+
+/// Where user space loses events (`source` label of `ipq_events_lost_total`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LostAt {
+    /// A conflict log line over the log rate limit.
+    Log = 0,
+    /// An `/v1/events` subscriber that fell too far behind.
+    Api = 1,
+}
+
+impl LostAt {
+    pub const ALL: [LostAt; 2] = [Self::Log, Self::Api];
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Log => "log",
+            Self::Api => "api",
+        }
+    }
 }
 
 fn packet_families() -> Result<[(Action, IntCounterVec, IntCounterVec); 3], prometheus::Error> {
@@ -88,14 +110,18 @@ fn events_lost() -> Result<IntCounterVec, prometheus::Error> {
     IntCounterVec::new(
         Opts::new(
             "ipq_events_lost_total",
-            "Conflict events lost, by where they were lost (kernel: the sample ring was full).",
+            "Conflict events lost, by where they were lost (kernel: the sample ring was full; \
+             log: log lines over the rate limit; api: an event-stream subscriber too slow).",
         ),
         &["source"],
     )
 }
 
 impl DatapathCollector {
-    fn new(counters: Counters) -> Result<Self, prometheus::Error> {
+    fn new(
+        counters: Counters,
+        lost: Arc<[AtomicU64; LostAt::ALL.len()]>,
+    ) -> Result<Self, prometheus::Error> {
         let mut descs = Vec::new();
         for (_, packets, bytes) in packet_families()? {
             descs.extend(packets.desc().into_iter().cloned());
@@ -105,6 +131,7 @@ impl DatapathCollector {
         Ok(Self {
             counters: Mutex::new(counters),
             descs,
+            lost,
         })
     }
 
@@ -130,6 +157,10 @@ impl DatapathCollector {
         let lost = events_lost()?;
         lost.with_label_values(&["kernel"])
             .inc_by(values[SAMPLES_LOST_INDEX as usize].packets);
+        for at in LostAt::ALL {
+            lost.with_label_values(&[at.as_str()])
+                .inc_by(self.lost[at as usize].load(Ordering::Relaxed));
+        }
         out.extend(lost.collect());
         Ok(out)
     }
@@ -163,6 +194,7 @@ pub struct Metrics {
     pub netlink_resyncs: IntCounter,
     pub stale_traffic_age_seconds: Histogram,
     pub quarantine_duration_seconds: Histogram,
+    lost: Arc<[AtomicU64; LostAt::ALL.len()]>,
     ready: AtomicBool,
 }
 
@@ -179,7 +211,8 @@ impl Metrics {
         let registry = Registry::new();
         let layout = PinLayout::new(bpffs_dir);
         let counters = Counters::open(&mut Source::Pinned(&layout))?;
-        registry.register(Box::new(DatapathCollector::new(counters)?))?;
+        let lost = Arc::new([AtomicU64::new(0), AtomicU64::new(0)]);
+        registry.register(Box::new(DatapathCollector::new(counters, lost.clone())?))?;
 
         let datapath_interfaces = IntGaugeVec::new(
             Opts::new(
@@ -275,8 +308,14 @@ impl Metrics {
             netlink_resyncs,
             stale_traffic_age_seconds,
             quarantine_duration_seconds,
+            lost,
             ready: AtomicBool::new(false),
         }))
+    }
+
+    /// Counts `n` events lost at `at` (`ipq_events_lost_total{source}`).
+    pub fn events_lost(&self, at: LostAt, n: u64) {
+        self.lost[at as usize].fetch_add(n, Ordering::Relaxed);
     }
 
     /// Sets the per-state address gauge from the registry.

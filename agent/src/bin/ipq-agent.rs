@@ -54,6 +54,9 @@ struct RunArgs {
     state_dir: Option<String>,
     #[arg(long)]
     api_socket: Option<String>,
+    /// Group (name or gid) allowed on the API socket besides root.
+    #[arg(long)]
+    api_group: Option<String>,
     #[arg(long)]
     metrics_addr: Option<String>,
     /// Workload interface glob (repeatable); replaces [interfaces] workload.
@@ -77,6 +80,7 @@ impl RunArgs {
             ("bpffs_dir", &self.bpffs_dir),
             ("state_dir", &self.state_dir),
             ("api_socket", &self.api_socket),
+            ("api_group", &self.api_group),
             ("metrics_addr", &self.metrics_addr),
         ] {
             if let Some(value) = value {
