@@ -1,0 +1,686 @@
+//! A real container runtime, contained: podman (CNI network backend) + runc running busybox
+//! containers from a local rootfs, inside a network namespace a test owns.
+//!
+//! Nothing of the machine's own is used or changed:
+//! - podman, conmon, runc and the CNI plugins run in the test's node namespace (the plugins'
+//!   bridge and host-side veths are created there) and in a private mount namespace kept alive
+//!   by a "holder" process, with fresh tmpfs over `/run` (runc state, container netns bind
+//!   mounts) and `/var/lib` (libcni's result cache): nothing lands in the host's copies;
+//! - storage (`--root`, `--runroot`, vfs), libpod's tmp dir, locks (file locks, not the shared
+//!   `/dev/shm/libpod_lock`), the CNI config dir, the plugin dir (symlinks to
+//!   `/usr/lib/cni/*` plus the test's own plugins) and host-local's `dataDir` are all in one
+//!   temp dir, named through `CONTAINERS_CONF` / `CONTAINERS_STORAGE_CONF` /
+//!   `CONTAINERS_REGISTRIES_CONF` and the global flags;
+//! - containers get a cgroup parent of their own (conmon goes below it too), removed at the end.
+//!
+//! [`Podman`]'s drop force-removes every container (their CNI DEL runs), kills whatever is still
+//! in its cgroups, ends the holder, removes the cgroups and the temp dir.
+
+use std::{
+    fs,
+    io::{BufRead as _, BufReader, Read as _},
+    net::IpAddr,
+    os::unix::{fs::symlink, process::CommandExt as _},
+    path::{Path, PathBuf},
+    process::{Child, ChildStdout, Command, Output, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context as _};
+
+use crate::netns::{unique, NetNs};
+
+/// How long one podman command may take before the test gives up on it.
+const PODMAN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Busybox applets the containers' rootfs links (the scripts and probes use these).
+const APPLETS: &[&str] = &["sh", "sleep", "cat", "echo", "ip", "true", "touch"];
+
+/// Where Debian's `busybox-static` puts its statically linked binary: it runs in a rootfs that
+/// has nothing else.
+const BUSYBOX: &str = "/bin/busybox";
+
+/// The reference CNI plugins (Debian `containernetworking-plugins`).
+const CNI_PLUGINS: &str = "/usr/lib/cni";
+
+/// The bridge + host-local network the containers join; `chained` plugins follow `bridge` in
+/// the conflist.
+#[derive(Clone, Debug)]
+pub struct BridgeNetwork {
+    /// The CNI network name (`podman run --network <name>`).
+    pub name: String,
+    /// The Linux bridge the plugin creates in the node namespace.
+    pub bridge: String,
+    /// An IPv4 subnet, e.g. `10.99.0.0/24`; the gateway is on the bridge.
+    pub subnet: String,
+    pub gateway: IpAddr,
+    /// Plugin objects (JSON text) after `bridge`, e.g. `{"type":"ipq-cni",...}`.
+    pub chained: Vec<String>,
+}
+
+/// Fails naming the Debian package when a tool the runtime needs is missing.
+fn require_tools() -> anyhow::Result<()> {
+    let programs = [
+        ("podman", "podman"),
+        ("conmon", "conmon (a dependency of podman)"),
+        ("runc", "runc"),
+        ("nsenter", "util-linux"),
+        ("unshare", "util-linux"),
+        ("ping", "iputils-ping"),
+    ];
+    for (name, package) in programs {
+        if which_in_path(name).is_none() {
+            bail!(
+                "{name} is not in PATH: install the Debian package {package} (cargo xtask setup)"
+            );
+        }
+    }
+    for (path, package) in [
+        (BUSYBOX, "busybox-static"),
+        ("/usr/lib/cni/bridge", "containernetworking-plugins"),
+        ("/usr/lib/cni/host-local", "containernetworking-plugins"),
+    ] {
+        if !Path::new(path).is_file() {
+            bail!("{path} is missing: install the Debian package {package} (cargo xtask setup)");
+        }
+    }
+    Ok(())
+}
+
+fn which_in_path(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|dir| dir.join(name))
+            .find(|p| p.is_file())
+    })
+}
+
+/// Runs `cmd` to completion, killing it after `timeout`; output captured either way.
+pub fn run_bounded(cmd: &mut Command, timeout: Duration) -> anyhow::Result<Output> {
+    let line = format!("{cmd:?}");
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("starting {line}"))?;
+    // Pipes are drained on their own threads so a chatty child never blocks on a full pipe.
+    let drain = |mut pipe: Box<dyn std::io::Read + Send>| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            let _ = pipe.read_to_end(&mut buf);
+            buf
+        })
+    };
+    let stdout = drain(Box::new(child.stdout.take().expect("piped")));
+    let stderr = drain(Box::new(child.stderr.take().expect("piped")));
+    let deadline = Instant::now() + timeout;
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!("{line} did not finish in {timeout:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    Ok(Output {
+        status,
+        stdout: stdout.join().unwrap_or_default(),
+        stderr: stderr.join().unwrap_or_default(),
+    })
+}
+
+/// As [`run_bounded`]; stdout on success, else an error quoting stderr.
+pub fn output_bounded(cmd: &mut Command, timeout: Duration) -> anyhow::Result<String> {
+    let line = format!("{cmd:?}");
+    let out = run_bounded(cmd, timeout)?;
+    if !out.status.success() {
+        bail!(
+            "{line} failed ({}): {}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim(),
+            String::from_utf8_lossy(&out.stdout).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// One container as the host sees it.
+#[derive(Clone, Debug)]
+pub struct Container {
+    pub name: String,
+    pub id: String,
+    /// Its init process, in the host's pid namespace.
+    pub pid: u32,
+}
+
+impl Container {
+    /// A host program run inside this container's network namespace only (`nsenter -n`):
+    /// host tools (ping, ip) see the container's interfaces.
+    pub fn net_command(&self, program: &str) -> Command {
+        let mut cmd = Command::new("nsenter");
+        cmd.arg("-t")
+            .arg(self.pid.to_string())
+            .arg("-n")
+            .arg("--")
+            .arg(program);
+        cmd
+    }
+
+    /// The container's `eth0`: the ifindex of its veth peer in the node, and its MAC.
+    pub fn eth0(&self) -> anyhow::Result<(u32, String)> {
+        let out = output_bounded(
+            self.net_command("ip").args(["-o", "link", "show", "eth0"]),
+            PODMAN_TIMEOUT,
+        )?;
+        // "2: eth0@if5: <...> ... link/ether 52:...:9a brd ff:..."
+        let peer = out
+            .split_whitespace()
+            .nth(1)
+            .and_then(|name| name.split_once("@if"))
+            .and_then(|(_, index)| index.trim_end_matches(':').parse().ok())
+            .with_context(|| format!("no veth peer index in {out:?}"))?;
+        let mac = out
+            .split_whitespace()
+            .skip_while(|w| *w != "link/ether")
+            .nth(1)
+            .with_context(|| format!("no MAC in {out:?}"))?;
+        Ok((peer, mac.to_owned()))
+    }
+
+    /// `ping -c n` from inside the container (the host's ping, the container's network);
+    /// returns how many replies came back.
+    pub fn ping(&self, dst: IpAddr, n: u32) -> anyhow::Result<u32> {
+        let out = run_bounded(
+            self.net_command("ping")
+                .args(["-n", "-q", "-c", &n.to_string(), "-i", "0.05", "-W", "1"])
+                .arg(dst.to_string()),
+            PODMAN_TIMEOUT,
+        )?;
+        parse_ping(&out, dst)
+    }
+}
+
+/// The received count of ping's summary line; an error if there is none or the request count
+/// is not what was asked.
+pub fn parse_ping(out: &Output, dst: IpAddr) -> anyhow::Result<u32> {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    // "5 packets transmitted, 5 received, 0% packet loss, time 81ms"
+    let summary = stdout
+        .lines()
+        .find(|l| l.contains("packets transmitted"))
+        .with_context(|| {
+            format!(
+                "no summary from ping {dst}: {stdout}{}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })?;
+    summary
+        .split(',')
+        .find(|part| part.contains("received"))
+        .and_then(|part| part.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .with_context(|| format!("no received count in {summary:?}"))
+}
+
+/// podman + runc + CNI in a test's node namespace; everything removed on drop.
+pub struct Podman<'n> {
+    node: &'n NetNs,
+    dir: PathBuf,
+    network: BridgeNetwork,
+    /// The process keeping the private mount namespace alive; podman is run through
+    /// `nsenter -t <holder> -m` (its network namespace comes from `node`).
+    holder: Option<Child>,
+    cgroup_parent: String,
+    /// Commands left running (e.g. a `podman stop` waiting for a slow container).
+    background: Vec<Child>,
+}
+
+impl<'n> Podman<'n> {
+    /// Sets up the private directories and config, links `/usr/lib/cni/*` and `extra_plugins`
+    /// (type name → binary) into the plugin dir, writes `network`'s conflist, and starts the
+    /// mount namespace holder in `node`.
+    pub fn new(
+        node: &'n NetNs,
+        network: BridgeNetwork,
+        extra_plugins: &[(&str, &Path)],
+    ) -> anyhow::Result<Podman<'n>> {
+        crate::netns::require_root()?;
+        require_tools()?;
+        let dir = std::env::temp_dir().join(unique("ipq-podman"));
+        fs::create_dir(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let mut podman = Podman {
+            node,
+            cgroup_parent: format!("/{}", unique("ipq-podman")),
+            dir,
+            network,
+            holder: None,
+            background: Vec::new(),
+        };
+        podman.write_config(extra_plugins)?;
+        podman.start_holder()?;
+        Ok(podman)
+    }
+
+    /// The temp dir holding storage, config, plugins, IPAM data and rootfs dirs.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn network(&self) -> &BridgeNetwork {
+        &self.network
+    }
+
+    /// host-local's `dataDir`.
+    pub fn ipam_dir(&self) -> PathBuf {
+        self.dir.join("ipam")
+    }
+
+    /// host-local's reservation file for `addr`: deleting it frees the address in the IPAM.
+    pub fn ipam_reservation(&self, addr: IpAddr) -> PathBuf {
+        self.ipam_dir()
+            .join(&self.network.name)
+            .join(addr.to_string())
+    }
+
+    fn write_config(&self, extra_plugins: &[(&str, &Path)]) -> anyhow::Result<()> {
+        let d = &self.dir;
+        for sub in [
+            "root", "runroot", "tmp", "net.d", "cni-bin", "ipam", "rootfs",
+        ] {
+            fs::create_dir(d.join(sub))?;
+        }
+        let bin = d.join("cni-bin");
+        for plugin in fs::read_dir(CNI_PLUGINS).with_context(|| format!("listing {CNI_PLUGINS}"))? {
+            let plugin = plugin?;
+            symlink(plugin.path(), bin.join(plugin.file_name()))?;
+        }
+        for (name, path) in extra_plugins {
+            if !path.is_file() {
+                bail!("CNI plugin {name}: {} is not a file", path.display());
+            }
+            symlink(path, bin.join(name))?;
+        }
+        let path = |sub: &str| d.join(sub).display().to_string();
+        fs::write(
+            d.join("containers.conf"),
+            format!(
+                r#"[containers]
+log_driver = "k8s-file"
+netns = "private"
+
+[network]
+network_backend = "cni"
+cni_plugin_dirs = ["{bin}"]
+network_config_dir = "{netd}"
+default_network = "{name}"
+
+[engine]
+cgroup_manager = "cgroupfs"
+events_logger = "none"
+lock_type = "file"
+runtime = "runc"
+tmp_dir = "{tmp}"
+static_dir = "{static_dir}"
+volume_path = "{volumes}"
+"#,
+                bin = path("cni-bin"),
+                netd = path("net.d"),
+                name = self.network.name,
+                tmp = path("tmp"),
+                static_dir = path("root/libpod"),
+                volumes = path("root/volumes"),
+            ),
+        )?;
+        fs::write(
+            d.join("storage.conf"),
+            format!(
+                "[storage]\ndriver = \"vfs\"\ngraphroot = \"{}\"\nrunroot = \"{}\"\n",
+                path("root"),
+                path("runroot")
+            ),
+        )?;
+        // No registries: nothing is ever pulled.
+        fs::write(
+            d.join("registries.conf"),
+            "unqualified-search-registries = []\n",
+        )?;
+        let net = &self.network;
+        let mut plugins = vec![format!(
+            r#"{{"type":"bridge","bridge":"{bridge}","isGateway":true,"ipMasq":false,"hairpinMode":false,"capabilities":{{"ips":true}},"ipam":{{"type":"host-local","dataDir":"{ipam}","ranges":[[{{"subnet":"{subnet}","gateway":"{gateway}"}}]],"routes":[{{"dst":"0.0.0.0/0"}}]}}}}"#,
+            bridge = net.bridge,
+            ipam = path("ipam"),
+            subnet = net.subnet,
+            gateway = net.gateway,
+        )];
+        plugins.extend(net.chained.iter().cloned());
+        fs::write(
+            d.join("net.d").join(format!("{}.conflist", net.name)),
+            format!(
+                r#"{{"cniVersion":"1.0.0","name":"{}","plugins":[{}]}}"#,
+                net.name,
+                plugins.join(",")
+            ),
+        )?;
+        Ok(())
+    }
+
+    /// `unshare -m` with fresh tmpfs over `/run` and `/var/lib`, then sleeps until killed. It
+    /// prints `ready` once the mounts are in place.
+    fn start_holder(&mut self) -> anyhow::Result<()> {
+        let script = "mount -t tmpfs -o mode=0755 ipq-podman-run /run \
+                      && mount -t tmpfs -o mode=0755 ipq-podman-varlib /var/lib \
+                      && echo ready && exec sleep 1000000";
+        let mut cmd = self.node.command("unshare");
+        cmd.args([
+            "--mount",
+            "--propagation",
+            "private",
+            "--",
+            "sh",
+            "-c",
+            script,
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+        // The holder must not outlive a test process that dies without unwinding.
+        // SAFETY: prctl is async-signal-safe.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let mut child = cmd.spawn().context("starting the mount namespace holder")?;
+        let stdout: ChildStdout = child.stdout.take().expect("piped");
+        let mut line = String::new();
+        let read = BufReader::new(stdout).read_line(&mut line);
+        self.holder = Some(child);
+        if read.is_err() || line.trim() != "ready" {
+            let holder = self.holder.as_mut().expect("just set");
+            let _ = holder.kill();
+            let mut err = String::new();
+            if let Some(mut stderr) = holder.stderr.take() {
+                let _ = stderr.read_to_string(&mut err);
+            }
+            bail!(
+                "the private mount namespace for podman could not be set up \
+                 (unshare -m + tmpfs on /run and /var/lib): {read:?} {line:?} {err}"
+            );
+        }
+        Ok(())
+    }
+
+    fn holder_pid(&self) -> u32 {
+        self.holder.as_ref().expect("the holder runs").id()
+    }
+
+    /// `podman <global flags> <args>` in the node's network namespace and the private mount
+    /// namespace, with the private config.
+    pub fn command(&self, args: &[&str]) -> Command {
+        let d = &self.dir;
+        let mut cmd = self.node.command("nsenter");
+        cmd.arg("-t")
+            .arg(self.holder_pid().to_string())
+            .args(["-m", "--", "podman"])
+            .arg("--root")
+            .arg(d.join("root"))
+            .arg("--runroot")
+            .arg(d.join("runroot"))
+            .arg("--tmpdir")
+            .arg(d.join("tmp"))
+            .args(["--storage-driver", "vfs"])
+            .args(["--cgroup-manager=cgroupfs", "--runtime", "runc"])
+            .args(["--network-backend", "cni", "--events-backend", "none"])
+            .arg("--network-config-dir")
+            .arg(d.join("net.d"))
+            .args(args)
+            .env("CONTAINERS_CONF", d.join("containers.conf"))
+            .env("CONTAINERS_STORAGE_CONF", d.join("storage.conf"))
+            .env("CONTAINERS_REGISTRIES_CONF", d.join("registries.conf"))
+            .env_remove("CONTAINERS_POLICY")
+            .env_remove("XDG_CONFIG_HOME")
+            .env_remove("XDG_RUNTIME_DIR");
+        cmd
+    }
+
+    /// Runs podman to completion; stdout, or an error quoting stderr.
+    pub fn podman(&self, args: &[&str]) -> anyhow::Result<String> {
+        output_bounded(&mut self.command(args), PODMAN_TIMEOUT)
+    }
+
+    /// Runs podman to completion and returns its whole output, success or not.
+    pub fn podman_output(&self, args: &[&str]) -> anyhow::Result<Output> {
+        run_bounded(&mut self.command(args), PODMAN_TIMEOUT)
+    }
+
+    /// Starts podman and leaves it running (e.g. `stop -t 60` of a container that takes its
+    /// time); it is killed, if still running, on drop.
+    pub fn spawn(&mut self, args: &[&str]) -> anyhow::Result<()> {
+        let child = self
+            .command(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .with_context(|| format!("starting podman {args:?}"))?;
+        self.background.push(child);
+        Ok(())
+    }
+
+    /// A rootfs of its own for container `name`: the static busybox and its applet links.
+    pub fn rootfs(&self, name: &str) -> anyhow::Result<PathBuf> {
+        let root = self.dir.join("rootfs").join(name);
+        let bin = root.join("bin");
+        fs::create_dir_all(&bin)?;
+        fs::copy(BUSYBOX, bin.join("busybox"))
+            .with_context(|| format!("copying {BUSYBOX} (Debian busybox-static)"))?;
+        for applet in APPLETS {
+            symlink("busybox", bin.join(applet))?;
+        }
+        Ok(root)
+    }
+
+    /// The `podman run -d` arguments of a busybox container `name` running `script` under
+    /// `sh -c`, on the network, with `ip` if given.
+    fn run_args(
+        &self,
+        name: &str,
+        ip: Option<IpAddr>,
+        script: &str,
+    ) -> anyhow::Result<Vec<String>> {
+        let rootfs = self.rootfs(name)?;
+        let mut args: Vec<String> = ["run", "-d", "--name", name, "--network"]
+            .map(String::from)
+            .into();
+        args.push(self.network.name.clone());
+        if let Some(ip) = ip {
+            args.extend(["--ip".to_owned(), ip.to_string()]);
+        }
+        args.extend(
+            [
+                "--cgroup-parent",
+                &self.cgroup_parent,
+                // runc cannot raise these limits over the machine's hard limits, which are
+                // lower than podman's defaults here (DESIGN §8).
+                "--ulimit",
+                "nofile=20000:20000",
+                "--ulimit",
+                "nproc=4096:4096",
+                "--rootfs",
+            ]
+            .map(String::from),
+        );
+        args.push(rootfs.display().to_string());
+        args.extend(["/bin/sh", "-c", script].map(String::from));
+        Ok(args)
+    }
+
+    /// Starts a busybox container; fails quoting podman's error.
+    pub fn run(&self, name: &str, ip: Option<IpAddr>, script: &str) -> anyhow::Result<Container> {
+        let args = self.run_args(name, ip, script)?;
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        self.podman(&args)?;
+        self.container(name)
+    }
+
+    /// Tries to start a busybox container and returns podman's output whatever happened.
+    pub fn try_run(&self, name: &str, ip: Option<IpAddr>, script: &str) -> anyhow::Result<Output> {
+        let args = self.run_args(name, ip, script)?;
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        self.podman_output(&args)
+    }
+
+    /// `podman inspect`: the container's id and init pid.
+    pub fn container(&self, name: &str) -> anyhow::Result<Container> {
+        let out = self.podman(&["inspect", "-f", "{{.Id}} {{.State.Pid}}", name])?;
+        let mut fields = out.split_whitespace();
+        let (Some(id), Some(pid)) = (fields.next(), fields.next()) else {
+            bail!("podman inspect {name} printed {out:?}");
+        };
+        let pid: u32 = pid.parse().with_context(|| format!("pid in {out:?}"))?;
+        if pid == 0 {
+            bail!("container {name} is not running (podman inspect: {out:?})");
+        }
+        Ok(Container {
+            name: name.to_owned(),
+            id: id.to_owned(),
+            pid,
+        })
+    }
+
+    /// The container's state as podman reports it (`running`, `stopping`, `exited`...).
+    pub fn status(&self, name: &str) -> anyhow::Result<String> {
+        Ok(self
+            .podman(&["inspect", "-f", "{{.State.Status}}", name])?
+            .trim()
+            .to_owned())
+    }
+
+    /// The name, in the node, of the host-side veth of `container`'s `eth0`.
+    pub fn host_veth(&self, container: &Container) -> anyhow::Result<String> {
+        let (peer, _) = container.eth0()?;
+        let links = self.node.ip(&["-o", "link", "show"])?;
+        // "5: veth1a2b3c4d@if2: <...>"
+        links
+            .lines()
+            .find_map(|l| {
+                let (index, rest) = l.split_once(": ")?;
+                (index.trim().parse::<u32>().ok()? == peer)
+                    .then(|| rest.split(['@', ':']).next().map(str::to_owned))?
+            })
+            .with_context(|| format!("no link {peer} in {}:\n{links}", self.node.name()))
+    }
+
+    /// Every cgroup directory this runtime's containers (and their conmon) live in.
+    fn cgroup_dirs(&self) -> Vec<PathBuf> {
+        let relative = self.cgroup_parent.trim_start_matches('/');
+        let root = Path::new("/sys/fs/cgroup");
+        // cgroup v2 (the root itself) and every v1 hierarchy mounted below it.
+        let mut bases = vec![root.to_path_buf()];
+        if let Ok(entries) = fs::read_dir(root) {
+            bases.extend(entries.flatten().map(|e| e.path()));
+        }
+        bases
+            .into_iter()
+            .map(|base| base.join(relative))
+            .filter(|dir| dir.is_dir())
+            .collect()
+    }
+
+    /// Every pid in the cgroup tree `dir`.
+    fn pids_below(dir: &Path, pids: &mut Vec<i32>) {
+        if let Ok(text) = fs::read_to_string(dir.join("cgroup.procs")) {
+            pids.extend(text.lines().filter_map(|l| l.trim().parse::<i32>().ok()));
+        }
+        if let Ok(entries) = fs::read_dir(dir) {
+            for entry in entries.flatten() {
+                if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                    Self::pids_below(&entry.path(), pids);
+                }
+            }
+        }
+    }
+
+    /// Removes the cgroup tree `dir`, deepest first (cgroupfs directories go with rmdir).
+    fn remove_cgroup_tree(dir: &Path) -> std::io::Result<()> {
+        for entry in fs::read_dir(dir)?.flatten() {
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                Self::remove_cgroup_tree(&entry.path())?;
+            }
+        }
+        fs::remove_dir(dir)
+    }
+
+    fn cleanup(&mut self) -> Vec<String> {
+        let mut problems = Vec::new();
+        if self.holder.is_some() {
+            // Every container, running or not: their CNI DEL runs here.
+            let out = self.podman_output(&["rm", "--force", "--all", "--time", "0"]);
+            match out {
+                Ok(out) if out.status.success() => {}
+                Ok(out) => problems.push(format!(
+                    "podman rm --force --all: {}",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                )),
+                Err(e) => problems.push(format!("podman rm --force --all: {e:#}")),
+            }
+        }
+        for mut child in self.background.drain(..) {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        // Whatever survived (a container podman could not remove, a conmon) dies with its
+        // cgroup.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let dirs = self.cgroup_dirs();
+            let mut pids = Vec::new();
+            for dir in &dirs {
+                Self::pids_below(dir, &mut pids);
+            }
+            for pid in &pids {
+                // SAFETY: kill has no memory preconditions; these are the test's own processes.
+                unsafe { libc::kill(*pid, libc::SIGKILL) };
+            }
+            let failed: Vec<String> = dirs
+                .iter()
+                .filter_map(|dir| {
+                    Self::remove_cgroup_tree(dir)
+                        .err()
+                        .map(|e| format!("{}: {e}", dir.display()))
+                })
+                .collect();
+            if failed.is_empty() {
+                break;
+            }
+            if Instant::now() > deadline {
+                problems.push(format!("removing cgroups: {}", failed.join(", ")));
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        if let Some(mut holder) = self.holder.take() {
+            let _ = holder.kill();
+            let _ = holder.wait();
+        }
+        if let Err(e) = fs::remove_dir_all(&self.dir) {
+            problems.push(format!("removing {}: {e}", self.dir.display()));
+        }
+        problems
+    }
+}
+
+impl Drop for Podman<'_> {
+    fn drop(&mut self) {
+        for problem in self.cleanup() {
+            eprintln!("cleanup: {problem}");
+        }
+    }
+}
