@@ -79,3 +79,52 @@ fn podman_runs_a_busybox_container_on_the_cni_bridge() -> anyhow::Result<()> {
 fn lab_output(cmd: &mut std::process::Command) -> anyhow::Result<String> {
     ipq_tests::netns::output_of(cmd).context("in the container's network namespace")
 }
+
+/// A's script: a graceful shutdown that takes its time, as a pod's preStop / drain would.
+/// The files it touches in its rootfs tell the test where it is.
+const SLOW_TO_STOP: &str =
+    "trap 'touch /terminating; sleep 120; exit 0' TERM; touch /started; while :; do sleep 1; done";
+
+/// Starts `name` with `addr`, then `podman stop`s it in the background: on return the container
+/// has received SIGTERM and is still running (podman: `stopping`).
+fn start_terminating(
+    podman: &mut Podman<'_>,
+    name: &str,
+    addr: IpAddr,
+) -> anyhow::Result<ipq_tests::podman::Container> {
+    let container = podman.run(name, Some(addr), SLOW_TO_STOP)?;
+    let rootfs = podman.dir().join("rootfs").join(name);
+    poll("A's shell running", Duration::from_secs(10), || {
+        Ok(rootfs.join("started").exists().then_some(()))
+    })?;
+    podman.spawn(&["stop", "--time", "150", name])?;
+    poll("A's SIGTERM trap running", Duration::from_secs(10), || {
+        Ok(rootfs.join("terminating").exists().then_some(()))
+    })?;
+    let status = podman.status(name)?;
+    ensure!(
+        status == "stopping",
+        "{name} is terminating, podman says {status}"
+    );
+    Ok(container)
+}
+
+/// The incident itself, without ipq: the IPAM frees a terminating container's address early
+/// and podman gives it to a new container while the old one still uses it.
+#[test]
+fn without_ipq_a_terminating_containers_address_is_handed_out_again() -> anyhow::Result<()> {
+    let lab = Lab::new()?;
+    let mut podman = Podman::new(&lab.node, network(Vec::new()), &[])?;
+    let addr: IpAddr = Ipv4Addr::new(10, 99, 0, 9).into();
+    let a = start_terminating(&mut podman, "a", addr)?;
+    std::fs::remove_file(podman.ipam_reservation(addr)).context("freeing A's address")?;
+    let b = podman.run("b", Some(addr), "while :; do sleep 1; done")?;
+    let status = podman.status("a")?;
+    ensure!(
+        status == "stopping",
+        "A still terminating, podman says {status}"
+    );
+    ensure!(a.ping(GATEWAY.into(), 3)? >= 1, "A still sends from {addr}");
+    ensure!(b.ping(GATEWAY.into(), 3)? >= 1, "B sends from {addr} too");
+    Ok(())
+}
