@@ -15,10 +15,18 @@ use std::{
     time::Duration,
 };
 
-use anyhow::{ensure, Context as _};
+use anyhow::{bail, ensure, Context as _};
+use ipq::{
+    api::{
+        client::Client,
+        model::{AddressView, ConflictView},
+    },
+    registry::{ConflictKind, Holder, StateName},
+};
 use ipq_tests::{
-    lab::{poll, Lab},
-    podman::{BridgeNetwork, Podman},
+    lab::{ifindex, poll, Lab},
+    netns::workspace_binary,
+    podman::{parse_ping, run_bounded, BridgeNetwork, Container, Podman},
 };
 
 const GATEWAY: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 1);
@@ -91,7 +99,7 @@ fn start_terminating(
     podman: &mut Podman<'_>,
     name: &str,
     addr: IpAddr,
-) -> anyhow::Result<ipq_tests::podman::Container> {
+) -> anyhow::Result<Container> {
     let container = podman.run(name, Some(addr), SLOW_TO_STOP)?;
     let rootfs = podman.dir().join("rootfs").join(name);
     poll("A's shell running", Duration::from_secs(10), || {
@@ -126,5 +134,280 @@ fn without_ipq_a_terminating_containers_address_is_handed_out_again() -> anyhow:
     );
     ensure!(a.ping(GATEWAY.into(), 3)? >= 1, "A still sends from {addr}");
     ensure!(b.ping(GATEWAY.into(), 3)? >= 1, "B sends from {addr} too");
+    Ok(())
+}
+
+/// How long the agent may take to reflect what a CNI call or a packet did.
+const SETTLE: Duration = Duration::from_secs(5);
+
+/// `ipq-cni`'s entry in the conflist, after `bridge`: it talks to the lab agent's socket.
+fn ipq_cni_entry(lab: &Lab) -> String {
+    format!(
+        r#"{{"type":"ipq-cni","socket":"{}"}}"#,
+        lab.work_dir().join("ipq.sock").display()
+    )
+}
+
+/// podman on the bridge network with `ipq-cni` chained, in the lab's node namespace.
+fn podman_with_ipq(lab: &Lab) -> anyhow::Result<Podman<'_>> {
+    let plugin = workspace_binary("ipq-cni");
+    Podman::new(
+        &lab.node,
+        network(vec![ipq_cni_entry(lab)]),
+        &[("ipq-cni", &plugin)],
+    )
+}
+
+/// The agent in the node namespace, watching the bridge ports podman's CNI creates.
+fn start_agent<'l>(lab: &'l Lab, policy: &str) -> anyhow::Result<ipq_tests::lab::Agent<'l>> {
+    lab.start_agent(&["--workload", "veth*", "--on-early-reuse", policy])
+}
+
+/// The agent's API through its client, from a sync test.
+struct Api {
+    client: Client,
+    runtime: tokio::runtime::Runtime,
+}
+
+impl Api {
+    fn new(lab: &Lab) -> anyhow::Result<Api> {
+        Ok(Api {
+            client: Client::new(lab.work_dir().join("ipq.sock"), Duration::from_secs(5)),
+            runtime: tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?,
+        })
+    }
+
+    fn get(&self, addr: IpAddr) -> anyhow::Result<AddressView> {
+        self.runtime
+            .block_on(self.client.get(addr))
+            .with_context(|| format!("GET /v1/addresses/{addr}"))
+    }
+
+    fn conflicts(&self) -> anyhow::Result<Vec<ConflictView>> {
+        Ok(self
+            .runtime
+            .block_on(self.client.conflicts(None))
+            .context("GET /v1/conflicts")?
+            .conflicts)
+    }
+
+    /// Polls `addr`'s view until `want` holds; the error shows the last view.
+    fn wait(
+        &self,
+        addr: IpAddr,
+        what: &str,
+        want: impl Fn(&AddressView) -> bool,
+    ) -> anyhow::Result<AddressView> {
+        poll(&format!("{addr}: {what}"), SETTLE, || {
+            let view = self.get(addr)?;
+            if want(&view) {
+                Ok(Some(view))
+            } else {
+                bail!("{view:?}")
+            }
+        })
+    }
+}
+
+/// Whether `holder` is `container`'s attachment: its host veth, its id, `eth0`.
+fn is(holder: Option<&Holder>, container: &Container, veth: &str) -> bool {
+    holder.is_some_and(|h| {
+        h.ifname == veth
+            && h.container_id.as_deref() == Some(container.id.as_str())
+            && h.cni_ifname.as_deref().is_none_or(|i| i == "eth0")
+    })
+}
+
+/// The early-reuse conflict recorded for `addr` between `old` and `new`.
+fn early_reuse_between(
+    conflicts: &[ConflictView],
+    addr: IpAddr,
+    (old, old_veth): (&Container, &str),
+    new_id: &str,
+) -> Option<ConflictView> {
+    conflicts
+        .iter()
+        .find(|c| {
+            c.kind == ConflictKind::EarlyReuse
+                && c.address == addr
+                && is(c.old_holder.as_ref(), old, old_veth)
+                && c.new_holder
+                    .as_ref()
+                    .is_some_and(|h| h.container_id.as_deref() == Some(new_id))
+        })
+        .cloned()
+}
+
+/// `ping -c n` from the node to `dst`; replies received.
+fn ping_from_node(lab: &Lab, dst: IpAddr, n: u32) -> anyhow::Result<u32> {
+    let out = run_bounded(
+        lab.node
+            .command("ping")
+            .args(["-n", "-q", "-c", &n.to_string(), "-i", "0.05", "-W", "1"])
+            .arg(dst.to_string()),
+        Duration::from_secs(20),
+    )?;
+    parse_ping(&out, dst)
+}
+
+/// The MAC the node's neighbour table has for `addr` on the bridge.
+fn node_neighbour(lab: &Lab, addr: IpAddr) -> anyhow::Result<Option<String>> {
+    let out = lab
+        .node
+        .ip(&["neigh", "show", &addr.to_string(), "dev", "ipqbr0"])?;
+    Ok(out
+        .split_whitespace()
+        .skip_while(|w| *w != "lladdr")
+        .nth(1)
+        .map(str::to_owned))
+}
+
+/// refuse-new: while A terminates with the address the IPAM already freed, podman cannot start
+/// B with it: ipq-cni fails B's ADD with "try again later", A keeps the address untouched, and
+/// the conflict is on record with both holders.
+#[test]
+fn refuse_new_fails_the_start_of_a_container_given_a_terminating_ones_address() -> anyhow::Result<()>
+{
+    let lab = Lab::new()?;
+    let agent = start_agent(&lab, "refuse-new")?;
+    let mut podman = podman_with_ipq(&lab)?;
+    let api = Api::new(&lab)?;
+    let addr: IpAddr = Ipv4Addr::new(10, 99, 0, 20).into();
+
+    let a = start_terminating(&mut podman, "a", addr)?;
+    let veth_a = podman.host_veth(&a)?;
+    api.wait(addr, "A holds it (CNI ADD)", |v| {
+        v.state == StateName::Active && is(v.holder.as_ref(), &a, &veth_a)
+    })?;
+    ensure!(
+        a.ping(GATEWAY.into(), 3)? == 3,
+        "A, terminating, still flows"
+    );
+
+    std::fs::remove_file(podman.ipam_reservation(addr)).context("freeing A's address")?;
+    let out = podman.try_run("b", Some(addr), "while :; do sleep 1; done")?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    ensure!(
+        !out.status.success(),
+        "podman run of B with {addr} must fail while A holds it; it printed: {stderr}"
+    );
+    let said = stderr.to_lowercase();
+    ensure!(
+        said.contains("ipq")
+            && (said.contains("try again later") || said.contains("code 11"))
+            && said.contains(&addr.to_string()),
+        "podman's error names ipq-cni's CNI error (11, try again later) and {addr}: {stderr}"
+    );
+    let b_id = podman
+        .podman(&["inspect", "-f", "{{.Id}}", "b"])?
+        .trim()
+        .to_owned();
+    let status = podman.status("b")?;
+    ensure!(status != "running", "B must not run, podman says {status}");
+
+    // Nothing changed for A, even after podman's clean-up DEL of B's failed attachment.
+    let view = api.get(addr)?;
+    ensure!(
+        view.state == StateName::Active
+            && is(view.holder.as_ref(), &a, &veth_a)
+            && view.fenced.is_none(),
+        "A keeps {addr}, unfenced: {view:?}"
+    );
+    ensure!(a.ping(GATEWAY.into(), 3)? == 3, "A keeps flowing");
+    let conflicts = api.conflicts()?;
+    let conflict = early_reuse_between(&conflicts, addr, (&a, &veth_a), &b_id)
+        .with_context(|| format!("an early_reuse of {addr} from A to B in {conflicts:#?}"))?;
+    ensure!(
+        conflict.policy == "refuse-new" && conflict.outcome == "refused_new",
+        "{conflict:?}"
+    );
+    ensure!(
+        agent.metric("ipq_refused_claims_total", &[])? >= 1.0,
+        "the refusal is counted"
+    );
+    Ok(())
+}
+
+/// fence-old: B starts with the terminating A's address; A is fenced: from the node the
+/// address answers from B, B reaches its gateway, A's packets with it are dropped. The API
+/// shows B as holder, A as the fenced one, and the conflict with both.
+#[test]
+fn fence_old_gives_the_address_to_the_new_container_and_cuts_the_old_one_off() -> anyhow::Result<()>
+{
+    let lab = Lab::new()?;
+    let _agent = start_agent(&lab, "fence-old")?;
+    let mut podman = podman_with_ipq(&lab)?;
+    let api = Api::new(&lab)?;
+    let addr: IpAddr = Ipv4Addr::new(10, 99, 0, 30).into();
+
+    let a = start_terminating(&mut podman, "a", addr)?;
+    let veth_a = podman.host_veth(&a)?;
+    api.wait(addr, "A holds it (CNI ADD)", |v| {
+        v.state == StateName::Active && is(v.holder.as_ref(), &a, &veth_a)
+    })?;
+    ensure!(
+        a.ping(GATEWAY.into(), 3)? == 3,
+        "A, terminating, still flows"
+    );
+
+    std::fs::remove_file(podman.ipam_reservation(addr)).context("freeing A's address")?;
+    let b = podman
+        .run("b", Some(addr), "while :; do sleep 1; done")
+        .context("B must start under fence-old")?;
+    let veth_b = podman.host_veth(&b)?;
+    let status = podman.status("a")?;
+    ensure!(
+        status == "stopping",
+        "A still terminating, podman says {status}"
+    );
+
+    let view = api.wait(addr, "B holds it, A fenced", |v| {
+        is(v.holder.as_ref(), &b, &veth_b) && is(v.fenced.as_ref(), &a, &veth_a)
+    })?;
+    ensure!(view.state == StateName::Active, "{view:?}");
+    let entry = lab
+        .datapath_entry(addr)?
+        .with_context(|| format!("{addr} in the datapath map"))?;
+    ensure!(
+        entry.holder == ifindex(&lab.node, &veth_b)?
+            && entry.fenced == ifindex(&lab.node, &veth_a)?,
+        "the datapath has B as holder and A fenced: {entry:?}"
+    );
+    let conflicts = api.conflicts()?;
+    let conflict = early_reuse_between(&conflicts, addr, (&a, &veth_a), &b.id)
+        .with_context(|| format!("an early_reuse of {addr} from A to B in {conflicts:#?}"))?;
+    ensure!(
+        conflict.policy == "fence-old" && conflict.outcome == "fenced_old",
+        "{conflict:?}"
+    );
+
+    // Real traffic: B has the address, A is cut off, and A's tries do not steal it back.
+    let (_, mac_b) = b.eth0()?;
+    ensure!(
+        b.ping(GATEWAY.into(), 3)? == 3,
+        "B reaches its gateway from {addr}"
+    );
+    ensure!(
+        ping_from_node(&lab, addr, 3)? == 3,
+        "{addr} answers the node"
+    );
+    ensure!(
+        node_neighbour(&lab, addr)?.as_deref() == Some(mac_b.as_str()),
+        "the node resolved {addr} to B ({mac_b})"
+    );
+    ensure!(
+        a.ping(GATEWAY.into(), 3)? == 0,
+        "A's packets from {addr} are dropped"
+    );
+    ensure!(
+        ping_from_node(&lab, addr, 3)? == 3,
+        "{addr} still answers the node"
+    );
+    ensure!(
+        node_neighbour(&lab, addr)?.as_deref() == Some(mac_b.as_str()),
+        "after A's tries the node still resolves {addr} to B ({mac_b})"
+    );
     Ok(())
 }
