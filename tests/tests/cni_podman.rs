@@ -293,12 +293,13 @@ fn refuse_new_fails_the_start_of_a_container_given_a_terminating_ones_address() 
         !out.status.success(),
         "podman run of B with {addr} must fail while A holds it; it printed: {stderr}"
     );
+    // podman prints the plugin's CNI error as `plugin type="ipq-cni" failed (add): <msg>`.
     let said = stderr.to_lowercase();
     ensure!(
-        said.contains("ipq")
+        stderr.contains(r#"plugin type="ipq-cni" failed (add)"#)
             && (said.contains("try again later") || said.contains("code 11"))
             && said.contains(&addr.to_string()),
-        "podman's error names ipq-cni's CNI error (11, try again later) and {addr}: {stderr}"
+        "podman's error carries ipq-cni's CNI error (11, try again later, {addr}): {stderr}"
     );
     let b_id = podman
         .podman(&["inspect", "-f", "{{.Id}}", "b"])?
