@@ -43,9 +43,22 @@ impl Tracker {
     /// [`persist`]: Tracker::persist
     pub fn handle(&mut self, command: Command) -> Answer {
         let answer = match command {
-            Command::Status(reply) => answer(reply, Ok(self.status())),
-            Command::List { state, reply } => answer(reply, Ok(self.list(state))),
-            Command::Get { addr, reply } => answer(reply, self.view(addr)),
+            // Reads change nothing: no gauges to update.
+            Command::Status(reply) => return answer(reply, Ok(self.status())),
+            Command::List { state, reply } => return answer(reply, Ok(self.list(state))),
+            Command::Get { addr, reply } => return answer(reply, self.view(addr)),
+            Command::Conflicts { limit, reply } => {
+                return answer(
+                    reply,
+                    Ok(ConflictList {
+                        conflicts: self.events.recent_conflicts(limit),
+                    }),
+                )
+            }
+            Command::Subscribe(reply) => {
+                let _ = reply.send(self.events.subscribe());
+                return Box::new(|| {});
+            }
             Command::Claim { request, reply } => answer(reply, self.api_claim(request)),
             Command::Drain { addr, reply } => answer(reply, self.api_drain(addr)),
             Command::DrainAttachment { request, reply } => {
@@ -53,16 +66,6 @@ impl Tracker {
             }
             Command::Release { addr, force, reply } => answer(reply, self.api_release(addr, force)),
             Command::Gc { request, reply } => answer(reply, Ok(self.gc(&request))),
-            Command::Conflicts { limit, reply } => answer(
-                reply,
-                Ok(ConflictList {
-                    conflicts: self.events.recent_conflicts(limit),
-                }),
-            ),
-            Command::Subscribe(reply) => {
-                let _ = reply.send(self.events.subscribe());
-                Box::new(|| {})
-            }
         };
         self.update_gauges();
         answer
