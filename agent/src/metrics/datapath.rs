@@ -74,10 +74,11 @@ fn events_lost() -> Result<IntCounterVec, prometheus::Error> {
     IntCounterVec::new(
         Opts::new(
             "ipq_events_lost_total",
-            "Conflict events lost, by where (kernel: a sample dropped because the sample ring \
-             was full; log: a conflict log line suppressed by the log rate limit; api: an event \
-             an /v1/events subscriber was too slow to take). Counters and the registry are \
-             still exact; only the per-event detail is gone.",
+            "Conflict events (conflicts and the kernel's conflict samples) lost, by where \
+             (kernel: a sample dropped because the sample ring was full; log: a log line \
+             suppressed by the log rate limit; api: an event an /v1/events subscriber was too \
+             slow to take). Counters and the registry stay exact; only per-event detail is \
+             lost.",
         ),
         &["source"],
     )
