@@ -161,6 +161,9 @@ pub struct ConflictView {
     /// What the policy did: `fenced_old`, `refused_new`, `blocked_new`, `observed`,
     /// `dropped` (duplicate source), `reported`.
     pub outcome: String,
+    /// Empty (and left out) inside an [`Event`], whose own `at` is the same instant: the
+    /// event's fields and the conflict's share one JSON object, where a key may appear once.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub at: String,
 }
 
@@ -173,7 +176,8 @@ pub struct ConflictList {
 /// One line of `GET /v1/events` (newline-delimited JSON).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Event {
-    /// Increases by one per event the agent published; a gap means events were lost.
+    /// Increases by one per event the agent published; a gap means events were lost (a
+    /// `lost` marker, which carries seq 0 and is outside the sequence, says how many).
     pub seq: u64,
     pub at: String,
     #[serde(flatten)]

@@ -76,7 +76,9 @@ impl EventHub {
             self.conflicts.pop_front();
         }
         self.conflicts.push_back(view.clone());
-        let at = view.at.clone();
+        // The event carries the time once, as its own `at` (see `ConflictView::at`).
+        let mut view = view;
+        let at = std::mem::take(&mut view.at);
         self.publish(at, EventBody::Conflict(Box::new(view)));
     }
 
@@ -165,6 +167,29 @@ mod tests {
         hub.publish("t".into(), lost(2));
         assert_eq!(sub.backlog.len(), 1);
         assert_eq!(sub.live.try_recv().unwrap().seq, 2);
+    }
+
+    #[test]
+    fn a_conflict_event_names_its_time_once_and_reads_back() {
+        use crate::registry::{ConflictKind, Holder};
+        let mut hub = EventHub::new();
+        let view = ConflictView {
+            kind: ConflictKind::EarlyReuse,
+            address: "10.0.0.1".parse().unwrap(),
+            old_holder: Some(Holder::new(2, "veth0")),
+            new_holder: Some(Holder::new(3, "veth1")),
+            policy: "fence-old".into(),
+            outcome: "fenced_old".into(),
+            at: "2026-11-22T10:00:00Z".into(),
+        };
+        hub.conflict(view.clone());
+        assert_eq!(hub.recent_conflicts(1), [view]);
+        let event = hub.subscribe().backlog.remove(0);
+        assert_eq!(event.at, "2026-11-22T10:00:00Z");
+        let line = serde_json::to_string(&event).unwrap();
+        assert_eq!(line.matches("\"at\":").count(), 1, "{line}");
+        let back: Event = serde_json::from_str(&line).unwrap();
+        assert_eq!(back, event);
     }
 
     #[test]
