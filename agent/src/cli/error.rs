@@ -9,9 +9,10 @@ use crate::api::client::ClientError;
 
 #[derive(Debug, Error)]
 pub enum CliError {
-    /// The agent could not be reached or answered with an error.
+    /// The agent could not be reached or answered with an error (boxed: an API error body
+    /// is large, and every `Result` of the CLI carries this type).
     #[error(transparent)]
-    Client(#[from] ClientError),
+    Client(Box<ClientError>),
     /// The async runtime the client runs on could not be built.
     #[error("starting the I/O runtime: {0}")]
     Runtime(#[source] io::Error),
@@ -23,15 +24,21 @@ pub enum CliError {
     Encode(#[from] serde_json::Error),
 }
 
+impl From<ClientError> for CliError {
+    fn from(e: ClientError) -> Self {
+        Self::Client(Box::new(e))
+    }
+}
+
 impl CliError {
     pub fn exit(&self) -> Exit {
         match self {
-            Self::Client(ClientError::Unavailable { .. }) => Exit::Unavailable,
-            Self::Client(ClientError::Api { error, .. }) => Exit::of_api(error.code),
-            Self::Client(ClientError::Protocol { .. })
-            | Self::Runtime(_)
-            | Self::Output(_)
-            | Self::Encode(_) => Exit::Failure,
+            Self::Client(e) => match &**e {
+                ClientError::Unavailable { .. } => Exit::Unavailable,
+                ClientError::Api { error, .. } => Exit::of_api(error.code),
+                ClientError::Protocol { .. } => Exit::Failure,
+            },
+            Self::Runtime(_) | Self::Output(_) | Self::Encode(_) => Exit::Failure,
         }
     }
 }
@@ -44,7 +51,7 @@ mod tests {
     use crate::api::model::{ApiErrorBody, ErrorCode};
 
     fn api(code: ErrorCode) -> CliError {
-        CliError::Client(ClientError::Api {
+        CliError::from(ClientError::Api {
             status: code.http_status(),
             error: ApiErrorBody {
                 code,
@@ -58,12 +65,12 @@ mod tests {
 
     #[test]
     fn client_error_kinds_map_to_their_exit_codes() {
-        let unavailable = CliError::Client(ClientError::Unavailable {
+        let unavailable = CliError::from(ClientError::Unavailable {
             socket: PathBuf::from("/run/ipq/ipq.sock"),
             reason: "Permission denied (os error 13)".into(),
         });
         assert_eq!(unavailable.exit(), Exit::Unavailable);
-        let protocol = CliError::Client(ClientError::Protocol {
+        let protocol = CliError::from(ClientError::Protocol {
             what: "/v1/status".into(),
             reason: "expected value at line 1 column 1".into(),
         });
