@@ -684,6 +684,55 @@ fn refuse_new_refuses_a_claim_over_a_live_holder_and_claims_are_all_or_none() {
     );
 }
 
+/// One hand-written request and the error it must get.
+struct BadRequest {
+    what: &'static str,
+    method: &'static str,
+    path: &'static str,
+    body: Option<String>,
+    status: u16,
+    code: &'static str,
+    /// What the message must mention (the input at fault).
+    words: &'static [&'static str],
+}
+
+/// A bad `POST /v1/claims` body.
+fn bad_claim(
+    what: &'static str,
+    body: &str,
+    status: u16,
+    code: &'static str,
+    words: &'static [&'static str],
+) -> BadRequest {
+    BadRequest {
+        what,
+        method: "POST",
+        path: "/v1/claims",
+        body: Some(body.to_owned()),
+        status,
+        code,
+        words,
+    }
+}
+
+fn bad(
+    what: &'static str,
+    (method, path, body): (&'static str, &'static str, Option<&str>),
+    status: u16,
+    code: &'static str,
+    words: &'static [&'static str],
+) -> BadRequest {
+    BadRequest {
+        what,
+        method,
+        path,
+        body: body.map(str::to_owned),
+        status,
+        code,
+        words,
+    }
+}
+
 /// Requests no client of ours would send, written by hand: each gets its status, JSON error
 /// code and a message naming what was wrong, and the registry is unchanged afterwards.
 #[test]
@@ -697,174 +746,149 @@ fn bad_requests_get_their_error_and_change_nothing() {
     let before = get_json(&sock, "/v1/addresses");
 
     let holder = r#""holder":{"interface":"vethpa"}"#;
-    let bodies: [(&str, String, u16, &str, &[&str]); 9] = [
-        (
+    let requests = [
+        bad_claim(
             "malformed JSON",
-            r#"{"addresses": ["10.77.0.90""#.to_owned(),
+            r#"{"addresses": ["10.77.0.90""#,
             400,
             "bad_request",
             &["column"],
         ),
-        (
+        bad_claim(
             "addresses of the wrong type",
-            format!(r#"{{"addresses":"10.77.0.90",{holder}}}"#),
+            &format!(r#"{{"addresses":"10.77.0.90",{holder}}}"#),
             400,
             "bad_request",
             &["invalid type", "10.77.0.90"],
         ),
-        (
+        bad_claim(
             "an unknown field",
-            format!(r#"{{"addresses":["10.77.0.90"],{holder},"colour":"red"}}"#),
+            &format!(r#"{{"addresses":["10.77.0.90"],{holder},"colour":"red"}}"#),
             400,
             "bad_request",
             &["colour"],
         ),
-        (
+        bad_claim(
             "an unknown holder field",
-            r#"{"addresses":["10.77.0.90"],"holder":{"interface":"vethpa","ifindex":3}}"#
-                .to_owned(),
+            r#"{"addresses":["10.77.0.90"],"holder":{"interface":"vethpa","ifindex":3}}"#,
             400,
             "bad_request",
             &["ifindex"],
         ),
-        (
+        bad_claim(
             "a bad address",
-            format!(r#"{{"addresses":["10.77.0.300"],{holder}}}"#),
+            &format!(r#"{{"addresses":["10.77.0.300"],{holder}}}"#),
             400,
             "bad_request",
             &["invalid IP address"],
         ),
-        (
+        bad_claim(
             "a bad source",
-            format!(r#"{{"addresses":["10.77.0.90"],{holder},"source":"netlink"}}"#),
+            &format!(r#"{{"addresses":["10.77.0.90"],{holder},"source":"netlink"}}"#),
             400,
             "bad_request",
             &["netlink"],
         ),
-        (
+        bad_claim(
             "an empty address list",
-            format!(r#"{{"addresses":[],{holder}}}"#),
+            &format!(r#"{{"addresses":[],{holder}}}"#),
             400,
             "invalid_argument",
             &["address"],
         ),
-        (
+        bad_claim(
             "an interface outside the workload globs",
-            r#"{"addresses":["10.77.0.90"],"holder":{"interface":"up0"}}"#.to_owned(),
+            r#"{"addresses":["10.77.0.90"],"holder":{"interface":"up0"}}"#,
             400,
             "invalid_argument",
             &["up0"],
         ),
-        (
+        bad_claim(
             "an interface that does not exist",
-            r#"{"addresses":["10.77.0.90"],"holder":{"interface":"vethpz"}}"#.to_owned(),
+            r#"{"addresses":["10.77.0.90"],"holder":{"interface":"vethpz"}}"#,
             404,
             "unknown_interface",
             &["vethpz"],
         ),
-    ];
-    for (what, body, status, code, words) in bodies {
-        request(&sock, "POST", "/v1/claims", Some(&body))
-            .unwrap_or_else(|e| panic!("{what}: {e:#}"))
-            .assert_error(what, status, code, words);
-    }
-
-    let others: [(&str, &str, &str, Option<&str>, u16, &str, &[&str]); 10] = [
-        (
+        bad(
             "a bad IP in the path",
-            "GET",
-            "/v1/addresses/10.0.0.300",
-            None,
+            ("GET", "/v1/addresses/10.0.0.300", None),
             400,
             "invalid_argument",
             &["10.0.0.300"],
         ),
-        (
+        bad(
             "a bad IP to drain",
-            "POST",
-            "/v1/addresses/nope/drain",
-            None,
+            ("POST", "/v1/addresses/nope/drain", None),
             400,
             "invalid_argument",
             &["nope"],
         ),
-        (
+        bad(
             "a bad state name",
-            "GET",
-            "/v1/addresses?state=bogus",
-            None,
+            ("GET", "/v1/addresses?state=bogus", None),
             400,
             "invalid_argument",
             &["bogus"],
         ),
-        (
+        bad(
             "a release body of the wrong type",
-            "POST",
-            "/v1/addresses/10.77.0.2/release",
-            Some(r#"{"force":"yes"}"#),
+            (
+                "POST",
+                "/v1/addresses/10.77.0.2/release",
+                Some(r#"{"force":"yes"}"#),
+            ),
             400,
             "bad_request",
             &["invalid type"],
         ),
-        (
+        bad(
             "a drain without a container",
-            "POST",
-            "/v1/drains",
-            Some(r#"{"cni_ifname":"eth0"}"#),
+            ("POST", "/v1/drains", Some(r#"{"cni_ifname":"eth0"}"#)),
             400,
             "bad_request",
             &["container_id"],
         ),
-        (
+        bad(
             "a GC without its list",
-            "POST",
-            "/v1/gc",
-            Some("{}"),
+            ("POST", "/v1/gc", Some("{}")),
             400,
             "bad_request",
             &["valid_attachments"],
         ),
-        (
+        bad(
             "an unknown path",
-            "GET",
-            "/v1/nothing",
-            None,
+            ("GET", "/v1/nothing", None),
             404,
             "not_found",
             &["/v1/nothing"],
         ),
-        (
+        bad(
             "an unversioned path",
-            "GET",
-            "/status",
-            None,
+            ("GET", "/status", None),
             404,
             "not_found",
             &["/status"],
         ),
-        (
+        bad(
             "GET on a POST endpoint",
-            "GET",
-            "/v1/claims",
-            None,
+            ("GET", "/v1/claims", None),
             405,
             "method_not_allowed",
             &["/v1/claims"],
         ),
-        (
+        bad(
             "DELETE on an address",
-            "DELETE",
-            "/v1/addresses/10.77.0.2",
-            None,
+            ("DELETE", "/v1/addresses/10.77.0.2", None),
             405,
             "method_not_allowed",
             &["/v1/addresses/10.77.0.2"],
         ),
     ];
-    for (what, method, path, body, status, code, words) in others {
-        request(&sock, method, path, body)
-            .unwrap_or_else(|e| panic!("{what}: {e:#}"))
-            .assert_error(what, status, code, words);
+    for r in &requests {
+        request(&sock, r.method, r.path, r.body.as_deref())
+            .unwrap_or_else(|e| panic!("{}: {e:#}", r.what))
+            .assert_error(r.what, r.status, r.code, r.words);
     }
 
     assert_eq!(
