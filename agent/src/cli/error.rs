@@ -9,10 +9,9 @@ use crate::api::client::ClientError;
 
 #[derive(Debug, Error)]
 pub enum CliError {
-    /// The agent could not be reached or answered with an error (boxed: an API error body
-    /// is large, and every `Result` of the CLI carries this type).
+    /// The agent could not be reached or answered with an error.
     #[error(transparent)]
-    Client(Box<ClientError>),
+    Client(#[from] ClientError),
     /// The async runtime the client runs on could not be built.
     #[error("starting the I/O runtime: {0}")]
     Runtime(#[source] io::Error),
@@ -24,16 +23,10 @@ pub enum CliError {
     Encode(#[from] serde_json::Error),
 }
 
-impl From<ClientError> for CliError {
-    fn from(e: ClientError) -> Self {
-        Self::Client(Box::new(e))
-    }
-}
-
 impl CliError {
     pub fn exit(&self) -> Exit {
         match self {
-            Self::Client(e) => match &**e {
+            Self::Client(e) => match e {
                 ClientError::Unavailable { .. } => Exit::Unavailable,
                 ClientError::Api { error, .. } => Exit::of_api(error.code),
                 ClientError::Protocol { .. } => Exit::Failure,
@@ -53,13 +46,13 @@ mod tests {
     fn api(code: ErrorCode) -> CliError {
         CliError::from(ClientError::Api {
             status: code.http_status(),
-            error: ApiErrorBody {
+            error: Box::new(ApiErrorBody {
                 code,
                 message: format!("{} happened", code.as_str()),
                 address: None,
                 holder: None,
                 until: None,
-            },
+            }),
         })
     }
 

@@ -234,11 +234,14 @@ pub fn event_line(event: &Event) -> String {
             hook,
             reason,
             action,
+            state,
             ifindex,
             holder_ifindex,
+            src_mac,
+            pkt_len,
         } => format!(
-            "sample {address} {action} at {hook} reason {reason} ifindex {ifindex} \
-             holder ifindex {holder_ifindex}"
+            "sample {address} {action} at {hook} reason {reason} state {state} \
+             ifindex {ifindex} holder ifindex {holder_ifindex} from {src_mac} {pkt_len} bytes"
         ),
         EventBody::Lost { n } => format!("lost {n} events"),
     };

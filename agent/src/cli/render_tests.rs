@@ -250,7 +250,7 @@ fn events_are_one_line_each() {
             "transition 10.77.0.2 quarantined -> free",
         ),
         (
-            EventBody::Conflict(conflict()),
+            EventBody::Conflict(Box::new(conflict())),
             "conflict early_reuse 10.77.0.2 old vethpa default/web-1 new vethpb \
              policy fence-old outcome fenced_old",
         ),
@@ -260,10 +260,14 @@ fn events_are_one_line_each() {
                 hook: "tc_ingress".into(),
                 reason: "fenced".into(),
                 action: "drop".into(),
+                state: "draining".into(),
                 ifindex: 5,
                 holder_ifindex: 6,
+                src_mac: "02:77:00:00:0a:02".into(),
+                pkt_len: 98,
             },
-            "sample fd77::2 drop at tc_ingress reason fenced ifindex 5 holder ifindex 6",
+            "sample fd77::2 drop at tc_ingress reason fenced state draining ifindex 5 \
+             holder ifindex 6 from 02:77:00:00:0a:02 98 bytes",
         ),
         (EventBody::Lost { n: 3 }, "lost 3 events"),
     ];
