@@ -498,12 +498,14 @@ fn conflicts_and_events_in_table_json_and_live() {
     let row: Vec<&str> = table.lines().nth(1).unwrap().split_whitespace().collect();
     assert!(row.contains(&"ago"), "{table}");
     assert_eq!(
-        row[row.len() - 6..],
+        // The new holder is pod a's veth and the claim's container id.
+        row[row.len() - 7..],
         [
             "early_reuse",
             "10.77.0.3",
             "vethpb",
             "vethpa",
+            "c-new",
             "fence-old",
             "fenced_old"
         ],
