@@ -15,7 +15,7 @@
 use std::{
     collections::BTreeSet,
     fs,
-    io::{BufRead as _, BufReader},
+    io::{BufRead as _, BufReader, Read as _},
     os::unix::{
         fs::{FileTypeExt as _, MetadataExt as _, PermissionsExt as _},
         net::UnixListener,
@@ -611,6 +611,49 @@ fn conflicts_and_events_in_table_json_and_live() {
     );
     follower.kill().expect("stopping ipq events --follow");
     follower.wait().expect("reaping ipq events --follow");
+
+    // A follower whose reader goes away (`ipq events --follow | head -1`) stops at its next
+    // event, successfully.
+    let mut follower = Command::new(workspace_binary("ipq"))
+        .arg("--socket")
+        .arg(&sock)
+        .args(["events", "--follow"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawning ipq events --follow");
+    let mut first = String::new();
+    BufReader::new(follower.stdout.take().unwrap())
+        .read_line(&mut first)
+        .expect("reading the first event line");
+    assert!(
+        first.contains(" #1 "),
+        "the backlog starts at seq 1: {first:?}"
+    );
+    // The reader is dropped: the pipe has no reader left. A claim of a free address is
+    // certain to publish an event (free -> active).
+    post_ok(
+        &sock,
+        "/v1/claims",
+        &claim(&["10.77.0.99"], "vethpb", "c-pipe"),
+    );
+    let status = poll("ipq events --follow to exit", SETTLE, || {
+        Ok(follower.try_wait()?)
+    })
+    .unwrap_or_else(|e| {
+        let _ = follower.kill();
+        let events = request(&sock, "GET", "/v1/events", None).map(|r| r.body);
+        panic!("{e:#}; the agent's events: {events:#?}")
+    });
+    let mut stderr = String::new();
+    follower
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    assert!(status.success(), "{status}; stderr: {stderr}");
+    assert_eq!(stderr, "", "a closed pipe is no error");
 }
 
 fn is_transition(event: &Value, addr: &str, from: &str, to: &str) -> bool {
@@ -933,6 +976,19 @@ fn cli_exit_codes_without_an_agent() {
     let usage = ipq(&missing, &["list", "--state", "free"]).unwrap();
     assert_eq!(usage.code, 2, "{usage:?}");
     assert!(usage.stderr.contains("free"), "{usage:?}");
+
+    // The socket from the environment, when --socket is not given.
+    let from_env = Command::new(workspace_binary("ipq"))
+        .arg("status")
+        .env("IPQ_SOCKET", &missing)
+        .output()
+        .expect("running ipq");
+    assert_eq!(from_env.status.code(), Some(5), "{from_env:?}");
+    let stderr = String::from_utf8_lossy(&from_env.stderr);
+    assert!(
+        stderr.starts_with("ipq: ") && stderr.contains("missing.sock"),
+        "{stderr}"
+    );
 
     let help = ipq(&missing, &["--help"]).unwrap();
     let help = help.ok();

@@ -49,7 +49,7 @@ pub async fn run(cli: &Cli, client: &Client, out: &mut impl Write) -> Result<(),
         }
         Command::Events { follow } => return events(client, *follow, json, out).await,
     };
-    write_all(out, text.as_bytes())
+    write_all(out, text.as_bytes()).map(|_| ())
 }
 
 /// The JSON document (pretty, newline-ended) or the table.
@@ -88,7 +88,9 @@ async fn events(
                 write_all(out, line.as_bytes())
             });
             match written {
-                Ok(()) => true,
+                Ok(Reader::Present) => true,
+                // `ipq events --follow | head -3`: stop following, successfully.
+                Ok(Reader::Gone) => false,
                 Err(e) => {
                     failed = Some(e);
                     false
@@ -99,11 +101,47 @@ async fn events(
     failed.map_or(Ok(()), Err)
 }
 
-/// Writes and flushes. A reader that went away (`ipq events | head`) is not an error: it has
-/// what it wanted.
-fn write_all(out: &mut impl Write, bytes: &[u8]) -> Result<(), CliError> {
+/// Whether anyone still reads what `ipq` writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Reader {
+    Present,
+    /// The pipe's reader exited (`ipq events | head`): not an error, it has what it wanted.
+    Gone,
+}
+
+/// Writes and flushes.
+fn write_all(out: &mut impl Write, bytes: &[u8]) -> Result<Reader, CliError> {
     match out.write_all(bytes).and_then(|()| out.flush()) {
-        Err(e) if e.kind() != io::ErrorKind::BrokenPipe => Err(CliError::Output(e)),
-        _ => Ok(()),
+        Ok(()) => Ok(Reader::Present),
+        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Ok(Reader::Gone),
+        Err(e) => Err(CliError::Output(e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stdout whose every write fails with `kind`.
+    struct Failing(io::ErrorKind);
+
+    impl Write for Failing {
+        fn write(&mut self, _: &[u8]) -> io::Result<usize> {
+            Err(self.0.into())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_closed_pipe_ends_output_quietly_and_other_write_errors_fail() {
+        let mut out = Vec::new();
+        assert_eq!(write_all(&mut out, b"x\n").unwrap(), Reader::Present);
+        assert_eq!(out, b"x\n");
+        let gone = write_all(&mut Failing(io::ErrorKind::BrokenPipe), b"x\n");
+        assert_eq!(gone.unwrap(), Reader::Gone);
+        let full = write_all(&mut Failing(io::ErrorKind::StorageFull), b"x\n");
+        assert!(matches!(full, Err(CliError::Output(_))), "{full:?}");
     }
 }
