@@ -3,3 +3,4 @@ pub mod api;
 pub mod lab;
 pub mod netns;
 pub mod packets;
+pub mod prometheus;
