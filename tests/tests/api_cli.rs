@@ -329,9 +329,13 @@ fn claims_drains_releases_and_gc_through_the_api_and_the_cli() {
         "draining",
         "a refused release changes nothing"
     );
-    ipq(&sock, &["release", "10.77.0.50", "--force", "-o", "json"])
+    let released = ipq(&sock, &["release", "10.77.0.50", "--force", "-o", "json"])
         .unwrap()
         .json();
+    assert!(
+        released["addresses"].is_array(),
+        "a ChangedResponse: {released}"
+    );
     ipq(&sock, &["release", "fd77::50", "--force"])
         .unwrap()
         .ok();
