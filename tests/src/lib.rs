@@ -1,4 +1,5 @@
 //! Privileged test support for ipq: network namespaces, crafted frames, the lab.
+pub mod cni;
 pub mod lab;
 pub mod netns;
 pub mod packets;

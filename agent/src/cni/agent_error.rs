@@ -99,13 +99,13 @@ mod tests {
     fn api(code: ErrorCode) -> ClientError {
         ClientError::Api {
             status: code.http_status(),
-            error: ApiErrorBody {
+            error: Box::new(ApiErrorBody {
                 code,
                 message: "m".into(),
                 address: None,
                 holder: None,
                 until: None,
-            },
+            }),
         }
     }
 
