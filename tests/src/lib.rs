@@ -3,3 +3,4 @@ pub mod cni;
 pub mod lab;
 pub mod netns;
 pub mod packets;
+pub mod prometheus;

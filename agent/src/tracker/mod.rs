@@ -447,12 +447,9 @@ impl Tracker {
 
     /// Applies a transition's effects, or reports why there was none.
     fn apply(&mut self, result: Result<Vec<Effect>, RegistryError>, why: &str) {
+        // Only explicit claims (the API) can be refused; they record their conflict there.
         match result {
             Ok(effects) => self.apply_effects(effects),
-            Err(RegistryError::Refused { .. }) => {
-                self.metrics.refused_claims.inc();
-                warn!("{why}: {}", result.unwrap_err());
-            }
             Err(e) => warn!("{why}: {e}"),
         }
     }
