@@ -69,7 +69,8 @@ fn dispatch(var: impl Fn(&str) -> Option<OsString>, stdin: &[u8]) -> Result<Stri
             Command::Check => invocation.check().await.map(|()| String::new()),
             Command::Gc => invocation.gc().await.map(|()| String::new()),
             Command::Status => invocation.status().await.map(|()| String::new()),
-            Command::Version => unreachable!("answered above"),
+            // Answered above, before any config is parsed.
+            Command::Version => version(stdin),
         }
     })
 }
