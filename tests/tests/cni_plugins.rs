@@ -7,7 +7,7 @@
 use std::{
     net::IpAddr,
     path::{Path, PathBuf},
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use anyhow::{bail, ensure, Context as _};
@@ -227,6 +227,23 @@ fn add_check_del(lab: &Lab, chain: &Chain) -> anyhow::Result<()> {
         }
         containers.push(c);
     }
+    // ipq-cni passes the previous result on unchanged, and a repeated ADD is a no-op claim.
+    let first = &containers[0];
+    let started = Instant::now();
+    let again = chain.exec(
+        ipq_index(chain),
+        "ADD",
+        &first.attachment,
+        Some(&first.result),
+    )?;
+    let took = started.elapsed();
+    ensure!(
+        serde_json::from_str::<Value>(&again)? == first.result,
+        "ipq-cni changed the result: {again} vs {}",
+        first.result
+    );
+    eprintln!("ipq-cni ADD (process start to exit, debug build): {took:?}");
+    ensure!(took < Duration::from_secs(1), "ipq-cni ADD took {took:?}");
     // The pods are reachable through ipq: nothing of theirs is dropped.
     for c in &containers {
         for addr in &c.addrs {
