@@ -210,7 +210,8 @@ fn dashboard_matches_grafanas_published_schema() {
     );
 
     // The check can fail: an unknown key is caught, and so is a wrong type.
-    let mutations: [(fn(&mut Value), &str); 2] = [
+    type Mutation = fn(&mut Value);
+    let mutations: [(Mutation, &str); 2] = [
         (
             |d| d["schemaVersionTypo"] = Value::from(39),
             "schemaVersionTypo",

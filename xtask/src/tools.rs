@@ -50,7 +50,7 @@ pub fn kubernetes_validate() -> Result<Outcome> {
         "python3 with its venv module",
     )?;
     // --clear: a venv left by another Python (upgraded, or removed by pyenv) is rebuilt.
-    util::run(&mut cmd("python3", ["-m", "venv", "--clear"]).arg(venv_dir()))
+    util::run(cmd("python3", ["-m", "venv", "--clear"]).arg(venv_dir()))
         .context("cannot create the Python venv for kubernetes-validate")?;
     let pip = venv_dir().join("bin/pip");
     let requirement = format!("kubernetes-validate=={KUBERNETES_VALIDATE_VERSION}");

@@ -179,7 +179,8 @@ fn the_entry_is_laid_out_like_its_neighbours() {
 
 #[test]
 fn conflists_it_does_not_understand_are_left_untouched_with_the_reason() {
-    let cases: [(&str, fn(&Refusal) -> bool); 8] = [
+    type Expected = fn(&Refusal) -> bool;
+    let cases: [(&str, Expected); 8] = [
         ("broken-comments.conflist", |r| {
             matches!(r, Refusal::NotJson(_))
         }),
