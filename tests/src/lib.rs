@@ -2,3 +2,4 @@
 pub mod lab;
 pub mod netns;
 pub mod packets;
+pub mod prometheus;

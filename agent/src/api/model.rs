@@ -184,7 +184,7 @@ pub struct Event {
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum EventBody {
     /// A registry conflict.
-    Conflict(ConflictView),
+    Conflict(Box<ConflictView>),
     /// An address changed state (or holder).
     Transition {
         address: IpAddr,
@@ -199,8 +199,13 @@ pub enum EventBody {
         hook: String,
         reason: String,
         action: String,
+        /// The address's state in the datapath when the packet was seen.
+        state: String,
+        /// The interface the packet was seen on.
         ifindex: u32,
         holder_ifindex: u32,
+        src_mac: String,
+        pkt_len: u32,
     },
     /// `n` events were dropped before this subscriber could read them.
     Lost { n: u64 },

@@ -32,6 +32,7 @@
 //! - [`remote_claim`](Registry::remote_claim), [`duplicate_source`](Registry::duplicate_source):
 //!   conflicts reported by the datapath.
 
+mod batch;
 mod clock;
 mod effects;
 mod error;

@@ -13,6 +13,7 @@ use ipq_common::addr::{AddrEntry, AddrState, NO_IFINDEX};
 use super::*;
 use crate::config::{Config, EarlyReusePolicy};
 
+mod batch;
 mod durability;
 mod lifecycle;
 mod policies;

@@ -1,0 +1,41 @@
+//! Operations on several addresses at once, all or none: a pod's IPv4 and IPv6 addresses are
+//! claimed together, and a refusal of one must not leave the other claimed.
+
+use std::net::IpAddr;
+
+use super::{AddrRecord, Clock, Effect, Holder, Registry, RegistryError, Source};
+
+impl<C: Clock> Registry<C> {
+    /// `holder` claims every address in `addrs` as [`claim`](Self::claim) would, or none of
+    /// them: when one fails, the records already changed are put back as they were and the
+    /// error is returned. (The refusal itself still counts in
+    /// [`refused_claims`](Self::refused_claims): it happened.)
+    pub fn claim_all(
+        &mut self,
+        addrs: &[IpAddr],
+        holder: &Holder,
+        source: Source,
+    ) -> Result<Vec<Effect>, RegistryError> {
+        let mut saved: Vec<(IpAddr, Option<AddrRecord>)> = Vec::with_capacity(addrs.len());
+        let mut out = Vec::new();
+        for &addr in addrs {
+            let key = addr.to_canonical();
+            if !saved.iter().any(|(a, _)| *a == key) {
+                saved.push((key, self.records.get(&key).cloned()));
+            }
+            match self.claim(addr, holder.clone(), source) {
+                Ok(effects) => out.extend(effects),
+                Err(e) => {
+                    // The effects of the earlier claims were never applied: putting the
+                    // records back is enough, and what that emits is discarded with them.
+                    let mut discarded = Vec::new();
+                    for (addr, before) in saved.into_iter().rev() {
+                        self.put(addr, before, &mut discarded);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(out)
+    }
+}
