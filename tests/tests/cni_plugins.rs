@@ -495,7 +495,20 @@ fn gc_drains_what_is_not_valid_and_status_follows_the_agent() -> anyhow::Result<
         .context("STATUS needs a 1.1.0 config")?;
     ensure!(err.code == Some(1), "{err}");
 
+    // A GC of another network listing nothing leaves this network's attachments alone.
+    let mut other = ipq_config(&lab, "1.1.0");
+    other["cni.dev/valid-attachments"] = json!([]);
+    chain.exec_config("GC", None, &other)?;
+    for addr in kept.addrs.iter().chain(&gone.addrs) {
+        ensure!(
+            api.get(*addr)?.map(|v| v.state) == Some(StateName::Active),
+            "a GC of network ipq-gc drained {addr} of network {}",
+            chain.name
+        );
+    }
+
     let mut gc = ipq_config(&lab, "1.1.0");
+    gc["name"] = json!(chain.name);
     gc["cni.dev/valid-attachments"] = json!([
         {"containerID": kept.attachment.container_id, "ifname": "eth0"},
     ]);

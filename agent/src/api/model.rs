@@ -50,6 +50,9 @@ pub struct HolderSpec {
     /// CNI attachment.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cni_ifname: Option<String>,
+    /// The CNI network (the conflist's `name`) the attachment belongs to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub netns: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -99,6 +102,10 @@ pub struct Attachment {
 #[serde(deny_unknown_fields)]
 pub struct GcRequest {
     pub valid_attachments: Vec<Attachment>,
+    /// The CNI network being collected: holders of another network are left alone. Without
+    /// it, every CNI-made holder is judged by `valid_attachments`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<String>,
 }
 
 /// The answer to a drain, a GC or a release: the addresses changed, as they are now.

@@ -85,6 +85,7 @@ impl Invocation {
                 interface,
                 container_id: self.env.container_id.clone(),
                 cni_ifname: self.env.ifname.clone(),
+                network: self.conf.name.clone(),
                 netns: self.env.netns.clone(),
                 pod: self.env.pod.clone(),
             },
@@ -238,7 +239,11 @@ impl Invocation {
                 "GC needs cni.dev/valid-attachments (without it every attachment would be drained)",
             )
         })?;
-        match self.client().gc(&GcRequest { valid_attachments }).await {
+        let request = GcRequest {
+            valid_attachments,
+            network: self.conf.name.clone(),
+        };
+        match self.client().gc(&request).await {
             Ok(changed) => {
                 for view in &changed.addresses {
                     log::info!("GC drained {} ({})", view.address, view.state.as_str());

@@ -270,6 +270,7 @@ impl Tracker {
             ifname: spec.interface.clone(),
             container_id: spec.container_id.clone(),
             cni_ifname: spec.cni_ifname.clone(),
+            network: spec.network.clone(),
             netns: spec.netns.clone(),
             pod: spec.pod.clone(),
         })
@@ -325,6 +326,12 @@ impl Tracker {
                 // Not made through CNI: GC has no say over it.
                 return true;
             };
+            if let (Some(collected), Some(own)) = (&request.network, &h.network) {
+                if collected != own {
+                    // Another network's runtime state: its own GC judges it.
+                    return true;
+                }
+            }
             request.valid_attachments.iter().any(|a| {
                 a.container_id == id && h.cni_ifname.as_ref().is_none_or(|i| *i == a.ifname)
             })

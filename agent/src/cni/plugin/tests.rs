@@ -362,6 +362,7 @@ fn add_claims_every_address_for_the_host_interface() {
                 "interface": "vethipqtest0",
                 "container_id": "c0ffee",
                 "cni_ifname": "eth0",
+                "network": "ipq-unit",
                 "netns": "/var/run/netns/blue",
                 "pod": {"namespace": "default", "name": "web-0", "uid": "u-1"}
             },
@@ -561,7 +562,10 @@ fn gc_sends_the_valid_attachments() {
     assert_eq!(requests[0].0, "POST /v1/gc HTTP/1.1");
     assert_eq!(
         serde_json::from_str::<Value>(&requests[0].1).unwrap(),
-        json!({"valid_attachments": [{"container_id": "c1", "ifname": "eth0"}]})
+        json!({
+            "valid_attachments": [{"container_id": "c1", "ifname": "eth0"}],
+            "network": "ipq-unit"
+        })
     );
     let bare = conf("1.1.0", &tmp.path().join("none.sock"), tmp.path());
     assert_error(&invoke(&gc, &bare), 7, "cni.dev/valid-attachments");
