@@ -180,7 +180,7 @@ impl Tracker {
                 let conflicts: Vec<Conflict> = effects
                     .iter()
                     .filter_map(|e| match e {
-                        Effect::Conflict(c) => Some(c.clone()),
+                        Effect::Conflict(c) => Some((**c).clone()),
                         _ => None,
                     })
                     .collect();
