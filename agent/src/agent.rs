@@ -4,11 +4,7 @@
 
 use std::time::Duration;
 
-use ipq_common::{
-    addr::AddrState,
-    counters::{Action, Hook, Reason},
-    sample::ConflictSample,
-};
+use ipq_common::sample::ConflictSample;
 use log::{error, info, warn};
 use thiserror::Error;
 use tokio::{
@@ -18,14 +14,20 @@ use tokio::{
 };
 
 use crate::{
+    api::server::{Access, ApiServer, ServerError},
+    cni::spool,
     config::{Config, Mode},
     datapath::{decode_sample, Datapath, DatapathError, KernelLogger, LoadOptions, Samples},
     journal::{Journal, JournalError},
     metrics::{self, Metrics, MetricsError},
     netdev,
     netlink::{self, NetEvent, NetlinkError},
-    tracker::Tracker,
+    paths,
+    tracker::{Answer, Tracker},
 };
+
+/// API requests answered per journal save at most: a burst of CNI ADDs shares one fsync.
+const MAX_REQUEST_BURST: usize = 256;
 
 /// Longest sleep between two ticks: stale-traffic stamps are read from the maps on each.
 const MAX_TICK: Duration = Duration::from_secs(1);
@@ -40,6 +42,8 @@ pub enum AgentError {
     Netlink(#[from] NetlinkError),
     #[error(transparent)]
     Journal(#[from] JournalError),
+    #[error(transparent)]
+    Api(#[from] ServerError),
     #[error("{what}: {source}")]
     Io {
         what: &'static str,
@@ -54,30 +58,8 @@ fn datapath_mode(mode: Mode) -> ipq_common::config::Mode {
     }
 }
 
-/// One conflict sample as a JSON log line.
-fn sample_json(sample: &ConflictSample) -> serde_json::Value {
-    let hook = Hook::ALL
-        .into_iter()
-        .find(|h| *h as u32 == sample.hook)
-        .map_or("unknown", Hook::as_str);
-    let m = sample.src_mac;
-    serde_json::json!({
-        "event": "conflict_sample",
-        "addr": sample.addr.to_ip().to_string(),
-        "hook": hook,
-        "reason": Reason::from_raw(sample.reason).map_or("unknown", Reason::as_str),
-        "action": Action::from_raw(sample.action).map_or("unknown", Action::as_str),
-        "state": AddrState::from_raw(sample.state).map_or("unknown", AddrState::as_str),
-        "ifindex": sample.ifindex,
-        "holder_ifindex": sample.holder_ifindex,
-        "src_mac": format!("{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}", m[0], m[1], m[2], m[3], m[4], m[5]),
-        "pkt_len": sample.pkt_len,
-        "ts_monotonic_ns": sample.ts_ns,
-    })
-}
-
-/// Reads the sample ring until the agent stops. Samples are already rate-limited per address
-/// by the kernel, so each becomes one log line.
+/// Reads the sample ring until the agent stops and hands each sample to the tracker, which logs
+/// and publishes it.
 async fn read_samples(
     samples: Samples,
     to_tracker: mpsc::UnboundedSender<ConflictSample>,
@@ -98,7 +80,6 @@ async fn read_samples(
         while let Some(item) = ring.next() {
             match decode_sample(&item) {
                 Some(sample) => {
-                    info!(target: "ipq::conflict", "{}", sample_json(&sample));
                     if to_tracker.send(sample).is_err() {
                         return Ok(());
                     }
@@ -152,6 +133,31 @@ async fn resync(tracker: &mut Tracker, handle: &rtnetlink::Handle, metrics: &Met
     }
 }
 
+/// Drains what `ipq-cni` spooled when it could not reach an agent.
+fn replay_spool(tracker: &mut Tracker, dir: &std::path::Path) {
+    let pending = match spool::pending(dir) {
+        Ok(pending) => pending,
+        Err(e) => {
+            error!("CNI spool: {e}");
+            return;
+        }
+    };
+    for spooled in pending {
+        let drained = tracker.drain_attachment(&spooled.request);
+        info!(
+            "CNI spool: replayed the DEL of container {} ({} addresses drained)",
+            spooled.request.container_id,
+            drained.addresses.len()
+        );
+        // Saved before the spool file goes, so a crash in between replays it again (harmless:
+        // draining is idempotent) rather than losing it.
+        tracker.persist();
+        if let Err(e) = spooled.done() {
+            error!("CNI spool: {e}");
+        }
+    }
+}
+
 pub async fn run(config: Config) -> Result<(), AgentError> {
     info!(
         "ipq-agent {} starting: mode {:?}, on_early_reuse {:?}, bpffs_dir {}",
@@ -187,16 +193,25 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
         });
     }
 
+    let access = Access::from_config(config.api_group.as_deref())?;
+    let api_socket = config.api_socket.clone();
+    let spool_dir = paths::cni_spool_dir(&config.state_dir);
     let journal = Journal::open(&config.state_dir)?;
     let metrics_addr = config.metrics_addr;
     let mut tracker = Tracker::new(config, datapath, journal, metrics.clone());
     let recovery = tracker.recover();
+    // DELs spooled while no agent ran drain their holders before the dump says which are gone,
+    // so they end up exactly where a live DEL would have put them.
+    replay_spool(&mut tracker, &spool_dir);
     // Subscribe before dumping, so nothing that happens in between is missed.
     let mut events = netlink::subscribe()?;
     let handle = netlink::connect()?;
     tracker.reconcile(netlink::dump(&handle).await?);
     tracker.prune_links();
     tracker.persist();
+    let (command_tx, mut commands) = mpsc::channel(1024);
+    let api =
+        tokio::spawn(ApiServer::bind(&api_socket, access)?.serve(command_tx, metrics.clone()));
     metrics.set_ready(true);
     info!(
         "ready: registry recovered from {recovery:?} with {} addresses, {} attachments; \
@@ -243,10 +258,25 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
                     tracker.on_sample(&sample);
                 }
             }
-            _ = tokio::time::sleep(delay) => tracker.tick(),
+            Some(command) = commands.recv() => {
+                let mut answers: Vec<Answer> = vec![tracker.handle(command)];
+                while answers.len() < MAX_REQUEST_BURST {
+                    let Ok(command) = commands.try_recv() else { break };
+                    answers.push(tracker.handle(command));
+                }
+                // Answered only once what they changed is on disk.
+                tracker.persist();
+                answers.into_iter().for_each(|answer| answer());
+            }
+            _ = tokio::time::sleep(delay) => {
+                tracker.tick();
+                replay_spool(&mut tracker, &spool_dir);
+            }
         }
         tracker.persist();
     }
+    api.abort();
+    let _ = api.await;
     metrics.set_ready(false);
     tracker.shutdown();
     info!("stopping; programs stay attached through their pins, enforcement continues");

@@ -1,35 +1,38 @@
-//! Prometheus metrics and the agent's HTTP endpoints: `/metrics`, `/healthz`, `/readyz`.
+//! Prometheus metrics of the agent (DESIGN §5), served by [`serve`] with `/healthz` and
+//! `/readyz`.
 //!
-//! Datapath counters are read from the pinned per-CPU map at scrape time, so a scrape always
-//! sees the kernel's own numbers, including what was counted while the agent was down.
+//! Every family with labels has all its label values from the first scrape (zeros included):
+//! a series that appears only when it first moves breaks `rate()` and `increase()` over the
+//! moment it appears, and alerts written as `x > 0` never see the step from nothing. Label
+//! values are small closed sets (hooks, reasons, kinds, states, sources): never an address,
+//! an interface or a pod.
+
+mod datapath;
+mod process;
+mod server;
+#[cfg(test)]
+mod tests;
 
 use std::{
-    convert::Infallible,
-    net::SocketAddr,
     path::Path,
-    sync::{
-        atomic::{AtomicBool, AtomicU64, Ordering},
-        Arc, Mutex,
-    },
+    sync::{atomic::AtomicU64, Arc, Mutex},
 };
 
-use http_body_util::Full;
-use hyper::{body::Bytes, server::conn::http1, service::service_fn, Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
-use ipq_common::counters::{counter_index, Action, Hook, Reason, SAMPLES_LOST_INDEX};
-use log::{debug, warn};
+use ipq_common::counters::Hook;
+use log::warn;
 use prometheus::{
-    core::{Collector, Desc},
-    proto::MetricFamily,
-    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
-    Registry, TextEncoder,
+    core::Collector, Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 use thiserror::Error;
-use tokio::net::TcpListener;
+
+pub use server::serve;
 
 use crate::datapath::{maps::Source, Counters, DatapathError};
 use crate::paths::{AttachPoint, PinLayout};
 use crate::registry::{Clock, ConflictKind, Registry as AddressRegistry, StateName};
+use datapath::{DatapathCollector, LostCounts, ReadCounters};
+use process::ProcessCollector;
 
 #[derive(Debug, Error)]
 pub enum MetricsError {
@@ -39,20 +42,13 @@ pub enum MetricsError {
     Datapath(#[from] DatapathError),
     #[error("listening on metrics_addr {addr}: {source}")]
     Bind {
-        addr: SocketAddr,
+        addr: std::net::SocketAddr,
         source: std::io::Error,
     },
 }
 
-/// Builds the three packet-counter families fresh on every scrape from the kernel's counters.
-struct DatapathCollector {
-    counters: Mutex<Counters>,
-    descs: Vec<Desc>,
-    /// Events lost in user space, indexed by [`LostAt`]; the kernel's count lives in its map.
-    lost: Arc<[AtomicU64; LostAt::ALL.len()]>,
-}
-
-/// Where user space loses events (`source` label of `ipq_events_lost_total`).
+/// Where user space loses events (`source` label of `ipq_events_lost_total`; the kernel's
+/// losses are `source="kernel"`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LostAt {
     /// A conflict log line over the log rate limit.
@@ -72,131 +68,12 @@ impl LostAt {
     }
 }
 
-fn packet_families() -> Result<[(Action, IntCounterVec, IntCounterVec); 3], prometheus::Error> {
-    let family = |action: Action, what: &str, help: &str| -> Result<_, prometheus::Error> {
-        let packets = IntCounterVec::new(
-            Opts::new(
-                format!("ipq_{what}_packets_total"),
-                format!("Packets {help}."),
-            ),
-            &["hook", "reason"],
-        )?;
-        let bytes = IntCounterVec::new(
-            Opts::new(format!("ipq_{what}_bytes_total"), format!("Bytes {help}.")),
-            &["hook", "reason"],
-        )?;
-        Ok((action, packets, bytes))
-    };
-    Ok([
-        family(
-            Action::Dropped,
-            "dropped",
-            "dropped by the datapath in enforce mode, by hook and reason",
-        )?,
-        family(
-            Action::Observed,
-            "observed",
-            "that enforce mode would have dropped, passed in observe mode, by hook and reason",
-        )?,
-        family(
-            Action::Reported,
-            "reported",
-            "passed and reported as evidence (remote claims), by hook and reason",
-        )?,
-    ])
-}
-
-fn events_lost() -> Result<IntCounterVec, prometheus::Error> {
-    IntCounterVec::new(
-        Opts::new(
-            "ipq_events_lost_total",
-            "Conflict events lost, by where they were lost (kernel: the sample ring was full; \
-             log: log lines over the rate limit; api: an event-stream subscriber too slow).",
-        ),
-        &["source"],
-    )
-}
-
-impl DatapathCollector {
-    fn new(
-        counters: Counters,
-        lost: Arc<[AtomicU64; LostAt::ALL.len()]>,
-    ) -> Result<Self, prometheus::Error> {
-        let mut descs = Vec::new();
-        for (_, packets, bytes) in packet_families()? {
-            descs.extend(packets.desc().into_iter().cloned());
-            descs.extend(bytes.desc().into_iter().cloned());
-        }
-        descs.extend(events_lost()?.desc().into_iter().cloned());
-        Ok(Self {
-            counters: Mutex::new(counters),
-            descs,
-            lost,
-        })
-    }
-
-    fn families(&self) -> Result<Vec<MetricFamily>, Box<dyn std::error::Error>> {
-        let values = self
-            .counters
-            .lock()
-            .map_err(|_| "counters lock poisoned")?
-            .read()?;
-        let mut out = Vec::new();
-        for (action, packets, bytes) in packet_families()? {
-            for hook in Hook::ALL {
-                for reason in Reason::ALL {
-                    let c = values[counter_index(action, hook, reason) as usize];
-                    let labels = [hook.as_str(), reason.as_str()];
-                    packets.with_label_values(&labels).inc_by(c.packets);
-                    bytes.with_label_values(&labels).inc_by(c.bytes);
-                }
-            }
-            out.extend(packets.collect());
-            out.extend(bytes.collect());
-        }
-        let lost = events_lost()?;
-        lost.with_label_values(&["kernel"])
-            .inc_by(values[SAMPLES_LOST_INDEX as usize].packets);
-        for at in LostAt::ALL {
-            lost.with_label_values(&[at.as_str()])
-                .inc_by(self.lost[at as usize].load(Ordering::Relaxed));
-        }
-        out.extend(lost.collect());
-        Ok(out)
-    }
-}
-
-impl Collector for DatapathCollector {
-    fn desc(&self) -> Vec<&Desc> {
-        self.descs.iter().collect()
-    }
-
-    fn collect(&self) -> Vec<MetricFamily> {
-        match self.families() {
-            Ok(families) => families,
-            Err(e) => {
-                warn!("reading datapath counters for /metrics: {e}");
-                Vec::new()
-            }
-        }
-    }
-}
-
-/// The agent's metrics, shared with whoever updates them.
-pub struct Metrics {
-    pub registry: Registry,
-    pub datapath_interfaces: IntGaugeVec,
-    pub registry_entries: IntGauge,
-    pub registry_capacity: IntGauge,
-    pub addresses: IntGaugeVec,
-    pub conflicts: IntCounterVec,
-    pub refused_claims: IntCounter,
-    pub netlink_resyncs: IntCounter,
-    pub stale_traffic_age_seconds: Histogram,
-    pub quarantine_duration_seconds: Histogram,
-    lost: Arc<[AtomicU64; LostAt::ALL.len()]>,
-    ready: AtomicBool,
-}
+/// The states `ipq_addresses` reports (`Free` is the absence of a record).
+const STATES: [StateName; 3] = [
+    StateName::Active,
+    StateName::Draining,
+    StateName::Quarantined,
+];
 
 /// Buckets for durations from a few hundred milliseconds to an hour: cool-downs are seconds to
 /// minutes, and the tail is what an operator sizing `cooldown` needs to see.
@@ -204,104 +81,203 @@ const DURATION_BUCKETS: [f64; 14] = [
     0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0,
 ];
 
+/// `debug` or `release`: which cargo profile built the agent (`ipq_build_info{profile}`).
+const PROFILE: &str = if cfg!(debug_assertions) {
+    "debug"
+} else {
+    "release"
+};
+
+/// The agent's metrics, shared with whoever updates them.
+pub struct Metrics {
+    pub registry: Registry,
+    pub datapath_interfaces: IntGaugeVec,
+    pub registry_entries: IntGauge,
+    pub registry_capacity: IntGauge,
+    /// Claims of new addresses refused because the registry was full; follows the registry's
+    /// own count through [`observe_registry`](Self::observe_registry).
+    pub registry_full_rejections: IntCounter,
+    pub addresses: IntGaugeVec,
+    pub conflicts: IntCounterVec,
+    pub refused_claims: IntCounter,
+    pub netlink_resyncs: IntCounter,
+    pub stale_traffic_age_seconds: Histogram,
+    pub quarantine_duration_seconds: Histogram,
+    lost: LostCounts,
+    /// `ipq_ready`, also what `/readyz` answers from.
+    ready: IntGauge,
+}
+
+/// Registers `metric` in `registry` and hands it back.
+fn registered<M: Collector + Clone + 'static>(
+    registry: &Registry,
+    metric: M,
+) -> Result<M, prometheus::Error> {
+    registry.register(Box::new(metric.clone()))?;
+    Ok(metric)
+}
+
 impl Metrics {
     /// Registers every metric; the datapath counters come from the maps pinned under
     /// `bpffs_dir`.
     pub fn new(bpffs_dir: &Path) -> Result<Arc<Self>, MetricsError> {
-        let registry = Registry::new();
         let layout = PinLayout::new(bpffs_dir);
-        let counters = Counters::open(&mut Source::Pinned(&layout))?;
-        let lost = Arc::new([AtomicU64::new(0), AtomicU64::new(0)]);
-        registry.register(Box::new(DatapathCollector::new(counters, lost.clone())?))?;
+        let counters = Mutex::new(Counters::open(&mut Source::Pinned(&layout))?);
+        let read: ReadCounters = Box::new(move || {
+            counters
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .read()
+        });
+        Ok(Arc::new(Self::with_counters(read)?))
+    }
 
-        let datapath_interfaces = IntGaugeVec::new(
-            Opts::new(
-                "ipq_datapath_interfaces",
-                "Interfaces with an ipq program attached, by hook.",
-            ),
-            &["hook"],
+    /// Every metric, with the packet counters read by `read`.
+    fn with_counters(read: ReadCounters) -> Result<Self, prometheus::Error> {
+        let registry = Registry::new();
+        let lost: LostCounts = Arc::new([AtomicU64::new(0), AtomicU64::new(0)]);
+        registry.register(Box::new(DatapathCollector::new(read, lost.clone())?))?;
+        registry.register(Box::new(ProcessCollector::new()?))?;
+
+        let build_info = registered(
+            &registry,
+            IntGaugeVec::new(
+                Opts::new(
+                    "ipq_build_info",
+                    "Always 1; the labels say which ipq build runs (version: the crate \
+                     version, profile: the cargo profile, debug or release).",
+                ),
+                &["version", "profile"],
+            )?,
         )?;
-        registry.register(Box::new(datapath_interfaces.clone()))?;
+        build_info
+            .with_label_values(&[env!("CARGO_PKG_VERSION"), PROFILE])
+            .set(1);
+        let ready = registered(
+            &registry,
+            IntGauge::new(
+                "ipq_ready",
+                "1 when the agent is ready (datapath loaded, registry recovered and reconciled \
+                 with the node; /readyz answers 200), else 0.",
+            )?,
+        )?;
+
+        let datapath_interfaces = registered(
+            &registry,
+            IntGaugeVec::new(
+                Opts::new(
+                    "ipq_datapath_interfaces",
+                    "Interfaces with an ipq program attached, by hook (tc_ingress and \
+                     tc_egress on workload interfaces, xdp on uplinks).",
+                ),
+                &["hook"],
+            )?,
+        )?;
         for hook in Hook::ALL {
             datapath_interfaces
                 .with_label_values(&[hook.as_str()])
                 .set(0);
         }
-        let registry_entries = IntGauge::new(
-            "ipq_registry_entries",
-            "Addresses in the datapath's address map.",
+        let registry_entries = registered(
+            &registry,
+            IntGauge::new(
+                "ipq_registry_entries",
+                "Addresses in the datapath's address map (the registry's copy in the kernel). \
+                 At ipq_registry_capacity, claims of new addresses are refused.",
+            )?,
         )?;
-        registry.register(Box::new(registry_entries.clone()))?;
-        let registry_capacity = IntGauge::new(
-            "ipq_registry_capacity",
-            "Addresses the datapath's address map can hold.",
+        let registry_capacity = registered(
+            &registry,
+            IntGauge::new(
+                "ipq_registry_capacity",
+                "Addresses the datapath's address map can hold (capacity).",
+            )?,
         )?;
-        registry.register(Box::new(registry_capacity.clone()))?;
-        let build_info = IntGaugeVec::new(
-            Opts::new("ipq_build_info", "Always 1; the labels say which ipq runs."),
-            &["version"],
+        let registry_full_rejections = registered(
+            &registry,
+            IntCounter::new(
+                "ipq_registry_full_rejections_total",
+                "Claims of new addresses refused because the address map was full (existing \
+                 entries are never evicted).",
+            )?,
         )?;
-        registry.register(Box::new(build_info.clone()))?;
-        build_info
-            .with_label_values(&[env!("CARGO_PKG_VERSION")])
-            .set(1);
 
-        let addresses = IntGaugeVec::new(
-            Opts::new(
-                "ipq_addresses",
-                "Addresses in the registry, by lifecycle state.",
-            ),
-            &["state"],
+        let addresses = registered(
+            &registry,
+            IntGaugeVec::new(
+                Opts::new(
+                    "ipq_addresses",
+                    "Addresses in the registry, by lifecycle state (active, draining, \
+                     quarantined).",
+                ),
+                &["state"],
+            )?,
         )?;
-        registry.register(Box::new(addresses.clone()))?;
-        for state in [
-            StateName::Active,
-            StateName::Draining,
-            StateName::Quarantined,
-        ] {
+        for state in STATES {
             addresses.with_label_values(&[state.as_str()]).set(0);
         }
-        let conflicts = IntCounterVec::new(
-            Opts::new("ipq_conflicts_total", "Address conflicts seen, by kind."),
-            &["kind"],
+        let conflicts = registered(
+            &registry,
+            IntCounterVec::new(
+                Opts::new(
+                    "ipq_conflicts_total",
+                    "Address conflicts recorded, by kind (early_reuse: a claim while another \
+                     live holder has the address; reuse_in_cooldown: a claim during \
+                     quarantine; duplicate_source: a holder's address as source on another \
+                     holder's interface; remote_claim: another machine announcing an address \
+                     held here).",
+                ),
+                &["kind"],
+            )?,
         )?;
-        registry.register(Box::new(conflicts.clone()))?;
         for kind in ConflictKind::ALL {
             conflicts.with_label_values(&[kind.as_str()]).inc_by(0);
         }
-        let refused_claims = IntCounter::new(
-            "ipq_refused_claims_total",
-            "Claims refused under on_early_reuse = refuse-new.",
+        let refused_claims = registered(
+            &registry,
+            IntCounter::new(
+                "ipq_refused_claims_total",
+                "Explicit claims (CNI ADD, API) refused with try-again-later under \
+                 on_early_reuse = refuse-new.",
+            )?,
         )?;
-        registry.register(Box::new(refused_claims.clone()))?;
-        let netlink_resyncs = IntCounter::new(
-            "ipq_netlink_resyncs_total",
-            "Full netlink dumps taken because events were lost.",
+        let netlink_resyncs = registered(
+            &registry,
+            IntCounter::new(
+                "ipq_netlink_resyncs_total",
+                "Full netlink dumps taken because netlink events were lost (socket overrun).",
+            )?,
         )?;
-        registry.register(Box::new(netlink_resyncs.clone()))?;
-        let stale_traffic_age_seconds = Histogram::with_opts(
-            HistogramOpts::new(
-                "ipq_stale_traffic_age_seconds",
-                "Time since its holder left at which stale traffic for a quarantined address \
-                 arrived (sampled): the evidence for choosing cooldown.",
-            )
-            .buckets(DURATION_BUCKETS.to_vec()),
+        let stale_traffic_age_seconds = registered(
+            &registry,
+            Histogram::with_opts(
+                HistogramOpts::new(
+                    "ipq_stale_traffic_age_seconds",
+                    "Seconds since its holder left at which stale inbound traffic for a \
+                     quarantined address arrived, one observation per conflict sample (at most \
+                     one per address per sample interval): the evidence for choosing cooldown.",
+                )
+                .buckets(DURATION_BUCKETS.to_vec()),
+            )?,
         )?;
-        registry.register(Box::new(stale_traffic_age_seconds.clone()))?;
-        let quarantine_duration_seconds = Histogram::with_opts(
-            HistogramOpts::new(
-                "ipq_quarantine_duration_seconds",
-                "How long addresses stayed quarantined before release.",
-            )
-            .buckets(DURATION_BUCKETS.to_vec()),
+        let quarantine_duration_seconds = registered(
+            &registry,
+            Histogram::with_opts(
+                HistogramOpts::new(
+                    "ipq_quarantine_duration_seconds",
+                    "Seconds addresses stayed quarantined before release (cooldown, extended by \
+                     stale traffic up to max_cooldown).",
+                )
+                .buckets(DURATION_BUCKETS.to_vec()),
+            )?,
         )?;
-        registry.register(Box::new(quarantine_duration_seconds.clone()))?;
 
-        Ok(Arc::new(Self {
+        Ok(Self {
             registry,
             datapath_interfaces,
             registry_entries,
             registry_capacity,
+            registry_full_rejections,
             addresses,
             conflicts,
             refused_claims,
@@ -309,54 +285,49 @@ impl Metrics {
             stale_traffic_age_seconds,
             quarantine_duration_seconds,
             lost,
-            ready: AtomicBool::new(false),
-        }))
+            ready,
+        })
     }
 
     /// Counts `n` events lost at `at` (`ipq_events_lost_total{source}`).
     pub fn events_lost(&self, at: LostAt, n: u64) {
-        self.lost[at as usize].fetch_add(n, Ordering::Relaxed);
+        self.lost[at as usize].fetch_add(n, std::sync::atomic::Ordering::Relaxed);
     }
 
-    /// Sets the per-state address gauge from the registry.
+    /// Sets the per-state address gauge from the registry, and carries the registry's count of
+    /// claims it refused for being full into `ipq_registry_full_rejections_total`.
     pub fn observe_registry<C: Clock>(&self, registry: &AddressRegistry<C>) {
-        for state in [
-            StateName::Active,
-            StateName::Draining,
-            StateName::Quarantined,
-        ] {
+        for state in STATES {
             self.addresses
                 .with_label_values(&[state.as_str()])
                 .set(registry.count(state) as i64);
+        }
+        let counted = self.registry_full_rejections.get();
+        let seen = registry.full_rejections();
+        if seen > counted {
+            self.registry_full_rejections.inc_by(seen - counted);
         }
     }
 
     /// Sets the attached-interface gauge from the attach points in use.
     pub fn observe_attachments(&self, points: impl Iterator<Item = AttachPoint>) {
-        let mut counts = [0i64; 3];
+        let mut counts = [0i64; Hook::ALL.len()];
         for point in points {
-            counts[match point {
-                AttachPoint::TcxIngress => 0,
-                AttachPoint::TcxEgress => 1,
-                AttachPoint::Xdp => 2,
-            }] += 1;
+            counts[hook_of(point) as usize] += 1;
         }
-        for (hook, count) in [Hook::TcIngress, Hook::TcEgress, Hook::Xdp]
-            .into_iter()
-            .zip(counts)
-        {
+        for hook in Hook::ALL {
             self.datapath_interfaces
                 .with_label_values(&[hook.as_str()])
-                .set(count);
+                .set(counts[hook as usize]);
         }
     }
 
     pub fn set_ready(&self, ready: bool) {
-        self.ready.store(ready, Ordering::SeqCst);
+        self.ready.set(i64::from(ready));
     }
 
     pub fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::SeqCst)
+        self.ready.get() == 1
     }
 
     /// The registry in the Prometheus text exposition format.
@@ -369,69 +340,11 @@ impl Metrics {
     }
 }
 
-fn respond(status: StatusCode, content_type: &str, body: String) -> Response<Full<Bytes>> {
-    Response::builder()
-        .status(status)
-        .header("content-type", content_type)
-        .body(Full::new(Bytes::from(body)))
-        .unwrap_or_else(|_| Response::new(Full::new(Bytes::new())))
-}
-
-async fn handle(
-    metrics: Arc<Metrics>,
-    req: Request<hyper::body::Incoming>,
-) -> Response<Full<Bytes>> {
-    match req.uri().path() {
-        "/metrics" => respond(
-            StatusCode::OK,
-            "text/plain; version=0.0.4; charset=utf-8",
-            metrics.render(),
-        ),
-        "/healthz" => respond(StatusCode::OK, "text/plain", "ok\n".into()),
-        "/readyz" if metrics.is_ready() => respond(StatusCode::OK, "text/plain", "ready\n".into()),
-        "/readyz" => respond(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "text/plain",
-            "not ready: datapath not attached yet\n".into(),
-        ),
-        _ => respond(
-            StatusCode::NOT_FOUND,
-            "text/plain",
-            "not found: try /metrics, /healthz or /readyz\n".into(),
-        ),
+/// The hook a program attached at `point` counts under.
+fn hook_of(point: AttachPoint) -> Hook {
+    match point {
+        AttachPoint::TcxIngress => Hook::TcIngress,
+        AttachPoint::TcxEgress => Hook::TcEgress,
+        AttachPoint::Xdp => Hook::Xdp,
     }
-}
-
-/// Binds `addr` now (so a bad address fails the start) and serves until the task is dropped.
-pub async fn serve(
-    addr: SocketAddr,
-    metrics: Arc<Metrics>,
-) -> Result<impl std::future::Future<Output = ()>, MetricsError> {
-    let listener = TcpListener::bind(addr)
-        .await
-        .map_err(|source| MetricsError::Bind { addr, source })?;
-    Ok(async move {
-        loop {
-            let (stream, peer) = match listener.accept().await {
-                Ok(conn) => conn,
-                Err(e) => {
-                    warn!("metrics: accept failed: {e}");
-                    continue;
-                }
-            };
-            let metrics = metrics.clone();
-            tokio::spawn(async move {
-                let service = service_fn(move |req| {
-                    let metrics = metrics.clone();
-                    async move { Ok::<_, Infallible>(handle(metrics, req).await) }
-                });
-                if let Err(e) = http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await
-                {
-                    debug!("metrics: connection from {peer}: {e}");
-                }
-            });
-        }
-    })
 }

@@ -988,7 +988,7 @@ impl Agent<'_> {
     /// target `ipq::conflict`; the kernel's raw `conflict_sample` lines are not counted).
     pub fn conflicts_logged(&self, kind: &str, addr: IpAddr) -> usize {
         let kind = format!("\"kind\":\"{kind}\"");
-        let addr = format!("\"addr\":\"{addr}\"");
+        let addr = format!("\"address\":\"{addr}\"");
         self.log()
             .lines()
             .filter(|l| l.contains("ipq::conflict") && l.contains("\"event\":\"conflict\""))

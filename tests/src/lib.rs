@@ -1,5 +1,8 @@
 //! Privileged test support for ipq: network namespaces, crafted frames, the lab.
+pub mod api;
+pub mod cni;
 pub mod lab;
 pub mod netns;
 pub mod packets;
 pub mod podman;
+pub mod prometheus;

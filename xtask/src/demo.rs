@@ -25,6 +25,7 @@ const PEER: &str = "ipq-demo-peer";
 const BPFFS_DIR: &str = "/sys/fs/bpf/ipq-demo";
 const METRICS: &str = "127.0.0.1:9740";
 const STATE_DIR: &str = "/tmp/ipq-demo-state";
+const API_SOCKET: &str = "/tmp/ipq-demo-state/ipq.sock";
 /// The agent's own log, shown in part at the end: its JSON conflict records.
 const AGENT_LOG: &str = "/tmp/ipq-demo-agent.log";
 
@@ -202,7 +203,7 @@ pub fn run() -> Result<()> {
     say("starting ipq-agent in the node (TCX on vethpa/vethpb, XDP on the uplink up0)");
     let child = in_ns(NODE, agent.to_str().context("agent path is not UTF-8")?)
         .args(["--bpffs-dir", BPFFS_DIR, "--metrics-addr", METRICS])
-        .args(["--state-dir", STATE_DIR])
+        .args(["--state-dir", STATE_DIR, "--api-socket", API_SOCKET])
         .args(["--workload", "vethp*", "--uplink", "up0"])
         .env("RUST_LOG", "info")
         .stderr(std::fs::File::create(AGENT_LOG).context(AGENT_LOG)?)

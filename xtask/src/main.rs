@@ -7,6 +7,7 @@ mod build_ebpf;
 mod demo;
 mod setup;
 mod test;
+mod tools;
 mod util;
 
 use std::ffi::OsString;

@@ -40,7 +40,7 @@ pub enum Scope {
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Outcome {
+pub(crate) enum Outcome {
     Present,
     Installed,
 }
@@ -77,6 +77,15 @@ const SYSTEM_STEPS: &[Step] = &[
     Step {
         name: "debian packages",
         run: debian_packages,
+    },
+    // The deploy tests' checkers, after the Debian packages (they need python3 and npm).
+    Step {
+        name: "kubernetes-validate",
+        run: crate::tools::kubernetes_validate,
+    },
+    Step {
+        name: "grafana dashboard schema",
+        run: crate::tools::grafana_schema,
     },
 ];
 

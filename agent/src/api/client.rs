@@ -29,7 +29,10 @@ pub enum ClientError {
     Unavailable { socket: PathBuf, reason: String },
     /// The agent answered with an error.
     #[error("{}", error.message)]
-    Api { status: u16, error: ApiErrorBody },
+    Api {
+        status: u16,
+        error: Box<ApiErrorBody>,
+    },
     /// The agent answered something this client does not understand.
     #[error("unexpected answer from the agent to {what}: {reason}")]
     Protocol { what: String, reason: String },
@@ -237,7 +240,7 @@ impl Client {
         match serde_json::from_slice::<ErrorResponse>(&bytes) {
             Ok(body) => Err(ClientError::Api {
                 status: status.as_u16(),
-                error: body.error,
+                error: Box::new(body.error),
             }),
             Err(_) => Err(self.protocol(
                 path,

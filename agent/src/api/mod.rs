@@ -18,4 +18,8 @@
 //! [`ErrorCode`](model::ErrorCode); a request that fails changes nothing.
 
 pub mod client;
+pub mod command;
 pub mod model;
+mod routes;
+pub mod server;
+pub mod views;

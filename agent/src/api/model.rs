@@ -50,6 +50,9 @@ pub struct HolderSpec {
     /// CNI attachment.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cni_ifname: Option<String>,
+    /// The CNI network (the conflist's `name`) the attachment belongs to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub netns: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -99,6 +102,10 @@ pub struct Attachment {
 #[serde(deny_unknown_fields)]
 pub struct GcRequest {
     pub valid_attachments: Vec<Attachment>,
+    /// The CNI network being collected: holders of another network are left alone. Without
+    /// it, every CNI-made holder is judged by `valid_attachments`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<String>,
 }
 
 /// The answer to a drain, a GC or a release: the addresses changed, as they are now.
@@ -161,6 +168,9 @@ pub struct ConflictView {
     /// What the policy did: `fenced_old`, `refused_new`, `blocked_new`, `observed`,
     /// `dropped` (duplicate source), `reported`.
     pub outcome: String,
+    /// Empty (and left out) inside an [`Event`], whose own `at` is the same instant: the
+    /// event's fields and the conflict's share one JSON object, where a key may appear once.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub at: String,
 }
 
@@ -173,7 +183,8 @@ pub struct ConflictList {
 /// One line of `GET /v1/events` (newline-delimited JSON).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Event {
-    /// Increases by one per event the agent published; a gap means events were lost.
+    /// Increases by one per event the agent published; a gap means events were lost (a
+    /// `lost` marker, which carries seq 0 and is outside the sequence, says how many).
     pub seq: u64,
     pub at: String,
     #[serde(flatten)]
@@ -184,7 +195,7 @@ pub struct Event {
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum EventBody {
     /// A registry conflict.
-    Conflict(ConflictView),
+    Conflict(Box<ConflictView>),
     /// An address changed state (or holder).
     Transition {
         address: IpAddr,
@@ -199,8 +210,13 @@ pub enum EventBody {
         hook: String,
         reason: String,
         action: String,
+        /// The address's state in the datapath when the packet was seen.
+        state: String,
+        /// The interface the packet was seen on.
         ifindex: u32,
         holder_ifindex: u32,
+        src_mac: String,
+        pkt_len: u32,
     },
     /// `n` events were dropped before this subscriber could read them.
     Lost { n: u64 },

@@ -1,6 +1,5 @@
-//! `ipq`: the operator's command line over the agent's API.
+//! `ipq`: the operator's command line over the agent's API. Everything is in `ipq::cli`.
 
 fn main() -> std::process::ExitCode {
-    eprintln!("ipq: the command line is not built yet");
-    std::process::ExitCode::FAILURE
+    ipq::cli::main().into()
 }

@@ -72,7 +72,7 @@ pub enum Effect {
     /// Delete the datapath entry of `addr`.
     Remove { addr: IpAddr },
     /// A conflict to count, log and publish.
-    Conflict(Conflict),
+    Conflict(Box<Conflict>),
     /// For the event feed: `addr` went from `from` to `to`; `holder` is the live holder after
     /// it (a change of holder within Active is reported as `active → active`).
     Transition {

@@ -108,7 +108,7 @@ fn conflicts(effects: &[Effect]) -> Vec<&Conflict> {
     effects
         .iter()
         .filter_map(|e| match e {
-            Effect::Conflict(c) => Some(c),
+            Effect::Conflict(c) => Some(&**c),
             _ => None,
         })
         .collect()

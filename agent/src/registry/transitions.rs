@@ -446,13 +446,13 @@ impl<C: Clock> Registry<C> {
         at: MonoNs,
     ) -> Effect {
         record.conflicts = record.conflicts.saturating_add(1);
-        Effect::Conflict(Conflict {
+        Effect::Conflict(Box::new(Conflict {
             kind,
             addr: record.addr,
             old,
             new,
             policy: self.settings.policy,
             at,
-        })
+        }))
     }
 }

@@ -35,6 +35,9 @@ pub struct Holder {
     /// The container-side interface (`CNI_IFNAME`): with the container id, a CNI attachment.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cni_ifname: Option<String>,
+    /// The CNI network (conflist `name`) of that attachment.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub netns: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -49,6 +52,7 @@ impl Holder {
             ifname: ifname.into(),
             container_id: None,
             cni_ifname: None,
+            network: None,
             netns: None,
             pod: None,
         }
@@ -94,6 +98,7 @@ impl Holder {
         }
         changed |= fill(&mut self.container_id, &other.container_id);
         changed |= fill(&mut self.cni_ifname, &other.cni_ifname);
+        changed |= fill(&mut self.network, &other.network);
         changed |= fill(&mut self.netns, &other.netns);
         changed |= fill(&mut self.pod, &other.pod);
         changed

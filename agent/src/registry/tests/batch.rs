@@ -41,7 +41,11 @@ fn a_full_registry_undoes_the_addresses_already_taken() {
         .unwrap_err();
     assert!(matches!(err, RegistryError::Full { .. }), "{err}");
     let record = t.record("10.0.0.1");
-    assert_eq!(record.status.holder(), Some(&h(3)), "the old holder is back");
+    assert_eq!(
+        record.status.holder(),
+        Some(&h(3)),
+        "the old holder is back"
+    );
     assert_eq!(record.fenced, None);
 }
 

@@ -495,14 +495,14 @@ fn duplicate_source_is_reported_only() {
     let effects = t.ok(|r| r.duplicate_source(ip("10.0.0.1"), 6));
     assert_eq!(
         effects,
-        vec![Effect::Conflict(Conflict {
+        vec![Effect::Conflict(Box::new(Conflict {
             kind: ConflictKind::DuplicateSource,
             addr: ip("10.0.0.1"),
             old: Some(h(5)),
             new: Some(b),
             policy: EarlyReusePolicy::FenceOld,
             at: START,
-        })]
+        }))]
     );
     assert_eq!(t.entry("10.0.0.1"), before);
     assert_eq!(t.record("10.0.0.1").conflicts, 1);

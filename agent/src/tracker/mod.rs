@@ -2,7 +2,13 @@
 //! and what time does become registry transitions, and where those transitions' effects reach
 //! the datapath, the journal, the log and the metrics.
 
-use std::{collections::BTreeSet, net::IpAddr, sync::Arc};
+mod commands;
+mod events;
+
+pub use commands::Answer;
+pub use events::RECENT_CONFLICTS;
+
+use std::{collections::BTreeSet, net::IpAddr, sync::Arc, time::SystemTime};
 
 use ipq_common::{
     addr::{AddrEntry, AddrKey, AddrState, FLAG_OBSERVE_ONLY, NO_IFINDEX},
@@ -11,15 +17,21 @@ use ipq_common::{
 };
 use log::{error, info, warn};
 
+use self::events::EventHub;
 use crate::{
-    config::{Config, EarlyReusePolicy},
+    api::{
+        model::EventBody,
+        views::{conflict_view, Outcome, TimeBase},
+    },
+    config::{Config, EarlyReusePolicy, Mode},
     datapath::Datapath,
     journal::{Journal, JournalError},
+    metrics::LostAt,
     metrics::Metrics,
     netdev,
     netlink::{NetEvent, NetState},
     registry::{
-        datapath_entry, AddrRecord, AddrStatus, ConflictKind, Effect, Holder, Registry,
+        datapath_entry, AddrRecord, AddrStatus, Conflict, ConflictKind, Effect, Holder, Registry,
         RegistryError, RegistrySettings, Snapshot, Source, SystemClock, SNAPSHOT_VERSION,
     },
 };
@@ -55,6 +67,9 @@ pub struct Tracker {
     /// Addresses an early reuse was let through on under `on_early_reuse = observe`: their
     /// holders all keep flowing, and what the datapath sees between them is only counted.
     observed_reuse: BTreeSet<IpAddr>,
+    /// The API's event feed and recent conflicts.
+    events: EventHub,
+    started_at: SystemTime,
 }
 
 impl Tracker {
@@ -74,6 +89,8 @@ impl Tracker {
             metrics,
             dirty: false,
             observed_reuse: BTreeSet::new(),
+            events: EventHub::new(),
+            started_at: SystemTime::now(),
         }
     }
 
@@ -401,6 +418,7 @@ impl Tracker {
     /// One conflict sample from the kernel.
     pub fn on_sample(&mut self, sample: &ConflictSample) {
         let addr = sample.addr.to_ip();
+        self.publish_sample(sample);
         match Reason::from_raw(sample.reason) {
             Some(Reason::StaleTraffic) => {
                 if let Some(AddrStatus::Quarantined { since, .. }) =
@@ -429,12 +447,9 @@ impl Tracker {
 
     /// Applies a transition's effects, or reports why there was none.
     fn apply(&mut self, result: Result<Vec<Effect>, RegistryError>, why: &str) {
+        // Only explicit claims (the API) can be refused; they record their conflict there.
         match result {
             Ok(effects) => self.apply_effects(effects),
-            Err(RegistryError::Refused { .. }) => {
-                self.metrics.refused_claims.inc();
-                warn!("{why}: {}", result.unwrap_err());
-            }
             Err(e) => warn!("{why}: {e}"),
         }
     }
@@ -461,12 +476,8 @@ impl Tracker {
                             self.write_entry(conflict.addr, entry);
                         }
                     }
-                    self.metrics
-                        .conflicts
-                        .with_label_values(&[conflict.kind.as_str()])
-                        .inc();
-                    let line = serde_json::json!({ "event": "conflict", "conflict": conflict });
-                    warn!(target: "ipq::conflict", "{line}");
+                    let outcome = self.outcome_of(&conflict);
+                    self.record_conflict(&conflict, outcome);
                 }
                 Effect::Transition {
                     addr,
@@ -474,8 +485,18 @@ impl Tracker {
                     to,
                     holder,
                 } => {
-                    let holder = holder.map(|h| h.to_string()).unwrap_or_default();
-                    info!(target: "ipq::transition", "{addr}: {} -> {} {holder}", from.as_str(), to.as_str());
+                    let shown = holder.as_ref().map(|h| h.to_string()).unwrap_or_default();
+                    info!(target: "ipq::transition", "{addr}: {} -> {} {shown}", from.as_str(), to.as_str());
+                    let at = TimeBase::now().rfc3339(netdev::monotonic_ns());
+                    self.events.publish(
+                        at,
+                        EventBody::Transition {
+                            address: addr,
+                            from,
+                            to,
+                            holder,
+                        },
+                    );
                 }
                 Effect::Released {
                     addr,
@@ -487,6 +508,64 @@ impl Tracker {
                 }
             }
         }
+    }
+
+    /// What the policy did about `conflict`, judged from the registry after it.
+    fn outcome_of(&self, conflict: &Conflict) -> Outcome {
+        let record = self.registry.get(conflict.addr);
+        let old_fenced = match (record, &conflict.old) {
+            (Some(record), Some(old)) => record.is_fenced(old),
+            _ => false,
+        };
+        let observing =
+            self.config.mode == Mode::Observe || self.observed_reuse.contains(&conflict.addr);
+        match conflict.kind {
+            ConflictKind::EarlyReuse | ConflictKind::ReuseInCooldown => match conflict.policy {
+                EarlyReusePolicy::Observe => Outcome::Observed,
+                EarlyReusePolicy::RefuseNew => Outcome::BlockedNew,
+                EarlyReusePolicy::FenceOld if old_fenced => Outcome::FencedOld,
+                EarlyReusePolicy::FenceOld => Outcome::Claimed,
+            },
+            ConflictKind::DuplicateSource if observing => Outcome::Observed,
+            ConflictKind::DuplicateSource => Outcome::Dropped,
+            ConflictKind::RemoteClaim if old_fenced => Outcome::FencedOld,
+            ConflictKind::RemoteClaim => Outcome::Reported,
+        }
+    }
+
+    /// Counts, logs (rate-limited) and publishes one conflict.
+    fn record_conflict(&mut self, conflict: &Conflict, outcome: Outcome) {
+        self.metrics
+            .conflicts
+            .with_label_values(&[conflict.kind.as_str()])
+            .inc();
+        let view = conflict_view(conflict, outcome, &TimeBase::now());
+        if self.events.may_log() {
+            let line = serde_json::json!({ "event": "conflict", "conflict": &view });
+            warn!(target: "ipq::conflict", "{line}");
+        } else {
+            self.metrics.events_lost(LostAt::Log, 1);
+        }
+        self.events.conflict(view);
+    }
+
+    /// Logs (rate-limited) and publishes one kernel sample.
+    fn publish_sample(&mut self, sample: &ConflictSample) {
+        let time = TimeBase::now();
+        let body = events::sample_body(sample);
+        if self.events.may_log() {
+            let mut line = serde_json::json!({ "event": "conflict_sample" });
+            if let (Some(map), Ok(serde_json::Value::Object(fields))) =
+                (line.as_object_mut(), serde_json::to_value(&body))
+            {
+                map.extend(fields);
+                map.insert("at".into(), time.rfc3339(sample.ts_ns).into());
+            }
+            info!(target: "ipq::conflict", "{line}");
+        } else {
+            self.metrics.events_lost(LostAt::Log, 1);
+        }
+        self.events.publish(time.rfc3339(sample.ts_ns), body);
     }
 
     /// Saves the registry if it changed since the last save.

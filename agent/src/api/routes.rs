@@ -1,0 +1,400 @@
+//! `/v1` routing: from an HTTP request to a [`Command`] for the tracker, and from its answer to
+//! an HTTP response. Every input is checked here, before anything reaches the registry, and
+//! every error names the input it is about.
+
+use std::{convert::Infallible, net::IpAddr, sync::Arc};
+
+use bytes::Bytes;
+use futures::StreamExt;
+use http_body_util::{combinators::BoxBody, BodyExt, Full, Limited, StreamBody};
+use hyper::{
+    body::{Frame, Incoming},
+    header, Method, Request, Response, StatusCode,
+};
+use serde::{de::DeserializeOwned, Serialize};
+use tokio::sync::{broadcast, mpsc, oneshot};
+
+use super::{
+    command::{Command, Reply, Subscription},
+    model::{ErrorCode, ErrorResponse, Event, EventBody, ReleaseRequest, API_PREFIX},
+    views::{ApiError, TimeBase},
+};
+use crate::{
+    metrics::{LostAt, Metrics},
+    netdev,
+    registry::StateName,
+    tracker::RECENT_CONFLICTS,
+};
+
+pub type Body = BoxBody<Bytes, Infallible>;
+
+/// Largest request body accepted: a claim of a few addresses is a few hundred bytes.
+const MAX_BODY: usize = 64 * 1024;
+
+/// What every request handler needs.
+#[derive(Clone)]
+pub struct Context {
+    pub commands: mpsc::Sender<Command>,
+    pub metrics: Arc<Metrics>,
+}
+
+/// Answers one request.
+pub async fn handle(request: Request<Incoming>, ctx: Context) -> Response<Body> {
+    match route(request, &ctx).await {
+        Ok(response) => response,
+        Err(error) => error_response(&error),
+    }
+}
+
+async fn route(request: Request<Incoming>, ctx: &Context) -> Result<Response<Body>, ApiError> {
+    let method = request.method().clone();
+    let path = request.uri().path().to_owned();
+    let query = Query::parse(request.uri().query().unwrap_or(""))?;
+    let Some(rest) = path.strip_prefix(API_PREFIX) else {
+        return Err(not_found(&path));
+    };
+    let segments: Vec<&str> = rest.split('/').skip(1).collect();
+    let what = format!("{method} {path}");
+    match segments.as_slice() {
+        ["status"] => {
+            only(&method, Method::GET, &path)?;
+            query.allow(&[])?;
+            json(ask(ctx, Command::Status).await?)
+        }
+        ["addresses"] => {
+            only(&method, Method::GET, &path)?;
+            query.allow(&["state"])?;
+            let state = query.get("state").map(parse_state).transpose()?;
+            json(ask(ctx, |reply| Command::List { state, reply }).await?)
+        }
+        ["addresses", ip] => {
+            only(&method, Method::GET, &path)?;
+            query.allow(&[])?;
+            let addr = parse_ip(ip)?;
+            json(ask(ctx, |reply| Command::Get { addr, reply }).await?)
+        }
+        ["addresses", ip, "drain"] => {
+            only(&method, Method::POST, &path)?;
+            query.allow(&[])?;
+            let addr = parse_ip(ip)?;
+            json(ask(ctx, |reply| Command::Drain { addr, reply }).await?)
+        }
+        ["addresses", ip, "release"] => {
+            only(&method, Method::POST, &path)?;
+            query.allow(&[])?;
+            let addr = parse_ip(ip)?;
+            let body = read_body(request, &what).await?;
+            let ReleaseRequest { force } = if body.iter().all(u8::is_ascii_whitespace) {
+                ReleaseRequest::default()
+            } else {
+                decode(&body, &what)?
+            };
+            json(ask(ctx, |reply| Command::Release { addr, force, reply }).await?)
+        }
+        ["claims"] => {
+            only(&method, Method::POST, &path)?;
+            query.allow(&[])?;
+            let request = decode(&read_body(request, &what).await?, &what)?;
+            json(ask(ctx, |reply| Command::Claim { request, reply }).await?)
+        }
+        ["drains"] => {
+            only(&method, Method::POST, &path)?;
+            query.allow(&[])?;
+            let request: super::model::DrainAttachmentRequest =
+                decode(&read_body(request, &what).await?, &what)?;
+            if request.container_id.is_empty() {
+                return Err(invalid("container_id: empty; name the container to drain"));
+            }
+            json(ask(ctx, |reply| Command::DrainAttachment { request, reply }).await?)
+        }
+        ["gc"] => {
+            only(&method, Method::POST, &path)?;
+            query.allow(&[])?;
+            let request = decode(&read_body(request, &what).await?, &what)?;
+            json(ask(ctx, |reply| Command::Gc { request, reply }).await?)
+        }
+        ["conflicts"] => {
+            only(&method, Method::GET, &path)?;
+            query.allow(&["limit"])?;
+            let limit = match query.get("limit") {
+                None => RECENT_CONFLICTS,
+                Some(raw) => raw
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|n| *n > 0)
+                    .ok_or_else(|| {
+                        invalid(format!("limit `{raw}`: must be a whole number from 1"))
+                    })?,
+            };
+            json(ask(ctx, |reply| Command::Conflicts { limit, reply }).await?)
+        }
+        ["events"] => {
+            only(&method, Method::GET, &path)?;
+            query.allow(&["follow"])?;
+            let follow = match query.get("follow") {
+                None | Some("false") => false,
+                Some("true") => true,
+                Some(other) => {
+                    return Err(invalid(format!("follow `{other}`: must be true or false")))
+                }
+            };
+            events(ctx, follow).await
+        }
+        _ => Err(not_found(&path)),
+    }
+}
+
+/// Sends a command to the tracker and waits for its answer.
+async fn ask<T>(ctx: &Context, command: impl FnOnce(Reply<T>) -> Command) -> Result<T, ApiError> {
+    let (reply, answer) = oneshot::channel();
+    ctx.commands
+        .send(command(reply))
+        .await
+        .map_err(|_| stopping())?;
+    answer.await.map_err(|_| stopping())?
+}
+
+fn stopping() -> ApiError {
+    ApiError::new(
+        ErrorCode::NotReady,
+        "the agent is stopping; try again shortly",
+    )
+}
+
+async fn events(ctx: &Context, follow: bool) -> Result<Response<Body>, ApiError> {
+    let (reply, answer) = oneshot::channel();
+    ctx.commands
+        .send(Command::Subscribe(reply))
+        .await
+        .map_err(|_| stopping())?;
+    let Subscription { backlog, live } = answer.await.map_err(|_| stopping())?;
+    let backlog = futures::stream::iter(backlog.into_iter().map(|e| ndjson_line(&e)));
+    let body: Body = if follow {
+        let metrics = ctx.metrics.clone();
+        let live = futures::stream::unfold(live, move |mut live| {
+            let metrics = metrics.clone();
+            async move {
+                match live.recv().await {
+                    Ok(event) => Some((ndjson_line(&event), live)),
+                    Err(broadcast::error::RecvError::Lagged(n)) => {
+                        metrics.events_lost(LostAt::Api, n);
+                        let lost = Event {
+                            seq: 0,
+                            at: TimeBase::now().rfc3339(netdev::monotonic_ns()),
+                            body: EventBody::Lost { n },
+                        };
+                        Some((ndjson_line(&lost), live))
+                    }
+                    Err(broadcast::error::RecvError::Closed) => None,
+                }
+            }
+        });
+        let frames = backlog
+            .chain(live)
+            .map(|line| Ok::<_, Infallible>(Frame::data(line)));
+        BodyExt::boxed(StreamBody::new(frames))
+    } else {
+        let lines: Vec<Bytes> = backlog.collect().await;
+        full(lines.concat())
+    };
+    Ok(Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, "application/x-ndjson")
+        .body(body)
+        .expect("a static response is valid"))
+}
+
+fn ndjson_line(event: &Event) -> Bytes {
+    let mut line = serde_json::to_vec(event).expect("events serialize");
+    line.push(b'\n');
+    Bytes::from(line)
+}
+
+fn only(method: &Method, allowed: Method, path: &str) -> Result<(), ApiError> {
+    if *method == allowed {
+        Ok(())
+    } else {
+        Err(ApiError::new(
+            ErrorCode::MethodNotAllowed,
+            format!("{method} {path}: only {allowed} is allowed here"),
+        ))
+    }
+}
+
+fn not_found(path: &str) -> ApiError {
+    ApiError::new(
+        ErrorCode::NotFound,
+        format!("{path}: no such path (the API lives under {API_PREFIX}; see `ipq --help`)"),
+    )
+}
+
+fn invalid(message: impl Into<String>) -> ApiError {
+    ApiError::new(ErrorCode::InvalidArgument, message)
+}
+
+fn parse_ip(raw: &str) -> Result<IpAddr, ApiError> {
+    raw.parse::<IpAddr>()
+        .map(|a| a.to_canonical())
+        .map_err(|_| invalid(format!("address `{raw}`: not an IPv4 or IPv6 address")))
+}
+
+fn parse_state(raw: &str) -> Result<StateName, ApiError> {
+    match raw {
+        "active" => Ok(StateName::Active),
+        "draining" => Ok(StateName::Draining),
+        "quarantined" => Ok(StateName::Quarantined),
+        _ => Err(invalid(format!(
+            "state `{raw}`: must be active, draining or quarantined"
+        ))),
+    }
+}
+
+async fn read_body(request: Request<Incoming>, what: &str) -> Result<Bytes, ApiError> {
+    Limited::new(request.into_body(), MAX_BODY)
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .map_err(|e| {
+            ApiError::new(
+                ErrorCode::BadRequest,
+                format!("body of {what}: {e} (at most {MAX_BODY} bytes)"),
+            )
+        })
+}
+
+/// Decodes a JSON body; the error names the field (`addresses[1]: invalid IP address syntax`).
+fn decode<T: DeserializeOwned>(body: &[u8], what: &str) -> Result<T, ApiError> {
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let value: T = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let field = e.path().to_string();
+        let at = if field == "." {
+            String::new()
+        } else {
+            format!(" at `{field}`")
+        };
+        ApiError::new(
+            ErrorCode::BadRequest,
+            format!("body of {what}{at}: {}", e.into_inner()),
+        )
+    })?;
+    de.end()
+        .map_err(|e| ApiError::new(ErrorCode::BadRequest, format!("body of {what}: {e}")))?;
+    Ok(value)
+}
+
+fn full(bytes: impl Into<Bytes>) -> Body {
+    BodyExt::boxed(Full::new(bytes.into()))
+}
+
+fn json<T: Serialize>(value: T) -> Result<Response<Body>, ApiError> {
+    let body = serde_json::to_vec(&value)
+        .map_err(|e| ApiError::new(ErrorCode::Internal, format!("encoding the answer: {e}")))?;
+    Ok(Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(full(body))
+        .expect("a static response is valid"))
+}
+
+pub fn error_response(error: &ApiError) -> Response<Body> {
+    let status = StatusCode::from_u16(error.code().http_status())
+        .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let body = serde_json::to_vec(&ErrorResponse {
+        error: (*error.0).clone(),
+    })
+    .unwrap_or_default();
+    Response::builder()
+        .status(status)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(full(body))
+        .expect("a static response is valid")
+}
+
+/// A query string's parameters.
+struct Query(Vec<(String, String)>);
+
+impl Query {
+    fn parse(raw: &str) -> Result<Self, ApiError> {
+        let mut pairs = Vec::new();
+        for pair in raw.split('&').filter(|p| !p.is_empty()) {
+            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+            if pairs.iter().any(|(k, _)| k == key) {
+                return Err(invalid(format!("query parameter `{key}` given twice")));
+            }
+            pairs.push((key.to_owned(), value.to_owned()));
+        }
+        Ok(Self(pairs))
+    }
+
+    fn allow(&self, known: &[&str]) -> Result<(), ApiError> {
+        match self.0.iter().find(|(k, _)| !known.contains(&k.as_str())) {
+            None => Ok(()),
+            Some((key, _)) if known.is_empty() => Err(invalid(format!(
+                "query parameter `{key}`: this path takes none"
+            ))),
+            Some((key, _)) => Err(invalid(format!(
+                "query parameter `{key}`: unknown (known: {})",
+                known.join(", ")
+            ))),
+        }
+    }
+
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::model::ClaimRequest;
+
+    #[test]
+    fn a_bad_address_in_a_body_is_named_with_its_field() {
+        let body = br#"{"addresses":["10.0.0.1","10.0.0.300"],"holder":{"interface":"veth1"}}"#;
+        let err = decode::<ClaimRequest>(body, "POST /v1/claims").unwrap_err();
+        assert_eq!(err.code(), ErrorCode::BadRequest);
+        assert!(err.0.message.contains("addresses[1]"), "{}", err.0.message);
+        assert!(
+            err.0.message.contains("POST /v1/claims"),
+            "{}",
+            err.0.message
+        );
+    }
+
+    #[test]
+    fn unknown_fields_and_trailing_garbage_are_refused() {
+        let unknown = br#"{"addresses":["10.0.0.1"],"holder":{"interface":"v","colour":1}}"#;
+        let err = decode::<ClaimRequest>(unknown, "x").unwrap_err();
+        assert!(err.0.message.contains("colour"), "{}", err.0.message);
+        let trailing = br#"{"addresses":["10.0.0.1"],"holder":{"interface":"v"}} {}"#;
+        assert!(decode::<ClaimRequest>(trailing, "x").is_err());
+        assert!(decode::<ClaimRequest>(b"", "x").is_err());
+    }
+
+    #[test]
+    fn query_parameters_are_checked() {
+        let q = Query::parse("state=active").unwrap();
+        assert!(q.allow(&["state"]).is_ok());
+        assert_eq!(q.get("state"), Some("active"));
+        let err = Query::parse("stat=active")
+            .unwrap()
+            .allow(&["state"])
+            .unwrap_err();
+        assert!(err.0.message.contains("`stat`"), "{}", err.0.message);
+        assert!(Query::parse("a=1&a=2").is_err());
+        assert!(parse_state("free").is_err());
+        assert_eq!(
+            parse_ip("::ffff:10.0.0.1").unwrap(),
+            "10.0.0.1".parse::<IpAddr>().unwrap()
+        );
+        assert!(parse_ip("10.0.0")
+            .unwrap_err()
+            .0
+            .message
+            .contains("`10.0.0`"));
+    }
+}

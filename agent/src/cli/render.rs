@@ -1,0 +1,249 @@
+//! The tables `ipq` prints for people. Every function takes `now`, so what "12s ago" means is
+//! the caller's choice and tests are deterministic.
+
+use std::time::SystemTime;
+
+use super::{
+    reltime::{absolute_and_relative, relative},
+    table::{key_values, Table},
+};
+use crate::{
+    api::model::{AddressView, ConflictView, Event, EventBody, Status},
+    registry::Holder,
+};
+
+const NONE: &str = "-";
+
+/// How many characters of a container id identify it (as `docker ps` shows them).
+const SHORT_ID: usize = 12;
+
+/// A holder in one cell: the interface plus the pod (`ns/name`), else a short container id.
+pub fn holder_short(holder: &Holder) -> String {
+    if let Some(pod) = &holder.pod {
+        format!("{} {}/{}", holder.ifname, pod.namespace, pod.name)
+    } else if let Some(id) = &holder.container_id {
+        format!("{} {}", holder.ifname, id.get(..SHORT_ID).unwrap_or(id))
+    } else {
+        holder.ifname.clone()
+    }
+}
+
+fn holder_cell(holder: Option<&Holder>) -> String {
+    holder.map_or_else(|| NONE.to_owned(), holder_short)
+}
+
+/// `ipq list` (and the addresses a drain or release changed): one address per line. A
+/// quarantined address has no live holder, so the one before it shows, marked `was`; the
+/// FENCED column appears only when some address has a fenced holder.
+pub fn addresses(views: &[AddressView], now: SystemTime) -> String {
+    let any_fenced = views.iter().any(|v| v.fenced.is_some());
+    let mut header = vec!["ADDRESS", "STATE", "HOLDER", "SINCE", "UNTIL", "CONFLICTS"];
+    if any_fenced {
+        header.push("FENCED");
+    }
+    let mut table = Table::new(header);
+    for view in views {
+        let holder = match (&view.holder, &view.previous_holder) {
+            (Some(live), _) => holder_short(live),
+            (None, Some(previous)) => format!("was {}", holder_short(previous)),
+            (None, None) => NONE.to_owned(),
+        };
+        let mut row = vec![
+            view.address.to_string(),
+            view.state.to_string(),
+            holder,
+            relative(&view.since, now),
+            view.until
+                .as_deref()
+                .map_or_else(|| NONE.to_owned(), |t| relative(t, now)),
+            view.conflicts.to_string(),
+        ];
+        if any_fenced {
+            row.push(holder_cell(view.fenced.as_ref()));
+        }
+        table.row(row);
+    }
+    table.render("")
+}
+
+/// `ipq get`: every field of one address, holders expanded.
+pub fn address_detail(view: &AddressView, now: SystemTime) -> String {
+    let time = |t: &Option<String>| {
+        t.as_deref()
+            .map_or_else(|| NONE.to_owned(), |t| absolute_and_relative(t, now))
+    };
+    let mut pairs = vec![
+        ("Address".to_owned(), view.address.to_string()),
+        ("State".to_owned(), view.state.to_string()),
+        ("Since".to_owned(), absolute_and_relative(&view.since, now)),
+        ("Until".to_owned(), time(&view.until)),
+        ("Last stale".to_owned(), time(&view.last_stale)),
+        ("Conflicts".to_owned(), view.conflicts.to_string()),
+    ];
+    holder_fields(&mut pairs, "Holder", view.holder.as_ref());
+    holder_fields(&mut pairs, "Previous holder", view.previous_holder.as_ref());
+    holder_fields(&mut pairs, "Fenced", view.fenced.as_ref());
+    holder_fields(
+        &mut pairs,
+        "Blocked claimant",
+        view.blocked_claimant.as_ref(),
+    );
+    if view.displaced.is_empty() {
+        holder_fields(&mut pairs, "Displaced", None);
+    }
+    for displaced in &view.displaced {
+        holder_fields(&mut pairs, "Displaced", Some(displaced));
+    }
+    key_values(&pairs)
+}
+
+/// `label: ifname (ifindex N)` and, indented below, each identity field the holder has.
+fn holder_fields(pairs: &mut Vec<(String, String)>, label: &str, holder: Option<&Holder>) {
+    let Some(h) = holder else {
+        pairs.push((label.to_owned(), NONE.to_owned()));
+        return;
+    };
+    pairs.push((
+        label.to_owned(),
+        format!("{} (ifindex {})", h.ifname, h.ifindex),
+    ));
+    let mut sub = |key: &str, value: String| pairs.push((format!("  {key}"), value));
+    if let Some(id) = &h.container_id {
+        sub("Container", id.clone());
+    }
+    if let Some(ifname) = &h.cni_ifname {
+        sub("CNI ifname", ifname.clone());
+    }
+    if let Some(netns) = &h.netns {
+        sub("Netns", netns.clone());
+    }
+    if let Some(pod) = &h.pod {
+        let uid = pod
+            .uid
+            .as_deref()
+            .map(|u| format!(" (uid {u})"))
+            .unwrap_or_default();
+        sub("Pod", format!("{}/{}{uid}", pod.namespace, pod.name));
+    }
+}
+
+/// `ipq status`.
+pub fn status(status: &Status, now: SystemTime) -> String {
+    let r = &status.registry;
+    let pairs = [
+        (
+            "Ready".to_owned(),
+            if status.ready { "yes" } else { "no" }.to_owned(),
+        ),
+        ("Version".to_owned(), status.version.clone()),
+        ("Mode".to_owned(), status.mode.clone()),
+        ("On early reuse".to_owned(), status.on_early_reuse.clone()),
+        (
+            "Started".to_owned(),
+            absolute_and_relative(&status.started_at, now),
+        ),
+        (
+            "Registry".to_owned(),
+            format!(
+                "{}/{} entries: {} active, {} draining, {} quarantined",
+                r.entries, r.capacity, r.active, r.draining, r.quarantined
+            ),
+        ),
+        (
+            "Conflicts".to_owned(),
+            format!(
+                "{} total, {} claims refused",
+                status.conflicts_total, status.refused_claims_total
+            ),
+        ),
+        (
+            "Interfaces".to_owned(),
+            if status.interfaces.is_empty() {
+                "none attached".to_owned()
+            } else {
+                status.interfaces.len().to_string()
+            },
+        ),
+    ];
+    let mut out = key_values(&pairs);
+    if !status.interfaces.is_empty() {
+        let mut table = Table::new(["IFINDEX", "NAME", "HOOKS"]);
+        for iface in &status.interfaces {
+            table.row(vec![
+                iface.ifindex.to_string(),
+                iface.name.clone(),
+                iface.hooks.join(","),
+            ]);
+        }
+        out.push_str(&table.render("  "));
+    }
+    out
+}
+
+/// `ipq conflicts`: one conflict per line, oldest first.
+pub fn conflicts(list: &[ConflictView], now: SystemTime) -> String {
+    let mut table = Table::new([
+        "AT",
+        "KIND",
+        "ADDRESS",
+        "OLD HOLDER",
+        "NEW HOLDER",
+        "POLICY",
+        "OUTCOME",
+    ]);
+    for c in list {
+        table.row(vec![
+            relative(&c.at, now),
+            c.kind.to_string(),
+            c.address.to_string(),
+            holder_cell(c.old_holder.as_ref()),
+            holder_cell(c.new_holder.as_ref()),
+            c.policy.clone(),
+            c.outcome.clone(),
+        ]);
+    }
+    table.render("")
+}
+
+/// `ipq events`: one line per event, with its absolute time (a log is read later).
+pub fn event_line(event: &Event) -> String {
+    let what = match &event.body {
+        EventBody::Transition {
+            address,
+            from,
+            to,
+            holder,
+        } => {
+            let by = holder
+                .as_ref()
+                .map(|h| format!(" holder {}", holder_short(h)))
+                .unwrap_or_default();
+            format!("transition {address} {from} -> {to}{by}")
+        }
+        EventBody::Conflict(c) => format!(
+            "conflict {} {} old {} new {} policy {} outcome {}",
+            c.kind,
+            c.address,
+            holder_cell(c.old_holder.as_ref()),
+            holder_cell(c.new_holder.as_ref()),
+            c.policy,
+            c.outcome
+        ),
+        EventBody::Sample {
+            address,
+            hook,
+            reason,
+            action,
+            state,
+            ifindex,
+            holder_ifindex,
+            src_mac,
+            pkt_len,
+        } => format!(
+            "sample {address} {action} at {hook} reason {reason} state {state} \
+             ifindex {ifindex} holder ifindex {holder_ifindex} from {src_mac} {pkt_len} bytes"
+        ),
+        EventBody::Lost { n } => format!("lost {n} events"),
+    };
+    format!("{} #{} {what}", event.at, event.seq)
+}

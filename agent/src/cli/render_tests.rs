@@ -1,0 +1,284 @@
+//! The tables of `ipq`, drawn from constructed answers at a fixed `now`.
+
+use std::time::SystemTime;
+
+use super::render::{self, holder_short};
+use crate::{
+    api::model::{
+        AddressView, ConflictView, Event, EventBody, InterfaceStatus, RegistryCounts, Status,
+    },
+    registry::{ConflictKind, Holder, PodRef, StateName},
+};
+
+const NOW: &str = "2026-11-22T10:01:00Z";
+
+fn now() -> SystemTime {
+    humantime::parse_rfc3339(NOW).unwrap()
+}
+
+fn pod_holder() -> Holder {
+    Holder::new(5, "vethpa")
+        .with_container_id("3f2a1b9c0d1e77aa88bb")
+        .with_cni_ifname("eth0")
+        .with_netns("/var/run/netns/cni-1")
+        .with_pod(PodRef {
+            namespace: "default".into(),
+            name: "web-1".into(),
+            uid: Some("u-1".into()),
+        })
+}
+
+fn view(address: &str, state: StateName, since: &str) -> AddressView {
+    AddressView {
+        address: address.parse().unwrap(),
+        state,
+        holder: None,
+        previous_holder: None,
+        fenced: None,
+        blocked_claimant: None,
+        displaced: Vec::new(),
+        since: since.into(),
+        until: None,
+        last_stale: None,
+        conflicts: 0,
+    }
+}
+
+#[test]
+fn a_holder_is_its_interface_and_pod_else_a_short_container_id() {
+    assert_eq!(holder_short(&pod_holder()), "vethpa default/web-1");
+    let container = Holder::new(6, "vethpb").with_container_id("0123456789abcdef0123");
+    assert_eq!(holder_short(&container), "vethpb 0123456789ab");
+    assert_eq!(holder_short(&Holder::new(7, "eth9")), "eth9");
+}
+
+#[test]
+fn list_shows_holders_and_relative_times() {
+    let active = AddressView {
+        holder: Some(pod_holder()),
+        ..view("10.77.0.2", StateName::Active, "2026-11-22T10:00:48Z")
+    };
+    let quarantined = AddressView {
+        previous_holder: Some(Holder::new(6, "vethpb").with_container_id("abcdef0123456789")),
+        until: Some("2026-11-22T10:01:18.4Z".into()),
+        conflicts: 2,
+        ..view("fd77::3", StateName::Quarantined, "2026-11-22T09:56:00Z")
+    };
+    assert_eq!(
+        render::addresses(&[active, quarantined], now()),
+        "\
+ADDRESS    STATE        HOLDER                   SINCE    UNTIL   CONFLICTS
+10.77.0.2  active       vethpa default/web-1     12s ago  -       0
+fd77::3    quarantined  was vethpb abcdef012345  5m ago   in 18s  2
+"
+    );
+}
+
+#[test]
+fn list_adds_the_fenced_column_only_when_some_address_is_fenced() {
+    let fenced = AddressView {
+        holder: Some(Holder::new(6, "vethpb")),
+        fenced: Some(Holder::new(5, "vethpa")),
+        conflicts: 1,
+        ..view("10.77.0.2", StateName::Active, "2026-11-22T10:00:00Z")
+    };
+    let plain = AddressView {
+        holder: Some(Holder::new(6, "vethpb")),
+        ..view("10.77.0.3", StateName::Draining, "2026-11-22T10:00:59Z")
+    };
+    assert_eq!(
+        render::addresses(&[fenced, plain], now()),
+        "\
+ADDRESS    STATE     HOLDER  SINCE   UNTIL  CONFLICTS  FENCED
+10.77.0.2  active    vethpb  1m ago  -      1          vethpa
+10.77.0.3  draining  vethpb  1s ago  -      0          -
+"
+    );
+}
+
+#[test]
+fn an_empty_list_is_its_header() {
+    assert_eq!(
+        render::addresses(&[], now()),
+        "ADDRESS  STATE  HOLDER  SINCE  UNTIL  CONFLICTS\n"
+    );
+}
+
+#[test]
+fn get_shows_every_field() {
+    let detail = AddressView {
+        holder: Some(Holder::new(6, "vethpb")),
+        fenced: Some(pod_holder()),
+        displaced: vec![Holder::new(8, "vethx"), Holder::new(9, "vethy")],
+        until: Some("2026-11-22T10:02:00Z".into()),
+        last_stale: Some("2026-11-22T10:00:58Z".into()),
+        conflicts: 3,
+        ..view("10.77.0.2", StateName::Active, "2026-11-22T10:00:00Z")
+    };
+    assert_eq!(
+        render::address_detail(&detail, now()),
+        "\
+Address:           10.77.0.2
+State:             active
+Since:             2026-11-22T10:00:00Z (1m ago)
+Until:             2026-11-22T10:02:00Z (in 1m)
+Last stale:        2026-11-22T10:00:58Z (2s ago)
+Conflicts:         3
+Holder:            vethpb (ifindex 6)
+Previous holder:   -
+Fenced:            vethpa (ifindex 5)
+  Container:       3f2a1b9c0d1e77aa88bb
+  CNI ifname:      eth0
+  Netns:           /var/run/netns/cni-1
+  Pod:             default/web-1 (uid u-1)
+Blocked claimant:  -
+Displaced:         vethx (ifindex 8)
+Displaced:         vethy (ifindex 9)
+"
+    );
+}
+
+#[test]
+fn status_shows_readiness_counts_and_hooks() {
+    let status = Status {
+        ready: true,
+        version: "0.1.0".into(),
+        mode: "enforce".into(),
+        on_early_reuse: "fence-old".into(),
+        registry: RegistryCounts {
+            entries: 3,
+            capacity: 65536,
+            active: 2,
+            draining: 1,
+            quarantined: 0,
+        },
+        interfaces: vec![
+            InterfaceStatus {
+                ifindex: 5,
+                name: "vethpa".into(),
+                hooks: vec!["tcx-ingress".into(), "tcx-egress".into()],
+            },
+            InterfaceStatus {
+                ifindex: 12,
+                name: "up0".into(),
+                hooks: vec!["xdp".into()],
+            },
+        ],
+        conflicts_total: 4,
+        refused_claims_total: 1,
+        started_at: "2026-11-22T09:56:00Z".into(),
+    };
+    assert_eq!(
+        render::status(&status, now()),
+        "\
+Ready:           yes
+Version:         0.1.0
+Mode:            enforce
+On early reuse:  fence-old
+Started:         2026-11-22T09:56:00Z (5m ago)
+Registry:        3/65536 entries: 2 active, 1 draining, 0 quarantined
+Conflicts:       4 total, 1 claims refused
+Interfaces:      2
+  IFINDEX  NAME    HOOKS
+  5        vethpa  tcx-ingress,tcx-egress
+  12       up0     xdp
+"
+    );
+    let starting = Status {
+        ready: false,
+        interfaces: Vec::new(),
+        ..status
+    };
+    let text = render::status(&starting, now());
+    assert!(text.starts_with("Ready:           no\n"), "{text}");
+    assert!(text.ends_with("Interfaces:      none attached\n"), "{text}");
+}
+
+fn conflict() -> ConflictView {
+    ConflictView {
+        kind: ConflictKind::EarlyReuse,
+        address: "10.77.0.2".parse().unwrap(),
+        old_holder: Some(pod_holder()),
+        new_holder: Some(Holder::new(6, "vethpb")),
+        policy: "fence-old".into(),
+        outcome: "fenced_old".into(),
+        at: "2026-11-22T10:00:30Z".into(),
+    }
+}
+
+#[test]
+fn conflicts_show_both_holders_policy_and_outcome() {
+    let remote = ConflictView {
+        kind: ConflictKind::RemoteClaim,
+        address: "fd77::2".parse().unwrap(),
+        old_holder: Some(Holder::new(5, "vethpa")),
+        new_holder: None,
+        policy: "fence-old".into(),
+        outcome: "reported".into(),
+        at: "2026-11-22T10:00:59Z".into(),
+    };
+    assert_eq!(
+        render::conflicts(&[conflict(), remote], now()),
+        "\
+AT       KIND          ADDRESS    OLD HOLDER            NEW HOLDER  POLICY     OUTCOME
+30s ago  early_reuse   10.77.0.2  vethpa default/web-1  vethpb      fence-old  fenced_old
+1s ago   remote_claim  fd77::2    vethpa                -           fence-old  reported
+"
+    );
+}
+
+#[test]
+fn events_are_one_line_each() {
+    let at = "2026-11-22T10:00:30.250Z".to_owned();
+    let cases = [
+        (
+            EventBody::Transition {
+                address: "10.77.0.2".parse().unwrap(),
+                from: StateName::Active,
+                to: StateName::Draining,
+                holder: Some(pod_holder()),
+            },
+            "transition 10.77.0.2 active -> draining holder vethpa default/web-1",
+        ),
+        (
+            EventBody::Transition {
+                address: "10.77.0.2".parse().unwrap(),
+                from: StateName::Quarantined,
+                to: StateName::Free,
+                holder: None,
+            },
+            "transition 10.77.0.2 quarantined -> free",
+        ),
+        (
+            EventBody::Conflict(Box::new(conflict())),
+            "conflict early_reuse 10.77.0.2 old vethpa default/web-1 new vethpb \
+             policy fence-old outcome fenced_old",
+        ),
+        (
+            EventBody::Sample {
+                address: "fd77::2".parse().unwrap(),
+                hook: "tc_ingress".into(),
+                reason: "fenced".into(),
+                action: "drop".into(),
+                state: "draining".into(),
+                ifindex: 5,
+                holder_ifindex: 6,
+                src_mac: "02:77:00:00:0a:02".into(),
+                pkt_len: 98,
+            },
+            "sample fd77::2 drop at tc_ingress reason fenced state draining ifindex 5 \
+             holder ifindex 6 from 02:77:00:00:0a:02 98 bytes",
+        ),
+        (EventBody::Lost { n: 3 }, "lost 3 events"),
+    ];
+    for (seq, (body, want)) in cases.into_iter().enumerate() {
+        let event = Event {
+            seq: seq as u64 + 40,
+            at: at.clone(),
+            body,
+        };
+        let line = render::event_line(&event);
+        assert_eq!(line, format!("{at} #{} {want}", seq + 40));
+        assert!(!line.contains('\n'));
+    }
+}

@@ -1,0 +1,449 @@
+//! The network configuration on stdin: the spec's well-known keys, ipq-cni's own keys (the
+//! conflist entry `{"type": "ipq-cni", "socket": ..., ...}`), and what the runtime injects
+//! (`prevResult`, `cni.dev/valid-attachments`).
+
+use std::{path::PathBuf, time::Duration};
+
+use serde_json::{Map, Value};
+
+use super::{
+    env::Command,
+    error::{code, CniError},
+};
+use crate::{api::model::Attachment, paths};
+
+/// The spec versions ipq-cni speaks, oldest first.
+pub const SUPPORTED_VERSIONS: [&str; 3] = ["0.4.0", "1.0.0", "1.1.0"];
+
+/// The newest of [`SUPPORTED_VERSIONS`]: what errors say when the config's version is unknown.
+pub const LATEST_VERSION: &str = "1.1.0";
+
+/// What to do when the agent does not answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnUnavailable {
+    /// ADD and CHECK fail with "try again later": no pod starts unprotected.
+    Fail,
+    /// ADD and CHECK pass the result through and log: pods start without ipq.
+    Allow,
+}
+
+/// ipq-cni's own keys.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Settings {
+    /// `socket`: the agent's API socket.
+    pub socket: PathBuf,
+    /// `stateDir`: the agent's state dir, where DELs are spooled while it is down.
+    pub state_dir: PathBuf,
+    /// `onUnavailable`: `fail` (default) or `allow`.
+    pub on_unavailable: OnUnavailable,
+    /// `timeoutMs`: the bound on each call to the agent.
+    pub timeout: Duration,
+}
+
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(2000);
+
+/// The longest `timeoutMs` accepted: a runtime waits for the whole chain.
+const MAX_TIMEOUT_MS: u64 = 60_000;
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            socket: PathBuf::from(paths::DEFAULT_API_SOCKET),
+            state_dir: PathBuf::from(paths::DEFAULT_STATE_DIR),
+            on_unavailable: OnUnavailable::Fail,
+            timeout: DEFAULT_TIMEOUT,
+        }
+    }
+}
+
+/// One plugin's configuration, as the runtime passed it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NetConf {
+    pub cni_version: String,
+    pub name: Option<String>,
+    pub settings: Settings,
+    /// The previous plugin's result (ADD) or the ADD's result (CHECK, DEL), as JSON.
+    pub prev_result: Option<Value>,
+    /// GC: the attachments the runtime still knows.
+    pub valid_attachments: Option<Vec<Attachment>>,
+}
+
+/// Keys of the spec, or injected by runtimes, that ipq-cni reads no further.
+const IGNORED_KEYS: [&str; 10] = [
+    "type",
+    "cniVersions",
+    "args",
+    "ipMasq",
+    "ipam",
+    "dns",
+    "runtimeConfig",
+    "capabilities",
+    "disableCheck",
+    "disableGC",
+];
+
+fn decode_error(what: impl std::fmt::Display) -> CniError {
+    CniError::new(
+        code::DECODING_FAILURE,
+        format!("network config on stdin: {what}"),
+    )
+}
+
+fn config_error(key: &str, why: impl std::fmt::Display) -> CniError {
+    CniError::new(
+        code::INVALID_NETWORK_CONFIG,
+        format!("network config key {key:?}: {why}"),
+    )
+}
+
+/// The `cniVersion` of `stdin` if it has one, for the error object of a failure found later.
+pub fn version_hint(stdin: &[u8]) -> Option<String> {
+    let value: Value = serde_json::from_slice(stdin).ok()?;
+    let version = value.get("cniVersion")?.as_str()?;
+    SUPPORTED_VERSIONS
+        .contains(&version)
+        .then(|| version.to_owned())
+}
+
+/// Compares spec versions `a` and `b` (both `X.Y.Z`).
+fn at_least(a: &str, b: &str) -> bool {
+    let parse = |v: &str| -> Vec<u32> { v.split('.').map(|p| p.parse().unwrap_or(0)).collect() };
+    parse(a) >= parse(b)
+}
+
+impl NetConf {
+    /// Parses `stdin` for `command`.
+    pub fn parse(stdin: &[u8], command: Command) -> Result<NetConf, CniError> {
+        let value: Value = serde_json::from_slice(stdin).map_err(decode_error)?;
+        let Value::Object(map) = value else {
+            return Err(decode_error("not a JSON object"));
+        };
+        let cni_version = parse_version(&map)?;
+        if matches!(command, Command::Gc | Command::Status) && !at_least(&cni_version, "1.1.0") {
+            return Err(CniError::new(
+                code::INCOMPATIBLE_VERSION,
+                format!(
+                    "config version {cni_version} does not allow {}: it needs cniVersion 1.1.0",
+                    command.as_str()
+                ),
+            ));
+        }
+        let mut conf = NetConf {
+            cni_version,
+            name: None,
+            settings: Settings::default(),
+            prev_result: None,
+            valid_attachments: None,
+        };
+        for (key, value) in &map {
+            conf.apply(key, value)?;
+        }
+        Ok(conf)
+    }
+
+    fn apply(&mut self, key: &str, value: &Value) -> Result<(), CniError> {
+        let string = || -> Result<&str, CniError> {
+            match value {
+                Value::String(s) if !s.is_empty() => Ok(s),
+                _ => Err(config_error(
+                    key,
+                    format!("must be a non-empty string, not {value}"),
+                )),
+            }
+        };
+        match key {
+            "cniVersion" => {}
+            "name" => self.name = Some(string()?.to_owned()),
+            "socket" => self.settings.socket = PathBuf::from(string()?),
+            "stateDir" => self.settings.state_dir = PathBuf::from(string()?),
+            "onUnavailable" => {
+                self.settings.on_unavailable = match value.as_str() {
+                    Some("fail") => OnUnavailable::Fail,
+                    Some("allow") => OnUnavailable::Allow,
+                    _ => {
+                        return Err(config_error(
+                            key,
+                            format!("must be \"fail\" or \"allow\", not {value}"),
+                        ))
+                    }
+                }
+            }
+            "timeoutMs" => {
+                let ms = value
+                    .as_u64()
+                    .filter(|ms| (1..=MAX_TIMEOUT_MS).contains(ms))
+                    .ok_or_else(|| {
+                        config_error(
+                            key,
+                            format!("must be a whole number of milliseconds from 1 to {MAX_TIMEOUT_MS}, not {value}"),
+                        )
+                    })?;
+                self.settings.timeout = Duration::from_millis(ms);
+            }
+            "prevResult" => match value {
+                Value::Object(_) => self.prev_result = Some(value.clone()),
+                // Runtimes serialize an absent result as null.
+                Value::Null => {}
+                _ => {
+                    return Err(decode_error(format!(
+                        "prevResult must be a result object, not {value}"
+                    )))
+                }
+            },
+            // libcni sends both names (the second one by mistake of an older spec draft).
+            "cni.dev/valid-attachments" | "cni.dev/attachments" => {
+                let attachments = parse_attachments(key, value)?;
+                if key == "cni.dev/valid-attachments" || self.valid_attachments.is_none() {
+                    self.valid_attachments = Some(attachments);
+                }
+            }
+            _ if IGNORED_KEYS.contains(&key) => {}
+            _ => {
+                return Err(config_error(
+                    key,
+                    "unknown to ipq-cni (it takes socket, stateDir, onUnavailable, timeoutMs)",
+                ))
+            }
+        }
+        Ok(())
+    }
+}
+
+fn parse_version(map: &Map<String, Value>) -> Result<String, CniError> {
+    let version = match map.get("cniVersion") {
+        None => {
+            return Err(CniError::new(
+                code::INCOMPATIBLE_VERSION,
+                format!(
+                    "the network config has no cniVersion; ipq-cni supports {}",
+                    SUPPORTED_VERSIONS.join(", ")
+                ),
+            ))
+        }
+        Some(Value::String(v)) => v,
+        Some(other) => {
+            return Err(config_error(
+                "cniVersion",
+                format!("must be a string, not {other}"),
+            ))
+        }
+    };
+    if !SUPPORTED_VERSIONS.contains(&version.as_str()) {
+        return Err(CniError::new(
+            code::INCOMPATIBLE_VERSION,
+            format!(
+                "cniVersion {version:?} is not supported; ipq-cni supports {}",
+                SUPPORTED_VERSIONS.join(", ")
+            ),
+        ));
+    }
+    Ok(version.clone())
+}
+
+/// `[{"containerID": "...", "ifname": "..."}, ...]`.
+fn parse_attachments(key: &str, value: &Value) -> Result<Vec<Attachment>, CniError> {
+    let Value::Array(items) = value else {
+        return Err(config_error(key, format!("must be a list, not {value}")));
+    };
+    items
+        .iter()
+        .map(|item| {
+            let field = |name: &str| item.get(name).and_then(Value::as_str).map(str::to_owned);
+            match (field("containerID"), field("ifname")) {
+                (Some(container_id), Some(ifname)) => Ok(Attachment {
+                    container_id,
+                    ifname,
+                }),
+                _ => Err(config_error(
+                    key,
+                    format!("entry {item} needs string fields containerID and ifname"),
+                )),
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn parse(value: Value, command: Command) -> Result<NetConf, CniError> {
+        NetConf::parse(value.to_string().as_bytes(), command)
+    }
+
+    fn assert_code(result: Result<NetConf, CniError>, code: u32, needle: &str) {
+        let err = result.expect_err("must fail");
+        assert_eq!(err.code, code, "{err}");
+        assert!(err.msg.contains(needle), "{needle:?} not in {err}");
+    }
+
+    #[test]
+    fn defaults_and_every_key() {
+        let conf = parse(
+            json!({"cniVersion": "1.0.0", "name": "net", "type": "ipq-cni"}),
+            Command::Add,
+        )
+        .unwrap();
+        assert_eq!(conf.settings, Settings::default());
+        assert_eq!(conf.name.as_deref(), Some("net"));
+        let conf = parse(
+            json!({
+                "cniVersion": "0.4.0", "name": "net", "type": "ipq-cni",
+                "socket": "/tmp/s.sock", "stateDir": "/tmp/state",
+                "onUnavailable": "allow", "timeoutMs": 150,
+                "args": {"labels": {}}, "runtimeConfig": {}, "capabilities": {},
+                "prevResult": {"cniVersion": "0.4.0", "ips": []},
+            }),
+            Command::Del,
+        )
+        .unwrap();
+        assert_eq!(
+            conf.settings,
+            Settings {
+                socket: "/tmp/s.sock".into(),
+                state_dir: "/tmp/state".into(),
+                on_unavailable: OnUnavailable::Allow,
+                timeout: Duration::from_millis(150),
+            }
+        );
+        assert!(conf.prev_result.is_some());
+    }
+
+    #[test]
+    fn malformed_stdin_is_a_decoding_failure() {
+        for command in [
+            Command::Add,
+            Command::Del,
+            Command::Check,
+            Command::Gc,
+            Command::Status,
+        ] {
+            for stdin in [
+                &b""[..],
+                b"{",
+                b"[1,2]",
+                b"\"x\"",
+                b"\xff\xfe",
+                b"{\"cniVersion\": \"1.0.0\",}",
+            ] {
+                let err = NetConf::parse(stdin, command).expect_err("must fail");
+                assert_eq!(
+                    err.code,
+                    code::DECODING_FAILURE,
+                    "{command:?} {stdin:?}: {err}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn versions_are_checked() {
+        assert_code(
+            parse(json!({"name": "n"}), Command::Add),
+            1,
+            "no cniVersion",
+        );
+        for bad in ["0.3.1", "2.0.0", "1.0", ""] {
+            assert_code(
+                parse(json!({"cniVersion": bad}), Command::Add),
+                1,
+                "not supported",
+            );
+        }
+        assert_code(
+            parse(json!({"cniVersion": 1}), Command::Add),
+            7,
+            "cniVersion",
+        );
+        for command in [Command::Gc, Command::Status] {
+            for old in ["0.4.0", "1.0.0"] {
+                assert_code(
+                    parse(json!({"cniVersion": old}), command),
+                    1,
+                    "needs cniVersion 1.1.0",
+                );
+            }
+            parse(
+                json!({"cniVersion": "1.1.0", "cni.dev/valid-attachments": []}),
+                command,
+            )
+            .unwrap();
+        }
+        for version in SUPPORTED_VERSIONS {
+            assert_eq!(
+                parse(json!({"cniVersion": version}), Command::Check)
+                    .unwrap()
+                    .cni_version,
+                version
+            );
+        }
+    }
+
+    #[test]
+    fn unknown_and_ill_typed_keys_are_named() {
+        let base = |key: &str, value: Value| {
+            let mut v = json!({"cniVersion": "1.0.0", "type": "ipq-cni"});
+            v[key] = value;
+            parse(v, Command::Add)
+        };
+        assert_code(base("sockett", json!("/x")), 7, "\"sockett\"");
+        assert_code(base("socket", json!(3)), 7, "\"socket\"");
+        assert_code(base("socket", json!("")), 7, "\"socket\"");
+        assert_code(base("stateDir", json!(null)), 7, "\"stateDir\"");
+        assert_code(
+            base("onUnavailable", json!("ignore")),
+            7,
+            "\"onUnavailable\"",
+        );
+        assert_code(base("timeoutMs", json!(0)), 7, "\"timeoutMs\"");
+        assert_code(base("timeoutMs", json!(-5)), 7, "\"timeoutMs\"");
+        assert_code(base("timeoutMs", json!(1.5)), 7, "\"timeoutMs\"");
+        assert_code(base("timeoutMs", json!("100")), 7, "\"timeoutMs\"");
+        assert_code(base("name", json!(["x"])), 7, "\"name\"");
+        assert_code(base("prevResult", json!([])), 6, "prevResult");
+        assert_code(
+            base("cni.dev/valid-attachments", json!([{"containerID": "a"}])),
+            7,
+            "cni.dev/valid-attachments",
+        );
+        assert_code(base("cni.dev/valid-attachments", json!({})), 7, "list");
+    }
+
+    #[test]
+    fn valid_attachments_prefer_the_spec_name() {
+        let conf = parse(
+            json!({
+                "cniVersion": "1.1.0",
+                "cni.dev/attachments": [{"containerID": "old", "ifname": "eth0"}],
+                "cni.dev/valid-attachments": [{"containerID": "a", "ifname": "eth0"}, {"containerID": "b", "ifname": "net1"}],
+            }),
+            Command::Gc,
+        )
+        .unwrap();
+        let ids: Vec<_> = conf
+            .valid_attachments
+            .unwrap()
+            .into_iter()
+            .map(|a| (a.container_id, a.ifname))
+            .collect();
+        assert_eq!(
+            ids,
+            [
+                ("a".to_owned(), "eth0".to_owned()),
+                ("b".to_owned(), "net1".to_owned())
+            ]
+        );
+    }
+
+    #[test]
+    fn version_hint_reads_only_supported_versions() {
+        assert_eq!(
+            version_hint(br#"{"cniVersion":"0.4.0"}"#).as_deref(),
+            Some("0.4.0")
+        );
+        assert_eq!(version_hint(br#"{"cniVersion":"9.9.9"}"#), None);
+        assert_eq!(version_hint(b"nonsense"), None);
+    }
+}

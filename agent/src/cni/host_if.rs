@@ -1,0 +1,166 @@
+//! Which host-side interface holds the container's addresses: of the result's `interfaces`
+//! without a `sandbox`, the one that is not a bridge (the bridge plugin lists its bridge and
+//! the pod's veth; ptp lists the veth alone).
+//!
+//! Bridges are recognised through rtnetlink in the current network namespace, not through
+//! `/sys/class/net`: sysfs shows the namespace of whoever mounted it, which is not the
+//! runtime's when it enters a node namespace with `setns` alone.
+
+use futures::TryStreamExt as _;
+use netlink_packet_route::link::{InfoKind, LinkAttribute, LinkInfo};
+
+use super::{
+    error::{code, CniError},
+    result::PrevResult,
+};
+
+/// What the kernel says of one candidate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LinkKind {
+    Bridge,
+    Other,
+    /// No such interface in this namespace (the agent will say so when claiming).
+    Missing,
+}
+
+/// The host-side interface among `candidates` (name and kind), or why there is none.
+pub fn choose(candidates: &[(String, LinkKind)]) -> Result<String, CniError> {
+    let ports: Vec<&str> = candidates
+        .iter()
+        .filter(|(_, kind)| *kind != LinkKind::Bridge)
+        .map(|(name, _)| name.as_str())
+        .collect();
+    match ports[..] {
+        [one] => Ok(one.to_owned()),
+        [] => Err(CniError::new(
+            code::NO_HOST_INTERFACE,
+            format!(
+                "prevResult names no host-side interface other than bridges ({}): ipq-cni must \
+                 follow a plugin that creates the container's host-side interface, such as \
+                 bridge or ptp",
+                if candidates.is_empty() {
+                    "it lists none without a sandbox".to_owned()
+                } else {
+                    candidates
+                        .iter()
+                        .map(|(n, _)| n.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                }
+            ),
+        )),
+        _ => Err(CniError::new(
+            code::NO_HOST_INTERFACE,
+            format!(
+                "prevResult names {} host-side interfaces that are not bridges ({}): ipq-cni \
+                 cannot tell which one holds the container's addresses",
+                ports.len(),
+                ports.join(", ")
+            ),
+        )),
+    }
+}
+
+/// The host-side interface of `prev`, looked up in the current network namespace.
+pub async fn host_interface(prev: &PrevResult) -> Result<String, CniError> {
+    let names: Vec<&str> = prev
+        .interfaces
+        .iter()
+        .filter(|i| i.sandbox.is_none())
+        .map(|i| i.name.as_str())
+        .collect();
+    let mut candidates = Vec::with_capacity(names.len());
+    if !names.is_empty() {
+        let handle = connect()?;
+        for name in names {
+            candidates.push((name.to_owned(), link_kind(&handle, name).await?));
+        }
+    }
+    choose(&candidates)
+}
+
+fn netlink_error(what: impl std::fmt::Display) -> CniError {
+    CniError::new(code::INTERNAL, format!("netlink: {what}"))
+}
+
+fn connect() -> Result<rtnetlink::Handle, CniError> {
+    let (connection, handle, _) = rtnetlink::new_connection().map_err(netlink_error)?;
+    tokio::spawn(connection);
+    Ok(handle)
+}
+
+async fn link_kind(handle: &rtnetlink::Handle, name: &str) -> Result<LinkKind, CniError> {
+    let mut links = handle.link().get().match_name(name).execute();
+    let msg = match links.try_next().await {
+        Ok(Some(msg)) => msg,
+        Ok(None) => return Ok(LinkKind::Missing),
+        Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::ENODEV => {
+            return Ok(LinkKind::Missing)
+        }
+        Err(e) => return Err(netlink_error(format!("looking up {name}: {e}"))),
+    };
+    let bridge = msg.attributes.iter().any(|a| match a {
+        LinkAttribute::LinkInfo(infos) => infos
+            .iter()
+            .any(|i| matches!(i, LinkInfo::Kind(InfoKind::Bridge))),
+        _ => false,
+    });
+    Ok(if bridge {
+        LinkKind::Bridge
+    } else {
+        LinkKind::Other
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn c(list: &[(&str, LinkKind)]) -> Vec<(String, LinkKind)> {
+        list.iter().map(|(n, k)| (n.to_string(), *k)).collect()
+    }
+
+    #[test]
+    fn the_one_port_beside_a_bridge() {
+        let bridge = c(&[("cni0", LinkKind::Bridge), ("veth1", LinkKind::Other)]);
+        assert_eq!(choose(&bridge).unwrap(), "veth1");
+        assert_eq!(choose(&c(&[("veth2", LinkKind::Other)])).unwrap(), "veth2");
+        // A veth already gone is still the one named; the agent reports it unknown.
+        assert_eq!(
+            choose(&c(&[("veth3", LinkKind::Missing)])).unwrap(),
+            "veth3"
+        );
+    }
+
+    #[test]
+    fn none_or_several_is_an_error_naming_them() {
+        for (list, needle) in [
+            (c(&[]), "lists none"),
+            (c(&[("cni0", LinkKind::Bridge)]), "cni0"),
+            (
+                c(&[("veth1", LinkKind::Other), ("veth2", LinkKind::Missing)]),
+                "veth1, veth2",
+            ),
+        ] {
+            let err = choose(&list).unwrap_err();
+            assert_eq!(err.code, code::NO_HOST_INTERFACE);
+            assert!(err.msg.contains(needle), "{needle:?} not in {err}");
+        }
+    }
+
+    #[test]
+    fn loopback_is_not_a_bridge_and_nonsense_is_missing() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let handle = connect().unwrap();
+            assert_eq!(link_kind(&handle, "lo").await.unwrap(), LinkKind::Other);
+            assert_eq!(
+                link_kind(&handle, "ipq-no-such0").await.unwrap(),
+                LinkKind::Missing
+            );
+        });
+    }
+}

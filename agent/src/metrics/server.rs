@@ -1,0 +1,77 @@
+//! The agent's HTTP endpoints: `/metrics`, `/healthz`, `/readyz`.
+
+use std::{convert::Infallible, net::SocketAddr, sync::Arc};
+
+use http_body_util::Full;
+use hyper::{body::Bytes, server::conn::http1, service::service_fn, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use log::{debug, warn};
+use tokio::net::TcpListener;
+
+use super::{Metrics, MetricsError};
+
+/// The text exposition format, version 0.0.4.
+const TEXT_FORMAT: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+fn respond(status: StatusCode, content_type: &str, body: String) -> Response<Full<Bytes>> {
+    Response::builder()
+        .status(status)
+        .header("content-type", content_type)
+        .body(Full::new(Bytes::from(body)))
+        .unwrap_or_else(|_| Response::new(Full::new(Bytes::new())))
+}
+
+async fn handle(
+    metrics: Arc<Metrics>,
+    req: Request<hyper::body::Incoming>,
+) -> Response<Full<Bytes>> {
+    match req.uri().path() {
+        "/metrics" => respond(StatusCode::OK, TEXT_FORMAT, metrics.render()),
+        "/healthz" => respond(StatusCode::OK, "text/plain", "ok\n".into()),
+        "/readyz" if metrics.is_ready() => respond(StatusCode::OK, "text/plain", "ready\n".into()),
+        "/readyz" => respond(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "text/plain",
+            "not ready: datapath not attached or registry not reconciled yet\n".into(),
+        ),
+        _ => respond(
+            StatusCode::NOT_FOUND,
+            "text/plain",
+            "not found: try /metrics, /healthz or /readyz\n".into(),
+        ),
+    }
+}
+
+/// Binds `addr` now (so a bad address fails the start) and serves until the task is dropped.
+pub async fn serve(
+    addr: SocketAddr,
+    metrics: Arc<Metrics>,
+) -> Result<impl std::future::Future<Output = ()>, MetricsError> {
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|source| MetricsError::Bind { addr, source })?;
+    Ok(async move {
+        loop {
+            let (stream, peer) = match listener.accept().await {
+                Ok(conn) => conn,
+                Err(e) => {
+                    warn!("metrics: accept failed: {e}");
+                    continue;
+                }
+            };
+            let metrics = metrics.clone();
+            tokio::spawn(async move {
+                let service = service_fn(move |req| {
+                    let metrics = metrics.clone();
+                    async move { Ok::<_, Infallible>(handle(metrics, req).await) }
+                });
+                if let Err(e) = http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await
+                {
+                    debug!("metrics: connection from {peer}: {e}");
+                }
+            });
+        }
+    })
+}

@@ -1,0 +1,364 @@
+//! The API's requests, answered by the registry's owner. Each answer is handed back as a
+//! closure: the loop saves the journal once per burst of requests, then sends the answers, so
+//! a success is only ever reported for a change that is on disk.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+};
+
+use log::info;
+
+use super::{Role, Tracker};
+use crate::{
+    api::{
+        command::{Command, Reply},
+        model::{
+            AddressList, AddressView, ChangedResponse, ClaimRequest, ClaimResponse, ClaimSource,
+            ConflictList, DrainAttachmentRequest, ErrorCode, GcRequest, InterfaceStatus,
+            RegistryCounts, Status,
+        },
+        views::{address_view, conflict_view, ApiError, Outcome, TimeBase},
+    },
+    config::Mode,
+    netdev,
+    netlink::NetEvent,
+    paths::AttachPoint,
+    registry::{policy_str, Conflict, Effect, Holder, RegistryError, Source, StateName},
+};
+
+/// An answer waiting for the journal to be saved.
+pub type Answer = Box<dyn FnOnce() + Send>;
+
+fn answer<T: Send + 'static>(reply: Reply<T>, result: Result<T, ApiError>) -> Answer {
+    Box::new(move || {
+        // The caller may have hung up; its request was still carried out.
+        let _ = reply.send(result);
+    })
+}
+
+impl Tracker {
+    /// Carries out one API request; the returned answer is to be sent after [`persist`].
+    ///
+    /// [`persist`]: Tracker::persist
+    pub fn handle(&mut self, command: Command) -> Answer {
+        let answer = match command {
+            // Reads change nothing: no gauges to update.
+            Command::Status(reply) => return answer(reply, Ok(self.status())),
+            Command::List { state, reply } => return answer(reply, Ok(self.list(state))),
+            Command::Get { addr, reply } => return answer(reply, self.view(addr)),
+            Command::Conflicts { limit, reply } => {
+                return answer(
+                    reply,
+                    Ok(ConflictList {
+                        conflicts: self.events.recent_conflicts(limit),
+                    }),
+                )
+            }
+            Command::Subscribe(reply) => {
+                let _ = reply.send(self.events.subscribe());
+                return Box::new(|| {});
+            }
+            Command::Claim { request, reply } => answer(reply, self.api_claim(request)),
+            Command::Drain { addr, reply } => answer(reply, self.api_drain(addr)),
+            Command::DrainAttachment { request, reply } => {
+                answer(reply, Ok(self.drain_attachment(&request)))
+            }
+            Command::Release { addr, force, reply } => answer(reply, self.api_release(addr, force)),
+            Command::Gc { request, reply } => answer(reply, Ok(self.gc(&request))),
+        };
+        self.update_gauges();
+        answer
+    }
+
+    fn status(&self) -> Status {
+        let registry = &self.registry;
+        let mut hooks: BTreeMap<u32, Vec<String>> = BTreeMap::new();
+        for (ifindex, point) in self.datapath.attached().keys() {
+            hooks
+                .entry(*ifindex)
+                .or_default()
+                .push(point.as_str().to_owned());
+        }
+        let interfaces = hooks
+            .into_iter()
+            .map(|(ifindex, hooks)| InterfaceStatus {
+                ifindex,
+                name: self.interface_name(ifindex),
+                hooks,
+            })
+            .collect();
+        let count = |state| registry.count(state) as u64;
+        let conflicts_total = crate::registry::ConflictKind::ALL
+            .iter()
+            .map(|k| {
+                self.metrics
+                    .conflicts
+                    .with_label_values(&[k.as_str()])
+                    .get()
+            })
+            .sum();
+        Status {
+            ready: self.metrics.is_ready(),
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+            mode: match self.config.mode {
+                Mode::Enforce => "enforce",
+                Mode::Observe => "observe",
+            }
+            .to_owned(),
+            on_early_reuse: policy_str(self.config.on_early_reuse).to_owned(),
+            registry: RegistryCounts {
+                entries: registry.len() as u64,
+                capacity: u64::from(registry.capacity()),
+                active: count(StateName::Active),
+                draining: count(StateName::Draining),
+                quarantined: count(StateName::Quarantined),
+            },
+            interfaces,
+            conflicts_total,
+            refused_claims_total: self.metrics.refused_claims.get(),
+            started_at: humantime::format_rfc3339_millis(self.started_at).to_string(),
+        }
+    }
+
+    fn interface_name(&self, ifindex: u32) -> String {
+        self.net
+            .links
+            .get(&ifindex)
+            .cloned()
+            .or_else(|| {
+                self.datapath
+                    .attached()
+                    .iter()
+                    .find(|((i, _), _)| *i == ifindex)
+                    .map(|(_, name)| name.clone())
+            })
+            .unwrap_or_else(|| format!("if{ifindex}"))
+    }
+
+    fn list(&self, state: Option<StateName>) -> AddressList {
+        let time = TimeBase::now();
+        AddressList {
+            addresses: self
+                .registry
+                .iter()
+                .filter(|r| state.is_none_or(|s| r.state() == s))
+                .map(|r| address_view(r, &time))
+                .collect(),
+        }
+    }
+
+    fn view(&self, addr: IpAddr) -> Result<AddressView, ApiError> {
+        self.registry
+            .get(addr)
+            .map(|r| address_view(r, &TimeBase::now()))
+            .ok_or_else(|| {
+                ApiError::new(
+                    ErrorCode::NotFound,
+                    format!("{addr}: free (not in the registry)"),
+                )
+                .with_address(addr)
+            })
+    }
+
+    fn views(&self, addrs: impl IntoIterator<Item = IpAddr>) -> Vec<AddressView> {
+        let time = TimeBase::now();
+        addrs
+            .into_iter()
+            .filter_map(|a| self.registry.get(a).map(|r| address_view(r, &time)))
+            .collect()
+    }
+
+    fn api_claim(&mut self, request: ClaimRequest) -> Result<ClaimResponse, ApiError> {
+        let holder = self.claimant(&request)?;
+        let source = match request.source {
+            ClaimSource::Cni => Source::Cni,
+            ClaimSource::Api => Source::Api,
+        };
+        match self.registry.claim_all(&request.addresses, &holder, source) {
+            Ok(effects) => {
+                let conflicts: Vec<Conflict> = effects
+                    .iter()
+                    .filter_map(|e| match e {
+                        Effect::Conflict(c) => Some((**c).clone()),
+                        _ => None,
+                    })
+                    .collect();
+                self.apply_effects(effects);
+                let time = TimeBase::now();
+                let conflicts = conflicts
+                    .iter()
+                    .map(|c| conflict_view(c, self.outcome_of(c), &time))
+                    .collect();
+                Ok(ClaimResponse {
+                    addresses: self.views(request.addresses.iter().copied()),
+                    conflicts,
+                })
+            }
+            Err(error) => {
+                if let (
+                    RegistryError::Refused {
+                        addr, holder: old, ..
+                    },
+                    Some(kind),
+                ) = (&error, error.conflict_kind())
+                {
+                    self.metrics.refused_claims.inc();
+                    let conflict = Conflict {
+                        kind,
+                        addr: *addr,
+                        old: Some((**old).clone()),
+                        new: Some(holder.clone()),
+                        policy: self.config.on_early_reuse,
+                        at: netdev::monotonic_ns(),
+                    };
+                    self.record_conflict(&conflict, Outcome::RefusedNew);
+                }
+                Err(ApiError::from_registry(&error, &TimeBase::now()))
+            }
+        }
+    }
+
+    /// The holder a claim names, on an interface of this node that ipq watches.
+    fn claimant(&mut self, request: &ClaimRequest) -> Result<Holder, ApiError> {
+        if request.addresses.is_empty() {
+            return Err(ApiError::new(
+                ErrorCode::InvalidArgument,
+                "addresses: empty; a claim names at least one address",
+            ));
+        }
+        let spec = &request.holder;
+        if spec.interface.is_empty() {
+            return Err(ApiError::new(
+                ErrorCode::InvalidArgument,
+                "holder.interface: empty; name the holder's host-side interface",
+            ));
+        }
+        let Some(ifindex) = netdev::ifindex(&spec.interface) else {
+            return Err(ApiError::new(
+                ErrorCode::UnknownInterface,
+                format!(
+                    "holder.interface `{}`: no such interface on this node",
+                    spec.interface
+                ),
+            ));
+        };
+        if self.role(&spec.interface) != Some(Role::Workload) {
+            return Err(ApiError::new(
+                ErrorCode::InvalidArgument,
+                format!(
+                    "holder.interface `{}`: not a workload interface (interfaces.workload = \
+                     {:?}), so ipq could not enforce a claim on it",
+                    spec.interface, self.config.interfaces.workload
+                ),
+            ));
+        }
+        // CNI can be faster than the netlink event of the veth it just created: attach now, so
+        // the claim is enforced the moment it is answered.
+        if !self
+            .datapath
+            .attached()
+            .contains_key(&(ifindex, AttachPoint::TcxIngress))
+        {
+            self.on_event(NetEvent::Link {
+                ifindex,
+                name: spec.interface.clone(),
+            });
+        }
+        Ok(Holder {
+            ifindex,
+            ifname: spec.interface.clone(),
+            container_id: spec.container_id.clone(),
+            cni_ifname: spec.cni_ifname.clone(),
+            network: spec.network.clone(),
+            netns: spec.netns.clone(),
+            pod: spec.pod.clone(),
+        })
+    }
+
+    fn api_drain(&mut self, addr: IpAddr) -> Result<ChangedResponse, ApiError> {
+        let effects = self
+            .registry
+            .drain(addr, None)
+            .map_err(|e| ApiError::from_registry(&e, &TimeBase::now()))?;
+        self.apply_effects(effects);
+        Ok(ChangedResponse {
+            addresses: self.views([addr]),
+        })
+    }
+
+    fn api_release(&mut self, addr: IpAddr, force: bool) -> Result<ChangedResponse, ApiError> {
+        let effects = self
+            .registry
+            .release(addr, force)
+            .map_err(|e| ApiError::from_registry(&e, &TimeBase::now()))?;
+        self.apply_effects(effects);
+        info!("{addr}: released through the API (force: {force})");
+        Ok(ChangedResponse {
+            addresses: self.views([addr]),
+        })
+    }
+
+    /// CNI DEL: the attachment's holder is terminating. Also used to replay spooled DELs.
+    pub fn drain_attachment(&mut self, request: &DrainAttachmentRequest) -> ChangedResponse {
+        let of_attachment = |h: &Holder| {
+            h.container_id.as_deref() == Some(request.container_id.as_str())
+                && match (&request.cni_ifname, &h.cni_ifname) {
+                    (Some(asked), Some(known)) => asked == known,
+                    _ => true,
+                }
+        };
+        let targets: Vec<(IpAddr, Holder)> = self
+            .registry
+            .iter()
+            .filter_map(|r| {
+                let holder = r.status.holder()?;
+                of_attachment(holder).then(|| (r.addr, holder.clone()))
+            })
+            .collect();
+        self.drain_all(targets, "CNI DEL")
+    }
+
+    /// CNI GC: every CNI-made holder whose attachment the runtime no longer lists drains.
+    fn gc(&mut self, request: &GcRequest) -> ChangedResponse {
+        let valid = |h: &Holder| {
+            let Some(id) = h.container_id.as_deref() else {
+                // Not made through CNI: GC has no say over it.
+                return true;
+            };
+            if let (Some(collected), Some(own)) = (&request.network, &h.network) {
+                if collected != own {
+                    // Another network's runtime state: its own GC judges it.
+                    return true;
+                }
+            }
+            request.valid_attachments.iter().any(|a| {
+                a.container_id == id && h.cni_ifname.as_ref().is_none_or(|i| *i == a.ifname)
+            })
+        };
+        let targets: Vec<(IpAddr, Holder)> = self
+            .registry
+            .iter()
+            .filter(|r| r.state() == StateName::Active)
+            .filter_map(|r| {
+                let holder = r.status.holder()?;
+                (!valid(holder)).then(|| (r.addr, holder.clone()))
+            })
+            .collect();
+        self.drain_all(targets, "CNI GC")
+    }
+
+    fn drain_all(&mut self, targets: Vec<(IpAddr, Holder)>, why: &str) -> ChangedResponse {
+        let mut drained = BTreeSet::new();
+        for (addr, holder) in targets {
+            let result = self.registry.drain(addr, Some(&holder));
+            if result.is_ok() {
+                drained.insert(addr);
+            }
+            self.apply(result, why);
+        }
+        ChangedResponse {
+            addresses: self.views(drained),
+        }
+    }
+}
