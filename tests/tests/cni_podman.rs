@@ -12,18 +12,17 @@
 
 use std::{
     net::{IpAddr, Ipv4Addr},
+    path::PathBuf,
     time::Duration,
 };
 
 use anyhow::{bail, ensure, Context as _};
 use ipq::{
-    api::{
-        client::Client,
-        model::{AddressView, ConflictView},
-    },
+    api::model::{AddressView, ConflictList, ConflictView},
     registry::{ConflictKind, Holder, StateName},
 };
 use ipq_tests::{
+    api::ipq,
     lab::{ifindex, poll, Lab},
     netns::workspace_binary,
     podman::{parse_ping, run_bounded, BridgeNetwork, Container, Podman},
@@ -140,12 +139,17 @@ fn without_ipq_a_terminating_containers_address_is_handed_out_again() -> anyhow:
 /// How long the agent may take to reflect what a CNI call or a packet did.
 const SETTLE: Duration = Duration::from_secs(5);
 
-/// `ipq-cni`'s entry in the conflist, after `bridge`: it talks to the lab agent's socket.
+/// `ipq-cni`'s entry in the conflist, after `bridge`: it talks to the lab agent's socket and
+/// would spool DELs in the agent's state dir.
 fn ipq_cni_entry(lab: &Lab) -> String {
-    format!(
-        r#"{{"type":"ipq-cni","socket":"{}"}}"#,
-        lab.work_dir().join("ipq.sock").display()
-    )
+    serde_json::json!({
+        "type": "ipq-cni",
+        "socket": lab.work_dir().join("ipq.sock"),
+        "stateDir": lab.work_dir().join("state"),
+        "onUnavailable": "fail",
+        "timeoutMs": 5000,
+    })
+    .to_string()
 }
 
 /// podman on the bridge network with `ipq-cni` chained, in the lab's node namespace.
@@ -163,34 +167,42 @@ fn start_agent<'l>(lab: &'l Lab, policy: &str) -> anyhow::Result<ipq_tests::lab:
     lab.start_agent(&["--workload", "veth*", "--on-early-reuse", policy])
 }
 
-/// The agent's API through its client, from a sync test.
-struct Api {
-    client: Client,
-    runtime: tokio::runtime::Runtime,
+/// The agent's API as an operator sees it: the `ipq` CLI with `-o json`.
+struct Ipq {
+    socket: PathBuf,
 }
 
-impl Api {
-    fn new(lab: &Lab) -> anyhow::Result<Api> {
-        Ok(Api {
-            client: Client::new(lab.work_dir().join("ipq.sock"), Duration::from_secs(5)),
-            runtime: tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()?,
-        })
+impl Ipq {
+    fn new(lab: &Lab) -> Ipq {
+        Ipq {
+            socket: lab.work_dir().join("ipq.sock"),
+        }
+    }
+
+    /// `ipq -o json <args>`'s stdout, after checking it succeeded.
+    fn json(&self, args: &[&str]) -> anyhow::Result<String> {
+        let mut all = vec!["-o", "json"];
+        all.extend(args);
+        let run = ipq(&self.socket, &all)?;
+        ensure!(
+            run.code == 0,
+            "ipq {all:?} exited {}: {}",
+            run.code,
+            run.stderr
+        );
+        Ok(run.stdout)
     }
 
     fn get(&self, addr: IpAddr) -> anyhow::Result<AddressView> {
-        self.runtime
-            .block_on(self.client.get(addr))
-            .with_context(|| format!("GET /v1/addresses/{addr}"))
+        let out = self.json(&["get", &addr.to_string()])?;
+        serde_json::from_str(&out).with_context(|| format!("ipq get {addr} printed:\n{out}"))
     }
 
     fn conflicts(&self) -> anyhow::Result<Vec<ConflictView>> {
-        Ok(self
-            .runtime
-            .block_on(self.client.conflicts(None))
-            .context("GET /v1/conflicts")?
-            .conflicts)
+        let out = self.json(&["conflicts"])?;
+        let list: ConflictList =
+            serde_json::from_str(&out).with_context(|| format!("ipq conflicts printed:\n{out}"))?;
+        Ok(list.conflicts)
     }
 
     /// Polls `addr`'s view until `want` holds; the error shows the last view.
@@ -273,7 +285,7 @@ fn refuse_new_fails_the_start_of_a_container_given_a_terminating_ones_address() 
     let lab = Lab::new()?;
     let agent = start_agent(&lab, "refuse-new")?;
     let mut podman = podman_with_ipq(&lab)?;
-    let api = Api::new(&lab)?;
+    let api = Ipq::new(&lab);
     let addr: IpAddr = Ipv4Addr::new(10, 99, 0, 20).into();
 
     let a = start_terminating(&mut podman, "a", addr)?;
@@ -293,13 +305,19 @@ fn refuse_new_fails_the_start_of_a_container_given_a_terminating_ones_address() 
         !out.status.success(),
         "podman run of B with {addr} must fail while A holds it; it printed: {stderr}"
     );
-    // podman prints the plugin's CNI error as `plugin type="ipq-cni" failed (add): <msg>`.
-    let said = stderr.to_lowercase();
+    // podman prints a plugin's CNI error as `plugin type="ipq-cni" failed (add): <msg>:
+    // <details>` (the code, 11 "try again later", is not shown): the message must say which
+    // holder has the address and that B may try again.
+    let veth = &veth_a;
     ensure!(
         stderr.contains(r#"plugin type="ipq-cni" failed (add)"#)
-            && (said.contains("try again later") || said.contains("code 11"))
-            && said.contains(&addr.to_string()),
-        "podman's error carries ipq-cni's CNI error (11, try again later, {addr}): {stderr}"
+            && stderr.contains(&addr.to_string())
+            && stderr.contains(&a.id)
+            && stderr.contains(veth)
+            && stderr.to_lowercase().contains("try again"),
+        "podman's error carries ipq-cni's refusal ({addr} held by {} on {veth}, try again): \
+         {stderr}",
+        a.id
     );
     let b_id = podman
         .podman(&["inspect", "-f", "{{.Id}}", "b"])?
@@ -340,7 +358,7 @@ fn fence_old_gives_the_address_to_the_new_container_and_cuts_the_old_one_off() -
     let lab = Lab::new()?;
     let _agent = start_agent(&lab, "fence-old")?;
     let mut podman = podman_with_ipq(&lab)?;
-    let api = Api::new(&lab)?;
+    let api = Ipq::new(&lab);
     let addr: IpAddr = Ipv4Addr::new(10, 99, 0, 30).into();
 
     let a = start_terminating(&mut podman, "a", addr)?;
