@@ -346,6 +346,49 @@ fn refuse_new_fails_the_start_of_a_container_given_a_terminating_ones_address() 
         agent.metric("ipq_refused_claims_total", &[])? >= 1.0,
         "the refusal is counted"
     );
+
+    // A's grace period ends (podman kills it): its CNI DEL drains the address, its veth goes,
+    // the address cools down in quarantine. B's retry is refused again, until the operator
+    // ends the quarantine; then B starts with the address.
+    podman.podman(&["rm", "--force", "--time", "0", "a"])?;
+    let view = api.wait(addr, "quarantined after A", |v| {
+        v.state == StateName::Quarantined
+    })?;
+    ensure!(
+        is(view.previous_holder.as_ref(), &a, &veth_a),
+        "A was the holder: {view:?}"
+    );
+    let out = podman.podman_output(&["start", "b"])?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    ensure!(
+        !out.status.success()
+            && stderr.contains(r#"plugin type="ipq-cni" failed (add)"#)
+            && stderr.contains(&addr.to_string()),
+        "B's retry during the quarantine is refused by ipq-cni: {stderr}"
+    );
+    let conflicts = api.conflicts()?;
+    ensure!(
+        conflicts
+            .iter()
+            .any(|c| c.kind == ConflictKind::ReuseInCooldown
+                && c.address == addr
+                && is(c.old_holder.as_ref(), &a, &veth_a)
+                && c.new_holder
+                    .as_ref()
+                    .is_some_and(|h| h.container_id.as_deref() == Some(b_id.as_str()))),
+        "a reuse_in_cooldown of {addr} from A to B in {conflicts:#?}"
+    );
+    let run = ipq(&api.socket, &["release", "--force", &addr.to_string()])?;
+    ensure!(run.code == 0, "ipq release --force {addr}: {}", run.stderr);
+    podman
+        .podman(&["start", "b"])
+        .context("B starts once the address is released")?;
+    let b = podman.container("b")?;
+    let veth_b = podman.host_veth(&b)?;
+    api.wait(addr, "B holds it", |v| {
+        v.state == StateName::Active && is(v.holder.as_ref(), &b, &veth_b)
+    })?;
+    ensure!(b.ping(GATEWAY.into(), 3)? == 3, "B flows with {addr}");
     Ok(())
 }
 
@@ -427,6 +470,26 @@ fn fence_old_gives_the_address_to_the_new_container_and_cuts_the_old_one_off() -
     ensure!(
         node_neighbour(&lab, addr)?.as_deref() == Some(mac_b.as_str()),
         "after A's tries the node still resolves {addr} to B ({mac_b})"
+    );
+
+    // A's grace period ends: the late CNI DEL of the fenced old holder and the loss of its
+    // veth leave B's address alone.
+    podman.podman(&["rm", "--force", "--time", "0", "a"])?;
+    poll("A's veth gone", SETTLE, || {
+        Ok(lab
+            .node
+            .ip(&["link", "show", &veth_a])
+            .is_err()
+            .then_some(()))
+    })?;
+    let view = api.wait(addr, "B holds it, A forgotten", |v| {
+        v.state == StateName::Active && is(v.holder.as_ref(), &b, &veth_b) && v.fenced.is_none()
+    })?;
+    ensure!(view.conflicts >= 1, "the conflict stays counted: {view:?}");
+    ensure!(b.ping(GATEWAY.into(), 3)? == 3, "B still flows with {addr}");
+    ensure!(
+        ping_from_node(&lab, addr, 3)? == 3,
+        "{addr} still answers the node"
     );
     Ok(())
 }
