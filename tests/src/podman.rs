@@ -1,7 +1,8 @@
 //! A real container runtime, contained: podman (CNI network backend) + runc running busybox
 //! containers from a local rootfs, inside a network namespace a test owns.
 //!
-//! Nothing of the machine's own is used or changed:
+//! Nothing of the machine's own is changed (podman only reads its packaged defaults, e.g. the
+//! seccomp profile in `/usr/share/containers`):
 //! - podman, conmon, runc and the CNI plugins run in the test's node namespace (the plugins'
 //!   bridge and host-side veths are created there) and in a private mount namespace kept alive
 //!   by a "holder" process, with fresh tmpfs over `/run` (runc state, container netns bind
@@ -11,7 +12,8 @@
 //!   `/usr/lib/cni/*` plus the test's own plugins) and host-local's `dataDir` are all in one
 //!   temp dir, named through `CONTAINERS_CONF` / `CONTAINERS_STORAGE_CONF` /
 //!   `CONTAINERS_REGISTRIES_CONF` and the global flags;
-//! - containers get a cgroup parent of their own (conmon goes below it too), removed at the end.
+//! - containers get a cgroup parent of their own, `/ipq-podman-<pid>-<n>` in every hierarchy
+//!   (conmon goes below it too), removed at the end.
 //!
 //! [`Podman`]'s drop force-removes every container (their CNI DEL runs), kills whatever is still
 //! in its cgroups, ends the holder, removes the cgroups and the temp dir.

@@ -101,13 +101,17 @@ fn start_terminating(
 ) -> anyhow::Result<Container> {
     let container = podman.run(name, Some(addr), SLOW_TO_STOP)?;
     let rootfs = podman.dir().join("rootfs").join(name);
-    poll("A's shell running", Duration::from_secs(10), || {
-        Ok(rootfs.join("started").exists().then_some(()))
-    })?;
+    poll(
+        &format!("{name}'s shell running"),
+        Duration::from_secs(10),
+        || Ok(rootfs.join("started").exists().then_some(())),
+    )?;
     podman.spawn(&["stop", "--time", "150", name])?;
-    poll("A's SIGTERM trap running", Duration::from_secs(10), || {
-        Ok(rootfs.join("terminating").exists().then_some(()))
-    })?;
+    poll(
+        &format!("{name}'s SIGTERM trap"),
+        Duration::from_secs(10),
+        || Ok(rootfs.join("terminating").exists().then_some(())),
+    )?;
     let status = podman.status(name)?;
     ensure!(
         status == "stopping",
