@@ -471,6 +471,50 @@ fn early_reuse_under_fence_old_fences_the_old_holder() -> anyhow::Result<()> {
     Ok(())
 }
 
+#[test]
+fn early_reuse_under_observe_keeps_the_claimants_identity() -> anyhow::Result<()> {
+    let lab = Lab::new()?;
+    let _agent = lab.start_agent(&["--workload", "veth*", "--on-early-reuse", "observe"])?;
+    let api = Api::new(&lab)?;
+    let chain = bridge_chain(&lab, "1.0.0")?;
+    let old = add(&chain, "old", None)?;
+    let addr = old.v4();
+    release_reservation(&lab, &chain, addr)?;
+    let new = add(&chain, "new", Some(reuse_args(addr, "new")))?;
+    assert_held(
+        &api,
+        addr,
+        StateName::Active,
+        &new.attachment.container_id,
+        &new.host_if,
+    )?;
+
+    // Both flow (observe), and the old holder's traffic refreshing the bridge's neighbour and
+    // forwarding entries does not take the address back from the CNI claimant.
+    let got = udp_burst(&old.ns, &lab.node, gateway(), 5);
+    ensure!(got == 5, "observe lets the old holder flow: {got} of 5");
+    let got = udp_burst(&new.ns, &lab.node, gateway(), 5);
+    ensure!(got == 5, "the new holder's traffic: {got} of 5");
+    let got = udp_burst(&old.ns, &lab.node, gateway(), 5);
+    ensure!(got == 5, "observe lets the old holder flow: {got} of 5");
+    // Netlink events reach the agent within milliseconds; give them ample time.
+    std::thread::sleep(Duration::from_secs(1));
+    assert_held(
+        &api,
+        addr,
+        StateName::Active,
+        &new.attachment.container_id,
+        &new.host_if,
+    )?;
+    // So the claimant's DEL still finds what it holds.
+    chain.del(&new.attachment, Some(&new.result))?;
+    ensure!(
+        api.get(addr)?.map(|v| v.state) != Some(StateName::Active),
+        "the new holder's DEL drained {addr}"
+    );
+    Ok(())
+}
+
 fn ipq_config(lab: &Lab, version: &str) -> Value {
     let mut conf = ipq_entry(lab);
     conf["name"] = json!("ipq-gc");

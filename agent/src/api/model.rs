@@ -212,9 +212,14 @@ pub enum EventBody {
         action: String,
         /// The address's state in the datapath when the packet was seen.
         state: String,
-        /// The interface the packet was seen on.
+        /// The interface the packet was seen on, by index and name.
         ifindex: u32,
+        #[serde(default)]
+        seen_on: String,
         holder_ifindex: u32,
+        /// Who the registry says holds the address (for a quarantined one, who held it last).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        holder: Option<Holder>,
         src_mac: String,
         pkt_len: u32,
     },

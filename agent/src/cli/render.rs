@@ -236,12 +236,23 @@ pub fn event_line(event: &Event) -> String {
             action,
             state,
             ifindex,
+            seen_on,
             holder_ifindex,
+            holder,
             src_mac,
             pkt_len,
         } => format!(
             "sample {address} {action} at {hook} reason {reason} state {state} \
-             ifindex {ifindex} holder ifindex {holder_ifindex} from {src_mac} {pkt_len} bytes"
+             on {} holder {} from {src_mac} {pkt_len} bytes",
+            if seen_on.is_empty() {
+                format!("ifindex {ifindex}")
+            } else {
+                seen_on.clone()
+            },
+            holder.as_ref().map_or_else(
+                || format!("ifindex {holder_ifindex}"),
+                |h| holder_cell(Some(h))
+            ),
         ),
         EventBody::Lost { n } => format!("lost {n} events"),
     };

@@ -262,11 +262,13 @@ fn events_are_one_line_each() {
                 action: "drop".into(),
                 state: "draining".into(),
                 ifindex: 5,
+                seen_on: "vethpa".into(),
                 holder_ifindex: 6,
+                holder: None,
                 src_mac: "02:77:00:00:0a:02".into(),
                 pkt_len: 98,
             },
-            "sample fd77::2 drop at tc_ingress reason fenced state draining ifindex 5 \
+            "sample fd77::2 drop at tc_ingress reason fenced state draining on vethpa \
              holder ifindex 6 from 02:77:00:00:0a:02 98 bytes",
         ),
         (EventBody::Lost { n: 3 }, "lost 3 events"),

@@ -121,7 +121,7 @@ impl Tracker {
         }
     }
 
-    fn interface_name(&self, ifindex: u32) -> String {
+    pub(super) fn interface_name(&self, ifindex: u32) -> String {
         self.net
             .links
             .get(&ifindex)

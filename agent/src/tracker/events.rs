@@ -11,9 +11,12 @@ use ipq_common::{
 };
 use tokio::sync::broadcast;
 
-use crate::api::{
-    command::Subscription,
-    model::{ConflictView, Event, EventBody},
+use crate::{
+    api::{
+        command::Subscription,
+        model::{ConflictView, Event, EventBody},
+    },
+    registry::Holder,
 };
 
 /// Events kept for a new subscriber and for `ipq events` without `--follow`.
@@ -110,8 +113,9 @@ impl EventHub {
     }
 }
 
-/// A kernel sample as an event.
-pub fn sample_body(sample: &ConflictSample) -> EventBody {
+/// A kernel sample as an event: `seen_on` names the interface it came through, `holder` is the
+/// address's holder as the registry knows it.
+pub fn sample_body(sample: &ConflictSample, seen_on: String, holder: Option<Holder>) -> EventBody {
     let hook = Hook::ALL
         .into_iter()
         .find(|h| *h as u32 == sample.hook)
@@ -130,7 +134,9 @@ pub fn sample_body(sample: &ConflictSample) -> EventBody {
             .map_or("unknown", AddrState::as_str)
             .to_owned(),
         ifindex: sample.ifindex,
+        seen_on,
         holder_ifindex: sample.holder_ifindex,
+        holder,
         src_mac: format!(
             "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
             m[0], m[1], m[2], m[3], m[4], m[5]

@@ -343,7 +343,14 @@ impl Tracker {
             .registry
             .get(addr)
             .and_then(|r| r.status.holder().cloned());
-        if current.is_some_and(|h| h.same_as(&holder)) {
+        if current.as_ref().is_some_and(|h| h.same_as(&holder)) {
+            return;
+        }
+        // A neighbour entry follows whoever last sent with the address; it is weaker evidence
+        // than an explicit claim (CNI, API), which names a container. Letting it contest one
+        // would hand the address back to an old holder whose early reuse was only observed,
+        // losing the claimant's identity; the datapath sees that old holder's packets anyway.
+        if current.is_some_and(|h| h.container_id.is_some()) {
             return;
         }
         let result = self.registry.claim(addr, holder, Source::Netlink);
@@ -552,7 +559,15 @@ impl Tracker {
     /// Logs (rate-limited) and publishes one kernel sample.
     fn publish_sample(&mut self, sample: &ConflictSample) {
         let time = TimeBase::now();
-        let body = events::sample_body(sample);
+        let addr = sample.addr.to_ip();
+        let holder = self.registry.get(addr).map(|r| match &r.status {
+            AddrStatus::Quarantined { previous, .. } => previous.clone(),
+            AddrStatus::Active { holder, .. } | AddrStatus::Draining { holder, .. } => {
+                holder.clone()
+            }
+        });
+        let seen_on = self.interface_name(sample.ifindex);
+        let body = events::sample_body(sample, seen_on, holder);
         if self.events.may_log() {
             let mut line = serde_json::json!({ "event": "conflict_sample" });
             if let (Some(map), Ok(serde_json::Value::Object(fields))) =
