@@ -238,6 +238,16 @@ pub fn run() -> Result<()> {
     )?;
     show_ping(POD_B, "10.78.0.2", "pod B -> peer")?;
 
+    say("what an operator sees: `ipq list` and `ipq conflicts` over the agent's API");
+    let cli = agent.with_file_name("ipq");
+    for args in [["list"], ["conflicts"]] {
+        println!("  $ ipq {}", args.join(" "));
+        let text = output(cmd(&cli, ["--socket", API_SOCKET]).args(args))?;
+        for line in text.lines() {
+            println!("  {line}");
+        }
+    }
+
     say("what the agent counted (from its /metrics)");
     show_metrics(&[
         "ipq_conflicts_total",
