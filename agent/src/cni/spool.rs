@@ -1,14 +1,8 @@
 //! DELs that arrived while the agent was down, kept on disk until the agent replays them.
 //!
-//! Contract (the agent calls this at start, after recovering the registry and before the
-//! netlink reconcile):
-//!
-//! ```ignore
-//! for spooled in ipq::cni::spool::pending(&ipq::paths::cni_spool_dir(&config.state_dir))? {
-//!     // apply spooled.request (a DrainAttachmentRequest) through the registry, then:
-//!     spooled.done()?; // removes the file
-//! }
-//! ```
+//! The agent replays the spool at start (after recovering the registry, before the netlink
+//! reconcile, so a replayed DEL lands where a live one would have) and on every tick: it drains
+//! each [`SpooledDel`]'s attachment, saves its journal, then calls [`SpooledDel::done`].
 //!
 //! One file per DEL, `del-<unix ns, 20 digits>-<pid>-<n>.json`, holding the
 //! `DrainAttachmentRequest` as JSON: names sort oldest first. ipq-cni writes a hidden temp file,
