@@ -62,7 +62,7 @@ pub fn run(
             match Programs::open(&layout) {
                 Ok(opened) => programs = Some(opened),
                 Err(e) => {
-                    let error = format!("opening the pinned programs: {e}");
+                    let error = format!("opening the pinned programs: {}", chain(&e));
                     let hooks = job
                         .role
                         .points()
@@ -92,7 +92,7 @@ fn attach(
     match job.role {
         Role::Uplink => vec![(
             AttachPoint::Xdp,
-            pins::attach_xdp(&mut progs.xdp, layout, ifname, ifindex).map_err(|e| e.to_string()),
+            pins::attach_xdp(&mut progs.xdp, layout, ifname, ifindex).map_err(|e| chain(&e)),
         )],
         Role::Workload => [
             (AttachPoint::TcxIngress, &mut progs.ingress),
@@ -133,7 +133,7 @@ fn attach_tcx(
     ifindex: u32,
     point: AttachPoint,
 ) -> Result<Attached, String> {
-    let how = pins::attach_tc(prog, layout, ifname, ifindex, point).map_err(|e| e.to_string())?;
+    let how = pins::attach_tc(prog, layout, ifname, ifindex, point).map_err(|e| chain(&e))?;
     match tc_filter::remove_ipq(ifindex, direction(point)) {
         Ok(true) => debug!(
             "{ifname}: removed ipq's netlink {} filter left by netlink mode",
@@ -171,7 +171,7 @@ fn attach_netlink(
     match tc::qdisc_add_clsact(ifname) {
         Ok(()) => {}
         Err(e) if os_error(&e) == Some(libc::EEXIST) => {}
-        Err(e) => return Err(format!("adding the clsact qdisc: {e}")),
+        Err(e) => return Err(format!("adding the clsact qdisc: {}", chain(&e))),
     }
     let place = tc_filter::place(ifindex, dir)
         .map_err(|e| format!("listing {} filters: {e}", dir.as_str()))?;
@@ -194,10 +194,10 @@ fn attach_netlink(
                 handle,
                 None,
             )
-            .map_err(|e| format!("{ifname}: {e}"))?;
+            .map_err(|e| format!("{ifname}: {}", chain(&e)))?;
             let id = prog
                 .attach_to_link(link)
-                .map_err(|e| format!("replacing ipq's {} filter: {e}", dir.as_str()))?;
+                .map_err(|e| format!("replacing ipq's {} filter: {}", dir.as_str(), chain(&e)))?;
             keep_attached(prog.take_link(id))?;
             Attached::Reused
         }
@@ -212,7 +212,7 @@ fn attach_netlink(
                         classid: None,
                     }),
                 )
-                .map_err(|e| format!("adding ipq's {} filter: {e}", dir.as_str()))?;
+                .map_err(|e| format!("adding ipq's {} filter: {}", dir.as_str(), chain(&e)))?;
             keep_attached(prog.take_link(id))?;
             Attached::Created
         }
@@ -225,10 +225,25 @@ fn attach_netlink(
     Ok(how)
 }
 
+/// `e` and every error under it: aya's errors keep the OS error (EMFILE...) in their source.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(inner) = source {
+        let more = inner.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        source = inner.source();
+    }
+    text
+}
+
 /// A netlink filter outlives the agent by design; aya would delete it when its link object is
 /// dropped, so the object (four integers, nothing to free) is forgotten instead.
 fn keep_attached(link: Result<SchedClassifierLink, ProgramError>) -> Result<(), String> {
-    let link = link.map_err(|e| e.to_string())?;
+    let link = link.map_err(|e| chain(&e))?;
     std::mem::forget(link);
     Ok(())
 }
