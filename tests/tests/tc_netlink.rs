@@ -22,7 +22,7 @@ use ipq_common::names::{TC_FILTER_HANDLE, TC_FILTER_PRIORITY};
 use ipq_tests::{
     api,
     attach::{filters, ipq_tc_attachments, link_pins},
-    lab::{udp_burst, Lab, PEER_V4, PEER_V6, POD_A_V4, POD_A_V6, POD_B_V4, POD_B_V6},
+    lab::{poll, udp_burst, Lab, PEER_V4, PEER_V6, POD_A_V4, POD_A_V6, POD_B_V4, POD_B_V6},
     netns::{output_of, NetNs},
 };
 
@@ -253,5 +253,33 @@ fn switching_between_netlink_and_tcx_leaves_no_leftovers_and_no_foreign_filter_t
     check_fenced(&lab, "netlink mode after TCX mode");
     assert_attached_as(&lab, "netlink", "netlink mode after TCX mode");
     assert_eq!(foreign_filters(&lab), foreign, "netlink mode again");
+
+    // Renamed out of the workload globs: ipq's filters leave the interface, nobody else's do.
+    for step in [
+        "link set vethpa down",
+        "link set vethpa name qpa",
+        "link set qpa up",
+    ] {
+        lab.node
+            .ip(&step.split_whitespace().collect::<Vec<_>>())
+            .expect(step);
+    }
+    poll(
+        "ipq's filters removed from qpa",
+        Duration::from_secs(10),
+        || {
+            let left: Vec<(usize, usize)> = DIRS
+                .iter()
+                .map(|dir| ipq_tc_attachments(&lab.node, "qpa", *dir))
+                .collect();
+            Ok((left == [(0, 0), (0, 0)]).then_some(()))
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", agent.log()));
+    let still: Vec<Filter> = DIRS
+        .iter()
+        .flat_map(|dir| filters(&lab.node, "qpa", *dir))
+        .collect();
+    assert_eq!(still, foreign, "foreign filters after the rename");
     drop(agent);
 }

@@ -130,6 +130,11 @@ impl DatapathMaps {
     /// Opens the maps a running (or stopped) agent pinned under `bpffs_dir`, for tools that
     /// inspect or repair the datapath without loading programs.
     pub fn open_pinned(bpffs_dir: &Path) -> Result<Self, DatapathError> {
+        // Stamps written here must be on the clock the loaded programs use.
+        match attach::probe::coarse_clock() {
+            Ok(coarse) => crate::netdev::use_coarse_clock(coarse),
+            Err(e) => warn!("probing the kernel's clock helper: {e}; assuming the coarse clock"),
+        }
         let layout = PinLayout::new(bpffs_dir);
         Self::open(maps::Source::Pinned(&layout))
     }

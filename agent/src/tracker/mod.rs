@@ -369,7 +369,7 @@ impl Tracker {
         match self.role(name) {
             Some(Role::Workload) => self.attacher.want(ifindex, name, attach::Role::Workload),
             Some(Role::Uplink) => self.attacher.want(ifindex, name, attach::Role::Uplink),
-            None => self.attacher.forget(ifindex),
+            None => self.attacher.release(ifindex),
         }
     }
 

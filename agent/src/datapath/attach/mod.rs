@@ -230,6 +230,22 @@ impl Attacher {
         }
     }
 
+    /// Releases an interface whose new name no longer matches the configuration: forgets it
+    /// and removes ipq's netlink filters from it too (the device lives on, unlike after
+    /// [`forget`](Self::forget)'s usual case).
+    pub fn release(&mut self, ifindex: u32) {
+        if !self.targets.contains_key(&ifindex) {
+            return;
+        }
+        self.forget(ifindex);
+        for dir in [tc_filter::Direction::Ingress, tc_filter::Direction::Egress] {
+            if let Err(e) = tc_filter::remove_ipq(ifindex, dir) {
+                warn!("if{ifindex}: removing ipq's {} filter: {e}", dir.as_str());
+            }
+        }
+        info!("if{ifindex}: no longer configured, detached");
+    }
+
     /// Takes a worker's report. Returns whether it changed anything (an outdated report for an
     /// interface forgotten or wanted again since does not).
     pub fn on_report(&mut self, report: JobReport) -> bool {
