@@ -21,6 +21,8 @@ pub mod pins;
 pub mod probe;
 pub mod retry;
 pub mod tc_filter;
+#[cfg(test)]
+mod tests;
 mod worker;
 
 use std::{
@@ -174,6 +176,21 @@ impl Attacher {
             },
             receiver,
         ))
+    }
+
+    /// An attacher without workers: jobs go nowhere, reports come from the test.
+    #[cfg(test)]
+    fn without_workers(mode: TcMode) -> (Self, mpsc::Receiver<Job>) {
+        let (jobs, queue) = mpsc::channel();
+        let attacher = Self {
+            layout: PinLayout::new("/nonexistent/ipq-test"),
+            mode,
+            jobs,
+            targets: BTreeMap::new(),
+            next_generation: 0,
+            failures: BTreeMap::new(),
+        };
+        (attacher, queue)
     }
 
     pub fn mode(&self) -> TcMode {
