@@ -3,10 +3,16 @@
 //! The tracker says which interfaces it wants protected ([`Attacher::want`]) and which went
 //! away ([`Attacher::forget`]); it never waits for the kernel. A small pool of worker threads
 //! does the attaching: each worker owns its own handles on the loaded programs (aya's program
-//! objects are not `Sync`), opened from their pins, so several TCX link creates wait out their
-//! RCU grace periods (~16 ms of kernel time each) at the same time, while the registry, the API
-//! and the CNI are answered. Each outcome comes back as a [`JobReport`] on a channel the
-//! agent's loop hands to [`Attacher::on_report`].
+//! objects are not `Sync`), opened from their pins under `bpffs_dir/progs`, and attaches while
+//! the registry, the API and the CNI are answered. Each outcome comes back as a [`JobReport`]
+//! on a channel the agent's loop hands to [`Attacher::on_report`].
+//!
+//! Why a pool rather than one thread: what the kernel lets run in parallel does (netlink
+//! requests, pin and program opens, a slow or failing interface does not hold up the others).
+//! A TCX link create is the exception: `tcx_link_attach` holds `rtnl_lock` across the RCU
+//! grace period it waits for (~16 ms here), so the kernel runs them one at a time whatever the
+//! number of threads (measured: 100 new veths take ~3.3 s to protect with 1 worker or 4). A
+//! cls_bpf filter over netlink waits for no grace period (the same 100 in ~0.15 s).
 //!
 //! Every wanted interface has a protection state: `attaching`, `protected`, or `failed` with
 //! the last error, retried with exponential backoff ([`retry::Backoff`]) for as long as the

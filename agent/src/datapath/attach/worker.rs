@@ -1,9 +1,8 @@
 //! One attach worker: a thread with its own handles on the loaded programs, opened from their
 //! pins under `bpffs_dir/progs`, which turns jobs into attachments and reports each outcome.
 //!
-//! aya's program objects are neither `Sync` nor shareable, and a link create on a TCX hook
-//! waits out an RCU grace period (~16 ms): several workers, each owning its program handles,
-//! let those waits overlap instead of queueing behind one another.
+//! aya's program objects are not `Sync`: each worker owns its own handles, so workers never
+//! share one and need no lock around an attach.
 
 use std::sync::{mpsc, Arc, Mutex};
 
