@@ -49,12 +49,13 @@ fn wait_protected(agent: &Agent, ifname: &str) {
     .unwrap_or_else(|e| panic!("{e:#}\nagent log:\n{}", agent.log()));
 }
 
-/// Injected: a new pod's interface whose clsact already has another tool's filter (u32)
-/// at ipq's priority, in netlink mode; the veth is created under another name and renamed into
-/// the workload glob / Holds: ingress is refused without touching that filter, the interface
-/// is counted in the unprotected gauge, named with the error in /readyz and `ipq status`;
-/// once the filter is gone the retry protects it (one ipq filter per hook) and the agent is
-/// ready again.
+/// Injected: another tool's filter in ipq's tc place on a new pod's veth / Holds: counted, named, not ready; retried and protected once it is gone.
+///
+/// Netlink mode; the veth gets a clsact and a u32 filter at ipq's priority under another name,
+/// then is renamed into the workload glob. Its ingress is refused without touching that
+/// filter, the interface is counted in the unprotected gauge and named with the error in
+/// /readyz and `ipq status`; once the filter is gone the retry protects it (one ipq filter per
+/// hook) and the agent is ready again.
 #[test]
 fn a_foreign_filter_in_ipqs_place_leaves_the_pod_unprotected_visibly_until_it_is_gone() {
     let lab = Lab::new().expect("building the lab");
@@ -144,10 +145,12 @@ fn set_nofile(pid: u32, limit: libc::rlimit64) -> libc::rlimit64 {
     old
 }
 
-/// Injected: the running agent's RLIMIT_NOFILE lowered to the fds it has open, then a new pod's
-/// veth appears (as when idle connections exhaust the fds, issue H2) / Holds: the attach fails
-/// with EMFILE and is logged as not protected; once fds are available again the retry attaches
-/// it (one TCX program per hook), the failure stays counted, and the agent is ready.
+/// Injected: EMFILE (RLIMIT_NOFILE at the agent's open fds) when a new pod's veth appears / Holds: logged not protected; retried and protected once fds are back.
+///
+/// As when idle connections exhaust the fds (the hardening issue's H2, whose new pod was never
+/// attached nor retried). The attach fails with EMFILE and is logged as not protected; once
+/// fds are available again the retry attaches it (one TCX program per hook), the failure stays
+/// counted, and the agent is ready.
 #[test]
 fn an_attach_that_meets_emfile_is_retried_until_the_pod_is_protected() {
     let lab = Lab::new().expect("building the lab");
