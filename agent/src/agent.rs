@@ -112,13 +112,17 @@ async fn forward_kernel_logs(logger: KernelLogger) -> Result<(), AgentError> {
     }
 }
 
-/// Sleeps until the registry's next deadline, at most `MAX_TICK`.
+/// Sleeps until the registry's next deadline or the next attach retry, at most `MAX_TICK`.
 fn tick_delay(tracker: &Tracker) -> Duration {
     let now = netdev::monotonic_ns();
+    let retry = tracker.attacher().next_retry().map_or(MAX_TICK, |at| {
+        at.saturating_duration_since(std::time::Instant::now())
+    });
     tracker
         .next_deadline()
         .map_or(MAX_TICK, |at| Duration::from_nanos(at.saturating_sub(now)))
         .min(MAX_TICK)
+        .min(retry)
 }
 
 /// Takes a fresh dump after lost events and feeds the difference to the tracker.
@@ -198,7 +202,14 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
     let spool_dir = paths::cni_spool_dir(&config.state_dir);
     let journal = Journal::open(&config.state_dir)?;
     let metrics_addr = config.metrics_addr;
-    let mut tracker = Tracker::new(config, datapath, journal, metrics.clone());
+    let tc_mode = datapath.tc_mode(config.tc_attach)?;
+    info!(
+        "tc_attach {:?}: TC programs attach as {}",
+        config.tc_attach,
+        tc_mode.as_str()
+    );
+    let (attacher, mut attach_reports) = datapath.start_attacher(tc_mode)?;
+    let mut tracker = Tracker::new(config, datapath, attacher, journal, metrics.clone());
     let recovery = tracker.recover();
     // DELs spooled while no agent ran drain their holders before the dump says which are gone,
     // so they end up exactly where a live DEL would have put them.
@@ -207,6 +218,14 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
     let mut events = netlink::subscribe()?;
     let handle = netlink::connect()?;
     tracker.reconcile(netlink::dump(&handle).await?);
+    // Every configured interface attached (or failed) once before pruning: the pins of an
+    // interface still being attached are its enforcement until its new program is in.
+    while tracker.attaching() {
+        match attach_reports.recv().await {
+            Some(report) => tracker.on_attach_report(report),
+            None => break,
+        }
+    }
     tracker.prune_links();
     tracker.persist();
     let (command_tx, mut commands) = mpsc::channel(1024);
@@ -214,10 +233,11 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
         tokio::spawn(ApiServer::bind(&api_socket, access)?.serve(command_tx, metrics.clone()));
     metrics.set_ready(true);
     info!(
-        "ready: registry recovered from {recovery:?} with {} addresses, {} attachments; \
-         metrics on http://{metrics_addr}/metrics",
+        "started: registry recovered from {recovery:?} with {} addresses, {} attachments, \
+         {} unprotected; metrics on http://{metrics_addr}/metrics",
         tracker.registry().len(),
-        tracker.datapath().attached().len(),
+        tracker.attacher().attached_points().count(),
+        tracker.attacher().unprotected_points().count(),
     );
 
     let signal_err = |source| AgentError::Io {
@@ -250,6 +270,12 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
                 }
                 if overrun {
                     resync(&mut tracker, &handle, &metrics).await;
+                }
+            }
+            Some(report) = attach_reports.recv() => {
+                tracker.on_attach_report(report);
+                while let Ok(report) = attach_reports.try_recv() {
+                    tracker.on_attach_report(report);
                 }
             }
             Some(sample) = sample_rx.recv() => {

@@ -23,6 +23,17 @@ pub enum Mode {
     Observe,
 }
 
+/// How the TC programs are attached to workload interfaces (`tc_attach`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TcAttach {
+    /// TCX where the kernel has it (probed at start), else a netlink cls_bpf filter.
+    Auto,
+    /// TCX links only; an attach fails where the kernel lacks TCX.
+    Tcx,
+    /// A clsact qdisc and a direct-action cls_bpf filter over netlink, even where TCX exists.
+    Netlink,
+}
+
 /// What happens when a new holder claims an address another live holder still has.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EarlyReusePolicy {
@@ -54,6 +65,7 @@ pub struct Config {
     pub api_group: Option<String>,
     pub metrics_addr: SocketAddr,
     pub interfaces: Interfaces,
+    pub tc_attach: TcAttach,
 }
 
 /// Largest registry the datapath map is created with (16 Mi entries, ~1 GiB of kernel memory).
@@ -81,6 +93,7 @@ impl Default for Config {
                     .to_vec(),
                 uplink: Vec::new(),
             },
+            tc_attach: TcAttach::Auto,
         }
     }
 }
@@ -113,7 +126,8 @@ pub enum ConfigError {
 }
 
 const TOP_KEYS: &str = "mode, on_early_reuse, cooldown, quiet_period, max_cooldown, capacity, \
-                        bpffs_dir, state_dir, api_socket, api_group, metrics_addr, [interfaces]";
+                        bpffs_dir, state_dir, api_socket, api_group, metrics_addr, tc_attach, \
+                        [interfaces]";
 const INTERFACE_KEYS: &str = "workload, uplink";
 
 /// Values given on the command line; each overrides the key of the same name.
@@ -168,6 +182,7 @@ impl Config {
                 "api_socket" => config.api_socket = p.abs_path(key, value)?,
                 "api_group" => config.api_group = Some(p.group(key, value)?),
                 "metrics_addr" => config.metrics_addr = p.socket_addr(key, value)?,
+                "tc_attach" => config.tc_attach = p.tc_attach(key, value)?,
                 "interfaces" => {
                     let Value::Table(interfaces) = value else {
                         return Err(p.invalid(key, value, "must be a table: [interfaces]"));
@@ -212,6 +227,7 @@ impl Config {
                 "api_socket" => self.api_socket = p.abs_path(&key, &value)?,
                 "api_group" => self.api_group = Some(p.group(&key, &value)?),
                 "metrics_addr" => self.metrics_addr = p.socket_addr(&key, &value)?,
+                "tc_attach" => self.tc_attach = p.tc_attach(&key, &value)?,
                 other => unreachable!("override of unknown key {other}"),
             }
         }
@@ -339,6 +355,15 @@ impl Parser<'_> {
                 value,
                 "must be \"fence-old\", \"refuse-new\" or \"observe\"",
             )),
+        }
+    }
+
+    fn tc_attach(&self, key: &str, value: &Value) -> Result<TcAttach, ConfigError> {
+        match self.string(key, value)? {
+            "auto" => Ok(TcAttach::Auto),
+            "tcx" => Ok(TcAttach::Tcx),
+            "netlink" => Ok(TcAttach::Netlink),
+            _ => Err(self.invalid(key, value, "must be \"auto\", \"tcx\" or \"netlink\"")),
         }
     }
 

@@ -14,8 +14,12 @@ mod server;
 mod tests;
 
 use std::{
+    collections::BTreeMap,
     path::Path,
-    sync::{atomic::AtomicU64, Arc, Mutex},
+    sync::{
+        atomic::{AtomicBool, AtomicU64, Ordering},
+        Arc, Mutex,
+    },
 };
 
 use ipq_common::counters::Hook;
@@ -92,6 +96,10 @@ const PROFILE: &str = if cfg!(debug_assertions) {
 pub struct Metrics {
     pub registry: Registry,
     pub datapath_interfaces: IntGaugeVec,
+    /// Wanted attach points whose program is not in place (attaching or failed), by hook.
+    pub unprotected_interfaces: IntGaugeVec,
+    /// Failed attach attempts, by hook; follows the attacher's count.
+    pub attach_failures: IntCounterVec,
     pub registry_entries: IntGauge,
     pub registry_capacity: IntGauge,
     /// Claims of new addresses refused because the registry was full; follows the registry's
@@ -104,8 +112,12 @@ pub struct Metrics {
     pub stale_traffic_age_seconds: Histogram,
     pub quarantine_duration_seconds: Histogram,
     lost: LostCounts,
-    /// `ipq_ready`, also what `/readyz` answers from.
+    /// `ipq_ready`, also what `/readyz` answers from: `started` and no `blocker`.
     ready: IntGauge,
+    /// The start-up is done (registry recovered, node reconciled, first attaches reported).
+    started: AtomicBool,
+    /// Why the agent is not ready although started: interfaces left unprotected.
+    blocker: Mutex<Option<String>>,
 }
 
 /// Registers `metric` in `registry` and hands it back.
@@ -177,6 +189,36 @@ impl Metrics {
             datapath_interfaces
                 .with_label_values(&[hook.as_str()])
                 .set(0);
+        }
+        let unprotected_interfaces = registered(
+            &registry,
+            IntGaugeVec::new(
+                Opts::new(
+                    "ipq_datapath_unprotected_interfaces",
+                    "Interfaces the configuration names (workload globs, uplinks) whose program \
+                     is not attached, by hook: attaching, or failed and retried with backoff. \
+                     Traffic there is not enforced; ipq status names them with the last error.",
+                ),
+                &["hook"],
+            )?,
+        )?;
+        let attach_failures = registered(
+            &registry,
+            IntCounterVec::new(
+                Opts::new(
+                    "ipq_datapath_attach_failures_total",
+                    "Attach attempts that failed, by hook (each is retried with backoff).",
+                ),
+                &["hook"],
+            )?,
+        )?;
+        for hook in Hook::ALL {
+            unprotected_interfaces
+                .with_label_values(&[hook.as_str()])
+                .set(0);
+            attach_failures
+                .with_label_values(&[hook.as_str()])
+                .inc_by(0);
         }
         let registry_entries = registered(
             &registry,
@@ -275,6 +317,8 @@ impl Metrics {
         Ok(Self {
             registry,
             datapath_interfaces,
+            unprotected_interfaces,
+            attach_failures,
             registry_entries,
             registry_capacity,
             registry_full_rejections,
@@ -286,6 +330,8 @@ impl Metrics {
             quarantine_duration_seconds,
             lost,
             ready,
+            started: AtomicBool::new(false),
+            blocker: Mutex::new(None),
         })
     }
 
@@ -322,12 +368,71 @@ impl Metrics {
         }
     }
 
-    pub fn set_ready(&self, ready: bool) {
+    /// Sets the unprotected gauge from the attach points not in place, and carries the
+    /// attacher's failure counts into the failures counter.
+    pub fn observe_unprotected(
+        &self,
+        points: impl Iterator<Item = AttachPoint>,
+        failures: &BTreeMap<AttachPoint, u64>,
+    ) {
+        let mut counts = [0i64; Hook::ALL.len()];
+        for point in points {
+            counts[hook_of(point) as usize] += 1;
+        }
+        let mut failed = [0u64; Hook::ALL.len()];
+        for (point, n) in failures {
+            failed[hook_of(*point) as usize] += n;
+        }
+        for hook in Hook::ALL {
+            let label = [hook.as_str()];
+            self.unprotected_interfaces
+                .with_label_values(&label)
+                .set(counts[hook as usize]);
+            let counter = self.attach_failures.with_label_values(&label);
+            let seen = failed[hook as usize];
+            if seen > counter.get() {
+                counter.inc_by(seen - counter.get());
+            }
+        }
+    }
+
+    /// Marks the start-up done (or the agent stopping).
+    pub fn set_ready(&self, started: bool) {
+        self.started.store(started, Ordering::SeqCst);
+        self.update_ready();
+    }
+
+    /// Sets (or clears) why the agent is not ready although started.
+    pub fn set_readiness_blocker(&self, blocker: Option<String>) {
+        *self.blocker.lock().unwrap_or_else(|p| p.into_inner()) = blocker;
+        self.update_ready();
+    }
+
+    fn update_ready(&self) {
+        let blocked = self
+            .blocker
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some();
+        let ready = self.started.load(Ordering::SeqCst) && !blocked;
         self.ready.set(i64::from(ready));
     }
 
     pub fn is_ready(&self) -> bool {
         self.ready.get() == 1
+    }
+
+    /// `Ok` when ready, else why not (what `/readyz` answers).
+    pub fn readiness(&self) -> Result<(), String> {
+        if !self.started.load(Ordering::SeqCst) {
+            return Err(
+                "datapath not attached or registry not reconciled yet (starting)".to_owned(),
+            );
+        }
+        match &*self.blocker.lock().unwrap_or_else(|p| p.into_inner()) {
+            Some(blocker) => Err(blocker.clone()),
+            None => Ok(()),
+        }
     }
 
     /// The registry in the Prometheus text exposition format.

@@ -1,6 +1,10 @@
 //! The host's network interfaces, as the kernel names them now.
 
-use std::{ffi::CStr, io};
+use std::{
+    ffi::CStr,
+    io,
+    sync::atomic::{AtomicBool, Ordering},
+};
 
 /// Every interface of the current network namespace: (ifindex, name).
 pub fn interfaces() -> io::Result<Vec<(u32, String)>> {
@@ -32,16 +36,39 @@ pub fn ifindex(name: &str) -> Option<u32> {
     (index != 0).then_some(index)
 }
 
-/// CLOCK_MONOTONIC_COARSE in nanoseconds: the clock of the kernel programs'
-/// `bpf_ktime_get_coarse_ns`, so both sides compare stamps directly. The coarse clock (one tick
-/// of resolution) is the one the drop path can afford: it reads a cached value instead of the
-/// clock source.
+/// Which clock the kernel programs stamp with; set once the datapath knows (see
+/// [`use_coarse_clock`]). Until then (unit tests, tools that never load the datapath) the coarse
+/// clock, the one every kernel from 5.11 stamps with.
+static COARSE: AtomicBool = AtomicBool::new(true);
+
+/// Chooses the clock of [`monotonic_ns`]: the one the loaded programs stamp with
+/// (`bpf_ktime_get_coarse_ns` is CLOCK_MONOTONIC_COARSE, `bpf_ktime_get_ns` CLOCK_MONOTONIC).
+/// Both count from the same origin (the coarse clock lags by at most one tick), so stamps
+/// written under one stay comparable under the other across an agent restart or kernel change.
+pub fn use_coarse_clock(coarse: bool) {
+    COARSE.store(coarse, Ordering::Relaxed);
+}
+
+/// Whether [`monotonic_ns`] reads CLOCK_MONOTONIC_COARSE.
+pub fn coarse_clock() -> bool {
+    COARSE.load(Ordering::Relaxed)
+}
+
+/// The datapath's clock in nanoseconds: CLOCK_MONOTONIC_COARSE where the kernel programs use
+/// `bpf_ktime_get_coarse_ns` (5.11+; one tick of resolution, the clock the drop path can afford:
+/// it reads a cached value instead of the clock source), CLOCK_MONOTONIC where they fall back to
+/// `bpf_ktime_get_ns`. Both sides then compare stamps directly.
 pub fn monotonic_ns() -> u64 {
+    let clock = if coarse_clock() {
+        libc::CLOCK_MONOTONIC_COARSE
+    } else {
+        libc::CLOCK_MONOTONIC
+    };
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
-    // SAFETY: a valid out-parameter; CLOCK_MONOTONIC_COARSE always exists on Linux.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
+    // SAFETY: a valid out-parameter; both clocks always exist on Linux.
+    unsafe { libc::clock_gettime(clock, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }

@@ -41,7 +41,9 @@ impl AttachPoint {
 ///
 /// ```text
 /// <bpffs_dir>/maps/IPQ_ADDRS ...   the maps, pinned by name
-/// <bpffs_dir>/links/if7-tcx-ingress the links, one per interface and attach point
+/// <bpffs_dir>/progs/ipq_tc_ingress ... the programs, for the attach workers
+/// <bpffs_dir>/links/if7-tcx-ingress the links, one per interface and attach point (TCX, XDP;
+///                                   netlink filters have no pin, they live on the device)
 /// ```
 #[derive(Clone, Debug)]
 pub struct PinLayout {
@@ -65,6 +67,15 @@ impl PinLayout {
 
     pub fn map(&self, name: &str) -> PathBuf {
         self.maps_dir().join(name)
+    }
+
+    /// The loaded programs, pinned so attach workers open their own handles on them.
+    pub fn programs_dir(&self) -> PathBuf {
+        self.root.join("progs")
+    }
+
+    pub fn program(&self, name: &str) -> PathBuf {
+        self.programs_dir().join(name)
     }
 
     pub fn links_dir(&self) -> PathBuf {

@@ -13,6 +13,7 @@ pub struct AddrKey {
     pub words: [u32; 4],
 }
 crate::assert_layout!(AddrKey, size = 16, align = 4);
+crate::assert_offsets!(AddrKey { words: 0 });
 
 /// The third word of an IPv4-mapped address: bytes `00 00 ff ff`.
 pub const V4_MAPPED_MARKER: u32 = u32::from_ne_bytes([0, 0, 0xff, 0xff]);
@@ -161,6 +162,15 @@ pub struct AddrEntry {
     pub last_sample_ns: u64,
 }
 crate::assert_layout!(AddrEntry, size = 40, align = 8);
+crate::assert_offsets!(AddrEntry {
+    state: 0,
+    holder_ifindex: 4,
+    fenced_ifindex: 8,
+    flags: 12,
+    since_ns: 16,
+    last_stale_ns: 24,
+    last_sample_ns: 32,
+});
 
 impl AddrEntry {
     pub const fn new(state: AddrState, holder_ifindex: u32, since_ns: u64) -> Self {

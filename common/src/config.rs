@@ -37,3 +37,8 @@ pub struct DatapathConfig {
     pub sample_interval_ns: u64,
 }
 crate::assert_layout!(DatapathConfig, size = 16, align = 8);
+crate::assert_offsets!(DatapathConfig {
+    mode: 0,
+    _reserved: 4,
+    sample_interval_ns: 8,
+});

@@ -14,7 +14,19 @@ pub enum Hook {
 
 impl Hook {
     pub const ALL: [Hook; 3] = [Self::TcIngress, Self::TcEgress, Self::Xdp];
-    pub const COUNT: u32 = 3;
+    /// Tied to `ALL`: a hook added to one and not the other does not compile.
+    pub const COUNT: u32 = Self::ALL.len() as u32;
+
+    /// The hook of a discriminant read from a map or a sample; `None` for a value this build
+    /// does not know (written by another program version).
+    pub const fn from_raw(raw: u32) -> Option<Self> {
+        match raw {
+            0 => Some(Self::TcIngress),
+            1 => Some(Self::TcEgress),
+            2 => Some(Self::Xdp),
+            _ => None,
+        }
+    }
 
     pub const fn as_str(self) -> &'static str {
         match self {
@@ -50,7 +62,7 @@ impl Reason {
         Self::Quarantined,
         Self::RemoteClaim,
     ];
-    pub const COUNT: u32 = 5;
+    pub const COUNT: u32 = Self::ALL.len() as u32;
 
     pub const fn from_raw(raw: u32) -> Option<Self> {
         match raw {
@@ -88,7 +100,7 @@ pub enum Action {
 
 impl Action {
     pub const ALL: [Action; 3] = [Self::Dropped, Self::Observed, Self::Reported];
-    pub const COUNT: u32 = 3;
+    pub const COUNT: u32 = Self::ALL.len() as u32;
 
     pub const fn from_raw(raw: u32) -> Option<Self> {
         match raw {
@@ -128,3 +140,33 @@ pub struct Counter {
     pub bytes: u64,
 }
 crate::assert_layout!(Counter, size = 16, align = 8);
+crate::assert_offsets!(Counter {
+    packets: 0,
+    bytes: 8
+});
+
+/// Every `from_raw` must invert the discriminant of every value in `ALL`, in order: the kernel
+/// writes discriminants, user space reads them back through `from_raw`.
+const _: () = {
+    let mut i = 0;
+    while i < Hook::ALL.len() {
+        assert!(Hook::ALL[i] as u32 == i as u32);
+        assert!(matches!(Hook::from_raw(i as u32), Some(h) if h as u32 == i as u32));
+        i += 1;
+    }
+    assert!(Hook::from_raw(Hook::COUNT).is_none());
+    let mut i = 0;
+    while i < Reason::ALL.len() {
+        assert!(Reason::ALL[i] as u32 == i as u32);
+        assert!(matches!(Reason::from_raw(i as u32), Some(r) if r as u32 == i as u32));
+        i += 1;
+    }
+    assert!(Reason::from_raw(Reason::COUNT).is_none());
+    let mut i = 0;
+    while i < Action::ALL.len() {
+        assert!(Action::ALL[i] as u32 == i as u32);
+        assert!(matches!(Action::from_raw(i as u32), Some(a) if a as u32 == i as u32));
+        i += 1;
+    }
+    assert!(Action::from_raw(Action::COUNT).is_none());
+};

@@ -34,12 +34,20 @@ pub struct IfaceEntry {
     pub own: [AddrKey; IFACE_OWN_ADDRS],
 }
 crate::assert_layout!(IfaceEntry, size = 72, align = 4);
+crate::assert_offsets!(IfaceEntry {
+    ifindex: 0,
+    _reserved: 4,
+    own: 8,
+});
 
 impl IfaceEntry {
     /// Whether `addr` is one of this interface's conflict-free addresses.
     #[inline(always)]
     pub fn owns(&self, addr: &AddrKey) -> bool {
         // Unrolled comparisons of four words each: no loop for the verifier, no branch per byte.
-        self.own[0] == *addr || self.own[1] == *addr || self.own[2] == *addr || self.own[3] == *addr
+        // The destructuring ties the unrolling to IFACE_OWN_ADDRS: changing the constant
+        // without this line does not compile, so no slot is ever left unchecked.
+        let [a, b, c, d] = &self.own;
+        a == addr || b == addr || c == addr || d == addr
     }
 }

@@ -27,3 +27,16 @@ macro_rules! assert_layout {
         const _: () = assert!(core::mem::align_of::<$ty>() == $align);
     };
 }
+
+/// Asserts at compile time the byte offset of every listed field of a boundary type. List every
+/// field: together with `assert_layout!` this pins the whole layout the other side reads.
+#[macro_export]
+macro_rules! assert_offsets {
+    ($ty:ident { $($field:ident : $offset:expr),+ $(,)? }) => {
+        $(const _: () = assert!(core::mem::offset_of!($ty, $field) == $offset);)+
+        // A field added without an offset assert makes this destructuring fail to compile.
+        const _: fn($ty) = |value: $ty| {
+            let $ty { $($field: _),+ } = value;
+        };
+    };
+}

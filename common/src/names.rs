@@ -29,3 +29,23 @@ pub const PROG_XDP_EMPTY: &str = "ipq_xdp_empty";
 pub const DEFAULT_ADDR_CAPACITY: u32 = 65536;
 /// Size of the conflict-sample ring buffer in bytes (a power-of-two number of pages).
 pub const SAMPLES_RING_BYTES: u32 = 256 * 1024;
+
+/// The `.rodata` global the loader sets to 1 where `bpf_ktime_get_coarse_ns` exists (5.11+), so
+/// the programs stamp with CLOCK_MONOTONIC_COARSE there and with CLOCK_MONOTONIC elsewhere.
+pub const GLOBAL_COARSE_CLOCK: &str = "IPQ_COARSE_CLOCK";
+
+/// Priority (`tc filter ... pref`) of ipq's cls_bpf filter on kernels without TCX (or with
+/// `tc_attach = "netlink"`). Lower numbers run first. 1 is Cilium's (`--tc-filter-priority`
+/// default, handle 1) and 0 asks the kernel to pick (49152 downwards), so 2 is the earliest
+/// priority no common CNI takes by default: ipq judges a packet before any filter that could
+/// redirect it away (a redirect ends classification), and it never shares a filter chain
+/// (`tcf_proto`) with another tool, whose deletion of "its" priority would remove ipq's filter.
+/// A filter at priority 1 (Cilium's legacy tc mode) still runs before ipq: see the README.
+pub const TC_FILTER_PRIORITY: u16 = 2;
+
+/// Handle of ipq's cls_bpf filter at `TC_FILTER_PRIORITY`: 0x4951 is "IQ" in ASCII, far from
+/// the small handles tools number from 1. With the priority it names ipq's filter on a hook:
+/// `tc filter show dev IF ingress pref 2 handle 0x4951 bpf` lists it and nothing else. ipq
+/// replaces or deletes a filter there only when it is a cls_bpf filter running an `ipq_`
+/// program; anything else at that place is reported as a conflict and left alone.
+pub const TC_FILTER_HANDLE: u32 = 0x4951;

@@ -31,3 +31,17 @@ pub struct ConflictSample {
     pub _reserved: u32,
 }
 crate::assert_layout!(ConflictSample, size = 64, align = 8);
+crate::assert_offsets!(ConflictSample {
+    ts_ns: 0,
+    addr: 8,
+    ifindex: 24,
+    hook: 28,
+    reason: 32,
+    action: 36,
+    state: 40,
+    holder_ifindex: 44,
+    src_mac: 48,
+    _pad: 54,
+    pkt_len: 56,
+    _reserved: 60,
+});

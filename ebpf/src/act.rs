@@ -1,7 +1,10 @@
 //! What every hook does once it has a reason about a packet: count it, stamp the entry, send a
 //! rate-limited sample, and drop unless the mode is `observe`.
 
-use aya_ebpf::{helpers::bpf_ktime_get_coarse_ns, EbpfContext};
+use aya_ebpf::{
+    helpers::{bpf_ktime_get_coarse_ns, bpf_ktime_get_ns},
+    EbpfContext,
+};
 use aya_log_ebpf::debug;
 use ipq_common::{
     addr::{AddrEntry, AddrKey},
@@ -11,6 +14,26 @@ use ipq_common::{
 };
 
 use crate::{maps, Verdict};
+
+/// Which clock stamps the entries and samples, set by the loader in `.rodata`
+/// (`names::GLOBAL_COARSE_CLOCK`): 1 where the kernel has `bpf_ktime_get_coarse_ns` (5.11+),
+/// 0 elsewhere. The map is frozen, so the verifier sees a constant and prunes the branch not
+/// taken: a 5.10 kernel never meets the helper it does not know. The agent reads the matching
+/// clock (CLOCK_MONOTONIC_COARSE or CLOCK_MONOTONIC) wherever it compares stamps.
+#[unsafe(no_mangle)]
+static IPQ_COARSE_CLOCK: u32 = 0;
+
+#[inline(always)]
+fn now_ns() -> u64 {
+    // SAFETY: a read of a plain static; volatile so the compiler keeps the load the loader's
+    // value reaches instead of folding the default.
+    if unsafe { core::ptr::read_volatile(&IPQ_COARSE_CLOCK) } != 0 {
+        // SAFETY: helpers without arguments.
+        unsafe { bpf_ktime_get_coarse_ns() }
+    } else {
+        unsafe { bpf_ktime_get_ns() }
+    }
+}
 
 /// Where and what a program saw.
 pub struct Seen<'a, C: EbpfContext> {
@@ -35,7 +58,7 @@ pub fn act<C: EbpfContext>(
     let action = action_for_entry(maps::mode(), reason, entry);
     maps::count(counter_index(action, seen.hook, reason), seen.len);
 
-    let now = unsafe { bpf_ktime_get_coarse_ns() };
+    let now = now_ns();
     if reason == Reason::StaleTraffic {
         entry.last_stale_ns = now;
     }

@@ -23,8 +23,9 @@ pub enum Verdict {
     Drop,
 }
 
-/// TCX: hand the packet to the next program on the interface (or the stack when we are last),
-/// so ipq never short-circuits another TCX user such as a CNI's own programs.
+/// Pass: hand the packet to the next program on the interface (or the stack when we are last),
+/// so ipq never short-circuits another CNI's programs. -1 is both TCX_NEXT and TC_ACT_UNSPEC:
+/// as a direct-action cls_bpf filter (kernels without TCX) the next filter runs the same way.
 const TCX_NEXT: i32 = -1;
 
 #[inline(always)]

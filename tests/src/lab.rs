@@ -382,6 +382,16 @@ impl<'l> Agent<'l> {
         fs::read_to_string(&self.log).unwrap_or_else(|e| format!("(unreadable: {e})"))
     }
 
+    /// `/readyz`: status and body.
+    pub fn readyz(&self) -> anyhow::Result<(u16, String)> {
+        http_get(&self.lab.node, "/readyz")
+    }
+
+    /// The agent's API socket.
+    pub fn api_socket(&self) -> PathBuf {
+        self.lab.work_dir().join("ipq.sock")
+    }
+
     /// `/metrics`, as text.
     pub fn metrics(&self) -> anyhow::Result<String> {
         match http_get(&self.lab.node, "/metrics")? {

@@ -1,5 +1,6 @@
 //! Privileged test support for ipq: network namespaces, crafted frames, the lab.
 pub mod api;
+pub mod attach;
 pub mod cni;
 pub mod lab;
 pub mod netns;

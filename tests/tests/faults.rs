@@ -12,6 +12,8 @@
 // directories, FIFOs, CNI and claim inputs, log floods)
 
 // kernel: interfaces that could not be attached (retries, unprotected gauge, readiness)
+#[path = "faults/kernel.rs"]
+mod kernel;
 
 // datapath: crafted frames from a fenced pod
 

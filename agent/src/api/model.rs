@@ -150,6 +150,10 @@ pub struct AddressView {
     pub last_stale: Option<String>,
     /// Conflicts recorded on it since it left Free.
     pub conflicts: u32,
+    /// Whether ipq's programs are in place on the holder's interface: `attaching`, `protected`
+    /// or `failed` (left out when there is no live holder on a workload interface).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub protection: Option<String>,
 }
 
 /// One conflict, with both holders.
@@ -231,6 +235,15 @@ pub enum EventBody {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Status {
     pub ready: bool,
+    /// Why not ready: starting, or the unprotected interfaces with their errors.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_ready: Option<String>,
+    /// How TC programs attach on this node: `tcx` or `netlink`.
+    #[serde(default)]
+    pub tc_attach: String,
+    /// Interfaces the configuration names that are not protected (attaching or failed).
+    #[serde(default)]
+    pub unprotected: u64,
     pub version: String,
     /// `enforce` or `observe`.
     pub mode: String,
@@ -251,13 +264,23 @@ pub struct RegistryCounts {
     pub quarantined: u64,
 }
 
-/// An interface with ipq's programs attached.
+/// An interface the configuration names (a workload interface or an uplink).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InterfaceStatus {
     pub ifindex: u32,
     pub name: String,
-    /// `tcx-ingress`, `tcx-egress`, `xdp`.
+    /// The hooks with ipq's program in place: `tcx-ingress`, `tcx-egress` (the TC hooks, TCX
+    /// link or netlink filter), `xdp`.
     pub hooks: Vec<String>,
+    /// `attaching`, `protected` or `failed` (retried with backoff).
+    #[serde(default)]
+    pub protection: String,
+    /// The last attach error while not protected.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Failed attempts since it was last protected.
+    #[serde(default)]
+    pub failed_attempts: u32,
 }
 
 /// Every error response: `{"error": {...}}` with an HTTP status that matches `code`.

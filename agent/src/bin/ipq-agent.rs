@@ -59,6 +59,9 @@ struct RunArgs {
     api_group: Option<String>,
     #[arg(long)]
     metrics_addr: Option<String>,
+    /// auto | tcx | netlink: how TC programs attach (auto probes for TCX).
+    #[arg(long)]
+    tc_attach: Option<String>,
     /// Workload interface glob (repeatable); replaces [interfaces] workload.
     #[arg(long)]
     workload: Vec<String>,
@@ -82,6 +85,7 @@ impl RunArgs {
             ("api_socket", &self.api_socket),
             ("api_group", &self.api_group),
             ("metrics_addr", &self.metrics_addr),
+            ("tc_attach", &self.tc_attach),
         ] {
             if let Some(value) = value {
                 values.push((key, value.clone()));

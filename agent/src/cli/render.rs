@@ -37,9 +37,16 @@ fn holder_cell(holder: Option<&Holder>) -> String {
 /// FENCED column appears only when some address has a fenced holder.
 pub fn addresses(views: &[AddressView], now: SystemTime) -> String {
     let any_fenced = views.iter().any(|v| v.fenced.is_some());
+    // Shown only when some holder's interface is not protected: the usual table stays narrow.
+    let any_unprotected = views
+        .iter()
+        .any(|v| v.protection.as_deref().is_some_and(|p| p != "protected"));
     let mut header = vec!["ADDRESS", "STATE", "HOLDER", "SINCE", "UNTIL", "CONFLICTS"];
     if any_fenced {
         header.push("FENCED");
+    }
+    if any_unprotected {
+        header.push("PROTECTION");
     }
     let mut table = Table::new(header);
     for view in views {
@@ -61,6 +68,9 @@ pub fn addresses(views: &[AddressView], now: SystemTime) -> String {
         if any_fenced {
             row.push(holder_cell(view.fenced.as_ref()));
         }
+        if any_unprotected {
+            row.push(view.protection.clone().unwrap_or_else(|| NONE.to_owned()));
+        }
         table.row(row);
     }
     table.render("")
@@ -80,6 +90,9 @@ pub fn address_detail(view: &AddressView, now: SystemTime) -> String {
         ("Last stale".to_owned(), time(&view.last_stale)),
         ("Conflicts".to_owned(), view.conflicts.to_string()),
     ];
+    if let Some(protection) = &view.protection {
+        pairs.push(("Protection".to_owned(), protection.clone()));
+    }
     holder_fields(&mut pairs, "Holder", view.holder.as_ref());
     holder_fields(&mut pairs, "Previous holder", view.previous_holder.as_ref());
     holder_fields(&mut pairs, "Fenced", view.fenced.as_ref());
@@ -130,11 +143,13 @@ fn holder_fields(pairs: &mut Vec<(String, String)>, label: &str, holder: Option<
 /// `ipq status`.
 pub fn status(status: &Status, now: SystemTime) -> String {
     let r = &status.registry;
+    let ready = match (status.ready, &status.not_ready) {
+        (true, _) => "yes".to_owned(),
+        (false, Some(why)) => format!("no: {why}"),
+        (false, None) => "no".to_owned(),
+    };
     let pairs = [
-        (
-            "Ready".to_owned(),
-            if status.ready { "yes" } else { "no" }.to_owned(),
-        ),
+        ("Ready".to_owned(), ready),
         ("Version".to_owned(), status.version.clone()),
         ("Mode".to_owned(), status.mode.clone()),
         ("On early reuse".to_owned(), status.on_early_reuse.clone()),
@@ -158,22 +173,40 @@ pub fn status(status: &Status, now: SystemTime) -> String {
         ),
         (
             "Interfaces".to_owned(),
-            if status.interfaces.is_empty() {
-                "none attached".to_owned()
-            } else {
-                status.interfaces.len().to_string()
+            match (status.interfaces.len(), status.unprotected) {
+                (0, _) => "none attached".to_owned(),
+                (n, 0) => n.to_string(),
+                (n, u) => format!("{n}, {u} NOT PROTECTED"),
             },
         ),
+        ("TC attach".to_owned(), status.tc_attach.clone()),
     ];
     let mut out = key_values(&pairs);
     if !status.interfaces.is_empty() {
-        let mut table = Table::new(["IFINDEX", "NAME", "HOOKS"]);
+        let any_error = status.interfaces.iter().any(|i| i.error.is_some());
+        let mut header = vec!["IFINDEX", "NAME", "HOOKS", "PROTECTION"];
+        if any_error {
+            header.push("ERROR");
+        }
+        let mut table = Table::new(header);
         for iface in &status.interfaces {
-            table.row(vec![
+            let mut row = vec![
                 iface.ifindex.to_string(),
                 iface.name.clone(),
-                iface.hooks.join(","),
-            ]);
+                if iface.hooks.is_empty() {
+                    NONE.to_owned()
+                } else {
+                    iface.hooks.join(",")
+                },
+                iface.protection.clone(),
+            ];
+            if any_error {
+                row.push(match &iface.error {
+                    Some(e) => format!("{e} ({} attempts)", iface.failed_attempts),
+                    None => NONE.to_owned(),
+                });
+            }
+            table.row(row);
         }
         out.push_str(&table.render("  "));
     }

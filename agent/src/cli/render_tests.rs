@@ -41,6 +41,7 @@ fn view(address: &str, state: StateName, since: &str) -> AddressView {
         until: None,
         last_stale: None,
         conflicts: 0,
+        protection: None,
     }
 }
 
@@ -97,6 +98,30 @@ ADDRESS    STATE     HOLDER  SINCE   UNTIL  CONFLICTS  FENCED
 }
 
 #[test]
+fn list_adds_the_protection_column_only_when_a_holder_is_unprotected() {
+    let attaching = AddressView {
+        holder: Some(Holder::new(6, "vethpb")),
+        protection: Some("attaching".into()),
+        ..view("10.77.0.2", StateName::Active, "2026-11-22T10:00:59Z")
+    };
+    let protected = AddressView {
+        holder: Some(Holder::new(5, "vethpa")),
+        protection: Some("protected".into()),
+        ..view("10.77.0.3", StateName::Active, "2026-11-22T10:00:59Z")
+    };
+    assert_eq!(
+        render::addresses(&[attaching.clone(), protected.clone()], now()),
+        "\
+ADDRESS    STATE   HOLDER  SINCE   UNTIL  CONFLICTS  PROTECTION
+10.77.0.2  active  vethpb  1s ago  -      0          attaching
+10.77.0.3  active  vethpa  1s ago  -      0          protected
+"
+    );
+    assert!(!render::addresses(&[protected], now()).contains("PROTECTION"));
+    assert!(render::address_detail(&attaching, now()).contains("Protection:"));
+}
+
+#[test]
 fn an_empty_list_is_its_header() {
     assert_eq!(
         render::addresses(&[], now()),
@@ -142,6 +167,9 @@ Displaced:         vethy (ifindex 9)
 fn status_shows_readiness_counts_and_hooks() {
     let status = Status {
         ready: true,
+        not_ready: None,
+        tc_attach: "tcx".into(),
+        unprotected: 0,
         version: "0.1.0".into(),
         mode: "enforce".into(),
         on_early_reuse: "fence-old".into(),
@@ -157,11 +185,17 @@ fn status_shows_readiness_counts_and_hooks() {
                 ifindex: 5,
                 name: "vethpa".into(),
                 hooks: vec!["tcx-ingress".into(), "tcx-egress".into()],
+                protection: "protected".into(),
+                error: None,
+                failed_attempts: 0,
             },
             InterfaceStatus {
                 ifindex: 12,
                 name: "up0".into(),
                 hooks: vec!["xdp".into()],
+                protection: "protected".into(),
+                error: None,
+                failed_attempts: 0,
             },
         ],
         conflicts_total: 4,
@@ -179,10 +213,32 @@ Started:         2026-11-22T09:56:00Z (5m ago)
 Registry:        3/65536 entries: 2 active, 1 draining, 0 quarantined
 Conflicts:       4 total, 1 claims refused
 Interfaces:      2
-  IFINDEX  NAME    HOOKS
-  5        vethpa  tcx-ingress,tcx-egress
-  12       up0     xdp
+TC attach:       tcx
+  IFINDEX  NAME    HOOKS                   PROTECTION
+  5        vethpa  tcx-ingress,tcx-egress  protected
+  12       up0     xdp                     protected
 "
+    );
+    let mut failing = status.clone();
+    failing.ready = false;
+    failing.not_ready = Some("1 interface(s) unprotected: vethpa (if5) failed: boom".into());
+    failing.unprotected = 1;
+    failing.interfaces[0].hooks = vec!["tcx-egress".into()];
+    failing.interfaces[0].protection = "failed".into();
+    failing.interfaces[0].error = Some("tcx-ingress: boom".into());
+    failing.interfaces[0].failed_attempts = 3;
+    let text = render::status(&failing, now());
+    assert!(
+        text.starts_with("Ready:           no: 1 interface(s) unprotected: vethpa (if5)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("Interfaces:      2, 1 NOT PROTECTED\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("5        vethpa  tcx-egress  failed      tcx-ingress: boom (3 attempts)"),
+        "{text}"
     );
     let starting = Status {
         ready: false,
@@ -191,7 +247,7 @@ Interfaces:      2
     };
     let text = render::status(&starting, now());
     assert!(text.starts_with("Ready:           no\n"), "{text}");
-    assert!(text.ends_with("Interfaces:      none attached\n"), "{text}");
+    assert!(text.contains("Interfaces:      none attached\n"), "{text}");
 }
 
 fn conflict() -> ConflictView {

@@ -28,6 +28,7 @@ fn every_key_is_read() {
         state_dir = "/tmp/state"
         api_socket = "/tmp/ipq.sock"
         metrics_addr = "[::1]:9999"
+        tc_attach = "netlink"
         [interfaces]
         workload = ["lxc*", "veth?x"]
         uplink = ["eth0", "bond0"]
@@ -50,6 +51,7 @@ fn every_key_is_read() {
     assert_eq!(config.workload_glob_matching("lxc123"), Some("lxc*"));
     assert_eq!(config.workload_glob_matching("eth0"), None);
     assert!(config.is_uplink("bond0"));
+    assert_eq!(config.tc_attach, TcAttach::Netlink);
 }
 
 #[test]
@@ -99,6 +101,12 @@ fn errors_name_the_key_the_value_and_why() {
         "{e}"
     );
 
+    let e = err(r#"tc_attach = "tc""#);
+    assert!(
+        e.contains("`tc_attach`") && e.contains("\"tc\"") && e.contains("\"netlink\""),
+        "{e}"
+    );
+
     let e = err("interfaces = 3");
     assert!(e.contains("`interfaces`") && e.contains("table"), "{e}");
 }
@@ -145,7 +153,11 @@ fn flags_override_keys_and_are_validated() {
     let path = dir.path().join("agent.toml");
     std::fs::write(&path, "mode = \"observe\"\ncooldown = \"1m\"\n").unwrap();
     let overrides = Overrides {
-        values: vec![("mode", "enforce".into()), ("capacity", "42".into())],
+        values: vec![
+            ("mode", "enforce".into()),
+            ("capacity", "42".into()),
+            ("tc_attach", "tcx".into()),
+        ],
         workload: Some(vec!["pod*".into()]),
         uplink: Some(vec!["eth9".into()]),
     };
@@ -153,6 +165,7 @@ fn flags_override_keys_and_are_validated() {
     assert_eq!(config.mode, Mode::Enforce);
     assert_eq!(config.cooldown, Duration::from_secs(60));
     assert_eq!(config.capacity, 42);
+    assert_eq!(config.tc_attach, TcAttach::Tcx);
     assert_eq!(config.interfaces.workload, ["pod*"]);
     assert_eq!(config.interfaces.uplink, ["eth9"]);
 

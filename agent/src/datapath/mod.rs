@@ -1,13 +1,12 @@
 //! The kernel datapath: loading the embedded object with maps pinned under `bpffs_dir`,
 //! attaching its programs to workload interfaces and uplinks, and the typed maps.
 
-mod links;
+pub mod attach;
 pub mod maps;
 mod object;
 mod table;
 
 use std::{
-    collections::{BTreeMap, BTreeSet},
     ffi::CString,
     fs, io,
     net::IpAddr,
@@ -29,9 +28,12 @@ use ipq_common::{
     sample::ConflictSample,
 };
 use log::{info, warn};
+
+use self::attach::{probe::KernelFeatures, Attacher, JobReport, TcMode};
+use crate::config::TcAttach;
 use thiserror::Error;
 
-pub use links::Attached;
+pub use attach::Attached;
 pub use maps::{ConfigCell, Counters, Samples};
 pub use object::OBJECT;
 pub use table::{fast_path_eligible, AddressTable};
@@ -87,6 +89,15 @@ pub enum DatapathError {
     Pin { path: PathBuf, source: PinError },
     #[error("the address map is full: {addr} was not stored")]
     Full { addr: IpAddr },
+    #[error("probing the kernel's BPF features: {0}")]
+    Probe(#[source] io::Error),
+    #[error(
+        "tc_attach = \"tcx\" but this kernel has no TCX links (probed): use tc_attach = \"auto\" \
+         or \"netlink\""
+    )]
+    NoTcx,
+    #[error("starting the attach workers: {0}")]
+    Workers(#[source] io::Error),
 }
 
 /// What a loaded datapath needs from the configuration.
@@ -119,6 +130,11 @@ impl DatapathMaps {
     /// Opens the maps a running (or stopped) agent pinned under `bpffs_dir`, for tools that
     /// inspect or repair the datapath without loading programs.
     pub fn open_pinned(bpffs_dir: &Path) -> Result<Self, DatapathError> {
+        // Stamps written here must be on the clock the loaded programs use.
+        match attach::probe::coarse_clock() {
+            Ok(coarse) => crate::netdev::use_coarse_clock(coarse),
+            Err(e) => warn!("probing the kernel's clock helper: {e}; assuming the coarse clock"),
+        }
         let layout = PinLayout::new(bpffs_dir);
         Self::open(maps::Source::Pinned(&layout))
     }
@@ -144,8 +160,8 @@ pub struct Datapath {
     pub maps: DatapathMaps,
     samples: Option<Samples>,
     logger: Option<KernelLogger>,
-    attached: BTreeMap<(u32, AttachPoint), String>,
     capacity: u32,
+    features: KernelFeatures,
 }
 
 /// Key and value sizes every pinned map must have, from the shared types.
@@ -202,13 +218,21 @@ impl Datapath {
         check_bpffs(layout.root())?;
         create_dir(&layout.maps_dir())?;
         create_dir(&layout.links_dir())?;
+
+        create_dir(&layout.programs_dir())?;
         let capacity = Self::check_pins(&layout, options.capacity)?;
+        let features = attach::probe::features().map_err(DatapathError::Probe)?;
+        // The programs stamp with the coarse clock only where the helper exists; user space
+        // reads the same clock from here on.
+        let coarse_clock = u32::from(features.coarse_clock);
+        crate::netdev::use_coarse_clock(features.coarse_clock);
 
         let log_level = kernel_log_level();
         let mut loader = EbpfLoader::new();
         loader
             .default_map_pin_directory(layout.maps_dir())
             .map_max_entries(names::MAP_ADDRS, capacity)
+            .override_global(names::GLOBAL_COARSE_CLOCK, &coarse_clock, true)
             // The kernel skips log records the agent's logger would discard anyway.
             .override_global("AYA_LOG_LEVEL", &log_level, false);
         let mut ebpf = loader
@@ -219,12 +243,14 @@ impl Datapath {
             let prog: &mut SchedClassifier = program(&mut ebpf, name)?;
             prog.load()
                 .map_err(|source| DatapathError::Program { name, source })?;
+            pin_program(|path| prog.pin(path), &layout, name)?;
         }
         let xdp: &mut Xdp = program(&mut ebpf, names::PROG_XDP_UPLINK)?;
         xdp.load().map_err(|source| DatapathError::Program {
             name: names::PROG_XDP_UPLINK,
             source,
         })?;
+        pin_program(|path| xdp.pin(path), &layout, names::PROG_XDP_UPLINK)?;
 
         let samples = Samples::open(&mut maps::Source::Loaded(&mut ebpf))?;
         let logger = aya_log::EbpfLogger::init(&mut ebpf)
@@ -233,9 +259,15 @@ impl Datapath {
         let mut maps = DatapathMaps::open(maps::Source::Loaded(&mut ebpf))?;
         maps.set_mode(options.mode)?;
         info!(
-            "datapath loaded: {} addresses in pinned maps under {}",
+            "datapath loaded: {} addresses in pinned maps under {}; kernel has TCX: {}, clock: {}",
             maps.table.len(),
-            layout.root().display()
+            layout.root().display(),
+            features.tcx,
+            if features.coarse_clock {
+                "CLOCK_MONOTONIC_COARSE (bpf_ktime_get_coarse_ns)"
+            } else {
+                "CLOCK_MONOTONIC (bpf_ktime_get_ns)"
+            }
         );
         Ok(Self {
             ebpf,
@@ -243,8 +275,8 @@ impl Datapath {
             maps,
             samples: Some(samples),
             logger,
-            attached: BTreeMap::new(),
             capacity,
+            features,
         })
     }
 
@@ -310,57 +342,32 @@ impl Datapath {
         self.logger.take()
     }
 
-    /// Attaches the TC programs to a workload interface (ingress and egress).
-    pub fn attach_workload(&mut self, ifname: &str, ifindex: u32) -> Result<(), DatapathError> {
-        for (name, point) in [
-            (names::PROG_TC_INGRESS, AttachPoint::TcxIngress),
-            (names::PROG_TC_EGRESS, AttachPoint::TcxEgress),
-        ] {
-            let prog: &mut SchedClassifier = program(&mut self.ebpf, name)?;
-            let how = links::attach_tc(prog, &self.layout, ifname, ifindex, point)?;
-            info!(
-                "{ifname} (if{ifindex}): {} attached ({how:?})",
-                point.as_str()
-            );
-            self.attached.insert((ifindex, point), ifname.to_owned());
+    /// What the kernel probes found at load.
+    pub fn features(&self) -> KernelFeatures {
+        self.features
+    }
+
+    /// The TC attach mode `tc_attach` asks for on this kernel.
+    pub fn tc_mode(&self, tc_attach: TcAttach) -> Result<TcMode, DatapathError> {
+        match (tc_attach, self.features.tcx) {
+            (TcAttach::Auto | TcAttach::Tcx, true) => Ok(TcMode::Tcx),
+            (TcAttach::Tcx, false) => Err(DatapathError::NoTcx),
+            (TcAttach::Auto, false) | (TcAttach::Netlink, _) => Ok(TcMode::Netlink),
         }
-        Ok(())
     }
 
-    /// Attaches the XDP program to an uplink.
-    pub fn attach_uplink(&mut self, ifname: &str, ifindex: u32) -> Result<(), DatapathError> {
-        let prog: &mut Xdp = program(&mut self.ebpf, names::PROG_XDP_UPLINK)?;
-        let how = links::attach_xdp(prog, &self.layout, ifname, ifindex)?;
-        info!("{ifname} (if{ifindex}): xdp attached ({how:?})");
-        self.attached
-            .insert((ifindex, AttachPoint::Xdp), ifname.to_owned());
-        Ok(())
-    }
-
-    /// Forgets an interface that went away; the kernel has already detached its links.
-    pub fn forget_interface(&mut self, ifindex: u32) -> Result<(), DatapathError> {
-        self.attached.retain(|(i, _), _| *i != ifindex);
-        let keep: BTreeSet<_> = self.attached.keys().copied().collect();
-        links::prune(&self.layout, &keep)?;
-        Ok(())
-    }
-
-    /// Detaches what earlier agents attached and this one did not (interfaces gone, or no
-    /// longer configured). Call once every configured interface is attached.
-    pub fn prune_links(&self) -> Result<Vec<(u32, AttachPoint)>, DatapathError> {
-        let keep: BTreeSet<_> = self.attached.keys().copied().collect();
-        links::prune(&self.layout, &keep)
+    /// Starts the attach workers (see [`attach`]); their reports arrive on the receiver.
+    pub fn start_attacher(
+        &self,
+        mode: TcMode,
+    ) -> Result<(Attacher, tokio::sync::mpsc::UnboundedReceiver<JobReport>), DatapathError> {
+        Attacher::start(self.layout.clone(), mode)
     }
 
     /// A program of the loaded object, by name: tests and benchmarks run programs through
     /// `BPF_PROG_TEST_RUN`, including the empty floor programs the agent never attaches.
     pub fn program_mut(&mut self, name: &str) -> Option<&mut aya::programs::Program> {
         self.ebpf.program_mut(name)
-    }
-
-    /// Interfaces attached by this agent, by attach point.
-    pub fn attached(&self) -> &BTreeMap<(u32, AttachPoint), String> {
-        &self.attached
     }
 }
 
@@ -377,6 +384,22 @@ fn kernel_log_level() -> u8 {
         log::LevelFilter::Debug => 4,
         log::LevelFilter::Trace => 5,
     }
+}
+
+/// Pins a loaded program at `<bpffs_dir>/progs/<name>` for the attach workers, in place of
+/// the pin of an earlier agent (whose program stays alive while a link or filter runs it).
+fn pin_program(
+    pin: impl FnOnce(&Path) -> Result<(), PinError>,
+    layout: &PinLayout,
+    name: &'static str,
+) -> Result<(), DatapathError> {
+    let path = layout.program(name);
+    match fs::remove_file(&path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(source) => return Err(DatapathError::Io { path, source }),
+    }
+    pin(&path).map_err(|source| DatapathError::Pin { path, source })
 }
 
 fn program<'a, T>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut T, DatapathError>

@@ -28,12 +28,14 @@ async fn handle(
     match req.uri().path() {
         "/metrics" => respond(StatusCode::OK, TEXT_FORMAT, metrics.render()),
         "/healthz" => respond(StatusCode::OK, "text/plain", "ok\n".into()),
-        "/readyz" if metrics.is_ready() => respond(StatusCode::OK, "text/plain", "ready\n".into()),
-        "/readyz" => respond(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "text/plain",
-            "not ready: datapath not attached or registry not reconciled yet\n".into(),
-        ),
+        "/readyz" => match metrics.readiness() {
+            Ok(()) => respond(StatusCode::OK, "text/plain", "ready\n".into()),
+            Err(why) => respond(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "text/plain",
+                format!("not ready: {why}\n"),
+            ),
+        },
         _ => respond(
             StatusCode::NOT_FOUND,
             "text/plain",

@@ -325,6 +325,63 @@ fn attachments_are_counted_by_hook() {
 }
 
 #[test]
+fn unprotected_interfaces_and_attach_failures_by_hook_and_readiness_follows_them() {
+    let metrics = metrics_reading(distinct_counters());
+    let all_zero = BTreeMap::from([
+        ("hook=tc_egress".into(), 0.0),
+        ("hook=tc_ingress".into(), 0.0),
+        ("hook=xdp".into(), 0.0),
+    ]);
+    assert_eq!(
+        series(&gather(&metrics), "ipq_datapath_unprotected_interfaces"),
+        all_zero
+    );
+    assert_eq!(
+        series(&gather(&metrics), "ipq_datapath_attach_failures_total"),
+        all_zero
+    );
+    metrics.set_ready(true);
+    assert!(metrics.is_ready());
+
+    let failures = BTreeMap::from([(AttachPoint::TcxIngress, 3), (AttachPoint::Xdp, 1)]);
+    metrics.observe_unprotected([AttachPoint::TcxIngress].into_iter(), &failures);
+    metrics.set_readiness_blocker(Some("vethpa (if7) failed: boom".into()));
+    assert_eq!(
+        series(&gather(&metrics), "ipq_datapath_unprotected_interfaces"),
+        BTreeMap::from([
+            ("hook=tc_egress".into(), 0.0),
+            ("hook=tc_ingress".into(), 1.0),
+            ("hook=xdp".into(), 0.0),
+        ])
+    );
+    assert!(!metrics.is_ready());
+    assert_eq!(
+        metrics.readiness(),
+        Err("vethpa (if7) failed: boom".to_owned())
+    );
+
+    // Fixed: the gauge goes down, the failures stay counted (and never go back), ready again.
+    metrics.observe_unprotected(std::iter::empty(), &failures);
+    metrics.set_readiness_blocker(None);
+    assert_eq!(
+        series(&gather(&metrics), "ipq_datapath_unprotected_interfaces"),
+        all_zero
+    );
+    assert_eq!(
+        series(&gather(&metrics), "ipq_datapath_attach_failures_total"),
+        BTreeMap::from([
+            ("hook=tc_egress".into(), 0.0),
+            ("hook=tc_ingress".into(), 3.0),
+            ("hook=xdp".into(), 1.0),
+        ])
+    );
+    assert!(metrics.is_ready());
+    assert_eq!(metrics.readiness(), Ok(()));
+    metrics.set_ready(false);
+    assert!(metrics.readiness().unwrap_err().contains("starting"));
+}
+
+#[test]
 fn registry_states_and_full_rejections_follow_the_registry() {
     let metrics = metrics_reading(distinct_counters());
     let settings = RegistrySettings {

@@ -15,7 +15,8 @@ pub trait Clock {
     fn now(&self) -> MonoNs;
 }
 
-/// CLOCK_MONOTONIC_COARSE, the clock of the kernel programs' stamps.
+/// The clock of the kernel programs' stamps (`netdev::monotonic_ns`: CLOCK_MONOTONIC_COARSE,
+/// or CLOCK_MONOTONIC on kernels without `bpf_ktime_get_coarse_ns`).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct SystemClock;
 

@@ -2,10 +2,7 @@
 //! closure: the loop saves the journal once per burst of requests, then sends the answers, so
 //! a success is only ever reported for a change that is on disk.
 
-use std::{
-    collections::{BTreeMap, BTreeSet},
-    net::IpAddr,
-};
+use std::{collections::BTreeSet, net::IpAddr};
 
 use log::info;
 
@@ -23,7 +20,6 @@ use crate::{
     config::Mode,
     netdev,
     netlink::NetEvent,
-    paths::AttachPoint,
     registry::{policy_str, Conflict, Effect, Holder, RegistryError, Source, StateName},
 };
 
@@ -73,21 +69,27 @@ impl Tracker {
 
     fn status(&self) -> Status {
         let registry = &self.registry;
-        let mut hooks: BTreeMap<u32, Vec<String>> = BTreeMap::new();
-        for (ifindex, point) in self.datapath.attached().keys() {
-            hooks
-                .entry(*ifindex)
-                .or_default()
-                .push(point.as_str().to_owned());
-        }
-        let interfaces = hooks
-            .into_iter()
-            .map(|(ifindex, hooks)| InterfaceStatus {
-                ifindex,
-                name: self.interface_name(ifindex),
-                hooks,
+        let interfaces: Vec<InterfaceStatus> = self
+            .attacher
+            .targets()
+            .iter()
+            .map(|(ifindex, target)| InterfaceStatus {
+                ifindex: *ifindex,
+                name: target.name.clone(),
+                hooks: target
+                    .attached
+                    .iter()
+                    .map(|p| p.as_str().to_owned())
+                    .collect(),
+                protection: target.protection.as_str().to_owned(),
+                error: target.last_error.clone(),
+                failed_attempts: target.failures,
             })
             .collect();
+        let unprotected = interfaces
+            .iter()
+            .filter(|i| i.protection != "protected")
+            .count() as u64;
         let count = |state| registry.count(state) as u64;
         let conflicts_total = crate::registry::ConflictKind::ALL
             .iter()
@@ -100,6 +102,9 @@ impl Tracker {
             .sum();
         Status {
             ready: self.metrics.is_ready(),
+            not_ready: self.metrics.readiness().err(),
+            tc_attach: self.attacher.mode().as_str().to_owned(),
+            unprotected,
             version: env!("CARGO_PKG_VERSION").to_owned(),
             mode: match self.config.mode {
                 Mode::Enforce => "enforce",
@@ -126,13 +131,7 @@ impl Tracker {
             .links
             .get(&ifindex)
             .cloned()
-            .or_else(|| {
-                self.datapath
-                    .attached()
-                    .iter()
-                    .find(|((i, _), _)| *i == ifindex)
-                    .map(|(_, name)| name.clone())
-            })
+            .or_else(|| self.attacher.target(ifindex).map(|t| t.name.clone()))
             .unwrap_or_else(|| format!("if{ifindex}"))
     }
 
@@ -143,7 +142,7 @@ impl Tracker {
                 .registry
                 .iter()
                 .filter(|r| state.is_none_or(|s| r.state() == s))
-                .map(|r| address_view(r, &time))
+                .map(|r| self.view_of(r, &time))
                 .collect(),
         }
     }
@@ -151,7 +150,7 @@ impl Tracker {
     fn view(&self, addr: IpAddr) -> Result<AddressView, ApiError> {
         self.registry
             .get(addr)
-            .map(|r| address_view(r, &TimeBase::now()))
+            .map(|r| self.view_of(r, &TimeBase::now()))
             .ok_or_else(|| {
                 ApiError::new(
                     ErrorCode::NotFound,
@@ -165,8 +164,19 @@ impl Tracker {
         let time = TimeBase::now();
         addrs
             .into_iter()
-            .filter_map(|a| self.registry.get(a).map(|r| address_view(r, &time)))
+            .filter_map(|a| self.registry.get(a).map(|r| self.view_of(r, &time)))
             .collect()
+    }
+
+    /// A record's view, with the protection of its live holder's interface.
+    fn view_of(&self, record: &crate::registry::AddrRecord, time: &TimeBase) -> AddressView {
+        let mut view = address_view(record, time);
+        view.protection = record
+            .status
+            .holder()
+            .and_then(|h| self.protection_of(h.ifindex))
+            .map(|t| t.protection.as_str().to_owned());
+        view
     }
 
     fn api_claim(&mut self, request: ClaimRequest) -> Result<ClaimResponse, ApiError> {
@@ -255,11 +265,7 @@ impl Tracker {
         }
         // CNI can be faster than the netlink event of the veth it just created: attach now, so
         // the claim is enforced the moment it is answered.
-        if !self
-            .datapath
-            .attached()
-            .contains_key(&(ifindex, AttachPoint::TcxIngress))
-        {
+        if self.attacher.target(ifindex).is_none() {
             self.on_event(NetEvent::Link {
                 ifindex,
                 name: spec.interface.clone(),

@@ -4,6 +4,7 @@
 
 mod commands;
 mod events;
+mod protection;
 
 pub use commands::Answer;
 pub use events::RECENT_CONFLICTS;
@@ -24,7 +25,7 @@ use crate::{
         views::{conflict_view, Outcome, TimeBase},
     },
     config::{Config, EarlyReusePolicy, Mode},
-    datapath::Datapath,
+    datapath::{attach, attach::Attacher, Datapath},
     journal::{Journal, JournalError},
     metrics::LostAt,
     metrics::Metrics,
@@ -59,6 +60,8 @@ pub struct Tracker {
     config: Config,
     registry: Registry,
     datapath: Datapath,
+    /// Attaches programs off this loop; the tracker only says what it wants.
+    attacher: Attacher,
     net: NetState,
     journal: Journal,
     metrics: Arc<Metrics>,
@@ -76,6 +79,7 @@ impl Tracker {
     pub fn new(
         config: Config,
         datapath: Datapath,
+        attacher: Attacher,
         journal: Journal,
         metrics: Arc<Metrics>,
     ) -> Self {
@@ -84,6 +88,7 @@ impl Tracker {
             registry: Registry::new(settings, SystemClock),
             config,
             datapath,
+            attacher,
             net: NetState::default(),
             journal,
             metrics,
@@ -265,11 +270,9 @@ impl Tracker {
     pub fn on_event(&mut self, event: NetEvent) {
         match &event {
             NetEvent::Link { ifindex, name } => {
-                let renamed = self.net.links.get(ifindex).is_some_and(|old| old != name);
                 self.net.apply(&event);
-                if !renamed {
-                    self.attach(*ifindex, name);
-                }
+                // Also on a rename: a veth renamed into (or out of) a workload glob changes role.
+                self.attach(*ifindex, name);
             }
             NetEvent::LinkGone { ifindex } => {
                 let known = self.net.links.contains_key(ifindex);
@@ -277,9 +280,7 @@ impl Tracker {
                 if known {
                     let result = self.registry.holder_gone(*ifindex);
                     self.apply(result, "interface deleted");
-                    if let Err(e) = self.datapath.forget_interface(*ifindex) {
-                        warn!("if{ifindex}: forgetting its links: {e}");
-                    }
+                    self.attacher.forget(*ifindex);
                 }
             }
             NetEvent::HostRoute { addr, ifindex } => {
@@ -362,20 +363,19 @@ impl Tracker {
         (self.role(name) == Some(Role::Workload)).then(|| Holder::new(ifindex, name.clone()))
     }
 
+    /// Asks for `ifindex` to be protected in the role its name gives it (or forgotten, when
+    /// its name no longer matches the configuration); the attach itself runs off this loop.
     fn attach(&mut self, ifindex: u32, name: &str) {
-        let result = match self.role(name) {
-            Some(Role::Workload) => self.datapath.attach_workload(name, ifindex),
-            Some(Role::Uplink) => self.datapath.attach_uplink(name, ifindex),
-            None => return,
-        };
-        if let Err(e) = result {
-            error!("{name} (if{ifindex}): not attached: {e}");
+        match self.role(name) {
+            Some(Role::Workload) => self.attacher.want(ifindex, name, attach::Role::Workload),
+            Some(Role::Uplink) => self.attacher.want(ifindex, name, attach::Role::Uplink),
+            None => self.attacher.release(ifindex),
         }
     }
 
     /// Detaches what earlier agents attached and no configured interface needs now.
     pub fn prune_links(&self) {
-        match self.datapath.prune_links() {
+        match self.attacher.prune() {
             Ok(removed) => {
                 for (ifindex, point) in removed {
                     info!(
@@ -390,6 +390,7 @@ impl Tracker {
 
     /// Ends the quarantines that are due.
     pub fn tick(&mut self) {
+        self.attacher.retry_due(std::time::Instant::now());
         self.refresh_stale();
         let result = self.registry.tick();
         self.apply(result, "cool-down over");
@@ -596,9 +597,7 @@ impl Tracker {
 
     fn update_gauges(&self) {
         self.metrics.observe_registry(&self.registry);
-        let attached = self.datapath.attached();
-        self.metrics
-            .observe_attachments(attached.keys().map(|(_, p)| *p));
+        self.observe_protection();
         self.metrics
             .registry_entries
             .set(self.datapath.maps.table.len() as i64);

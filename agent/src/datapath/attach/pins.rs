@@ -1,4 +1,4 @@
-//! Attaching the programs and keeping them attached across agent restarts.
+//! TCX and XDP links, pinned so they stay attached across agent restarts.
 //!
 //! Every link is pinned under `bpffs_dir/links`. A new agent re-opens the pin and swaps its own
 //! program into the existing link (`bpf_link_update`, atomic): there is no moment without a
@@ -15,7 +15,7 @@ use aya::programs::{
 };
 use log::{debug, info, warn};
 
-use super::DatapathError;
+use super::super::DatapathError;
 use crate::paths::{AttachPoint, PinLayout};
 
 /// How an attachment came to be.
@@ -171,6 +171,21 @@ pub fn attach_xdp(
     })?;
     pin(fd_link, &path)?;
     Ok(Attached::Created)
+}
+
+/// Removes the pin of (`ifindex`, `point`), which detaches its link. Returns whether one was
+/// there.
+pub fn remove_pin_of(
+    layout: &PinLayout,
+    ifindex: u32,
+    point: AttachPoint,
+) -> Result<bool, DatapathError> {
+    let path = layout.link(ifindex, point);
+    if !path.exists() {
+        return Ok(false);
+    }
+    remove_pin(&path)?;
+    Ok(true)
 }
 
 /// Removes (and so detaches) every link pin not in `keep`. Returns what it removed.

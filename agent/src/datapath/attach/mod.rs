@@ -1,0 +1,469 @@
+//! Attaching ipq's programs to the interfaces the configuration names, off the owner loop.
+//!
+//! The tracker says which interfaces it wants protected ([`Attacher::want`]) and which went
+//! away ([`Attacher::forget`]); it never waits for the kernel. A small pool of worker threads
+//! does the attaching: each worker owns its own handles on the loaded programs (aya's program
+//! objects are not `Sync`), opened from their pins under `bpffs_dir/progs`, and attaches while
+//! the registry, the API and the CNI are answered. Each outcome comes back as a [`JobReport`]
+//! on a channel the agent's loop hands to [`Attacher::on_report`].
+//!
+//! Why a pool rather than one thread: what the kernel lets run in parallel does (netlink
+//! requests, pin and program opens, a slow or failing interface does not hold up the others).
+//! A TCX link create is the exception: `tcx_link_attach` holds `rtnl_lock` across the RCU
+//! grace period it waits for (~16 ms here), so the kernel runs them one at a time whatever the
+//! number of threads (measured: 100 new veths take ~3.3 s to protect with 1 worker or 4). A
+//! cls_bpf filter over netlink waits for no grace period (the same 100 in ~0.15 s).
+//!
+//! Every wanted interface has a protection state: `attaching`, `protected`, or `failed` with
+//! the last error, retried with exponential backoff ([`retry::Backoff`]) for as long as the
+//! interface exists, whatever the error (EMFILE, a foreign filter in ipq's place, a missing
+//! clsact). The unprotected ones are what the gauge, `ipq status` and `/readyz` report.
+//!
+//! How TC programs attach is chosen once, at start ([`TcMode`]): TCX where the kernel has it
+//! (probed, [`probe`]), else a cls_bpf filter over netlink ([`tc_filter`]). Each attach also
+//! removes what the other mode left on that hook, after its own program is in place.
+
+pub mod pins;
+pub mod probe;
+pub mod retry;
+pub mod tc_filter;
+#[cfg(test)]
+mod tests;
+mod worker;
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::{mpsc, Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use log::{debug, error, info, warn};
+
+pub use pins::Attached;
+
+use self::retry::Backoff;
+use super::DatapathError;
+use crate::paths::{AttachPoint, PinLayout};
+
+/// Attach workers. Enough for the RCU waits of a burst of new pods to overlap; each holds three
+/// program fds and sleeps while idle.
+const WORKERS: usize = 4;
+
+/// How long an interface may stay `attaching` before `/readyz` counts it as unprotected (a
+/// normal attach takes milliseconds; this only keeps pod churn from flapping readiness).
+pub const ATTACHING_GRACE: Duration = Duration::from_secs(5);
+
+/// How TC programs are attached on this node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TcMode {
+    /// TCX links, pinned under `bpffs_dir/links`.
+    Tcx,
+    /// A clsact qdisc and ipq's cls_bpf filter at `TC_FILTER_PRIORITY`/`TC_FILTER_HANDLE`.
+    Netlink,
+}
+
+impl TcMode {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Tcx => "tcx",
+            Self::Netlink => "netlink",
+        }
+    }
+}
+
+/// What an interface is to ipq.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// TC ingress and egress.
+    Workload,
+    /// XDP.
+    Uplink,
+}
+
+impl Role {
+    pub fn points(self) -> &'static [AttachPoint] {
+        match self {
+            Self::Workload => &[AttachPoint::TcxIngress, AttachPoint::TcxEgress],
+            Self::Uplink => &[AttachPoint::Xdp],
+        }
+    }
+}
+
+/// One attach to do.
+#[derive(Clone, Debug)]
+pub struct Job {
+    pub ifindex: u32,
+    pub name: String,
+    pub role: Role,
+    /// Tells an outdated report (the interface was forgotten or wanted again since) from the
+    /// current one.
+    pub generation: u64,
+}
+
+/// What a worker did with a job, per attach point.
+#[derive(Debug)]
+pub struct JobReport {
+    pub job: Job,
+    pub hooks: Vec<(AttachPoint, Result<Attached, String>)>,
+}
+
+/// Where an interface stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Protection {
+    Attaching,
+    Protected,
+    Failed,
+}
+
+impl Protection {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Attaching => "attaching",
+            Self::Protected => "protected",
+            Self::Failed => "failed",
+        }
+    }
+}
+
+/// One wanted interface.
+#[derive(Clone, Debug)]
+pub struct Target {
+    pub name: String,
+    pub role: Role,
+    pub protection: Protection,
+    /// Attach points whose program is in place.
+    pub attached: BTreeSet<AttachPoint>,
+    /// The last error, per attach point, of the last failed attempt.
+    pub last_error: Option<String>,
+    /// Attempts since the last success (0 once protected).
+    pub failures: u32,
+    /// Since when the current protection state holds.
+    pub since: Instant,
+    generation: u64,
+    backoff: Backoff,
+    retry_at: Option<Instant>,
+}
+
+/// The attach machinery the tracker drives.
+pub struct Attacher {
+    layout: PinLayout,
+    mode: TcMode,
+    jobs: mpsc::Sender<Job>,
+    targets: BTreeMap<u32, Target>,
+    next_generation: u64,
+    /// Failed attach attempts, per attach point, since start (`ipq_datapath_attach_failures_total`).
+    failures: BTreeMap<AttachPoint, u64>,
+}
+
+impl Attacher {
+    /// Starts the workers; their reports arrive on the returned receiver.
+    pub fn start(
+        layout: PinLayout,
+        mode: TcMode,
+    ) -> Result<(Self, tokio::sync::mpsc::UnboundedReceiver<JobReport>), DatapathError> {
+        let (jobs, queue) = mpsc::channel::<Job>();
+        let queue = Arc::new(Mutex::new(queue));
+        let (reports, receiver) = tokio::sync::mpsc::unbounded_channel();
+        for n in 0..WORKERS {
+            let (layout, queue, reports) = (layout.clone(), queue.clone(), reports.clone());
+            std::thread::Builder::new()
+                .name(format!("ipq-attach-{n}"))
+                .spawn(move || worker::run(layout, mode, queue, reports))
+                .map_err(DatapathError::Workers)?;
+        }
+        Ok((
+            Self {
+                layout,
+                mode,
+                jobs,
+                targets: BTreeMap::new(),
+                next_generation: 0,
+                failures: BTreeMap::new(),
+            },
+            receiver,
+        ))
+    }
+
+    /// An attacher without workers: jobs go nowhere, reports come from the test.
+    #[cfg(test)]
+    fn without_workers(mode: TcMode) -> (Self, mpsc::Receiver<Job>) {
+        let (jobs, queue) = mpsc::channel();
+        let attacher = Self {
+            layout: PinLayout::new("/nonexistent/ipq-test"),
+            mode,
+            jobs,
+            targets: BTreeMap::new(),
+            next_generation: 0,
+            failures: BTreeMap::new(),
+        };
+        (attacher, queue)
+    }
+
+    pub fn mode(&self) -> TcMode {
+        self.mode
+    }
+
+    /// Wants `ifindex` protected in `role`, under `name`. Nothing new is queued for an
+    /// interface already wanted the same way: its attach is under way, done, or waiting for its
+    /// retry.
+    pub fn want(&mut self, ifindex: u32, name: &str, role: Role) {
+        if let Some(target) = self.targets.get(&ifindex) {
+            if target.name == name && target.role == role {
+                return;
+            }
+        }
+        self.next_generation += 1;
+        let target = Target {
+            name: name.to_owned(),
+            role,
+            protection: Protection::Attaching,
+            attached: BTreeSet::new(),
+            last_error: None,
+            failures: 0,
+            since: Instant::now(),
+            generation: self.next_generation,
+            backoff: Backoff::default(),
+            retry_at: None,
+        };
+        self.queue(ifindex, &target);
+        self.targets.insert(ifindex, target);
+    }
+
+    fn queue(&self, ifindex: u32, target: &Target) {
+        let job = Job {
+            ifindex,
+            name: target.name.clone(),
+            role: target.role,
+            generation: target.generation,
+        };
+        if self.jobs.send(job).is_err() {
+            error!("{}: the attach workers are gone", target.name);
+        }
+    }
+
+    /// Forgets an interface that went away (or is no longer configured): removes its link pins.
+    pub fn forget(&mut self, ifindex: u32) {
+        if self.targets.remove(&ifindex).is_none() {
+            return;
+        }
+        for point in AttachPoint::ALL {
+            if let Err(e) = pins::remove_pin_of(&self.layout, ifindex, point) {
+                warn!("if{ifindex}: removing its {} pin: {e}", point.as_str());
+            }
+        }
+    }
+
+    /// Releases an interface whose new name no longer matches the configuration: forgets it
+    /// and removes ipq's netlink filters from it too (the device lives on, unlike after
+    /// [`forget`](Self::forget)'s usual case).
+    pub fn release(&mut self, ifindex: u32) {
+        if !self.targets.contains_key(&ifindex) {
+            return;
+        }
+        self.forget(ifindex);
+        for dir in [tc_filter::Direction::Ingress, tc_filter::Direction::Egress] {
+            if let Err(e) = tc_filter::remove_ipq(ifindex, dir) {
+                warn!("if{ifindex}: removing ipq's {} filter: {e}", dir.as_str());
+            }
+        }
+        info!("if{ifindex}: no longer configured, detached");
+    }
+
+    /// Takes a worker's report. Returns whether it changed anything (an outdated report for an
+    /// interface forgotten or wanted again since does not).
+    pub fn on_report(&mut self, report: JobReport) -> bool {
+        let ifindex = report.job.ifindex;
+        let Some(target) = self.targets.get_mut(&ifindex) else {
+            return false;
+        };
+        if target.generation != report.job.generation {
+            return false;
+        }
+        let name = target.name.clone();
+        let mut errors = Vec::new();
+        for (point, result) in report.hooks {
+            match result {
+                Ok(how) => {
+                    debug!(
+                        "{name} (if{ifindex}): {} attached ({how:?})",
+                        point.as_str()
+                    );
+                    target.attached.insert(point);
+                }
+                Err(e) => {
+                    *self.failures.entry(point).or_default() += 1;
+                    target.attached.remove(&point);
+                    errors.push(format!("{}: {e}", point.as_str()));
+                }
+            }
+        }
+        let now = Instant::now();
+        if errors.is_empty() {
+            if target.protection != Protection::Protected {
+                if target.failures > 0 {
+                    info!(
+                        "{name} (if{ifindex}): protected after {} failed attempts",
+                        target.failures
+                    );
+                } else {
+                    info!("{name} (if{ifindex}): protected ({})", self.mode.as_str());
+                }
+                target.since = now;
+            }
+            target.protection = Protection::Protected;
+            target.last_error = None;
+            target.failures = 0;
+            target.backoff = Backoff::default();
+            target.retry_at = None;
+        } else {
+            let error = errors.join("; ");
+            let delay = target.backoff.next_delay();
+            target.failures += 1;
+            // The first failure and every change of error are errors; repeats of the same one
+            // are not logged again at that level.
+            if target.last_error.as_deref() != Some(error.as_str()) {
+                error!(
+                    "{name} (if{ifindex}): NOT PROTECTED: {error}; retrying in {}",
+                    humantime::format_duration(delay)
+                );
+            } else {
+                debug!("{name} (if{ifindex}): still failing: {error}");
+            }
+            if target.protection != Protection::Failed {
+                target.since = now;
+            }
+            target.protection = Protection::Failed;
+            target.last_error = Some(error);
+            target.retry_at = Some(now + delay);
+        }
+        true
+    }
+
+    /// Queues the retries that are due. Returns how many.
+    pub fn retry_due(&mut self, now: Instant) -> usize {
+        let due: Vec<u32> = self
+            .targets
+            .iter()
+            .filter(|(_, t)| t.retry_at.is_some_and(|at| at <= now))
+            .map(|(i, _)| *i)
+            .collect();
+        for ifindex in &due {
+            self.next_generation += 1;
+            let generation = self.next_generation;
+            if let Some(target) = self.targets.get_mut(ifindex) {
+                target.retry_at = None;
+                target.generation = generation;
+                let target = target.clone();
+                self.queue(*ifindex, &target);
+            }
+        }
+        due.len()
+    }
+
+    /// When the next retry is due.
+    pub fn next_retry(&self) -> Option<Instant> {
+        self.targets.values().filter_map(|t| t.retry_at).min()
+    }
+
+    /// Whether any interface's attach is still under way (not yet reported once).
+    pub fn attaching(&self) -> bool {
+        self.targets
+            .values()
+            .any(|t| t.protection == Protection::Attaching)
+    }
+
+    pub fn targets(&self) -> &BTreeMap<u32, Target> {
+        &self.targets
+    }
+
+    pub fn target(&self, ifindex: u32) -> Option<&Target> {
+        self.targets.get(&ifindex)
+    }
+
+    /// Every attach point in place, for the attached-interface gauge.
+    pub fn attached_points(&self) -> impl Iterator<Item = AttachPoint> + '_ {
+        self.targets
+            .values()
+            .flat_map(|t| t.attached.iter().copied())
+    }
+
+    /// Every wanted attach point not in place: (ifindex, target, point).
+    pub fn unprotected_points(&self) -> impl Iterator<Item = (u32, &Target, AttachPoint)> + '_ {
+        self.targets.iter().flat_map(|(ifindex, t)| {
+            t.role
+                .points()
+                .iter()
+                .filter(|p| !t.attached.contains(p))
+                .map(move |p| (*ifindex, t, *p))
+        })
+    }
+
+    /// Failed attempts per attach point since start.
+    pub fn failures(&self) -> &BTreeMap<AttachPoint, u64> {
+        &self.failures
+    }
+
+    /// Why `/readyz` must say not ready, if it must: an interface failed, or attaching for
+    /// longer than [`ATTACHING_GRACE`].
+    pub fn readiness_blocker(&self, now: Instant) -> Option<String> {
+        let blocking: Vec<String> = self
+            .targets
+            .iter()
+            .filter(|(_, t)| match t.protection {
+                Protection::Protected => false,
+                Protection::Failed => true,
+                Protection::Attaching => now.duration_since(t.since) > ATTACHING_GRACE,
+            })
+            .map(|(ifindex, t)| {
+                format!(
+                    "{} (if{ifindex}) {}{}",
+                    t.name,
+                    t.protection.as_str(),
+                    t.last_error
+                        .as_deref()
+                        .map(|e| format!(": {e}"))
+                        .unwrap_or_default()
+                )
+            })
+            .collect();
+        (!blocking.is_empty()).then(|| {
+            format!(
+                "{} interface(s) unprotected: {}",
+                blocking.len(),
+                blocking.join("; ")
+            )
+        })
+    }
+
+    /// Detaches what earlier agents attached to interfaces no longer wanted (gone, or no longer
+    /// configured): link pins, and ipq's netlink filters on the node's other interfaces. Call
+    /// once every configured interface has been attached once.
+    pub fn prune(&self) -> Result<Vec<(u32, AttachPoint)>, DatapathError> {
+        let keep: BTreeSet<(u32, AttachPoint)> = self
+            .targets
+            .iter()
+            .flat_map(|(i, t)| t.role.points().iter().map(move |p| (*i, *p)))
+            .collect();
+        let mut removed = pins::prune(&self.layout, &keep)?;
+        let interfaces = crate::netdev::interfaces().map_err(|source| DatapathError::Io {
+            path: "/sys/class/net".into(),
+            source,
+        })?;
+        for (ifindex, _) in interfaces {
+            for (point, dir) in [
+                (AttachPoint::TcxIngress, tc_filter::Direction::Ingress),
+                (AttachPoint::TcxEgress, tc_filter::Direction::Egress),
+            ] {
+                if keep.contains(&(ifindex, point)) {
+                    continue;
+                }
+                match tc_filter::remove_ipq(ifindex, dir) {
+                    Ok(true) => removed.push((ifindex, point)),
+                    Ok(false) => {}
+                    Err(e) => warn!("if{ifindex}: removing ipq's {} filter: {e}", dir.as_str()),
+                }
+            }
+        }
+        Ok(removed)
+    }
+}

@@ -1,0 +1,241 @@
+//! ipq's cls_bpf filter on kernels without TCX: a clsact qdisc, and one direct-action filter
+//! per hook at the fixed place `TC_FILTER_PRIORITY`/`TC_FILTER_HANDLE` (common/src/names.rs).
+//!
+//! aya creates and replaces the filter; this module reads the hook's filter list over a plain
+//! (blocking) rtnetlink socket, so that ipq replaces or deletes only a filter it owns: a cls_bpf
+//! filter at ipq's place whose program is one of ipq's (`ipq_` name). A filter of anyone else
+//! at that place is reported and never touched.
+
+use std::io;
+
+use ipq_common::names::{TC_FILTER_HANDLE, TC_FILTER_PRIORITY};
+use rtnetlink::{
+    packet_core::{
+        NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST,
+    },
+    packet_route::{
+        tc::{TcAttribute, TcFilterBpfOption, TcHandle, TcHeader, TcMessage, TcOption},
+        RouteNetlinkMessage,
+    },
+    sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr},
+};
+
+/// The prefix of every ipq program name: what makes a filter ipq's.
+const IPQ_PROGRAM_PREFIX: &str = "ipq_";
+/// `ETH_P_ALL` in network order: ipq's filter sees every protocol.
+const ETH_P_ALL_BE: u16 = 0x0003u16.to_be();
+
+/// Which clsact hook.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Direction {
+    Ingress,
+    Egress,
+}
+
+impl Direction {
+    fn parent(self) -> TcHandle {
+        TcHandle {
+            major: 0xffff,
+            minor: match self {
+                Self::Ingress => TcHandle::MIN_INGRESS,
+                Self::Egress => TcHandle::MIN_EGRESS,
+            },
+        }
+    }
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Ingress => "ingress",
+            Self::Egress => "egress",
+        }
+    }
+}
+
+/// One filter of a hook, as the kernel lists it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Filter {
+    pub priority: u16,
+    pub handle: u32,
+    /// `bpf`, `u32`, `matchall`, ...
+    pub kind: String,
+    /// For a cls_bpf filter, its program's name (as `tc filter show` prints it).
+    pub program: Option<String>,
+}
+
+impl Filter {
+    /// Whether this filter sits at ipq's place (same priority; the handle, or the whole
+    /// priority for a filter of another kind, which the kernel would refuse to share).
+    pub fn at_ipq_place(&self) -> bool {
+        self.priority == TC_FILTER_PRIORITY && (self.handle == TC_FILTER_HANDLE || self.handle == 0)
+    }
+
+    /// Whether this is ipq's own filter: cls_bpf at ipq's priority and handle, running an
+    /// ipq program.
+    pub fn is_ipq(&self) -> bool {
+        self.priority == TC_FILTER_PRIORITY
+            && self.handle == TC_FILTER_HANDLE
+            && self.kind == "bpf"
+            && self
+                .program
+                .as_deref()
+                .is_some_and(|p| p.starts_with(IPQ_PROGRAM_PREFIX))
+    }
+
+    pub fn describe(&self) -> String {
+        format!(
+            "{} filter pref {} handle {:#x}{}",
+            self.kind,
+            self.priority,
+            self.handle,
+            self.program
+                .as_deref()
+                .map(|p| format!(" (program {p})"))
+                .unwrap_or_default()
+        )
+    }
+}
+
+/// What is at ipq's place on a hook.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Place {
+    /// Nothing: ipq creates its filter there.
+    Free,
+    /// ipq's own filter (from an earlier agent): replaced in place.
+    Ipq,
+    /// Someone else's filter: ipq refuses to touch it.
+    Foreign(Filter),
+}
+
+/// Where ipq's filter would go on `ifindex`'s hook.
+pub fn place(ifindex: u32, direction: Direction) -> io::Result<Place> {
+    let filters = list(ifindex, direction)?;
+    if filters.iter().any(Filter::is_ipq) {
+        return Ok(Place::Ipq);
+    }
+    // The dump lists each priority's chain head with handle 0 and the kind of that priority.
+    Ok(
+        match filters
+            .into_iter()
+            .find(|f| f.at_ipq_place() && (f.handle != 0 || f.kind != "bpf"))
+        {
+            Some(foreign) => Place::Foreign(foreign),
+            None => Place::Free,
+        },
+    )
+}
+
+fn request(message: RouteNetlinkMessage, flags: u16) -> NetlinkMessage<RouteNetlinkMessage> {
+    let mut header = NetlinkHeader::default();
+    header.flags = flags;
+    header.sequence_number = 1;
+    let mut msg = NetlinkMessage::new(header, NetlinkPayload::InnerMessage(message));
+    msg.finalize();
+    msg
+}
+
+fn tc_message(ifindex: u32, direction: Direction) -> TcMessage {
+    let mut message = TcMessage::default();
+    message.header = TcHeader::default();
+    message.header.index = ifindex as i32;
+    message.header.parent = direction.parent();
+    message
+}
+
+/// Sends `msg` and reads replies until the dump ends or the request is acknowledged; every
+/// inner message is handed to `each`.
+fn exchange(
+    msg: NetlinkMessage<RouteNetlinkMessage>,
+    mut each: impl FnMut(RouteNetlinkMessage),
+) -> io::Result<()> {
+    let mut socket = Socket::new(NETLINK_ROUTE)?;
+    socket.bind_auto()?;
+    socket.connect(&SocketAddr::new(0, 0))?;
+    let mut buf = vec![0u8; msg.buffer_len()];
+    msg.serialize(&mut buf);
+    socket.send(&buf, 0)?;
+    let mut recv = vec![0u8; 64 * 1024];
+    loop {
+        let n = socket.recv(&mut &mut recv[..], 0)?;
+        let mut offset = 0;
+        while offset < n {
+            let reply = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&recv[offset..n])
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+            let len = reply.header.length as usize;
+            match reply.payload {
+                NetlinkPayload::Done(_) => return Ok(()),
+                NetlinkPayload::Error(e) => {
+                    return match e.code {
+                        None => Ok(()),
+                        Some(_) => Err(e.to_io()),
+                    };
+                }
+                NetlinkPayload::InnerMessage(inner) => each(inner),
+                _ => {}
+            }
+            if len == 0 {
+                break;
+            }
+            offset += (len + 3) & !3;
+        }
+    }
+}
+
+/// Every filter on `ifindex`'s `direction` hook (none when the device has no clsact).
+pub fn list(ifindex: u32, direction: Direction) -> io::Result<Vec<Filter>> {
+    let msg = request(
+        RouteNetlinkMessage::GetTrafficFilter(tc_message(ifindex, direction)),
+        NLM_F_REQUEST | NLM_F_DUMP,
+    );
+    let mut filters = Vec::new();
+    let result = exchange(msg, |inner| {
+        if let RouteNetlinkMessage::NewTrafficFilter(tc) = inner {
+            let mut filter = Filter {
+                priority: (tc.header.info >> 16) as u16,
+                handle: u32::from(tc.header.handle),
+                kind: String::new(),
+                program: None,
+            };
+            for attr in tc.attributes {
+                match attr {
+                    TcAttribute::Kind(kind) => filter.kind = kind,
+                    TcAttribute::Options(options) => {
+                        for option in options {
+                            if let TcOption::Bpf(TcFilterBpfOption::ProgName(name)) = option {
+                                filter.program = Some(name);
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            filters.push(filter);
+        }
+    });
+    match result {
+        Ok(()) => Ok(filters),
+        // No clsact (EINVAL) or no such device: nothing of ipq's there.
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::ENODEV)) => Ok(Vec::new()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Deletes ipq's filter from `ifindex`'s hook, if it is there and ipq's. Returns whether one
+/// was deleted.
+pub fn remove_ipq(ifindex: u32, direction: Direction) -> io::Result<bool> {
+    if place(ifindex, direction)? != Place::Ipq {
+        return Ok(false);
+    }
+    let mut message = tc_message(ifindex, direction);
+    message.header.handle = TcHandle::from(TC_FILTER_HANDLE);
+    message.header.info = (u32::from(TC_FILTER_PRIORITY) << 16) | u32::from(ETH_P_ALL_BE);
+    message.attributes.push(TcAttribute::Kind("bpf".to_owned()));
+    let msg = request(
+        RouteNetlinkMessage::DelTrafficFilter(message),
+        NLM_F_REQUEST | NLM_F_ACK,
+    );
+    match exchange(msg, |_| {}) {
+        Ok(()) => Ok(true),
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ENODEV)) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
