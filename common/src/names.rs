@@ -29,3 +29,10 @@ pub const PROG_XDP_EMPTY: &str = "ipq_xdp_empty";
 pub const DEFAULT_ADDR_CAPACITY: u32 = 65536;
 /// Size of the conflict-sample ring buffer in bytes (a power-of-two number of pages).
 pub const SAMPLES_RING_BYTES: u32 = 256 * 1024;
+
+/// The priority of ipq's cls_bpf filters on the clsact hooks, where the kernel has no TCX: a
+/// restart replaces the program of the filter at this priority and handle, and never touches
+/// a filter that is not ipq's.
+pub const TC_FILTER_PRIORITY: u16 = 0x4951;
+/// The handle of ipq's cls_bpf filters (see [`TC_FILTER_PRIORITY`]).
+pub const TC_FILTER_HANDLE: u32 = 0x4951;
