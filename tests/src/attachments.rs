@@ -9,6 +9,7 @@ use anyhow::{bail, Context as _};
 use aya::programs::{loaded_links, loaded_programs, ProgramError, SchedClassifier, TcAttachType};
 use ipq_common::names;
 
+use crate::lab::ifindex;
 use crate::netns::{output_of, NetNs};
 
 /// One program attached at a hook, and how.
@@ -76,26 +77,91 @@ fn tcx(ns: &NetNs, ifname: &str, attach: TcAttachType) -> anyhow::Result<Vec<Att
         }
         Err(e) => bail!("query_tcx {ifname} {attach:?} in {}: {e}", ns.name()),
     };
+    let index = ifindex(ns, ifname)?;
     programs
         .iter()
         .map(|p| {
             Ok(Attachment::Tcx {
                 prog_name: p.name_as_str().unwrap_or("?").to_owned(),
-                link: link_of(p.id())?,
+                link: link_of(p.id(), index)?,
             })
         })
         .collect()
 }
 
-/// The id of the bpf_link that holds program `prog_id`, if any.
-fn link_of(prog_id: u32) -> anyhow::Result<Option<u32>> {
+/// The id of the bpf_link that attaches program `prog_id` to interface `ifindex` (of the
+/// namespace the caller looked the index up in), if any. The same program may be linked to
+/// many interfaces, so the program alone does not name the link.
+fn link_of(prog_id: u32, ifindex: u32) -> anyhow::Result<Option<u32>> {
     for link in loaded_links() {
         let link = link.context("listing bpf links")?;
-        if link.program_id() == prog_id {
+        if link.program_id() == prog_id && link_ifindex(link.id())? == Some(ifindex) {
             return Ok(Some(link.id()));
         }
     }
     Ok(None)
+}
+
+/// The interface index of a TCX or XDP link (the first field of both kinds' part of
+/// `struct bpf_link_info`), read with the bpf syscall: aya's `LinkInfo` does not expose it.
+/// None if the link is gone or of another kind.
+fn link_ifindex(link_id: u32) -> anyhow::Result<Option<u32>> {
+    const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
+    const BPF_LINK_GET_FD_BY_ID: libc::c_long = 30;
+    const BPF_LINK_TYPE_XDP: u32 = 6;
+    const BPF_LINK_TYPE_TCX: u32 = 11;
+    /// `struct bpf_link_info`: type, id, prog_id, then the per-kind union at offset 16.
+    #[repr(C)]
+    struct LinkInfo {
+        kind: u32,
+        id: u32,
+        prog_id: u32,
+        _pad: u32,
+        union: [u32; 16],
+    }
+    // `union bpf_attr`, zeroed beyond what each command reads (the kernel checks that).
+    let mut attr = [0u32; 32];
+    attr[0] = link_id;
+    // SAFETY: a valid bpf_attr of the size passed.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_LINK_GET_FD_BY_ID,
+            attr.as_mut_ptr(),
+            std::mem::size_of_val(&attr),
+        )
+    };
+    if fd < 0 {
+        let err = std::io::Error::last_os_error();
+        if err.raw_os_error() == Some(libc::ENOENT) {
+            return Ok(None);
+        }
+        bail!("BPF_LINK_GET_FD_BY_ID {link_id}: {err}");
+    }
+    // SAFETY: a fresh fd nobody else owns.
+    let fd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd as i32) };
+    // SAFETY: plain old data.
+    let mut info: LinkInfo = unsafe { std::mem::zeroed() };
+    let mut attr = [0u64; 16];
+    attr[0] = std::os::fd::AsRawFd::as_raw_fd(&fd) as u64
+        | ((std::mem::size_of::<LinkInfo>() as u64) << 32);
+    attr[1] = &mut info as *mut LinkInfo as u64;
+    // SAFETY: bpf_attr.info {bpf_fd, info_len, info} pointing at `info`, which outlives the call.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_OBJ_GET_INFO_BY_FD,
+            attr.as_mut_ptr(),
+            std::mem::size_of_val(&attr),
+        )
+    };
+    if rc < 0 {
+        bail!(
+            "BPF_OBJ_GET_INFO_BY_FD of link {link_id}: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+    Ok(matches!(info.kind, BPF_LINK_TYPE_TCX | BPF_LINK_TYPE_XDP).then_some(info.union[0]))
 }
 
 /// The name of loaded program `id`.
@@ -184,7 +250,7 @@ pub fn xdp(ns: &NetNs, ifname: &str) -> anyhow::Result<Option<Attachment>> {
         .with_context(|| format!("no xdp.prog.id in {xdp}"))?;
     Ok(Some(Attachment::Xdp {
         prog_name: prog_name(id)?,
-        link: link_of(id)?,
+        link: link_of(id, ifindex(ns, ifname)?)?,
     }))
 }
 

@@ -156,13 +156,20 @@ impl Console {
         if why.is_empty() {
             return None;
         }
-        if self.booted.is_none() || !self.done {
+        if !self.errors.is_empty() {
             why.push(format!(
-                "last console lines:\n    {}",
-                self.tail.join("\n    ")
+                "errors seen:\n      {}",
+                self.errors.join("\n      ")
             ));
         }
-        Some(why.join("; "))
+        if self.booted.is_none() || !self.done {
+            why.push(format!(
+                "last console lines:\n      {}",
+                self.tail.join("\n      ")
+            ));
+        }
+        // One reason per line, indented under the kernel's name.
+        Some(format!("\n    {}", why.join("\n    ")))
     }
 }
 
@@ -320,6 +327,7 @@ mod tests {
         assert!(why.contains("verdicts exited 101"), "{why}");
         assert!(why.contains("traffic did not run"), "{why}");
         assert!(why.contains("failed tests: verdict_table"), "{why}");
+        assert!(why.contains("errors seen:"), "{why}");
         assert_eq!(
             console.errors,
             [
