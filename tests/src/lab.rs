@@ -26,6 +26,7 @@ use std::{
 use anyhow::{anyhow, bail, Context as _};
 
 use crate::netns::{agent_binary, require_root, unique, BpffsDir, NetNs};
+use crate::time::scaled;
 
 pub const GATEWAY_V4: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 1);
 pub const GATEWAY_LL: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 1);
@@ -48,7 +49,7 @@ const PEER_MAC: &str = "02:78:00:00:00:02";
 /// Inside the node namespace only, so every lab can use the agent's default port.
 pub const METRICS_ADDR: &str = "127.0.0.1:9740";
 
-/// How long an agent may take from exec to `/readyz` answering 200.
+/// How long an agent may take from exec to `/readyz` answering 200 (times the time scale).
 const READY_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// A scratch directory for agent logs, state and config; removed on drop.
@@ -269,8 +270,8 @@ impl Drop for Lab {
 fn http_get(ns: &NetNs, path: &str) -> anyhow::Result<(u16, String)> {
     ns.run(|| {
         let addr: SocketAddr = METRICS_ADDR.parse().expect("valid");
-        let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(1))?;
-        stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+        let mut stream = TcpStream::connect_timeout(&addr, scaled(Duration::from_secs(1)))?;
+        stream.set_read_timeout(Some(scaled(Duration::from_secs(5))))?;
         write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
         // HTTP/1.0 without keep-alive: the server closes when the response is complete.
         let mut response = String::new();
@@ -346,7 +347,8 @@ impl<'l> Agent<'l> {
     }
 
     fn wait_ready(&mut self) -> anyhow::Result<()> {
-        let deadline = Instant::now() + READY_TIMEOUT;
+        let timeout = scaled(READY_TIMEOUT);
+        let deadline = Instant::now() + timeout;
         loop {
             if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().transpose()) {
                 self.child = None;
@@ -364,7 +366,7 @@ impl<'l> Agent<'l> {
             };
             if Instant::now() > deadline {
                 bail!(
-                    "ipq-agent not ready in {READY_TIMEOUT:?} (last /readyz: {last}); log {}:\n{}",
+                    "ipq-agent not ready in {timeout:?} (last /readyz: {last}); log {}:\n{}",
                     self.log.display(),
                     self.log()
                 );
@@ -425,7 +427,8 @@ impl<'l> Agent<'l> {
         let mut child = self.child.take().context("the agent is not running")?;
         // SAFETY: signals our own child, which has not been reaped yet.
         unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(10);
+        let timeout = scaled(Duration::from_secs(10));
+        let deadline = Instant::now() + timeout;
         let status = loop {
             if let Some(status) = child.try_wait()? {
                 break status;
@@ -433,7 +436,10 @@ impl<'l> Agent<'l> {
             if Instant::now() > deadline {
                 let _ = child.kill();
                 let _ = child.wait();
-                bail!("ipq-agent ignored SIGTERM for 10 s; log:\n{}", self.log());
+                bail!(
+                    "ipq-agent ignored SIGTERM for {timeout:?}; log:\n{}",
+                    self.log()
+                );
             }
             std::thread::sleep(Duration::from_millis(20));
         };
@@ -569,7 +575,8 @@ impl Scrape {
 
 /// Sends `n` small UDP datagrams from `from` to `dst` (which lives in `to`) and returns how many
 /// arrived. The receiver is bound before the first send; the count stops at `n` or after
-/// 500 ms of silence, which is ample on veths where delivery is synchronous.
+/// 500 ms of silence, which is ample on veths where delivery is synchronous (also under
+/// emulation, so this wait is not scaled: it is spent in full on every dropped burst).
 pub fn udp_burst(from: &NetNs, to: &NetNs, dst: IpAddr, n: usize) -> usize {
     let any: IpAddr = match dst {
         IpAddr::V4(_) => Ipv4Addr::UNSPECIFIED.into(),
@@ -841,13 +848,14 @@ pub struct MapEntry {
     pub fenced: u32,
 }
 
-/// Calls `probe` every 20 ms until it returns `Some`, for at most `timeout`; the error names
-/// `what` and the last thing the probe said.
+/// Calls `probe` every 20 ms until it returns `Some`, for at most `timeout` (times the time
+/// scale); the error names `what` and the last thing the probe said.
 pub fn poll<T>(
     what: &str,
     timeout: Duration,
     mut probe: impl FnMut() -> anyhow::Result<Option<T>>,
 ) -> anyhow::Result<T> {
+    let timeout = scaled(timeout);
     let deadline = Instant::now() + timeout;
     loop {
         let last = match probe() {

@@ -1,9 +1,11 @@
 //! Privileged test support for ipq: network namespaces, crafted frames, the lab.
 pub mod api;
 pub mod attach;
+pub mod attachments;
 pub mod cni;
 pub mod lab;
 pub mod netns;
 pub mod packets;
 pub mod podman;
 pub mod prometheus;
+pub mod time;

@@ -5,6 +5,7 @@
 
 mod build_ebpf;
 mod demo;
+mod kernels;
 mod setup;
 mod test;
 mod tools;
@@ -39,6 +40,12 @@ enum Command {
         #[arg(last = true)]
         args: Vec<OsString>,
     },
+    /// Run the kernel tier alone: Debian's kernels under QEMU running the datapath and lab
+    /// tests (needs root); the kernels are listed in xtask/kernels.toml
+    TestKernels {
+        /// Kernels to boot, by name in xtask/kernels.toml (all when none is given)
+        names: Vec<String>,
+    },
     /// Run the demo (needs root)
     Demo,
 }
@@ -48,6 +55,7 @@ fn main() -> Result<()> {
         Command::Setup => setup::run(setup::Scope::All),
         Command::BuildEbpf { release } => build_ebpf::run(release),
         Command::Test { args } => test::run(&args),
+        Command::TestKernels { names } => test::run_kernels(&names),
         Command::Demo => {
             util::require_root(
                 "cargo xtask demo",

@@ -28,6 +28,11 @@ pub const TEST_PACKAGES: &[&str] = &[
     "busybox-static",
     // Observability tests: promtool and a real Prometheus server scraping the lab.
     "prometheus",
+    // The kernel tier (xtask/src/kernels): QEMU, Debian's keyring for the kernel packages'
+    // signatures, strip for the initramfs (busybox-static above is its userland).
+    "qemu-system-x86",
+    "debian-archive-keyring",
+    "binutils",
 ];
 
 /// How much of the setup a command needs.

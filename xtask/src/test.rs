@@ -2,7 +2,8 @@
 //!
 //! Runs, in order and stopping at the first failure: the format check, clippy (host crates, then
 //! the kernel crate for the bpf target), a build of every binary (the integration tests start the
-//! agent binaries from next to their own executables) and the whole test suite. It needs root,
+//! agent binaries from next to their own executables), the whole test suite on this kernel, then
+//! the kernel tier (`kernels`: Debian's older kernels under QEMU). It needs root,
 //! and says so, because the datapath and integration tests load BPF programs and create network
 //! namespaces: a privileged test never passes by being skipped.
 
@@ -11,6 +12,7 @@ use std::process::Command;
 
 use anyhow::{Context, Result};
 
+use crate::kernels;
 use crate::setup::{self, Scope};
 use crate::util;
 
@@ -51,26 +53,65 @@ pub fn run(test_args: &[OsString]) -> Result<()> {
     let mut test = host(["test", "--no-fail-fast", "--lib", "--bins", "--tests"]);
     test.args(test_args).env("RUST_BACKTRACE", "1");
     println!("==> test");
-    let totals = run_tests(test).context("xtask test: step `test` failed")?;
+    let mut totals = run_tests(test).context("xtask test: step `test` failed")?;
+
+    // The kernel tier: the datapath and netns labs again, on Debian's own older kernels.
+    println!("==> kernels");
+    let tier = kernels::run(&[]).context("xtask test: step `kernels` failed")?;
+    totals.add(&tier.totals);
+    if !tier.failures.is_empty() {
+        print_summary(&totals);
+        anyhow::bail!(
+            "xtask test: step `kernels` failed:\n{}",
+            tier.failures.join("\n")
+        );
+    }
 
     println!("xtask test: all steps passed");
-    // One closing line for the whole suite, in the plain form CI reads.
+    print_summary(&totals);
+    Ok(())
+}
+
+/// `cargo xtask test-kernels [NAME...]`: the kernel tier alone.
+pub fn run_kernels(names: &[String]) -> Result<()> {
+    util::require_root(
+        "cargo xtask test-kernels",
+        "it downloads kernels with apt and the tests in the guests run as root",
+    )?;
+    setup::ensure(Scope::All)?;
+    let tier = kernels::run(names)?;
+    print_summary(&tier.totals);
+    if !tier.failures.is_empty() {
+        anyhow::bail!("kernel tier failed:\n{}", tier.failures.join("\n"));
+    }
+    Ok(())
+}
+
+/// One closing line for the whole suite, in the plain form CI reads.
+fn print_summary(totals: &Totals) {
     println!(
         "summary: {} passed, {} failed",
         totals.passed, totals.failed
     );
-    Ok(())
 }
 
 #[derive(Default, Debug, PartialEq, Eq)]
-struct Totals {
-    passed: u64,
-    failed: u64,
-    ignored: u64,
+pub(crate) struct Totals {
+    pub passed: u64,
+    pub failed: u64,
+    pub ignored: u64,
+}
+
+impl Totals {
+    pub fn add(&mut self, other: &Totals) {
+        self.passed += other.passed;
+        self.failed += other.failed;
+        self.ignored += other.ignored;
+    }
 }
 
 /// Adds up one libtest line: `test result: ok. 9 passed; 0 failed; 0 ignored; ...`.
-fn add_result_line(totals: &mut Totals, line: &str) {
+pub(crate) fn add_result_line(totals: &mut Totals, line: &str) {
     let Some(rest) = line.trim().strip_prefix("test result: ") else {
         return;
     };
@@ -116,10 +157,7 @@ fn run_tests(mut command: Command) -> Result<Totals> {
         .wait()
         .with_context(|| format!("waiting for `{line}`"))?;
     if !status.success() {
-        println!(
-            "summary: {} passed, {} failed",
-            totals.passed, totals.failed
-        );
+        print_summary(&totals);
         anyhow::bail!("`{line}` failed with {status}");
     }
     if totals.passed == 0 {

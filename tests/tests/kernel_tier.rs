@@ -1,0 +1,306 @@
+//! The netns labs of the kernel tier (`cargo xtask test-kernels`, which runs them on Debian's
+//! 5.10, 6.1 and 6.12 under QEMU; the host suite runs them too). Each checks one thing the
+//! datapath must do on every kernel ipq supports, whichever way its programs are attached
+//! (TCX links or netlink cls_bpf filters):
+//!
+//! - stale traffic for a gone pod's address is dropped at the uplink's XDP hook, v4 and v6;
+//! - a pod sending with another pod's address (the duplicate source) is dropped at TC ingress
+//!   while the holder flows, v4 and v6;
+//! - SIGKILL of the agent under traffic delivers none of a fenced pod's packets, before,
+//!   during or after the restart, and the restarted agent re-adopts each attachment: exactly
+//!   one per hook, the same one.
+//!
+//! The fenced holder dropped both ways is `traffic.rs`'s enforce test, which the tier runs too.
+//! Timeouts scale with `IPQ_TEST_TIME_SCALE` (see `ipq_tests::time`).
+//!
+//! Needs root, bpffs and `target/debug/ipq-agent`; `cargo xtask test` provides all three.
+
+use std::{
+    collections::BTreeMap,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, UdpSocket},
+    sync::atomic::{AtomicBool, Ordering},
+    time::Duration,
+};
+
+use aya::programs::TcAttachType;
+use ipq_tests::{
+    attachments::{self, Attachment},
+    lab::{
+        ifindex, map_entry as entry, udp_burst_with, wait_for_entry, Agent, Lab, UdpSender,
+        PEER_V4, PEER_V6, POD_A_V4, POD_A_V6, POD_B_LLADDR, POD_B_V4, POD_B_V6,
+    },
+    netns::NetNs,
+    time::scaled,
+};
+
+const N: usize = 20;
+const SETTLE: Duration = Duration::from_secs(5);
+
+/// Pod a's addresses with the peer's address of the same family.
+fn families() -> [(IpAddr, IpAddr); 2] {
+    [
+        (POD_A_V4.into(), PEER_V4.into()),
+        (POD_A_V6.into(), PEER_V6.into()),
+    ]
+}
+
+/// Waits until the agent's start-up dump claimed pod a's and pod b's addresses.
+fn wait_claimed(lab: &Lab) -> (u32, u32) {
+    let vethpa = ifindex(&lab.node, "vethpa").expect("vethpa");
+    let vethpb = ifindex(&lab.node, "vethpb").expect("vethpb");
+    for (addr, holder) in [
+        (IpAddr::from(POD_A_V4), vethpa),
+        (POD_A_V6.into(), vethpa),
+        (POD_B_V4.into(), vethpb),
+        (POD_B_V6.into(), vethpb),
+    ] {
+        wait_for_entry(lab, addr, &entry("active", holder, 0), SETTLE);
+    }
+    (vethpa, vethpb)
+}
+
+/// `n` datagrams from `from` (bound to `bind`) to `dst` in `to`: how many arrived.
+fn send(from: &NetNs, bind: IpAddr, to: &NetNs, dst: IpAddr, n: usize) -> usize {
+    let sender = UdpSender {
+        bind: Some(bind),
+        device: None,
+    };
+    udp_burst_with(from, sender, to, dst, n)
+}
+
+/// Pod a is gone (its veth deleted) and its addresses quarantined; the peer keeps sending to
+/// them. Every datagram is dropped at the uplink's XDP hook as stale traffic, and nothing
+/// else is dropped.
+#[test]
+fn stale_traffic_for_a_gone_pod_is_dropped_at_the_uplink_xdp_hook() {
+    let lab = Lab::new().expect("building the lab");
+    // A cool-down far longer than the test: the quarantine must hold throughout.
+    let args = [
+        "--workload",
+        "vethp*",
+        "--uplink",
+        "up0",
+        "--cooldown",
+        "10m",
+        "--max-cooldown",
+        "10m",
+    ];
+    let agent = lab.start_agent(&args).expect("starting ipq-agent");
+    wait_claimed(&lab);
+    lab.node
+        .ip(&["link", "del", "vethpa"])
+        .expect("deleting vethpa");
+    for (addr, _) in families() {
+        wait_for_entry(&lab, addr, &entry("quarantined", 0, 0), SETTLE);
+    }
+
+    let before = agent.scrape().expect("scrape");
+    for (addr, peer) in families() {
+        let got = send(&lab.peer, peer, &lab.pod_a, addr, N);
+        assert_eq!(got, 0, "stale traffic to {addr} delivered {got} of {N}");
+    }
+    let after = agent.scrape().expect("scrape");
+    assert_eq!(
+        after.changes_since(&before, "ipq_dropped_packets_total"),
+        BTreeMap::from([("hook=xdp,reason=stale_traffic".to_owned(), (2 * N) as f64)]),
+        "every stale datagram (v4 and v6) dropped at the uplink, nothing else"
+    );
+}
+
+/// Pod b is given pod a's addresses (as a duplicate IPAM would) and sends with them while
+/// pod a holds them: pod b's packets are dropped at TC ingress as a duplicate source, pod a's
+/// pass, v4 and v6.
+#[test]
+fn a_duplicate_source_is_dropped_at_tc_ingress_while_the_holder_flows() {
+    let lab = Lab::new().expect("building the lab");
+    let args = ["--workload", "vethp*", "--uplink", "up0"];
+    let agent = lab.start_agent(&args).expect("starting ipq-agent");
+    wait_claimed(&lab);
+    for (addr, peer) in families() {
+        lab.add_pod_address(&lab.pod_b, "vethpb", POD_B_LLADDR, addr)
+            .expect("giving pod b the address");
+        let before = agent.scrape().expect("scrape");
+        let from_b = send(&lab.pod_b, addr, &lab.peer, peer, N);
+        assert_eq!(
+            from_b, 0,
+            "{addr}: pod b, not its holder, got {from_b} through"
+        );
+        let from_a = send(&lab.pod_a, addr, &lab.peer, peer, N);
+        assert_eq!(
+            from_a, N,
+            "{addr}: pod a, its holder, got {from_a} of {N} through"
+        );
+        let after = agent.scrape().expect("scrape");
+        assert_eq!(
+            after.changes_since(&before, "ipq_dropped_packets_total"),
+            BTreeMap::from([(
+                "hook=tc_ingress,reason=duplicate_source".to_owned(),
+                N as f64
+            )]),
+            "{addr}: drops of pod b's datagrams"
+        );
+    }
+}
+
+/// One flow sent at a steady pace for as long as `stop` is false: (sent, received).
+fn stream(from: &NetNs, to: &NetNs, dst: IpAddr, stop: &AtomicBool) -> (usize, usize) {
+    let any: IpAddr = match dst {
+        IpAddr::V4(_) => Ipv4Addr::UNSPECIFIED.into(),
+        IpAddr::V6(_) => Ipv6Addr::UNSPECIFIED.into(),
+    };
+    let rx = to
+        .run(|| UdpSocket::bind((any, 0)))
+        .unwrap_or_else(|e| panic!("binding a receiver in {}: {e}", to.name()));
+    rx.set_nonblocking(true).expect("non-blocking receiver");
+    let port = rx.local_addr().expect("bound").port();
+    let tx = from
+        .run(|| UdpSocket::bind((any, 0)))
+        .unwrap_or_else(|e| panic!("binding a sender in {}: {e}", from.name()));
+    let tag = format!("kernel-tier {dst} {port}");
+    let (mut sent, mut received) = (0, 0);
+    let mut buf = [0u8; 256];
+    let mut drain = |received: &mut usize| loop {
+        match rx.recv(&mut buf) {
+            Ok(len) if buf[..len].starts_with(tag.as_bytes()) => *received += 1,
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+            Err(e) => panic!("receiving in {}: {e}", to.name()),
+        }
+    };
+    while !stop.load(Ordering::Relaxed) {
+        tx.send_to(tag.as_bytes(), (dst, port))
+            .unwrap_or_else(|e| panic!("sending to {dst} from {}: {e}", from.name()));
+        sent += 1;
+        drain(&mut received);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // Delivery on veths is synchronous; one last look after a pause catches stragglers.
+    std::thread::sleep(scaled(Duration::from_millis(200)));
+    drain(&mut received);
+    (sent, received)
+}
+
+/// Every hook of the lab and what is attached there.
+fn hooks(lab: &Lab) -> BTreeMap<String, Vec<Attachment>> {
+    let mut all = BTreeMap::new();
+    for ifname in ["vethpa", "vethpb"] {
+        for (attach, hook) in [
+            (TcAttachType::Ingress, "tc_ingress"),
+            (TcAttachType::Egress, "tc_egress"),
+        ] {
+            let found = attachments::tc(&lab.node, ifname, attach)
+                .unwrap_or_else(|e| panic!("{ifname} {hook}: {e:#}"));
+            all.insert(format!("{ifname} {hook}"), found);
+        }
+    }
+    let xdp = attachments::xdp(&lab.node, "up0").unwrap_or_else(|e| panic!("up0 xdp: {e:#}"));
+    all.insert("up0 xdp".to_owned(), xdp.into_iter().collect());
+    all
+}
+
+/// Exactly one attachment per hook, and it is ipq's.
+fn assert_one_ipq_per_hook(hooks: &BTreeMap<String, Vec<Attachment>>, when: &str) {
+    for (hook, found) in hooks {
+        assert!(
+            found.len() == 1 && found[0].is_ipq(),
+            "{when}: {hook} must have exactly one ipq attachment, has {found:?}"
+        );
+    }
+}
+
+/// Pod a's fenced drops so far: (tc_ingress, tc_egress).
+fn fenced_drops(agent: &Agent) -> (f64, f64) {
+    let get = |hook| {
+        agent
+            .metric(
+                "ipq_dropped_packets_total",
+                &[("hook", hook), ("reason", "fenced")],
+            )
+            .unwrap()
+    };
+    (get("tc_ingress"), get("tc_egress"))
+}
+
+/// Traffic flows all along (pod a fenced both ways, v4 and v6; pod b as the control) while
+/// the agent is SIGKILLed and started again. Not one of pod a's datagrams arrives, each is
+/// counted as a fenced drop, pod b's all arrive, and the restarted agent took over the very
+/// attachments of the first: one per hook, the same TCX link or the same filter.
+#[test]
+fn sigkill_under_traffic_delivers_no_fenced_packet_and_the_restart_readopts_each_hook() {
+    let lab = Lab::new().expect("building the lab");
+    let args = ["--workload", "vethp*", "--uplink", "up0"];
+    let mut first = lab.start_agent(&args).expect("starting ipq-agent");
+    lab.fence_pod_a().expect("fencing pod a");
+    lab.register_pod_b().expect("registering pod b");
+    let attached = hooks(&lab);
+    assert_one_ipq_per_hook(&attached, "first agent");
+    let (in_before, eg_before) = fenced_drops(&first);
+
+    let stop = AtomicBool::new(false);
+    let pause = scaled(Duration::from_millis(500));
+    let (results, second) = std::thread::scope(|s| {
+        let flows = [
+            (
+                "pod a -> peer v4",
+                &lab.pod_a,
+                &lab.peer,
+                IpAddr::from(PEER_V4),
+            ),
+            ("pod a -> peer v6", &lab.pod_a, &lab.peer, PEER_V6.into()),
+            ("peer -> pod a v4", &lab.peer, &lab.pod_a, POD_A_V4.into()),
+            ("peer -> pod a v6", &lab.peer, &lab.pod_a, POD_A_V6.into()),
+            ("pod b -> peer v4", &lab.pod_b, &lab.peer, PEER_V4.into()),
+            ("peer -> pod b v6", &lab.peer, &lab.pod_b, POD_B_V6.into()),
+        ];
+        let senders: Vec<_> = flows
+            .into_iter()
+            .map(|(what, from, to, dst)| {
+                let stop = &stop;
+                (what, s.spawn(move || stream(from, to, dst, stop)))
+            })
+            .collect();
+        std::thread::sleep(pause);
+        first.kill9();
+        // The gap: no agent runs, the attached programs alone enforce.
+        std::thread::sleep(pause);
+        let second = lab.start_agent(&args).expect("restarting ipq-agent");
+        std::thread::sleep(pause);
+        stop.store(true, Ordering::Relaxed);
+        let results: Vec<_> = senders
+            .into_iter()
+            .map(|(what, h)| (what, h.join().expect("a traffic thread")))
+            .collect();
+        (results, second)
+    });
+
+    let (mut from_a, mut to_a) = (0, 0);
+    for (what, (sent, received)) in &results {
+        assert!(*sent > 0, "{what}: nothing sent");
+        if what.contains("pod a") {
+            assert_eq!(
+                *received, 0,
+                "{what}: {received} of {sent} fenced datagrams delivered"
+            );
+            if what.starts_with("pod a") {
+                from_a += sent;
+            } else {
+                to_a += sent;
+            }
+        } else {
+            assert_eq!(received, sent, "{what}: the control flow lost datagrams");
+        }
+    }
+    let (in_after, eg_after) = fenced_drops(&second);
+    assert_eq!(
+        (in_after - in_before, eg_after - eg_before),
+        (from_a as f64, to_a as f64),
+        "fenced drops across the restart (tc_ingress, tc_egress): every datagram counted"
+    );
+
+    let readopted = hooks(&lab);
+    assert_one_ipq_per_hook(&readopted, "after the restart");
+    assert_eq!(
+        readopted, attached,
+        "the restarted agent must take over the same attachments, not add or swap them"
+    );
+}

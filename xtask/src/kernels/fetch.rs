@@ -1,0 +1,218 @@
+//! Debian kernel packages: downloaded with apt through a private sources list (the machine's
+//! apt configuration is never touched; signatures are checked against Debian's archive
+//! keyring), unpacked with `dpkg-deb -x` and indexed with `busybox depmod`, all cached under
+//! `target/kernels/`: a kernel already unpacked costs nothing and needs no network.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+
+use super::{cache_dir, Kernel};
+use crate::util::{self, cmd};
+
+/// Debian's archive keyring (package debian-archive-keyring): what apt checks the private
+/// sources' Release files against.
+const KEYRING: &str = "/usr/share/keyrings/debian-archive-keyring.gpg";
+
+/// An unpacked kernel package.
+pub struct Tree {
+    /// `boot/vmlinuz-<version>`.
+    pub vmlinuz: PathBuf,
+    /// `lib/modules/<version>`, with a `modules.dep`.
+    pub modules: PathBuf,
+}
+
+/// Downloads what is not cached yet. `apt-get update` of the private lists runs at most once
+/// per xtask run, and only when a package has to be downloaded.
+pub struct Fetcher {
+    sources: Vec<String>,
+    updated: bool,
+}
+
+impl Fetcher {
+    /// `all` is every kernel of the config: the private sources list has all their suites, so
+    /// it stays the same whichever kernels a run selects.
+    pub fn new(all: &[Kernel]) -> Fetcher {
+        let mut sources: Vec<String> = all.iter().map(|k| k.source.clone()).collect();
+        sources.sort();
+        sources.dedup();
+        Fetcher {
+            sources,
+            updated: false,
+        }
+    }
+
+    /// The unpacked tree of `kernel`, downloading and unpacking it first if needed.
+    pub fn kernel(&mut self, kernel: &Kernel) -> Result<Tree> {
+        let root = cache_dir().join("unpacked").join(&kernel.package);
+        if !root.join(".complete").is_file() {
+            let deb = self.download(kernel)?;
+            unpack(&deb, &root)?;
+        }
+        tree(&root).with_context(|| {
+            format!(
+                "{} has no usable kernel: remove it to unpack {} again",
+                root.display(),
+                kernel.package
+            )
+        })
+    }
+
+    fn download(&mut self, kernel: &Kernel) -> Result<PathBuf> {
+        let debs = cache_dir().join("debs");
+        if let Some(deb) = find_deb(&debs, &kernel.package)? {
+            return Ok(deb);
+        }
+        self.update()?;
+        fs::create_dir_all(&debs).with_context(|| format!("cannot create {}", debs.display()))?;
+        let mut download = apt("apt-get");
+        download
+            .args(["download", &kernel.package])
+            .current_dir(&debs);
+        util::run(&mut download).with_context(|| {
+            format!(
+                "cannot download {} from {}: if Debian has superseded it, pick the current \
+                 package (apt-cache search) and edit xtask/kernels.toml",
+                kernel.package, kernel.source
+            )
+        })?;
+        find_deb(&debs, &kernel.package)?.with_context(|| {
+            format!(
+                "apt-get download {} succeeded but no {}_*.deb is in {}",
+                kernel.package,
+                kernel.package,
+                debs.display()
+            )
+        })
+    }
+
+    /// `apt-get update` of the private lists.
+    fn update(&mut self) -> Result<()> {
+        if self.updated {
+            return Ok(());
+        }
+        if !Path::new(KEYRING).is_file() {
+            bail!(
+                "{KEYRING} is missing: install debian-archive-keyring (cargo xtask setup does), \
+                 apt checks the kernels' signatures against it"
+            );
+        }
+        let dir = apt_dir();
+        for sub in ["lists/partial", "cache/archives/partial"] {
+            let path = dir.join(sub);
+            fs::create_dir_all(&path)
+                .with_context(|| format!("cannot create {}", path.display()))?;
+        }
+        let list: String = self
+            .sources
+            .iter()
+            .map(|source| format!("deb [signed-by={KEYRING}] {source} main\n"))
+            .collect();
+        let path = dir.join("sources.list");
+        fs::write(&path, list).with_context(|| format!("cannot write {}", path.display()))?;
+        util::run(apt("apt-get").arg("update")).with_context(|| {
+            format!(
+                "`apt-get update` of the kernel tier's private sources ({}) failed; check \
+                 network access to deb.debian.org",
+                path.display()
+            )
+        })?;
+        self.updated = true;
+        Ok(())
+    }
+}
+
+/// `target/kernels/apt`: the private sources list, package lists and cache.
+fn apt_dir() -> PathBuf {
+    cache_dir().join("apt")
+}
+
+/// An apt command that reads only the private sources list and keeps its lists and cache
+/// under `target/kernels/apt`.
+fn apt(program: &str) -> std::process::Command {
+    let dir = apt_dir();
+    let opt = |key: &str, value: &Path| format!("{key}={}", value.display());
+    let mut command = cmd(program, ["-q"]);
+    command
+        .arg("-o")
+        .arg(opt("Dir::Etc::sourcelist", &dir.join("sources.list")))
+        .args(["-o", "Dir::Etc::sourceparts=-"])
+        .arg("-o")
+        .arg(opt("Dir::State::Lists", &dir.join("lists")))
+        .arg("-o")
+        .arg(opt("Dir::Cache", &dir.join("cache")));
+    command
+}
+
+fn find_deb(dir: &Path, package: &str) -> Result<Option<PathBuf>> {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return Ok(None);
+    };
+    let prefix = format!("{package}_");
+    for entry in entries {
+        let path = entry?.path();
+        let name = path.file_name().unwrap_or_default().to_string_lossy();
+        if name.starts_with(&prefix) && name.ends_with(".deb") {
+            return Ok(Some(path));
+        }
+    }
+    Ok(None)
+}
+
+/// Unpacks `deb` into `root` and indexes its modules; `root/.complete` marks a finished job.
+fn unpack(deb: &Path, root: &Path) -> Result<()> {
+    let mut partial = root.as_os_str().to_owned();
+    partial.push(".partial");
+    let partial = PathBuf::from(partial);
+    if partial.exists() {
+        fs::remove_dir_all(&partial)
+            .with_context(|| format!("cannot remove {}", partial.display()))?;
+    }
+    fs::create_dir_all(&partial).with_context(|| format!("cannot create {}", partial.display()))?;
+    util::run(cmd("dpkg-deb", ["-x"]).arg(deb).arg(&partial))
+        .with_context(|| format!("cannot unpack {}", deb.display()))?;
+    let modules = modules_dir(&partial)?;
+    let version = modules.file_name().context("modules dir has a name")?;
+    // The package's modules.dep is made by depmod when it is installed: make it here.
+    util::run(cmd("busybox", ["depmod", "-b"]).arg(&partial).arg(version))
+        .context("`busybox depmod` failed (busybox-static is in setup's package list)")?;
+    fs::write(partial.join(".complete"), "")?;
+    if root.exists() {
+        fs::remove_dir_all(root).with_context(|| format!("cannot remove {}", root.display()))?;
+    }
+    fs::rename(&partial, root)
+        .with_context(|| format!("cannot rename {} to {}", partial.display(), root.display()))
+}
+
+/// The one `lib/modules/<version>` of an unpacked kernel package.
+fn modules_dir(root: &Path) -> Result<PathBuf> {
+    let base = root.join("lib/modules");
+    let mut dirs: Vec<PathBuf> = fs::read_dir(&base)
+        .with_context(|| format!("no {} in the package", base.display()))?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.is_dir())
+        .collect();
+    match dirs.len() {
+        1 => Ok(dirs.remove(0)),
+        n => bail!("{} has {n} module directories, expected 1", base.display()),
+    }
+}
+
+fn tree(root: &Path) -> Result<Tree> {
+    let modules = modules_dir(root)?;
+    let version = modules
+        .file_name()
+        .context("modules dir has a name")?
+        .to_string_lossy()
+        .into_owned();
+    let vmlinuz = root.join("boot").join(format!("vmlinuz-{version}"));
+    if !vmlinuz.is_file() {
+        bail!("no {}", vmlinuz.display());
+    }
+    if !modules.join("modules.dep").is_file() {
+        bail!("no modules.dep in {}", modules.display());
+    }
+    Ok(Tree { vmlinuz, modules })
+}

@@ -1,0 +1,201 @@
+//! The kernel tier: Debian's own kernels booted under QEMU (TCG), each running the datapath
+//! verdict table and the netns labs (traffic, stale traffic, duplicate source, a restart) from
+//! an initramfs, with the results read back from the serial console.
+//!
+//! The kernels, the modules and the tests are listed in `xtask/kernels.toml`. Downloads and
+//! unpacked kernels are cached under `target/kernels/`.
+
+mod cpio;
+mod fetch;
+mod initramfs;
+mod qemu;
+
+use std::fs;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use serde::Deserialize;
+
+use crate::test::Totals;
+use crate::util;
+
+/// `xtask/kernels.toml`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    pub kernels: Vec<Kernel>,
+    pub modules: Vec<String>,
+    pub tests: Vec<TestSet>,
+    pub qemu: QemuConfig,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Kernel {
+    pub name: String,
+    pub package: String,
+    /// `URI SUITE` of the apt source that has `package`.
+    pub source: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TestSet {
+    /// A `[[test]]` target of the ipq-tests package.
+    pub target: String,
+    /// Exact test names; every test of the target when empty.
+    #[serde(default)]
+    pub names: Vec<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QemuConfig {
+    pub memory_mib: u32,
+    pub cpus: u32,
+    pub time_scale: u32,
+    pub timeout_secs: u64,
+}
+
+fn config_path() -> PathBuf {
+    util::workspace_root().join("xtask/kernels.toml")
+}
+
+pub fn load_config() -> Result<Config> {
+    let path = config_path();
+    let text =
+        fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
+    let config: Config =
+        toml::from_str(&text).with_context(|| format!("{} is not valid", path.display()))?;
+    if config.kernels.is_empty() || config.tests.is_empty() {
+        bail!("{}: needs at least one kernel and one test", path.display());
+    }
+    if config.qemu.time_scale == 0 || config.qemu.cpus == 0 {
+        bail!(
+            "{}: qemu.time_scale and qemu.cpus must be at least 1",
+            path.display()
+        );
+    }
+    Ok(config)
+}
+
+/// The root of everything the tier caches: `target/kernels`.
+pub fn cache_dir() -> PathBuf {
+    util::workspace_root().join("target/kernels")
+}
+
+/// What one kernel did.
+struct Outcome {
+    name: String,
+    took: Duration,
+    totals: Totals,
+    /// Why the kernel failed, if it did.
+    failure: Option<String>,
+}
+
+/// What the whole tier did.
+pub struct Tier {
+    /// The libtest totals of every kernel.
+    pub totals: Totals,
+    /// `<kernel>: <why>` for every kernel that could not be booted or had a test fail.
+    pub failures: Vec<String>,
+}
+
+/// Runs the tier on the kernels named in `only` (every kernel when empty). An error means the
+/// tier could not even start (bad config, no test binaries, apt sources unreachable); a kernel
+/// that fails is reported in [`Tier::failures`] and the next one still runs.
+pub fn run(only: &[String]) -> Result<Tier> {
+    let started = Instant::now();
+    let config = load_config()?;
+    let kernels = select(&config, only)?;
+    let binaries = initramfs::TestBinaries::build(&config.tests)?;
+    let mut fetcher = fetch::Fetcher::new(&config.kernels);
+
+    let mut outcomes = Vec::new();
+    for kernel in &kernels {
+        let began = Instant::now();
+        println!("==> kernel {}: {}", kernel.name, kernel.package);
+        let result = boot_one(&config, kernel, &mut fetcher, &binaries);
+        let (totals, failure) = match result {
+            Ok(report) => (report.totals, report.failure),
+            Err(e) => (Totals::default(), Some(format!("{e:#}"))),
+        };
+        let outcome = Outcome {
+            name: kernel.name.clone(),
+            took: began.elapsed(),
+            totals,
+            failure,
+        };
+        println!(
+            "==> kernel {}: {} in {:.0?} ({} passed, {} failed)",
+            outcome.name,
+            if outcome.failure.is_none() {
+                "ok"
+            } else {
+                "FAILED"
+            },
+            outcome.took,
+            outcome.totals.passed,
+            outcome.totals.failed
+        );
+        outcomes.push(outcome);
+    }
+
+    let mut totals = Totals::default();
+    println!(
+        "kernel tier: {} kernels in {:.0?}",
+        outcomes.len(),
+        started.elapsed()
+    );
+    let mut failures = Vec::new();
+    for outcome in &outcomes {
+        totals.add(&outcome.totals);
+        let verdict = match &outcome.failure {
+            None => "ok".to_owned(),
+            Some(why) => {
+                failures.push(format!("{}: {why}", outcome.name));
+                "FAILED".to_owned()
+            }
+        };
+        println!(
+            "  {:<6} {verdict:<6} {:>6.0?}  {} passed, {} failed",
+            outcome.name, outcome.took, outcome.totals.passed, outcome.totals.failed
+        );
+    }
+    Ok(Tier { totals, failures })
+}
+
+fn select(config: &Config, only: &[String]) -> Result<Vec<Kernel>> {
+    if only.is_empty() {
+        return Ok(config.kernels.clone());
+    }
+    only.iter()
+        .map(|name| {
+            config
+                .kernels
+                .iter()
+                .find(|k| &k.name == name)
+                .cloned()
+                .with_context(|| {
+                    let known: Vec<&str> = config.kernels.iter().map(|k| k.name.as_str()).collect();
+                    format!(
+                        "no kernel {name:?} in {} (known: {})",
+                        config_path().display(),
+                        known.join(", ")
+                    )
+                })
+        })
+        .collect()
+}
+
+fn boot_one(
+    config: &Config,
+    kernel: &Kernel,
+    fetcher: &mut fetch::Fetcher,
+    binaries: &initramfs::TestBinaries,
+) -> Result<qemu::Report> {
+    let tree = fetcher.kernel(kernel)?;
+    let initrd = initramfs::build(config, kernel, &tree, binaries)?;
+    qemu::boot(config, kernel, &tree, &initrd)
+}
