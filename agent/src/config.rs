@@ -11,24 +11,40 @@ use std::{
     time::Duration,
 };
 
+pub use ipq_common::config::Mode;
+use serde::{Deserialize, Serialize};
 use thiserror::Error;
 use toml::{Table, Value};
 
 use crate::paths;
 
-/// Global enforcement mode.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Mode {
-    Enforce,
-    Observe,
-}
-
-/// What happens when a new holder claims an address another live holder still has.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// What happens when a new holder claims an address another live holder still has: the one
+/// policy type from the configuration through the registry and the journal to the API, where
+/// it is spelled as in the configuration (`fence-old`, `refuse-new`, `observe`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum EarlyReusePolicy {
     FenceOld,
     RefuseNew,
     Observe,
+}
+
+impl EarlyReusePolicy {
+    pub const ALL: [EarlyReusePolicy; 3] = [Self::FenceOld, Self::RefuseNew, Self::Observe];
+
+    /// The policy's name as the configuration and the API spell it.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::FenceOld => "fence-old",
+            Self::RefuseNew => "refuse-new",
+            Self::Observe => "observe",
+        }
+    }
+
+    /// The policy named `name`.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|p| p.as_str() == name)
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -322,24 +338,18 @@ impl Parser<'_> {
     }
 
     fn mode(&self, key: &str, value: &Value) -> Result<Mode, ConfigError> {
-        match self.string(key, value)? {
-            "enforce" => Ok(Mode::Enforce),
-            "observe" => Ok(Mode::Observe),
-            _ => Err(self.invalid(key, value, "must be \"enforce\" or \"observe\"")),
-        }
+        Mode::from_name(self.string(key, value)?)
+            .ok_or_else(|| self.invalid(key, value, "must be \"enforce\" or \"observe\""))
     }
 
     fn policy(&self, key: &str, value: &Value) -> Result<EarlyReusePolicy, ConfigError> {
-        match self.string(key, value)? {
-            "fence-old" => Ok(EarlyReusePolicy::FenceOld),
-            "refuse-new" => Ok(EarlyReusePolicy::RefuseNew),
-            "observe" => Ok(EarlyReusePolicy::Observe),
-            _ => Err(self.invalid(
+        EarlyReusePolicy::from_name(self.string(key, value)?).ok_or_else(|| {
+            self.invalid(
                 key,
                 value,
                 "must be \"fence-old\", \"refuse-new\" or \"observe\"",
-            )),
-        }
+            )
+        })
     }
 
     fn duration(&self, key: &str, value: &Value) -> Result<Duration, ConfigError> {

@@ -136,8 +136,11 @@ pub fn status(status: &Status, now: SystemTime) -> String {
             if status.ready { "yes" } else { "no" }.to_owned(),
         ),
         ("Version".to_owned(), status.version.clone()),
-        ("Mode".to_owned(), status.mode.clone()),
-        ("On early reuse".to_owned(), status.on_early_reuse.clone()),
+        ("Mode".to_owned(), status.mode.as_str().to_owned()),
+        (
+            "On early reuse".to_owned(),
+            status.on_early_reuse.as_str().to_owned(),
+        ),
         (
             "Started".to_owned(),
             absolute_and_relative(&status.started_at, now),
@@ -198,7 +201,7 @@ pub fn conflicts(list: &[ConflictView], now: SystemTime) -> String {
             c.address.to_string(),
             holder_cell(c.old_holder.as_ref()),
             holder_cell(c.new_holder.as_ref()),
-            c.policy.clone(),
+            c.policy.as_str().to_owned(),
             c.outcome.clone(),
         ]);
     }
@@ -226,7 +229,7 @@ pub fn event_line(event: &Event) -> String {
             c.address,
             holder_cell(c.old_holder.as_ref()),
             holder_cell(c.new_holder.as_ref()),
-            c.policy,
+            c.policy.as_str(),
             c.outcome
         ),
         EventBody::Sample {

@@ -7,6 +7,7 @@ use crate::{
     api::model::{
         AddressView, ConflictView, Event, EventBody, InterfaceStatus, RegistryCounts, Status,
     },
+    config::EarlyReusePolicy,
     registry::{ConflictKind, Holder, PodRef, StateName},
 };
 
@@ -41,6 +42,7 @@ fn view(address: &str, state: StateName, since: &str) -> AddressView {
         until: None,
         last_stale: None,
         conflicts: 0,
+        observe_only: false,
     }
 }
 
@@ -143,8 +145,8 @@ fn status_shows_readiness_counts_and_hooks() {
     let status = Status {
         ready: true,
         version: "0.1.0".into(),
-        mode: "enforce".into(),
-        on_early_reuse: "fence-old".into(),
+        mode: crate::config::Mode::Enforce,
+        on_early_reuse: EarlyReusePolicy::FenceOld,
         registry: RegistryCounts {
             entries: 3,
             capacity: 65536,
@@ -200,7 +202,7 @@ fn conflict() -> ConflictView {
         address: "10.77.0.2".parse().unwrap(),
         old_holder: Some(pod_holder()),
         new_holder: Some(Holder::new(6, "vethpb")),
-        policy: "fence-old".into(),
+        policy: EarlyReusePolicy::FenceOld,
         outcome: "fenced_old".into(),
         at: "2026-11-22T10:00:30Z".into(),
     }
@@ -213,7 +215,7 @@ fn conflicts_show_both_holders_policy_and_outcome() {
         address: "fd77::2".parse().unwrap(),
         old_holder: Some(Holder::new(5, "vethpa")),
         new_holder: None,
-        policy: "fence-old".into(),
+        policy: EarlyReusePolicy::FenceOld,
         outcome: "reported".into(),
         at: "2026-11-22T10:00:59Z".into(),
     };

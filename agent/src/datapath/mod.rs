@@ -4,6 +4,7 @@
 mod links;
 pub mod maps;
 mod object;
+mod port;
 mod table;
 
 use std::{
@@ -34,6 +35,7 @@ use thiserror::Error;
 pub use links::Attached;
 pub use maps::{ConfigCell, Counters, Samples};
 pub use object::OBJECT;
+pub use port::{AddrTable, Attachments, DatapathPort, MemDatapath, MemTable};
 pub use table::{fast_path_eligible, AddressTable};
 
 use crate::paths::{AttachPoint, PinLayout, BPFFS_MOUNT};

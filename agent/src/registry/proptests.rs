@@ -8,7 +8,10 @@
 //!    the end of a quarantine or a forced release ever drops a record;
 //! 3. the datapath mirror built only from emitted effects equals `datapath_entries()`;
 //! 4. snapshot → JSON → restore round-trips (and any snapshot, however mangled, is either
-//!    restored whole or refused without a change — never a panic).
+//!    restored whole or refused without a change — never a panic);
+//! 5. the per-state counts kept at the one choke point always equal a full recount;
+//! 6. every change to any record (identity, stale stamp, conflict count included) bumps the
+//!    generation, so nothing changed is ever taken for saved.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -132,6 +135,7 @@ fn run(policy: EarlyReusePolicy, ops: &[Op]) -> Result<(), TestCaseError> {
 
     for op in ops {
         let before = reg.snapshot();
+        let generation_before = reg.generation();
         let now = clock.now();
         let result = match op {
             Op::Claim(a, h, s) => reg.claim(addr(*a), holder(*h), *s),
@@ -172,6 +176,28 @@ fn run(policy: EarlyReusePolicy, ops: &[Op]) -> Result<(), TestCaseError> {
             }
         }
         prop_assert_eq!(&mirror, &reg.datapath_entries(), "after {:?}", op);
+        // Property 5.
+        for state in [
+            StateName::Active,
+            StateName::Draining,
+            StateName::Quarantined,
+        ] {
+            prop_assert_eq!(
+                reg.count(state),
+                reg.recount(state),
+                "{} after {:?}",
+                state,
+                op
+            );
+        }
+        // Property 6 (a restore to the same records may or may not count as a change).
+        if reg.snapshot().records != before.records {
+            prop_assert!(
+                reg.generation() > generation_before,
+                "{:?} changed a record but not the generation",
+                op
+            );
+        }
         if let Err(e) = reg.check_invariants() {
             return Err(TestCaseError::fail(format!("after {op:?}: {e}")));
         }

@@ -141,7 +141,11 @@ impl<C: Clock> Registry<C> {
                 }
                 next.status = take;
             }
-            EarlyReusePolicy::RefuseNew | EarlyReusePolicy::Observe => next.status = take,
+            EarlyReusePolicy::RefuseNew => next.status = take,
+            EarlyReusePolicy::Observe => {
+                next.status = take;
+                next.observe_only = true;
+            }
         }
         let conflict = self.conflict(&mut next, kind, Some(old), Some(holder), now);
         self.put(addr, Some(next), &mut out);

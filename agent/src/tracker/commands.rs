@@ -1,6 +1,8 @@
 //! The API's requests, answered by the registry's owner. Each answer is handed back as a
-//! closure: the loop saves the journal once per burst of requests, then sends the answers, so
-//! a success is only ever reported for a change that is on disk.
+//! closure: the loop saves the journal once per burst of requests, then sends the answers with
+//! how the save went, so a success is only ever reported for a change that is on disk. When
+//! the save failed, a request that succeeded is answered `unavailable` (503) with the reason;
+//! a read, or a request that failed anyway, is answered as it is.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -15,24 +17,38 @@ use crate::{
         command::{Command, Reply},
         model::{
             AddressList, AddressView, ChangedResponse, ClaimRequest, ClaimResponse, ClaimSource,
-            ConflictList, DrainAttachmentRequest, ErrorCode, GcRequest, InterfaceStatus,
-            RegistryCounts, Status,
+            ConflictList, DrainAttachmentRequest, ErrorCode, GcRequest, InterfaceStatus, Status,
         },
-        views::{address_view, conflict_view, ApiError, Outcome, TimeBase},
+        views::{
+            address_view, conflict_view, status_view, ApiError, Outcome, StatusFacts, TimeBase,
+        },
     },
-    config::Mode,
     netdev,
     netlink::NetEvent,
     paths::AttachPoint,
-    registry::{policy_str, Conflict, Effect, Holder, RegistryError, Source, StateName},
+    registry::{Conflict, Effect, Holder, RegistryError, Source, StateName},
 };
 
-/// An answer waiting for the journal to be saved.
-pub type Answer = Box<dyn FnOnce() + Send>;
+/// An answer waiting for the journal to be saved; called with how the save went (`Err` names
+/// why it failed).
+pub type Answer = Box<dyn FnOnce(Result<(), &str>) + Send>;
 
+/// The answer to a request that changed nothing: sent whatever the journal did.
 fn answer<T: Send + 'static>(reply: Reply<T>, result: Result<T, ApiError>) -> Answer {
-    Box::new(move || {
+    Box::new(move |_saved| {
         // The caller may have hung up; its request was still carried out.
+        let _ = reply.send(result);
+    })
+}
+
+/// The answer to a request that may have changed the registry: a success is only sent once
+/// the journal holds it; otherwise `unavailable`, naming why.
+fn durable_answer<T: Send + 'static>(reply: Reply<T>, result: Result<T, ApiError>) -> Answer {
+    Box::new(move |saved| {
+        let result = match (result, saved) {
+            (Ok(_), Err(reason)) => Err(ApiError::unavailable(reason)),
+            (result, _) => result,
+        };
         let _ = reply.send(result);
     })
 }
@@ -57,22 +73,23 @@ impl Tracker {
             }
             Command::Subscribe(reply) => {
                 let _ = reply.send(self.events.subscribe());
-                return Box::new(|| {});
+                return Box::new(|_| {});
             }
-            Command::Claim { request, reply } => answer(reply, self.api_claim(request)),
-            Command::Drain { addr, reply } => answer(reply, self.api_drain(addr)),
+            Command::Claim { request, reply } => durable_answer(reply, self.api_claim(request)),
+            Command::Drain { addr, reply } => durable_answer(reply, self.api_drain(addr)),
             Command::DrainAttachment { request, reply } => {
-                answer(reply, Ok(self.drain_attachment(&request)))
+                durable_answer(reply, Ok(self.drain_attachment(&request)))
             }
-            Command::Release { addr, force, reply } => answer(reply, self.api_release(addr, force)),
-            Command::Gc { request, reply } => answer(reply, Ok(self.gc(&request))),
+            Command::Release { addr, force, reply } => {
+                durable_answer(reply, self.api_release(addr, force))
+            }
+            Command::Gc { request, reply } => durable_answer(reply, Ok(self.gc(&request))),
         };
         self.update_gauges();
         answer
     }
 
     fn status(&self) -> Status {
-        let registry = &self.registry;
         let mut hooks: BTreeMap<u32, Vec<String>> = BTreeMap::new();
         for (ifindex, point) in self.datapath.attached().keys() {
             hooks
@@ -88,7 +105,6 @@ impl Tracker {
                 hooks,
             })
             .collect();
-        let count = |state| registry.count(state) as u64;
         let conflicts_total = crate::registry::ConflictKind::ALL
             .iter()
             .map(|k| {
@@ -98,27 +114,15 @@ impl Tracker {
                     .get()
             })
             .sum();
-        Status {
+        let facts = StatusFacts {
             ready: self.metrics.is_ready(),
-            version: env!("CARGO_PKG_VERSION").to_owned(),
-            mode: match self.config.mode {
-                Mode::Enforce => "enforce",
-                Mode::Observe => "observe",
-            }
-            .to_owned(),
-            on_early_reuse: policy_str(self.config.on_early_reuse).to_owned(),
-            registry: RegistryCounts {
-                entries: registry.len() as u64,
-                capacity: u64::from(registry.capacity()),
-                active: count(StateName::Active),
-                draining: count(StateName::Draining),
-                quarantined: count(StateName::Quarantined),
-            },
-            interfaces,
+            mode: self.config.mode,
+            on_early_reuse: self.config.on_early_reuse,
             conflicts_total,
             refused_claims_total: self.metrics.refused_claims.get(),
-            started_at: humantime::format_rfc3339_millis(self.started_at).to_string(),
-        }
+            started_at: self.started_at,
+        };
+        status_view(facts, &self.registry, interfaces)
     }
 
     pub(super) fn interface_name(&self, ifindex: u32) -> String {
@@ -233,6 +237,19 @@ impl Tracker {
                 ErrorCode::InvalidArgument,
                 "holder.interface: empty; name the holder's host-side interface",
             ));
+        }
+        if let Some(own) = request
+            .addresses
+            .iter()
+            .find(|a| self.net.is_node_address(**a))
+        {
+            return Err(ApiError::new(
+                ErrorCode::InvalidArgument,
+                format!(
+                    "addresses: {own} is configured on this node itself; no workload can hold it"
+                ),
+            )
+            .with_address(*own));
         }
         let Some(ifindex) = netdev::ifindex(&spec.interface) else {
             return Err(ApiError::new(
