@@ -117,7 +117,7 @@ pub enum ConfigError {
     UnknownKey {
         source_name: String,
         key: String,
-        known: &'static str,
+        known: String,
     },
     #[error("config {source_name}: `{key}` = {value}: {reason}")]
     Invalid {
@@ -128,11 +128,10 @@ pub enum ConfigError {
     },
 }
 
-const TOP_KEYS: &str = "mode, on_early_reuse, cooldown, quiet_period, max_cooldown, capacity, \
-                        bpffs_dir, state_dir, api_socket, api_group, metrics_addr, [interfaces]";
 const INTERFACE_KEYS: &str = "workload, uplink";
 
-/// Values given on the command line; each overrides the key of the same name.
+/// Values given on the command line; each overrides the key of the same name (a name of
+/// [`keys::KEYS`]).
 #[derive(Clone, Debug, Default)]
 pub struct Overrides {
     pub values: Vec<(&'static str, String)>,
@@ -173,17 +172,6 @@ impl Config {
         let p = Parser { source_name };
         for (key, value) in &table {
             match key.as_str() {
-                "mode" => config.mode = p.mode(key, value)?,
-                "on_early_reuse" => config.on_early_reuse = p.policy(key, value)?,
-                "cooldown" => config.cooldown = p.duration(key, value)?,
-                "quiet_period" => config.quiet_period = p.duration(key, value)?,
-                "max_cooldown" => config.max_cooldown = p.duration(key, value)?,
-                "capacity" => config.capacity = p.capacity(key, value)?,
-                "bpffs_dir" => config.bpffs_dir = p.abs_path(key, value)?,
-                "state_dir" => config.state_dir = p.abs_path(key, value)?,
-                "api_socket" => config.api_socket = p.abs_path(key, value)?,
-                "api_group" => config.api_group = Some(p.group(key, value)?),
-                "metrics_addr" => config.metrics_addr = p.socket_addr(key, value)?,
                 "interfaces" => {
                     let Value::Table(interfaces) = value else {
                         return Err(p.invalid(key, value, "must be a table: [interfaces]"));
@@ -193,11 +181,14 @@ impl Config {
                         match sub.as_str() {
                             "workload" => config.interfaces.workload = p.globs(&key, value)?,
                             "uplink" => config.interfaces.uplink = p.ifnames(&key, value)?,
-                            _ => return Err(p.unknown(&key, INTERFACE_KEYS)),
+                            _ => return Err(p.unknown(&key, INTERFACE_KEYS.to_owned())),
                         }
                     }
                 }
-                _ => return Err(p.unknown(key, TOP_KEYS)),
+                name => match keys::key(name) {
+                    Some(known) => known.set(&mut config, &p, key, value)?,
+                    None => return Err(p.unknown(key, keys::known_keys())),
+                },
             }
         }
         config.validate(source_name)?;
@@ -208,28 +199,12 @@ impl Config {
         let p = Parser {
             source_name: "command line",
         };
-        for (flag, raw) in &overrides.values {
-            let value = Value::String(raw.clone());
-            let key = format!("--{}", flag.replace('_', "-"));
-            match *flag {
-                "mode" => self.mode = p.mode(&key, &value)?,
-                "on_early_reuse" => self.on_early_reuse = p.policy(&key, &value)?,
-                "cooldown" => self.cooldown = p.duration(&key, &value)?,
-                "quiet_period" => self.quiet_period = p.duration(&key, &value)?,
-                "max_cooldown" => self.max_cooldown = p.duration(&key, &value)?,
-                "capacity" => {
-                    let n = raw.parse::<i64>().map_err(|_| {
-                        p.invalid(&key, &value, "must be a whole number of entries")
-                    })?;
-                    self.capacity = p.capacity(&key, &Value::Integer(n))?;
-                }
-                "bpffs_dir" => self.bpffs_dir = p.abs_path(&key, &value)?,
-                "state_dir" => self.state_dir = p.abs_path(&key, &value)?,
-                "api_socket" => self.api_socket = p.abs_path(&key, &value)?,
-                "api_group" => self.api_group = Some(p.group(&key, &value)?),
-                "metrics_addr" => self.metrics_addr = p.socket_addr(&key, &value)?,
-                other => unreachable!("override of unknown key {other}"),
-            }
+        for (name, raw) in &overrides.values {
+            let Some(key) = keys::key(name) else {
+                return Err(p.unknown(name, keys::known_keys()));
+            };
+            let shown = format!("--{}", key.flag);
+            key.set(self, &p, &shown, &key.value_of(raw))?;
         }
         if let Some(workload) = &overrides.workload {
             let list = Value::Array(workload.iter().cloned().map(Value::String).collect());
@@ -323,7 +298,7 @@ impl Parser<'_> {
         }
     }
 
-    fn unknown(&self, key: &str, known: &'static str) -> ConfigError {
+    fn unknown(&self, key: &str, known: String) -> ConfigError {
         ConfigError::UnknownKey {
             source_name: self.source_name.to_owned(),
             key: key.to_owned(),
@@ -465,5 +440,6 @@ impl Parser<'_> {
     }
 }
 
+pub mod keys;
 #[cfg(test)]
 mod tests;
