@@ -80,6 +80,12 @@ pub fn address_detail(view: &AddressView, now: SystemTime) -> String {
         ("Last stale".to_owned(), time(&view.last_stale)),
         ("Conflicts".to_owned(), view.conflicts.to_string()),
     ];
+    if view.observe_only {
+        pairs.push((
+            "Observe only".to_owned(),
+            "yes: an early reuse was let through (on_early_reuse = observe)".to_owned(),
+        ));
+    }
     holder_fields(&mut pairs, "Holder", view.holder.as_ref());
     holder_fields(&mut pairs, "Previous holder", view.previous_holder.as_ref());
     holder_fields(&mut pairs, "Fenced", view.fenced.as_ref());

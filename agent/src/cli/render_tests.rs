@@ -286,3 +286,23 @@ fn events_are_one_line_each() {
         assert!(!line.contains('\n'));
     }
 }
+
+#[test]
+fn get_says_when_an_address_is_observe_only() {
+    let detail = AddressView {
+        holder: Some(Holder::new(6, "vethpb")),
+        conflicts: 1,
+        observe_only: true,
+        ..view("10.77.0.2", StateName::Active, "2026-11-22T10:00:00Z")
+    };
+    let text = render::address_detail(&detail, now());
+    assert!(
+        text.contains("Observe only:      yes: an early reuse was let through"),
+        "{text}"
+    );
+    let plain = render::address_detail(
+        &view("10.77.0.3", StateName::Active, "2026-11-22T10:00:00Z"),
+        now(),
+    );
+    assert!(!plain.contains("Observe only"), "{plain}");
+}
