@@ -59,6 +59,7 @@ enum Op {
     Advance(u64),
     Tick,
     Release(usize, bool),
+    Forget(usize),
     RemoteClaim(usize),
     DuplicateSource(usize, u32),
     SnapshotRestore,
@@ -88,6 +89,7 @@ fn op() -> impl Strategy<Value = Op> {
         3 => (0..40_000u64).prop_map(Op::Advance),
         2 => Just(Op::Tick),
         1 => (a.clone(), any::<bool>()).prop_map(|(a, f)| Op::Release(a, f)),
+        1 => a.clone().prop_map(Op::Forget),
         1 => a.clone().prop_map(Op::RemoteClaim),
         1 => (a, i).prop_map(|(a, i)| Op::DuplicateSource(a, i)),
         1 => Just(Op::SnapshotRestore),
@@ -148,6 +150,7 @@ fn run(policy: EarlyReusePolicy, ops: &[Op]) -> Result<(), TestCaseError> {
             }
             Op::Tick => reg.tick(),
             Op::Release(a, force) => reg.release(addr(*a), *force),
+            Op::Forget(a) => reg.forget(addr(*a)),
             Op::RemoteClaim(a) => reg.remote_claim(addr(*a)),
             Op::DuplicateSource(a, i) => reg.duplicate_source(addr(*a), *i),
             Op::SnapshotRestore => {
@@ -211,7 +214,7 @@ fn run(policy: EarlyReusePolicy, ops: &[Op]) -> Result<(), TestCaseError> {
                 (Op::Tick | Op::Release(..), AddrStatus::Quarantined { until, .. }) => {
                     prop_assert!(*until <= now || matches!(op, Op::Release(_, true)));
                 }
-                (Op::Release(_, true), _) => {}
+                (Op::Release(_, true) | Op::Forget(_), _) => {}
                 _ => prop_assert!(false, "{:?} dropped {:?}", op, old),
             }
         }
@@ -232,6 +235,10 @@ fn run(policy: EarlyReusePolicy, ops: &[Op]) -> Result<(), TestCaseError> {
                 for ifindexes in world.live.values_mut() {
                     ifindexes.remove(i);
                 }
+            }
+            (Op::Forget(a), Ok(_)) => {
+                // The address is the node's: no workload lives on it as far as ipq is told.
+                world.live.remove(&addr(*a).to_canonical());
             }
             (Op::Release(a, true), Ok(_)) => {
                 let a = addr(*a).to_canonical();

@@ -327,6 +327,18 @@ impl<C: Clock> Registry<C> {
         Ok(out)
     }
 
+    /// `addr` turned out to be no workload's at all (the node itself holds it): its record
+    /// goes, whatever state it was in, and nothing is handed to anyone.
+    pub fn forget(&mut self, addr: IpAddr) -> Result<Vec<Effect>, RegistryError> {
+        let addr = canonical(addr)?;
+        if !self.records.contains_key(&addr) {
+            return Err(RegistryError::NotFound { addr });
+        }
+        let mut out = Vec::new();
+        self.put(addr, None, &mut out);
+        Ok(out)
+    }
+
     /// Another machine announced `addr` (gratuitous ARP, unsolicited NA) while a holder here
     /// still has it: a `remote_claim` conflict. A Draining holder is fenced (it is on its way
     /// out and the address now lives elsewhere); an Active one is only reported, as is a

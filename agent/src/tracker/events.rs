@@ -115,7 +115,7 @@ impl Tracker {
             return;
         }
         warn!("{addr}: configured on the node itself; no workload holds it, its record goes");
-        let result = self.registry.release(addr, true);
+        let result = self.registry.forget(addr);
         self.apply(result, "address of the node");
     }
 
