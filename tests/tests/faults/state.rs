@@ -324,11 +324,18 @@ fn nothing_is_answered_before_it_is_durable() -> anyhow::Result<()> {
     for addr in &addrs {
         wait_for_entry(&lab, *addr, &map_entry("active", vethpa, 0), SETTLE);
     }
-    // Room for the spool file later: one page set aside before the disk fills.
+    // A DEL spooled by ipq-cni, written before the disk fills into a directory the agent does
+    // not read: moved into the spool later, it needs no new space (a rename).
     let spool_dir = paths::cni_spool_dir(&state.0);
     fs::create_dir_all(&spool_dir)?;
-    let reserve = state.0.join("reserve");
-    fs::write(&reserve, vec![1u8; 4096])?;
+    let held = spool::spool(
+        &state.0.join("held"),
+        &DrainAttachmentRequest {
+            container_id: "c0ffee".into(),
+            cni_ifname: Some("eth0".into()),
+            addresses: addrs.clone(),
+        },
+    )?;
     let filler = state.fill("filler")?;
 
     // The claim names the container of pod a: a change of identity only, to be saved.
@@ -344,16 +351,9 @@ fn nothing_is_answered_before_it_is_durable() -> anyhow::Result<()> {
     });
     wait_metric(&agent, "ipq_journal_unsaved_seconds", &[], |v| v > 0.0);
 
-    // A DEL spooled by ipq-cni while the disk is full is replayed, but its file stays.
-    fs::remove_file(&reserve)?;
-    let spooled = spool::spool(
-        &spool_dir,
-        &DrainAttachmentRequest {
-            container_id: "c0ffee".into(),
-            cni_ifname: Some("eth0".into()),
-            addresses: addrs.clone(),
-        },
-    )?;
+    // The spooled DEL arrives while the disk is full: it is replayed, but its file stays.
+    let spooled = spool_dir.join(held.file_name().context("a spool file name")?);
+    fs::rename(&held, &spooled)?;
     for addr in &addrs {
         wait_for_entry(&lab, *addr, &map_entry("draining", vethpa, 0), SETTLE);
     }
