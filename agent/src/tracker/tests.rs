@@ -247,6 +247,10 @@ fn addresses_of_the_node_are_never_a_workloads() {
     assert_eq!(t.registry().state(ip("fd92::1")), StateName::Free);
     route(&mut t, "fd92::1", VETH_B);
     assert_eq!(t.registry().state(ip("fd92::1")), StateName::Free);
+    // Nor through the API.
+    let error = claim(&mut t, "fd92::1").try_recv().unwrap().unwrap_err();
+    assert_eq!(error.code(), ErrorCode::InvalidArgument);
+    assert!(error.0.message.contains("fd92::1"), "{}", error.0.message);
 
     // A dual-stack pod's addresses, reused by another pod: exactly two conflicts.
     for addr in ["10.92.0.2", "fd92::2"] {
