@@ -16,7 +16,7 @@ use tokio::{
 use crate::{
     api::server::{Access, ApiServer, ServerError},
     cni::spool,
-    config::{Config, Mode},
+    config::Config,
     datapath::{decode_sample, Datapath, DatapathError, KernelLogger, LoadOptions, Samples},
     journal::{Journal, JournalError},
     metrics::{self, Metrics, MetricsError},
@@ -49,13 +49,6 @@ pub enum AgentError {
         what: &'static str,
         source: std::io::Error,
     },
-}
-
-fn datapath_mode(mode: Mode) -> ipq_common::config::Mode {
-    match mode {
-        Mode::Enforce => ipq_common::config::Mode::Enforce,
-        Mode::Observe => ipq_common::config::Mode::Observe,
-    }
 }
 
 /// Reads the sample ring until the agent stops and hands each sample to the tracker, which logs
@@ -154,8 +147,16 @@ fn replay_spool(tracker: &mut Tracker, dir: &std::path::Path) {
             drained.addresses.len()
         );
         // Saved before the spool file goes, so a crash in between replays it again (harmless:
-        // draining is idempotent) rather than losing it.
-        tracker.persist();
+        // draining is idempotent) rather than losing it. A failed save keeps every file left:
+        // the next tick replays them.
+        if let Err(reason) = tracker.persist() {
+            warn!(
+                "CNI spool: the DEL of container {} is kept for a later replay: the journal \
+                 could not be saved ({reason})",
+                spooled.request.container_id
+            );
+            return;
+        }
         if let Err(e) = spooled.done() {
             error!("CNI spool: {e}");
         }
@@ -173,7 +174,7 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
     let mut datapath = Datapath::load(&LoadOptions {
         bpffs_dir: config.bpffs_dir.clone(),
         capacity: config.capacity,
-        mode: datapath_mode(config.mode),
+        mode: config.mode,
     })?;
     let metrics = Metrics::new(&config.bpffs_dir)?;
     metrics
@@ -227,7 +228,8 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
         }
     }
     tracker.prune_links();
-    tracker.persist();
+    // A failure is logged and counted by persist; the loop retries every tick.
+    let _ = tracker.persist();
     let (command_tx, mut commands) = mpsc::channel(1024);
     let api =
         tokio::spawn(ApiServer::bind(&api_socket, access)?.serve(command_tx, metrics.clone()));
@@ -290,16 +292,19 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
                     let Ok(command) = commands.try_recv() else { break };
                     answers.push(tracker.handle(command));
                 }
-                // Answered only once what they changed is on disk.
-                tracker.persist();
-                answers.into_iter().for_each(|answer| answer());
+                // Answered only once what they changed is on disk; `unavailable` otherwise.
+                let saved = tracker.persist();
+                answers
+                    .into_iter()
+                    .for_each(|answer| answer(saved.as_ref().map(|_| ()).map_err(String::as_str)));
             }
             _ = tokio::time::sleep(delay) => {
                 tracker.tick();
                 replay_spool(&mut tracker, &spool_dir);
             }
         }
-        tracker.persist();
+        // Also the retry of a failed save: this runs at least once a second.
+        let _ = tracker.persist();
     }
     api.abort();
     let _ = api.await;

@@ -11,17 +11,12 @@ use std::{
     time::Duration,
 };
 
+pub use ipq_common::config::Mode;
+use serde::{Deserialize, Serialize};
 use thiserror::Error;
 use toml::{Table, Value};
 
 use crate::paths;
-
-/// Global enforcement mode.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Mode {
-    Enforce,
-    Observe,
-}
 
 /// How the TC programs are attached to workload interfaces (`tc_attach`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -34,12 +29,33 @@ pub enum TcAttach {
     Netlink,
 }
 
-/// What happens when a new holder claims an address another live holder still has.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// What happens when a new holder claims an address another live holder still has: the one
+/// policy type from the configuration through the registry and the journal to the API, where
+/// it is spelled as in the configuration (`fence-old`, `refuse-new`, `observe`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum EarlyReusePolicy {
     FenceOld,
     RefuseNew,
     Observe,
+}
+
+impl EarlyReusePolicy {
+    pub const ALL: [EarlyReusePolicy; 3] = [Self::FenceOld, Self::RefuseNew, Self::Observe];
+
+    /// The policy's name as the configuration and the API spell it.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::FenceOld => "fence-old",
+            Self::RefuseNew => "refuse-new",
+            Self::Observe => "observe",
+        }
+    }
+
+    /// The policy named `name`.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|p| p.as_str() == name)
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -114,7 +130,7 @@ pub enum ConfigError {
     UnknownKey {
         source_name: String,
         key: String,
-        known: &'static str,
+        known: String,
     },
     #[error("config {source_name}: `{key}` = {value}: {reason}")]
     Invalid {
@@ -125,12 +141,10 @@ pub enum ConfigError {
     },
 }
 
-const TOP_KEYS: &str = "mode, on_early_reuse, cooldown, quiet_period, max_cooldown, capacity, \
-                        bpffs_dir, state_dir, api_socket, api_group, metrics_addr, tc_attach, \
-                        [interfaces]";
 const INTERFACE_KEYS: &str = "workload, uplink";
 
-/// Values given on the command line; each overrides the key of the same name.
+/// Values given on the command line; each overrides the key of the same name (a name of
+/// [`keys::KEYS`]).
 #[derive(Clone, Debug, Default)]
 pub struct Overrides {
     pub values: Vec<(&'static str, String)>,
@@ -171,18 +185,6 @@ impl Config {
         let p = Parser { source_name };
         for (key, value) in &table {
             match key.as_str() {
-                "mode" => config.mode = p.mode(key, value)?,
-                "on_early_reuse" => config.on_early_reuse = p.policy(key, value)?,
-                "cooldown" => config.cooldown = p.duration(key, value)?,
-                "quiet_period" => config.quiet_period = p.duration(key, value)?,
-                "max_cooldown" => config.max_cooldown = p.duration(key, value)?,
-                "capacity" => config.capacity = p.capacity(key, value)?,
-                "bpffs_dir" => config.bpffs_dir = p.abs_path(key, value)?,
-                "state_dir" => config.state_dir = p.abs_path(key, value)?,
-                "api_socket" => config.api_socket = p.abs_path(key, value)?,
-                "api_group" => config.api_group = Some(p.group(key, value)?),
-                "metrics_addr" => config.metrics_addr = p.socket_addr(key, value)?,
-                "tc_attach" => config.tc_attach = p.tc_attach(key, value)?,
                 "interfaces" => {
                     let Value::Table(interfaces) = value else {
                         return Err(p.invalid(key, value, "must be a table: [interfaces]"));
@@ -192,11 +194,14 @@ impl Config {
                         match sub.as_str() {
                             "workload" => config.interfaces.workload = p.globs(&key, value)?,
                             "uplink" => config.interfaces.uplink = p.ifnames(&key, value)?,
-                            _ => return Err(p.unknown(&key, INTERFACE_KEYS)),
+                            _ => return Err(p.unknown(&key, INTERFACE_KEYS.to_owned())),
                         }
                     }
                 }
-                _ => return Err(p.unknown(key, TOP_KEYS)),
+                name => match keys::key(name) {
+                    Some(known) => known.set(&mut config, &p, key, value)?,
+                    None => return Err(p.unknown(key, keys::known_keys())),
+                },
             }
         }
         config.validate(source_name)?;
@@ -207,29 +212,12 @@ impl Config {
         let p = Parser {
             source_name: "command line",
         };
-        for (flag, raw) in &overrides.values {
-            let value = Value::String(raw.clone());
-            let key = format!("--{}", flag.replace('_', "-"));
-            match *flag {
-                "mode" => self.mode = p.mode(&key, &value)?,
-                "on_early_reuse" => self.on_early_reuse = p.policy(&key, &value)?,
-                "cooldown" => self.cooldown = p.duration(&key, &value)?,
-                "quiet_period" => self.quiet_period = p.duration(&key, &value)?,
-                "max_cooldown" => self.max_cooldown = p.duration(&key, &value)?,
-                "capacity" => {
-                    let n = raw.parse::<i64>().map_err(|_| {
-                        p.invalid(&key, &value, "must be a whole number of entries")
-                    })?;
-                    self.capacity = p.capacity(&key, &Value::Integer(n))?;
-                }
-                "bpffs_dir" => self.bpffs_dir = p.abs_path(&key, &value)?,
-                "state_dir" => self.state_dir = p.abs_path(&key, &value)?,
-                "api_socket" => self.api_socket = p.abs_path(&key, &value)?,
-                "api_group" => self.api_group = Some(p.group(&key, &value)?),
-                "metrics_addr" => self.metrics_addr = p.socket_addr(&key, &value)?,
-                "tc_attach" => self.tc_attach = p.tc_attach(&key, &value)?,
-                other => unreachable!("override of unknown key {other}"),
-            }
+        for (name, raw) in &overrides.values {
+            let Some(key) = keys::key(name) else {
+                return Err(p.unknown(name, keys::known_keys()));
+            };
+            let shown = format!("--{}", key.flag);
+            key.set(self, &p, &shown, &key.value_of(raw))?;
         }
         if let Some(workload) = &overrides.workload {
             let list = Value::Array(workload.iter().cloned().map(Value::String).collect());
@@ -323,7 +311,7 @@ impl Parser<'_> {
         }
     }
 
-    fn unknown(&self, key: &str, known: &'static str) -> ConfigError {
+    fn unknown(&self, key: &str, known: String) -> ConfigError {
         ConfigError::UnknownKey {
             source_name: self.source_name.to_owned(),
             key: key.to_owned(),
@@ -338,24 +326,18 @@ impl Parser<'_> {
     }
 
     fn mode(&self, key: &str, value: &Value) -> Result<Mode, ConfigError> {
-        match self.string(key, value)? {
-            "enforce" => Ok(Mode::Enforce),
-            "observe" => Ok(Mode::Observe),
-            _ => Err(self.invalid(key, value, "must be \"enforce\" or \"observe\"")),
-        }
+        Mode::from_name(self.string(key, value)?)
+            .ok_or_else(|| self.invalid(key, value, "must be \"enforce\" or \"observe\""))
     }
 
     fn policy(&self, key: &str, value: &Value) -> Result<EarlyReusePolicy, ConfigError> {
-        match self.string(key, value)? {
-            "fence-old" => Ok(EarlyReusePolicy::FenceOld),
-            "refuse-new" => Ok(EarlyReusePolicy::RefuseNew),
-            "observe" => Ok(EarlyReusePolicy::Observe),
-            _ => Err(self.invalid(
+        EarlyReusePolicy::from_name(self.string(key, value)?).ok_or_else(|| {
+            self.invalid(
                 key,
                 value,
                 "must be \"fence-old\", \"refuse-new\" or \"observe\"",
-            )),
-        }
+            )
+        })
     }
 
     fn tc_attach(&self, key: &str, value: &Value) -> Result<TcAttach, ConfigError> {
@@ -480,5 +462,6 @@ impl Parser<'_> {
     }
 }
 
+pub mod keys;
 #[cfg(test)]
 mod tests;

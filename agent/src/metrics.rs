@@ -25,7 +25,7 @@ use std::{
 use ipq_common::counters::Hook;
 use log::warn;
 use prometheus::{
-    core::Collector, Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge,
+    core::Collector, Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge,
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 use thiserror::Error;
@@ -109,6 +109,13 @@ pub struct Metrics {
     pub conflicts: IntCounterVec,
     pub refused_claims: IntCounter,
     pub netlink_resyncs: IntCounter,
+    /// Journal saves that failed (`ipq_journal_write_failures_total`).
+    pub journal_write_failures: IntCounter,
+    /// Seconds the registry has had changes the journal lacks; 0 when saved.
+    pub journal_unsaved_seconds: Gauge,
+    /// Addresses a workload shows (a host route, a bridge neighbour) that the full registry
+    /// could not take: seen but not protected.
+    pub addresses_unprotected: IntGauge,
     pub stale_traffic_age_seconds: Histogram,
     pub quarantine_duration_seconds: Histogram,
     lost: LostCounts,
@@ -290,6 +297,33 @@ impl Metrics {
                 "Full netlink dumps taken because netlink events were lost (socket overrun).",
             )?,
         )?;
+        let journal_write_failures = registered(
+            &registry,
+            IntCounter::new(
+                "ipq_journal_write_failures_total",
+                "Saves of the registry's journal in state_dir that failed (full disk, read-only \
+                 file system, I/O error). While saving fails, requests that change the registry \
+                 are answered unavailable (503) and the agent retries every second.",
+            )?,
+        )?;
+        let journal_unsaved_seconds = registered(
+            &registry,
+            Gauge::new(
+                "ipq_journal_unsaved_seconds",
+                "Seconds since the registry first had a change the journal does not hold yet; 0 \
+                 when everything is saved. A restart now would lose those changes' identities \
+                 (pods, containers) and deadlines beyond what the pinned maps keep.",
+            )?,
+        )?;
+        let addresses_unprotected = registered(
+            &registry,
+            IntGauge::new(
+                "ipq_addresses_unprotected",
+                "Addresses a workload on this node shows (a host route, a neighbour behind a \
+                 bridge port) that the registry refused because it was full: seen but not \
+                 protected. Each is claimed as soon as a registry entry frees.",
+            )?,
+        )?;
         let stale_traffic_age_seconds = registered(
             &registry,
             Histogram::with_opts(
@@ -326,6 +360,9 @@ impl Metrics {
             conflicts,
             refused_claims,
             netlink_resyncs,
+            journal_write_failures,
+            journal_unsaved_seconds,
+            addresses_unprotected,
             stale_traffic_age_seconds,
             quarantine_duration_seconds,
             lost,
@@ -333,6 +370,13 @@ impl Metrics {
             started: AtomicBool::new(false),
             blocker: Mutex::new(None),
         })
+    }
+
+    /// Every metric, with no kernel counters behind them: for tests that need no datapath.
+    #[cfg(test)]
+    pub(crate) fn for_tests() -> Arc<Self> {
+        let read: ReadCounters = Box::new(|| Ok(Vec::new()));
+        Arc::new(Self::with_counters(read).expect("metrics register"))
     }
 
     /// Counts `n` events lost at `at` (`ipq_events_lost_total{source}`).

@@ -11,9 +11,10 @@ use std::{
 
 use futures::{StreamExt, TryStreamExt};
 use netlink_packet_route::{
+    address::{AddressAttribute, AddressMessage},
     link::{LinkAttribute, LinkMessage},
     neighbour::{NeighbourAddress, NeighbourAttribute, NeighbourMessage, NeighbourState},
-    route::{RouteAddress, RouteAttribute, RouteMessage, RouteType},
+    route::{RouteAddress, RouteAttribute, RouteMessage, RouteProtocol, RouteType},
     AddressFamily, RouteNetlinkMessage,
 };
 use rtnetlink::{
@@ -58,6 +59,16 @@ pub enum NetEvent {
         addr: IpAddr,
         ifindex: u32,
     },
+    /// An address configured on one of the node's own interfaces: the node holds it, so no
+    /// workload ever does (the ptp plugin puts its gateway on every host-side veth).
+    NodeAddress {
+        addr: IpAddr,
+        ifindex: u32,
+    },
+    NodeAddressGone {
+        addr: IpAddr,
+        ifindex: u32,
+    },
     /// A resolved neighbour on an interface, with its link-layer address.
     Neighbour {
         addr: IpAddr,
@@ -89,6 +100,8 @@ pub type Mac = [u8; 6];
 pub struct NetState {
     pub links: BTreeMap<u32, String>,
     pub host_routes: BTreeSet<(IpAddr, u32)>,
+    /// Addresses configured on the node's interfaces, with the interface.
+    pub node_addresses: BTreeSet<(IpAddr, u32)>,
     /// (address, interface) → link-layer address, for resolved neighbours.
     pub neighbours: BTreeMap<(IpAddr, u32), Option<Mac>>,
     /// Learned (not local) bridge FDB entries: MAC → port.
@@ -96,6 +109,14 @@ pub struct NetState {
 }
 
 impl NetState {
+    /// Whether the node itself holds `addr` (configured on any of its interfaces).
+    pub fn is_node_address(&self, addr: IpAddr) -> bool {
+        self.node_addresses
+            .range((addr, 0)..=(addr, u32::MAX))
+            .next()
+            .is_some()
+    }
+
     /// The bridge port behind which `addr` lives: its neighbour entry's MAC, looked up in the
     /// bridge's forwarding database. This is how holders are found on bridge-plugin nodes,
     /// where pod addresses have no host routes.
@@ -117,6 +138,7 @@ impl NetState {
             NetEvent::LinkGone { ifindex } => {
                 let removed = self.links.remove(ifindex).is_some();
                 self.host_routes.retain(|(_, i)| i != ifindex);
+                self.node_addresses.retain(|(_, i)| i != ifindex);
                 self.neighbours.retain(|(_, i), _| i != ifindex);
                 self.fdb.retain(|_, port| port != ifindex);
                 removed
@@ -124,6 +146,12 @@ impl NetState {
             NetEvent::HostRoute { addr, ifindex } => self.host_routes.insert((*addr, *ifindex)),
             NetEvent::HostRouteGone { addr, ifindex } => {
                 self.host_routes.remove(&(*addr, *ifindex))
+            }
+            NetEvent::NodeAddress { addr, ifindex } => {
+                self.node_addresses.insert((*addr, *ifindex))
+            }
+            NetEvent::NodeAddressGone { addr, ifindex } => {
+                self.node_addresses.remove(&(*addr, *ifindex))
             }
             NetEvent::Neighbour { addr, ifindex, mac } => {
                 self.neighbours.insert((*addr, *ifindex), *mac) != Some(*mac)
@@ -145,9 +173,13 @@ impl NetState {
     }
 
     /// The events that turn `self` into `next`: what a resync reports after lost events.
-    /// Removals come first, so that a link recreated under the same index is seen as new.
+    /// Removals come first, so that a link recreated under the same index is seen as new; the
+    /// node's own addresses come before the routes, so that none is taken for a workload's.
     pub fn diff(&self, next: &NetState) -> Vec<NetEvent> {
         let mut events = Vec::new();
+        for &(addr, ifindex) in self.node_addresses.difference(&next.node_addresses) {
+            events.push(NetEvent::NodeAddressGone { addr, ifindex });
+        }
         for &(addr, ifindex) in self.host_routes.difference(&next.host_routes) {
             events.push(NetEvent::HostRouteGone { addr, ifindex });
         }
@@ -173,6 +205,9 @@ impl NetState {
                     name: name.clone(),
                 });
             }
+        }
+        for &(addr, ifindex) in next.node_addresses.difference(&self.node_addresses) {
+            events.push(NetEvent::NodeAddress { addr, ifindex });
         }
         for &(addr, ifindex) in next.host_routes.difference(&self.host_routes) {
             events.push(NetEvent::HostRoute { addr, ifindex });
@@ -204,9 +239,13 @@ pub fn link_event(msg: &LinkMessage, new: bool) -> Option<NetEvent> {
 }
 
 /// A host route through an interface, or `None` for any other route (prefixes, gateways,
-/// other tables, local/broadcast routes).
+/// other tables, local/broadcast routes, and routes the kernel made for an address of the
+/// node's own, `proto kernel`: the IPv6 `/128` of an address configured on a veth is one).
 pub fn route_event(msg: &RouteMessage, new: bool) -> Option<NetEvent> {
     let header = &msg.header;
+    if header.protocol == RouteProtocol::Kernel {
+        return None;
+    }
     let full = match header.address_family {
         AddressFamily::Inet => 32,
         AddressFamily::Inet6 => 128,
@@ -261,6 +300,28 @@ fn is_workload_address(addr: IpAddr) -> bool {
     }
 }
 
+/// An address configured on one of the node's interfaces.
+pub fn address_event(msg: &AddressMessage, new: bool) -> Option<NetEvent> {
+    let ifindex = msg.header.index;
+    // IFA_LOCAL is the interface's own address on point-to-point links, where IFA_ADDRESS is
+    // the peer's; elsewhere the two are the same.
+    let local = msg.attributes.iter().find_map(|a| match a {
+        AddressAttribute::Local(addr) => Some(*addr),
+        _ => None,
+    });
+    let addr = local.or_else(|| {
+        msg.attributes.iter().find_map(|a| match a {
+            AddressAttribute::Address(addr) => Some(*addr),
+            _ => None,
+        })
+    })?;
+    Some(if new {
+        NetEvent::NodeAddress { addr, ifindex }
+    } else {
+        NetEvent::NodeAddressGone { addr, ifindex }
+    })
+}
+
 pub fn neighbour_event(msg: &NeighbourMessage, new: bool) -> Option<NetEvent> {
     let ifindex = msg.header.ifindex;
     let mac = msg.attributes.iter().find_map(|a| match a {
@@ -309,6 +370,8 @@ fn event_of(message: RouteNetlinkMessage) -> Option<NetEvent> {
         RouteNetlinkMessage::DelLink(m) => link_event(&m, false),
         RouteNetlinkMessage::NewRoute(m) => route_event(&m, true),
         RouteNetlinkMessage::DelRoute(m) => route_event(&m, false),
+        RouteNetlinkMessage::NewAddress(m) => address_event(&m, true),
+        RouteNetlinkMessage::DelAddress(m) => address_event(&m, false),
         RouteNetlinkMessage::NewNeighbour(m) => neighbour_event(&m, true),
         RouteNetlinkMessage::DelNeighbour(m) => neighbour_event(&m, false),
         _ => None,
@@ -322,7 +385,7 @@ pub fn connect() -> Result<Handle, NetlinkError> {
     Ok(handle)
 }
 
-/// Dumps links, host routes (IPv4 and IPv6) and neighbours.
+/// Dumps links, the node's addresses, host routes (IPv4 and IPv6) and neighbours.
 pub async fn dump(handle: &Handle) -> Result<NetState, NetlinkError> {
     let mut state = NetState::default();
     let mut links = handle.link().get().execute();
@@ -335,6 +398,19 @@ pub async fn dump(handle: &Handle) -> Result<NetState, NetlinkError> {
         })?
     {
         if let Some(event) = link_event(&msg, true) {
+            state.apply(&event);
+        }
+    }
+    let mut addresses = handle.address().get().execute();
+    while let Some(msg) = addresses
+        .try_next()
+        .await
+        .map_err(|source| NetlinkError::Dump {
+            what: "addresses",
+            source,
+        })?
+    {
+        if let Some(event) = address_event(&msg, true) {
             state.apply(&event);
         }
     }
@@ -387,6 +463,8 @@ pub fn subscribe() -> Result<mpsc::UnboundedReceiver<NetEvent>, NetlinkError> {
         MulticastGroup::Link,
         MulticastGroup::Ipv4Route,
         MulticastGroup::Ipv6Route,
+        MulticastGroup::Ipv4Ifaddr,
+        MulticastGroup::Ipv6Ifaddr,
         MulticastGroup::Neigh,
     ])
     .map_err(NetlinkError::Socket)?;

@@ -1,9 +1,15 @@
 //! The single-entry `IPQ_CONFIG` array: the agent's settings the kernel programs need.
 
-/// Enforcement mode. Stored as its `u32` discriminant; the zeroed array means `Enforce`, the
-/// configuration's default.
+/// Enforcement mode: the one `Mode` of ipq, from the agent's configuration through the
+/// kernel's config map to the API. Stored in the map as its `u32` discriminant; the zeroed
+/// array means `Enforce`, the configuration's default. On the API it is `enforce`/`observe`.
 #[repr(u32)]
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[cfg_attr(
+    feature = "user",
+    derive(serde::Serialize, serde::Deserialize),
+    serde(rename_all = "lowercase")
+)]
 pub enum Mode {
     /// Drop what conflicts.
     Enforce = 0,
@@ -20,6 +26,21 @@ impl Mode {
         } else {
             Self::Enforce
         }
+    }
+
+    /// The name the configuration and the API use.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Enforce => "enforce",
+            Self::Observe => "observe",
+        }
+    }
+
+    /// The mode named `name` (as [`as_str`](Self::as_str) spells it).
+    pub fn from_name(name: &str) -> Option<Self> {
+        [Self::Enforce, Self::Observe]
+            .into_iter()
+            .find(|m| m.as_str() == name)
     }
 }
 

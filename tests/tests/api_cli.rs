@@ -143,8 +143,8 @@ fn claims_drains_releases_and_gc_through_the_api_and_the_cli() {
     let typed: Status = serde_json::from_value(status.clone()).expect("a Status");
     assert!(typed.ready);
     assert_eq!(typed.version, env!("CARGO_PKG_VERSION"));
-    assert_eq!(typed.mode, "enforce");
-    assert_eq!(typed.on_early_reuse, "fence-old");
+    assert_eq!(typed.mode.as_str(), "enforce");
+    assert_eq!(typed.on_early_reuse.as_str(), "fence-old");
     assert_eq!(typed.registry.active, 4, "{status}");
     assert!(typed.registry.capacity >= 4, "{status}");
     for name in ["vethpa", "vethpb"] {

@@ -7,6 +7,8 @@
 
 // state: the registry owns all enforcement state (observe across restarts, node-owned
 // addresses, durability before answers, a full registry)
+#[path = "faults/state.rs"]
+mod state;
 
 // edge: listeners, files and inputs (idle connections, half-close, peer groups, owned
 // directories, FIFOs, CNI and claim inputs, log floods)

@@ -15,6 +15,9 @@ use super::{
 };
 use crate::registry::StateName;
 
+/// Conflicts the registry's owner keeps for `GET /v1/conflicts` (the most a request gets).
+pub const RECENT_CONFLICTS: usize = 256;
+
 pub type Reply<T> = oneshot::Sender<Result<T, ApiError>>;
 
 pub enum Command {

@@ -9,7 +9,10 @@ use std::net::IpAddr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::registry::{ConflictKind, Holder, PodRef, StateName};
+use crate::{
+    config::{EarlyReusePolicy, Mode},
+    registry::{ConflictKind, Holder, PodRef, StateName},
+};
 
 /// The API version prefix of every path.
 pub const API_PREFIX: &str = "/v1";
@@ -154,6 +157,10 @@ pub struct AddressView {
     /// or `failed` (left out when there is no live holder on a workload interface).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub protection: Option<String>,
+    /// An early reuse of it was let through (`on_early_reuse = observe`): conflicts between its
+    /// holders are counted, never dropped, until it is Free again.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub observe_only: bool,
 }
 
 /// One conflict, with both holders.
@@ -168,7 +175,7 @@ pub struct ConflictView {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub new_holder: Option<Holder>,
     /// The `on_early_reuse` policy applied: `fence-old`, `refuse-new` or `observe`.
-    pub policy: String,
+    pub policy: EarlyReusePolicy,
     /// What the policy did: `fenced_old`, `refused_new`, `blocked_new`, `observed`,
     /// `dropped` (duplicate source), `reported`.
     pub outcome: String,
@@ -246,8 +253,8 @@ pub struct Status {
     pub unprotected: u64,
     pub version: String,
     /// `enforce` or `observe`.
-    pub mode: String,
-    pub on_early_reuse: String,
+    pub mode: Mode,
+    pub on_early_reuse: EarlyReusePolicy,
     pub registry: RegistryCounts,
     pub interfaces: Vec<InterfaceStatus>,
     pub conflicts_total: u64,
@@ -330,6 +337,8 @@ pub enum ErrorCode {
     MethodNotAllowed,
     /// The agent is starting or stopping (503).
     NotReady,
+    /// The change could not be made durable (the journal save failed); retry later (503).
+    Unavailable,
     /// Something failed inside the agent (500).
     Internal,
 }
@@ -343,7 +352,7 @@ impl ErrorCode {
             Self::MethodNotAllowed => 405,
             Self::Refused | Self::NotHolder | Self::NotReleasable => 409,
             Self::Internal => 500,
-            Self::NotReady => 503,
+            Self::NotReady | Self::Unavailable => 503,
             Self::RegistryFull => 507,
         }
     }
@@ -361,6 +370,7 @@ impl ErrorCode {
             Self::Forbidden => "forbidden",
             Self::MethodNotAllowed => "method_not_allowed",
             Self::NotReady => "not_ready",
+            Self::Unavailable => "unavailable",
             Self::Internal => "internal",
         }
     }

@@ -15,7 +15,7 @@ use serde::{de::DeserializeOwned, Serialize};
 use tokio::sync::{broadcast, mpsc, oneshot};
 
 use super::{
-    command::{Command, Reply, Subscription},
+    command::{Command, Reply, Subscription, RECENT_CONFLICTS},
     model::{ErrorCode, ErrorResponse, Event, EventBody, ReleaseRequest, API_PREFIX},
     views::{ApiError, TimeBase},
 };
@@ -23,7 +23,6 @@ use crate::{
     metrics::{LostAt, Metrics},
     netdev,
     registry::StateName,
-    tracker::RECENT_CONFLICTS,
 };
 
 pub type Body = BoxBody<Bytes, Infallible>;

@@ -1,5 +1,6 @@
 //! From the registry's records, conflicts and errors to the API's wire types: monotonic stamps
-//! become wall-clock RFC 3339 times, registry errors become stable error codes.
+//! become wall-clock RFC 3339 times, registry errors become stable error codes, kernel samples
+//! become events. The presentation of everything the API shows lives here.
 
 use std::{
     net::IpAddr,
@@ -7,10 +8,22 @@ use std::{
     time::{Duration, SystemTime},
 };
 
-use super::model::{AddressView, ApiErrorBody, ConflictView, ErrorCode};
+use ipq_common::{
+    addr::AddrState,
+    counters::{Action, Hook, Reason},
+    sample::ConflictSample,
+};
+
+use super::model::{
+    AddressView, ApiErrorBody, ConflictView, ErrorCode, EventBody, InterfaceStatus, RegistryCounts,
+    Status,
+};
 use crate::{
+    config::{EarlyReusePolicy, Mode},
     netdev,
-    registry::{AddrRecord, AddrStatus, Conflict, Holder, MonoNs, RegistryError},
+    registry::{
+        AddrRecord, AddrStatus, Clock, Conflict, Holder, MonoNs, Registry, RegistryError, StateName,
+    },
 };
 
 /// Converts monotonic nanoseconds to wall-clock time, from one reading of both clocks.
@@ -77,6 +90,7 @@ pub fn address_view(record: &AddrRecord, time: &TimeBase) -> AddressView {
         last_stale,
         conflicts: record.conflicts,
         protection: None,
+        observe_only: record.observe_only,
     }
 }
 
@@ -119,7 +133,7 @@ pub fn conflict_view(conflict: &Conflict, outcome: Outcome, time: &TimeBase) -> 
         address: conflict.addr,
         old_holder: conflict.old.clone(),
         new_holder: conflict.new.clone(),
-        policy: crate::registry::policy_str(conflict.policy).to_owned(),
+        policy: conflict.policy,
         outcome: outcome.as_str().to_owned(),
         at: time.rfc3339(conflict.at),
     }
@@ -138,6 +152,19 @@ impl ApiError {
             holder: None,
             until: None,
         }))
+    }
+
+    /// A change was made but could not be made durable (the journal could not be saved):
+    /// nothing is reported as done until it is. The caller may retry; the agent retries the
+    /// save on its own.
+    pub fn unavailable(reason: &str) -> Self {
+        Self::new(
+            ErrorCode::Unavailable,
+            format!(
+                "the change could not be saved to the journal ({reason}); it is not reported \
+                 as done until it is durable: retry later"
+            ),
+        )
     }
 
     pub fn with_address(mut self, addr: IpAddr) -> Self {
@@ -214,6 +241,86 @@ fn refused_message(
              refuse-new), try again then",
             time.rfc3339(until)
         ),
+    }
+}
+
+/// A kernel sample as an event: `seen_on` names the interface it came through, `holder` is the
+/// address's holder as the registry knows it.
+pub fn sample_body(sample: &ConflictSample, seen_on: String, holder: Option<Holder>) -> EventBody {
+    let hook = Hook::ALL
+        .into_iter()
+        .find(|h| *h as u32 == sample.hook)
+        .map_or("unknown", Hook::as_str);
+    let m = sample.src_mac;
+    EventBody::Sample {
+        address: sample.addr.to_ip(),
+        hook: hook.to_owned(),
+        reason: Reason::from_raw(sample.reason)
+            .map_or("unknown", Reason::as_str)
+            .to_owned(),
+        action: Action::from_raw(sample.action)
+            .map_or("unknown", Action::as_str)
+            .to_owned(),
+        state: AddrState::from_raw(sample.state)
+            .map_or("unknown", AddrState::as_str)
+            .to_owned(),
+        ifindex: sample.ifindex,
+        seen_on,
+        holder_ifindex: sample.holder_ifindex,
+        holder,
+        src_mac: format!(
+            "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
+            m[0], m[1], m[2], m[3], m[4], m[5]
+        ),
+        pkt_len: sample.pkt_len,
+    }
+}
+
+/// What `GET /v1/status` reports besides the registry and the interfaces.
+pub struct StatusFacts {
+    pub ready: bool,
+    /// Why not ready: starting, or the unprotected interfaces with their errors.
+    pub not_ready: Option<String>,
+    /// How TC programs attach: `tcx` or `netlink`.
+    pub tc_attach: &'static str,
+    pub mode: Mode,
+    pub on_early_reuse: EarlyReusePolicy,
+    pub conflicts_total: u64,
+    pub refused_claims_total: u64,
+    pub started_at: SystemTime,
+}
+
+/// The agent's status: readiness, policy, registry counts (O(1): the registry keeps them) and
+/// the attached interfaces as (ifindex, name, hooks).
+pub fn status_view<C: Clock>(
+    facts: StatusFacts,
+    registry: &Registry<C>,
+    interfaces: Vec<InterfaceStatus>,
+) -> Status {
+    let count = |state| registry.count(state) as u64;
+    let unprotected = interfaces
+        .iter()
+        .filter(|i| i.protection != "protected")
+        .count() as u64;
+    Status {
+        ready: facts.ready,
+        not_ready: facts.not_ready,
+        tc_attach: facts.tc_attach.to_owned(),
+        unprotected,
+        version: env!("CARGO_PKG_VERSION").to_owned(),
+        mode: facts.mode,
+        on_early_reuse: facts.on_early_reuse,
+        registry: RegistryCounts {
+            entries: registry.len() as u64,
+            capacity: u64::from(registry.capacity()),
+            active: count(StateName::Active),
+            draining: count(StateName::Draining),
+            quarantined: count(StateName::Quarantined),
+        },
+        interfaces,
+        conflicts_total: facts.conflicts_total,
+        refused_claims_total: facts.refused_claims_total,
+        started_at: humantime::format_rfc3339_millis(facts.started_at).to_string(),
     }
 }
 

@@ -6,7 +6,7 @@ use std::{net::IpAddr, path::PathBuf, process::ExitCode};
 use anyhow::{bail, Context as _};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use ipq::{
-    config::{Config, Overrides},
+    config::{keys, Config, Overrides},
     datapath::DatapathMaps,
     netdev, paths,
 };
@@ -34,34 +34,8 @@ struct RunArgs {
     /// Configuration file; without it, /etc/ipq/agent.toml if it exists, else built-in defaults.
     #[arg(long, short)]
     config: Option<PathBuf>,
-    /// enforce | observe
-    #[arg(long)]
-    mode: Option<String>,
-    /// fence-old | refuse-new | observe
-    #[arg(long)]
-    on_early_reuse: Option<String>,
-    #[arg(long)]
-    cooldown: Option<String>,
-    #[arg(long)]
-    quiet_period: Option<String>,
-    #[arg(long)]
-    max_cooldown: Option<String>,
-    #[arg(long)]
-    capacity: Option<String>,
-    #[arg(long)]
-    bpffs_dir: Option<String>,
-    #[arg(long)]
-    state_dir: Option<String>,
-    #[arg(long)]
-    api_socket: Option<String>,
-    /// Group (name or gid) allowed on the API socket besides root.
-    #[arg(long)]
-    api_group: Option<String>,
-    #[arg(long)]
-    metrics_addr: Option<String>,
-    /// auto | tcx | netlink: how TC programs attach (auto probes for TCX).
-    #[arg(long)]
-    tc_attach: Option<String>,
+    #[command(flatten)]
+    keys: KeyFlags,
     /// Workload interface glob (repeatable); replaces [interfaces] workload.
     #[arg(long)]
     workload: Vec<String>,
@@ -70,29 +44,49 @@ struct RunArgs {
     uplink: Vec<String>,
 }
 
+/// One flag per configuration key, made from the key table (`ipq::config::keys`), so a key
+/// added there is a flag here with nothing else to change.
+#[derive(Clone, Debug, Default)]
+struct KeyFlags(Vec<(&'static str, String)>);
+
+impl clap::FromArgMatches for KeyFlags {
+    fn from_arg_matches(matches: &clap::ArgMatches) -> Result<Self, clap::Error> {
+        Ok(Self(
+            keys::KEYS
+                .iter()
+                .filter_map(|k| {
+                    matches
+                        .get_one::<String>(k.name)
+                        .map(|value| (k.name, value.clone()))
+                })
+                .collect(),
+        ))
+    }
+
+    fn update_from_arg_matches(&mut self, matches: &clap::ArgMatches) -> Result<(), clap::Error> {
+        *self = Self::from_arg_matches(matches)?;
+        Ok(())
+    }
+}
+
+impl Args for KeyFlags {
+    fn augment_args(cmd: clap::Command) -> clap::Command {
+        cmd.args(
+            keys::KEYS
+                .iter()
+                .map(|k| clap::Arg::new(k.name).long(k.flag).help(k.help)),
+        )
+    }
+
+    fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
+        Self::augment_args(cmd)
+    }
+}
+
 impl RunArgs {
     fn overrides(&self) -> Overrides {
-        let mut values = Vec::new();
-        for (key, value) in [
-            ("mode", &self.mode),
-            ("on_early_reuse", &self.on_early_reuse),
-            ("cooldown", &self.cooldown),
-            ("quiet_period", &self.quiet_period),
-            ("max_cooldown", &self.max_cooldown),
-            ("capacity", &self.capacity),
-            ("bpffs_dir", &self.bpffs_dir),
-            ("state_dir", &self.state_dir),
-            ("api_socket", &self.api_socket),
-            ("api_group", &self.api_group),
-            ("metrics_addr", &self.metrics_addr),
-            ("tc_attach", &self.tc_attach),
-        ] {
-            if let Some(value) = value {
-                values.push((key, value.clone()));
-            }
-        }
         Overrides {
-            values,
+            values: self.keys.0.clone(),
             workload: (!self.workload.is_empty()).then(|| self.workload.clone()),
             uplink: (!self.uplink.is_empty()).then(|| self.uplink.clone()),
         }

@@ -59,7 +59,7 @@ impl Exit {
             | ErrorCode::NotHolder
             | ErrorCode::NotReleasable
             | ErrorCode::RegistryFull => Self::Refused,
-            ErrorCode::NotReady => Self::Unavailable,
+            ErrorCode::NotReady | ErrorCode::Unavailable => Self::Unavailable,
             ErrorCode::Forbidden => Self::Forbidden,
             // The CLI validates what it sends: the agent rejecting it is a mismatch between
             // the two, not something the user typed.

@@ -93,6 +93,12 @@ pub fn address_detail(view: &AddressView, now: SystemTime) -> String {
     if let Some(protection) = &view.protection {
         pairs.push(("Protection".to_owned(), protection.clone()));
     }
+    if view.observe_only {
+        pairs.push((
+            "Observe only".to_owned(),
+            "yes: an early reuse was let through (on_early_reuse = observe)".to_owned(),
+        ));
+    }
     holder_fields(&mut pairs, "Holder", view.holder.as_ref());
     holder_fields(&mut pairs, "Previous holder", view.previous_holder.as_ref());
     holder_fields(&mut pairs, "Fenced", view.fenced.as_ref());
@@ -151,8 +157,11 @@ pub fn status(status: &Status, now: SystemTime) -> String {
     let pairs = [
         ("Ready".to_owned(), ready),
         ("Version".to_owned(), status.version.clone()),
-        ("Mode".to_owned(), status.mode.clone()),
-        ("On early reuse".to_owned(), status.on_early_reuse.clone()),
+        ("Mode".to_owned(), status.mode.as_str().to_owned()),
+        (
+            "On early reuse".to_owned(),
+            status.on_early_reuse.as_str().to_owned(),
+        ),
         (
             "Started".to_owned(),
             absolute_and_relative(&status.started_at, now),
@@ -231,7 +240,7 @@ pub fn conflicts(list: &[ConflictView], now: SystemTime) -> String {
             c.address.to_string(),
             holder_cell(c.old_holder.as_ref()),
             holder_cell(c.new_holder.as_ref()),
-            c.policy.clone(),
+            c.policy.as_str().to_owned(),
             c.outcome.clone(),
         ]);
     }
@@ -259,7 +268,7 @@ pub fn event_line(event: &Event) -> String {
             c.address,
             holder_cell(c.old_holder.as_ref()),
             holder_cell(c.new_holder.as_ref()),
-            c.policy,
+            c.policy.as_str(),
             c.outcome
         ),
         EventBody::Sample {

@@ -7,6 +7,7 @@ use crate::{
     api::model::{
         AddressView, ConflictView, Event, EventBody, InterfaceStatus, RegistryCounts, Status,
     },
+    config::EarlyReusePolicy,
     registry::{ConflictKind, Holder, PodRef, StateName},
 };
 
@@ -42,6 +43,7 @@ fn view(address: &str, state: StateName, since: &str) -> AddressView {
         last_stale: None,
         conflicts: 0,
         protection: None,
+        observe_only: false,
     }
 }
 
@@ -171,8 +173,8 @@ fn status_shows_readiness_counts_and_hooks() {
         tc_attach: "tcx".into(),
         unprotected: 0,
         version: "0.1.0".into(),
-        mode: "enforce".into(),
-        on_early_reuse: "fence-old".into(),
+        mode: crate::config::Mode::Enforce,
+        on_early_reuse: EarlyReusePolicy::FenceOld,
         registry: RegistryCounts {
             entries: 3,
             capacity: 65536,
@@ -256,7 +258,7 @@ fn conflict() -> ConflictView {
         address: "10.77.0.2".parse().unwrap(),
         old_holder: Some(pod_holder()),
         new_holder: Some(Holder::new(6, "vethpb")),
-        policy: "fence-old".into(),
+        policy: EarlyReusePolicy::FenceOld,
         outcome: "fenced_old".into(),
         at: "2026-11-22T10:00:30Z".into(),
     }
@@ -269,7 +271,7 @@ fn conflicts_show_both_holders_policy_and_outcome() {
         address: "fd77::2".parse().unwrap(),
         old_holder: Some(Holder::new(5, "vethpa")),
         new_holder: None,
-        policy: "fence-old".into(),
+        policy: EarlyReusePolicy::FenceOld,
         outcome: "reported".into(),
         at: "2026-11-22T10:00:59Z".into(),
     };
@@ -339,4 +341,24 @@ fn events_are_one_line_each() {
         assert_eq!(line, format!("{at} #{} {want}", seq + 40));
         assert!(!line.contains('\n'));
     }
+}
+
+#[test]
+fn get_says_when_an_address_is_observe_only() {
+    let detail = AddressView {
+        holder: Some(Holder::new(6, "vethpb")),
+        conflicts: 1,
+        observe_only: true,
+        ..view("10.77.0.2", StateName::Active, "2026-11-22T10:00:00Z")
+    };
+    let text = render::address_detail(&detail, now());
+    assert!(
+        text.contains("Observe only:      yes: an early reuse was let through"),
+        "{text}"
+    );
+    let plain = render::address_detail(
+        &view("10.77.0.3", StateName::Active, "2026-11-22T10:00:00Z"),
+        now(),
+    );
+    assert!(!plain.contains("Observe only"), "{plain}");
 }

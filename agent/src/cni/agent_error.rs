@@ -12,11 +12,14 @@ use crate::{
     registry::Holder,
 };
 
-/// The agent is not there to answer: not running, too slow, or starting/stopping.
+/// The agent is not there to answer: not running, too slow, starting/stopping, or unable to
+/// make changes durable (its journal cannot be saved).
 pub fn is_unavailable(err: &ClientError) -> bool {
     match err {
         ClientError::Unavailable { .. } => true,
-        ClientError::Api { error, .. } => error.code == ErrorCode::NotReady,
+        ClientError::Api { error, .. } => {
+            matches!(error.code, ErrorCode::NotReady | ErrorCode::Unavailable)
+        }
         ClientError::Protocol { .. } => false,
     }
 }
@@ -117,6 +120,8 @@ mod tests {
         };
         assert!(is_unavailable(&away));
         assert!(is_unavailable(&api(ErrorCode::NotReady)));
+        assert!(is_unavailable(&api(ErrorCode::Unavailable)));
+        assert!(is_worth_spooling(&api(ErrorCode::Unavailable)));
         assert!(!is_unavailable(&api(ErrorCode::Internal)));
         assert!(is_worth_spooling(&api(ErrorCode::Internal)));
         assert!(!is_worth_spooling(&api(ErrorCode::BadRequest)));

@@ -187,3 +187,33 @@ fn missing_explicit_file_is_an_error() {
     .to_string();
     assert!(e.contains("/nonexistent/agent.toml"), "{e}");
 }
+
+#[test]
+fn the_key_table_is_the_one_list_of_keys() {
+    use super::keys::{known_keys, KEYS};
+    // Every key is named in the unknown-key error, has a flag spelled after it, and is read
+    // from TOML: a wrong value is refused naming that key.
+    let known = known_keys();
+    for key in KEYS {
+        assert!(
+            known.contains(key.name),
+            "{} missing from {known}",
+            key.name
+        );
+        assert_eq!(key.flag, key.name.replace('_', "-"));
+        let e = err(&format!("{} = true", key.name));
+        assert!(e.contains(&format!("`{}`", key.name)), "{e}");
+    }
+    assert!(known.ends_with("[interfaces]"), "{known}");
+    // A flag of a key not in the table is an error, not a panic.
+    let bad = Overrides {
+        values: vec![("colour", "blue".into())],
+        ..Default::default()
+    };
+    let e = Config::load(None, &bad).unwrap_err().to_string();
+    assert!(e.contains("unknown key `colour`"), "{e}");
+    // A number given on the command line for a number key is read as one.
+    let capacity = KEYS.iter().find(|k| k.name == "capacity").unwrap();
+    assert_eq!(capacity.value_of("7"), toml::Value::Integer(7));
+    assert_eq!(capacity.value_of("x"), toml::Value::String("x".into()));
+}

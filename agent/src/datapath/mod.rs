@@ -4,6 +4,7 @@
 pub mod attach;
 pub mod maps;
 mod object;
+mod port;
 mod table;
 
 use std::{
@@ -36,6 +37,7 @@ use thiserror::Error;
 pub use attach::Attached;
 pub use maps::{ConfigCell, Counters, Samples};
 pub use object::OBJECT;
+pub use port::{AddrTable, DatapathPort, MemDatapath, MemTable};
 pub use table::{fast_path_eligible, AddressTable};
 
 use crate::paths::{AttachPoint, PinLayout, BPFFS_MOUNT};

@@ -111,6 +111,15 @@ fn other_routes_are_not_pod_addresses() {
     );
     local.header.kind = RouteType::Local;
     assert_eq!(route_event(&local, true), None);
+    // The kernel's own route for an address configured on the node (ptp's IPv6 gateway /128).
+    let gateway = RouteAttribute::Destination(RouteAddress::Inet6("fd92::1".parse().unwrap()));
+    let mut kernel = route(
+        AddressFamily::Inet6,
+        128,
+        vec![gateway, RouteAttribute::Oif(7)],
+    );
+    kernel.header.protocol = RouteProtocol::Kernel;
+    assert_eq!(route_event(&kernel, true), None);
     // No interface.
     assert_eq!(
         route_event(&route(AddressFamily::Inet, 32, vec![dst]), true),
@@ -284,4 +293,66 @@ fn neighbour_messages_are_translated() {
         vec![lladdr],
     );
     assert_eq!(neighbour_event(&local, true), None);
+}
+
+#[test]
+fn node_addresses_are_known_and_come_before_routes_in_a_diff() {
+    use netlink_packet_route::address::{AddressAttribute, AddressMessage};
+    let gw: IpAddr = "fd92::1".parse().unwrap();
+    let mut msg = AddressMessage::default();
+    msg.header.index = 7;
+    msg.header.prefix_len = 128;
+    msg.attributes = vec![AddressAttribute::Address(gw)];
+    let event = address_event(&msg, true).expect("an address event");
+    assert_eq!(
+        event,
+        NetEvent::NodeAddress {
+            addr: gw,
+            ifindex: 7
+        }
+    );
+    assert_eq!(
+        address_event(&msg, false),
+        Some(NetEvent::NodeAddressGone {
+            addr: gw,
+            ifindex: 7
+        })
+    );
+    // IFA_LOCAL is the node's own address where IFA_ADDRESS names a point-to-point peer.
+    let local: IpAddr = "10.9.0.1".parse().unwrap();
+    msg.attributes = vec![
+        AddressAttribute::Address("10.9.0.2".parse().unwrap()),
+        AddressAttribute::Local(local),
+    ];
+    assert_eq!(
+        address_event(&msg, true),
+        Some(NetEvent::NodeAddress {
+            addr: local,
+            ifindex: 7
+        })
+    );
+
+    let mut state = NetState::default();
+    assert!(!state.is_node_address(gw));
+    state.apply(&event);
+    assert!(state.is_node_address(gw));
+    let mut next = NetState::default();
+    next.host_routes.insert((gw, 8));
+    next.node_addresses.insert((gw, 8));
+    let events = NetState::default().diff(&next);
+    assert_eq!(
+        events,
+        vec![
+            NetEvent::NodeAddress {
+                addr: gw,
+                ifindex: 8
+            },
+            NetEvent::HostRoute {
+                addr: gw,
+                ifindex: 8
+            },
+        ]
+    );
+    state.apply(&NetEvent::LinkGone { ifindex: 7 });
+    assert!(!state.is_node_address(gw));
 }

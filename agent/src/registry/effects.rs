@@ -3,10 +3,10 @@
 
 use std::{collections::BTreeMap, fmt, net::IpAddr};
 
-use ipq_common::addr::{AddrEntry, AddrState, NO_IFINDEX};
+use ipq_common::addr::{AddrEntry, AddrState, FLAG_OBSERVE_ONLY, NO_IFINDEX};
 use serde::{Deserialize, Serialize};
 
-use super::types::{policy_serde, AddrRecord, AddrStatus, Holder, MonoNs, StateName};
+use super::types::{AddrRecord, AddrStatus, Holder, MonoNs, StateName};
 use crate::config::EarlyReusePolicy;
 
 /// The kinds of conflict of DESIGN §2, as the `kind` label of `ipq_conflicts_total`.
@@ -57,7 +57,6 @@ pub struct Conflict {
     /// The claimant, or the interface the duplicate source came from; `None` for a remote claim.
     pub new: Option<Holder>,
     /// The `on_early_reuse` policy in force.
-    #[serde(with = "policy_serde")]
     pub policy: EarlyReusePolicy,
     /// Monotonic ns.
     pub at: MonoNs,
@@ -107,8 +106,12 @@ pub fn datapath_entry(record: &AddrRecord) -> AddrEntry {
         AddrStatus::Draining { holder, .. } => (AddrState::Draining, holder.ifindex),
         AddrStatus::Quarantined { .. } => (AddrState::Quarantined, NO_IFINDEX),
     };
-    AddrEntry::new(state, holder_ifindex, record.status.since())
-        .with_fenced(record.fenced_ifindex())
+    let mut entry = AddrEntry::new(state, holder_ifindex, record.status.since())
+        .with_fenced(record.fenced_ifindex());
+    if record.observe_only {
+        entry.flags |= FLAG_OBSERVE_ONLY;
+    }
+    entry
 }
 
 /// Applies the map writes among `effects` to `mirror`: what the datapath map holds after the

@@ -57,8 +57,8 @@ pub use effects::{apply_to_mirror, datapath_entry, Conflict, ConflictKind, Effec
 pub use error::{RecordProblem, RegistryError};
 pub use snapshot::{Snapshot, SNAPSHOT_VERSION};
 pub use types::{
-    duration_ns, policy_str, AddrRecord, AddrStatus, Holder, MonoNs, PodRef, RegistrySettings,
-    Source, StateName,
+    duration_ns, AddrRecord, AddrStatus, Holder, MonoNs, PodRef, RegistrySettings, Source,
+    StateName,
 };
 
 /// The registry of every address this node knows. One owner; everything else sends it messages.
@@ -72,8 +72,46 @@ pub struct Registry<C: Clock = SystemClock> {
     by_ifindex: HashMap<u32, BTreeSet<IpAddr>>,
     /// (release time, address) of every quarantine: `tick` and `next_deadline` read the front.
     deadlines: BTreeSet<(MonoNs, IpAddr)>,
+    /// Records per state (Active, Draining, Quarantined), kept by `put`: the gauges read them
+    /// in O(1).
+    counts: StateCounts,
+    /// Bumped by every change to a record, whatever it is (a state, an identity merged in, a
+    /// quarantine's end moved, a conflict counted): the journal is up to date iff it saved this
+    /// generation.
+    generation: u64,
     refused_claims: u64,
     full_rejections: u64,
+}
+
+/// How many records are in each state, indexed by [`StateName`] (`Free` stays 0).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct StateCounts([usize; 4]);
+
+impl StateCounts {
+    fn slot(state: StateName) -> usize {
+        match state {
+            StateName::Free => 0,
+            StateName::Active => 1,
+            StateName::Draining => 2,
+            StateName::Quarantined => 3,
+        }
+    }
+
+    fn get(&self, state: StateName) -> usize {
+        match state {
+            StateName::Free => 0,
+            _ => self.0[Self::slot(state)],
+        }
+    }
+
+    fn add(&mut self, state: StateName) {
+        self.0[Self::slot(state)] += 1;
+    }
+
+    fn sub(&mut self, state: StateName) {
+        let slot = &mut self.0[Self::slot(state)];
+        *slot = slot.saturating_sub(1);
+    }
 }
 
 impl<C: Clock> Registry<C> {
@@ -84,6 +122,8 @@ impl<C: Clock> Registry<C> {
             records: BTreeMap::new(),
             by_ifindex: HashMap::new(),
             deadlines: BTreeSet::new(),
+            counts: StateCounts::default(),
+            generation: 0,
             refused_claims: 0,
             full_rejections: 0,
         }
@@ -125,8 +165,24 @@ impl<C: Clock> Registry<C> {
     }
 
     /// How many addresses are in `state` (`Free` counts as 0: the registry does not list it).
+    /// O(1): kept up to date by every change.
     pub fn count(&self, state: StateName) -> usize {
+        self.counts.get(state)
+    }
+
+    /// The same count, recounted from every record: what [`count`](Self::count) must equal.
+    pub fn recount(&self, state: StateName) -> usize {
+        if state == StateName::Free {
+            return 0;
+        }
         self.records.values().filter(|r| r.state() == state).count()
+    }
+
+    /// Changes so far: bumped by every change to any record. Whoever saves the registry
+    /// remembers the generation it saved; anything answered at a later generation is not
+    /// durable until a save reaches it.
+    pub fn generation(&self) -> u64 {
+        self.generation
     }
 
     /// Explicit claims refused by `refuse-new` (`ipq_refused_claims_total`).
@@ -162,12 +218,17 @@ impl<C: Clock> Registry<C> {
             }
         }
         let before = self.records.remove(&addr);
+        if before != after {
+            self.generation += 1;
+        }
         if let Some(before) = &before {
             self.unindex(before);
+            self.counts.sub(before.state());
         }
         effects::diff(addr, before.as_ref(), after.as_ref(), out);
         if let Some(after) = after {
             self.index(&after);
+            self.counts.add(after.state());
             self.records.insert(addr, after);
         }
     }
@@ -236,6 +297,19 @@ impl<C: Clock> Registry<C> {
         }
         if deadlines != self.deadlines {
             return Err(format!("deadlines {:?} != {:?}", self.deadlines, deadlines));
+        }
+        for state in [
+            StateName::Active,
+            StateName::Draining,
+            StateName::Quarantined,
+        ] {
+            if self.count(state) != self.recount(state) {
+                return Err(format!(
+                    "{state}: counted {} but {} records",
+                    self.count(state),
+                    self.recount(state)
+                ));
+            }
         }
         if self.records.len() > self.settings.capacity as usize {
             return Err(format!("{} records over capacity", self.records.len()));

@@ -8,7 +8,10 @@
 //!    the end of a quarantine or a forced release ever drops a record;
 //! 3. the datapath mirror built only from emitted effects equals `datapath_entries()`;
 //! 4. snapshot → JSON → restore round-trips (and any snapshot, however mangled, is either
-//!    restored whole or refused without a change — never a panic).
+//!    restored whole or refused without a change — never a panic);
+//! 5. the per-state counts kept at the one choke point always equal a full recount;
+//! 6. every change to any record (identity, stale stamp, conflict count included) bumps the
+//!    generation, so nothing changed is ever taken for saved.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -56,6 +59,7 @@ enum Op {
     Advance(u64),
     Tick,
     Release(usize, bool),
+    Forget(usize),
     RemoteClaim(usize),
     DuplicateSource(usize, u32),
     SnapshotRestore,
@@ -85,6 +89,7 @@ fn op() -> impl Strategy<Value = Op> {
         3 => (0..40_000u64).prop_map(Op::Advance),
         2 => Just(Op::Tick),
         1 => (a.clone(), any::<bool>()).prop_map(|(a, f)| Op::Release(a, f)),
+        1 => a.clone().prop_map(Op::Forget),
         1 => a.clone().prop_map(Op::RemoteClaim),
         1 => (a, i).prop_map(|(a, i)| Op::DuplicateSource(a, i)),
         1 => Just(Op::SnapshotRestore),
@@ -132,6 +137,7 @@ fn run(policy: EarlyReusePolicy, ops: &[Op]) -> Result<(), TestCaseError> {
 
     for op in ops {
         let before = reg.snapshot();
+        let generation_before = reg.generation();
         let now = clock.now();
         let result = match op {
             Op::Claim(a, h, s) => reg.claim(addr(*a), holder(*h), *s),
@@ -144,6 +150,7 @@ fn run(policy: EarlyReusePolicy, ops: &[Op]) -> Result<(), TestCaseError> {
             }
             Op::Tick => reg.tick(),
             Op::Release(a, force) => reg.release(addr(*a), *force),
+            Op::Forget(a) => reg.forget(addr(*a)),
             Op::RemoteClaim(a) => reg.remote_claim(addr(*a)),
             Op::DuplicateSource(a, i) => reg.duplicate_source(addr(*a), *i),
             Op::SnapshotRestore => {
@@ -172,6 +179,28 @@ fn run(policy: EarlyReusePolicy, ops: &[Op]) -> Result<(), TestCaseError> {
             }
         }
         prop_assert_eq!(&mirror, &reg.datapath_entries(), "after {:?}", op);
+        // Property 5.
+        for state in [
+            StateName::Active,
+            StateName::Draining,
+            StateName::Quarantined,
+        ] {
+            prop_assert_eq!(
+                reg.count(state),
+                reg.recount(state),
+                "{} after {:?}",
+                state,
+                op
+            );
+        }
+        // Property 6 (a restore to the same records may or may not count as a change).
+        if reg.snapshot().records != before.records {
+            prop_assert!(
+                reg.generation() > generation_before,
+                "{:?} changed a record but not the generation",
+                op
+            );
+        }
         if let Err(e) = reg.check_invariants() {
             return Err(TestCaseError::fail(format!("after {op:?}: {e}")));
         }
@@ -185,7 +214,7 @@ fn run(policy: EarlyReusePolicy, ops: &[Op]) -> Result<(), TestCaseError> {
                 (Op::Tick | Op::Release(..), AddrStatus::Quarantined { until, .. }) => {
                     prop_assert!(*until <= now || matches!(op, Op::Release(_, true)));
                 }
-                (Op::Release(_, true), _) => {}
+                (Op::Release(_, true) | Op::Forget(_), _) => {}
                 _ => prop_assert!(false, "{:?} dropped {:?}", op, old),
             }
         }
@@ -206,6 +235,10 @@ fn run(policy: EarlyReusePolicy, ops: &[Op]) -> Result<(), TestCaseError> {
                 for ifindexes in world.live.values_mut() {
                     ifindexes.remove(i);
                 }
+            }
+            (Op::Forget(a), Ok(_)) => {
+                // The address is the node's: no workload lives on it as far as ipq is told.
+                world.live.remove(&addr(*a).to_canonical());
             }
             (Op::Release(a, true), Ok(_)) => {
                 let a = addr(*a).to_canonical();

@@ -141,7 +141,11 @@ impl<C: Clock> Registry<C> {
                 }
                 next.status = take;
             }
-            EarlyReusePolicy::RefuseNew | EarlyReusePolicy::Observe => next.status = take,
+            EarlyReusePolicy::RefuseNew => next.status = take,
+            EarlyReusePolicy::Observe => {
+                next.status = take;
+                next.observe_only = true;
+            }
         }
         let conflict = self.conflict(&mut next, kind, Some(old), Some(holder), now);
         self.put(addr, Some(next), &mut out);
@@ -320,6 +324,18 @@ impl<C: Clock> Registry<C> {
         } else {
             self.put(addr, None, &mut out);
         }
+        Ok(out)
+    }
+
+    /// `addr` turned out to be no workload's at all (the node itself holds it): its record
+    /// goes, whatever state it was in, and nothing is handed to anyone.
+    pub fn forget(&mut self, addr: IpAddr) -> Result<Vec<Effect>, RegistryError> {
+        let addr = canonical(addr)?;
+        if !self.records.contains_key(&addr) {
+            return Err(RegistryError::NotFound { addr });
+        }
+        let mut out = Vec::new();
+        self.put(addr, None, &mut out);
         Ok(out)
     }
 

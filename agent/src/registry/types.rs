@@ -249,6 +249,13 @@ pub struct AddrRecord {
     /// Conflicts recorded for this address since it left Free.
     #[serde(default)]
     pub conflicts: u32,
+    /// An early reuse of this address was let through (`on_early_reuse = observe`): what the
+    /// datapath sees between its holders is counted, never dropped, until the address is Free
+    /// again. Journaled, and mirrored in the datapath entry's `FLAG_OBSERVE_ONLY`, so that a
+    /// restart, an upgrade or a lost journal never turns observation into enforcement.
+    /// (Journals written before this field read as `false`; the pinned flag fills it in.)
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub observe_only: bool,
 }
 
 impl AddrRecord {
@@ -260,6 +267,7 @@ impl AddrRecord {
             blocked_claimant: None,
             displaced: Vec::new(),
             conflicts: 0,
+            observe_only: false,
         }
     }
 
@@ -370,38 +378,5 @@ impl RegistrySettings {
         let base = since.saturating_add(cooldown);
         let quiet = last_stale.map_or(0, |at| at.saturating_add(duration_ns(self.quiet_period)));
         base.max(quiet).min(cap)
-    }
-}
-
-/// The policy's name as the configuration spells it.
-pub const fn policy_str(policy: EarlyReusePolicy) -> &'static str {
-    match policy {
-        EarlyReusePolicy::FenceOld => "fence-old",
-        EarlyReusePolicy::RefuseNew => "refuse-new",
-        EarlyReusePolicy::Observe => "observe",
-    }
-}
-
-/// serde for [`EarlyReusePolicy`] (which lives in `config` without serde), as its config name.
-pub(crate) mod policy_serde {
-    use serde::{de::Error, Deserialize, Deserializer, Serializer};
-
-    use super::{policy_str, EarlyReusePolicy};
-
-    pub fn serialize<S: Serializer>(p: &EarlyReusePolicy, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(policy_str(*p))
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<EarlyReusePolicy, D::Error> {
-        let name = String::deserialize(d)?;
-        match name.as_str() {
-            "fence-old" => Ok(EarlyReusePolicy::FenceOld),
-            "refuse-new" => Ok(EarlyReusePolicy::RefuseNew),
-            "observe" => Ok(EarlyReusePolicy::Observe),
-            _ => Err(D::Error::unknown_variant(
-                &name,
-                &["fence-old", "refuse-new", "observe"],
-            )),
-        }
     }
 }

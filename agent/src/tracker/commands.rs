@@ -1,6 +1,8 @@
 //! The API's requests, answered by the registry's owner. Each answer is handed back as a
-//! closure: the loop saves the journal once per burst of requests, then sends the answers, so
-//! a success is only ever reported for a change that is on disk.
+//! closure: the loop saves the journal once per burst of requests, then sends the answers with
+//! how the save went, so a success is only ever reported for a change that is on disk. When
+//! the save failed, a request that succeeded is answered `unavailable` (503) with the reason;
+//! a read, or a request that failed anyway, is answered as it is.
 
 use std::{collections::BTreeSet, net::IpAddr};
 
@@ -12,23 +14,37 @@ use crate::{
         command::{Command, Reply},
         model::{
             AddressList, AddressView, ChangedResponse, ClaimRequest, ClaimResponse, ClaimSource,
-            ConflictList, DrainAttachmentRequest, ErrorCode, GcRequest, InterfaceStatus,
-            RegistryCounts, Status,
+            ConflictList, DrainAttachmentRequest, ErrorCode, GcRequest, InterfaceStatus, Status,
         },
-        views::{address_view, conflict_view, ApiError, Outcome, TimeBase},
+        views::{
+            address_view, conflict_view, status_view, ApiError, Outcome, StatusFacts, TimeBase,
+        },
     },
-    config::Mode,
     netdev,
     netlink::NetEvent,
-    registry::{policy_str, Conflict, Effect, Holder, RegistryError, Source, StateName},
+    registry::{Conflict, Effect, Holder, RegistryError, Source, StateName},
 };
 
-/// An answer waiting for the journal to be saved.
-pub type Answer = Box<dyn FnOnce() + Send>;
+/// An answer waiting for the journal to be saved; called with how the save went (`Err` names
+/// why it failed).
+pub type Answer = Box<dyn FnOnce(Result<(), &str>) + Send>;
 
+/// The answer to a request that changed nothing: sent whatever the journal did.
 fn answer<T: Send + 'static>(reply: Reply<T>, result: Result<T, ApiError>) -> Answer {
-    Box::new(move || {
+    Box::new(move |_saved| {
         // The caller may have hung up; its request was still carried out.
+        let _ = reply.send(result);
+    })
+}
+
+/// The answer to a request that may have changed the registry: a success is only sent once
+/// the journal holds it; otherwise `unavailable`, naming why.
+fn durable_answer<T: Send + 'static>(reply: Reply<T>, result: Result<T, ApiError>) -> Answer {
+    Box::new(move |saved| {
+        let result = match (result, saved) {
+            (Ok(_), Err(reason)) => Err(ApiError::unavailable(reason)),
+            (result, _) => result,
+        };
         let _ = reply.send(result);
     })
 }
@@ -53,22 +69,23 @@ impl Tracker {
             }
             Command::Subscribe(reply) => {
                 let _ = reply.send(self.events.subscribe());
-                return Box::new(|| {});
+                return Box::new(|_| {});
             }
-            Command::Claim { request, reply } => answer(reply, self.api_claim(request)),
-            Command::Drain { addr, reply } => answer(reply, self.api_drain(addr)),
+            Command::Claim { request, reply } => durable_answer(reply, self.api_claim(request)),
+            Command::Drain { addr, reply } => durable_answer(reply, self.api_drain(addr)),
             Command::DrainAttachment { request, reply } => {
-                answer(reply, Ok(self.drain_attachment(&request)))
+                durable_answer(reply, Ok(self.drain_attachment(&request)))
             }
-            Command::Release { addr, force, reply } => answer(reply, self.api_release(addr, force)),
-            Command::Gc { request, reply } => answer(reply, Ok(self.gc(&request))),
+            Command::Release { addr, force, reply } => {
+                durable_answer(reply, self.api_release(addr, force))
+            }
+            Command::Gc { request, reply } => durable_answer(reply, Ok(self.gc(&request))),
         };
         self.update_gauges();
         answer
     }
 
     fn status(&self) -> Status {
-        let registry = &self.registry;
         let interfaces: Vec<InterfaceStatus> = self
             .attacher
             .targets()
@@ -86,11 +103,6 @@ impl Tracker {
                 failed_attempts: target.failures,
             })
             .collect();
-        let unprotected = interfaces
-            .iter()
-            .filter(|i| i.protection != "protected")
-            .count() as u64;
-        let count = |state| registry.count(state) as u64;
         let conflicts_total = crate::registry::ConflictKind::ALL
             .iter()
             .map(|k| {
@@ -100,30 +112,17 @@ impl Tracker {
                     .get()
             })
             .sum();
-        Status {
+        let facts = StatusFacts {
             ready: self.metrics.is_ready(),
             not_ready: self.metrics.readiness().err(),
-            tc_attach: self.attacher.mode().as_str().to_owned(),
-            unprotected,
-            version: env!("CARGO_PKG_VERSION").to_owned(),
-            mode: match self.config.mode {
-                Mode::Enforce => "enforce",
-                Mode::Observe => "observe",
-            }
-            .to_owned(),
-            on_early_reuse: policy_str(self.config.on_early_reuse).to_owned(),
-            registry: RegistryCounts {
-                entries: registry.len() as u64,
-                capacity: u64::from(registry.capacity()),
-                active: count(StateName::Active),
-                draining: count(StateName::Draining),
-                quarantined: count(StateName::Quarantined),
-            },
-            interfaces,
+            tc_attach: self.attacher.mode().as_str(),
+            mode: self.config.mode,
+            on_early_reuse: self.config.on_early_reuse,
             conflicts_total,
             refused_claims_total: self.metrics.refused_claims.get(),
-            started_at: humantime::format_rfc3339_millis(self.started_at).to_string(),
-        }
+            started_at: self.started_at,
+        };
+        status_view(facts, &self.registry, interfaces)
     }
 
     pub(super) fn interface_name(&self, ifindex: u32) -> String {
@@ -160,14 +159,6 @@ impl Tracker {
             })
     }
 
-    fn views(&self, addrs: impl IntoIterator<Item = IpAddr>) -> Vec<AddressView> {
-        let time = TimeBase::now();
-        addrs
-            .into_iter()
-            .filter_map(|a| self.registry.get(a).map(|r| self.view_of(r, &time)))
-            .collect()
-    }
-
     /// A record's view, with the protection of its live holder's interface.
     fn view_of(&self, record: &crate::registry::AddrRecord, time: &TimeBase) -> AddressView {
         let mut view = address_view(record, time);
@@ -177,6 +168,14 @@ impl Tracker {
             .and_then(|h| self.protection_of(h.ifindex))
             .map(|t| t.protection.as_str().to_owned());
         view
+    }
+
+    fn views(&self, addrs: impl IntoIterator<Item = IpAddr>) -> Vec<AddressView> {
+        let time = TimeBase::now();
+        addrs
+            .into_iter()
+            .filter_map(|a| self.registry.get(a).map(|r| self.view_of(r, &time)))
+            .collect()
     }
 
     fn api_claim(&mut self, request: ClaimRequest) -> Result<ClaimResponse, ApiError> {
@@ -243,6 +242,19 @@ impl Tracker {
                 ErrorCode::InvalidArgument,
                 "holder.interface: empty; name the holder's host-side interface",
             ));
+        }
+        if let Some(own) = request
+            .addresses
+            .iter()
+            .find(|a| self.net.is_node_address(**a))
+        {
+            return Err(ApiError::new(
+                ErrorCode::InvalidArgument,
+                format!(
+                    "addresses: {own} is configured on this node itself; no workload can hold it"
+                ),
+            )
+            .with_address(*own));
         }
         let Some(ifindex) = netdev::ifindex(&spec.interface) else {
             return Err(ApiError::new(

@@ -1,205 +1,278 @@
-//! The tracker's publications: the API's event feed (a backlog plus a live broadcast), the
-//! recent conflicts, and the rate limit on conflict log lines, whose excess is counted rather
-//! than written.
+//! What netlink events, kernel samples and time mean for the registry.
 
-use std::{collections::VecDeque, time::Instant};
+use std::net::IpAddr;
 
-use ipq_common::{
-    addr::AddrState,
-    counters::{Action, Hook, Reason},
-    sample::ConflictSample,
-};
-use tokio::sync::broadcast;
+use ipq_common::{addr::AddrState, counters::Reason, sample::ConflictSample};
+use log::{info, warn};
 
+use super::{Role, Tracker};
 use crate::{
-    api::{
-        command::Subscription,
-        model::{ConflictView, Event, EventBody},
-    },
-    registry::Holder,
+    datapath::attach,
+    netlink::NetEvent,
+    registry::{AddrStatus, Holder, RegistryError, Source},
 };
 
-/// Events kept for a new subscriber and for `ipq events` without `--follow`.
-pub const BACKLOG: usize = 256;
-/// Conflicts kept for `GET /v1/conflicts`.
-pub const RECENT_CONFLICTS: usize = 256;
-/// Live events a subscriber may fall behind by before it loses some (and is told how many).
-const LIVE_BUFFER: usize = 4096;
-
-/// Conflict log lines: a burst of this many, then this many per second.
-const LOG_BURST: f64 = 200.0;
-const LOG_PER_SECOND: f64 = 50.0;
-
-pub struct EventHub {
-    next_seq: u64,
-    backlog: VecDeque<Event>,
-    conflicts: VecDeque<ConflictView>,
-    live: broadcast::Sender<Event>,
-    log_tokens: f64,
-    log_refilled: Instant,
-}
-
-impl Default for EventHub {
-    fn default() -> Self {
-        Self::new()
+impl Tracker {
+    /// One netlink event.
+    pub fn on_event(&mut self, event: NetEvent) {
+        match &event {
+            NetEvent::Link { ifindex, name } => {
+                self.net.apply(&event);
+                // Also on a rename: a veth renamed into (or out of) a workload glob changes role.
+                self.attach(*ifindex, name);
+            }
+            NetEvent::LinkGone { ifindex } => {
+                let known = self.net.links.contains_key(ifindex);
+                self.net.apply(&event);
+                self.pending.forget_interface(*ifindex);
+                if known {
+                    let result = self.registry.holder_gone(*ifindex);
+                    self.apply(result, "interface deleted");
+                    self.attacher.forget(*ifindex);
+                }
+            }
+            NetEvent::HostRoute { addr, ifindex } => {
+                self.net.apply(&event);
+                if let Some(holder) = self.workload_holder(*ifindex) {
+                    self.observed_claim(*addr, holder, "host route added");
+                }
+            }
+            NetEvent::HostRouteGone { addr, ifindex } => {
+                self.net.apply(&event);
+                self.pending.forget(*addr, *ifindex);
+                // A route withdrawn while its interface lives: the holder is terminating.
+                if let Some(holder) = self.workload_holder(*ifindex) {
+                    let current = self
+                        .registry
+                        .get(*addr)
+                        .and_then(|r| r.status.holder().cloned());
+                    if current.is_some_and(|h| h.same_as(&holder)) {
+                        let result = self.registry.drain(*addr, Some(&holder));
+                        self.apply(result, "host route withdrawn");
+                    }
+                }
+            }
+            NetEvent::NodeAddress { addr, .. } => {
+                self.net.apply(&event);
+                self.node_took(*addr);
+            }
+            NetEvent::NodeAddressGone { .. } => {
+                self.net.apply(&event);
+            }
+            NetEvent::Neighbour { addr, .. } => {
+                self.net.apply(&event);
+                self.claim_behind_bridge_port(*addr);
+            }
+            NetEvent::Fdb { mac, .. } => {
+                self.net.apply(&event);
+                let addrs: Vec<IpAddr> = self
+                    .net
+                    .neighbours
+                    .iter()
+                    .filter(|(_, m)| m.as_ref() == Some(mac))
+                    .map(|((addr, _), _)| *addr)
+                    .collect();
+                for addr in addrs {
+                    self.claim_behind_bridge_port(addr);
+                }
+            }
+            // A neighbour or FDB entry expiring says nothing about the holder's life: only its
+            // interface going away does.
+            NetEvent::NeighbourGone { .. } | NetEvent::FdbGone { .. } => {
+                self.net.apply(&event);
+            }
+            NetEvent::Overrun => {}
+        }
+        self.update_gauges();
     }
-}
 
-impl EventHub {
-    pub fn new() -> Self {
-        Self {
-            next_seq: 1,
-            backlog: VecDeque::with_capacity(BACKLOG),
-            conflicts: VecDeque::with_capacity(RECENT_CONFLICTS),
-            live: broadcast::channel(LIVE_BUFFER).0,
-            log_tokens: LOG_BURST,
-            log_refilled: Instant::now(),
+    /// A claim seen on netlink. An address the node itself holds is never a workload's; a
+    /// claim the full registry refuses waits for space.
+    fn observed_claim(&mut self, addr: IpAddr, holder: Holder, why: &str) {
+        if self.net.is_node_address(addr) {
+            return;
+        }
+        match self.registry.claim(addr, holder.clone(), Source::Netlink) {
+            Err(RegistryError::Full { capacity, .. }) => {
+                if self.pending.push(addr, holder) {
+                    warn!(
+                        "{addr}: not protected: the registry is full ({capacity} addresses); \
+                         claimed as soon as space frees"
+                    );
+                }
+            }
+            result => self.apply(result, why),
         }
     }
 
-    /// Publishes one event at wall-clock time `at`.
-    pub fn publish(&mut self, at: String, body: EventBody) {
-        let event = Event {
-            seq: self.next_seq,
-            at,
-            body,
+    /// An address turned out to be the node's own: whatever record a workload had on it goes
+    /// (an agent before this one may have taken a gateway on a veth for a pod's address).
+    fn node_took(&mut self, addr: IpAddr) {
+        if self.registry.get(addr).is_none() {
+            return;
+        }
+        warn!("{addr}: configured on the node itself; no workload holds it, its record goes");
+        let result = self.registry.forget(addr);
+        self.apply(result, "address of the node");
+    }
+
+    /// Space freed in the registry: claims it refused for being full are retried, oldest
+    /// first, as long as their holders still show them (at most `freed` claims).
+    pub(super) fn retry_pending(&mut self, freed: usize) {
+        let mut claimed = 0;
+        while claimed < freed {
+            let Some((addr, holder)) = self.pending.pop() else {
+                if self.pending.overflowed() {
+                    self.pending.clear_overflow();
+                    self.rescan_unclaimed_routes();
+                }
+                break;
+            };
+            let still_there = self.net.host_routes.contains(&(addr, holder.ifindex))
+                || self.net.port_of(addr) == Some(holder.ifindex);
+            if !still_there || self.net.is_node_address(addr) {
+                continue;
+            }
+            match self.registry.claim(addr, holder.clone(), Source::Netlink) {
+                Err(RegistryError::Full { .. }) => {
+                    self.pending.push_front(addr, holder);
+                    break;
+                }
+                result => {
+                    claimed += 1;
+                    info!("{addr}: claimed for {holder} now that the registry has room");
+                    self.apply(result, "registry has room again");
+                }
+            }
+        }
+    }
+
+    /// Claims every workload host route the registry lacks: once, after the pending queue's
+    /// bound left claimants out and the queue ran dry.
+    fn rescan_unclaimed_routes(&mut self) {
+        let unclaimed: Vec<(IpAddr, u32)> = self
+            .net
+            .host_routes
+            .iter()
+            .filter(|(addr, _)| self.registry.get(*addr).is_none())
+            .copied()
+            .collect();
+        for (addr, ifindex) in unclaimed {
+            if let Some(holder) = self.workload_holder(ifindex) {
+                self.observed_claim(addr, holder, "host route seen while the registry was full");
+            }
+        }
+    }
+
+    /// On bridge-plugin nodes a pod's address has no host route: the bridge resolved it to a
+    /// MAC, and the forwarding database says which port (the pod's veth) that MAC is behind.
+    fn claim_behind_bridge_port(&mut self, addr: IpAddr) {
+        let Some(port) = self.net.port_of(addr) else {
+            return;
         };
-        self.next_seq += 1;
-        if self.backlog.len() == BACKLOG {
-            self.backlog.pop_front();
-        }
-        self.backlog.push_back(event.clone());
-        // No subscriber is no error: the backlog keeps what a later one needs.
-        let _ = self.live.send(event);
-    }
-
-    /// Records a conflict for `GET /v1/conflicts` and publishes it.
-    pub fn conflict(&mut self, view: ConflictView) {
-        if self.conflicts.len() == RECENT_CONFLICTS {
-            self.conflicts.pop_front();
-        }
-        self.conflicts.push_back(view.clone());
-        // The event carries the time once, as its own `at` (see `ConflictView::at`).
-        let mut view = view;
-        let at = std::mem::take(&mut view.at);
-        self.publish(at, EventBody::Conflict(Box::new(view)));
-    }
-
-    /// The last `limit` conflicts, oldest first.
-    pub fn recent_conflicts(&self, limit: usize) -> Vec<ConflictView> {
-        let skip = self.conflicts.len().saturating_sub(limit);
-        self.conflicts.iter().skip(skip).cloned().collect()
-    }
-
-    pub fn subscribe(&self) -> Subscription {
-        Subscription {
-            backlog: self.backlog.iter().cloned().collect(),
-            live: self.live.subscribe(),
-        }
-    }
-
-    /// Whether one more conflict log line fits the rate limit now.
-    pub fn may_log(&mut self) -> bool {
-        let now = Instant::now();
-        let refill = now.duration_since(self.log_refilled).as_secs_f64() * LOG_PER_SECOND;
-        self.log_tokens = (self.log_tokens + refill).min(LOG_BURST);
-        self.log_refilled = now;
-        if self.log_tokens >= 1.0 {
-            self.log_tokens -= 1.0;
-            true
-        } else {
-            false
-        }
-    }
-}
-
-/// A kernel sample as an event: `seen_on` names the interface it came through, `holder` is the
-/// address's holder as the registry knows it.
-pub fn sample_body(sample: &ConflictSample, seen_on: String, holder: Option<Holder>) -> EventBody {
-    let hook = Hook::from_raw(sample.hook).map_or("unknown", Hook::as_str);
-    let m = sample.src_mac;
-    EventBody::Sample {
-        address: sample.addr.to_ip(),
-        hook: hook.to_owned(),
-        reason: Reason::from_raw(sample.reason)
-            .map_or("unknown", Reason::as_str)
-            .to_owned(),
-        action: Action::from_raw(sample.action)
-            .map_or("unknown", Action::as_str)
-            .to_owned(),
-        state: AddrState::from_raw(sample.state)
-            .map_or("unknown", AddrState::as_str)
-            .to_owned(),
-        ifindex: sample.ifindex,
-        seen_on,
-        holder_ifindex: sample.holder_ifindex,
-        holder,
-        src_mac: format!(
-            "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
-            m[0], m[1], m[2], m[3], m[4], m[5]
-        ),
-        pkt_len: sample.pkt_len,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn lost(n: u64) -> EventBody {
-        EventBody::Lost { n }
-    }
-
-    #[test]
-    fn backlog_keeps_the_latest_events_in_order() {
-        let mut hub = EventHub::new();
-        for n in 0..(BACKLOG as u64 + 10) {
-            hub.publish("t".into(), lost(n));
-        }
-        let sub = hub.subscribe();
-        assert_eq!(sub.backlog.len(), BACKLOG);
-        assert_eq!(sub.backlog[0].seq, 11);
-        assert_eq!(sub.backlog.last().unwrap().seq, BACKLOG as u64 + 10);
-    }
-
-    #[test]
-    fn a_subscriber_sees_what_comes_after_its_backlog() {
-        let mut hub = EventHub::new();
-        hub.publish("t".into(), lost(1));
-        let mut sub = hub.subscribe();
-        hub.publish("t".into(), lost(2));
-        assert_eq!(sub.backlog.len(), 1);
-        assert_eq!(sub.live.try_recv().unwrap().seq, 2);
-    }
-
-    #[test]
-    fn a_conflict_event_names_its_time_once_and_reads_back() {
-        use crate::registry::{ConflictKind, Holder};
-        let mut hub = EventHub::new();
-        let view = ConflictView {
-            kind: ConflictKind::EarlyReuse,
-            address: "10.0.0.1".parse().unwrap(),
-            old_holder: Some(Holder::new(2, "veth0")),
-            new_holder: Some(Holder::new(3, "veth1")),
-            policy: "fence-old".into(),
-            outcome: "fenced_old".into(),
-            at: "2026-11-22T10:00:00Z".into(),
+        let Some(holder) = self.workload_holder(port) else {
+            return;
         };
-        hub.conflict(view.clone());
-        assert_eq!(hub.recent_conflicts(1), [view]);
-        let event = hub.subscribe().backlog.remove(0);
-        assert_eq!(event.at, "2026-11-22T10:00:00Z");
-        let line = serde_json::to_string(&event).unwrap();
-        assert_eq!(line.matches("\"at\":").count(), 1, "{line}");
-        let back: Event = serde_json::from_str(&line).unwrap();
-        assert_eq!(back, event);
+        let current = self
+            .registry
+            .get(addr)
+            .and_then(|r| r.status.holder().cloned());
+        if current.as_ref().is_some_and(|h| h.same_as(&holder)) {
+            return;
+        }
+        // A neighbour entry follows whoever last sent with the address; it is weaker evidence
+        // than an explicit claim (CNI, API), which names a container. Letting it contest one
+        // would hand the address back to an old holder whose early reuse was only observed,
+        // losing the claimant's identity; the datapath sees that old holder's packets anyway.
+        if current.is_some_and(|h| h.container_id.is_some()) {
+            return;
+        }
+        self.observed_claim(addr, holder, "neighbour behind a bridge port");
     }
 
-    #[test]
-    fn log_lines_past_the_burst_are_refused() {
-        let mut hub = EventHub::new();
-        let allowed = (0..1000).filter(|_| hub.may_log()).count();
-        // The burst, plus whatever trickled in while the loop ran.
-        assert!((200..260).contains(&allowed), "{allowed}");
+    /// Asks for `ifindex` to be protected in the role its name gives it (or forgotten, when
+    /// its name no longer matches the configuration); the attach itself runs off this loop.
+    pub(super) fn attach(&mut self, ifindex: u32, name: &str) {
+        match self.role(name) {
+            Some(Role::Workload) => self.attacher.want(ifindex, name, attach::Role::Workload),
+            Some(Role::Uplink) => self.attacher.want(ifindex, name, attach::Role::Uplink),
+            None => self.attacher.release(ifindex),
+        }
+    }
+
+    /// Detaches what earlier agents attached and no configured interface needs now.
+    pub fn prune_links(&self) {
+        match self.attacher.prune() {
+            Ok(removed) => {
+                for (ifindex, point) in removed {
+                    info!(
+                        "detached if{ifindex} {}: no longer configured or gone",
+                        point.as_str()
+                    );
+                }
+            }
+            Err(e) => warn!("pruning stale link pins: {e}"),
+        }
+    }
+
+    /// Ends the quarantines that are due.
+    pub fn tick(&mut self) {
+        self.attacher.retry_due(std::time::Instant::now());
+        self.refresh_stale();
+        let result = self.registry.tick();
+        self.apply(result, "cool-down over");
+        self.update_gauges();
+    }
+
+    /// Carries the kernel's stale-traffic stamps into the registry: they push releases back.
+    fn refresh_stale(&mut self) {
+        let Ok(entries) = self.datapath.table().entries() else {
+            return;
+        };
+        for (key, entry) in entries {
+            if entry.state() != Some(AddrState::Quarantined) || entry.last_stale_ns == 0 {
+                continue;
+            }
+            let addr = key.to_ip();
+            let known = match self.registry.get(addr).map(|r| &r.status) {
+                Some(AddrStatus::Quarantined { last_stale, .. }) => *last_stale,
+                _ => continue,
+            };
+            if known.is_none_or(|k| entry.last_stale_ns > k) {
+                let result = self.registry.stale_seen(addr, entry.last_stale_ns);
+                self.apply(result, "stale traffic");
+            }
+        }
+    }
+
+    /// One conflict sample from the kernel.
+    pub fn on_sample(&mut self, sample: &ConflictSample) {
+        let addr = sample.addr.to_ip();
+        self.publish_sample(sample);
+        let observe_only = self.registry.get(addr).is_some_and(|r| r.observe_only);
+        match Reason::from_raw(sample.reason) {
+            Some(Reason::StaleTraffic) => {
+                if let Some(AddrStatus::Quarantined { since, .. }) =
+                    self.registry.get(addr).map(|r| &r.status)
+                {
+                    let age = sample.ts_ns.saturating_sub(*since) as f64 / 1e9;
+                    self.metrics.stale_traffic_age_seconds.observe(age);
+                }
+                let result = self.registry.stale_seen(addr, sample.ts_ns);
+                self.apply(result, "stale traffic");
+            }
+            Some(Reason::RemoteClaim) => {
+                let result = self.registry.remote_claim(addr);
+                self.apply(result, "remote claim");
+            }
+            // On an address whose early reuse was let through, the old holder's packets are the
+            // evidence of the conflict already recorded, not a new one.
+            Some(Reason::DuplicateSource) if observe_only => {}
+            Some(Reason::DuplicateSource) => {
+                let result = self.registry.duplicate_source(addr, sample.ifindex);
+                self.apply(result, "duplicate source");
+            }
+            _ => {}
+        }
     }
 }

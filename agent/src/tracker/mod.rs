@@ -1,40 +1,48 @@
 //! The registry's owner: the one place where what netlink observes, what the kernel samples
 //! and what time does become registry transitions, and where those transitions' effects reach
 //! the datapath, the journal, the log and the metrics.
+//!
+//! - `recovery`: bringing the registry back at start (journal merged with the pinned maps) and
+//!   reconciling it with a netlink dump;
+//! - `events`: netlink events, kernel samples and ticks as registry operations;
+//! - `effects`: carrying out what the registry asks (map writes, conflicts, transitions);
+//! - `commands`: the API's requests;
+//! - `feed`: the event feed, recent conflicts and the conflict log's rate limit;
+//! - `pending`: claims refused for a full registry, retried as space frees;
+//! - `protection`: the attach workers' reports, retries and readiness.
+//!
+//! Durability: the registry counts its changes (its generation); [`Tracker::persist`] saves
+//! when the journal is behind, and nothing that changed the registry is answered before a save
+//! reached its generation.
 
 mod commands;
+mod effects;
 mod events;
+mod feed;
+mod pending;
 mod protection;
+mod recovery;
+#[cfg(test)]
+mod tests;
 
 pub use commands::Answer;
-pub use events::RECENT_CONFLICTS;
+pub use recovery::Recovery;
 
-use std::{collections::BTreeSet, net::IpAddr, sync::Arc, time::SystemTime};
-
-use ipq_common::{
-    addr::{AddrEntry, AddrKey, AddrState, FLAG_OBSERVE_ONLY, NO_IFINDEX},
-    counters::Reason,
-    sample::ConflictSample,
+use std::{
+    sync::Arc,
+    time::{Duration, Instant, SystemTime},
 };
-use log::{error, info, warn};
 
-use self::events::EventHub;
+use log::{error, info};
+
+use self::{feed::EventHub, pending::PendingClaims};
 use crate::{
-    api::{
-        model::EventBody,
-        views::{conflict_view, Outcome, TimeBase},
-    },
-    config::{Config, EarlyReusePolicy, Mode},
-    datapath::{attach, attach::Attacher, Datapath},
-    journal::{Journal, JournalError},
-    metrics::LostAt,
+    config::Config,
+    datapath::{attach::Attacher, DatapathPort},
+    journal::Journal,
     metrics::Metrics,
-    netdev,
-    netlink::{NetEvent, NetState},
-    registry::{
-        datapath_entry, AddrRecord, AddrStatus, Conflict, ConflictKind, Effect, Holder, Registry,
-        RegistryError, RegistrySettings, Snapshot, Source, SystemClock, SNAPSHOT_VERSION,
-    },
+    netlink::NetState,
+    registry::{Holder, Registry, RegistrySettings, SystemClock},
 };
 
 /// The role of an interface under the configuration.
@@ -44,32 +52,33 @@ enum Role {
     Uplink,
 }
 
-/// How the registry came back at start.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Recovery {
-    /// From the journal.
-    Journal,
-    /// The journal was missing or unusable: rebuilt from the pinned maps.
-    PinnedMaps,
-}
+/// How often a journal save that keeps failing is logged (every failure is counted).
+const SAVE_FAILURE_LOG_EVERY: Duration = Duration::from_secs(30);
 
-/// A holder whose interface ipq cannot know any more (rebuilt from a bare datapath entry).
-const UNKNOWN_IFINDEX: u32 = u32::MAX;
+/// The journal's standing: what was last saved, and since when saving fails.
+#[derive(Debug, Default)]
+struct JournalState {
+    /// The registry generation the journal holds; `None` before the first save.
+    saved: Option<u64>,
+    /// Since when the registry has changes the journal lacks.
+    unsaved_since: Option<Instant>,
+    /// The last save's failure, while saving fails.
+    failing: Option<String>,
+    last_logged: Option<Instant>,
+}
 
 pub struct Tracker {
     config: Config,
     registry: Registry,
-    datapath: Datapath,
+    datapath: Box<dyn DatapathPort>,
     /// Attaches programs off this loop; the tracker only says what it wants.
     attacher: Attacher,
     net: NetState,
     journal: Journal,
+    journal_state: JournalState,
     metrics: Arc<Metrics>,
-    /// Unsaved changes.
-    dirty: bool,
-    /// Addresses an early reuse was let through on under `on_early_reuse = observe`: their
-    /// holders all keep flowing, and what the datapath sees between them is only counted.
-    observed_reuse: BTreeSet<IpAddr>,
+    /// Holders the registry refused for being full, retried as space frees.
+    pending: PendingClaims,
     /// The API's event feed and recent conflicts.
     events: EventHub,
     started_at: SystemTime,
@@ -78,7 +87,7 @@ pub struct Tracker {
 impl Tracker {
     pub fn new(
         config: Config,
-        datapath: Datapath,
+        datapath: impl DatapathPort + 'static,
         attacher: Attacher,
         journal: Journal,
         metrics: Arc<Metrics>,
@@ -87,13 +96,13 @@ impl Tracker {
         Self {
             registry: Registry::new(settings, SystemClock),
             config,
-            datapath,
+            datapath: Box::new(datapath),
             attacher,
             net: NetState::default(),
             journal,
+            journal_state: JournalState::default(),
             metrics,
-            dirty: false,
-            observed_reuse: BTreeSet::new(),
+            pending: PendingClaims::default(),
             events: EventHub::new(),
             started_at: SystemTime::now(),
         }
@@ -103,8 +112,8 @@ impl Tracker {
         &self.registry
     }
 
-    pub fn datapath(&self) -> &Datapath {
-        &self.datapath
+    pub fn datapath(&self) -> &dyn DatapathPort {
+        self.datapath.as_ref()
     }
 
     fn role(&self, ifname: &str) -> Option<Role> {
@@ -117,284 +126,9 @@ impl Tracker {
         }
     }
 
-    /// Brings the registry back from the journal, merged with the pinned maps.
-    ///
-    /// The maps are written before the journal, so where an entry disagrees with the journal
-    /// the map is the more recent truth (an agent killed between the two writes, or an
-    /// operator's break-glass write): its enforcement is adopted, with the journal's richer
-    /// holder identity where the interfaces match. A journal entry the maps lack is kept:
-    /// maps are lost on reboot, and a quarantine must not be.
-    pub fn recover(&mut self) -> Recovery {
-        let (journal, recovery) = match self.journal.load::<Snapshot>() {
-            Ok(Some(loaded)) => {
-                let mut snapshot = loaded.body;
-                if !loaded.same_boot {
-                    // Monotonic stamps of another boot: carry them over by wall-clock time.
-                    let now_unix_ms = std::time::SystemTime::now()
-                        .duration_since(std::time::UNIX_EPOCH)
-                        .map_or(0, |d| d.as_millis() as u64);
-                    let elapsed_ns = now_unix_ms.saturating_sub(loaded.written_unix_ms) * 1_000_000;
-                    let written_now = netdev::monotonic_ns().saturating_sub(elapsed_ns);
-                    snapshot.rebase(loaded.written_mono_ns, written_now);
-                }
-                (snapshot.records, Recovery::Journal)
-            }
-            Ok(None) => {
-                info!("journal: none yet in {}", self.journal.path().display());
-                (Vec::new(), Recovery::PinnedMaps)
-            }
-            Err(JournalError::Corrupt {
-                path,
-                reason,
-                moved_to,
-            }) => {
-                error!(
-                    "journal {} is corrupt ({reason}); kept as {}; rebuilding from the pinned \
-                     maps",
-                    path.display(),
-                    moved_to.display()
-                );
-                (Vec::new(), Recovery::PinnedMaps)
-            }
-            Err(e) => {
-                error!("journal: {e}; rebuilding from the pinned maps");
-                (Vec::new(), Recovery::PinnedMaps)
-            }
-        };
-        let merged = self.merge_with_maps(journal);
-        let count = merged.len();
-        let snapshot = Snapshot {
-            version: SNAPSHOT_VERSION,
-            taken_at: netdev::monotonic_ns(),
-            records: merged,
-        };
-        match self.registry.restore(snapshot) {
-            Ok(effects) => {
-                info!("registry recovered ({recovery:?}): {count} addresses");
-                self.apply_effects(effects);
-            }
-            Err(e) => error!("recovering the registry failed ({e}); starting empty"),
-        }
-        self.dirty = true;
-        recovery
-    }
-
-    fn merge_with_maps(&self, journal: Vec<AddrRecord>) -> Vec<AddrRecord> {
-        let mut records: std::collections::BTreeMap<IpAddr, AddrRecord> = journal
-            .into_iter()
-            .map(|r| (r.addr.to_canonical(), r))
-            .collect();
-        let entries = match self.datapath.maps.table.entries() {
-            Ok(entries) => entries,
-            Err(e) => {
-                error!("reading the pinned address map: {e}");
-                return records.into_values().collect();
-            }
-        };
-        let now = netdev::monotonic_ns();
-        let settings = *self.registry.settings();
-        for (key, entry) in entries {
-            let addr = key.to_ip();
-            let known = records.get(&addr);
-            if known.is_some_and(|r| same_enforcement(&datapath_entry(r), &entry)) {
-                continue;
-            }
-            if let Some(mut adopted) = record_from_entry(addr, &entry, now, &settings) {
-                if let Some(known) = known {
-                    keep_identities(&mut adopted, known);
-                    warn!(
-                        "{addr}: the datapath disagrees with the journal; adopting the datapath's"
-                    );
-                }
-                records.insert(addr, adopted);
-            }
-        }
-        records.into_values().collect()
-    }
-
-    /// Takes a full netlink dump as the truth: attaches, claims what the routes say, and
-    /// quarantines the addresses of holders whose interfaces went away while no agent ran.
-    pub fn reconcile(&mut self, state: NetState) {
-        let events = self.net.diff(&state);
-        for event in events {
-            self.on_event(event);
-        }
-        let holders: Vec<u32> = self
-            .registry
-            .iter()
-            .flat_map(|r| r.live_holders().map(|h| h.ifindex).collect::<Vec<_>>())
-            .collect();
-        for ifindex in holders {
-            if !self.net.links.contains_key(&ifindex) {
-                let result = self.registry.holder_gone(ifindex);
-                self.apply(result, "holder gone while the agent was down");
-            }
-        }
-        // The datapath mirrors the registry exactly, whatever an earlier agent left.
-        self.sync_datapath();
-        self.update_gauges();
-    }
-
-    /// Rewrites every datapath entry from the registry, removing what it does not hold.
-    fn sync_datapath(&mut self) {
-        let wanted = self.registry.datapath_entries();
-        let present = match self.datapath.maps.table.entries() {
-            Ok(entries) => entries,
-            Err(e) => {
-                error!("reading the address map: {e}");
-                return;
-            }
-        };
-        for (key, _) in present {
-            if !wanted.contains_key(&key.to_ip()) {
-                if let Err(e) = self.datapath.maps.table.remove(&key) {
-                    error!("{}: removing a stale datapath entry: {e}", key.to_ip());
-                }
-            }
-        }
-        for (addr, entry) in wanted {
-            self.write_entry(addr, entry);
-        }
-    }
-
-    fn write_entry(&mut self, addr: IpAddr, mut entry: AddrEntry) {
-        if self.observed_reuse.contains(&addr) {
-            entry.flags |= FLAG_OBSERVE_ONLY;
-        }
-        if let Err(e) = self.datapath.maps.table.put(AddrKey::from(addr), entry) {
-            error!("{addr}: datapath write failed, enforcement may lag the registry: {e}");
-        }
-    }
-
-    /// One netlink event.
-    pub fn on_event(&mut self, event: NetEvent) {
-        match &event {
-            NetEvent::Link { ifindex, name } => {
-                self.net.apply(&event);
-                // Also on a rename: a veth renamed into (or out of) a workload glob changes role.
-                self.attach(*ifindex, name);
-            }
-            NetEvent::LinkGone { ifindex } => {
-                let known = self.net.links.contains_key(ifindex);
-                self.net.apply(&event);
-                if known {
-                    let result = self.registry.holder_gone(*ifindex);
-                    self.apply(result, "interface deleted");
-                    self.attacher.forget(*ifindex);
-                }
-            }
-            NetEvent::HostRoute { addr, ifindex } => {
-                self.net.apply(&event);
-                if let Some(holder) = self.workload_holder(*ifindex) {
-                    let result = self.registry.claim(*addr, holder, Source::Netlink);
-                    self.apply(result, "host route added");
-                }
-            }
-            NetEvent::HostRouteGone { addr, ifindex } => {
-                self.net.apply(&event);
-                // A route withdrawn while its interface lives: the holder is terminating.
-                if let Some(holder) = self.workload_holder(*ifindex) {
-                    let current = self
-                        .registry
-                        .get(*addr)
-                        .and_then(|r| r.status.holder().cloned());
-                    if current.is_some_and(|h| h.same_as(&holder)) {
-                        let result = self.registry.drain(*addr, Some(&holder));
-                        self.apply(result, "host route withdrawn");
-                    }
-                }
-            }
-            NetEvent::Neighbour { addr, .. } => {
-                self.net.apply(&event);
-                self.claim_behind_bridge_port(*addr);
-            }
-            NetEvent::Fdb { mac, .. } => {
-                self.net.apply(&event);
-                let addrs: Vec<IpAddr> = self
-                    .net
-                    .neighbours
-                    .iter()
-                    .filter(|(_, m)| m.as_ref() == Some(mac))
-                    .map(|((addr, _), _)| *addr)
-                    .collect();
-                for addr in addrs {
-                    self.claim_behind_bridge_port(addr);
-                }
-            }
-            // A neighbour or FDB entry expiring says nothing about the holder's life: only its
-            // interface going away does.
-            NetEvent::NeighbourGone { .. } | NetEvent::FdbGone { .. } => {
-                self.net.apply(&event);
-            }
-            NetEvent::Overrun => {}
-        }
-        self.update_gauges();
-    }
-
-    /// On bridge-plugin nodes a pod's address has no host route: the bridge resolved it to a
-    /// MAC, and the forwarding database says which port (the pod's veth) that MAC is behind.
-    fn claim_behind_bridge_port(&mut self, addr: IpAddr) {
-        let Some(port) = self.net.port_of(addr) else {
-            return;
-        };
-        let Some(holder) = self.workload_holder(port) else {
-            return;
-        };
-        let current = self
-            .registry
-            .get(addr)
-            .and_then(|r| r.status.holder().cloned());
-        if current.as_ref().is_some_and(|h| h.same_as(&holder)) {
-            return;
-        }
-        // A neighbour entry follows whoever last sent with the address; it is weaker evidence
-        // than an explicit claim (CNI, API), which names a container. Letting it contest one
-        // would hand the address back to an old holder whose early reuse was only observed,
-        // losing the claimant's identity; the datapath sees that old holder's packets anyway.
-        if current.is_some_and(|h| h.container_id.is_some()) {
-            return;
-        }
-        let result = self.registry.claim(addr, holder, Source::Netlink);
-        self.apply(result, "neighbour behind a bridge port");
-    }
-
     fn workload_holder(&self, ifindex: u32) -> Option<Holder> {
         let name = self.net.links.get(&ifindex)?;
         (self.role(name) == Some(Role::Workload)).then(|| Holder::new(ifindex, name.clone()))
-    }
-
-    /// Asks for `ifindex` to be protected in the role its name gives it (or forgotten, when
-    /// its name no longer matches the configuration); the attach itself runs off this loop.
-    fn attach(&mut self, ifindex: u32, name: &str) {
-        match self.role(name) {
-            Some(Role::Workload) => self.attacher.want(ifindex, name, attach::Role::Workload),
-            Some(Role::Uplink) => self.attacher.want(ifindex, name, attach::Role::Uplink),
-            None => self.attacher.release(ifindex),
-        }
-    }
-
-    /// Detaches what earlier agents attached and no configured interface needs now.
-    pub fn prune_links(&self) {
-        match self.attacher.prune() {
-            Ok(removed) => {
-                for (ifindex, point) in removed {
-                    info!(
-                        "detached if{ifindex} {}: no longer configured or gone",
-                        point.as_str()
-                    );
-                }
-            }
-            Err(e) => warn!("pruning stale link pins: {e}"),
-        }
-    }
-
-    /// Ends the quarantines that are due.
-    pub fn tick(&mut self) {
-        self.attacher.retry_due(std::time::Instant::now());
-        self.refresh_stale();
-        let result = self.registry.tick();
-        self.apply(result, "cool-down over");
-        self.update_gauges();
     }
 
     /// When `tick` has work next (monotonic ns).
@@ -402,288 +136,77 @@ impl Tracker {
         self.registry.next_deadline()
     }
 
-    /// Carries the kernel's stale-traffic stamps into the registry: they push releases back.
-    fn refresh_stale(&mut self) {
-        let Ok(entries) = self.datapath.maps.table.entries() else {
-            return;
-        };
-        for (key, entry) in entries {
-            if entry.state() != Some(AddrState::Quarantined) || entry.last_stale_ns == 0 {
-                continue;
-            }
-            let addr = key.to_ip();
-            let known = match self.registry.get(addr).map(|r| &r.status) {
-                Some(AddrStatus::Quarantined { last_stale, .. }) => *last_stale,
-                _ => continue,
-            };
-            if known.is_none_or(|k| entry.last_stale_ns > k) {
-                let result = self.registry.stale_seen(addr, entry.last_stale_ns);
-                self.apply(result, "stale traffic");
-            }
-        }
+    /// Whether everything the registry changed so far is in the journal.
+    pub fn is_saved(&self) -> bool {
+        self.journal_state.saved == Some(self.registry.generation())
     }
 
-    /// One conflict sample from the kernel.
-    pub fn on_sample(&mut self, sample: &ConflictSample) {
-        let addr = sample.addr.to_ip();
-        self.publish_sample(sample);
-        match Reason::from_raw(sample.reason) {
-            Some(Reason::StaleTraffic) => {
-                if let Some(AddrStatus::Quarantined { since, .. }) =
-                    self.registry.get(addr).map(|r| &r.status)
-                {
-                    let age = sample.ts_ns.saturating_sub(*since) as f64 / 1e9;
-                    self.metrics.stale_traffic_age_seconds.observe(age);
-                }
-                let result = self.registry.stale_seen(addr, sample.ts_ns);
-                self.apply(result, "stale traffic");
-            }
-            Some(Reason::RemoteClaim) => {
-                let result = self.registry.remote_claim(addr);
-                self.apply(result, "remote claim");
-            }
-            // On an address whose early reuse was let through, the old holder's packets are the
-            // evidence of the conflict already recorded, not a new one.
-            Some(Reason::DuplicateSource) if self.observed_reuse.contains(&addr) => {}
-            Some(Reason::DuplicateSource) => {
-                let result = self.registry.duplicate_source(addr, sample.ifindex);
-                self.apply(result, "duplicate source");
-            }
-            _ => {}
+    /// Saves the registry if the journal is behind it. `Err` names why the save failed: what
+    /// changed since the last save is then not durable, must not be reported as done, and is
+    /// saved by a later call (the agent's loop calls this at least once a second).
+    pub fn persist(&mut self) -> Result<(), String> {
+        let generation = self.registry.generation();
+        let state = &mut self.journal_state;
+        if state.saved == Some(generation) {
+            self.metrics.journal_unsaved_seconds.set(0.0);
+            return Ok(());
         }
-    }
-
-    /// Applies a transition's effects, or reports why there was none.
-    fn apply(&mut self, result: Result<Vec<Effect>, RegistryError>, why: &str) {
-        // Only explicit claims (the API) can be refused; they record their conflict there.
-        match result {
-            Ok(effects) => self.apply_effects(effects),
-            Err(e) => warn!("{why}: {e}"),
-        }
-    }
-
-    fn apply_effects(&mut self, effects: Vec<Effect>) {
-        for effect in effects {
-            self.dirty = true;
-            match effect {
-                Effect::Upsert { addr, entry } => self.write_entry(addr, entry),
-                Effect::Remove { addr } => {
-                    self.observed_reuse.remove(&addr);
-                    if let Err(e) = self.datapath.maps.table.remove(&AddrKey::from(addr)) {
-                        error!("{addr}: datapath removal failed: {e}");
-                    }
-                }
-                Effect::Conflict(conflict) => {
-                    let reuse = matches!(
-                        conflict.kind,
-                        ConflictKind::EarlyReuse | ConflictKind::ReuseInCooldown
-                    );
-                    if reuse && conflict.policy == EarlyReusePolicy::Observe {
-                        self.observed_reuse.insert(conflict.addr);
-                        if let Some(entry) = self.registry.get(conflict.addr).map(datapath_entry) {
-                            self.write_entry(conflict.addr, entry);
-                        }
-                    }
-                    let outcome = self.outcome_of(&conflict);
-                    self.record_conflict(&conflict, outcome);
-                }
-                Effect::Transition {
-                    addr,
-                    from,
-                    to,
-                    holder,
-                } => {
-                    let shown = holder.as_ref().map(|h| h.to_string()).unwrap_or_default();
-                    info!(target: "ipq::transition", "{addr}: {} -> {} {shown}", from.as_str(), to.as_str());
-                    let at = TimeBase::now().rfc3339(netdev::monotonic_ns());
-                    self.events.publish(
-                        at,
-                        EventBody::Transition {
-                            address: addr,
-                            from,
-                            to,
-                            holder,
-                        },
-                    );
-                }
-                Effect::Released {
-                    addr,
-                    quarantined_for_ns,
-                } => {
-                    let seconds = quarantined_for_ns as f64 / 1e9;
-                    self.metrics.quarantine_duration_seconds.observe(seconds);
-                    info!("{addr}: released after {seconds:.1}s of quarantine");
-                }
-            }
-        }
-    }
-
-    /// What the policy did about `conflict`, judged from the registry after it.
-    fn outcome_of(&self, conflict: &Conflict) -> Outcome {
-        let record = self.registry.get(conflict.addr);
-        let old_fenced = match (record, &conflict.old) {
-            (Some(record), Some(old)) => record.is_fenced(old),
-            _ => false,
-        };
-        let observing =
-            self.config.mode == Mode::Observe || self.observed_reuse.contains(&conflict.addr);
-        match conflict.kind {
-            ConflictKind::EarlyReuse | ConflictKind::ReuseInCooldown => match conflict.policy {
-                EarlyReusePolicy::Observe => Outcome::Observed,
-                EarlyReusePolicy::RefuseNew => Outcome::BlockedNew,
-                EarlyReusePolicy::FenceOld if old_fenced => Outcome::FencedOld,
-                EarlyReusePolicy::FenceOld => Outcome::Claimed,
-            },
-            ConflictKind::DuplicateSource if observing => Outcome::Observed,
-            ConflictKind::DuplicateSource => Outcome::Dropped,
-            ConflictKind::RemoteClaim if old_fenced => Outcome::FencedOld,
-            ConflictKind::RemoteClaim => Outcome::Reported,
-        }
-    }
-
-    /// Counts, logs (rate-limited) and publishes one conflict.
-    fn record_conflict(&mut self, conflict: &Conflict, outcome: Outcome) {
-        self.metrics
-            .conflicts
-            .with_label_values(&[conflict.kind.as_str()])
-            .inc();
-        let view = conflict_view(conflict, outcome, &TimeBase::now());
-        if self.events.may_log() {
-            let line = serde_json::json!({ "event": "conflict", "conflict": &view });
-            warn!(target: "ipq::conflict", "{line}");
-        } else {
-            self.metrics.events_lost(LostAt::Log, 1);
-        }
-        self.events.conflict(view);
-    }
-
-    /// Logs (rate-limited) and publishes one kernel sample.
-    fn publish_sample(&mut self, sample: &ConflictSample) {
-        let time = TimeBase::now();
-        let addr = sample.addr.to_ip();
-        let holder = self.registry.get(addr).map(|r| match &r.status {
-            AddrStatus::Quarantined { previous, .. } => previous.clone(),
-            AddrStatus::Active { holder, .. } | AddrStatus::Draining { holder, .. } => {
-                holder.clone()
-            }
-        });
-        let seen_on = self.interface_name(sample.ifindex);
-        let body = events::sample_body(sample, seen_on, holder);
-        if self.events.may_log() {
-            let mut line = serde_json::json!({ "event": "conflict_sample" });
-            if let (Some(map), Ok(serde_json::Value::Object(fields))) =
-                (line.as_object_mut(), serde_json::to_value(&body))
-            {
-                map.extend(fields);
-                map.insert("at".into(), time.rfc3339(sample.ts_ns).into());
-            }
-            info!(target: "ipq::conflict", "{line}");
-        } else {
-            self.metrics.events_lost(LostAt::Log, 1);
-        }
-        self.events.publish(time.rfc3339(sample.ts_ns), body);
-    }
-
-    /// Saves the registry if it changed since the last save.
-    pub fn persist(&mut self) {
-        if !self.dirty {
-            return;
-        }
+        let now = Instant::now();
+        let since = *state.unsaved_since.get_or_insert(now);
         match self.journal.save(&self.registry.snapshot()) {
-            Ok(()) => self.dirty = false,
-            Err(e) => error!("journal: {e} (will retry)"),
+            Ok(()) => {
+                state.saved = Some(generation);
+                state.unsaved_since = None;
+                if let Some(reason) = state.failing.take() {
+                    info!(
+                        "journal: saved again after {:.1}s of failures ({reason})",
+                        now.duration_since(since).as_secs_f64()
+                    );
+                }
+                state.last_logged = None;
+                self.metrics.journal_unsaved_seconds.set(0.0);
+                Ok(())
+            }
+            Err(e) => {
+                self.metrics.journal_write_failures.inc();
+                self.metrics
+                    .journal_unsaved_seconds
+                    .set(now.duration_since(since).as_secs_f64());
+                let reason = e.to_string();
+                let changed = state.failing.as_deref() != Some(reason.as_str());
+                let due = state
+                    .last_logged
+                    .is_none_or(|at| now.duration_since(at) >= SAVE_FAILURE_LOG_EVERY);
+                if changed || due {
+                    error!(
+                        "journal: {reason}; changes are not durable and requests that made \
+                         them are answered `unavailable` until a save succeeds (retrying)"
+                    );
+                    state.last_logged = Some(now);
+                }
+                state.failing = Some(reason.clone());
+                Err(reason)
+            }
         }
     }
 
+    /// The gauges that follow the registry and the datapath. O(1) in the registry's size: the
+    /// registry keeps its per-state counts, the table its length.
     fn update_gauges(&self) {
         self.metrics.observe_registry(&self.registry);
         self.observe_protection();
         self.metrics
             .registry_entries
-            .set(self.datapath.maps.table.len() as i64);
+            .set(self.datapath.table().len() as i64);
+        self.metrics
+            .addresses_unprotected
+            .set(self.pending.len() as i64);
     }
 
     /// Writes what is still unsaved; the datapath keeps enforcing through its pins.
     pub fn shutdown(mut self) {
-        self.persist();
-    }
-}
-
-/// Whether two datapath entries enforce the same thing (ignoring the stamps).
-fn same_enforcement(a: &AddrEntry, b: &AddrEntry) -> bool {
-    a.state == b.state
-        && a.holder_ifindex == b.holder_ifindex
-        && a.fenced_ifindex == b.fenced_ifindex
-}
-
-/// Gives `adopted` the identities (container, pod, names) `known` had for the same interfaces.
-fn keep_identities(adopted: &mut AddrRecord, known: &AddrRecord) {
-    let known_holders: Vec<Holder> = known
-        .status
-        .holder()
-        .into_iter()
-        .chain(known.fenced.as_ref())
-        .chain(known.blocked_claimant.as_ref())
-        .chain(known.displaced.iter())
-        .cloned()
-        .collect();
-    let restore = |h: &mut Holder| {
-        if let Some(k) = known_holders.iter().find(|k| k.ifindex == h.ifindex) {
-            *h = k.clone();
+        if let Err(reason) = self.persist() {
+            error!("journal: the last changes were not saved at shutdown ({reason})");
         }
-    };
-    match &mut adopted.status {
-        AddrStatus::Active { holder, .. } | AddrStatus::Draining { holder, .. } => restore(holder),
-        AddrStatus::Quarantined { .. } => {}
     }
-    if let Some(fenced) = adopted.fenced.as_mut() {
-        restore(fenced);
-    }
-}
-
-/// A registry record for a bare datapath entry: all that is left when the journal is gone.
-fn record_from_entry(
-    addr: IpAddr,
-    entry: &AddrEntry,
-    now: u64,
-    settings: &RegistrySettings,
-) -> Option<AddrRecord> {
-    let since = entry.since_ns.min(now);
-    let holder = |ifindex: u32| {
-        let name = netdev::interfaces()
-            .ok()
-            .and_then(|list| list.into_iter().find(|(i, _)| *i == ifindex))
-            .map_or_else(|| format!("if{ifindex}"), |(_, name)| name);
-        Holder::new(ifindex, name)
-    };
-    // A holder fenced on its own address is a Draining holder another machine claimed it from.
-    let fenced = (entry.fenced_ifindex != NO_IFINDEX).then(|| holder(entry.fenced_ifindex));
-    let status = match entry.state()? {
-        AddrState::Active if entry.holder_ifindex != NO_IFINDEX => AddrStatus::Active {
-            holder: holder(entry.holder_ifindex),
-            since,
-        },
-        AddrState::Draining if entry.holder_ifindex != NO_IFINDEX => AddrStatus::Draining {
-            holder: holder(entry.holder_ifindex),
-            since,
-        },
-        AddrState::Quarantined => {
-            let last_stale = (entry.last_stale_ns != 0).then_some(entry.last_stale_ns.min(now));
-            AddrStatus::Quarantined {
-                since,
-                until: settings.release_at(since, last_stale),
-                last_stale,
-                previous: Holder::new(UNKNOWN_IFINDEX, "unknown (rebuilt from the datapath)"),
-            }
-        }
-        _ => return None,
-    };
-    Some(AddrRecord {
-        addr,
-        status,
-        fenced,
-        blocked_claimant: None,
-        displaced: Vec::new(),
-        conflicts: 0,
-    })
 }

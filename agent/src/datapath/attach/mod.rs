@@ -186,7 +186,7 @@ impl Attacher {
 
     /// An attacher without workers: jobs go nowhere, reports come from the test.
     #[cfg(test)]
-    fn without_workers(mode: TcMode) -> (Self, mpsc::Receiver<Job>) {
+    pub(crate) fn without_workers(mode: TcMode) -> (Self, mpsc::Receiver<Job>) {
         let (jobs, queue) = mpsc::channel();
         let attacher = Self {
             layout: PinLayout::new("/nonexistent/ipq-test"),

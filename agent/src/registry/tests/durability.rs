@@ -212,7 +212,7 @@ fn names_match_the_metric_labels() {
     );
     assert_eq!(StateName::Quarantined.as_str(), "quarantined");
     assert_eq!(Source::Netlink.as_str(), "netlink");
-    assert_eq!(policy_str(EarlyReusePolicy::RefuseNew), "refuse-new");
+    assert_eq!(EarlyReusePolicy::RefuseNew.as_str(), "refuse-new");
     let conflict = Conflict {
         kind: ConflictKind::EarlyReuse,
         addr: ip("10.0.0.1"),

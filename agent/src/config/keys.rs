@@ -1,0 +1,189 @@
+//! Every top-level configuration key, in one table: its name in `agent.toml`, its command-line
+//! flag, its help, and how its value is converted and stored. The TOML reader, the command-line
+//! overrides, the `ipq-agent` flags and the "known keys" of an error all come from here.
+//! (`[interfaces]` is a table of lists, read apart.)
+
+use toml::Value;
+
+use super::{Config, ConfigError, Parser};
+
+/// How a command-line value is read before it is converted like the TOML value would be.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// A TOML string.
+    Text,
+    /// A TOML integer (a command-line value that is not a number stays text, and is refused
+    /// naming the flag).
+    Integer,
+}
+
+type Setter = fn(&mut Config, &Parser<'_>, &str, &Value) -> Result<(), ConfigError>;
+
+/// One top-level key.
+pub struct Key {
+    /// As written in `agent.toml`.
+    pub name: &'static str,
+    /// The `ipq-agent` flag that overrides it.
+    pub flag: &'static str,
+    /// One line for `--help`.
+    pub help: &'static str,
+    pub kind: Kind,
+    set: Setter,
+}
+
+impl Key {
+    /// `raw`, given on the command line, as the TOML value it stands for.
+    pub fn value_of(&self, raw: &str) -> Value {
+        match self.kind {
+            Kind::Integer => raw
+                .parse::<i64>()
+                .map_or_else(|_| Value::String(raw.to_owned()), Value::Integer),
+            Kind::Text => Value::String(raw.to_owned()),
+        }
+    }
+
+    pub(super) fn set(
+        &self,
+        config: &mut Config,
+        p: &Parser<'_>,
+        shown: &str,
+        value: &Value,
+    ) -> Result<(), ConfigError> {
+        (self.set)(config, p, shown, value)
+    }
+}
+
+/// The key named `name` (as in `agent.toml`).
+pub fn key(name: &str) -> Option<&'static Key> {
+    KEYS.iter().find(|k| k.name == name)
+}
+
+/// The known top-level keys, for an error about an unknown one.
+pub fn known_keys() -> String {
+    let mut names: Vec<&str> = KEYS.iter().map(|k| k.name).collect();
+    names.push("[interfaces]");
+    names.join(", ")
+}
+
+pub const KEYS: &[Key] = &[
+    Key {
+        name: "mode",
+        flag: "mode",
+        help: "enforce | observe",
+        kind: Kind::Text,
+        set: |c, p, k, v| {
+            c.mode = p.mode(k, v)?;
+            Ok(())
+        },
+    },
+    Key {
+        name: "on_early_reuse",
+        flag: "on-early-reuse",
+        help: "fence-old | refuse-new | observe",
+        kind: Kind::Text,
+        set: |c, p, k, v| {
+            c.on_early_reuse = p.policy(k, v)?;
+            Ok(())
+        },
+    },
+    Key {
+        name: "cooldown",
+        flag: "cooldown",
+        help: "Quarantine after a holder is gone, e.g. 30s",
+        kind: Kind::Text,
+        set: |c, p, k, v| {
+            c.cooldown = p.duration(k, v)?;
+            Ok(())
+        },
+    },
+    Key {
+        name: "quiet_period",
+        flag: "quiet-period",
+        help: "Stale-traffic silence that ends a quarantine early, e.g. 10s",
+        kind: Kind::Text,
+        set: |c, p, k, v| {
+            c.quiet_period = p.duration(k, v)?;
+            Ok(())
+        },
+    },
+    Key {
+        name: "max_cooldown",
+        flag: "max-cooldown",
+        help: "Longest quarantine, however much stale traffic arrives, e.g. 5m",
+        kind: Kind::Text,
+        set: |c, p, k, v| {
+            c.max_cooldown = p.duration(k, v)?;
+            Ok(())
+        },
+    },
+    Key {
+        name: "capacity",
+        flag: "capacity",
+        help: "Addresses the registry and the datapath map hold",
+        kind: Kind::Integer,
+        set: |c, p, k, v| {
+            c.capacity = p.capacity(k, v)?;
+            Ok(())
+        },
+    },
+    Key {
+        name: "bpffs_dir",
+        flag: "bpffs-dir",
+        help: "Where the datapath's maps and links are pinned",
+        kind: Kind::Text,
+        set: |c, p, k, v| {
+            c.bpffs_dir = p.abs_path(k, v)?;
+            Ok(())
+        },
+    },
+    Key {
+        name: "state_dir",
+        flag: "state-dir",
+        help: "Where the journal and the CNI spool live",
+        kind: Kind::Text,
+        set: |c, p, k, v| {
+            c.state_dir = p.abs_path(k, v)?;
+            Ok(())
+        },
+    },
+    Key {
+        name: "api_socket",
+        flag: "api-socket",
+        help: "The API's unix socket",
+        kind: Kind::Text,
+        set: |c, p, k, v| {
+            c.api_socket = p.abs_path(k, v)?;
+            Ok(())
+        },
+    },
+    Key {
+        name: "api_group",
+        flag: "api-group",
+        help: "Group (name or gid) allowed on the API socket besides root",
+        kind: Kind::Text,
+        set: |c, p, k, v| {
+            c.api_group = Some(p.group(k, v)?);
+            Ok(())
+        },
+    },
+    Key {
+        name: "metrics_addr",
+        flag: "metrics-addr",
+        help: "Address and port of /metrics, /healthz and /readyz",
+        kind: Kind::Text,
+        set: |c, p, k, v| {
+            c.metrics_addr = p.socket_addr(k, v)?;
+            Ok(())
+        },
+    },
+    Key {
+        name: "tc_attach",
+        flag: "tc-attach",
+        help: "auto | tcx | netlink: how TC programs attach (auto probes for TCX)",
+        kind: Kind::Text,
+        set: |c, p, k, v| {
+            c.tc_attach = p.tc_attach(k, v)?;
+            Ok(())
+        },
+    },
+];

@@ -1,0 +1,114 @@
+//! What the registry's owner needs of the datapath, as traits: the address table (the map the
+//! kernel programs enforce from) and the attachments. The real [`Datapath`] implements them
+//! over the kernel; tests implement them in memory, so the tracker is tested without root.
+
+use std::collections::BTreeMap;
+
+use ipq_common::addr::{AddrEntry, AddrKey};
+
+use super::{AddressTable, Datapath, DatapathError};
+
+/// The address table's public face: one entry per registered address.
+pub trait AddrTable {
+    /// The entry of `addr` as last written through this table.
+    fn get(&self, addr: &AddrKey) -> Option<&AddrEntry>;
+    /// Writes the entry of `addr`, keeping the kernel-written stamps of an existing one.
+    fn put(&mut self, addr: AddrKey, entry: AddrEntry) -> Result<(), DatapathError>;
+    /// Removes `addr` (it becomes Free), returning what it was.
+    fn remove(&mut self, addr: &AddrKey) -> Result<Option<AddrEntry>, DatapathError>;
+    /// Every entry, with the kernel-written stamps as they are now.
+    fn entries(&self) -> Result<Vec<(AddrKey, AddrEntry)>, DatapathError>;
+    /// How many entries the table holds.
+    fn len(&self) -> usize;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl AddrTable for AddressTable {
+    fn get(&self, addr: &AddrKey) -> Option<&AddrEntry> {
+        AddressTable::get(self, addr)
+    }
+
+    fn put(&mut self, addr: AddrKey, entry: AddrEntry) -> Result<(), DatapathError> {
+        AddressTable::put(self, addr, entry)
+    }
+
+    fn remove(&mut self, addr: &AddrKey) -> Result<Option<AddrEntry>, DatapathError> {
+        AddressTable::remove(self, addr)
+    }
+
+    fn entries(&self) -> Result<Vec<(AddrKey, AddrEntry)>, DatapathError> {
+        AddressTable::entries(self)
+    }
+
+    fn len(&self) -> usize {
+        AddressTable::len(self)
+    }
+}
+
+/// The datapath as the tracker drives it: the address table. (Attaching programs runs off the
+/// owner loop, in [`super::attach::Attacher`].)
+pub trait DatapathPort {
+    fn table(&self) -> &dyn AddrTable;
+    fn table_mut(&mut self) -> &mut dyn AddrTable;
+}
+
+impl DatapathPort for Datapath {
+    fn table(&self) -> &dyn AddrTable {
+        &self.maps.table
+    }
+
+    fn table_mut(&mut self) -> &mut dyn AddrTable {
+        &mut self.maps.table
+    }
+}
+
+/// An address table in memory, for tests: what the kernel map would hold.
+#[derive(Debug, Default)]
+pub struct MemTable {
+    pub entries: BTreeMap<AddrKey, AddrEntry>,
+}
+
+impl AddrTable for MemTable {
+    fn get(&self, addr: &AddrKey) -> Option<&AddrEntry> {
+        self.entries.get(addr)
+    }
+
+    fn put(&mut self, addr: AddrKey, mut entry: AddrEntry) -> Result<(), DatapathError> {
+        if let Some(current) = self.entries.get(&addr) {
+            entry.last_stale_ns = current.last_stale_ns;
+            entry.last_sample_ns = current.last_sample_ns;
+        }
+        self.entries.insert(addr, entry);
+        Ok(())
+    }
+
+    fn remove(&mut self, addr: &AddrKey) -> Result<Option<AddrEntry>, DatapathError> {
+        Ok(self.entries.remove(addr))
+    }
+
+    fn entries(&self) -> Result<Vec<(AddrKey, AddrEntry)>, DatapathError> {
+        Ok(self.entries.iter().map(|(k, v)| (*k, *v)).collect())
+    }
+
+    fn len(&self) -> usize {
+        self.entries.len()
+    }
+}
+
+/// A datapath in memory, for tests: a [`MemTable`].
+#[derive(Debug, Default)]
+pub struct MemDatapath {
+    pub table: MemTable,
+}
+
+impl DatapathPort for MemDatapath {
+    fn table(&self) -> &dyn AddrTable {
+        &self.table
+    }
+
+    fn table_mut(&mut self) -> &mut dyn AddrTable {
+        &mut self.table
+    }
+}

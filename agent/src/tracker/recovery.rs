@@ -1,0 +1,271 @@
+//! Bringing the registry back at start, and taking a netlink dump as the truth.
+
+use std::{collections::BTreeMap, net::IpAddr};
+
+use ipq_common::addr::{AddrEntry, AddrKey, AddrState, FLAG_OBSERVE_ONLY, NO_IFINDEX};
+use log::{error, info, warn};
+
+use super::Tracker;
+use crate::{
+    journal::JournalError,
+    netdev,
+    netlink::NetState,
+    registry::{
+        datapath_entry, AddrRecord, AddrStatus, Holder, RegistrySettings, Snapshot,
+        SNAPSHOT_VERSION,
+    },
+};
+
+/// How the registry came back at start.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Recovery {
+    /// From the journal.
+    Journal,
+    /// The journal was missing or unusable: rebuilt from the pinned maps.
+    PinnedMaps,
+}
+
+/// A holder whose interface ipq cannot know any more (rebuilt from a bare datapath entry).
+const UNKNOWN_IFINDEX: u32 = u32::MAX;
+
+impl Tracker {
+    /// Brings the registry back from the journal, merged with the pinned maps.
+    ///
+    /// The maps are written before the journal, so where an entry disagrees with the journal
+    /// the map is the more recent truth (an agent killed between the two writes, or an
+    /// operator's break-glass write): its enforcement is adopted, with the journal's richer
+    /// holder identity where the interfaces match. A journal entry the maps lack is kept:
+    /// maps are lost on reboot, and a quarantine must not be.
+    pub fn recover(&mut self) -> Recovery {
+        let (journal, recovery) = match self.journal.load::<Snapshot>() {
+            Ok(Some(loaded)) => {
+                let mut snapshot = loaded.body;
+                if !loaded.same_boot {
+                    // Monotonic stamps of another boot: carry them over by wall-clock time.
+                    let now_unix_ms = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_millis() as u64);
+                    let elapsed_ns = now_unix_ms.saturating_sub(loaded.written_unix_ms) * 1_000_000;
+                    let written_now = netdev::monotonic_ns().saturating_sub(elapsed_ns);
+                    snapshot.rebase(loaded.written_mono_ns, written_now);
+                }
+                (snapshot.records, Recovery::Journal)
+            }
+            Ok(None) => {
+                info!("journal: none yet in {}", self.journal.path().display());
+                (Vec::new(), Recovery::PinnedMaps)
+            }
+            Err(JournalError::Corrupt {
+                path,
+                reason,
+                moved_to,
+            }) => {
+                error!(
+                    "journal {} is corrupt ({reason}); kept as {}; rebuilding from the pinned \
+                     maps",
+                    path.display(),
+                    moved_to.display()
+                );
+                (Vec::new(), Recovery::PinnedMaps)
+            }
+            Err(e) => {
+                error!("journal: {e}; rebuilding from the pinned maps");
+                (Vec::new(), Recovery::PinnedMaps)
+            }
+        };
+        let merged = self.merge_with_maps(journal);
+        let count = merged.len();
+        let snapshot = Snapshot {
+            version: SNAPSHOT_VERSION,
+            taken_at: netdev::monotonic_ns(),
+            records: merged,
+        };
+        match self.registry.restore(snapshot) {
+            Ok(effects) => {
+                info!("registry recovered ({recovery:?}): {count} addresses");
+                self.apply_effects(effects);
+            }
+            Err(e) => error!("recovering the registry failed ({e}); starting empty"),
+        }
+        recovery
+    }
+
+    fn merge_with_maps(&self, journal: Vec<AddrRecord>) -> Vec<AddrRecord> {
+        let mut records: BTreeMap<IpAddr, AddrRecord> = journal
+            .into_iter()
+            .map(|r| (r.addr.to_canonical(), r))
+            .collect();
+        let entries = match self.datapath.table().entries() {
+            Ok(entries) => entries,
+            Err(e) => {
+                error!("reading the pinned address map: {e}");
+                return records.into_values().collect();
+            }
+        };
+        let now = netdev::monotonic_ns();
+        let settings = *self.registry.settings();
+        let names: BTreeMap<u32, String> = netdev::interfaces()
+            .map(|list| list.into_iter().collect())
+            .unwrap_or_default();
+        for (key, entry) in entries {
+            let addr = key.to_ip();
+            let known = records.get(&addr);
+            if let Some(known) = known.filter(|r| same_enforcement(&datapath_entry(r), &entry)) {
+                // The journal agrees; an observe-only flag only the map has (a journal written
+                // before records carried it) is kept: observation never becomes enforcement.
+                if entry.flags & FLAG_OBSERVE_ONLY != 0 && !known.observe_only {
+                    if let Some(record) = records.get_mut(&addr) {
+                        record.observe_only = true;
+                    }
+                }
+                continue;
+            }
+            if let Some(mut adopted) = record_from_entry(addr, &entry, now, &settings, &names) {
+                if let Some(known) = known {
+                    keep_identities(&mut adopted, known);
+                    adopted.observe_only |= known.observe_only;
+                    warn!(
+                        "{addr}: the datapath disagrees with the journal; adopting the datapath's"
+                    );
+                }
+                records.insert(addr, adopted);
+            }
+        }
+        records.into_values().collect()
+    }
+
+    /// Takes a full netlink dump as the truth: attaches, claims what the routes say, and
+    /// quarantines the addresses of holders whose interfaces went away while no agent ran.
+    pub fn reconcile(&mut self, state: NetState) {
+        let events = self.net.diff(&state);
+        for event in events {
+            self.on_event(event);
+        }
+        let holders: Vec<u32> = self
+            .registry
+            .iter()
+            .flat_map(|r| r.live_holders().map(|h| h.ifindex).collect::<Vec<_>>())
+            .collect();
+        for ifindex in holders {
+            if !self.net.links.contains_key(&ifindex) {
+                let result = self.registry.holder_gone(ifindex);
+                self.apply(result, "holder gone while the agent was down");
+            }
+        }
+        // The datapath mirrors the registry exactly, whatever an earlier agent left.
+        self.sync_datapath();
+        self.update_gauges();
+    }
+
+    /// Rewrites every datapath entry from the registry, removing what it does not hold.
+    fn sync_datapath(&mut self) {
+        let wanted = self.registry.datapath_entries();
+        let present = match self.datapath.table().entries() {
+            Ok(entries) => entries,
+            Err(e) => {
+                error!("reading the address map: {e}");
+                return;
+            }
+        };
+        for (key, _) in present {
+            if !wanted.contains_key(&key.to_ip()) {
+                if let Err(e) = self.datapath.table_mut().remove(&key) {
+                    error!("{}: removing a stale datapath entry: {e}", key.to_ip());
+                }
+            }
+        }
+        for (addr, entry) in wanted {
+            self.write_entry(addr, entry);
+        }
+    }
+
+    /// Writes one datapath entry, as the registry derived it (observe-only flag included).
+    pub(super) fn write_entry(&mut self, addr: IpAddr, entry: AddrEntry) {
+        if let Err(e) = self.datapath.table_mut().put(AddrKey::from(addr), entry) {
+            error!("{addr}: datapath write failed, enforcement may lag the registry: {e}");
+        }
+    }
+}
+
+/// Whether two datapath entries enforce the same thing (ignoring the stamps).
+fn same_enforcement(a: &AddrEntry, b: &AddrEntry) -> bool {
+    a.state == b.state
+        && a.holder_ifindex == b.holder_ifindex
+        && a.fenced_ifindex == b.fenced_ifindex
+}
+
+/// Gives `adopted` the identities (container, pod, names) `known` had for the same interfaces.
+fn keep_identities(adopted: &mut AddrRecord, known: &AddrRecord) {
+    let known_holders: Vec<Holder> = known
+        .status
+        .holder()
+        .into_iter()
+        .chain(known.fenced.as_ref())
+        .chain(known.blocked_claimant.as_ref())
+        .chain(known.displaced.iter())
+        .cloned()
+        .collect();
+    let restore = |h: &mut Holder| {
+        if let Some(k) = known_holders.iter().find(|k| k.ifindex == h.ifindex) {
+            *h = k.clone();
+        }
+    };
+    match &mut adopted.status {
+        AddrStatus::Active { holder, .. } | AddrStatus::Draining { holder, .. } => restore(holder),
+        AddrStatus::Quarantined { .. } => {}
+    }
+    if let Some(fenced) = adopted.fenced.as_mut() {
+        restore(fenced);
+    }
+}
+
+/// A registry record for a bare datapath entry: all that is left when the journal is gone.
+/// The entry's observe-only flag is the registry's own (it derives the flag from its record),
+/// so it comes back with the record.
+fn record_from_entry(
+    addr: IpAddr,
+    entry: &AddrEntry,
+    now: u64,
+    settings: &RegistrySettings,
+    names: &BTreeMap<u32, String>,
+) -> Option<AddrRecord> {
+    let since = entry.since_ns.min(now);
+    let holder = |ifindex: u32| {
+        let name = names
+            .get(&ifindex)
+            .cloned()
+            .unwrap_or_else(|| format!("if{ifindex}"));
+        Holder::new(ifindex, name)
+    };
+    // A holder fenced on its own address is a Draining holder another machine claimed it from.
+    let fenced = (entry.fenced_ifindex != NO_IFINDEX).then(|| holder(entry.fenced_ifindex));
+    let status = match entry.state()? {
+        AddrState::Active if entry.holder_ifindex != NO_IFINDEX => AddrStatus::Active {
+            holder: holder(entry.holder_ifindex),
+            since,
+        },
+        AddrState::Draining if entry.holder_ifindex != NO_IFINDEX => AddrStatus::Draining {
+            holder: holder(entry.holder_ifindex),
+            since,
+        },
+        AddrState::Quarantined => {
+            let last_stale = (entry.last_stale_ns != 0).then_some(entry.last_stale_ns.min(now));
+            AddrStatus::Quarantined {
+                since,
+                until: settings.release_at(since, last_stale),
+                last_stale,
+                previous: Holder::new(UNKNOWN_IFINDEX, "unknown (rebuilt from the datapath)"),
+            }
+        }
+        _ => return None,
+    };
+    Some(AddrRecord {
+        addr,
+        status,
+        fenced,
+        blocked_claimant: None,
+        displaced: Vec::new(),
+        conflicts: 0,
+        observe_only: entry.flags & FLAG_OBSERVE_ONLY != 0,
+    })
+}

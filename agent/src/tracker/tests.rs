@@ -1,0 +1,301 @@
+//! The tracker without root: an in-memory datapath, a journal in a temporary directory and
+//! metrics with no kernel counters behind them.
+
+use std::{net::IpAddr, path::Path};
+
+use ipq_common::addr::{AddrKey, FLAG_OBSERVE_ONLY};
+use tokio::sync::oneshot;
+
+use super::Tracker;
+use crate::{
+    api::{
+        command::Command,
+        model::{ClaimRequest, ClaimSource, ErrorCode, HolderSpec},
+        views::ApiError,
+    },
+    config::{Config, EarlyReusePolicy},
+    datapath::{
+        attach::{Attacher, TcMode},
+        MemDatapath, MemTable,
+    },
+    journal::{Journal, JOURNAL_FILE},
+    metrics::Metrics,
+    netlink::NetEvent,
+    registry::StateName,
+};
+
+const VETH_A: u32 = 11;
+const VETH_B: u32 = 12;
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+fn config(policy: EarlyReusePolicy) -> Config {
+    let mut config = Config {
+        on_early_reuse: policy,
+        ..Config::default()
+    };
+    config.interfaces.workload = vec!["veth*".into(), "lo".into()];
+    config
+}
+
+fn tracker_with(config: Config, state_dir: &Path, table: MemTable) -> Tracker {
+    let journal = Journal::open(state_dir).expect("journal");
+    let datapath = MemDatapath { table };
+    let (attacher, jobs) = Attacher::without_workers(TcMode::Tcx);
+    // No workers: the attach jobs the tracker queues are never run, and the queue stays open so
+    // queueing them is no error.
+    std::mem::forget(jobs);
+    Tracker::new(config, datapath, attacher, journal, Metrics::for_tests())
+}
+
+fn tracker(policy: EarlyReusePolicy, state_dir: &Path) -> Tracker {
+    tracker_with(config(policy), state_dir, MemTable::default())
+}
+
+fn link(t: &mut Tracker, ifindex: u32, name: &str) {
+    t.on_event(NetEvent::Link {
+        ifindex,
+        name: name.into(),
+    });
+}
+
+fn route(t: &mut Tracker, addr: &str, ifindex: u32) {
+    t.on_event(NetEvent::HostRoute {
+        addr: ip(addr),
+        ifindex,
+    });
+}
+
+fn flags(t: &Tracker, addr: &str) -> u32 {
+    t.datapath()
+        .table()
+        .get(&AddrKey::from(ip(addr)))
+        .map(|e| e.flags)
+        .expect("a datapath entry")
+}
+
+/// The table as a restarted agent finds it in the pins.
+fn pinned(t: &Tracker) -> MemTable {
+    MemTable {
+        entries: t
+            .datapath()
+            .table()
+            .entries()
+            .unwrap()
+            .into_iter()
+            .collect(),
+    }
+}
+
+fn conflicts(t: &Tracker, kind: &str) -> u64 {
+    t.metrics.conflicts.with_label_values(&[kind]).get()
+}
+
+/// An observed early reuse of 10.0.0.5 (v4) and fd00::5 (v6): pod a, then pod b.
+fn observed_reuse(t: &mut Tracker) {
+    link(t, VETH_A, "vetha");
+    link(t, VETH_B, "vethb");
+    for addr in ["10.0.0.5", "fd00::5"] {
+        route(t, addr, VETH_A);
+        route(t, addr, VETH_B);
+    }
+}
+
+#[test]
+fn observe_only_survives_a_restart_and_a_lost_journal() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut t = tracker(EarlyReusePolicy::Observe, dir.path());
+    observed_reuse(&mut t);
+    for addr in ["10.0.0.5", "fd00::5"] {
+        assert_eq!(
+            flags(&t, addr) & FLAG_OBSERVE_ONLY,
+            FLAG_OBSERVE_ONLY,
+            "{addr}"
+        );
+        assert!(t.registry().get(ip(addr)).unwrap().observe_only);
+    }
+    t.persist().unwrap();
+    let table = pinned(&t);
+
+    // A restart: the journal and the pins.
+    let mut restarted = tracker_with(config(EarlyReusePolicy::Observe), dir.path(), table);
+    restarted.recover();
+    restarted.reconcile(restarted.net.clone());
+    for addr in ["10.0.0.5", "fd00::5"] {
+        assert_eq!(
+            flags(&restarted, addr) & FLAG_OBSERVE_ONLY,
+            FLAG_OBSERVE_ONLY
+        );
+    }
+    let table = pinned(&restarted);
+
+    // The journal lost: the pins alone say observe.
+    std::fs::remove_file(dir.path().join(JOURNAL_FILE)).unwrap();
+    let mut rebuilt = tracker_with(config(EarlyReusePolicy::Observe), dir.path(), table);
+    assert_eq!(rebuilt.recover(), super::Recovery::PinnedMaps);
+    rebuilt.reconcile(rebuilt.net.clone());
+    for addr in ["10.0.0.5", "fd00::5"] {
+        assert!(
+            rebuilt.registry().get(ip(addr)).unwrap().observe_only,
+            "{addr}"
+        );
+        assert_eq!(flags(&rebuilt, addr) & FLAG_OBSERVE_ONLY, FLAG_OBSERVE_ONLY);
+    }
+}
+
+#[test]
+fn a_journal_without_the_flag_takes_it_from_the_pins() {
+    // An upgrade: the journal an older agent wrote has no observe_only, its map entry has.
+    let dir = tempfile::tempdir().unwrap();
+    let mut t = tracker(EarlyReusePolicy::Observe, dir.path());
+    observed_reuse(&mut t);
+    let mut snapshot = t.registry().snapshot();
+    for record in &mut snapshot.records {
+        record.observe_only = false;
+    }
+    Journal::open(dir.path()).unwrap().save(&snapshot).unwrap();
+    let mut upgraded = tracker_with(config(EarlyReusePolicy::Observe), dir.path(), pinned(&t));
+    assert_eq!(upgraded.recover(), super::Recovery::Journal);
+    assert!(
+        upgraded
+            .registry()
+            .get(ip("10.0.0.5"))
+            .unwrap()
+            .observe_only
+    );
+    assert_eq!(
+        flags(&upgraded, "10.0.0.5") & FLAG_OBSERVE_ONLY,
+        FLAG_OBSERVE_ONLY
+    );
+}
+
+#[test]
+fn every_change_to_a_record_needs_a_save() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut t = tracker(EarlyReusePolicy::FenceOld, dir.path());
+    link(&mut t, VETH_A, "vetha");
+    route(&mut t, "10.0.0.7", VETH_A);
+    t.persist().unwrap();
+    assert!(t.is_saved());
+    // A duplicate source changes no state and no map entry, only the conflict count.
+    let before = t.registry().generation();
+    let result = t.registry.duplicate_source(ip("10.0.0.7"), VETH_B);
+    t.apply(result, "test");
+    assert!(t.registry().generation() > before);
+    assert!(!t.is_saved(), "a conflict count is a change to save");
+    t.persist().unwrap();
+    assert!(t.is_saved());
+}
+
+/// A claim through the API for `lo` (the one interface a test's namespace surely has).
+fn claim(
+    t: &mut Tracker,
+    addr: &str,
+) -> oneshot::Receiver<Result<crate::api::model::ClaimResponse, ApiError>> {
+    let (reply, answer) = oneshot::channel();
+    let request = ClaimRequest {
+        addresses: vec![ip(addr)],
+        holder: HolderSpec {
+            interface: "lo".into(),
+            container_id: Some("c0ffee".into()),
+            ..HolderSpec::default()
+        },
+        source: ClaimSource::Api,
+    };
+    let answer_fn = t.handle(Command::Claim { request, reply });
+    let saved = t.persist();
+    answer_fn(saved.as_ref().map(|_| ()).map_err(String::as_str));
+    answer
+}
+
+#[test]
+fn a_claim_is_answered_unavailable_until_it_is_saved() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let mut t = tracker(EarlyReusePolicy::FenceOld, &state);
+    // The state directory vanishes: every save fails.
+    std::fs::remove_dir_all(&state).unwrap();
+    let mut answer = claim(&mut t, "10.0.0.9");
+    let error = answer.try_recv().unwrap().unwrap_err();
+    assert_eq!(error.code(), ErrorCode::Unavailable);
+    assert!(error.0.message.contains("journal"), "{}", error.0.message);
+    assert_eq!(t.metrics.journal_write_failures.get(), 1);
+    assert!(!t.is_saved());
+
+    // Once the directory is back, the retry saves it and the same claim is answered.
+    std::fs::create_dir_all(&state).unwrap();
+    let mut answer = claim(&mut t, "10.0.0.9");
+    let response = answer.try_recv().unwrap().expect("the claim, now durable");
+    assert_eq!(response.addresses[0].state, StateName::Active);
+    assert!(t.is_saved());
+    assert_eq!(t.metrics.journal_unsaved_seconds.get(), 0.0);
+}
+
+#[test]
+fn addresses_of_the_node_are_never_a_workloads() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut t = tracker(EarlyReusePolicy::FenceOld, dir.path());
+    link(&mut t, VETH_A, "vetha");
+    link(&mut t, VETH_B, "vethb");
+    // An older agent took ptp's IPv6 gateway on veth a for a pod's address.
+    route(&mut t, "fd92::1", VETH_A);
+    assert_eq!(t.registry().state(ip("fd92::1")), StateName::Active);
+    for ifindex in [VETH_A, VETH_B] {
+        t.on_event(NetEvent::NodeAddress {
+            addr: ip("fd92::1"),
+            ifindex,
+        });
+    }
+    assert_eq!(t.registry().state(ip("fd92::1")), StateName::Free);
+    route(&mut t, "fd92::1", VETH_B);
+    assert_eq!(t.registry().state(ip("fd92::1")), StateName::Free);
+    // Nor through the API.
+    let error = claim(&mut t, "fd92::1").try_recv().unwrap().unwrap_err();
+    assert_eq!(error.code(), ErrorCode::InvalidArgument);
+    assert!(error.0.message.contains("fd92::1"), "{}", error.0.message);
+
+    // A dual-stack pod's addresses, reused by another pod: exactly two conflicts.
+    for addr in ["10.92.0.2", "fd92::2"] {
+        route(&mut t, addr, VETH_A);
+    }
+    for addr in ["10.92.0.2", "fd92::2"] {
+        route(&mut t, addr, VETH_B);
+    }
+    assert_eq!(conflicts(&t, "early_reuse"), 2);
+}
+
+#[test]
+fn a_claim_refused_for_a_full_registry_is_made_when_space_frees() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config(EarlyReusePolicy::FenceOld);
+    config.capacity = 1;
+    let mut t = tracker_with(config, dir.path(), MemTable::default());
+    link(&mut t, VETH_A, "vetha");
+    link(&mut t, VETH_B, "vethb");
+    route(&mut t, "10.0.0.1", VETH_A);
+    route(&mut t, "10.0.0.2", VETH_B);
+    assert_eq!(t.registry().state(ip("10.0.0.2")), StateName::Free);
+    assert_eq!(t.metrics.addresses_unprotected.get(), 1);
+
+    // 10.0.0.1 goes Free: the waiting claim takes the room.
+    let (reply, _answer) = oneshot::channel();
+    let answer = t.handle(Command::Release {
+        addr: ip("10.0.0.1"),
+        force: true,
+        reply,
+    });
+    answer(Ok(()));
+    assert_eq!(t.registry().state(ip("10.0.0.2")), StateName::Active);
+    assert_eq!(t.metrics.addresses_unprotected.get(), 0);
+
+    // A waiting claim whose route went away is not made.
+    route(&mut t, "10.0.0.3", VETH_A);
+    assert_eq!(t.metrics.addresses_unprotected.get(), 1);
+    t.on_event(NetEvent::HostRouteGone {
+        addr: ip("10.0.0.3"),
+        ifindex: VETH_A,
+    });
+    assert_eq!(t.metrics.addresses_unprotected.get(), 0);
+}
