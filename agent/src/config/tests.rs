@@ -174,3 +174,20 @@ fn missing_explicit_file_is_an_error() {
     .to_string();
     assert!(e.contains("/nonexistent/agent.toml"), "{e}");
 }
+
+#[test]
+fn echoed_values_and_keys_are_cut() {
+    let huge = "x".repeat(5 << 20);
+    for text in [
+        format!("mode = \"{huge}\""),
+        format!("{huge} = 1"),
+        format!("mode = {huge}"),
+    ] {
+        let e = err(&text);
+        assert!(e.len() < 1024, "{} bytes: {}", e.len(), &e[..200]);
+    }
+    let e = err(&format!("mode = \"{huge}\""));
+    // The value as written, quotes included.
+    assert!(e.contains(&format!("… ({} bytes)", huge.len() + 2)), "{e}");
+    assert!(e.contains("`mode`"), "{e}");
+}

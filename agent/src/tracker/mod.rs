@@ -15,7 +15,7 @@ use ipq_common::{
     counters::Reason,
     sample::ConflictSample,
 };
-use log::{error, info, warn};
+use log::{debug, error, info, warn};
 
 use self::events::EventHub;
 use crate::{
@@ -368,8 +368,13 @@ impl Tracker {
             Some(Role::Uplink) => self.datapath.attach_uplink(name, ifindex),
             None => return,
         };
-        if let Err(e) = result {
-            error!("{name} (if{ifindex}): not attached: {e}");
+        match result {
+            // Churn: the interface went away before its event was handled.
+            Err(e) if netdev::vanished(name, ifindex) => {
+                debug!("{name} (if{ifindex}): gone before it was attached: {e}")
+            }
+            Err(e) => error!("{name} (if{ifindex}): not attached: {e}"),
+            Ok(()) => {}
         }
     }
 
