@@ -9,18 +9,27 @@
 //!   for its journal, netlink and BPF;
 //! - a failed `accept` (out of descriptors) backs off instead of spinning, and its log line is
 //!   rate-limited;
-//! - a client that shuts down its write side after its request still gets the answer.
+//! - a client that shuts down its write side after its request still gets the answer;
+//! - a client that stops reading its answers is closed once a write has waited
+//!   [`WRITE_STALL_TIMEOUT`]: otherwise it would hold its slot for as long as it likes.
 
 use std::{
+    future::Future as _,
     io,
+    pin::Pin,
     sync::Arc,
+    task::{Context, Poll},
     time::{Duration, Instant},
 };
 
 use hyper::server::conn::http1;
 use hyper_util::rt::TokioTimer;
 use log::warn;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::{
+    io::{AsyncRead, AsyncWrite, ReadBuf},
+    sync::{OwnedSemaphorePermit, Semaphore},
+    time::Sleep,
+};
 
 /// How long a client may take to send a request head, including the wait for the first byte
 /// of the next request on a kept-alive connection. Scrapers and the CLI send theirs at once.
@@ -32,6 +41,10 @@ pub const METRICS_MAX_CONNECTIONS: usize = 64;
 /// Connections the API socket serves at once: bursts of CNI ADDs and DELs, the CLI, event
 /// followers.
 pub const API_MAX_CONNECTIONS: usize = 256;
+
+/// How long one write may wait for a client to read: a follower of `/v1/events` or a scraper
+/// reads as fast as the agent writes.
+pub const WRITE_STALL_TIMEOUT: Duration = Duration::from_secs(30);
 
 const BACKOFF_MIN: Duration = Duration::from_millis(10);
 const BACKOFF_MAX: Duration = Duration::from_secs(1);
@@ -148,6 +161,79 @@ pub fn http1() -> http1::Builder {
     builder
 }
 
+/// A connection whose writes fail with `TimedOut` once one has waited `limit` for the peer to
+/// read; reads pass through (the head timeout bounds those).
+pub struct WriteDeadline<T> {
+    inner: T,
+    limit: Duration,
+    waiting: Option<Pin<Box<Sleep>>>,
+}
+
+impl<T> WriteDeadline<T> {
+    pub fn new(inner: T, limit: Duration) -> Self {
+        Self {
+            inner,
+            limit,
+            waiting: None,
+        }
+    }
+
+    /// Passes `result` on, failing it when the write has been pending for too long.
+    fn bound<R>(
+        &mut self,
+        cx: &mut Context<'_>,
+        result: Poll<io::Result<R>>,
+    ) -> Poll<io::Result<R>> {
+        if result.is_ready() {
+            self.waiting = None;
+            return result;
+        }
+        let limit = self.limit;
+        let timer = self
+            .waiting
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
+        if timer.as_mut().poll(cx).is_ready() {
+            self.waiting = None;
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("the peer read nothing for {limit:?}"),
+            )));
+        }
+        Poll::Pending
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for WriteDeadline<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for WriteDeadline<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let result = Pin::new(&mut self.inner).poll_write(cx, buf);
+        self.bound(cx, result)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let result = Pin::new(&mut self.inner).poll_flush(cx);
+        self.bound(cx, result)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let result = Pin::new(&mut self.inner).poll_shutdown(cx);
+        self.bound(cx, result)
+    }
+}
+
 /// Raises the soft limit on open files to the hard limit: the agent's caps, not the
 /// conventional soft 1024, are what bound its connections. Returns (old soft, new soft).
 pub fn raise_fd_limit() -> io::Result<(u64, u64)> {
@@ -194,6 +280,32 @@ mod tests {
         assert!(guard.admit().is_none());
         drop(a);
         assert!(guard.admit().is_some());
+    }
+
+    #[tokio::test]
+    async fn a_peer_that_stops_reading_fails_the_write_after_the_limit() {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+        let (ours, theirs) = tokio::io::duplex(64);
+        let mut ours = WriteDeadline::new(ours, Duration::from_millis(100));
+        let started = Instant::now();
+        let err = ours.write_all(&[0u8; 4096]).await.unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+        assert!(started.elapsed() >= Duration::from_millis(100));
+        // A peer that reads keeps the connection going, however slowly in total.
+        let (ours, mut theirs2) = tokio::io::duplex(64);
+        let mut ours = WriteDeadline::new(ours, Duration::from_millis(100));
+        let reader = tokio::spawn(async move {
+            let mut buf = [0u8; 64];
+            let mut total = 0;
+            while total < 4096 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                total += theirs2.read(&mut buf).await.unwrap();
+            }
+        });
+        ours.write_all(&[0u8; 4096]).await.unwrap();
+        reader.await.unwrap();
+        drop(theirs);
     }
 
     #[test]

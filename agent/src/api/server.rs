@@ -29,7 +29,7 @@ use super::{
     views::ApiError,
 };
 use crate::{
-    listen::{self, Guard, RateLimited},
+    listen::{self, Guard, RateLimited, WriteDeadline},
     metrics::Metrics,
     safe_fs::{self, DirAccess, DirError},
 };
@@ -192,6 +192,7 @@ impl ApiServer {
                     // One answer saying why, then the connection is closed.
                     http.keep_alive(false);
                 }
+                let stream = WriteDeadline::new(stream, listen::WRITE_STALL_TIMEOUT);
                 let connection = http.serve_connection(TokioIo::new(stream), service);
                 let result = if refused {
                     match tokio::time::timeout(REFUSAL_GRACE, connection).await {

@@ -9,7 +9,7 @@ use log::debug;
 use tokio::net::TcpListener;
 
 use super::{Metrics, MetricsError};
-use crate::listen::{self, Guard};
+use crate::listen::{self, Guard, WriteDeadline};
 
 /// The text exposition format, version 0.0.4.
 const TEXT_FORMAT: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -71,6 +71,7 @@ pub async fn serve(
                     let metrics = metrics.clone();
                     async move { Ok::<_, Infallible>(handle(metrics, req).await) }
                 });
+                let stream = WriteDeadline::new(stream, listen::WRITE_STALL_TIMEOUT);
                 if let Err(e) = listen::http1()
                     .serve_connection(TokioIo::new(stream), service)
                     .await
