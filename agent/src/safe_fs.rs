@@ -155,6 +155,37 @@ pub fn open_regular_nofollow(path: &Path) -> Result<File, OpenError> {
     Ok(file)
 }
 
+/// Opens the regular file `path` for appending, creating it with `mode` if missing: never
+/// through a symbolic link and never blocking on a FIFO, which is reported instead (for an
+/// append-only log such as the journal).
+pub fn open_append_regular(path: &Path, mode: u32) -> Result<File, OpenError> {
+    let flags =
+        libc::O_WRONLY | libc::O_APPEND | libc::O_CREAT | libc::O_NOFOLLOW | libc::O_NONBLOCK;
+    let file = match open_raw(path, flags, mode as libc::mode_t) {
+        Ok(file) => file,
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+            return Err(OpenError::NotRegular {
+                kind: "symbolic link",
+            })
+        }
+        // A FIFO without a reader.
+        Err(e) if e.raw_os_error() == Some(libc::ENXIO) => {
+            return Err(OpenError::NotRegular {
+                kind: "FIFO or device",
+            })
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(OpenError::Missing),
+        Err(e) => return Err(OpenError::Io(e)),
+    };
+    let meta = file.metadata().map_err(OpenError::Io)?;
+    if !meta.file_type().is_file() {
+        return Err(OpenError::NotRegular {
+            kind: kind_of(meta.mode()),
+        });
+    }
+    Ok(file)
+}
+
 /// The whole content of the regular file `path` (see [`open_regular_nofollow`]).
 pub fn read_regular(path: &Path) -> Result<Vec<u8>, OpenError> {
     let mut file = open_regular_nofollow(path)?;
@@ -330,6 +361,39 @@ mod tests {
             Err(OpenError::Missing)
         ));
         assert_eq!(read_regular(&target).unwrap(), b"secret");
+    }
+
+    #[test]
+    fn appending_never_goes_through_a_fifo_or_a_link() {
+        use std::io::Write as _;
+
+        let tmp = tempfile::tempdir().unwrap();
+        let log = tmp.path().join("log");
+        open_append_regular(&log, 0o600)
+            .unwrap()
+            .write_all(b"a")
+            .unwrap();
+        open_append_regular(&log, 0o600)
+            .unwrap()
+            .write_all(b"b")
+            .unwrap();
+        assert_eq!(fs::read(&log).unwrap(), b"ab");
+        assert_eq!(mode(&log), 0o600);
+        let fifo = tmp.path().join("fifo");
+        mkfifo(&fifo);
+        assert!(matches!(
+            open_append_regular(&fifo, 0o600),
+            Err(OpenError::NotRegular { .. })
+        ));
+        let link = tmp.path().join("link");
+        symlink(&log, &link).unwrap();
+        assert!(matches!(
+            open_append_regular(&link, 0o600),
+            Err(OpenError::NotRegular {
+                kind: "symbolic link"
+            })
+        ));
+        assert_eq!(fs::read(&log).unwrap(), b"ab");
     }
 
     #[test]
