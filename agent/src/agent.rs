@@ -19,10 +19,12 @@ use crate::{
     config::Config,
     datapath::{decode_sample, Datapath, DatapathError, KernelLogger, LoadOptions, Samples},
     journal::{Journal, JournalError},
+    listen,
     metrics::{self, Metrics, MetricsError},
     netdev,
     netlink::{self, NetEvent, NetlinkError},
     paths,
+    safe_fs::{self, DirError},
     tracker::{Answer, Tracker},
 };
 
@@ -44,6 +46,8 @@ pub enum AgentError {
     Journal(#[from] JournalError),
     #[error(transparent)]
     Api(#[from] ServerError),
+    #[error("CNI spool directory: {0}")]
+    SpoolDir(#[from] DirError),
     #[error("{what}: {source}")]
     Io {
         what: &'static str,
@@ -171,6 +175,13 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
         config.on_early_reuse,
         config.bpffs_dir.display()
     );
+    // Before anything opens descriptors: the listeners' caps, not a soft limit of 1024, are
+    // what bound the connections.
+    match listen::raise_fd_limit() {
+        Ok((old, new)) if old != new => info!("open files limit raised from {old} to {new}"),
+        Ok(_) => {}
+        Err(e) => warn!("raising the open files limit: {e}"),
+    }
     let mut datapath = Datapath::load(&LoadOptions {
         bpffs_dir: config.bpffs_dir.clone(),
         capacity: config.capacity,
@@ -202,6 +213,8 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
     let api_socket = config.api_socket.clone();
     let spool_dir = paths::cni_spool_dir(&config.state_dir);
     let journal = Journal::open(&config.state_dir)?;
+    // Made the agent's before any ipq-cni can: nobody else may plant or remove spooled DELs.
+    safe_fs::ensure_private_dir(&spool_dir)?;
     let metrics_addr = config.metrics_addr;
     let tc_mode = datapath.tc_mode(config.tc_attach)?;
     info!(

@@ -16,7 +16,10 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 use toml::{Table, Value};
 
-use crate::paths;
+use crate::{
+    echo::{echo_lines, Echo},
+    paths,
+};
 
 /// How the TC programs are attached to workload interfaces (`tc_attach`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -121,18 +124,21 @@ pub enum ConfigError {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("config {source_name}: not valid TOML: {message}")]
+    #[error("config {source_name}: not valid TOML: {}", echo_lines(message))]
     Syntax {
         source_name: String,
         message: String,
     },
-    #[error("config {source_name}: unknown key `{key}` (known keys: {known})")]
+    #[error(
+        "config {source_name}: unknown key `{}` (known keys: {known})",
+        Echo(key)
+    )]
     UnknownKey {
         source_name: String,
         key: String,
         known: String,
     },
-    #[error("config {source_name}: `{key}` = {value}: {reason}")]
+    #[error("config {source_name}: `{}` = {}: {reason}", Echo(key), Echo(value))]
     Invalid {
         source_name: String,
         key: String,

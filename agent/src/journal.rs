@@ -8,9 +8,8 @@
 //! netlink, and trusts nothing in it.
 
 use std::{
-    fs::{self, File, OpenOptions},
+    fs::{self, File},
     io::{self, Write as _},
-    os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _},
     path::{Path, PathBuf},
     time::{SystemTime, UNIX_EPOCH},
 };
@@ -18,7 +17,10 @@ use std::{
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use thiserror::Error;
 
-use crate::netdev;
+use crate::{
+    netdev,
+    safe_fs::{self, DirError, OpenError},
+};
 
 pub const JOURNAL_FILE: &str = "registry.journal";
 const FORMAT: &str = "ipq-journal";
@@ -28,6 +30,8 @@ const VERSION: u32 = 1;
 pub enum JournalError {
     #[error("journal {path}: {source}")]
     Io { path: PathBuf, source: io::Error },
+    #[error("state_dir: {0}")]
+    Dir(#[from] DirError),
     #[error("journal {path} is corrupt ({reason}); moved to {moved_to}")]
     Corrupt {
         path: PathBuf,
@@ -83,12 +87,7 @@ pub fn boot_id() -> Option<String> {
 impl Journal {
     /// Opens (creating, mode 0700) the state directory.
     pub fn open(state_dir: &Path) -> Result<Self, JournalError> {
-        let io_err = |source| JournalError::Io {
-            path: state_dir.to_owned(),
-            source,
-        };
-        fs::create_dir_all(state_dir).map_err(io_err)?;
-        fs::set_permissions(state_dir, fs::Permissions::from_mode(0o700)).map_err(io_err)?;
+        safe_fs::ensure_private_dir(state_dir)?;
         Ok(Self {
             dir: state_dir.to_owned(),
         })
@@ -101,10 +100,14 @@ impl Journal {
     /// The journal's content; `None` when there is none yet.
     pub fn load<T: DeserializeOwned>(&self) -> Result<Option<Loaded<T>>, JournalError> {
         let path = self.path();
-        let bytes = match fs::read(&path) {
+        // Never blocks on a FIFO nor follows a link: what is not a regular file is set aside.
+        let bytes = match safe_fs::read_regular(&path) {
             Ok(bytes) => bytes,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-            Err(source) => return Err(JournalError::Io { path, source }),
+            Err(OpenError::Missing) => return Ok(None),
+            Err(e @ OpenError::NotRegular { .. }) => {
+                return Err(self.quarantine_file(e.to_string()))
+            }
+            Err(OpenError::Io(source)) => return Err(JournalError::Io { path, source }),
         };
         match Self::decode(&bytes) {
             Ok(loaded) => Ok(Some(loaded)),
@@ -187,13 +190,7 @@ impl Journal {
             .map_err(|e| io_err(io::Error::new(io::ErrorKind::InvalidData, e)))?;
 
         let tmp = self.dir.join(format!("{JOURNAL_FILE}.tmp"));
-        let mut file = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)
-            .map_err(io_err)?;
+        let mut file = safe_fs::create_fresh(&tmp, 0o600).map_err(io_err)?;
         file.write_all(&header).map_err(io_err)?;
         file.write_all(b"\n").map_err(io_err)?;
         file.write_all(&body).map_err(io_err)?;
@@ -210,6 +207,8 @@ impl Journal {
 
 #[cfg(test)]
 mod tests {
+    use std::os::unix::fs::PermissionsExt as _;
+
     use super::*;
 
     #[derive(Serialize, Deserialize, Debug, PartialEq)]

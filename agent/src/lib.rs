@@ -1,16 +1,20 @@
 //! The ipq agent library: configuration, the kernel datapath (loading, pinning, attaching and
 //! the typed maps), and metrics. The binaries in `src/bin` are thin edges over it.
 
+pub mod addr_class;
 pub mod agent;
 pub mod api;
 pub mod cli;
 pub mod cni;
 pub mod config;
 pub mod datapath;
+pub mod echo;
 pub mod journal;
+pub mod listen;
 pub mod metrics;
 pub mod netdev;
 pub mod netlink;
 pub mod paths;
 pub mod registry;
+pub mod safe_fs;
 pub mod tracker;

@@ -72,3 +72,45 @@ pub fn monotonic_ns() -> u64 {
     unsafe { libc::clock_gettime(clock, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
+
+/// Whether `name` no longer names interface `ifindex`: it was deleted (or renamed) after an
+/// event reported it. Under pod churn that is a race, not a failure of what was tried on it.
+pub fn vanished(name: &str, ifindex: u32) -> bool {
+    self::ifindex(name) != Some(ifindex)
+}
+
+/// Whether the kernel accepts `name` as an interface name (`dev_valid_name`): 1 to 15 bytes
+/// (IFNAMSIZ less its NUL), not `.` or `..`, no `/`, `:` or white space.
+pub fn valid_ifname(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() < 16
+        && name != "."
+        && name != ".."
+        && !name
+            .chars()
+            .any(|c| c == '/' || c == ':' || c.is_whitespace())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn interface_names_as_the_kernel_takes_them() {
+        for ok in ["eth0", "veth1234567890a", "a", "cali-x.y_z"] {
+            assert!(valid_ifname(ok), "{ok}");
+        }
+        for bad in [
+            "",
+            ".",
+            "..",
+            "a/b",
+            "a:1",
+            "a b",
+            "veth1234567890ab",
+            &"x".repeat(100_000),
+        ] {
+            assert!(!valid_ifname(bad), "{bad}");
+        }
+    }
+}

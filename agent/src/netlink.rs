@@ -23,6 +23,8 @@ use rtnetlink::{
 use thiserror::Error;
 use tokio::sync::mpsc;
 
+use crate::addr_class::is_workload_address;
+
 #[derive(Debug, Error)]
 pub enum NetlinkError {
     #[error("opening a netlink socket: {0}")]
@@ -274,30 +276,14 @@ pub fn route_event(msg: &RouteMessage, new: bool) -> Option<NetEvent> {
         return None;
     }
     let (addr, ifindex) = (addr?, ifindex?);
+    if !is_workload_address(addr) {
+        return None;
+    }
     Some(if new {
         NetEvent::HostRoute { addr, ifindex }
     } else {
         NetEvent::HostRouteGone { addr, ifindex }
     })
-}
-
-/// Whether an address can belong to a workload: unicast, not link-local, not loopback.
-fn is_workload_address(addr: IpAddr) -> bool {
-    match addr {
-        IpAddr::V4(a) => {
-            !(a.is_unspecified()
-                || a.is_loopback()
-                || a.is_multicast()
-                || a.is_broadcast()
-                || a.is_link_local())
-        }
-        IpAddr::V6(a) => {
-            !(a.is_unspecified()
-                || a.is_loopback()
-                || a.is_multicast()
-                || a.is_unicast_link_local())
-        }
-    }
 }
 
 /// An address configured on one of the node's interfaces.

@@ -214,6 +214,17 @@ impl Lab {
         Agent::start(self, extra)
     }
 
+    /// Like [`start_agent`](Self::start_agent), with the agent run through `wrapper` (a
+    /// command line that ends by running its arguments: `unshare --pid --fork --kill-child`,
+    /// `prlimit --nofile=1024:4096`).
+    pub fn start_agent_wrapped(
+        &self,
+        wrapper: &[&str],
+        extra: &[&str],
+    ) -> anyhow::Result<Agent<'_>> {
+        Agent::start_with(self, wrapper, extra)
+    }
+
     /// `ipq-agent datapath <args> --bpffs-dir <lab's>` inside the node namespace (interface
     /// names resolve there). Returns stdout.
     pub fn datapath(&self, args: &[&str]) -> anyhow::Result<String> {
@@ -300,6 +311,11 @@ impl<'l> Agent<'l> {
     /// Starts the agent in `lab`'s node namespace on `lab`'s bpffs dir, with its own state dir,
     /// API socket and an empty config file (so nothing on the host leaks in), plus `extra`.
     pub fn start(lab: &'l Lab, extra: &[&str]) -> anyhow::Result<Agent<'l>> {
+        Self::start_with(lab, &[], extra)
+    }
+
+    /// [`start`](Self::start) through `wrapper` (see [`Lab::start_agent_wrapped`]).
+    pub fn start_with(lab: &'l Lab, wrapper: &[&str], extra: &[&str]) -> anyhow::Result<Agent<'l>> {
         let work = lab.work_dir();
         let config = work.join("agent.toml");
         fs::write(&config, "# every key from the command line\n")?;
@@ -309,7 +325,14 @@ impl<'l> Agent<'l> {
             .count();
         let log = work.join(format!("agent-{}.log", runs + 1));
         let out = fs::File::create(&log)?;
-        let mut cmd = lab.node.command(agent_binary());
+        let mut cmd = match wrapper {
+            [] => lab.node.command(agent_binary()),
+            [program, args @ ..] => {
+                let mut cmd = lab.node.command(program);
+                cmd.args(args).arg(agent_binary());
+                cmd
+            }
+        };
         cmd.arg("--config")
             .arg(&config)
             .arg("--bpffs-dir")

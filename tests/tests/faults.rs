@@ -12,6 +12,8 @@ mod state;
 
 // edge: listeners, files and inputs (idle connections, half-close, peer groups, owned
 // directories, FIFOs, CNI and claim inputs, log floods)
+#[path = "faults/edge.rs"]
+mod edge;
 
 // kernel: interfaces that could not be attached (retries, unprotected gauge, readiness)
 #[path = "faults/kernel.rs"]

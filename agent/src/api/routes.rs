@@ -2,7 +2,7 @@
 //! an HTTP response. Every input is checked here, before anything reaches the registry, and
 //! every error names the input it is about.
 
-use std::{convert::Infallible, net::IpAddr, sync::Arc};
+use std::{convert::Infallible, net::IpAddr, sync::Arc, time::Duration};
 
 use bytes::Bytes;
 use futures::StreamExt;
@@ -20,6 +20,9 @@ use super::{
     views::{ApiError, TimeBase},
 };
 use crate::{
+    addr_class,
+    echo::{echo, Echo},
+    listen,
     metrics::{LostAt, Metrics},
     netdev,
     registry::StateName,
@@ -29,6 +32,9 @@ pub type Body = BoxBody<Bytes, Infallible>;
 
 /// Largest request body accepted: a claim of a few addresses is a few hundred bytes.
 const MAX_BODY: usize = 64 * 1024;
+
+/// How long a request body may take to arrive once its head has: as long as the head may.
+const BODY_TIMEOUT: Duration = listen::HEADER_TIMEOUT;
 
 /// What every request handler needs.
 #[derive(Clone)]
@@ -53,7 +59,7 @@ async fn route(request: Request<Incoming>, ctx: &Context) -> Result<Response<Bod
         return Err(not_found(&path));
     };
     let segments: Vec<&str> = rest.split('/').skip(1).collect();
-    let what = format!("{method} {path}");
+    let what = format!("{method} {}", Echo(&path));
     match segments.as_slice() {
         ["status"] => {
             only(&method, Method::GET, &path)?;
@@ -93,7 +99,9 @@ async fn route(request: Request<Incoming>, ctx: &Context) -> Result<Response<Bod
         ["claims"] => {
             only(&method, Method::POST, &path)?;
             query.allow(&[])?;
-            let request = decode(&read_body(request, &what).await?, &what)?;
+            let request: super::model::ClaimRequest =
+                decode(&read_body(request, &what).await?, &what)?;
+            claimable(&request.addresses)?;
             json(ask(ctx, |reply| Command::Claim { request, reply }).await?)
         }
         ["drains"] => {
@@ -122,7 +130,10 @@ async fn route(request: Request<Incoming>, ctx: &Context) -> Result<Response<Bod
                     .ok()
                     .filter(|n| *n > 0)
                     .ok_or_else(|| {
-                        invalid(format!("limit `{raw}`: must be a whole number from 1"))
+                        invalid(format!(
+                            "limit `{}`: must be a whole number from 1",
+                            Echo(raw)
+                        ))
                     })?,
             };
             json(ask(ctx, |reply| Command::Conflicts { limit, reply }).await?)
@@ -134,7 +145,10 @@ async fn route(request: Request<Incoming>, ctx: &Context) -> Result<Response<Bod
                 None | Some("false") => false,
                 Some("true") => true,
                 Some(other) => {
-                    return Err(invalid(format!("follow `{other}`: must be true or false")))
+                    return Err(invalid(format!(
+                        "follow `{}`: must be true or false",
+                        Echo(other)
+                    )))
                 }
             };
             events(ctx, follow).await
@@ -215,7 +229,7 @@ fn only(method: &Method, allowed: Method, path: &str) -> Result<(), ApiError> {
     } else {
         Err(ApiError::new(
             ErrorCode::MethodNotAllowed,
-            format!("{method} {path}: only {allowed} is allowed here"),
+            format!("{method} {}: only {allowed} is allowed here", Echo(path)),
         ))
     }
 }
@@ -223,7 +237,10 @@ fn only(method: &Method, allowed: Method, path: &str) -> Result<(), ApiError> {
 fn not_found(path: &str) -> ApiError {
     ApiError::new(
         ErrorCode::NotFound,
-        format!("{path}: no such path (the API lives under {API_PREFIX}; see `ipq --help`)"),
+        format!(
+            "{}: no such path (the API lives under {API_PREFIX}; see `ipq --help`)",
+            Echo(path)
+        ),
     )
 }
 
@@ -234,7 +251,26 @@ fn invalid(message: impl Into<String>) -> ApiError {
 fn parse_ip(raw: &str) -> Result<IpAddr, ApiError> {
     raw.parse::<IpAddr>()
         .map(|a| a.to_canonical())
-        .map_err(|_| invalid(format!("address `{raw}`: not an IPv4 or IPv6 address")))
+        .map_err(|_| {
+            invalid(format!(
+                "address `{}`: not an IPv4 or IPv6 address",
+                Echo(raw)
+            ))
+        })
+}
+
+/// Refuses addresses no workload can hold, as netlink events of them are ignored.
+fn claimable(addresses: &[IpAddr]) -> Result<(), ApiError> {
+    for (i, addr) in addresses.iter().enumerate() {
+        if let Err(class) = addr_class::workload_address(*addr) {
+            return Err(invalid(format!(
+                "addresses[{i}] `{addr}`: a {} address, which no workload holds; claim unicast \
+                 addresses only",
+                class.as_str()
+            )));
+        }
+    }
+    Ok(())
 }
 
 fn parse_state(raw: &str) -> Result<StateName, ApiError> {
@@ -243,15 +279,22 @@ fn parse_state(raw: &str) -> Result<StateName, ApiError> {
         "draining" => Ok(StateName::Draining),
         "quarantined" => Ok(StateName::Quarantined),
         _ => Err(invalid(format!(
-            "state `{raw}`: must be active, draining or quarantined"
+            "state `{}`: must be active, draining or quarantined",
+            Echo(raw)
         ))),
     }
 }
 
 async fn read_body(request: Request<Incoming>, what: &str) -> Result<Bytes, ApiError> {
-    Limited::new(request.into_body(), MAX_BODY)
-        .collect()
+    let body = Limited::new(request.into_body(), MAX_BODY).collect();
+    tokio::time::timeout(BODY_TIMEOUT, body)
         .await
+        .map_err(|_| {
+            ApiError::new(
+                ErrorCode::BadRequest,
+                format!("body of {what}: not received within {BODY_TIMEOUT:?}"),
+            )
+        })?
         .map(|b| b.to_bytes())
         .map_err(|e| {
             ApiError::new(
@@ -273,7 +316,7 @@ fn decode<T: DeserializeOwned>(body: &[u8], what: &str) -> Result<T, ApiError> {
         };
         ApiError::new(
             ErrorCode::BadRequest,
-            format!("body of {what}{at}: {}", e.into_inner()),
+            format!("body of {what}{at}: {}", echo(&e.into_inner().to_string())),
         )
     })?;
     de.end()
@@ -318,7 +361,10 @@ impl Query {
         for pair in raw.split('&').filter(|p| !p.is_empty()) {
             let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
             if pairs.iter().any(|(k, _)| k == key) {
-                return Err(invalid(format!("query parameter `{key}` given twice")));
+                return Err(invalid(format!(
+                    "query parameter `{}` given twice",
+                    Echo(key)
+                )));
             }
             pairs.push((key.to_owned(), value.to_owned()));
         }
@@ -329,10 +375,12 @@ impl Query {
         match self.0.iter().find(|(k, _)| !known.contains(&k.as_str())) {
             None => Ok(()),
             Some((key, _)) if known.is_empty() => Err(invalid(format!(
-                "query parameter `{key}`: this path takes none"
+                "query parameter `{}`: this path takes none",
+                Echo(key)
             ))),
             Some((key, _)) => Err(invalid(format!(
-                "query parameter `{key}`: unknown (known: {})",
+                "query parameter `{}`: unknown (known: {})",
+                Echo(key),
                 known.join(", ")
             ))),
         }

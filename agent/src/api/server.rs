@@ -1,15 +1,19 @@
 //! The API's unix socket: created with the right owner and mode, every connection's peer
-//! checked (root, or a member of `api_group`), each request routed to the tracker.
+//! checked (root, or a member of `api_group`), each request routed to the tracker. A peer that
+//! may not use the API gets its one refusal and is closed; connections are bounded in number
+//! and in idle time (see [`crate::listen`]).
 
 use std::{
     ffi::CString,
     fs, io,
+    os::fd::AsRawFd as _,
     os::unix::fs::{FileTypeExt, PermissionsExt},
     path::{Path, PathBuf},
     sync::Arc,
+    time::{Duration, Instant},
 };
 
-use hyper::{server::conn::http1, service::service_fn};
+use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use log::{debug, info, warn};
 use thiserror::Error;
@@ -24,7 +28,15 @@ use super::{
     routes::{self, Context},
     views::ApiError,
 };
-use crate::metrics::Metrics;
+use crate::{
+    listen::{self, Guard, RateLimited, WriteDeadline},
+    metrics::Metrics,
+    safe_fs::{self, DirAccess, DirError},
+};
+
+/// How long a refused peer's connection may last: enough to read its request and send the
+/// refusal, never long enough to hold a descriptor.
+const REFUSAL_GRACE: Duration = Duration::from_secs(2);
 
 #[derive(Debug, Error)]
 pub enum ServerError {
@@ -40,6 +52,8 @@ pub enum ServerError {
     NotASocket { path: PathBuf },
     #[error("api_group `{name}`: no such group on this node")]
     UnknownGroup { name: String },
+    #[error("api_socket's directory: {0}")]
+    Dir(#[from] DirError),
 }
 
 /// Who may use the API besides root.
@@ -105,7 +119,8 @@ impl ApiServer {
             move |source| ServerError::Socket { path, what, source }
         };
         if let Some(dir) = path.parent() {
-            fs::create_dir_all(dir).map_err(err("creating its directory"))?;
+            // Members of api_group traverse it; nobody else may replace the socket in it.
+            safe_fs::ensure_dir(dir, DirAccess::Traversable)?;
         }
         match fs::symlink_metadata(path) {
             Ok(meta) if !meta.file_type().is_socket() => {
@@ -143,18 +158,24 @@ impl ApiServer {
     /// Serves until the task is dropped.
     pub async fn serve(self, commands: mpsc::Sender<Command>, metrics: Arc<Metrics>) {
         let ctx = Context { commands, metrics };
+        let mut guard = Guard::new("API", listen::API_MAX_CONNECTIONS);
+        let mut refusals = RateLimited::new(listen::LOG_PERIOD);
         loop {
             let stream = match self.listener.accept().await {
                 Ok((stream, _)) => stream,
                 Err(e) => {
-                    warn!("API: accepting a connection: {e}");
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    guard.accept_failed(&e).await;
                     continue;
                 }
             };
-            let allowed = self.peer_allowed(&stream);
+            let Some(slot) = guard.admit() else {
+                drop(stream);
+                continue;
+            };
+            let allowed = self.peer_allowed(&stream, &mut refusals);
             let ctx = ctx.clone();
             tokio::spawn(async move {
+                let refused = allowed.is_err();
                 let service = service_fn(move |request| {
                     let ctx = ctx.clone();
                     let allowed = allowed.clone();
@@ -166,38 +187,71 @@ impl ApiServer {
                         Ok::<_, std::convert::Infallible>(response)
                     }
                 });
-                if let Err(e) = http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await
-                {
+                let mut http = listen::http1();
+                if refused {
+                    // One answer saying why, then the connection is closed.
+                    http.keep_alive(false);
+                }
+                let stream = WriteDeadline::new(stream, listen::WRITE_STALL_TIMEOUT);
+                let connection = http.serve_connection(TokioIo::new(stream), service);
+                let result = if refused {
+                    match tokio::time::timeout(REFUSAL_GRACE, connection).await {
+                        Ok(result) => result,
+                        Err(_) => Ok(()),
+                    }
+                } else {
+                    connection.await
+                };
+                if let Err(e) = result {
                     debug!("API connection: {e}");
                 }
+                drop(slot);
             });
         }
     }
 
-    fn peer_allowed(&self, stream: &UnixStream) -> Result<(), ApiError> {
+    fn peer_allowed(
+        &self,
+        stream: &UnixStream,
+        refusals: &mut RateLimited,
+    ) -> Result<(), ApiError> {
         let cred = stream.peer_cred().map_err(|e| {
             ApiError::new(
                 ErrorCode::Forbidden,
                 format!("the peer's credentials cannot be read: {e}"),
             )
         })?;
-        let supplementary = cred.pid().map(supplementary_groups).unwrap_or_default();
+        // From the socket itself: /proc/<pid> cannot be used when the agent runs in its own
+        // PID namespace, where a peer outside it has pid 0.
+        let supplementary = if cred.uid() == 0 || self.access.group.is_none() {
+            Vec::new()
+        } else {
+            peer_groups(stream).unwrap_or_else(|e| {
+                warn!("API: reading a peer's supplementary groups: {e}");
+                Vec::new()
+            })
+        };
         if self.access.allows(cred.uid(), cred.gid(), &supplementary) {
             return Ok(());
         }
-        warn!(
-            "API: refused a peer (uid {}, gid {}, pid {:?}): not root{}",
-            cred.uid(),
-            cred.gid(),
-            cred.pid(),
-            if self.access.group.is_some() {
-                " nor in api_group"
-            } else {
-                ""
-            }
-        );
+        if let Some(n) = refusals.allow(Instant::now()) {
+            warn!(
+                "API: refused a peer (uid {}, gid {}, pid {:?}): not root{}{}",
+                cred.uid(),
+                cred.gid(),
+                cred.pid(),
+                if self.access.group.is_some() {
+                    " nor in api_group"
+                } else {
+                    ""
+                },
+                if n > 0 {
+                    format!(" ({n} more refusals since the last report)")
+                } else {
+                    String::new()
+                }
+            );
+        }
         Err(ApiError::new(
             ErrorCode::Forbidden,
             format!(
@@ -220,21 +274,39 @@ impl Drop for ApiServer {
     }
 }
 
-/// The peer process's supplementary groups (SO_PEERCRED gives only the primary one).
-fn supplementary_groups(pid: i32) -> Vec<u32> {
-    fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|status| {
-            status.lines().find_map(|line| {
-                line.strip_prefix("Groups:").map(|groups| {
-                    groups
-                        .split_whitespace()
-                        .filter_map(|g| g.parse().ok())
-                        .collect()
-                })
-            })
-        })
-        .unwrap_or_default()
+/// `SO_PEERGROUPS` (Linux 4.13): not exported by every libc crate version; 59 on the
+/// architectures ipq supports (x86-64, arm64).
+const SO_PEERGROUPS: libc::c_int = 59;
+
+/// The peer's supplementary groups as of its `connect` (SO_PEERCRED gives only the primary
+/// one), read from the socket so that no PID is involved.
+fn peer_groups(stream: &UnixStream) -> io::Result<Vec<u32>> {
+    let mut groups: Vec<libc::gid_t> = vec![0; 64];
+    loop {
+        let mut len = (groups.len() * std::mem::size_of::<libc::gid_t>()) as libc::socklen_t;
+        // SAFETY: a valid socket and a buffer of `len` bytes.
+        let rc = unsafe {
+            libc::getsockopt(
+                stream.as_raw_fd(),
+                libc::SOL_SOCKET,
+                SO_PEERGROUPS,
+                groups.as_mut_ptr().cast(),
+                &mut len,
+            )
+        };
+        let count = len as usize / std::mem::size_of::<libc::gid_t>();
+        if rc == 0 {
+            groups.truncate(count);
+            return Ok(groups);
+        }
+        let err = io::Error::last_os_error();
+        // ERANGE: the kernel wrote the size it needs into `len`.
+        if err.raw_os_error() == Some(libc::ERANGE) && count > groups.len() {
+            groups.resize(count, 0);
+            continue;
+        }
+        return Err(err);
+    }
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@ use super::{
     env::Command,
     error::{code, CniError},
 };
-use crate::{api::model::Attachment, paths};
+use crate::{api::model::Attachment, echo::Echo, paths};
 
 /// The spec versions ipq-cni speaks, oldest first.
 pub const SUPPORTED_VERSIONS: [&str; 3] = ["0.4.0", "1.0.0", "1.1.0"];
@@ -92,7 +92,7 @@ fn decode_error(what: impl std::fmt::Display) -> CniError {
 fn config_error(key: &str, why: impl std::fmt::Display) -> CniError {
     CniError::new(
         code::INVALID_NETWORK_CONFIG,
-        format!("network config key {key:?}: {why}"),
+        format!("network config key {:?}: {why}", Echo(key).to_string()),
     )
 }
 
@@ -147,7 +147,10 @@ impl NetConf {
                 Value::String(s) if !s.is_empty() => Ok(s),
                 _ => Err(config_error(
                     key,
-                    format!("must be a non-empty string, not {value}"),
+                    format!(
+                        "must be a non-empty string, not {}",
+                        Echo(&value.to_string())
+                    ),
                 )),
             }
         };
@@ -155,7 +158,18 @@ impl NetConf {
             "cniVersion" => {}
             "name" => self.name = Some(string()?.to_owned()),
             "socket" => self.settings.socket = PathBuf::from(string()?),
-            "stateDir" => self.settings.state_dir = PathBuf::from(string()?),
+            "stateDir" => {
+                let dir = PathBuf::from(string()?);
+                // Relative to whatever directory the runtime runs plugins in: the agent would
+                // never find, nor replay, what is spooled there.
+                if !dir.is_absolute() {
+                    return Err(config_error(
+                        key,
+                        format!("must be an absolute path, not {}", Echo(&value.to_string())),
+                    ));
+                }
+                self.settings.state_dir = dir;
+            }
             "onUnavailable" => {
                 self.settings.on_unavailable = match value.as_str() {
                     Some("fail") => OnUnavailable::Fail,
@@ -163,7 +177,10 @@ impl NetConf {
                     _ => {
                         return Err(config_error(
                             key,
-                            format!("must be \"fail\" or \"allow\", not {value}"),
+                            format!(
+                                "must be \"fail\" or \"allow\", not {}",
+                                Echo(&value.to_string())
+                            ),
                         ))
                     }
                 }
@@ -175,7 +192,7 @@ impl NetConf {
                     .ok_or_else(|| {
                         config_error(
                             key,
-                            format!("must be a whole number of milliseconds from 1 to {MAX_TIMEOUT_MS}, not {value}"),
+                            format!("must be a whole number of milliseconds from 1 to {MAX_TIMEOUT_MS}, not {}", Echo(&value.to_string())),
                         )
                     })?;
                 self.settings.timeout = Duration::from_millis(ms);
@@ -186,7 +203,8 @@ impl NetConf {
                 Value::Null => {}
                 _ => {
                     return Err(decode_error(format!(
-                        "prevResult must be a result object, not {value}"
+                        "prevResult must be a result object, not {}",
+                        Echo(&value.to_string())
                     )))
                 }
             },
@@ -243,7 +261,10 @@ fn parse_version(map: &Map<String, Value>) -> Result<String, CniError> {
 /// `[{"containerID": "...", "ifname": "..."}, ...]`.
 fn parse_attachments(key: &str, value: &Value) -> Result<Vec<Attachment>, CniError> {
     let Value::Array(items) = value else {
-        return Err(config_error(key, format!("must be a list, not {value}")));
+        return Err(config_error(
+            key,
+            format!("must be a list, not {}", Echo(&value.to_string())),
+        ));
     };
     items
         .iter()
@@ -256,7 +277,10 @@ fn parse_attachments(key: &str, value: &Value) -> Result<Vec<Attachment>, CniErr
                 }),
                 _ => Err(config_error(
                     key,
-                    format!("entry {item} needs string fields containerID and ifname"),
+                    format!(
+                        "entry {} needs string fields containerID and ifname",
+                        Echo(&item.to_string())
+                    ),
                 )),
             }
         })

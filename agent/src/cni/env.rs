@@ -148,17 +148,13 @@ fn validate_container_id(id: &str) -> Result<(), CniError> {
 
 /// A Linux interface name: at most 15 bytes, not `.` or `..`, no `/`, `:` or whitespace.
 fn validate_ifname(name: &str) -> Result<(), CniError> {
-    let bad = name.len() > 15
-        || name == "."
-        || name == ".."
-        || name
-            .chars()
-            .any(|c| c == '/' || c == ':' || c.is_whitespace());
-    if bad {
+    // Empty is reported as missing before this.
+    if !name.is_empty() && !crate::netdev::valid_ifname(name) {
         return Err(invalid(
             "CNI_IFNAME",
             format!(
-                "is {name:?}: not a valid interface name (at most 15 bytes, no '/', ':' or spaces)"
+                "is {:?}: not a valid interface name (at most 15 bytes, no '/', ':' or spaces)",
+                crate::echo::Echo(name).to_string()
             ),
         ));
     }

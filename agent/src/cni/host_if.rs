@@ -13,6 +13,7 @@ use super::{
     error::{code, CniError},
     result::PrevResult,
 };
+use crate::{echo::Echo, netdev};
 
 /// What the kernel says of one candidate.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -61,14 +62,33 @@ pub fn choose(candidates: &[(String, LinkKind)]) -> Result<String, CniError> {
     }
 }
 
+/// The host-side interfaces of `prev` (those without a sandbox), each a name the kernel could
+/// hold: anything else is refused before it reaches netlink, naming its field.
+pub fn host_side_names(prev: &PrevResult) -> Result<Vec<&str>, CniError> {
+    let mut names = Vec::new();
+    for (i, iface) in prev.interfaces.iter().enumerate() {
+        if iface.sandbox.is_some() {
+            continue;
+        }
+        if !netdev::valid_ifname(&iface.name) {
+            return Err(CniError::new(
+                code::INVALID_NETWORK_CONFIG,
+                format!(
+                    "prevResult.interfaces[{i}].name {:?} ({} bytes): not an interface name \
+                     (1 to 15 bytes, no '/', ':' or spaces)",
+                    Echo(&iface.name).to_string(),
+                    iface.name.len()
+                ),
+            ));
+        }
+        names.push(iface.name.as_str());
+    }
+    Ok(names)
+}
+
 /// The host-side interface of `prev`, looked up in the current network namespace.
 pub async fn host_interface(prev: &PrevResult) -> Result<String, CniError> {
-    let names: Vec<&str> = prev
-        .interfaces
-        .iter()
-        .filter(|i| i.sandbox.is_none())
-        .map(|i| i.name.as_str())
-        .collect();
+    let names = host_side_names(prev)?;
     let mut candidates = Vec::with_capacity(names.len());
     if !names.is_empty() {
         let handle = connect()?;
@@ -115,6 +135,7 @@ async fn link_kind(handle: &rtnetlink::Handle, name: &str) -> Result<LinkKind, C
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cni::result::Interface;
 
     fn c(list: &[(&str, LinkKind)]) -> Vec<(String, LinkKind)> {
         list.iter().map(|(n, k)| (n.to_string(), *k)).collect()
@@ -145,6 +166,37 @@ mod tests {
             let err = choose(&list).unwrap_err();
             assert_eq!(err.code, code::NO_HOST_INTERFACE);
             assert!(err.msg.contains(needle), "{needle:?} not in {err}");
+        }
+    }
+
+    #[test]
+    fn host_side_names_the_kernel_cannot_hold_are_refused_naming_the_field() {
+        let prev = |name: String| PrevResult {
+            addresses: Vec::new(),
+            interfaces: vec![
+                Interface {
+                    name: "eth0".into(),
+                    sandbox: Some("/run/netns/x".into()),
+                },
+                Interface {
+                    name,
+                    sandbox: None,
+                },
+            ],
+        };
+        assert_eq!(
+            host_side_names(&prev("veth0123456789a".into())).unwrap(),
+            ["veth0123456789a"]
+        );
+        for name in ["veth0123456789ab".to_owned(), "v".repeat(100_000)] {
+            let err = host_side_names(&prev(name.clone())).unwrap_err();
+            assert_eq!(err.code, code::INVALID_NETWORK_CONFIG);
+            assert!(err.msg.contains("prevResult.interfaces[1].name"), "{err}");
+            assert!(
+                err.msg.contains(&format!("({} bytes)", name.len())),
+                "{err}"
+            );
+            assert!(err.msg.len() < 300, "{err}");
         }
     }
 

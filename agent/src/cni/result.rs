@@ -8,6 +8,7 @@ use std::net::IpAddr;
 use serde_json::Value;
 
 use super::error::{code, CniError};
+use crate::echo::Echo;
 
 /// One entry of `interfaces`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -47,17 +48,25 @@ impl PrevResult {
             match value.get(key) {
                 None | Some(Value::Null) => Ok(&[]),
                 Some(Value::Array(items)) => Ok(items),
-                Some(other) => Err(decode_error(format!("{key} must be a list, not {other}"))),
+                Some(other) => Err(decode_error(format!(
+                    "{key} must be a list, not {}",
+                    Echo(&other.to_string())
+                ))),
             }
         };
         let mut addresses = Vec::new();
         for ip in list("ips")? {
-            let text = ip
-                .get("address")
-                .and_then(Value::as_str)
-                .ok_or_else(|| decode_error(format!("ips entry {ip} has no address string")))?;
+            let text = ip.get("address").and_then(Value::as_str).ok_or_else(|| {
+                decode_error(format!(
+                    "ips entry {} has no address string",
+                    Echo(&ip.to_string())
+                ))
+            })?;
             let addr = parse_address(text).ok_or_else(|| {
-                decode_error(format!("ips entry address {text:?} is not an IP/prefix"))
+                decode_error(format!(
+                    "ips entry address {:?} is not an IP/prefix",
+                    Echo(text).to_string()
+                ))
             })?;
             if !addresses.contains(&addr) {
                 addresses.push(addr);
@@ -71,14 +80,19 @@ impl PrevResult {
                     .and_then(Value::as_str)
                     .filter(|n| !n.is_empty())
                     .ok_or_else(|| {
-                        decode_error(format!("interfaces entry {iface} has no name string"))
+                        decode_error(format!(
+                            "interfaces entry {} has no name string",
+                            Echo(&iface.to_string())
+                        ))
                     })?;
                 let sandbox = match iface.get("sandbox") {
                     None | Some(Value::Null) => None,
                     Some(Value::String(s)) => (!s.is_empty()).then(|| s.clone()),
                     Some(other) => {
                         return Err(decode_error(format!(
-                            "interface {name:?} has sandbox {other}, not a string"
+                            "interface {:?} has sandbox {}, not a string",
+                            Echo(name).to_string(),
+                            Echo(&other.to_string())
                         )))
                     }
                 };

@@ -13,7 +13,6 @@
 use std::{
     fs,
     io::Write as _,
-    os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _},
     path::{Path, PathBuf},
     sync::atomic::{AtomicU32, Ordering},
     time::{Duration, SystemTime, UNIX_EPOCH},
@@ -21,7 +20,10 @@ use std::{
 
 use thiserror::Error;
 
-use crate::api::model::DrainAttachmentRequest;
+use crate::{
+    api::model::DrainAttachmentRequest,
+    safe_fs::{self, DirError, OpenError},
+};
 
 #[derive(Debug, Error)]
 pub enum SpoolError {
@@ -32,6 +34,8 @@ pub enum SpoolError {
     },
     #[error("spool: encoding a DEL: {0}")]
     Encode(#[source] serde_json::Error),
+    #[error("spool: {0}")]
+    Dir(#[from] DirError),
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> SpoolError + '_ {
@@ -69,13 +73,13 @@ const STALE_TEMP: Duration = Duration::from_secs(60);
 
 static NEXT: AtomicU32 = AtomicU32::new(0);
 
-/// Writes `request` into `dir` (created 0700 if missing), durably, and returns its path.
+/// Writes `request` into `dir` (created 0700 if missing, refused if another user owns it),
+/// durably, and returns its path.
 pub fn spool(dir: &Path, request: &DrainAttachmentRequest) -> Result<PathBuf, SpoolError> {
-    fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-        .map_err(io(dir))?;
+    if let Some(state_dir) = dir.parent() {
+        safe_fs::ensure_private_dir(state_dir)?;
+    }
+    safe_fs::ensure_private_dir(dir)?;
     let nanos = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default()
@@ -89,11 +93,7 @@ pub fn spool(dir: &Path, request: &DrainAttachmentRequest) -> Result<PathBuf, Sp
     let temp = dir.join(format!(".{name}.tmp"));
     let body = serde_json::to_vec(request).map_err(SpoolError::Encode)?;
     let write = || -> std::io::Result<()> {
-        let mut file = fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&temp)?;
+        let mut file = safe_fs::create_excl_nofollow(&temp, 0o600)?;
         file.write_all(&body)?;
         file.sync_all()
     };
@@ -140,11 +140,19 @@ pub fn pending(dir: &Path) -> Result<Vec<SpooledDel>, SpoolError> {
     let mut out = Vec::with_capacity(names.len());
     for name in names {
         let path = dir.join(&name);
-        let parsed = fs::read(&path)
-            .map_err(|e| e.to_string())
-            .and_then(|bytes| {
+        // Never blocks on a FIFO nor follows a link: what is not a regular file is set aside.
+        let parsed = match safe_fs::read_regular(&path) {
+            Ok(bytes) => {
                 serde_json::from_slice::<DrainAttachmentRequest>(&bytes).map_err(|e| e.to_string())
-            });
+            }
+            Err(OpenError::Missing) => continue,
+            Err(OpenError::Io(e)) => {
+                // Perhaps passing: left in place for the next replay.
+                log::warn!("cni spool: reading {}: {e}", path.display());
+                continue;
+            }
+            Err(e @ OpenError::NotRegular { .. }) => Err(e.to_string()),
+        };
         match parsed {
             Ok(request) => out.push(SpooledDel { path, request }),
             Err(why) => set_aside(&path, &why),
@@ -170,7 +178,7 @@ fn set_aside(path: &Path, why: &str) {
 }
 
 fn remove_if_stale(path: &Path) {
-    let age = fs::metadata(path)
+    let age = fs::symlink_metadata(path)
         .and_then(|m| m.modified())
         .ok()
         .and_then(|t| t.elapsed().ok());
@@ -259,7 +267,7 @@ mod tests {
     #[test]
     fn corrupt_files_are_set_aside_not_replayed_not_deleted() {
         let tmp = tempfile::tempdir().unwrap();
-        let dir = tmp.path();
+        let dir = &tmp.path().join("cni-spool");
         spool(dir, &request("good")).unwrap();
         fs::write(
             dir.join("del-00000000000000000001-1-0.json"),
@@ -308,6 +316,36 @@ mod tests {
         assert!(fresh.exists(), "a writer may still be busy with it");
         assert!(!stale.exists());
         assert!(dir.join("unrelated.txt").exists());
+    }
+
+    #[test]
+    fn a_fifo_or_a_link_in_the_spool_is_set_aside_without_blocking() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("cni-spool");
+        spool(&dir, &request("good")).unwrap();
+        let fifo = dir.join("del-00000000000000000001-1-0.json");
+        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a valid C string.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let elsewhere = tmp.path().join("elsewhere.json");
+        fs::write(&elsewhere, br#"{"container_id":"planted"}"#).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, dir.join("del-00000000000000000002-1-0.json"))
+            .unwrap();
+        let waiting = pending(&dir).unwrap();
+        let ids: Vec<&str> = waiting
+            .iter()
+            .map(|s| s.request.container_id.as_str())
+            .collect();
+        assert_eq!(ids, ["good"]);
+        let names = files(&dir);
+        assert!(
+            names.contains(&"del-00000000000000000001-1-0.json.corrupt".to_owned()),
+            "{names:?}"
+        );
+        assert!(
+            names.contains(&"del-00000000000000000002-1-0.json.corrupt".to_owned()),
+            "{names:?}"
+        );
     }
 
     #[test]

@@ -217,3 +217,20 @@ fn the_key_table_is_the_one_list_of_keys() {
     assert_eq!(capacity.value_of("7"), toml::Value::Integer(7));
     assert_eq!(capacity.value_of("x"), toml::Value::String("x".into()));
 }
+
+#[test]
+fn echoed_values_and_keys_are_cut() {
+    let huge = "x".repeat(5 << 20);
+    for text in [
+        format!("mode = \"{huge}\""),
+        format!("{huge} = 1"),
+        format!("mode = {huge}"),
+    ] {
+        let e = err(&text);
+        assert!(e.len() < 1024, "{} bytes: {}", e.len(), &e[..200]);
+    }
+    let e = err(&format!("mode = \"{huge}\""));
+    // The value as written, quotes included.
+    assert!(e.contains(&format!("… ({} bytes)", huge.len() + 2)), "{e}");
+    assert!(e.contains("`mode`"), "{e}");
+}

@@ -51,6 +51,8 @@ pub enum DatapathError {
     NotBpffs { path: PathBuf },
     #[error("{path}: {source}")]
     Io { path: PathBuf, source: io::Error },
+    #[error("bpffs_dir: {0}")]
+    Dir(#[from] crate::safe_fs::DirError),
     #[error(
         "pinned map {path} does not fit this agent ({what}: pinned {pinned}, needed {needed}); \
          it was made by an incompatible ipq version: drain the node, remove {path} and restart"
@@ -205,11 +207,13 @@ fn check_bpffs(path: &Path) -> Result<(), DatapathError> {
     Ok(())
 }
 
+/// Creates or checks a directory of pins: owned by the agent's user and writable by nobody
+/// else, who could otherwise unlink the link pins and so detach enforcement.
 fn create_dir(path: &Path) -> Result<(), DatapathError> {
-    fs::create_dir_all(path).map_err(|source| DatapathError::Io {
-        path: path.to_owned(),
-        source,
-    })
+    Ok(crate::safe_fs::ensure_dir(
+        path,
+        crate::safe_fs::DirAccess::Traversable,
+    )?)
 }
 
 impl Datapath {
@@ -218,6 +222,7 @@ impl Datapath {
     pub fn load(options: &LoadOptions) -> Result<Self, DatapathError> {
         let layout = PinLayout::new(&options.bpffs_dir);
         check_bpffs(layout.root())?;
+        create_dir(layout.root())?;
         create_dir(&layout.maps_dir())?;
         create_dir(&layout.links_dir())?;
 

@@ -3,12 +3,13 @@
 use std::{convert::Infallible, net::SocketAddr, sync::Arc};
 
 use http_body_util::Full;
-use hyper::{body::Bytes, server::conn::http1, service::service_fn, Request, Response, StatusCode};
+use hyper::{body::Bytes, service::service_fn, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
-use log::{debug, warn};
+use log::debug;
 use tokio::net::TcpListener;
 
 use super::{Metrics, MetricsError};
+use crate::listen::{self, Guard, WriteDeadline};
 
 /// The text exposition format, version 0.0.4.
 const TEXT_FORMAT: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -53,13 +54,18 @@ pub async fn serve(
         .await
         .map_err(|source| MetricsError::Bind { addr, source })?;
     Ok(async move {
+        let mut guard = Guard::new("metrics", listen::METRICS_MAX_CONNECTIONS);
         loop {
             let (stream, peer) = match listener.accept().await {
                 Ok(conn) => conn,
                 Err(e) => {
-                    warn!("metrics: accept failed: {e}");
+                    guard.accept_failed(&e).await;
                     continue;
                 }
+            };
+            let Some(slot) = guard.admit() else {
+                drop(stream);
+                continue;
             };
             let metrics = metrics.clone();
             tokio::spawn(async move {
@@ -67,12 +73,14 @@ pub async fn serve(
                     let metrics = metrics.clone();
                     async move { Ok::<_, Infallible>(handle(metrics, req).await) }
                 });
-                if let Err(e) = http1::Builder::new()
+                let stream = WriteDeadline::new(stream, listen::WRITE_STALL_TIMEOUT);
+                if let Err(e) = listen::http1()
                     .serve_connection(TokioIo::new(stream), service)
                     .await
                 {
                     debug!("metrics: connection from {peer}: {e}");
                 }
+                drop(slot);
             });
         }
     })

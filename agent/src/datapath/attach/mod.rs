@@ -321,7 +321,11 @@ impl Attacher {
             target.failures += 1;
             // The first failure and every change of error are errors; repeats of the same one
             // are not logged again at that level.
-            if target.last_error.as_deref() != Some(error.as_str()) {
+            if crate::netdev::vanished(&name, ifindex) {
+                // Churn: the interface went away before its attach ran; its LinkGone event
+                // forgets it.
+                debug!("{name} (if{ifindex}): gone before it was attached: {error}");
+            } else if target.last_error.as_deref() != Some(error.as_str()) {
                 error!(
                     "{name} (if{ifindex}): NOT PROTECTED: {error}; retrying in {}",
                     humantime::format_duration(delay)

@@ -1,0 +1,325 @@
+//! What both of the agent's listeners (the metrics port, open to the node's network, and the
+//! API socket) do against clients that hold connections without using them, and against
+//! running out of file descriptors:
+//!
+//! - a connection must send a complete request head within [`HEADER_TIMEOUT`], the first one
+//!   and every later one on a kept-alive connection, else it is closed;
+//! - each listener serves at most a fixed number of connections at once; one more is closed
+//!   the moment it is accepted, so idle clients can never take the descriptors the agent needs
+//!   for its journal, netlink and BPF;
+//! - a failed `accept` (out of descriptors) backs off instead of spinning, and its log line is
+//!   rate-limited;
+//! - a client that shuts down its write side after its request still gets the answer;
+//! - a client that stops reading its answers is closed once a write has waited
+//!   [`WRITE_STALL_TIMEOUT`]: otherwise it would hold its slot for as long as it likes.
+
+use std::{
+    future::Future as _,
+    io,
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll},
+    time::{Duration, Instant},
+};
+
+use hyper::server::conn::http1;
+use hyper_util::rt::TokioTimer;
+use log::warn;
+use tokio::{
+    io::{AsyncRead, AsyncWrite, ReadBuf},
+    sync::{OwnedSemaphorePermit, Semaphore},
+    time::Sleep,
+};
+
+/// How long a client may take to send a request head, including the wait for the first byte
+/// of the next request on a kept-alive connection. Scrapers and the CLI send theirs at once.
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Connections the metrics port serves at once: a Prometheus or two and the kubelet's probes.
+pub const METRICS_MAX_CONNECTIONS: usize = 64;
+
+/// Connections the API socket serves at once: bursts of CNI ADDs and DELs, the CLI, event
+/// followers.
+pub const API_MAX_CONNECTIONS: usize = 256;
+
+/// How long one write may wait for a client to read: a follower of `/v1/events` or a scraper
+/// reads as fast as the agent writes.
+pub const WRITE_STALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+const BACKOFF_MIN: Duration = Duration::from_millis(10);
+const BACKOFF_MAX: Duration = Duration::from_secs(1);
+
+/// At most one log line per this period for each kind of repeated listener trouble.
+pub const LOG_PERIOD: Duration = Duration::from_secs(10);
+
+/// Lets one log line through per period and counts what it held back.
+#[derive(Debug)]
+pub struct RateLimited {
+    period: Duration,
+    last: Option<Instant>,
+    suppressed: u64,
+}
+
+impl RateLimited {
+    pub fn new(period: Duration) -> Self {
+        Self {
+            period,
+            last: None,
+            suppressed: 0,
+        }
+    }
+
+    /// `Some(n)` when a line may be logged now, `n` being how many were held back since the
+    /// last one; `None` when this one is held back.
+    pub fn allow(&mut self, now: Instant) -> Option<u64> {
+        if self
+            .last
+            .is_some_and(|last| now.duration_since(last) < self.period)
+        {
+            self.suppressed += 1;
+            return None;
+        }
+        self.last = Some(now);
+        Some(std::mem::take(&mut self.suppressed))
+    }
+}
+
+fn held_back(n: u64) -> String {
+    if n == 0 {
+        String::new()
+    } else {
+        format!(" ({n} more since the last report)")
+    }
+}
+
+/// One listener's guard: its connection slots, its accept back-off and its log limits.
+pub struct Guard {
+    name: &'static str,
+    max: usize,
+    slots: Arc<Semaphore>,
+    backoff: Duration,
+    accept_errors: RateLimited,
+    refusals: RateLimited,
+}
+
+impl Guard {
+    pub fn new(name: &'static str, max: usize) -> Self {
+        Self {
+            name,
+            max,
+            slots: Arc::new(Semaphore::new(max)),
+            backoff: BACKOFF_MIN,
+            accept_errors: RateLimited::new(LOG_PERIOD),
+            refusals: RateLimited::new(LOG_PERIOD),
+        }
+    }
+
+    /// After `accept` failed: logs (rate-limited) and waits, longer after each failure in a
+    /// row, so a listener out of descriptors neither spins nor floods the log.
+    pub async fn accept_failed(&mut self, error: &io::Error) {
+        if let Some(n) = self.accept_errors.allow(Instant::now()) {
+            warn!(
+                "{}: accepting a connection failed: {error}; retrying with back-off{}",
+                self.name,
+                held_back(n)
+            );
+        }
+        tokio::time::sleep(self.backoff).await;
+        self.backoff = (self.backoff * 2).min(BACKOFF_MAX);
+    }
+
+    /// A slot for the connection just accepted, held for its lifetime; `None` when every slot
+    /// is taken, and the caller closes the connection at once.
+    pub fn admit(&mut self) -> Option<OwnedSemaphorePermit> {
+        self.backoff = BACKOFF_MIN;
+        match self.slots.clone().try_acquire_owned() {
+            Ok(permit) => Some(permit),
+            Err(_) => {
+                if let Some(n) = self.refusals.allow(Instant::now()) {
+                    warn!(
+                        "{}: {} connections open, the most it serves at once: closing new \
+                         ones until some finish or time out{}",
+                        self.name,
+                        self.max,
+                        held_back(n)
+                    );
+                }
+                None
+            }
+        }
+    }
+}
+
+/// The HTTP/1 settings both listeners serve with.
+pub fn http1() -> http1::Builder {
+    let mut builder = http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_TIMEOUT)
+        // `nc -N`, socat and others shut down their write side once the request is sent.
+        .half_close(true);
+    builder
+}
+
+/// A connection whose writes fail with `TimedOut` once one has waited `limit` for the peer to
+/// read; reads pass through (the head timeout bounds those).
+pub struct WriteDeadline<T> {
+    inner: T,
+    limit: Duration,
+    waiting: Option<Pin<Box<Sleep>>>,
+}
+
+impl<T> WriteDeadline<T> {
+    pub fn new(inner: T, limit: Duration) -> Self {
+        Self {
+            inner,
+            limit,
+            waiting: None,
+        }
+    }
+
+    /// Passes `result` on, failing it when the write has been pending for too long.
+    fn bound<R>(
+        &mut self,
+        cx: &mut Context<'_>,
+        result: Poll<io::Result<R>>,
+    ) -> Poll<io::Result<R>> {
+        if result.is_ready() {
+            self.waiting = None;
+            return result;
+        }
+        let limit = self.limit;
+        let timer = self
+            .waiting
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
+        if timer.as_mut().poll(cx).is_ready() {
+            self.waiting = None;
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("the peer read nothing for {limit:?}"),
+            )));
+        }
+        Poll::Pending
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for WriteDeadline<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for WriteDeadline<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let result = Pin::new(&mut self.inner).poll_write(cx, buf);
+        self.bound(cx, result)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let result = Pin::new(&mut self.inner).poll_flush(cx);
+        self.bound(cx, result)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let result = Pin::new(&mut self.inner).poll_shutdown(cx);
+        self.bound(cx, result)
+    }
+}
+
+/// Raises the soft limit on open files to the hard limit: the agent's caps, not the
+/// conventional soft 1024, are what bound its connections. Returns (old soft, new soft).
+pub fn raise_fd_limit() -> io::Result<(u64, u64)> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: a valid out-parameter.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let old = limit.rlim_cur;
+    if limit.rlim_cur < limit.rlim_max {
+        limit.rlim_cur = limit.rlim_max;
+        // SAFETY: a valid in-parameter.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok((old, limit.rlim_cur))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_line_per_period_with_the_count_held_back() {
+        let mut limit = RateLimited::new(Duration::from_secs(10));
+        let t0 = Instant::now();
+        assert_eq!(limit.allow(t0), Some(0));
+        for i in 1..=500 {
+            assert_eq!(limit.allow(t0 + Duration::from_millis(i)), None);
+        }
+        assert_eq!(limit.allow(t0 + Duration::from_secs(10)), Some(500));
+        assert_eq!(limit.allow(t0 + Duration::from_secs(11)), None);
+    }
+
+    #[tokio::test]
+    async fn slots_run_out_and_come_back() {
+        let mut guard = Guard::new("test", 2);
+        let a = guard.admit().unwrap();
+        let _b = guard.admit().unwrap();
+        assert!(guard.admit().is_none());
+        drop(a);
+        assert!(guard.admit().is_some());
+    }
+
+    #[tokio::test]
+    async fn a_peer_that_stops_reading_fails_the_write_after_the_limit() {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+        let (ours, theirs) = tokio::io::duplex(64);
+        let mut ours = WriteDeadline::new(ours, Duration::from_millis(100));
+        let started = Instant::now();
+        let err = ours.write_all(&[0u8; 4096]).await.unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+        assert!(started.elapsed() >= Duration::from_millis(100));
+        // A peer that reads keeps the connection going, however slowly in total.
+        let (ours, mut theirs2) = tokio::io::duplex(64);
+        let mut ours = WriteDeadline::new(ours, Duration::from_millis(100));
+        let reader = tokio::spawn(async move {
+            let mut buf = [0u8; 64];
+            let mut total = 0;
+            while total < 4096 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                total += theirs2.read(&mut buf).await.unwrap();
+            }
+        });
+        ours.write_all(&[0u8; 4096]).await.unwrap();
+        reader.await.unwrap();
+        drop(theirs);
+    }
+
+    #[test]
+    fn the_soft_fd_limit_reaches_the_hard_one() {
+        let (_, new) = raise_fd_limit().unwrap();
+        let mut limit = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: a valid out-parameter.
+        assert_eq!(
+            unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) },
+            0
+        );
+        assert_eq!((new, limit.rlim_cur), (limit.rlim_max, limit.rlim_max));
+    }
+}
