@@ -4,7 +4,10 @@
 //!
 //! Only addresses matter to ipq, so nothing past the headers that carry them is read: an IPv4
 //! fragment is judged by its addresses like any other packet, and the L4 header is read only
-//! for ICMPv6 neighbour discovery, whose target address is an announcement.
+//! for ICMPv6 neighbour discovery, whose target address is an announcement. To find that
+//! ICMPv6 header the IPv6 extension-header chain (hop-by-hop, routing, destination options,
+//! fragment, authentication) is walked, up to [`IPV6_EXT_HEADERS_MAX`] headers: the kernel
+//! delivers a neighbour advertisement behind any of them, so the program must judge it too.
 
 use core::mem::size_of;
 
@@ -29,6 +32,21 @@ const IPV6_NEXT_HEADER_OFFSET: usize = 6;
 const IPV6_SRC_OFFSET: usize = 8;
 const IPV6_DST_OFFSET: usize = 24;
 const IPPROTO_ICMPV6: u8 = 58;
+
+// IPv6 extension headers the chain walk steps over.
+const IPPROTO_HOPOPTS: u8 = 0;
+const IPPROTO_ROUTING: u8 = 43;
+const IPPROTO_FRAGMENT: u8 = 44;
+const IPPROTO_AH: u8 = 51;
+const IPPROTO_DSTOPTS: u8 = 60;
+const IPV6_FRAGMENT_HEADER_LEN: usize = 8;
+/// Offset bits of the fragment header's offset/flags word.
+const IPV6_FRAGMENT_OFFSET_MASK: u16 = 0xfff8;
+
+/// Extension headers walked before ICMPv6 at most. Real stacks send one to three (hop-by-hop
+/// for MLD, a fragment header, destination options); a longer chain is judged by its addresses
+/// only. Each step costs a few instructions, and the bound keeps the verifier's walk finite.
+pub const IPV6_EXT_HEADERS_MAX: u32 = 8;
 
 const ICMPV6_NS: u8 = 135;
 const ICMPV6_NA: u8 = 136;
@@ -152,26 +170,63 @@ fn parse_ipv6(frame: &Frame, l3: usize) -> Option<Packet> {
     }
     let src = AddrKey::from_v6_wire(frame.load(l3 + IPV6_SRC_OFFSET)?);
     let dst = AddrKey::from_v6_wire(frame.load(l3 + IPV6_DST_OFFSET)?);
-    let next_header: u8 = frame.load(l3 + IPV6_NEXT_HEADER_OFFSET)?;
-    if next_header == IPPROTO_ICMPV6 {
-        let l4 = l3 + IPV6_HEADER_LEN;
-        let kind = match frame.load::<u8>(l4) {
-            Some(ICMPV6_NS) => Some(NeighborKind::Solicitation),
-            Some(ICMPV6_NA) => Some(NeighborKind::Advertisement),
-            _ => None,
-        };
-        if let Some(kind) = kind {
-            // A neighbour message too short to carry its target is malformed: not parsed.
-            let target = AddrKey::from_v6_wire(frame.load(l4 + NDP_TARGET_OFFSET)?);
-            return Some(Packet::Neighbor {
-                kind,
-                src,
-                dst,
-                target,
-            });
+    let ip = Packet::Ip { src, dst };
+    let first: u8 = frame.load(l3 + IPV6_NEXT_HEADER_OFFSET)?;
+    // Whatever the chain holds, the addresses of a complete fixed header are judged: a broken
+    // or over-long chain must not let a packet skip its source check.
+    let Some(l4) = upper_layer(frame, first, l3 + IPV6_HEADER_LEN, IPPROTO_ICMPV6) else {
+        return Some(ip);
+    };
+    // Type and code as one 2-byte read: the verifier grants no range for a 1-byte read at a
+    // variable offset checked as `at < end` (which is what LLVM makes of `at + 1 <= end`).
+    let kind = match frame.load::<[u8; 2]>(l4) {
+        Some([ICMPV6_NS, _]) => NeighborKind::Solicitation,
+        Some([ICMPV6_NA, _]) => NeighborKind::Advertisement,
+        _ => return Some(ip),
+    };
+    // A neighbour message too short to carry its target is malformed: not parsed.
+    let target = AddrKey::from_v6_wire(frame.load(l4 + NDP_TARGET_OFFSET)?);
+    Some(Packet::Neighbor {
+        kind,
+        src,
+        dst,
+        target,
+    })
+}
+
+/// Walks the extension headers from `next` (the fixed header's next-header field), the first
+/// of them at `at`, and returns where the `wanted` upper-layer header starts, if the chain
+/// leads there within [`IPV6_EXT_HEADERS_MAX`] complete headers. A non-first fragment carries
+/// no upper-layer header at all (its bytes are the middle of a payload), so it leads nowhere.
+#[inline(always)]
+fn upper_layer(frame: &Frame, mut next: u8, mut at: usize, wanted: u8) -> Option<usize> {
+    for _ in 0..IPV6_EXT_HEADERS_MAX {
+        if next == wanted {
+            return Some(at);
         }
+        let header: [u8; 2] = frame.load(at)?;
+        let len = match next {
+            IPPROTO_HOPOPTS | IPPROTO_ROUTING | IPPROTO_DSTOPTS => (header[1] as usize + 1) * 8,
+            // RFC 4302: the length is in 4-byte units, minus 2.
+            IPPROTO_AH => (header[1] as usize + 2) * 4,
+            IPPROTO_FRAGMENT => {
+                let offset = u16::from_be(frame.load::<u16>(at + 2)?);
+                if offset & IPV6_FRAGMENT_OFFSET_MASK != 0 {
+                    return None;
+                }
+                IPV6_FRAGMENT_HEADER_LEN
+            }
+            // An upper layer other than the wanted one, or no next header (59), or ESP.
+            _ => return None,
+        };
+        next = header[0];
+        at += len;
     }
-    Some(Packet::Ip { src, dst })
+    if next == wanted {
+        Some(at)
+    } else {
+        None
+    }
 }
 
 #[inline(always)]

@@ -17,8 +17,10 @@ use crate::{
     Verdict,
 };
 
-/// Headers ipq reads at most: Ethernet, two VLAN tags, IPv6, ICMPv6 up to the NDP target.
-const HEADERS_MAX: u32 = 14 + 8 + 40 + 24;
+/// Headers ipq reads at most: Ethernet, two VLAN tags, IPv6, a chain of extension headers,
+/// ICMPv6 up to the NDP target. Extension headers are 8 bytes or more each (up to 2 KiB);
+/// 512 bytes holds any chain a real stack sends, and a pull only happens for a non-linear skb.
+const HEADERS_MAX: u32 = 512;
 
 #[inline(always)]
 pub fn try_workload(ctx: &TcContext, hook: Hook) -> Verdict {
