@@ -24,6 +24,7 @@ use ipq_common::{
     addr::{AddrEntry, AddrKey},
     config::{DatapathConfig, Mode, DEFAULT_SAMPLE_INTERVAL_NS},
     counters::Counter,
+    filter::{filter_words, valid_filter_words, FILTER_MASK_GLOBAL},
     iface::IfaceEntry,
     names,
     sample::ConflictSample,
@@ -148,6 +149,12 @@ pub struct Datapath {
     capacity: u32,
 }
 
+/// Sizes of the maps the object is loaded with.
+struct Sizes {
+    capacity: u32,
+    filter_words: u32,
+}
+
 /// Key and value sizes every pinned map must have, from the shared types.
 fn expected_layout(name: &str) -> Option<(u32, u32)> {
     use core::mem::size_of;
@@ -202,13 +209,21 @@ impl Datapath {
         check_bpffs(layout.root())?;
         create_dir(&layout.maps_dir())?;
         create_dir(&layout.links_dir())?;
-        let capacity = Self::check_pins(&layout, options.capacity)?;
+        let Sizes {
+            capacity,
+            filter_words,
+        } = Self::check_pins(&layout, options.capacity)?;
+        maps::blind_legacy_filter(&layout)?;
 
         let log_level = kernel_log_level();
+        let filter_mask = filter_words - 1;
         let mut loader = EbpfLoader::new();
         loader
             .default_map_pin_directory(layout.maps_dir())
             .map_max_entries(names::MAP_ADDRS, capacity)
+            .map_max_entries(names::MAP_QFILTER, filter_words)
+            // The program masks filter indices with this; it must match the map's real size.
+            .override_global(FILTER_MASK_GLOBAL, &filter_mask, true)
             // The kernel skips log records the agent's logger would discard anyway.
             .override_global("AYA_LOG_LEVEL", &log_level, false);
         let mut ebpf = loader
@@ -249,9 +264,12 @@ impl Datapath {
     }
 
     /// Verifies pins left by an earlier agent before the loader trusts them, and returns the
-    /// capacity to load with: an existing address map keeps its size (and its contents).
-    fn check_pins(layout: &PinLayout, capacity: u32) -> Result<u32, DatapathError> {
+    /// sizes to load with: an existing address map keeps its size (and its contents), and an
+    /// existing filter keeps its size, so the size the programs are loaded with is always the
+    /// size of the map they will read, whatever the configured capacity became.
+    fn check_pins(layout: &PinLayout, capacity: u32) -> Result<Sizes, DatapathError> {
         let mut effective = capacity;
+        let mut pinned_filter_words = None;
         for name in names::PINNED_MAPS {
             let path = layout.map(name);
             if !path.exists() {
@@ -288,8 +306,35 @@ impl Datapath {
                 );
                 effective = map_info.max_entries();
             }
+            if name == names::MAP_QFILTER {
+                let words = map_info.max_entries();
+                if !valid_filter_words(words) {
+                    return Err(DatapathError::IncompatiblePin {
+                        path,
+                        what: "filter words",
+                        pinned: words,
+                        needed: filter_words(capacity),
+                    });
+                }
+                pinned_filter_words = Some(words);
+            }
         }
-        Ok(effective)
+        let filter_words = match pinned_filter_words {
+            Some(words) => {
+                if words != filter_words(effective) {
+                    log::warn!(
+                        "the pinned quarantine filter has {words} words, {} would fit capacity                          {effective}: keeping the pinned one (false positives cost lookups only)",
+                        filter_words(effective)
+                    );
+                }
+                words
+            }
+            None => filter_words(effective),
+        };
+        Ok(Sizes {
+            capacity: effective,
+            filter_words,
+        })
     }
 
     pub fn layout(&self) -> &PinLayout {
@@ -349,7 +394,11 @@ impl Datapath {
     /// longer configured). Call once every configured interface is attached.
     pub fn prune_links(&self) -> Result<Vec<(u32, AttachPoint)>, DatapathError> {
         let keep: BTreeSet<_> = self.attached.keys().copied().collect();
-        links::prune(&self.layout, &keep)
+        let pruned = links::prune(&self.layout, &keep)?;
+        // Programs of an older agent that are still attached anywhere keep the legacy filter
+        // alive through their own reference; it is all ones, so they stay correct.
+        maps::unpin_legacy_filter(&self.layout)?;
+        Ok(pruned)
     }
 
     /// A program of the loaded object, by name: tests and benchmarks run programs through
