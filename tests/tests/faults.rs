@@ -14,5 +14,7 @@
 // kernel: interfaces that could not be attached (retries, unprotected gauge, readiness)
 
 // datapath: crafted frames from a fenced pod
+#[path = "faults/datapath.rs"]
+mod datapath;
 
 // hygiene: conntrack and neighbour clean-up under fault
