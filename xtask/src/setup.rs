@@ -28,6 +28,8 @@ pub const TEST_PACKAGES: &[&str] = &[
     "busybox-static",
     // Observability tests: promtool and a real Prometheus server scraping the lab.
     "prometheus",
+    // `cargo xtask bench`: the nftables netdev set the datapath is compared with.
+    "nftables",
 ];
 
 /// How much of the setup a command needs.
