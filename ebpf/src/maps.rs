@@ -68,24 +68,55 @@ pub fn maybe_quarantined(addr: &AddrKey) -> bool {
     }
 }
 
-#[inline(always)]
-fn config() -> Option<&'static DatapathConfig> {
-    IPQ_CONFIG.get(0)
+/// The time of the current jiffy on this CPU, as the clock read at its first use.
+#[repr(C)]
+pub struct TickClock {
+    jiffies: u64,
+    ns: u64,
 }
 
+/// Per-CPU cache of [`TickClock`]: plain scratch, neither pinned nor read by the agent.
+#[map]
+static IPQ_TICK_CLOCK: PerCpuArray<TickClock> = PerCpuArray::with_max_entries(1, 0);
+
+/// The clock's value for tick `jiffies` on this CPU: `read` runs on the first call in a tick.
 #[inline(always)]
-pub fn mode() -> Mode {
-    match config() {
-        Some(config) => Mode::from_raw(config.mode),
-        None => Mode::Enforce,
+pub fn clock_for_tick(jiffies: u64, read: impl FnOnce() -> u64) -> u64 {
+    match IPQ_TICK_CLOCK.get_ptr_mut(0) {
+        // SAFETY: this CPU's slot; programs do not migrate while they run.
+        Some(cache) => unsafe {
+            if (*cache).jiffies != jiffies || (*cache).ns == 0 {
+                (*cache).jiffies = jiffies;
+                (*cache).ns = read();
+            }
+            (*cache).ns
+        },
+        None => read(),
     }
 }
 
+/// What the drop path needs of the configuration, read in one lookup.
+#[derive(Clone, Copy)]
+pub struct Settings {
+    pub mode: Mode,
+    pub sample_interval_ns: u64,
+}
+
 #[inline(always)]
-pub fn sample_interval_ns() -> u64 {
-    match config() {
-        Some(config) if config.sample_interval_ns != 0 => config.sample_interval_ns,
-        _ => DEFAULT_SAMPLE_INTERVAL_NS,
+pub fn settings() -> Settings {
+    match IPQ_CONFIG.get(0) {
+        Some(config) => Settings {
+            mode: Mode::from_raw(config.mode),
+            sample_interval_ns: if config.sample_interval_ns != 0 {
+                config.sample_interval_ns
+            } else {
+                DEFAULT_SAMPLE_INTERVAL_NS
+            },
+        },
+        None => Settings {
+            mode: Mode::Enforce,
+            sample_interval_ns: DEFAULT_SAMPLE_INTERVAL_NS,
+        },
     }
 }
 
