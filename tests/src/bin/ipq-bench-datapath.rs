@@ -33,7 +33,10 @@ use ipq_common::{
 };
 use ipq_tests::{
     netns::{require_root, BpffsDir, NetNs},
-    packets::{ethernet, ipv4, ipv6, udp, Fragment, Vlan, ETH_P_IP, ETH_P_IPV6, IPPROTO_UDP},
+    packets::{
+        arp, ethernet, ipv4, ipv6, udp, Fragment, Vlan, ARP_REPLY, ETH_P_ARP, ETH_P_IP, ETH_P_IPV6,
+        IPPROTO_UDP,
+    },
 };
 
 const POD4: Ipv4Addr = Ipv4Addr::new(10, 30, 0, 2);
@@ -127,6 +130,10 @@ fn frame4(src: Ipv4Addr, dst: Ipv4Addr) -> Vec<u8> {
 fn frame6(src: Ipv6Addr, dst: Ipv6Addr) -> Vec<u8> {
     let packet = ipv6(src, dst, IPPROTO_UDP, &udp(&[0u8; 10]));
     ethernet(Vlan::Untagged, ETH_P_IPV6, &packet).bytes
+}
+
+fn arp_reply(sender: Ipv4Addr, target: Ipv4Addr) -> Vec<u8> {
+    ethernet(Vlan::Untagged, ETH_P_ARP, &arp(ARP_REPLY, sender, target)).bytes
 }
 
 fn figures() -> Vec<Figure> {
@@ -226,6 +233,15 @@ fn figures() -> Vec<Figure> {
             Tc,
             ingress,
             vec![frame6(FENCED6, PEER6)],
+            true,
+        ),
+        // The floor of any XDP drop: parse and one hash lookup, nothing else (an ARP reply from
+        // an unknown sender is a remote-claim check, which has no filter in front of it).
+        f(
+            "xdp_lookup_miss_arp",
+            Xdp,
+            xdp,
+            vec![arp_reply(UNKNOWN4, peer4)],
             true,
         ),
         f(
