@@ -965,3 +965,69 @@ fn stale_traffic_stamps_the_entry() -> anyhow::Result<()> {
         Ok(())
     })
 }
+
+/// The fast-path slot of an interface as the kernel reads it.
+fn slot_of(dp: &Datapath, ifindex: u32) -> anyhow::Result<ipq_common::iface::IfaceEntry> {
+    use aya::maps::{Array, Map, MapData};
+    let path = dp.layout().map(names::MAP_IFACES);
+    let slots: Array<MapData, ipq_common::iface::IfaceEntry> =
+        Array::try_from(Map::Array(MapData::from_pin(&path)?))?;
+    Ok(slots.get(&ipq_common::iface::iface_slot(ifindex), 0)?)
+}
+
+/// The per-interface index behind the slots (issue 11): a slot lists the interface's first
+/// four conflict-free addresses in key order, and follows every change of any of them.
+#[test]
+fn fast_path_slots_follow_their_interfaces_addresses() -> anyhow::Result<()> {
+    with_datapath("vf", |dp, here, other| {
+        let now = netdev::monotonic_ns();
+        let mut keys: Vec<AddrKey> = (1..=5u8)
+            .map(|i| AddrKey::from(IpAddr::V4(Ipv4Addr::new(10, 0, 1, i))))
+            .collect();
+        // Addresses of another interface never show up in this one's slot.
+        dp.maps.table.put(
+            AddrKey::from(IpAddr::V4(P4)),
+            AddrEntry::new(AddrState::Active, other, now),
+        )?;
+        for key in &keys {
+            dp.maps
+                .table
+                .put(*key, AddrEntry::new(AddrState::Active, here, now))?;
+        }
+        keys.sort();
+        let slot = slot_of(dp, here)?;
+        assert_eq!(slot.ifindex, here);
+        assert_eq!(slot.own.to_vec(), keys[..4].to_vec());
+
+        // Fencing one of the listed addresses here takes it out; the fifth moves in.
+        let fenced = keys[1];
+        dp.maps.table.put(
+            fenced,
+            AddrEntry::new(AddrState::Active, other, now).with_fenced(here),
+        )?;
+        let listed: Vec<AddrKey> = keys.iter().copied().filter(|k| *k != fenced).collect();
+        assert_eq!(slot_of(dp, here)?.own.to_vec(), listed);
+
+        // Back to its holder: listed again, in order.
+        dp.maps
+            .table
+            .put(fenced, AddrEntry::new(AddrState::Draining, here, now))?;
+        assert_eq!(slot_of(dp, here)?.own.to_vec(), keys[..4].to_vec());
+
+        // Removing addresses shrinks the listing; none left empties the slot.
+        for (removed, key) in keys.iter().enumerate() {
+            dp.maps.table.remove(key)?;
+            let rest: Vec<AddrKey> = keys[removed + 1..].iter().take(4).copied().collect();
+            let slot = slot_of(dp, here)?;
+            let listed: Vec<AddrKey> = slot
+                .own
+                .iter()
+                .copied()
+                .filter(|k| *k != AddrKey::UNSPECIFIED)
+                .collect();
+            assert_eq!(listed, rest, "after removing {key:?}");
+            assert_eq!(slot.ifindex, if rest.is_empty() { 0 } else { here });
+        }
+        Ok(())
+    })
+}
