@@ -154,6 +154,9 @@ pub enum Packet {
 pub struct Parsed {
     pub packet: Packet,
     pub src_mac: [u8; 6],
+    /// An IPv6 extension-header chain or ICMPv6 message ran past the end of the frame's linear
+    /// bytes, so only the addresses were judged: a TC program pulls more and parses again.
+    pub cut: bool,
 }
 
 #[inline(always)]
@@ -176,13 +179,17 @@ pub fn parse(frame: &Frame) -> Option<Parsed> {
         }
     }
     let l3 = ethertype_at + (ETH_HEADER_LEN - ETHERTYPE_OFFSET);
-    let packet = match ethertype {
-        ETH_P_IP => parse_ipv4(frame, l3)?,
+    let (packet, cut) = match ethertype {
+        ETH_P_IP => (parse_ipv4(frame, l3)?, false),
         ETH_P_IPV6 => parse_ipv6(frame, l3)?,
-        ETH_P_ARP => parse_arp(frame, l3)?,
+        ETH_P_ARP => (parse_arp(frame, l3)?, false),
         _ => return None,
     };
-    Some(Parsed { packet, src_mac })
+    Some(Parsed {
+        packet,
+        src_mac,
+        cut,
+    })
 }
 
 #[inline(always)]
@@ -198,8 +205,9 @@ fn parse_ipv4(frame: &Frame, l3: usize) -> Option<Packet> {
     Some(Packet::Ip { src, dst })
 }
 
+/// The packet, and whether its chain or ICMPv6 message was cut by the end of the frame.
 #[inline(always)]
-fn parse_ipv6(frame: &Frame, l3: usize) -> Option<Packet> {
+fn parse_ipv6(frame: &Frame, l3: usize) -> Option<(Packet, bool)> {
     frame.holds(l3, IPV6_HEADER_LEN)?;
     let version: u8 = frame.load(l3)?;
     if version >> 4 != 6 {
@@ -211,24 +219,43 @@ fn parse_ipv6(frame: &Frame, l3: usize) -> Option<Packet> {
     let first: u8 = frame.load(l3 + IPV6_NEXT_HEADER_OFFSET)?;
     // Whatever the chain holds, the addresses of a complete fixed header are judged: a broken
     // or over-long chain must not let a packet skip its source check.
-    let Some(l4) = upper_layer(frame, first, l3 + IPV6_HEADER_LEN, IPPROTO_ICMPV6) else {
-        return Some(ip);
+    let l4 = match upper_layer(frame, first, l3 + IPV6_HEADER_LEN, IPPROTO_ICMPV6) {
+        Walk::Found(l4) => l4,
+        Walk::Elsewhere => return Some((ip, false)),
+        Walk::Cut => return Some((ip, true)),
     };
     // Type and code as one 2-byte read: the verifier grants no range for a 1-byte read at a
     // variable offset checked as `at < end` (which is what LLVM makes of `at + 1 <= end`).
     let kind = match frame.load::<[u8; 2]>(l4) {
         Some([ICMPV6_NS, _]) => NeighborKind::Solicitation,
         Some([ICMPV6_NA, _]) => NeighborKind::Advertisement,
-        _ => return Some(ip),
+        Some(_) => return Some((ip, false)),
+        None => return Some((ip, true)),
     };
-    // A neighbour message too short to carry its target is malformed: not parsed.
-    let target = AddrKey::from_v6_wire(frame.load_words(l4 + NDP_TARGET_OFFSET)?);
-    Some(Packet::Neighbor {
-        kind,
-        src,
-        dst,
-        target,
-    })
+    // A neighbour message cut before the end of its target: judged by its addresses.
+    let Some(target) = frame.load_words(l4 + NDP_TARGET_OFFSET) else {
+        return Some((ip, true));
+    };
+    let target = AddrKey::from_v6_wire(target);
+    Some((
+        Packet::Neighbor {
+            kind,
+            src,
+            dst,
+            target,
+        },
+        false,
+    ))
+}
+
+/// Where a walk of the extension-header chain ended.
+enum Walk {
+    /// At the wanted upper-layer header, which starts at this offset.
+    Found(usize),
+    /// At another upper layer, a non-first fragment, or past the bound.
+    Elsewhere,
+    /// At the end of the frame, inside the chain.
+    Cut,
 }
 
 /// Whether the chain walk steps over `next`. Anything else is an upper layer (or no next
@@ -242,40 +269,44 @@ fn is_extension_header(next: u8) -> bool {
 }
 
 /// Walks the extension headers from `next` (the fixed header's next-header field), the first
-/// of them at `at`, and returns where the `wanted` upper-layer header starts, if the chain
-/// leads there within [`IPV6_EXT_HEADERS_MAX`] complete headers. A non-first fragment carries
-/// no upper-layer header at all (its bytes are the middle of a payload), so it leads nowhere.
+/// of them at `at`, to the `wanted` upper-layer header, within [`IPV6_EXT_HEADERS_MAX`]
+/// complete headers. A non-first fragment carries no upper-layer header at all (its bytes are
+/// the middle of a payload), so it leads elsewhere.
 #[inline(always)]
-fn upper_layer(frame: &Frame, mut next: u8, mut at: usize, wanted: u8) -> Option<usize> {
+fn upper_layer(frame: &Frame, mut next: u8, mut at: usize, wanted: u8) -> Walk {
     for _ in 0..IPV6_EXT_HEADERS_MAX {
         if next == wanted {
-            return Some(at);
+            return Walk::Found(at);
         }
         // Most packets (TCP, UDP) have no extension header: leave before reading anything.
         if !is_extension_header(next) {
-            return None;
+            return Walk::Elsewhere;
         }
-        let header: [u8; 2] = frame.load(at)?;
+        let Some(header) = frame.load::<[u8; 2]>(at) else {
+            return Walk::Cut;
+        };
         let len = match next {
-            IPPROTO_HOPOPTS | IPPROTO_ROUTING | IPPROTO_DSTOPTS => (header[1] as usize + 1) * 8,
-            // RFC 4302: the length is in 4-byte units, minus 2.
-            IPPROTO_AH => (header[1] as usize + 2) * 4,
             IPPROTO_FRAGMENT => {
-                let offset = u16::from_be(frame.load::<u16>(at + 2)?);
-                if offset & IPV6_FRAGMENT_OFFSET_MASK != 0 {
-                    return None;
+                let Some(offset) = frame.load::<u16>(at + 2) else {
+                    return Walk::Cut;
+                };
+                if u16::from_be(offset) & IPV6_FRAGMENT_OFFSET_MASK != 0 {
+                    return Walk::Elsewhere;
                 }
                 IPV6_FRAGMENT_HEADER_LEN
             }
-            _ => return None,
+            // RFC 4302: the length is in 4-byte units, minus 2.
+            IPPROTO_AH => (header[1] as usize + 2) * 4,
+            // Hop-by-hop, routing, destination options: 8-byte units, minus 1.
+            _ => (header[1] as usize + 1) * 8,
         };
         next = header[0];
         at += len;
     }
     if next == wanted {
-        Some(at)
+        Walk::Found(at)
     } else {
-        None
+        Walk::Elsewhere
     }
 }
 

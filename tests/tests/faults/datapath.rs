@@ -9,7 +9,9 @@ use std::{
 use ipq_tests::{
     lab::{mac_bytes, send_frames, Lab, POD_A_V6, POD_B_V6},
     netns::NetNs,
-    packets::{checksum, ethernet, ipv6, ndp, ETH_P_IPV6, ICMPV6_NA, IPPROTO_HOPOPTS},
+    packets::{
+        checksum, ethernet, ipv6, ndp, ETH_P_IPV6, ICMPV6_NA, IPPROTO_DSTOPTS, IPPROTO_HOPOPTS,
+    },
 };
 
 const AGENT_ARGS: &[&str] = &["--workload", "vethp*", "--uplink", "up0"];
@@ -17,11 +19,22 @@ const FRAMES: usize = 10;
 const ALL_NODES: Ipv6Addr = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1);
 
 /// An unsolicited neighbour advertisement for `target` from link-local `src` and `mac`, to all
-/// nodes, behind a hop-by-hop header (PadN only), with a valid ICMPv6 checksum: what the node's
-/// stack accepts and acts on, as it would without the extension header.
-fn na_behind_hop_by_hop(mac: [u8; 6], src: Ipv6Addr, target: Ipv6Addr) -> Vec<u8> {
+/// nodes, behind the extension header `ext` (its next-header byte is set here), with
+/// `padding` bytes of unknown options after the target link-layer address option (which a
+/// receiver ignores) and a valid ICMPv6 checksum: what the node's stack accepts and acts on.
+fn na_behind(mac: [u8; 6], src: Ipv6Addr, target: Ipv6Addr, ext: &[u8], padding: usize) -> Vec<u8> {
     let mut icmp = ndp(ICMPV6_NA, target);
     icmp[8 + 16 + 2..8 + 16 + 8].copy_from_slice(&mac);
+    // Unknown option type 200, in chunks of at most 255 units of 8 bytes.
+    let mut left = padding / 8;
+    while left > 0 {
+        let units = left.min(255);
+        let mut option = vec![0u8; units * 8];
+        option[0] = 200;
+        option[1] = units as u8;
+        icmp.extend_from_slice(&option);
+        left -= units;
+    }
     let length = (icmp.len() as u32).to_be_bytes();
     let pseudo = [
         &src.octets()[..],
@@ -33,18 +46,44 @@ fn na_behind_hop_by_hop(mac: [u8; 6], src: Ipv6Addr, target: Ipv6Addr) -> Vec<u8
     .concat();
     let sum = checksum(&pseudo);
     icmp[2..4].copy_from_slice(&sum.to_be_bytes());
-    // Next header ICMPv6, length 0 (8 bytes), one PadN option of 4 bytes.
-    let mut body = vec![58, 0, 1, 4, 0, 0, 0, 0];
+    let mut body = ext.to_vec();
+    body[0] = 58;
     body.extend_from_slice(&icmp);
     let mut frame = ethernet(
         ipq_tests::packets::Vlan::Untagged,
         ETH_P_IPV6,
-        &ipv6(src, ALL_NODES, IPPROTO_HOPOPTS, &body),
+        &ipv6(src, ALL_NODES, ext_protocol(ext), &body),
     )
     .bytes;
     frame[..6].copy_from_slice(&[0x33, 0x33, 0, 0, 0, 1]);
     frame[6..12].copy_from_slice(&mac);
     frame
+}
+
+/// Hop-by-hop for the short headers, destination options for the long one (the header kinds
+/// a stack accepts in front of ICMPv6); the length byte says which.
+fn ext_protocol(ext: &[u8]) -> u8 {
+    if ext.len() == 8 {
+        IPPROTO_HOPOPTS
+    } else {
+        IPPROTO_DSTOPTS
+    }
+}
+
+/// A hop-by-hop header: one PadN option of 4 bytes.
+const HOP_BY_HOP: [u8; 8] = [0, 0, 1, 4, 0, 0, 0, 0];
+
+/// A 64-byte destination-options header: one unknown option of 58 bytes whose type says
+/// "skip it" (0x1e, an experimental type), then a PadN of 2. Linux refuses more than 7 bytes
+/// of padding in a row, so the length has to come from an option.
+fn long_dstopts() -> Vec<u8> {
+    let mut header = vec![0u8; 64];
+    header[1] = 7;
+    header[2] = 0x1e;
+    header[3] = 58;
+    header[62] = 1;
+    header[63] = 0;
+    header
 }
 
 /// A raw ICMPv6 socket in `ns` bound to `dev`: it gets a copy of every ICMPv6 packet the
@@ -129,7 +168,7 @@ fn a_fenced_pods_advertisement_behind_hop_by_hop_is_dropped() {
     for (pod, host_if, mac, target, want_received) in cases {
         let before = agent.scrape().expect("scraping /metrics");
         let listener = icmpv6_listener(&lab.node, host_if);
-        let frame = na_behind_hop_by_hop(mac_bytes(mac), link_local, target);
+        let frame = na_behind(mac_bytes(mac), link_local, target, &HOP_BY_HOP, 0);
         send_frames(pod, "eth0", &vec![frame; FRAMES]).expect("sending the advertisements");
         let received = advertisements_received(&listener, target);
         assert_eq!(
@@ -150,4 +189,50 @@ fn a_fenced_pods_advertisement_behind_hop_by_hop_is_dropped() {
             agent.log()
         );
     }
+}
+
+/// Injected: a fenced pod sends 5 KB neighbour advertisements for its address behind a 64-byte
+/// destination-options header, through a packet socket, whose skbs keep only the Ethernet
+/// header linear / Holds: the TC program pulls the whole chain linear, finds the advertisement,
+/// and drops every one; none reaches the node's stack.
+#[test]
+fn a_fenced_pods_advertisement_behind_a_chain_in_a_short_head_is_dropped() {
+    let lab = Lab::new().expect("building the lab");
+    // Frames of a page or more leave a packet socket with only the link header linear.
+    lab.node
+        .ip(&["link", "set", "vethpa", "mtu", "9000"])
+        .expect("mtu");
+    lab.pod_a
+        .ip(&["link", "set", "eth0", "mtu", "9000"])
+        .expect("mtu");
+    let agent = lab.start_agent(AGENT_ARGS).expect("starting ipq-agent");
+    lab.fence_pod_a().expect("fencing pod a");
+    let link_local: Ipv6Addr = "fe80::77:ff:fe00:a02".parse().expect("valid");
+
+    let before = agent.scrape().expect("scraping /metrics");
+    let listener = icmpv6_listener(&lab.node, "vethpa");
+    let frame = na_behind(
+        mac_bytes("02:77:00:00:0a:02"),
+        link_local,
+        POD_A_V6,
+        &long_dstopts(),
+        5000,
+    );
+    assert!(frame.len() > 4096, "the frame must be larger than a page");
+    send_frames(&lab.pod_a, "eth0", &vec![frame; FRAMES]).expect("sending the advertisements");
+    let received = advertisements_received(&listener, POD_A_V6);
+    assert_eq!(
+        received, 0,
+        "{received}/{FRAMES} advertisements reached the node"
+    );
+    let after = agent.scrape().expect("scraping /metrics");
+    assert_eq!(
+        after
+            .changes_since(&before, "ipq_dropped_packets_total")
+            .into_iter()
+            .collect::<Vec<_>>(),
+        vec![("hook=tc_ingress,reason=fenced".to_owned(), FRAMES as f64)],
+        "drops counted\nlog:\n{}",
+        agent.log()
+    );
 }
