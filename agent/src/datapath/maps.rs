@@ -131,7 +131,7 @@ impl IfaceSlots {
     }
 }
 
-/// `IPQ_QFILTER`: the bitmap of possibly quarantined addresses.
+/// `IPQ_QBLOOM`: the Bloom filter of possibly quarantined addresses, sized at load.
 pub struct QuarantineFilter(Array<MapData, u64>);
 
 impl QuarantineFilter {
