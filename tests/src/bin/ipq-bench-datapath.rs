@@ -534,7 +534,12 @@ fn main() -> anyhow::Result<()> {
     node.run(|| -> anyhow::Result<()> {
         let here = netdev::ifindex("bd-host").context("bd-host missing")?;
         let other = netdev::ifindex("bd-other").context("bd-other missing")?;
+        let started = Instant::now();
         let mut dp = load(&bpffs, capacity)?;
+        eprintln!(
+            "datapath: loaded at capacity {capacity} in {:?}",
+            started.elapsed()
+        );
         test_runs(&mut dp, &args, here, other)?;
         // The pod's neighbour entry, so no ARP is in the measured loop.
         // (`/sys` is the host's here: ask `ip` for the MAC.)
