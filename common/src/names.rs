@@ -3,7 +3,12 @@
 
 pub const MAP_ADDRS: &str = "IPQ_ADDRS";
 pub const MAP_IFACES: &str = "IPQ_IFACES";
-pub const MAP_QFILTER: &str = "IPQ_QFILTER";
+/// The quarantine filter (a Bloom filter sized from `capacity`).
+pub const MAP_QFILTER: &str = "IPQ_QBLOOM";
+/// The single-hash 64 Ki-bit bitmap of agents before the Bloom filter. An upgraded agent fills
+/// it with ones while the old XDP programs may still be attached (so they consult the hash map
+/// for every address: slower, never blind), and removes its pin once it has attached its own.
+pub const MAP_QFILTER_LEGACY: &str = "IPQ_QFILTER";
 pub const MAP_COUNTERS: &str = "IPQ_COUNTERS";
 pub const MAP_SAMPLES: &str = "IPQ_SAMPLES";
 pub const MAP_CONFIG: &str = "IPQ_CONFIG";

@@ -9,7 +9,7 @@ use ipq_common::{
     addr::{AddrEntry, AddrKey},
     config::{DatapathConfig, Mode, DEFAULT_SAMPLE_INTERVAL_NS},
     counters::{Counter, COUNTER_SLOTS, SAMPLES_LOST_INDEX},
-    filter::{filter_position, FILTER_WORDS},
+    filter::{filter_position, FILTER_WORDS_DEFAULT},
     iface::{iface_slot, IfaceEntry, IFACE_SLOTS},
     names::{DEFAULT_ADDR_CAPACITY, SAMPLES_RING_BYTES},
     sample::ConflictSample,
@@ -21,8 +21,14 @@ static IPQ_ADDRS: HashMap<AddrKey, AddrEntry> = HashMap::pinned(DEFAULT_ADDR_CAP
 #[map]
 static IPQ_IFACES: Array<IfaceEntry> = Array::pinned(IFACE_SLOTS, 0);
 
+/// Sized by the agent from `capacity` at load time, together with [`IPQ_QBLOOM_MASK`].
 #[map]
-static IPQ_QFILTER: Array<u64> = Array::pinned(FILTER_WORDS, 0);
+static IPQ_QBLOOM: Array<u64> = Array::pinned(FILTER_WORDS_DEFAULT, 0);
+
+/// Words of `IPQ_QBLOOM` minus one (a power of two minus one); set by the agent at load time.
+/// A `.rodata` constant: the verifier knows its value, so the mask costs one `and`.
+#[unsafe(no_mangle)]
+static IPQ_QBLOOM_MASK: u32 = FILTER_WORDS_DEFAULT - 1;
 
 #[map]
 static IPQ_COUNTERS: PerCpuArray<Counter> = PerCpuArray::pinned(COUNTER_SLOTS, 0);
@@ -48,34 +54,69 @@ pub fn iface_entry(ifindex: u32) -> Option<&'static IfaceEntry> {
     }
 }
 
-/// Whether the bitmap says the address may be quarantined.
+/// Whether the filter says the address may be quarantined: both of its bits are set.
 #[inline(always)]
 pub fn maybe_quarantined(addr: &AddrKey) -> bool {
-    let (word, mask) = filter_position(addr);
-    match IPQ_QFILTER.get(word) {
-        Some(bits) => *bits & mask != 0,
-        None => false,
+    // SAFETY: a plain read of a constant; volatile so that the compiler does not fold the
+    // object's default into the code and the agent's value (set at load) is the one used.
+    let words_mask = unsafe { core::ptr::read_volatile(&IPQ_QBLOOM_MASK) };
+    let (word, bits) = filter_position(addr, words_mask);
+    match IPQ_QBLOOM.get(word) {
+        // A missing word (never, for an in-range index) must not hide a quarantined address.
+        Some(set) => *set & bits == bits,
+        None => true,
     }
 }
 
-#[inline(always)]
-fn config() -> Option<&'static DatapathConfig> {
-    IPQ_CONFIG.get(0)
+/// The time of the current jiffy on this CPU, as the clock read at its first use.
+#[repr(C)]
+pub struct TickClock {
+    jiffies: u64,
+    ns: u64,
 }
 
+/// Per-CPU cache of [`TickClock`]: plain scratch, neither pinned nor read by the agent.
+#[map]
+static IPQ_TICK_CLOCK: PerCpuArray<TickClock> = PerCpuArray::with_max_entries(1, 0);
+
+/// The clock's value for tick `jiffies` on this CPU: `read` runs on the first call in a tick.
 #[inline(always)]
-pub fn mode() -> Mode {
-    match config() {
-        Some(config) => Mode::from_raw(config.mode),
-        None => Mode::Enforce,
+pub fn clock_for_tick(jiffies: u64, read: impl FnOnce() -> u64) -> u64 {
+    match IPQ_TICK_CLOCK.get_ptr_mut(0) {
+        // SAFETY: this CPU's slot; programs do not migrate while they run.
+        Some(cache) => unsafe {
+            if (*cache).jiffies != jiffies || (*cache).ns == 0 {
+                (*cache).jiffies = jiffies;
+                (*cache).ns = read();
+            }
+            (*cache).ns
+        },
+        None => read(),
     }
 }
 
+/// What the drop path needs of the configuration, read in one lookup.
+#[derive(Clone, Copy)]
+pub struct Settings {
+    pub mode: Mode,
+    pub sample_interval_ns: u64,
+}
+
 #[inline(always)]
-pub fn sample_interval_ns() -> u64 {
-    match config() {
-        Some(config) if config.sample_interval_ns != 0 => config.sample_interval_ns,
-        _ => DEFAULT_SAMPLE_INTERVAL_NS,
+pub fn settings() -> Settings {
+    match IPQ_CONFIG.get(0) {
+        Some(config) => Settings {
+            mode: Mode::from_raw(config.mode),
+            sample_interval_ns: if config.sample_interval_ns != 0 {
+                config.sample_interval_ns
+            } else {
+                DEFAULT_SAMPLE_INTERVAL_NS
+            },
+        },
+        None => Settings {
+            mode: Mode::Enforce,
+            sample_interval_ns: DEFAULT_SAMPLE_INTERVAL_NS,
+        },
     }
 }
 

@@ -17,16 +17,27 @@ use crate::{
     Verdict,
 };
 
-/// Headers ipq reads at most: Ethernet, two VLAN tags, IPv6, ICMPv6 up to the NDP target.
-const HEADERS_MAX: u32 = 14 + 8 + 40 + 24;
+/// Headers every packet needs linear: Ethernet, two VLAN tags, IPv6, ICMPv6 up to the NDP
+/// target. A non-linear skb (a GSO flow's head holds little more) pulls this much.
+const HEADERS_MIN: u32 = 14 + 8 + 40 + 24;
+/// With an extension-header chain in front of ICMPv6 (8 bytes to 2 KiB each): 512 bytes holds
+/// any chain a real stack sends. Pulled only when a parse was cut short by the linear end, so
+/// a pod cannot hide an advertisement behind a chain in a head it made short on purpose.
+const HEADERS_MAX: u32 = 512;
 
 #[inline(always)]
 pub fn try_workload(ctx: &TcContext, hook: Hook) -> Verdict {
-    pull_headers(ctx);
-    let frame = Frame::new(ctx.data(), ctx.data_end());
-    let Some(parsed) = parse(&frame) else {
+    pull_headers(ctx, HEADERS_MIN);
+    let Some(mut parsed) = parse(&Frame::new(ctx.data(), ctx.data_end())) else {
         return Verdict::Pass;
     };
+    if parsed.cut && pull_headers(ctx, HEADERS_MAX) {
+        // The pull moved the packet: every earlier pointer into it is gone. Parse again.
+        match parse(&Frame::new(ctx.data(), ctx.data_end())) {
+            Some(again) => parsed = again,
+            None => return Verdict::Pass,
+        }
+    }
     let ifindex = unsafe { (*ctx.skb.skb).ifindex };
     let own = maps::iface_entry(ifindex);
     let seen = Seen {
@@ -55,16 +66,18 @@ pub fn try_workload(ctx: &TcContext, hook: Hook) -> Verdict {
     }
 }
 
-/// Makes the headers linear when the skb is not: direct packet access sees only the head.
+/// Makes up to `max` bytes of headers linear when the skb is not (direct packet access sees
+/// only the head); returns whether it pulled.
 #[inline(always)]
-fn pull_headers(ctx: &TcContext) {
+fn pull_headers(ctx: &TcContext, max: u32) -> bool {
     let linear = (ctx.data_end() - ctx.data()) as u32;
     let len = ctx.len();
-    if linear < len && linear < HEADERS_MAX {
-        let want = if len < HEADERS_MAX { len } else { HEADERS_MAX };
+    if linear < len && linear < max {
+        let want = if len < max { len } else { max };
         // On failure the packet stays as it was and is parsed as far as it is linear.
-        let _ = ctx.pull_data(want);
+        return ctx.pull_data(want).is_ok();
     }
+    false
 }
 
 #[inline(always)]

@@ -168,3 +168,78 @@ pub fn ndp(icmp_type: u8, target: Ipv6Addr) -> Vec<u8> {
     message.extend_from_slice(&MAC_SRC);
     message
 }
+
+pub const IPPROTO_HOPOPTS: u8 = 0;
+pub const IPPROTO_ROUTING: u8 = 43;
+pub const IPPROTO_FRAGMENT: u8 = 44;
+pub const IPPROTO_DSTOPTS: u8 = 60;
+
+/// An IPv6 extension header in front of the upper layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ext {
+    /// Hop-by-hop options (a router alert, as MLD sends, padded to 8 bytes).
+    HopByHop,
+    /// Destination options of `len8` 8-byte units (PadN only).
+    DestOpts { len8: u8 },
+    /// A type-0-free routing header (segments left 0) with one address.
+    Routing,
+    /// A fragment header; `offset` in 8-byte units (0: the first fragment).
+    Fragment { offset: u16, more: bool },
+}
+
+impl Ext {
+    fn protocol(self) -> u8 {
+        match self {
+            Ext::HopByHop => IPPROTO_HOPOPTS,
+            Ext::DestOpts { .. } => IPPROTO_DSTOPTS,
+            Ext::Routing => IPPROTO_ROUTING,
+            Ext::Fragment { .. } => IPPROTO_FRAGMENT,
+        }
+    }
+
+    /// The header's bytes, its next-header field set to `next`.
+    fn bytes(self, next: u8) -> Vec<u8> {
+        match self {
+            // Router alert (type 5, length 2, value 0), then PadN of 0 bytes.
+            Ext::HopByHop => vec![next, 0, 5, 2, 0, 0, 1, 0],
+            Ext::DestOpts { len8 } => {
+                let total = usize::from(len8.max(1)) * 8;
+                // One PadN option filling the rest of the header.
+                let mut header = vec![next, len8.max(1) - 1, 1, (total - 4) as u8];
+                header.resize(total, 0);
+                header
+            }
+            Ext::Routing => {
+                // Type 2 (mobile IPv6 home address), segments left 0: nothing to route.
+                let mut header = vec![next, 2, 2, 0, 0, 0, 0, 0];
+                header.extend_from_slice(&[0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]);
+                header
+            }
+            Ext::Fragment { offset, more } => {
+                let word = (offset << 3) | u16::from(more);
+                let mut header = vec![next, 0];
+                header.extend_from_slice(&word.to_be_bytes());
+                header.extend_from_slice(&0x0bad_cafeu32.to_be_bytes());
+                header
+            }
+        }
+    }
+}
+
+/// An IPv6 packet whose upper layer `protocol` sits behind the extension headers `chain`.
+pub fn ipv6_ext(
+    src: Ipv6Addr,
+    dst: Ipv6Addr,
+    chain: &[Ext],
+    protocol: u8,
+    payload: &[u8],
+) -> Vec<u8> {
+    let mut body = Vec::new();
+    for (i, ext) in chain.iter().enumerate() {
+        let next = chain.get(i + 1).map_or(protocol, |e| e.protocol());
+        body.extend_from_slice(&ext.bytes(next));
+    }
+    body.extend_from_slice(payload);
+    let first = chain.first().map_or(protocol, |e| e.protocol());
+    ipv6(src, dst, first, &body)
+}

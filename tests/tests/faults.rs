@@ -20,5 +20,7 @@ mod edge;
 mod kernel;
 
 // datapath: crafted frames from a fenced pod
+#[path = "faults/datapath.rs"]
+mod datapath;
 
 // hygiene: conntrack and neighbour clean-up under fault

@@ -150,6 +150,166 @@ fn nd(vlan: Vlan, icmp_type: u8, src: Ipv6Addr, dst: Ipv6Addr, target: Ipv6Addr)
     )
 }
 
+/// A neighbour message behind the IPv6 extension headers `chain`.
+fn nd_ext(
+    vlan: Vlan,
+    icmp_type: u8,
+    (src, dst, target): (Ipv6Addr, Ipv6Addr, Ipv6Addr),
+    chain: &[Ext],
+) -> Frame {
+    let packet = ipv6_ext(src, dst, chain, IPPROTO_ICMPV6, &ndp(icmp_type, target));
+    ethernet(vlan, ETH_P_IPV6, &packet)
+}
+
+/// A UDP datagram behind the IPv6 extension headers `chain`.
+fn v6_ext(vlan: Vlan, src: Ipv6Addr, dst: Ipv6Addr, chain: &[Ext]) -> Frame {
+    let packet = ipv6_ext(src, dst, chain, IPPROTO_UDP, &payload());
+    ethernet(vlan, ETH_P_IPV6, &packet)
+}
+
+/// Cases of issue 10 M4: what a stack sends behind IPv6 extension headers is judged as if
+/// they were not there, and a non-first fragment (no upper-layer header) by its addresses.
+fn extension_header_cases(add: &mut impl FnMut(String, Hook, Frame, Rule, IpAddr)) {
+    const HBH: Ext = Ext::HopByHop;
+    const FIRST: Ext = Ext::Fragment {
+        offset: 0,
+        more: true,
+    };
+    const LATER: Ext = Ext::Fragment {
+        offset: 185,
+        more: false,
+    };
+    const LONG_DSTOPTS: Ext = Ext::DestOpts { len8: 8 };
+    let three = [HBH, Ext::Routing, Ext::DestOpts { len8: 1 }];
+    let x6 = IpAddr::V6(X6);
+    let (ti, te, xdp) = (Hook::TcIngress, Hook::TcEgress, Hook::Xdp);
+    for vlan in [Vlan::Untagged, Vlan::QinQ(200, 100)] {
+        let t = vlan.label();
+        let na_x = (LL6, P6, X6);
+        for (what, chain) in [
+            ("hop-by-hop", &[HBH][..]),
+            ("hop-by-hop, routing, dstopts", &three[..]),
+            ("a first fragment", &[FIRST][..]),
+            ("64-byte dstopts", &[LONG_DSTOPTS][..]),
+            ("hop-by-hop in a first fragment", &[HBH, FIRST][..]),
+        ] {
+            add(
+                format!("na target=X behind {what}{t}"),
+                ti,
+                nd_ext(vlan, ICMPV6_NA, na_x, chain),
+                Rule::Sends,
+                x6,
+            );
+            add(
+                format!("unsolicited na target=X behind {what}{t}"),
+                xdp,
+                nd_ext(vlan, ICMPV6_NA, na_x, chain),
+                Rule::Claim,
+                x6,
+            );
+        }
+        add(
+            format!("ns src=X behind hop-by-hop{t}"),
+            ti,
+            nd_ext(vlan, ICMPV6_NS, (X6, SOLICITED_X6, P6), &[HBH]),
+            Rule::Sends,
+            x6,
+        );
+        add(
+            format!("ns target=X from link-local behind hop-by-hop{t}"),
+            ti,
+            nd_ext(vlan, ICMPV6_NS, (LL6, SOLICITED_X6, X6), &[HBH]),
+            Rule::Ignored,
+            x6,
+        );
+        add(
+            format!("ipv6 src=X behind hop-by-hop{t}"),
+            ti,
+            v6_ext(vlan, X6, P6, &[HBH]),
+            Rule::Sends,
+            x6,
+        );
+        add(
+            format!("ipv6 later fragment src=X{t}"),
+            ti,
+            v6_ext(vlan, X6, P6, &[LATER]),
+            Rule::Sends,
+            x6,
+        );
+        // The bytes of a later fragment are the middle of a payload, even when they look like
+        // an advertisement: only the addresses count.
+        add(
+            format!("na-shaped later fragment target=X from link-local{t}"),
+            ti,
+            nd_ext(vlan, ICMPV6_NA, na_x, &[LATER]),
+            Rule::Ignored,
+            x6,
+        );
+        add(
+            format!("na-shaped later fragment target=X on uplink{t}"),
+            xdp,
+            nd_ext(vlan, ICMPV6_NA, na_x, &[LATER]),
+            Rule::Ignored,
+            x6,
+        );
+        // A chain cut inside a header: still judged by its complete fixed header.
+        let mut cut = v6_ext(vlan, X6, P6, &[LONG_DSTOPTS]);
+        cut.bytes.truncate(cut.l3 + 40 + 20);
+        add(
+            format!("ipv6 src=X, chain cut inside dstopts{t}"),
+            ti,
+            cut,
+            Rule::Sends,
+            x6,
+        );
+        add(
+            format!("na dst=X behind hop-by-hop{t}"),
+            te,
+            nd_ext(vlan, ICMPV6_NA, (P6, X6, P6), &[HBH]),
+            Rule::Receives,
+            x6,
+        );
+        add(
+            format!("ipv6 later fragment dst=X{t}"),
+            te,
+            v6_ext(vlan, P6, X6, &[LATER]),
+            Rule::Receives,
+            x6,
+        );
+        add(
+            format!("dad ns target=X behind hop-by-hop{t}"),
+            xdp,
+            nd_ext(
+                vlan,
+                ICMPV6_NS,
+                (Ipv6Addr::UNSPECIFIED, SOLICITED_X6, X6),
+                &[HBH],
+            ),
+            Rule::Claim,
+            x6,
+        );
+        add(
+            format!("ns target=X behind dstopts{t}"),
+            xdp,
+            nd_ext(
+                vlan,
+                ICMPV6_NS,
+                (P6, SOLICITED_X6, X6),
+                &[Ext::DestOpts { len8: 2 }],
+            ),
+            Rule::Stale,
+            x6,
+        );
+        add(
+            format!("ipv6 dst=X behind hop-by-hop{t}"),
+            xdp,
+            v6_ext(vlan, P6, X6, &[HBH]),
+            Rule::Stale,
+            x6,
+        );
+    }
+}
+
 fn arp_frame(vlan: Vlan, op: u16, sender: Ipv4Addr, target: Ipv4Addr) -> Frame {
     ethernet(vlan, ETH_P_ARP, &arp(op, sender, target))
 }
@@ -396,6 +556,7 @@ fn cases() -> Vec<Case> {
             x4,
         );
     }
+    extension_header_cases(&mut add);
     // Frames no program parses, for every hook.
     for hook in Hook::ALL {
         let lldp = ethernet(Vlan::Untagged, ETH_P_LLDP, &[0u8; 40]);
@@ -802,6 +963,72 @@ fn stale_traffic_stamps_the_entry() -> anyhow::Result<()> {
             .unwrap()
             .1;
         assert_eq!(kept.last_stale_ns, stamped.last_stale_ns);
+        Ok(())
+    })
+}
+
+/// The fast-path slot of an interface as the kernel reads it.
+fn slot_of(dp: &Datapath, ifindex: u32) -> anyhow::Result<ipq_common::iface::IfaceEntry> {
+    use aya::maps::{Array, Map, MapData};
+    let path = dp.layout().map(names::MAP_IFACES);
+    let slots: Array<MapData, ipq_common::iface::IfaceEntry> =
+        Array::try_from(Map::Array(MapData::from_pin(&path)?))?;
+    Ok(slots.get(&ipq_common::iface::iface_slot(ifindex), 0)?)
+}
+
+/// The per-interface index behind the slots (issue 11): a slot lists the interface's first
+/// four conflict-free addresses in key order, and follows every change of any of them.
+#[test]
+fn fast_path_slots_follow_their_interfaces_addresses() -> anyhow::Result<()> {
+    with_datapath("vf", |dp, here, other| {
+        let now = netdev::monotonic_ns();
+        let mut keys: Vec<AddrKey> = (1..=5u8)
+            .map(|i| AddrKey::from(IpAddr::V4(Ipv4Addr::new(10, 0, 1, i))))
+            .collect();
+        // Addresses of another interface never show up in this one's slot.
+        dp.maps.table.put(
+            AddrKey::from(IpAddr::V4(P4)),
+            AddrEntry::new(AddrState::Active, other, now),
+        )?;
+        for key in &keys {
+            dp.maps
+                .table
+                .put(*key, AddrEntry::new(AddrState::Active, here, now))?;
+        }
+        keys.sort();
+        let slot = slot_of(dp, here)?;
+        assert_eq!(slot.ifindex, here);
+        assert_eq!(slot.own.to_vec(), keys[..4].to_vec());
+
+        // Fencing one of the listed addresses here takes it out; the fifth moves in.
+        let fenced = keys[1];
+        dp.maps.table.put(
+            fenced,
+            AddrEntry::new(AddrState::Active, other, now).with_fenced(here),
+        )?;
+        let listed: Vec<AddrKey> = keys.iter().copied().filter(|k| *k != fenced).collect();
+        assert_eq!(slot_of(dp, here)?.own.to_vec(), listed);
+
+        // Back to its holder: listed again, in order.
+        dp.maps
+            .table
+            .put(fenced, AddrEntry::new(AddrState::Draining, here, now))?;
+        assert_eq!(slot_of(dp, here)?.own.to_vec(), keys[..4].to_vec());
+
+        // Removing addresses shrinks the listing; none left empties the slot.
+        for (removed, key) in keys.iter().enumerate() {
+            dp.maps.table.remove(key)?;
+            let rest: Vec<AddrKey> = keys[removed + 1..].iter().take(4).copied().collect();
+            let slot = slot_of(dp, here)?;
+            let listed: Vec<AddrKey> = slot
+                .own
+                .iter()
+                .copied()
+                .filter(|k| *k != AddrKey::UNSPECIFIED)
+                .collect();
+            assert_eq!(listed, rest, "after removing {key:?}");
+            assert_eq!(slot.ifindex, if rest.is_empty() { 0 } else { here });
+        }
         Ok(())
     })
 }

@@ -3,6 +3,7 @@
 //! It depends on no other crate of the workspace, so it builds, and can bootstrap the eBPF
 //! tooling, on a machine that has none of it yet.
 
+mod bench;
 mod build_ebpf;
 mod demo;
 mod kernels;
@@ -48,6 +49,22 @@ enum Command {
     },
     /// Run the demo (needs root)
     Demo,
+    /// Measure the datapath (and the other sections): prints a table, writes
+    /// target/bench/bench.json and target/bench/latency.svg (needs root; not a test)
+    Bench {
+        /// A smoke run: sizes 1 and 1000, 3 trials, shorter runs
+        #[arg(long)]
+        quick: bool,
+        /// Registry sizes to measure at, comma-separated (default 1,1000,16384,65536)
+        #[arg(long, value_delimiter = ',')]
+        sizes: Option<Vec<u32>>,
+        /// Interleaved trials per figure (default 7, quick 3)
+        #[arg(long)]
+        trials: Option<u32>,
+        /// Run only these sections (e.g. --only datapath)
+        #[arg(long, value_delimiter = ',')]
+        only: Vec<String>,
+    },
 }
 
 fn main() -> Result<()> {
@@ -63,6 +80,15 @@ fn main() -> Result<()> {
             )?;
             setup::ensure(setup::Scope::All)?;
             demo::run()
+        }
+        Command::Bench {
+            quick,
+            sizes,
+            trials,
+            only,
+        } => {
+            setup::ensure(setup::Scope::All)?;
+            bench::run(quick, sizes, trials, &only)
         }
     }
 }

@@ -33,6 +33,8 @@ pub const TEST_PACKAGES: &[&str] = &[
     "qemu-system-x86",
     "debian-archive-keyring",
     "binutils",
+    // `cargo xtask bench`: the nftables netdev set the datapath is compared with.
+    "nftables",
 ];
 
 /// How much of the setup a command needs.

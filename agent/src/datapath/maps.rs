@@ -7,7 +7,6 @@ use ipq_common::{
     addr::{AddrEntry, AddrKey},
     config::DatapathConfig,
     counters::{Counter, COUNTER_SLOTS},
-    filter::FILTER_WORDS,
     iface::IfaceEntry,
     names,
 };
@@ -132,7 +131,7 @@ impl IfaceSlots {
     }
 }
 
-/// `IPQ_QFILTER`: the bitmap of possibly quarantined addresses.
+/// `IPQ_QBLOOM`: the Bloom filter of possibly quarantined addresses, sized at load.
 pub struct QuarantineFilter(Array<MapData, u64>);
 
 impl QuarantineFilter {
@@ -150,9 +149,49 @@ impl QuarantineFilter {
     }
 
     pub fn words(&self) -> Result<Vec<u64>, DatapathError> {
-        (0..FILTER_WORDS)
+        (0..self.len())
             .map(|word| self.0.get(&word, 0).map_err(map_err(names::MAP_QFILTER)))
             .collect()
+    }
+
+    /// Words in the filter: a power of two, sized from `capacity` at load (or kept from a pin).
+    pub fn len(&self) -> u32 {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.len() == 0
+    }
+}
+
+/// Sets every bit of the single-hash bitmap an older agent pinned, if there is one: its XDP
+/// programs may still be attached until this agent replaces them, and a filter of ones sends
+/// every packet they see to the authoritative hash map. Nothing updates that bitmap any more,
+/// so clearing (or leaving) any bit there could hide a quarantine: it must say "maybe" always.
+pub fn blind_legacy_filter(layout: &PinLayout) -> Result<(), DatapathError> {
+    let path = layout.map(names::MAP_QFILTER_LEGACY);
+    if !path.exists() {
+        return Ok(());
+    }
+    let name = names::MAP_QFILTER_LEGACY;
+    let mut legacy: Array<MapData, u64> = typed(name, open_pinned(&path, name)?)?;
+    for word in 0..legacy.len() {
+        legacy.set(word, u64::MAX, 0).map_err(map_err(name))?;
+    }
+    log::info!(
+        "{}: the previous agent's quarantine bitmap now matches everything until its programs          are replaced",
+        path.display()
+    );
+    Ok(())
+}
+
+/// Removes the legacy bitmap's pin once this agent's programs are attached.
+pub fn unpin_legacy_filter(layout: &PinLayout) -> Result<(), DatapathError> {
+    let path = layout.map(names::MAP_QFILTER_LEGACY);
+    match std::fs::remove_file(&path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(source) => Err(DatapathError::Io { path, source }),
     }
 }
 

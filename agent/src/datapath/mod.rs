@@ -24,6 +24,7 @@ use ipq_common::{
     addr::{AddrEntry, AddrKey},
     config::{DatapathConfig, Mode, DEFAULT_SAMPLE_INTERVAL_NS},
     counters::Counter,
+    filter::{filter_words, valid_filter_words, FILTER_MASK_GLOBAL},
     iface::IfaceEntry,
     names,
     sample::ConflictSample,
@@ -168,6 +169,12 @@ pub struct Datapath {
     features: KernelFeatures,
 }
 
+/// Sizes of the maps the object is loaded with.
+struct Sizes {
+    capacity: u32,
+    filter_words: u32,
+}
+
 /// Key and value sizes every pinned map must have, from the shared types.
 fn expected_layout(name: &str) -> Option<(u32, u32)> {
     use core::mem::size_of;
@@ -225,9 +232,12 @@ impl Datapath {
         create_dir(layout.root())?;
         create_dir(&layout.maps_dir())?;
         create_dir(&layout.links_dir())?;
-
         create_dir(&layout.programs_dir())?;
-        let capacity = Self::check_pins(&layout, options.capacity)?;
+        let Sizes {
+            capacity,
+            filter_words,
+        } = Self::check_pins(&layout, options.capacity)?;
+        maps::blind_legacy_filter(&layout)?;
         let features = attach::probe::features().map_err(DatapathError::Probe)?;
         // The programs stamp with the coarse clock only where the helper exists; user space
         // reads the same clock from here on.
@@ -235,11 +245,15 @@ impl Datapath {
         crate::netdev::use_coarse_clock(features.coarse_clock);
 
         let log_level = kernel_log_level();
+        let filter_mask = filter_words - 1;
         let mut loader = EbpfLoader::new();
         loader
             .default_map_pin_directory(layout.maps_dir())
             .map_max_entries(names::MAP_ADDRS, capacity)
             .override_global(names::GLOBAL_COARSE_CLOCK, &coarse_clock, true)
+            .map_max_entries(names::MAP_QFILTER, filter_words)
+            // The program masks filter indices with this; it must match the map's real size.
+            .override_global(FILTER_MASK_GLOBAL, &filter_mask, true)
             // The kernel skips log records the agent's logger would discard anyway.
             .override_global("AYA_LOG_LEVEL", &log_level, false);
         let mut ebpf = loader
@@ -288,9 +302,12 @@ impl Datapath {
     }
 
     /// Verifies pins left by an earlier agent before the loader trusts them, and returns the
-    /// capacity to load with: an existing address map keeps its size (and its contents).
-    fn check_pins(layout: &PinLayout, capacity: u32) -> Result<u32, DatapathError> {
+    /// sizes to load with: an existing address map keeps its size (and its contents), and an
+    /// existing filter keeps its size, so the size the programs are loaded with is always the
+    /// size of the map they will read, whatever the configured capacity became.
+    fn check_pins(layout: &PinLayout, capacity: u32) -> Result<Sizes, DatapathError> {
         let mut effective = capacity;
+        let mut pinned_filter_words = None;
         for name in names::PINNED_MAPS {
             let path = layout.map(name);
             if !path.exists() {
@@ -327,8 +344,35 @@ impl Datapath {
                 );
                 effective = map_info.max_entries();
             }
+            if name == names::MAP_QFILTER {
+                let words = map_info.max_entries();
+                if !valid_filter_words(words) {
+                    return Err(DatapathError::IncompatiblePin {
+                        path,
+                        what: "filter words",
+                        pinned: words,
+                        needed: filter_words(capacity),
+                    });
+                }
+                pinned_filter_words = Some(words);
+            }
         }
-        Ok(effective)
+        let filter_words = match pinned_filter_words {
+            Some(words) => {
+                if words != filter_words(effective) {
+                    log::warn!(
+                        "the pinned quarantine filter has {words} words, {} would fit capacity                          {effective}: keeping the pinned one (false positives cost lookups only)",
+                        filter_words(effective)
+                    );
+                }
+                words
+            }
+            None => filter_words(effective),
+        };
+        Ok(Sizes {
+            capacity: effective,
+            filter_words,
+        })
     }
 
     pub fn layout(&self) -> &PinLayout {

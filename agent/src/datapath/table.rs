@@ -1,16 +1,20 @@
 //! The address table: `IPQ_ADDRS` together with the two accelerators derived from it, the
-//! per-interface fast-path slots (`IPQ_IFACES`) and the quarantine bitmap (`IPQ_QFILTER`).
+//! per-interface fast-path slots (`IPQ_IFACES`) and the quarantine Bloom filter (`IPQ_QBLOOM`).
+//!
+//! Each change costs O(log n) in the registry size: an index of every interface's
+//! fast-path-eligible addresses gives a slot's listing without scanning the table, and the
+//! filter keeps a reference count per (word, bits) it sets.
 //!
 //! The accelerators may only ever make a packet skip a lookup that would have passed it. Every
 //! change is therefore written in an order that keeps that true at each step: an address leaves
 //! a fast-path slot before its entry stops passing, and joins one only after; a bitmap bit is set
 //! before an entry becomes quarantined, and cleared only after it stops being so.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use ipq_common::{
     addr::{AddrEntry, AddrKey, AddrState, NO_IFINDEX},
-    filter::{filter_position, FILTER_WORDS},
+    filter::filter_position,
     iface::{iface_slot, IfaceEntry, IFACE_OWN_ADDRS},
     verdict::{workload_receives, workload_sends},
 };
@@ -39,11 +43,16 @@ pub struct AddressTable {
     filter: QuarantineFilter,
     /// What `IPQ_ADDRS` holds, as last written by this table.
     entries: BTreeMap<AddrKey, AddrEntry>,
+    /// For each interface, the addresses it may list in its fast-path slot (in key order: the
+    /// slot lists the first [`IFACE_OWN_ADDRS`]). Kept in step with `entries`.
+    eligible: HashMap<u32, BTreeSet<AddrKey>>,
     /// Which interface each used slot describes.
     slot_owner: HashMap<u32, u32>,
-    /// How many quarantined addresses set each bitmap word's bits, per bit.
+    /// How many quarantined addresses set each (word, bits) pair of the filter.
     filter_refs: HashMap<(u32, u64), u32>,
     filter_words: Vec<u64>,
+    /// Words of the filter minus one: the map's size, fixed at load.
+    filter_mask: u32,
 }
 
 impl AddressTable {
@@ -55,14 +64,26 @@ impl AddressTable {
         filter: QuarantineFilter,
     ) -> Result<Self, DatapathError> {
         let entries: BTreeMap<_, _> = addrs.entries()?.into_iter().collect();
+        let mut eligible: HashMap<u32, BTreeSet<AddrKey>> = HashMap::new();
+        for (addr, entry) in &entries {
+            if fast_path_eligible(entry.holder_ifindex, entry) {
+                eligible
+                    .entry(entry.holder_ifindex)
+                    .or_default()
+                    .insert(*addr);
+            }
+        }
+        let words = filter.len();
         let mut table = Self {
             addrs,
             slots,
             filter,
             entries,
+            eligible,
             slot_owner: HashMap::new(),
             filter_refs: HashMap::new(),
-            filter_words: vec![0; FILTER_WORDS as usize],
+            filter_words: vec![0; words as usize],
+            filter_mask: words.saturating_sub(1),
         };
         table.rebuild_accelerators()?;
         Ok(table)
@@ -79,7 +100,7 @@ impl AddressTable {
             self.filter_ref(addr)?;
         }
         // Clear the words no current entry sets (left by a previous agent).
-        for word in 0..FILTER_WORDS {
+        for word in 0..self.filter.len() {
             self.filter
                 .set_word(word, self.filter_words[word as usize])?;
         }
@@ -136,7 +157,7 @@ impl AddressTable {
         }
         // 3. The authoritative write.
         self.addrs.insert(&addr, &entry)?;
-        self.entries.insert(addr, entry);
+        self.record(addr, old.as_ref(), Some(entry));
         // 4. Stop looking once it no longer is.
         if old.as_ref().is_some_and(is_quarantined) && !is_quarantined(&entry) {
             self.filter_unref(&addr)?;
@@ -157,7 +178,7 @@ impl AddressTable {
         let affected = affected_interfaces(Some(&old), None);
         // A free address passes everywhere, so the slots may follow the map.
         self.addrs.remove(addr)?;
-        self.entries.remove(addr);
+        self.record(*addr, Some(&old), None);
         if is_quarantined(&old) {
             self.filter_unref(addr)?;
         }
@@ -165,6 +186,34 @@ impl AddressTable {
             self.write_slot(ifindex, None)?;
         }
         Ok(Some(old))
+    }
+
+    /// Updates the table's copy of `addr` and the eligibility index with it.
+    fn record(&mut self, addr: AddrKey, old: Option<&AddrEntry>, new: Option<AddrEntry>) {
+        if let Some(old) = old {
+            if fast_path_eligible(old.holder_ifindex, old) {
+                if let Some(own) = self.eligible.get_mut(&old.holder_ifindex) {
+                    own.remove(&addr);
+                    if own.is_empty() {
+                        self.eligible.remove(&old.holder_ifindex);
+                    }
+                }
+            }
+        }
+        match new {
+            Some(entry) => {
+                if fast_path_eligible(entry.holder_ifindex, &entry) {
+                    self.eligible
+                        .entry(entry.holder_ifindex)
+                        .or_default()
+                        .insert(addr);
+                }
+                self.entries.insert(addr, entry);
+            }
+            None => {
+                self.entries.remove(&addr);
+            }
+        }
     }
 
     /// Rewrites the slot of `ifindex` from the table; with `Some((addr, keep))`, `addr` is listed
@@ -182,16 +231,7 @@ impl AddressTable {
             Some(&owner) if owner != ifindex => return Ok(()), // collision: hash-map path
             _ => {}
         }
-        let own: Vec<AddrKey> = self
-            .entries
-            .iter()
-            .filter(|(addr, entry)| match pending {
-                Some((pending_addr, keep)) if **addr == pending_addr => keep,
-                _ => fast_path_eligible(ifindex, entry),
-            })
-            .map(|(addr, _)| *addr)
-            .take(IFACE_OWN_ADDRS)
-            .collect();
+        let own = self.listing(ifindex, pending);
         let mut value = IfaceEntry::default();
         if !own.is_empty() {
             value.ifindex = ifindex;
@@ -206,8 +246,28 @@ impl AddressTable {
         Ok(())
     }
 
+    /// The first [`IFACE_OWN_ADDRS`] eligible addresses of `ifindex` in key order, with the
+    /// pending address listed or not as the transition says: O(log n), whatever the table holds.
+    fn listing(&self, ifindex: u32, pending: Option<(AddrKey, bool)>) -> Vec<AddrKey> {
+        let mut own: Vec<AddrKey> = self
+            .eligible
+            .get(&ifindex)
+            .into_iter()
+            .flatten()
+            .filter(|addr| pending.is_none_or(|(pending_addr, _)| **addr != pending_addr))
+            .take(IFACE_OWN_ADDRS)
+            .copied()
+            .collect();
+        if let Some((addr, true)) = pending {
+            own.push(addr);
+            own.sort_unstable();
+            own.truncate(IFACE_OWN_ADDRS);
+        }
+        own
+    }
+
     fn filter_ref(&mut self, addr: &AddrKey) -> Result<(), DatapathError> {
-        let (word, mask) = filter_position(addr);
+        let (word, mask) = filter_position(addr, self.filter_mask);
         let refs = self.filter_refs.entry((word, mask)).or_insert(0);
         *refs += 1;
         if *refs == 1 {
@@ -219,7 +279,7 @@ impl AddressTable {
     }
 
     fn filter_unref(&mut self, addr: &AddrKey) -> Result<(), DatapathError> {
-        let (word, mask) = filter_position(addr);
+        let (word, mask) = filter_position(addr, self.filter_mask);
         if let Some(refs) = self.filter_refs.get_mut(&(word, mask)) {
             *refs -= 1;
             if *refs == 0 {

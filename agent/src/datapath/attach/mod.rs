@@ -468,6 +468,9 @@ impl Attacher {
                 }
             }
         }
+        // Programs of an older agent that are still attached anywhere keep the legacy filter
+        // alive through their own reference; it is all ones, so they stay correct.
+        super::maps::unpin_legacy_filter(&self.layout)?;
         Ok(removed)
     }
 }
