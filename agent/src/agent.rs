@@ -44,6 +44,8 @@ pub enum AgentError {
     Journal(#[from] JournalError),
     #[error(transparent)]
     Api(#[from] ServerError),
+    #[error(transparent)]
+    Hygiene(#[from] crate::hygiene::HygieneError),
     #[error("{what}: {source}")]
     Io {
         what: &'static str,
@@ -209,6 +211,9 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
     tracker.reconcile(netlink::dump(&handle).await?);
     tracker.prune_links();
     tracker.persist();
+    // After recovery and the first reconcile: from here on a holder gone or new is a change on
+    // the node, and its address is cleaned.
+    let mut hygiene_reports = tracker.start_hygiene()?;
     let (command_tx, mut commands) = mpsc::channel(1024);
     let api =
         tokio::spawn(ApiServer::bind(&api_socket, access)?.serve(command_tx, metrics.clone()));
@@ -250,6 +255,12 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
                 }
                 if overrun {
                     resync(&mut tracker, &handle, &metrics).await;
+                }
+            }
+            Some(report) = hygiene_reports.recv() => {
+                tracker.on_hygiene_report(report);
+                while let Ok(report) = hygiene_reports.try_recv() {
+                    tracker.on_hygiene_report(report);
                 }
             }
             Some(sample) = sample_rx.recv() => {

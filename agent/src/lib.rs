@@ -7,6 +7,7 @@ pub mod cli;
 pub mod cni;
 pub mod config;
 pub mod datapath;
+pub mod hygiene;
 pub mod journal;
 pub mod metrics;
 pub mod netdev;

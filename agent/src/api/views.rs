@@ -76,6 +76,7 @@ pub fn address_view(record: &AddrRecord, time: &TimeBase) -> AddressView {
         until,
         last_stale,
         conflicts: record.conflicts,
+        last_flush: None,
     }
 }
 

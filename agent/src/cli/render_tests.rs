@@ -41,6 +41,7 @@ fn view(address: &str, state: StateName, since: &str) -> AddressView {
         until: None,
         last_stale: None,
         conflicts: 0,
+        last_flush: None,
     }
 }
 
@@ -124,6 +125,7 @@ Since:             2026-11-22T10:00:00Z (1m ago)
 Until:             2026-11-22T10:02:00Z (in 1m)
 Last stale:        2026-11-22T10:00:58Z (2s ago)
 Conflicts:         3
+Last flush:        -
 Holder:            vethpb (ifindex 6)
 Previous holder:   -
 Fenced:            vethpa (ifindex 5)

@@ -88,6 +88,7 @@ impl Invocation {
                 network: self.conf.name.clone(),
                 netns: self.env.netns.clone(),
                 pod: self.env.pod.clone(),
+                mac: sandbox_mac(&prev, self.env.ifname.as_deref()),
             },
             source: ClaimSource::Cni,
         };
@@ -272,4 +273,31 @@ impl Invocation {
             Err(err) => Err(not_available(format!("does not answer: {err}"))),
         }
     }
+}
+
+/// The MAC of the attachment's interface inside the sandbox (named `CNI_IFNAME`, else the only
+/// sandbox interface), for reuse hygiene to announce; none when the result does not say or
+/// says something that is not a MAC.
+fn sandbox_mac(prev: &super::result::PrevResult, ifname: Option<&str>) -> Option<String> {
+    let in_sandbox: Vec<_> = prev
+        .interfaces
+        .iter()
+        .filter(|i| i.sandbox.is_some())
+        .collect();
+    let chosen = in_sandbox
+        .iter()
+        .find(|i| Some(i.name.as_str()) == ifname)
+        .or_else(|| match in_sandbox[..] {
+            [ref only] => Some(only),
+            _ => None,
+        })?;
+    let mac = chosen.mac.as_deref()?;
+    if crate::hygiene::parse_mac(mac).is_none() {
+        log::warn!(
+            "prevResult: interface {:?} has mac {mac:?}, not a MAC; not passed on",
+            chosen.name
+        );
+        return None;
+    }
+    Some(mac.to_ascii_lowercase())
 }

@@ -59,7 +59,11 @@ impl Tracker {
                 let _ = reply.send(self.events.subscribe());
                 return Box::new(|| {});
             }
-            Command::Claim { request, reply } => answer(reply, self.api_claim(request)),
+            Command::Claim { request, reply } => {
+                let result = self.api_claim(request);
+                let waits = self.hygiene.end_claim();
+                super::hygiene::claim_answer(reply, result, waits)
+            }
             Command::Drain { addr, reply } => answer(reply, self.api_drain(addr)),
             Command::DrainAttachment { request, reply } => {
                 answer(reply, Ok(self.drain_attachment(&request)))
@@ -143,15 +147,16 @@ impl Tracker {
                 .registry
                 .iter()
                 .filter(|r| state.is_none_or(|s| r.state() == s))
-                .map(|r| address_view(r, &time))
+                .map(|r| self.with_last_flush(address_view(r, &time), &time))
                 .collect(),
         }
     }
 
     fn view(&self, addr: IpAddr) -> Result<AddressView, ApiError> {
+        let time = TimeBase::now();
         self.registry
             .get(addr)
-            .map(|r| address_view(r, &TimeBase::now()))
+            .map(|r| self.with_last_flush(address_view(r, &time), &time))
             .ok_or_else(|| {
                 ApiError::new(
                     ErrorCode::NotFound,
@@ -165,12 +170,26 @@ impl Tracker {
         let time = TimeBase::now();
         addrs
             .into_iter()
-            .filter_map(|a| self.registry.get(a).map(|r| address_view(r, &time)))
+            .filter_map(|a| {
+                self.registry
+                    .get(a)
+                    .map(|r| self.with_last_flush(address_view(r, &time), &time))
+            })
             .collect()
     }
 
     fn api_claim(&mut self, request: ClaimRequest) -> Result<ClaimResponse, ApiError> {
         let holder = self.claimant(&request)?;
+        let mac = match request.holder.mac.as_deref() {
+            None => None,
+            Some(text) => Some(crate::hygiene::parse_mac(text).ok_or_else(|| {
+                ApiError::new(
+                    ErrorCode::InvalidArgument,
+                    format!("holder.mac `{text}`: not a MAC address (write aa:bb:cc:dd:ee:ff)"),
+                )
+            })?),
+        };
+        self.hygiene.begin_claim(holder.ifindex, mac);
         let source = match request.source {
             ClaimSource::Cni => Source::Cni,
             ClaimSource::Api => Source::Api,

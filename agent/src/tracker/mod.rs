@@ -4,6 +4,7 @@
 
 mod commands;
 mod events;
+mod hygiene;
 
 pub use commands::Answer;
 pub use events::RECENT_CONFLICTS;
@@ -70,6 +71,8 @@ pub struct Tracker {
     /// The API's event feed and recent conflicts.
     events: EventHub,
     started_at: SystemTime,
+    /// Reuse hygiene's jobs and last reports (inert until started).
+    hygiene: crate::hygiene::Hygiene,
 }
 
 impl Tracker {
@@ -91,7 +94,23 @@ impl Tracker {
             observed_reuse: BTreeSet::new(),
             events: EventHub::new(),
             started_at: SystemTime::now(),
+            hygiene: crate::hygiene::Hygiene::disabled(),
         }
+    }
+
+    /// Starts reuse hygiene: from now on a holder gone or new hands the worker a job. Started
+    /// after recovery, which replays the registry rather than changing any holder.
+    pub fn start_hygiene(
+        &mut self,
+    ) -> Result<
+        tokio::sync::mpsc::UnboundedReceiver<crate::hygiene::Report>,
+        crate::hygiene::HygieneError,
+    > {
+        self.hygiene.start(
+            self.config.hygiene.clone(),
+            self.config.interfaces.uplink.clone(),
+            self.metrics.clone(),
+        )
     }
 
     pub fn registry(&self) -> &Registry {
@@ -492,6 +511,7 @@ impl Tracker {
                     to,
                     holder,
                 } => {
+                    self.hygiene_on_transition(addr, to, holder.as_ref());
                     let shown = holder.as_ref().map(|h| h.to_string()).unwrap_or_default();
                     info!(target: "ipq::transition", "{addr}: {} -> {} {shown}", from.as_str(), to.as_str());
                     let at = TimeBase::now().rfc3339(netdev::monotonic_ns());
