@@ -28,6 +28,9 @@ pub const TEST_PACKAGES: &[&str] = &[
     "busybox-static",
     // Observability tests: promtool and a real Prometheus server scraping the lab.
     "prometheus",
+    // Reuse-hygiene tests: a Service DNAT in nftables, and conntrack -L as the witness.
+    "nftables",
+    "conntrack",
 ];
 
 /// How much of the setup a command needs.

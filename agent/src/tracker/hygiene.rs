@@ -13,7 +13,7 @@ use crate::{
         model::{AddressView, ClaimResponse, EventBody, HygieneView},
         views::{ApiError, TimeBase},
     },
-    config::Mode,
+    config::{EarlyReusePolicy, Mode},
     hygiene::{Report, Trigger, CLAIM_WAIT},
     registry::{Holder, StateName},
 };
@@ -36,16 +36,22 @@ pub fn hygiene_view(report: &Report, time: Option<&TimeBase>) -> HygieneView {
 }
 
 impl Tracker {
-    /// A transition of `addr` into `to` with `holder` live after it: when the holder is gone or
-    /// new, the hygiene worker gets a job. Under `observe` (the mode, or an early reuse that is
-    /// only observed) nothing is flushed: every holder keeps flowing, so must their state.
+    /// A transition of `addr` from `from` into `to` with `holder` live after it: when the holder
+    /// is gone or new, the hygiene worker gets a job. Under `observe` (the mode, or an early
+    /// reuse that is only observed) nothing is flushed: every holder keeps flowing, so must
+    /// their state. (The transition comes before its conflict, so an observed early reuse is
+    /// recognised here by the policy and the live old holder.)
     pub(super) fn hygiene_on_transition(
         &mut self,
         addr: IpAddr,
+        from: StateName,
         to: StateName,
         holder: Option<&Holder>,
     ) {
-        let act = self.config.mode == Mode::Enforce && !self.observed_reuse.contains(&addr);
+        let observed_reuse = self.observed_reuse.contains(&addr)
+            || (self.config.on_early_reuse == EarlyReusePolicy::Observe
+                && matches!(from, StateName::Active | StateName::Draining));
+        let act = self.config.mode == Mode::Enforce && !observed_reuse;
         let live = holder
             .filter(|_| matches!(to, StateName::Active | StateName::Draining))
             .map(|h| h.ifindex);
