@@ -287,6 +287,10 @@ fn dashboard_panels_explain_themselves_and_follow_the_variables() {
         "ipq_events_lost_total",
         "ipq_netlink_resyncs_total",
         "ipq_registry_full_rejections_total",
+        "ipq_conntrack_entries_flushed_total",
+        "ipq_neighbours_flushed_total",
+        "ipq_announcements_total",
+        "ipq_hygiene_failures_total",
     ] {
         assert!(exprs.contains(metric), "no panel shows {metric}");
     }

@@ -3,6 +3,7 @@
 //! It depends on no other crate of the workspace, so it builds, and can bootstrap the eBPF
 //! tooling, on a machine that has none of it yet.
 
+mod bench;
 mod build_ebpf;
 mod demo;
 mod setup;
@@ -41,6 +42,15 @@ enum Command {
     },
     /// Run the demo (needs root)
     Demo,
+    /// Measure performance figures (needs root); never part of `test`
+    Bench {
+        /// Fewer trials and smaller sizes: a smoke run
+        #[arg(long)]
+        quick: bool,
+        /// Interleaved trials per figure
+        #[arg(long, default_value_t = 5)]
+        trials: u32,
+    },
 }
 
 fn main() -> Result<()> {
@@ -55,6 +65,17 @@ fn main() -> Result<()> {
             )?;
             setup::ensure(setup::Scope::All)?;
             demo::run()
+        }
+        Command::Bench { quick, trials } => {
+            util::require_root(
+                "cargo xtask bench",
+                "the benchmarks create network namespaces and load BPF programs",
+            )?;
+            bench::run(&bench::BenchOptions {
+                quick,
+                sizes: vec![1, 1000, 16384, 65536],
+                trials: if quick { trials.min(2) } else { trials },
+            })
         }
     }
 }

@@ -36,6 +36,9 @@ use self::{
 };
 use crate::{config::HygieneConfig, metrics::Metrics, netdev};
 
+/// The worker's nice value: below the owner loop's.
+const WORKER_NICE: libc::c_int = 10;
+
 /// Jobs taken together in one pass (one conntrack dump for all of them).
 const MAX_BATCH: usize = 1024;
 
@@ -300,6 +303,22 @@ struct Worker {
 
 impl Worker {
     fn run(mut self, jobs: std_mpsc::Receiver<Job>) {
+        // Background work: on a busy node the owner loop, which answers the API and follows
+        // netlink, gets the CPU first. (Linux: the nice value of a thread is its own.)
+        // SAFETY: plain syscalls on this thread's own id.
+        if unsafe {
+            libc::setpriority(
+                libc::PRIO_PROCESS,
+                libc::gettid() as libc::id_t,
+                WORKER_NICE,
+            )
+        } != 0
+        {
+            warn!(
+                "hygiene worker: lowering its priority: {}",
+                std::io::Error::last_os_error()
+            );
+        }
         while let Ok(first) = jobs.recv() {
             let mut batch = vec![first];
             while batch.len() < MAX_BATCH {

@@ -49,6 +49,9 @@ pub struct PermanentEntry {
     pub mac: Option<[u8; 6]>,
 }
 
+/// One of the node's neighbour entries: (ifindex, state, MAC).
+type NeighbourEntry = (u32, NeighbourState, Option<[u8; 6]>);
+
 /// What deleting an address's neighbour entries did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct NeighbourFlush {
@@ -138,11 +141,8 @@ impl Neighbours {
         Ok(macs)
     }
 
-    /// The node's neighbour entries for `addr` on every interface: (ifindex, state, MAC).
-    fn entries(
-        &mut self,
-        addr: IpAddr,
-    ) -> Result<Vec<(u32, NeighbourState, Option<[u8; 6]>)>, NeighbourError> {
+    /// The node's neighbour entries for `addr` on every interface.
+    fn entries(&mut self, addr: IpAddr) -> Result<Vec<NeighbourEntry>, NeighbourError> {
         let mut request = NeighbourMessage::default();
         request.header.family = family(addr);
         let mut found = Vec::new();
