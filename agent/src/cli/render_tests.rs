@@ -286,3 +286,32 @@ fn events_are_one_line_each() {
         assert!(!line.contains('\n'));
     }
 }
+
+#[test]
+fn get_shows_the_last_flush_and_what_failed() {
+    let detail = AddressView {
+        last_flush: Some(crate::api::model::HygieneView {
+            address: "10.77.0.2".parse().unwrap(),
+            trigger: "new_holder".into(),
+            at: "2026-11-22T10:00:58Z".into(),
+            conntrack_entries: 3,
+            neighbours: 1,
+            announcements: 2,
+            skipped: None,
+            permanent_neighbours: vec!["if4 lladdr 02:00:00:00:00:09".into()],
+            errors: vec!["announce: if7: No such device".into()],
+        }),
+        ..view("10.77.0.2", StateName::Active, "2026-11-22T10:00:00Z")
+    };
+    let text = render::address_detail(&detail, now());
+    for line in [
+        "Last flush:             2026-11-22T10:00:58Z (2s ago) (new_holder)",
+        "  Conntrack entries:    3",
+        "  Neighbour entries:    1",
+        "  Announcements:        2",
+        "  Permanent neighbour:  if4 lladdr 02:00:00:00:00:09 (left alone)",
+        "  Failed:               announce: if7: No such device",
+    ] {
+        assert!(text.contains(line), "{line:?} in:\n{text}");
+    }
+}

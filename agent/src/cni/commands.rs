@@ -301,3 +301,43 @@ fn sandbox_mac(prev: &super::result::PrevResult, ifname: Option<&str>) -> Option
     }
     Some(mac.to_ascii_lowercase())
 }
+
+#[cfg(test)]
+mod sandbox_mac_tests {
+    use super::{super::result::Interface, sandbox_mac, PrevResult};
+
+    fn iface(name: &str, sandbox: Option<&str>, mac: Option<&str>) -> Interface {
+        Interface {
+            name: name.into(),
+            sandbox: sandbox.map(Into::into),
+            mac: mac.map(Into::into),
+        }
+    }
+
+    #[test]
+    fn the_attachments_sandbox_interface_gives_the_mac() {
+        let prev = PrevResult {
+            addresses: Vec::new(),
+            interfaces: vec![
+                iface("cni0", None, Some("36:1c:0b:0c:49:3a")),
+                iface("veth1", None, Some("4e:01:02:03:04:05")),
+                iface("eth0", Some("/var/run/netns/a"), Some("0A:58:0A:58:00:05")),
+                iface("net1", Some("/var/run/netns/a"), Some("0a:58:0a:58:00:06")),
+            ],
+        };
+        assert_eq!(
+            sandbox_mac(&prev, Some("eth0")).as_deref(),
+            Some("0a:58:0a:58:00:05")
+        );
+        assert_eq!(
+            sandbox_mac(&prev, Some("net1")).as_deref(),
+            Some("0a:58:0a:58:00:06")
+        );
+        assert_eq!(sandbox_mac(&prev, Some("eth9")), None, "two candidates");
+        let bad = PrevResult {
+            addresses: Vec::new(),
+            interfaces: vec![iface("eth0", Some("/x"), Some("not-a-mac"))],
+        };
+        assert_eq!(sandbox_mac(&bad, Some("eth0")), None);
+    }
+}

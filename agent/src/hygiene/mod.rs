@@ -584,3 +584,6 @@ impl Worker {
 
 /// How long a claim waits for its flush before it is answered anyway, saying so.
 pub const CLAIM_WAIT: Duration = Duration::from_secs(10);
+
+#[cfg(test)]
+mod tests;
