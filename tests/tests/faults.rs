@@ -16,3 +16,5 @@
 // datapath: crafted frames from a fenced pod
 
 // hygiene: conntrack and neighbour clean-up under fault
+#[path = "faults/hygiene.rs"]
+mod hygiene;
