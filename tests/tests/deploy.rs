@@ -123,7 +123,7 @@ fn daemonset_runs_with_least_privilege_and_answers_its_probes() {
     assert_eq!(security["capabilities"]["drop"], serde_json::json!(["ALL"]));
     assert_eq!(
         security["capabilities"]["add"],
-        serde_json::json!(["BPF", "NET_ADMIN", "PERFMON"])
+        serde_json::json!(["BPF", "NET_ADMIN", "NET_RAW", "PERFMON"])
     );
     for path in ["/sys/fs/bpf", "/var/lib/ipq", "/run/ipq", "/etc/ipq"] {
         assert!(
