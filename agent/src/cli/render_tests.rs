@@ -273,6 +273,21 @@ fn events_are_one_line_each() {
             "sample fd77::2 drop at tc_ingress reason fenced state draining on vethpa \
              holder ifindex 6 from 02:77:00:00:0a:02 98 bytes",
         ),
+        (
+            EventBody::Hygiene(Box::new(crate::api::model::HygieneView {
+                address: "10.77.0.2".parse().unwrap(),
+                trigger: "holder_gone".into(),
+                at: String::new(),
+                conntrack_entries: 4,
+                neighbours: 1,
+                announcements: 0,
+                skipped: None,
+                permanent_neighbours: Vec::new(),
+                errors: vec!["conntrack: ctnetlink: the kernel answered EPERM".into()],
+            })),
+            "hygiene 10.77.0.2 holder_gone: 4 conntrack entries, 1 neighbours, 0 announcements; \
+             FAILED: conntrack: ctnetlink: the kernel answered EPERM",
+        ),
         (EventBody::Lost { n: 3 }, "lost 3 events"),
     ];
     for (seq, (body, want)) in cases.into_iter().enumerate() {
