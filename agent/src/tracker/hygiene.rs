@@ -4,7 +4,7 @@
 
 use std::net::IpAddr;
 
-use tokio::sync::oneshot;
+use tokio::sync::{mpsc, oneshot};
 
 use super::Tracker;
 use crate::{
@@ -14,7 +14,7 @@ use crate::{
         views::{ApiError, TimeBase},
     },
     config::{EarlyReusePolicy, Mode},
-    hygiene::{Report, Trigger, CLAIM_WAIT},
+    hygiene::{HygieneError, Report, Trigger, CLAIM_WAIT},
     registry::{Holder, StateName},
 };
 
@@ -36,6 +36,16 @@ pub fn hygiene_view(report: &Report, time: Option<&TimeBase>) -> HygieneView {
 }
 
 impl Tracker {
+    /// Starts reuse hygiene: from now on a holder gone or new hands the worker a job. Started
+    /// after recovery, which replays the registry rather than changing any holder.
+    pub fn start_hygiene(&mut self) -> Result<mpsc::UnboundedReceiver<Report>, HygieneError> {
+        self.hygiene.start(
+            self.config.hygiene.clone(),
+            self.config.interfaces.uplink.clone(),
+            self.metrics.clone(),
+        )
+    }
+
     /// A transition of `addr` from `from` into `to` with `holder` live after it: when the holder
     /// is gone or new, the hygiene worker gets a job. Under `observe` (the mode, or an early
     /// reuse that is only observed) nothing is flushed: every holder keeps flowing, so must

@@ -98,21 +98,6 @@ impl Tracker {
         }
     }
 
-    /// Starts reuse hygiene: from now on a holder gone or new hands the worker a job. Started
-    /// after recovery, which replays the registry rather than changing any holder.
-    pub fn start_hygiene(
-        &mut self,
-    ) -> Result<
-        tokio::sync::mpsc::UnboundedReceiver<crate::hygiene::Report>,
-        crate::hygiene::HygieneError,
-    > {
-        self.hygiene.start(
-            self.config.hygiene.clone(),
-            self.config.interfaces.uplink.clone(),
-            self.metrics.clone(),
-        )
-    }
-
     pub fn registry(&self) -> &Registry {
         &self.registry
     }
