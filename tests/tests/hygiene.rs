@@ -495,6 +495,19 @@ fn an_early_reuse_is_answered_after_the_flush_and_the_next_holder_gets_none() ->
         flushed >= 2,
         "the claim's own flush took the live DNAT entries (v4 and v6): {answer}"
     );
+    // The old pod's PERMANENT neighbour entry (the ptp plugin's) points elsewhere: reported,
+    // never deleted.
+    let v4 = &answer["addresses"][0]["last_flush"];
+    assert!(
+        v4["permanent_neighbours"]
+            .as_array()
+            .is_some_and(|p| p.iter().any(|e| e
+                .as_str()
+                .is_some_and(|e| e.ends_with("lladdr 02:77:00:00:0a:02")))),
+        "{v4}"
+    );
+    let kept = ip(&lab.node, &format!("neigh show {POD_A_V4} dev vethpa"))?;
+    assert!(kept.contains("PERMANENT"), "{kept}");
     // The flush is in the event feed and in `ipq get`.
     let events = api::request(&socket(&lab), "GET", "/v1/events", None)?;
     let flushed_event = events.body.lines().any(|l| {

@@ -173,8 +173,9 @@ impl Neighbours {
     }
 
     /// Deletes the node's non-permanent neighbour entries for `addr` on every interface, so
-    /// that the node resolves it again; reports the permanent ones that do not point at
-    /// `holder_mac` (all of them when it is unknown), which belong to a CNI and stay.
+    /// that the node resolves it again; reports the permanent ones that do not point at the new
+    /// holder's `holder_mac` (none when there is no new holder or its MAC is unknown), which
+    /// belong to a CNI and stay.
     pub fn flush(
         &mut self,
         addr: IpAddr,
@@ -185,7 +186,7 @@ impl Neighbours {
         for (ifindex, state, mac) in self.entries(addr)? {
             match state {
                 NeighbourState::Permanent | NeighbourState::Noarp => {
-                    if holder_mac.is_none() || mac != holder_mac {
+                    if holder_mac.is_some_and(|h| mac != Some(h)) {
                         result.permanent.push(PermanentEntry { ifindex, mac });
                     }
                 }
