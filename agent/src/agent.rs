@@ -48,6 +48,8 @@ pub enum AgentError {
     Api(#[from] ServerError),
     #[error("CNI spool directory: {0}")]
     SpoolDir(#[from] DirError),
+    #[error(transparent)]
+    Hygiene(#[from] crate::hygiene::HygieneError),
     #[error("{what}: {source}")]
     Io {
         what: &'static str,
@@ -243,6 +245,9 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
     tracker.prune_links();
     // A failure is logged and counted by persist; the loop retries every tick.
     let _ = tracker.persist();
+    // After recovery and the first reconcile: from here on a holder gone or new is a change on
+    // the node, and its address is cleaned.
+    let mut hygiene_reports = tracker.start_hygiene()?;
     let (command_tx, mut commands) = mpsc::channel(1024);
     let api =
         tokio::spawn(ApiServer::bind(&api_socket, access)?.serve(command_tx, metrics.clone()));
@@ -291,6 +296,12 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
                 tracker.on_attach_report(report);
                 while let Ok(report) = attach_reports.try_recv() {
                     tracker.on_attach_report(report);
+                }
+            }
+            Some(report) = hygiene_reports.recv() => {
+                tracker.on_hygiene_report(report);
+                while let Ok(report) = hygiene_reports.try_recv() {
+                    tracker.on_hygiene_report(report);
                 }
             }
             Some(sample) = sample_rx.recv() => {

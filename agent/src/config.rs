@@ -69,6 +69,34 @@ pub struct Interfaces {
     pub uplink: Vec<String>,
 }
 
+/// Reuse hygiene (`[hygiene]`): what the node forgets about an address's old holder.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HygieneConfig {
+    /// Delete the address's conntrack and neighbour entries when its holder is gone and when
+    /// it gets a new holder.
+    pub flush: bool,
+    /// Announce a new holder (gratuitous ARP, unsolicited NA) on its bridge.
+    pub announce: bool,
+    /// At most this many addresses announced per second (bursts of as many).
+    pub announce_per_second: u32,
+    /// Announce on the uplinks too (a shared L2 fabric).
+    pub announce_on_uplinks: bool,
+}
+
+impl Default for HygieneConfig {
+    fn default() -> Self {
+        Self {
+            flush: true,
+            announce: true,
+            announce_per_second: 50,
+            announce_on_uplinks: false,
+        }
+    }
+}
+
+/// Upper bound of `hygiene.announce_per_second`.
+pub const MAX_ANNOUNCE_PER_SECOND: u32 = 10_000;
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Config {
     pub mode: Mode,
@@ -85,6 +113,7 @@ pub struct Config {
     pub metrics_addr: SocketAddr,
     pub interfaces: Interfaces,
     pub tc_attach: TcAttach,
+    pub hygiene: HygieneConfig,
 }
 
 /// Largest registry the datapath map is created with (16 Mi entries, ~1 GiB of kernel memory).
@@ -113,6 +142,7 @@ impl Default for Config {
                 uplink: Vec::new(),
             },
             tc_attach: TcAttach::Auto,
+            hygiene: HygieneConfig::default(),
         }
     }
 }
@@ -148,6 +178,7 @@ pub enum ConfigError {
 }
 
 const INTERFACE_KEYS: &str = "workload, uplink";
+const HYGIENE_KEYS: &str = "flush, announce, announce_per_second, announce_on_uplinks";
 
 /// Values given on the command line; each overrides the key of the same name (a name of
 /// [`keys::KEYS`]).
@@ -201,6 +232,26 @@ impl Config {
                             "workload" => config.interfaces.workload = p.globs(&key, value)?,
                             "uplink" => config.interfaces.uplink = p.ifnames(&key, value)?,
                             _ => return Err(p.unknown(&key, INTERFACE_KEYS.to_owned())),
+                        }
+                    }
+                }
+                "hygiene" => {
+                    let Value::Table(hygiene) = value else {
+                        return Err(p.invalid(key, value, "must be a table: [hygiene]"));
+                    };
+                    for (sub, value) in hygiene {
+                        let key = format!("hygiene.{sub}");
+                        let h = &mut config.hygiene;
+                        match sub.as_str() {
+                            "flush" => h.flush = p.boolean(&key, value)?,
+                            "announce" => h.announce = p.boolean(&key, value)?,
+                            "announce_per_second" => {
+                                h.announce_per_second = p.rate(&key, value)?;
+                            }
+                            "announce_on_uplinks" => {
+                                h.announce_on_uplinks = p.boolean(&key, value)?;
+                            }
+                            _ => return Err(p.unknown(&key, HYGIENE_KEYS.to_owned())),
                         }
                     }
                 }
@@ -368,6 +419,29 @@ impl Parser<'_> {
             return Err(self.invalid(key, value, "must be longer than zero"));
         }
         Ok(duration)
+    }
+
+    fn boolean(&self, key: &str, value: &Value) -> Result<bool, ConfigError> {
+        value
+            .as_bool()
+            .ok_or_else(|| self.invalid(key, value, "must be true or false"))
+    }
+
+    fn rate(&self, key: &str, value: &Value) -> Result<u32, ConfigError> {
+        let n = value
+            .as_integer()
+            .ok_or_else(|| self.invalid(key, value, "must be a whole number per second"))?;
+        if n < 1 || n > i64::from(MAX_ANNOUNCE_PER_SECOND) {
+            return Err(self.invalid(
+                key,
+                value,
+                &format!(
+                    "must be between 1 and {MAX_ANNOUNCE_PER_SECOND} (set announce = false to \
+                     turn announcements off)"
+                ),
+            ));
+        }
+        Ok(n as u32)
     }
 
     fn capacity(&self, key: &str, value: &Value) -> Result<u32, ConfigError> {

@@ -118,6 +118,11 @@ pub struct Metrics {
     pub addresses_unprotected: IntGauge,
     pub stale_traffic_age_seconds: Histogram,
     pub quarantine_duration_seconds: Histogram,
+    /// Reuse hygiene (written by its worker thread).
+    pub conntrack_entries_flushed: IntCounter,
+    pub neighbours_flushed: IntCounter,
+    pub announcements: IntCounter,
+    pub hygiene_failures: IntCounterVec,
     lost: LostCounts,
     /// `ipq_ready`, also what `/readyz` answers from: `started` and no `blocker`.
     ready: IntGauge,
@@ -348,8 +353,53 @@ impl Metrics {
             )?,
         )?;
 
+        let conntrack_entries_flushed = registered(
+            &registry,
+            IntCounter::new(
+                "ipq_conntrack_entries_flushed_total",
+                "Conntrack entries deleted because their original or reply tuple carried an \
+                 address whose holder went away or changed (reuse hygiene).",
+            )?,
+        )?;
+        let neighbours_flushed = registered(
+            &registry,
+            IntCounter::new(
+                "ipq_neighbours_flushed_total",
+                "The node's non-permanent neighbour entries deleted for addresses whose holder \
+                 went away or changed, so that the node resolves them again.",
+            )?,
+        )?;
+        let announcements = registered(
+            &registry,
+            IntCounter::new(
+                "ipq_announcements_total",
+                "Gratuitous ARPs and unsolicited neighbour advertisements sent for new holders \
+                 (one per interface sent on).",
+            )?,
+        )?;
+        let hygiene_failures = registered(
+            &registry,
+            IntCounterVec::new(
+                Opts::new(
+                    "ipq_hygiene_failures_total",
+                    "Reuse-hygiene steps that failed, by step (conntrack, neighbours, announce): \
+                     a reused address may still carry its old holder's state.",
+                ),
+                &["step"],
+            )?,
+        )?;
+        for step in crate::hygiene::Step::ALL {
+            hygiene_failures
+                .with_label_values(&[step.as_str()])
+                .inc_by(0);
+        }
+
         Ok(Self {
             registry,
+            conntrack_entries_flushed,
+            neighbours_flushed,
+            announcements,
+            hygiene_failures,
             datapath_interfaces,
             unprotected_interfaces,
             attach_failures,

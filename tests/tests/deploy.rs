@@ -123,7 +123,7 @@ fn daemonset_runs_with_least_privilege_and_answers_its_probes() {
     assert_eq!(security["capabilities"]["drop"], serde_json::json!(["ALL"]));
     assert_eq!(
         security["capabilities"]["add"],
-        serde_json::json!(["BPF", "NET_ADMIN", "PERFMON"])
+        serde_json::json!(["BPF", "NET_ADMIN", "NET_RAW", "PERFMON"])
     );
     for path in ["/sys/fs/bpf", "/var/lib/ipq", "/run/ipq", "/etc/ipq"] {
         assert!(
@@ -287,6 +287,10 @@ fn dashboard_panels_explain_themselves_and_follow_the_variables() {
         "ipq_events_lost_total",
         "ipq_netlink_resyncs_total",
         "ipq_registry_full_rejections_total",
+        "ipq_conntrack_entries_flushed_total",
+        "ipq_neighbours_flushed_total",
+        "ipq_announcements_total",
+        "ipq_hygiene_failures_total",
     ] {
         assert!(exprs.contains(metric), "no panel shows {metric}");
     }

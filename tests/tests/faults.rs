@@ -24,3 +24,5 @@ mod kernel;
 mod datapath;
 
 // hygiene: conntrack and neighbour clean-up under fault
+#[path = "faults/hygiene.rs"]
+mod hygiene;

@@ -35,6 +35,8 @@ pub const TEST_PACKAGES: &[&str] = &[
     "binutils",
     // `cargo xtask bench`: the nftables netdev set the datapath is compared with.
     "nftables",
+    // Reuse-hygiene tests: a Service DNAT in nftables (above), and conntrack -L as the witness.
+    "conntrack",
 ];
 
 /// How much of the setup a command needs.

@@ -60,6 +60,10 @@ pub struct HolderSpec {
     pub netns: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod: Option<PodRef>,
+    /// The MAC of the holder's interface inside its sandbox (`aa:bb:cc:dd:ee:ff`, from the
+    /// CNI prevResult): what reuse hygiene announces the address at.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mac: Option<String>,
 }
 
 /// The answer to a claim: the addresses as they are now, and the conflicts the claim caused
@@ -161,6 +165,36 @@ pub struct AddressView {
     /// holders are counted, never dropped, until it is Free again.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub observe_only: bool,
+    /// The last reuse-hygiene pass on it (conntrack and neighbour entries flushed, the new
+    /// holder announced), if one ran since it entered the registry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_flush: Option<HygieneView>,
+}
+
+/// One reuse-hygiene pass on an address: what the node forgot of its old holder.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HygieneView {
+    pub address: IpAddr,
+    /// `holder_gone` (its quarantine began) or `new_holder`.
+    pub trigger: String,
+    /// When it finished. Empty (and left out) inside an [`Event`], whose own `at` it is.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub at: String,
+    /// Conntrack entries deleted (original or reply tuple carrying the address).
+    pub conntrack_entries: u64,
+    /// The node's neighbour entries deleted.
+    pub neighbours: u64,
+    /// Announcements sent (one per interface).
+    pub announcements: u32,
+    /// Why nothing was flushed on purpose (the node's own address).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub skipped: Option<String>,
+    /// PERMANENT neighbour entries that point elsewhere, left alone (a CNI's).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub permanent_neighbours: Vec<String>,
+    /// What failed; empty when everything worked.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub errors: Vec<String>,
 }
 
 /// One conflict, with both holders.
@@ -234,6 +268,8 @@ pub enum EventBody {
         src_mac: String,
         pkt_len: u32,
     },
+    /// A reuse-hygiene pass finished.
+    Hygiene(Box<HygieneView>),
     /// `n` events were dropped before this subscriber could read them.
     Lost { n: u64 },
 }

@@ -91,6 +91,7 @@ pub fn address_view(record: &AddrRecord, time: &TimeBase) -> AddressView {
         conflicts: record.conflicts,
         protection: None,
         observe_only: record.observe_only,
+        last_flush: None,
     }
 }
 

@@ -8,7 +8,7 @@ use super::{
     table::{key_values, Table},
 };
 use crate::{
-    api::model::{AddressView, ConflictView, Event, EventBody, Status},
+    api::model::{AddressView, ConflictView, Event, EventBody, HygieneView, Status},
     registry::Holder,
 };
 
@@ -99,6 +99,7 @@ pub fn address_detail(view: &AddressView, now: SystemTime) -> String {
             "yes: an early reuse was let through (on_early_reuse = observe)".to_owned(),
         ));
     }
+    hygiene_fields(&mut pairs, view.last_flush.as_ref(), now);
     holder_fields(&mut pairs, "Holder", view.holder.as_ref());
     holder_fields(&mut pairs, "Previous holder", view.previous_holder.as_ref());
     holder_fields(&mut pairs, "Fenced", view.fenced.as_ref());
@@ -114,6 +115,48 @@ pub fn address_detail(view: &AddressView, now: SystemTime) -> String {
         holder_fields(&mut pairs, "Displaced", Some(displaced));
     }
     key_values(&pairs)
+}
+
+/// `Last flush: <when> (<trigger>)` and, indented below, what it flushed and what failed.
+fn hygiene_fields(pairs: &mut Vec<(String, String)>, flush: Option<&HygieneView>, now: SystemTime) {
+    let Some(f) = flush else {
+        pairs.push(("Last flush".to_owned(), NONE.to_owned()));
+        return;
+    };
+    let when = if f.at.is_empty() {
+        "still running".to_owned()
+    } else {
+        absolute_and_relative(&f.at, now)
+    };
+    pairs.push(("Last flush".to_owned(), format!("{when} ({})", f.trigger)));
+    let mut sub = |key: &str, value: String| pairs.push((format!("  {key}"), value));
+    sub("Conntrack entries", f.conntrack_entries.to_string());
+    sub("Neighbour entries", f.neighbours.to_string());
+    sub("Announcements", f.announcements.to_string());
+    if let Some(skipped) = &f.skipped {
+        sub("Skipped", skipped.clone());
+    }
+    for entry in &f.permanent_neighbours {
+        sub("Permanent neighbour", format!("{entry} (left alone)"));
+    }
+    for error in &f.errors {
+        sub("Failed", error.clone());
+    }
+}
+
+/// `hygiene 10.0.0.5 new_holder: 3 conntrack entries, 1 neighbours, 2 announcements`.
+fn hygiene_line(f: &HygieneView) -> String {
+    let mut line = format!(
+        "hygiene {} {}: {} conntrack entries, {} neighbours, {} announcements",
+        f.address, f.trigger, f.conntrack_entries, f.neighbours, f.announcements
+    );
+    if let Some(skipped) = &f.skipped {
+        line.push_str(&format!(" (skipped: {skipped})"));
+    }
+    if !f.errors.is_empty() {
+        line.push_str(&format!("; FAILED: {}", f.errors.join("; ")));
+    }
+    line
 }
 
 /// `label: ifname (ifindex N)` and, indented below, each identity field the holder has.
@@ -296,6 +339,7 @@ pub fn event_line(event: &Event) -> String {
                 |h| holder_cell(Some(h))
             ),
         ),
+        EventBody::Hygiene(f) => hygiene_line(f),
         EventBody::Lost { n } => format!("lost {n} events"),
     };
     format!("{} #{} {what}", event.at, event.seq)

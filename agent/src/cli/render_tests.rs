@@ -44,6 +44,7 @@ fn view(address: &str, state: StateName, since: &str) -> AddressView {
         conflicts: 0,
         protection: None,
         observe_only: false,
+        last_flush: None,
     }
 }
 
@@ -151,6 +152,7 @@ Since:             2026-11-22T10:00:00Z (1m ago)
 Until:             2026-11-22T10:02:00Z (in 1m)
 Last stale:        2026-11-22T10:00:58Z (2s ago)
 Conflicts:         3
+Last flush:        -
 Holder:            vethpb (ifindex 6)
 Previous holder:   -
 Fenced:            vethpa (ifindex 5)
@@ -329,6 +331,21 @@ fn events_are_one_line_each() {
             "sample fd77::2 drop at tc_ingress reason fenced state draining on vethpa \
              holder ifindex 6 from 02:77:00:00:0a:02 98 bytes",
         ),
+        (
+            EventBody::Hygiene(Box::new(crate::api::model::HygieneView {
+                address: "10.77.0.2".parse().unwrap(),
+                trigger: "holder_gone".into(),
+                at: String::new(),
+                conntrack_entries: 4,
+                neighbours: 1,
+                announcements: 0,
+                skipped: None,
+                permanent_neighbours: Vec::new(),
+                errors: vec!["conntrack: ctnetlink: the kernel answered EPERM".into()],
+            })),
+            "hygiene 10.77.0.2 holder_gone: 4 conntrack entries, 1 neighbours, 0 announcements; \
+             FAILED: conntrack: ctnetlink: the kernel answered EPERM",
+        ),
         (EventBody::Lost { n: 3 }, "lost 3 events"),
     ];
     for (seq, (body, want)) in cases.into_iter().enumerate() {
@@ -361,4 +378,33 @@ fn get_says_when_an_address_is_observe_only() {
         now(),
     );
     assert!(!plain.contains("Observe only"), "{plain}");
+}
+
+#[test]
+fn get_shows_the_last_flush_and_what_failed() {
+    let detail = AddressView {
+        last_flush: Some(crate::api::model::HygieneView {
+            address: "10.77.0.2".parse().unwrap(),
+            trigger: "new_holder".into(),
+            at: "2026-11-22T10:00:58Z".into(),
+            conntrack_entries: 3,
+            neighbours: 1,
+            announcements: 2,
+            skipped: None,
+            permanent_neighbours: vec!["if4 lladdr 02:00:00:00:00:09".into()],
+            errors: vec!["announce: if7: No such device".into()],
+        }),
+        ..view("10.77.0.2", StateName::Active, "2026-11-22T10:00:00Z")
+    };
+    let text = render::address_detail(&detail, now());
+    for line in [
+        "Last flush:             2026-11-22T10:00:58Z (2s ago) (new_holder)",
+        "  Conntrack entries:    3",
+        "  Neighbour entries:    1",
+        "  Announcements:        2",
+        "  Permanent neighbour:  if4 lladdr 02:00:00:00:00:09 (left alone)",
+        "  Failed:               announce: if7: No such device",
+    ] {
+        assert!(text.contains(line), "{line:?} in:\n{text}");
+    }
 }

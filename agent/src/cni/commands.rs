@@ -88,6 +88,7 @@ impl Invocation {
                 network: self.conf.name.clone(),
                 netns: self.env.netns.clone(),
                 pod: self.env.pod.clone(),
+                mac: sandbox_mac(&prev, self.env.ifname.as_deref()),
             },
             source: ClaimSource::Cni,
         };
@@ -271,5 +272,72 @@ impl Invocation {
             Ok(_) => Err(not_available("is not ready (starting or stopping)".into())),
             Err(err) => Err(not_available(format!("does not answer: {err}"))),
         }
+    }
+}
+
+/// The MAC of the attachment's interface inside the sandbox (named `CNI_IFNAME`, else the only
+/// sandbox interface), for reuse hygiene to announce; none when the result does not say or
+/// says something that is not a MAC.
+fn sandbox_mac(prev: &super::result::PrevResult, ifname: Option<&str>) -> Option<String> {
+    let in_sandbox: Vec<_> = prev
+        .interfaces
+        .iter()
+        .filter(|i| i.sandbox.is_some())
+        .collect();
+    let chosen = in_sandbox
+        .iter()
+        .find(|i| Some(i.name.as_str()) == ifname)
+        .or_else(|| match in_sandbox[..] {
+            [ref only] => Some(only),
+            _ => None,
+        })?;
+    let mac = chosen.mac.as_deref()?;
+    if crate::hygiene::parse_mac(mac).is_none() {
+        log::warn!(
+            "prevResult: interface {:?} has mac {mac:?}, not a MAC; not passed on",
+            chosen.name
+        );
+        return None;
+    }
+    Some(mac.to_ascii_lowercase())
+}
+
+#[cfg(test)]
+mod sandbox_mac_tests {
+    use super::{super::result::Interface, sandbox_mac, PrevResult};
+
+    fn iface(name: &str, sandbox: Option<&str>, mac: Option<&str>) -> Interface {
+        Interface {
+            name: name.into(),
+            sandbox: sandbox.map(Into::into),
+            mac: mac.map(Into::into),
+        }
+    }
+
+    #[test]
+    fn the_attachments_sandbox_interface_gives_the_mac() {
+        let prev = PrevResult {
+            addresses: Vec::new(),
+            interfaces: vec![
+                iface("cni0", None, Some("36:1c:0b:0c:49:3a")),
+                iface("veth1", None, Some("4e:01:02:03:04:05")),
+                iface("eth0", Some("/var/run/netns/a"), Some("0A:58:0A:58:00:05")),
+                iface("net1", Some("/var/run/netns/a"), Some("0a:58:0a:58:00:06")),
+            ],
+        };
+        assert_eq!(
+            sandbox_mac(&prev, Some("eth0")).as_deref(),
+            Some("0a:58:0a:58:00:05")
+        );
+        assert_eq!(
+            sandbox_mac(&prev, Some("net1")).as_deref(),
+            Some("0a:58:0a:58:00:06")
+        );
+        assert_eq!(sandbox_mac(&prev, Some("eth9")), None, "two candidates");
+        let bad = PrevResult {
+            addresses: Vec::new(),
+            interfaces: vec![iface("eth0", Some("/x"), Some("not-a-mac"))],
+        };
+        assert_eq!(sandbox_mac(&bad, Some("eth0")), None);
     }
 }

@@ -177,10 +177,12 @@ mod tests {
                 Interface {
                     name: "eth0".into(),
                     sandbox: Some("/run/netns/x".into()),
+                    mac: None,
                 },
                 Interface {
                     name,
                     sandbox: None,
+                    mac: None,
                 },
             ],
         };

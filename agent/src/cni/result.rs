@@ -16,6 +16,8 @@ pub struct Interface {
     pub name: String,
     /// The namespace path for an interface inside a container; none for host-side ones.
     pub sandbox: Option<String>,
+    /// Its MAC, as the plugin that made it reported it.
+    pub mac: Option<String>,
 }
 
 /// What ipq-cni needs of a result.
@@ -96,9 +98,11 @@ impl PrevResult {
                         )))
                     }
                 };
+                let mac = iface.get("mac").and_then(Value::as_str).map(str::to_owned);
                 Ok(Interface {
                     name: name.to_owned(),
                     sandbox,
+                    mac,
                 })
             })
             .collect::<Result<_, _>>()?;

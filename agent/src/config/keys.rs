@@ -62,6 +62,7 @@ pub fn key(name: &str) -> Option<&'static Key> {
 pub fn known_keys() -> String {
     let mut names: Vec<&str> = KEYS.iter().map(|k| k.name).collect();
     names.push("[interfaces]");
+    names.push("[hygiene]");
     names.join(", ")
 }
 

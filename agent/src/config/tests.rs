@@ -204,7 +204,7 @@ fn the_key_table_is_the_one_list_of_keys() {
         let e = err(&format!("{} = true", key.name));
         assert!(e.contains(&format!("`{}`", key.name)), "{e}");
     }
-    assert!(known.ends_with("[interfaces]"), "{known}");
+    assert!(known.ends_with("[interfaces], [hygiene]"), "{known}");
     // A flag of a key not in the table is an error, not a panic.
     let bad = Overrides {
         values: vec![("colour", "blue".into())],
@@ -233,4 +233,43 @@ fn echoed_values_and_keys_are_cut() {
     // The value as written, quotes included.
     assert!(e.contains(&format!("… ({} bytes)", huge.len() + 2)), "{e}");
     assert!(e.contains("`mode`"), "{e}");
+}
+
+#[test]
+fn hygiene_keys_are_read_and_checked() {
+    let config = Config::from_toml(
+        "[hygiene]\nflush = false\nannounce = false\nannounce_per_second = 7\n\
+         announce_on_uplinks = true",
+        "test.toml",
+    )
+    .unwrap();
+    assert_eq!(
+        config.hygiene,
+        HygieneConfig {
+            flush: false,
+            announce: false,
+            announce_per_second: 7,
+            announce_on_uplinks: true,
+        }
+    );
+    let defaults = Config::default().hygiene;
+    assert!(defaults.flush && defaults.announce && !defaults.announce_on_uplinks);
+
+    let e = err("[hygiene]\nannounce_per_second = 0");
+    assert!(
+        e.contains("`hygiene.announce_per_second`") && e.contains("between 1 and"),
+        "{e}"
+    );
+    let e = err("[hygiene]\nflush = \"yes\"");
+    assert!(
+        e.contains("`hygiene.flush`") && e.contains("true or false"),
+        "{e}"
+    );
+    let e = err("[hygiene]\nannounce_rate = 5");
+    assert!(
+        e.contains("unknown key `hygiene.announce_rate`") && e.contains("announce_per_second"),
+        "{e}"
+    );
+    let e = err("hygiene = true");
+    assert!(e.contains("`hygiene`") && e.contains("table"), "{e}");
 }

@@ -131,6 +131,14 @@ fn every_labelled_family_has_all_its_series_at_the_first_scrape() {
                 "hook=xdp".into(),
             ]),
         ),
+        (
+            "ipq_hygiene_failures_total",
+            set([
+                "step=conntrack".into(),
+                "step=neighbours".into(),
+                "step=announce".into(),
+            ]),
+        ),
     ];
     for (name, want) in expect {
         let got = series(&families, name);
@@ -172,6 +180,10 @@ fn every_family_follows_the_naming_conventions() {
         "ipq_netlink_resyncs_total",
         "ipq_build_info",
         "ipq_ready",
+        "ipq_conntrack_entries_flushed_total",
+        "ipq_neighbours_flushed_total",
+        "ipq_announcements_total",
+        "ipq_hygiene_failures_total",
         "process_start_time_seconds",
         "process_resident_memory_bytes",
         "process_cpu_seconds_total",

@@ -71,7 +71,11 @@ impl Tracker {
                 let _ = reply.send(self.events.subscribe());
                 return Box::new(|_| {});
             }
-            Command::Claim { request, reply } => durable_answer(reply, self.api_claim(request)),
+            Command::Claim { request, reply } => {
+                let result = self.api_claim(request);
+                let waits = self.hygiene.end_claim();
+                super::hygiene::claim_answer(reply, result, waits)
+            }
             Command::Drain { addr, reply } => durable_answer(reply, self.api_drain(addr)),
             Command::DrainAttachment { request, reply } => {
                 durable_answer(reply, Ok(self.drain_attachment(&request)))
@@ -141,15 +145,16 @@ impl Tracker {
                 .registry
                 .iter()
                 .filter(|r| state.is_none_or(|s| r.state() == s))
-                .map(|r| self.view_of(r, &time))
+                .map(|r| self.with_last_flush(self.view_of(r, &time), &time))
                 .collect(),
         }
     }
 
     fn view(&self, addr: IpAddr) -> Result<AddressView, ApiError> {
+        let time = TimeBase::now();
         self.registry
             .get(addr)
-            .map(|r| self.view_of(r, &TimeBase::now()))
+            .map(|r| self.with_last_flush(self.view_of(r, &time), &time))
             .ok_or_else(|| {
                 ApiError::new(
                     ErrorCode::NotFound,
@@ -174,12 +179,26 @@ impl Tracker {
         let time = TimeBase::now();
         addrs
             .into_iter()
-            .filter_map(|a| self.registry.get(a).map(|r| self.view_of(r, &time)))
+            .filter_map(|a| {
+                self.registry
+                    .get(a)
+                    .map(|r| self.with_last_flush(self.view_of(r, &time), &time))
+            })
             .collect()
     }
 
     fn api_claim(&mut self, request: ClaimRequest) -> Result<ClaimResponse, ApiError> {
         let holder = self.claimant(&request)?;
+        let mac = match request.holder.mac.as_deref() {
+            None => None,
+            Some(text) => Some(crate::hygiene::parse_mac(text).ok_or_else(|| {
+                ApiError::new(
+                    ErrorCode::InvalidArgument,
+                    format!("holder.mac `{text}`: not a MAC address (write aa:bb:cc:dd:ee:ff)"),
+                )
+            })?),
+        };
+        self.hygiene.begin_claim(holder.ifindex, mac);
         let source = match request.source {
             ClaimSource::Cni => Source::Cni,
             ClaimSource::Api => Source::Api,

@@ -49,6 +49,7 @@ impl Tracker {
                     to,
                     holder,
                 } => {
+                    self.hygiene_on_transition(addr, from, to, holder.as_ref());
                     let shown = holder.as_ref().map(|h| h.to_string()).unwrap_or_default();
                     info!(target: "ipq::transition", "{addr}: {} -> {} {shown}", from.as_str(), to.as_str());
                     let at = TimeBase::now().rfc3339(netdev::monotonic_ns());

@@ -9,7 +9,8 @@
 //! - `commands`: the API's requests;
 //! - `feed`: the event feed, recent conflicts and the conflict log's rate limit;
 //! - `pending`: claims refused for a full registry, retried as space frees;
-//! - `protection`: the attach workers' reports, retries and readiness.
+//! - `protection`: the attach workers' reports, retries and readiness;
+//! - `hygiene`: conntrack/neighbour flushes and announcements handed to the hygiene worker.
 //!
 //! Durability: the registry counts its changes (its generation); [`Tracker::persist`] saves
 //! when the journal is behind, and nothing that changed the registry is answered before a save
@@ -19,6 +20,7 @@ mod commands;
 mod effects;
 mod events;
 mod feed;
+mod hygiene;
 mod pending;
 mod protection;
 mod recovery;
@@ -82,6 +84,8 @@ pub struct Tracker {
     /// The API's event feed and recent conflicts.
     events: EventHub,
     started_at: SystemTime,
+    /// Reuse hygiene's jobs and last reports (inert until started).
+    hygiene: crate::hygiene::Hygiene,
 }
 
 impl Tracker {
@@ -105,6 +109,7 @@ impl Tracker {
             pending: PendingClaims::default(),
             events: EventHub::new(),
             started_at: SystemTime::now(),
+            hygiene: crate::hygiene::Hygiene::disabled(),
         }
     }
 

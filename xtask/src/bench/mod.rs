@@ -8,6 +8,7 @@
 //! The machine this was written on is noisy (2 shared vCPUs, 10–35 % spread): judge on minima
 //! and on ratios taken within one run, never on one absolute figure across runs.
 
+mod conntrack;
 mod datapath;
 mod svg;
 
@@ -53,11 +54,7 @@ type Section = (&'static str, fn(&BenchOptions) -> Result<Vec<Row>>);
 ///
 /// ── SECTIONS ── one line per `xtask/src/bench/<name>.rs`; each module exposes
 /// `pub fn run(opts: &super::BenchOptions) -> anyhow::Result<Vec<super::Row>>`.
-/// The control-plane (journal helper) and conntrack (hygiene helper) sections are added here
-/// at merge, together with their `mod control;` / `mod conntrack;` lines above:
-///     ("control", control::run),
-///     ("conntrack", conntrack::run),
-const SECTIONS: &[Section] = &[("datapath", datapath::run)];
+const SECTIONS: &[Section] = &[("datapath", datapath::run), ("conntrack", conntrack::run)];
 
 pub const DEFAULT_SIZES: [u32; 4] = [1, 1000, 16384, 65536];
 const QUICK_SIZES: [u32; 2] = [1, 1000];

@@ -364,7 +364,9 @@ fn add_claims_every_address_for_the_host_interface() {
                 "cni_ifname": "eth0",
                 "network": "ipq-unit",
                 "netns": "/var/run/netns/blue",
-                "pod": {"namespace": "default", "name": "web-0", "uid": "u-1"}
+                "pod": {"namespace": "default", "name": "web-0", "uid": "u-1"},
+                // The sandbox interface's MAC, for reuse hygiene to announce.
+                "mac": "0a:58:0a:58:00:05"
             },
             "source": "cni"
         })

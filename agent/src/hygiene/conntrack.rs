@@ -1,0 +1,165 @@
+//! Conntrack entries of reused addresses, deleted over ctnetlink: one dump of the whole table
+//! (IPv4 and IPv6, every zone), then a deletion of each entry whose original or reply tuple
+//! carries one of the addresses, by its original tuple, zone and id (the way `conntrack -D`
+//! does it), so that an entry recreated meanwhile is left alone.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+};
+
+use netlink_packet_core::{DefaultNla, Nla};
+use netlink_packet_netfilter::{
+    conntrack::{ConntrackAttribute, ConntrackMessage, IPTuple, Tuple},
+    NetfilterHeader, NetfilterMessage, NetfilterMessageInner, NetfilterProtoFamily,
+};
+use netlink_sys::protocols::NETLINK_NETFILTER;
+use thiserror::Error;
+
+use super::socket::{NlSocket, SocketError};
+
+/// `CTA_ZONE` and `CTA_ID` (linux/netfilter/nfnetlink_conntrack.h); the crate leaves them raw.
+const CTA_ZONE: u16 = 18;
+const CTA_ID: u16 = 12;
+
+/// The entry was gone by the time its deletion arrived (it expired, or another flush took it).
+const ENOENT: i32 = 2;
+
+#[derive(Debug, Error)]
+pub enum ConntrackError {
+    #[error("ctnetlink: {0}")]
+    Socket(#[from] SocketError),
+    #[error("ctnetlink: deleting {failed} of {tried} entries failed (first errno {errno})")]
+    Delete {
+        failed: usize,
+        tried: usize,
+        errno: i32,
+    },
+}
+
+/// One conntrack entry as needed to delete it.
+#[derive(Clone, Debug)]
+struct Entry {
+    family: NetfilterProtoFamily,
+    orig: Vec<Tuple>,
+    zone: Option<DefaultNla>,
+    id: Option<DefaultNla>,
+    /// Every address of both tuples.
+    addrs: Vec<IpAddr>,
+}
+
+/// The node's conntrack table, through a ctnetlink socket of its own.
+pub struct Conntrack {
+    socket: NlSocket,
+}
+
+impl Conntrack {
+    pub fn open() -> Result<Self, ConntrackError> {
+        Ok(Self {
+            socket: NlSocket::open(NETLINK_NETFILTER)?,
+        })
+    }
+
+    /// Deletes every entry that carries one of `targets` in either tuple; returns how many were
+    /// deleted per address (an entry between two targets counts for both).
+    pub fn flush(
+        &mut self,
+        targets: &BTreeSet<IpAddr>,
+    ) -> Result<BTreeMap<IpAddr, u64>, ConntrackError> {
+        let mut matching = Vec::new();
+        let request = NetfilterMessage::new(
+            NetfilterHeader::new(NetfilterProtoFamily::Unspec, 0, 0),
+            ConntrackMessage::Get(Vec::new()),
+        );
+        self.socket.dump(request, |message: NetfilterMessage| {
+            if let Some(entry) = entry_of(message) {
+                if entry.addrs.iter().any(|a| targets.contains(a)) {
+                    matching.push(entry);
+                }
+            }
+        })?;
+        let requests: Vec<NetfilterMessage> = matching.iter().map(deletion).collect();
+        let outcomes = self.socket.acked(&requests)?;
+        let mut flushed: BTreeMap<IpAddr, u64> = BTreeMap::new();
+        let (mut failed, mut first_errno) = (0, 0);
+        for (entry, outcome) in matching.iter().zip(outcomes) {
+            match outcome {
+                Ok(()) => {
+                    let mut counted = BTreeSet::new();
+                    for addr in entry.addrs.iter().filter(|a| targets.contains(a)) {
+                        if counted.insert(*addr) {
+                            *flushed.entry(*addr).or_default() += 1;
+                        }
+                    }
+                }
+                Err(ENOENT) => {}
+                Err(errno) => {
+                    failed += 1;
+                    if first_errno == 0 {
+                        first_errno = errno;
+                    }
+                }
+            }
+        }
+        if failed > 0 {
+            return Err(ConntrackError::Delete {
+                failed,
+                tried: matching.len(),
+                errno: first_errno,
+            });
+        }
+        Ok(flushed)
+    }
+}
+
+/// The parts of a dumped entry a deletion needs, or `None` for anything else.
+fn entry_of(message: NetfilterMessage) -> Option<Entry> {
+    let NetfilterMessageInner::Conntrack(ConntrackMessage::New(attributes)) = message.inner else {
+        return None;
+    };
+    let mut entry = Entry {
+        family: message.header.family,
+        orig: Vec::new(),
+        zone: None,
+        id: None,
+        addrs: Vec::new(),
+    };
+    for attribute in attributes {
+        match attribute {
+            ConntrackAttribute::CtaTupleOrig(tuples) => {
+                entry.addrs.extend(tuple_addrs(&tuples));
+                entry.orig = tuples;
+            }
+            ConntrackAttribute::CtaTupleReply(tuples) => entry.addrs.extend(tuple_addrs(&tuples)),
+            ConntrackAttribute::Other(nla) if nla.kind() == CTA_ZONE => entry.zone = Some(nla),
+            ConntrackAttribute::Other(nla) if nla.kind() == CTA_ID => entry.id = Some(nla),
+            _ => {}
+        }
+    }
+    (!entry.orig.is_empty()).then_some(entry)
+}
+
+fn tuple_addrs(tuples: &[Tuple]) -> impl Iterator<Item = IpAddr> + '_ {
+    tuples
+        .iter()
+        .filter_map(|t| match t {
+            Tuple::Ip(ips) => Some(ips),
+            _ => None,
+        })
+        .flatten()
+        .filter_map(|ip| match ip {
+            IPTuple::SourceAddress(a) | IPTuple::DestinationAddress(a) => Some(a.to_canonical()),
+            _ => None,
+        })
+}
+
+/// `IPCTNL_MSG_CT_DELETE` of exactly `entry`: its family, original tuple, zone and id.
+fn deletion(entry: &Entry) -> NetfilterMessage {
+    let mut attributes = vec![ConntrackAttribute::CtaTupleOrig(entry.orig.clone())];
+    attributes.extend(entry.zone.clone().map(ConntrackAttribute::Other));
+    attributes.extend(entry.id.clone().map(ConntrackAttribute::Other));
+    NetfilterMessage::new(
+        NetfilterHeader::new(entry.family, 0, 0),
+        ConntrackMessage::Delete(attributes),
+    )
+}

@@ -1,0 +1,282 @@
+//! Reuse hygiene (DESIGN §4): when a holder is gone and when an address gets a new holder, the
+//! node forgets the old holder. Its conntrack entries for the address are deleted (a UDP flow
+//! DNATed to the old pod must not follow its entry to whoever holds the address next), its
+//! neighbour entries are deleted (so that the node resolves the address again), and the new
+//! holder is announced on its L2 segment (so that peers correct their caches now).
+//!
+//! The work runs on a thread of its own with its own netlink and packet sockets, off the
+//! registry's owner loop: the loop hands it [`Job`]s and keeps serving. A claim waits for its
+//! job's [`Report`] before it is answered (Calico's order: the address is clean before the
+//! claimant is told it has it), and every report comes back to the loop for the event feed and
+//! `ipq get`.
+
+mod announce;
+mod conntrack;
+mod neighbour;
+mod socket;
+mod worker;
+
+pub use announce::{format_mac, parse_mac};
+
+use std::{
+    collections::BTreeMap,
+    net::IpAddr,
+    sync::{mpsc as std_mpsc, Arc},
+    time::Duration,
+};
+
+use log::{debug, error};
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+use tokio::sync::{mpsc, oneshot};
+
+use self::worker::Worker;
+use crate::{config::HygieneConfig, metrics::Metrics};
+
+#[derive(Debug, Error)]
+pub enum HygieneError {
+    #[error("starting the hygiene worker thread: {0}")]
+    Spawn(#[source] std::io::Error),
+}
+
+/// Why an address is cleaned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Trigger {
+    /// Its holder is gone: the quarantine begins.
+    HolderGone,
+    /// It has a new holder.
+    NewHolder,
+}
+
+impl Trigger {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::HolderGone => "holder_gone",
+            Self::NewHolder => "new_holder",
+        }
+    }
+}
+
+/// One address to clean.
+#[derive(Debug)]
+pub struct Job {
+    pub addr: IpAddr,
+    pub trigger: Trigger,
+    /// The new holder's host-side interface (for a new holder).
+    pub holder_ifindex: Option<u32>,
+    /// The new holder's MAC, when the claim said it (CNI prevResult's sandbox interface).
+    pub holder_mac: Option<[u8; 6]>,
+    done: Option<oneshot::Sender<Report>>,
+}
+
+/// The hygiene steps, as the `step` label of `ipq_hygiene_failures_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Step {
+    Conntrack,
+    Neighbours,
+    Announce,
+}
+
+impl Step {
+    pub const ALL: [Step; 3] = [Self::Conntrack, Self::Neighbours, Self::Announce];
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Conntrack => "conntrack",
+            Self::Neighbours => "neighbours",
+            Self::Announce => "announce",
+        }
+    }
+}
+
+/// What cleaning one address did.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Report {
+    pub address: IpAddr,
+    pub trigger: Trigger,
+    /// Monotonic ns when the work finished.
+    #[serde(skip)]
+    pub finished_ns: u64,
+    pub conntrack_entries: u64,
+    pub neighbours: u64,
+    pub announcements: u32,
+    /// Why nothing was flushed, when nothing was on purpose (the node's own address).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub skipped: Option<String>,
+    /// PERMANENT neighbour entries for the address that point elsewhere (a CNI's; kept).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub permanent_neighbours: Vec<String>,
+    /// What failed, one line per step.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub errors: Vec<String>,
+}
+
+impl Report {
+    fn new(job: &Job) -> Self {
+        Self {
+            address: job.addr,
+            trigger: job.trigger,
+            finished_ns: 0,
+            conntrack_entries: 0,
+            neighbours: 0,
+            announcements: 0,
+            skipped: None,
+            permanent_neighbours: Vec::new(),
+            errors: Vec::new(),
+        }
+    }
+}
+
+/// The owner loop's side: hands jobs to the worker and keeps the last report per address.
+pub struct Hygiene {
+    jobs: Option<std_mpsc::Sender<Job>>,
+    /// The live holder each address had at its last transition, to tell a new holder from the
+    /// same one coming back (Draining → Active).
+    holders: BTreeMap<IpAddr, u32>,
+    /// The last report per address in the registry, for `ipq get`.
+    last: BTreeMap<IpAddr, Report>,
+    /// While a claim is carried out: its interface and MAC, and the jobs it waits for.
+    claim: Option<ClaimInProgress>,
+}
+
+struct ClaimInProgress {
+    ifindex: u32,
+    mac: Option<[u8; 6]>,
+    waits: Vec<(IpAddr, oneshot::Receiver<Report>)>,
+}
+
+impl Default for Hygiene {
+    fn default() -> Self {
+        Self::disabled()
+    }
+}
+
+impl Hygiene {
+    /// Does nothing (until [`start`](Self::start)ed): recovery at start replays the registry,
+    /// which is no change of holder on the node.
+    pub fn disabled() -> Self {
+        Self {
+            jobs: None,
+            holders: BTreeMap::new(),
+            last: BTreeMap::new(),
+            claim: None,
+        }
+    }
+
+    /// Starts the worker thread; its reports arrive on the returned channel.
+    pub fn start(
+        &mut self,
+        config: HygieneConfig,
+        uplinks: Vec<String>,
+        metrics: Arc<Metrics>,
+    ) -> Result<mpsc::UnboundedReceiver<Report>, HygieneError> {
+        let (job_tx, job_rx) = std_mpsc::channel();
+        let (report_tx, report_rx) = mpsc::unbounded_channel();
+        let worker = Worker::new(config, uplinks, metrics, report_tx);
+        std::thread::Builder::new()
+            .name("ipq-hygiene".into())
+            .spawn(move || worker.run(job_rx))
+            .map_err(HygieneError::Spawn)?;
+        self.jobs = Some(job_tx);
+        Ok(report_rx)
+    }
+
+    /// A claim by `ifindex` (with its MAC, if known) is being carried out: jobs for that holder
+    /// are waited for until [`end_claim`](Self::end_claim).
+    pub fn begin_claim(&mut self, ifindex: u32, mac: Option<[u8; 6]>) {
+        self.claim = Some(ClaimInProgress {
+            ifindex,
+            mac,
+            waits: Vec::new(),
+        });
+    }
+
+    /// The jobs the claim started, to wait for before answering it.
+    pub fn end_claim(&mut self) -> Vec<(IpAddr, oneshot::Receiver<Report>)> {
+        self.claim.take().map(|c| c.waits).unwrap_or_default()
+    }
+
+    /// One registry transition of `addr` to `live_holder` (the live holder after it, if any);
+    /// `quarantined` when its holder is gone. `act` is false where hygiene must change nothing
+    /// (mode `observe`, an early reuse that is only observed).
+    pub fn on_transition(
+        &mut self,
+        addr: IpAddr,
+        quarantined: bool,
+        live_holder: Option<u32>,
+        act: bool,
+    ) {
+        let previous = match live_holder {
+            Some(ifindex) => self.holders.insert(addr, ifindex),
+            None => self.holders.remove(&addr),
+        };
+        let trigger = match live_holder {
+            Some(ifindex) if previous != Some(ifindex) => Trigger::NewHolder,
+            None if quarantined => Trigger::HolderGone,
+            _ => return,
+        };
+        if !act {
+            debug!(
+                "{addr}: {} under observe: nothing flushed",
+                trigger.as_str()
+            );
+            return;
+        }
+        let Some(jobs) = &self.jobs else {
+            return;
+        };
+        let claim = self
+            .claim
+            .as_mut()
+            .filter(|c| Some(c.ifindex) == live_holder);
+        let (done, wait) = match claim.is_some() {
+            true => {
+                let (tx, rx) = oneshot::channel();
+                (Some(tx), Some(rx))
+            }
+            false => (None, None),
+        };
+        let job = Job {
+            addr,
+            trigger,
+            holder_ifindex: live_holder,
+            holder_mac: claim.as_ref().and_then(|c| c.mac),
+            done,
+        };
+        if jobs.send(job).is_err() {
+            error!("{addr}: the hygiene worker is gone; nothing flushed");
+            return;
+        }
+        if let (Some(claim), Some(wait)) = (claim, wait) {
+            claim.waits.push((addr, wait));
+        }
+    }
+
+    /// A report came back from the worker; kept while the address is in the registry.
+    pub fn record(&mut self, report: Report, in_registry: bool) {
+        if in_registry {
+            self.last.insert(report.address, report);
+        } else {
+            self.last.remove(&report.address);
+        }
+    }
+
+    /// The address left the registry.
+    pub fn forget(&mut self, addr: IpAddr) {
+        self.last.remove(&addr);
+        self.holders.remove(&addr);
+    }
+
+    /// The last report for `addr`.
+    pub fn last(&self, addr: IpAddr) -> Option<&Report> {
+        self.last.get(&addr)
+    }
+}
+
+/// How long a claim waits for its flush before it is answered anyway, saying so.
+pub const CLAIM_WAIT: Duration = Duration::from_secs(10);
+
+#[cfg(test)]
+mod tests;

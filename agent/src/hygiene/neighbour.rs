@@ -1,0 +1,233 @@
+//! The node's view of the L2 neighbourhood, through an rtnetlink socket of the worker's own:
+//! its addresses (never flushed), its links and their bridge masters, its neighbour entries
+//! (deleted so that the node resolves a reused address again) and the bridges' forwarding
+//! databases (where a holder's MAC is learned).
+
+use std::{collections::BTreeSet, net::IpAddr};
+
+use netlink_packet_route::{
+    address::{AddressAttribute, AddressMessage},
+    link::{LinkAttribute, LinkMessage},
+    neighbour::{NeighbourAddress, NeighbourAttribute, NeighbourMessage, NeighbourState},
+    AddressFamily, RouteNetlinkMessage,
+};
+use netlink_sys::protocols::NETLINK_ROUTE;
+use thiserror::Error;
+
+use super::socket::{NlSocket, SocketError};
+
+/// The entry was gone by the time its deletion arrived.
+const ENOENT: i32 = 2;
+
+#[derive(Debug, Error)]
+pub enum NeighbourError {
+    #[error("rtnetlink: {0}")]
+    Socket(#[from] SocketError),
+    #[error("deleting the neighbour entry of {addr} on if{ifindex}: errno {errno}")]
+    Delete {
+        addr: IpAddr,
+        ifindex: u32,
+        errno: i32,
+    },
+}
+
+/// One link of the node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Link {
+    pub ifindex: u32,
+    pub name: String,
+    /// The bridge it is a port of.
+    pub master: Option<u32>,
+    pub mac: Option<[u8; 6]>,
+}
+
+/// A PERMANENT neighbour entry for a reused address that does not point at its new holder: a
+/// CNI's, left alone and reported.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PermanentEntry {
+    pub ifindex: u32,
+    pub mac: Option<[u8; 6]>,
+}
+
+/// One of the node's neighbour entries: (ifindex, state, MAC).
+type NeighbourEntry = (u32, NeighbourState, Option<[u8; 6]>);
+
+/// What deleting an address's neighbour entries did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NeighbourFlush {
+    pub deleted: u64,
+    pub permanent: Vec<PermanentEntry>,
+}
+
+pub struct Neighbours {
+    socket: NlSocket,
+}
+
+fn mac_of(bytes: &[u8]) -> Option<[u8; 6]> {
+    bytes.try_into().ok()
+}
+
+impl Neighbours {
+    pub fn open() -> Result<Self, NeighbourError> {
+        Ok(Self {
+            socket: NlSocket::open(NETLINK_ROUTE)?,
+        })
+    }
+
+    /// Every address configured on the node's interfaces.
+    pub fn node_addresses(&mut self) -> Result<BTreeSet<IpAddr>, NeighbourError> {
+        let mut addrs = BTreeSet::new();
+        let request = RouteNetlinkMessage::GetAddress(AddressMessage::default());
+        self.socket.dump(request, |message| {
+            if let RouteNetlinkMessage::NewAddress(message) = message {
+                for attribute in message.attributes {
+                    if let AddressAttribute::Address(a) | AddressAttribute::Local(a) = attribute {
+                        addrs.insert(a.to_canonical());
+                    }
+                }
+            }
+        })?;
+        Ok(addrs)
+    }
+
+    /// Every link of the node, with its bridge master and MAC.
+    pub fn links(&mut self) -> Result<Vec<Link>, NeighbourError> {
+        let mut links = Vec::new();
+        let request = RouteNetlinkMessage::GetLink(LinkMessage::default());
+        self.socket.dump(request, |message| {
+            if let RouteNetlinkMessage::NewLink(message) = message {
+                let mut link = Link {
+                    ifindex: message.header.index,
+                    name: String::new(),
+                    master: None,
+                    mac: None,
+                };
+                for attribute in message.attributes {
+                    match attribute {
+                        LinkAttribute::IfName(name) => link.name = name,
+                        LinkAttribute::Controller(master) => link.master = Some(master),
+                        LinkAttribute::Address(mac) => link.mac = mac_of(&mac),
+                        _ => {}
+                    }
+                }
+                links.push(link);
+            }
+        })?;
+        Ok(links)
+    }
+
+    /// The MACs the bridge learned behind `port` (its forwarding database, without the port's
+    /// own permanent entries).
+    pub fn learned_macs(&mut self, port: u32) -> Result<Vec<[u8; 6]>, NeighbourError> {
+        let mut request = NeighbourMessage::default();
+        request.header.family = AddressFamily::Bridge;
+        let mut macs = Vec::new();
+        self.socket
+            .dump(RouteNetlinkMessage::GetNeighbour(request), |message| {
+                let RouteNetlinkMessage::NewNeighbour(message) = message else {
+                    return;
+                };
+                if message.header.ifindex != port
+                    || message.header.state == NeighbourState::Permanent
+                {
+                    return;
+                }
+                for attribute in message.attributes {
+                    if let NeighbourAttribute::LinkLayerAddress(mac) = attribute {
+                        macs.extend(mac_of(&mac));
+                    }
+                }
+            })?;
+        Ok(macs)
+    }
+
+    /// The node's neighbour entries for `addr` on every interface.
+    fn entries(&mut self, addr: IpAddr) -> Result<Vec<NeighbourEntry>, NeighbourError> {
+        let mut request = NeighbourMessage::default();
+        request.header.family = family(addr);
+        let mut found = Vec::new();
+        self.socket
+            .dump(RouteNetlinkMessage::GetNeighbour(request), |message| {
+                let RouteNetlinkMessage::NewNeighbour(message) = message else {
+                    return;
+                };
+                let mut dst = None;
+                let mut mac = None;
+                for attribute in &message.attributes {
+                    match attribute {
+                        NeighbourAttribute::Destination(NeighbourAddress::Inet(a)) => {
+                            dst = Some(IpAddr::V4(*a))
+                        }
+                        NeighbourAttribute::Destination(NeighbourAddress::Inet6(a)) => {
+                            dst = Some(IpAddr::V6(*a).to_canonical())
+                        }
+                        NeighbourAttribute::LinkLayerAddress(bytes) => mac = mac_of(bytes),
+                        _ => {}
+                    }
+                }
+                if dst == Some(addr) {
+                    found.push((message.header.ifindex, message.header.state, mac));
+                }
+            })?;
+        Ok(found)
+    }
+
+    /// Deletes the node's non-permanent neighbour entries for `addr` on every interface, so
+    /// that the node resolves it again; reports the permanent ones that do not point at the new
+    /// holder's `holder_mac` (none when there is no new holder or its MAC is unknown), which
+    /// belong to a CNI and stay.
+    pub fn flush(
+        &mut self,
+        addr: IpAddr,
+        holder_mac: Option<[u8; 6]>,
+    ) -> Result<NeighbourFlush, NeighbourError> {
+        let mut result = NeighbourFlush::default();
+        let mut deletions = Vec::new();
+        for (ifindex, state, mac) in self.entries(addr)? {
+            match state {
+                NeighbourState::Permanent | NeighbourState::Noarp => {
+                    if holder_mac.is_some_and(|h| mac != Some(h)) {
+                        result.permanent.push(PermanentEntry { ifindex, mac });
+                    }
+                }
+                _ => deletions.push(ifindex),
+            }
+        }
+        let requests: Vec<RouteNetlinkMessage> = deletions
+            .iter()
+            .map(|ifindex| {
+                let mut message = NeighbourMessage::default();
+                message.header.family = family(addr);
+                message.header.ifindex = *ifindex;
+                message
+                    .attributes
+                    .push(NeighbourAttribute::Destination(match addr {
+                        IpAddr::V4(a) => NeighbourAddress::Inet(a),
+                        IpAddr::V6(a) => NeighbourAddress::Inet6(a),
+                    }));
+                RouteNetlinkMessage::DelNeighbour(message)
+            })
+            .collect();
+        for (ifindex, outcome) in deletions.iter().zip(self.socket.acked(&requests)?) {
+            match outcome {
+                Ok(()) => result.deleted += 1,
+                Err(ENOENT) => {}
+                Err(errno) => {
+                    return Err(NeighbourError::Delete {
+                        addr,
+                        ifindex: *ifindex,
+                        errno,
+                    })
+                }
+            }
+        }
+        Ok(result)
+    }
+}
+
+fn family(addr: IpAddr) -> AddressFamily {
+    match addr {
+        IpAddr::V4(_) => AddressFamily::Inet,
+        IpAddr::V6(_) => AddressFamily::Inet6,
+    }
+}

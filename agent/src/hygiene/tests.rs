@@ -1,0 +1,96 @@
+use std::sync::mpsc as std_mpsc;
+
+use super::*;
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+/// A hygiene handle whose jobs land in the returned receiver instead of a worker.
+fn hygiene() -> (Hygiene, std_mpsc::Receiver<Job>) {
+    let (tx, rx) = std_mpsc::channel();
+    let mut h = Hygiene::disabled();
+    h.jobs = Some(tx);
+    (h, rx)
+}
+
+fn triggers(rx: &std_mpsc::Receiver<Job>) -> Vec<(IpAddr, Trigger, Option<u32>)> {
+    rx.try_iter()
+        .map(|j| (j.addr, j.trigger, j.holder_ifindex))
+        .collect()
+}
+
+#[test]
+fn a_new_holder_and_a_gone_one_are_cleaned_the_same_one_coming_back_is_not() {
+    let (mut h, rx) = hygiene();
+    let a = ip("10.0.0.5");
+    h.on_transition(a, false, Some(5), true); // Free -> Active(5)
+    h.on_transition(a, false, Some(5), true); // Active(5) -> Draining(5)
+    h.on_transition(a, false, Some(5), true); // Draining(5) -> Active(5): the same holder
+    h.on_transition(a, false, Some(6), true); // early reuse: Active(6)
+    h.on_transition(a, true, None, true); // holder gone: quarantined
+    h.on_transition(a, false, Some(7), true); // claimed during the quarantine
+    assert_eq!(
+        triggers(&rx),
+        [
+            (a, Trigger::NewHolder, Some(5)),
+            (a, Trigger::NewHolder, Some(6)),
+            (a, Trigger::HolderGone, None),
+            (a, Trigger::NewHolder, Some(7)),
+        ]
+    );
+}
+
+#[test]
+fn under_observe_and_before_start_nothing_is_cleaned() {
+    let (mut h, rx) = hygiene();
+    h.on_transition(ip("10.0.0.5"), false, Some(5), false);
+    h.on_transition(ip("10.0.0.5"), true, None, false);
+    assert!(triggers(&rx).is_empty());
+    // Disabled (recovery at start): remembered, not cleaned.
+    let mut idle = Hygiene::disabled();
+    idle.on_transition(ip("10.0.0.6"), false, Some(5), true);
+    assert_eq!(idle.holders.get(&ip("10.0.0.6")), Some(&5));
+}
+
+#[test]
+fn a_claim_waits_for_its_own_holders_jobs_only() {
+    let (mut h, rx) = hygiene();
+    h.begin_claim(6, Some([2, 0, 0, 0, 0, 6]));
+    h.on_transition(ip("10.0.0.5"), false, Some(6), true);
+    h.on_transition(ip("fd00::5"), false, Some(6), true);
+    // Another address's holder went away meanwhile: not the claim's business.
+    h.on_transition(ip("10.0.0.9"), true, None, true);
+    let waits = h.end_claim();
+    assert_eq!(
+        waits.iter().map(|(a, _)| *a).collect::<Vec<_>>(),
+        [ip("10.0.0.5"), ip("fd00::5")]
+    );
+    let jobs: Vec<Job> = rx.try_iter().collect();
+    assert_eq!(jobs.len(), 3);
+    assert_eq!(jobs[0].holder_mac, Some([2, 0, 0, 0, 0, 6]));
+    assert!(jobs[0].done.is_some() && jobs[1].done.is_some());
+    assert!(jobs[2].done.is_none() && jobs[2].holder_mac.is_none());
+    assert!(h.end_claim().is_empty(), "a claim's waits are taken once");
+}
+
+#[test]
+fn reports_are_kept_while_the_address_is_in_the_registry() {
+    let (mut h, _rx) = hygiene();
+    let job = Job {
+        addr: ip("10.0.0.5"),
+        trigger: Trigger::NewHolder,
+        holder_ifindex: Some(5),
+        holder_mac: None,
+        done: None,
+    };
+    h.record(Report::new(&job), true);
+    assert!(h.last(ip("10.0.0.5")).is_some());
+    h.forget(ip("10.0.0.5"));
+    assert!(h.last(ip("10.0.0.5")).is_none());
+    h.record(Report::new(&job), false);
+    assert!(
+        h.last(ip("10.0.0.5")).is_none(),
+        "a freed address keeps no report"
+    );
+}

@@ -1,0 +1,328 @@
+//! The hygiene worker: a thread of its own, with its own netlink and packet sockets, that takes
+//! jobs in batches (one conntrack dump for a whole batch) and reports what each did.
+
+use std::{collections::BTreeSet, net::IpAddr, sync::mpsc as std_mpsc, sync::Arc};
+
+use log::{error, info, warn};
+use tokio::sync::mpsc;
+
+use super::{
+    announce::{self, format_mac, Announcer},
+    conntrack::Conntrack,
+    neighbour::{Link, Neighbours},
+    Job, Report, Step, Trigger,
+};
+use crate::{config::HygieneConfig, metrics::Metrics, netdev};
+
+/// The worker's nice value: below the owner loop's.
+const WORKER_NICE: libc::c_int = 10;
+
+/// Jobs taken together in one pass (one conntrack dump for all of them).
+const MAX_BATCH: usize = 1024;
+
+/// The worker thread: owns the sockets, takes jobs in batches.
+pub(super) struct Worker {
+    config: HygieneConfig,
+    uplinks: Vec<String>,
+    metrics: Arc<Metrics>,
+    reports: mpsc::UnboundedSender<Report>,
+    sockets: Option<(Conntrack, Neighbours)>,
+    announcer: Option<Announcer>,
+}
+
+impl Worker {
+    pub(super) fn new(
+        config: HygieneConfig,
+        uplinks: Vec<String>,
+        metrics: Arc<Metrics>,
+        reports: mpsc::UnboundedSender<Report>,
+    ) -> Self {
+        Self {
+            config,
+            uplinks,
+            metrics,
+            reports,
+            sockets: None,
+            announcer: None,
+        }
+    }
+
+    pub(super) fn run(mut self, jobs: std_mpsc::Receiver<Job>) {
+        // Background work: on a busy node the owner loop, which answers the API and follows
+        // netlink, gets the CPU first. (Linux: the nice value of a thread is its own.)
+        // SAFETY: plain syscalls on this thread's own id.
+        if unsafe {
+            libc::setpriority(
+                libc::PRIO_PROCESS,
+                libc::gettid() as libc::id_t,
+                WORKER_NICE,
+            )
+        } != 0
+        {
+            warn!(
+                "hygiene worker: lowering its priority: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+        while let Ok(first) = jobs.recv() {
+            let mut batch = vec![first];
+            while batch.len() < MAX_BATCH {
+                match jobs.try_recv() {
+                    Ok(job) => batch.push(job),
+                    Err(_) => break,
+                }
+            }
+            let reports = self.clean(&batch);
+            for (job, report) in batch.into_iter().zip(reports) {
+                if let Some(done) = job.done {
+                    let _ = done.send(report.clone());
+                }
+                if self.reports.send(report).is_err() {
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Opens the sockets on first use, and again after a failure.
+    fn sockets(&mut self) -> Result<&mut (Conntrack, Neighbours), String> {
+        if self.sockets.is_none() {
+            let conntrack = Conntrack::open().map_err(|e| e.to_string())?;
+            let neighbours = Neighbours::open().map_err(|e| e.to_string())?;
+            self.sockets = Some((conntrack, neighbours));
+        }
+        Ok(self.sockets.as_mut().expect("just opened"))
+    }
+
+    fn fail(&self, report: &mut Report, step: Step, error: String) {
+        self.metrics
+            .hygiene_failures
+            .with_label_values(&[step.as_str()])
+            .inc();
+        error!(
+            "{}: reuse hygiene, {}: {error}",
+            report.address,
+            step.as_str()
+        );
+        report.errors.push(format!("{}: {error}", step.as_str()));
+    }
+
+    fn clean(&mut self, batch: &[Job]) -> Vec<Report> {
+        let mut reports: Vec<Report> = batch.iter().map(Report::new).collect();
+        let flush = self.config.flush;
+        let (node_addrs, links) = match self.sockets() {
+            Ok((_, neighbours)) => match (neighbours.node_addresses(), neighbours.links()) {
+                (Ok(addrs), Ok(links)) => (addrs, links),
+                (Err(e), _) | (_, Err(e)) => {
+                    let e = e.to_string();
+                    self.sockets = None;
+                    for report in &mut reports {
+                        self.fail(report, Step::Neighbours, e.clone());
+                    }
+                    return self.finish(reports);
+                }
+            },
+            Err(e) => {
+                for report in &mut reports {
+                    self.fail(report, Step::Conntrack, e.clone());
+                }
+                return self.finish(reports);
+            }
+        };
+        for report in &mut reports {
+            if node_addrs.contains(&report.address) {
+                report.skipped = Some("the node's own address: never flushed".into());
+            }
+        }
+        if flush {
+            self.flush_conntrack(&mut reports);
+        }
+        for (job, report) in batch.iter().zip(reports.iter_mut()) {
+            if report.skipped.is_some() {
+                continue;
+            }
+            let mac = match job.trigger {
+                Trigger::NewHolder => self.holder_mac(job, &links),
+                Trigger::HolderGone => None,
+            };
+            if flush {
+                self.flush_neighbours(report, mac);
+            }
+            if job.trigger == Trigger::NewHolder && self.config.announce {
+                self.announce(job, report, mac, &links);
+            }
+        }
+        self.finish(reports)
+    }
+
+    fn finish(&self, mut reports: Vec<Report>) -> Vec<Report> {
+        let now = netdev::monotonic_ns();
+        for report in &mut reports {
+            report.finished_ns = now;
+            info!(
+                target: "ipq::hygiene",
+                "{}: {} hygiene: {} conntrack entries, {} neighbour entries flushed, {} \
+                 announcements{}{}",
+                report.address,
+                report.trigger.as_str(),
+                report.conntrack_entries,
+                report.neighbours,
+                report.announcements,
+                report.skipped.as_deref().map(|s| format!(" ({s})")).unwrap_or_default(),
+                if report.errors.is_empty() {
+                    String::new()
+                } else {
+                    format!("; failed: {}", report.errors.join("; "))
+                }
+            );
+        }
+        reports
+    }
+
+    fn flush_conntrack(&mut self, reports: &mut [Report]) {
+        let targets: BTreeSet<IpAddr> = reports
+            .iter()
+            .filter(|r| r.skipped.is_none())
+            .map(|r| r.address)
+            .collect();
+        if targets.is_empty() {
+            return;
+        }
+        let result = match self.sockets() {
+            Ok((conntrack, _)) => conntrack.flush(&targets).map_err(|e| e.to_string()),
+            Err(e) => Err(e),
+        };
+        match result {
+            Ok(flushed) => {
+                let total: u64 = flushed.values().sum();
+                self.metrics.conntrack_entries_flushed.inc_by(total);
+                for report in reports.iter_mut() {
+                    report.conntrack_entries = flushed.get(&report.address).copied().unwrap_or(0);
+                }
+            }
+            Err(e) => {
+                self.sockets = None;
+                for report in reports.iter_mut().filter(|r| r.skipped.is_none()) {
+                    self.fail(report, Step::Conntrack, e.clone());
+                }
+            }
+        }
+    }
+
+    fn flush_neighbours(&mut self, report: &mut Report, mac: Option<[u8; 6]>) {
+        let result = match self.sockets() {
+            Ok((_, neighbours)) => neighbours
+                .flush(report.address, mac)
+                .map_err(|e| e.to_string()),
+            Err(e) => Err(e),
+        };
+        match result {
+            Ok(flushed) => {
+                self.metrics.neighbours_flushed.inc_by(flushed.deleted);
+                report.neighbours = flushed.deleted;
+                for entry in flushed.permanent {
+                    let mac = entry.mac.map_or_else(|| "none".to_owned(), format_mac);
+                    let line = format!("if{} lladdr {mac}", entry.ifindex);
+                    warn!(
+                        "{}: a PERMANENT neighbour entry ({line}) does not point at the new \
+                         holder; left alone (a CNI's)",
+                        report.address
+                    );
+                    report.permanent_neighbours.push(line);
+                }
+            }
+            Err(e) => {
+                self.sockets = None;
+                self.fail(report, Step::Neighbours, e);
+            }
+        }
+    }
+
+    /// The new holder's MAC: from the claim, else the one MAC the bridge learned behind its
+    /// port.
+    fn holder_mac(&mut self, job: &Job, links: &[Link]) -> Option<[u8; 6]> {
+        if job.holder_mac.is_some() {
+            return job.holder_mac;
+        }
+        let port = job.holder_ifindex?;
+        links.iter().find(|l| l.ifindex == port)?.master?;
+        let learned = self.sockets().ok()?.1.learned_macs(port).ok()?;
+        match learned[..] {
+            [mac] => Some(mac),
+            _ => None,
+        }
+    }
+
+    /// Sends the announcement on every other port of the holder's bridge (never back to the
+    /// holder: an IPv6 holder still doing DAD would take it for a duplicate), and on the
+    /// uplinks when configured.
+    fn announce(&mut self, job: &Job, report: &mut Report, mac: Option<[u8; 6]>, links: &[Link]) {
+        let Some(port) = job.holder_ifindex else {
+            return;
+        };
+        let master = links
+            .iter()
+            .find(|l| l.ifindex == port)
+            .and_then(|l| l.master);
+        let mut out: Vec<u32> = match master {
+            Some(bridge) => links
+                .iter()
+                .filter(|l| l.master == Some(bridge) && l.ifindex != port)
+                .map(|l| l.ifindex)
+                .collect(),
+            None => Vec::new(),
+        };
+        if self.config.announce_on_uplinks {
+            out.extend(
+                links
+                    .iter()
+                    .filter(|l| self.uplinks.contains(&l.name))
+                    .map(|l| l.ifindex),
+            );
+        }
+        if out.is_empty() {
+            return;
+        }
+        let Some(mac) = mac else {
+            self.fail(
+                report,
+                Step::Announce,
+                "the new holder's MAC is unknown (the claim named none and the bridge learned \
+                 none behind its port)"
+                    .into(),
+            );
+            return;
+        };
+        if self.announcer.is_none() {
+            match Announcer::open(self.config.announce_per_second) {
+                Ok(a) => self.announcer = Some(a),
+                Err(e) => {
+                    self.fail(report, Step::Announce, format!("AF_PACKET socket: {e}"));
+                    return;
+                }
+            }
+        }
+        let announcer = self.announcer.as_mut().expect("just opened");
+        if !announcer.may_send() {
+            warn!(
+                "{}: announcement suppressed by the rate limit (announce_per_second = {})",
+                report.address, self.config.announce_per_second
+            );
+            return;
+        }
+        let frame = announce::frame(report.address, mac);
+        let mut failures = Vec::new();
+        for ifindex in out {
+            match announcer.send(ifindex, &frame) {
+                Ok(()) => report.announcements += 1,
+                Err(e) => failures.push(format!("if{ifindex}: {e}")),
+            }
+        }
+        self.metrics
+            .announcements
+            .inc_by(u64::from(report.announcements));
+        if !failures.is_empty() {
+            self.fail(report, Step::Announce, failures.join(", "));
+        }
+    }
+}
