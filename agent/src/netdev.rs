@@ -76,7 +76,17 @@ pub fn monotonic_ns() -> u64 {
 /// Whether `name` no longer names interface `ifindex`: it was deleted (or renamed) after an
 /// event reported it. Under pod churn that is a race, not a failure of what was tried on it.
 pub fn vanished(name: &str, ifindex: u32) -> bool {
-    self::ifindex(name) != Some(ifindex)
+    let Ok(c_name) = std::ffi::CString::new(name) else {
+        return false;
+    };
+    // SAFETY: a valid C string.
+    let index = unsafe { libc::if_nametoindex(c_name.as_ptr()) };
+    if index == 0 {
+        // Only "no such device" says it is gone: a lookup that failed otherwise (EMFILE while
+        // file descriptors are exhausted) says nothing, and the failure must stay loud.
+        return std::io::Error::last_os_error().raw_os_error() == Some(libc::ENODEV);
+    }
+    index != ifindex
 }
 
 /// Whether the kernel accepts `name` as an interface name (`dev_valid_name`): 1 to 15 bytes
