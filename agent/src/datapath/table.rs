@@ -115,6 +115,11 @@ impl AddressTable {
         self.addrs.entries()
     }
 
+    /// The entry of `addr` as the kernel has it now, with its stamps: one lookup.
+    pub fn kernel_entry(&self, addr: &AddrKey) -> Result<Option<AddrEntry>, DatapathError> {
+        self.addrs.get(addr)
+    }
+
     /// Writes the entry of `addr`, keeping the kernel-written stamps.
     pub fn put(&mut self, addr: AddrKey, mut entry: AddrEntry) -> Result<(), DatapathError> {
         let old = self.entries.get(&addr).copied();

@@ -46,7 +46,7 @@ mod proptests;
 mod tests;
 
 use std::{
-    collections::{BTreeMap, BTreeSet, HashMap},
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
     net::IpAddr,
 };
 
@@ -72,6 +72,9 @@ pub struct Registry<C: Clock = SystemClock> {
     by_ifindex: HashMap<u32, BTreeSet<IpAddr>>,
     /// (release time, address) of every quarantine: `tick` and `next_deadline` read the front.
     deadlines: BTreeSet<(MonoNs, IpAddr)>,
+    /// Addresses whose record changed since the journal last took them: what the next commit
+    /// appends, O(changes) instead of the whole registry.
+    changed: HashSet<IpAddr>,
     refused_claims: u64,
     full_rejections: u64,
 }
@@ -84,6 +87,7 @@ impl<C: Clock> Registry<C> {
             records: BTreeMap::new(),
             by_ifindex: HashMap::new(),
             deadlines: BTreeSet::new(),
+            changed: HashSet::new(),
             refused_claims: 0,
             full_rejections: 0,
         }
@@ -144,6 +148,19 @@ impl<C: Clock> Registry<C> {
         self.deadlines.first().map(|(at, _)| *at)
     }
 
+    /// The addresses whose record changed (or went) since the last call, forgetting them.
+    pub fn take_changed(&mut self) -> Vec<IpAddr> {
+        self.changed.drain().collect()
+    }
+
+    /// The addresses whose quarantine is due at `now`, earliest first.
+    pub fn due(&self, now: MonoNs) -> impl Iterator<Item = IpAddr> + '_ {
+        self.deadlines
+            .iter()
+            .take_while(move |(at, _)| *at <= now)
+            .map(|(_, addr)| *addr)
+    }
+
     /// What the datapath map must hold: one entry per record.
     pub fn datapath_entries(&self) -> BTreeMap<IpAddr, AddrEntry> {
         self.records
@@ -161,6 +178,7 @@ impl<C: Clock> Registry<C> {
                 record.fenced = Some(record.displaced.remove(0));
             }
         }
+        self.changed.insert(addr);
         let before = self.records.remove(&addr);
         if let Some(before) = &before {
             self.unindex(before);

@@ -62,8 +62,6 @@ pub struct Tracker {
     net: NetState,
     journal: Journal,
     metrics: Arc<Metrics>,
-    /// Unsaved changes.
-    dirty: bool,
     /// Addresses an early reuse was let through on under `on_early_reuse = observe`: their
     /// holders all keep flowing, and what the datapath sees between them is only counted.
     observed_reuse: BTreeSet<IpAddr>,
@@ -87,7 +85,6 @@ impl Tracker {
             net: NetState::default(),
             journal,
             metrics,
-            dirty: false,
             observed_reuse: BTreeSet::new(),
             events: EventHub::new(),
             started_at: SystemTime::now(),
@@ -120,9 +117,22 @@ impl Tracker {
     /// holder identity where the interfaces match. A journal entry the maps lack is kept:
     /// maps are lost on reboot, and a quarantine must not be.
     pub fn recover(&mut self) -> Recovery {
-        let (journal, recovery) = match self.journal.load::<Snapshot>() {
+        let (journal, recovery) = match self.journal.load() {
             Ok(Some(loaded)) => {
-                let mut snapshot = loaded.body;
+                if let Some(torn) = &loaded.torn_tail {
+                    warn!(
+                        "journal {}: dropped a torn tail of {} bytes at byte {} (a write cut \
+                         short by a crash, never acknowledged)",
+                        self.journal.path().display(),
+                        torn.dropped,
+                        torn.at
+                    );
+                }
+                let mut snapshot = Snapshot {
+                    version: SNAPSHOT_VERSION,
+                    taken_at: loaded.written_mono_ns,
+                    records: loaded.records,
+                };
                 if !loaded.same_boot {
                     // Monotonic stamps of another boot: carry them over by wall-clock time.
                     let now_unix_ms = std::time::SystemTime::now()
@@ -156,7 +166,7 @@ impl Tracker {
                 (Vec::new(), Recovery::PinnedMaps)
             }
         };
-        let merged = self.merge_with_maps(journal);
+        let (merged, adopted) = self.merge_with_maps(journal);
         let count = merged.len();
         let snapshot = Snapshot {
             version: SNAPSHOT_VERSION,
@@ -167,14 +177,18 @@ impl Tracker {
             Ok(effects) => {
                 info!("registry recovered ({recovery:?}): {count} addresses");
                 self.apply_effects(effects);
+                // The journal already holds what it gave; only what the maps changed is new
+                // (when the journal is rewritten anyway, it takes everything).
+                self.registry.take_changed();
+                self.journal.stage(adopted);
             }
             Err(e) => error!("recovering the registry failed ({e}); starting empty"),
         }
-        self.dirty = true;
         recovery
     }
 
-    fn merge_with_maps(&self, journal: Vec<AddrRecord>) -> Vec<AddrRecord> {
+    /// The merged records, and the addresses where the maps overrode the journal.
+    fn merge_with_maps(&self, journal: Vec<AddrRecord>) -> (Vec<AddrRecord>, Vec<IpAddr>) {
         let mut records: std::collections::BTreeMap<IpAddr, AddrRecord> = journal
             .into_iter()
             .map(|r| (r.addr.to_canonical(), r))
@@ -183,9 +197,10 @@ impl Tracker {
             Ok(entries) => entries,
             Err(e) => {
                 error!("reading the pinned address map: {e}");
-                return records.into_values().collect();
+                return (records.into_values().collect(), Vec::new());
             }
         };
+        let mut adopted = Vec::new();
         let now = netdev::monotonic_ns();
         let settings = *self.registry.settings();
         for (key, entry) in entries {
@@ -194,17 +209,18 @@ impl Tracker {
             if known.is_some_and(|r| same_enforcement(&datapath_entry(r), &entry)) {
                 continue;
             }
-            if let Some(mut adopted) = record_from_entry(addr, &entry, now, &settings) {
+            if let Some(mut record) = record_from_entry(addr, &entry, now, &settings) {
                 if let Some(known) = known {
-                    keep_identities(&mut adopted, known);
+                    keep_identities(&mut record, known);
                     warn!(
                         "{addr}: the datapath disagrees with the journal; adopting the datapath's"
                     );
                 }
-                records.insert(addr, adopted);
+                records.insert(addr, record);
+                adopted.push(addr);
             }
         }
-        records.into_values().collect()
+        (records.into_values().collect(), adopted)
     }
 
     /// Takes a full netlink dump as the truth: attaches, claims what the routes say, and
@@ -401,16 +417,25 @@ impl Tracker {
         self.registry.next_deadline()
     }
 
-    /// Carries the kernel's stale-traffic stamps into the registry: they push releases back.
+    /// Carries the kernel's stale-traffic stamps of the quarantines due now into the registry,
+    /// where they may push the release back. Stale traffic reaches the registry as samples while
+    /// it happens, but at most one per address per sample interval, and none when the ring is
+    /// full: before a release, the map's own stamp (exact) has the last word. One lookup per
+    /// quarantine due, never a scan of the map.
     fn refresh_stale(&mut self) {
-        let Ok(entries) = self.datapath.maps.table.entries() else {
-            return;
-        };
-        for (key, entry) in entries {
+        let due: Vec<IpAddr> = self.registry.due(netdev::monotonic_ns()).collect();
+        for addr in due {
+            let entry = match self.datapath.maps.table.kernel_entry(&AddrKey::from(addr)) {
+                Ok(Some(entry)) => entry,
+                Ok(None) => continue,
+                Err(e) => {
+                    warn!("{addr}: reading its stale-traffic stamp: {e}");
+                    continue;
+                }
+            };
             if entry.state() != Some(AddrState::Quarantined) || entry.last_stale_ns == 0 {
                 continue;
             }
-            let addr = key.to_ip();
             let known = match self.registry.get(addr).map(|r| &r.status) {
                 Some(AddrStatus::Quarantined { last_stale, .. }) => *last_stale,
                 _ => continue,
@@ -463,7 +488,6 @@ impl Tracker {
 
     fn apply_effects(&mut self, effects: Vec<Effect>) {
         for effect in effects {
-            self.dirty = true;
             match effect {
                 Effect::Upsert { addr, entry } => self.write_entry(addr, entry),
                 Effect::Remove { addr } => {
@@ -583,14 +607,11 @@ impl Tracker {
         self.events.publish(time.rfc3339(sample.ts_ns), body);
     }
 
-    /// Saves the registry if it changed since the last save.
+    /// Makes every registry change since the last commit durable: one appended journal line
+    /// and one fdatasync for all of them.
     pub fn persist(&mut self) {
-        if !self.dirty {
-            return;
-        }
-        match self.journal.save(&self.registry.snapshot()) {
-            Ok(()) => self.dirty = false,
-            Err(e) => error!("journal: {e} (will retry)"),
+        if let Err(e) = self.journal.commit(&mut self.registry) {
+            error!("journal: {e} (will retry)");
         }
     }
 
