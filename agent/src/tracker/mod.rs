@@ -256,22 +256,46 @@ impl Tracker {
                 return;
             }
         };
-        for (key, _) in present {
+        let mut in_kernel = std::collections::HashMap::with_capacity(present.len());
+        for (key, entry) in present {
             if !wanted.contains_key(&key.to_ip()) {
                 if let Err(e) = self.datapath.maps.table.remove(&key) {
                     error!("{}: removing a stale datapath entry: {e}", key.to_ip());
                 }
+            } else {
+                in_kernel.insert(key.to_ip(), entry);
             }
         }
         for (addr, entry) in wanted {
-            self.write_entry(addr, entry);
+            let entry = self.with_observe_flag(addr, entry);
+            // What the kernel holds already (an agent restart: nearly everything) is not
+            // written again; what differs (a break-glass write) is.
+            if !in_kernel
+                .get(&addr)
+                .is_some_and(|e| same_written(e, &entry))
+            {
+                self.put_entry(addr, entry);
+            }
         }
     }
 
-    fn write_entry(&mut self, addr: IpAddr, mut entry: AddrEntry) {
+    fn with_observe_flag(&self, addr: IpAddr, mut entry: AddrEntry) -> AddrEntry {
         if self.observed_reuse.contains(&addr) {
             entry.flags |= FLAG_OBSERVE_ONLY;
         }
+        entry
+    }
+
+    /// Writes `entry` unless the table already holds it as written (O(1), no syscall).
+    fn write_entry(&mut self, addr: IpAddr, entry: AddrEntry) {
+        let entry = self.with_observe_flag(addr, entry);
+        let current = self.datapath.maps.table.get(&AddrKey::from(addr));
+        if !current.is_some_and(|current| same_written(current, &entry)) {
+            self.put_entry(addr, entry);
+        }
+    }
+
+    fn put_entry(&mut self, addr: IpAddr, entry: AddrEntry) {
         if let Err(e) = self.datapath.maps.table.put(AddrKey::from(addr), entry) {
             error!("{addr}: datapath write failed, enforcement may lag the registry: {e}");
         }
@@ -636,6 +660,11 @@ fn same_enforcement(a: &AddrEntry, b: &AddrEntry) -> bool {
     a.state == b.state
         && a.holder_ifindex == b.holder_ifindex
         && a.fenced_ifindex == b.fenced_ifindex
+}
+
+/// Whether two datapath entries hold the same agent-written fields (the kernel's stamps aside).
+fn same_written(a: &AddrEntry, b: &AddrEntry) -> bool {
+    same_enforcement(a, b) && a.flags == b.flags && a.since_ns == b.since_ns
 }
 
 /// Gives `adopted` the identities (container, pod, names) `known` had for the same interfaces.
