@@ -3,6 +3,7 @@
 //! It depends on no other crate of the workspace, so it builds, and can bootstrap the eBPF
 //! tooling, on a machine that has none of it yet.
 
+mod bench;
 mod build_ebpf;
 mod demo;
 mod setup;
@@ -41,6 +42,18 @@ enum Command {
     },
     /// Run the demo (needs root)
     Demo,
+    /// Measure the control plane at registry sizes 1, 1k, 16k, 64k (needs root; not a test)
+    Bench {
+        /// A smoke run: sizes 1 and 1000, one trial
+        #[arg(long)]
+        quick: bool,
+        /// Registry sizes, comma-separated
+        #[arg(long, value_delimiter = ',')]
+        sizes: Option<Vec<u32>>,
+        /// Trials per figure
+        #[arg(long)]
+        trials: Option<u32>,
+    },
 }
 
 fn main() -> Result<()> {
@@ -48,6 +61,11 @@ fn main() -> Result<()> {
         Command::Setup => setup::run(setup::Scope::All),
         Command::BuildEbpf { release } => build_ebpf::run(release),
         Command::Test { args } => test::run(&args),
+        Command::Bench {
+            quick,
+            sizes,
+            trials,
+        } => bench::run(quick, sizes, trials),
         Command::Demo => {
             util::require_root(
                 "cargo xtask demo",
