@@ -247,6 +247,12 @@ impl<E: Entry> Journal<E> {
         }
     }
 
+    /// Makes the next commit rewrite the whole journal: the state no longer follows from it
+    /// (e.g. a recovery that could not use what it loaded).
+    pub fn invalidate(&mut self) {
+        self.rewrite = true;
+    }
+
     /// Also writes `keys` at the next commit (records a recovery changed without the registry
     /// knowing, e.g. adopted from the maps).
     pub fn stage(&mut self, keys: impl IntoIterator<Item = E::Key>) {

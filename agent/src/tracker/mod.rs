@@ -182,7 +182,10 @@ impl Tracker {
                 self.registry.take_changed();
                 self.journal.stage(adopted);
             }
-            Err(e) => error!("recovering the registry failed ({e}); starting empty"),
+            Err(e) => {
+                error!("recovering the registry failed ({e}); starting empty");
+                self.journal.invalidate();
+            }
         }
         recovery
     }

@@ -196,6 +196,11 @@ pub fn run(opts: &BenchOptions) -> Result<Vec<Row>> {
         eprintln!("bench control: {size}: restart");
         node.stop_agent()?;
         let ready = node.start_agent()?.as_secs_f64() * 1e3;
+        for line in node.log().lines() {
+            if line.contains("journal") || line.contains("recovered") {
+                eprintln!("bench control: {size}: restart: {line}");
+            }
+        }
         rows.push(at_target(
             size,
             row("restart_ready", Some(size), "ms", &[ready]),
