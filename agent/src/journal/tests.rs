@@ -393,3 +393,60 @@ fn only_regular_files_are_opened_and_symlinks_never_followed() {
     assert_eq!(fs::read(&target).unwrap(), b"precious");
     assert_eq!(reopen(dir.path()).1.unwrap().records, mem.values());
 }
+
+/// The registry side: every record change is journaled, including those that emit no effect
+/// (an identity merge, a stale-traffic extension), and a removed record goes.
+#[test]
+fn every_registry_change_reaches_the_journal_even_without_an_effect() {
+    use crate::registry::{FakeClock, Holder, RegistrySettings, Source};
+
+    let settings = RegistrySettings {
+        policy: crate::config::EarlyReusePolicy::FenceOld,
+        cooldown: Duration::from_secs(30),
+        quiet_period: Duration::from_secs(10),
+        max_cooldown: Duration::from_secs(300),
+        capacity: 8,
+    };
+    let clock = FakeClock::new(1_000_000_000_000);
+    let mut registry = Registry::new(settings, clock.clone());
+    let dir = tempfile::tempdir().unwrap();
+    let mut journal = Journal::<AddrRecord>::open(dir.path()).unwrap();
+    journal.load().unwrap();
+    let reload = || {
+        let mut journal = Journal::<AddrRecord>::open(dir.path()).unwrap();
+        journal.load().unwrap().unwrap().records
+    };
+    let a: IpAddr = "10.0.0.1".parse().unwrap();
+    let b: IpAddr = "10.0.0.2".parse().unwrap();
+    let veth = Holder::new(7, "veth7");
+    registry.claim(a, veth.clone(), Source::Netlink).unwrap();
+    registry
+        .claim(b, Holder::new(8, "veth8"), Source::Netlink)
+        .unwrap();
+    journal.commit(&mut registry).unwrap();
+
+    let effects = registry
+        .claim(a, veth.with_container_id("c1"), Source::Cni)
+        .unwrap();
+    assert!(effects.is_empty(), "an identity merge emits no effect");
+    journal.commit(&mut registry).unwrap();
+    let records = reload();
+    let record = records.iter().find(|r| r.addr == a).unwrap();
+    assert_eq!(
+        record.status.holder().unwrap().container_id.as_deref(),
+        Some("c1")
+    );
+
+    registry.holder_gone(8).unwrap();
+    clock.advance(Duration::from_secs(5));
+    registry.stale_seen(b, clock.now()).unwrap();
+    journal.commit(&mut registry).unwrap();
+    let records = reload();
+    assert_eq!(records, registry.iter().cloned().collect::<Vec<_>>());
+
+    registry.release(b, true).unwrap();
+    journal.commit(&mut registry).unwrap();
+    let records = reload();
+    assert_eq!(records.len(), 1);
+    assert_eq!(records, registry.iter().cloned().collect::<Vec<_>>());
+}

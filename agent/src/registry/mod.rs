@@ -150,7 +150,8 @@ impl<C: Clock> Registry<C> {
 
     /// The addresses whose record changed (or went) since the last call, forgetting them.
     pub fn take_changed(&mut self) -> Vec<IpAddr> {
-        self.changed.drain().collect()
+        // Taken, not drained: draining would keep (and scan) the capacity a restore grew.
+        std::mem::take(&mut self.changed).into_iter().collect()
     }
 
     /// The addresses whose quarantine is due at `now`, earliest first.
