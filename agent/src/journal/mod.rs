@@ -148,6 +148,17 @@ pub struct Journal<E: Entry = AddrRecord> {
     last_failure: Option<String>,
 }
 
+/// Gives the heap's free pages back to the system. A rewrite, a compaction or a recovery
+/// handles a copy of the whole registry for a moment; without this the allocator keeps those
+/// pages, and the agent's resident size with them.
+pub fn release_freed_memory() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim only walks the allocator's own free lists.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 fn unix_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -363,6 +374,7 @@ impl<E: Entry> Journal<E> {
                 self.rewrite = false;
                 self.staged.clear();
                 self.retry_at = None;
+                release_freed_memory();
                 Ok(())
             }
             Err(e) => {
@@ -422,6 +434,7 @@ impl<E: Entry> Journal<E> {
             len: base_len + pending.len() as u64,
             base_len,
         });
+        release_freed_memory();
         if let Err(e) = files::sync_dir(&self.dir) {
             // The rename may not survive a crash, and what is appended next would go with it.
             warn!(

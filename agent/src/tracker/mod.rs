@@ -187,6 +187,7 @@ impl Tracker {
                 self.journal.invalidate();
             }
         }
+        crate::journal::release_freed_memory();
         recovery
     }
 
@@ -196,13 +197,9 @@ impl Tracker {
             .into_iter()
             .map(|r| (r.addr.to_canonical(), r))
             .collect();
-        let entries = match self.datapath.maps.table.entries() {
-            Ok(entries) => entries,
-            Err(e) => {
-                error!("reading the pinned address map: {e}");
-                return (records.into_values().collect(), Vec::new());
-            }
-        };
+        // As the table read them from the pinned map when it opened, a moment ago: a second
+        // full read of the map (two syscalls per entry) would tell nothing more.
+        let entries = self.datapath.maps.table.cached();
         let mut adopted = Vec::new();
         let now = netdev::monotonic_ns();
         let settings = *self.registry.settings();
