@@ -15,6 +15,7 @@
 //! of its own, deleted afterwards) is released before the next, keeping the registry at its
 //! nominal size, and with a capacity above the largest size so that claims are never refused.
 
+mod fenced;
 mod node;
 
 use std::{
@@ -28,7 +29,10 @@ use std::{
 
 use anyhow::{bail, Context as _, Result};
 
-use self::node::{api, http_get_here, metric_in, Node};
+use self::{
+    fenced::Fenced,
+    node::{api, http_get_here, metric_in, Node},
+};
 use super::{min_median, BenchOptions, Row, Target};
 
 const GROUP: &str = "control";
@@ -120,6 +124,8 @@ pub fn run(opts: &BenchOptions) -> Result<Vec<Row>> {
     let mut populated = 0;
     let mut burst_p99 = Vec::new();
     let mut started = false;
+    let mut fenced: Option<Fenced> = None;
+    let mut extra = 0.0;
     for &size in &opts.sizes {
         eprintln!("bench control: populating {size} addresses");
         let mut lines = String::new();
@@ -137,13 +143,17 @@ pub fn run(opts: &BenchOptions) -> Result<Vec<Row>> {
         if !started {
             node.start_agent()?;
             started = true;
+            wait_entries(&node, f64::from(size), Duration::from_secs(900))?;
+            fenced = Some(Fenced::new(&node)?);
+            // The fenced pod's address: one more entry from now on.
+            extra = node.metric("ipq_registry_entries")? - f64::from(size);
         }
-        wait_entries(&node, f64::from(size), Duration::from_secs(900))?;
+        wait_entries(&node, f64::from(size) + extra, Duration::from_secs(900))?;
 
         eprintln!("bench control: {size}: route bursts");
         let (mut p50, mut p99) = (Vec::new(), Vec::new());
         for trial in 0..opts.trials {
-            let (a, b) = route_burst(&node, size, trial)?;
+            let (a, b) = route_burst(&node, trial)?;
             p50.push(a);
             p99.push(b);
         }
@@ -153,7 +163,7 @@ pub fn run(opts: &BenchOptions) -> Result<Vec<Row>> {
         rows.push(at_target(size, p99_row, "≤ 100 ms", |v| v <= 100.0));
 
         eprintln!("bench control: {size}: ipq-cni ADD");
-        let adds = cni_adds(&node, size)?;
+        let adds = cni_adds(&node)?;
         rows.push(at_target(
             size,
             row("cni_add_p99", Some(size), "ms", &[adds]),
@@ -163,7 +173,7 @@ pub fn run(opts: &BenchOptions) -> Result<Vec<Row>> {
 
         eprintln!("bench control: {size}: API claims and drains");
         let seconds = if opts.quick { 1.0 } else { 3.0 };
-        let (ops, claim_p99) = api_load(&node, size, seconds)?;
+        let (ops, claim_p99) = api_load(&node, seconds)?;
         rows.push(at_target(
             size,
             row("api_ops", Some(size), "ops/s", &[ops]),
@@ -194,8 +204,28 @@ pub fn run(opts: &BenchOptions) -> Result<Vec<Row>> {
         ));
 
         eprintln!("bench control: {size}: restart");
-        node.stop_agent()?;
-        let ready = node.start_agent()?.as_secs_f64() * 1e3;
+        let Some(pod) = fenced.as_ref() else {
+            bail!("no fenced pod");
+        };
+        let (ready, sent, delivered) = pod.while_running(|| -> Result<f64> {
+            node.stop_agent()?;
+            Ok(node.start_agent()?.as_secs_f64() * 1e3)
+        });
+        let ready = ready?;
+        eprintln!(
+            "bench control: {size}: restart: the fenced pod sent {sent}, {delivered} delivered"
+        );
+        rows.push(at_target(
+            size,
+            row(
+                "restart_fenced_delivered",
+                Some(size),
+                "count",
+                &[delivered as f64],
+            ),
+            "= 0",
+            |v| v == 0.0,
+        ));
         for line in node.log().lines() {
             if line.contains("journal") || line.contains("recovered") {
                 eprintln!("bench control: {size}: restart: {line}");
@@ -261,7 +291,7 @@ fn wait_entries(node: &Node, want: f64, timeout: Duration) -> Result<()> {
 /// One burst of host routes on an interface of its own: (p50, p99) in ms from the start of
 /// the burst until the 500th and 990th are in the map. The interface is deleted afterwards and
 /// its addresses released after the cool-down.
-fn route_burst(node: &Node, size: u32, trial: u32) -> Result<(f64, f64)> {
+fn route_burst(node: &Node, trial: u32) -> Result<(f64, f64)> {
     let dev = format!("bwb{trial}");
     node.ip(&[
         "link",
@@ -310,13 +340,14 @@ fn route_burst(node: &Node, size: u32, trial: u32) -> Result<(f64, f64)> {
         Ok(times)
     })?;
     node.ip(&["link", "del", &dev])?;
-    wait_entries(node, f64::from(size), Duration::from_secs(120))?;
+    wait_entries(node, base, Duration::from_secs(120))?;
     Ok((times[0], times[1]))
 }
 
 /// `ipq-cni ADD` of one address on an interface of its own, `CNI_ADDS` times: p99 in ms.
-fn cni_adds(node: &Node, size: u32) -> Result<f64> {
+fn cni_adds(node: &Node) -> Result<f64> {
     let cni = crate::util::workspace_root().join("target/release/ipq-cni");
+    let before = node.metric("ipq_registry_entries")?;
     node.ip(&["link", "add", "bwc", "type", "veth", "peer", "bqc"])?;
     node.ip(&["link", "set", "bwc", "up"])?;
     thread::sleep(Duration::from_millis(300));
@@ -365,7 +396,7 @@ fn cni_adds(node: &Node, size: u32) -> Result<f64> {
         }
     }
     node.ip(&["link", "del", "bwc"])?;
-    wait_entries(node, f64::from(size), Duration::from_secs(60))?;
+    wait_entries(node, before, Duration::from_secs(60))?;
     Ok(percentile(&mut times, 0.99))
 }
 
@@ -377,7 +408,8 @@ fn percentile(values: &mut [f64], p: f64) -> f64 {
 
 /// `API_CLIENTS` clients, each claiming then draining addresses of its own on one interface,
 /// for `seconds`: (operations per second, claim p99 in ms).
-fn api_load(node: &Node, size: u32, seconds: f64) -> Result<(f64, f64)> {
+fn api_load(node: &Node, seconds: f64) -> Result<(f64, f64)> {
+    let before = node.metric("ipq_registry_entries")?;
     node.ip(&["link", "add", "bwa", "type", "veth", "peer", "bqa"])?;
     node.ip(&["link", "set", "bwa", "up"])?;
     thread::sleep(Duration::from_millis(300));
@@ -435,7 +467,7 @@ fn api_load(node: &Node, size: u32, seconds: f64) -> Result<(f64, f64)> {
         bail!("an API client failed: {failure}");
     }
     node.ip(&["link", "del", "bwa"])?;
-    wait_entries(node, f64::from(size), Duration::from_secs(60))?;
+    wait_entries(node, before, Duration::from_secs(60))?;
     let mut claims = claims.lock().unwrap().clone();
     Ok((
         ops.load(Ordering::Relaxed) as f64 / elapsed,

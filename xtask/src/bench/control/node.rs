@@ -111,18 +111,7 @@ impl Node {
 
     /// Runs `f` on a thread inside the namespace.
     pub fn run<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
-        std::thread::scope(|scope| {
-            scope
-                .spawn(|| {
-                    let file = fs::File::open(&self.ns_path).expect("the namespace exists");
-                    // SAFETY: a valid namespace fd; only this thread changes namespace.
-                    let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
-                    assert_eq!(rc, 0, "setns: {}", io::Error::last_os_error());
-                    f()
-                })
-                .join()
-                .unwrap_or_else(|p| std::panic::resume_unwind(p))
-        })
+        run_in(&self.ns_path, f)
     }
 
     /// Starts the release agent and waits until `/readyz` answers 200; the time that took.
@@ -245,6 +234,49 @@ pub fn api(socket: &Path, method: &str, path: &str, body: &str) -> Result<(u16, 
     let mut answer = String::new();
     stream.read_to_string(&mut answer)?;
     parse(&answer)
+}
+
+/// A second namespace (a pod) wired to the node by a veth, removed on drop.
+pub struct Pod {
+    pub ns: String,
+    ns_path: PathBuf,
+}
+
+impl Pod {
+    pub fn new() -> Result<Pod> {
+        let ns = unique("ipqb-pod");
+        util::output(&mut util::cmd("ip", ["netns", "add", &ns]))?;
+        Ok(Pod {
+            ns_path: Path::new("/run/netns").join(&ns),
+            ns,
+        })
+    }
+
+    /// Runs `f` on a thread inside the pod's namespace.
+    pub fn run<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
+        run_in(&self.ns_path, f)
+    }
+}
+
+impl Drop for Pod {
+    fn drop(&mut self) {
+        let _ = util::output(&mut util::cmd("ip", ["netns", "del", &self.ns]));
+    }
+}
+
+fn run_in<T: Send>(ns_path: &Path, f: impl FnOnce() -> T + Send) -> T {
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                let file = fs::File::open(ns_path).expect("the namespace exists");
+                // SAFETY: a valid namespace fd; only this thread changes namespace.
+                let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
+                assert_eq!(rc, 0, "setns: {}", io::Error::last_os_error());
+                f()
+            })
+            .join()
+            .unwrap_or_else(|p| std::panic::resume_unwind(p))
+    })
 }
 
 impl Drop for Node {
