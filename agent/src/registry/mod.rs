@@ -72,6 +72,8 @@ pub struct Registry<C: Clock = SystemClock> {
     by_ifindex: HashMap<u32, BTreeSet<IpAddr>>,
     /// (release time, address) of every quarantine: `tick` and `next_deadline` read the front.
     deadlines: BTreeSet<(MonoNs, IpAddr)>,
+    /// Container id → addresses whose live holder names it: a CNI DEL touches only these.
+    by_container: HashMap<String, BTreeSet<IpAddr>>,
     /// Addresses whose record changed since the journal last took them: what the next commit
     /// appends, O(changes) instead of the whole registry.
     changed: HashSet<IpAddr>,
@@ -87,6 +89,7 @@ impl<C: Clock> Registry<C> {
             records: BTreeMap::new(),
             by_ifindex: HashMap::new(),
             deadlines: BTreeSet::new(),
+            by_container: HashMap::new(),
             changed: HashSet::new(),
             refused_claims: 0,
             full_rejections: 0,
@@ -154,6 +157,16 @@ impl<C: Clock> Registry<C> {
         std::mem::take(&mut self.changed).into_iter().collect()
     }
 
+    /// The records whose live holder (Active or Draining) names container `id`, in address
+    /// order: O(its addresses), not O(registry).
+    pub fn held_by_container<'a>(&'a self, id: &str) -> impl Iterator<Item = &'a AddrRecord> + 'a {
+        self.by_container
+            .get(id)
+            .into_iter()
+            .flatten()
+            .filter_map(|addr| self.records.get(addr))
+    }
+
     /// The addresses whose quarantine is due at `now`, earliest first.
     pub fn due(&self, now: MonoNs) -> impl Iterator<Item = IpAddr> + '_ {
         self.deadlines
@@ -201,6 +214,12 @@ impl<C: Clock> Registry<C> {
         if let AddrStatus::Quarantined { until, .. } = record.status {
             self.deadlines.insert((until, record.addr));
         }
+        if let Some(id) = container_of(record) {
+            self.by_container
+                .entry(id.to_owned())
+                .or_default()
+                .insert(record.addr);
+        }
     }
 
     fn unindex(&mut self, record: &AddrRecord) {
@@ -215,6 +234,14 @@ impl<C: Clock> Registry<C> {
         if let AddrStatus::Quarantined { until, .. } = record.status {
             self.deadlines.remove(&(until, record.addr));
         }
+        if let Some(id) = container_of(record) {
+            if let Some(addrs) = self.by_container.get_mut(id) {
+                addrs.remove(&record.addr);
+                if addrs.is_empty() {
+                    self.by_container.remove(id);
+                }
+            }
+        }
     }
 
     /// Checks the indexes and record invariants; for tests.
@@ -222,7 +249,11 @@ impl<C: Clock> Registry<C> {
     pub(crate) fn check_invariants(&self) -> Result<(), String> {
         let mut by_ifindex: HashMap<u32, BTreeSet<IpAddr>> = HashMap::new();
         let mut deadlines = BTreeSet::new();
+        let mut by_container: HashMap<String, BTreeSet<IpAddr>> = HashMap::new();
         for (addr, record) in &self.records {
+            if let Some(id) = container_of(record) {
+                by_container.entry(id.to_owned()).or_default().insert(*addr);
+            }
             if *addr != record.addr || addr.to_canonical() != *addr || addr.is_unspecified() {
                 return Err(format!("record key {addr} vs {}", record.addr));
             }
@@ -253,6 +284,12 @@ impl<C: Clock> Registry<C> {
                 self.by_ifindex, by_ifindex
             ));
         }
+        if by_container != self.by_container {
+            return Err(format!(
+                "by_container {:?} != {:?}",
+                self.by_container, by_container
+            ));
+        }
         if deadlines != self.deadlines {
             return Err(format!("deadlines {:?} != {:?}", self.deadlines, deadlines));
         }
@@ -261,6 +298,11 @@ impl<C: Clock> Registry<C> {
         }
         Ok(())
     }
+}
+
+/// The container id of a record's live holder, if it names one.
+fn container_of(record: &AddrRecord) -> Option<&str> {
+    record.status.holder()?.container_id.as_deref()
 }
 
 /// The registry's key for `addr`: IPv4-mapped IPv6 as IPv4 (the datapath key of both is the
