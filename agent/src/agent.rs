@@ -31,7 +31,7 @@ use crate::{
 /// API requests answered per journal save at most: a burst of CNI ADDs shares one fsync.
 const MAX_REQUEST_BURST: usize = 256;
 
-/// Longest sleep between two ticks: stale-traffic stamps are read from the maps on each.
+/// Longest sleep between two ticks: the CNI spool is replayed on each.
 const MAX_TICK: Duration = Duration::from_secs(1);
 
 #[derive(Debug, Error)]

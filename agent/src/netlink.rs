@@ -123,9 +123,9 @@ impl NetState {
     /// bridge's forwarding database. This is how holders are found on bridge-plugin nodes,
     /// where pod addresses have no host routes.
     pub fn port_of(&self, addr: IpAddr) -> Option<u32> {
+        // The entries of `addr` are adjacent in the map: a range, not a scan of every neighbour.
         self.neighbours
-            .iter()
-            .filter(|((a, _), _)| *a == addr)
+            .range((addr, u32::MIN)..=(addr, u32::MAX))
             .find_map(|(_, mac)| self.fdb.get(mac.as_ref()?).copied())
     }
 }

@@ -18,6 +18,10 @@ pub trait AddrTable {
     fn remove(&mut self, addr: &AddrKey) -> Result<Option<AddrEntry>, DatapathError>;
     /// Every entry, with the kernel-written stamps as they are now.
     fn entries(&self) -> Result<Vec<(AddrKey, AddrEntry)>, DatapathError>;
+    /// Every entry as this table last read or wrote it (no syscall).
+    fn cached(&self) -> Vec<(AddrKey, AddrEntry)>;
+    /// The entry of `addr` as the kernel has it now, with its stamps: one lookup.
+    fn kernel_entry(&self, addr: &AddrKey) -> Result<Option<AddrEntry>, DatapathError>;
     /// How many entries the table holds.
     fn len(&self) -> usize;
     fn is_empty(&self) -> bool {
@@ -40,6 +44,14 @@ impl AddrTable for AddressTable {
 
     fn entries(&self) -> Result<Vec<(AddrKey, AddrEntry)>, DatapathError> {
         AddressTable::entries(self)
+    }
+
+    fn cached(&self) -> Vec<(AddrKey, AddrEntry)> {
+        AddressTable::cached(self)
+    }
+
+    fn kernel_entry(&self, addr: &AddrKey) -> Result<Option<AddrEntry>, DatapathError> {
+        AddressTable::kernel_entry(self, addr)
     }
 
     fn len(&self) -> usize {
@@ -90,6 +102,14 @@ impl AddrTable for MemTable {
 
     fn entries(&self) -> Result<Vec<(AddrKey, AddrEntry)>, DatapathError> {
         Ok(self.entries.iter().map(|(k, v)| (*k, *v)).collect())
+    }
+
+    fn cached(&self) -> Vec<(AddrKey, AddrEntry)> {
+        self.entries.iter().map(|(k, v)| (*k, *v)).collect()
+    }
+
+    fn kernel_entry(&self, addr: &AddrKey) -> Result<Option<AddrEntry>, DatapathError> {
+        Ok(self.entries.get(addr).copied())
     }
 
     fn len(&self) -> usize {

@@ -136,6 +136,16 @@ impl AddressTable {
         self.addrs.entries()
     }
 
+    /// Every entry as this table last read or wrote it (no syscall).
+    pub fn cached(&self) -> Vec<(AddrKey, AddrEntry)> {
+        self.entries.iter().map(|(k, e)| (*k, *e)).collect()
+    }
+
+    /// The entry of `addr` as the kernel has it now, with its stamps: one lookup.
+    pub fn kernel_entry(&self, addr: &AddrKey) -> Result<Option<AddrEntry>, DatapathError> {
+        self.addrs.get(addr)
+    }
+
     /// Writes the entry of `addr`, keeping the kernel-written stamps.
     pub fn put(&mut self, addr: AddrKey, mut entry: AddrEntry) -> Result<(), DatapathError> {
         let old = self.entries.get(&addr).copied();

@@ -46,7 +46,7 @@ mod proptests;
 mod tests;
 
 use std::{
-    collections::{BTreeMap, BTreeSet, HashMap},
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
     net::IpAddr,
 };
 
@@ -79,6 +79,11 @@ pub struct Registry<C: Clock = SystemClock> {
     /// quarantine's end moved, a conflict counted): the journal is up to date iff it saved this
     /// generation.
     generation: u64,
+    /// Container id → addresses whose live holder names it: a CNI DEL touches only these.
+    by_container: HashMap<String, BTreeSet<IpAddr>>,
+    /// Addresses whose record changed since the journal last took them: what the next commit
+    /// appends, O(changes) instead of the whole registry.
+    changed: HashSet<IpAddr>,
     refused_claims: u64,
     full_rejections: u64,
 }
@@ -124,6 +129,8 @@ impl<C: Clock> Registry<C> {
             deadlines: BTreeSet::new(),
             counts: StateCounts::default(),
             generation: 0,
+            by_container: HashMap::new(),
+            changed: HashSet::new(),
             refused_claims: 0,
             full_rejections: 0,
         }
@@ -200,6 +207,30 @@ impl<C: Clock> Registry<C> {
         self.deadlines.first().map(|(at, _)| *at)
     }
 
+    /// The addresses whose record changed (or went) since the last call, forgetting them.
+    pub fn take_changed(&mut self) -> Vec<IpAddr> {
+        // Taken, not drained: draining would keep (and scan) the capacity a restore grew.
+        std::mem::take(&mut self.changed).into_iter().collect()
+    }
+
+    /// The records whose live holder (Active or Draining) names container `id`, in address
+    /// order: O(its addresses), not O(registry).
+    pub fn held_by_container<'a>(&'a self, id: &str) -> impl Iterator<Item = &'a AddrRecord> + 'a {
+        self.by_container
+            .get(id)
+            .into_iter()
+            .flatten()
+            .filter_map(|addr| self.records.get(addr))
+    }
+
+    /// The addresses whose quarantine is due at `now`, earliest first.
+    pub fn due(&self, now: MonoNs) -> impl Iterator<Item = IpAddr> + '_ {
+        self.deadlines
+            .iter()
+            .take_while(move |(at, _)| *at <= now)
+            .map(|(_, addr)| *addr)
+    }
+
     /// What the datapath map must hold: one entry per record.
     pub fn datapath_entries(&self) -> BTreeMap<IpAddr, AddrEntry> {
         self.records
@@ -217,6 +248,7 @@ impl<C: Clock> Registry<C> {
                 record.fenced = Some(record.displaced.remove(0));
             }
         }
+        self.changed.insert(addr);
         let before = self.records.remove(&addr);
         if before != after {
             self.generation += 1;
@@ -243,6 +275,12 @@ impl<C: Clock> Registry<C> {
         if let AddrStatus::Quarantined { until, .. } = record.status {
             self.deadlines.insert((until, record.addr));
         }
+        if let Some(id) = container_of(record) {
+            self.by_container
+                .entry(id.to_owned())
+                .or_default()
+                .insert(record.addr);
+        }
     }
 
     fn unindex(&mut self, record: &AddrRecord) {
@@ -257,6 +295,14 @@ impl<C: Clock> Registry<C> {
         if let AddrStatus::Quarantined { until, .. } = record.status {
             self.deadlines.remove(&(until, record.addr));
         }
+        if let Some(id) = container_of(record) {
+            if let Some(addrs) = self.by_container.get_mut(id) {
+                addrs.remove(&record.addr);
+                if addrs.is_empty() {
+                    self.by_container.remove(id);
+                }
+            }
+        }
     }
 
     /// Checks the indexes and record invariants; for tests.
@@ -264,7 +310,11 @@ impl<C: Clock> Registry<C> {
     pub(crate) fn check_invariants(&self) -> Result<(), String> {
         let mut by_ifindex: HashMap<u32, BTreeSet<IpAddr>> = HashMap::new();
         let mut deadlines = BTreeSet::new();
+        let mut by_container: HashMap<String, BTreeSet<IpAddr>> = HashMap::new();
         for (addr, record) in &self.records {
+            if let Some(id) = container_of(record) {
+                by_container.entry(id.to_owned()).or_default().insert(*addr);
+            }
             if *addr != record.addr || addr.to_canonical() != *addr || addr.is_unspecified() {
                 return Err(format!("record key {addr} vs {}", record.addr));
             }
@@ -295,6 +345,12 @@ impl<C: Clock> Registry<C> {
                 self.by_ifindex, by_ifindex
             ));
         }
+        if by_container != self.by_container {
+            return Err(format!(
+                "by_container {:?} != {:?}",
+                self.by_container, by_container
+            ));
+        }
         if deadlines != self.deadlines {
             return Err(format!("deadlines {:?} != {:?}", self.deadlines, deadlines));
         }
@@ -316,6 +372,11 @@ impl<C: Clock> Registry<C> {
         }
         Ok(())
     }
+}
+
+/// The container id of a record's live holder, if it names one.
+fn container_of(record: &AddrRecord) -> Option<&str> {
+    record.status.holder()?.container_id.as_deref()
 }
 
 /// The registry's key for `addr`: IPv4-mapped IPv6 as IPv4 (the datapath key of both is the

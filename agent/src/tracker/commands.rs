@@ -347,7 +347,7 @@ impl Tracker {
         };
         let targets: Vec<(IpAddr, Holder)> = self
             .registry
-            .iter()
+            .held_by_container(&request.container_id)
             .filter_map(|r| {
                 let holder = r.status.holder()?;
                 of_attachment(holder).then(|| (r.addr, holder.clone()))

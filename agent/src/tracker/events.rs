@@ -2,12 +2,17 @@
 
 use std::net::IpAddr;
 
-use ipq_common::{addr::AddrState, counters::Reason, sample::ConflictSample};
+use ipq_common::{
+    addr::{AddrKey, AddrState},
+    counters::Reason,
+    sample::ConflictSample,
+};
 use log::{info, warn};
 
 use super::{Role, Tracker};
 use crate::{
     datapath::attach,
+    netdev,
     netlink::NetEvent,
     registry::{AddrStatus, Holder, RegistryError, Source},
 };
@@ -224,16 +229,25 @@ impl Tracker {
         self.update_gauges();
     }
 
-    /// Carries the kernel's stale-traffic stamps into the registry: they push releases back.
+    /// Carries the kernel's stale-traffic stamps of the quarantines due now into the registry,
+    /// where they may push the release back. Stale traffic reaches the registry as samples while
+    /// it happens, but at most one per address per sample interval, and none when the ring is
+    /// full: before a release, the map's own stamp (exact) has the last word. One lookup per
+    /// quarantine due, never a scan of the map.
     fn refresh_stale(&mut self) {
-        let Ok(entries) = self.datapath.table().entries() else {
-            return;
-        };
-        for (key, entry) in entries {
+        let due: Vec<IpAddr> = self.registry.due(netdev::monotonic_ns()).collect();
+        for addr in due {
+            let entry = match self.datapath.table().kernel_entry(&AddrKey::from(addr)) {
+                Ok(Some(entry)) => entry,
+                Ok(None) => continue,
+                Err(e) => {
+                    warn!("{addr}: reading its stale-traffic stamp: {e}");
+                    continue;
+                }
+            };
             if entry.state() != Some(AddrState::Quarantined) || entry.last_stale_ns == 0 {
                 continue;
             }
-            let addr = key.to_ip();
             let known = match self.registry.get(addr).map(|r| &r.status) {
                 Some(AddrStatus::Quarantined { last_stale, .. }) => *last_stale,
                 _ => continue,

@@ -158,7 +158,7 @@ impl Tracker {
         }
         let now = Instant::now();
         let since = *state.unsaved_since.get_or_insert(now);
-        match self.journal.save(&self.registry.snapshot()) {
+        match self.journal.commit(&mut self.registry) {
             Ok(()) => {
                 state.saved = Some(generation);
                 state.unsaved_since = None;

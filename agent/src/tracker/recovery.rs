@@ -37,9 +37,22 @@ impl Tracker {
     /// holder identity where the interfaces match. A journal entry the maps lack is kept:
     /// maps are lost on reboot, and a quarantine must not be.
     pub fn recover(&mut self) -> Recovery {
-        let (journal, recovery) = match self.journal.load::<Snapshot>() {
+        let (journal, recovery) = match self.journal.load() {
             Ok(Some(loaded)) => {
-                let mut snapshot = loaded.body;
+                if let Some(torn) = &loaded.torn_tail {
+                    warn!(
+                        "journal {}: dropped a torn tail of {} bytes at byte {} (a write cut \
+                         short by a crash, never acknowledged)",
+                        self.journal.path().display(),
+                        torn.dropped,
+                        torn.at
+                    );
+                }
+                let mut snapshot = Snapshot {
+                    version: SNAPSHOT_VERSION,
+                    taken_at: loaded.written_mono_ns,
+                    records: loaded.records,
+                };
                 if !loaded.same_boot {
                     // Monotonic stamps of another boot: carry them over by wall-clock time.
                     let now_unix_ms = std::time::SystemTime::now()
@@ -73,7 +86,7 @@ impl Tracker {
                 (Vec::new(), Recovery::PinnedMaps)
             }
         };
-        let merged = self.merge_with_maps(journal);
+        let (merged, adopted) = self.merge_with_maps(journal);
         let count = merged.len();
         let snapshot = Snapshot {
             version: SNAPSHOT_VERSION,
@@ -84,24 +97,30 @@ impl Tracker {
             Ok(effects) => {
                 info!("registry recovered ({recovery:?}): {count} addresses");
                 self.apply_effects(effects);
+                // The journal already holds what it gave; only what the maps changed is new
+                // (when the journal is rewritten anyway, it takes everything).
+                self.registry.take_changed();
+                self.journal.stage(adopted);
             }
-            Err(e) => error!("recovering the registry failed ({e}); starting empty"),
+            Err(e) => {
+                error!("recovering the registry failed ({e}); starting empty");
+                self.journal.invalidate();
+            }
         }
+        crate::journal::release_freed_memory();
         recovery
     }
 
-    fn merge_with_maps(&self, journal: Vec<AddrRecord>) -> Vec<AddrRecord> {
+    /// The merged records, and the addresses where the maps changed what the journal said.
+    fn merge_with_maps(&self, journal: Vec<AddrRecord>) -> (Vec<AddrRecord>, Vec<IpAddr>) {
         let mut records: BTreeMap<IpAddr, AddrRecord> = journal
             .into_iter()
             .map(|r| (r.addr.to_canonical(), r))
             .collect();
-        let entries = match self.datapath.table().entries() {
-            Ok(entries) => entries,
-            Err(e) => {
-                error!("reading the pinned address map: {e}");
-                return records.into_values().collect();
-            }
-        };
+        // As the table read them from the pinned map when it opened, a moment ago: a second
+        // full read of the map (two syscalls per entry) would tell nothing more.
+        let entries = self.datapath.table().cached();
+        let mut adopted = Vec::new();
         let now = netdev::monotonic_ns();
         let settings = *self.registry.settings();
         let names: BTreeMap<u32, String> = netdev::interfaces()
@@ -116,22 +135,24 @@ impl Tracker {
                 if entry.flags & FLAG_OBSERVE_ONLY != 0 && !known.observe_only {
                     if let Some(record) = records.get_mut(&addr) {
                         record.observe_only = true;
+                        adopted.push(addr);
                     }
                 }
                 continue;
             }
-            if let Some(mut adopted) = record_from_entry(addr, &entry, now, &settings, &names) {
+            if let Some(mut record) = record_from_entry(addr, &entry, now, &settings, &names) {
                 if let Some(known) = known {
-                    keep_identities(&mut adopted, known);
-                    adopted.observe_only |= known.observe_only;
+                    keep_identities(&mut record, known);
+                    record.observe_only |= known.observe_only;
                     warn!(
                         "{addr}: the datapath disagrees with the journal; adopting the datapath's"
                     );
                 }
-                records.insert(addr, adopted);
+                records.insert(addr, record);
+                adopted.push(addr);
             }
         }
-        records.into_values().collect()
+        (records.into_values().collect(), adopted)
     }
 
     /// Takes a full netlink dump as the truth: attaches, claims what the routes say, and
@@ -167,24 +188,47 @@ impl Tracker {
                 return;
             }
         };
-        for (key, _) in present {
+        let mut in_kernel = std::collections::HashMap::with_capacity(present.len());
+        for (key, entry) in present {
             if !wanted.contains_key(&key.to_ip()) {
                 if let Err(e) = self.datapath.table_mut().remove(&key) {
                     error!("{}: removing a stale datapath entry: {e}", key.to_ip());
                 }
+            } else {
+                in_kernel.insert(key.to_ip(), entry);
             }
         }
         for (addr, entry) in wanted {
-            self.write_entry(addr, entry);
+            // What the kernel holds already (an agent restart: nearly everything) is not
+            // written again; what differs (a break-glass write) is.
+            if !in_kernel
+                .get(&addr)
+                .is_some_and(|e| same_written(e, &entry))
+            {
+                self.put_entry(addr, entry);
+            }
         }
     }
 
-    /// Writes one datapath entry, as the registry derived it (observe-only flag included).
+    /// Writes one datapath entry, as the registry derived it (observe-only flag included),
+    /// unless the table already holds it as written (O(1), no syscall).
     pub(super) fn write_entry(&mut self, addr: IpAddr, entry: AddrEntry) {
+        let current = self.datapath.table().get(&AddrKey::from(addr));
+        if !current.is_some_and(|current| same_written(current, &entry)) {
+            self.put_entry(addr, entry);
+        }
+    }
+
+    fn put_entry(&mut self, addr: IpAddr, entry: AddrEntry) {
         if let Err(e) = self.datapath.table_mut().put(AddrKey::from(addr), entry) {
             error!("{addr}: datapath write failed, enforcement may lag the registry: {e}");
         }
     }
+}
+
+/// Whether two datapath entries hold the same agent-written fields (the kernel's stamps aside).
+fn same_written(a: &AddrEntry, b: &AddrEntry) -> bool {
+    same_enforcement(a, b) && a.flags == b.flags && a.since_ns == b.since_ns
 }
 
 /// Whether two datapath entries enforce the same thing (ignoring the stamps).

@@ -155,7 +155,10 @@ fn a_journal_without_the_flag_takes_it_from_the_pins() {
     for record in &mut snapshot.records {
         record.observe_only = false;
     }
-    Journal::open(dir.path()).unwrap().save(&snapshot).unwrap();
+    Journal::open(dir.path())
+        .unwrap()
+        .commit(&mut OlderJournal(snapshot.records))
+        .unwrap();
     let mut upgraded = tracker_with(config(EarlyReusePolicy::Observe), dir.path(), pinned(&t));
     assert_eq!(upgraded.recover(), super::Recovery::Journal);
     assert!(
@@ -224,8 +227,11 @@ fn a_claim_is_answered_unavailable_until_it_is_saved() {
     assert_eq!(t.metrics.journal_write_failures.get(), 1);
     assert!(!t.is_saved());
 
-    // Once the directory is back, the retry saves it and the same claim is answered.
+    // Once the directory is back, the retry saves it and the same claim is answered. (The
+    // journal tries a failed rewrite again at most once a second, so a failing disk is not
+    // hammered by every request.)
     std::fs::create_dir_all(&state).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1100));
     let mut answer = claim(&mut t, "10.0.0.9");
     let response = answer.try_recv().unwrap().expect("the claim, now durable");
     assert_eq!(response.addresses[0].state, StateName::Active);
@@ -298,4 +304,19 @@ fn a_claim_refused_for_a_full_registry_is_made_when_space_frees() {
         ifindex: VETH_A,
     });
     assert_eq!(t.metrics.addresses_unprotected.get(), 0);
+}
+
+/// Records as an older agent journaled them, written through the journal's own commit.
+struct OlderJournal(Vec<crate::registry::AddrRecord>);
+
+impl crate::journal::Contents<crate::registry::AddrRecord> for OlderJournal {
+    fn take_changed(&mut self) -> Vec<IpAddr> {
+        self.0.iter().map(|r| r.addr).collect()
+    }
+    fn get(&self, key: &IpAddr) -> Option<&crate::registry::AddrRecord> {
+        self.0.iter().find(|r| r.addr == *key)
+    }
+    fn all(&self) -> Vec<crate::registry::AddrRecord> {
+        self.0.clone()
+    }
 }

@@ -9,6 +9,7 @@
 //! and on ratios taken within one run, never on one absolute figure across runs.
 
 mod conntrack;
+mod control;
 mod datapath;
 mod svg;
 
@@ -54,7 +55,11 @@ type Section = (&'static str, fn(&BenchOptions) -> Result<Vec<Row>>);
 ///
 /// ── SECTIONS ── one line per `xtask/src/bench/<name>.rs`; each module exposes
 /// `pub fn run(opts: &super::BenchOptions) -> anyhow::Result<Vec<super::Row>>`.
-const SECTIONS: &[Section] = &[("datapath", datapath::run), ("conntrack", conntrack::run)];
+const SECTIONS: &[Section] = &[
+    ("datapath", datapath::run),
+    ("control", control::run),
+    ("conntrack", conntrack::run),
+];
 
 pub const DEFAULT_SIZES: [u32; 4] = [1, 1000, 16384, 65536];
 const QUICK_SIZES: [u32; 2] = [1, 1000];

@@ -1,0 +1,120 @@
+//! The journal's bytes.
+//!
+//! Version 2 (written): one record per line, each line `<fnv64 of the JSON, 16 hex digits>
+//! <JSON>\n` (JSON never holds a raw newline). The first line is the [`Header`]; then come base
+//! lines (`{"put":[...]}`, the registry as a compaction found it, in chunks) and one batch line
+//! per commit (`{"m":..,"u":..,"put":[...],"del":[...]}`: whole records of the keys that
+//! changed, and the keys that went). A line is atomic: it checks out whole or not at all, so a
+//! commit lands whole or not at all.
+//!
+//! Version 1 (read, for upgrades): a header line (JSON with the body's length and checksum) and
+//! one body line, the registry snapshot. It starts with `{`, a version 2 file with a hex digit.
+
+use serde::{Deserialize, Serialize};
+
+pub const FORMAT: &str = "ipq-journal";
+pub const VERSION: u32 = 2;
+/// The full-snapshot format of earlier agents.
+pub const VERSION_SNAPSHOT: u32 = 1;
+/// Records per base line: a compaction streams the registry instead of building one huge line.
+pub const BASE_CHUNK: usize = 512;
+
+pub fn fnv64(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, &b| {
+        (hash ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// The first line of a file: which boot its monotonic stamps belong to.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Header {
+    pub format: String,
+    pub version: u32,
+    pub boot_id: Option<String>,
+    pub written_mono_ns: u64,
+    pub written_unix_ms: u64,
+    /// Version 1 only: the body's length and checksum.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub body_len: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub body_fnv64: Option<u64>,
+}
+
+/// A base or batch line: records written whole, and keys removed.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(bound(deserialize = "E: serde::de::DeserializeOwned, K: serde::de::DeserializeOwned"))]
+pub struct Line<E, K> {
+    /// Monotonic ns and Unix ms at the commit (batches only): the latest clock pair, which
+    /// carries the deadlines across a reboot most precisely.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub m: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub u: Option<u64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub put: Vec<E>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub del: Vec<K>,
+}
+
+/// Appends one framed line holding `json` to `out`.
+pub fn frame(json: &[u8], out: &mut Vec<u8>) {
+    out.extend_from_slice(format!("{:016x} ", fnv64(json)).as_bytes());
+    out.extend_from_slice(json);
+    out.push(b'\n');
+}
+
+/// The JSON of one framed line (without its newline), or why it does not check out.
+pub fn unframe(line: &[u8]) -> Result<&[u8], String> {
+    if line.len() < 17 || line[16] != b' ' {
+        return Err("malformed line".into());
+    }
+    let stated = std::str::from_utf8(&line[..16])
+        .ok()
+        .and_then(|hex| u64::from_str_radix(hex, 16).ok())
+        .ok_or("malformed checksum")?;
+    let json = &line[17..];
+    if fnv64(json) != stated {
+        return Err("checksum mismatch".into());
+    }
+    Ok(json)
+}
+
+/// A version 1 file's body, validated against its header.
+pub fn v1_body(bytes: &[u8]) -> Result<(Header, &[u8]), String> {
+    let newline = bytes
+        .iter()
+        .position(|&b| b == b'\n')
+        .ok_or("no header line")?;
+    let header: Header =
+        serde_json::from_slice(&bytes[..newline]).map_err(|e| format!("header: {e}"))?;
+    check_header(&header, VERSION_SNAPSHOT)?;
+    let body = &bytes[newline + 1..];
+    let body = body.strip_suffix(b"\n").unwrap_or(body);
+    let (Some(len), Some(sum)) = (header.body_len, header.body_fnv64) else {
+        return Err("header: no body length or checksum".into());
+    };
+    if body.len() != len {
+        return Err(format!(
+            "truncated: body has {} bytes, header says {len}",
+            body.len()
+        ));
+    }
+    if fnv64(body) != sum {
+        return Err("checksum mismatch".into());
+    }
+    Ok((header, body))
+}
+
+pub fn check_header(header: &Header, version: u32) -> Result<(), String> {
+    if header.format != FORMAT {
+        return Err(format!("not an ipq journal (format {:?})", header.format));
+    }
+    if header.version != version {
+        return Err(format!(
+            "journal version {} is not a version this agent reads ({VERSION_SNAPSHOT} or \
+             {VERSION})",
+            header.version
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,470 @@
+//! The registry's durable copy in `state_dir`: an append-only log of changed records, compacted
+//! from time to time, with group commit.
+//!
+//! - [`Journal::commit`] appends one line holding every record changed since the last commit
+//!   (a whole burst of API requests, netlink events, samples) and fdatasyncs once: one fsync per
+//!   batch, O(changes) bytes. The caller answers the batch's requests only after it returned
+//!   `Ok`; an `Err` leaves the changes staged, to be written by the next commit.
+//! - When the appended lines outgrow the base, a compaction writes the whole registry to a new
+//!   file on a background thread, while commits go on appending to the current one; the next
+//!   commit after it finished appends what came meanwhile, renames it over the journal and
+//!   fsyncs the directory. O(n), but rarely and off the owner loop.
+//! - [`Journal::load`] replays the log. A torn tail (a line cut short by a crash or power loss:
+//!   a write never acknowledged) is truncated and reported; any other damage sets the file
+//!   aside (never deleted: it is evidence) and is reported, and the caller rebuilds from the
+//!   pinned maps and netlink. A journal of the earlier full-snapshot format is read and
+//!   rewritten in the current one.
+//!
+//! Each file belongs to one boot: its header names the boot id, and monotonic stamps are
+//! carried across a reboot by wall-clock time ([`Loaded::same_boot`]); the first commit after
+//! such a load rewrites the file for this boot.
+
+mod compact;
+mod files;
+mod format;
+mod read;
+#[cfg(test)]
+mod tests;
+
+use std::{
+    collections::BTreeSet,
+    fs::{self, File},
+    io::{self, Write as _},
+    net::IpAddr,
+    path::{Path, PathBuf},
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use log::warn;
+use serde::{de::DeserializeOwned, Serialize};
+use thiserror::Error;
+
+use self::{
+    compact::{write_base, Compaction},
+    format::{frame, Line},
+};
+use crate::{
+    netdev,
+    registry::{AddrRecord, Clock, Registry},
+};
+
+pub use self::read::TornTail;
+
+pub const JOURNAL_FILE: &str = "registry.journal";
+/// Where a synchronous rewrite builds the next journal.
+const REWRITE_FILE: &str = "registry.journal.tmp";
+/// Where a background compaction builds the next journal.
+const COMPACT_FILE: &str = "registry.journal.compact";
+/// Appended bytes below which no compaction starts, whatever the base's size.
+const COMPACT_MIN_BYTES: u64 = 1 << 20;
+/// After a failed rewrite or compaction, how long before the next attempt: a full disk is not
+/// rewritten on every loop iteration.
+const RETRY_AFTER: Duration = Duration::from_secs(1);
+
+#[derive(Debug, Error)]
+pub enum JournalError {
+    #[error("journal {path}: {source}")]
+    Io { path: PathBuf, source: io::Error },
+    #[error("state_dir: {0}")]
+    Dir(#[from] crate::safe_fs::DirError),
+    #[error("journal {path} is corrupt ({reason}); moved to {moved_to}")]
+    Corrupt {
+        path: PathBuf,
+        reason: String,
+        moved_to: PathBuf,
+    },
+}
+
+/// What the journal stores: records with a key.
+pub trait Entry: Serialize + DeserializeOwned + Clone + Send + 'static {
+    type Key: Ord + Clone + Serialize + DeserializeOwned + Send + 'static;
+    fn key(&self) -> Self::Key;
+}
+
+/// The live state the journal copies: which keys changed, and their records now.
+pub trait Contents<E: Entry> {
+    /// The keys changed since the last call (each at least once), forgetting them.
+    fn take_changed(&mut self) -> Vec<E::Key>;
+    /// The record of `key`; `None` when it went.
+    fn get(&self, key: &E::Key) -> Option<&E>;
+    /// Every record (for a rewrite or a compaction).
+    fn all(&self) -> Vec<E>;
+}
+
+impl Entry for AddrRecord {
+    type Key = IpAddr;
+    fn key(&self) -> IpAddr {
+        self.addr
+    }
+}
+
+impl<C: Clock> Contents<AddrRecord> for Registry<C> {
+    fn take_changed(&mut self) -> Vec<IpAddr> {
+        Registry::take_changed(self)
+    }
+    fn get(&self, key: &IpAddr) -> Option<&AddrRecord> {
+        Registry::get(self, *key)
+    }
+    fn all(&self) -> Vec<AddrRecord> {
+        self.iter().cloned().collect()
+    }
+}
+
+/// A journal as loaded, with what is needed to carry its monotonic deadlines across a reboot.
+#[derive(Debug)]
+pub struct Loaded<E> {
+    /// Every record, in key order.
+    pub records: Vec<E>,
+    /// Written during this boot: its monotonic stamps compare with the clock directly.
+    pub same_boot: bool,
+    /// The clocks at the latest write: monotonic ns and Unix ms.
+    pub written_mono_ns: u64,
+    pub written_unix_ms: u64,
+    /// The format version read (1: the earlier full-snapshot format, rewritten on commit).
+    pub version: u32,
+    /// A line cut short at the end, dropped.
+    pub torn_tail: Option<TornTail>,
+}
+
+/// The open log being appended to.
+struct LogFile {
+    file: File,
+    /// Bytes durably written.
+    len: u64,
+    /// Bytes of the header and base lines: compaction starts once the appended rest outgrows it.
+    base_len: u64,
+}
+
+pub struct Journal<E: Entry = AddrRecord> {
+    dir: PathBuf,
+    log: Option<LogFile>,
+    /// Keys changed and not yet durable (a failed commit keeps them here).
+    staged: BTreeSet<E::Key>,
+    /// The next commit writes the whole state to a new file: nothing appendable is open (none
+    /// yet, another boot's, the old format, set aside), or a failure left the file in doubt.
+    rewrite: bool,
+    compaction: Option<Compaction>,
+    /// No rewrite or compaction is attempted before this, after one failed.
+    retry_at: Option<Instant>,
+    last_failure: Option<String>,
+}
+
+/// Gives the heap's free pages back to the system. A rewrite, a compaction or a recovery
+/// handles a copy of the whole registry for a moment; without this the allocator keeps those
+/// pages, and the agent's resident size with them.
+pub fn release_freed_memory() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim only walks the allocator's own free lists.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// The kernel's id of this boot: monotonic clocks restart with it.
+pub fn boot_id() -> Option<String> {
+    fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .ok()
+        .map(|s| s.trim().to_owned())
+}
+
+fn invalid_data(e: impl std::fmt::Display) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, e.to_string())
+}
+
+impl<E: Entry> Journal<E> {
+    /// Opens (creating, mode 0700) the state directory.
+    pub fn open(state_dir: &Path) -> Result<Self, JournalError> {
+        crate::safe_fs::ensure_private_dir(state_dir)?;
+        Ok(Self {
+            dir: state_dir.to_owned(),
+            log: None,
+            staged: BTreeSet::new(),
+            rewrite: true,
+            compaction: None,
+            retry_at: None,
+            last_failure: None,
+        })
+    }
+
+    pub fn path(&self) -> PathBuf {
+        self.dir.join(JOURNAL_FILE)
+    }
+
+    fn io_err(&self, source: io::Error) -> JournalError {
+        JournalError::Io {
+            path: self.path(),
+            source,
+        }
+    }
+
+    /// The journal's content; `None` when there is none yet. A torn tail is truncated (and
+    /// reported in [`Loaded::torn_tail`]); a corrupt journal is moved aside
+    /// ([`JournalError::Corrupt`]). Either way the next commit knows what to write.
+    pub fn load(&mut self) -> Result<Option<Loaded<E>>, JournalError> {
+        self.log = None;
+        self.rewrite = true;
+        let path = self.path();
+        let opened = match files::open_existing(&path) {
+            Ok(opened) => opened,
+            // A FIFO, a directory or a symlink where the journal belongs is no journal: set it
+            // aside like a corrupt one, so the agent starts and writes a real one.
+            Err(e) if e.kind() == io::ErrorKind::InvalidInput => {
+                return Err(self.set_aside(e.to_string()))
+            }
+            Err(e) => return Err(self.io_err(e)),
+        };
+        let Some(mut file) = opened else {
+            return Ok(None);
+        };
+        let read = match read::read::<E>(&mut file) {
+            Ok(read) => read,
+            Err(read::ReadError::Io(e)) => return Err(self.io_err(e)),
+            Err(read::ReadError::Corrupt(reason)) => {
+                drop(file);
+                return Err(self.set_aside(reason));
+            }
+        };
+        let loaded = read.loaded;
+        if let Some(torn) = &loaded.torn_tail {
+            file.set_len(torn.at)
+                .and_then(|()| file.sync_data())
+                .map_err(|e| self.io_err(e))?;
+        }
+        if loaded.same_boot && loaded.version == format::VERSION {
+            self.log = Some(LogFile {
+                file,
+                len: read.valid_len,
+                base_len: read.base_len,
+            });
+            self.rewrite = false;
+        }
+        Ok(Some(loaded))
+    }
+
+    /// Moves a bad journal aside and says so.
+    fn set_aside(&self, reason: String) -> JournalError {
+        let path = self.path();
+        let moved_to = self
+            .dir
+            .join(format!("{JOURNAL_FILE}.corrupt-{}", unix_ms()));
+        if let Err(source) = fs::rename(&path, &moved_to) {
+            return JournalError::Io { path, source };
+        }
+        JournalError::Corrupt {
+            path,
+            reason,
+            moved_to,
+        }
+    }
+
+    /// Makes the next commit rewrite the whole journal: the state no longer follows from it
+    /// (e.g. a recovery that could not use what it loaded).
+    pub fn invalidate(&mut self) {
+        self.rewrite = true;
+    }
+
+    /// Also writes `keys` at the next commit (records a recovery changed without the registry
+    /// knowing, e.g. adopted from the maps).
+    pub fn stage(&mut self, keys: impl IntoIterator<Item = E::Key>) {
+        self.staged.extend(keys);
+    }
+
+    /// Makes every change of `state` durable: one appended line and one fdatasync for all of
+    /// them (nothing when nothing changed). On `Err` nothing of it may be reported as saved; the
+    /// changes stay staged and the next commit writes them.
+    pub fn commit(&mut self, state: &mut impl Contents<E>) -> Result<(), JournalError> {
+        self.staged.extend(state.take_changed());
+        self.finish_compaction();
+        if self.rewrite {
+            return self.rewrite_all(state);
+        }
+        if self.staged.is_empty() {
+            return Ok(());
+        }
+        let line = self.batch_line(state).map_err(|e| self.io_err(e))?;
+        let Some(log) = self.log.as_mut() else {
+            self.rewrite = true;
+            return self.rewrite_all(state);
+        };
+        if let Err(e) = log.file.write_all(&line) {
+            // Take back what may have reached the file; if even that fails, the file is in
+            // doubt: rewrite it whole next time.
+            if log.file.set_len(log.len).is_err() {
+                self.rewrite = true;
+            }
+            return Err(self.io_err(e));
+        }
+        if let Err(e) = log.file.sync_data() {
+            // After a failed fsync the fate of the written pages is unknown, whatever a later
+            // fsync says: never append to this file again.
+            let _ = log.file.set_len(log.len);
+            self.rewrite = true;
+            return Err(self.io_err(e));
+        }
+        log.len += line.len() as u64;
+        let appended = log.len - log.base_len;
+        let base_len = log.base_len;
+        self.staged.clear();
+        if let Some(compaction) = self.compaction.as_mut() {
+            compaction.pending.push(line);
+        } else if appended > COMPACT_MIN_BYTES.max(base_len) && self.may_retry() {
+            self.start_compaction(state.all());
+        }
+        Ok(())
+    }
+
+    fn batch_line(&self, state: &impl Contents<E>) -> io::Result<Vec<u8>> {
+        let mut put = Vec::new();
+        let mut del = Vec::new();
+        for key in &self.staged {
+            match state.get(key) {
+                Some(record) => put.push(record),
+                None => del.push(key),
+            }
+        }
+        let json = serde_json::to_vec(&Line {
+            m: Some(netdev::monotonic_ns()),
+            u: Some(unix_ms()),
+            put,
+            del,
+        })
+        .map_err(invalid_data)?;
+        let mut line = Vec::with_capacity(json.len() + 18);
+        frame(&json, &mut line);
+        Ok(line)
+    }
+
+    fn may_retry(&self) -> bool {
+        self.retry_at.is_none_or(|at| Instant::now() >= at)
+    }
+
+    fn failed(&mut self, what: &str, e: &io::Error) {
+        self.retry_at = Some(Instant::now() + RETRY_AFTER);
+        self.last_failure = Some(format!("{what}: {e}"));
+    }
+
+    /// Writes the whole state to a new file and puts it in place, durably.
+    fn rewrite_all(&mut self, state: &impl Contents<E>) -> Result<(), JournalError> {
+        if !self.may_retry() {
+            let last = self.last_failure.clone().unwrap_or_default();
+            return Err(self.io_err(io::Error::other(format!(
+                "{last} (retried at most once a second)"
+            ))));
+        }
+        if let Some(compaction) = self.compaction.take() {
+            // Its base is older than what this rewrite writes.
+            compaction.abandon(&self.dir.join(COMPACT_FILE));
+        }
+        let tmp = self.dir.join(REWRITE_FILE);
+        let result = files::remove_leftover(&tmp)
+            .and_then(|()| write_base(&tmp, &state.all()))
+            .and_then(|(file, len)| {
+                fs::rename(&tmp, self.path())?;
+                files::sync_dir(&self.dir)?;
+                Ok((file, len))
+            });
+        match result {
+            Ok((file, len)) => {
+                self.log = Some(LogFile {
+                    file,
+                    len,
+                    base_len: len,
+                });
+                self.rewrite = false;
+                self.staged.clear();
+                self.retry_at = None;
+                release_freed_memory();
+                Ok(())
+            }
+            Err(e) => {
+                let _ = files::remove_leftover(&tmp);
+                self.failed("rewriting", &e);
+                Err(self.io_err(e))
+            }
+        }
+    }
+
+    fn start_compaction(&mut self, records: Vec<E>) {
+        match Compaction::start(self.dir.join(COMPACT_FILE), records) {
+            Ok(compaction) => self.compaction = Some(compaction),
+            Err(e) => {
+                warn!("journal: starting a compaction: {e}");
+                self.failed("compacting", &e);
+            }
+        }
+    }
+
+    /// Puts a finished compaction in place: appends the batches committed while it ran, then
+    /// renames it over the journal. A failure keeps the current journal (still whole).
+    fn finish_compaction(&mut self) {
+        if !self
+            .compaction
+            .as_ref()
+            .is_some_and(Compaction::is_finished)
+        {
+            return;
+        }
+        let Some(compaction) = self.compaction.take() else {
+            return;
+        };
+        let tmp = self.dir.join(COMPACT_FILE);
+        let pending = compaction.pending.concat();
+        let (mut file, base_len) = match compaction.join() {
+            Ok(done) => done,
+            Err(e) => {
+                let _ = files::remove_leftover(&tmp);
+                warn!("journal: compaction failed, the journal grows until the next: {e}");
+                self.failed("compacting", &e);
+                return;
+            }
+        };
+        let appended = file
+            .write_all(&pending)
+            .and_then(|()| file.sync_data())
+            .and_then(|()| fs::rename(&tmp, self.path()));
+        if let Err(e) = appended {
+            let _ = files::remove_leftover(&tmp);
+            warn!("journal: finishing a compaction failed, the journal grows until the next: {e}");
+            self.failed("compacting", &e);
+            return;
+        }
+        self.log = Some(LogFile {
+            file,
+            len: base_len + pending.len() as u64,
+            base_len,
+        });
+        release_freed_memory();
+        if let Err(e) = files::sync_dir(&self.dir) {
+            // The rename may not survive a crash, and what is appended next would go with it.
+            warn!(
+                "journal: syncing {} after a compaction: {e}",
+                self.dir.display()
+            );
+            self.rewrite = true;
+            self.failed("compacting", &e);
+        }
+    }
+
+    /// Waits for a running compaction and puts it in place (for shutdown and tests).
+    pub fn settle(&mut self) {
+        if let Some(compaction) = self.compaction.as_mut() {
+            compaction.wait();
+        }
+        self.finish_compaction();
+    }
+
+    /// The size of the journal file as written (for tests and metrics).
+    pub fn len(&self) -> u64 {
+        self.log.as_ref().map_or(0, |log| log.len)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}

@@ -1,0 +1,529 @@
+//! Control-plane figures, against a release `ipq-agent` in a namespace of its own, at each
+//! registry size (host routes on 16 workload veths, claimed from netlink):
+//!
+//! - `route_burst_p50/p99`: 1000 host routes added in one burst (`ip -batch`), until each is in
+//!   the address map (`ipq_registry_entries`, polled), measured from the start of the burst;
+//! - `cni_add_p99`: `ipq-cni ADD`, spawn to exit;
+//! - `api_ops` and `api_claim_p99`: 64 clients claiming and draining through the API socket;
+//! - `idle_cpu` and `rss`: the agent's CPU (user + system, % of one CPU) over a quiet spell,
+//!   and its resident memory;
+//! - `restart_ready`: SIGTERM, a new agent, until `/readyz` answers (journal + pinned maps);
+//! - `cold_start_1000_veths`: a first start with 1000 workload veths, until ready, and how many
+//!   of them got attached.
+//!
+//! The agent runs with `cooldown = 1s` so that what one measurement adds (each on an interface
+//! of its own, deleted afterwards) is released before the next, keeping the registry at its
+//! nominal size, and with a capacity above the largest size so that claims are never refused.
+
+mod fenced;
+mod node;
+
+use std::{
+    sync::{
+        atomic::{AtomicBool, AtomicU64, Ordering},
+        Arc, Mutex,
+    },
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context as _, Result};
+
+use self::{
+    fenced::Fenced,
+    node::{api, http_get_here, metric_in, Node},
+};
+use super::{min_and_median, BenchOptions, Row, Target};
+
+const GROUP: &str = "control";
+const WORKLOAD_IFS: u32 = 16;
+const BURST: u32 = 1000;
+const API_CLIENTS: u32 = 64;
+const API_ADDRS_PER_CLIENT: u32 = 8;
+const CNI_ADDS: u32 = 40;
+/// The size the targets are stated at, and the one their ratio compares with.
+const AT: u32 = 65536;
+const BASE: u32 = 1000;
+
+fn agent_args() -> Vec<&'static str> {
+    vec![
+        "--workload",
+        "bw*",
+        "--cooldown",
+        "1s",
+        "--quiet-period",
+        "1s",
+        "--max-cooldown",
+        "2s",
+        "--capacity",
+        "81920",
+    ]
+}
+
+/// The registry address of population member `i` (1-based).
+fn population_addr(i: u32) -> String {
+    format!("10.{}.{}.{}", 64 + (i >> 16), (i >> 8) & 255, i & 255)
+}
+
+fn row(name: &str, size: Option<u32>, unit: &'static str, values: &[f64]) -> Row {
+    // A figure with no trial (or a NaN) shows as NaN: the table marks it, nothing panics.
+    let (min, median) = min_and_median(values).unwrap_or((f64::NAN, f64::NAN));
+    Row {
+        group: GROUP,
+        name: name.to_owned(),
+        size,
+        unit,
+        min,
+        median,
+        target: None,
+    }
+}
+
+fn target(mut row: Row, text: &str, met: impl Fn(f64) -> bool) -> Row {
+    row.target = Some(Target {
+        text: text.to_owned(),
+        met: met(row.median),
+    });
+    row
+}
+
+/// At the size the targets are stated at, the row gets its target.
+fn at_target(size: u32, row: Row, text: &str, met: impl Fn(f64) -> bool) -> Row {
+    if size == AT {
+        target(row, text, met)
+    } else {
+        row
+    }
+}
+
+pub fn run(opts: &BenchOptions) -> Result<Vec<Row>> {
+    let release = crate::util::workspace_root().join("target/release");
+    crate::util::run(&mut crate::util::cargo([
+        "build",
+        "--release",
+        "-p",
+        "ipq",
+        "--bins",
+    ]))?;
+    for binary in ["ipq-agent", "ipq-cni"] {
+        if !release.join(binary).is_file() {
+            bail!(
+                "{} is missing after the build",
+                release.join(binary).display()
+            );
+        }
+    }
+    let mut rows = Vec::new();
+    let mut node = Node::new(&agent_args())?;
+    let mut batch = String::new();
+    for i in 0..WORKLOAD_IFS {
+        batch.push_str(&format!(
+            "link add bw{i} type veth peer bq{i}\nlink set bw{i} up\nlink set bq{i} up\n"
+        ));
+    }
+    node.ip_batch(&batch)?;
+    let mut populated = 0;
+    let mut burst_p99 = Vec::new();
+    let mut started = false;
+    let mut fenced: Option<Fenced> = None;
+    let mut extra = 0.0;
+    for &size in &opts.sizes {
+        eprintln!("bench control: populating {size} addresses");
+        let mut lines = String::new();
+        for i in populated + 1..=size {
+            lines.push_str(&format!(
+                "route add {}/32 dev bw{}\n",
+                population_addr(i),
+                i % WORKLOAD_IFS
+            ));
+        }
+        if !lines.is_empty() {
+            node.ip_batch(&lines)?;
+        }
+        populated = size;
+        if !started {
+            node.start_agent()?;
+            started = true;
+            wait_entries(&node, f64::from(size), Duration::from_secs(900))?;
+            fenced = Some(Fenced::new(&node)?);
+            // The fenced pod's address: one more entry from now on.
+            extra = node.metric("ipq_registry_entries")? - f64::from(size);
+        }
+        wait_entries(&node, f64::from(size) + extra, Duration::from_secs(900))?;
+
+        eprintln!("bench control: {size}: route bursts");
+        let (mut p50, mut p99) = (Vec::new(), Vec::new());
+        for trial in 0..opts.trials {
+            let (a, b) = route_burst(&node, trial)?;
+            p50.push(a);
+            p99.push(b);
+        }
+        rows.push(row("route_burst_p50", Some(size), "ms", &p50));
+        let p99_row = row("route_burst_p99", Some(size), "ms", &p99);
+        burst_p99.push((size, p99_row.median));
+        rows.push(at_target(size, p99_row, "≤ 100 ms", |v| v <= 100.0));
+
+        eprintln!("bench control: {size}: ipq-cni ADD");
+        let adds = cni_adds(&node)?;
+        rows.push(at_target(
+            size,
+            row("cni_add_p99", Some(size), "ms", &[adds]),
+            "≤ 10 ms",
+            |v| v <= 10.0,
+        ));
+
+        eprintln!("bench control: {size}: API claims and drains");
+        let seconds = if opts.quick { 1.0 } else { 3.0 };
+        let (ops, claim_p99) = api_load(&node, seconds)?;
+        rows.push(at_target(
+            size,
+            row("api_ops", Some(size), "ops/s", &[ops]),
+            "≥ 10000 ops/s",
+            |v| v >= 10_000.0,
+        ));
+        rows.push(at_target(
+            size,
+            row("api_claim_p99", Some(size), "ms", &[claim_p99]),
+            "≤ 20 ms",
+            |v| v <= 20.0,
+        ));
+
+        eprintln!("bench control: {size}: idle");
+        let idle = if opts.quick { 3.0 } else { 10.0 };
+        let (cpu, rss) = idle_cost(&node, idle)?;
+        rows.push(at_target(
+            size,
+            row("idle_cpu", Some(size), "%", &[cpu]),
+            "≤ 1 %",
+            |v| v <= 1.0,
+        ));
+        rows.push(at_target(
+            size,
+            row("rss", Some(size), "MB", &[rss]),
+            "≤ 64 MB",
+            |v| v <= 64.0,
+        ));
+
+        eprintln!("bench control: {size}: restart");
+        let Some(pod) = fenced.as_ref() else {
+            bail!("no fenced pod");
+        };
+        let (ready, sent, delivered) = pod.while_running(|| -> Result<f64> {
+            node.stop_agent()?;
+            Ok(node.start_agent()?.as_secs_f64() * 1e3)
+        });
+        let ready = ready?;
+        eprintln!(
+            "bench control: {size}: restart: the fenced pod sent {sent}, {delivered} delivered"
+        );
+        rows.push(at_target(
+            size,
+            row(
+                "restart_fenced_delivered",
+                Some(size),
+                "count",
+                &[delivered as f64],
+            ),
+            "= 0",
+            |v| v == 0.0,
+        ));
+        for line in node.log().lines() {
+            if line.contains("journal") || line.contains("recovered") {
+                eprintln!("bench control: {size}: restart: {line}");
+            }
+        }
+        rows.push(at_target(
+            size,
+            row("restart_ready", Some(size), "ms", &[ready]),
+            "≤ 1000 ms",
+            |v| v <= 1000.0,
+        ));
+    }
+    let p99_at = |s| {
+        burst_p99
+            .iter()
+            .find(|(size, _)| *size == s)
+            .map(|(_, v)| *v)
+    };
+    if let (Some(at), Some(base)) = (p99_at(AT), p99_at(BASE)) {
+        let ratio = at / base;
+        rows.push(target(
+            row("route_burst_p99_ratio", Some(AT), "x", &[ratio]),
+            "≤ 1.5× at 1k",
+            |v| v <= 1.5,
+        ));
+    }
+    drop(node);
+
+    eprintln!("bench control: cold start with 1000 veths");
+    let veths = if opts.quick { 100 } else { 1000 };
+    let (ready, attached) = cold_start(veths)?;
+    rows.push(target(
+        row(&format!("cold_start_{veths}_veths"), None, "ms", &[ready]),
+        "≤ 3000 ms",
+        |v| v <= 3000.0,
+    ));
+    rows.push(target(
+        row("cold_start_attached", None, "count", &[attached]),
+        &format!("= {veths}"),
+        |v| v == f64::from(veths),
+    ));
+    Ok(rows)
+}
+
+/// Polls `ipq_registry_entries` until it is `want`.
+fn wait_entries(node: &Node, want: f64, timeout: Duration) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let now = node.metric("ipq_registry_entries")?;
+        if now == want {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "the registry holds {now} entries, not {want}:\n{}",
+                node.log()
+            );
+        }
+        thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// One burst of host routes on an interface of its own: (p50, p99) in ms from the start of
+/// the burst until the 500th and 990th are in the map. The interface is deleted afterwards and
+/// its addresses released after the cool-down.
+fn route_burst(node: &Node, trial: u32) -> Result<(f64, f64)> {
+    let dev = format!("bwb{trial}");
+    node.ip(&[
+        "link",
+        "add",
+        &dev,
+        "type",
+        "veth",
+        "peer",
+        &format!("bqb{trial}"),
+    ])?;
+    node.ip(&["link", "set", &dev, "up"])?;
+    // Let the agent attach to it first: the burst measures routes, not the attach.
+    thread::sleep(Duration::from_millis(500));
+    let base = node.metric("ipq_registry_entries")?;
+    let mut lines = String::new();
+    for k in 1..=BURST {
+        lines.push_str(&format!(
+            "route add 10.{}.{}.{}/32 dev {dev}\n",
+            100 + trial,
+            k >> 8,
+            k & 255
+        ));
+    }
+    let file = node.work.join("burst.ip");
+    std::fs::write(&file, lines)?;
+    let marks = [500.0, 990.0];
+    let times = node.run(|| -> Result<Vec<f64>> {
+        let start = Instant::now();
+        let mut child = std::process::Command::new("ip")
+            .arg("-batch")
+            .arg(&file)
+            .spawn()?;
+        let mut times = Vec::new();
+        while times.len() < marks.len() {
+            let (_, body) = http_get_here("/metrics")?;
+            let count = metric_in(&body, "ipq_registry_entries")? - base;
+            while times.len() < marks.len() && count >= marks[times.len()] {
+                times.push(start.elapsed().as_secs_f64() * 1e3);
+            }
+            if start.elapsed() > Duration::from_secs(120) {
+                bail!("burst: only {count} of {BURST} routes in the map after 120 s");
+            }
+            thread::sleep(Duration::from_millis(1));
+        }
+        child.wait()?;
+        Ok(times)
+    })?;
+    node.ip(&["link", "del", &dev])?;
+    wait_entries(node, base, Duration::from_secs(120))?;
+    Ok((times[0], times[1]))
+}
+
+/// `ipq-cni ADD` of one address on an interface of its own, `CNI_ADDS` times: p99 in ms.
+fn cni_adds(node: &Node) -> Result<f64> {
+    let cni = crate::util::workspace_root().join("target/release/ipq-cni");
+    let before = node.metric("ipq_registry_entries")?;
+    node.ip(&["link", "add", "bwc", "type", "veth", "peer", "bqc"])?;
+    node.ip(&["link", "set", "bwc", "up"])?;
+    thread::sleep(Duration::from_millis(300));
+    let mut times = Vec::new();
+    for k in 1..=CNI_ADDS {
+        let conf = serde_json::json!({
+            "cniVersion": "1.0.0",
+            "name": "bench",
+            "type": "ipq-cni",
+            "socket": node.socket(),
+            "stateDir": node.work.join("cni"),
+            "prevResult": {
+                "cniVersion": "1.0.0",
+                "interfaces": [
+                    { "name": "bwc" },
+                    { "name": "eth0", "sandbox": "/run/netns/bench" },
+                ],
+                "ips": [{ "address": format!("10.121.0.{k}/32"), "interface": 1 }],
+            },
+        });
+        let start = Instant::now();
+        let mut child = node
+            .command(&cni)
+            .env_clear()
+            .env("CNI_COMMAND", "ADD")
+            .env("CNI_CONTAINERID", format!("bench-cni-{k}"))
+            .env("CNI_NETNS", "/run/netns/bench")
+            .env("CNI_IFNAME", "eth0")
+            .env("CNI_PATH", cni.parent().context("ipq-cni has a directory")?)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()?;
+        if let Some(mut stdin) = child.stdin.take() {
+            use std::io::Write as _;
+            stdin.write_all(conf.to_string().as_bytes())?;
+        }
+        let out = child.wait_with_output()?;
+        times.push(start.elapsed().as_secs_f64() * 1e3);
+        if !out.status.success() {
+            bail!(
+                "ipq-cni ADD failed: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+    node.ip(&["link", "del", "bwc"])?;
+    wait_entries(node, before, Duration::from_secs(60))?;
+    Ok(percentile(&mut times, 0.99))
+}
+
+fn percentile(values: &mut [f64], p: f64) -> f64 {
+    values.sort_by(f64::total_cmp);
+    let at = ((values.len() as f64 * p).ceil() as usize).clamp(1, values.len()) - 1;
+    values[at]
+}
+
+/// `API_CLIENTS` clients, each claiming then draining addresses of its own on one interface,
+/// for `seconds`: (operations per second, claim p99 in ms).
+fn api_load(node: &Node, seconds: f64) -> Result<(f64, f64)> {
+    let before = node.metric("ipq_registry_entries")?;
+    node.ip(&["link", "add", "bwa", "type", "veth", "peer", "bqa"])?;
+    node.ip(&["link", "set", "bwa", "up"])?;
+    thread::sleep(Duration::from_millis(300));
+    let socket = node.socket();
+    let stop = Arc::new(AtomicBool::new(false));
+    let ops = Arc::new(AtomicU64::new(0));
+    let claims: Arc<Mutex<Vec<f64>>> = Arc::default();
+    let failure: Arc<Mutex<Option<String>>> = Arc::default();
+    let clients: Vec<_> = (0..API_CLIENTS)
+        .map(|c| {
+            let (socket, stop, ops, claims, failure) = (
+                socket.clone(),
+                stop.clone(),
+                ops.clone(),
+                claims.clone(),
+                failure.clone(),
+            );
+            thread::spawn(move || {
+                let mut mine = Vec::new();
+                let mut n = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    let addr = format!("10.120.{c}.{}", n % API_ADDRS_PER_CLIENT + 1);
+                    n += 1;
+                    let body = serde_json::json!({
+                        "addresses": [addr],
+                        "holder": { "interface": "bwa", "container_id": format!("bench-{c}") },
+                    })
+                    .to_string();
+                    let start = Instant::now();
+                    let claim = api(&socket, "POST", "/v1/claims", &body);
+                    mine.push(start.elapsed().as_secs_f64() * 1e3);
+                    let drain = api(&socket, "POST", &format!("/v1/addresses/{addr}/drain"), "");
+                    match (claim, drain) {
+                        (Ok((200, _)), Ok((200, _))) => {
+                            ops.fetch_add(2, Ordering::Relaxed);
+                        }
+                        (claim, drain) => {
+                            *failure.lock().unwrap() = Some(format!("{claim:?} / {drain:?}"));
+                            break;
+                        }
+                    }
+                }
+                claims.lock().unwrap().extend(mine);
+            })
+        })
+        .collect();
+    let start = Instant::now();
+    thread::sleep(Duration::from_secs_f64(seconds));
+    stop.store(true, Ordering::Relaxed);
+    for client in clients {
+        let _ = client.join();
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    if let Some(failure) = failure.lock().unwrap().take() {
+        bail!("an API client failed: {failure}");
+    }
+    node.ip(&["link", "del", "bwa"])?;
+    wait_entries(node, before, Duration::from_secs(60))?;
+    let mut claims = claims.lock().unwrap().clone();
+    Ok((
+        ops.load(Ordering::Relaxed) as f64 / elapsed,
+        percentile(&mut claims, 0.99),
+    ))
+}
+
+fn cpu_ticks(pid: i32) -> Result<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let after = stat.rsplit_once(')').context("/proc/pid/stat")?.1;
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the whole line; 12 and 13 after the comm.
+    Ok(fields[11].parse::<u64>()? + fields[12].parse::<u64>()?)
+}
+
+/// The agent's CPU over `seconds` of quiet (% of one CPU) and its resident memory (MB).
+fn idle_cost(node: &Node, seconds: f64) -> Result<(f64, f64)> {
+    let pid = node.agent_pid()?;
+    thread::sleep(Duration::from_secs(2));
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    let before = cpu_ticks(pid)?;
+    let start = Instant::now();
+    thread::sleep(Duration::from_secs_f64(seconds));
+    let used = (cpu_ticks(pid)? - before) as f64 / hz;
+    let cpu = used / start.elapsed().as_secs_f64() * 100.0;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let rss_kb: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .context("VmRSS")?;
+    Ok((cpu, rss_kb / 1024.0))
+}
+
+/// A first start on a node with `veths` workload veths: (ms to ready, interfaces attached).
+fn cold_start(veths: u32) -> Result<(f64, f64)> {
+    let mut node = Node::new(&agent_args())?;
+    let mut batch = String::new();
+    for i in 0..veths {
+        batch.push_str(&format!(
+            "link add bw{i} type veth peer bq{i}\nlink set bw{i} up\nlink set bq{i} up\n"
+        ));
+    }
+    node.ip_batch(&batch)?;
+    let ready = node.start_agent()?.as_secs_f64() * 1e3;
+    let (status, body) = api(&node.socket(), "GET", "/v1/status", "")?;
+    if status != 200 {
+        bail!("GET /v1/status answered {status}: {body}");
+    }
+    let status: serde_json::Value = serde_json::from_str(&body)?;
+    let attached = status["interfaces"].as_array().map_or(0, |list| {
+        list.iter()
+            .filter(|i| i["name"].as_str().is_some_and(|n| n.starts_with("bw")))
+            .count()
+    });
+    Ok((ready, attached as f64))
+}
