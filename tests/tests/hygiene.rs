@@ -28,7 +28,7 @@ use ipq_tests::{
     lab::{poll, Agent, Lab, POD_A_V4, POD_A_V6, POD_B_LLADDR},
     netns::NetNs,
 };
-use serde_json::Value;
+use serde_json::{json, Value};
 
 use bridge::{
     add_bridge, bridge_pod, neighbour_mac, pings, BR_A_MAC, BR_B_MAC, BR_T_MAC, SHARED_V4,
@@ -388,19 +388,29 @@ fn the_nodes_own_addresses_and_connections_are_never_flushed() -> anyhow::Result
         "flushing a pod's address took the node's own flow"
     );
 
-    // An address the node owns, claimed by a workload (a misconfigured IPAM): never flushed.
-    let (answer, _) = claim(&lab, &[node_addr], "vethpb", POD_B_LLADDR)?;
-    let flush = &answer["addresses"][0]["last_flush"];
-    assert_eq!(flush["conntrack_entries"], 0, "{flush}");
+    // An address the node owns, claimed by a workload (a misconfigured IPAM): the claim is
+    // refused before anything could be flushed (the registry never makes a node address a
+    // holder's), and nothing is.
+    let body = json!({
+        "addresses": [node_addr],
+        "holder": {"interface": "vethpb", "mac": POD_B_LLADDR, "container_id": "c-new"},
+        "source": "cni",
+    });
+    let refused = api::request(&socket(&lab), "POST", "/v1/claims", Some(&body.to_string()))?;
+    assert_eq!(refused.status, 400, "{}", refused.body);
     assert!(
-        flush["skipped"]
-            .as_str()
-            .is_some_and(|s| s.contains("node's own address")),
-        "{flush}"
+        refused.body.contains("configured on this node itself"),
+        "{}",
+        refused.body
+    );
+    assert_eq!(
+        agent.metric("ipq_conntrack_entries_flushed_total", &[])?,
+        0.0,
+        "nothing of the node's was flushed, and the pod's address had no entry"
     );
     assert!(
         !conntrack_entries_of(node, node_addr)?.is_empty(),
-        "the node's own flow survived a claim of its address; log:\n{}",
+        "the node's own flow survives a claim of its address; log:\n{}",
         agent.log()
     );
     Ok(())
