@@ -191,7 +191,7 @@ fn a_claim_without_a_mac_is_announced_with_the_mac_the_bridge_learned() -> anyho
     Ok(())
 }
 
-/// `n` addresses no one holds, from 10.77.0.100 on.
+/// `n` addresses no one holds, from 10.77.0.`from` on.
 fn fresh_addresses(from: u8, n: u8) -> Vec<IpAddr> {
     (from..from + n)
         .map(|i| IpAddr::V4(Ipv4Addr::new(10, 77, 0, i)))
