@@ -225,6 +225,16 @@ impl Lab {
         Agent::start_with(self, wrapper, extra)
     }
 
+    /// Like [`start_agent`](Self::start_agent), with `config` (TOML) as the agent's config
+    /// file: for keys that have no command-line flag (`[hygiene]`).
+    pub fn start_agent_configured(
+        &self,
+        config: &str,
+        extra: &[&str],
+    ) -> anyhow::Result<Agent<'_>> {
+        Agent::start_configured(self, config, &[], extra)
+    }
+
     /// `ipq-agent datapath <args> --bpffs-dir <lab's>` inside the node namespace (interface
     /// names resolve there). Returns stdout.
     pub fn datapath(&self, args: &[&str]) -> anyhow::Result<String> {
@@ -316,9 +326,19 @@ impl<'l> Agent<'l> {
 
     /// [`start`](Self::start) through `wrapper` (see [`Lab::start_agent_wrapped`]).
     pub fn start_with(lab: &'l Lab, wrapper: &[&str], extra: &[&str]) -> anyhow::Result<Agent<'l>> {
+        Self::start_configured(lab, "# every key from the command line\n", wrapper, extra)
+    }
+
+    /// [`start_with`](Self::start_with), with `config_text` as the config file.
+    pub fn start_configured(
+        lab: &'l Lab,
+        config_text: &str,
+        wrapper: &[&str],
+        extra: &[&str],
+    ) -> anyhow::Result<Agent<'l>> {
         let work = lab.work_dir();
         let config = work.join("agent.toml");
-        fs::write(&config, "# every key from the command line\n")?;
+        fs::write(&config, config_text)?;
         let runs = fs::read_dir(work)?
             .flatten()
             .filter(|e| e.path().extension().is_some_and(|x| x == "log"))

@@ -6,18 +6,23 @@
 //! The misdelivery is first shown to be real without ipq; `conntrack -L` (conntrack-tools) is
 //! the independent witness of what ipq flushed.
 
+#[path = "hygiene/announce.rs"]
+mod announce;
+#[path = "hygiene/bridge.rs"]
+mod bridge;
+#[path = "hygiene/capture.rs"]
+mod capture;
+#[path = "hygiene/service.rs"]
+mod service;
+#[path = "hygiene/support.rs"]
+mod support;
+
 use std::{
-    io::ErrorKind,
-    net::{IpAddr, Ipv4Addr, Ipv6Addr, UdpSocket},
-    sync::{
-        atomic::{AtomicBool, AtomicU64, Ordering},
-        Arc,
-    },
-    thread::JoinHandle,
+    net::{IpAddr, UdpSocket},
     time::{Duration, Instant},
 };
 
-use anyhow::{bail, ensure, Context as _};
+use anyhow::{ensure, Context as _};
 use ipq_tests::{
     api,
     lab::{poll, Agent, Lab, POD_A_V4, POD_A_V6, POD_B_LLADDR},
@@ -25,13 +30,15 @@ use ipq_tests::{
 };
 use serde_json::{json, Value};
 
-const POD_C_V4: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 4);
-const POD_C_V6: Ipv6Addr = Ipv6Addr::new(0xfd77, 0, 0, 0, 0, 0, 0, 4);
-const VIP_V4: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
-const VIP_V6: Ipv6Addr = Ipv6Addr::new(0xfd96, 0, 0, 0, 0, 0, 0, 0x10);
-/// One port per family, so that the v4 and v6 listeners of one pod never share a port.
-const PORT_V4: u16 = 5300;
-const PORT_V6: u16 = 5306;
+use bridge::{
+    add_bridge, bridge_pod, neighbour_mac, pings, BR_A_MAC, BR_B_MAC, BR_T_MAC, SHARED_V4,
+    SHARED_V6, THIRD_V4, THIRD_V6,
+};
+use service::{
+    add_service, conntrack_entries_of, remove_backend, wire_client, Listener, Stream, PORT_V4,
+    PORT_V6, VIP_V4, VIP_V6,
+};
+use support::{address, claim, ip, socket, wait_flush};
 
 /// A short quarantine, so that "after the cool-down" comes within the test.
 const SHORT_QUARANTINE: [&str; 6] = [
@@ -42,271 +49,6 @@ const SHORT_QUARANTINE: [&str; 6] = [
     "--max-cooldown",
     "3s",
 ];
-
-/// `ip` in `ns`, split on whitespace.
-fn ip(ns: &NetNs, args: &str) -> anyhow::Result<String> {
-    ns.ip(&args.split_whitespace().collect::<Vec<_>>())
-}
-
-/// Runs `program args` in `ns`; fails with its output unless it succeeds.
-fn run(ns: &NetNs, program: &str, args: &[&str]) -> anyhow::Result<String> {
-    let out = ns
-        .command(program)
-        .args(args)
-        .output()
-        .with_context(|| format!("running {program} (cargo xtask setup installs it)"))?;
-    ensure!(
-        out.status.success(),
-        "{program} {args:?} in {}: {}\n{}",
-        ns.name(),
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-/// A client pod wired as the lab's pods are (ptp style), but resolving its gateway itself.
-fn wire_client(node: &NetNs, pod: &NetNs) -> anyhow::Result<()> {
-    ip(
-        node,
-        &format!(
-            "link add vethpc type veth peer name eth0 netns {}",
-            pod.name()
-        ),
-    )?;
-    ip(node, "addr add 10.77.0.1/32 dev vethpc")?;
-    ip(node, "addr add fe80::1/64 dev vethpc nodad")?;
-    ip(node, "link set vethpc up")?;
-    ip(pod, &format!("addr add {POD_C_V4}/32 dev eth0"))?;
-    ip(pod, &format!("addr add {POD_C_V6}/128 dev eth0 nodad"))?;
-    ip(pod, "link set eth0 up")?;
-    ip(pod, "route add 10.77.0.1 dev eth0 scope link")?;
-    ip(pod, "route add default via 10.77.0.1 dev eth0")?;
-    ip(pod, "-6 route add default via fe80::1 dev eth0")?;
-    ip(node, &format!("route add {POD_C_V4}/32 dev vethpc"))?;
-    ip(node, &format!("-6 route add {POD_C_V6}/128 dev vethpc"))?;
-    Ok(())
-}
-
-/// The Service: VIP:port over UDP, DNATed to pod A, as kube-proxy's nftables mode does it.
-fn add_service(node: &NetNs) -> anyhow::Result<()> {
-    run(node, "nft", &["add", "table", "inet", "ipqsvc"])?;
-    run(
-        node,
-        "nft",
-        &[
-            "add",
-            "chain",
-            "inet",
-            "ipqsvc",
-            "pre",
-            "{ type nat hook prerouting priority -100; }",
-        ],
-    )?;
-    // kube-proxy's own `ct state` rules keep conntrack on in the node whatever the Service's
-    // endpoints; without one, removing the last DNAT rule would switch conntrack off and hide
-    // the stale entries from the traffic.
-    run(
-        node,
-        "nft",
-        &[
-            "add",
-            "chain",
-            "inet",
-            "ipqsvc",
-            "track",
-            "{ type filter hook forward priority 0; }",
-        ],
-    )?;
-    run(
-        node,
-        "nft",
-        &[
-            "add",
-            "rule",
-            "inet",
-            "ipqsvc",
-            "track",
-            "ct",
-            "state",
-            "established",
-            "accept",
-        ],
-    )?;
-    let rules = [
-        format!("ip daddr {VIP_V4} udp dport {PORT_V4} dnat ip to {POD_A_V4}:{PORT_V4}"),
-        format!("ip6 daddr {VIP_V6} udp dport {PORT_V6} dnat ip6 to [{POD_A_V6}]:{PORT_V6}"),
-    ];
-    for rule in rules {
-        let mut args = vec!["add", "rule", "inet", "ipqsvc", "pre"];
-        args.extend(rule.split_whitespace());
-        run(node, "nft", &args)?;
-    }
-    Ok(())
-}
-
-/// Pod A's endpoint leaves the Service: the DNAT is gone, as kube-proxy removes it.
-fn remove_backend(node: &NetNs) -> anyhow::Result<()> {
-    run(node, "nft", &["flush", "chain", "inet", "ipqsvc", "pre"])?;
-    Ok(())
-}
-
-/// `conntrack -L` lines (both families) that carry `addr` in any tuple.
-fn conntrack_entries_of(node: &NetNs, addr: IpAddr) -> anyhow::Result<Vec<String>> {
-    let family = if addr.is_ipv4() { "ipv4" } else { "ipv6" };
-    let out = run(node, "conntrack", &["-L", "-f", family])?;
-    let needle = format!("={addr} ");
-    Ok(out
-        .lines()
-        .filter(|l| l.contains(&needle))
-        .map(str::to_owned)
-        .collect())
-}
-
-/// A steady UDP stream from pod C to a VIP, one datagram every 5 ms from one source port.
-struct Stream {
-    stop: Arc<AtomicBool>,
-    sent: Arc<AtomicU64>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl Stream {
-    fn start(client: &NetNs, vip: IpAddr, port: u16) -> Stream {
-        let any: IpAddr = if vip.is_ipv4() {
-            Ipv4Addr::UNSPECIFIED.into()
-        } else {
-            Ipv6Addr::UNSPECIFIED.into()
-        };
-        let socket = client
-            .run(|| UdpSocket::bind((any, 0)))
-            .expect("binding the client's socket");
-        let stop = Arc::new(AtomicBool::new(false));
-        let sent = Arc::new(AtomicU64::new(0));
-        let (stop2, sent2) = (stop.clone(), sent.clone());
-        let thread = std::thread::spawn(move || {
-            let mut n = 0u64;
-            while !stop2.load(Ordering::Relaxed) {
-                // Sends fail while the VIP has no route (ICMP errors); the stream goes on.
-                if socket
-                    .send_to(format!("svc {n}").as_bytes(), (vip, port))
-                    .is_ok()
-                {
-                    sent2.fetch_add(1, Ordering::Relaxed);
-                }
-                n += 1;
-                std::thread::sleep(Duration::from_millis(5));
-            }
-        });
-        Stream {
-            stop,
-            sent,
-            thread: Some(thread),
-        }
-    }
-
-    fn sent(&self) -> u64 {
-        self.sent.load(Ordering::Relaxed)
-    }
-}
-
-impl Drop for Stream {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
-}
-
-/// A UDP socket in a pod on `port`, counting the stream's datagrams.
-struct Listener(UdpSocket);
-
-impl Listener {
-    fn bind(pod: &NetNs, v6: bool, port: u16) -> anyhow::Result<Listener> {
-        let any: IpAddr = if v6 {
-            Ipv6Addr::UNSPECIFIED.into()
-        } else {
-            Ipv4Addr::UNSPECIFIED.into()
-        };
-        let socket = pod
-            .run(|| UdpSocket::bind((any, port)))
-            .with_context(|| format!("binding UDP port {port} in {}", pod.name()))?;
-        socket.set_read_timeout(Some(Duration::from_millis(50)))?;
-        Ok(Listener(socket))
-    }
-
-    /// The stream's datagrams received during `window`.
-    fn count(&self, window: Duration) -> anyhow::Result<usize> {
-        let end = Instant::now() + window;
-        let mut got = 0;
-        let mut buf = [0u8; 64];
-        while Instant::now() < end {
-            match self.0.recv_from(&mut buf) {
-                Ok((len, _)) if buf[..len].starts_with(b"svc ") => got += 1,
-                Ok(_) => {}
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
-                    ) => {}
-                Err(e) => bail!("receiving: {e}"),
-            }
-        }
-        Ok(got)
-    }
-}
-
-fn socket(lab: &Lab) -> std::path::PathBuf {
-    lab.work_dir().join("ipq.sock")
-}
-
-/// `GET /v1/addresses/{addr}`: the view, or `None` for a free address.
-fn address(lab: &Lab, addr: IpAddr) -> anyhow::Result<Option<Value>> {
-    let answer = api::request(&socket(lab), "GET", &format!("/v1/addresses/{addr}"), None)?;
-    match answer.status {
-        200 => Ok(Some(answer.json()?)),
-        404 => Ok(None),
-        other => bail!("GET {addr}: {other} {}", answer.body),
-    }
-}
-
-/// Waits until `addr`'s last flush has `trigger`, and returns it.
-fn wait_flush(lab: &Lab, addr: IpAddr, trigger: &str) -> anyhow::Result<Value> {
-    poll(
-        &format!("{addr}: a {trigger} flush"),
-        Duration::from_secs(10),
-        || {
-            let view = address(lab, addr)?;
-            let flush = view.and_then(|v| v.get("last_flush").cloned());
-            Ok(flush.filter(|f| f["trigger"] == trigger))
-        },
-    )
-}
-
-/// `POST /v1/claims` of `addrs` for the holder behind `interface` with `mac`, as ipq-cni
-/// sends it; returns the answer and how long it took.
-fn claim(
-    lab: &Lab,
-    addrs: &[IpAddr],
-    interface: &str,
-    mac: &str,
-) -> anyhow::Result<(Value, Duration)> {
-    let body = json!({
-        "addresses": addrs,
-        "holder": {"interface": interface, "mac": mac, "container_id": "c-new"},
-        "source": "cni",
-    });
-    let started = Instant::now();
-    let answer = api::request(&socket(lab), "POST", "/v1/claims", Some(&body.to_string()))?;
-    let took = started.elapsed();
-    ensure!(
-        answer.status == 200,
-        "claim: {} {}",
-        answer.status,
-        answer.body
-    );
-    Ok((answer.json()?, took))
-}
 
 /// How pod B comes to hold pod A's addresses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -535,76 +277,12 @@ fn an_early_reuse_is_answered_after_the_flush_and_the_next_holder_gets_none() ->
 // ---------------------------------------------------------------------------------------------
 // Neighbour caches on a bridge.
 
-const BR_V4: Ipv4Addr = Ipv4Addr::new(10, 88, 0, 1);
-const BR_V6: Ipv6Addr = Ipv6Addr::new(0xfd88, 0, 0, 0, 0, 0, 0, 1);
-const SHARED_V4: Ipv4Addr = Ipv4Addr::new(10, 88, 0, 5);
-const SHARED_V6: Ipv6Addr = Ipv6Addr::new(0xfd88, 0, 0, 0, 0, 0, 0, 5);
-const THIRD_V4: Ipv4Addr = Ipv4Addr::new(10, 88, 0, 7);
-const THIRD_V6: Ipv6Addr = Ipv6Addr::new(0xfd88, 0, 0, 0, 0, 0, 0, 7);
-const BR_A_MAC: &str = "02:88:00:00:0a:02";
-const BR_B_MAC: &str = "02:88:00:00:0b:02";
-const BR_T_MAC: &str = "02:88:00:00:0c:02";
-
-/// Puts `pod` on bridge `cni0` through port `port`, its `eth1` at `mac`, not announcing
-/// itself (as the ptp and bridge plugins leave a pod: no gratuitous ARP, no unsolicited NA).
-fn bridge_pod(
-    node: &NetNs,
-    pod: &NetNs,
-    port: &str,
-    mac: &str,
-    addrs: Option<(Ipv4Addr, Ipv6Addr)>,
-) -> anyhow::Result<()> {
-    ip(
-        node,
-        &format!(
-            "link add {port} type veth peer name eth1 address {mac} netns {}",
-            pod.name()
-        ),
-    )?;
-    ip(node, &format!("link set {port} master cni0 up"))?;
-    for key in [
-        "net.ipv4.conf.all.arp_notify",
-        "net.ipv4.conf.default.arp_notify",
-        "net.ipv6.conf.all.ndisc_notify",
-        "net.ipv6.conf.default.ndisc_notify",
-    ] {
-        pod.sysctl(key, "0")?;
-    }
-    if let Some((v4, v6)) = addrs {
-        ip(pod, &format!("addr add {v4}/24 dev eth1"))?;
-        ip(pod, &format!("addr add {v6}/64 dev eth1 nodad"))?;
-    }
-    ip(pod, "link set eth1 up")?;
-    Ok(())
-}
-
-/// `ping -c 1 -W 1` from `ns`; whether a reply came.
-fn pings(ns: &NetNs, dst: IpAddr) -> bool {
-    ns.command("ping")
-        .args(["-n", "-q", "-c", "1", "-W", "1", &dst.to_string()])
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
-
-/// The MAC `ns` resolves `addr` to, if any.
-fn neighbour_mac(ns: &NetNs, addr: IpAddr) -> anyhow::Result<Option<String>> {
-    let out = ip(ns, &format!("neigh show {addr}"))?;
-    Ok(out
-        .split_whitespace()
-        .skip_while(|w| *w != "lladdr")
-        .nth(1)
-        .map(str::to_owned))
-}
-
 #[test]
 fn neighbour_caches_follow_the_new_holder_within_a_second() -> anyhow::Result<()> {
     let lab = Lab::new()?;
     let node = &lab.node;
     let third = NetNs::new("pt")?;
-    ip(node, "link add cni0 type bridge")?;
-    ip(node, &format!("addr add {BR_V4}/24 dev cni0"))?;
-    ip(node, &format!("addr add {BR_V6}/64 dev cni0 nodad"))?;
-    ip(node, "link set cni0 up")?;
+    add_bridge(node)?;
     bridge_pod(
         node,
         &lab.pod_a,
@@ -710,18 +388,29 @@ fn the_nodes_own_addresses_and_connections_are_never_flushed() -> anyhow::Result
         "flushing a pod's address took the node's own flow"
     );
 
-    // An address the node owns, claimed by a workload (a misconfigured IPAM): refused before
-    // the registry (a node address is never a holder), so nothing of it is flushed.
-    let refused = claim(&lab, &[node_addr], "vethpb", POD_B_LLADDR)
-        .expect_err("a claim of the node's own address is refused");
-    let refused = format!("{refused:#}");
+    // An address the node owns, claimed by a workload (a misconfigured IPAM): the claim is
+    // refused before anything could be flushed (the registry never makes a node address a
+    // holder's), and nothing is.
+    let body = json!({
+        "addresses": [node_addr],
+        "holder": {"interface": "vethpb", "mac": POD_B_LLADDR, "container_id": "c-new"},
+        "source": "cni",
+    });
+    let refused = api::request(&socket(&lab), "POST", "/v1/claims", Some(&body.to_string()))?;
+    assert_eq!(refused.status, 400, "{}", refused.body);
     assert!(
-        refused.contains("invalid_argument") && refused.contains("on this node itself"),
-        "{refused}"
+        refused.body.contains("configured on this node itself"),
+        "{}",
+        refused.body
+    );
+    assert_eq!(
+        agent.metric("ipq_conntrack_entries_flushed_total", &[])?,
+        0.0,
+        "nothing of the node's was flushed, and the pod's address had no entry"
     );
     assert!(
         !conntrack_entries_of(node, node_addr)?.is_empty(),
-        "the node's own flow survived a claim of its address; log:\n{}",
+        "the node's own flow survives a claim of its address; log:\n{}",
         agent.log()
     );
     Ok(())

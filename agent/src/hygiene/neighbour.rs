@@ -23,7 +23,10 @@ const ENOENT: i32 = 2;
 pub enum NeighbourError {
     #[error("rtnetlink: {0}")]
     Socket(#[from] SocketError),
-    #[error("deleting the neighbour entry of {addr} on if{ifindex}: errno {errno}")]
+    #[error(
+        "deleting the neighbour entry of {addr} on if{ifindex}: {}",
+        std::io::Error::from_raw_os_error(*errno)
+    )]
     Delete {
         addr: IpAddr,
         ifindex: u32,
