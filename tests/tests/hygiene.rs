@@ -30,10 +30,7 @@ use ipq_tests::{
 };
 use serde_json::{json, Value};
 
-use bridge::{
-    add_bridge, bridge_pod, neighbour_mac, pings, BR_A_MAC, BR_B_MAC, BR_T_MAC, SHARED_V4,
-    SHARED_V6, THIRD_V4, THIRD_V6,
-};
+use bridge::{a_gone_b_configured, neighbour_mac, pings, BR_B_MAC, SHARED};
 use service::{
     add_service, conntrack_entries_of, remove_backend, wire_client, Listener, Stream, PORT_V4,
     PORT_V6, VIP_V4, VIP_V6,
@@ -282,46 +279,8 @@ fn neighbour_caches_follow_the_new_holder_within_a_second() -> anyhow::Result<()
     let lab = Lab::new()?;
     let node = &lab.node;
     let third = NetNs::new("pt")?;
-    add_bridge(node)?;
-    bridge_pod(
-        node,
-        &lab.pod_a,
-        "vethba",
-        BR_A_MAC,
-        Some((SHARED_V4, SHARED_V6)),
-    )?;
-    bridge_pod(node, &lab.pod_b, "vethbb", BR_B_MAC, None)?;
-    bridge_pod(node, &third, "vethbt", BR_T_MAC, Some((THIRD_V4, THIRD_V6)))?;
-    let agent = lab.start_agent(&["--workload", "vethb*"])?;
-
-    let shared: [IpAddr; 2] = [SHARED_V4.into(), SHARED_V6.into()];
-    // The node and the third pod learn pod A's MAC for the shared addresses.
-    for addr in shared {
-        assert!(pings(node, addr), "node -> A {addr}");
-        assert!(pings(&third, addr), "third pod -> A {addr}");
-        assert_eq!(neighbour_mac(&third, addr)?.as_deref(), Some(BR_A_MAC));
-    }
-    // Past the neighbour lock time (1 s), within which Linux ignores overriding updates.
-    std::thread::sleep(Duration::from_millis(1200));
-
-    // Pod A is gone; pod B takes its addresses (during A's quarantine), announcing nothing.
-    ip(node, "link del vethba")?;
-    for addr in shared {
-        poll(
-            &format!("{addr} quarantined"),
-            Duration::from_secs(10),
-            || {
-                Ok(address(&lab, addr)?
-                    .filter(|v| v["state"] == "quarantined")
-                    .map(|_| ()))
-            },
-        )?;
-    }
-    ip(&lab.pod_b, &format!("addr add {SHARED_V4}/24 dev eth1"))?;
-    ip(
-        &lab.pod_b,
-        &format!("addr add {SHARED_V6}/64 dev eth1 nodad"),
-    )?;
+    let agent = a_gone_b_configured(&lab, &third)?;
+    let shared = SHARED;
     let (answer, _) = claim(&lab, &shared, "vethbb", BR_B_MAC)?;
     let claimed = Instant::now();
 

@@ -3,7 +3,7 @@
 
 use std::{
     fs,
-    net::IpAddr,
+    net::{IpAddr, Ipv4Addr},
     path::{Path, PathBuf},
     process::Command,
     time::Duration,
@@ -338,6 +338,23 @@ fn nothing_is_answered_before_it_is_durable() -> anyhow::Result<()> {
     )?;
     let filler = state.fill("filler")?;
 
+    // The journal appends: a change may still fit in the slack of the file's last page, and
+    // is then rightly saved and answered. New claims go on until one no longer fits.
+    let mut saved_before_full = 0;
+    let full = loop {
+        let extra: IpAddr = Ipv4Addr::new(10, 77, 1, saved_before_full + 1).into();
+        let answer = claim(&lab, &[extra], &format!("filler-{saved_before_full}"))?;
+        if answer.status != 200 || saved_before_full == 200 {
+            break answer;
+        }
+        saved_before_full += 1;
+    };
+    full.assert_error(
+        "a claim once the journal's page is full",
+        503,
+        "unavailable",
+        &["journal", "No space left"],
+    );
     // The claim names the container of pod a: a change of identity only, to be saved.
     let answer = claim(&lab, &addrs, "c0ffee")?;
     answer.assert_error(

@@ -16,12 +16,9 @@ use ipq_tests::{
 use serde_json::{json, Value};
 
 use crate::{
-    bridge::{
-        add_bridge, bridge_pod, neighbour_mac, pings, BR_A_MAC, BR_B_MAC, BR_T_MAC, SHARED_V4,
-        SHARED_V6, THIRD_V4, THIRD_V6,
-    },
+    bridge::{a_gone_b_configured, neighbour_mac, BR_A_MAC, BR_B_MAC, SHARED, SHARED_V4},
     capture::{Announcement, Capture},
-    support::{address, claim, claim_as, ip},
+    support::{claim, claim_as},
 };
 
 /// How long after a claim's answer a capture waits for frames that are not coming. The claim is
@@ -98,45 +95,8 @@ fn a_claim_without_a_mac_is_announced_with_the_mac_the_bridge_learned() -> anyho
     let lab = Lab::new()?;
     let node = &lab.node;
     let third = NetNs::new("pt")?;
-    add_bridge(node)?;
-    bridge_pod(
-        node,
-        &lab.pod_a,
-        "vethba",
-        BR_A_MAC,
-        Some((SHARED_V4, SHARED_V6)),
-    )?;
-    bridge_pod(node, &lab.pod_b, "vethbb", BR_B_MAC, None)?;
-    bridge_pod(node, &third, "vethbt", BR_T_MAC, Some((THIRD_V4, THIRD_V6)))?;
-    let agent = lab.start_agent(&["--workload", "vethb*"])?;
-    let shared: [IpAddr; 2] = [SHARED_V4.into(), SHARED_V6.into()];
-    // The node learns A through its neighbour entries (that is how the agent sees A hold
-    // them); the third pod learns A's MAC.
-    for addr in shared {
-        assert!(pings(node, addr), "node -> A {addr}");
-        assert!(pings(&third, addr), "third pod -> A {addr}");
-        assert_eq!(neighbour_mac(&third, addr)?.as_deref(), Some(BR_A_MAC));
-    }
-    // Past the neighbour lock time (1 s), within which Linux ignores overriding updates.
-    std::thread::sleep(Duration::from_millis(1200));
-
-    ip(node, "link del vethba")?;
-    for addr in shared {
-        poll(
-            &format!("{addr} quarantined"),
-            Duration::from_secs(10),
-            || {
-                Ok(address(&lab, addr)?
-                    .filter(|v| v["state"] == "quarantined")
-                    .map(|_| ()))
-            },
-        )?;
-    }
-    ip(&lab.pod_b, &format!("addr add {SHARED_V4}/24 dev eth1"))?;
-    ip(
-        &lab.pod_b,
-        &format!("addr add {SHARED_V6}/64 dev eth1 nodad"),
-    )?;
+    let agent = a_gone_b_configured(&lab, &third)?;
+    let shared = SHARED;
     // Pod B sends one frame that names no address (a local experimental ethertype), so the
     // bridge learns its MAC behind vethbb and nobody learns anything about the shared ones.
     let mut hello = vec![0xff; 6];

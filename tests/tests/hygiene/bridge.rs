@@ -1,11 +1,17 @@
 //! A bridge node (`cni0`) whose pods do not announce themselves, as the ptp and bridge plugins
 //! leave them, and how a namespace resolves an address.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::{
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    time::Duration,
+};
 
-use ipq_tests::netns::NetNs;
+use ipq_tests::{
+    lab::{poll, Agent, Lab},
+    netns::NetNs,
+};
 
-use crate::support::ip;
+use crate::support::{address, ip};
 
 pub(crate) const BR_V4: Ipv4Addr = Ipv4Addr::new(10, 88, 0, 1);
 pub(crate) const BR_V6: Ipv6Addr = Ipv6Addr::new(0xfd88, 0, 0, 0, 0, 0, 0, 1);
@@ -75,4 +81,57 @@ pub(crate) fn add_bridge(node: &NetNs) -> anyhow::Result<()> {
     ip(node, &format!("addr add {BR_V6}/64 dev cni0 nodad"))?;
     ip(node, "link set cni0 up")?;
     Ok(())
+}
+
+/// The addresses pod A held on the bridge, and pod B takes.
+pub(crate) const SHARED: [IpAddr; 2] = [IpAddr::V4(SHARED_V4), IpAddr::V6(SHARED_V6)];
+
+/// The bridge scenario up to the reuse: pods A, B and `third` on `cni0`, the agent watching
+/// their ports; the node and the third pod have resolved the shared addresses to A's MAC (and
+/// are past the neighbour lock time, within which Linux ignores overriding updates); then A is
+/// gone, its addresses are quarantined, and B has them configured but has claimed nothing and
+/// announced nothing.
+pub(crate) fn a_gone_b_configured<'l>(lab: &'l Lab, third: &NetNs) -> anyhow::Result<Agent<'l>> {
+    let node = &lab.node;
+    add_bridge(node)?;
+    bridge_pod(
+        node,
+        &lab.pod_a,
+        "vethba",
+        BR_A_MAC,
+        Some((SHARED_V4, SHARED_V6)),
+    )?;
+    bridge_pod(node, &lab.pod_b, "vethbb", BR_B_MAC, None)?;
+    bridge_pod(node, third, "vethbt", BR_T_MAC, Some((THIRD_V4, THIRD_V6)))?;
+    let agent = lab.start_agent(&["--workload", "vethb*"])?;
+    // The node learns A through its neighbour entries (that is how the agent sees A hold
+    // them); the third pod learns A's MAC.
+    for addr in SHARED {
+        anyhow::ensure!(pings(node, addr), "node -> A {addr}");
+        anyhow::ensure!(pings(third, addr), "third pod -> A {addr}");
+        anyhow::ensure!(
+            neighbour_mac(third, addr)?.as_deref() == Some(BR_A_MAC),
+            "the third pod resolved {addr} to A"
+        );
+    }
+    std::thread::sleep(Duration::from_millis(1200));
+
+    ip(node, "link del vethba")?;
+    for addr in SHARED {
+        poll(
+            &format!("{addr} quarantined"),
+            Duration::from_secs(10),
+            || {
+                Ok(address(lab, addr)?
+                    .filter(|v| v["state"] == "quarantined")
+                    .map(|_| ()))
+            },
+        )?;
+    }
+    ip(&lab.pod_b, &format!("addr add {SHARED_V4}/24 dev eth1"))?;
+    ip(
+        &lab.pod_b,
+        &format!("addr add {SHARED_V6}/64 dev eth1 nodad"),
+    )?;
+    Ok(agent)
 }
