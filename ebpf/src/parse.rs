@@ -125,30 +125,46 @@ impl Frame {
     }
 }
 
+/// What kind of packet, and so which of [`Packet`]'s addresses mean something.
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub enum NeighborKind {
+pub enum Kind {
+    /// IPv4 or IPv6 (including ICMPv6 other than NS/NA, and fragments): `src`, `dst`.
+    Ip,
+    /// ARP over Ethernet for IPv4: `src` is the sender, `target` the target, `op` the opcode.
+    Arp,
+    /// ICMPv6 neighbour solicitation: `src`, `dst`, `target`.
     Solicitation,
+    /// ICMPv6 neighbour advertisement: `src`, `dst`, `target`.
     Advertisement,
 }
 
-/// The addresses a packet carries, by kind.
+/// The addresses a packet carries. A flat struct whose every field is written on every path,
+/// not an enum: LLVM reloads the spilled payload of an enum's other variants before it
+/// branches on the variant, and verifiers before 6.5 refuse that read of stack nothing wrote
+/// ("invalid read from stack"), which would keep the programs off 5.10 and 6.1.
 #[derive(Clone, Copy)]
-pub enum Packet {
-    /// IPv4 or IPv6 (including ICMPv6 other than NS/NA, and fragments).
-    Ip { src: AddrKey, dst: AddrKey },
-    /// ARP over Ethernet for IPv4. `op` in host order.
-    Arp {
-        op: u16,
-        sender: AddrKey,
-        target: AddrKey,
-    },
-    /// ICMPv6 neighbour solicitation or advertisement.
-    Neighbor {
-        kind: NeighborKind,
-        src: AddrKey,
-        dst: AddrKey,
-        target: AddrKey,
-    },
+pub struct Packet {
+    pub kind: Kind,
+    pub src: AddrKey,
+    /// Unused (zero) for ARP.
+    pub dst: AddrKey,
+    /// The ARP or NDP target; zero for plain IP.
+    pub target: AddrKey,
+    /// The ARP opcode in host order; zero otherwise.
+    pub op: u16,
+}
+
+impl Packet {
+    #[inline(always)]
+    fn ip(src: AddrKey, dst: AddrKey) -> Self {
+        Self {
+            kind: Kind::Ip,
+            src,
+            dst,
+            target: AddrKey::default(),
+            op: 0,
+        }
+    }
 }
 
 pub struct Parsed {
@@ -201,8 +217,10 @@ fn parse_ipv4(frame: &Frame, l3: usize) -> Option<Packet> {
         return None;
     }
     let [src, dst] = frame.load_words::<2>(l3 + IPV4_SRC_OFFSET)?;
-    let (src, dst) = (AddrKey::from_v4_wire(src), AddrKey::from_v4_wire(dst));
-    Some(Packet::Ip { src, dst })
+    Some(Packet::ip(
+        AddrKey::from_v4_wire(src),
+        AddrKey::from_v4_wire(dst),
+    ))
 }
 
 /// The packet, and whether its chain or ICMPv6 message was cut by the end of the frame.
@@ -215,7 +233,7 @@ fn parse_ipv6(frame: &Frame, l3: usize) -> Option<(Packet, bool)> {
     }
     let src = AddrKey::from_v6_wire(frame.load_words(l3 + IPV6_SRC_OFFSET)?);
     let dst = AddrKey::from_v6_wire(frame.load_words(l3 + IPV6_DST_OFFSET)?);
-    let ip = Packet::Ip { src, dst };
+    let ip = Packet::ip(src, dst);
     let first: u8 = frame.load(l3 + IPV6_NEXT_HEADER_OFFSET)?;
     // Whatever the chain holds, the addresses of a complete fixed header are judged: a broken
     // or over-long chain must not let a packet skip its source check.
@@ -227,8 +245,8 @@ fn parse_ipv6(frame: &Frame, l3: usize) -> Option<(Packet, bool)> {
     // Type and code as one 2-byte read: the verifier grants no range for a 1-byte read at a
     // variable offset checked as `at < end` (which is what LLVM makes of `at + 1 <= end`).
     let kind = match frame.load::<[u8; 2]>(l4) {
-        Some([ICMPV6_NS, _]) => NeighborKind::Solicitation,
-        Some([ICMPV6_NA, _]) => NeighborKind::Advertisement,
+        Some([ICMPV6_NS, _]) => Kind::Solicitation,
+        Some([ICMPV6_NA, _]) => Kind::Advertisement,
         Some(_) => return Some((ip, false)),
         None => return Some((ip, true)),
     };
@@ -238,11 +256,12 @@ fn parse_ipv6(frame: &Frame, l3: usize) -> Option<(Packet, bool)> {
     };
     let target = AddrKey::from_v6_wire(target);
     Some((
-        Packet::Neighbor {
+        Packet {
             kind,
             src,
             dst,
             target,
+            op: 0,
         },
         false,
     ))
@@ -322,6 +341,11 @@ fn parse_arp(frame: &Frame, l3: usize) -> Option<Packet> {
     let op = u16::from_be(frame.load(l3 + ARP_OP_OFFSET)?);
     let [sender] = frame.load_words(l3 + ARP_SENDER_IP_OFFSET)?;
     let [target] = frame.load_words(l3 + ARP_TARGET_IP_OFFSET)?;
-    let (sender, target) = (AddrKey::from_v4_wire(sender), AddrKey::from_v4_wire(target));
-    Some(Packet::Arp { op, sender, target })
+    Some(Packet {
+        kind: Kind::Arp,
+        src: AddrKey::from_v4_wire(sender),
+        dst: AddrKey::default(),
+        target: AddrKey::from_v4_wire(target),
+        op,
+    })
 }

@@ -13,7 +13,7 @@ use ipq_common::{
 use crate::{
     act::{act, Seen},
     maps,
-    parse::{parse, Frame, NeighborKind, Packet},
+    parse::{parse, Frame, Kind},
     Verdict,
 };
 
@@ -47,22 +47,20 @@ pub fn try_workload(ctx: &TcContext, hook: Hook) -> Verdict {
         len: ctx.len(),
         src_mac: &parsed.src_mac,
     };
-    match (hook, parsed.packet) {
-        (Hook::TcIngress, Packet::Ip { src, .. }) => check(&seen, own, &src),
-        (Hook::TcIngress, Packet::Arp { sender, .. }) => check(&seen, own, &sender),
-        (
-            Hook::TcIngress,
-            Packet::Neighbor {
-                kind, src, target, ..
-            },
-        ) => match check(&seen, own, &src) {
+    let packet = parsed.packet;
+    match (hook, packet.kind) {
+        // What the workload sends: its source address (the sender of its ARP), and the target
+        // of what it advertises.
+        (Hook::TcIngress, Kind::Ip | Kind::Arp | Kind::Solicitation) => {
+            check(&seen, own, &packet.src)
+        }
+        (Hook::TcIngress, Kind::Advertisement) => match check(&seen, own, &packet.src) {
             Verdict::Drop => Verdict::Drop,
-            Verdict::Pass if kind == NeighborKind::Advertisement => check(&seen, own, &target),
-            Verdict::Pass => Verdict::Pass,
+            Verdict::Pass => check(&seen, own, &packet.target),
         },
-        (_, Packet::Ip { dst, .. } | Packet::Neighbor { dst, .. }) => check(&seen, own, &dst),
         // ARP a workload receives is harmless: its answers are judged on ingress.
-        _ => Verdict::Pass,
+        (_, Kind::Arp) => Verdict::Pass,
+        (_, Kind::Ip | Kind::Solicitation | Kind::Advertisement) => check(&seen, own, &packet.dst),
     }
 }
 

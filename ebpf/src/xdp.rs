@@ -11,7 +11,7 @@ use ipq_common::{
 use crate::{
     act::{act, Seen},
     maps,
-    parse::{parse, Frame, NeighborKind, Packet, ARP_OP_REQUEST},
+    parse::{parse, Frame, Kind, ARP_OP_REQUEST},
     Verdict,
 };
 
@@ -28,37 +28,29 @@ pub fn try_uplink(ctx: &XdpContext) -> Verdict {
         len: frame.len(),
         src_mac: &parsed.src_mac,
     };
-    match parsed.packet {
-        Packet::Ip { dst, .. } => stale(&seen, &dst),
-        Packet::Arp { op, sender, target } => {
-            claim(&seen, &sender);
-            if op == ARP_OP_REQUEST {
+    let packet = parsed.packet;
+    match packet.kind {
+        Kind::Ip => stale(&seen, &packet.dst),
+        Kind::Arp => {
+            claim(&seen, &packet.src);
+            if packet.op == ARP_OP_REQUEST {
                 // Someone still resolving a quarantined address: stale traffic too.
-                stale(&seen, &target)
+                stale(&seen, &packet.target)
             } else {
                 Verdict::Pass
             }
         }
-        Packet::Neighbor {
-            kind: NeighborKind::Advertisement,
-            target,
-            ..
-        } => {
-            claim(&seen, &target);
+        Kind::Advertisement => {
+            claim(&seen, &packet.target);
             Verdict::Pass
         }
-        Packet::Neighbor {
-            kind: NeighborKind::Solicitation,
-            src,
-            target,
-            ..
-        } => {
-            if src == AddrKey::UNSPECIFIED {
+        Kind::Solicitation => {
+            if packet.src == AddrKey::UNSPECIFIED {
                 // Duplicate address detection: the sender is about to use `target`.
-                claim(&seen, &target);
+                claim(&seen, &packet.target);
                 Verdict::Pass
             } else {
-                stale(&seen, &target)
+                stale(&seen, &packet.target)
             }
         }
     }
