@@ -1,13 +1,17 @@
-//! What is attached to an interface, read from the kernel the way another tool would: ipq's
-//! cls_bpf filters (at `TC_FILTER_PRIORITY`/`TC_FILTER_HANDLE`), every other filter, the TCX
-//! programs and ipq's link pins.
+//! What the netlink-mode tests need beside [`crate::attachments`]: every filter of a hook,
+//! other tools' included (to show they are left alone), ipq's attachment count per hook, and
+//! ipq's link pins.
 
 use std::path::Path;
 
-use aya::programs::{SchedClassifier, TcAttachType};
+use aya::programs::TcAttachType;
 use ipq::datapath::attach::tc_filter::{self, Direction, Filter};
 
-use crate::{lab, netns::NetNs};
+use crate::{
+    attachments::{self, Attachment},
+    lab,
+    netns::NetNs,
+};
 
 /// Every filter on `ifname`'s hook (chain heads, handle 0, left out).
 pub fn filters(ns: &NetNs, ifname: &str, dir: Direction) -> Vec<Filter> {
@@ -19,36 +23,23 @@ pub fn filters(ns: &NetNs, ifname: &str, dir: Direction) -> Vec<Filter> {
         .collect()
 }
 
-/// ipq's filters on `ifname`'s hook.
-pub fn ipq_filters(ns: &NetNs, ifname: &str, dir: Direction) -> usize {
-    filters(ns, ifname, dir)
-        .iter()
-        .filter(|f| f.is_ipq())
-        .count()
-}
-
-/// Names of the TCX programs on `ifname`'s hook.
-pub fn tcx_programs(ns: &NetNs, ifname: &str, dir: Direction) -> Vec<String> {
+/// ipq's TC attachments on `ifname`'s hook, however made: (netlink filters, TCX programs).
+/// Counted from what `tc` and the bpf syscall report ([`crate::attachments`]), not through
+/// the agent's own netlink code, so the agent cannot vouch for itself.
+pub fn ipq_tc_attachments(ns: &NetNs, ifname: &str, dir: Direction) -> (usize, usize) {
     let attach = match dir {
         Direction::Ingress => TcAttachType::Ingress,
         Direction::Egress => TcAttachType::Egress,
     };
-    let (_, progs) = ns
-        .run(|| SchedClassifier::query_tcx(ifname, attach))
-        .unwrap_or_else(|e| panic!("query_tcx {ifname} {dir:?}: {e}"));
-    progs
-        .iter()
-        .map(|p| p.name_as_str().unwrap_or("?").to_owned())
-        .collect()
-}
-
-/// ipq's TC attachments on `ifname`'s hook, however made: (netlink filters, TCX programs).
-pub fn ipq_tc_attachments(ns: &NetNs, ifname: &str, dir: Direction) -> (usize, usize) {
-    let tcx = tcx_programs(ns, ifname, dir)
-        .iter()
-        .filter(|n| n.starts_with("ipq_tc"))
-        .count();
-    (ipq_filters(ns, ifname, dir), tcx)
+    let found = attachments::tc(ns, ifname, attach)
+        .unwrap_or_else(|e| panic!("{ifname} {dir:?} attachments: {e:#}"));
+    let count = |tcx: bool| {
+        found
+            .iter()
+            .filter(|a| a.is_ipq() && matches!(a, Attachment::Tcx { .. }) == tcx)
+            .count()
+    };
+    (count(false), count(true))
 }
 
 /// Names of the link pins under `bpffs_dir/links`.

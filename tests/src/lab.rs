@@ -456,6 +456,18 @@ impl<'l> Agent<'l> {
         self.scrape()?.get(name, labels)
     }
 
+    /// Pod a's fenced drops so far: (tc_ingress, tc_egress).
+    pub fn fenced_drops(&self) -> (f64, f64) {
+        let get = |hook| {
+            self.metric(
+                "ipq_dropped_packets_total",
+                &[("hook", hook), ("reason", "fenced")],
+            )
+            .unwrap_or_else(|e| panic!("{e:#}"))
+        };
+        (get("tc_ingress"), get("tc_egress"))
+    }
+
     /// SIGKILL, as an OOM kill or a node crash would: no clean-up code runs.
     pub fn kill9(&mut self) {
         if let Some(mut child) = self.child.take() {
@@ -881,6 +893,30 @@ pub fn wait_for_entry(lab: &Lab, addr: IpAddr, want: &MapEntry, settle: Duration
         e == Some(want)
     })
     .unwrap_or_else(|e| panic!("{e:#}"));
+}
+
+/// Pod a's two addresses, each with the peer's address of the same family.
+pub fn pod_a_and_peer() -> [(IpAddr, IpAddr); 2] {
+    [
+        (POD_A_V4.into(), PEER_V4.into()),
+        (POD_A_V6.into(), PEER_V6.into()),
+    ]
+}
+
+/// Waits up to `settle` until the agent's start-up dump claimed pod a's and pod b's addresses
+/// for their veths; returns (vethpa, vethpb).
+pub fn wait_claimed_at_start(lab: &Lab, settle: Duration) -> (u32, u32) {
+    let vethpa = ifindex(&lab.node, "vethpa").expect("vethpa");
+    let vethpb = ifindex(&lab.node, "vethpb").expect("vethpb");
+    for (addr, holder) in [
+        (IpAddr::from(POD_A_V4), vethpa),
+        (POD_A_V6.into(), vethpa),
+        (POD_B_V4.into(), vethpb),
+        (POD_B_V6.into(), vethpb),
+    ] {
+        wait_for_entry(lab, addr, &map_entry("active", holder, 0), settle);
+    }
+    (vethpa, vethpb)
 }
 
 /// One entry of the pinned address map. `holder` and `fenced` are ifindexes, 0 for none.

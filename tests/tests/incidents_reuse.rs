@@ -14,8 +14,8 @@
 use std::{collections::BTreeMap, net::IpAddr, time::Duration};
 
 use ipq_tests::lab::{
-    ifindex, map_entry as entry, poll, udp_burst, udp_burst_with, wait_for_entry, Agent, Lab,
-    MapEntry, UdpSender, PEER_V4, PEER_V6, POD_A_V4, POD_A_V6, POD_B_LLADDR, POD_B_V4, POD_B_V6,
+    map_entry as entry, pod_a_and_peer, poll, udp_burst, udp_burst_with, wait_claimed_at_start,
+    wait_for_entry, Agent, Lab, MapEntry, UdpSender, POD_A_V4, POD_A_V6, POD_B_LLADDR,
 };
 
 /// Datagrams per burst.
@@ -31,14 +31,6 @@ fn wait_for(lab: &Lab, addr: IpAddr, want: &MapEntry) {
 const TABLE_VIA_A: u32 = 101;
 const TABLE_VIA_B: u32 = 102;
 
-/// Pod a's addresses and the peer's address of the same family.
-fn families() -> [(IpAddr, IpAddr); 2] {
-    [
-        (POD_A_V4.into(), PEER_V4.into()),
-        (POD_A_V6.into(), PEER_V6.into()),
-    ]
-}
-
 fn args(policy: &str) -> Vec<&str> {
     vec![
         "--workload",
@@ -48,21 +40,6 @@ fn args(policy: &str) -> Vec<&str> {
         "--on-early-reuse",
         policy,
     ]
-}
-
-/// Waits until the agent has claimed every lab address for its pod (from its start-up dump).
-fn wait_claimed_at_start(lab: &Lab) -> (u32, u32) {
-    let vethpa = ifindex(&lab.node, "vethpa").expect("vethpa");
-    let vethpb = ifindex(&lab.node, "vethpb").expect("vethpb");
-    for (addr, holder) in [
-        (IpAddr::from(POD_A_V4), vethpa),
-        (POD_A_V6.into(), vethpa),
-        (POD_B_V4.into(), vethpb),
-        (POD_B_V6.into(), vethpb),
-    ] {
-        wait_for(lab, addr, &entry("active", holder, 0));
-    }
-    (vethpa, vethpb)
 }
 
 /// Waits until `ipq_conflicts_total{kind}` reaches `want`.
@@ -139,11 +116,11 @@ fn swarmkit_2407_early_reuse_fences_the_terminating_pod_both_ways_and_the_new_po
     let agent = lab
         .start_agent(&args("fence-old"))
         .expect("starting ipq-agent");
-    let (vethpa, vethpb) = wait_claimed_at_start(&lab);
+    let (vethpa, vethpb) = wait_claimed_at_start(&lab, SETTLE);
     lab.route_by_oif("vethpa", TABLE_VIA_A, &[POD_A_V4.into(), POD_A_V6.into()])
         .expect("policy routes through vethpa");
 
-    for (addr, peer) in families() {
+    for (addr, peer) in pod_a_and_peer() {
         // Pod a terminates: its route is withdrawn while its process still runs.
         lab.del_host_route("vethpa", addr).expect("withdrawing");
         wait_for(&lab, addr, &entry("draining", vethpa, 0));
@@ -225,7 +202,7 @@ fn swarmkit_2407_early_reuse_fences_the_terminating_pod_both_ways_and_the_new_po
 fn whereabouts_duplicate(policy: &str, a_through: bool, b_through: bool) {
     let lab = Lab::new().expect("building the lab");
     let agent = lab.start_agent(&args(policy)).expect("starting ipq-agent");
-    let (vethpa, vethpb) = wait_claimed_at_start(&lab);
+    let (vethpa, vethpb) = wait_claimed_at_start(&lab, SETTLE);
     let all = [POD_A_V4.into(), POD_A_V6.into()];
     lab.route_by_oif("vethpa", TABLE_VIA_A, &all)
         .expect("policy routes through vethpa");
@@ -233,7 +210,7 @@ fn whereabouts_duplicate(policy: &str, a_through: bool, b_through: bool) {
         .expect("policy routes through vethpb");
 
     // The IPAM hands pod a's addresses to pod b too; pod b sends before its route exists.
-    for (addr, peer) in families() {
+    for (addr, peer) in pod_a_and_peer() {
         lab.add_pod_address(&lab.pod_b, "vethpb", POD_B_LLADDR, addr)
             .expect("giving pod b the address");
         let before = agent.scrape().expect("scrape");
@@ -271,12 +248,12 @@ fn whereabouts_duplicate(policy: &str, a_through: bool, b_through: bool) {
 
     // Its CNI installs pod b's host route next to pod a's: a claim over a live holder.
     let before = agent.scrape().expect("scrape");
-    for (addr, _) in families() {
+    for (addr, _) in pod_a_and_peer() {
         lab.add_host_route("vethpb", addr, Some(2000))
             .expect("pod b's host route");
     }
     wait_conflicts(&agent, "early_reuse", 2.0);
-    for (addr, _) in families() {
+    for (addr, _) in pod_a_and_peer() {
         assert_conflicts_logged(&agent, "early_reuse", addr, 1);
         match policy {
             "fence-old" => wait_for(&lab, addr, &entry("active", vethpb, vethpa)),
@@ -286,7 +263,7 @@ fn whereabouts_duplicate(policy: &str, a_through: bool, b_through: bool) {
     }
 
     let mut dropped = 0;
-    for (addr, peer) in families() {
+    for (addr, peer) in pod_a_and_peer() {
         let a = pod_traffic(&lab, "a", addr, peer);
         let b = pod_traffic(&lab, "b", addr, peer);
         let want = |through: bool| if through { (N, N) } else { (0, 0) };
@@ -342,20 +319,20 @@ fn refuse_new_blocks_a_netlink_claimant_until_the_old_holder_is_gone_then_lets_i
     let agent = lab
         .start_agent(&args("refuse-new"))
         .expect("starting ipq-agent");
-    let (vethpa, vethpb) = wait_claimed_at_start(&lab);
+    let (vethpa, vethpb) = wait_claimed_at_start(&lab, SETTLE);
     let all = [POD_A_V4.into(), POD_A_V6.into()];
     lab.route_by_oif("vethpb", TABLE_VIA_B, &all)
         .expect("policy routes through vethpb");
 
     let before = agent.scrape().expect("scrape");
-    for (addr, _) in families() {
+    for (addr, _) in pod_a_and_peer() {
         lab.add_pod_address(&lab.pod_b, "vethpb", POD_B_LLADDR, addr)
             .expect("giving pod b the address");
         lab.add_host_route("vethpb", addr, Some(2000))
             .expect("pod b's host route");
         wait_for(&lab, addr, &entry("active", vethpa, vethpb));
     }
-    for (addr, peer) in families() {
+    for (addr, peer) in pod_a_and_peer() {
         let a_out = udp_burst_with(
             &lab.pod_a,
             UdpSender {
@@ -388,11 +365,11 @@ fn refuse_new_blocks_a_netlink_claimant_until_the_old_holder_is_gone_then_lets_i
     lab.node
         .ip(&["link", "del", "vethpa"])
         .expect("deleting vethpa");
-    for (addr, _) in families() {
+    for (addr, _) in pod_a_and_peer() {
         wait_for(&lab, addr, &entry("active", vethpb, 0));
     }
     let before = agent.scrape().expect("scrape");
-    for (addr, peer) in families() {
+    for (addr, peer) in pod_a_and_peer() {
         let b_out = udp_burst_with(
             &lab.pod_b,
             UdpSender {

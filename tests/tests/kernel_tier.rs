@@ -26,8 +26,8 @@ use aya::programs::TcAttachType;
 use ipq_tests::{
     attachments::{self, Attachment},
     lab::{
-        ifindex, map_entry as entry, udp_burst_with, wait_for_entry, Agent, Lab, UdpSender,
-        PEER_V4, PEER_V6, POD_A_V4, POD_A_V6, POD_B_LLADDR, POD_B_V4, POD_B_V6,
+        map_entry as entry, pod_a_and_peer, udp_burst_with, wait_claimed_at_start, wait_for_entry,
+        Lab, UdpSender, PEER_V4, PEER_V6, POD_A_V4, POD_A_V6, POD_B_LLADDR, POD_B_V6,
     },
     netns::NetNs,
     time::scaled,
@@ -35,29 +35,6 @@ use ipq_tests::{
 
 const N: usize = 20;
 const SETTLE: Duration = Duration::from_secs(5);
-
-/// Pod a's addresses with the peer's address of the same family.
-fn families() -> [(IpAddr, IpAddr); 2] {
-    [
-        (POD_A_V4.into(), PEER_V4.into()),
-        (POD_A_V6.into(), PEER_V6.into()),
-    ]
-}
-
-/// Waits until the agent's start-up dump claimed pod a's and pod b's addresses.
-fn wait_claimed(lab: &Lab) -> (u32, u32) {
-    let vethpa = ifindex(&lab.node, "vethpa").expect("vethpa");
-    let vethpb = ifindex(&lab.node, "vethpb").expect("vethpb");
-    for (addr, holder) in [
-        (IpAddr::from(POD_A_V4), vethpa),
-        (POD_A_V6.into(), vethpa),
-        (POD_B_V4.into(), vethpb),
-        (POD_B_V6.into(), vethpb),
-    ] {
-        wait_for_entry(lab, addr, &entry("active", holder, 0), SETTLE);
-    }
-    (vethpa, vethpb)
-}
 
 /// `n` datagrams from `from` (bound to `bind`) to `dst` in `to`: how many arrived.
 fn send(from: &NetNs, bind: IpAddr, to: &NetNs, dst: IpAddr, n: usize) -> usize {
@@ -86,16 +63,16 @@ fn stale_traffic_for_a_gone_pod_is_dropped_at_the_uplink_xdp_hook() {
         "10m",
     ];
     let agent = lab.start_agent(&args).expect("starting ipq-agent");
-    wait_claimed(&lab);
+    wait_claimed_at_start(&lab, SETTLE);
     lab.node
         .ip(&["link", "del", "vethpa"])
         .expect("deleting vethpa");
-    for (addr, _) in families() {
+    for (addr, _) in pod_a_and_peer() {
         wait_for_entry(&lab, addr, &entry("quarantined", 0, 0), SETTLE);
     }
 
     let before = agent.scrape().expect("scrape");
-    for (addr, peer) in families() {
+    for (addr, peer) in pod_a_and_peer() {
         let got = send(&lab.peer, peer, &lab.pod_a, addr, N);
         assert_eq!(got, 0, "stale traffic to {addr} delivered {got} of {N}");
     }
@@ -115,8 +92,8 @@ fn a_duplicate_source_is_dropped_at_tc_ingress_while_the_holder_flows() {
     let lab = Lab::new().expect("building the lab");
     let args = ["--workload", "vethp*", "--uplink", "up0"];
     let agent = lab.start_agent(&args).expect("starting ipq-agent");
-    wait_claimed(&lab);
-    for (addr, peer) in families() {
+    wait_claimed_at_start(&lab, SETTLE);
+    for (addr, peer) in pod_a_and_peer() {
         lab.add_pod_address(&lab.pod_b, "vethpb", POD_B_LLADDR, addr)
             .expect("giving pod b the address");
         let before = agent.scrape().expect("scrape");
@@ -208,19 +185,6 @@ fn assert_one_ipq_per_hook(hooks: &BTreeMap<String, Vec<Attachment>>, when: &str
     }
 }
 
-/// Pod a's fenced drops so far: (tc_ingress, tc_egress).
-fn fenced_drops(agent: &Agent) -> (f64, f64) {
-    let get = |hook| {
-        agent
-            .metric(
-                "ipq_dropped_packets_total",
-                &[("hook", hook), ("reason", "fenced")],
-            )
-            .unwrap()
-    };
-    (get("tc_ingress"), get("tc_egress"))
-}
-
 /// Traffic flows all along (pod a fenced both ways, v4 and v6; pod b as the control) while
 /// the agent is SIGKILLed and started again. Not one of pod a's datagrams arrives, each is
 /// counted as a fenced drop, pod b's all arrive, and the restarted agent took over the very
@@ -234,7 +198,7 @@ fn sigkill_under_traffic_delivers_no_fenced_packet_and_the_restart_readopts_each
     lab.register_pod_b().expect("registering pod b");
     let attached = hooks(&lab);
     assert_one_ipq_per_hook(&attached, "first agent");
-    let (in_before, eg_before) = fenced_drops(&first);
+    let (in_before, eg_before) = first.fenced_drops();
 
     let stop = AtomicBool::new(false);
     let pause = scaled(Duration::from_millis(500));
@@ -290,7 +254,7 @@ fn sigkill_under_traffic_delivers_no_fenced_packet_and_the_restart_readopts_each
             assert_eq!(received, sent, "{what}: the control flow lost datagrams");
         }
     }
-    let (in_after, eg_after) = fenced_drops(&second);
+    let (in_after, eg_after) = second.fenced_drops();
     assert_eq!(
         (in_after - in_before, eg_after - eg_before),
         (from_a as f64, to_a as f64),

@@ -19,9 +19,9 @@ use std::{
 
 use ipq_tests::{
     lab::{
-        ifindex, map_entry as entry, poll, udp_burst, udp_burst_with, wait_for_entry, Agent, Lab,
-        Scrape, UdpSender, METRICS_ADDR, PEER_V4, PEER_V6, POD_A_V4, POD_A_V6, POD_B_LLADDR,
-        POD_B_V4, POD_B_V6,
+        map_entry as entry, pod_a_and_peer, poll, udp_burst, udp_burst_with, wait_claimed_at_start,
+        wait_for_entry, Agent, Lab, Scrape, UdpSender, METRICS_ADDR, PEER_V4, POD_A_V4, POD_A_V6,
+        POD_B_LLADDR,
     },
     prometheus::{promtool_check_metrics, Prometheus},
 };
@@ -42,28 +42,6 @@ const CONFLICT_KINDS: [&str; 4] = [
     "duplicate_source",
     "remote_claim",
 ];
-
-fn pod_a_and_peer() -> [(IpAddr, IpAddr); 2] {
-    [
-        (POD_A_V4.into(), PEER_V4.into()),
-        (POD_A_V6.into(), PEER_V6.into()),
-    ]
-}
-
-/// Waits until the agent claimed every lab address for its pod; returns (vethpa, vethpb).
-fn wait_claimed_at_start(lab: &Lab) -> (u32, u32) {
-    let vethpa = ifindex(&lab.node, "vethpa").expect("vethpa");
-    let vethpb = ifindex(&lab.node, "vethpb").expect("vethpb");
-    for (addr, holder) in [
-        (IpAddr::from(POD_A_V4), vethpa),
-        (POD_A_V6.into(), vethpa),
-        (POD_B_V4.into(), vethpb),
-        (POD_B_V6.into(), vethpb),
-    ] {
-        wait_for_entry(lab, addr, &entry("active", holder, 0), SETTLE);
-    }
-    (vethpa, vethpb)
-}
 
 /// The label sets (as "k=v,k=v") of every series of `name` in a scrape.
 fn label_sets(scrape: &Scrape, name: &str) -> BTreeSet<String> {
@@ -197,7 +175,7 @@ fn agent_metrics_have_every_series_from_the_first_scrape_and_pass_promtool_after
     assert_eq!(first.get("ipq_ready", &[]).unwrap(), 1.0, "ready");
 
     // SwarmKit #2407: pod a terminates, its IPv4 address goes to pod b at once.
-    let (vethpa, vethpb) = wait_claimed_at_start(&lab);
+    let (vethpa, vethpb) = wait_claimed_at_start(&lab, SETTLE);
     let reused = IpAddr::from(POD_A_V4);
     lab.del_host_route("vethpa", reused).expect("withdrawing");
     wait_for_entry(&lab, reused, &entry("draining", vethpa, 0), SETTLE);
@@ -287,7 +265,7 @@ fn a_prometheus_server_scraping_the_agent_sees_exactly_the_conflicts_the_inciden
         .expect("starting ipq-agent");
     let prometheus = Prometheus::start(&lab.node, PROMETHEUS_LISTEN, JOB, METRICS_ADDR)
         .expect("starting prometheus");
-    let (vethpa, vethpb) = wait_claimed_at_start(&lab);
+    let (vethpa, vethpb) = wait_claimed_at_start(&lab, SETTLE);
 
     // Before anything happens, Prometheus already has every kind, at 0, and every source of
     // lost events: there is a first point for rate() and alerts to start from.

@@ -14,9 +14,7 @@ use aya::{
         SchedClassifier, TcAttachType,
     },
 };
-use ipq_tests::lab::{
-    udp_burst, Agent, Lab, PEER_V4, PEER_V6, POD_A_V4, POD_A_V6, POD_B_V4, POD_B_V6,
-};
+use ipq_tests::lab::{udp_burst, Lab, PEER_V4, PEER_V6, POD_A_V4, POD_A_V6, POD_B_V4, POD_B_V6};
 
 const N: usize = 10;
 
@@ -66,19 +64,6 @@ fn check_fenced(lab: &Lab, when: &str) -> (usize, usize) {
     (from_a, to_a)
 }
 
-/// Pod a's drop counters: (tc_ingress, tc_egress).
-fn fenced_drops(agent: &Agent) -> (f64, f64) {
-    let get = |hook| {
-        agent
-            .metric(
-                "ipq_dropped_packets_total",
-                &[("hook", hook), ("reason", "fenced")],
-            )
-            .unwrap()
-    };
-    (get("tc_ingress"), get("tc_egress"))
-}
-
 #[test]
 fn agent_restarts_leave_no_gap_and_reuse_the_pins() {
     let lab = Lab::new().expect("building the lab");
@@ -96,7 +81,7 @@ fn agent_restarts_leave_no_gap_and_reuse_the_pins() {
     assert_eq!(links.len(), 5, "link pins: {links:?}");
     assert!(!maps.is_empty(), "no map pins");
 
-    let (in_before, eg_before) = fenced_drops(&first);
+    let (in_before, eg_before) = first.fenced_drops();
     first.kill9();
 
     // The gap: no agent runs, the pinned programs alone enforce.
@@ -104,14 +89,14 @@ fn agent_restarts_leave_no_gap_and_reuse_the_pins() {
 
     let mut second = lab.start_agent(&args).expect("restarting ipq-agent");
     // The per-CPU counters live in a pinned map: what the gap dropped is still counted.
-    let (in_after, eg_after) = fenced_drops(&second);
+    let (in_after, eg_after) = second.fenced_drops();
     assert_eq!(
         (in_after - in_before, eg_after - eg_before),
         (gap_from_a as f64, gap_to_a as f64),
         "fenced drops during the gap (tc_ingress, tc_egress)"
     );
     let (from_a, to_a) = check_fenced(&lab, "second agent");
-    let (in_now, eg_now) = fenced_drops(&second);
+    let (in_now, eg_now) = second.fenced_drops();
     assert_eq!(
         (in_now - in_after, eg_now - eg_after),
         (from_a as f64, to_a as f64),

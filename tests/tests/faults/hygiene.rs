@@ -56,15 +56,7 @@ fn an_announcement_without_a_mac_is_counted_and_said_and_the_claim_still_succeed
         "holder": {"interface": "vethbb"},
         "source": "api",
     });
-    let socket = lab.work_dir().join("ipq.sock");
-    let answer = api::request(&socket, "POST", "/v1/claims", Some(&body.to_string()))?;
-    ensure!(
-        answer.status == 200,
-        "claim: {} {}",
-        answer.status,
-        answer.body
-    );
-    let answer: Value = answer.json()?;
+    let answer = claim_ok(&lab, &body)?;
     let view = &answer["addresses"][0];
     assert_eq!(view["state"], "active", "the claim succeeded: {answer}");
     let flush = &view["last_flush"];
@@ -89,7 +81,10 @@ fn an_announcement_without_a_mac_is_counted_and_said_and_the_claim_still_succeed
         agent.metric("ipq_hygiene_failures_total", &[("step", "conntrack")])?,
         0.0
     );
-    let get = api::ipq(&socket, &["get", &SHARED.to_string()])?;
+    let get = api::ipq(
+        &lab.work_dir().join("ipq.sock"),
+        &["get", &SHARED.to_string()],
+    )?;
     assert!(get.ok().contains("Failed:"), "{}", get.ok());
     Ok(())
 }
@@ -179,15 +174,7 @@ fn without_cap_net_admin_the_flush_fails_is_counted_and_said_and_the_claim_still
         "holder": {"interface": "vethpb", "mac": POD_B_LLADDR, "container_id": "c-new"},
         "source": "cni",
     });
-    let socket = lab.work_dir().join("ipq.sock");
-    let answer = api::request(&socket, "POST", "/v1/claims", Some(&body.to_string()))?;
-    ensure!(
-        answer.status == 200,
-        "claim: {} {}",
-        answer.status,
-        answer.body
-    );
-    let answer = answer.json()?;
+    let answer = claim_ok(&lab, &body)?;
     let view = &answer["addresses"][0];
     assert_eq!(view["state"], "active", "the claim succeeded: {answer}");
     let flush = &view["last_flush"];
@@ -217,11 +204,27 @@ fn without_cap_net_admin_the_flush_fails_is_counted_and_said_and_the_claim_still
             "{step} failure counted"
         );
     }
-    let get = api::ipq(&socket, &["get", &POD_A_V4.to_string()])?;
+    let get = api::ipq(
+        &lab.work_dir().join("ipq.sock"),
+        &["get", &POD_A_V4.to_string()],
+    )?;
     let text = get.ok();
     assert!(
         text.contains("Failed:") && text.contains("conntrack:"),
         "{text}"
     );
     Ok(())
+}
+
+/// POSTs `body` to /v1/claims; the answer's JSON, which must be a 200.
+fn claim_ok(lab: &Lab, body: &Value) -> anyhow::Result<Value> {
+    let socket = lab.work_dir().join("ipq.sock");
+    let answer = api::request(&socket, "POST", "/v1/claims", Some(&body.to_string()))?;
+    ensure!(
+        answer.status == 200,
+        "claim: {} {}",
+        answer.status,
+        answer.body
+    );
+    answer.json()
 }

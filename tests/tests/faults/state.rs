@@ -15,8 +15,8 @@ use ipq_tests::{
     api::{request, HttpResponse},
     cni::{host_interface, Attachment, Chain},
     lab::{
-        ifindex, map_entry, poll, udp_burst_with, wait_for_entry, Agent, Lab, UdpSender, PEER_V4,
-        PEER_V6, POD_A_V4, POD_A_V6, POD_B_LLADDR,
+        ifindex, map_entry, pod_a_and_peer, poll, udp_burst_with, wait_for_entry, Agent, Lab,
+        UdpSender, POD_A_V4, POD_A_V6, POD_B_LLADDR,
     },
     netns::NetNs,
 };
@@ -62,13 +62,6 @@ fn pod_a_traffic(lab: &Lab, addr: IpAddr, peer: IpAddr) -> (usize, usize) {
     (out, inbound)
 }
 
-fn families() -> [(IpAddr, IpAddr); 2] {
-    [
-        (POD_A_V4.into(), PEER_V4.into()),
-        (POD_A_V6.into(), PEER_V6.into()),
-    ]
-}
-
 fn wait_metric(agent: &Agent, name: &str, labels: &[(&str, &str)], ok: impl Fn(f64) -> bool) {
     poll(&format!("{name} {labels:?}"), SETTLE, || {
         Ok(agent.metric(name, labels).ok().filter(|v| ok(*v)))
@@ -94,7 +87,7 @@ fn observe_stays_observe_across_restarts_and_a_lost_journal() -> anyhow::Result<
     let vethpa = ifindex(&lab.node, "vethpa")?;
     let vethpb = ifindex(&lab.node, "vethpb")?;
     lab.route_by_oif("vethpa", TABLE_VIA_A, &[POD_A_V4.into(), POD_A_V6.into()])?;
-    for (addr, _) in families() {
+    for (addr, _) in pod_a_and_peer() {
         wait_for_entry(&lab, addr, &map_entry("active", vethpa, 0), SETTLE);
         // Pod a terminates (its route withdrawn, its process still running) and its address
         // is handed to pod b at once.
@@ -111,7 +104,7 @@ fn observe_stays_observe_across_restarts_and_a_lost_journal() -> anyhow::Result<
         |v| v == 2.0,
     );
     let check = |when: &str| {
-        for (addr, peer) in families() {
+        for (addr, peer) in pod_a_and_peer() {
             assert_eq!(
                 pod_a_traffic(&lab, addr, peer),
                 (N, N),
