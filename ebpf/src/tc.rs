@@ -11,7 +11,7 @@ use ipq_common::{
 };
 
 use crate::{
-    act::{act, Seen},
+    act::{act, Hooked, Seen},
     maps,
     parse::{parse, Frame, Kind},
     Verdict,
@@ -38,29 +38,29 @@ pub fn try_workload(ctx: &TcContext, hook: Hook) -> Verdict {
             None => return Verdict::Pass,
         }
     }
-    let ifindex = unsafe { (*ctx.skb.skb).ifindex };
+    let ifindex = ctx.ifindex();
     let own = maps::iface_entry(ifindex);
     let seen = Seen {
         ctx,
         hook,
-        ifindex,
         len: ctx.len(),
-        src_mac: &parsed.src_mac,
     };
     let packet = parsed.packet;
     match (hook, packet.kind) {
         // What the workload sends: its source address (the sender of its ARP), and the target
         // of what it advertises.
         (Hook::TcIngress, Kind::Ip | Kind::Arp | Kind::Solicitation) => {
-            check(&seen, own, &packet.src)
+            check(&seen, ifindex, own, &packet.src)
         }
-        (Hook::TcIngress, Kind::Advertisement) => match check(&seen, own, &packet.src) {
+        (Hook::TcIngress, Kind::Advertisement) => match check(&seen, ifindex, own, &packet.src) {
             Verdict::Drop => Verdict::Drop,
-            Verdict::Pass => check(&seen, own, &packet.target),
+            Verdict::Pass => check(&seen, ifindex, own, &packet.target),
         },
         // ARP a workload receives is harmless: its answers are judged on ingress.
         (_, Kind::Arp) => Verdict::Pass,
-        (_, Kind::Ip | Kind::Solicitation | Kind::Advertisement) => check(&seen, own, &packet.dst),
+        (_, Kind::Ip | Kind::Solicitation | Kind::Advertisement) => {
+            check(&seen, ifindex, own, &packet.dst)
+        }
     }
 }
 
@@ -79,7 +79,12 @@ fn pull_headers(ctx: &TcContext, max: u32) -> bool {
 }
 
 #[inline(always)]
-fn check(seen: &Seen<TcContext>, own: Option<&IfaceEntry>, addr: &AddrKey) -> Verdict {
+fn check(
+    seen: &Seen<TcContext>,
+    ifindex: u32,
+    own: Option<&IfaceEntry>,
+    addr: &AddrKey,
+) -> Verdict {
     // The fast path: one of the interface's own conflict-free addresses.
     if let Some(own) = own {
         if own.owns(addr) {
@@ -90,8 +95,8 @@ fn check(seen: &Seen<TcContext>, own: Option<&IfaceEntry>, addr: &AddrKey) -> Ve
         return Verdict::Pass;
     };
     let reason = match seen.hook {
-        Hook::TcIngress => workload_sends(seen.ifindex, unsafe { &*entry }),
-        _ => workload_receives(seen.ifindex, unsafe { &*entry }),
+        Hook::TcIngress => workload_sends(ifindex, unsafe { &*entry }),
+        _ => workload_receives(ifindex, unsafe { &*entry }),
     };
     match reason {
         Some(reason) => act(seen, addr, entry, reason),
