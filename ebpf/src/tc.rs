@@ -19,7 +19,7 @@ use crate::{
 
 /// Headers every packet needs linear: Ethernet, two VLAN tags, IPv6, ICMPv6 up to the NDP
 /// target. A non-linear skb (a GSO flow's head holds little more) pulls this much.
-const HEADERS_MIN: u32 = 14 + 8 + 40 + 24;
+pub const HEADERS_MIN: u32 = 14 + 8 + 40 + 24;
 /// With an extension-header chain in front of ICMPv6 (8 bytes to 2 KiB each): 512 bytes holds
 /// any chain a real stack sends. Pulled only when a parse was cut short by the linear end, so
 /// a pod cannot hide an advertisement behind a chain in a head it made short on purpose.
@@ -67,7 +67,7 @@ pub fn try_workload(ctx: &TcContext, hook: Hook) -> Verdict {
 /// Makes up to `max` bytes of headers linear when the skb is not (direct packet access sees
 /// only the head); returns whether it pulled.
 #[inline(always)]
-fn pull_headers(ctx: &TcContext, max: u32) -> bool {
+pub fn pull_headers(ctx: &TcContext, max: u32) -> bool {
     let linear = (ctx.data_end() - ctx.data()) as u32;
     let len = ctx.len();
     if linear < len && linear < max {
