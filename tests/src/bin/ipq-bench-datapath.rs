@@ -274,8 +274,9 @@ fn figures() -> Vec<Figure> {
             vec![frame6(FENCED6, PEER6)],
             "tc_floor_fenced_v6",
         ),
-        // The floor of any XDP drop: parse and one hash lookup, nothing else (an ARP reply from
-        // an unknown sender is a remote-claim check, which has no filter in front of it).
+        // Parse and one hash lookup that misses, nothing else (an ARP reply from an unknown
+        // sender is a remote-claim check, which has no filter in front of it). A drop's lookup
+        // hits, which costs more (the key compare): its floor is `xdp_floor_stale_*`.
         f(
             "xdp_lookup_miss_arp",
             Xdp,
