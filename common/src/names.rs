@@ -29,6 +29,10 @@ pub const PROG_XDP_UPLINK: &str = "ipq_xdp_uplink";
 /// Empty programs of each hook: the floor the benchmarks and tests compare against.
 pub const PROG_TC_EMPTY: &str = "ipq_tc_empty";
 pub const PROG_XDP_EMPTY: &str = "ipq_xdp_empty";
+/// The floors of the drop paths, for the benchmark: the real parse, filter and hash lookup, and
+/// nothing else (no counting, stamping or sampling). Never loaded by the agent.
+pub const PROG_TC_FLOOR: &str = "ipq_tc_floor";
+pub const PROG_XDP_FLOOR: &str = "ipq_xdp_floor";
 
 /// Default capacity of `IPQ_ADDRS`; the agent's `capacity` key overrides it at load time.
 pub const DEFAULT_ADDR_CAPACITY: u32 = 65536;

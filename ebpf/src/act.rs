@@ -6,6 +6,7 @@
 
 use aya_ebpf::{
     helpers::{bpf_jiffies64, bpf_ktime_get_coarse_ns, bpf_ktime_get_ns},
+    programs::{TcContext, XdpContext},
     EbpfContext,
 };
 use aya_log_ebpf::debug;
@@ -16,7 +17,11 @@ use ipq_common::{
     verdict::action_for_entry,
 };
 
-use crate::{maps, Verdict};
+use crate::{
+    maps,
+    parse::{Frame, SOURCE_MAC_OFFSET},
+    Verdict,
+};
 
 /// Which clock stamps the entries and samples, set by the loader in `.rodata`
 /// (`names::GLOBAL_COARSE_CLOCK`): 1 where the kernel has `bpf_ktime_get_coarse_ns` (5.11+),
@@ -38,13 +43,44 @@ fn now_ns() -> u64 {
     }
 }
 
+/// What only a sample reports of a packet: its interface and its source MAC. Read from the
+/// context when a sample is sent, never before: on every other packet these loads (three
+/// dependent ones for an XDP ifindex, a 6-byte copy for the MAC) would be spent for nothing.
+pub trait Hooked: EbpfContext {
+    fn frame(&self) -> Frame;
+    fn ifindex(&self) -> u32;
+}
+
+impl Hooked for TcContext {
+    #[inline(always)]
+    fn frame(&self) -> Frame {
+        Frame::new(self.data(), self.data_end())
+    }
+
+    #[inline(always)]
+    fn ifindex(&self) -> u32 {
+        // SAFETY: the context of a running program.
+        unsafe { (*self.skb.skb).ifindex }
+    }
+}
+
+impl Hooked for XdpContext {
+    #[inline(always)]
+    fn frame(&self) -> Frame {
+        Frame::new(self.data(), self.data_end())
+    }
+
+    #[inline(always)]
+    fn ifindex(&self) -> u32 {
+        self.ingress_ifindex() as u32
+    }
+}
+
 /// Where and what a program saw.
-pub struct Seen<'a, C: EbpfContext> {
+pub struct Seen<'a, C: Hooked> {
     pub ctx: &'a C,
     pub hook: Hook,
-    pub ifindex: u32,
     pub len: u32,
-    pub src_mac: &'a [u8; 6],
 }
 
 /// The stamp clock (see [`now_ns`]) at tick granularity: the one place the programs read it.
@@ -63,7 +99,7 @@ pub fn now() -> u64 {
 }
 
 #[inline(always)]
-pub fn act<C: EbpfContext>(
+pub fn act<C: Hooked>(
     seen: &Seen<C>,
     addr: &AddrKey,
     entry: *mut AddrEntry,
@@ -105,25 +141,25 @@ fn judged(reason: Reason, action: Action) -> u32 {
 }
 
 #[inline(always)]
-fn sample<C: EbpfContext>(
-    seen: &Seen<C>,
-    addr: &AddrKey,
-    entry: &AddrEntry,
-    judged: u32,
-    now: u64,
-) {
+fn sample<C: Hooked>(seen: &Seen<C>, addr: &AddrKey, entry: &AddrEntry, judged: u32, now: u64) {
     let reason = judged & 0xff;
     let action = judged >> 8;
+    // The parse saw the whole Ethernet header, so the MAC is there (zero if it ever is not).
+    let src_mac = seen
+        .ctx
+        .frame()
+        .load::<[u8; 6]>(SOURCE_MAC_OFFSET)
+        .unwrap_or([0; 6]);
     maps::send_sample(&ConflictSample {
         ts_ns: now,
         addr: *addr,
-        ifindex: seen.ifindex,
+        ifindex: seen.ctx.ifindex(),
         hook: seen.hook as u32,
         reason,
         action,
         state: entry.state,
         holder_ifindex: entry.holder_ifindex,
-        src_mac: *seen.src_mac,
+        src_mac,
         _pad: [0; 2],
         pkt_len: seen.len,
         _reserved: 0,

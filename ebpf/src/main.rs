@@ -4,6 +4,7 @@
 #![no_main]
 
 mod act;
+mod floor;
 mod maps;
 mod parse;
 mod tc;
@@ -72,6 +73,18 @@ pub fn ipq_tc_empty(_ctx: TcContext) -> i32 {
 #[xdp]
 pub fn ipq_xdp_empty(_ctx: XdpContext) -> u32 {
     xdp_action::XDP_PASS
+}
+
+/// The floor of a TC drop for benchmarks: parse and look up, nothing else ([`floor`]).
+#[classifier]
+pub fn ipq_tc_floor(ctx: TcContext) -> i32 {
+    tc_code(floor::tc(&ctx))
+}
+
+/// The floor of an XDP drop for benchmarks: parse, filter and look up, nothing else.
+#[xdp]
+pub fn ipq_xdp_floor(ctx: XdpContext) -> u32 {
+    xdp_code(floor::xdp(&ctx))
 }
 
 #[cfg(not(test))]

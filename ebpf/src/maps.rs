@@ -42,7 +42,11 @@ static IPQ_CONFIG: Array<DatapathConfig> = Array::pinned(1, 0);
 /// The entry of an address, writable for the kernel-owned fields.
 #[inline(always)]
 pub fn addr_entry(addr: &AddrKey) -> Option<*mut AddrEntry> {
-    IPQ_ADDRS.get_ptr_mut(addr)
+    // The helper gets a pointer to a copy of the key, never into the parsed packet: a pointer
+    // into it would make LLVM keep the whole packet struct in memory, every field stored
+    // (with a call to `memset` for the zero ones) on every path, instead of in registers.
+    let key: AddrKey = *addr;
+    IPQ_ADDRS.get_ptr_mut(key)
 }
 
 /// The fast-path slot of a workload interface, if the slot currently describes it.

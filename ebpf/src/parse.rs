@@ -14,6 +14,8 @@ use core::mem::size_of;
 use ipq_common::addr::AddrKey;
 
 const ETH_HEADER_LEN: usize = 14;
+/// Where the Ethernet source address starts.
+pub const SOURCE_MAC_OFFSET: usize = 6;
 const ETHERTYPE_OFFSET: usize = 12;
 const VLAN_TAG_LEN: usize = 4;
 
@@ -115,7 +117,7 @@ impl Frame {
 
     /// Reads a `T` at `offset`, if the whole of it lies inside the packet.
     #[inline(always)]
-    fn load<T: Copy>(&self, offset: usize) -> Option<T> {
+    pub fn load<T: Copy>(&self, offset: usize) -> Option<T> {
         let at = self.start + offset;
         if at + size_of::<T>() > self.end {
             return None;
@@ -167,9 +169,10 @@ impl Packet {
     }
 }
 
+/// The parse of a frame. The source MAC is not part of it: only a sample reports it, and a
+/// sample reads it from the frame itself ([`SOURCE_MAC_OFFSET`]), so no packet pays for the copy.
 pub struct Parsed {
     pub packet: Packet,
-    pub src_mac: [u8; 6],
     /// An IPv6 extension-header chain or ICMPv6 message ran past the end of the frame's linear
     /// bytes, so only the addresses were judged: a TC program pulls more and parses again.
     pub cut: bool,
@@ -182,7 +185,6 @@ fn is_vlan(ethertype: u16) -> bool {
 
 #[inline(always)]
 pub fn parse(frame: &Frame) -> Option<Parsed> {
-    let src_mac: [u8; 6] = frame.load(6)?;
     let mut ethertype_at = ETHERTYPE_OFFSET;
     let mut ethertype = u16::from_be(frame.load::<u16>(ethertype_at)?);
     // Outer (802.1ad or 802.1Q) and inner tag; a third tag is not parsed and passes.
@@ -201,11 +203,7 @@ pub fn parse(frame: &Frame) -> Option<Parsed> {
         ETH_P_ARP => (parse_arp(frame, l3)?, false),
         _ => return None,
     };
-    Some(Parsed {
-        packet,
-        src_mac,
-        cut,
-    })
+    Some(Parsed { packet, cut })
 }
 
 #[inline(always)]

@@ -11,7 +11,7 @@ use ipq_common::{
 };
 
 use crate::{
-    act::{act, Seen},
+    act::{act, Hooked, Seen},
     maps,
     parse::{parse, Frame, Kind},
     Verdict,
@@ -19,7 +19,7 @@ use crate::{
 
 /// Headers every packet needs linear: Ethernet, two VLAN tags, IPv6, ICMPv6 up to the NDP
 /// target. A non-linear skb (a GSO flow's head holds little more) pulls this much.
-const HEADERS_MIN: u32 = 14 + 8 + 40 + 24;
+pub const HEADERS_MIN: u32 = 14 + 8 + 40 + 24;
 /// With an extension-header chain in front of ICMPv6 (8 bytes to 2 KiB each): 512 bytes holds
 /// any chain a real stack sends. Pulled only when a parse was cut short by the linear end, so
 /// a pod cannot hide an advertisement behind a chain in a head it made short on purpose.
@@ -38,36 +38,36 @@ pub fn try_workload(ctx: &TcContext, hook: Hook) -> Verdict {
             None => return Verdict::Pass,
         }
     }
-    let ifindex = unsafe { (*ctx.skb.skb).ifindex };
+    let ifindex = ctx.ifindex();
     let own = maps::iface_entry(ifindex);
     let seen = Seen {
         ctx,
         hook,
-        ifindex,
         len: ctx.len(),
-        src_mac: &parsed.src_mac,
     };
     let packet = parsed.packet;
     match (hook, packet.kind) {
         // What the workload sends: its source address (the sender of its ARP), and the target
         // of what it advertises.
         (Hook::TcIngress, Kind::Ip | Kind::Arp | Kind::Solicitation) => {
-            check(&seen, own, &packet.src)
+            check(&seen, ifindex, own, &packet.src)
         }
-        (Hook::TcIngress, Kind::Advertisement) => match check(&seen, own, &packet.src) {
+        (Hook::TcIngress, Kind::Advertisement) => match check(&seen, ifindex, own, &packet.src) {
             Verdict::Drop => Verdict::Drop,
-            Verdict::Pass => check(&seen, own, &packet.target),
+            Verdict::Pass => check(&seen, ifindex, own, &packet.target),
         },
         // ARP a workload receives is harmless: its answers are judged on ingress.
         (_, Kind::Arp) => Verdict::Pass,
-        (_, Kind::Ip | Kind::Solicitation | Kind::Advertisement) => check(&seen, own, &packet.dst),
+        (_, Kind::Ip | Kind::Solicitation | Kind::Advertisement) => {
+            check(&seen, ifindex, own, &packet.dst)
+        }
     }
 }
 
 /// Makes up to `max` bytes of headers linear when the skb is not (direct packet access sees
 /// only the head); returns whether it pulled.
 #[inline(always)]
-fn pull_headers(ctx: &TcContext, max: u32) -> bool {
+pub fn pull_headers(ctx: &TcContext, max: u32) -> bool {
     let linear = (ctx.data_end() - ctx.data()) as u32;
     let len = ctx.len();
     if linear < len && linear < max {
@@ -79,7 +79,12 @@ fn pull_headers(ctx: &TcContext, max: u32) -> bool {
 }
 
 #[inline(always)]
-fn check(seen: &Seen<TcContext>, own: Option<&IfaceEntry>, addr: &AddrKey) -> Verdict {
+fn check(
+    seen: &Seen<TcContext>,
+    ifindex: u32,
+    own: Option<&IfaceEntry>,
+    addr: &AddrKey,
+) -> Verdict {
     // The fast path: one of the interface's own conflict-free addresses.
     if let Some(own) = own {
         if own.owns(addr) {
@@ -90,8 +95,8 @@ fn check(seen: &Seen<TcContext>, own: Option<&IfaceEntry>, addr: &AddrKey) -> Ve
         return Verdict::Pass;
     };
     let reason = match seen.hook {
-        Hook::TcIngress => workload_sends(seen.ifindex, unsafe { &*entry }),
-        _ => workload_receives(seen.ifindex, unsafe { &*entry }),
+        Hook::TcIngress => workload_sends(ifindex, unsafe { &*entry }),
+        _ => workload_receives(ifindex, unsafe { &*entry }),
     };
     match reason {
         Some(reason) => act(seen, addr, entry, reason),

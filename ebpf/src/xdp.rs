@@ -24,9 +24,7 @@ pub fn try_uplink(ctx: &XdpContext) -> Verdict {
     let seen = Seen {
         ctx,
         hook: Hook::Xdp,
-        ifindex: ctx.ingress_ifindex() as u32,
         len: frame.len(),
-        src_mac: &parsed.src_mac,
     };
     let packet = parsed.packet;
     match packet.kind {

@@ -6,6 +6,8 @@
 //!
 //! - `BPF_PROG_TEST_RUN` of every path (ns per run, the kernel's mean over `--repeat` runs),
 //!   each next to the empty program of its hook measured in the same trial, and the ratio.
+//!   Drops are also measured against the floor programs (the same parse and lookups, then
+//!   DROP): `<drop>_over_floor` is what ipq's counting, stamping and sampling add.
 //! - veth packets per second from a pod to the node with no program, the empty TC program,
 //!   ipq's TC ingress program, and an nftables netdev set of the same size (at the largest size).
 //!
@@ -118,6 +120,9 @@ struct Figure {
     program: &'static str,
     frames: Vec<Vec<u8>>,
     compare: bool,
+    /// The figure of the floor program with the same frames: a drop is also reported as a
+    /// ratio to it (`<name>_over_floor`), which is the part of a drop ipq's own work costs.
+    floor: Option<&'static str>,
 }
 
 fn frame4(src: Ipv4Addr, dst: Ipv4Addr) -> Vec<u8> {
@@ -156,6 +161,11 @@ fn figures() -> Vec<Figure> {
         program,
         frames,
         compare,
+        floor: None,
+    };
+    let drop = |name, hook, program, frames, floor| Figure {
+        floor: Some(floor),
+        ..f(name, hook, program, frames, true)
     };
     let (ingress, egress, xdp) = (
         names::PROG_TC_INGRESS,
@@ -221,22 +231,52 @@ fn figures() -> Vec<Figure> {
             vec![frame6(UNKNOWN6, PEER6)],
             true,
         ),
+        // The floors of the drops below: the same parse and lookups, then DROP, nothing else.
         f(
-            "tc_drop_fenced_v4",
+            "tc_floor_fenced_v4",
             Tc,
-            ingress,
+            names::PROG_TC_FLOOR,
             vec![frame4(FENCED4, peer4)],
             true,
         ),
         f(
+            "tc_floor_fenced_v6",
+            Tc,
+            names::PROG_TC_FLOOR,
+            vec![frame6(FENCED6, PEER6)],
+            true,
+        ),
+        f(
+            "xdp_floor_stale_v4",
+            Xdp,
+            names::PROG_XDP_FLOOR,
+            vec![frame4(peer4, STALE4)],
+            true,
+        ),
+        f(
+            "xdp_floor_stale_v6",
+            Xdp,
+            names::PROG_XDP_FLOOR,
+            vec![frame6(PEER6, STALE6)],
+            true,
+        ),
+        drop(
+            "tc_drop_fenced_v4",
+            Tc,
+            ingress,
+            vec![frame4(FENCED4, peer4)],
+            "tc_floor_fenced_v4",
+        ),
+        drop(
             "tc_drop_fenced_v6",
             Tc,
             ingress,
             vec![frame6(FENCED6, PEER6)],
-            true,
+            "tc_floor_fenced_v6",
         ),
-        // The floor of any XDP drop: parse and one hash lookup, nothing else (an ARP reply from
-        // an unknown sender is a remote-claim check, which has no filter in front of it).
+        // Parse and one hash lookup that misses, nothing else (an ARP reply from an unknown
+        // sender is a remote-claim check, which has no filter in front of it). A drop's lookup
+        // hits, which costs more (the key compare): its floor is `xdp_floor_stale_*`.
         f(
             "xdp_lookup_miss_arp",
             Xdp,
@@ -244,19 +284,19 @@ fn figures() -> Vec<Figure> {
             vec![arp_reply(UNKNOWN4, peer4)],
             true,
         ),
-        f(
+        drop(
             "xdp_drop_stale_v4",
             Xdp,
             xdp,
             vec![frame4(peer4, STALE4)],
-            true,
+            "xdp_floor_stale_v4",
         ),
-        f(
+        drop(
             "xdp_drop_stale_v6",
             Xdp,
             xdp,
             vec![frame6(PEER6, STALE6)],
-            true,
+            "xdp_floor_stale_v6",
         ),
     ]
 }
@@ -331,6 +371,16 @@ fn load(bpffs: &BpffsDir, capacity: u32) -> anyhow::Result<Datapath> {
         .context("empty XDP program missing")?
         .try_into()?;
     xdp.load()?;
+    let tc: &mut SchedClassifier = dp
+        .program_mut(names::PROG_TC_FLOOR)
+        .context("TC floor program missing")?
+        .try_into()?;
+    tc.load()?;
+    let xdp: &mut Xdp = dp
+        .program_mut(names::PROG_XDP_FLOOR)
+        .context("XDP floor program missing")?
+        .try_into()?;
+    xdp.load()?;
     Ok(dp)
 }
 
@@ -358,6 +408,10 @@ fn test_runs(dp: &mut Datapath, args: &Args, here: u32, other: u32) -> anyhow::R
                     };
                     let ratio_name = format!("{}_ratio", figure.name);
                     emit(&ratio_name, size, "x", trial, value / empty);
+                }
+                if let Some(floor) = figure.floor {
+                    let floor_name = format!("{}_over_floor", figure.name);
+                    emit(&floor_name, size, "x", trial, value / ns[floor]);
                 }
             }
         }
