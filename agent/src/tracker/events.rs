@@ -25,15 +25,17 @@ impl Tracker {
                 self.net.apply(&event);
                 // Also on a rename: a veth renamed into (or out of) a workload glob changes role.
                 self.attach(*ifindex, name);
+                self.observe_protection();
             }
             NetEvent::LinkGone { ifindex } => {
-                let known = self.net.links.contains_key(ifindex);
+                let known = self.net.has_link(*ifindex);
                 self.net.apply(&event);
                 self.pending.forget_interface(*ifindex);
                 if known {
                     let result = self.registry.holder_gone(*ifindex);
                     self.apply(result, "interface deleted");
                     self.attacher.forget(*ifindex);
+                    self.observe_protection();
                 }
             }
             NetEvent::HostRoute { addr, ifindex } => {
@@ -70,14 +72,8 @@ impl Tracker {
             }
             NetEvent::Fdb { mac, .. } => {
                 self.net.apply(&event);
-                let addrs: Vec<IpAddr> = self
-                    .net
-                    .neighbours
-                    .iter()
-                    .filter(|(_, m)| m.as_ref() == Some(mac))
-                    .map(|((addr, _), _)| *addr)
-                    .collect();
-                for addr in addrs {
+                // The addresses resolved to this MAC, from the MAC index: not a scan.
+                for addr in self.net.addresses_with_mac(mac) {
                     self.claim_behind_bridge_port(addr);
                 }
             }
@@ -133,7 +129,7 @@ impl Tracker {
                 }
                 break;
             };
-            let still_there = self.net.host_routes.contains(&(addr, holder.ifindex))
+            let still_there = self.net.has_host_route(addr, holder.ifindex)
                 || self.net.port_of(addr) == Some(holder.ifindex);
             if !still_there || self.net.is_node_address(addr) {
                 continue;
@@ -157,10 +153,8 @@ impl Tracker {
     fn rescan_unclaimed_routes(&mut self) {
         let unclaimed: Vec<(IpAddr, u32)> = self
             .net
-            .host_routes
-            .iter()
+            .host_routes()
             .filter(|(addr, _)| self.registry.get(*addr).is_none())
-            .copied()
             .collect();
         for (addr, ifindex) in unclaimed {
             if let Some(holder) = self.workload_holder(ifindex) {
@@ -227,6 +221,7 @@ impl Tracker {
         let result = self.registry.tick();
         self.apply(result, "cool-down over");
         self.update_gauges();
+        self.observe_protection();
     }
 
     /// Carries the kernel's stale-traffic stamps of the quarantines due now into the registry,

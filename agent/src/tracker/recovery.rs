@@ -168,7 +168,7 @@ impl Tracker {
             .flat_map(|r| r.live_holders().map(|h| h.ifindex).collect::<Vec<_>>())
             .collect();
         for ifindex in holders {
-            if !self.net.links.contains_key(&ifindex) {
+            if !self.net.has_link(ifindex) {
                 let result = self.registry.holder_gone(ifindex);
                 self.apply(result, "holder gone while the agent was down");
             }
@@ -176,6 +176,7 @@ impl Tracker {
         // The datapath mirrors the registry exactly, whatever an earlier agent left.
         self.sync_datapath();
         self.update_gauges();
+        self.observe_protection();
     }
 
     /// Rewrites every datapath entry from the registry, removing what it does not hold.
