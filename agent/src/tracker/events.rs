@@ -18,14 +18,24 @@ use crate::{
 };
 
 impl Tracker {
-    /// One netlink event.
+    /// One netlink event, with the gauges it changes.
     pub fn on_event(&mut self, event: NetEvent) {
+        let attacher_changed = self.apply_event(event);
+        self.update_gauges();
+        if attacher_changed {
+            self.observe_protection();
+        }
+    }
+
+    /// One netlink event, without the gauges (a resync updates them once after all its
+    /// events); returns whether it changed what the attacher wants.
+    pub(super) fn apply_event(&mut self, event: NetEvent) -> bool {
         match &event {
             NetEvent::Link { ifindex, name } => {
                 self.net.apply(&event);
                 // Also on a rename: a veth renamed into (or out of) a workload glob changes role.
                 self.attach(*ifindex, name);
-                self.observe_protection();
+                return true;
             }
             NetEvent::LinkGone { ifindex } => {
                 let known = self.net.has_link(*ifindex);
@@ -35,7 +45,7 @@ impl Tracker {
                     let result = self.registry.holder_gone(*ifindex);
                     self.apply(result, "interface deleted");
                     self.attacher.forget(*ifindex);
-                    self.observe_protection();
+                    return true;
                 }
             }
             NetEvent::HostRoute { addr, ifindex } => {
@@ -84,7 +94,7 @@ impl Tracker {
             }
             NetEvent::Overrun => {}
         }
-        self.update_gauges();
+        false
     }
 
     /// A claim seen on netlink. An address the node itself holds is never a workload's; a

@@ -159,8 +159,10 @@ impl Tracker {
     /// quarantines the addresses of holders whose interfaces went away while no agent ran.
     pub fn reconcile(&mut self, state: NetState) {
         let events = self.net.diff(&state);
+        // The gauges once at the end: per event they would make a cold start with n links
+        // O(n²).
         for event in events {
-            self.on_event(event);
+            self.apply_event(event);
         }
         let holders: Vec<u32> = self
             .registry

@@ -457,6 +457,17 @@ fn protection_gauges_follow_links_but_routes_and_requests_never_walk_the_interfa
     assert_eq!(unprotected(&t, "tc_ingress"), 200);
     t.tick();
     assert_eq!(t.protection_observed.get(), observed + 2);
+    // A resync that brings 300 new links walks the interfaces once, not once per link.
+    let mut dump = crate::netlink::NetState::default();
+    for n in 0..300 {
+        dump.apply(&NetEvent::Link {
+            ifindex: 1000 + n,
+            name: format!("vethr{n}"),
+        });
+    }
+    t.reconcile(dump);
+    assert_eq!(t.protection_observed.get(), observed + 3);
+    assert_eq!(unprotected(&t, "tc_ingress"), 300);
 }
 
 /// Records as an older agent journaled them, written through the journal's own commit.
