@@ -101,6 +101,73 @@ impl<K: Ord + Copy, V> ByInterface<K, V> {
     }
 }
 
+/// (interface, key) pairs, interface first: an interface's keys are one range of the set, so
+/// no second index (and no second copy of every key) is needed to remove them. For what is
+/// only ever looked up by (key, interface) exactly, or by interface.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InterfaceSet<K: Ord> {
+    entries: BTreeSet<(u32, K)>,
+}
+
+impl<K: Ord> Default for InterfaceSet<K> {
+    fn default() -> Self {
+        Self {
+            entries: BTreeSet::new(),
+        }
+    }
+}
+
+impl<K: Ord + Copy + Bounded> InterfaceSet<K> {
+    /// Adds (key, ifindex); returns whether it is new.
+    pub fn insert(&mut self, key: K, ifindex: u32) -> bool {
+        self.entries.insert((ifindex, key))
+    }
+
+    pub fn remove(&mut self, key: K, ifindex: u32) -> bool {
+        self.entries.remove(&(ifindex, key))
+    }
+
+    pub fn contains(&self, key: K, ifindex: u32) -> bool {
+        self.entries.contains(&(ifindex, key))
+    }
+
+    /// Removes every key of `ifindex`: O(k log n) for its k keys.
+    pub fn remove_interface(&mut self, ifindex: u32) {
+        let keys: Vec<(u32, K)> = self
+            .entries
+            .range((ifindex, K::MIN)..=(ifindex, K::MAX))
+            .copied()
+            .collect();
+        for key in keys {
+            self.entries.remove(&key);
+        }
+    }
+
+    /// Every (key, interface) in (interface, key) order: a full scan, for a resync's diff and
+    /// the rare rescan only.
+    pub fn iter(&self) -> impl Iterator<Item = (K, u32)> + '_ {
+        note_full_scan();
+        self.entries.iter().map(|(ifindex, key)| (*key, *ifindex))
+    }
+
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+}
+
+/// A key type's least and greatest values, to bound a range over one interface's keys.
+pub trait Bounded {
+    const MIN: Self;
+    const MAX: Self;
+}
+
+impl Bounded for std::net::IpAddr {
+    // Every IPv4 address orders before every IPv6 one.
+    const MIN: Self = std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED);
+    const MAX: Self = std::net::IpAddr::V6(std::net::Ipv6Addr::from_bits(u128::MAX));
+}
+
 #[cfg(test)]
 thread_local! {
     static FULL_SCANS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };

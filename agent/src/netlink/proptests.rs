@@ -149,7 +149,8 @@ fn agrees(state: &NetState, model: &Model) -> Result<(), TestCaseError> {
     for m in (0..MACS).map(mac) {
         prop_assert_eq!(state.addresses_with_mac(&m), model.addresses_with_mac(&m));
     }
-    let routes: Vec<(IpAddr, u32)> = state.host_routes().collect();
+    let mut routes: Vec<(IpAddr, u32)> = state.host_routes().collect();
+    routes.sort_unstable();
     let modelled: Vec<(IpAddr, u32)> = model.host_routes.iter().copied().collect();
     prop_assert_eq!(routes, modelled);
     let entries = model.links.len()

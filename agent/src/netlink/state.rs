@@ -12,14 +12,18 @@ use std::{
     net::IpAddr,
 };
 
-use super::{indexed::ByInterface, Mac, NetEvent};
+use super::{
+    indexed::{ByInterface, InterfaceSet},
+    Mac, NetEvent,
+};
 
 /// Everything the tracker needs from one dump, and then from the events.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct NetState {
     links: BTreeMap<u32, String>,
-    /// Workload host routes: (address, interface).
-    host_routes: ByInterface<IpAddr, ()>,
+    /// Workload host routes, as many as there are pods: keyed interface first, so that they
+    /// need no second index (only ever looked up by (address, interface) or interface).
+    host_routes: InterfaceSet<IpAddr>,
     /// Addresses configured on the node's interfaces: (address, interface).
     node_addresses: ByInterface<IpAddr, ()>,
     /// Resolved neighbours: (address, interface) → link-layer address.
@@ -46,9 +50,7 @@ impl NetState {
 
     /// Every host route: a full scan, for the rare rescan after the pending queue overflowed.
     pub fn host_routes(&self) -> impl Iterator<Item = (IpAddr, u32)> + '_ {
-        self.host_routes
-            .iter()
-            .map(|(addr, ifindex, _)| (addr, ifindex))
+        self.host_routes.iter()
     }
 
     /// Whether the node itself holds `addr` (configured on any of its interfaces).
@@ -98,12 +100,8 @@ impl NetState {
                 self.fdb.remove_interface(*ifindex);
                 removed
             }
-            NetEvent::HostRoute { addr, ifindex } => {
-                self.host_routes.insert(*addr, *ifindex, ()).is_none()
-            }
-            NetEvent::HostRouteGone { addr, ifindex } => {
-                self.host_routes.remove(*addr, *ifindex).is_some()
-            }
+            NetEvent::HostRoute { addr, ifindex } => self.host_routes.insert(*addr, *ifindex),
+            NetEvent::HostRouteGone { addr, ifindex } => self.host_routes.remove(*addr, *ifindex),
             NetEvent::NodeAddress { addr, ifindex } => {
                 self.node_addresses.insert(*addr, *ifindex, ()).is_none()
             }
@@ -174,7 +172,7 @@ impl NetState {
                 events.push(NetEvent::NodeAddressGone { addr, ifindex });
             }
         }
-        for (addr, ifindex, _) in self.host_routes.iter() {
+        for (addr, ifindex) in self.host_routes.iter() {
             if !next.host_routes.contains(addr, ifindex) {
                 events.push(NetEvent::HostRouteGone { addr, ifindex });
             }
@@ -211,7 +209,7 @@ impl NetState {
                 events.push(NetEvent::NodeAddress { addr, ifindex });
             }
         }
-        for (addr, ifindex, _) in next.host_routes.iter() {
+        for (addr, ifindex) in next.host_routes.iter() {
             if !kept(ifindex, self.host_routes.contains(addr, ifindex)) {
                 events.push(NetEvent::HostRoute { addr, ifindex });
             }
@@ -232,7 +230,6 @@ impl NetState {
     /// Whether every index lists exactly what its entries say; for tests.
     #[cfg(test)]
     pub fn check_indexes(&self) -> Result<(), String> {
-        self.host_routes.check_index()?;
         self.node_addresses.check_index()?;
         self.neighbours.check_index()?;
         self.fdb.check_index()?;
