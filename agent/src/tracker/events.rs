@@ -34,8 +34,7 @@ impl Tracker {
             NetEvent::Link { ifindex, name } => {
                 self.net.apply(&event);
                 // Also on a rename: a veth renamed into (or out of) a workload glob changes role.
-                self.attach(*ifindex, name);
-                return true;
+                return self.attach(*ifindex, name);
             }
             NetEvent::LinkGone { ifindex } => {
                 let known = self.net.has_link(*ifindex);
@@ -201,12 +200,21 @@ impl Tracker {
 
     /// Asks for `ifindex` to be protected in the role its name gives it (or forgotten, when
     /// its name no longer matches the configuration); the attach itself runs off this loop.
-    pub(super) fn attach(&mut self, ifindex: u32, name: &str) {
+    /// Returns whether that changed what the attacher wants (most link events, an operstate
+    /// or carrier change, do not).
+    pub(super) fn attach(&mut self, ifindex: u32, name: &str) -> bool {
+        let wanted = |t: &Tracker| {
+            t.attacher
+                .target(ifindex)
+                .map(|target| (target.name.clone(), target.role))
+        };
+        let before = wanted(self);
         match self.role(name) {
             Some(Role::Workload) => self.attacher.want(ifindex, name, attach::Role::Workload),
             Some(Role::Uplink) => self.attacher.want(ifindex, name, attach::Role::Uplink),
             None => self.attacher.release(ifindex),
         }
+        wanted(self) != before
     }
 
     /// Detaches what earlier agents attached and no configured interface needs now.

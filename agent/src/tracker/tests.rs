@@ -437,6 +437,8 @@ fn protection_gauges_follow_links_but_routes_and_requests_never_walk_the_interfa
         .expect("claimed");
     assert_eq!(unprotected(&t, "tc_ingress"), 201);
     let observed = t.protection_observed.get();
+    // A link event that changes nothing ipq wants (carrier, operstate) is not a change.
+    link(&mut t, 100, "veth0");
     for n in 0..200u32 {
         let [_, _, hi, lo] = n.to_be_bytes();
         t.on_event(NetEvent::HostRoute {
