@@ -111,8 +111,11 @@ async fn forward_kernel_logs(logger: KernelLogger) -> Result<(), AgentError> {
     }
 }
 
-/// Sleeps until the registry's next deadline or the next attach retry, at most `MAX_TICK`.
-fn tick_delay(tracker: &Tracker) -> Duration {
+/// Sleeps until the registry's next deadline or the next attach retry, and at most until
+/// `MAX_TICK` after the last tick: the sleep starts again on every event, so a steady stream of
+/// events less than `MAX_TICK` apart must not put off the periodic work (spool replay,
+/// readiness) for ever.
+fn tick_delay(tracker: &Tracker, last_tick: std::time::Instant) -> Duration {
     let now = netdev::monotonic_ns();
     let retry = tracker.attacher().next_retry().map_or(MAX_TICK, |at| {
         at.saturating_duration_since(std::time::Instant::now())
@@ -120,7 +123,7 @@ fn tick_delay(tracker: &Tracker) -> Duration {
     tracker
         .next_deadline()
         .map_or(MAX_TICK, |at| Duration::from_nanos(at.saturating_sub(now)))
-        .min(MAX_TICK)
+        .min(MAX_TICK.saturating_sub(last_tick.elapsed()))
         .min(retry)
 }
 
@@ -266,8 +269,9 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
     };
     let mut sigterm = signal(SignalKind::terminate()).map_err(signal_err)?;
     let mut sigint = signal(SignalKind::interrupt()).map_err(signal_err)?;
+    let mut last_tick = std::time::Instant::now();
     loop {
-        let delay = tick_delay(&tracker);
+        let delay = tick_delay(&tracker, last_tick);
         tokio::select! {
             _ = sigterm.recv() => break,
             _ = sigint.recv() => break,
@@ -323,6 +327,7 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
                     .for_each(|answer| answer(saved.as_ref().map(|_| ()).map_err(String::as_str)));
             }
             _ = tokio::time::sleep(delay) => {
+                last_tick = std::time::Instant::now();
                 tracker.tick();
                 replay_spool(&mut tracker, &spool_dir);
             }

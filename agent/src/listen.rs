@@ -7,6 +7,9 @@
 //! - each listener serves at most a fixed number of connections at once; one more is closed
 //!   the moment it is accepted, so idle clients can never take the descriptors the agent needs
 //!   for its journal, netlink and BPF;
+//! - the metrics port, open to the node's network, serves at most
+//!   [`METRICS_MAX_PER_PEER`] of those from any one peer address, so one peer cannot take every
+//!   slot from the scrapers and probes;
 //! - a failed `accept` (out of descriptors) backs off instead of spinning, and its log line is
 //!   rate-limited;
 //! - a client that shuts down its write side after its request still gets the answer;
@@ -14,10 +17,12 @@
 //!   [`WRITE_STALL_TIMEOUT`]: otherwise it would hold its slot for as long as it likes.
 
 use std::{
+    collections::HashMap,
     future::Future as _,
     io,
+    net::IpAddr,
     pin::Pin,
-    sync::Arc,
+    sync::{Arc, Mutex},
     task::{Context, Poll},
     time::{Duration, Instant},
 };
@@ -37,6 +42,10 @@ pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Connections the metrics port serves at once: a Prometheus or two and the kubelet's probes.
 pub const METRICS_MAX_CONNECTIONS: usize = 64;
+
+/// Connections the metrics port serves at once from one peer address: a scraper and a probe
+/// or two each; what is left stays for the others.
+pub const METRICS_MAX_PER_PEER: usize = 8;
 
 /// Connections the API socket serves at once: bursts of CNI ADDs and DELs, the CLI, event
 /// followers.
@@ -97,9 +106,48 @@ pub struct Guard {
     name: &'static str,
     max: usize,
     slots: Arc<Semaphore>,
+    /// At most this many connections per peer address, for a listener open to the network.
+    per_peer: Option<usize>,
+    peers: PeerCounts,
     backoff: Duration,
     accept_errors: RateLimited,
     refusals: RateLimited,
+    peer_refusals: RateLimited,
+}
+
+/// Connections open per peer address. At most one entry per open connection (an address with
+/// none has no entry), so it is as bounded as the listener's slots.
+#[derive(Clone, Debug, Default)]
+struct PeerCounts(Arc<Mutex<HashMap<IpAddr, usize>>>);
+
+impl PeerCounts {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<IpAddr, usize>> {
+        // A panic while counting leaves correct counts (each update is one statement).
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// A connection's hold on its listener: a slot, and its share of its peer's allowance.
+#[derive(Debug)]
+pub struct Admission {
+    _slot: OwnedSemaphorePermit,
+    peer: Option<(PeerCounts, IpAddr)>,
+}
+
+impl Drop for Admission {
+    fn drop(&mut self) {
+        if let Some((counts, peer)) = self.peer.take() {
+            let mut counts = counts.lock();
+            if let Some(n) = counts.get_mut(&peer) {
+                *n -= 1;
+                if *n == 0 {
+                    counts.remove(&peer);
+                }
+            }
+        }
+    }
 }
 
 impl Guard {
@@ -108,10 +156,59 @@ impl Guard {
             name,
             max,
             slots: Arc::new(Semaphore::new(max)),
+            per_peer: None,
+            peers: PeerCounts::default(),
             backoff: BACKOFF_MIN,
             accept_errors: RateLimited::new(LOG_PERIOD),
             refusals: RateLimited::new(LOG_PERIOD),
+            peer_refusals: RateLimited::new(LOG_PERIOD),
         }
+    }
+
+    /// A guard that also serves at most `per_peer` connections from any one peer address.
+    pub fn with_peer_limit(name: &'static str, max: usize, per_peer: usize) -> Self {
+        Self {
+            per_peer: Some(per_peer),
+            ..Self::new(name, max)
+        }
+    }
+
+    /// A slot for the connection just accepted from `peer`, held for its lifetime; `None` when
+    /// `peer` already has its allowance open or every slot is taken, and the caller closes
+    /// the connection at once. (A peer over its allowance takes no slot from the others.)
+    pub fn admit_from(&mut self, peer: IpAddr) -> Option<Admission> {
+        let peer = peer.to_canonical();
+        let Some(per_peer) = self.per_peer else {
+            return self.admit().map(|slot| Admission {
+                _slot: slot,
+                peer: None,
+            });
+        };
+        let open = self.peers.lock().get(&peer).copied().unwrap_or(0);
+        if open >= per_peer {
+            self.backoff = BACKOFF_MIN;
+            if let Some(n) = self.peer_refusals.allow(Instant::now()) {
+                warn!(
+                    "{}: {per_peer} connections open from {peer}, the most one peer gets: \
+                     closing its new ones until some finish or time out{}",
+                    self.name,
+                    held_back(n)
+                );
+            }
+            return None;
+        }
+        let slot = self.admit()?;
+        *self.peers.lock().entry(peer).or_insert(0) += 1;
+        Some(Admission {
+            _slot: slot,
+            peer: Some((self.peers.clone(), peer)),
+        })
+    }
+
+    /// Peer addresses with a connection open; for tests.
+    #[cfg(test)]
+    fn peers_open(&self) -> usize {
+        self.peers.lock().len()
     }
 
     /// After `accept` failed: logs (rate-limited) and waits, longer after each failure in a
@@ -280,6 +377,40 @@ mod tests {
         assert!(guard.admit().is_none());
         drop(a);
         assert!(guard.admit().is_some());
+    }
+
+    #[tokio::test]
+    async fn one_peer_gets_its_allowance_and_leaves_the_rest_to_others() {
+        let mut guard = Guard::with_peer_limit("test", 10, 3);
+        let greedy: IpAddr = "192.0.2.7".parse().unwrap();
+        let mut held: Vec<Admission> = (0..3).map(|_| guard.admit_from(greedy).unwrap()).collect();
+        assert!(guard.admit_from(greedy).is_none(), "a fourth from one peer");
+        // The same peer as IPv4-mapped IPv6 (a dual-stack listener) is the same peer.
+        assert!(guard
+            .admit_from("::ffff:192.0.2.7".parse().unwrap())
+            .is_none());
+        // Its refusals took no slot: the other 7 are there for everyone else.
+        let others: Vec<Admission> = (0..7)
+            .map(|i| {
+                guard
+                    .admit_from(IpAddr::from([192, 0, 2, 100 + i]))
+                    .unwrap()
+            })
+            .collect();
+        assert!(
+            guard.admit_from("192.0.2.200".parse().unwrap()).is_none(),
+            "all 10 taken"
+        );
+        held.pop();
+        assert!(guard.admit_from(greedy).is_some(), "its slot came back");
+        drop(held);
+        drop(others);
+        assert_eq!(
+            guard.peers_open(),
+            0,
+            "no peer is remembered once its connections end"
+        );
+        assert!(guard.admit_from(greedy).is_some());
     }
 
     #[tokio::test]

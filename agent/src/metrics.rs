@@ -122,6 +122,7 @@ pub struct Metrics {
     pub conntrack_entries_flushed: IntCounter,
     pub neighbours_flushed: IntCounter,
     pub announcements: IntCounter,
+    pub announcements_rate_limited: IntCounter,
     pub hygiene_failures: IntCounterVec,
     lost: LostCounts,
     /// `ipq_ready`, also what `/readyz` answers from: `started` and no `blocker`.
@@ -377,6 +378,14 @@ impl Metrics {
                  (one per interface sent on).",
             )?,
         )?;
+        let announcements_rate_limited = registered(
+            &registry,
+            IntCounter::new(
+                "ipq_announcements_rate_limited_total",
+                "New holders not announced because `announce_per_second` was used up (one per \
+                 address; its hygiene report says so in `announce_skipped`).",
+            )?,
+        )?;
         let hygiene_failures = registered(
             &registry,
             IntCounterVec::new(
@@ -399,6 +408,7 @@ impl Metrics {
             conntrack_entries_flushed,
             neighbours_flushed,
             announcements,
+            announcements_rate_limited,
             hygiene_failures,
             datapath_interfaces,
             unprotected_interfaces,

@@ -4,10 +4,10 @@
 //! This module only observes and translates; deciding what an event means for an address is
 //! the tracker's job. Message translation is pure so it is unit tested without a kernel.
 
-use std::{
-    collections::{BTreeMap, BTreeSet},
-    net::IpAddr,
-};
+mod indexed;
+mod state;
+
+use std::net::IpAddr;
 
 use futures::{StreamExt, TryStreamExt};
 use netlink_packet_route::{
@@ -24,6 +24,10 @@ use thiserror::Error;
 use tokio::sync::mpsc;
 
 use crate::addr_class::is_workload_address;
+
+#[cfg(test)]
+pub use indexed::full_scans;
+pub use state::NetState;
 
 #[derive(Debug, Error)]
 pub enum NetlinkError {
@@ -96,137 +100,6 @@ pub enum NetEvent {
 
 /// An Ethernet address.
 pub type Mac = [u8; 6];
-
-/// Everything the tracker needs from one dump.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct NetState {
-    pub links: BTreeMap<u32, String>,
-    pub host_routes: BTreeSet<(IpAddr, u32)>,
-    /// Addresses configured on the node's interfaces, with the interface.
-    pub node_addresses: BTreeSet<(IpAddr, u32)>,
-    /// (address, interface) → link-layer address, for resolved neighbours.
-    pub neighbours: BTreeMap<(IpAddr, u32), Option<Mac>>,
-    /// Learned (not local) bridge FDB entries: MAC → port.
-    pub fdb: BTreeMap<Mac, u32>,
-}
-
-impl NetState {
-    /// Whether the node itself holds `addr` (configured on any of its interfaces).
-    pub fn is_node_address(&self, addr: IpAddr) -> bool {
-        self.node_addresses
-            .range((addr, 0)..=(addr, u32::MAX))
-            .next()
-            .is_some()
-    }
-
-    /// The bridge port behind which `addr` lives: its neighbour entry's MAC, looked up in the
-    /// bridge's forwarding database. This is how holders are found on bridge-plugin nodes,
-    /// where pod addresses have no host routes.
-    pub fn port_of(&self, addr: IpAddr) -> Option<u32> {
-        // The entries of `addr` are adjacent in the map: a range, not a scan of every neighbour.
-        self.neighbours
-            .range((addr, u32::MIN)..=(addr, u32::MAX))
-            .find_map(|(_, mac)| self.fdb.get(mac.as_ref()?).copied())
-    }
-}
-
-impl NetState {
-    /// Applies one event; returns whether it changed anything.
-    pub fn apply(&mut self, event: &NetEvent) -> bool {
-        match event {
-            NetEvent::Link { ifindex, name } => {
-                self.links.insert(*ifindex, name.clone()).as_ref() != Some(name)
-            }
-            NetEvent::LinkGone { ifindex } => {
-                let removed = self.links.remove(ifindex).is_some();
-                self.host_routes.retain(|(_, i)| i != ifindex);
-                self.node_addresses.retain(|(_, i)| i != ifindex);
-                self.neighbours.retain(|(_, i), _| i != ifindex);
-                self.fdb.retain(|_, port| port != ifindex);
-                removed
-            }
-            NetEvent::HostRoute { addr, ifindex } => self.host_routes.insert((*addr, *ifindex)),
-            NetEvent::HostRouteGone { addr, ifindex } => {
-                self.host_routes.remove(&(*addr, *ifindex))
-            }
-            NetEvent::NodeAddress { addr, ifindex } => {
-                self.node_addresses.insert((*addr, *ifindex))
-            }
-            NetEvent::NodeAddressGone { addr, ifindex } => {
-                self.node_addresses.remove(&(*addr, *ifindex))
-            }
-            NetEvent::Neighbour { addr, ifindex, mac } => {
-                self.neighbours.insert((*addr, *ifindex), *mac) != Some(*mac)
-            }
-            NetEvent::NeighbourGone { addr, ifindex } => {
-                self.neighbours.remove(&(*addr, *ifindex)).is_some()
-            }
-            NetEvent::Fdb { mac, port } => self.fdb.insert(*mac, *port) != Some(*port),
-            NetEvent::FdbGone { mac, port } => {
-                if self.fdb.get(mac) == Some(port) {
-                    self.fdb.remove(mac);
-                    true
-                } else {
-                    false
-                }
-            }
-            NetEvent::Overrun => false,
-        }
-    }
-
-    /// The events that turn `self` into `next`: what a resync reports after lost events.
-    /// Removals come first, so that a link recreated under the same index is seen as new; the
-    /// node's own addresses come before the routes, so that none is taken for a workload's.
-    pub fn diff(&self, next: &NetState) -> Vec<NetEvent> {
-        let mut events = Vec::new();
-        for &(addr, ifindex) in self.node_addresses.difference(&next.node_addresses) {
-            events.push(NetEvent::NodeAddressGone { addr, ifindex });
-        }
-        for &(addr, ifindex) in self.host_routes.difference(&next.host_routes) {
-            events.push(NetEvent::HostRouteGone { addr, ifindex });
-        }
-        for &(addr, ifindex) in self.neighbours.keys() {
-            if !next.neighbours.contains_key(&(addr, ifindex)) {
-                events.push(NetEvent::NeighbourGone { addr, ifindex });
-            }
-        }
-        for (&mac, &port) in &self.fdb {
-            if next.fdb.get(&mac) != Some(&port) {
-                events.push(NetEvent::FdbGone { mac, port });
-            }
-        }
-        for (ifindex, name) in &self.links {
-            if next.links.get(ifindex) != Some(name) {
-                events.push(NetEvent::LinkGone { ifindex: *ifindex });
-            }
-        }
-        for (ifindex, name) in &next.links {
-            if self.links.get(ifindex) != Some(name) {
-                events.push(NetEvent::Link {
-                    ifindex: *ifindex,
-                    name: name.clone(),
-                });
-            }
-        }
-        for &(addr, ifindex) in next.node_addresses.difference(&self.node_addresses) {
-            events.push(NetEvent::NodeAddress { addr, ifindex });
-        }
-        for &(addr, ifindex) in next.host_routes.difference(&self.host_routes) {
-            events.push(NetEvent::HostRoute { addr, ifindex });
-        }
-        for (&mac, &port) in &next.fdb {
-            if self.fdb.get(&mac) != Some(&port) {
-                events.push(NetEvent::Fdb { mac, port });
-            }
-        }
-        for (&(addr, ifindex), &mac) in &next.neighbours {
-            if self.neighbours.get(&(addr, ifindex)) != Some(&mac) {
-                events.push(NetEvent::Neighbour { addr, ifindex, mac });
-            }
-        }
-        events
-    }
-}
 
 pub fn link_event(msg: &LinkMessage, new: bool) -> Option<NetEvent> {
     let ifindex = msg.header.index;
@@ -473,5 +346,7 @@ pub fn subscribe() -> Result<mpsc::UnboundedReceiver<NetEvent>, NetlinkError> {
     Ok(rx)
 }
 
+#[cfg(test)]
+mod proptests;
 #[cfg(test)]
 mod tests;

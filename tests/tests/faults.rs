@@ -9,7 +9,8 @@
 //! | state | the Debian ptp plugin dual-stack: its IPv6 gateway as a `proto kernel` /128 on every veth [M1] | the gateway is never a holder; one dual-stack reuse counts exactly 2 |
 //! | state | `state_dir` on a full tmpfs while claims and a spooled DEL arrive [M2] | `503 unavailable` naming why, spool file kept, failures counted; durable once space is back |
 //! | state | a full registry (capacity 4), then a fifth routed address [M3] | counted unprotected; claimed and enforced as soon as an entry frees |
-//! | edge | 1100 idle TCP connections to /metrics and 200 to the API, soft fd limit 1024 [H2] | fd limit raised, claims answered and saved, log small, idle ones closed |
+//! | edge | 1100 idle TCP connections to /metrics from 200 peer addresses and 200 to the API, soft fd limit 1024 [H2] | fd limit raised, claims answered and saved, log small, idle ones closed |
+//! | edge | one peer address holds 8 idle connections to /metrics and opens more | its 9th closed at once and logged; other peers served; it is served again once one ends |
 //! | edge | claims from clients that half-close their write side [L1] | every one answered 200 |
 //! | edge | the agent in its own PID namespace, a client in `api_group` only as a supplementary group [L2] | allowed; others still refused and closed at once |
 //! | edge | a `bpffs_dir`/`state_dir` owned by another user, or left 0777 [L3] | refused naming it, or tightened; the pins cannot be removed by that user |

@@ -186,6 +186,10 @@ pub struct HygieneView {
     pub neighbours: u64,
     /// Announcements sent (one per interface).
     pub announcements: u32,
+    /// Why no announcement was sent though one was due: the rate limit
+    /// (`rate-limited (announce_per_second = N)`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub announce_skipped: Option<String>,
     /// Why nothing was flushed on purpose (the node's own address).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub skipped: Option<String>,

@@ -132,7 +132,13 @@ fn hygiene_fields(pairs: &mut Vec<(String, String)>, flush: Option<&HygieneView>
     let mut sub = |key: &str, value: String| pairs.push((format!("  {key}"), value));
     sub("Conntrack entries", f.conntrack_entries.to_string());
     sub("Neighbour entries", f.neighbours.to_string());
-    sub("Announcements", f.announcements.to_string());
+    sub(
+        "Announcements",
+        match &f.announce_skipped {
+            Some(why) => format!("{}; {why}", f.announcements),
+            None => f.announcements.to_string(),
+        },
+    );
     if let Some(skipped) = &f.skipped {
         sub("Skipped", skipped.clone());
     }
@@ -150,6 +156,9 @@ fn hygiene_line(f: &HygieneView) -> String {
         "hygiene {} {}: {} conntrack entries, {} neighbours, {} announcements",
         f.address, f.trigger, f.conntrack_entries, f.neighbours, f.announcements
     );
+    if let Some(why) = &f.announce_skipped {
+        line.push_str(&format!(" (announcement {why})"));
+    }
     if let Some(skipped) = &f.skipped {
         line.push_str(&format!(" (skipped: {skipped})"));
     }

@@ -339,12 +339,29 @@ fn events_are_one_line_each() {
                 conntrack_entries: 4,
                 neighbours: 1,
                 announcements: 0,
+                announce_skipped: None,
                 skipped: None,
                 permanent_neighbours: Vec::new(),
                 errors: vec!["conntrack: ctnetlink: the kernel answered EPERM".into()],
             })),
             "hygiene 10.77.0.2 holder_gone: 4 conntrack entries, 1 neighbours, 0 announcements; \
              FAILED: conntrack: ctnetlink: the kernel answered EPERM",
+        ),
+        (
+            EventBody::Hygiene(Box::new(crate::api::model::HygieneView {
+                address: "10.77.0.3".parse().unwrap(),
+                trigger: "new_holder".into(),
+                at: String::new(),
+                conntrack_entries: 0,
+                neighbours: 0,
+                announcements: 0,
+                announce_skipped: Some("rate-limited (announce_per_second = 50)".into()),
+                skipped: None,
+                permanent_neighbours: Vec::new(),
+                errors: Vec::new(),
+            })),
+            "hygiene 10.77.0.3 new_holder: 0 conntrack entries, 0 neighbours, 0 announcements \
+             (announcement rate-limited (announce_per_second = 50))",
         ),
         (EventBody::Lost { n: 3 }, "lost 3 events"),
     ];
@@ -381,6 +398,28 @@ fn get_says_when_an_address_is_observe_only() {
 }
 
 #[test]
+fn get_says_why_a_new_holder_was_not_announced() {
+    let detail = AddressView {
+        last_flush: Some(crate::api::model::HygieneView {
+            address: "10.77.0.2".parse().unwrap(),
+            trigger: "new_holder".into(),
+            at: "2026-11-22T10:00:58Z".into(),
+            conntrack_entries: 0,
+            neighbours: 0,
+            announcements: 0,
+            announce_skipped: Some("rate-limited (announce_per_second = 50)".into()),
+            skipped: None,
+            permanent_neighbours: Vec::new(),
+            errors: Vec::new(),
+        }),
+        ..view("10.77.0.2", StateName::Active, "2026-11-22T10:00:00Z")
+    };
+    let text = render::address_detail(&detail, now());
+    let line = "  Announcements:      0; rate-limited (announce_per_second = 50)";
+    assert!(text.contains(line), "{line:?} in:\n{text}");
+}
+
+#[test]
 fn get_shows_the_last_flush_and_what_failed() {
     let detail = AddressView {
         last_flush: Some(crate::api::model::HygieneView {
@@ -390,6 +429,7 @@ fn get_shows_the_last_flush_and_what_failed() {
             conntrack_entries: 3,
             neighbours: 1,
             announcements: 2,
+            announce_skipped: None,
             skipped: None,
             permanent_neighbours: vec!["if4 lladdr 02:00:00:00:00:09".into()],
             errors: vec!["announce: if7: No such device".into()],

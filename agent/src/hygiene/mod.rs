@@ -102,6 +102,9 @@ pub struct Report {
     pub conntrack_entries: u64,
     pub neighbours: u64,
     pub announcements: u32,
+    /// Why no announcement was sent on purpose (the rate limit), though one was due.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub announce_skipped: Option<String>,
     /// Why nothing was flushed, when nothing was on purpose (the node's own address).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub skipped: Option<String>,
@@ -122,6 +125,7 @@ impl Report {
             conntrack_entries: 0,
             neighbours: 0,
             announcements: 0,
+            announce_skipped: None,
             skipped: None,
             permanent_neighbours: Vec::new(),
             errors: Vec::new(),

@@ -162,12 +162,17 @@ impl Worker {
             info!(
                 target: "ipq::hygiene",
                 "{}: {} hygiene: {} conntrack entries, {} neighbour entries flushed, {} \
-                 announcements{}{}",
+                 announcements{}{}{}",
                 report.address,
                 report.trigger.as_str(),
                 report.conntrack_entries,
                 report.neighbours,
                 report.announcements,
+                report
+                    .announce_skipped
+                    .as_deref()
+                    .map(|s| format!(" ({s})"))
+                    .unwrap_or_default(),
                 report.skipped.as_deref().map(|s| format!(" ({s})")).unwrap_or_default(),
                 if report.errors.is_empty() {
                     String::new()
@@ -304,10 +309,13 @@ impl Worker {
         }
         let announcer = self.announcer.as_mut().expect("just opened");
         if !announcer.may_send() {
-            warn!(
-                "{}: announcement suppressed by the rate limit (announce_per_second = {})",
-                report.address, self.config.announce_per_second
+            let why = format!(
+                "rate-limited (announce_per_second = {})",
+                self.config.announce_per_second
             );
+            warn!("{}: announcement not sent: {why}", report.address);
+            report.announce_skipped = Some(why);
+            self.metrics.announcements_rate_limited.inc();
             return;
         }
         let frame = announce::frame(report.address, mac);

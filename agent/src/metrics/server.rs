@@ -54,7 +54,11 @@ pub async fn serve(
         .await
         .map_err(|source| MetricsError::Bind { addr, source })?;
     Ok(async move {
-        let mut guard = Guard::new("metrics", listen::METRICS_MAX_CONNECTIONS);
+        let mut guard = Guard::with_peer_limit(
+            "metrics",
+            listen::METRICS_MAX_CONNECTIONS,
+            listen::METRICS_MAX_PER_PEER,
+        );
         loop {
             let (stream, peer) = match listener.accept().await {
                 Ok(conn) => conn,
@@ -63,7 +67,7 @@ pub async fn serve(
                     continue;
                 }
             };
-            let Some(slot) = guard.admit() else {
+            let Some(slot) = guard.admit_from(peer.ip()) else {
                 drop(stream);
                 continue;
             };

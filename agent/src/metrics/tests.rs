@@ -183,6 +183,7 @@ fn every_family_follows_the_naming_conventions() {
         "ipq_conntrack_entries_flushed_total",
         "ipq_neighbours_flushed_total",
         "ipq_announcements_total",
+        "ipq_announcements_rate_limited_total",
         "ipq_hygiene_failures_total",
         "process_start_time_seconds",
         "process_resident_memory_bytes",

@@ -20,6 +20,22 @@ fn route(family: AddressFamily, prefix: u8, attributes: Vec<RouteAttribute>) -> 
     msg
 }
 
+fn link(ifindex: u32, name: &str) -> NetEvent {
+    NetEvent::Link {
+        ifindex,
+        name: name.into(),
+    }
+}
+
+/// The state these events build.
+fn state_of(events: &[NetEvent]) -> NetState {
+    let mut state = NetState::default();
+    for event in events {
+        state.apply(event);
+    }
+    state
+}
+
 #[test]
 fn host_routes_through_an_interface_are_pod_addresses() {
     let v4 = IpAddr::V4(Ipv4Addr::new(10, 77, 0, 2));
@@ -131,14 +147,22 @@ fn other_routes_are_not_pod_addresses() {
 fn diff_reports_what_changed_removals_first() {
     let a = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1));
     let b = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2));
-    let mut before = NetState::default();
-    before.links.insert(3, "veth-a".into());
-    before.links.insert(4, "veth-b".into());
-    before.host_routes.insert((a, 3));
-    let mut after = NetState::default();
-    after.links.insert(4, "veth-b".into());
-    after.links.insert(5, "veth-c".into());
-    after.host_routes.insert((b, 5));
+    let before = state_of(&[
+        link(3, "veth-a"),
+        link(4, "veth-b"),
+        NetEvent::HostRoute {
+            addr: a,
+            ifindex: 3,
+        },
+    ]);
+    let after = state_of(&[
+        link(4, "veth-b"),
+        link(5, "veth-c"),
+        NetEvent::HostRoute {
+            addr: b,
+            ifindex: 5,
+        },
+    ]);
     let events = before.diff(&after);
     assert_eq!(
         events,
@@ -336,9 +360,16 @@ fn node_addresses_are_known_and_come_before_routes_in_a_diff() {
     assert!(!state.is_node_address(gw));
     state.apply(&event);
     assert!(state.is_node_address(gw));
-    let mut next = NetState::default();
-    next.host_routes.insert((gw, 8));
-    next.node_addresses.insert((gw, 8));
+    let next = state_of(&[
+        NetEvent::HostRoute {
+            addr: gw,
+            ifindex: 8,
+        },
+        NetEvent::NodeAddress {
+            addr: gw,
+            ifindex: 8,
+        },
+    ]);
     let events = NetState::default().diff(&next);
     assert_eq!(
         events,
@@ -355,4 +386,31 @@ fn node_addresses_are_known_and_come_before_routes_in_a_diff() {
     );
     state.apply(&NetEvent::LinkGone { ifindex: 7 });
     assert!(!state.is_node_address(gw));
+}
+
+#[test]
+fn a_link_recreated_under_its_index_keeps_its_routes_after_a_resync() {
+    // Events were lost while veth 3 was deleted and a new one took its index and the same pod
+    // address: the resync's `LinkGone` takes the old entries, so the route must come again.
+    let pod = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1));
+    let route = NetEvent::HostRoute {
+        addr: pod,
+        ifindex: 3,
+    };
+    let before = state_of(&[link(3, "veth-old"), route.clone()]);
+    let after = state_of(&[link(3, "veth-new"), route.clone()]);
+    let events = before.diff(&after);
+    assert_eq!(
+        events,
+        vec![
+            NetEvent::LinkGone { ifindex: 3 },
+            link(3, "veth-new"),
+            route
+        ]
+    );
+    let mut replayed = before.clone();
+    for event in &events {
+        replayed.apply(event);
+    }
+    assert_eq!(replayed, after);
 }

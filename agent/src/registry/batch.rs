@@ -1,7 +1,7 @@
 //! Operations on several addresses at once, all or none: a pod's IPv4 and IPv6 addresses are
 //! claimed together, and a refusal of one must not leave the other claimed.
 
-use std::net::IpAddr;
+use std::{collections::HashSet, net::IpAddr};
 
 use super::{AddrRecord, Clock, Effect, Holder, Registry, RegistryError, Source};
 
@@ -17,10 +17,13 @@ impl<C: Clock> Registry<C> {
         source: Source,
     ) -> Result<Vec<Effect>, RegistryError> {
         let mut saved: Vec<(IpAddr, Option<AddrRecord>)> = Vec::with_capacity(addrs.len());
+        // Which records are saved already: a claim may name thousands of addresses, and
+        // searching `saved` for each would be quadratic in them.
+        let mut seen: HashSet<IpAddr> = HashSet::with_capacity(addrs.len());
         let mut out = Vec::new();
         for &addr in addrs {
             let key = addr.to_canonical();
-            if !saved.iter().any(|(a, _)| *a == key) {
+            if seen.insert(key) {
                 saved.push((key, self.records.get(&key).cloned()));
             }
             match self.claim(addr, holder.clone(), source) {

@@ -4,7 +4,10 @@
 //! the save failed, a request that succeeded is answered `unavailable` (503) with the reason;
 //! a read, or a request that failed anyway, is answered as it is.
 
-use std::{collections::BTreeSet, net::IpAddr};
+use std::{
+    collections::{BTreeSet, HashMap, HashSet},
+    net::IpAddr,
+};
 
 use log::info;
 
@@ -131,9 +134,8 @@ impl Tracker {
 
     pub(super) fn interface_name(&self, ifindex: u32) -> String {
         self.net
-            .links
-            .get(&ifindex)
-            .cloned()
+            .link_name(ifindex)
+            .map(str::to_owned)
             .or_else(|| self.attacher.target(ifindex).map(|t| t.name.clone()))
             .unwrap_or_else(|| format!("if{ifindex}"))
     }
@@ -357,7 +359,17 @@ impl Tracker {
     }
 
     /// CNI GC: every CNI-made holder whose attachment the runtime no longer lists drains.
+    /// O(n + m) for n records and m attachments: the runtime's list is hashed once, not
+    /// searched per record. (A GC compares the whole registry with the runtime's whole list,
+    /// so it cannot be less than O(n); runtimes send one at start and then rarely.)
     fn gc(&mut self, request: &GcRequest) -> ChangedResponse {
+        let mut listed: HashMap<&str, HashSet<&str>> = HashMap::new();
+        for a in &request.valid_attachments {
+            listed
+                .entry(a.container_id.as_str())
+                .or_default()
+                .insert(a.ifname.as_str());
+        }
         let valid = |h: &Holder| {
             let Some(id) = h.container_id.as_deref() else {
                 // Not made through CNI: GC has no say over it.
@@ -369,9 +381,9 @@ impl Tracker {
                     return true;
                 }
             }
-            request.valid_attachments.iter().any(|a| {
-                a.container_id == id && h.cni_ifname.as_ref().is_none_or(|i| *i == a.ifname)
-            })
+            listed
+                .get(id)
+                .is_some_and(|ifnames| h.cni_ifname.as_deref().is_none_or(|i| ifnames.contains(i)))
         };
         let targets: Vec<(IpAddr, Holder)> = self
             .registry

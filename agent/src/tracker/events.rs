@@ -18,22 +18,33 @@ use crate::{
 };
 
 impl Tracker {
-    /// One netlink event.
+    /// One netlink event, with the gauges it changes.
     pub fn on_event(&mut self, event: NetEvent) {
+        let attacher_changed = self.apply_event(event);
+        self.update_gauges();
+        if attacher_changed {
+            self.observe_protection();
+        }
+    }
+
+    /// One netlink event, without the gauges (a resync updates them once after all its
+    /// events); returns whether it changed what the attacher wants.
+    pub(super) fn apply_event(&mut self, event: NetEvent) -> bool {
         match &event {
             NetEvent::Link { ifindex, name } => {
                 self.net.apply(&event);
                 // Also on a rename: a veth renamed into (or out of) a workload glob changes role.
-                self.attach(*ifindex, name);
+                return self.attach(*ifindex, name);
             }
             NetEvent::LinkGone { ifindex } => {
-                let known = self.net.links.contains_key(ifindex);
+                let known = self.net.has_link(*ifindex);
                 self.net.apply(&event);
                 self.pending.forget_interface(*ifindex);
                 if known {
                     let result = self.registry.holder_gone(*ifindex);
                     self.apply(result, "interface deleted");
                     self.attacher.forget(*ifindex);
+                    return true;
                 }
             }
             NetEvent::HostRoute { addr, ifindex } => {
@@ -70,14 +81,8 @@ impl Tracker {
             }
             NetEvent::Fdb { mac, .. } => {
                 self.net.apply(&event);
-                let addrs: Vec<IpAddr> = self
-                    .net
-                    .neighbours
-                    .iter()
-                    .filter(|(_, m)| m.as_ref() == Some(mac))
-                    .map(|((addr, _), _)| *addr)
-                    .collect();
-                for addr in addrs {
+                // The addresses resolved to this MAC, from the MAC index: not a scan.
+                for addr in self.net.addresses_with_mac(mac) {
                     self.claim_behind_bridge_port(addr);
                 }
             }
@@ -88,7 +93,7 @@ impl Tracker {
             }
             NetEvent::Overrun => {}
         }
-        self.update_gauges();
+        false
     }
 
     /// A claim seen on netlink. An address the node itself holds is never a workload's; a
@@ -133,7 +138,7 @@ impl Tracker {
                 }
                 break;
             };
-            let still_there = self.net.host_routes.contains(&(addr, holder.ifindex))
+            let still_there = self.net.has_host_route(addr, holder.ifindex)
                 || self.net.port_of(addr) == Some(holder.ifindex);
             if !still_there || self.net.is_node_address(addr) {
                 continue;
@@ -157,10 +162,8 @@ impl Tracker {
     fn rescan_unclaimed_routes(&mut self) {
         let unclaimed: Vec<(IpAddr, u32)> = self
             .net
-            .host_routes
-            .iter()
+            .host_routes()
             .filter(|(addr, _)| self.registry.get(*addr).is_none())
-            .copied()
             .collect();
         for (addr, ifindex) in unclaimed {
             if let Some(holder) = self.workload_holder(ifindex) {
@@ -197,12 +200,21 @@ impl Tracker {
 
     /// Asks for `ifindex` to be protected in the role its name gives it (or forgotten, when
     /// its name no longer matches the configuration); the attach itself runs off this loop.
-    pub(super) fn attach(&mut self, ifindex: u32, name: &str) {
+    /// Returns whether that changed what the attacher wants (most link events, an operstate
+    /// or carrier change, do not).
+    pub(super) fn attach(&mut self, ifindex: u32, name: &str) -> bool {
+        let wanted = |t: &Tracker| {
+            t.attacher
+                .target(ifindex)
+                .map(|target| (target.name.clone(), target.role))
+        };
+        let before = wanted(self);
         match self.role(name) {
             Some(Role::Workload) => self.attacher.want(ifindex, name, attach::Role::Workload),
             Some(Role::Uplink) => self.attacher.want(ifindex, name, attach::Role::Uplink),
             None => self.attacher.release(ifindex),
         }
+        wanted(self) != before
     }
 
     /// Detaches what earlier agents attached and no configured interface needs now.
@@ -227,6 +239,7 @@ impl Tracker {
         let result = self.registry.tick();
         self.apply(result, "cool-down over");
         self.update_gauges();
+        self.observe_protection();
     }
 
     /// Carries the kernel's stale-traffic stamps of the quarantines due now into the registry,

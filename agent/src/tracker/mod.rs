@@ -86,6 +86,9 @@ pub struct Tracker {
     started_at: SystemTime,
     /// Reuse hygiene's jobs and last reports (inert until started).
     hygiene: crate::hygiene::Hygiene,
+    /// How often the O(interfaces) protection gauges were recomputed; for tests.
+    #[cfg(test)]
+    protection_observed: std::cell::Cell<u64>,
 }
 
 impl Tracker {
@@ -110,6 +113,8 @@ impl Tracker {
             events: EventHub::new(),
             started_at: SystemTime::now(),
             hygiene: crate::hygiene::Hygiene::disabled(),
+            #[cfg(test)]
+            protection_observed: std::cell::Cell::new(0),
         }
     }
 
@@ -132,8 +137,8 @@ impl Tracker {
     }
 
     fn workload_holder(&self, ifindex: u32) -> Option<Holder> {
-        let name = self.net.links.get(&ifindex)?;
-        (self.role(name) == Some(Role::Workload)).then(|| Holder::new(ifindex, name.clone()))
+        let name = self.net.link_name(ifindex)?;
+        (self.role(name) == Some(Role::Workload)).then(|| Holder::new(ifindex, name.to_owned()))
     }
 
     /// When `tick` has work next (monotonic ns).
@@ -195,11 +200,12 @@ impl Tracker {
         }
     }
 
-    /// The gauges that follow the registry and the datapath. O(1) in the registry's size: the
-    /// registry keeps its per-state counts, the table its length.
+    /// The gauges that follow the registry and the datapath, after every event and request.
+    /// O(1) in what is stored: the registry keeps its per-state counts, the table its length.
+    /// (The protection gauges walk the attacher's interfaces: they are updated only where the
+    /// attacher changes and on every tick, see [`Tracker::observe_protection`].)
     fn update_gauges(&self) {
         self.metrics.observe_registry(&self.registry);
-        self.observe_protection();
         self.metrics
             .registry_entries
             .set(self.datapath.table().len() as i64);

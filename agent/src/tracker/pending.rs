@@ -6,7 +6,7 @@
 //! time the queue runs dry while space frees, the owner rescans the node's routes once.
 
 use std::{
-    collections::{HashMap, VecDeque},
+    collections::{HashMap, HashSet, VecDeque},
     net::IpAddr,
 };
 
@@ -21,6 +21,9 @@ pub struct PendingClaims {
     /// when it reaches the front.
     order: VecDeque<(IpAddr, u32)>,
     holders: HashMap<(IpAddr, u32), Holder>,
+    /// Interface → the addresses waiting on it: an interface going away forgets its own
+    /// claimants, not a scan of the whole queue.
+    of_interface: HashMap<u32, HashSet<IpAddr>>,
     bound: usize,
     /// Claimants refused while the queue was at its bound.
     overflowed: usize,
@@ -37,6 +40,7 @@ impl PendingClaims {
         Self {
             order: VecDeque::new(),
             holders: HashMap::new(),
+            of_interface: HashMap::new(),
             bound,
             overflowed: 0,
         }
@@ -74,6 +78,7 @@ impl PendingClaims {
             return true;
         }
         self.holders.insert(key, holder);
+        self.index(key);
         self.order.push_back(key);
         true
     }
@@ -82,6 +87,7 @@ impl PendingClaims {
     pub fn push_front(&mut self, addr: IpAddr, holder: Holder) {
         let key = (addr, holder.ifindex);
         if self.holders.insert(key, holder).is_none() {
+            self.index(key);
             self.order.push_front(key);
         }
     }
@@ -90,6 +96,7 @@ impl PendingClaims {
     pub fn pop(&mut self) -> Option<(IpAddr, Holder)> {
         while let Some(key) = self.order.pop_front() {
             if let Some(holder) = self.holders.remove(&key) {
+                self.unindex(key);
                 return Some((key.0, holder));
             }
         }
@@ -98,17 +105,47 @@ impl PendingClaims {
 
     /// `addr` is no longer shown on `ifindex` (its route went away).
     pub fn forget(&mut self, addr: IpAddr, ifindex: u32) {
-        self.holders.remove(&(addr, ifindex));
+        if self.holders.remove(&(addr, ifindex)).is_some() {
+            self.unindex((addr, ifindex));
+        }
         self.compact();
     }
 
-    /// Interface `ifindex` went away with every claim it made.
+    /// Interface `ifindex` went away with every claim it made: O(its claims).
     pub fn forget_interface(&mut self, ifindex: u32) {
-        if self.holders.is_empty() {
+        let Some(addrs) = self.of_interface.remove(&ifindex) else {
             return;
+        };
+        for addr in addrs {
+            self.holders.remove(&(addr, ifindex));
         }
-        self.holders.retain(|(_, i), _| *i != ifindex);
         self.compact();
+    }
+
+    fn index(&mut self, (addr, ifindex): (IpAddr, u32)) {
+        self.of_interface.entry(ifindex).or_default().insert(addr);
+    }
+
+    fn unindex(&mut self, (addr, ifindex): (IpAddr, u32)) {
+        if let Some(addrs) = self.of_interface.get_mut(&ifindex) {
+            addrs.remove(&addr);
+            if addrs.is_empty() {
+                self.of_interface.remove(&ifindex);
+            }
+        }
+    }
+
+    /// Whether the interface index lists exactly the waiting claimants; for tests.
+    #[cfg(test)]
+    fn check_index(&self) -> Result<(), String> {
+        let mut rebuilt: HashMap<u32, HashSet<IpAddr>> = HashMap::new();
+        for (addr, ifindex) in self.holders.keys() {
+            rebuilt.entry(*ifindex).or_default().insert(*addr);
+        }
+        if rebuilt != self.of_interface {
+            return Err(format!("{:?} != {rebuilt:?}", self.of_interface));
+        }
+        Ok(())
     }
 
     /// Drops forgotten keys once they are most of the order queue, so it stays within twice
@@ -156,5 +193,58 @@ mod tests {
         assert_eq!(pending.pop(), None);
         pending.clear_overflow();
         assert_eq!(pending.len(), 0);
+    }
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Push(u8, u32),
+        PushFront(u8, u32),
+        Pop,
+        Forget(u8, u32),
+        ForgetInterface(u32),
+    }
+
+    fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+        use proptest::prelude::*;
+        prop_oneof![
+            (0..4u8, 1..4u32).prop_map(|(a, i)| Op::Push(a, i)),
+            (0..4u8, 1..4u32).prop_map(|(a, i)| Op::PushFront(a, i)),
+            Just(Op::Pop),
+            (0..4u8, 1..4u32).prop_map(|(a, i)| Op::Forget(a, i)),
+            (1..4u32).prop_map(Op::ForgetInterface),
+        ]
+    }
+
+    proptest::proptest! {
+        /// The interface index lists exactly the waiting claimants, whatever came and went, and
+        /// an interface forgotten never comes back out of the queue.
+        #[test]
+        fn the_interface_index_follows_every_operation(
+            ops in proptest::collection::vec(op(), 0..60)
+        ) {
+            let mut pending = PendingClaims::with_bound(6);
+            let addr = |a: u8| IpAddr::from([10, 0, 0, a]);
+            for op in ops {
+                match op {
+                    Op::Push(a, i) => {
+                        pending.push(addr(a), Holder::new(i, format!("veth{i}")));
+                    }
+                    Op::PushFront(a, i) => {
+                        pending.push_front(addr(a), Holder::new(i, format!("veth{i}")));
+                    }
+                    Op::Pop => {
+                        pending.pop();
+                    }
+                    Op::Forget(a, i) => pending.forget(addr(a), i),
+                    Op::ForgetInterface(i) => {
+                        pending.forget_interface(i);
+                        proptest::prop_assert!(pending.holders.keys().all(|(_, j)| *j != i));
+                    }
+                }
+                if let Err(problem) = pending.check_index() {
+                    return Err(proptest::test_runner::TestCaseError::fail(problem));
+                }
+            }
+        }
     }
 }

@@ -10,7 +10,7 @@ impl Tracker {
     /// One attach worker's report.
     pub fn on_attach_report(&mut self, report: JobReport) {
         if self.attacher.on_report(report) {
-            self.update_gauges();
+            self.observe_protection();
         }
     }
 
@@ -28,8 +28,14 @@ impl Tracker {
         self.attacher.target(ifindex)
     }
 
-    /// The attach gauges, counters and readiness, from the attacher's state.
+    /// The attach gauges, counters and readiness, from the attacher's state: O(interfaces),
+    /// so called where the attacher changes (a link added, renamed or gone, a worker's report,
+    /// a retry) and once per tick for the readiness grace period, never per route, neighbour or
+    /// request.
     pub(super) fn observe_protection(&self) {
+        #[cfg(test)]
+        self.protection_observed
+            .set(self.protection_observed.get() + 1);
         let attacher = &self.attacher;
         self.metrics.observe_attachments(attacher.attached_points());
         self.metrics.observe_unprotected(

@@ -159,8 +159,10 @@ impl Tracker {
     /// quarantines the addresses of holders whose interfaces went away while no agent ran.
     pub fn reconcile(&mut self, state: NetState) {
         let events = self.net.diff(&state);
+        // The gauges once at the end: per event they would make a cold start with n links
+        // O(n²).
         for event in events {
-            self.on_event(event);
+            self.apply_event(event);
         }
         let holders: Vec<u32> = self
             .registry
@@ -168,7 +170,7 @@ impl Tracker {
             .flat_map(|r| r.live_holders().map(|h| h.ifindex).collect::<Vec<_>>())
             .collect();
         for ifindex in holders {
-            if !self.net.links.contains_key(&ifindex) {
+            if !self.net.has_link(ifindex) {
                 let result = self.registry.holder_gone(ifindex);
                 self.apply(result, "holder gone while the agent was down");
             }
@@ -176,6 +178,7 @@ impl Tracker {
         // The datapath mirrors the registry exactly, whatever an earlier agent left.
         self.sync_datapath();
         self.update_gauges();
+        self.observe_protection();
     }
 
     /// Rewrites every datapath entry from the registry, removing what it does not hold.

@@ -213,6 +213,77 @@ fn claim(
     answer
 }
 
+/// A claim for `lo` by a CNI attachment (container, ifname, network), or by no container.
+fn claim_by(t: &mut Tracker, addr: &str, attachment: Option<(&str, &str, &str)>) {
+    let (reply, mut answer) = oneshot::channel();
+    let holder = match attachment {
+        Some((container, ifname, network)) => HolderSpec {
+            interface: "lo".into(),
+            container_id: Some(container.into()),
+            cni_ifname: Some(ifname.into()),
+            network: Some(network.into()),
+            ..HolderSpec::default()
+        },
+        None => HolderSpec {
+            interface: "lo".into(),
+            ..HolderSpec::default()
+        },
+    };
+    let request = ClaimRequest {
+        addresses: vec![ip(addr)],
+        holder,
+        source: ClaimSource::Cni,
+    };
+    t.handle(Command::Claim { request, reply })(Ok(()));
+    answer.try_recv().unwrap().expect("claimed");
+}
+
+#[test]
+fn gc_drains_exactly_the_attachments_the_runtime_no_longer_lists() {
+    use crate::api::model::{Attachment, GcRequest};
+    let dir = tempfile::tempdir().unwrap();
+    let mut t = tracker(EarlyReusePolicy::FenceOld, dir.path());
+    claim_by(&mut t, "10.0.0.1", Some(("a", "eth0", "net1")));
+    claim_by(&mut t, "10.0.0.2", Some(("b", "eth0", "net1")));
+    claim_by(&mut t, "10.0.0.3", Some(("a", "eth1", "net1")));
+    claim_by(&mut t, "10.0.0.4", None);
+    claim_by(&mut t, "10.0.0.5", Some(("c", "eth0", "net2")));
+    let request = GcRequest {
+        valid_attachments: vec![
+            Attachment {
+                container_id: "a".into(),
+                ifname: "eth0".into(),
+            },
+            Attachment {
+                container_id: "z".into(),
+                ifname: "eth1".into(),
+            },
+        ],
+        network: Some("net1".into()),
+    };
+    let (reply, mut answer) = oneshot::channel();
+    t.handle(Command::Gc { request, reply })(Ok(()));
+    let drained: Vec<IpAddr> = answer
+        .try_recv()
+        .unwrap()
+        .expect("gc answered")
+        .addresses
+        .iter()
+        .map(|v| v.address)
+        .collect();
+    // b is not listed; a is, but not with eth1. No container: not CNI's. net2: not this GC's.
+    assert_eq!(drained, vec![ip("10.0.0.2"), ip("10.0.0.3")]);
+    for (addr, state) in [
+        ("10.0.0.1", StateName::Active),
+        ("10.0.0.2", StateName::Draining),
+        ("10.0.0.3", StateName::Draining),
+        ("10.0.0.4", StateName::Active),
+        ("10.0.0.5", StateName::Active),
+    ] {
+        assert_eq!(t.registry().state(ip(addr)), state, "{addr}");
+    }
+}
+
 #[test]
 fn a_claim_is_answered_unavailable_until_it_is_saved() {
     let dir = tempfile::tempdir().unwrap();
@@ -304,6 +375,101 @@ fn a_claim_refused_for_a_full_registry_is_made_when_space_frees() {
         ifindex: VETH_A,
     });
     assert_eq!(t.metrics.addresses_unprotected.get(), 0);
+}
+
+#[test]
+fn bridge_and_link_events_never_scan_the_nodes_neighbours_or_routes() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut t = tracker(EarlyReusePolicy::FenceOld, dir.path());
+    const BRIDGE: u32 = 2;
+    link(&mut t, BRIDGE, "br0");
+    link(&mut t, VETH_A, "vetha");
+    link(&mut t, VETH_B, "vethb");
+    // Many pods behind the bridge, resolved but not (yet) learned behind a port.
+    for n in 0..2000u32 {
+        let [_, _, hi, lo] = n.to_be_bytes();
+        t.on_event(NetEvent::Neighbour {
+            addr: IpAddr::from([10, 88, hi, lo]),
+            ifindex: BRIDGE,
+            mac: Some([2, 0x42, 0, 0, hi, lo]),
+        });
+        t.on_event(NetEvent::HostRoute {
+            addr: IpAddr::from([10, 99, hi, lo]),
+            ifindex: VETH_B,
+        });
+    }
+    let scans = crate::netlink::full_scans();
+    // The bridge learns one pod's MAC behind veth a: that pod is claimed for it.
+    t.on_event(NetEvent::Fdb {
+        mac: [2, 0x42, 0, 0, 0, 7],
+        port: VETH_A,
+    });
+    assert_eq!(t.registry().state(ip("10.88.0.7")), StateName::Active);
+    assert_eq!(t.registry().state(ip("10.88.0.8")), StateName::Free);
+    // Veth a goes away with its entries, leaving veth b's 2000 routes alone.
+    t.on_event(NetEvent::LinkGone { ifindex: VETH_A });
+    assert_eq!(t.registry().state(ip("10.88.0.7")), StateName::Quarantined);
+    assert_eq!(
+        crate::netlink::full_scans(),
+        scans,
+        "an FDB or link event scanned every neighbour or route"
+    );
+}
+
+#[test]
+fn protection_gauges_follow_links_but_routes_and_requests_never_walk_the_interfaces() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut t = tracker(EarlyReusePolicy::FenceOld, dir.path());
+    let unprotected = |t: &Tracker, hook: &str| {
+        t.metrics
+            .unprotected_interfaces
+            .with_label_values(&[hook])
+            .get()
+    };
+    for n in 0..200 {
+        link(&mut t, 100 + n, &format!("veth{n}"));
+    }
+    // No attach worker runs: every veth still waits for its TC ingress and egress programs.
+    // The first claim for `lo` attaches it (a new interface to protect).
+    claim(&mut t, "10.8.0.1")
+        .try_recv()
+        .unwrap()
+        .expect("claimed");
+    assert_eq!(unprotected(&t, "tc_ingress"), 201);
+    let observed = t.protection_observed.get();
+    // A link event that changes nothing ipq wants (carrier, operstate) is not a change.
+    link(&mut t, 100, "veth0");
+    for n in 0..200u32 {
+        let [_, _, hi, lo] = n.to_be_bytes();
+        t.on_event(NetEvent::HostRoute {
+            addr: IpAddr::from([10, 7, hi, lo]),
+            ifindex: 100 + n,
+        });
+    }
+    claim(&mut t, "10.8.0.2")
+        .try_recv()
+        .unwrap()
+        .expect("claimed");
+    assert_eq!(
+        t.protection_observed.get(),
+        observed,
+        "a route event or a request walked every interface"
+    );
+    t.on_event(NetEvent::LinkGone { ifindex: 100 });
+    assert_eq!(unprotected(&t, "tc_ingress"), 200);
+    t.tick();
+    assert_eq!(t.protection_observed.get(), observed + 2);
+    // A resync that brings 300 new links walks the interfaces once, not once per link.
+    let mut dump = crate::netlink::NetState::default();
+    for n in 0..300 {
+        dump.apply(&NetEvent::Link {
+            ifindex: 1000 + n,
+            name: format!("vethr{n}"),
+        });
+    }
+    t.reconcile(dump);
+    assert_eq!(t.protection_observed.get(), observed + 3);
+    assert_eq!(unprotected(&t, "tc_ingress"), 300);
 }
 
 /// Records as an older agent journaled them, written through the journal's own commit.

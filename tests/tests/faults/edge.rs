@@ -5,7 +5,7 @@ use std::{
     ffi::CString,
     fs,
     io::{Read as _, Write as _},
-    net::{Shutdown, SocketAddr, TcpStream},
+    net::{Ipv4Addr, Shutdown, SocketAddr, TcpStream},
     os::unix::{
         fs::{FileTypeExt as _, MetadataExt as _, PermissionsExt as _},
         net::UnixStream,
@@ -15,7 +15,7 @@ use std::{
     time::Duration,
 };
 
-use ipq::listen::HEADER_TIMEOUT;
+use ipq::listen::{HEADER_TIMEOUT, METRICS_MAX_PER_PEER};
 use ipq_tests::{
     api::{ipq_as, request},
     cni::{Attachment, Chain},
@@ -115,11 +115,13 @@ fn idle_connections_on_both_listeners_exhaust_nothing() {
         .expect("starting ipq-agent under prlimit (package util-linux)");
 
     let addr: SocketAddr = METRICS_ADDR.parse().unwrap();
+    // From 200 peer addresses, so that the per-peer allowance leaves the global cap to hold.
     let tcp: Vec<TcpStream> = lab.node.run(|| {
-        (0..1100)
+        (0..1100u32)
             .map(|i| {
-                TcpStream::connect_timeout(&addr, Duration::from_secs(5))
-                    .unwrap_or_else(|e| panic!("idle TCP connection {i}: {e}"))
+                let peer = Ipv4Addr::new(127, 0, 1, (i % 200) as u8);
+                connect_from(peer, addr)
+                    .unwrap_or_else(|e| panic!("idle TCP connection {i} from {peer}: {e}"))
             })
             .collect()
     });
@@ -190,6 +192,113 @@ fn idle_connections_on_both_listeners_exhaust_nothing() {
         let view = address(&lab, addr);
         assert_eq!(view["holder"]["container_id"], id, "{view}");
     }
+}
+
+/// A TCP connection to `to` from source address `from`: every 127/8 address is the node's own
+/// loopback, so one namespace can be many peers.
+fn connect_from(from: Ipv4Addr, to: SocketAddr) -> std::io::Result<TcpStream> {
+    use std::os::fd::FromRawFd as _;
+    let SocketAddr::V4(to) = to else {
+        panic!("{to}: an IPv4 address expected");
+    };
+    let sockaddr = |ip: Ipv4Addr, port: u16| libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: port.to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: u32::from(ip).to_be(),
+        },
+        sin_zero: [0; 8],
+    };
+    let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    // SAFETY: plain socket calls on a fresh fd, owned by the stream from the start.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let stream = TcpStream::from_raw_fd(fd);
+        let src = sockaddr(from, 0);
+        if libc::bind(fd, (&src as *const libc::sockaddr_in).cast(), len) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let dst = sockaddr(*to.ip(), to.port());
+        if libc::connect(fd, (&dst as *const libc::sockaddr_in).cast(), len) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(stream)
+    }
+}
+
+/// The status line of one `GET /metrics` on `stream`.
+fn scrape_on(mut stream: TcpStream) -> String {
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let sent = stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: ipq\r\nConnection: close\r\n\r\n");
+    let mut answer = String::new();
+    let read = stream.read_to_string(&mut answer);
+    match (sent, read) {
+        (Ok(()), Ok(_)) => answer.lines().next().unwrap_or("").to_owned(),
+        (sent, read) => format!("no answer: write {sent:?}, read {read:?}"),
+    }
+}
+
+/// Whether the agent closed `stream` (within a few seconds) without a word.
+fn closed_by_agent(stream: &mut TcpStream) -> bool {
+    stream
+        .set_read_timeout(Some(Duration::from_secs(3)))
+        .unwrap();
+    let mut byte = [0u8; 1];
+    matches!(stream.read(&mut byte), Ok(0))
+        || matches!(stream.read(&mut byte), Err(e) if e.kind() != std::io::ErrorKind::WouldBlock
+            && e.kind() != std::io::ErrorKind::TimedOut)
+}
+
+/// Injected: one peer address holds 8 idle connections to the metrics port and opens more /
+/// Holds: its 9th is closed at once and logged; another peer is served meanwhile, and the
+/// first is served again as soon as one of its connections ends.
+#[test]
+fn one_peer_cannot_take_the_metrics_port() {
+    let lab = Lab::new().expect("building the lab");
+    let agent = lab.start_agent(&agent_args()).unwrap();
+    let addr: SocketAddr = METRICS_ADDR.parse().unwrap();
+    let greedy = Ipv4Addr::new(127, 0, 0, 2);
+    let other = Ipv4Addr::new(127, 0, 0, 3);
+    lab.node.run(|| {
+        let mut held: Vec<TcpStream> = (0..METRICS_MAX_PER_PEER)
+            .map(|i| connect_from(greedy, addr).unwrap_or_else(|e| panic!("connection {i}: {e}")))
+            .collect();
+        // The agent accepts them (and would serve them) before the next one comes.
+        std::thread::sleep(Duration::from_millis(500));
+        let mut extra = connect_from(greedy, addr).expect("the kernel completes the handshake");
+        assert!(
+            closed_by_agent(&mut extra),
+            "connection {} from one peer was kept",
+            METRICS_MAX_PER_PEER + 1
+        );
+        let answer = scrape_on(connect_from(other, addr).unwrap());
+        assert!(answer.starts_with("HTTP/1.1 200"), "another peer: {answer}");
+        // The peer's own connections are served, and one ending frees a place for it.
+        let answer = scrape_on(held.pop().unwrap());
+        assert!(
+            answer.starts_with("HTTP/1.1 200"),
+            "a held connection: {answer}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+        let answer = scrape_on(connect_from(greedy, addr).unwrap());
+        assert!(
+            answer.starts_with("HTTP/1.1 200"),
+            "the peer again: {answer}"
+        );
+        drop(held);
+    });
+    let log = agent.log();
+    assert!(
+        log.contains(&format!(
+            "{METRICS_MAX_PER_PEER} connections open from {greedy}, the most one peer gets"
+        )),
+        "the refusal is not logged:\n{log}"
+    );
 }
 
 /// The pid of the agent itself when it runs under a wrapper that forks it (prlimit execs,

@@ -167,6 +167,7 @@ fn announcements_keep_to_announce_per_second() -> anyhow::Result<()> {
     let agent = lab.start_agent_configured(&config, &["--uplink", "up0"])?;
     let capture = Capture::open(&lab.peer, "eth0")?;
     let mut total = 0.0;
+    let mut total_limited = 0.0;
     // Two rounds, more than a second apart: the limit is a rate, not a cap.
     for (round, from) in [100u8, 150].into_iter().enumerate() {
         if round > 0 {
@@ -178,6 +179,8 @@ fn announcements_keep_to_announce_per_second() -> anyhow::Result<()> {
         let window = started.elapsed();
         let counted = agent.metric("ipq_announcements_total", &[])? - total;
         total += counted;
+        let limited = agent.metric("ipq_announcements_rate_limited_total", &[])? - total_limited;
+        total_limited += limited;
         // The bucket holds a second's worth and refills at the rate: within `window`, at most
         // RATE * (1 + window) go out, and a full bucket lets at least RATE through.
         let bound = (f64::from(RATE) * (1.0 + window.as_secs_f64())).ceil();
@@ -193,6 +196,22 @@ fn announcements_keep_to_announce_per_second() -> anyhow::Result<()> {
             .map(|v: &Value| v["last_flush"]["announcements"].as_u64().unwrap_or(0))
             .sum();
         assert_eq!(reported as f64, counted, "the answer and the counter agree");
+        // Every address not announced says why, and is counted: one uplink, so each address
+        // is either announced once or rate-limited.
+        let skipped: Vec<&str> = answer["addresses"]
+            .as_array()
+            .context("addresses")?
+            .iter()
+            .filter_map(|v: &Value| v["last_flush"]["announce_skipped"].as_str())
+            .collect();
+        assert_eq!(skipped.len() as f64, limited, "reported {skipped:?}");
+        assert_eq!(counted + limited, f64::from(ADDRESSES));
+        assert!(
+            skipped
+                .iter()
+                .all(|why| *why == format!("rate-limited (announce_per_second = {RATE})")),
+            "{skipped:?}"
+        );
         let seen: Vec<_> = capture
             .announcements(SETTLE)?
             .into_iter()

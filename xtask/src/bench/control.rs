@@ -5,6 +5,8 @@
 //!   the address map (`ipq_registry_entries`, polled), measured from the start of the burst;
 //! - `cni_add_p99`: `ipq-cni ADD`, spawn to exit;
 //! - `api_ops` and `api_claim_p99`: 64 clients claiming and draining through the API socket;
+//! - `cni_gc`: one `POST /v1/gc` listing 1000 valid attachments, answered: the one request
+//!   that compares the whole registry (O(n + m) on the owner loop), reported, not gated;
 //! - `idle_cpu` and `rss`: the agent's CPU (user + system, % of one CPU) over a quiet spell,
 //!   and its resident memory;
 //! - `restart_ready`: SIGTERM, a new agent, until `/readyz` answers (journal + pinned maps);
@@ -41,6 +43,7 @@ const BURST: u32 = 1000;
 const API_CLIENTS: u32 = 64;
 const API_ADDRS_PER_CLIENT: u32 = 8;
 const CNI_ADDS: u32 = 40;
+const GC_ATTACHMENTS: u32 = 1000;
 /// The size the targets are stated at, and the one their ratio compares with.
 const AT: u32 = 65536;
 const BASE: u32 = 1000;
@@ -186,6 +189,14 @@ pub fn run(opts: &BenchOptions) -> Result<Vec<Row>> {
             row("api_claim_p99", Some(size), "ms", &[claim_p99]),
             "≤ 20 ms",
             |v| v <= 20.0,
+        ));
+
+        eprintln!("bench control: {size}: CNI GC");
+        rows.push(row(
+            "cni_gc",
+            Some(size),
+            "ms",
+            &cni_gc(&node, opts.trials)?,
         ));
 
         eprintln!("bench control: {size}: idle");
@@ -399,6 +410,26 @@ fn cni_adds(node: &Node) -> Result<f64> {
     node.ip(&["link", "del", "bwc"])?;
     wait_entries(node, before, Duration::from_secs(60))?;
     Ok(percentile(&mut times, 0.99))
+}
+
+/// One CNI GC per trial, listing `GC_ATTACHMENTS` attachments no holder has, against the whole
+/// registry (whose holders it leaves alone: none was made through CNI): ms each.
+fn cni_gc(node: &Node, trials: u32) -> Result<Vec<f64>> {
+    let attachments: Vec<serde_json::Value> = (0..GC_ATTACHMENTS)
+        .map(|i| serde_json::json!({ "container_id": format!("bench-gc-{i}"), "ifname": "eth0" }))
+        .collect();
+    let body =
+        serde_json::json!({ "valid_attachments": attachments, "network": "bench" }).to_string();
+    let socket = node.socket();
+    (0..trials)
+        .map(|_| {
+            let start = Instant::now();
+            match api(&socket, "POST", "/v1/gc", &body)? {
+                (200, _) => Ok(start.elapsed().as_secs_f64() * 1e3),
+                (status, answer) => bail!("CNI GC answered {status}: {answer}"),
+            }
+        })
+        .collect()
 }
 
 fn percentile(values: &mut [f64], p: f64) -> f64 {
