@@ -382,14 +382,14 @@ fn claims_drains_releases_and_gc_through_the_api_and_the_cli() {
         "/v1/claims",
         &claim(&["10.77.0.71"], "vethpa", "c-stale"),
     );
-    let collected = post_ok(
-        &sock,
-        "/v1/gc",
-        &json!({"valid_attachments": [
-            {"container_id": "c-keep", "ifname": "eth0"},
-            {"container_id": "c-drain", "ifname": "eth0"},
-        ]}),
-    );
+    // The runtime lists every attachment of the node: 2000 with 64-character container IDs
+    // make a body of ~230 KB, far over what a claim may send.
+    let mut valid = vec![
+        json!({"container_id": "c-keep", "ifname": "eth0"}),
+        json!({"container_id": "c-drain", "ifname": "eth0"}),
+    ];
+    valid.extend((0..2000).map(|i| json!({"container_id": format!("{i:064x}"), "ifname": "eth0"})));
+    let collected = post_ok(&sock, "/v1/gc", &json!({ "valid_attachments": valid }));
     assert_eq!(
         find(&collected["addresses"], "10.77.0.71").map(|v| &v["state"]),
         Some(&json!("draining")),

@@ -33,6 +33,10 @@ pub type Body = BoxBody<Bytes, Infallible>;
 /// Largest request body accepted: a claim of a few addresses is a few hundred bytes.
 const MAX_BODY: usize = 64 * 1024;
 
+/// Largest CNI GC body: the runtime lists every attachment on the node in it, about 130 bytes
+/// each with 64-character container IDs, so a node at `capacity` (65 536) needs ~8.5 MB.
+const MAX_GC_BODY: usize = 16 * 1024 * 1024;
+
 /// How long a request body may take to arrive once its head has: as long as the head may.
 const BODY_TIMEOUT: Duration = listen::HEADER_TIMEOUT;
 
@@ -117,7 +121,8 @@ async fn route(request: Request<Incoming>, ctx: &Context) -> Result<Response<Bod
         ["gc"] => {
             only(&method, Method::POST, &path)?;
             query.allow(&[])?;
-            let request = decode(&read_body(request, &what).await?, &what)?;
+            let body = read_body_up_to(request, &what, MAX_GC_BODY).await?;
+            let request = decode(&body, &what)?;
             json(ask(ctx, |reply| Command::Gc { request, reply }).await?)
         }
         ["conflicts"] => {
@@ -286,7 +291,15 @@ fn parse_state(raw: &str) -> Result<StateName, ApiError> {
 }
 
 async fn read_body(request: Request<Incoming>, what: &str) -> Result<Bytes, ApiError> {
-    let body = Limited::new(request.into_body(), MAX_BODY).collect();
+    read_body_up_to(request, what, MAX_BODY).await
+}
+
+async fn read_body_up_to(
+    request: Request<Incoming>,
+    what: &str,
+    limit: usize,
+) -> Result<Bytes, ApiError> {
+    let body = Limited::new(request.into_body(), limit).collect();
     tokio::time::timeout(BODY_TIMEOUT, body)
         .await
         .map_err(|_| {
@@ -299,7 +312,7 @@ async fn read_body(request: Request<Incoming>, what: &str) -> Result<Bytes, ApiE
         .map_err(|e| {
             ApiError::new(
                 ErrorCode::BadRequest,
-                format!("body of {what}: {e} (at most {MAX_BODY} bytes)"),
+                format!("body of {what}: {e} (at most {limit} bytes)"),
             )
         })
 }
