@@ -376,15 +376,16 @@ fn graceful_termination_keeps_a_draining_pod_connected_until_it_is_gone() {
     }
 }
 
-/// (g) The agent is SIGKILLed 1 s into a 6 s cool-down and restarted 2 s later. Stale traffic
+/// (g) The agent is SIGKILLed 1 s into a 10 s cool-down and restarted 2 s later. Stale traffic
 /// is dropped throughout (while no agent runs too), the addresses stay quarantined past the
-/// restart, and they are released at the original deadline (t0+6s), not 6 s after the
-/// restart (t0+9s).
+/// restart, and they are released at the original deadline (t0+10s), not 10 s after the
+/// restart (t0+13s). The cool-down leaves room for a slow restart on a loaded machine: the
+/// last stale packet plus the quiet period must still end before it.
 #[test]
 fn restart_mid_quarantine_keeps_the_quarantine_and_its_original_deadline() {
-    let cooldown = Duration::from_secs(6);
+    let cooldown = Duration::from_secs(10);
     let lab = Lab::new().expect("building the lab");
-    let args = agent_args("6s", "1s");
+    let args = agent_args("10s", "1s");
     let mut first = lab.start_agent(&args).expect("starting ipq-agent");
     wait_pod_a_claimed(&lab);
 
@@ -432,9 +433,9 @@ fn restart_mid_quarantine_keeps_the_quarantine_and_its_original_deadline() {
     assert!(
         observations
             .iter()
-            .any(|o| o.at > t0 + Duration::from_millis(4500)
+            .any(|o| o.at > t0 + cooldown - Duration::from_millis(1500)
                 && pod_a().iter().all(|a| o.quarantined(*a))),
-        "both addresses must be seen quarantined after t0+4.5s"
+        "both addresses must be seen quarantined in the cool-down's last 1.5 s"
     );
     for addr in pod_a() {
         assert_released_between(
