@@ -244,9 +244,9 @@ fn keep_identities(adopted: &mut AddrRecord, known: &AddrRecord) {
         .status
         .holder()
         .into_iter()
-        .chain(known.fenced.as_ref())
-        .chain(known.blocked_claimant.as_ref())
-        .chain(known.displaced.iter())
+        .chain(known.fenced())
+        .chain(known.blocked_claimant())
+        .chain(known.displaced().iter())
         .cloned()
         .collect();
     let restore = |h: &mut Holder| {
@@ -258,7 +258,7 @@ fn keep_identities(adopted: &mut AddrRecord, known: &AddrRecord) {
         AddrStatus::Active { holder, .. } | AddrStatus::Draining { holder, .. } => restore(holder),
         AddrStatus::Quarantined { .. } => {}
     }
-    if let Some(fenced) = adopted.fenced.as_mut() {
+    if let Some(fenced) = adopted.fenced_mut() {
         restore(fenced);
     }
 }
@@ -303,13 +303,8 @@ fn record_from_entry(
         }
         _ => return None,
     };
-    Some(AddrRecord {
-        addr,
-        status,
-        fenced,
-        blocked_claimant: None,
-        displaced: Vec::new(),
-        conflicts: 0,
-        observe_only: entry.flags & FLAG_OBSERVE_ONLY != 0,
-    })
+    let mut record = AddrRecord::new(addr, status);
+    record.set_fenced(fenced);
+    record.observe_only = entry.flags & FLAG_OBSERVE_ONLY != 0;
+    Some(record)
 }
