@@ -107,7 +107,7 @@ impl Tracker {
                 self.journal.invalidate();
             }
         }
-        crate::journal::release_freed_memory();
+        crate::heap::release_freed_memory();
         recovery
     }
 
