@@ -184,11 +184,15 @@ impl From<RecordWire> for AddrRecord {
         let mut record = AddrRecord::new(wire.addr, wire.status);
         record.conflicts = wire.conflicts;
         record.observe_only = wire.observe_only;
-        record.edit_contest(|c| {
-            c.fenced = wire.fenced;
-            c.blocked_claimant = wire.blocked_claimant;
-            c.displaced = wire.displaced;
-        });
+        let contest = Contest {
+            fenced: wire.fenced,
+            blocked_claimant: wire.blocked_claimant,
+            displaced: wire.displaced,
+        };
+        // Nearly every record has none: no box to allocate (and free) for them on a load.
+        if !contest.is_empty() {
+            record.contest = Some(Box::new(contest));
+        }
         record
     }
 }
@@ -261,12 +265,16 @@ impl AddrRecord {
     }
 
     pub(crate) fn set_fenced(&mut self, holder: Option<Holder>) {
-        self.edit_contest(|c| c.fenced = holder);
+        if holder.is_some() || self.contest.is_some() {
+            self.edit_contest(|c| c.fenced = holder);
+        }
     }
 
     #[cfg(test)]
     pub(crate) fn set_blocked_claimant(&mut self, holder: Option<Holder>) {
-        self.edit_contest(|c| c.blocked_claimant = holder);
+        if holder.is_some() || self.contest.is_some() {
+            self.edit_contest(|c| c.blocked_claimant = holder);
+        }
     }
 
     /// The blocked claimant becomes `holder`; returns the earlier one.
@@ -275,6 +283,7 @@ impl AddrRecord {
     }
 
     pub(crate) fn take_blocked_claimant(&mut self) -> Option<Holder> {
+        self.contest.as_ref()?;
         self.edit_contest(|c| c.blocked_claimant.take())
     }
 
@@ -283,7 +292,8 @@ impl AddrRecord {
         self.contest.as_mut()?.fenced.as_mut()
     }
 
-    /// Changes the contest through `edit`, keeping the box only while it holds someone.
+    /// Changes the contest through `edit`, keeping the box only while it holds someone. (Callers
+    /// that may change nothing check first, so that no box is made and dropped for nothing.)
     fn edit_contest<T>(&mut self, edit: impl FnOnce(&mut Contest) -> T) -> T {
         let contest = self.contest.get_or_insert_with(Box::default);
         let result = edit(contest);
