@@ -128,9 +128,9 @@ fn tick_delay(tracker: &Tracker, last_tick: std::time::Instant) -> Duration {
 }
 
 /// Takes a fresh dump after lost events and feeds the difference to the tracker.
-async fn resync(tracker: &mut Tracker, handle: &rtnetlink::Handle, metrics: &Metrics) {
+async fn resync(tracker: &mut Tracker, metrics: &Metrics) {
     metrics.netlink_resyncs.inc();
-    match netlink::dump(handle).await {
+    match netlink::dump().await {
         Ok(state) => {
             warn!("netlink events were lost; resynced from a fresh dump");
             tracker.reconcile(state);
@@ -235,8 +235,7 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
     replay_spool(&mut tracker, &spool_dir);
     // Subscribe before dumping, so nothing that happens in between is missed.
     let mut events = netlink::subscribe()?;
-    let handle = netlink::connect()?;
-    tracker.reconcile(netlink::dump(&handle).await?);
+    tracker.reconcile(netlink::dump().await?);
     // Every configured interface attached (or failed) once before pruning: the pins of an
     // interface still being attached are its enforcement until its new program is in.
     while tracker.attaching() {
@@ -293,7 +292,7 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
                     }
                 }
                 if overrun {
-                    resync(&mut tracker, &handle, &metrics).await;
+                    resync(&mut tracker, &metrics).await;
                 }
             }
             Some(report) = attach_reports.recv() => {

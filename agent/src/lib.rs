@@ -9,6 +9,7 @@ pub mod cni;
 pub mod config;
 pub mod datapath;
 pub mod echo;
+pub mod heap;
 pub mod hygiene;
 pub mod journal;
 pub mod listen;

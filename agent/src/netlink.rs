@@ -237,15 +237,18 @@ fn event_of(message: RouteNetlinkMessage) -> Option<NetEvent> {
     }
 }
 
-/// A connection for requests (dumps).
-pub fn connect() -> Result<Handle, NetlinkError> {
+/// Dumps links, the node's addresses, host routes (IPv4 and IPv6) and neighbours, on a
+/// connection of its own that closes with it: the connection's response queue grows to hold
+/// a whole dump (11 MB for 64k routes) and never shrinks, so a connection kept for the next
+/// dump would keep that memory for the agent's lifetime.
+pub async fn dump() -> Result<NetState, NetlinkError> {
     let (connection, handle, _) = rtnetlink::new_connection().map_err(NetlinkError::Socket)?;
+    // Ends once `handle` is dropped (no requester left) at the end of this function.
     tokio::spawn(connection);
-    Ok(handle)
+    dump_on(&handle).await
 }
 
-/// Dumps links, the node's addresses, host routes (IPv4 and IPv6) and neighbours.
-pub async fn dump(handle: &Handle) -> Result<NetState, NetlinkError> {
+async fn dump_on(handle: &Handle) -> Result<NetState, NetlinkError> {
     let mut state = NetState::default();
     let mut links = handle.link().get().execute();
     while let Some(msg) = links

@@ -236,11 +236,7 @@ fn claims_drains_releases_and_gc_through_the_api_and_the_cli() {
     let typed: AddressView = serde_json::from_value(view.clone()).expect("an AddressView");
     let holder = typed.holder.expect("a holder");
     assert_eq!(
-        (
-            holder.container_id.as_deref(),
-            holder.cni_ifname.as_deref(),
-            holder.netns.as_deref()
-        ),
+        (holder.container_id(), holder.cni_ifname(), holder.netns()),
         (
             Some("c0ffee00000000000000000000000050"),
             Some("eth1"),

@@ -78,9 +78,9 @@ fn assert_held(
         .as_ref()
         .with_context(|| format!("{addr} has no holder: {view:?}"))?;
     ensure!(
-        holder.container_id.as_deref() == Some(container)
+        holder.container_id() == Some(container)
             && holder.ifname == host_if
-            && holder.cni_ifname.as_deref() == Some("eth0"),
+            && holder.cni_ifname() == Some("eth0"),
         "{addr} must be held by container {container} on {host_if} (eth0): {view:?}"
     );
     Ok(view)
@@ -220,7 +220,7 @@ fn add_check_del(lab: &Lab, chain: &Chain) -> anyhow::Result<()> {
             )?;
             let pod = view
                 .holder
-                .and_then(|h| h.pod)
+                .and_then(|h| h.pod().cloned())
                 .context("pod identity from CNI_ARGS")?;
             ensure!(pod.namespace == "default" && pod.name == role, "{pod:?}");
             wait_for_entry(lab, *addr, &map_entry("active", host_index, 0), SETTLE);
@@ -418,7 +418,7 @@ fn early_reuse_under_fence_old_fences_the_old_holder() -> anyhow::Result<()> {
     )?;
     let fenced = view.fenced.as_ref().context("the old holder is fenced")?;
     ensure!(
-        fenced.container_id.as_deref() == Some(old.attachment.container_id.as_str()),
+        fenced.container_id() == Some(old.attachment.container_id.as_str()),
         "{view:?}"
     );
     let (old_index, new_index) = (

@@ -231,8 +231,8 @@ impl Ipq {
 fn is(holder: Option<&Holder>, container: &Container, veth: &str) -> bool {
     holder.is_some_and(|h| {
         h.ifname == veth
-            && h.container_id.as_deref() == Some(container.id.as_str())
-            && h.cni_ifname.as_deref().is_none_or(|i| i == "eth0")
+            && h.container_id() == Some(container.id.as_str())
+            && h.cni_ifname().is_none_or(|i| i == "eth0")
     })
 }
 
@@ -251,7 +251,7 @@ fn early_reuse_between(
                 && is(c.old_holder.as_ref(), old, old_veth)
                 && c.new_holder
                     .as_ref()
-                    .is_some_and(|h| h.container_id.as_deref() == Some(new_id))
+                    .is_some_and(|h| h.container_id() == Some(new_id))
         })
         .cloned()
 }
@@ -379,7 +379,7 @@ fn refuse_new_fails_the_start_of_a_container_given_a_terminating_ones_address() 
                 && is(c.old_holder.as_ref(), &a, &veth_a)
                 && c.new_holder
                     .as_ref()
-                    .is_some_and(|h| h.container_id.as_deref() == Some(b_id.as_str()))),
+                    .is_some_and(|h| h.container_id() == Some(b_id.as_str()))),
         "a reuse_in_cooldown of {addr} from A to B in {conflicts:#?}"
     );
     let run = ipq(&api.socket, &["release", "--force", &addr.to_string()])?;

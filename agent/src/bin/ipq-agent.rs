@@ -218,6 +218,7 @@ fn datapath_command(command: DatapathCommand) -> anyhow::Result<()> {
 }
 
 fn main() -> ExitCode {
+    ipq::heap::tune();
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
         .format_timestamp_millis()
         .init();

@@ -19,9 +19,9 @@ const SHORT_ID: usize = 12;
 
 /// A holder in one cell: the interface plus the pod (`ns/name`), else a short container id.
 pub fn holder_short(holder: &Holder) -> String {
-    if let Some(pod) = &holder.pod {
+    if let Some(pod) = holder.pod() {
         format!("{} {}/{}", holder.ifname, pod.namespace, pod.name)
-    } else if let Some(id) = &holder.container_id {
+    } else if let Some(id) = holder.container_id() {
         format!("{} {}", holder.ifname, id.get(..SHORT_ID).unwrap_or(id))
     } else {
         holder.ifname.clone()
@@ -179,16 +179,16 @@ fn holder_fields(pairs: &mut Vec<(String, String)>, label: &str, holder: Option<
         format!("{} (ifindex {})", h.ifname, h.ifindex),
     ));
     let mut sub = |key: &str, value: String| pairs.push((format!("  {key}"), value));
-    if let Some(id) = &h.container_id {
-        sub("Container", id.clone());
+    if let Some(id) = h.container_id() {
+        sub("Container", id.to_owned());
     }
-    if let Some(ifname) = &h.cni_ifname {
-        sub("CNI ifname", ifname.clone());
+    if let Some(ifname) = h.cni_ifname() {
+        sub("CNI ifname", ifname.to_owned());
     }
-    if let Some(netns) = &h.netns {
-        sub("Netns", netns.clone());
+    if let Some(netns) = h.netns() {
+        sub("Netns", netns.to_owned());
     }
-    if let Some(pod) = &h.pod {
+    if let Some(pod) = h.pod() {
         let uid = pod
             .uid
             .as_deref()

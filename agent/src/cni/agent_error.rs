@@ -31,11 +31,11 @@ pub fn is_worth_spooling(err: &ClientError) -> bool {
 
 /// `container c0ffee on veth1a2b (pod default/web-0)`, or the interface alone.
 pub fn describe(holder: &Holder) -> String {
-    let mut out = match &holder.container_id {
+    let mut out = match holder.container_id() {
         Some(id) => format!("container {id} on {}", holder.ifname),
         None => format!("interface {} (ifindex {})", holder.ifname, holder.ifindex),
     };
-    if let Some(pod) = &holder.pod {
+    if let Some(pod) = holder.pod() {
         out.push_str(&format!(" (pod {}/{})", pod.namespace, pod.name));
     }
     out
@@ -140,12 +140,13 @@ mod tests {
 
     #[test]
     fn a_refusal_names_address_holder_and_until() {
-        let mut holder = Holder::new(7, "veth1a2b").with_container_id("c0ffee");
-        holder.pod = Some(PodRef {
-            namespace: "default".into(),
-            name: "web-0".into(),
-            uid: None,
-        });
+        let holder = Holder::new(7, "veth1a2b")
+            .with_container_id("c0ffee")
+            .with_pod(PodRef {
+                namespace: "default".into(),
+                name: "web-0".into(),
+                uid: None,
+            });
         let body = ApiErrorBody {
             code: ErrorCode::Refused,
             message: "address 10.1.0.5 is draining".into(),

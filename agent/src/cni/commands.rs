@@ -209,8 +209,8 @@ impl Invocation {
         fenced: Option<&Holder>,
     ) -> Option<String> {
         let ours = |h: &Holder| {
-            h.container_id.as_deref() == Some(self.container_id())
-                && match (&h.cni_ifname, &self.env.ifname) {
+            h.container_id() == Some(self.container_id())
+                && match (h.cni_ifname(), self.env.ifname.as_deref()) {
                     (Some(a), Some(b)) => a == b,
                     _ => true,
                 }

@@ -94,3 +94,38 @@ fn reports_are_kept_while_the_address_is_in_the_registry() {
         "a freed address keeps no report"
     );
 }
+
+#[test]
+fn a_kept_report_reads_back_whole() {
+    let (mut h, _rx) = hygiene();
+    let job = Job {
+        addr: ip("10.0.0.6"),
+        trigger: Trigger::HolderGone,
+        holder_ifindex: None,
+        holder_mac: None,
+        done: None,
+    };
+    let plain = Report {
+        finished_ns: 42,
+        conntrack_entries: 3,
+        neighbours: 2,
+        announcements: 1,
+        ..Report::new(&job)
+    };
+    h.record(plain.clone(), true);
+    assert_eq!(h.last(ip("10.0.0.6")), Some(plain));
+    let noted = Report {
+        skipped: Some("the node's own address".into()),
+        permanent_neighbours: vec!["10.0.0.6 lladdr 02:00:00:00:00:01".into()],
+        errors: vec!["conntrack: EPERM".into()],
+        ..Report::new(&job)
+    };
+    h.record(noted.clone(), true);
+    assert_eq!(h.last(ip("10.0.0.6")), Some(noted));
+    let rate_limited = Report {
+        announce_skipped: Some("rate-limited (announce_per_second = 50)".into()),
+        ..Report::new(&job)
+    };
+    h.record(rate_limited.clone(), true);
+    assert_eq!(h.last(ip("10.0.0.6")), Some(rate_limited));
+}

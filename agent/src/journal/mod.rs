@@ -44,6 +44,7 @@ use self::{
     format::{frame, Line},
 };
 use crate::{
+    heap::release_freed_memory,
     netdev,
     registry::{AddrRecord, Clock, Registry},
 };
@@ -147,17 +148,6 @@ pub struct Journal<E: Entry = AddrRecord> {
     /// No rewrite or compaction is attempted before this, after one failed.
     retry_at: Option<Instant>,
     last_failure: Option<String>,
-}
-
-/// Gives the heap's free pages back to the system. A rewrite, a compaction or a recovery
-/// handles a copy of the whole registry for a moment; without this the allocator keeps those
-/// pages, and the agent's resident size with them.
-pub fn release_freed_memory() {
-    #[cfg(target_env = "gnu")]
-    // SAFETY: malloc_trim only walks the allocator's own free lists.
-    unsafe {
-        libc::malloc_trim(0);
-    }
 }
 
 fn unix_ms() -> u64 {

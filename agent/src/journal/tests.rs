@@ -438,10 +438,7 @@ fn every_registry_change_reaches_the_journal_even_without_an_effect() {
     journal.commit(&mut registry).unwrap();
     let records = reload();
     let record = records.iter().find(|r| r.addr == a).unwrap();
-    assert_eq!(
-        record.status.holder().unwrap().container_id.as_deref(),
-        Some("c1")
-    );
+    assert_eq!(record.status.holder().unwrap().container_id(), Some("c1"));
 
     registry.holder_gone(8).unwrap();
     clock.advance(Duration::from_secs(5));

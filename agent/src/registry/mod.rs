@@ -36,6 +36,7 @@ mod batch;
 mod clock;
 mod effects;
 mod error;
+mod holder;
 mod snapshot;
 mod transitions;
 mod types;
@@ -243,10 +244,7 @@ impl<C: Clock> Registry<C> {
     /// appending the map write and transition this causes. Every mutation goes through here.
     fn put(&mut self, addr: IpAddr, mut after: Option<AddrRecord>, out: &mut Vec<Effect>) {
         if let Some(record) = &mut after {
-            // The fence slot never stays empty while a displaced holder lives.
-            if record.fenced.is_none() && !record.displaced.is_empty() {
-                record.fenced = Some(record.displaced.remove(0));
-            }
+            record.refill_fence_slot();
         }
         self.changed.insert(addr);
         let before = self.records.remove(&addr);
@@ -330,10 +328,10 @@ impl<C: Clock> Registry<C> {
                 }
                 deadlines.insert((until, *addr));
             }
-            if record.fenced.is_none() && !record.displaced.is_empty() {
+            if record.fenced().is_none() && !record.displaced().is_empty() {
                 return Err(format!("{addr}: displaced holders but an empty fence slot"));
             }
-            if let (Some(h), Some(b)) = (record.status.holder(), &record.blocked_claimant) {
+            if let (Some(h), Some(b)) = (record.status.holder(), record.blocked_claimant()) {
                 if h.same_as(b) {
                     return Err(format!("{addr}: blocked claimant is the holder"));
                 }
@@ -376,7 +374,7 @@ impl<C: Clock> Registry<C> {
 
 /// The container id of a record's live holder, if it names one.
 fn container_of(record: &AddrRecord) -> Option<&str> {
-    record.status.holder()?.container_id.as_deref()
+    record.status.holder()?.container_id()
 }
 
 /// The registry's key for `addr`: IPv4-mapped IPv6 as IPv4 (the datapath key of both is the

@@ -45,9 +45,11 @@ fn addr(i: usize) -> IpAddr {
 
 fn holder(i: usize) -> Holder {
     let ifindex = 1 + (i / CONTAINERS.len()) as u32 % IFINDEXES;
-    let mut h = Holder::new(ifindex, format!("veth{ifindex}"));
-    h.container_id = CONTAINERS[i % CONTAINERS.len()].map(String::from);
-    h
+    let h = Holder::new(ifindex, format!("veth{ifindex}"));
+    match CONTAINERS[i % CONTAINERS.len()] {
+        Some(id) => h.with_container_id(id),
+        None => h,
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -345,8 +347,8 @@ proptest! {
             match what {
                 0 if len > 0 => { let r = snapshot.records[which % len].clone(); snapshot.records.push(r) }
                 1 if len > 0 => snapshot.records[which % len].addr = addr(h),
-                2 if len > 0 => snapshot.records[which % len].fenced = Some(Holder::new(n as u32 % 3, "x")),
-                3 if len > 0 => snapshot.records[which % len].blocked_claimant = Some(holder(h)),
+                2 if len > 0 => snapshot.records[which % len].set_fenced(Some(Holder::new(n as u32 % 3, "x"))),
+                3 if len > 0 => snapshot.records[which % len].set_blocked_claimant(Some(holder(h))),
                 4 if len > 0 => snapshot.records[which % len].status = AddrStatus::Quarantined {
                     since: n % 2_000_000_000_000,
                     until: n.rotate_left(7) % 2_000_000_000_000,

@@ -131,15 +131,15 @@ fn validate(record: &AddrRecord, now: MonoNs) -> Result<(), RecordProblem> {
         .holder()
         .into_iter()
         .chain(previous)
-        .chain(record.fenced.as_ref())
-        .chain(record.blocked_claimant.as_ref())
-        .chain(record.displaced.iter());
+        .chain(record.fenced())
+        .chain(record.blocked_claimant())
+        .chain(record.displaced().iter());
     for holder in named {
         if holder.ifindex == NO_IFINDEX {
             return Err(RecordProblem::ZeroIfindex);
         }
     }
-    if let (Some(holder), Some(blocked)) = (record.status.holder(), &record.blocked_claimant) {
+    if let (Some(holder), Some(blocked)) = (record.status.holder(), record.blocked_claimant()) {
         if holder.same_as(blocked) {
             return Err(RecordProblem::BlockedIsHolder);
         }

@@ -15,6 +15,7 @@ use crate::config::{Config, EarlyReusePolicy};
 
 mod batch;
 mod durability;
+mod footprint;
 mod lifecycle;
 mod policies;
 

@@ -125,13 +125,13 @@ impl<C: Clock> Registry<C> {
                 // Only a netlink claim gets here: the workload exists, so it is fenced until
                 // the address is free for it. The newest claimant takes the datapath's slot
                 // (its route is the one just installed); an earlier one is displaced.
-                if let Some(earlier) = next.blocked_claimant.replace(holder.clone()) {
+                if let Some(earlier) = next.replace_blocked_claimant(holder.clone()) {
                     next.displace(earlier);
                 }
             }
             EarlyReusePolicy::FenceOld => {
                 // A claimant left blocked by an earlier `refuse-new` loses to this claim.
-                if let Some(blocked) = next.blocked_claimant.take() {
+                if let Some(blocked) = next.take_blocked_claimant() {
                     next.fence(blocked);
                 }
                 // The old live holder takes the fence slot (unless the interface itself
@@ -218,20 +218,10 @@ impl<C: Clock> Registry<C> {
             let Some(mut next) = self.records.get(&addr).cloned() else {
                 continue;
             };
-            if next.fenced.as_ref().is_some_and(|f| f.ifindex == ifindex) {
-                next.fenced = None;
-            }
-            if next
-                .blocked_claimant
-                .as_ref()
-                .is_some_and(|b| b.ifindex == ifindex)
-            {
-                next.blocked_claimant = None;
-            }
-            next.displaced.retain(|d| d.ifindex != ifindex);
+            next.forget_contestant(ifindex);
             if let Some(holder) = next.status.holder().filter(|h| h.ifindex == ifindex) {
                 let holder = holder.clone();
-                next.status = match next.blocked_claimant.take() {
+                next.status = match next.take_blocked_claimant() {
                     Some(claimant) => AddrStatus::Active {
                         holder: claimant,
                         since: now,
@@ -355,7 +345,7 @@ impl<C: Clock> Registry<C> {
             return Ok(out);
         };
         let mut next = record.clone();
-        if matches!(next.status, AddrStatus::Draining { .. }) && next.blocked_claimant.is_none() {
+        if matches!(next.status, AddrStatus::Draining { .. }) && next.blocked_claimant().is_none() {
             next.fence(holder.clone());
         }
         let now = self.clock.now();
@@ -419,13 +409,13 @@ impl<C: Clock> Registry<C> {
             return;
         };
         let mut next = record.clone();
-        let after = if let Some(claimant) = next.blocked_claimant.take() {
+        let after = if let Some(claimant) = next.take_blocked_claimant() {
             next.status = AddrStatus::Active {
                 holder: claimant,
                 since: now,
             };
             Some(next)
-        } else if let Some(fenced) = next.fenced.clone() {
+        } else if let Some(fenced) = next.fenced().cloned() {
             // (`put` keeps the fence slot filled while any displaced holder lives.)
             next.status = AddrStatus::Draining {
                 holder: fenced,

@@ -2,6 +2,8 @@
 
 use std::{fmt, net::IpAddr, time::Duration};
 
+pub use super::holder::{Holder, PodRef};
+
 use ipq_common::addr::NO_IFINDEX;
 use serde::{Deserialize, Serialize};
 
@@ -13,118 +15,6 @@ pub type MonoNs = u64;
 /// A duration as monotonic nanoseconds, saturating (a `Duration` of centuries does not wrap).
 pub fn duration_ns(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
-}
-
-/// The Kubernetes pod a holder belongs to, as CNI args name it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PodRef {
-    pub namespace: String,
-    pub name: String,
-    /// `K8S_POD_UID`; runtimes older than CNI args v1 do not pass it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub uid: Option<String>,
-}
-
-/// What uses an address on this node: the host side interface plus whatever identity is known.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Holder {
-    pub ifindex: u32,
-    pub ifname: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub container_id: Option<String>,
-    /// The container-side interface (`CNI_IFNAME`): with the container id, a CNI attachment.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cni_ifname: Option<String>,
-    /// The CNI network (conflist `name`) of that attachment.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub network: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub netns: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pod: Option<PodRef>,
-}
-
-impl Holder {
-    /// A holder known only by its interface.
-    pub fn new(ifindex: u32, ifname: impl Into<String>) -> Self {
-        Self {
-            ifindex,
-            ifname: ifname.into(),
-            container_id: None,
-            cni_ifname: None,
-            network: None,
-            netns: None,
-            pod: None,
-        }
-    }
-
-    pub fn with_container_id(mut self, id: impl Into<String>) -> Self {
-        self.container_id = Some(id.into());
-        self
-    }
-
-    pub fn with_cni_ifname(mut self, ifname: impl Into<String>) -> Self {
-        self.cni_ifname = Some(ifname.into());
-        self
-    }
-
-    pub fn with_netns(mut self, netns: impl Into<String>) -> Self {
-        self.netns = Some(netns.into());
-        self
-    }
-
-    pub fn with_pod(mut self, pod: PodRef) -> Self {
-        self.pod = Some(pod);
-        self
-    }
-
-    /// Two holders are the same iff they have the same interface and, when both carry a
-    /// container id, the same container id. (A netlink-only observation knows no container.)
-    pub fn same_as(&self, other: &Holder) -> bool {
-        self.ifindex == other.ifindex
-            && match (&self.container_id, &other.container_id) {
-                (Some(a), Some(b)) => a == b,
-                _ => true,
-            }
-    }
-
-    /// Fills identity fields this holder lacks from `other` (the same holder seen by a richer
-    /// source). Never overwrites what is known. Returns whether anything changed.
-    pub(crate) fn merge_identity(&mut self, other: &Holder) -> bool {
-        let mut changed = false;
-        if self.ifname.is_empty() && !other.ifname.is_empty() {
-            self.ifname.clone_from(&other.ifname);
-            changed = true;
-        }
-        changed |= fill(&mut self.container_id, &other.container_id);
-        changed |= fill(&mut self.cni_ifname, &other.cni_ifname);
-        changed |= fill(&mut self.network, &other.network);
-        changed |= fill(&mut self.netns, &other.netns);
-        changed |= fill(&mut self.pod, &other.pod);
-        changed
-    }
-}
-
-fn fill<T: Clone>(slot: &mut Option<T>, from: &Option<T>) -> bool {
-    if slot.is_none() && from.is_some() {
-        slot.clone_from(from);
-        true
-    } else {
-        false
-    }
-}
-
-impl fmt::Display for Holder {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} (ifindex {})", self.ifname, self.ifindex)?;
-        if let Some(pod) = &self.pod {
-            write!(f, " pod {}/{}", pod.namespace, pod.name)?;
-        }
-        if let Some(id) = &self.container_id {
-            write!(f, " container {}", id.get(..12).unwrap_or(id))?;
-        }
-        Ok(())
-    }
 }
 
 /// Who made a claim. `refuse-new` can refuse an explicit claim (CNI, API) but only fence one it
@@ -226,36 +116,117 @@ impl AddrStatus {
 }
 
 /// Everything the registry knows about one address.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+///
+/// Kept small, since a registry holds one per address (65536 by default): the holders that
+/// only contested addresses have (fenced, blocked claimant, displaced) live in one box that
+/// exists only while one of them does. Its JSON (journal, API) is the flat object it always was.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(from = "RecordWire")]
 pub struct AddrRecord {
     pub addr: IpAddr,
-    #[serde(flatten)]
     pub status: AddrStatus,
-    /// A live holder whose traffic with this address is dropped both ways: the old holder under
-    /// `fence-old`, or a Draining holder another machine claims the address from.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub fenced: Option<Holder>,
-    /// Under `refuse-new`: a claimant seen only on netlink, fenced until the live holder is gone
-    /// (or the quarantine is over), then promoted to Active holder without any action.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub blocked_claimant: Option<Holder>,
-    /// Earlier holders displaced while `fenced` was already taken (three or more claimants on
-    /// one address). The datapath has one fence slot, so these rely on the duplicate-source
-    /// check for what they send; the registry keeps them so that the address does not fall
-    /// Free while one of them still lives (see [`Registry::tick`](super::Registry::tick)), and
-    /// moves the first of them into `fenced` whenever that slot empties.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub displaced: Vec<Holder>,
+    /// `None` when no holder is fenced, blocked or displaced; never `Some` of an empty contest,
+    /// so that equality does not depend on the path a record took.
+    contest: Option<Box<Contest>>,
     /// Conflicts recorded for this address since it left Free.
-    #[serde(default)]
     pub conflicts: u32,
     /// An early reuse of this address was let through (`on_early_reuse = observe`): what the
     /// datapath sees between its holders is counted, never dropped, until the address is Free
     /// again. Journaled, and mirrored in the datapath entry's `FLAG_OBSERVE_ONLY`, so that a
     /// restart, an upgrade or a lost journal never turns observation into enforcement.
     /// (Journals written before this field read as `false`; the pinned flag fills it in.)
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub observe_only: bool,
+}
+
+/// The live holders of a contested address other than its holder.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Contest {
+    /// A live holder whose traffic with this address is dropped both ways: the old holder under
+    /// `fence-old`, or a Draining holder another machine claims the address from.
+    fenced: Option<Holder>,
+    /// Under `refuse-new`: a claimant seen only on netlink, fenced until the live holder is gone
+    /// (or the quarantine is over), then promoted to Active holder without any action.
+    blocked_claimant: Option<Holder>,
+    /// Earlier holders displaced while `fenced` was already taken (three or more claimants on
+    /// one address). The datapath has one fence slot, so these rely on the duplicate-source
+    /// check for what they send; the registry keeps them so that the address does not fall
+    /// Free while one of them still lives (see [`Registry::tick`](super::Registry::tick)), and
+    /// moves the first of them into `fenced` whenever that slot empties.
+    displaced: Vec<Holder>,
+}
+
+impl Contest {
+    fn is_empty(&self) -> bool {
+        self.fenced.is_none() && self.blocked_claimant.is_none() && self.displaced.is_empty()
+    }
+}
+
+/// A record as JSON has it: the status flattened into one object with the other fields.
+#[derive(Deserialize)]
+struct RecordWire {
+    addr: IpAddr,
+    #[serde(flatten)]
+    status: AddrStatus,
+    #[serde(default)]
+    fenced: Option<Holder>,
+    #[serde(default)]
+    blocked_claimant: Option<Holder>,
+    #[serde(default)]
+    displaced: Vec<Holder>,
+    #[serde(default)]
+    conflicts: u32,
+    #[serde(default)]
+    observe_only: bool,
+}
+
+impl From<RecordWire> for AddrRecord {
+    fn from(wire: RecordWire) -> Self {
+        let mut record = AddrRecord::new(wire.addr, wire.status);
+        record.conflicts = wire.conflicts;
+        record.observe_only = wire.observe_only;
+        let contest = Contest {
+            fenced: wire.fenced,
+            blocked_claimant: wire.blocked_claimant,
+            displaced: wire.displaced,
+        };
+        // Nearly every record has none: no box to allocate (and free) for them on a load.
+        if !contest.is_empty() {
+            record.contest = Some(Box::new(contest));
+        }
+        record
+    }
+}
+
+/// The same object, borrowed: serializing a record copies nothing.
+#[derive(Serialize)]
+struct RecordRef<'a> {
+    addr: IpAddr,
+    #[serde(flatten)]
+    status: &'a AddrStatus,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fenced: Option<&'a Holder>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    blocked_claimant: Option<&'a Holder>,
+    #[serde(skip_serializing_if = "<[Holder]>::is_empty")]
+    displaced: &'a [Holder],
+    conflicts: u32,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    observe_only: bool,
+}
+
+impl Serialize for AddrRecord {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        RecordRef {
+            addr: self.addr,
+            status: &self.status,
+            fenced: self.fenced(),
+            blocked_claimant: self.blocked_claimant(),
+            displaced: self.displaced(),
+            conflicts: self.conflicts,
+            observe_only: self.observe_only,
+        }
+        .serialize(serializer)
+    }
 }
 
 impl AddrRecord {
@@ -263,9 +234,7 @@ impl AddrRecord {
         Self {
             addr,
             status,
-            fenced: None,
-            blocked_claimant: None,
-            displaced: Vec::new(),
+            contest: None,
             conflicts: 0,
             observe_only: false,
         }
@@ -275,28 +244,83 @@ impl AddrRecord {
         self.status.name()
     }
 
+    /// The fenced holder: a live holder whose traffic with this address is dropped both ways
+    /// (the old holder under `fence-old`, or a Draining holder another machine claims the
+    /// address from).
+    pub fn fenced(&self) -> Option<&Holder> {
+        self.contest.as_ref()?.fenced.as_ref()
+    }
+
+    /// Under `refuse-new`: a claimant seen only on netlink, fenced until the live holder is
+    /// gone (or the quarantine is over), then promoted to Active holder without any action.
+    pub fn blocked_claimant(&self) -> Option<&Holder> {
+        self.contest.as_ref()?.blocked_claimant.as_ref()
+    }
+
+    /// Earlier holders displaced while the fence slot was already taken (three or more
+    /// claimants on one address): kept so that the address does not fall Free while one of
+    /// them still lives; the first moves into the fence slot whenever it empties.
+    pub fn displaced(&self) -> &[Holder] {
+        self.contest.as_ref().map_or(&[], |c| &c.displaced)
+    }
+
+    pub(crate) fn set_fenced(&mut self, holder: Option<Holder>) {
+        if holder.is_some() || self.contest.is_some() {
+            self.edit_contest(|c| c.fenced = holder);
+        }
+    }
+
+    #[cfg(test)]
+    pub(crate) fn set_blocked_claimant(&mut self, holder: Option<Holder>) {
+        if holder.is_some() || self.contest.is_some() {
+            self.edit_contest(|c| c.blocked_claimant = holder);
+        }
+    }
+
+    /// The blocked claimant becomes `holder`; returns the earlier one.
+    pub(crate) fn replace_blocked_claimant(&mut self, holder: Holder) -> Option<Holder> {
+        self.edit_contest(|c| c.blocked_claimant.replace(holder))
+    }
+
+    pub(crate) fn take_blocked_claimant(&mut self) -> Option<Holder> {
+        self.contest.as_ref()?;
+        self.edit_contest(|c| c.blocked_claimant.take())
+    }
+
+    /// The fenced holder, to edit in place (its identity; not who it is).
+    pub(crate) fn fenced_mut(&mut self) -> Option<&mut Holder> {
+        self.contest.as_mut()?.fenced.as_mut()
+    }
+
+    /// Changes the contest through `edit`, keeping the box only while it holds someone. (Callers
+    /// that may change nothing check first, so that no box is made and dropped for nothing.)
+    fn edit_contest<T>(&mut self, edit: impl FnOnce(&mut Contest) -> T) -> T {
+        let contest = self.contest.get_or_insert_with(Box::default);
+        let result = edit(contest);
+        if contest.is_empty() {
+            self.contest = None;
+        }
+        result
+    }
+
     /// The interface whose traffic with this address the datapath drops both ways: the blocked
     /// claimant, else the fenced holder, else [`NO_IFINDEX`]. (The registry never sets both.)
     pub fn fenced_ifindex(&self) -> u32 {
-        self.blocked_claimant
-            .as_ref()
-            .or(self.fenced.as_ref())
+        self.blocked_claimant()
+            .or(self.fenced())
             .map_or(NO_IFINDEX, |h| h.ifindex)
     }
 
     /// Whether `holder` is the fenced holder, the blocked claimant or a displaced holder.
     pub fn is_fenced(&self, holder: &Holder) -> bool {
-        self.fenced.as_ref().is_some_and(|f| f.same_as(holder))
-            || self
-                .blocked_claimant
-                .as_ref()
-                .is_some_and(|b| b.same_as(holder))
-            || self.displaced.iter().any(|d| d.same_as(holder))
+        self.fenced().is_some_and(|f| f.same_as(holder))
+            || self.blocked_claimant().is_some_and(|b| b.same_as(holder))
+            || self.displaced().iter().any(|d| d.same_as(holder))
     }
 
     /// Puts `holder` in the fence slot; whoever held it, if still someone else, is displaced.
     pub(crate) fn fence(&mut self, holder: Holder) {
-        if let Some(previous) = self.fenced.replace(holder) {
+        if let Some(previous) = self.edit_contest(|c| c.fenced.replace(holder)) {
             self.displace(previous);
         }
     }
@@ -306,23 +330,55 @@ impl AddrRecord {
         let current = self.status.holder();
         let known = current.is_some_and(|h| h.same_as(&holder)) || self.is_fenced(&holder);
         if !known {
-            self.displaced.push(holder);
+            self.edit_contest(|c| c.displaced.push(holder));
         }
     }
 
     /// Forgets `holder` wherever it is fenced (it becomes the holder, or is refused).
     pub(crate) fn unfence(&mut self, holder: &Holder) {
-        if self.fenced.as_ref().is_some_and(|f| f.same_as(holder)) {
-            self.fenced = None;
+        if self.contest.is_none() {
+            return;
         }
-        if self
-            .blocked_claimant
-            .as_ref()
-            .is_some_and(|b| b.same_as(holder))
-        {
-            self.blocked_claimant = None;
+        self.edit_contest(|c| {
+            if c.fenced.as_ref().is_some_and(|f| f.same_as(holder)) {
+                c.fenced = None;
+            }
+            if c.blocked_claimant
+                .as_ref()
+                .is_some_and(|b| b.same_as(holder))
+            {
+                c.blocked_claimant = None;
+            }
+            c.displaced.retain(|d| !d.same_as(holder));
+        });
+    }
+
+    /// Forgets interface `ifindex` wherever it is fenced, blocked or displaced (it is gone).
+    pub(crate) fn forget_contestant(&mut self, ifindex: u32) {
+        if self.contest.is_none() {
+            return;
         }
-        self.displaced.retain(|d| !d.same_as(holder));
+        self.edit_contest(|c| {
+            if c.fenced.as_ref().is_some_and(|f| f.ifindex == ifindex) {
+                c.fenced = None;
+            }
+            if c.blocked_claimant
+                .as_ref()
+                .is_some_and(|b| b.ifindex == ifindex)
+            {
+                c.blocked_claimant = None;
+            }
+            c.displaced.retain(|d| d.ifindex != ifindex);
+        });
+    }
+
+    /// The fence slot never stays empty while a displaced holder lives: the first moves in.
+    pub(crate) fn refill_fence_slot(&mut self) {
+        if let Some(c) = self.contest.as_mut() {
+            if c.fenced.is_none() && !c.displaced.is_empty() {
+                c.fenced = Some(c.displaced.remove(0));
+            }
+        }
     }
 
     /// Every holder this record names as alive: holder, fenced, blocked claimant, displaced.
@@ -330,9 +386,9 @@ impl AddrRecord {
         self.status
             .holder()
             .into_iter()
-            .chain(self.fenced.as_ref())
-            .chain(self.blocked_claimant.as_ref())
-            .chain(self.displaced.iter())
+            .chain(self.fenced())
+            .chain(self.blocked_claimant())
+            .chain(self.displaced().iter())
     }
 
     pub(crate) fn live_ifindexes(&self) -> impl Iterator<Item = u32> + '_ {

@@ -304,15 +304,13 @@ impl Tracker {
                 name: spec.interface.clone(),
             });
         }
-        Ok(Holder {
-            ifindex,
-            ifname: spec.interface.clone(),
-            container_id: spec.container_id.clone(),
-            cni_ifname: spec.cni_ifname.clone(),
-            network: spec.network.clone(),
-            netns: spec.netns.clone(),
-            pod: spec.pod.clone(),
-        })
+        Ok(Holder::new(ifindex, spec.interface.clone()).with_identity(
+            spec.container_id.clone(),
+            spec.cni_ifname.clone(),
+            spec.network.clone(),
+            spec.netns.clone(),
+            spec.pod.clone(),
+        ))
     }
 
     fn api_drain(&mut self, addr: IpAddr) -> Result<ChangedResponse, ApiError> {
@@ -341,8 +339,8 @@ impl Tracker {
     /// CNI DEL: the attachment's holder is terminating. Also used to replay spooled DELs.
     pub fn drain_attachment(&mut self, request: &DrainAttachmentRequest) -> ChangedResponse {
         let of_attachment = |h: &Holder| {
-            h.container_id.as_deref() == Some(request.container_id.as_str())
-                && match (&request.cni_ifname, &h.cni_ifname) {
+            h.container_id() == Some(request.container_id.as_str())
+                && match (request.cni_ifname.as_deref(), h.cni_ifname()) {
                     (Some(asked), Some(known)) => asked == known,
                     _ => true,
                 }
@@ -371,11 +369,11 @@ impl Tracker {
                 .insert(a.ifname.as_str());
         }
         let valid = |h: &Holder| {
-            let Some(id) = h.container_id.as_deref() else {
+            let Some(id) = h.container_id() else {
                 // Not made through CNI: GC has no say over it.
                 return true;
             };
-            if let (Some(collected), Some(own)) = (&request.network, &h.network) {
+            if let (Some(collected), Some(own)) = (request.network.as_deref(), h.network()) {
                 if collected != own {
                     // Another network's runtime state: its own GC judges it.
                     return true;
@@ -383,7 +381,7 @@ impl Tracker {
             }
             listed
                 .get(id)
-                .is_some_and(|ifnames| h.cni_ifname.as_deref().is_none_or(|i| ifnames.contains(i)))
+                .is_some_and(|ifnames| h.cni_ifname().is_none_or(|i| ifnames.contains(i)))
         };
         let targets: Vec<(IpAddr, Holder)> = self
             .registry

@@ -192,7 +192,7 @@ impl Tracker {
         // than an explicit claim (CNI, API), which names a container. Letting it contest one
         // would hand the address back to an old holder whose early reuse was only observed,
         // losing the claimant's identity; the datapath sees that old holder's packets anyway.
-        if current.is_some_and(|h| h.container_id.is_some()) {
+        if current.is_some_and(|h| h.container_id().is_some()) {
             return;
         }
         self.observed_claim(addr, holder, "neighbour behind a bridge port");

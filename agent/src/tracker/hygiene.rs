@@ -90,7 +90,7 @@ impl Tracker {
         view.last_flush = self
             .hygiene
             .last(view.address)
-            .map(|r| hygiene_view(r, Some(time)));
+            .map(|r| hygiene_view(&r, Some(time)));
         view
     }
 }

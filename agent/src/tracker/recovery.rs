@@ -107,7 +107,7 @@ impl Tracker {
                 self.journal.invalidate();
             }
         }
-        crate::journal::release_freed_memory();
+        crate::heap::release_freed_memory();
         recovery
     }
 
@@ -247,9 +247,9 @@ fn keep_identities(adopted: &mut AddrRecord, known: &AddrRecord) {
         .status
         .holder()
         .into_iter()
-        .chain(known.fenced.as_ref())
-        .chain(known.blocked_claimant.as_ref())
-        .chain(known.displaced.iter())
+        .chain(known.fenced())
+        .chain(known.blocked_claimant())
+        .chain(known.displaced().iter())
         .cloned()
         .collect();
     let restore = |h: &mut Holder| {
@@ -261,7 +261,7 @@ fn keep_identities(adopted: &mut AddrRecord, known: &AddrRecord) {
         AddrStatus::Active { holder, .. } | AddrStatus::Draining { holder, .. } => restore(holder),
         AddrStatus::Quarantined { .. } => {}
     }
-    if let Some(fenced) = adopted.fenced.as_mut() {
+    if let Some(fenced) = adopted.fenced_mut() {
         restore(fenced);
     }
 }
@@ -306,13 +306,8 @@ fn record_from_entry(
         }
         _ => return None,
     };
-    Some(AddrRecord {
-        addr,
-        status,
-        fenced,
-        blocked_claimant: None,
-        displaced: Vec::new(),
-        conflicts: 0,
-        observe_only: entry.flags & FLAG_OBSERVE_ONLY != 0,
-    })
+    let mut record = AddrRecord::new(addr, status);
+    record.set_fenced(fenced);
+    record.observe_only = entry.flags & FLAG_OBSERVE_ONLY != 0;
+    Some(record)
 }

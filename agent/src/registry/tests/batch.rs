@@ -46,7 +46,7 @@ fn a_full_registry_undoes_the_addresses_already_taken() {
         Some(&h(3)),
         "the old holder is back"
     );
-    assert_eq!(record.fenced, None);
+    assert_eq!(record.fenced().cloned(), None);
 }
 
 #[test]

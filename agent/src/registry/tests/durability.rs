@@ -125,7 +125,7 @@ fn restore_refuses_bad_snapshots_and_keeps_the_registry() {
     type Spoil = fn(&mut AddrRecord);
     let problems: Vec<(Spoil, RecordProblem)> = vec![
         (|r| r.addr = ip("::"), RecordProblem::UnspecifiedAddress),
-        (|r| r.fenced = Some(h(0)), RecordProblem::ZeroIfindex),
+        (|r| r.set_fenced(Some(h(0))), RecordProblem::ZeroIfindex),
         (
             |r| {
                 if let AddrStatus::Active { holder, .. } = &mut r.status {
@@ -135,7 +135,7 @@ fn restore_refuses_bad_snapshots_and_keeps_the_registry() {
             RecordProblem::ZeroIfindex,
         ),
         (
-            |r| r.blocked_claimant = Some(h(5)),
+            |r| r.set_blocked_claimant(Some(h(5))),
             RecordProblem::BlockedIsHolder,
         ),
         (

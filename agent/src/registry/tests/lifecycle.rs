@@ -33,7 +33,11 @@ fn claim_of_a_free_address_makes_it_active() {
         }
     );
     assert_eq!(
-        (record.fenced, record.blocked_claimant, record.conflicts),
+        (
+            record.fenced().cloned(),
+            record.blocked_claimant().cloned(),
+            record.conflicts
+        ),
         (None, None, 0)
     );
     assert_eq!(t.reg.len(), 1);
@@ -64,12 +68,7 @@ fn claim_by_the_same_holder_is_idempotent_and_fills_in_identity() {
     // Known identity is never overwritten by a poorer observation.
     assert!(t.claim("10.0.0.1", h(5), Source::Netlink).is_empty());
     assert_eq!(
-        t.record("10.0.0.1")
-            .status
-            .holder()
-            .unwrap()
-            .container_id
-            .as_deref(),
+        t.record("10.0.0.1").status.holder().unwrap().container_id(),
         Some("c0ffee")
     );
 }

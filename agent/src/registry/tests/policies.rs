@@ -29,7 +29,7 @@ fn fence_old_early_reuse_of_a_draining_address_fences_the_old_holder() {
     );
     let record = t.record("10.0.0.1");
     assert_eq!(record.status.holder(), Some(&h(6)));
-    assert_eq!(record.fenced, Some(h(5)));
+    assert_eq!(record.fenced().cloned(), Some(h(5)));
     assert_eq!(record.conflicts, 1);
     assert_eq!(
         t.entry("10.0.0.1"),
@@ -60,7 +60,10 @@ fn fenced_holder_gone_clears_the_fence_and_the_new_holder_keeps_the_address() {
     let effects = t.ok(|r| r.holder_gone(5));
     assert!(transitions(&effects).is_empty());
     let record = t.record("10.0.0.1");
-    assert_eq!((record.state(), record.fenced), (StateName::Active, None));
+    assert_eq!(
+        (record.state(), record.fenced().cloned()),
+        (StateName::Active, None)
+    );
     assert_eq!(t.entry("10.0.0.1").fenced_ifindex, NO_IFINDEX);
 }
 
@@ -79,7 +82,7 @@ fn fenced_holder_seen_again_on_netlink_stays_fenced() {
     assert_eq!(conflicts(&effects).len(), 1);
     let record = t.record("10.0.0.1");
     assert_eq!(
-        (record.status.holder(), record.fenced.as_ref()),
+        (record.status.holder(), record.fenced()),
         (Some(&h(5)), Some(&h(6)))
     );
     assert_eq!(record.conflicts, 2);
@@ -94,7 +97,7 @@ fn new_holder_gone_while_old_fenced_quarantines_and_then_keeps_the_old_one_fence
     t.ok(|r| r.holder_gone(6));
     let record = t.record("10.0.0.1");
     assert_eq!(
-        (record.state(), record.fenced.clone()),
+        (record.state(), record.fenced().cloned()),
         (StateName::Quarantined, Some(h(5)))
     );
     assert_eq!(t.entry("10.0.0.1").fenced_ifindex, 5);
@@ -127,12 +130,7 @@ fn another_container_on_the_holders_interface_replaces_it_without_fencing() {
         "would drop the new holder"
     );
     assert_eq!(
-        t.record("10.0.0.1")
-            .status
-            .holder()
-            .unwrap()
-            .container_id
-            .as_deref(),
+        t.record("10.0.0.1").status.holder().unwrap().container_id(),
         Some("b")
     );
 }
@@ -187,7 +185,11 @@ fn observe_early_reuse_reports_and_fences_nothing() {
     let record = t.record("10.0.0.1");
     assert_eq!(record.status.holder(), Some(&h(6)));
     assert_eq!(
-        (record.fenced, record.blocked_claimant, record.conflicts),
+        (
+            record.fenced().cloned(),
+            record.blocked_claimant().cloned(),
+            record.conflicts
+        ),
         (None, None, 1)
     );
     assert_eq!(t.entry("10.0.0.1").fenced_ifindex, NO_IFINDEX);
@@ -260,8 +262,8 @@ fn refuse_new_netlink_claim_is_blocked_then_promoted_when_the_old_holder_is_gone
     );
     let record = t.record("10.0.0.1");
     assert_eq!(record.status.holder(), Some(&h(5)));
-    assert_eq!(record.blocked_claimant, Some(h(6)));
-    assert_eq!(record.fenced, None);
+    assert_eq!(record.blocked_claimant().cloned(), Some(h(6)));
+    assert_eq!(record.fenced().cloned(), None);
     assert_eq!(
         t.entry("10.0.0.1"),
         AddrEntry::new(AddrState::Draining, 5, drained_at).with_fenced(6),
@@ -281,7 +283,7 @@ fn refuse_new_netlink_claim_is_blocked_then_promoted_when_the_old_holder_is_gone
     );
     let record = t.record("10.0.0.1");
     assert_eq!(record.status.holder(), Some(&h(6)));
-    assert_eq!(record.blocked_claimant, None);
+    assert_eq!(record.blocked_claimant().cloned(), None);
     assert_eq!(
         t.entry("10.0.0.1"),
         AddrEntry::new(AddrState::Active, 6, t.now())
@@ -321,7 +323,7 @@ fn refuse_new_blocked_claimant_gone_first_is_forgotten() {
     t.ok(|r| r.holder_gone(6));
     let record = t.record("10.0.0.1");
     assert_eq!(
-        (record.state(), record.blocked_claimant),
+        (record.state(), record.blocked_claimant().cloned()),
         (StateName::Active, None)
     );
     assert_eq!(t.entry("10.0.0.1").fenced_ifindex, NO_IFINDEX);
@@ -450,7 +452,7 @@ fn remote_claim_of_an_active_address_is_only_reported() {
         (c.kind, c.old.clone(), c.new.clone()),
         (ConflictKind::RemoteClaim, Some(h(5)), None)
     );
-    assert_eq!(t.record("10.0.0.1").fenced, None);
+    assert_eq!(t.record("10.0.0.1").fenced().cloned(), None);
     assert_eq!(t.record("10.0.0.1").conflicts, 1);
 }
 
@@ -461,14 +463,14 @@ fn remote_claim_of_a_draining_address_fences_the_local_holder() {
     t.ok(|r| r.drain(ip("10.0.0.1"), None));
     let effects = t.ok(|r| r.remote_claim(ip("10.0.0.1")));
     assert_eq!(conflicts(&effects)[0].kind, ConflictKind::RemoteClaim);
-    assert_eq!(t.record("10.0.0.1").fenced, Some(h(5)));
+    assert_eq!(t.record("10.0.0.1").fenced().cloned(), Some(h(5)));
     let entry = t.entry("10.0.0.1");
     assert_eq!((entry.holder_ifindex, entry.fenced_ifindex), (5, 5));
     // Gone later: quarantined as usual, fence cleared.
     t.ok(|r| r.holder_gone(5));
     let record = t.record("10.0.0.1");
     assert_eq!(
-        (record.state(), record.fenced),
+        (record.state(), record.fenced().cloned()),
         (StateName::Quarantined, None)
     );
 }
@@ -528,16 +530,19 @@ fn three_claimants_keep_every_old_holder_tracked_and_cut_off() {
     let record = t.record("10.0.0.1");
     assert_eq!(record.status.holder(), Some(&h(7)));
     assert_eq!(
-        record.fenced,
+        record.fenced().cloned(),
         Some(h(6)),
         "the last displaced holder takes the slot"
     );
-    assert_eq!(record.displaced, vec![h(5)]);
+    assert_eq!(record.displaced().to_vec(), vec![h(5)]);
     assert_eq!(record.conflicts, 2);
     // The slot frees when its holder goes; the next displaced holder takes it.
     t.ok(|r| r.holder_gone(6));
     let record = t.record("10.0.0.1");
-    assert_eq!((record.fenced, record.displaced), (Some(h(5)), vec![]));
+    assert_eq!(
+        (record.fenced().cloned(), record.displaced().to_vec()),
+        (Some(h(5)), vec![])
+    );
     assert_eq!(t.entry("10.0.0.1").fenced_ifindex, 5);
     // The holder goes; the quarantine ends; the still-living old holder keeps the address,
     // cut off, rather than the address falling Free and reconnecting it.
@@ -561,7 +566,10 @@ fn remote_claim_fencing_a_draining_holder_keeps_the_earlier_fenced_one() {
     t.ok(|r| r.drain(ip("10.0.0.1"), None));
     t.ok(|r| r.remote_claim(ip("10.0.0.1")));
     let record = t.record("10.0.0.1");
-    assert_eq!((record.fenced, record.displaced), (Some(h(6)), vec![h(5)]));
+    assert_eq!(
+        (record.fenced().cloned(), record.displaced().to_vec()),
+        (Some(h(6)), vec![h(5)])
+    );
 }
 
 #[test]
@@ -571,8 +579,8 @@ fn refuse_new_newest_netlink_claimant_takes_the_slot_and_the_earlier_one_is_kept
     t.claim("10.0.0.1", h(6), Source::Netlink);
     t.claim("10.0.0.1", h(7), Source::Netlink);
     let record = t.record("10.0.0.1");
-    assert_eq!(record.blocked_claimant, Some(h(7)));
-    assert_eq!(record.fenced, Some(h(6)));
+    assert_eq!(record.blocked_claimant().cloned(), Some(h(7)));
+    assert_eq!(record.fenced().cloned(), Some(h(6)));
     assert_eq!(t.entry("10.0.0.1").fenced_ifindex, 7);
     assert_eq!(t.entry("10.0.0.1").holder_ifindex, 5);
     t.ok(|r| r.holder_gone(5));
