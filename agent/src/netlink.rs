@@ -330,6 +330,10 @@ pub fn subscribe() -> Result<mpsc::UnboundedReceiver<NetEvent>, NetlinkError> {
         MulticastGroup::Neigh,
     ])
     .map_err(NetlinkError::Socket)?;
+    let mut connection = connection;
+    widen_receive_buffer(netlink_sys::AsyncSocket::socket_mut(
+        connection.socket_mut(),
+    ));
     tokio::spawn(connection);
     let (tx, rx) = mpsc::unbounded_channel();
     tokio::spawn(async move {
@@ -347,6 +351,40 @@ pub fn subscribe() -> Result<mpsc::UnboundedReceiver<NetEvent>, NetlinkError> {
         }
     });
     Ok(rx)
+}
+
+/// The event socket's receive buffer. A burst of 48k host routes (a node filling up, a
+/// CNI re-creating its routes) overran the default 208 KiB and forced a full resync, which
+/// at 64k addresses costs far more than the memory: the kernel only charges what is queued.
+const EVENT_RCVBUF: libc::c_int = 32 * 1024 * 1024;
+
+/// Sets [`EVENT_RCVBUF`] past `net.core.rmem_max` (SO_RCVBUFFORCE, CAP_NET_ADMIN, which the
+/// agent has), falling back to what SO_RCVBUF allows. Best effort: a smaller buffer only
+/// means an overrun, which the agent detects and answers with a resync.
+fn widen_receive_buffer(socket: &netlink_sys::Socket) {
+    use std::os::fd::AsRawFd;
+    let fd = socket.as_raw_fd();
+    let size = EVENT_RCVBUF;
+    let set = |option| {
+        // SAFETY: `fd` is the open netlink socket `socket` owns for this call's duration, and
+        // the option value is a live c_int of the length given.
+        unsafe {
+            libc::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                option,
+                (&size as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        }
+    };
+    if set(libc::SO_RCVBUFFORCE) != 0 && set(libc::SO_RCVBUF) != 0 {
+        log::warn!(
+            "netlink events: the receive buffer keeps its default size ({}); a burst of \
+             route changes may overrun it and cost a full resync",
+            std::io::Error::last_os_error()
+        );
+    }
 }
 
 #[cfg(test)]

@@ -414,3 +414,29 @@ fn a_link_recreated_under_its_index_keeps_its_routes_after_a_resync() {
     }
     assert_eq!(replayed, after);
 }
+
+/// The event socket's buffer is widened past `rmem_max` (the agent runs with CAP_NET_ADMIN, as
+/// these tests do): the kernel reports twice the size set.
+#[test]
+fn the_event_socket_buffer_outgrows_rmem_max() {
+    use std::os::fd::AsRawFd;
+    let socket = netlink_sys::Socket::new(netlink_sys::protocols::NETLINK_ROUTE).unwrap();
+    widen_receive_buffer(&socket);
+    let mut size: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: a live socket and an out-value of the length given.
+    let rc = unsafe {
+        libc::getsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF,
+            (&mut size as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+    assert!(
+        size >= 2 * EVENT_RCVBUF,
+        "SO_RCVBUF {size}: needs CAP_NET_ADMIN (run as root) to pass rmem_max"
+    );
+}
