@@ -236,7 +236,7 @@ pub fn status(status: &Status, now: SystemTime) -> String {
     let mut out = key_values(&pairs);
     if !status.interfaces.is_empty() {
         let any_error = status.interfaces.iter().any(|i| i.error.is_some());
-        let mut header = vec!["IFINDEX", "NAME", "HOOKS", "PROTECTION"];
+        let mut header = vec!["IFINDEX", "NAME", "HOOKS", "ATTACHMENT", "PROTECTION"];
         if any_error {
             header.push("ERROR");
         }
@@ -250,6 +250,7 @@ pub fn status(status: &Status, now: SystemTime) -> String {
                 } else {
                     iface.hooks.join(",")
                 },
+                iface.attachment.clone().unwrap_or_else(|| NONE.to_owned()),
                 iface.protection.clone(),
             ];
             if any_error {

@@ -172,7 +172,7 @@ fn status_shows_readiness_counts_and_hooks() {
     let status = Status {
         ready: true,
         not_ready: None,
-        tc_attach: "tcx".into(),
+        tc_attach: "netlink-then-tcx".into(),
         unprotected: 0,
         version: "0.1.0".into(),
         mode: crate::config::Mode::Enforce,
@@ -190,6 +190,7 @@ fn status_shows_readiness_counts_and_hooks() {
                 name: "vethpa".into(),
                 hooks: vec!["tcx-ingress".into(), "tcx-egress".into()],
                 protection: "protected".into(),
+                attachment: Some("netlink".into()),
                 error: None,
                 failed_attempts: 0,
             },
@@ -198,6 +199,7 @@ fn status_shows_readiness_counts_and_hooks() {
                 name: "up0".into(),
                 hooks: vec!["xdp".into()],
                 protection: "protected".into(),
+                attachment: Some("xdp".into()),
                 error: None,
                 failed_attempts: 0,
             },
@@ -217,10 +219,10 @@ Started:         2026-11-22T09:56:00Z (5m ago)
 Registry:        3/65536 entries: 2 active, 1 draining, 0 quarantined
 Conflicts:       4 total, 1 claims refused
 Interfaces:      2
-TC attach:       tcx
-  IFINDEX  NAME    HOOKS                   PROTECTION
-  5        vethpa  tcx-ingress,tcx-egress  protected
-  12       up0     xdp                     protected
+TC attach:       netlink-then-tcx
+  IFINDEX  NAME    HOOKS                   ATTACHMENT  PROTECTION
+  5        vethpa  tcx-ingress,tcx-egress  netlink     protected
+  12       up0     xdp                     xdp         protected
 "
     );
     let mut failing = status.clone();
@@ -241,7 +243,9 @@ TC attach:       tcx
         "{text}"
     );
     assert!(
-        text.contains("5        vethpa  tcx-egress  failed      tcx-ingress: boom (3 attempts)"),
+        text.contains(
+            "5        vethpa  tcx-egress  netlink     failed      tcx-ingress: boom (3 attempts)"
+        ),
         "{text}"
     );
     let starting = Status {

@@ -99,10 +99,11 @@ impl Tracker {
                 name: target.name.clone(),
                 hooks: target
                     .attached
-                    .iter()
+                    .keys()
                     .map(|p| p.as_str().to_owned())
                     .collect(),
                 protection: target.protection.as_str().to_owned(),
+                attachment: target.attachment(),
                 error: target.last_error.clone(),
                 failed_attempts: target.failures,
             })

@@ -4,7 +4,7 @@
 //! aya's program objects are not `Sync`: each worker owns its own handles, so workers never
 //! share one and need no lock around an attach.
 
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::Arc;
 
 use aya::programs::{
     tc::{self, NlOptions, SchedClassifierLink, TcAttachOptions, TcError, TcHandle},
@@ -16,8 +16,9 @@ use log::{debug, warn};
 
 use super::{
     pins::{self, Attached},
+    queue::JobQueue,
     tc_filter::{self, Direction, Place},
-    Job, JobReport, Role, TcMode,
+    Hooked, Job, JobKind, JobReport, Mechanism, Role, TcMode,
 };
 use crate::paths::{AttachPoint, PinLayout};
 
@@ -41,44 +42,47 @@ impl Programs {
     }
 }
 
-/// Runs jobs from `jobs` until the sender is gone, reporting each on `reports`.
+/// Runs jobs from `jobs` until it is closed, reporting each on `reports`.
 pub fn run(
     layout: PinLayout,
     mode: TcMode,
-    jobs: Arc<Mutex<mpsc::Receiver<Job>>>,
+    jobs: Arc<JobQueue>,
     reports: tokio::sync::mpsc::UnboundedSender<JobReport>,
 ) {
     let mut programs: Option<Programs> = None;
-    loop {
-        let job = {
-            let jobs = jobs.lock().unwrap_or_else(|p| p.into_inner());
-            jobs.recv()
-        };
-        let Ok(job) = job else { return };
-        // Opened lazily and again after a failure: a worker that met EMFILE once recovers
-        // with the next job instead of failing every job after.
-        if programs.is_none() {
-            match Programs::open(&layout) {
-                Ok(opened) => programs = Some(opened),
-                Err(e) => {
-                    let error = format!("opening the pinned programs: {}", chain(&e));
-                    let hooks = job
-                        .role
-                        .points()
-                        .iter()
-                        .map(|p| (*p, Err(error.clone())))
-                        .collect();
-                    let _ = reports.send(JobReport { job, hooks });
-                    continue;
-                }
-            }
-        }
-        let Some(progs) = programs.as_mut() else {
-            continue;
-        };
-        let hooks = attach(progs, &layout, mode, &job);
-        let _ = reports.send(JobReport { job, hooks });
+    while let Some(job) = jobs.take() {
+        let report = run_one(&mut programs, &layout, mode, job.clone());
+        let _ = reports.send(report);
+        jobs.done(&job);
     }
+}
+
+fn run_one(
+    programs: &mut Option<Programs>,
+    layout: &PinLayout,
+    mode: TcMode,
+    job: Job,
+) -> JobReport {
+    // Opened lazily and again after a failure: a worker that met EMFILE once recovers
+    // with the next job instead of failing every job after.
+    let progs = match programs {
+        Some(progs) => progs,
+        None => match Programs::open(layout) {
+            Ok(opened) => programs.insert(opened),
+            Err(e) => {
+                let error = format!("opening the pinned programs: {}", chain(&e));
+                let hooks = job
+                    .role
+                    .points()
+                    .iter()
+                    .map(|p| (*p, Err(error.clone())))
+                    .collect();
+                return JobReport { job, hooks };
+            }
+        },
+    };
+    let hooks = attach(progs, layout, mode, &job);
+    JobReport { job, hooks }
 }
 
 fn attach(
@@ -86,12 +90,17 @@ fn attach(
     layout: &PinLayout,
     mode: TcMode,
     job: &Job,
-) -> Vec<(AttachPoint, Result<Attached, String>)> {
+) -> Vec<(AttachPoint, Result<Hooked, String>)> {
     let (ifname, ifindex) = (job.name.as_str(), job.ifindex);
     match job.role {
         Role::Uplink => vec![(
             AttachPoint::Xdp,
-            pins::attach_xdp(&mut progs.xdp, layout, ifname, ifindex).map_err(|e| chain(&e)),
+            pins::attach_xdp(&mut progs.xdp, layout, ifname, ifindex)
+                .map(|how| Hooked {
+                    how,
+                    by: Mechanism::Xdp,
+                })
+                .map_err(|e| chain(&e)),
         )],
         Role::Workload => [
             (AttachPoint::TcxIngress, &mut progs.ingress),
@@ -99,9 +108,18 @@ fn attach(
         ]
         .into_iter()
         .map(|(point, prog)| {
-            let result = match mode {
-                TcMode::Tcx => attach_tcx(prog, layout, ifname, ifindex, point),
-                TcMode::Netlink => attach_netlink(prog, layout, ifname, ifindex, point),
+            let tc = Tc {
+                prog,
+                layout,
+                ifname,
+                ifindex,
+                point,
+            };
+            let result = match (mode, job.kind) {
+                (TcMode::Tcx, _) => tc.tcx_replacing_filter(),
+                (TcMode::Netlink, _) => tc.netlink(Unpin::Yes).map(Tc::by_netlink),
+                (TcMode::NetlinkThenTcx, JobKind::Protect) => tc.protect_first(),
+                (TcMode::NetlinkThenTcx, JobKind::Upgrade) => tc.upgrade(),
             };
             (point, result)
         })
@@ -123,28 +141,131 @@ fn attach_type(point: AttachPoint) -> TcAttachType {
     }
 }
 
-/// TCX link (pinned, updated in place on restart), then the netlink filter of an earlier
-/// netlink-mode agent removed: the new program runs before the old one goes.
-fn attach_tcx(
-    prog: &mut SchedClassifier,
-    layout: &PinLayout,
-    ifname: &str,
+/// Whether a netlink attach removes the TCX link pin of the hook.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Unpin {
+    /// `tc_attach = "netlink"`: the TCX link an earlier TCX-mode agent left goes.
+    Yes,
+    /// Protect-first: only a dead pin was there, and it is already gone.
+    No,
+}
+
+/// One TC hook of one interface, and the program that goes there.
+struct Tc<'a> {
+    prog: &'a mut SchedClassifier,
+    layout: &'a PinLayout,
+    ifname: &'a str,
     ifindex: u32,
     point: AttachPoint,
-) -> Result<Attached, String> {
-    let how = pins::attach_tc(prog, layout, ifname, ifindex, point).map_err(|e| chain(&e))?;
-    match tc_filter::remove_ipq(ifindex, direction(point)) {
-        Ok(true) => debug!(
-            "{ifname}: removed ipq's netlink {} filter left by netlink mode",
-            direction(point).as_str()
-        ),
-        Ok(false) => {}
-        Err(e) => warn!(
-            "{ifname}: removing ipq's old netlink {} filter: {e}",
-            direction(point).as_str()
-        ),
+}
+
+impl Tc<'_> {
+    fn by_netlink(how: Attached) -> Hooked {
+        Hooked {
+            how,
+            by: Mechanism::Netlink,
+        }
     }
-    Ok(how)
+
+    fn dir(&self) -> Direction {
+        direction(self.point)
+    }
+
+    /// ipq's netlink filter on this hook removed, if it is there. Returns whether it was.
+    fn remove_filter(&self) -> std::io::Result<bool> {
+        let removed = tc_filter::remove_ipq(self.ifindex, self.dir())?;
+        if removed {
+            debug!(
+                "{}: removed ipq's netlink {} filter: the TCX link holds the hook",
+                self.ifname,
+                self.dir().as_str()
+            );
+        }
+        Ok(removed)
+    }
+
+    /// `tc_attach = "tcx"`: TCX link (pinned, updated in place on restart), then the netlink
+    /// filter of an earlier netlink-mode agent removed: the new program runs before the old
+    /// one goes.
+    fn tcx_replacing_filter(self) -> Result<Hooked, String> {
+        let how = pins::attach_tc(
+            self.prog,
+            self.layout,
+            self.ifname,
+            self.ifindex,
+            self.point,
+        )
+        .map_err(|e| chain(&e))?;
+        if let Err(e) = self.remove_filter() {
+            warn!(
+                "{}: removing ipq's old netlink {} filter: {e}",
+                self.ifname,
+                self.dir().as_str()
+            );
+        }
+        Ok(Hooked {
+            how,
+            by: Mechanism::Tcx,
+        })
+    }
+
+    /// Protect-first: a usable pinned TCX link gets the new program (no grace period to wait
+    /// for), else the netlink filter goes in at once and the TCX link comes with the upgrade.
+    /// A filter still there beside the link (an agent stopped in the middle of an upgrade)
+    /// is removed; if that fails, the hook counts as netlink, so that the upgrade retries it.
+    fn protect_first(self) -> Result<Hooked, String> {
+        let reused = pins::reuse_tc(
+            self.prog,
+            self.layout,
+            self.ifname,
+            self.ifindex,
+            self.point,
+        )
+        .map_err(|e| chain(&e))?;
+        if !reused {
+            return self.netlink(Unpin::No).map(Tc::by_netlink);
+        }
+        match self.remove_filter() {
+            Ok(_) => Ok(Hooked {
+                how: Attached::Reused,
+                by: Mechanism::Tcx,
+            }),
+            Err(e) => {
+                warn!(
+                    "{}: removing ipq's {} filter beside its TCX link: {e}; retried",
+                    self.ifname,
+                    self.dir().as_str()
+                );
+                Ok(Hooked {
+                    how: Attached::Reused,
+                    by: Mechanism::Netlink,
+                })
+            }
+        }
+    }
+
+    /// The upgrade: the TCX link first (reused if pinned, else created and pinned), then
+    /// ipq's filter removed. Until both are done the hook stays netlink, and is retried.
+    fn upgrade(self) -> Result<Hooked, String> {
+        let how = pins::attach_tc(
+            self.prog,
+            self.layout,
+            self.ifname,
+            self.ifindex,
+            self.point,
+        )
+        .map_err(|e| format!("creating the TCX link: {}", chain(&e)))?;
+        self.remove_filter().map_err(|e| {
+            format!(
+                "the TCX link is in, but removing ipq's {} filter failed: {e}",
+                self.dir().as_str()
+            )
+        })?;
+        Ok(Hooked {
+            how,
+            by: Mechanism::Tcx,
+        })
+    }
 }
 
 fn os_error(e: &TcError) -> Option<i32> {
@@ -155,73 +276,78 @@ fn os_error(e: &TcError) -> Option<i32> {
     }
 }
 
-/// clsact qdisc plus ipq's direct-action filter at its own priority and handle: replaced in
-/// place when ipq's filter is there (no gap, no second filter), created when the place is free,
-/// refused when someone else's filter holds it. Then the TCX link of an earlier TCX-mode agent
-/// is unpinned (which detaches it).
-fn attach_netlink(
-    prog: &mut SchedClassifier,
-    layout: &PinLayout,
-    ifname: &str,
-    ifindex: u32,
-    point: AttachPoint,
-) -> Result<Attached, String> {
-    let dir = direction(point);
-    match tc::qdisc_add_clsact(ifname) {
-        Ok(()) => {}
-        Err(e) if os_error(&e) == Some(libc::EEXIST) => {}
-        Err(e) => return Err(format!("adding the clsact qdisc: {}", chain(&e))),
-    }
-    let place = tc_filter::place(ifindex, dir)
-        .map_err(|e| format!("listing {} filters: {e}", dir.as_str()))?;
-    let handle = TcHandle::from(TC_FILTER_HANDLE);
-    let how = match place {
-        Place::Foreign(filter) => {
-            return Err(format!(
-                "a foreign {} holds ipq's place on the {} hook (pref {TC_FILTER_PRIORITY} \
-                 handle {TC_FILTER_HANDLE:#x}); ipq does not touch filters it does not own: \
-                 move that filter to another priority",
-                filter.describe(),
-                dir.as_str()
-            ));
+impl Tc<'_> {
+    /// clsact qdisc plus ipq's direct-action filter at its own priority and handle: replaced
+    /// in place when ipq's filter is there (no gap, no second filter), created when the place
+    /// is free, refused when someone else's filter holds it. Then, with [`Unpin::Yes`], the
+    /// TCX link of an earlier TCX-mode agent is unpinned (which detaches it).
+    fn netlink(self, unpin: Unpin) -> Result<Attached, String> {
+        let Tc {
+            prog,
+            layout,
+            ifname,
+            ifindex,
+            point,
+        } = self;
+        let dir = direction(point);
+        match tc::qdisc_add_clsact(ifname) {
+            Ok(()) => {}
+            Err(e) if os_error(&e) == Some(libc::EEXIST) => {}
+            Err(e) => return Err(format!("adding the clsact qdisc: {}", chain(&e))),
         }
-        Place::Ipq => {
-            let link = SchedClassifierLink::attached(
-                ifname,
-                attach_type(point),
-                TC_FILTER_PRIORITY,
-                handle,
-                None,
-            )
-            .map_err(|e| format!("{ifname}: {}", chain(&e)))?;
-            let id = prog
-                .attach_to_link(link)
-                .map_err(|e| format!("replacing ipq's {} filter: {}", dir.as_str(), chain(&e)))?;
-            keep_attached(prog.take_link(id))?;
-            Attached::Reused
-        }
-        Place::Free => {
-            let id = prog
-                .attach_with_options(
+        let place = tc_filter::place(ifindex, dir)
+            .map_err(|e| format!("listing {} filters: {e}", dir.as_str()))?;
+        let handle = TcHandle::from(TC_FILTER_HANDLE);
+        let how = match place {
+            Place::Foreign(filter) => {
+                return Err(format!(
+                    "a foreign {} holds ipq's place on the {} hook (pref {TC_FILTER_PRIORITY} \
+                     handle {TC_FILTER_HANDLE:#x}); ipq does not touch filters it does not own: \
+                     move that filter to another priority",
+                    filter.describe(),
+                    dir.as_str()
+                ));
+            }
+            Place::Ipq => {
+                let link = SchedClassifierLink::attached(
                     ifname,
                     attach_type(point),
-                    TcAttachOptions::Netlink(NlOptions {
-                        priority: TC_FILTER_PRIORITY,
-                        handle,
-                        classid: None,
-                    }),
+                    TC_FILTER_PRIORITY,
+                    handle,
+                    None,
                 )
-                .map_err(|e| format!("adding ipq's {} filter: {}", dir.as_str(), chain(&e)))?;
-            keep_attached(prog.take_link(id))?;
-            Attached::Created
+                .map_err(|e| format!("{ifname}: {}", chain(&e)))?;
+                let id = prog.attach_to_link(link).map_err(|e| {
+                    format!("replacing ipq's {} filter: {}", dir.as_str(), chain(&e))
+                })?;
+                keep_attached(prog.take_link(id))?;
+                Attached::Reused
+            }
+            Place::Free => {
+                let id = prog
+                    .attach_with_options(
+                        ifname,
+                        attach_type(point),
+                        TcAttachOptions::Netlink(NlOptions {
+                            priority: TC_FILTER_PRIORITY,
+                            handle,
+                            classid: None,
+                        }),
+                    )
+                    .map_err(|e| format!("adding ipq's {} filter: {}", dir.as_str(), chain(&e)))?;
+                keep_attached(prog.take_link(id))?;
+                Attached::Created
+            }
+        };
+        if unpin == Unpin::Yes {
+            match pins::remove_pin_of(layout, ifindex, point) {
+                Ok(true) => debug!("{ifname}: unpinned the TCX link left by TCX mode"),
+                Ok(false) => {}
+                Err(e) => warn!("{ifname}: removing the TCX link left by TCX mode: {e}"),
+            }
         }
-    };
-    match pins::remove_pin_of(layout, ifindex, point) {
-        Ok(true) => debug!("{ifname}: unpinned the TCX link left by TCX mode"),
-        Ok(false) => {}
-        Err(e) => warn!("{ifname}: removing the TCX link left by TCX mode: {e}"),
+        Ok(how)
     }
-    Ok(how)
 }
 
 /// `e` and every error under it: aya's errors keep the OS error (EMFILE...) in their source.
