@@ -257,10 +257,12 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
     tracker.start_tc_upgrades();
     info!(
         "started: registry recovered from {recovery:?} with {} addresses, {} attachments, \
-         {} unprotected; metrics on http://{metrics_addr}/metrics",
+         {} unprotected, {} interfaces to move from netlink filters to TCX; metrics on \
+         http://{metrics_addr}/metrics",
         tracker.registry().len(),
         tracker.attacher().attached_points().count(),
         tracker.attacher().unprotected_points().count(),
+        tracker.attacher().pending_upgrades(),
     );
 
     let signal_err = |source| AgentError::Io {

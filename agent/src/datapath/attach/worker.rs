@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use aya::programs::{
-    tc::{self, NlOptions, SchedClassifierLink, TcAttachOptions, TcError, TcHandle},
+    tc::{NlOptions, SchedClassifierLink, TcAttachOptions, TcHandle},
     ProgramError, SchedClassifier, TcAttachType, Xdp,
 };
 use aya_obj::programs::XdpAttachType;
@@ -211,9 +211,12 @@ impl Tc<'_> {
 
     /// Protect-first: a usable pinned TCX link gets the new program (no grace period to wait
     /// for), else the netlink filter goes in at once and the TCX link comes with the upgrade.
-    /// A filter still there beside the link (an agent stopped in the middle of an upgrade)
-    /// is removed; if that fails, the hook counts as netlink, so that the upgrade retries it.
-    fn protect_first(self) -> Result<Hooked, String> {
+    /// Where the filter cannot go (another tool's filter holds ipq's place, no permission for
+    /// the clsact qdisc), the TCX link is created right away: never less protection than
+    /// TCX alone would give. A filter still there beside a reused link (an agent stopped in
+    /// the middle of an upgrade) is removed; if that fails, the hook counts as netlink, so
+    /// that the upgrade retries it.
+    fn protect_first(mut self) -> Result<Hooked, String> {
         let reused = pins::reuse_tc(
             self.prog,
             self.layout,
@@ -223,7 +226,18 @@ impl Tc<'_> {
         )
         .map_err(|e| chain(&e))?;
         if !reused {
-            return self.netlink(Unpin::No).map(Tc::by_netlink);
+            let netlink_error = match self.reborrow().netlink(Unpin::No) {
+                Ok(how) => return Ok(Tc::by_netlink(how)),
+                Err(e) => e,
+            };
+            debug!(
+                "{}: no netlink filter on {} ({netlink_error}); creating the TCX link now",
+                self.ifname,
+                self.dir().as_str()
+            );
+            return self
+                .tcx_replacing_filter()
+                .map_err(|e| format!("{netlink_error}; and as TCX: {e}"));
         }
         match self.remove_filter() {
             Ok(_) => Ok(Hooked {
@@ -241,6 +255,17 @@ impl Tc<'_> {
                     by: Mechanism::Netlink,
                 })
             }
+        }
+    }
+
+    /// The same hook, for a call that consumes it.
+    fn reborrow(&mut self) -> Tc<'_> {
+        Tc {
+            prog: self.prog,
+            layout: self.layout,
+            ifname: self.ifname,
+            ifindex: self.ifindex,
+            point: self.point,
         }
     }
 
@@ -268,14 +293,6 @@ impl Tc<'_> {
     }
 }
 
-fn os_error(e: &TcError) -> Option<i32> {
-    match e {
-        TcError::NetlinkError(e) => e.raw_os_error(),
-        TcError::IoError(e) => e.raw_os_error(),
-        _ => None,
-    }
-}
-
 impl Tc<'_> {
     /// clsact qdisc plus ipq's direct-action filter at its own priority and handle: replaced
     /// in place when ipq's filter is there (no gap, no second filter), created when the place
@@ -290,11 +307,7 @@ impl Tc<'_> {
             point,
         } = self;
         let dir = direction(point);
-        match tc::qdisc_add_clsact(ifname) {
-            Ok(()) => {}
-            Err(e) if os_error(&e) == Some(libc::EEXIST) => {}
-            Err(e) => return Err(format!("adding the clsact qdisc: {}", chain(&e))),
-        }
+        tc_filter::add_clsact(ifindex).map_err(|e| format!("adding the clsact qdisc: {e}"))?;
         let place = tc_filter::place(ifindex, dir)
             .map_err(|e| format!("listing {} filters: {e}", dir.as_str()))?;
         let handle = TcHandle::from(TC_FILTER_HANDLE);
