@@ -51,9 +51,25 @@ pub fn run(
 ) {
     let mut programs: Option<Programs> = None;
     while let Some(job) = jobs.take() {
-        let report = run_one(&mut programs, &layout, mode, job.clone());
+        let _done = Done {
+            jobs: &jobs,
+            job: job.clone(),
+        };
+        let report = run_one(&mut programs, &layout, mode, job);
         let _ = reports.send(report);
-        jobs.done(&job);
+    }
+}
+
+/// Hands a job back as done when dropped, after its report was sent, and also if the worker
+/// panicked: its interface and lane must not stay busy forever.
+struct Done<'a> {
+    jobs: &'a JobQueue,
+    job: Job,
+}
+
+impl Drop for Done<'_> {
+    fn drop(&mut self) {
+        self.jobs.done(&self.job);
     }
 }
 
