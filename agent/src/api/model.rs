@@ -161,6 +161,10 @@ pub struct AddressView {
     /// or `failed` (left out when there is no live holder on a workload interface).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub protection: Option<String>,
+    /// What holds ipq's programs on that interface: `tcx`, `netlink`, `tcx+netlink` (as in
+    /// `/v1/status`); left out when nothing is attached there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attachment: Option<String>,
     /// An early reuse of it was let through (`on_early_reuse = observe`): conflicts between its
     /// holders are counted, never dropped, until it is Free again.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]

@@ -91,7 +91,11 @@ pub fn address_detail(view: &AddressView, now: SystemTime) -> String {
         ("Conflicts".to_owned(), view.conflicts.to_string()),
     ];
     if let Some(protection) = &view.protection {
-        pairs.push(("Protection".to_owned(), protection.clone()));
+        let text = match &view.attachment {
+            Some(attachment) => format!("{protection} ({attachment})"),
+            None => protection.clone(),
+        };
+        pairs.push(("Protection".to_owned(), text));
     }
     if view.observe_only {
         pairs.push((

@@ -43,6 +43,7 @@ fn view(address: &str, state: StateName, since: &str) -> AddressView {
         last_stale: None,
         conflicts: 0,
         protection: None,
+        attachment: None,
         observe_only: false,
         last_flush: None,
     }
@@ -110,6 +111,7 @@ fn list_adds_the_protection_column_only_when_a_holder_is_unprotected() {
     let protected = AddressView {
         holder: Some(Holder::new(5, "vethpa")),
         protection: Some("protected".into()),
+        attachment: Some("netlink".into()),
         ..view("10.77.0.3", StateName::Active, "2026-11-22T10:00:59Z")
     };
     assert_eq!(
@@ -120,8 +122,13 @@ ADDRESS    STATE   HOLDER  SINCE   UNTIL  CONFLICTS  PROTECTION
 10.77.0.3  active  vethpa  1s ago  -      0          protected
 "
     );
-    assert!(!render::addresses(&[protected], now()).contains("PROTECTION"));
+    assert!(!render::addresses(std::slice::from_ref(&protected), now()).contains("PROTECTION"));
     assert!(render::address_detail(&attaching, now()).contains("Protection:"));
+    let detail = render::address_detail(&protected, now());
+    assert!(
+        detail.contains("Protection:        protected (netlink)\n"),
+        "{detail}"
+    );
 }
 
 #[test]

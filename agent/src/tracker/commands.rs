@@ -168,11 +168,14 @@ impl Tracker {
     /// A record's view, with the protection of its live holder's interface.
     fn view_of(&self, record: &crate::registry::AddrRecord, time: &TimeBase) -> AddressView {
         let mut view = address_view(record, time);
-        view.protection = record
+        if let Some(target) = record
             .status
             .holder()
             .and_then(|h| self.protection_of(h.ifindex))
-            .map(|t| t.protection.as_str().to_owned());
+        {
+            view.protection = Some(target.protection.as_str().to_owned());
+            view.attachment = target.attachment();
+        }
         view
     }
 
