@@ -35,6 +35,7 @@ pub mod probe;
 pub mod queue;
 pub mod retry;
 pub mod tc_filter;
+mod tc_hook;
 #[cfg(test)]
 mod tests;
 mod upgrade;
