@@ -76,7 +76,10 @@ pub(super) fn on_report(
     let error = errors.join("; ");
     let delay = upgrade.backoff.next_delay();
     upgrade.failures += 1;
-    if upgrade.last_error.as_deref() != Some(error.as_str()) {
+    if crate::netdev::vanished(&name, ifindex) {
+        // Churn: the interface went away while its move ran; its LinkGone event forgets it.
+        debug!("{name} (if{ifindex}): gone before it moved to TCX: {error}");
+    } else if upgrade.last_error.as_deref() != Some(error.as_str()) {
         warn!(
             "{name} (if{ifindex}): still protected by its netlink filter, moving it to TCX \
              failed: {error}; retrying in {}",
