@@ -254,12 +254,17 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
     let api =
         tokio::spawn(ApiServer::bind(&api_socket, access)?.serve(command_tx, metrics.clone()));
     metrics.set_ready(true);
+    // Only now: a TCX link create holds rtnl_lock for a grace period, and start-up's netlink
+    // requests (the prune above) would wait behind every one.
+    tracker.start_tc_upgrades();
     info!(
         "started: registry recovered from {recovery:?} with {} addresses, {} attachments, \
-         {} unprotected; metrics on http://{metrics_addr}/metrics",
+         {} unprotected, {} interfaces to move from netlink filters to TCX; metrics on \
+         http://{metrics_addr}/metrics",
         tracker.registry().len(),
         tracker.attacher().attached_points().count(),
         tracker.attacher().unprotected_points().count(),
+        tracker.attacher().pending_upgrades(),
     );
 
     let signal_err = |source| AgentError::Io {

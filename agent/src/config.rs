@@ -24,7 +24,8 @@ use crate::{
 /// How the TC programs are attached to workload interfaces (`tc_attach`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TcAttach {
-    /// TCX where the kernel has it (probed at start), else a netlink cls_bpf filter.
+    /// A netlink cls_bpf filter at once; where the kernel has TCX (probed at start), a TCX
+    /// link replaces it in the background.
     Auto,
     /// TCX links only; an attach fails where the kernel lacks TCX.
     Tcx,

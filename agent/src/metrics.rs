@@ -100,6 +100,8 @@ pub struct Metrics {
     pub unprotected_interfaces: IntGaugeVec,
     /// Failed attach attempts, by hook; follows the attacher's count.
     pub attach_failures: IntCounterVec,
+    /// Protected workload interfaces whose netlink filters still wait for their TCX links.
+    pub tc_upgrades_pending: IntGauge,
     pub registry_entries: IntGauge,
     pub registry_capacity: IntGauge,
     /// Claims of new addresses refused because the registry was full; follows the registry's
@@ -233,6 +235,15 @@ impl Metrics {
                 .with_label_values(&[hook.as_str()])
                 .inc_by(0);
         }
+        let tc_upgrades_pending = registered(
+            &registry,
+            IntGauge::new(
+                "ipq_datapath_tc_upgrades_pending",
+                "Workload interfaces protected by ipq's netlink filter that wait for the TCX \
+                 link replacing it (tc_attach = auto on a kernel with TCX; created in the \
+                 background, one at a time). Always 0 in the other modes.",
+            )?,
+        )?;
         let registry_entries = registered(
             &registry,
             IntGauge::new(
@@ -413,6 +424,7 @@ impl Metrics {
             datapath_interfaces,
             unprotected_interfaces,
             attach_failures,
+            tc_upgrades_pending,
             registry_entries,
             registry_capacity,
             registry_full_rejections,

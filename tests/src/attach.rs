@@ -2,14 +2,14 @@
 //! other tools' included (to show they are left alone), ipq's attachment count per hook, and
 //! ipq's link pins.
 
-use std::path::Path;
+use std::{path::Path, time::Duration};
 
 use aya::programs::TcAttachType;
 use ipq::datapath::attach::tc_filter::{self, Direction, Filter};
 
 use crate::{
     attachments::{self, Attachment},
-    lab,
+    lab::{self, Agent},
     netns::NetNs,
 };
 
@@ -40,6 +40,21 @@ pub fn ipq_tc_attachments(ns: &NetNs, ifname: &str, dir: Direction) -> (usize, u
             .count()
     };
     (count(false), count(true))
+}
+
+/// Waits until `agent` has moved every netlink-protected interface to TCX
+/// (`ipq_datapath_tc_upgrades_pending` is 0; at once in the explicit modes and without TCX).
+pub fn wait_tc_upgrades(agent: &Agent) {
+    lab::poll("every TCX upgrade done", Duration::from_secs(120), || {
+        Ok((agent.metric("ipq_datapath_tc_upgrades_pending", &[])? == 0.0).then_some(()))
+    })
+    .unwrap_or_else(|e| {
+        panic!(
+            "{e:#}
+{}",
+            agent.log()
+        )
+    });
 }
 
 /// Names of the link pins under `bpffs_dir/links`.

@@ -61,9 +61,14 @@ impl Attachment {
 
 /// Every program at the TC hook `attach` of `ifname` in `ns`: TCX programs first, then
 /// cls_bpf filters.
+///
+/// The filters are read first: ipq moves a hook from its filter to a TCX link by creating the
+/// link before it deletes the filter, so in this order a hook being moved meanwhile is never
+/// seen with neither (it may be seen with both).
 pub fn tc(ns: &NetNs, ifname: &str, attach: TcAttachType) -> anyhow::Result<Vec<Attachment>> {
+    let filters = tc_filters(ns, ifname, attach)?;
     let mut found = tcx(ns, ifname, attach)?;
-    found.extend(tc_filters(ns, ifname, attach)?);
+    found.extend(filters);
     Ok(found)
 }
 

@@ -3,6 +3,7 @@ pub mod api;
 pub mod attach;
 pub mod attachments;
 pub mod cni;
+pub mod flows;
 pub mod lab;
 pub mod netns;
 pub mod packets;

@@ -99,7 +99,9 @@ fn find<'a>(views: &'a Value, addr: &str) -> Option<&'a Value> {
         .find(|v| v["address"] == addr)
 }
 
-/// Waits until the agent has claimed the pods' four addresses from their host routes.
+/// Waits until the agent has claimed the pods' four addresses from their host routes, and
+/// (under `tc_attach = "auto"` here, a TCX kernel) has moved the pods' interfaces from their
+/// netlink filters to TCX links: the address views, which show the attachment, are stable.
 fn wait_lab_claimed(socket: &Path) {
     poll("the lab's four addresses Active", SETTLE, || {
         let list = request(socket, "GET", "/v1/addresses", None)?.json()?;
@@ -107,6 +109,19 @@ fn wait_lab_claimed(socket: &Path) {
             .iter()
             .all(|a| find(&list["addresses"], a).is_some_and(|v| v["state"] == "active"))
             .then_some(()))
+    })
+    .unwrap_or_else(|e| panic!("{e:#}"));
+    poll("every interface moved to TCX", SETTLE, || {
+        let status = request(socket, "GET", "/v1/status", None)?.json()?;
+        let moving = status["tc_attach"] == "netlink-then-tcx"
+            && status["interfaces"].as_array().is_some_and(|list| {
+                list.iter().any(|i| {
+                    i["attachment"]
+                        .as_str()
+                        .is_some_and(|a| a.contains("netlink"))
+                })
+            });
+        Ok((!moving).then_some(()))
     })
     .unwrap_or_else(|e| panic!("{e:#}"));
 }

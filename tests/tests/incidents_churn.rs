@@ -27,6 +27,7 @@ use std::{
 };
 
 use ipq_tests::{
+    attach::wait_tc_upgrades,
     lab::{poll, Agent, Lab, MapEntry, POD_A_V4, POD_A_V6, POD_B_V4, POD_B_V6},
     netns::NetNs,
 };
@@ -370,7 +371,9 @@ fn churn_of_200_pod_lifecycles_leaves_registry_maps_and_kernel_in_agreement() {
         "ipq_registry_entries vs the map"
     );
 
-    // Attachments: exactly the live workload links and the uplink, nothing of a deleted link.
+    // Attachments: exactly the live workload links and the uplink, nothing of a deleted link
+    // (once the last new pods' netlink filters have moved to TCX links).
+    wait_tc_upgrades(&agent);
     let mut want_pins: BTreeSet<String> = live
         .iter()
         .flat_map(|i| [format!("if{i}-tcx-ingress"), format!("if{i}-tcx-egress")])

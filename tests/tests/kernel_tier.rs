@@ -24,6 +24,7 @@ use std::{
 
 use aya::programs::TcAttachType;
 use ipq_tests::{
+    attach::wait_tc_upgrades,
     attachments::{self, Attachment},
     lab::{
         map_entry as entry, pod_a_and_peer, udp_burst_with, wait_claimed_at_start, wait_for_entry,
@@ -196,6 +197,9 @@ fn sigkill_under_traffic_delivers_no_fenced_packet_and_the_restart_readopts_each
     let mut first = lab.start_agent(&args).expect("starting ipq-agent");
     lab.fence_pod_a().expect("fencing pod a");
     lab.register_pod_b().expect("registering pod b");
+    // Where the kernel has TCX, the filters that protected the pods at first have moved to
+    // their TCX links: those are what the restart must take over.
+    wait_tc_upgrades(&first);
     let attached = hooks(&lab);
     assert_one_ipq_per_hook(&attached, "first agent");
     let (in_before, eg_before) = first.fenced_drops();

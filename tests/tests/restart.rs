@@ -14,7 +14,10 @@ use aya::{
         SchedClassifier, TcAttachType,
     },
 };
-use ipq_tests::lab::{udp_burst, Lab, PEER_V4, PEER_V6, POD_A_V4, POD_A_V6, POD_B_V4, POD_B_V6};
+use ipq_tests::{
+    attach::wait_tc_upgrades,
+    lab::{udp_burst, Lab, PEER_V4, PEER_V6, POD_A_V4, POD_A_V6, POD_B_V4, POD_B_V6},
+};
 
 const N: usize = 10;
 
@@ -72,6 +75,8 @@ fn agent_restarts_leave_no_gap_and_reuse_the_pins() {
     lab.fence_pod_a().expect("fencing pod a");
     lab.register_pod_b().expect("registering pod b");
     check_fenced(&lab, "first agent");
+    // The pods were protected by netlink filters first; their TCX links come right after.
+    wait_tc_upgrades(&first);
 
     let links_dir = lab.bpffs.path().join("links");
     let maps_dir = lab.bpffs.path().join("maps");

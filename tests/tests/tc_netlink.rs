@@ -7,21 +7,14 @@
 //! Needs root, bpffs, `tc` (iproute2) and `target/debug/ipq-agent`; `cargo xtask test`
 //! provides all of them.
 
-use std::{
-    net::{IpAddr, UdpSocket},
-    sync::{
-        atomic::{AtomicBool, Ordering},
-        Arc,
-    },
-    thread,
-    time::Duration,
-};
+use std::{net::IpAddr, thread, time::Duration};
 
 use ipq::datapath::attach::tc_filter::{Direction, Filter};
 use ipq_common::names::{TC_FILTER_HANDLE, TC_FILTER_PRIORITY};
 use ipq_tests::{
     api,
     attach::{filters, ipq_tc_attachments, link_pins},
+    flows::Flows,
     lab::{poll, udp_burst, Lab, PEER_V4, PEER_V6, POD_A_V4, POD_A_V6, POD_B_V4, POD_B_V6},
     netns::{output_of, NetNs},
 };
@@ -153,47 +146,7 @@ fn netlink_filters_enforce_and_a_sigkill_restart_replaces_them_in_place() {
 
     // SIGKILL and a new agent while the fenced pod sends all along, v4 and v6: not one of its
     // datagrams may reach the peer, while pod b's flow (sent the same way) proves traffic ran.
-    let stop = Arc::new(AtomicBool::new(false));
-    let mut flows = Vec::new();
-    for (pod, src, peer) in [
-        (&lab.pod_a, IpAddr::from(POD_A_V4), IpAddr::from(PEER_V4)),
-        (&lab.pod_a, POD_A_V6.into(), PEER_V6.into()),
-        (&lab.pod_b, POD_B_V4.into(), PEER_V4.into()),
-    ] {
-        let rx = lab
-            .peer
-            .run(|| UdpSocket::bind((peer, 0)))
-            .expect("binding a receiver in the peer");
-        rx.set_read_timeout(Some(Duration::from_millis(100)))
-            .unwrap();
-        let port = rx.local_addr().unwrap().port();
-        let tx = pod
-            .run(|| UdpSocket::bind((src, 0)))
-            .expect("binding a sender in a pod");
-        let stop_tx = stop.clone();
-        let sender = thread::spawn(move || {
-            let mut sent = 0u64;
-            while !stop_tx.load(Ordering::Relaxed) {
-                tx.send_to(b"ipq-restart", (peer, port)).expect("send");
-                sent += 1;
-                thread::sleep(Duration::from_millis(2));
-            }
-            sent
-        });
-        let stop_rx = stop.clone();
-        let receiver = thread::spawn(move || {
-            let mut got = 0u64;
-            let mut buf = [0u8; 64];
-            loop {
-                match rx.recv_from(&mut buf) {
-                    Ok(_) => got += 1,
-                    Err(_) if stop_rx.load(Ordering::Relaxed) => return got,
-                    Err(_) => {}
-                }
-            }
-        });
-        flows.push((src, sender, receiver));
-    }
+    let flows = Flows::start(&lab);
     thread::sleep(Duration::from_millis(200));
     first.kill9();
     thread::sleep(Duration::from_millis(300));
@@ -201,21 +154,7 @@ fn netlink_filters_enforce_and_a_sigkill_restart_replaces_them_in_place() {
         .start_agent(&args("netlink"))
         .expect("restarting ipq-agent");
     thread::sleep(Duration::from_millis(300));
-    stop.store(true, Ordering::Relaxed);
-    for (src, sender, receiver) in flows {
-        let sent = sender.join().expect("sender");
-        thread::sleep(Duration::from_millis(150));
-        let got = receiver.join().expect("receiver");
-        assert!(sent > 100, "{src}: only {sent} datagrams sent");
-        if src == IpAddr::from(POD_B_V4) {
-            assert!(got > sent / 2, "pod b: {got} of {sent} delivered");
-        } else {
-            assert_eq!(
-                got, 0,
-                "fenced {src}: {got} of {sent} delivered across the restart"
-            );
-        }
-    }
+    flows.stop_and_check(100, "across the restart");
 
     // Replaced in place: still exactly one ipq filter per hook, nothing else appeared.
     assert_attached_as(&lab, "netlink", "after SIGKILL and restart");

@@ -161,6 +161,10 @@ pub struct AddressView {
     /// or `failed` (left out when there is no live holder on a workload interface).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub protection: Option<String>,
+    /// What holds ipq's programs on that interface: `tcx`, `netlink`, `tcx+netlink` (as in
+    /// `/v1/status`); left out when nothing is attached there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attachment: Option<String>,
     /// An early reuse of it was let through (`on_early_reuse = observe`): conflicts between its
     /// holders are counted, never dropped, until it is Free again.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -285,7 +289,8 @@ pub struct Status {
     /// Why not ready: starting, or the unprotected interfaces with their errors.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub not_ready: Option<String>,
-    /// How TC programs attach on this node: `tcx` or `netlink`.
+    /// How TC programs attach on this node: `tcx`, `netlink`, or `netlink-then-tcx` (`auto` on
+    /// a kernel with TCX: the netlink filter at once, a TCX link in the background).
     #[serde(default)]
     pub tc_attach: String,
     /// Interfaces the configuration names that are not protected (attaching or failed).
@@ -322,6 +327,11 @@ pub struct InterfaceStatus {
     /// `attaching`, `protected` or `failed` (retried with backoff).
     #[serde(default)]
     pub protection: String,
+    /// What holds ipq's programs on the hooks: `tcx`, `netlink` (ipq's cls_bpf filter; under
+    /// `tc_attach = "auto"` on a TCX kernel, until its TCX link is in), `xdp`, or
+    /// `tcx+netlink` halfway through that move. Absent while nothing is attached.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attachment: Option<String>,
     /// The last attach error while not protected.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,

@@ -90,6 +90,7 @@ pub fn address_view(record: &AddrRecord, time: &TimeBase) -> AddressView {
         last_stale,
         conflicts: record.conflicts,
         protection: None,
+        attachment: None,
         observe_only: record.observe_only,
         last_flush: None,
     }

@@ -91,7 +91,11 @@ pub fn address_detail(view: &AddressView, now: SystemTime) -> String {
         ("Conflicts".to_owned(), view.conflicts.to_string()),
     ];
     if let Some(protection) = &view.protection {
-        pairs.push(("Protection".to_owned(), protection.clone()));
+        let text = match &view.attachment {
+            Some(attachment) => format!("{protection} ({attachment})"),
+            None => protection.clone(),
+        };
+        pairs.push(("Protection".to_owned(), text));
     }
     if view.observe_only {
         pairs.push((
@@ -245,7 +249,7 @@ pub fn status(status: &Status, now: SystemTime) -> String {
     let mut out = key_values(&pairs);
     if !status.interfaces.is_empty() {
         let any_error = status.interfaces.iter().any(|i| i.error.is_some());
-        let mut header = vec!["IFINDEX", "NAME", "HOOKS", "PROTECTION"];
+        let mut header = vec!["IFINDEX", "NAME", "HOOKS", "ATTACHMENT", "PROTECTION"];
         if any_error {
             header.push("ERROR");
         }
@@ -259,6 +263,7 @@ pub fn status(status: &Status, now: SystemTime) -> String {
                 } else {
                     iface.hooks.join(",")
                 },
+                iface.attachment.clone().unwrap_or_else(|| NONE.to_owned()),
                 iface.protection.clone(),
             ];
             if any_error {

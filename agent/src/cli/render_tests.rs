@@ -43,6 +43,7 @@ fn view(address: &str, state: StateName, since: &str) -> AddressView {
         last_stale: None,
         conflicts: 0,
         protection: None,
+        attachment: None,
         observe_only: false,
         last_flush: None,
     }
@@ -110,6 +111,7 @@ fn list_adds_the_protection_column_only_when_a_holder_is_unprotected() {
     let protected = AddressView {
         holder: Some(Holder::new(5, "vethpa")),
         protection: Some("protected".into()),
+        attachment: Some("netlink".into()),
         ..view("10.77.0.3", StateName::Active, "2026-11-22T10:00:59Z")
     };
     assert_eq!(
@@ -120,8 +122,13 @@ ADDRESS    STATE   HOLDER  SINCE   UNTIL  CONFLICTS  PROTECTION
 10.77.0.3  active  vethpa  1s ago  -      0          protected
 "
     );
-    assert!(!render::addresses(&[protected], now()).contains("PROTECTION"));
+    assert!(!render::addresses(std::slice::from_ref(&protected), now()).contains("PROTECTION"));
     assert!(render::address_detail(&attaching, now()).contains("Protection:"));
+    let detail = render::address_detail(&protected, now());
+    assert!(
+        detail.contains("Protection:        protected (netlink)\n"),
+        "{detail}"
+    );
 }
 
 #[test]
@@ -172,7 +179,7 @@ fn status_shows_readiness_counts_and_hooks() {
     let status = Status {
         ready: true,
         not_ready: None,
-        tc_attach: "tcx".into(),
+        tc_attach: "netlink-then-tcx".into(),
         unprotected: 0,
         version: "0.1.0".into(),
         mode: crate::config::Mode::Enforce,
@@ -190,6 +197,7 @@ fn status_shows_readiness_counts_and_hooks() {
                 name: "vethpa".into(),
                 hooks: vec!["tcx-ingress".into(), "tcx-egress".into()],
                 protection: "protected".into(),
+                attachment: Some("netlink".into()),
                 error: None,
                 failed_attempts: 0,
             },
@@ -198,6 +206,7 @@ fn status_shows_readiness_counts_and_hooks() {
                 name: "up0".into(),
                 hooks: vec!["xdp".into()],
                 protection: "protected".into(),
+                attachment: Some("xdp".into()),
                 error: None,
                 failed_attempts: 0,
             },
@@ -217,10 +226,10 @@ Started:         2026-11-22T09:56:00Z (5m ago)
 Registry:        3/65536 entries: 2 active, 1 draining, 0 quarantined
 Conflicts:       4 total, 1 claims refused
 Interfaces:      2
-TC attach:       tcx
-  IFINDEX  NAME    HOOKS                   PROTECTION
-  5        vethpa  tcx-ingress,tcx-egress  protected
-  12       up0     xdp                     protected
+TC attach:       netlink-then-tcx
+  IFINDEX  NAME    HOOKS                   ATTACHMENT  PROTECTION
+  5        vethpa  tcx-ingress,tcx-egress  netlink     protected
+  12       up0     xdp                     xdp         protected
 "
     );
     let mut failing = status.clone();
@@ -241,7 +250,9 @@ TC attach:       tcx
         "{text}"
     );
     assert!(
-        text.contains("5        vethpa  tcx-egress  failed      tcx-ingress: boom (3 attempts)"),
+        text.contains(
+            "5        vethpa  tcx-egress  netlink     failed      tcx-ingress: boom (3 attempts)"
+        ),
         "{text}"
     );
     let starting = Status {

@@ -180,7 +180,8 @@ pub const KEYS: &[Key] = &[
     Key {
         name: "tc_attach",
         flag: "tc-attach",
-        help: "auto | tcx | netlink: how TC programs attach (auto probes for TCX)",
+        help: "auto | tcx | netlink: how TC programs attach (auto: the netlink filter at once, \
+               then a TCX link where the kernel has it)",
         kind: Kind::Text,
         set: |c, p, k, v| {
             c.tc_attach = p.tc_attach(k, v)?;

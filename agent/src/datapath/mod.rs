@@ -401,7 +401,8 @@ impl Datapath {
     /// The TC attach mode `tc_attach` asks for on this kernel.
     pub fn tc_mode(&self, tc_attach: TcAttach) -> Result<TcMode, DatapathError> {
         match (tc_attach, self.features.tcx) {
-            (TcAttach::Auto | TcAttach::Tcx, true) => Ok(TcMode::Tcx),
+            (TcAttach::Auto, true) => Ok(TcMode::NetlinkThenTcx),
+            (TcAttach::Tcx, true) => Ok(TcMode::Tcx),
             (TcAttach::Tcx, false) => Err(DatapathError::NoTcx),
             (TcAttach::Auto, false) | (TcAttach::Netlink, _) => Ok(TcMode::Netlink),
         }

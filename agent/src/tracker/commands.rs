@@ -102,10 +102,11 @@ impl Tracker {
                 name: target.name.clone(),
                 hooks: target
                     .attached
-                    .iter()
+                    .keys()
                     .map(|p| p.as_str().to_owned())
                     .collect(),
                 protection: target.protection.as_str().to_owned(),
+                attachment: target.attachment(),
                 error: target.last_error.clone(),
                 failed_attempts: target.failures,
             })
@@ -169,11 +170,14 @@ impl Tracker {
     /// A record's view, with the protection of its live holder's interface.
     fn view_of(&self, record: &crate::registry::AddrRecord, time: &TimeBase) -> AddressView {
         let mut view = address_view(record, time);
-        view.protection = record
+        if let Some(target) = record
             .status
             .holder()
             .and_then(|h| self.protection_of(h.ifindex))
-            .map(|t| t.protection.as_str().to_owned());
+        {
+            view.protection = Some(target.protection.as_str().to_owned());
+            view.attachment = target.attachment();
+        }
         view
     }
 

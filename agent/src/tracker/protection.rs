@@ -43,6 +43,14 @@ impl Tracker {
             attacher.failures(),
         );
         self.metrics
+            .tc_upgrades_pending
+            .set(attacher.pending_upgrades() as i64);
+        self.metrics
             .set_readiness_blocker(attacher.readiness_blocker(Instant::now()));
+    }
+
+    /// Lets the attach workers move netlink-protected interfaces to TCX: once start-up is done.
+    pub fn start_tc_upgrades(&self) {
+        self.attacher.start_upgrades();
     }
 }

@@ -7,7 +7,7 @@ use std::{collections::BTreeSet, fs, time::Duration};
 use ipq::datapath::attach::tc_filter::Direction;
 use ipq_tests::{
     api,
-    attach::{filters, ipq_tc_attachments},
+    attach::{filters, ipq_tc_attachments, wait_tc_upgrades},
     lab::{poll, Agent, Lab},
     netns::{output_of, NetNs},
 };
@@ -198,6 +198,8 @@ fn an_attach_that_meets_emfile_is_retried_until_the_pod_is_protected() {
 
     wait_protected(&agent, "vethpc");
     assert!(agent.metric(FAILURES, &[("hook", "tc_ingress")]).unwrap() >= 1.0);
+    // Protected by its netlink filter first, then moved to TCX.
+    wait_tc_upgrades(&agent);
     for dir in [Direction::Ingress, Direction::Egress] {
         assert_eq!(
             ipq_tc_attachments(&lab.node, "vethpc", dir),

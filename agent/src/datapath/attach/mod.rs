@@ -19,29 +19,40 @@
 //! interface exists, whatever the error (EMFILE, a foreign filter in ipq's place, a missing
 //! clsact). The unprotected ones are what the gauge, `ipq status` and `/readyz` report.
 //!
-//! How TC programs attach is chosen once, at start ([`TcMode`]): TCX where the kernel has it
-//! (probed, [`probe`]), else a cls_bpf filter over netlink ([`tc_filter`]). Each attach also
-//! removes what the other mode left on that hook, after its own program is in place.
+//! How TC programs attach is chosen once, at start ([`TcMode`]): under `tc_attach = "auto"`
+//! on a kernel with TCX (probed, [`probe`]), protect first, upgrade later
+//! ([`TcMode::NetlinkThenTcx`]): an interface without an ipq attachment gets ipq's cls_bpf
+//! filter over netlink ([`tc_filter`]) at once, and is queued for a background swap to a pinned
+//! TCX link, which runs only when no interface waits for protection ([`queue`]). The TCX link
+//! goes in first and ipq's filter goes after it, so enforcement never lapses; for a moment both
+//! run the same program on the same maps. Without TCX it is the filter only; `tc_attach =
+//! "tcx"` and `"netlink"` force one mechanism. Each attach also removes what the other
+//! mechanism left on that hook, after its own program is in place.
 
+mod model;
 pub mod pins;
 pub mod probe;
+pub mod queue;
 pub mod retry;
 pub mod tc_filter;
+mod tc_hook;
 #[cfg(test)]
 mod tests;
+mod upgrade;
 mod worker;
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    sync::{mpsc, Arc, Mutex},
+    sync::Arc,
     time::{Duration, Instant},
 };
 
 use log::{debug, error, info, warn};
 
+pub use model::{Hooked, Job, JobKind, JobReport, Mechanism, Protection, Role, Target, TcMode};
 pub use pins::Attached;
 
-use self::retry::Backoff;
+use self::{queue::JobQueue, retry::Backoff};
 use super::DatapathError;
 use crate::paths::{AttachPoint, PinLayout};
 
@@ -53,106 +64,18 @@ const WORKERS: usize = 4;
 /// normal attach takes milliseconds; this only keeps pod churn from flapping readiness).
 pub const ATTACHING_GRACE: Duration = Duration::from_secs(5);
 
-/// How TC programs are attached on this node.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum TcMode {
-    /// TCX links, pinned under `bpffs_dir/links`.
-    Tcx,
-    /// A clsact qdisc and ipq's cls_bpf filter at `TC_FILTER_PRIORITY`/`TC_FILTER_HANDLE`.
-    Netlink,
-}
-
-impl TcMode {
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Tcx => "tcx",
-            Self::Netlink => "netlink",
-        }
-    }
-}
-
-/// What an interface is to ipq.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Role {
-    /// TC ingress and egress.
-    Workload,
-    /// XDP.
-    Uplink,
-}
-
-impl Role {
-    pub fn points(self) -> &'static [AttachPoint] {
-        match self {
-            Self::Workload => &[AttachPoint::TcxIngress, AttachPoint::TcxEgress],
-            Self::Uplink => &[AttachPoint::Xdp],
-        }
-    }
-}
-
-/// One attach to do.
-#[derive(Clone, Debug)]
-pub struct Job {
-    pub ifindex: u32,
-    pub name: String,
-    pub role: Role,
-    /// Tells an outdated report (the interface was forgotten or wanted again since) from the
-    /// current one.
-    pub generation: u64,
-}
-
-/// What a worker did with a job, per attach point.
-#[derive(Debug)]
-pub struct JobReport {
-    pub job: Job,
-    pub hooks: Vec<(AttachPoint, Result<Attached, String>)>,
-}
-
-/// Where an interface stands.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Protection {
-    Attaching,
-    Protected,
-    Failed,
-}
-
-impl Protection {
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Attaching => "attaching",
-            Self::Protected => "protected",
-            Self::Failed => "failed",
-        }
-    }
-}
-
-/// One wanted interface.
-#[derive(Clone, Debug)]
-pub struct Target {
-    pub name: String,
-    pub role: Role,
-    pub protection: Protection,
-    /// Attach points whose program is in place.
-    pub attached: BTreeSet<AttachPoint>,
-    /// The last error, per attach point, of the last failed attempt.
-    pub last_error: Option<String>,
-    /// Attempts since the last success (0 once protected).
-    pub failures: u32,
-    /// Since when the current protection state holds.
-    pub since: Instant,
-    generation: u64,
-    backoff: Backoff,
-    retry_at: Option<Instant>,
-}
-
 /// The attach machinery the tracker drives.
 pub struct Attacher {
     layout: PinLayout,
     mode: TcMode,
-    jobs: mpsc::Sender<Job>,
+    jobs: Arc<JobQueue>,
     targets: BTreeMap<u32, Target>,
     next_generation: u64,
     /// Failed attach attempts, per attach point, since start (`ipq_datapath_attach_failures_total`).
     failures: BTreeMap<AttachPoint, u64>,
+    /// Whether workers attach on this node's kernel (false in unit tests, whose made-up
+    /// reports name no real interface: nothing is undone there).
+    workers: bool,
 }
 
 impl Attacher {
@@ -161,8 +84,7 @@ impl Attacher {
         layout: PinLayout,
         mode: TcMode,
     ) -> Result<(Self, tokio::sync::mpsc::UnboundedReceiver<JobReport>), DatapathError> {
-        let (jobs, queue) = mpsc::channel::<Job>();
-        let queue = Arc::new(Mutex::new(queue));
+        let queue = Arc::new(JobQueue::default());
         let (reports, receiver) = tokio::sync::mpsc::unbounded_channel();
         for n in 0..WORKERS {
             let (layout, queue, reports) = (layout.clone(), queue.clone(), reports.clone());
@@ -175,26 +97,28 @@ impl Attacher {
             Self {
                 layout,
                 mode,
-                jobs,
+                jobs: queue,
                 targets: BTreeMap::new(),
                 next_generation: 0,
                 failures: BTreeMap::new(),
+                workers: true,
             },
             receiver,
         ))
     }
 
-    /// An attacher without workers: jobs go nowhere, reports come from the test.
+    /// An attacher without workers: the test takes the jobs, and makes up their reports.
     #[cfg(test)]
-    pub(crate) fn without_workers(mode: TcMode) -> (Self, mpsc::Receiver<Job>) {
-        let (jobs, queue) = mpsc::channel();
+    pub(crate) fn without_workers(mode: TcMode) -> (Self, Arc<JobQueue>) {
+        let queue = Arc::new(JobQueue::default());
         let attacher = Self {
             layout: PinLayout::new("/nonexistent/ipq-test"),
             mode,
-            jobs,
+            jobs: queue.clone(),
             targets: BTreeMap::new(),
             next_generation: 0,
             failures: BTreeMap::new(),
+            workers: false,
         };
         (attacher, queue)
     }
@@ -217,35 +141,40 @@ impl Attacher {
             name: name.to_owned(),
             role,
             protection: Protection::Attaching,
-            attached: BTreeSet::new(),
+            attached: BTreeMap::new(),
             last_error: None,
             failures: 0,
             since: Instant::now(),
             generation: self.next_generation,
             backoff: Backoff::default(),
             retry_at: None,
+            upgrade: upgrade::Upgrade::default(),
         };
-        self.queue(ifindex, &target);
+        self.queue(ifindex, &target, JobKind::Protect);
         self.targets.insert(ifindex, target);
     }
 
-    fn queue(&self, ifindex: u32, target: &Target) {
-        let job = Job {
+    fn queue(&self, ifindex: u32, target: &Target, kind: JobKind) {
+        self.jobs.push(Job {
             ifindex,
             name: target.name.clone(),
             role: target.role,
+            kind,
             generation: target.generation,
-        };
-        if self.jobs.send(job).is_err() {
-            error!("{}: the attach workers are gone", target.name);
-        }
+        });
     }
 
-    /// Forgets an interface that went away (or is no longer configured): removes its link pins.
+    /// Forgets an interface that went away (or is no longer configured): drops its queued
+    /// jobs and removes its link pins.
     pub fn forget(&mut self, ifindex: u32) {
         if self.targets.remove(&ifindex).is_none() {
             return;
         }
+        self.jobs.cancel(ifindex);
+        self.remove_pins(ifindex);
+    }
+
+    fn remove_pins(&self, ifindex: u32) {
         for point in AttachPoint::ALL {
             if let Err(e) = pins::remove_pin_of(&self.layout, ifindex, point) {
                 warn!("if{ifindex}: removing its {} pin: {e}", point.as_str());
@@ -261,11 +190,7 @@ impl Attacher {
             return;
         }
         self.forget(ifindex);
-        for dir in [tc_filter::Direction::Ingress, tc_filter::Direction::Egress] {
-            if let Err(e) = tc_filter::remove_ipq(ifindex, dir) {
-                warn!("if{ifindex}: removing ipq's {} filter: {e}", dir.as_str());
-            }
-        }
+        remove_filters(ifindex);
         info!("if{ifindex}: no longer configured, detached");
     }
 
@@ -274,21 +199,28 @@ impl Attacher {
     pub fn on_report(&mut self, report: JobReport) -> bool {
         let ifindex = report.job.ifindex;
         let Some(target) = self.targets.get_mut(&ifindex) else {
+            self.undo_unwanted(&report);
             return false;
         };
         if target.generation != report.job.generation {
             return false;
         }
+        if report.job.kind == JobKind::Upgrade {
+            upgrade::on_report(target, ifindex, report.hooks);
+            return true;
+        }
         let name = target.name.clone();
         let mut errors = Vec::new();
         for (point, result) in report.hooks {
             match result {
-                Ok(how) => {
+                Ok(hooked) => {
                     debug!(
-                        "{name} (if{ifindex}): {} attached ({how:?})",
-                        point.as_str()
+                        "{name} (if{ifindex}): {} attached ({:?}, {})",
+                        point.as_str(),
+                        hooked.how,
+                        hooked.by.as_str()
                     );
-                    target.attached.insert(point);
+                    target.attached.insert(point, hooked.by);
                 }
                 Err(e) => {
                     *self.failures.entry(point).or_default() += 1;
@@ -315,6 +247,11 @@ impl Attacher {
             target.failures = 0;
             target.backoff = Backoff::default();
             target.retry_at = None;
+            target.upgrade = upgrade::Upgrade::default();
+            if self.mode == TcMode::NetlinkThenTcx && upgrade::wanted(target) {
+                let target = target.clone();
+                self.queue(ifindex, &target, JobKind::Upgrade);
+            }
         } else {
             let error = errors.join("; ");
             let delay = target.backoff.next_delay();
@@ -343,7 +280,7 @@ impl Attacher {
         true
     }
 
-    /// Queues the retries that are due. Returns how many.
+    /// Queues the retries that are due, of attaches and of upgrades. Returns how many.
     pub fn retry_due(&mut self, now: Instant) -> usize {
         let due: Vec<u32> = self
             .targets
@@ -358,15 +295,46 @@ impl Attacher {
                 target.retry_at = None;
                 target.generation = generation;
                 let target = target.clone();
-                self.queue(*ifindex, &target);
+                self.queue(*ifindex, &target, JobKind::Protect);
             }
         }
-        due.len()
+        let upgrades: Vec<u32> = self
+            .targets
+            .iter()
+            .filter(|(_, t)| t.upgrade.due(now))
+            .map(|(i, _)| *i)
+            .collect();
+        for ifindex in &upgrades {
+            if let Some(target) = self.targets.get_mut(ifindex) {
+                target.upgrade.queued();
+                let target = target.clone();
+                self.queue(*ifindex, &target, JobKind::Upgrade);
+            }
+        }
+        due.len() + upgrades.len()
     }
 
-    /// When the next retry is due.
+    /// When the next retry (of an attach or an upgrade) is due.
     pub fn next_retry(&self) -> Option<Instant> {
-        self.targets.values().filter_map(|t| t.retry_at).min()
+        self.targets
+            .values()
+            .flat_map(|t| [t.retry_at, t.upgrade.retry_at()])
+            .flatten()
+            .min()
+    }
+
+    /// Lets the queued TCX upgrades run (see [`queue`]): call once start-up is done.
+    pub fn start_upgrades(&self) {
+        self.jobs.start_upgrades();
+    }
+
+    /// Protected interfaces whose netlink filters still wait for their TCX links (always 0
+    /// outside [`TcMode::NetlinkThenTcx`]).
+    pub fn pending_upgrades(&self) -> usize {
+        if self.mode != TcMode::NetlinkThenTcx {
+            return 0;
+        }
+        self.targets.values().filter(|t| upgrade::wanted(t)).count()
     }
 
     /// Whether any interface's attach is still under way (not yet reported once).
@@ -388,7 +356,7 @@ impl Attacher {
     pub fn attached_points(&self) -> impl Iterator<Item = AttachPoint> + '_ {
         self.targets
             .values()
-            .flat_map(|t| t.attached.iter().copied())
+            .flat_map(|t| t.attached.keys().copied())
     }
 
     /// Every wanted attach point not in place: (ifindex, target, point).
@@ -397,7 +365,7 @@ impl Attacher {
             t.role
                 .points()
                 .iter()
-                .filter(|p| !t.attached.contains(p))
+                .filter(|p| !t.attached.contains_key(p))
                 .map(move |p| (*ifindex, t, *p))
         })
     }
@@ -472,5 +440,40 @@ impl Attacher {
         // alive through their own reference; it is all ones, so they stay correct.
         super::maps::unpin_legacy_filter(&self.layout)?;
         Ok(removed)
+    }
+}
+
+impl Attacher {
+    /// A late report for an interface that is no longer wanted (it went away, or was renamed
+    /// out of the configuration, while its job ran): what the job attached is removed again.
+    fn undo_unwanted(&self, report: &JobReport) {
+        if !self.workers || !report.hooks.iter().any(|(_, r)| r.is_ok()) {
+            return;
+        }
+        let ifindex = report.job.ifindex;
+        self.remove_pins(ifindex);
+        if report.job.role == Role::Workload {
+            remove_filters(ifindex);
+        }
+        debug!(
+            "{} (if{ifindex}): no longer wanted, undid its late attach",
+            report.job.name
+        );
+    }
+}
+
+impl Drop for Attacher {
+    /// The workers end with the attacher.
+    fn drop(&mut self) {
+        self.jobs.close();
+    }
+}
+
+/// Removes ipq's netlink filters (only ipq's) from both TC hooks of `ifindex`.
+fn remove_filters(ifindex: u32) {
+    for dir in [tc_filter::Direction::Ingress, tc_filter::Direction::Egress] {
+        if let Err(e) = tc_filter::remove_ipq(ifindex, dir) {
+            warn!("if{ifindex}: removing ipq's {} filter: {e}", dir.as_str());
+        }
     }
 }

@@ -77,7 +77,8 @@ fn pin(link: FdLink, path: &Path) -> Result<(), DatapathError> {
         })
 }
 
-/// Attaches `prog` to the TCX hook `point` of `ifname`, first in the chain.
+/// Attaches `prog` to the TCX hook `point` of `ifname`, first in the chain: through the pinned
+/// link if there is a usable one ([`reuse_tc`]), else a new link, pinned.
 pub fn attach_tc(
     prog: &mut SchedClassifier,
     layout: &PinLayout,
@@ -85,33 +86,15 @@ pub fn attach_tc(
     ifindex: u32,
     point: AttachPoint,
 ) -> Result<Attached, DatapathError> {
+    if reuse_tc(prog, layout, ifname, ifindex, point)? {
+        return Ok(Attached::Reused);
+    }
     let path = layout.link(ifindex, point);
     let attach_err = |source| DatapathError::Attach {
         ifname: ifname.to_owned(),
         point,
         source,
     };
-    if let Some(fd_link) = open_pin(&path)? {
-        match SchedClassifierLink::try_from(fd_link) {
-            Ok(link) => match prog.attach_to_link(link) {
-                Ok(id) => {
-                    // Dropping our handle closes only the fd: the pin keeps the link.
-                    drop(prog.take_link(id).map_err(attach_err)?);
-                    debug!("{ifname}: reused pinned {} link", point.as_str());
-                    return Ok(Attached::Reused);
-                }
-                Err(e) => info!(
-                    "{ifname}: pinned {} link is no longer usable ({e}); creating a new one",
-                    point.as_str()
-                ),
-            },
-            Err(e) => warn!(
-                "{ifname}: pin {} is not a TCX link ({e}); replacing it",
-                path.display()
-            ),
-        }
-        remove_pin(&path)?;
-    }
     let id = prog
         .attach_with_options(
             ifname,
@@ -126,6 +109,47 @@ pub fn attach_tc(
     })?;
     pin(fd_link, &path)?;
     Ok(Attached::Created)
+}
+
+/// Swaps `prog` into the pinned TCX link of (`ifindex`, `point`), if there is one that still
+/// works (`bpf_link_update`: atomic, and no RCU grace period to wait for). Returns whether it
+/// did; a pin whose link is dead or not a TCX link is removed.
+pub fn reuse_tc(
+    prog: &mut SchedClassifier,
+    layout: &PinLayout,
+    ifname: &str,
+    ifindex: u32,
+    point: AttachPoint,
+) -> Result<bool, DatapathError> {
+    let path = layout.link(ifindex, point);
+    let Some(fd_link) = open_pin(&path)? else {
+        return Ok(false);
+    };
+    match SchedClassifierLink::try_from(fd_link) {
+        Ok(link) => match prog.attach_to_link(link) {
+            Ok(id) => {
+                // Dropping our handle closes only the fd: the pin keeps the link.
+                let taken = prog.take_link(id).map_err(|source| DatapathError::Attach {
+                    ifname: ifname.to_owned(),
+                    point,
+                    source,
+                })?;
+                drop(taken);
+                debug!("{ifname}: reused pinned {} link", point.as_str());
+                return Ok(true);
+            }
+            Err(e) => info!(
+                "{ifname}: pinned {} link is no longer usable ({e}); replacing it",
+                point.as_str()
+            ),
+        },
+        Err(e) => warn!(
+            "{ifname}: pin {} is not a TCX link ({e}); replacing it",
+            path.display()
+        ),
+    }
+    remove_pin(&path)?;
+    Ok(false)
 }
 
 /// Attaches `prog` as the XDP program of the uplink `ifname`.

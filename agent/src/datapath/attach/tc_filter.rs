@@ -11,7 +11,8 @@ use std::io;
 use ipq_common::names::{TC_FILTER_HANDLE, TC_FILTER_PRIORITY};
 use rtnetlink::{
     packet_core::{
-        NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST,
+        NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP,
+        NLM_F_EXCL, NLM_F_REQUEST,
     },
     packet_route::{
         tc::{TcAttribute, TcFilterBpfOption, TcHandle, TcHeader, TcMessage, TcOption},
@@ -237,5 +238,29 @@ pub fn remove_ipq(ifindex: u32, direction: Direction) -> io::Result<bool> {
         Ok(()) => Ok(true),
         Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ENODEV)) => Ok(false),
         Err(e) => Err(e),
+    }
+}
+
+/// Adds a clsact qdisc to `ifindex` unless it has one. By index, over ipq's own socket, rather
+/// than through aya's lookup of the name: that lookup reports a lack of file descriptors
+/// (EMFILE) as ENOENT, which would hide the real cause of a failed attach.
+pub fn add_clsact(ifindex: u32) -> io::Result<()> {
+    let mut message = TcMessage::default();
+    message.header.index = ifindex as i32;
+    message.header.handle = TcHandle {
+        major: 0xffff,
+        minor: 0,
+    };
+    message.header.parent = TcHandle::CLSACT;
+    message
+        .attributes
+        .push(TcAttribute::Kind("clsact".to_owned()));
+    let msg = request(
+        RouteNetlinkMessage::NewQueueDiscipline(message),
+        NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL,
+    );
+    match exchange(msg, |_| {}) {
+        Err(e) if e.raw_os_error() == Some(libc::EEXIST) => Ok(()),
+        result => result,
     }
 }

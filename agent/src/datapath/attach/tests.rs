@@ -6,6 +6,14 @@ use std::time::{Duration, Instant};
 use super::*;
 
 fn report(job: &Job, ok: bool) -> JobReport {
+    let by = match job.role {
+        Role::Uplink => Mechanism::Xdp,
+        Role::Workload => Mechanism::Tcx,
+    };
+    report_by(job, ok, by)
+}
+
+fn report_by(job: &Job, ok: bool, by: Mechanism) -> JobReport {
     JobReport {
         job: job.clone(),
         hooks: job
@@ -14,9 +22,15 @@ fn report(job: &Job, ok: bool) -> JobReport {
             .iter()
             .map(|p| {
                 let result = if ok && *p == AttachPoint::TcxIngress {
-                    Ok(Attached::Created)
+                    Ok(Hooked {
+                        how: Attached::Created,
+                        by,
+                    })
                 } else if ok {
-                    Ok(Attached::Reused)
+                    Ok(Hooked {
+                        how: Attached::Reused,
+                        by,
+                    })
                 } else {
                     Err("Too many open files (os error 24)".to_owned())
                 };
@@ -26,16 +40,20 @@ fn report(job: &Job, ok: bool) -> JobReport {
     }
 }
 
+/// The next job a worker would take, handed back as done at once.
+fn take(queue: &JobQueue) -> Option<Job> {
+    let job = queue.try_take()?;
+    queue.done(&job);
+    Some(job)
+}
+
 #[test]
 fn a_wanted_interface_is_attaching_until_its_report_and_queued_once() {
     let (mut attacher, queue) = Attacher::without_workers(TcMode::Netlink);
     attacher.want(7, "vethpa", Role::Workload);
     attacher.want(7, "vethpa", Role::Workload);
-    let job = queue.try_recv().expect("one job");
-    assert!(
-        queue.try_recv().is_err(),
-        "the same want queues nothing more"
-    );
+    let job = take(&queue).expect("one job");
+    assert!(take(&queue).is_none(), "the same want queues nothing more");
     assert!(attacher.attaching());
     assert_eq!(attacher.unprotected_points().count(), 2);
     // Attaching is not a readiness blocker until the grace is over.
@@ -59,7 +77,7 @@ fn a_wanted_interface_is_attaching_until_its_report_and_queued_once() {
 fn a_failure_is_counted_blocks_readiness_and_is_retried_with_backoff_until_protected() {
     let (mut attacher, queue) = Attacher::without_workers(TcMode::Tcx);
     attacher.want(3, "up0", Role::Uplink);
-    let job = queue.try_recv().unwrap();
+    let job = take(&queue).unwrap();
     assert!(attacher.on_report(report(&job, false)));
     let target = attacher.target(3).unwrap();
     assert_eq!(target.protection, Protection::Failed);
@@ -82,7 +100,7 @@ fn a_failure_is_counted_blocks_readiness_and_is_retried_with_backoff_until_prote
     let due = attacher.next_retry().unwrap();
     assert!(due > now && due <= now + retry::FIRST_RETRY);
     assert_eq!(attacher.retry_due(due), 1);
-    let retry = queue.try_recv().expect("the retry's job");
+    let retry = take(&queue).expect("the retry's job");
     assert!(retry.generation > job.generation);
     assert_eq!(attacher.retry_due(due), 0, "queued once");
 
@@ -105,7 +123,7 @@ fn a_failure_is_counted_blocks_readiness_and_is_retried_with_backoff_until_prote
 fn a_forgotten_interface_ignores_its_report_and_a_new_role_queues_again() {
     let (mut attacher, queue) = Attacher::without_workers(TcMode::Tcx);
     attacher.want(9, "vethpb", Role::Workload);
-    let job = queue.try_recv().unwrap();
+    let job = take(&queue).unwrap();
     attacher.forget(9);
     assert!(!attacher.on_report(report(&job, true)));
     assert!(attacher.targets().is_empty());
@@ -113,9 +131,108 @@ fn a_forgotten_interface_ignores_its_report_and_a_new_role_queues_again() {
     attacher.want(9, "vethpb", Role::Workload);
     attacher.want(9, "up9", Role::Uplink);
     assert_eq!(
-        queue.try_iter().count(),
+        std::iter::from_fn(|| take(&queue)).count(),
         2,
         "a rename or new role is a new attach"
     );
     assert_eq!(attacher.target(9).unwrap().role, Role::Uplink);
+}
+
+#[test]
+fn netlink_first_protects_at_once_then_upgrades_to_tcx_after_start_up() {
+    let (mut attacher, queue) = Attacher::without_workers(TcMode::NetlinkThenTcx);
+    attacher.want(4, "vethpc", Role::Workload);
+    let job = take(&queue).expect("the protect job");
+    assert_eq!(job.kind, JobKind::Protect);
+    assert!(attacher.on_report(report_by(&job, true, Mechanism::Netlink)));
+    let target = attacher.target(4).unwrap();
+    assert_eq!(target.protection, Protection::Protected);
+    assert_eq!(target.attachment().as_deref(), Some("netlink"));
+    assert_eq!(attacher.readiness_blocker(Instant::now()), None);
+    assert_eq!(attacher.unprotected_points().count(), 0);
+    assert_eq!(attacher.pending_upgrades(), 1);
+    assert!(take(&queue).is_none(), "no upgrade before start-up is done");
+
+    attacher.start_upgrades();
+    let upgrade = take(&queue).expect("the upgrade");
+    assert_eq!((upgrade.kind, upgrade.ifindex), (JobKind::Upgrade, 4));
+    // Half done (the egress link failed): still protected, never counted as a failure, and
+    // retried after a backoff.
+    let mut half = report_by(&upgrade, true, Mechanism::Tcx);
+    half.hooks[1].1 = Err("creating the TCX link: Too many open files".into());
+    assert!(attacher.on_report(half));
+    let target = attacher.target(4).unwrap();
+    assert_eq!(target.protection, Protection::Protected);
+    assert_eq!(target.attachment().as_deref(), Some("tcx+netlink"));
+    assert_eq!(attacher.unprotected_points().count(), 0);
+    assert!(attacher.failures().is_empty(), "{:?}", attacher.failures());
+    assert_eq!(attacher.readiness_blocker(Instant::now()), None);
+    assert_eq!(attacher.pending_upgrades(), 1);
+    let now = Instant::now();
+    assert_eq!(attacher.retry_due(now), 0);
+    let due = attacher.next_retry().expect("the upgrade's retry");
+    assert_eq!(attacher.retry_due(due), 1);
+    let again = take(&queue).expect("the upgrade again");
+    assert_eq!(again.kind, JobKind::Upgrade);
+    assert!(attacher.on_report(report_by(&again, true, Mechanism::Tcx)));
+    let target = attacher.target(4).unwrap();
+    assert_eq!(target.attachment().as_deref(), Some("tcx"));
+    assert_eq!(attacher.pending_upgrades(), 0);
+    assert_eq!(attacher.next_retry(), None);
+    assert!(take(&queue).is_none());
+}
+
+#[test]
+fn an_adopted_tcx_link_needs_no_upgrade_and_explicit_modes_never_upgrade() {
+    let (mut attacher, queue) = Attacher::without_workers(TcMode::NetlinkThenTcx);
+    attacher.start_upgrades();
+    attacher.want(5, "vethpd", Role::Workload);
+    attacher.want(6, "up6", Role::Uplink);
+    for job in std::iter::from_fn(|| take(&queue)).collect::<Vec<_>>() {
+        assert!(attacher.on_report(report(&job, true)));
+    }
+    assert_eq!(attacher.pending_upgrades(), 0);
+    assert!(
+        take(&queue).is_none(),
+        "pinned TCX links and XDP: nothing to move"
+    );
+
+    for mode in [TcMode::Tcx, TcMode::Netlink] {
+        let (mut attacher, queue) = Attacher::without_workers(mode);
+        attacher.start_upgrades();
+        attacher.want(7, "vethpe", Role::Workload);
+        let job = take(&queue).unwrap();
+        assert!(attacher.on_report(report_by(&job, true, Mechanism::Netlink)));
+        assert_eq!(attacher.pending_upgrades(), 0, "{mode:?}");
+        assert!(take(&queue).is_none(), "{mode:?}: never an upgrade");
+    }
+}
+
+#[test]
+fn a_queued_upgrade_of_a_forgotten_interface_never_runs_and_a_rename_outdates_a_running_one() {
+    let (mut attacher, queue) = Attacher::without_workers(TcMode::NetlinkThenTcx);
+    attacher.want(8, "vethpf", Role::Workload);
+    attacher.want(9, "vethpg", Role::Workload);
+    for job in std::iter::from_fn(|| take(&queue)).collect::<Vec<_>>() {
+        assert!(attacher.on_report(report_by(&job, true, Mechanism::Netlink)));
+    }
+    attacher.forget(8);
+    attacher.start_upgrades();
+    let upgrade = queue.try_take().expect("if9's upgrade");
+    assert_eq!(upgrade.ifindex, 9);
+    assert!(take(&queue).is_none(), "if8's upgrade was dropped");
+    // Renamed while its upgrade runs: the rename's attach waits for it, and the upgrade's
+    // report is outdated.
+    attacher.want(9, "vethph", Role::Workload);
+    assert!(
+        queue.try_take().is_none(),
+        "one job per interface at a time"
+    );
+    queue.done(&upgrade);
+    assert!(!attacher.on_report(report_by(&upgrade, true, Mechanism::Tcx)));
+    let protect = take(&queue).expect("the rename's attach");
+    assert_eq!(
+        (protect.kind, protect.name.as_str()),
+        (JobKind::Protect, "vethph")
+    );
 }

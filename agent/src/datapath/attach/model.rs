@@ -1,0 +1,160 @@
+//! What the attacher, its workers and its callers say to each other: modes, roles, jobs,
+//! reports, and where each wanted interface stands.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    time::Instant,
+};
+
+use super::{pins::Attached, retry::Backoff, upgrade::Upgrade};
+use crate::paths::AttachPoint;
+
+/// How TC programs are attached on this node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TcMode {
+    /// TCX links, pinned under `bpffs_dir/links` (`tc_attach = "tcx"`).
+    Tcx,
+    /// A clsact qdisc and ipq's cls_bpf filter at `TC_FILTER_PRIORITY`/`TC_FILTER_HANDLE`
+    /// (`tc_attach = "netlink"`, or `"auto"` on a kernel without TCX).
+    Netlink,
+    /// `tc_attach = "auto"` on a kernel with TCX: an interface with a usable TCX link pin keeps
+    /// it; any other gets the netlink filter at once and a TCX link later, in the background.
+    NetlinkThenTcx,
+}
+
+impl TcMode {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Tcx => "tcx",
+            Self::Netlink => "netlink",
+            Self::NetlinkThenTcx => "netlink-then-tcx",
+        }
+    }
+}
+
+/// What holds ipq's program on a hook.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Mechanism {
+    /// A pinned TCX link, and no ipq filter left on the hook.
+    Tcx,
+    /// ipq's cls_bpf filter (in [`TcMode::NetlinkThenTcx`], waiting for its TCX link).
+    Netlink,
+    /// A pinned XDP link.
+    Xdp,
+}
+
+impl Mechanism {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Tcx => "tcx",
+            Self::Netlink => "netlink",
+            Self::Xdp => "xdp",
+        }
+    }
+}
+
+/// What an interface is to ipq.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// TC ingress and egress.
+    Workload,
+    /// XDP.
+    Uplink,
+}
+
+impl Role {
+    pub fn points(self) -> &'static [AttachPoint] {
+        match self {
+            Self::Workload => &[AttachPoint::TcxIngress, AttachPoint::TcxEgress],
+            Self::Uplink => &[AttachPoint::Xdp],
+        }
+    }
+}
+
+/// What a job is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum JobKind {
+    /// Get ipq's programs onto the interface's hooks (its first attach, or a retry).
+    Protect,
+    /// Swap ipq's netlink filters on a protected interface for TCX links.
+    Upgrade,
+}
+
+/// One attach to do.
+#[derive(Clone, Debug)]
+pub struct Job {
+    pub ifindex: u32,
+    pub name: String,
+    pub role: Role,
+    pub kind: JobKind,
+    /// Tells an outdated report (the interface was forgotten or wanted again since) from the
+    /// current one.
+    pub generation: u64,
+}
+
+/// A hook with ipq's program in place.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Hooked {
+    pub how: Attached,
+    pub by: Mechanism,
+}
+
+/// What a worker did with a job, per attach point.
+#[derive(Debug)]
+pub struct JobReport {
+    pub job: Job,
+    pub hooks: Vec<(AttachPoint, Result<Hooked, String>)>,
+}
+
+/// Where an interface stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Protection {
+    Attaching,
+    Protected,
+    Failed,
+}
+
+impl Protection {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Attaching => "attaching",
+            Self::Protected => "protected",
+            Self::Failed => "failed",
+        }
+    }
+}
+
+/// One wanted interface.
+#[derive(Clone, Debug)]
+pub struct Target {
+    pub name: String,
+    pub role: Role,
+    pub protection: Protection,
+    /// Attach points whose program is in place, and what holds it.
+    pub attached: BTreeMap<AttachPoint, Mechanism>,
+    /// The last error, per attach point, of the last failed attempt.
+    pub last_error: Option<String>,
+    /// Attempts since the last success (0 once protected).
+    pub failures: u32,
+    /// Since when the current protection state holds.
+    pub since: Instant,
+    pub(super) generation: u64,
+    pub(super) backoff: Backoff,
+    pub(super) retry_at: Option<Instant>,
+    pub(super) upgrade: Upgrade,
+}
+
+impl Target {
+    /// How ipq's programs are held on this interface's hooks: `tcx`, `netlink`, `xdp`, or
+    /// `tcx+netlink` while an upgrade is half done; None when nothing is attached.
+    pub fn attachment(&self) -> Option<String> {
+        let kinds: BTreeSet<Mechanism> = self.attached.values().copied().collect();
+        (!kinds.is_empty()).then(|| {
+            kinds
+                .iter()
+                .map(|m| m.as_str())
+                .collect::<Vec<_>>()
+                .join("+")
+        })
+    }
+}

@@ -1,0 +1,285 @@
+//! One TC hook of one workload interface, and how ipq's program gets there: a pinned TCX link,
+//! ipq's cls_bpf filter over netlink, or the netlink filter first and the TCX link later
+//! (protect first, then the upgrade), as the [`TcMode`] and the job say.
+
+use aya::programs::{
+    tc::{NlOptions, SchedClassifierLink, TcAttachOptions, TcHandle},
+    ProgramError, SchedClassifier, TcAttachType,
+};
+use ipq_common::names::{TC_FILTER_HANDLE, TC_FILTER_PRIORITY};
+use log::{debug, warn};
+
+use super::{
+    pins::{self, Attached},
+    tc_filter::{self, Direction, Place},
+    worker::chain,
+    Hooked, JobKind, Mechanism, TcMode,
+};
+use crate::paths::{AttachPoint, PinLayout};
+
+/// Attaches `prog` at `point` of the interface the way `mode` and `kind` say.
+pub(super) fn attach(
+    prog: &mut SchedClassifier,
+    layout: &PinLayout,
+    (ifname, ifindex): (&str, u32),
+    point: AttachPoint,
+    (mode, kind): (TcMode, JobKind),
+) -> Result<Hooked, String> {
+    let tc = Tc {
+        prog,
+        layout,
+        ifname,
+        ifindex,
+        point,
+    };
+    match (mode, kind) {
+        (TcMode::Tcx, _) => tc.tcx_replacing_filter(),
+        (TcMode::Netlink, _) => tc.netlink(Unpin::Yes).map(Tc::by_netlink),
+        (TcMode::NetlinkThenTcx, JobKind::Protect) => tc.protect_first(),
+        (TcMode::NetlinkThenTcx, JobKind::Upgrade) => tc.upgrade(),
+    }
+}
+
+fn direction(point: AttachPoint) -> Direction {
+    match point {
+        AttachPoint::TcxEgress => Direction::Egress,
+        _ => Direction::Ingress,
+    }
+}
+
+fn attach_type(point: AttachPoint) -> TcAttachType {
+    match direction(point) {
+        Direction::Ingress => TcAttachType::Ingress,
+        Direction::Egress => TcAttachType::Egress,
+    }
+}
+
+/// Whether a netlink attach removes the TCX link pin of the hook.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Unpin {
+    /// `tc_attach = "netlink"`: the TCX link an earlier TCX-mode agent left goes.
+    Yes,
+    /// Protect-first: only a dead pin was there, and it is already gone.
+    No,
+}
+
+/// One TC hook of one interface, and the program that goes there.
+struct Tc<'a> {
+    prog: &'a mut SchedClassifier,
+    layout: &'a PinLayout,
+    ifname: &'a str,
+    ifindex: u32,
+    point: AttachPoint,
+}
+
+impl Tc<'_> {
+    fn by_netlink(how: Attached) -> Hooked {
+        Hooked {
+            how,
+            by: Mechanism::Netlink,
+        }
+    }
+
+    fn dir(&self) -> Direction {
+        direction(self.point)
+    }
+
+    /// ipq's netlink filter on this hook removed, if it is there. Returns whether it was.
+    fn remove_filter(&self) -> std::io::Result<bool> {
+        let removed = tc_filter::remove_ipq(self.ifindex, self.dir())?;
+        if removed {
+            debug!(
+                "{}: removed ipq's netlink {} filter: the TCX link holds the hook",
+                self.ifname,
+                self.dir().as_str()
+            );
+        }
+        Ok(removed)
+    }
+
+    /// `tc_attach = "tcx"`: TCX link (pinned, updated in place on restart), then the netlink
+    /// filter of an earlier netlink-mode agent removed: the new program runs before the old
+    /// one goes.
+    fn tcx_replacing_filter(self) -> Result<Hooked, String> {
+        let how = pins::attach_tc(
+            self.prog,
+            self.layout,
+            self.ifname,
+            self.ifindex,
+            self.point,
+        )
+        .map_err(|e| chain(&e))?;
+        if let Err(e) = self.remove_filter() {
+            warn!(
+                "{}: removing ipq's old netlink {} filter: {e}",
+                self.ifname,
+                self.dir().as_str()
+            );
+        }
+        Ok(Hooked {
+            how,
+            by: Mechanism::Tcx,
+        })
+    }
+
+    /// Protect-first: a usable pinned TCX link gets the new program (no grace period to wait
+    /// for), else the netlink filter goes in at once and the TCX link comes with the upgrade.
+    /// Where the filter cannot go (another tool's filter holds ipq's place, no permission for
+    /// the clsact qdisc), the TCX link is created right away: never less protection than
+    /// TCX alone would give. A filter still there beside a reused link (an agent stopped in
+    /// the middle of an upgrade) is removed; if that fails, the hook counts as netlink, so
+    /// that the upgrade retries it.
+    fn protect_first(mut self) -> Result<Hooked, String> {
+        let reused = pins::reuse_tc(
+            self.prog,
+            self.layout,
+            self.ifname,
+            self.ifindex,
+            self.point,
+        )
+        .map_err(|e| chain(&e))?;
+        if !reused {
+            let netlink_error = match self.reborrow().netlink(Unpin::No) {
+                Ok(how) => return Ok(Tc::by_netlink(how)),
+                Err(e) => e,
+            };
+            debug!(
+                "{}: no netlink filter on {} ({netlink_error}); creating the TCX link now",
+                self.ifname,
+                self.dir().as_str()
+            );
+            return self
+                .tcx_replacing_filter()
+                .map_err(|e| format!("{netlink_error}; and as TCX: {e}"));
+        }
+        match self.remove_filter() {
+            Ok(_) => Ok(Hooked {
+                how: Attached::Reused,
+                by: Mechanism::Tcx,
+            }),
+            Err(e) => {
+                warn!(
+                    "{}: removing ipq's {} filter beside its TCX link: {e}; retried",
+                    self.ifname,
+                    self.dir().as_str()
+                );
+                Ok(Hooked {
+                    how: Attached::Reused,
+                    by: Mechanism::Netlink,
+                })
+            }
+        }
+    }
+
+    /// The same hook, for a call that consumes it.
+    fn reborrow(&mut self) -> Tc<'_> {
+        Tc {
+            prog: self.prog,
+            layout: self.layout,
+            ifname: self.ifname,
+            ifindex: self.ifindex,
+            point: self.point,
+        }
+    }
+
+    /// The upgrade: the TCX link first (reused if pinned, else created and pinned), then
+    /// ipq's filter removed. Until both are done the hook stays netlink, and is retried.
+    fn upgrade(self) -> Result<Hooked, String> {
+        let how = pins::attach_tc(
+            self.prog,
+            self.layout,
+            self.ifname,
+            self.ifindex,
+            self.point,
+        )
+        .map_err(|e| format!("creating the TCX link: {}", chain(&e)))?;
+        self.remove_filter().map_err(|e| {
+            format!(
+                "the TCX link is in, but removing ipq's {} filter failed: {e}",
+                self.dir().as_str()
+            )
+        })?;
+        Ok(Hooked {
+            how,
+            by: Mechanism::Tcx,
+        })
+    }
+}
+
+impl Tc<'_> {
+    /// clsact qdisc plus ipq's direct-action filter at its own priority and handle: replaced
+    /// in place when ipq's filter is there (no gap, no second filter), created when the place
+    /// is free, refused when someone else's filter holds it. Then, with [`Unpin::Yes`], the
+    /// TCX link of an earlier TCX-mode agent is unpinned (which detaches it).
+    fn netlink(self, unpin: Unpin) -> Result<Attached, String> {
+        let Tc {
+            prog,
+            layout,
+            ifname,
+            ifindex,
+            point,
+        } = self;
+        let dir = direction(point);
+        tc_filter::add_clsact(ifindex).map_err(|e| format!("adding the clsact qdisc: {e}"))?;
+        let place = tc_filter::place(ifindex, dir)
+            .map_err(|e| format!("listing {} filters: {e}", dir.as_str()))?;
+        let handle = TcHandle::from(TC_FILTER_HANDLE);
+        let how = match place {
+            Place::Foreign(filter) => {
+                return Err(format!(
+                    "a foreign {} holds ipq's place on the {} hook (pref {TC_FILTER_PRIORITY} \
+                     handle {TC_FILTER_HANDLE:#x}); ipq does not touch filters it does not own: \
+                     move that filter to another priority",
+                    filter.describe(),
+                    dir.as_str()
+                ));
+            }
+            Place::Ipq => {
+                let link = SchedClassifierLink::attached(
+                    ifname,
+                    attach_type(point),
+                    TC_FILTER_PRIORITY,
+                    handle,
+                    None,
+                )
+                .map_err(|e| format!("{ifname}: {}", chain(&e)))?;
+                let id = prog.attach_to_link(link).map_err(|e| {
+                    format!("replacing ipq's {} filter: {}", dir.as_str(), chain(&e))
+                })?;
+                keep_attached(prog.take_link(id))?;
+                Attached::Reused
+            }
+            Place::Free => {
+                let id = prog
+                    .attach_with_options(
+                        ifname,
+                        attach_type(point),
+                        TcAttachOptions::Netlink(NlOptions {
+                            priority: TC_FILTER_PRIORITY,
+                            handle,
+                            classid: None,
+                        }),
+                    )
+                    .map_err(|e| format!("adding ipq's {} filter: {}", dir.as_str(), chain(&e)))?;
+                keep_attached(prog.take_link(id))?;
+                Attached::Created
+            }
+        };
+        if unpin == Unpin::Yes {
+            match pins::remove_pin_of(layout, ifindex, point) {
+                Ok(true) => debug!("{ifname}: unpinned the TCX link left by TCX mode"),
+                Ok(false) => {}
+                Err(e) => warn!("{ifname}: removing the TCX link left by TCX mode: {e}"),
+            }
+        }
+        Ok(how)
+    }
+}
+
+/// A netlink filter outlives the agent by design; aya would delete it when its link object is
+/// dropped, so the object (four integers, nothing to free) is forgotten instead.
+fn keep_attached(link: Result<SchedClassifierLink, ProgramError>) -> Result<(), String> {
+    let link = link.map_err(|e| chain(&e))?;
+    std::mem::forget(link);
+    Ok(())
+}
