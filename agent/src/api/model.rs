@@ -182,6 +182,11 @@ pub struct HygieneView {
     pub at: String,
     /// Conntrack entries deleted (original or reply tuple carrying the address).
     pub conntrack_entries: u64,
+    /// How: `dump` (the count is exact) or `kernel` (the kernel's filtered flush on a claim;
+    /// the count is what the kernel reported, a lower bound). Empty (and left out) when the
+    /// flush did not finish.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub conntrack_flush: String,
     /// The node's neighbour entries deleted.
     pub neighbours: u64,
     /// Announcements sent (one per interface).

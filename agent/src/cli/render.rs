@@ -130,7 +130,7 @@ fn hygiene_fields(pairs: &mut Vec<(String, String)>, flush: Option<&HygieneView>
     };
     pairs.push(("Last flush".to_owned(), format!("{when} ({})", f.trigger)));
     let mut sub = |key: &str, value: String| pairs.push((format!("  {key}"), value));
-    sub("Conntrack entries", f.conntrack_entries.to_string());
+    sub("Conntrack entries", conntrack_count(f));
     sub("Neighbour entries", f.neighbours.to_string());
     sub("Announcements", f.announcements.to_string());
     if let Some(skipped) = &f.skipped {
@@ -141,6 +141,17 @@ fn hygiene_fields(pairs: &mut Vec<(String, String)>, flush: Option<&HygieneView>
     }
     for error in &f.errors {
         sub("Failed", error.clone());
+    }
+}
+
+/// The conntrack count and, for the kernel's filtered flush, what it means.
+fn conntrack_count(f: &HygieneView) -> String {
+    match f.conntrack_flush.as_str() {
+        "kernel" => format!(
+            "{} (reported by the kernel's filtered flush: a lower bound)",
+            f.conntrack_entries
+        ),
+        _ => f.conntrack_entries.to_string(),
     }
 }
 

@@ -337,6 +337,7 @@ fn events_are_one_line_each() {
                 trigger: "holder_gone".into(),
                 at: String::new(),
                 conntrack_entries: 4,
+                conntrack_flush: "dump".into(),
                 neighbours: 1,
                 announcements: 0,
                 skipped: None,
@@ -388,6 +389,7 @@ fn get_shows_the_last_flush_and_what_failed() {
             trigger: "new_holder".into(),
             at: "2026-11-22T10:00:58Z".into(),
             conntrack_entries: 3,
+            conntrack_flush: "kernel".into(),
             neighbours: 1,
             announcements: 2,
             skipped: None,
@@ -399,7 +401,7 @@ fn get_shows_the_last_flush_and_what_failed() {
     let text = render::address_detail(&detail, now());
     for line in [
         "Last flush:             2026-11-22T10:00:58Z (2s ago) (new_holder)",
-        "  Conntrack entries:    3",
+        "  Conntrack entries:    3 (reported by the kernel's filtered flush: a lower bound)",
         "  Neighbour entries:    1",
         "  Announcements:        2",
         "  Permanent neighbour:  if4 lladdr 02:00:00:00:00:09 (left alone)",

@@ -12,11 +12,14 @@
 
 mod announce;
 mod conntrack;
+mod flush_probe;
+mod kernel_flush;
 mod neighbour;
 mod socket;
 mod worker;
 
 pub use announce::{format_mac, parse_mac};
+pub use flush_probe::{child_main as conntrack_probe_main, PROBE_ARG as CONNTRACK_PROBE_ARG};
 
 use std::{
     collections::BTreeMap,
@@ -70,6 +73,27 @@ pub struct Job {
     done: Option<oneshot::Sender<Report>>,
 }
 
+/// How an address's conntrack entries were flushed, which says what their count means.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FlushMethod {
+    /// A dump of the whole table and a deletion per matching entry: the count is exact.
+    #[default]
+    Dump,
+    /// The kernel's filtered flush (a new holder's claim, where the start-up probe proved it):
+    /// the count is what the kernel reported, a lower bound.
+    Kernel,
+}
+
+impl FlushMethod {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Dump => "dump",
+            Self::Kernel => "kernel",
+        }
+    }
+}
+
 /// The hygiene steps, as the `step` label of `ipq_hygiene_failures_total`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -100,6 +124,9 @@ pub struct Report {
     #[serde(skip)]
     pub finished_ns: u64,
     pub conntrack_entries: u64,
+    /// How they were flushed (what the count means).
+    #[serde(default)]
+    pub conntrack_flush: FlushMethod,
     pub neighbours: u64,
     pub announcements: u32,
     /// Why nothing was flushed, when nothing was on purpose (the node's own address).
@@ -120,6 +147,7 @@ impl Report {
             trigger: job.trigger,
             finished_ns: 0,
             conntrack_entries: 0,
+            conntrack_flush: FlushMethod::Dump,
             neighbours: 0,
             announcements: 0,
             skipped: None,

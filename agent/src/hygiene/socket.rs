@@ -36,6 +36,10 @@ pub enum SocketError {
     Overrun,
 }
 
+/// One request's outcome (`Ok` or the errno the kernel answered) and how many of the messages
+/// sent while carrying it out were counted.
+pub type Acked = (Result<(), i32>, u64);
+
 /// One blocking netlink socket of protocol `P` messages.
 pub struct NlSocket {
     socket: Socket,
@@ -99,27 +103,60 @@ impl NlSocket {
     where
         T: NetlinkSerializable + NetlinkDeserializable + Clone + std::fmt::Debug,
     {
+        let outcomes = self.acked_with(requests, 0, |_: &T| false)?;
+        Ok(outcomes.into_iter().map(|(outcome, _)| outcome).collect())
+    }
+
+    /// Like [`acked`](Self::acked), with `extra` flags on every request (`NLM_F_CREATE`,
+    /// `NLM_F_ECHO`); each outcome comes with how many of the messages the kernel sent while
+    /// carrying out that request (before its acknowledgement) `counted` says yes to: with
+    /// `NLM_F_ECHO`, the notifications it echoed back to this socket. (A netlink socket's
+    /// requests are carried out in order, and what each sends reaches the socket before its
+    /// acknowledgement.)
+    pub fn acked_with<T>(
+        &mut self,
+        requests: &[T],
+        extra: u16,
+        counted: impl Fn(&T) -> bool,
+    ) -> Result<Vec<Acked>, SocketError>
+    where
+        T: NetlinkSerializable + NetlinkDeserializable + Clone + std::fmt::Debug,
+    {
         let mut outcomes = Vec::with_capacity(requests.len());
         for chunk in requests.chunks(MAX_PIPELINED) {
-            let last = self.send(chunk, NLM_F_REQUEST | NLM_F_ACK)?;
+            let last = self.send(chunk, NLM_F_REQUEST | NLM_F_ACK | extra)?;
             let first = last.wrapping_sub(chunk.len() as u32 - 1);
             let mut got: Vec<Option<Result<(), i32>>> = vec![None; chunk.len()];
+            let mut seen: Vec<u64> = vec![0; chunk.len()];
             let mut pending = chunk.len();
             while pending > 0 {
                 self.receive(|message: NetlinkMessage<T>| {
-                    let index = message.header.sequence_number.wrapping_sub(first) as usize;
-                    if let (NetlinkPayload::Error(e), Some(slot)) =
-                        (message.payload, got.get_mut(index))
-                    {
-                        if slot.is_none() {
-                            pending -= 1;
+                    match message.payload {
+                        NetlinkPayload::Error(e) => {
+                            let index = message.header.sequence_number.wrapping_sub(first);
+                            if let Some(slot) = got.get_mut(index as usize) {
+                                if slot.is_none() {
+                                    pending -= 1;
+                                }
+                                *slot = Some(e.code.map_or(Ok(()), |c| Err(-c.get())));
+                            }
                         }
-                        *slot = Some(e.code.map_or(Ok(()), |c| Err(-c.get())));
+                        NetlinkPayload::InnerMessage(inner) if counted(&inner) => {
+                            // Belongs to the first request not yet acknowledged.
+                            if let Some(index) = got.iter().position(Option::is_none) {
+                                seen[index] += 1;
+                            }
+                        }
+                        _ => {}
                     }
                     Ok(())
                 })?;
             }
-            outcomes.extend(got.into_iter().map(|o| o.unwrap_or(Ok(()))));
+            outcomes.extend(
+                got.into_iter()
+                    .zip(seen)
+                    .map(|(o, n)| (o.unwrap_or(Ok(())), n)),
+            );
         }
         Ok(outcomes)
     }

@@ -1,7 +1,9 @@
 //! The hygiene worker: a thread of its own, with its own netlink and packet sockets, that takes
-//! jobs in batches (one conntrack dump for a whole batch) and reports what each did.
+//! jobs in batches (one conntrack dump for a whole batch) and reports what each did. Claims
+//! waiting for their flush go first, and their conntrack entries go by the kernel's filtered
+//! flush where the start-up probe proved it (see `kernel_flush`, `flush_probe`).
 
-use std::{collections::BTreeSet, net::IpAddr, sync::mpsc as std_mpsc, sync::Arc};
+use std::{collections::BTreeSet, net::IpAddr, sync::mpsc as std_mpsc, sync::Arc, time::Instant};
 
 use log::{error, info, warn};
 use tokio::sync::mpsc;
@@ -9,8 +11,9 @@ use tokio::sync::mpsc;
 use super::{
     announce::{self, format_mac, Announcer},
     conntrack::Conntrack,
+    flush_probe::{self, Verdict},
     neighbour::{Link, Neighbours},
-    Job, Report, Step, Trigger,
+    FlushMethod, Job, Report, Step, Trigger,
 };
 use crate::{config::HygieneConfig, metrics::Metrics, netdev};
 
@@ -28,6 +31,10 @@ pub(super) struct Worker {
     reports: mpsc::UnboundedSender<Report>,
     sockets: Option<(Conntrack, Neighbours)>,
     announcer: Option<Announcer>,
+    /// A new holder's entries go by the kernel's filtered flush, per family (where the probe
+    /// proved it).
+    kernel_flush_v4: bool,
+    kernel_flush_v6: bool,
 }
 
 impl Worker {
@@ -44,6 +51,47 @@ impl Worker {
             reports,
             sockets: None,
             announcer: None,
+            kernel_flush_v4: false,
+            kernel_flush_v6: false,
+        }
+    }
+
+    /// Decides how a new holder's conntrack entries are flushed, per family: by the kernel's
+    /// filtered flush only where the probe saw the kernel honour the filter, else by the dump.
+    fn choose_claim_flush(&mut self) {
+        if !self.config.flush {
+            return;
+        }
+        if !self.config.filtered_flush {
+            info!(
+                "conntrack flush on claims: a dump of the whole table (hygiene.filtered_flush = \
+                 false)"
+            );
+            return;
+        }
+        let started = Instant::now();
+        let verdicts = flush_probe::run();
+        let took = started.elapsed();
+        for (family, verdict, chosen) in [
+            ("IPv4", &verdicts.v4, &mut self.kernel_flush_v4),
+            ("IPv6", &verdicts.v6, &mut self.kernel_flush_v6),
+        ] {
+            *chosen = *verdict == Verdict::Honoured;
+            let why = verdict.describe();
+            match verdict {
+                Verdict::Honoured => info!(
+                    "conntrack flush on claims, {family}: the kernel's filtered flush; probe \
+                     ({took:.0?}): {why}"
+                ),
+                Verdict::Refused(_) => info!(
+                    "conntrack flush on claims, {family}: a dump of the whole table; probe \
+                     ({took:.0?}): {why} (supported from Linux 6.12)"
+                ),
+                Verdict::Unavailable(_) | Verdict::Ignored(_) => warn!(
+                    "conntrack flush on claims, {family}: a dump of the whole table; probe \
+                     ({took:.0?}): {why}"
+                ),
+            }
         }
     }
 
@@ -64,6 +112,7 @@ impl Worker {
                 std::io::Error::last_os_error()
             );
         }
+        self.choose_claim_flush();
         while let Ok(first) = jobs.recv() {
             let mut batch = vec![first];
             while batch.len() < MAX_BATCH {
@@ -72,13 +121,15 @@ impl Worker {
                     Err(_) => break,
                 }
             }
-            let reports = self.clean(&batch);
-            for (job, report) in batch.into_iter().zip(reports) {
-                if let Some(done) = job.done {
-                    let _ = done.send(report.clone());
-                }
-                if self.reports.send(report).is_err() {
-                    return;
+            for group in claims_first(batch) {
+                let reports = self.clean(&group);
+                for (job, report) in group.into_iter().zip(reports) {
+                    if let Some(done) = job.done {
+                        let _ = done.send(report.clone());
+                    }
+                    if self.reports.send(report).is_err() {
+                        return;
+                    }
                 }
             }
         }
@@ -180,29 +231,59 @@ impl Worker {
     }
 
     fn flush_conntrack(&mut self, reports: &mut [Report]) {
-        let targets: BTreeSet<IpAddr> = reports
-            .iter()
-            .filter(|r| r.skipped.is_none())
-            .map(|r| r.address)
-            .collect();
-        if targets.is_empty() {
+        let mut dumped: BTreeSet<IpAddr> = BTreeSet::new();
+        for report in reports.iter_mut().filter(|r| r.skipped.is_none()) {
+            let honoured = match report.address {
+                IpAddr::V4(_) => self.kernel_flush_v4,
+                IpAddr::V6(_) => self.kernel_flush_v6,
+            };
+            if !(honoured && report.trigger == Trigger::NewHolder) {
+                dumped.insert(report.address);
+                continue;
+            }
+            let result = match self.sockets() {
+                Ok((conntrack, _)) => conntrack
+                    .flush_in_kernel(report.address)
+                    .map_err(|e| e.to_string()),
+                Err(e) => Err(e),
+            };
+            match result {
+                Ok(reported) => {
+                    self.metrics.conntrack_entries_flushed.inc_by(reported);
+                    report.conntrack_entries = reported;
+                    report.conntrack_flush = FlushMethod::Kernel;
+                }
+                Err(e) => {
+                    // The kernel passed the probe, so this is a fault of the moment (or of the
+                    // socket): the dump still flushes the address before its claim is answered.
+                    warn!(
+                        "{}: the kernel's filtered conntrack flush failed ({e}); dumping instead",
+                        report.address
+                    );
+                    self.sockets = None;
+                    dumped.insert(report.address);
+                }
+            }
+        }
+        if dumped.is_empty() {
             return;
         }
         let result = match self.sockets() {
-            Ok((conntrack, _)) => conntrack.flush(&targets).map_err(|e| e.to_string()),
+            Ok((conntrack, _)) => conntrack.flush(&dumped).map_err(|e| e.to_string()),
             Err(e) => Err(e),
         };
         match result {
             Ok(flushed) => {
                 let total: u64 = flushed.values().sum();
                 self.metrics.conntrack_entries_flushed.inc_by(total);
-                for report in reports.iter_mut() {
+                for report in reports.iter_mut().filter(|r| dumped.contains(&r.address)) {
                     report.conntrack_entries = flushed.get(&report.address).copied().unwrap_or(0);
+                    report.conntrack_flush = FlushMethod::Dump;
                 }
             }
             Err(e) => {
                 self.sockets = None;
-                for report in reports.iter_mut().filter(|r| r.skipped.is_none()) {
+                for report in reports.iter_mut().filter(|r| dumped.contains(&r.address)) {
                     self.fail(report, Step::Conntrack, e.clone());
                 }
             }
@@ -325,4 +406,27 @@ impl Worker {
             self.fail(report, Step::Announce, failures.join(", "));
         }
     }
+}
+
+/// Splits a batch so that the jobs a claim waits for are done (and answered) first, before
+/// the holder-gone flushes that nobody waits for; unless an address has jobs on both sides, in
+/// which case the batch stays whole and in order (an address is never cleaned for a holder
+/// gone after it was cleaned for its new one).
+fn claims_first(batch: Vec<Job>) -> Vec<Vec<Job>> {
+    let claimed: BTreeSet<IpAddr> = batch
+        .iter()
+        .filter(|j| j.done.is_some())
+        .map(|j| j.addr)
+        .collect();
+    if batch
+        .iter()
+        .any(|j| j.done.is_none() && claimed.contains(&j.addr))
+    {
+        return vec![batch];
+    }
+    let (claims, rest): (Vec<Job>, Vec<Job>) = batch.into_iter().partition(|j| j.done.is_some());
+    [claims, rest]
+        .into_iter()
+        .filter(|g| !g.is_empty())
+        .collect()
 }
