@@ -159,6 +159,10 @@ impl Setup {
             ("net/ipv4/ip_forward", "1"),
             // The flows must outlive a trial: unreplied UDP entries expire after 30 s.
             ("net/netfilter/nf_conntrack_udp_timeout", "600"),
+            // Every entry carries the event extension, so the kernel reports each deletion of
+            // a claim's kernel-side filtered flush (echoed to the agent) and the claim's count,
+            // checked below, is exact. It is also the dearer case: one notice per entry.
+            ("net/netfilter/nf_conntrack_events", "1"),
         ] {
             let path = format!("/proc/sys/{key}");
             on_netns_thread(node, || fs::write(&path, value))?
