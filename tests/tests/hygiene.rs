@@ -356,6 +356,47 @@ fn with_the_filtered_flush_turned_off_a_claim_dumps_and_takes_the_same_entries(
     Ok(())
 }
 
+#[test]
+fn without_cap_sys_admin_as_in_the_daemonset_the_probe_runs_in_a_user_namespace(
+) -> anyhow::Result<()> {
+    let lab = Lab::new()?;
+    let agent = lab.start_agent_wrapped(
+        &[
+            "setpriv",
+            "--inh-caps",
+            "-sys_admin",
+            "--bounding-set",
+            "-sys_admin",
+            "--",
+        ],
+        &[],
+    )?;
+    const CAP_SYS_ADMIN: u32 = 21;
+    let status = std::fs::read_to_string(format!("/proc/{}/status", agent.pid()))?;
+    let eff = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .context("CapEff")?;
+    ensure!(
+        u64::from_str_radix(eff.trim(), 16)? & (1 << CAP_SYS_ADMIN) == 0,
+        "the agent runs without CAP_SYS_ADMIN"
+    );
+    // unshare(CLONE_NEWNET) alone is refused; with a user namespace the probe runs anyway.
+    assert_eq!(
+        claim_flush_method(&agent, "IPv4")?,
+        "kernel",
+        "{}",
+        agent.log()
+    );
+    let out = claim_takes_only_the_claimed_entries(&lab, &agent)?;
+    assert_eq!(
+        out.flushes[0]["conntrack_flush"], "kernel",
+        "{:?}",
+        out.flushes
+    );
+    Ok(())
+}
+
 // ---------------------------------------------------------------------------------------------
 // Neighbour caches on a bridge.
 
