@@ -313,6 +313,15 @@ fn a_claims_flush_takes_the_claimed_addresses_entries_in_every_zone_and_nothing_
         "{}",
         agent.log()
     );
+    let status: Value = api::request(&socket(&lab), "GET", "/v1/status", None)?.json()?;
+    let shown = &status["conntrack_claim_flush"];
+    assert_eq!(shown["ipv4"], "kernel", "{status}");
+    assert!(
+        shown["ipv6"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("dump (the kernel did not honour the filter")),
+        "{status}"
+    );
     let out = claim_takes_only_the_claimed_entries(&lab, &agent)?;
     for (flush, method) in out.flushes.iter().zip(["kernel", "dump"]) {
         assert!(flush["errors"].is_null(), "{flush}");
@@ -347,6 +356,13 @@ fn with_the_filtered_flush_turned_off_a_claim_dumps_and_takes_the_same_entries(
         "{}",
         agent.log()
     );
+    let status: Value = api::request(&socket(&lab), "GET", "/v1/status", None)?.json()?;
+    for family in ["ipv4", "ipv6"] {
+        assert_eq!(
+            status["conntrack_claim_flush"][family], "dump (hygiene.filtered_flush = false)",
+            "{status}"
+        );
+    }
     let out = claim_takes_only_the_claimed_entries(&lab, &agent)?;
     for flush in &out.flushes {
         assert!(flush["errors"].is_null(), "{flush}");

@@ -243,6 +243,13 @@ pub fn status(status: &Status, now: SystemTime) -> String {
             },
         ),
         ("TC attach".to_owned(), status.tc_attach.clone()),
+        (
+            "Conntrack".to_owned(),
+            status.conntrack_claim_flush.as_ref().map_or_else(
+                || NONE.to_owned(),
+                |f| format!("claims flushed by: IPv4 {}; IPv6 {}", f.ipv4, f.ipv6),
+            ),
+        ),
     ];
     let mut out = key_values(&pairs);
     if !status.interfaces.is_empty() {

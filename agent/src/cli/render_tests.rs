@@ -5,7 +5,8 @@ use std::time::SystemTime;
 use super::render::{self, holder_short};
 use crate::{
     api::model::{
-        AddressView, ConflictView, Event, EventBody, InterfaceStatus, RegistryCounts, Status,
+        AddressView, ClaimFlushView, ConflictView, Event, EventBody, InterfaceStatus,
+        RegistryCounts, Status,
     },
     config::EarlyReusePolicy,
     registry::{ConflictKind, Holder, PodRef, StateName},
@@ -174,6 +175,10 @@ fn status_shows_readiness_counts_and_hooks() {
         not_ready: None,
         tc_attach: "tcx".into(),
         unprotected: 0,
+        conntrack_claim_flush: Some(ClaimFlushView {
+            ipv4: "kernel".into(),
+            ipv6: "dump (the kernel did not honour the filter)".into(),
+        }),
         version: "0.1.0".into(),
         mode: crate::config::Mode::Enforce,
         on_early_reuse: EarlyReusePolicy::FenceOld,
@@ -218,6 +223,7 @@ Registry:        3/65536 entries: 2 active, 1 draining, 0 quarantined
 Conflicts:       4 total, 1 claims refused
 Interfaces:      2
 TC attach:       tcx
+Conntrack:       claims flushed by: IPv4 kernel; IPv6 dump (the kernel did not honour the filter)
   IFINDEX  NAME    HOOKS                   PROTECTION
   5        vethpa  tcx-ingress,tcx-egress  protected
   12       up0     xdp                     protected

@@ -24,7 +24,7 @@ pub use flush_probe::{child_main as conntrack_probe_main, PROBE_ARG as CONNTRACK
 use std::{
     collections::BTreeMap,
     net::IpAddr,
-    sync::{mpsc as std_mpsc, Arc},
+    sync::{mpsc as std_mpsc, Arc, Mutex},
     time::Duration,
 };
 
@@ -92,6 +92,14 @@ impl FlushMethod {
             Self::Kernel => "kernel",
         }
     }
+}
+
+/// How a claim's conntrack entries are flushed, per family: `kernel` (the kernel's filtered
+/// flush) or `dump (<why>)`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClaimFlush {
+    pub ipv4: String,
+    pub ipv6: String,
 }
 
 /// The hygiene steps, as the `step` label of `ipq_hygiene_failures_total`.
@@ -167,6 +175,8 @@ pub struct Hygiene {
     last: BTreeMap<IpAddr, Report>,
     /// While a claim is carried out: its interface and MAC, and the jobs it waits for.
     claim: Option<ClaimInProgress>,
+    /// How the worker flushes a claim's conntrack entries, once its probe decided.
+    claim_flush: Arc<Mutex<Option<ClaimFlush>>>,
 }
 
 struct ClaimInProgress {
@@ -190,7 +200,17 @@ impl Hygiene {
             holders: BTreeMap::new(),
             last: BTreeMap::new(),
             claim: None,
+            claim_flush: Arc::default(),
         }
+    }
+
+    /// How a claim's conntrack entries are flushed, per family, once the worker's start-up
+    /// probe decided (for `/v1/status`).
+    pub fn claim_flush(&self) -> Option<ClaimFlush> {
+        self.claim_flush
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     /// Starts the worker thread; its reports arrive on the returned channel.
@@ -202,7 +222,13 @@ impl Hygiene {
     ) -> Result<mpsc::UnboundedReceiver<Report>, HygieneError> {
         let (job_tx, job_rx) = std_mpsc::channel();
         let (report_tx, report_rx) = mpsc::unbounded_channel();
-        let worker = Worker::new(config, uplinks, metrics, report_tx);
+        let worker = Worker::new(
+            config,
+            uplinks,
+            metrics,
+            report_tx,
+            self.claim_flush.clone(),
+        );
         std::thread::Builder::new()
             .name("ipq-hygiene".into())
             .spawn(move || worker.run(job_rx))

@@ -3,7 +3,13 @@
 //! waiting for their flush go first, and their conntrack entries go by the kernel's filtered
 //! flush where the start-up probe proved it (see `kernel_flush`, `flush_probe`).
 
-use std::{collections::BTreeSet, net::IpAddr, sync::mpsc as std_mpsc, sync::Arc, time::Instant};
+use std::{
+    collections::BTreeSet,
+    net::IpAddr,
+    sync::mpsc as std_mpsc,
+    sync::{Arc, Mutex},
+    time::Instant,
+};
 
 use log::{error, info, warn};
 use tokio::sync::mpsc;
@@ -13,7 +19,7 @@ use super::{
     conntrack::Conntrack,
     flush_probe::{self, Verdict},
     neighbour::{Link, Neighbours},
-    FlushMethod, Job, Report, Step, Trigger,
+    ClaimFlush, FlushMethod, Job, Report, Step, Trigger,
 };
 use crate::{config::HygieneConfig, metrics::Metrics, netdev};
 
@@ -35,6 +41,8 @@ pub(super) struct Worker {
     /// proved it).
     kernel_flush_v4: bool,
     kernel_flush_v6: bool,
+    /// Where that choice is shown (`/v1/status`).
+    shown: Arc<Mutex<Option<ClaimFlush>>>,
 }
 
 impl Worker {
@@ -43,6 +51,7 @@ impl Worker {
         uplinks: Vec<String>,
         metrics: Arc<Metrics>,
         reports: mpsc::UnboundedSender<Report>,
+        shown: Arc<Mutex<Option<ClaimFlush>>>,
     ) -> Self {
         Self {
             config,
@@ -53,6 +62,7 @@ impl Worker {
             announcer: None,
             kernel_flush_v4: false,
             kernel_flush_v6: false,
+            shown,
         }
     }
 
@@ -67,11 +77,24 @@ impl Worker {
                 "conntrack flush on claims: a dump of the whole table (hygiene.filtered_flush = \
                  false)"
             );
+            let off = "dump (hygiene.filtered_flush = false)".to_owned();
+            self.show(ClaimFlush {
+                ipv4: off.clone(),
+                ipv6: off,
+            });
             return;
         }
         let started = Instant::now();
         let verdicts = flush_probe::run();
         let took = started.elapsed();
+        let shown = |v: &Verdict| match v {
+            Verdict::Honoured => "kernel".to_owned(),
+            other => format!("dump ({})", other.describe()),
+        };
+        self.show(ClaimFlush {
+            ipv4: shown(&verdicts.v4),
+            ipv6: shown(&verdicts.v6),
+        });
         for (family, verdict, chosen) in [
             ("IPv4", &verdicts.v4, &mut self.kernel_flush_v4),
             ("IPv6", &verdicts.v6, &mut self.kernel_flush_v6),
@@ -93,6 +116,13 @@ impl Worker {
                 ),
             }
         }
+    }
+
+    fn show(&self, view: ClaimFlush) {
+        *self
+            .shown
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(view);
     }
 
     pub(super) fn run(mut self, jobs: std_mpsc::Receiver<Job>) {
