@@ -261,14 +261,19 @@ impl Worker {
     }
 
     fn flush_conntrack(&mut self, reports: &mut [Report]) {
-        let mut dumped: BTreeSet<IpAddr> = BTreeSet::new();
-        for report in reports.iter_mut().filter(|r| r.skipped.is_none()) {
+        // The reports whose addresses the dump flushes (by index: an address can have two
+        // jobs in a batch, one of them flushed by the kernel).
+        let mut dumped = vec![false; reports.len()];
+        for (report, dump) in reports.iter_mut().zip(dumped.iter_mut()) {
+            if report.skipped.is_some() {
+                continue;
+            }
             let honoured = match report.address {
                 IpAddr::V4(_) => self.kernel_flush_v4,
                 IpAddr::V6(_) => self.kernel_flush_v6,
             };
             if !(honoured && report.trigger == Trigger::NewHolder) {
-                dumped.insert(report.address);
+                *dump = true;
                 continue;
             }
             let result = match self.sockets() {
@@ -291,29 +296,35 @@ impl Worker {
                         report.address
                     );
                     self.sockets = None;
-                    dumped.insert(report.address);
+                    *dump = true;
                 }
             }
         }
-        if dumped.is_empty() {
+        let targets: BTreeSet<IpAddr> = reports
+            .iter()
+            .zip(&dumped)
+            .filter(|(_, dump)| **dump)
+            .map(|(r, _)| r.address)
+            .collect();
+        if targets.is_empty() {
             return;
         }
         let result = match self.sockets() {
-            Ok((conntrack, _)) => conntrack.flush(&dumped).map_err(|e| e.to_string()),
+            Ok((conntrack, _)) => conntrack.flush(&targets).map_err(|e| e.to_string()),
             Err(e) => Err(e),
         };
         match result {
             Ok(flushed) => {
                 let total: u64 = flushed.values().sum();
                 self.metrics.conntrack_entries_flushed.inc_by(total);
-                for report in reports.iter_mut().filter(|r| dumped.contains(&r.address)) {
+                for (report, _) in reports.iter_mut().zip(&dumped).filter(|(_, d)| **d) {
                     report.conntrack_entries = flushed.get(&report.address).copied().unwrap_or(0);
                     report.conntrack_flush = FlushMethod::Dump;
                 }
             }
             Err(e) => {
                 self.sockets = None;
-                for report in reports.iter_mut().filter(|r| dumped.contains(&r.address)) {
+                for (report, _) in reports.iter_mut().zip(&dumped).filter(|(_, d)| **d) {
                     self.fail(report, Step::Conntrack, e.clone());
                 }
             }
@@ -442,7 +453,7 @@ impl Worker {
 /// the holder-gone flushes that nobody waits for; unless an address has jobs on both sides, in
 /// which case the batch stays whole and in order (an address is never cleaned for a holder
 /// gone after it was cleaned for its new one).
-fn claims_first(batch: Vec<Job>) -> Vec<Vec<Job>> {
+pub(super) fn claims_first(batch: Vec<Job>) -> Vec<Vec<Job>> {
     let claimed: BTreeSet<IpAddr> = batch
         .iter()
         .filter(|j| j.done.is_some())
