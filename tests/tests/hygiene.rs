@@ -33,7 +33,9 @@ use ipq_tests::{
 use serde_json::{json, Value};
 
 use bridge::{a_gone_b_configured, neighbour_mac, pings, BR_B_MAC, SHARED};
-use kernel_flush::{claim_flush_method, claim_takes_only_the_claimed_entries};
+use kernel_flush::{
+    claim_flush_method, claim_takes_only_the_claimed_entries, entry_count, open_flows_to_pod_a,
+};
 use service::{
     add_service, conntrack_entries_of, remove_backend, wire_client, Listener, Stream, PORT_V4,
     PORT_V6, VIP_V4, VIP_V6,
@@ -334,6 +336,61 @@ fn a_claims_flush_takes_the_claimed_addresses_entries_in_every_zone_and_nothing_
     assert_eq!(
         agent.metric("ipq_conntrack_entries_flushed_total", &[])?,
         8.0
+    );
+    Ok(())
+}
+
+#[test]
+fn a_kernel_flush_whose_deletion_notices_overflow_the_socket_still_completes() -> anyhow::Result<()>
+{
+    let lab = Lab::new()?;
+    // Each deletion is echoed to the agent: 30 000 notices are more than its socket holds.
+    run(
+        &lab.node,
+        "sysctl",
+        &["-qw", "net.netfilter.nf_conntrack_events=1"],
+    )?;
+    let agent = lab.start_agent(&[])?;
+    assert_eq!(
+        claim_flush_method(&agent, "IPv4")?,
+        "kernel",
+        "{}",
+        agent.log()
+    );
+    let flows: u16 = 30_000;
+    let before = open_flows_to_pod_a(&lab, flows)?;
+    ensure!(
+        before >= u32::from(flows),
+        "{before} entries for {flows} flows"
+    );
+    lab.add_pod_address(&lab.pod_b, "vethpb", POD_B_LLADDR, POD_A_V4.into())?;
+    let (answer, took) = claim(&lab, &[POD_A_V4.into()], "vethpb", POD_B_LLADDR)?;
+    let flush = &answer["addresses"][0]["last_flush"];
+    assert!(flush["errors"].is_null(), "{flush}; log:\n{}", agent.log());
+    assert_eq!(flush["conntrack_flush"], "kernel", "{flush}");
+    let reported = flush["conntrack_entries"].as_u64().expect("a count");
+    assert!(
+        reported <= u64::from(flows),
+        "never more than it deleted: {reported}"
+    );
+    // Listed entries are the table; `conntrack -C` also counts deleted entries whose notice
+    // waits for redelivery (on the event cache's dying list), freed within moments.
+    let listed = conntrack_entries_of(&lab.node, POD_A_V4.into())?;
+    assert!(
+        listed.is_empty(),
+        "the flush took every flow's entry: {} of {before} still listed ({reported} reported, \
+         in {took:?}); log:\n{}",
+        listed.len(),
+        agent.log()
+    );
+    let left = poll("the deleted entries freed", Duration::from_secs(5), || {
+        let left = entry_count(&lab.node)?;
+        Ok((left < 100).then_some(left))
+    });
+    assert!(
+        left.is_ok(),
+        "deleted entries are freed: {left:?} ({} counted now)",
+        entry_count(&lab.node)?
     );
     Ok(())
 }

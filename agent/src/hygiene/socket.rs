@@ -36,6 +36,13 @@ pub enum SocketError {
     Overrun,
 }
 
+impl SocketError {
+    /// Did this socket's receive buffer overflow (`ENOBUFS`), losing messages?
+    pub fn is_overflow(&self) -> bool {
+        matches!(self, Self::Recv(e) if e.raw_os_error() == Some(libc::ENOBUFS))
+    }
+}
+
 /// One request's outcome (`Ok` or the errno the kernel answered) and how many of the messages
 /// sent while carrying it out were counted.
 pub type Acked = (Result<(), i32>, u64);
@@ -54,8 +61,22 @@ impl NlSocket {
         socket
             .connect(&SocketAddr::new(0, 0))
             .map_err(SocketError::Open)?;
-        // Best effort: a smaller buffer only means smaller pipelined batches succeed.
-        let _ = socket.set_rx_buf_sz(SOCKET_RCVBUF);
+        // Best effort: a smaller buffer only means smaller pipelined batches succeed. With
+        // CAP_NET_ADMIN past net.core.rmem_max (echoed notices of a large flush must fit).
+        let size = SOCKET_RCVBUF as libc::c_int;
+        // SAFETY: setsockopt on a socket this function owns, with a c_int of the right size.
+        let forced = unsafe {
+            libc::setsockopt(
+                std::os::fd::AsRawFd::as_raw_fd(&socket),
+                libc::SOL_SOCKET,
+                libc::SO_RCVBUFFORCE,
+                std::ptr::addr_of!(size).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        } == 0;
+        if !forced {
+            let _ = socket.set_rx_buf_sz(SOCKET_RCVBUF);
+        }
         let _ = socket.set_ext_ack(true);
         Ok(Self {
             socket,
@@ -184,9 +205,46 @@ impl NlSocket {
         Ok(seq)
     }
 
+    /// Reads what is queued without waiting and counts the messages `counted` says yes to:
+    /// after an overflow, what is left of a request's echoes (and its acknowledgement, which
+    /// is dropped: the request is sent again).
+    pub fn drain_counting<T>(&mut self, counted: impl Fn(&T) -> bool) -> u64
+    where
+        T: NetlinkDeserializable + std::fmt::Debug,
+    {
+        let mut n = 0;
+        loop {
+            let result = self.receive_flags(libc::MSG_DONTWAIT, |message: NetlinkMessage<T>| {
+                if let NetlinkPayload::InnerMessage(inner) = &message.payload {
+                    if counted(inner) {
+                        n += 1;
+                    }
+                }
+                Ok(())
+            });
+            match result {
+                Ok(()) => {}
+                // Another overflow notice: what follows it is still to be read.
+                Err(e) if e.is_overflow() => {}
+                Err(_) => return n,
+            }
+        }
+    }
+
     /// Reads one datagram and hands each message in it to `each`.
     fn receive<T>(
         &mut self,
+        each: impl FnMut(NetlinkMessage<T>) -> Result<(), SocketError>,
+    ) -> Result<(), SocketError>
+    where
+        T: NetlinkDeserializable + std::fmt::Debug,
+    {
+        self.receive_flags(0, each)
+    }
+
+    fn receive_flags<T>(
+        &mut self,
+        flags: libc::c_int,
         mut each: impl FnMut(NetlinkMessage<T>) -> Result<(), SocketError>,
     ) -> Result<(), SocketError>
     where
@@ -194,7 +252,7 @@ impl NlSocket {
     {
         let size = self
             .socket
-            .recv(&mut &mut self.buf[..], 0)
+            .recv(&mut &mut self.buf[..], flags)
             .map_err(SocketError::Recv)?;
         let mut offset = 0;
         while offset < size {

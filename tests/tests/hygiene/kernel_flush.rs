@@ -4,7 +4,10 @@
 //! default zone and in zone 7, beside entries of other addresses and of the node's own), and
 //! `conntrack -L` is the witness of what is left.
 
-use std::{net::IpAddr, time::Duration};
+use std::{
+    net::{IpAddr, UdpSocket},
+    time::Duration,
+};
 
 use anyhow::{ensure, Context as _};
 use ipq_tests::{
@@ -15,7 +18,10 @@ use ipq_tests::{
 };
 use serde_json::Value;
 
-use crate::support::{claim, run};
+use crate::{
+    service::add_service,
+    support::{claim, run},
+};
 
 /// A non-default conntrack zone.
 const ZONE: &str = "7";
@@ -196,4 +202,24 @@ pub(crate) fn claim_takes_only_the_claimed_entries(
         .map(|views| views.iter().map(|v| v["last_flush"].clone()).collect())
         .unwrap_or_default();
     Ok(Outcome { flushes })
+}
+
+/// Opens `n` UDP flows from the peer to pod A's v4 address (one per destination port) through
+/// the node, whose conntrack is on (the Service's rules); returns the node's entry count.
+pub(crate) fn open_flows_to_pod_a(lab: &Lab, n: u16) -> anyhow::Result<u32> {
+    add_service(&lab.node)?;
+    lab.peer.run(|| -> anyhow::Result<()> {
+        let socket = UdpSocket::bind((PEER_V4, 0))?;
+        for port in 1..=n {
+            socket.send_to(b"flow", (POD_A_V4, port))?;
+        }
+        Ok(())
+    })?;
+    std::thread::sleep(Duration::from_millis(100));
+    entry_count(&lab.node)
+}
+
+/// The node's conntrack entries (`conntrack -C`).
+pub(crate) fn entry_count(node: &NetNs) -> anyhow::Result<u32> {
+    Ok(run(node, "conntrack", &["-C"])?.trim().parse()?)
 }

@@ -4,7 +4,7 @@
 //! kernel version is not trusted: the agent re-executes itself ([`PROBE_ARG`]) into a
 //! throwaway network namespace of its own (`unshare(CLONE_NEWNET)`, or with a user namespace
 //! where the agent lacks `CAP_SYS_ADMIN`, as in the DaemonSet), creates conntrack entries there
-//! with `IPCTNL_MSG_CT_NEW` and runs the production flush ([`Conntrack::flush_in_kernel`]) on
+//! with `IPCTNL_MSG_CT_NEW` and runs the production flush (`Conntrack::flush_in_kernel`) on
 //! one address, once per family. The filter counts as honoured for a family only if every
 //! entry carrying the address went — in each of the four places and in a non-default zone —
 //! and every other entry stayed: other addresses, in both zones, and the other family's. If the
