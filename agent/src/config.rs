@@ -76,6 +76,9 @@ pub struct HygieneConfig {
     /// Delete the address's conntrack and neighbour entries when its holder is gone and when
     /// it gets a new holder.
     pub flush: bool,
+    /// Flush a new holder's conntrack entries with the kernel's filtered flush where the
+    /// start-up probe proves the kernel honours the filter (else, or when false, by a dump).
+    pub filtered_flush: bool,
     /// Announce a new holder (gratuitous ARP, unsolicited NA) on its bridge.
     pub announce: bool,
     /// At most this many addresses announced per second (bursts of as many).
@@ -88,6 +91,7 @@ impl Default for HygieneConfig {
     fn default() -> Self {
         Self {
             flush: true,
+            filtered_flush: true,
             announce: true,
             announce_per_second: 50,
             announce_on_uplinks: false,
@@ -179,7 +183,8 @@ pub enum ConfigError {
 }
 
 const INTERFACE_KEYS: &str = "workload, uplink";
-const HYGIENE_KEYS: &str = "flush, announce, announce_per_second, announce_on_uplinks";
+const HYGIENE_KEYS: &str =
+    "flush, filtered_flush, announce, announce_per_second, announce_on_uplinks";
 
 /// Values given on the command line; each overrides the key of the same name (a name of
 /// [`keys::KEYS`]).
@@ -245,6 +250,7 @@ impl Config {
                         let h = &mut config.hygiene;
                         match sub.as_str() {
                             "flush" => h.flush = p.boolean(&key, value)?,
+                            "filtered_flush" => h.filtered_flush = p.boolean(&key, value)?,
                             "announce" => h.announce = p.boolean(&key, value)?,
                             "announce_per_second" => {
                                 h.announce_per_second = p.rate(&key, value)?;

@@ -8,7 +8,10 @@
 //!   while the holder flows, v4 and v6;
 //! - SIGKILL of the agent under traffic delivers none of a fenced pod's packets, before,
 //!   during or after the restart, and the restarted agent re-adopts each attachment: exactly
-//!   one per hook, the same one.
+//!   one per hook, the same one;
+//! - the reuse-hygiene probe gives this kernel's answer (the kernel's filtered conntrack flush
+//!   refused before 6.12; from 6.12 honoured for IPv4 and inverted for IPv6), and a claim is
+//!   flushed the way it chose, without errors.
 //!
 //! The fenced holder dropped both ways is `traffic.rs`'s enforce test, which the tier runs too.
 //! Timeouts scale with `IPQ_TEST_TIME_SCALE` (see `ipq_tests::time`).
@@ -271,4 +274,81 @@ fn sigkill_under_traffic_delivers_no_fenced_packet_and_the_restart_readopts_each
         readopted, attached,
         "the restarted agent must take over the same attachments, not add or swap them"
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reuse hygiene: the probe that decides how a claim's conntrack entries are flushed.
+
+/// This kernel's version, from `uname -r` ("6.12.100+deb12-cloud-amd64" -> (6, 12)).
+fn kernel_version() -> (u32, u32) {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").expect("osrelease");
+    let mut parts = release.trim().split(['.', '-', '+']);
+    let mut next = || parts.next().and_then(|p| p.parse().ok()).expect("version");
+    (next(), next())
+}
+
+/// The agent's start-up log line for `family`'s claim flush.
+fn probe_line(agent: &ipq_tests::lab::Agent, family: &str) -> String {
+    let needle = format!("conntrack flush on claims, {family}:");
+    ipq_tests::lab::poll(&needle, scaled(Duration::from_secs(5)), || {
+        Ok(agent
+            .log()
+            .lines()
+            .find(|l| l.contains(&needle))
+            .map(str::to_owned))
+    })
+    .unwrap_or_else(|e| panic!("{e:#}; log:\n{}", agent.log()))
+}
+
+#[test]
+fn the_conntrack_filter_probe_gives_this_kernels_answer_and_a_claim_is_flushed_its_way() {
+    let lab = Lab::new().expect("lab");
+    let agent = lab.start_agent(&[]).expect("starting ipq-agent");
+    let version = kernel_version();
+    let (v4, v6) = (probe_line(&agent, "IPv4"), probe_line(&agent, "IPv6"));
+    // Before 6.12 the kernel refuses CTA_FILTER on a flush; from 6.12 it honours it for IPv4
+    // and inverts it for IPv6 (it deletes every entry *not* carrying the address).
+    let (want_v4, want_v6) = if version < (6, 12) {
+        ("refused a filtered flush", "refused a filtered flush")
+    } else {
+        ("honoured the filter", "did not honour the filter")
+    };
+    assert!(v4.contains(want_v4), "{version:?}: IPv4: {v4}");
+    assert!(v6.contains(want_v6), "{version:?}: IPv6: {v6}");
+    let kernel_v4 = v4.contains("the kernel's filtered flush");
+    assert_eq!(kernel_v4, version >= (6, 12), "{v4}");
+    assert!(v6.contains("a dump of the whole table"), "{v6}");
+
+    // A claim (early reuse of pod A's addresses by B) is flushed the way the probe chose, and
+    // without errors.
+    let addrs: [IpAddr; 2] = [POD_A_V4.into(), POD_A_V6.into()];
+    for addr in addrs {
+        lab.add_pod_address(&lab.pod_b, "vethpb", POD_B_LLADDR, addr)
+            .expect("B's address");
+    }
+    let body = serde_json::json!({
+        "addresses": addrs,
+        "holder": {"interface": "vethpb", "mac": POD_B_LLADDR, "container_id": "c-new"},
+        "source": "cni",
+    });
+    let answer = ipq_tests::api::request(
+        &lab.work_dir().join("ipq.sock"),
+        "POST",
+        "/v1/claims",
+        Some(&body.to_string()),
+    )
+    .expect("claim");
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    let answer: serde_json::Value = answer.json().expect("json");
+    let expected = [if kernel_v4 { "kernel" } else { "dump" }, "dump"];
+    for (view, method) in answer["addresses"]
+        .as_array()
+        .expect("addresses")
+        .iter()
+        .zip(expected)
+    {
+        let flush = &view["last_flush"];
+        assert!(flush["errors"].is_null(), "{flush}; log:\n{}", agent.log());
+        assert_eq!(flush["conntrack_flush"], method, "{flush}");
+    }
 }

@@ -186,6 +186,11 @@ pub struct HygieneView {
     pub at: String,
     /// Conntrack entries deleted (original or reply tuple carrying the address).
     pub conntrack_entries: u64,
+    /// How: `dump` (the count is exact) or `kernel` (the kernel's filtered flush on a claim;
+    /// the count is what the kernel reported, a lower bound). Empty (and left out) when the
+    /// flush did not finish.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub conntrack_flush: String,
     /// The node's neighbour entries deleted.
     pub neighbours: u64,
     /// Announcements sent (one per interface).
@@ -296,6 +301,10 @@ pub struct Status {
     /// Interfaces the configuration names that are not protected (attaching or failed).
     #[serde(default)]
     pub unprotected: u64,
+    /// How a claim's conntrack entries are flushed, per family, as the start-up probe decided;
+    /// absent while it runs, or with `[hygiene] flush = false`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conntrack_claim_flush: Option<ClaimFlushView>,
     pub version: String,
     /// `enforce` or `observe`.
     pub mode: Mode,
@@ -305,6 +314,14 @@ pub struct Status {
     pub conflicts_total: u64,
     pub refused_claims_total: u64,
     pub started_at: String,
+}
+
+/// How a claim's conntrack entries are flushed: `kernel` (the kernel's filtered flush) or
+/// `dump (<why>)`, per family.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClaimFlushView {
+    pub ipv4: String,
+    pub ipv6: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -15,8 +15,8 @@ use ipq_common::{
 };
 
 use super::model::{
-    AddressView, ApiErrorBody, ConflictView, ErrorCode, EventBody, InterfaceStatus, RegistryCounts,
-    Status,
+    AddressView, ApiErrorBody, ClaimFlushView, ConflictView, ErrorCode, EventBody, InterfaceStatus,
+    RegistryCounts, Status,
 };
 use crate::{
     config::{EarlyReusePolicy, Mode},
@@ -285,6 +285,8 @@ pub struct StatusFacts {
     pub not_ready: Option<String>,
     /// How TC programs attach: `tcx` or `netlink`.
     pub tc_attach: &'static str,
+    /// How a claim's conntrack entries are flushed, once the probe decided.
+    pub conntrack_claim_flush: Option<ClaimFlushView>,
     pub mode: Mode,
     pub on_early_reuse: EarlyReusePolicy,
     pub conflicts_total: u64,
@@ -309,6 +311,7 @@ pub fn status_view<C: Clock>(
         not_ready: facts.not_ready,
         tc_attach: facts.tc_attach.to_owned(),
         unprotected,
+        conntrack_claim_flush: facts.conntrack_claim_flush,
         version: env!("CARGO_PKG_VERSION").to_owned(),
         mode: facts.mode,
         on_early_reuse: facts.on_early_reuse,

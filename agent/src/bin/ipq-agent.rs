@@ -8,7 +8,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use ipq::{
     config::{keys, Config, Overrides},
     datapath::DatapathMaps,
-    netdev, paths,
+    hygiene, netdev, paths,
 };
 use ipq_common::{
     addr::{AddrEntry, AddrKey, AddrState, NO_IFINDEX},
@@ -218,6 +218,11 @@ fn datapath_command(command: DatapathCommand) -> anyhow::Result<()> {
 }
 
 fn main() -> ExitCode {
+    // The start-up probe of reuse hygiene re-executes the agent into a throwaway network
+    // namespace (ipq::hygiene's flush_probe); that child does only this.
+    if std::env::args_os().nth(1).as_deref() == Some(hygiene::CONNTRACK_PROBE_ARG.as_ref()) {
+        return ExitCode::from(hygiene::conntrack_probe_main() as u8);
+    }
     ipq::heap::tune();
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
         .format_timestamp_millis()

@@ -134,7 +134,7 @@ fn hygiene_fields(pairs: &mut Vec<(String, String)>, flush: Option<&HygieneView>
     };
     pairs.push(("Last flush".to_owned(), format!("{when} ({})", f.trigger)));
     let mut sub = |key: &str, value: String| pairs.push((format!("  {key}"), value));
-    sub("Conntrack entries", f.conntrack_entries.to_string());
+    sub("Conntrack entries", conntrack_count(f));
     sub("Neighbour entries", f.neighbours.to_string());
     sub(
         "Announcements",
@@ -151,6 +151,17 @@ fn hygiene_fields(pairs: &mut Vec<(String, String)>, flush: Option<&HygieneView>
     }
     for error in &f.errors {
         sub("Failed", error.clone());
+    }
+}
+
+/// The conntrack count and, for the kernel's filtered flush, what it means.
+fn conntrack_count(f: &HygieneView) -> String {
+    match f.conntrack_flush.as_str() {
+        "kernel" => format!(
+            "{} (reported by the kernel's filtered flush: a lower bound)",
+            f.conntrack_entries
+        ),
+        _ => f.conntrack_entries.to_string(),
     }
 }
 
@@ -245,6 +256,13 @@ pub fn status(status: &Status, now: SystemTime) -> String {
             },
         ),
         ("TC attach".to_owned(), status.tc_attach.clone()),
+        (
+            "Conntrack".to_owned(),
+            status.conntrack_claim_flush.as_ref().map_or_else(
+                || NONE.to_owned(),
+                |f| format!("claims flushed by: IPv4 {}; IPv6 {}", f.ipv4, f.ipv6),
+            ),
+        ),
     ];
     let mut out = key_values(&pairs);
     if !status.interfaces.is_empty() {

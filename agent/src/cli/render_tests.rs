@@ -5,7 +5,8 @@ use std::time::SystemTime;
 use super::render::{self, holder_short};
 use crate::{
     api::model::{
-        AddressView, ConflictView, Event, EventBody, InterfaceStatus, RegistryCounts, Status,
+        AddressView, ClaimFlushView, ConflictView, Event, EventBody, InterfaceStatus,
+        RegistryCounts, Status,
     },
     config::EarlyReusePolicy,
     registry::{ConflictKind, Holder, PodRef, StateName},
@@ -181,6 +182,10 @@ fn status_shows_readiness_counts_and_hooks() {
         not_ready: None,
         tc_attach: "netlink-then-tcx".into(),
         unprotected: 0,
+        conntrack_claim_flush: Some(ClaimFlushView {
+            ipv4: "kernel".into(),
+            ipv6: "dump (the kernel did not honour the filter)".into(),
+        }),
         version: "0.1.0".into(),
         mode: crate::config::Mode::Enforce,
         on_early_reuse: EarlyReusePolicy::FenceOld,
@@ -227,6 +232,7 @@ Registry:        3/65536 entries: 2 active, 1 draining, 0 quarantined
 Conflicts:       4 total, 1 claims refused
 Interfaces:      2
 TC attach:       netlink-then-tcx
+Conntrack:       claims flushed by: IPv4 kernel; IPv6 dump (the kernel did not honour the filter)
   IFINDEX  NAME    HOOKS                   ATTACHMENT  PROTECTION
   5        vethpa  tcx-ingress,tcx-egress  netlink     protected
   12       up0     xdp                     xdp         protected
@@ -348,6 +354,7 @@ fn events_are_one_line_each() {
                 trigger: "holder_gone".into(),
                 at: String::new(),
                 conntrack_entries: 4,
+                conntrack_flush: "dump".into(),
                 neighbours: 1,
                 announcements: 0,
                 announce_skipped: None,
@@ -364,6 +371,7 @@ fn events_are_one_line_each() {
                 trigger: "new_holder".into(),
                 at: String::new(),
                 conntrack_entries: 0,
+                conntrack_flush: "kernel".into(),
                 neighbours: 0,
                 announcements: 0,
                 announce_skipped: Some("rate-limited (announce_per_second = 50)".into()),
@@ -416,6 +424,7 @@ fn get_says_why_a_new_holder_was_not_announced() {
             trigger: "new_holder".into(),
             at: "2026-11-22T10:00:58Z".into(),
             conntrack_entries: 0,
+            conntrack_flush: "kernel".into(),
             neighbours: 0,
             announcements: 0,
             announce_skipped: Some("rate-limited (announce_per_second = 50)".into()),
@@ -438,6 +447,7 @@ fn get_shows_the_last_flush_and_what_failed() {
             trigger: "new_holder".into(),
             at: "2026-11-22T10:00:58Z".into(),
             conntrack_entries: 3,
+            conntrack_flush: "kernel".into(),
             neighbours: 1,
             announcements: 2,
             announce_skipped: None,
@@ -450,7 +460,7 @@ fn get_shows_the_last_flush_and_what_failed() {
     let text = render::address_detail(&detail, now());
     for line in [
         "Last flush:             2026-11-22T10:00:58Z (2s ago) (new_holder)",
-        "  Conntrack entries:    3",
+        "  Conntrack entries:    3 (reported by the kernel's filtered flush: a lower bound)",
         "  Neighbour entries:    1",
         "  Announcements:        2",
         "  Permanent neighbour:  if4 lladdr 02:00:00:00:00:09 (left alone)",

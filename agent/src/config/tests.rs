@@ -238,8 +238,8 @@ fn echoed_values_and_keys_are_cut() {
 #[test]
 fn hygiene_keys_are_read_and_checked() {
     let config = Config::from_toml(
-        "[hygiene]\nflush = false\nannounce = false\nannounce_per_second = 7\n\
-         announce_on_uplinks = true",
+        "[hygiene]\nflush = false\nfiltered_flush = false\nannounce = false\n\
+         announce_per_second = 7\nannounce_on_uplinks = true",
         "test.toml",
     )
     .unwrap();
@@ -247,13 +247,15 @@ fn hygiene_keys_are_read_and_checked() {
         config.hygiene,
         HygieneConfig {
             flush: false,
+            filtered_flush: false,
             announce: false,
             announce_per_second: 7,
             announce_on_uplinks: true,
         }
     );
     let defaults = Config::default().hygiene;
-    assert!(defaults.flush && defaults.announce && !defaults.announce_on_uplinks);
+    assert!(defaults.flush && defaults.filtered_flush);
+    assert!(defaults.announce && !defaults.announce_on_uplinks);
 
     let e = err("[hygiene]\nannounce_per_second = 0");
     assert!(

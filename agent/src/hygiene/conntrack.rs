@@ -1,7 +1,12 @@
-//! Conntrack entries of reused addresses, deleted over ctnetlink: one dump of the whole table
-//! (IPv4 and IPv6, every zone), then a deletion of each entry whose original or reply tuple
-//! carries one of the addresses, by its original tuple, zone and id (the way `conntrack -D`
-//! does it), so that an entry recreated meanwhile is left alone.
+//! Conntrack entries of reused addresses, deleted over ctnetlink, in one of two ways.
+//!
+//! - The dump ([`Conntrack::flush`]): one dump of the whole table (IPv4 and IPv6, every zone),
+//!   then a deletion of each entry whose original or reply tuple carries one of the addresses,
+//!   by its original tuple, zone and id (the way `conntrack -D` does it), so that an entry
+//!   recreated meanwhile is left alone. Exact counts; its cost is the size of the hash table.
+//! - The kernel's filtered flush ([`Conntrack::flush_in_kernel`], see `kernel_flush`): four
+//!   deletions per address that the kernel carries out itself, far cheaper; used only where the
+//!   start-up probe proved the kernel honours the filter.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -16,7 +21,10 @@ use netlink_packet_netfilter::{
 use netlink_sys::protocols::NETLINK_NETFILTER;
 use thiserror::Error;
 
-use super::socket::{NlSocket, SocketError};
+use super::{
+    kernel_flush,
+    socket::{NlSocket, SocketError},
+};
 
 /// `CTA_ZONE` and `CTA_ID` (linux/netfilter/nfnetlink_conntrack.h); the crate leaves them raw.
 const CTA_ZONE: u16 = 18;
@@ -111,6 +119,68 @@ impl Conntrack {
         Ok(flushed)
     }
 }
+
+impl Conntrack {
+    /// Deletes every entry (any zone) carrying `addr` in either tuple, by the kernel's filtered
+    /// flush; returns how many deletions the kernel reported (`NLM_F_ECHO`). The kernel reports
+    /// a deletion only for an entry that carries conntrack's event extension, so this is a
+    /// lower bound (see the README). Any refusal is an error: nothing is assumed flushed.
+    pub fn flush_in_kernel(&mut self, addr: IpAddr) -> Result<u64, ConntrackError> {
+        let mut reported = 0;
+        let (mut failed, mut first_errno) = (0, 0);
+        let deletions = kernel_flush::deletions(addr);
+        for deletion in &deletions {
+            let (outcome, echoed) = self.delete_filtered(deletion)?;
+            reported += echoed;
+            if let Err(errno) = outcome {
+                failed += 1;
+                if first_errno == 0 {
+                    first_errno = errno;
+                }
+            }
+        }
+        if failed > 0 {
+            return Err(ConntrackError::Delete {
+                failed,
+                tried: deletions.len(),
+                errno: first_errno,
+            });
+        }
+        Ok(reported)
+    }
+
+    /// One filtered deletion, sent on its own so that only its echoes must fit in the socket's
+    /// buffer. If they overflow it, the acknowledgement may be lost with them: the deletion is
+    /// sent again (it is idempotent; the kernel deletes what still matches), and the echoes
+    /// that did arrive still count.
+    fn delete_filtered(
+        &mut self,
+        deletion: &kernel_flush::FilteredDeletion,
+    ) -> Result<(Result<(), i32>, u64), ConntrackError> {
+        let mut echoed = 0;
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            match self.socket.acked_with(
+                std::slice::from_ref(deletion),
+                netlink_packet_core::NLM_F_ECHO,
+                kernel_flush::is_destroy_event,
+            ) {
+                Ok(outcomes) => {
+                    let (outcome, n) = outcomes.into_iter().next().unwrap_or((Ok(()), 0));
+                    return Ok((outcome, echoed + n));
+                }
+                Err(e) if e.is_overflow() && attempts < MAX_OVERFLOW_RETRIES => {
+                    echoed += self.socket.drain_counting(kernel_flush::is_destroy_event);
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+}
+
+/// How many times a filtered deletion is sent again after its echoes overflowed the socket.
+const MAX_OVERFLOW_RETRIES: u32 = 4;
 
 /// The parts of a dumped entry a deletion needs, or `None` for anything else.
 fn entry_of(message: NetfilterMessage) -> Option<Entry> {

@@ -12,16 +12,19 @@
 
 mod announce;
 mod conntrack;
+mod flush_probe;
+mod kernel_flush;
 mod neighbour;
 mod socket;
 mod worker;
 
 pub use announce::{format_mac, parse_mac};
+pub use flush_probe::{child_main as conntrack_probe_main, PROBE_ARG as CONNTRACK_PROBE_ARG};
 
 use std::{
     collections::BTreeMap,
     net::IpAddr,
-    sync::{mpsc as std_mpsc, Arc},
+    sync::{mpsc as std_mpsc, Arc, Mutex},
     time::Duration,
 };
 
@@ -70,6 +73,35 @@ pub struct Job {
     done: Option<oneshot::Sender<Report>>,
 }
 
+/// How an address's conntrack entries were flushed, which says what their count means.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FlushMethod {
+    /// A dump of the whole table and a deletion per matching entry: the count is exact.
+    #[default]
+    Dump,
+    /// The kernel's filtered flush (a new holder's claim, where the start-up probe proved it):
+    /// the count is what the kernel reported, a lower bound.
+    Kernel,
+}
+
+impl FlushMethod {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Dump => "dump",
+            Self::Kernel => "kernel",
+        }
+    }
+}
+
+/// How a claim's conntrack entries are flushed, per family: `kernel` (the kernel's filtered
+/// flush) or `dump (<why>)`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClaimFlush {
+    pub ipv4: String,
+    pub ipv6: String,
+}
+
 /// The hygiene steps, as the `step` label of `ipq_hygiene_failures_total`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -100,6 +132,9 @@ pub struct Report {
     #[serde(skip)]
     pub finished_ns: u64,
     pub conntrack_entries: u64,
+    /// How they were flushed (what the count means).
+    #[serde(default)]
+    pub conntrack_flush: FlushMethod,
     pub neighbours: u64,
     pub announcements: u32,
     /// Why no announcement was sent on purpose (the rate limit), though one was due.
@@ -123,6 +158,7 @@ impl Report {
             trigger: job.trigger,
             finished_ns: 0,
             conntrack_entries: 0,
+            conntrack_flush: FlushMethod::Dump,
             neighbours: 0,
             announcements: 0,
             announce_skipped: None,
@@ -139,6 +175,7 @@ impl Report {
 #[derive(Debug)]
 struct KeptReport {
     trigger: Trigger,
+    conntrack_flush: FlushMethod,
     announcements: u32,
     finished_ns: u64,
     conntrack_entries: u64,
@@ -170,6 +207,7 @@ impl KeptReport {
         });
         Self {
             trigger: report.trigger,
+            conntrack_flush: report.conntrack_flush,
             announcements: report.announcements,
             finished_ns: report.finished_ns,
             conntrack_entries: report.conntrack_entries,
@@ -185,6 +223,7 @@ impl KeptReport {
             trigger: self.trigger,
             finished_ns: self.finished_ns,
             conntrack_entries: self.conntrack_entries,
+            conntrack_flush: self.conntrack_flush,
             neighbours: self.neighbours,
             announcements: self.announcements,
             announce_skipped: notes.and_then(|n| n.announce_skipped.clone()),
@@ -208,6 +247,8 @@ pub struct Hygiene {
     last: BTreeMap<IpAddr, KeptReport>,
     /// While a claim is carried out: its interface and MAC, and the jobs it waits for.
     claim: Option<ClaimInProgress>,
+    /// How the worker flushes a claim's conntrack entries, once its probe decided.
+    claim_flush: Arc<Mutex<Option<ClaimFlush>>>,
 }
 
 struct ClaimInProgress {
@@ -231,7 +272,17 @@ impl Hygiene {
             holders: BTreeMap::new(),
             last: BTreeMap::new(),
             claim: None,
+            claim_flush: Arc::default(),
         }
+    }
+
+    /// How a claim's conntrack entries are flushed, per family, once the worker's start-up
+    /// probe decided (for `/v1/status`).
+    pub fn claim_flush(&self) -> Option<ClaimFlush> {
+        self.claim_flush
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     /// Starts the worker thread; its reports arrive on the returned channel.
@@ -243,7 +294,13 @@ impl Hygiene {
     ) -> Result<mpsc::UnboundedReceiver<Report>, HygieneError> {
         let (job_tx, job_rx) = std_mpsc::channel();
         let (report_tx, report_rx) = mpsc::unbounded_channel();
-        let worker = Worker::new(config, uplinks, metrics, report_tx);
+        let worker = Worker::new(
+            config,
+            uplinks,
+            metrics,
+            report_tx,
+            self.claim_flush.clone(),
+        );
         std::thread::Builder::new()
             .name("ipq-hygiene".into())
             .spawn(move || worker.run(job_rx))

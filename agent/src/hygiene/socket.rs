@@ -36,6 +36,17 @@ pub enum SocketError {
     Overrun,
 }
 
+impl SocketError {
+    /// Did this socket's receive buffer overflow (`ENOBUFS`), losing messages?
+    pub fn is_overflow(&self) -> bool {
+        matches!(self, Self::Recv(e) if e.raw_os_error() == Some(libc::ENOBUFS))
+    }
+}
+
+/// One request's outcome (`Ok` or the errno the kernel answered) and how many of the messages
+/// sent while carrying it out were counted.
+pub type Acked = (Result<(), i32>, u64);
+
 /// One blocking netlink socket of protocol `P` messages.
 pub struct NlSocket {
     socket: Socket,
@@ -50,8 +61,22 @@ impl NlSocket {
         socket
             .connect(&SocketAddr::new(0, 0))
             .map_err(SocketError::Open)?;
-        // Best effort: a smaller buffer only means smaller pipelined batches succeed.
-        let _ = socket.set_rx_buf_sz(SOCKET_RCVBUF);
+        // Best effort: a smaller buffer only means smaller pipelined batches succeed. With
+        // CAP_NET_ADMIN past net.core.rmem_max (echoed notices of a large flush must fit).
+        let size = SOCKET_RCVBUF as libc::c_int;
+        // SAFETY: setsockopt on a socket this function owns, with a c_int of the right size.
+        let forced = unsafe {
+            libc::setsockopt(
+                std::os::fd::AsRawFd::as_raw_fd(&socket),
+                libc::SOL_SOCKET,
+                libc::SO_RCVBUFFORCE,
+                std::ptr::addr_of!(size).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        } == 0;
+        if !forced {
+            let _ = socket.set_rx_buf_sz(SOCKET_RCVBUF);
+        }
         let _ = socket.set_ext_ack(true);
         Ok(Self {
             socket,
@@ -99,27 +124,60 @@ impl NlSocket {
     where
         T: NetlinkSerializable + NetlinkDeserializable + Clone + std::fmt::Debug,
     {
+        let outcomes = self.acked_with(requests, 0, |_: &T| false)?;
+        Ok(outcomes.into_iter().map(|(outcome, _)| outcome).collect())
+    }
+
+    /// Like [`acked`](Self::acked), with `extra` flags on every request (`NLM_F_CREATE`,
+    /// `NLM_F_ECHO`); each outcome comes with how many of the messages the kernel sent while
+    /// carrying out that request (before its acknowledgement) `counted` says yes to: with
+    /// `NLM_F_ECHO`, the notifications it echoed back to this socket. (A netlink socket's
+    /// requests are carried out in order, and what each sends reaches the socket before its
+    /// acknowledgement.)
+    pub fn acked_with<T>(
+        &mut self,
+        requests: &[T],
+        extra: u16,
+        counted: impl Fn(&T) -> bool,
+    ) -> Result<Vec<Acked>, SocketError>
+    where
+        T: NetlinkSerializable + NetlinkDeserializable + Clone + std::fmt::Debug,
+    {
         let mut outcomes = Vec::with_capacity(requests.len());
         for chunk in requests.chunks(MAX_PIPELINED) {
-            let last = self.send(chunk, NLM_F_REQUEST | NLM_F_ACK)?;
+            let last = self.send(chunk, NLM_F_REQUEST | NLM_F_ACK | extra)?;
             let first = last.wrapping_sub(chunk.len() as u32 - 1);
             let mut got: Vec<Option<Result<(), i32>>> = vec![None; chunk.len()];
+            let mut seen: Vec<u64> = vec![0; chunk.len()];
             let mut pending = chunk.len();
             while pending > 0 {
                 self.receive(|message: NetlinkMessage<T>| {
-                    let index = message.header.sequence_number.wrapping_sub(first) as usize;
-                    if let (NetlinkPayload::Error(e), Some(slot)) =
-                        (message.payload, got.get_mut(index))
-                    {
-                        if slot.is_none() {
-                            pending -= 1;
+                    match message.payload {
+                        NetlinkPayload::Error(e) => {
+                            let index = message.header.sequence_number.wrapping_sub(first);
+                            if let Some(slot) = got.get_mut(index as usize) {
+                                if slot.is_none() {
+                                    pending -= 1;
+                                }
+                                *slot = Some(e.code.map_or(Ok(()), |c| Err(-c.get())));
+                            }
                         }
-                        *slot = Some(e.code.map_or(Ok(()), |c| Err(-c.get())));
+                        NetlinkPayload::InnerMessage(inner) if counted(&inner) => {
+                            // Belongs to the first request not yet acknowledged.
+                            if let Some(index) = got.iter().position(Option::is_none) {
+                                seen[index] += 1;
+                            }
+                        }
+                        _ => {}
                     }
                     Ok(())
                 })?;
             }
-            outcomes.extend(got.into_iter().map(|o| o.unwrap_or(Ok(()))));
+            outcomes.extend(
+                got.into_iter()
+                    .zip(seen)
+                    .map(|(o, n)| (o.unwrap_or(Ok(())), n)),
+            );
         }
         Ok(outcomes)
     }
@@ -147,9 +205,46 @@ impl NlSocket {
         Ok(seq)
     }
 
+    /// Reads what is queued without waiting and counts the messages `counted` says yes to:
+    /// after an overflow, what is left of a request's echoes (and its acknowledgement, which
+    /// is dropped: the request is sent again).
+    pub fn drain_counting<T>(&mut self, counted: impl Fn(&T) -> bool) -> u64
+    where
+        T: NetlinkDeserializable + std::fmt::Debug,
+    {
+        let mut n = 0;
+        loop {
+            let result = self.receive_flags(libc::MSG_DONTWAIT, |message: NetlinkMessage<T>| {
+                if let NetlinkPayload::InnerMessage(inner) = &message.payload {
+                    if counted(inner) {
+                        n += 1;
+                    }
+                }
+                Ok(())
+            });
+            match result {
+                Ok(()) => {}
+                // Another overflow notice: what follows it is still to be read.
+                Err(e) if e.is_overflow() => {}
+                Err(_) => return n,
+            }
+        }
+    }
+
     /// Reads one datagram and hands each message in it to `each`.
     fn receive<T>(
         &mut self,
+        each: impl FnMut(NetlinkMessage<T>) -> Result<(), SocketError>,
+    ) -> Result<(), SocketError>
+    where
+        T: NetlinkDeserializable + std::fmt::Debug,
+    {
+        self.receive_flags(0, each)
+    }
+
+    fn receive_flags<T>(
+        &mut self,
+        flags: libc::c_int,
         mut each: impl FnMut(NetlinkMessage<T>) -> Result<(), SocketError>,
     ) -> Result<(), SocketError>
     where
@@ -157,7 +252,7 @@ impl NlSocket {
     {
         let size = self
             .socket
-            .recv(&mut &mut self.buf[..], 0)
+            .recv(&mut &mut self.buf[..], flags)
             .map_err(SocketError::Recv)?;
         let mut offset = 0;
         while offset < size {

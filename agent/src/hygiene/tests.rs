@@ -108,6 +108,7 @@ fn a_kept_report_reads_back_whole() {
     let plain = Report {
         finished_ns: 42,
         conntrack_entries: 3,
+        conntrack_flush: super::FlushMethod::Kernel,
         neighbours: 2,
         announcements: 1,
         ..Report::new(&job)
@@ -128,4 +129,42 @@ fn a_kept_report_reads_back_whole() {
     };
     h.record(rate_limited.clone(), true);
     assert_eq!(h.last(ip("10.0.0.6")), Some(rate_limited));
+}
+
+fn job(addr: &str, trigger: Trigger, claimed: bool) -> Job {
+    Job {
+        addr: ip(addr),
+        trigger,
+        holder_ifindex: None,
+        holder_mac: None,
+        done: claimed.then(|| oneshot::channel().0),
+    }
+}
+
+fn addrs(group: &[Job]) -> Vec<IpAddr> {
+    group.iter().map(|j| j.addr).collect()
+}
+
+#[test]
+fn claims_are_cleaned_before_holder_gone_jobs_unless_they_share_an_address() {
+    let groups = super::worker::claims_first(vec![
+        job("10.0.0.9", Trigger::HolderGone, false),
+        job("10.0.0.5", Trigger::NewHolder, true),
+        job("10.0.0.7", Trigger::NewHolder, false),
+        job("fd00::5", Trigger::NewHolder, true),
+    ]);
+    assert_eq!(groups.len(), 2);
+    assert_eq!(addrs(&groups[0]), [ip("10.0.0.5"), ip("fd00::5")]);
+    assert_eq!(addrs(&groups[1]), [ip("10.0.0.9"), ip("10.0.0.7")]);
+
+    // The old holder of 10.0.0.5 went, then a claim took it: one group, in arrival order.
+    let groups = super::worker::claims_first(vec![
+        job("10.0.0.5", Trigger::HolderGone, false),
+        job("10.0.0.5", Trigger::NewHolder, true),
+    ]);
+    assert_eq!(groups.len(), 1);
+    assert_eq!(
+        groups[0].iter().map(|j| j.trigger).collect::<Vec<_>>(),
+        [Trigger::HolderGone, Trigger::NewHolder]
+    );
 }

@@ -1,7 +1,15 @@
 //! The hygiene worker: a thread of its own, with its own netlink and packet sockets, that takes
-//! jobs in batches (one conntrack dump for a whole batch) and reports what each did.
+//! jobs in batches (one conntrack dump for a whole batch) and reports what each did. Claims
+//! waiting for their flush go first, and their conntrack entries go by the kernel's filtered
+//! flush where the start-up probe proved it (see `kernel_flush`, `flush_probe`).
 
-use std::{collections::BTreeSet, net::IpAddr, sync::mpsc as std_mpsc, sync::Arc};
+use std::{
+    collections::BTreeSet,
+    net::IpAddr,
+    sync::mpsc as std_mpsc,
+    sync::{Arc, Mutex},
+    time::Instant,
+};
 
 use log::{error, info, warn};
 use tokio::sync::mpsc;
@@ -9,8 +17,9 @@ use tokio::sync::mpsc;
 use super::{
     announce::{self, format_mac, Announcer},
     conntrack::Conntrack,
+    flush_probe::{self, Verdict},
     neighbour::{Link, Neighbours},
-    Job, Report, Step, Trigger,
+    ClaimFlush, FlushMethod, Job, Report, Step, Trigger,
 };
 use crate::{config::HygieneConfig, metrics::Metrics, netdev};
 
@@ -28,6 +37,12 @@ pub(super) struct Worker {
     reports: mpsc::UnboundedSender<Report>,
     sockets: Option<(Conntrack, Neighbours)>,
     announcer: Option<Announcer>,
+    /// A new holder's entries go by the kernel's filtered flush, per family (where the probe
+    /// proved it).
+    kernel_flush_v4: bool,
+    kernel_flush_v6: bool,
+    /// Where that choice is shown (`/v1/status`).
+    shown: Arc<Mutex<Option<ClaimFlush>>>,
 }
 
 impl Worker {
@@ -36,6 +51,7 @@ impl Worker {
         uplinks: Vec<String>,
         metrics: Arc<Metrics>,
         reports: mpsc::UnboundedSender<Report>,
+        shown: Arc<Mutex<Option<ClaimFlush>>>,
     ) -> Self {
         Self {
             config,
@@ -44,7 +60,69 @@ impl Worker {
             reports,
             sockets: None,
             announcer: None,
+            kernel_flush_v4: false,
+            kernel_flush_v6: false,
+            shown,
         }
+    }
+
+    /// Decides how a new holder's conntrack entries are flushed, per family: by the kernel's
+    /// filtered flush only where the probe saw the kernel honour the filter, else by the dump.
+    fn choose_claim_flush(&mut self) {
+        if !self.config.flush {
+            return;
+        }
+        if !self.config.filtered_flush {
+            info!(
+                "conntrack flush on claims: a dump of the whole table (hygiene.filtered_flush = \
+                 false)"
+            );
+            let off = "dump (hygiene.filtered_flush = false)".to_owned();
+            self.show(ClaimFlush {
+                ipv4: off.clone(),
+                ipv6: off,
+            });
+            return;
+        }
+        let started = Instant::now();
+        let verdicts = flush_probe::run();
+        let took = started.elapsed();
+        let shown = |v: &Verdict| match v {
+            Verdict::Honoured => "kernel".to_owned(),
+            other => format!("dump ({})", other.describe()),
+        };
+        self.show(ClaimFlush {
+            ipv4: shown(&verdicts.v4),
+            ipv6: shown(&verdicts.v6),
+        });
+        for (family, verdict, chosen) in [
+            ("IPv4", &verdicts.v4, &mut self.kernel_flush_v4),
+            ("IPv6", &verdicts.v6, &mut self.kernel_flush_v6),
+        ] {
+            *chosen = *verdict == Verdict::Honoured;
+            let why = verdict.describe();
+            match verdict {
+                Verdict::Honoured => info!(
+                    "conntrack flush on claims, {family}: the kernel's filtered flush; probe \
+                     ({took:.0?}): {why}"
+                ),
+                Verdict::Refused(_) => info!(
+                    "conntrack flush on claims, {family}: a dump of the whole table; probe \
+                     ({took:.0?}): {why} (supported from Linux 6.12)"
+                ),
+                Verdict::Unavailable(_) | Verdict::Ignored(_) => warn!(
+                    "conntrack flush on claims, {family}: a dump of the whole table; probe \
+                     ({took:.0?}): {why}"
+                ),
+            }
+        }
+    }
+
+    fn show(&self, view: ClaimFlush) {
+        *self
+            .shown
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(view);
     }
 
     pub(super) fn run(mut self, jobs: std_mpsc::Receiver<Job>) {
@@ -64,6 +142,7 @@ impl Worker {
                 std::io::Error::last_os_error()
             );
         }
+        self.choose_claim_flush();
         while let Ok(first) = jobs.recv() {
             let mut batch = vec![first];
             while batch.len() < MAX_BATCH {
@@ -72,13 +151,15 @@ impl Worker {
                     Err(_) => break,
                 }
             }
-            let reports = self.clean(&batch);
-            for (job, report) in batch.into_iter().zip(reports) {
-                if let Some(done) = job.done {
-                    let _ = done.send(report.clone());
-                }
-                if self.reports.send(report).is_err() {
-                    return;
+            for group in claims_first(batch) {
+                let reports = self.clean(&group);
+                for (job, report) in group.into_iter().zip(reports) {
+                    if let Some(done) = job.done {
+                        let _ = done.send(report.clone());
+                    }
+                    if self.reports.send(report).is_err() {
+                        return;
+                    }
                 }
             }
         }
@@ -185,10 +266,50 @@ impl Worker {
     }
 
     fn flush_conntrack(&mut self, reports: &mut [Report]) {
+        // The reports whose addresses the dump flushes (by index: an address can have two
+        // jobs in a batch, one of them flushed by the kernel).
+        let mut dumped = vec![false; reports.len()];
+        for (report, dump) in reports.iter_mut().zip(dumped.iter_mut()) {
+            if report.skipped.is_some() {
+                continue;
+            }
+            let honoured = match report.address {
+                IpAddr::V4(_) => self.kernel_flush_v4,
+                IpAddr::V6(_) => self.kernel_flush_v6,
+            };
+            if !(honoured && report.trigger == Trigger::NewHolder) {
+                *dump = true;
+                continue;
+            }
+            let result = match self.sockets() {
+                Ok((conntrack, _)) => conntrack
+                    .flush_in_kernel(report.address)
+                    .map_err(|e| e.to_string()),
+                Err(e) => Err(e),
+            };
+            match result {
+                Ok(reported) => {
+                    self.metrics.conntrack_entries_flushed.inc_by(reported);
+                    report.conntrack_entries = reported;
+                    report.conntrack_flush = FlushMethod::Kernel;
+                }
+                Err(e) => {
+                    // The kernel passed the probe, so this is a fault of the moment (or of the
+                    // socket): the dump still flushes the address before its claim is answered.
+                    warn!(
+                        "{}: the kernel's filtered conntrack flush failed ({e}); dumping instead",
+                        report.address
+                    );
+                    self.sockets = None;
+                    *dump = true;
+                }
+            }
+        }
         let targets: BTreeSet<IpAddr> = reports
             .iter()
-            .filter(|r| r.skipped.is_none())
-            .map(|r| r.address)
+            .zip(&dumped)
+            .filter(|(_, dump)| **dump)
+            .map(|(r, _)| r.address)
             .collect();
         if targets.is_empty() {
             return;
@@ -201,13 +322,14 @@ impl Worker {
             Ok(flushed) => {
                 let total: u64 = flushed.values().sum();
                 self.metrics.conntrack_entries_flushed.inc_by(total);
-                for report in reports.iter_mut() {
+                for (report, _) in reports.iter_mut().zip(&dumped).filter(|(_, d)| **d) {
                     report.conntrack_entries = flushed.get(&report.address).copied().unwrap_or(0);
+                    report.conntrack_flush = FlushMethod::Dump;
                 }
             }
             Err(e) => {
                 self.sockets = None;
-                for report in reports.iter_mut().filter(|r| r.skipped.is_none()) {
+                for (report, _) in reports.iter_mut().zip(&dumped).filter(|(_, d)| **d) {
                     self.fail(report, Step::Conntrack, e.clone());
                 }
             }
@@ -333,4 +455,27 @@ impl Worker {
             self.fail(report, Step::Announce, failures.join(", "));
         }
     }
+}
+
+/// Splits a batch so that the jobs a claim waits for are done (and answered) first, before
+/// the holder-gone flushes that nobody waits for; unless an address has jobs on both sides, in
+/// which case the batch stays whole and in order (an address is never cleaned for a holder
+/// gone after it was cleaned for its new one).
+pub(super) fn claims_first(batch: Vec<Job>) -> Vec<Vec<Job>> {
+    let claimed: BTreeSet<IpAddr> = batch
+        .iter()
+        .filter(|j| j.done.is_some())
+        .map(|j| j.addr)
+        .collect();
+    if batch
+        .iter()
+        .any(|j| j.done.is_none() && claimed.contains(&j.addr))
+    {
+        return vec![batch];
+    }
+    let (claims, rest): (Vec<Job>, Vec<Job>) = batch.into_iter().partition(|j| j.done.is_some());
+    [claims, rest]
+        .into_iter()
+        .filter(|g| !g.is_empty())
+        .collect()
 }

@@ -16,8 +16,9 @@ use crate::{
     api::{
         command::{Command, Reply},
         model::{
-            AddressList, AddressView, ChangedResponse, ClaimRequest, ClaimResponse, ClaimSource,
-            ConflictList, DrainAttachmentRequest, ErrorCode, GcRequest, InterfaceStatus, Status,
+            AddressList, AddressView, ChangedResponse, ClaimFlushView, ClaimRequest, ClaimResponse,
+            ClaimSource, ConflictList, DrainAttachmentRequest, ErrorCode, GcRequest,
+            InterfaceStatus, Status,
         },
         views::{
             address_view, conflict_view, status_view, ApiError, Outcome, StatusFacts, TimeBase,
@@ -124,6 +125,10 @@ impl Tracker {
             ready: self.metrics.is_ready(),
             not_ready: self.metrics.readiness().err(),
             tc_attach: self.attacher.mode().as_str(),
+            conntrack_claim_flush: self.hygiene.claim_flush().map(|f| ClaimFlushView {
+                ipv4: f.ipv4,
+                ipv6: f.ipv6,
+            }),
             mode: self.config.mode,
             on_early_reuse: self.config.on_early_reuse,
             conflicts_total,
