@@ -744,6 +744,31 @@ pub fn ifindex(ns: &NetNs, name: &str) -> anyhow::Result<u32> {
 }
 
 impl Lab {
+    /// Starts `ip -batch` in the node making `n` veth pairs `{host}{i}` / `{peer}{i}`, host
+    /// sides up: as fast as the kernel makes them. Returns the running `ip`, for the caller to
+    /// act during the burst and then wait for it.
+    pub fn spawn_veth_batch(&self, host: &str, peer: &str, n: usize) -> anyhow::Result<Child> {
+        let mut batch = String::new();
+        for i in 0..n {
+            batch.push_str(&format!(
+                "link add {host}{i} type veth peer name {peer}{i}\nlink set {host}{i} up\n"
+            ));
+        }
+        let mut ip = self
+            .node
+            .command("ip")
+            .args(["-batch", "-"])
+            .stdin(Stdio::piped())
+            .spawn()
+            .context("spawning ip -batch")?;
+        ip.stdin
+            .take()
+            .context("ip -batch's stdin")?
+            .write_all(batch.as_bytes())
+            .context("writing the veth batch")?;
+        Ok(ip)
+    }
+
     /// Gives `pod` one more address on its `eth0` (as an IPAM handing it out would), with the
     /// node's PERMANENT neighbour entry for it on `host_if` (`pod_mac`), but no route: routes
     /// are what the agent watches, so tests add them separately with

@@ -8,7 +8,7 @@
 //! Needs root, bpffs, the Debian CNI plugins and `target/debug/`; `cargo xtask test`
 //! provides them.
 
-use std::{io::Write as _, process::Stdio, thread, time::Duration};
+use std::{thread, time::Duration};
 
 use ipq_tests::{
     api,
@@ -56,24 +56,9 @@ fn cni_adds_during_a_burst_of_new_veths_succeed_and_every_veth_gets_protected() 
     .expect("a ptp chain");
 
     // 100 veths in one `ip -batch`, as fast as the kernel makes them.
-    let mut batch = String::new();
-    for i in 0..BURST {
-        batch.push_str(&format!(
-            "link add vethq{i} type veth peer name ipqq{i}\nlink set vethq{i} up\n"
-        ));
-    }
     let mut ip = lab
-        .node
-        .command("ip")
-        .args(["-batch", "-"])
-        .stdin(Stdio::piped())
-        .spawn()
-        .expect("ip -batch");
-    ip.stdin
-        .take()
-        .expect("stdin")
-        .write_all(batch.as_bytes())
-        .expect("writing the batch");
+        .spawn_veth_batch("vethq", "ipqq", BURST)
+        .expect("adding the veths");
     // The burst has reached the agent once it knows some of the new veths.
     poll("the burst under way", Duration::from_secs(20), || {
         let known = status(&socket)?["interfaces"].as_array().map_or(0, |list| {

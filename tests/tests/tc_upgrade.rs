@@ -11,7 +11,7 @@
 //! Needs root, bpffs, `tc` (iproute2) and `target/debug/ipq-agent`; `cargo xtask test`
 //! provides all of them.
 
-use std::{io::Write as _, process::Stdio, thread, time::Duration};
+use std::{thread, time::Duration};
 
 use ipq::datapath::attach::tc_filter::{Direction, Filter};
 use ipq_tests::{
@@ -41,24 +41,9 @@ fn args(mode: &'static str) -> Vec<&'static str> {
 /// Adds `n` workload veths to the node in one `ip -batch`; returns their names, with the lab's
 /// two pods.
 fn add_veths(lab: &Lab, n: usize) -> Vec<String> {
-    let mut batch = String::new();
-    for i in 0..n {
-        batch.push_str(&format!(
-            "link add vethu{i} type veth peer name ipqu{i}\nlink set vethu{i} up\n"
-        ));
-    }
     let mut ip = lab
-        .node
-        .command("ip")
-        .args(["-batch", "-"])
-        .stdin(Stdio::piped())
-        .spawn()
-        .expect("ip -batch");
-    ip.stdin
-        .take()
-        .expect("stdin")
-        .write_all(batch.as_bytes())
-        .expect("writing the batch");
+        .spawn_veth_batch("vethu", "ipqu", n)
+        .expect("adding the veths");
     let done = ip.wait().expect("ip -batch");
     assert!(done.success(), "ip -batch failed: {done}");
     let mut names: Vec<String> = (0..n).map(|i| format!("vethu{i}")).collect();
