@@ -66,25 +66,45 @@ impl Fetcher {
         }
         self.update()?;
         fs::create_dir_all(&debs).with_context(|| format!("cannot create {}", debs.display()))?;
-        let mut download = apt("apt-get");
-        download
-            .args(["download", &kernel.package])
-            .current_dir(&debs);
-        util::run(&mut download).with_context(|| {
+        let package = match apt_download(&kernel.package, &debs) {
+            Ok(()) => kernel.package.clone(),
+            Err(e) => {
+                // Debian removes a kernel package from its archive once an update supersedes
+                // it; CI on a fresh machine must not break the day that happens.
+                let Some(successor) = self.successor(&kernel.package)? else {
+                    return Err(e.context(format!(
+                        "cannot download {} from {}, and the archive has no other package of \
+                         its series: pick one (apt-cache search) and edit xtask/kernels.toml",
+                        kernel.package, kernel.source
+                    )));
+                };
+                eprintln!(
+                    "kernels: {} is no longer in the archive ({e:#}); using its successor {} \
+                     — update xtask/kernels.toml",
+                    kernel.package, successor
+                );
+                apt_download(&successor, &debs)?;
+                successor
+            }
+        };
+        find_deb(&debs, &package)?.with_context(|| {
             format!(
-                "cannot download {} from {}: if Debian has superseded it, pick the current \
-                 package (apt-cache search) and edit xtask/kernels.toml",
-                kernel.package, kernel.source
-            )
-        })?;
-        find_deb(&debs, &kernel.package)?.with_context(|| {
-            format!(
-                "apt-get download {} succeeded but no {}_*.deb is in {}",
-                kernel.package,
-                kernel.package,
+                "apt-get download {package} succeeded but no {package}_*.deb is in {}",
                 debs.display()
             )
         })
+    }
+
+    /// The newest package of the same kernel series and flavour as `package` in the private
+    /// sources (`linux-image-6.12.100+deb12-cloud-amd64` → the highest
+    /// `linux-image-6.12.*-cloud-amd64`), if there is one other than `package`.
+    fn successor(&mut self, package: &str) -> Result<Option<String>> {
+        let Some(series) = series_prefix(package) else {
+            return Ok(None);
+        };
+        let names = util::output(apt("apt-cache").args(["pkgnames", &series]))
+            .context("apt-cache pkgnames")?;
+        Ok(newest_of_series(package, names.lines()))
     }
 
     /// `apt-get update` of the private lists.
@@ -121,6 +141,50 @@ impl Fetcher {
         self.updated = true;
         Ok(())
     }
+}
+
+fn apt_download(package: &str, into: &Path) -> Result<()> {
+    let mut download = apt("apt-get");
+    download.args(["download", package]).current_dir(into);
+    util::run(&mut download).with_context(|| format!("apt-get download {package}"))
+}
+
+/// `linux-image-6.12.` of `linux-image-6.12.100+deb12-cloud-amd64`: what every package of the
+/// series starts with.
+fn series_prefix(package: &str) -> Option<String> {
+    let version = package.strip_prefix("linux-image-")?;
+    let mut parts = version.splitn(3, '.');
+    let (major, minor) = (parts.next()?, parts.next()?);
+    let numeric = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    (numeric(major) && numeric(minor) && parts.next().is_some())
+        .then(|| format!("linux-image-{major}.{minor}."))
+}
+
+/// Of `names`, the newest other than `package` with its series prefix and its flavour (what
+/// follows the last version digit run: `-cloud-amd64`, `+deb12-cloud-amd64`), compared by their
+/// digit runs (`6.12.100` < `6.12.101`, ABI `-46` < `-47`).
+fn newest_of_series<'a>(package: &str, names: impl Iterator<Item = &'a str>) -> Option<String> {
+    let series = series_prefix(package)?;
+    let flavour = |name: &str| -> String {
+        let rest = name.strip_prefix(&series).unwrap_or(name);
+        let start = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '-'))
+            .unwrap_or(rest.len());
+        rest[start..].to_owned()
+    };
+    let digits = |name: &str| -> Vec<u64> {
+        name.split(|c: char| !c.is_ascii_digit())
+            .filter(|run| !run.is_empty())
+            .filter_map(|run| run.parse().ok())
+            .collect()
+    };
+    let want = flavour(package);
+    names
+        .map(str::trim)
+        .filter(|name| *name != package && name.starts_with(&series) && flavour(name) == want)
+        .filter(|name| !name.contains("-dbg") && !name.contains("-unsigned"))
+        .max_by_key(|name| digits(name))
+        .map(str::to_owned)
 }
 
 /// `target/kernels/apt`: the private sources list, package lists and cache.
@@ -215,4 +279,43 @@ fn tree(root: &Path) -> Result<Tree> {
         bail!("no modules.dep in {}", modules.display());
     }
     Ok(Tree { vmlinuz, modules })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{newest_of_series, series_prefix};
+
+    #[test]
+    fn a_superseded_kernel_is_replaced_by_the_newest_of_its_series_and_flavour() {
+        let names = [
+            "linux-image-6.12.99+deb12-cloud-amd64",
+            "linux-image-6.12.101+deb12-cloud-amd64",
+            "linux-image-6.12.101+deb12-amd64",
+            "linux-image-6.12.101+deb12-cloud-amd64-dbg",
+            "linux-image-6.1.0-47-cloud-amd64",
+        ];
+        assert_eq!(
+            newest_of_series("linux-image-6.12.100+deb12-cloud-amd64", names.into_iter()),
+            Some("linux-image-6.12.101+deb12-cloud-amd64".into())
+        );
+        let names = [
+            "linux-image-5.10.0-46-cloud-amd64",
+            "linux-image-5.10.0-47-cloud-amd64",
+            "linux-image-5.10.0-47-amd64",
+            "linux-image-5.10.0-47-rt-amd64",
+        ];
+        assert_eq!(
+            newest_of_series("linux-image-5.10.0-46-cloud-amd64", names.into_iter()),
+            Some("linux-image-5.10.0-47-cloud-amd64".into())
+        );
+        assert_eq!(
+            newest_of_series(
+                "linux-image-6.1.0-47-cloud-amd64",
+                ["linux-image-6.1.0-47-cloud-amd64"].into_iter()
+            ),
+            None,
+            "the package itself is no successor"
+        );
+        assert_eq!(series_prefix("linux-image-amd64"), None);
+    }
 }
