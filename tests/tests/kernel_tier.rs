@@ -189,6 +189,15 @@ fn assert_one_ipq_per_hook(hooks: &BTreeMap<String, Vec<Attachment>>, when: &str
     }
 }
 
+/// Sets its flag when dropped: on the way out of a scope, normally or by a panic.
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
 /// Traffic flows all along (pod a fenced both ways, v4 and v6; pod b as the control) while
 /// the agent is SIGKILLed and started again. Not one of pod a's datagrams arrives, each is
 /// counted as a fenced drop, pod b's all arrive, and the restarted agent took over the very
@@ -210,6 +219,9 @@ fn sigkill_under_traffic_delivers_no_fenced_packet_and_the_restart_readopts_each
     let stop = AtomicBool::new(false);
     let pause = scaled(Duration::from_millis(500));
     let (results, second) = std::thread::scope(|s| {
+        // A panic below (an agent that cannot restart) must end the senders, or the scope
+        // would wait for them forever and the kernel would only fail at QEMU's timeout.
+        let _stop_on_unwind = StopOnDrop(&stop);
         let flows = [
             (
                 "pod a -> peer v4",
