@@ -65,11 +65,23 @@ const WORKERS: usize = 4;
 pub const ATTACHING_GRACE: Duration = Duration::from_secs(5);
 
 /// The attach machinery the tracker drives.
+/// What a waiting retry will do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum RetryKind {
+    /// Attach again (the interface is `failed`).
+    Attach,
+    /// Move the netlink filters to TCX again.
+    Upgrade,
+}
+
 pub struct Attacher {
     layout: PinLayout,
     mode: TcMode,
     jobs: Arc<JobQueue>,
     targets: BTreeMap<u32, Target>,
+    /// Every retry that is waiting, by when it is due: (due, ifindex, [`RetryKind`]). The loop
+    /// asks for the next one after every event, so it must not walk every interface.
+    retries: BTreeSet<(Instant, u32, RetryKind)>,
     next_generation: u64,
     /// Failed attach attempts, per attach point, since start (`ipq_datapath_attach_failures_total`).
     failures: BTreeMap<AttachPoint, u64>,
@@ -99,6 +111,7 @@ impl Attacher {
                 mode,
                 jobs: queue,
                 targets: BTreeMap::new(),
+                retries: BTreeSet::new(),
                 next_generation: 0,
                 failures: BTreeMap::new(),
                 workers: true,
@@ -116,6 +129,7 @@ impl Attacher {
             mode,
             jobs: queue.clone(),
             targets: BTreeMap::new(),
+            retries: BTreeSet::new(),
             next_generation: 0,
             failures: BTreeMap::new(),
             workers: false,
@@ -136,6 +150,7 @@ impl Attacher {
                 return;
             }
         }
+        let before = self.retry_times(ifindex);
         self.next_generation += 1;
         let target = Target {
             name: name.to_owned(),
@@ -152,6 +167,7 @@ impl Attacher {
         };
         self.queue(ifindex, &target, JobKind::Protect);
         self.targets.insert(ifindex, target);
+        self.reindex(ifindex, before);
     }
 
     fn queue(&self, ifindex: u32, target: &Target, kind: JobKind) {
@@ -167,9 +183,11 @@ impl Attacher {
     /// Forgets an interface that went away (or is no longer configured): drops its queued
     /// jobs and removes its link pins.
     pub fn forget(&mut self, ifindex: u32) {
+        let before = self.retry_times(ifindex);
         if self.targets.remove(&ifindex).is_none() {
             return;
         }
+        self.reindex(ifindex, before);
         self.jobs.cancel(ifindex);
         self.remove_pins(ifindex);
     }
@@ -197,6 +215,14 @@ impl Attacher {
     /// Takes a worker's report. Returns whether it changed anything (an outdated report for an
     /// interface forgotten or wanted again since does not).
     pub fn on_report(&mut self, report: JobReport) -> bool {
+        let ifindex = report.job.ifindex;
+        let before = self.retry_times(ifindex);
+        let changed = self.apply_report(report);
+        self.reindex(ifindex, before);
+        changed
+    }
+
+    fn apply_report(&mut self, report: JobReport) -> bool {
         let ifindex = report.job.ifindex;
         let Some(target) = self.targets.get_mut(&ifindex) else {
             self.undo_unwanted(&report);
@@ -282,45 +308,86 @@ impl Attacher {
 
     /// Queues the retries that are due, of attaches and of upgrades. Returns how many.
     pub fn retry_due(&mut self, now: Instant) -> usize {
-        let due: Vec<u32> = self
-            .targets
-            .iter()
-            .filter(|(_, t)| t.retry_at.is_some_and(|at| at <= now))
-            .map(|(i, _)| *i)
-            .collect();
-        for ifindex in &due {
-            self.next_generation += 1;
-            let generation = self.next_generation;
-            if let Some(target) = self.targets.get_mut(ifindex) {
-                target.retry_at = None;
-                target.generation = generation;
-                let target = target.clone();
-                self.queue(*ifindex, &target, JobKind::Protect);
+        let mut queued = 0;
+        while let Some(&(at, ifindex, kind)) = self.retries.first() {
+            if at > now {
+                break;
             }
-        }
-        let upgrades: Vec<u32> = self
-            .targets
-            .iter()
-            .filter(|(_, t)| t.upgrade.due(now))
-            .map(|(i, _)| *i)
-            .collect();
-        for ifindex in &upgrades {
-            if let Some(target) = self.targets.get_mut(ifindex) {
-                target.upgrade.queued();
-                let target = target.clone();
-                self.queue(*ifindex, &target, JobKind::Upgrade);
+            self.retries.pop_first();
+            let generation = self.next_generation + 1;
+            let Some(target) = self.targets.get_mut(&ifindex) else {
+                continue;
+            };
+            let job = match kind {
+                RetryKind::Attach => {
+                    target.retry_at = None;
+                    target.generation = generation;
+                    JobKind::Protect
+                }
+                RetryKind::Upgrade => {
+                    target.upgrade.queued();
+                    JobKind::Upgrade
+                }
+            };
+            let target = target.clone();
+            if kind == RetryKind::Attach {
+                self.next_generation = generation;
             }
+            self.queue(ifindex, &target, job);
+            queued += 1;
         }
-        due.len() + upgrades.len()
+        queued
     }
 
-    /// When the next retry (of an attach or an upgrade) is due.
+    /// When the next retry (of an attach or an upgrade) is due: O(log n).
     pub fn next_retry(&self) -> Option<Instant> {
+        self.retries.first().map(|(at, _, _)| *at)
+    }
+
+    /// The retry times of `ifindex`'s target (attach, upgrade), to [`reindex`](Self::reindex)
+    /// after a change.
+    fn retry_times(&self, ifindex: u32) -> [Option<Instant>; 2] {
         self.targets
-            .values()
-            .flat_map(|t| [t.retry_at, t.upgrade.retry_at()])
+            .get(&ifindex)
+            .map_or([None, None], |t| [t.retry_at, t.upgrade.retry_at()])
+    }
+
+    /// Brings [`retries`](Self::retries) in line with `ifindex`'s target after a change; `before`
+    /// is what [`retry_times`](Self::retry_times) said before it.
+    fn reindex(&mut self, ifindex: u32, before: [Option<Instant>; 2]) {
+        let after = self.retry_times(ifindex);
+        for (kind, (was, is)) in [RetryKind::Attach, RetryKind::Upgrade]
+            .into_iter()
+            .zip(before.into_iter().zip(after))
+        {
+            if was != is {
+                if let Some(at) = was {
+                    self.retries.remove(&(at, ifindex, kind));
+                }
+                if let Some(at) = is {
+                    self.retries.insert((at, ifindex, kind));
+                }
+            }
+        }
+    }
+
+    /// The retry index matches the targets (tests).
+    #[cfg(test)]
+    pub(crate) fn retry_index_is_consistent(&self) -> bool {
+        let derived: BTreeSet<(Instant, u32, RetryKind)> = self
+            .targets
+            .iter()
+            .flat_map(|(ifindex, t)| {
+                [
+                    t.retry_at.map(|at| (at, *ifindex, RetryKind::Attach)),
+                    t.upgrade
+                        .retry_at()
+                        .map(|at| (at, *ifindex, RetryKind::Upgrade)),
+                ]
+            })
             .flatten()
-            .min()
+            .collect();
+        derived == self.retries
     }
 
     /// Lets the queued TCX upgrades run (see [`queue`]): call once start-up is done.

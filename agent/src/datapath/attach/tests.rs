@@ -236,3 +236,42 @@ fn a_queued_upgrade_of_a_forgotten_interface_never_runs_and_a_rename_outdates_a_
         (JobKind::Protect, "vethph")
     );
 }
+
+/// The loop asks for the next retry after every event: it comes from an index, which follows
+/// every failure, retry, rename and forgotten interface.
+#[test]
+fn the_retry_index_follows_failures_renames_and_forgotten_interfaces() {
+    let (mut attacher, queue) = Attacher::without_workers(TcMode::Tcx);
+    for ifindex in 1..=50 {
+        attacher.want(ifindex, &format!("veth{ifindex}"), Role::Workload);
+    }
+    while let Some(job) = take(&queue) {
+        // Every third one fails and waits for a retry.
+        assert!(attacher.on_report(report(&job, job.ifindex % 3 != 0)));
+    }
+    assert!(attacher.retry_index_is_consistent());
+    let waiting = || {
+        attacher
+            .targets()
+            .iter()
+            .filter(|(_, t)| t.retry_at.is_some())
+            .count()
+    };
+    assert_eq!(waiting(), 16);
+    let earliest = attacher.targets().values().filter_map(|t| t.retry_at).min();
+    assert_eq!(attacher.next_retry(), earliest);
+
+    // A forgotten and a renamed interface wait for nothing any more.
+    attacher.forget(3);
+    attacher.want(6, "renamed6", Role::Workload);
+    assert!(attacher.retry_index_is_consistent());
+    let renamed = take(&queue).expect("the renamed interface's attach");
+    assert_eq!(renamed.ifindex, 6);
+
+    // All that is due is queued once, and the index is empty after.
+    let far = Instant::now() + Duration::from_secs(3600);
+    assert_eq!(attacher.retry_due(far), 14);
+    assert_eq!(attacher.next_retry(), None);
+    assert!(attacher.retry_index_is_consistent());
+    assert_eq!(std::iter::from_fn(|| take(&queue)).count(), 14);
+}

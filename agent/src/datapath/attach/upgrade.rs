@@ -22,10 +22,6 @@ pub(super) struct Upgrade {
 }
 
 impl Upgrade {
-    pub(super) fn due(&self, now: Instant) -> bool {
-        self.retry_at.is_some_and(|at| at <= now)
-    }
-
     pub(super) fn retry_at(&self) -> Option<Instant> {
         self.retry_at
     }
