@@ -289,26 +289,34 @@ fn an_early_reuse_is_answered_after_the_flush_and_the_next_holder_gets_none() ->
 // ---------------------------------------------------------------------------------------------
 // How a claim's entries are flushed.
 
-#[test]
-fn a_claims_flush_takes_the_claimed_addresses_entries_in_every_zone_and_nothing_else(
-) -> anyhow::Result<()> {
-    let lab = Lab::new()?;
-    // Every entry carries conntrack's event extension, so the kernel reports each deletion and
-    // the kernel's filtered flush counts exactly.
+/// An agent in `lab` whose IPv4 claims use the kernel's filtered flush, with every new
+/// conntrack entry carrying the event extension (`nf_conntrack_events=1`), so that the kernel
+/// echoes each deletion to it. This machine's kernel (6.18) honours the IPv4 filter: the probe
+/// must say so, or the fast path is not what the caller tests.
+fn agent_flushing_claims_in_kernel(lab: &Lab) -> anyhow::Result<Agent<'_>> {
     run(
         &lab.node,
         "sysctl",
         &["-qw", "net.netfilter.nf_conntrack_events=1"],
     )?;
     let agent = lab.start_agent(&[])?;
-    // This machine's kernel (6.18) honours the filter for IPv4 and inverts it for IPv6: the
-    // probe must say so, or the fast path is not what is tested here.
     assert_eq!(
         claim_flush_method(&agent, "IPv4")?,
         "kernel",
         "{}",
         agent.log()
     );
+    Ok(agent)
+}
+
+#[test]
+fn a_claims_flush_takes_the_claimed_addresses_entries_in_every_zone_and_nothing_else(
+) -> anyhow::Result<()> {
+    let lab = Lab::new()?;
+    // Every entry carries conntrack's event extension, so the kernel's filtered flush counts
+    // exactly.
+    let agent = agent_flushing_claims_in_kernel(&lab)?;
+    // This machine's kernel (6.18) inverts the filter for IPv6: the probe must say so.
     assert_eq!(
         claim_flush_method(&agent, "IPv6")?,
         "dump",
@@ -345,18 +353,7 @@ fn a_kernel_flush_whose_deletion_notices_overflow_the_socket_still_completes() -
 {
     let lab = Lab::new()?;
     // Each deletion is echoed to the agent: 30 000 notices are more than its socket holds.
-    run(
-        &lab.node,
-        "sysctl",
-        &["-qw", "net.netfilter.nf_conntrack_events=1"],
-    )?;
-    let agent = lab.start_agent(&[])?;
-    assert_eq!(
-        claim_flush_method(&agent, "IPv4")?,
-        "kernel",
-        "{}",
-        agent.log()
-    );
+    let agent = agent_flushing_claims_in_kernel(&lab)?;
     let flows: u16 = 30_000;
     let before = open_flows_to_pod_a(&lab, flows)?;
     ensure!(

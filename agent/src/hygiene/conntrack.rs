@@ -61,6 +61,34 @@ pub struct Conntrack {
     socket: NlSocket,
 }
 
+/// The deletions of one flush that the kernel refused (ENOENT, already gone, is not one).
+#[derive(Default)]
+struct Refusals {
+    failed: usize,
+    first_errno: i32,
+}
+
+impl Refusals {
+    fn note(&mut self, errno: i32) {
+        self.failed += 1;
+        if self.first_errno == 0 {
+            self.first_errno = errno;
+        }
+    }
+
+    /// Any refusal fails the flush: nothing is assumed flushed.
+    fn check(self, tried: usize) -> Result<(), ConntrackError> {
+        if self.failed == 0 {
+            return Ok(());
+        }
+        Err(ConntrackError::Delete {
+            failed: self.failed,
+            tried,
+            errno: self.first_errno,
+        })
+    }
+}
+
 impl Conntrack {
     pub fn open() -> Result<Self, ConntrackError> {
         Ok(Self {
@@ -89,7 +117,7 @@ impl Conntrack {
         let requests: Vec<NetfilterMessage> = matching.iter().map(deletion).collect();
         let outcomes = self.socket.acked(&requests)?;
         let mut flushed: BTreeMap<IpAddr, u64> = BTreeMap::new();
-        let (mut failed, mut first_errno) = (0, 0);
+        let mut refusals = Refusals::default();
         for (entry, outcome) in matching.iter().zip(outcomes) {
             match outcome {
                 Ok(()) => {
@@ -101,21 +129,10 @@ impl Conntrack {
                     }
                 }
                 Err(ENOENT) => {}
-                Err(errno) => {
-                    failed += 1;
-                    if first_errno == 0 {
-                        first_errno = errno;
-                    }
-                }
+                Err(errno) => refusals.note(errno),
             }
         }
-        if failed > 0 {
-            return Err(ConntrackError::Delete {
-                failed,
-                tried: matching.len(),
-                errno: first_errno,
-            });
-        }
+        refusals.check(matching.len())?;
         Ok(flushed)
     }
 }
@@ -127,25 +144,16 @@ impl Conntrack {
     /// lower bound (see the README). Any refusal is an error: nothing is assumed flushed.
     pub fn flush_in_kernel(&mut self, addr: IpAddr) -> Result<u64, ConntrackError> {
         let mut reported = 0;
-        let (mut failed, mut first_errno) = (0, 0);
+        let mut refusals = Refusals::default();
         let deletions = kernel_flush::deletions(addr);
         for deletion in &deletions {
             let (outcome, echoed) = self.delete_filtered(deletion)?;
             reported += echoed;
             if let Err(errno) = outcome {
-                failed += 1;
-                if first_errno == 0 {
-                    first_errno = errno;
-                }
+                refusals.note(errno);
             }
         }
-        if failed > 0 {
-            return Err(ConntrackError::Delete {
-                failed,
-                tried: deletions.len(),
-                errno: first_errno,
-            });
-        }
+        refusals.check(deletions.len())?;
         Ok(reported)
     }
 

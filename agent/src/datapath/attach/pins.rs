@@ -68,13 +68,20 @@ fn remove_pin(path: &Path) -> Result<(), DatapathError> {
     }
 }
 
-fn pin(link: FdLink, path: &Path) -> Result<(), DatapathError> {
-    link.pin(path)
-        .map(drop)
-        .map_err(|source| DatapathError::Pin {
-            path: path.to_owned(),
-            source,
-        })
+/// Pins a link just created (a bpf_link; anything else is refused) at `path`.
+fn pin_new<L>(link: L, path: &Path) -> Result<Attached, DatapathError>
+where
+    FdLink: TryFrom<L, Error = LinkError>,
+{
+    let fd_link = FdLink::try_from(link).map_err(|source| DatapathError::Link {
+        path: path.to_owned(),
+        source,
+    })?;
+    fd_link.pin(path).map_err(|source| DatapathError::Pin {
+        path: path.to_owned(),
+        source,
+    })?;
+    Ok(Attached::Created)
 }
 
 /// Attaches `prog` to the TCX hook `point` of `ifname`, first in the chain: through the pinned
@@ -102,13 +109,7 @@ pub fn attach_tc(
             TcAttachOptions::TcxOrder(LinkOrder::first()),
         )
         .map_err(attach_err)?;
-    let link = prog.take_link(id).map_err(attach_err)?;
-    let fd_link = FdLink::try_from(link).map_err(|source| DatapathError::Link {
-        path: path.clone(),
-        source,
-    })?;
-    pin(fd_link, &path)?;
-    Ok(Attached::Created)
+    pin_new(prog.take_link(id).map_err(attach_err)?, &path)
 }
 
 /// Swaps `prog` into the pinned TCX link of (`ifindex`, `point`), if there is one that still
@@ -186,15 +187,9 @@ pub fn attach_xdp(
     let id = prog
         .attach_to_if_index(ifindex, XdpMode::Default)
         .map_err(attach_err)?;
-    let link = prog.take_link(id).map_err(attach_err)?;
     // Only a bpf_link can be pinned; the netlink fallback of old kernels cannot survive a
     // restart without a gap, so it is refused rather than silently used.
-    let fd_link = FdLink::try_from(link).map_err(|source| DatapathError::Link {
-        path: path.clone(),
-        source,
-    })?;
-    pin(fd_link, &path)?;
-    Ok(Attached::Created)
+    pin_new(prog.take_link(id).map_err(attach_err)?, &path)
 }
 
 /// Removes the pin of (`ifindex`, `point`), which detaches its link. Returns whether one was
