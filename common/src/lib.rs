@@ -14,6 +14,7 @@ pub mod filter;
 pub mod iface;
 pub mod names;
 pub mod sample;
+pub mod slots;
 pub mod verdict;
 
 #[cfg(feature = "user")]

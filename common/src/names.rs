@@ -3,6 +3,8 @@
 
 pub const MAP_ADDRS: &str = "IPQ_ADDRS";
 pub const MAP_IFACES: &str = "IPQ_IFACES";
+/// The inlined exact copy of `IPQ_ADDRS` the programs read first (`slots`).
+pub const MAP_SLOTS: &str = "IPQ_SLOTS";
 /// The quarantine filter (a Bloom filter sized from `capacity`).
 pub const MAP_QFILTER: &str = "IPQ_QBLOOM";
 /// The single-hash 64 Ki-bit bitmap of agents before the Bloom filter. An upgraded agent fills
@@ -14,8 +16,9 @@ pub const MAP_SAMPLES: &str = "IPQ_SAMPLES";
 pub const MAP_CONFIG: &str = "IPQ_CONFIG";
 
 /// Every map ipq pins, in the order the loader checks them.
-pub const PINNED_MAPS: [&str; 6] = [
+pub const PINNED_MAPS: [&str; 7] = [
     MAP_ADDRS,
+    MAP_SLOTS,
     MAP_IFACES,
     MAP_QFILTER,
     MAP_COUNTERS,

@@ -7,6 +7,7 @@ use crate::{
     counters::Counter,
     iface::IfaceEntry,
     sample::ConflictSample,
+    slots::{AddrSlot, SlotsMeta},
 };
 
 unsafe impl aya::Pod for AddrKey {}
@@ -15,3 +16,5 @@ unsafe impl aya::Pod for IfaceEntry {}
 unsafe impl aya::Pod for DatapathConfig {}
 unsafe impl aya::Pod for Counter {}
 unsafe impl aya::Pod for ConflictSample {}
+unsafe impl aya::Pod for AddrSlot {}
+unsafe impl aya::Pod for SlotsMeta {}

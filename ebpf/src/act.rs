@@ -18,7 +18,7 @@ use ipq_common::{
 };
 
 use crate::{
-    maps,
+    maps::{self, Found},
     parse::{Frame, SOURCE_MAC_OFFSET},
     Verdict,
 };
@@ -99,16 +99,14 @@ pub fn now() -> u64 {
 }
 
 #[inline(always)]
-pub fn act<C: Hooked>(
-    seen: &Seen<C>,
-    addr: &AddrKey,
-    entry: *mut AddrEntry,
-    reason: Reason,
-) -> Verdict {
-    // SAFETY: `entry` points into a map value that the kernel keeps alive for this program run.
-    // The two stamps are plain 8-byte stores; a concurrent CPU can only make one of them a
+pub fn act<C: Hooked>(seen: &Seen<C>, addr: &AddrKey, found: &Found, reason: Reason) -> Verdict {
+    let entry = &found.entry;
+    // SAFETY: `stamps` points into a map value that the kernel keeps alive for this program
+    // run. The two stamps are plain 8-byte stores; a concurrent CPU can only make one of them a
     // few nanoseconds older, which neither the release timer nor the rate limit cares about.
-    let entry = unsafe { &mut *entry };
+    // (If the agent moves the slot meanwhile, a stamp may land on the slot's next occupant,
+    // which at worst delays one sample or extends one cool-down by a few seconds.)
+    let stamps = unsafe { &mut *found.stamps };
     // One read of the configuration for the whole decision.
     let settings = maps::settings();
     let action = action_for_entry(settings.mode, reason, entry);
@@ -117,11 +115,11 @@ pub fn act<C: Hooked>(
     let now = now();
     // Rewrite the stamp only when the tick moved: no cache-line traffic between CPUs
     // dropping the same address within one tick.
-    if reason == Reason::StaleTraffic && entry.last_stale_ns != now {
-        entry.last_stale_ns = now;
+    if reason == Reason::StaleTraffic && stamps.last_stale_ns != now {
+        stamps.last_stale_ns = now;
     }
-    if now.wrapping_sub(entry.last_sample_ns) >= settings.sample_interval_ns {
-        entry.last_sample_ns = now;
+    if now.wrapping_sub(stamps.last_sample_ns) >= settings.sample_interval_ns {
+        stamps.last_sample_ns = now;
         sample(seen, addr, entry, judged(reason, action), now);
     }
 

@@ -7,6 +7,7 @@ mod act;
 mod floor;
 mod maps;
 mod parse;
+mod slots;
 mod tc;
 mod xdp;
 

@@ -39,14 +39,46 @@ static IPQ_SAMPLES: RingBuf = RingBuf::pinned(SAMPLES_RING_BYTES, 0);
 #[map]
 static IPQ_CONFIG: Array<DatapathConfig> = Array::pinned(1, 0);
 
-/// The entry of an address, writable for the kernel-owned fields.
+/// What a lookup found for an address: the entry as it was at one instant (only its first
+/// block is copied; the stamps are read and written through `stamps`), and where the programs
+/// stamp it.
+#[derive(Clone, Copy)]
+pub struct Found {
+    pub entry: AddrEntry,
+    pub stamps: *mut AddrEntry,
+}
+
+/// The entry of an address: from `IPQ_SLOTS` without a helper call, or from `IPQ_ADDRS` when
+/// the agent was writing the slots that decide (see `slots`).
 #[inline(always)]
-pub fn addr_entry(addr: &AddrKey) -> Option<*mut AddrEntry> {
-    // The helper gets a pointer to a copy of the key, never into the parsed packet: a pointer
-    // into it would make LLVM keep the whole packet struct in memory, every field stored
-    // (with a call to `memset` for the zero ones) on every path, instead of in registers.
+pub fn addr_entry(addr: &AddrKey) -> Option<Found> {
+    // The probe works on a copy of the key, never on the parsed packet: a reference into it
+    // would make LLVM keep the whole packet struct in memory, every field stored on every path,
+    // instead of in registers.
     let key: AddrKey = *addr;
-    IPQ_ADDRS.get_ptr_mut(key)
+    match crate::slots::probe(&key) {
+        crate::slots::Probe::Hit(found) => Some(found),
+        crate::slots::Probe::Miss => None,
+        crate::slots::Probe::Unsure => hashed(key),
+    }
+}
+
+/// The entry of an address in the authoritative hash map.
+#[inline(always)]
+fn hashed(key: AddrKey) -> Option<Found> {
+    let entry = IPQ_ADDRS.get_ptr_mut(key)?;
+    // SAFETY: a map value the kernel keeps alive for this program run. The agent replaces
+    // hash-map values whole (a new element, published under RCU), so one copy is consistent.
+    let copy = unsafe { *entry };
+    Some(Found {
+        entry: AddrEntry {
+            since_ns: 0,
+            last_stale_ns: 0,
+            last_sample_ns: 0,
+            ..copy
+        },
+        stamps: entry,
+    })
 }
 
 /// The fast-path slot of a workload interface, if the slot currently describes it.

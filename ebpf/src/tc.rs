@@ -91,15 +91,15 @@ fn check(
             return Verdict::Pass;
         }
     }
-    let Some(entry) = maps::addr_entry(addr) else {
+    let Some(found) = maps::addr_entry(addr) else {
         return Verdict::Pass;
     };
     let reason = match seen.hook {
-        Hook::TcIngress => workload_sends(ifindex, unsafe { &*entry }),
-        _ => workload_receives(ifindex, unsafe { &*entry }),
+        Hook::TcIngress => workload_sends(ifindex, &found.entry),
+        _ => workload_receives(ifindex, &found.entry),
     };
     match reason {
-        Some(reason) => act(seen, addr, entry, reason),
+        Some(reason) => act(seen, addr, &found, reason),
         None => Verdict::Pass,
     }
 }

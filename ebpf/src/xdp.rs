@@ -56,25 +56,25 @@ pub fn try_uplink(ctx: &XdpContext) -> Verdict {
 
 #[inline(always)]
 fn stale(seen: &Seen<XdpContext>, addr: &AddrKey) -> Verdict {
-    // The pass path: one inlined array read, no hash lookup, for every address not quarantined.
+    // The pass path: one inlined array read, no table probe, for every address not quarantined.
     if !maps::maybe_quarantined(addr) {
         return Verdict::Pass;
     }
-    let Some(entry) = maps::addr_entry(addr) else {
+    let Some(found) = maps::addr_entry(addr) else {
         return Verdict::Pass;
     };
-    match uplink_receives(unsafe { &*entry }) {
-        Some(reason) => act(seen, addr, entry, reason),
+    match uplink_receives(&found.entry) {
+        Some(reason) => act(seen, addr, &found, reason),
         None => Verdict::Pass,
     }
 }
 
 #[inline(always)]
 fn claim(seen: &Seen<XdpContext>, addr: &AddrKey) {
-    if let Some(entry) = maps::addr_entry(addr) {
-        if let Some(reason) = uplink_announces(unsafe { &*entry }) {
+    if let Some(found) = maps::addr_entry(addr) {
+        if let Some(reason) = uplink_announces(&found.entry) {
             // A remote claim is reported, never dropped: the verdict is always Pass.
-            let _ = act(seen, addr, entry, reason);
+            let _ = act(seen, addr, &found, reason);
         }
     }
 }

@@ -101,6 +101,17 @@ impl AddrMap {
     }
 }
 
+/// `IPQ_SLOTS`, as the map data the table maps into memory (`slots::SlotTable`).
+pub fn slots_map(source: &mut Source) -> Result<MapData, DatapathError> {
+    match source.take(names::MAP_SLOTS)? {
+        Map::Array(data) => Ok(data),
+        _ => Err(DatapathError::SlotsLayout {
+            what: "map type (not an array)",
+            found: 0,
+        }),
+    }
+}
+
 /// `IPQ_IFACES`: the per-interface fast-path slots.
 pub struct IfaceSlots(Array<MapData, IfaceEntry>);
 

@@ -5,6 +5,7 @@ pub mod attach;
 pub mod maps;
 mod object;
 mod port;
+mod slots;
 mod table;
 
 use std::{
@@ -28,6 +29,10 @@ use ipq_common::{
     iface::IfaceEntry,
     names,
     sample::ConflictSample,
+    slots::{
+        buckets_of_entries, slot_buckets, slot_entries, AddrSlot, SlotsMeta, SLOTS_MAGIC,
+        SLOTS_MASK_GLOBAL, SLOTS_SEED_GLOBAL, SLOT_WAYS,
+    },
 };
 use log::{info, warn};
 
@@ -39,6 +44,7 @@ pub use attach::Attached;
 pub use maps::{ConfigCell, Counters, Samples};
 pub use object::OBJECT;
 pub use port::{AddrTable, DatapathPort, MemDatapath, MemTable};
+use slots::SlotTable;
 pub use table::{fast_path_eligible, AddressTable};
 
 use crate::paths::{AttachPoint, PinLayout, BPFFS_MOUNT};
@@ -94,6 +100,27 @@ pub enum DatapathError {
     Pin { path: PathBuf, source: PinError },
     #[error("the address map is full: {addr} was not stored")]
     Full { addr: IpAddr },
+    #[error(
+        "the pinned table {} has {found} as its {what}, which this agent cannot read: drain \
+         the node, remove the pin and restart",
+        names::MAP_SLOTS
+    )]
+    SlotsLayout { what: &'static str, found: u32 },
+    #[error("mapping map {name} into memory: {source}")]
+    Mmap {
+        name: &'static str,
+        source: io::Error,
+    },
+    #[error(
+        "the pinned table {} was set up with another seed than the programs were loaded with",
+        names::MAP_SLOTS
+    )]
+    SlotsSeed,
+    #[error(
+        "the pinned table {} was never set up (its agent stopped while loading): start the agent",
+        names::MAP_SLOTS
+    )]
+    SlotsNotSetUp,
     #[error("probing the kernel's BPF features: {0}")]
     Probe(#[source] io::Error),
     #[error(
@@ -121,12 +148,15 @@ pub struct DatapathMaps {
 }
 
 impl DatapathMaps {
-    fn open(mut source: maps::Source) -> Result<Self, DatapathError> {
+    /// `seed`: the seed of `IPQ_SLOTS` the programs were just loaded with; `None` for a
+    /// table an agent already set up.
+    fn open(mut source: maps::Source, seed: Option<u64>) -> Result<Self, DatapathError> {
         let addrs = maps::AddrMap::open(&mut source)?;
+        let copy = SlotTable::open(maps::slots_map(&mut source)?, seed)?;
         let slots = maps::IfaceSlots::open(&mut source)?;
         let filter = maps::QuarantineFilter::open(&mut source)?;
         Ok(Self {
-            table: AddressTable::open(addrs, slots, filter)?,
+            table: AddressTable::open(addrs, copy, slots, filter)?,
             counters: Counters::open(&mut source)?,
             config: ConfigCell::open(&mut source)?,
         })
@@ -141,7 +171,7 @@ impl DatapathMaps {
             Err(e) => warn!("probing the kernel's clock helper: {e}; assuming the coarse clock"),
         }
         let layout = PinLayout::new(bpffs_dir);
-        Self::open(maps::Source::Pinned(&layout))
+        Self::open(maps::Source::Pinned(&layout), None)
     }
 
     pub fn counters(&self) -> Result<Vec<Counter>, DatapathError> {
@@ -173,6 +203,9 @@ pub struct Datapath {
 struct Sizes {
     capacity: u32,
     filter_words: u32,
+    slot_buckets: u32,
+    /// The seed of a pinned `IPQ_SLOTS` that an agent set up; `None` when there is none yet.
+    slot_seed: Option<u64>,
 }
 
 /// Key and value sizes every pinned map must have, from the shared types.
@@ -180,6 +213,7 @@ fn expected_layout(name: &str) -> Option<(u32, u32)> {
     use core::mem::size_of;
     let sizes = match name {
         names::MAP_ADDRS => (size_of::<AddrKey>(), size_of::<AddrEntry>()),
+        names::MAP_SLOTS => (size_of::<u32>(), size_of::<AddrSlot>()),
         names::MAP_IFACES => (size_of::<u32>(), size_of::<IfaceEntry>()),
         names::MAP_QFILTER => (size_of::<u32>(), size_of::<u64>()),
         names::MAP_COUNTERS => (size_of::<u32>(), size_of::<Counter>()),
@@ -236,7 +270,15 @@ impl Datapath {
         let Sizes {
             capacity,
             filter_words,
+            slot_buckets,
+            slot_seed,
         } = Self::check_pins(&layout, options.capacity)?;
+        // A new table gets a random seed: nobody choosing addresses can aim them at one bucket.
+        let slot_seed = match slot_seed {
+            Some(seed) => seed,
+            None => random_seed()?,
+        };
+        let slot_mask = slot_buckets - 1;
         maps::blind_legacy_filter(&layout)?;
         let features = attach::probe::features().map_err(DatapathError::Probe)?;
         // The programs stamp with the coarse clock only where the helper exists; user space
@@ -254,6 +296,10 @@ impl Datapath {
             .map_max_entries(names::MAP_QFILTER, filter_words)
             // The program masks filter indices with this; it must match the map's real size.
             .override_global(FILTER_MASK_GLOBAL, &filter_mask, true)
+            .map_max_entries(names::MAP_SLOTS, slot_entries(slot_buckets))
+            // The programs find addresses with these: they must be the table's own.
+            .override_global(SLOTS_MASK_GLOBAL, &slot_mask, true)
+            .override_global(SLOTS_SEED_GLOBAL, &slot_seed, true)
             // The kernel skips log records the agent's logger would discard anyway.
             .override_global("AYA_LOG_LEVEL", &log_level, false);
         let mut ebpf = loader
@@ -277,7 +323,8 @@ impl Datapath {
         let logger = aya_log::EbpfLogger::init(&mut ebpf)
             .map_err(|e| warn!("kernel-side log records will not be read: {e}"))
             .ok();
-        let mut maps = DatapathMaps::open(maps::Source::Loaded(&mut ebpf))?;
+        // Sets a new table up with the seed before anything can attach the programs.
+        let mut maps = DatapathMaps::open(maps::Source::Loaded(&mut ebpf), Some(slot_seed))?;
         maps.set_mode(options.mode)?;
         info!(
             "datapath loaded: {} addresses in pinned maps under {}; kernel has TCX: {}, clock: {}",
@@ -308,6 +355,7 @@ impl Datapath {
     fn check_pins(layout: &PinLayout, capacity: u32) -> Result<Sizes, DatapathError> {
         let mut effective = capacity;
         let mut pinned_filter_words = None;
+        let mut pinned_slots = None;
         for name in names::PINNED_MAPS {
             let path = layout.map(name);
             if !path.exists() {
@@ -344,6 +392,14 @@ impl Datapath {
                 );
                 effective = map_info.max_entries();
             }
+            if name == names::MAP_SLOTS {
+                let entries = map_info.max_entries();
+                let buckets = buckets_of_entries(entries).ok_or(DatapathError::SlotsLayout {
+                    what: "elements",
+                    found: entries,
+                })?;
+                pinned_slots = Some((buckets, pinned_slot_seed(data, buckets)?));
+            }
             if name == names::MAP_QFILTER {
                 let words = map_info.max_entries();
                 if !valid_filter_words(words) {
@@ -369,9 +425,24 @@ impl Datapath {
             }
             None => filter_words(effective),
         };
+        let (slot_buckets, slot_seed) = match pinned_slots {
+            Some((buckets, seed)) => {
+                if buckets != slot_buckets(effective) {
+                    log::warn!(
+                        "the pinned address table has {buckets} buckets, {} would fit capacity \
+                         {effective}: keeping the pinned one",
+                        slot_buckets(effective)
+                    );
+                }
+                (buckets, seed)
+            }
+            None => (slot_buckets(effective), None),
+        };
         Ok(Sizes {
             capacity: effective,
             filter_words,
+            slot_buckets,
+            slot_seed,
         })
     }
 
@@ -425,6 +496,32 @@ impl Datapath {
 
 /// Reader of the kernel programs' log records (aya-log), which it forwards to `log`.
 pub type KernelLogger = aya_log::EbpfLogger<&'static dyn log::Log>;
+
+/// The seed a pinned `IPQ_SLOTS` of `buckets` was set up with, if an agent set it up.
+fn pinned_slot_seed(data: MapData, buckets: u32) -> Result<Option<u64>, DatapathError> {
+    let name = names::MAP_SLOTS;
+    let table: aya::maps::Array<MapData, SlotsMeta> =
+        aya::maps::Array::try_from(aya::maps::Map::Array(data))
+            .map_err(|source| DatapathError::Map { name, source })?;
+    let meta = table
+        .get(&(buckets * SLOT_WAYS), 0)
+        .map_err(|source| DatapathError::Map { name, source })?;
+    Ok((meta.magic == SLOTS_MAGIC && meta.buckets == buckets).then_some(meta.seed))
+}
+
+/// 64 random bits from the kernel.
+fn random_seed() -> Result<u64, DatapathError> {
+    let mut seed = [0u8; 8];
+    // SAFETY: writes at most 8 bytes into the buffer.
+    let n = unsafe { libc::getrandom(seed.as_mut_ptr().cast(), seed.len(), 0) };
+    if n != seed.len() as isize {
+        return Err(DatapathError::Io {
+            path: PathBuf::from("getrandom(2)"),
+            source: io::Error::last_os_error(),
+        });
+    }
+    Ok(u64::from_ne_bytes(seed))
+}
 
 /// The aya-log level (`aya_log_common::Level`: 1 error ... 5 trace) matching the agent's own.
 fn kernel_log_level() -> u8 {

@@ -1,4 +1,5 @@
-//! The address table: `IPQ_ADDRS` together with the two accelerators derived from it, the
+//! The address table: `IPQ_ADDRS` together with the three accelerators derived from it, its
+//! inlined exact copy (`IPQ_SLOTS`, which the programs probe before the hash map), the
 //! per-interface fast-path slots (`IPQ_IFACES`) and the quarantine Bloom filter (`IPQ_QBLOOM`).
 //!
 //! Each change costs O(log n) in the registry size: an index of every interface's
@@ -8,7 +9,11 @@
 //! The accelerators may only ever make a packet skip a lookup that would have passed it. Every
 //! change is therefore written in an order that keeps that true at each step: an address leaves
 //! a fast-path slot before its entry stops passing, and joins one only after; a bitmap bit is set
-//! before an entry becomes quarantined, and cleared only after it stops being so.
+//! before an entry becomes quarantined, and cleared only after it stops being so. The copy
+//! in `IPQ_SLOTS` is written so that `IPQ_ADDRS` holds the old or the new entry whenever a
+//! slot of the address is mid-write (the programs fall back to it then): a new address goes
+//! into the copy first, a changed one into the hash map first, a removed one leaves the copy
+//! first.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -21,6 +26,7 @@ use ipq_common::{
 
 use super::{
     maps::{AddrMap, IfaceSlots, QuarantineFilter},
+    slots::SlotTable,
     DatapathError,
 };
 
@@ -39,6 +45,8 @@ fn is_quarantined(entry: &AddrEntry) -> bool {
 
 pub struct AddressTable {
     addrs: AddrMap,
+    /// `IPQ_SLOTS`: every entry of `addrs`, probed by the programs without a helper call.
+    copy: SlotTable,
     slots: IfaceSlots,
     filter: QuarantineFilter,
     /// What `IPQ_ADDRS` holds, as last written by this table.
@@ -60,6 +68,7 @@ impl AddressTable {
     /// is the only state trusted: the slots and bitmap of a previous agent are rewritten.
     pub fn open(
         addrs: AddrMap,
+        copy: SlotTable,
         slots: IfaceSlots,
         filter: QuarantineFilter,
     ) -> Result<Self, DatapathError> {
@@ -76,6 +85,7 @@ impl AddressTable {
         let words = filter.len();
         let mut table = Self {
             addrs,
+            copy,
             slots,
             filter,
             entries,
@@ -89,7 +99,37 @@ impl AddressTable {
         Ok(table)
     }
 
+    /// Makes `IPQ_SLOTS` hold exactly `IPQ_ADDRS`: a table of an earlier agent may lag (it
+    /// was killed mid-write, or an older agent ran meanwhile and wrote only the hash map).
+    /// Each slot is rewritten under the protocol, so programs attached meanwhile stay exact.
+    fn rebuild_copy(&mut self) -> Result<(), DatapathError> {
+        self.copy.settle();
+        let stale: Vec<AddrKey> = self
+            .copy
+            .iter()
+            .filter(|(addr, stored)| {
+                self.entries
+                    .get(addr)
+                    .is_none_or(|entry| !same_verdicts(entry, stored))
+            })
+            .map(|(addr, _)| addr)
+            .collect();
+        for addr in &stale {
+            if !self.entries.contains_key(addr) {
+                self.copy.remove(addr);
+            }
+        }
+        for (addr, entry) in &self.entries {
+            let stored = self.copy.get(addr);
+            if stored.is_none_or(|stored| !same_verdicts(entry, &stored)) {
+                self.copy.put(addr, entry)?;
+            }
+        }
+        Ok(())
+    }
+
     fn rebuild_accelerators(&mut self) -> Result<(), DatapathError> {
+        self.rebuild_copy()?;
         let quarantined: Vec<AddrKey> = self
             .entries
             .iter()
@@ -133,7 +173,20 @@ impl AddressTable {
 
     /// Every entry, with the kernel-written stamps as they are now.
     pub fn entries(&self) -> Result<Vec<(AddrKey, AddrEntry)>, DatapathError> {
-        self.addrs.entries()
+        let mut entries = self.addrs.entries()?;
+        for (addr, entry) in &mut entries {
+            self.merge_stamps(addr, entry);
+        }
+        Ok(entries)
+    }
+
+    /// The programs stamp the copy they judged from: the slot, or the hash-map entry while
+    /// the slot was being written. The newer stamp of each kind is the one that happened.
+    fn merge_stamps(&self, addr: &AddrKey, entry: &mut AddrEntry) {
+        if let Some(slot) = self.copy.get(addr) {
+            entry.last_stale_ns = entry.last_stale_ns.max(slot.last_stale_ns);
+            entry.last_sample_ns = entry.last_sample_ns.max(slot.last_sample_ns);
+        }
     }
 
     /// Every entry as this table last read or wrote it (no syscall).
@@ -143,13 +196,16 @@ impl AddressTable {
 
     /// The entry of `addr` as the kernel has it now, with its stamps: one lookup.
     pub fn kernel_entry(&self, addr: &AddrKey) -> Result<Option<AddrEntry>, DatapathError> {
-        self.addrs.get(addr)
+        Ok(self.addrs.get(addr)?.map(|mut entry| {
+            self.merge_stamps(addr, &mut entry);
+            entry
+        }))
     }
 
     /// Writes the entry of `addr`, keeping the kernel-written stamps.
     pub fn put(&mut self, addr: AddrKey, mut entry: AddrEntry) -> Result<(), DatapathError> {
         let old = self.entries.get(&addr).copied();
-        if let Some(current) = self.addrs.get(&addr)? {
+        if let Some(current) = self.kernel_entry(&addr)? {
             entry.last_stale_ns = current.last_stale_ns;
             entry.last_sample_ns = current.last_sample_ns;
         }
@@ -162,11 +218,20 @@ impl AddressTable {
             self.write_slot(ifindex, Some((addr, keep)))?;
         }
         // 2. Make the uplink look before the entry says quarantined.
-        if is_quarantined(&entry) && !old.as_ref().is_some_and(is_quarantined) {
+        let newly_quarantined = is_quarantined(&entry) && !old.as_ref().is_some_and(is_quarantined);
+        if newly_quarantined {
             self.filter_ref(&addr)?;
         }
-        // 3. The authoritative write.
-        self.addrs.insert(&addr, &entry)?;
+        // 3. The authoritative write and its copy.
+        if let Err(e) = self.store(addr, &entry, old.is_none()) {
+            if newly_quarantined {
+                self.filter_unref(&addr)?;
+            }
+            for &ifindex in &affected {
+                self.write_slot(ifindex, None)?;
+            }
+            return Err(e);
+        }
         self.record(addr, old.as_ref(), Some(entry));
         // 4. Stop looking once it no longer is.
         if old.as_ref().is_some_and(is_quarantined) && !is_quarantined(&entry) {
@@ -187,6 +252,7 @@ impl AddressTable {
         };
         let affected = affected_interfaces(Some(&old), None);
         // A free address passes everywhere, so the slots may follow the map.
+        self.copy.remove(addr);
         self.addrs.remove(addr)?;
         self.record(*addr, Some(&old), None);
         if is_quarantined(&old) {
@@ -196,6 +262,23 @@ impl AddressTable {
             self.write_slot(ifindex, None)?;
         }
         Ok(Some(old))
+    }
+
+    /// Writes `entry` into `IPQ_ADDRS` and `IPQ_SLOTS`, in the order that keeps the hash map
+    /// holding the old or new entry while the slot is mid-write. A new address that fits in
+    /// neither is refused as `Full`, with neither map changed.
+    fn store(&mut self, addr: AddrKey, entry: &AddrEntry, new: bool) -> Result<(), DatapathError> {
+        if new {
+            self.copy.put(&addr, entry)?;
+            if let Err(e) = self.addrs.insert(&addr, entry) {
+                self.copy.remove(&addr);
+                return Err(e);
+            }
+        } else {
+            self.addrs.insert(&addr, entry)?;
+            self.copy.put(&addr, entry)?;
+        }
+        Ok(())
     }
 
     /// Updates the table's copy of `addr` and the eligibility index with it.
@@ -301,6 +384,23 @@ impl AddressTable {
         }
         Ok(())
     }
+}
+
+/// Whether two entries give every packet the same verdict (the stamps aside).
+fn same_verdicts(a: &AddrEntry, b: &AddrEntry) -> bool {
+    (
+        a.state,
+        a.holder_ifindex,
+        a.fenced_ifindex,
+        a.flags,
+        a.since_ns,
+    ) == (
+        b.state,
+        b.holder_ifindex,
+        b.fenced_ifindex,
+        b.flags,
+        b.since_ns,
+    )
 }
 
 fn affected_interfaces(old: Option<&AddrEntry>, new: Option<&AddrEntry>) -> Vec<u32> {

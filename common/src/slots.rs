@@ -1,0 +1,205 @@
+//! `IPQ_SLOTS`: the exact copy of `IPQ_ADDRS` that the programs read without a helper call.
+//!
+//! A hash-map lookup is a call into the kernel (`__htab_map_lookup_elem`, which calls `memcmp`),
+//! and on CPUs with return-stack mitigations (`spec_rstack_overflow`, retbleed) every return
+//! costs more than the rest of a drop together: a hit measured 25–30 ns, twice an empty
+//! program. An array lookup is inlined by the verifier into a bounds check and an add, so
+//! the programs find an address here with loads and compares only.
+//!
+//! # Layout
+//! A bucketed cuckoo table: every address has two buckets of [`SLOT_WAYS`] slots, chosen by a
+//! keyed hash ([`slot_buckets`]), and lives in one slot of one of them. A lookup reads at most
+//! eight slots, whatever the table holds. The table has twice as many slots as the registry can
+//! hold addresses (load ≤ 50 %), where a 2×4 cuckoo insert practically never fails; if one does,
+//! the agent reports the address as not stored, exactly as a full hash map did.
+//!
+//! The seed of the hash is random per table, so no one who picks addresses can aim them at the
+//! same two buckets. It lives in the table's last element ([`SlotsMeta`]), after every bucket,
+//! so a pinned table and its seed cannot part; the programs get it as a `.rodata` constant.
+//!
+//! # Concurrency
+//! The agent writes the table through a shared mapping (`BPF_F_MMAPABLE`), one slot at a time,
+//! while programs read it on every CPU. Two counters keep every answer exact:
+//! - each slot's `seq` is odd while the agent writes it: a reader that finds its address in a
+//!   slot trusts what it copied only if `seq` was the same even number before and after;
+//! - each bucket's `version` (kept in its first slot) is odd while the agent writes any slot of
+//!   an address whose first bucket it is, including a move to its other bucket: a reader that
+//!   did not find its address trusts the miss only if that version was the same even number
+//!   before and after the probe.
+//!
+//! A reader that cannot trust its probe asks `IPQ_ADDRS`, which the agent keeps exact and
+//! writes before the copy (an address is added here first and removed here first). Loads are
+//! `volatile`, so neither LLVM nor the JIT reorders them; x86-64 keeps loads in order. On
+//! weakly ordered CPUs (arm64) BPF has no read barrier before 6.15, so a reader racing a write
+//! of the very slot it reads could, in a window of nanoseconds, take a mix of two writes.
+
+use crate::addr::{AddrEntry, AddrKey};
+
+/// Slots per bucket: one bucket's slots fill four cache lines and are probed in order.
+pub const SLOT_WAYS: u32 = 4;
+/// Slots per registry address: load at most one half.
+pub const SLOTS_PER_ADDRESS: u32 = 2;
+/// The fewest buckets a table has (a power of two, so two distinct buckets always exist).
+pub const SLOT_BUCKETS_MIN: u32 = 16;
+/// The `.rodata` globals the loader sets from the pinned (or new) table.
+pub const SLOTS_MASK_GLOBAL: &str = "IPQ_SLOTS_MASK";
+pub const SLOTS_SEED_GLOBAL: &str = "IPQ_SLOTS_SEED";
+/// `BPF_F_MMAPABLE`: the agent writes the table through a shared mapping.
+pub const BPF_F_MMAPABLE: u32 = 1 << 10;
+/// Marks a [`SlotsMeta`] the agent wrote ("IPQS").
+pub const SLOTS_MAGIC: u32 = 0x5351_5049;
+
+/// One slot of `IPQ_SLOTS`: exactly one 64-byte cache line.
+#[repr(C)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub struct AddrSlot {
+    /// Odd while the agent writes this slot.
+    pub seq: u32,
+    /// In the first slot of a bucket only: odd while the agent writes any slot of an address
+    /// whose first bucket this is. Unused (0) in the other slots.
+    pub version: u32,
+    /// The address; meaningful only when `entry.state` is not 0.
+    pub key: AddrKey,
+    /// As in `IPQ_ADDRS`; `state` 0 marks an empty slot. The programs write the stamps here.
+    pub entry: AddrEntry,
+}
+crate::assert_layout!(AddrSlot, size = 64, align = 8);
+crate::assert_offsets!(AddrSlot {
+    seq: 0,
+    version: 4,
+    key: 8,
+    entry: 24,
+});
+
+/// The element after the last bucket: what the table was made with.
+#[repr(C)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub struct SlotsMeta {
+    /// [`SLOTS_MAGIC`] once the agent has written the seed; 0 in a table never set up.
+    pub magic: u32,
+    /// Buckets of the table (a power of two): the array holds `buckets * SLOT_WAYS + 1`.
+    pub buckets: u32,
+    /// The key of [`slot_hash`].
+    pub seed: u64,
+    pub _reserved: [u64; 6],
+}
+crate::assert_layout!(SlotsMeta, size = 64, align = 8);
+crate::assert_offsets!(SlotsMeta {
+    magic: 0,
+    buckets: 4,
+    seed: 8,
+    _reserved: 16,
+});
+
+/// Buckets of a table for `capacity` addresses: a power of two holding
+/// [`SLOTS_PER_ADDRESS`] slots for each.
+pub const fn slot_buckets(capacity: u32) -> u32 {
+    let slots = (capacity as u64) * SLOTS_PER_ADDRESS as u64;
+    let buckets = slots.div_ceil(SLOT_WAYS as u64).next_power_of_two();
+    if buckets < SLOT_BUCKETS_MIN as u64 {
+        SLOT_BUCKETS_MIN
+    } else {
+        buckets as u32
+    }
+}
+
+/// Array elements of a table of `buckets`: every slot, then the [`SlotsMeta`].
+pub const fn slot_entries(buckets: u32) -> u32 {
+    buckets * SLOT_WAYS + 1
+}
+
+/// The buckets of a pinned array of `entries` elements, if it is a table this build can read.
+pub const fn buckets_of_entries(entries: u32) -> Option<u32> {
+    if entries == 0 || !(entries - 1).is_multiple_of(SLOT_WAYS) {
+        return None;
+    }
+    let buckets = (entries - 1) / SLOT_WAYS;
+    if buckets.is_power_of_two() && buckets >= SLOT_BUCKETS_MIN {
+        Some(buckets)
+    } else {
+        None
+    }
+}
+
+/// A keyed 64-bit mix of the address. Every input bit must reach every output bit: addresses
+/// of one subnet differ only in a few bits, and an IPv4 address's bits sit at the top of its
+/// word (wire order read little-endian), where one multiply would carry them nowhere below.
+#[inline(always)]
+pub const fn slot_hash(addr: &AddrKey, seed: u64) -> u64 {
+    let high = ((addr.words[0] as u64) << 32) | addr.words[1] as u64;
+    let low = ((addr.words[2] as u64) << 32) | addr.words[3] as u64;
+    let mut h = high.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ low ^ seed;
+    h ^= h >> 31;
+    h = h.wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    h ^= h >> 29;
+    h = h.wrapping_mul(0x94D0_49BB_1331_11EB);
+    h ^ (h >> 32)
+}
+
+/// The two buckets of `addr` in a table of `mask + 1` buckets: always distinct.
+#[inline(always)]
+pub const fn slot_buckets_of(addr: &AddrKey, seed: u64, mask: u32) -> (u32, u32) {
+    let h = slot_hash(addr, seed);
+    let first = h as u32 & mask;
+    let mut second = (h >> 32) as u32 & mask;
+    if second == first {
+        second = first ^ 1;
+    }
+    (first, second)
+}
+
+#[cfg(test)]
+mod tests {
+    extern crate std;
+
+    use super::*;
+
+    #[test]
+    fn sizes_give_each_address_two_slots_in_a_power_of_two_of_buckets() {
+        assert_eq!(slot_buckets(1), SLOT_BUCKETS_MIN);
+        assert_eq!(slot_buckets(65536), 32768);
+        assert_eq!(slot_buckets(65537), 65536);
+        assert_eq!(slot_entries(32768), 131073);
+        assert_eq!(buckets_of_entries(131073), Some(32768));
+        assert_eq!(buckets_of_entries(131072), None);
+        assert_eq!(buckets_of_entries(4 * 24 + 1), None);
+        assert_eq!(buckets_of_entries(5), None);
+        assert_eq!(slot_buckets(1 << 24), 1 << 23);
+    }
+
+    #[test]
+    fn buckets_are_distinct_and_spread_a_subnet_evenly() {
+        let mask = 1023;
+        let mut load = std::vec![0u32; 1024];
+        for i in 0..4096u32 {
+            let key = AddrKey::from_ipv4(core::net::Ipv4Addr::from(0x0a00_0000 + i));
+            let (a, b) = slot_buckets_of(&key, 0x1234_5678_9abc_def0, mask);
+            assert_ne!(a, b);
+            load[a as usize] += 1;
+        }
+        // 4 per bucket on average: a poor mix of a /20 would pile them up.
+        assert!(load.iter().all(|&n| n <= 16), "{:?}", load.iter().max());
+    }
+
+    #[test]
+    fn the_second_bucket_does_not_follow_from_the_first() {
+        // With correlated halves, the pairs of a subnet's addresses would fall into a few
+        // fixed bucket pairs, and cuckoo moves would have nowhere to go.
+        let mask = 15;
+        let mut pairs = std::collections::BTreeSet::new();
+        for i in 0..256u32 {
+            let key = AddrKey::from_ipv4(core::net::Ipv4Addr::from(0x0a00_0000 + i));
+            pairs.insert(slot_buckets_of(&key, 0xfeed, mask));
+        }
+        // 240 ordered pairs of distinct buckets exist; 256 draws reach most of them.
+        assert!(pairs.len() > 120, "{} distinct pairs", pairs.len());
+    }
+
+    #[test]
+    fn the_seed_changes_the_buckets() {
+        let key = AddrKey::from_ipv4(core::net::Ipv4Addr::new(10, 0, 0, 1));
+        let a = slot_buckets_of(&key, 1, u32::MAX >> 8);
+        let b = slot_buckets_of(&key, 2, u32::MAX >> 8);
+        assert_ne!(a, b);
+    }
+}
