@@ -30,8 +30,8 @@ use ipq_common::{
     names,
     sample::ConflictSample,
     slots::{
-        buckets_of_entries, slot_buckets, slot_entries, AddrSlot, SlotsMeta, SLOTS_MAGIC,
-        SLOTS_MASK_GLOBAL, SLOTS_SEED_GLOBAL, SLOT_WAYS,
+        buckets_of_entries, slot_buckets, slot_entries, AddrSlot, SlotsMeta, BPF_F_MMAPABLE,
+        SLOTS_MAGIC, SLOTS_MASK_GLOBAL, SLOTS_SEED_GLOBAL, SLOT_WAYS,
     },
 };
 use log::{info, warn};
@@ -398,6 +398,12 @@ impl Datapath {
                     what: "elements",
                     found: entries,
                 })?;
+                if map_info.map_flags() & BPF_F_MMAPABLE == 0 {
+                    return Err(DatapathError::SlotsLayout {
+                        what: "flags",
+                        found: map_info.map_flags(),
+                    });
+                }
                 pinned_slots = Some((buckets, pinned_slot_seed(data, buckets)?));
             }
             if name == names::MAP_QFILTER {

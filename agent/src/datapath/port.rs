@@ -10,8 +10,8 @@ use super::{AddressTable, Datapath, DatapathError};
 
 /// The address table's public face: one entry per registered address.
 pub trait AddrTable {
-    /// The entry of `addr` as last written through this table.
-    fn get(&self, addr: &AddrKey) -> Option<&AddrEntry>;
+    /// The entry of `addr` as last written (no syscall).
+    fn get(&self, addr: &AddrKey) -> Option<AddrEntry>;
     /// Writes the entry of `addr`, keeping the kernel-written stamps of an existing one.
     fn put(&mut self, addr: AddrKey, entry: AddrEntry) -> Result<(), DatapathError>;
     /// Removes `addr` (it becomes Free), returning what it was.
@@ -30,7 +30,7 @@ pub trait AddrTable {
 }
 
 impl AddrTable for AddressTable {
-    fn get(&self, addr: &AddrKey) -> Option<&AddrEntry> {
+    fn get(&self, addr: &AddrKey) -> Option<AddrEntry> {
         AddressTable::get(self, addr)
     }
 
@@ -83,8 +83,8 @@ pub struct MemTable {
 }
 
 impl AddrTable for MemTable {
-    fn get(&self, addr: &AddrKey) -> Option<&AddrEntry> {
-        self.entries.get(addr)
+    fn get(&self, addr: &AddrKey) -> Option<AddrEntry> {
+        self.entries.get(addr).copied()
     }
 
     fn put(&mut self, addr: AddrKey, mut entry: AddrEntry) -> Result<(), DatapathError> {

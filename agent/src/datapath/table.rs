@@ -45,14 +45,13 @@ fn is_quarantined(entry: &AddrEntry) -> bool {
 
 pub struct AddressTable {
     addrs: AddrMap,
-    /// `IPQ_SLOTS`: every entry of `addrs`, probed by the programs without a helper call.
+    /// `IPQ_SLOTS`: every entry of `addrs`, probed by the programs without a helper call. It is
+    /// also this table's own view of what `addrs` holds (no second copy on the heap).
     copy: SlotTable,
     slots: IfaceSlots,
     filter: QuarantineFilter,
-    /// What `IPQ_ADDRS` holds, as last written by this table.
-    entries: BTreeMap<AddrKey, AddrEntry>,
     /// For each interface, the addresses it may list in its fast-path slot (in key order: the
-    /// slot lists the first [`IFACE_OWN_ADDRS`]). Kept in step with `entries`.
+    /// slot lists the first [`IFACE_OWN_ADDRS`]). Kept in step with `copy`.
     eligible: HashMap<u32, BTreeSet<AddrKey>>,
     /// Which interface each used slot describes.
     slot_owner: HashMap<u32, u32>,
@@ -88,13 +87,13 @@ impl AddressTable {
             copy,
             slots,
             filter,
-            entries,
             eligible,
             slot_owner: HashMap::new(),
             filter_refs: HashMap::new(),
             filter_words: vec![0; words as usize],
             filter_mask: words.saturating_sub(1),
         };
+        table.rebuild_copy(&entries)?;
         table.rebuild_accelerators()?;
         Ok(table)
     }
@@ -102,24 +101,21 @@ impl AddressTable {
     /// Makes `IPQ_SLOTS` hold exactly `IPQ_ADDRS`: a table of an earlier agent may lag (it
     /// was killed mid-write, or an older agent ran meanwhile and wrote only the hash map).
     /// Each slot is rewritten under the protocol, so programs attached meanwhile stay exact.
-    fn rebuild_copy(&mut self) -> Result<(), DatapathError> {
+    fn rebuild_copy(
+        &mut self,
+        entries: &BTreeMap<AddrKey, AddrEntry>,
+    ) -> Result<(), DatapathError> {
         self.copy.settle();
-        let stale: Vec<AddrKey> = self
+        let gone: Vec<AddrKey> = self
             .copy
             .iter()
-            .filter(|(addr, stored)| {
-                self.entries
-                    .get(addr)
-                    .is_none_or(|entry| !same_verdicts(entry, stored))
-            })
             .map(|(addr, _)| addr)
+            .filter(|addr| !entries.contains_key(addr))
             .collect();
-        for addr in &stale {
-            if !self.entries.contains_key(addr) {
-                self.copy.remove(addr);
-            }
+        for addr in &gone {
+            self.copy.remove(addr);
         }
-        for (addr, entry) in &self.entries {
+        for (addr, entry) in entries {
             let stored = self.copy.get(addr);
             if stored.is_none_or(|stored| !same_verdicts(entry, &stored)) {
                 self.copy.put(addr, entry)?;
@@ -129,12 +125,11 @@ impl AddressTable {
     }
 
     fn rebuild_accelerators(&mut self) -> Result<(), DatapathError> {
-        self.rebuild_copy()?;
         let quarantined: Vec<AddrKey> = self
-            .entries
+            .copy
             .iter()
             .filter(|(_, e)| is_quarantined(e))
-            .map(|(k, _)| *k)
+            .map(|(k, _)| k)
             .collect();
         for addr in &quarantined {
             self.filter_ref(addr)?;
@@ -144,7 +139,7 @@ impl AddressTable {
             self.filter
                 .set_word(word, self.filter_words[word as usize])?;
         }
-        let mut holders: Vec<u32> = self.entries.values().map(|e| e.holder_ifindex).collect();
+        let mut holders: Vec<u32> = self.copy.iter().map(|(_, e)| e.holder_ifindex).collect();
         holders.sort_unstable();
         holders.dedup();
         for slot in 0..self.slots.len() {
@@ -159,16 +154,17 @@ impl AddressTable {
         Ok(())
     }
 
-    pub fn get(&self, addr: &AddrKey) -> Option<&AddrEntry> {
-        self.entries.get(addr)
+    /// The entry of `addr` as written (with the stamps of its slot): O(1), no syscall.
+    pub fn get(&self, addr: &AddrKey) -> Option<AddrEntry> {
+        self.copy.get(addr)
     }
 
     pub fn len(&self) -> usize {
-        self.entries.len()
+        self.copy.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.copy.len() == 0
     }
 
     /// Every entry, with the kernel-written stamps as they are now.
@@ -189,9 +185,11 @@ impl AddressTable {
         }
     }
 
-    /// Every entry as this table last read or wrote it (no syscall).
+    /// Every entry as written (no syscall), in address order.
     pub fn cached(&self) -> Vec<(AddrKey, AddrEntry)> {
-        self.entries.iter().map(|(k, e)| (*k, *e)).collect()
+        let mut all: Vec<_> = self.copy.iter().collect();
+        all.sort_unstable_by_key(|(addr, _)| *addr);
+        all
     }
 
     /// The entry of `addr` as the kernel has it now, with its stamps: one lookup.
@@ -204,7 +202,7 @@ impl AddressTable {
 
     /// Writes the entry of `addr`, keeping the kernel-written stamps.
     pub fn put(&mut self, addr: AddrKey, mut entry: AddrEntry) -> Result<(), DatapathError> {
-        let old = self.entries.get(&addr).copied();
+        let old = self.copy.get(&addr);
         if let Some(current) = self.kernel_entry(&addr)? {
             entry.last_stale_ns = current.last_stale_ns;
             entry.last_sample_ns = current.last_sample_ns;
@@ -246,7 +244,7 @@ impl AddressTable {
 
     /// Removes `addr` (it becomes Free), returning what it was.
     pub fn remove(&mut self, addr: &AddrKey) -> Result<Option<AddrEntry>, DatapathError> {
-        let Some(old) = self.entries.get(addr).copied() else {
+        let Some(old) = self.copy.get(addr) else {
             self.addrs.remove(addr)?;
             return Ok(None);
         };
@@ -281,7 +279,7 @@ impl AddressTable {
         Ok(())
     }
 
-    /// Updates the table's copy of `addr` and the eligibility index with it.
+    /// Updates the eligibility index with the change of `addr`.
     fn record(&mut self, addr: AddrKey, old: Option<&AddrEntry>, new: Option<AddrEntry>) {
         if let Some(old) = old {
             if fast_path_eligible(old.holder_ifindex, old) {
@@ -293,18 +291,12 @@ impl AddressTable {
                 }
             }
         }
-        match new {
-            Some(entry) => {
-                if fast_path_eligible(entry.holder_ifindex, &entry) {
-                    self.eligible
-                        .entry(entry.holder_ifindex)
-                        .or_default()
-                        .insert(addr);
-                }
-                self.entries.insert(addr, entry);
-            }
-            None => {
-                self.entries.remove(&addr);
+        if let Some(entry) = new {
+            if fast_path_eligible(entry.holder_ifindex, &entry) {
+                self.eligible
+                    .entry(entry.holder_ifindex)
+                    .or_default()
+                    .insert(addr);
             }
         }
     }

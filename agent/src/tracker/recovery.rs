@@ -217,7 +217,7 @@ impl Tracker {
     /// unless the table already holds it as written (O(1), no syscall).
     pub(super) fn write_entry(&mut self, addr: IpAddr, entry: AddrEntry) {
         let current = self.datapath.table().get(&AddrKey::from(addr));
-        if !current.is_some_and(|current| same_written(current, &entry)) {
+        if !current.is_some_and(|current| same_written(&current, &entry)) {
             self.put_entry(addr, entry);
         }
     }
