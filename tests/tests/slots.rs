@@ -1,8 +1,9 @@
 //! `IPQ_SLOTS`, the inlined copy of the address map the programs probe first, on the real
 //! kernel: every address of a full registry is judged from it exactly; a packet racing the
 //! agent's writes and moves gets the verdict of the old or the new entry, never of a mix and
-//! never of a miss; a copy left behind by an older or killed agent is rebuilt from the hash
-//! map before any program reads it; and a pinned table this build cannot read is refused.
+//! never of a miss; a copy left behind by an older or killed agent, or missing after an upgrade,
+//! is rebuilt from the hash map before any program reads it; and a pinned table this build
+//! cannot read is refused.
 //!
 //! Needs root and bpffs (`cargo xtask test` provides both); `bpftool` makes foreign pins.
 
@@ -331,7 +332,7 @@ fn packets_racing_the_agents_writes_get_the_old_or_the_new_verdict() -> anyhow::
 }
 
 #[test]
-fn a_copy_left_behind_is_rebuilt_from_the_hash_map_with_its_seed() -> anyhow::Result<()> {
+fn a_copy_left_behind_or_missing_is_rebuilt_from_the_hash_map() -> anyhow::Result<()> {
     with_lab("slstale", |bpffs, here, other| {
         let since = netdev::monotonic_ns();
         let a = AddrKey::from(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)));
@@ -388,6 +389,19 @@ fn a_copy_left_behind_is_rebuilt_from_the_hash_map_with_its_seed() -> anyhow::Re
             xdp(&mut dp, &frame(PEER, Ipv4Addr::new(10, 0, 0, 3)))?,
             XDP_DROP
         );
+        drop(dp);
+
+        // An upgrade from an agent before the copy existed: no IPQ_SLOTS pin at all. The new
+        // table gets a seed of its own and every address before any program reads it.
+        std::fs::remove_file(bpffs.join("maps").join(names::MAP_SLOTS))?;
+        let mut dp = load(bpffs, 1024)?;
+        let meta = meta_of(bpffs)?;
+        assert_eq!(meta.magic, SLOTS_MAGIC);
+        assert_ne!(meta.seed, seed, "a new table draws a new seed");
+        assert_eq!(copied(bpffs)?.keys().copied().collect::<Vec<_>>(), vec![a, c]);
+        assert_eq!(send(&mut dp, 1)?, TC_DROP);
+        assert_eq!(send(&mut dp, 3)?, TC_DROP);
+        assert_eq!(send(&mut dp, 2)?, TC_PASS);
         Ok(())
     })
 }
