@@ -398,7 +398,10 @@ fn a_copy_left_behind_or_missing_is_rebuilt_from_the_hash_map() -> anyhow::Resul
         let meta = meta_of(bpffs)?;
         assert_eq!(meta.magic, SLOTS_MAGIC);
         assert_ne!(meta.seed, seed, "a new table draws a new seed");
-        assert_eq!(copied(bpffs)?.keys().copied().collect::<Vec<_>>(), vec![a, c]);
+        assert_eq!(
+            copied(bpffs)?.keys().copied().collect::<Vec<_>>(),
+            vec![a, c]
+        );
         assert_eq!(send(&mut dp, 1)?, TC_DROP);
         assert_eq!(send(&mut dp, 3)?, TC_DROP);
         assert_eq!(send(&mut dp, 2)?, TC_PASS);
