@@ -12,7 +12,7 @@ use std::{
     path::Path,
     process::Command,
     sync::{
-        atomic::{AtomicBool, AtomicU64, Ordering},
+        atomic::{AtomicBool, Ordering},
         Arc,
     },
 };
@@ -249,13 +249,23 @@ fn packets_racing_the_agents_writes_get_the_old_or_the_new_verdict() -> anyhow::
 
         // The writer: a second agent-side handle on the same pinned maps.
         let mut writer = DatapathMaps::open_pinned(bpffs)?;
+        // `stop` ends the writer early if the runs fail; `done` ends the runs when the writer
+        // has finished (or failed): the race lasts exactly the writer's rounds, however slow
+        // either side is (QEMU's emulated CPUs slow the writer more than the runs).
         let stop = Arc::new(AtomicBool::new(false));
-        let progress = Arc::new(AtomicU64::new(0));
+        let done = Arc::new(AtomicBool::new(false));
         let writes = std::thread::scope(|scope| -> anyhow::Result<u64> {
-            let (stop_writer, progress_writer) = (stop.clone(), progress.clone());
+            let (stop_writer, done_writer) = (stop.clone(), done.clone());
             let handle = scope.spawn(move || -> anyhow::Result<u64> {
+                struct Done(Arc<AtomicBool>);
+                impl Drop for Done {
+                    fn drop(&mut self) {
+                        self.0.store(true, Ordering::Relaxed);
+                    }
+                }
+                let _done = Done(done_writer);
                 let mut rounds = 0u64;
-                while !stop_writer.load(Ordering::Relaxed) {
+                while rounds < WRITER_ROUNDS && !stop_writer.load(Ordering::Relaxed) {
                     let odd = rounds % 2 == 1;
                     writer
                         .table
@@ -273,7 +283,6 @@ fn packets_racing_the_agents_writes_get_the_old_or_the_new_verdict() -> anyhow::
                         writer.table.remove(key)?;
                     }
                     rounds += 1;
-                    progress_writer.store(rounds, Ordering::Relaxed);
                 }
                 Ok(rounds)
             });
@@ -282,12 +291,8 @@ fn packets_racing_the_agents_writes_get_the_old_or_the_new_verdict() -> anyhow::
                 frame(Ipv4Addr::new(10, 0, 0, 6), PEER),
             );
             let mut runs = (0u64, 0u64);
-            // Runs until the writer has done its rounds (bounded, should it stall).
             let result = (|| -> anyhow::Result<()> {
-                for _ in 0..WRITER_ROUNDS * 10 {
-                    if progress.load(Ordering::Relaxed) >= WRITER_ROUNDS {
-                        break;
-                    }
+                while !done.load(Ordering::Relaxed) {
                     tc_ingress(&mut dp, &flip_frame, here, 500)?;
                     runs.0 += 500;
                     tc_ingress(&mut dp, &fenced_frame, here, 500)?;
