@@ -47,18 +47,12 @@ pub const fn valid_filter_words(words: u32) -> bool {
     words.is_power_of_two() && words >= FILTER_WORDS_MIN && words <= FILTER_WORDS_MAX
 }
 
-/// A 64-bit mix of the address's four words. Addresses of one subnet differ in a few low bits
-/// only, so every input bit must reach every output bit: two multiply-xorshift rounds.
+/// A 64-bit mix of the address's four words: the keyed mix of `IPQ_SLOTS` with key 0 (the
+/// filter is rebuilt by every agent, so it needs no secret; its positions must not change, as
+/// an attached program of the previous agent reads them until it is replaced).
 #[inline(always)]
 pub const fn filter_hash(addr: &AddrKey) -> u64 {
-    let high = ((addr.words[0] as u64) << 32) | addr.words[1] as u64;
-    let low = ((addr.words[2] as u64) << 32) | addr.words[3] as u64;
-    let mut h = high.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ low;
-    h ^= h >> 31;
-    h = h.wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    h ^= h >> 29;
-    h = h.wrapping_mul(0x94D0_49BB_1331_11EB);
-    h ^ (h >> 32)
+    crate::slots::slot_hash(addr, 0)
 }
 
 /// (word index, two-bit mask) of an address in a filter of `mask + 1` words.
@@ -73,6 +67,16 @@ pub const fn filter_position(addr: &AddrKey, mask: u32) -> (u32, u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn positions_are_those_earlier_agents_computed() {
+        // Values of the hash before it was shared with `IPQ_SLOTS`: an attached program of the
+        // previous agent reads the filter at these positions until it is replaced.
+        let v4 = AddrKey::from_ipv4(core::net::Ipv4Addr::new(10, 20, 0, 7));
+        assert_eq!(filter_hash(&v4), 0x9f1e_5b0b_a775_017a);
+        let v6 = AddrKey::from_ipv6(core::net::Ipv6Addr::new(0xfd30, 0, 0, 0, 0, 0, 0, 9));
+        assert_eq!(filter_hash(&v6), 0x73c7_8352_790b_e9bd);
+    }
 
     #[test]
     fn sizes_follow_capacity_in_powers_of_two() {

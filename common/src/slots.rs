@@ -121,7 +121,8 @@ pub const fn buckets_of_entries(entries: u32) -> Option<u32> {
     }
 }
 
-/// A keyed 64-bit mix of the address. Every input bit must reach every output bit: addresses
+/// A keyed 64-bit mix of the address (the quarantine filter's hash is this with key 0). Every
+/// input bit must reach every output bit: addresses
 /// of one subnet differ only in a few bits, and an IPv4 address's bits sit at the top of its
 /// word (wire order read little-endian), where one multiply would carry them nowhere below.
 #[inline(always)]

@@ -117,7 +117,7 @@ impl AddressTable {
         }
         for (addr, entry) in entries {
             let stored = self.copy.get(addr);
-            if stored.is_none_or(|stored| !same_verdicts(entry, &stored)) {
+            if stored.is_none_or(|stored| !same_agent_fields(entry, &stored)) {
                 self.copy.put(addr, entry)?;
             }
         }
@@ -378,8 +378,8 @@ impl AddressTable {
     }
 }
 
-/// Whether two entries give every packet the same verdict (the stamps aside).
-fn same_verdicts(a: &AddrEntry, b: &AddrEntry) -> bool {
+/// Whether two entries agree in everything the agent writes (the stamps are the kernel's).
+fn same_agent_fields(a: &AddrEntry, b: &AddrEntry) -> bool {
     (
         a.state,
         a.holder_ifindex,
