@@ -10,7 +10,7 @@ use std::{
         Arc, Mutex,
     },
     thread,
-    time::Duration,
+    time::{Duration, SystemTime},
 };
 
 use ipq_tests::{
@@ -193,5 +193,114 @@ fn every_answered_claim_survives_a_sigkill_in_the_middle_of_a_burst() -> anyhow:
             "{addr}: {view}"
         );
     }
+    Ok(())
+}
+
+/// A journal in the header-only form a newer ipq writes (format version 3 here, synthetic):
+/// the contract's `format` and `version`, then lines this agent cannot read.
+fn future_journal() -> Vec<u8> {
+    let mut bytes = Vec::new();
+    for json in [
+        r#"{"format":"ipq-journal","version":3,"layout":"columnar"}"#,
+        r#"{"columns":["addr","holder"],"rows":[["10.1.2.3","c0ffee"]]}"#,
+    ] {
+        let sum = json.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |hash, b| {
+            (hash ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        });
+        bytes.extend_from_slice(format!("{sum:016x} {json}\n").as_bytes());
+    }
+    bytes
+}
+
+/// Injected: a rollback, i.e. an agent that finds the journal a newer ipq wrote. / Holds: the
+/// file is left byte for byte for the newer agent's return and nothing is called corrupt; the
+/// quarantine keeps its deadline and its fence (the pinned maps); what the rolled-back agent
+/// answers is durable (its own journal beside the newer one), holder identity included.
+#[test]
+fn a_rolled_back_agent_leaves_a_newer_journal_untouched_and_journals_beside_it(
+) -> anyhow::Result<()> {
+    let lab = Lab::new()?;
+    let pod_a = IpAddr::V4(POD_A_V4);
+    let pod_b = IpAddr::V4(POD_B_V4);
+    let socket = lab.work_dir().join("ipq.sock");
+    let mut agent = lab.start_agent(&ARGS)?;
+    let timeout = Duration::from_secs(10);
+    for pod in [pod_a, pod_b] {
+        lab.wait_entry(pod, timeout, "claimed", |e| {
+            e.is_some_and(|e| e.state == "active")
+        })?;
+    }
+    lab.node.ip(&["link", "del", "vethpa"])?;
+    lab.wait_entry(pod_a, timeout, "quarantined", |e| {
+        e.is_some_and(|e| e.state == "quarantined")
+    })?;
+    let view = |addr: IpAddr| -> anyhow::Result<serde_json::Value> {
+        request(&socket, "GET", &format!("/v1/addresses/{addr}"), None)?.json()
+    };
+    // The deadline as the API renders it (wall-clock, from the monotonic deadline at the time
+    // of the request: two renderings may differ by the millisecond they were rounded in).
+    let until = |addr: IpAddr| -> anyhow::Result<SystemTime> {
+        let view = view(addr)?;
+        let text = view["until"]
+            .as_str()
+            .ok_or_else(|| anyhow::anyhow!("no until: {view}"))?;
+        Ok(humantime::parse_rfc3339(text)?)
+    };
+    let deadline = until(pod_a)?;
+    let keeps_its_deadline = |addr: IpAddr| -> anyhow::Result<()> {
+        let now = until(addr)?;
+        let drift = now
+            .duration_since(deadline)
+            .unwrap_or_else(|e| e.duration());
+        anyhow::ensure!(
+            drift <= Duration::from_millis(2),
+            "the quarantine's deadline moved by {drift:?}"
+        );
+        Ok(())
+    };
+    agent.terminate()?;
+    drop(agent);
+
+    let journal = lab.work_dir().join("state/registry.journal");
+    let future = future_journal();
+    fs::write(&journal, &future)?;
+
+    let mut agent = lab.start_agent(&ARGS)?;
+    let log = agent.log();
+    assert!(
+        log.contains("was written by a newer ipq (format version 3")
+            && log.contains("registry.journal.v2"),
+        "the rollback must say what it found and where it journals:\n{log}"
+    );
+    assert!(!log.contains("is corrupt"), "{log}");
+    assert_eq!(view(pod_a)?["state"], "quarantined");
+    keeps_its_deadline(pod_a)?;
+    assert_eq!(udp_burst(&lab.peer, &lab.pod_a, pod_a, 10), 0);
+    assert_eq!(udp_burst(&lab.peer, &lab.pod_b, pod_b, 10), 10);
+
+    // A claim answered by the rolled-back agent is durable: the next start knows its holder,
+    // which only a journal holds.
+    let claimed = IpAddr::V4(Ipv4Addr::new(10, 99, 0, 1));
+    let body = json!({
+        "addresses": [claimed],
+        "holder": { "interface": "vethpb", "container_id": "after-the-rollback" },
+    });
+    let answer = request(&socket, "POST", "/v1/claims", Some(&body.to_string()))?;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    agent.terminate()?;
+    drop(agent);
+    let _agent = lab.start_agent(&ARGS)?;
+    assert_eq!(
+        view(claimed)?["holder"]["container_id"],
+        "after-the-rollback"
+    );
+    keeps_its_deadline(pod_a)?;
+
+    assert_eq!(fs::read(&journal)?, future, "left for the newer agent");
+    let set_aside = fs::read_dir(lab.work_dir().join("state"))?
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().contains(".corrupt-"))
+        .count();
+    assert_eq!(set_aside, 0);
     Ok(())
 }

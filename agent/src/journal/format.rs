@@ -9,6 +9,17 @@
 //!
 //! Version 1 (read, for upgrades): a header line (JSON with the body's length and checksum) and
 //! one body line, the registry snapshot. It starts with `{`, a version 2 file with a hex digit.
+//!
+//! What every version keeps, whatever else changes: the first line is a JSON object with
+//! `format` and `version`, after a 16-hex-digit checksum and a space (version 2 on) or alone
+//! (version 1). That is how an agent recognises a file that a newer agent wrote
+//! ([`newer_version`]) and, after a rollback, leaves it untouched for that agent instead of
+//! calling it corrupt; it journals to [`beside_file`] meanwhile. A format that breaks this
+//! contract must use another file name.
+//!
+//! When [`VERSION`] is raised, the newer agent must also read the file an older agent kept
+//! beside its own (`registry.journal.v<older>`) when that was written after its own (what the
+//! older agent did after a rollback), then remove it.
 
 use serde::{Deserialize, Serialize};
 
@@ -18,6 +29,28 @@ pub const VERSION: u32 = 2;
 pub const VERSION_SNAPSHOT: u32 = 1;
 /// Records per base line: a compaction streams the registry instead of building one huge line.
 pub const BASE_CHUNK: usize = 512;
+
+/// The name of the file this agent journals to while a newer agent's journal is in place.
+pub fn beside_file() -> String {
+    format!("{}.v{VERSION}", super::JOURNAL_FILE)
+}
+
+/// The version of a file whose first line (without its newline) says it is an ipq journal of
+/// a newer format than this agent's; `None` for anything else. Only the contract above is
+/// read: the checksum is not checked, since a newer format may frame lines differently.
+pub fn newer_version(first_line: &[u8]) -> Option<u32> {
+    #[derive(Deserialize)]
+    struct Identity {
+        format: String,
+        version: u32,
+    }
+    let json = match first_line.get(..17) {
+        Some([hex @ .., b' ']) if hex.iter().all(u8::is_ascii_hexdigit) => &first_line[17..],
+        _ => first_line,
+    };
+    let identity: Identity = serde_json::from_slice(json).ok()?;
+    (identity.format == FORMAT && identity.version > VERSION).then_some(identity.version)
+}
 
 pub fn fnv64(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, &b| {

@@ -22,6 +22,7 @@
 mod compact;
 mod files;
 mod format;
+mod newer;
 mod read;
 #[cfg(test)]
 mod tests;
@@ -49,7 +50,7 @@ use crate::{
     registry::{AddrRecord, Clock, Registry},
 };
 
-pub use self::read::TornTail;
+pub use self::{format::VERSION, newer::NewerJournal, read::TornTail};
 
 pub const JOURNAL_FILE: &str = "registry.journal";
 /// Where a synchronous rewrite builds the next journal.
@@ -138,6 +139,10 @@ struct LogFile {
 
 pub struct Journal<E: Entry = AddrRecord> {
     dir: PathBuf,
+    /// The file journaled to: [`JOURNAL_FILE`], or the one beside a newer agent's journal.
+    file: String,
+    /// A newer agent's journal found at the last load, left untouched.
+    newer: Option<NewerJournal>,
     log: Option<LogFile>,
     /// Keys changed and not yet durable (a failed commit keeps them here).
     staged: BTreeSet<E::Key>,
@@ -173,6 +178,8 @@ impl<E: Entry> Journal<E> {
         crate::safe_fs::ensure_private_dir(state_dir)?;
         Ok(Self {
             dir: state_dir.to_owned(),
+            file: JOURNAL_FILE.to_owned(),
+            newer: None,
             log: None,
             staged: BTreeSet::new(),
             rewrite: true,
@@ -182,8 +189,9 @@ impl<E: Entry> Journal<E> {
         })
     }
 
+    /// The file this agent journals to (see [`Journal::newer`]).
     pub fn path(&self) -> PathBuf {
-        self.dir.join(JOURNAL_FILE)
+        self.dir.join(&self.file)
     }
 
     fn io_err(&self, source: io::Error) -> JournalError {
@@ -195,8 +203,16 @@ impl<E: Entry> Journal<E> {
 
     /// The journal's content; `None` when there is none yet. A torn tail is truncated (and
     /// reported in [`Loaded::torn_tail`]); a corrupt journal is moved aside
-    /// ([`JournalError::Corrupt`]). Either way the next commit knows what to write.
+    /// ([`JournalError::Corrupt`]). Either way the next commit knows what to write. A newer
+    /// agent's journal is left untouched, and this agent's file beside it is loaded instead
+    /// ([`Journal::newer`]).
     pub fn load(&mut self) -> Result<Option<Loaded<E>>, JournalError> {
+        self.file = JOURNAL_FILE.to_owned();
+        self.newer = None;
+        self.load_file()
+    }
+
+    fn load_file(&mut self) -> Result<Option<Loaded<E>>, JournalError> {
         self.log = None;
         self.rewrite = true;
         let path = self.path();
@@ -215,6 +231,16 @@ impl<E: Entry> Journal<E> {
         let read = match read::read::<E>(&mut file) {
             Ok(read) => read,
             Err(read::ReadError::Io(e)) => return Err(self.io_err(e)),
+            Err(read::ReadError::Newer(version)) if self.newer.is_none() => {
+                drop(file);
+                return self.load_beside(version);
+            }
+            Err(read::ReadError::Newer(version)) => {
+                drop(file);
+                return Err(self.set_aside(format!(
+                    "this agent's own file claims format version {version}"
+                )));
+            }
             Err(read::ReadError::Corrupt(reason)) => {
                 drop(file);
                 return Err(self.set_aside(reason));
@@ -242,7 +268,7 @@ impl<E: Entry> Journal<E> {
         let path = self.path();
         let moved_to = self
             .dir
-            .join(format!("{JOURNAL_FILE}.corrupt-{}", unix_ms()));
+            .join(format!("{}.corrupt-{}", self.file, unix_ms()));
         if let Err(source) = fs::rename(&path, &moved_to) {
             return JournalError::Io { path, source };
         }

@@ -26,6 +26,8 @@ pub struct TornTail {
 pub enum ReadError {
     Io(io::Error),
     Corrupt(String),
+    /// An ipq journal of this newer format version: not this agent's to read or to judge.
+    Newer(u32),
 }
 
 impl From<io::Error> for ReadError {
@@ -53,7 +55,12 @@ struct SnapshotV1<E> {
 pub fn read<E: Entry>(file: &mut File) -> Result<Read<E>, ReadError> {
     file.seek(SeekFrom::Start(0))?;
     let mut reader = BufReader::with_capacity(1 << 20, file);
-    match reader.fill_buf()?.first() {
+    let buffered = reader.fill_buf()?;
+    let first_line = buffered.split(|&b| b == b'\n').next().unwrap_or_default();
+    if let Some(version) = format::newer_version(first_line) {
+        return Err(ReadError::Newer(version));
+    }
+    match buffered.first().copied() {
         None => Err(ReadError::Corrupt("empty file".into())),
         Some(b'{') => read_v1(reader),
         Some(_) => read_v2(reader),

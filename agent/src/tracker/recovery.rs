@@ -86,6 +86,24 @@ impl Tracker {
                 (Vec::new(), Recovery::PinnedMaps)
             }
         };
+        if let Some(newer) = self.journal.newer() {
+            warn!(
+                "journal {} was written by a newer ipq (format version {}; this agent writes \
+                 {}): left untouched for its return; this agent journals to {} meanwhile{}, \
+                 and its registry comes from there and the pinned maps",
+                newer.path.display(),
+                newer.version,
+                crate::journal::VERSION,
+                newer.beside.display(),
+                newer
+                    .stale_set_aside
+                    .as_ref()
+                    .map_or(String::new(), |stale| format!(
+                        " (its older copy there predates the newer agent's last write: kept as {})",
+                        stale.display()
+                    )),
+            );
+        }
         let (merged, adopted) = self.merge_with_maps(journal);
         let count = merged.len();
         let snapshot = Snapshot {
