@@ -17,7 +17,9 @@ use crate::{
     api::server::{Access, ApiServer, ServerError},
     cni::spool,
     config::Config,
-    datapath::{decode_sample, Datapath, DatapathError, KernelLogger, LoadOptions, Samples},
+    datapath::{
+        decode_sample, held_pins, Datapath, DatapathError, KernelLogger, LoadOptions, Samples,
+    },
     journal::{Journal, JournalError},
     listen,
     metrics::{self, Metrics, MetricsError},
@@ -192,6 +194,8 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
         capacity: config.capacity,
         mode: config.mode,
     })?;
+    let pins_root = config.bpffs_dir.clone();
+    let pin_guard = tokio::spawn(held_pins::guard(pins_root.clone()));
     let metrics = Metrics::new(&config.bpffs_dir)?;
     metrics
         .registry_capacity
@@ -343,6 +347,10 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
     let _ = api.await;
     metrics.set_ready(false);
     tracker.shutdown();
+    // The agent's descriptors close on exit: a pin someone removed must be back before that,
+    // or its link detaches and its map is not found by the next agent.
+    pin_guard.abort();
+    held_pins::report(&held_pins::restore(&pins_root));
     info!("stopping; programs stay attached through their pins, enforcement continues");
     Ok(())
 }

@@ -199,6 +199,7 @@ pub fn blind_legacy_filter(layout: &PinLayout) -> Result<(), DatapathError> {
 /// Removes the legacy bitmap's pin once this agent's programs are attached.
 pub fn unpin_legacy_filter(layout: &PinLayout) -> Result<(), DatapathError> {
     let path = layout.map(names::MAP_QFILTER_LEGACY);
+    super::held_pins::release(&path);
     match std::fs::remove_file(&path) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),

@@ -2,6 +2,7 @@
 //! attaching its programs to workload interfaces and uplinks, and the typed maps.
 
 pub mod attach;
+pub mod held_pins;
 pub mod maps;
 mod object;
 mod port;
@@ -319,6 +320,10 @@ impl Datapath {
         })?;
         pin_program(|path| xdp.pin(path), &layout, names::PROG_XDP_UPLINK)?;
 
+        // Every map and program pin is held from here on: removing one detaches nothing.
+        for dir in [layout.maps_dir(), layout.programs_dir()] {
+            held_pins::hold_dir(&dir).map_err(|source| DatapathError::Io { path: dir, source })?;
+        }
         let samples = Samples::open(&mut maps::Source::Loaded(&mut ebpf))?;
         let logger = aya_log::EbpfLogger::init(&mut ebpf)
             .map_err(|e| warn!("kernel-side log records will not be read: {e}"))

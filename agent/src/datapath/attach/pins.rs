@@ -4,6 +4,9 @@
 //! program into the existing link (`bpf_link_update`, atomic): there is no moment without a
 //! program, and never a second attachment. Only when the pin is missing or its link is dead (the
 //! device went away) is a new link created.
+//!
+//! The agent also keeps a descriptor of its own on every link it pinned or adopted
+//! ([`held_pins`]): a pin removed by someone else then detaches nothing, and is put back.
 
 use std::{collections::BTreeSet, fs, io, path::Path};
 
@@ -15,7 +18,7 @@ use aya::programs::{
 };
 use log::{debug, info, warn};
 
-use super::super::DatapathError;
+use super::super::{held_pins, DatapathError};
 use crate::paths::{AttachPoint, PinLayout};
 
 /// How an attachment came to be.
@@ -57,7 +60,10 @@ fn open_pin(path: &Path) -> Result<Option<FdLink>, DatapathError> {
     }
 }
 
+/// Removes one of ipq's link pins on purpose: the agent's own descriptor goes first, so the
+/// link detaches.
 fn remove_pin(path: &Path) -> Result<(), DatapathError> {
+    held_pins::release(path);
     match fs::remove_file(path) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
@@ -81,7 +87,17 @@ where
         path: path.to_owned(),
         source,
     })?;
+    hold(path)?;
     Ok(Attached::Created)
+}
+
+/// Keeps the agent's own descriptor on the link pinned at `path`. Failing means the pin went
+/// (and the link with it) since it was made or opened: the attach fails and is retried.
+fn hold(path: &Path) -> Result<(), DatapathError> {
+    held_pins::hold(path).map_err(|source| DatapathError::Io {
+        path: path.to_owned(),
+        source,
+    })
 }
 
 /// Attaches `prog` to the TCX hook `point` of `ifname`, first in the chain: through the pinned
@@ -136,6 +152,7 @@ pub fn reuse_tc(
                     source,
                 })?;
                 drop(taken);
+                hold(&path)?;
                 debug!("{ifname}: reused pinned {} link", point.as_str());
                 return Ok(true);
             }
@@ -172,6 +189,7 @@ pub fn attach_xdp(
             Ok(link) => match prog.attach_to_link(link) {
                 Ok(id) => {
                     drop(prog.take_link(id).map_err(attach_err)?);
+                    hold(&path)?;
                     debug!("{ifname}: reused pinned xdp link");
                     return Ok(Attached::Reused);
                 }

@@ -1,0 +1,240 @@
+//! The agent's own references on everything it pinned, so that a pin removed or replaced by
+//! someone else lifts nothing and is put back.
+//!
+//! A pinned TCX or XDP link lives as long as something references it: its pin, or an open
+//! descriptor. An agent that closed its descriptors after pinning (as it used to) left the pin
+//! as the only reference, so `rm bpffs_dir/links/*` detached every link at once, silently, and
+//! a removed map pin made the next agent start on a new, empty map. Here the agent keeps a
+//! descriptor of its own on every pin it made or adopted (links, maps, programs) for its whole
+//! life: a removed pin detaches nothing while the agent runs, and [`restore`] pins the held
+//! object again at its path (replacing whatever foreign object was put there) before anyone
+//! could lose it: periodically, off the owner loop, and on SIGTERM before the agent exits and
+//! its descriptors close.
+//!
+//! One process-wide table, keyed by pin path: the kernel objects belong to the process, and
+//! every path under a `bpffs_dir` names one object. Whoever removes one of ipq's pins on
+//! purpose (an interface forgotten, a link replaced) calls [`release`] first, or the held
+//! descriptor would keep the link attached.
+
+use std::{
+    collections::BTreeMap,
+    ffi::CString,
+    fmt, fs, io,
+    os::{
+        fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
+        unix::ffi::OsStrExt as _,
+    },
+    path::{Path, PathBuf},
+    sync::{Mutex, MutexGuard},
+};
+
+const BPF_OBJ_PIN: libc::c_long = 6;
+const BPF_OBJ_GET: libc::c_long = 7;
+const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
+
+/// An object ipq pinned, held by a descriptor of the agent's own.
+struct Held {
+    fd: OwnedFd,
+    /// The kernel's id of the object: what tells ours from a foreign one at the same path.
+    id: u32,
+}
+
+static HELD: Mutex<BTreeMap<PathBuf, Held>> = Mutex::new(BTreeMap::new());
+
+fn held() -> MutexGuard<'static, BTreeMap<PathBuf, Held>> {
+    // A panic elsewhere while holding the lock leaves the table itself consistent.
+    HELD.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// `bpf(cmd, attr)` with a zero-padded attribute block (the kernel requires the bytes it does
+/// not know to be zero).
+fn bpf(cmd: libc::c_long, attr: &[u8; 64]) -> io::Result<i32> {
+    // SAFETY: the kernel reads at most `size` bytes of `attr`, which outlives the call; the
+    // pointers inside it point to live buffers of the caller.
+    let rc = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr.as_ptr(), attr.len()) };
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(rc as i32)
+    }
+}
+
+fn c_path(path: &Path) -> io::Result<CString> {
+    CString::new(path.as_os_str().as_bytes())
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))
+}
+
+/// A new descriptor on the object pinned at `path`.
+fn obj_get(path: &Path) -> io::Result<OwnedFd> {
+    let path = c_path(path)?;
+    let mut attr = [0u8; 64];
+    attr[0..8].copy_from_slice(&(path.as_ptr() as u64).to_ne_bytes());
+    let fd = bpf(BPF_OBJ_GET, &attr)?;
+    // SAFETY: a new fd the kernel just returned, owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Pins the object of `fd` at `path` (which must not exist).
+fn obj_pin(fd: &OwnedFd, path: &Path) -> io::Result<()> {
+    let path = c_path(path)?;
+    let mut attr = [0u8; 64];
+    attr[0..8].copy_from_slice(&(path.as_ptr() as u64).to_ne_bytes());
+    attr[8..12].copy_from_slice(&(fd.as_raw_fd() as u32).to_ne_bytes());
+    bpf(BPF_OBJ_PIN, &attr).map(drop)
+}
+
+/// The kernel's id of the object behind `fd`: `bpf_link_info`, `bpf_map_info` and
+/// `bpf_prog_info` all start with its type and then its id.
+fn obj_id(fd: &OwnedFd) -> io::Result<u32> {
+    let mut info = [0u8; 16];
+    let mut attr = [0u8; 64];
+    attr[0..4].copy_from_slice(&(fd.as_raw_fd() as u32).to_ne_bytes());
+    attr[4..8].copy_from_slice(&(info.len() as u32).to_ne_bytes());
+    attr[8..16].copy_from_slice(&(info.as_mut_ptr() as u64).to_ne_bytes());
+    bpf(BPF_OBJ_GET_INFO_BY_FD, &attr)?;
+    Ok(u32::from_ne_bytes([info[4], info[5], info[6], info[7]]))
+}
+
+/// Takes a descriptor of the agent's own on the object pinned at `path` (replacing any held
+/// for that path before). Fails when nothing is pinned there: for a link just pinned, that
+/// means someone removed the pin in between, and the link is gone with it.
+pub fn hold(path: &Path) -> io::Result<()> {
+    let fd = obj_get(path)?;
+    let id = obj_id(&fd)?;
+    held().insert(path.to_owned(), Held { fd, id });
+    Ok(())
+}
+
+/// Holds every object pinned directly under `dir` (the maps, the programs).
+pub fn hold_dir(dir: &Path) -> io::Result<usize> {
+    let mut count = 0;
+    for entry in fs::read_dir(dir)? {
+        let entry = entry?;
+        if entry.file_type()?.is_dir() {
+            continue;
+        }
+        hold(&entry.path())?;
+        count += 1;
+    }
+    Ok(count)
+}
+
+/// Lets go of the object at `path`: call before removing one of ipq's pins on purpose.
+pub fn release(path: &Path) {
+    held().remove(path);
+}
+
+/// How many objects the agent holds (for status and tests).
+pub fn count() -> usize {
+    held().len()
+}
+
+/// What was wrong with one of ipq's pins.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PinLoss {
+    /// Nothing at the path.
+    Removed,
+    /// Another object (or none that bpf can open) at the path.
+    Replaced,
+}
+
+impl fmt::Display for PinLoss {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Removed => "removed",
+            Self::Replaced => "replaced",
+        })
+    }
+}
+
+/// Pins `fd` at `path` again, making its directory again first if that went too (`rm -r
+/// bpffs_dir/links`), the way the agent makes it.
+fn repin(fd: &OwnedFd, path: &Path) -> io::Result<()> {
+    if let Some(dir) = path.parent().filter(|dir| !dir.exists()) {
+        crate::safe_fs::ensure_dir(dir, crate::safe_fs::DirAccess::Traversable)
+            .map_err(|e| io::Error::other(e.to_string()))?;
+    }
+    obj_pin(fd, path)
+}
+
+/// One pin found lost by [`restore`], and whether it is back.
+#[derive(Debug)]
+pub struct Restored {
+    pub path: PathBuf,
+    pub loss: PinLoss,
+    /// `Err` when it could not be pinned again (retried at the next [`restore`]).
+    pub outcome: io::Result<()>,
+}
+
+/// Checks the pins under `root` (one `bpffs_dir`) that the agent holds, and pins the held
+/// object again where its pin was removed or replaced. O(pins), a few syscalls each: run it
+/// off the owner loop.
+pub fn restore(root: &Path) -> Vec<Restored> {
+    let held = held();
+    let mut restored = Vec::new();
+    for (path, object) in held.range(root.to_owned()..) {
+        if !path.starts_with(root) {
+            break;
+        }
+        let loss = match obj_get(path) {
+            Ok(fd) if obj_id(&fd).is_ok_and(|id| id == object.id) => continue,
+            Ok(_) => PinLoss::Replaced,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => PinLoss::Removed,
+            Err(_) => PinLoss::Replaced,
+        };
+        let outcome = match loss {
+            PinLoss::Removed => repin(&object.fd, path),
+            // Unlinking a foreign pin drops only its reference; ours goes in its place.
+            PinLoss::Replaced => fs::remove_file(path).and_then(|()| obj_pin(&object.fd, path)),
+        };
+        restored.push(Restored {
+            path: path.clone(),
+            loss,
+            outcome,
+        });
+    }
+    restored
+}
+
+/// How often the running agent checks its pins. A removed pin detaches nothing while the agent
+/// holds its object; the check only has to come before a restart could lose it.
+pub const CHECK_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Says what [`restore`] found: a WARN line per pin (someone else removed or replaced it).
+/// Returns how many were lost.
+pub fn report(restored: &[Restored]) -> usize {
+    for pin in restored {
+        match &pin.outcome {
+            Ok(()) => log::warn!(
+                "pin {} was {} by someone else; pinned ipq's object there again (the agent's \
+                 own descriptor kept it alive meanwhile)",
+                pin.path.display(),
+                pin.loss
+            ),
+            Err(e) => log::warn!(
+                "pin {} was {} by someone else and cannot be pinned again yet ({e}); the \
+                 agent's descriptor keeps the object alive, retried in {CHECK_EVERY:?}",
+                pin.path.display(),
+                pin.loss
+            ),
+        }
+    }
+    restored.len()
+}
+
+/// Checks the pins under `root` every [`CHECK_EVERY`], off the owner loop, for as long as the
+/// agent runs.
+pub async fn guard(root: PathBuf) {
+    let mut every = tokio::time::interval(CHECK_EVERY);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        let root = root.clone();
+        match tokio::task::spawn_blocking(move || restore(&root)).await {
+            Ok(restored) => {
+                report(&restored);
+            }
+            Err(e) => log::error!("checking ipq's pins: {e}"),
+        }
+    }
+}
