@@ -19,7 +19,7 @@
 //! nominal size, and with a capacity above the largest size so that claims are never refused.
 
 mod fenced;
-mod node;
+pub(super) mod node;
 
 use std::{
     sync::{
@@ -444,7 +444,7 @@ fn cni_gc(node: &Node, trials: u32) -> Result<Vec<f64>> {
         .collect()
 }
 
-fn percentile(values: &mut [f64], p: f64) -> f64 {
+pub(super) fn percentile(values: &mut [f64], p: f64) -> f64 {
     values.sort_by(f64::total_cmp);
     let at = ((values.len() as f64 * p).ceil() as usize).clamp(1, values.len()) - 1;
     values[at]

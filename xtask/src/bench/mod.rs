@@ -11,6 +11,7 @@
 mod conntrack;
 mod control;
 mod datapath;
+mod repair;
 mod svg;
 
 use std::{fs, path::PathBuf};
@@ -33,7 +34,7 @@ pub struct BenchOptions {
 /// One measured figure.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct Row {
-    pub group: &'static str, // "datapath" | "control" | "conntrack"
+    pub group: &'static str, // "datapath" | "control" | "conntrack" | "repair"
     pub name: String,        // e.g. "tc_ingress_pass_v4", "route_burst_p99"
     pub size: Option<u32>,   // registry size, where it matters
     pub unit: &'static str,  // "ns" | "ms" | "ops/s" | "%" | "MB" | "x" | "pps"
@@ -59,6 +60,7 @@ const SECTIONS: &[Section] = &[
     ("datapath", datapath::run),
     ("control", control::run),
     ("conntrack", conntrack::run),
+    ("repair", repair::run),
 ];
 
 pub const DEFAULT_SIZES: [u32; 4] = [1, 1000, 16384, 65536];
