@@ -18,7 +18,8 @@ use crate::{
     cni::spool,
     config::Config,
     datapath::{
-        decode_sample, held_pins, Datapath, DatapathError, KernelLogger, LoadOptions, Samples,
+        attach, decode_sample, held_pins, Datapath, DatapathError, KernelLogger, LoadOptions,
+        Samples,
     },
     journal::{Journal, JournalError},
     listen,
@@ -231,6 +232,11 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
         config.tc_attach,
         tc_mode.as_str()
     );
+    // Before the first attach: a deletion of ipq's netlink filter is never missed.
+    let mut tc_notices = attach::tc_watch::subscribe().map_err(|source| AgentError::Io {
+        what: "subscribing to TC notifications",
+        source,
+    })?;
     let (attacher, mut attach_reports) = datapath.start_attacher(tc_mode)?;
     let mut tracker = Tracker::new(config, datapath, attacher, journal, metrics.clone());
     let recovery = tracker.recover();
@@ -302,6 +308,12 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
                 }
                 if overrun {
                     resync(&mut tracker, &metrics).await;
+                }
+            }
+            Some(notice) = tc_notices.recv() => {
+                tracker.on_tc_notice(notice);
+                while let Ok(notice) = tc_notices.try_recv() {
+                    tracker.on_tc_notice(notice);
                 }
             }
             Some(report) = attach_reports.recv() => {

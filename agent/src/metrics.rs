@@ -100,6 +100,8 @@ pub struct Metrics {
     pub unprotected_interfaces: IntGaugeVec,
     /// Failed attach attempts, by hook; follows the attacher's count.
     pub attach_failures: IntCounterVec,
+    /// Attachments another tool took away, by hook and what went (qdisc, filter, link, pin).
+    pub attachments_lost: IntCounterVec,
     /// Protected workload interfaces whose netlink filters still wait for their TCX links.
     pub tc_upgrades_pending: IntGauge,
     pub registry_entries: IntGauge,
@@ -227,7 +229,25 @@ impl Metrics {
                 &["hook"],
             )?,
         )?;
+        let attachments_lost = registered(
+            &registry,
+            IntCounterVec::new(
+                Opts::new(
+                    "ipq_datapath_attachments_lost_total",
+                    "ipq attachments another tool took away, by hook and what went: qdisc \
+                     (the clsact under ipq's netlink filter), filter (ipq's netlink filter \
+                     deleted or replaced), link (a TCX or XDP link detached), pin (a pin under \
+                     bpffs_dir removed or replaced). Each is repaired at once.",
+                ),
+                &["hook", "what"],
+            )?,
+        )?;
         for hook in Hook::ALL {
+            for what in crate::datapath::attach::Lost::ALL {
+                attachments_lost
+                    .with_label_values(&[hook.as_str(), what.as_str()])
+                    .inc_by(0);
+            }
             unprotected_interfaces
                 .with_label_values(&[hook.as_str()])
                 .set(0);
@@ -424,6 +444,7 @@ impl Metrics {
             datapath_interfaces,
             unprotected_interfaces,
             attach_failures,
+            attachments_lost,
             tc_upgrades_pending,
             registry_entries,
             registry_capacity,
@@ -562,6 +583,11 @@ impl Metrics {
 }
 
 /// The hook a program attached at `point` counts under.
+/// The `hook` label of an attach point.
+pub fn hook_label(point: AttachPoint) -> &'static str {
+    hook_of(point).as_str()
+}
+
 fn hook_of(point: AttachPoint) -> Hook {
     match point {
         AttachPoint::TcxIngress => Hook::TcIngress,

@@ -20,7 +20,15 @@ struct Flow {
     receiver: JoinHandle<u64>,
 }
 
-/// The running flows; [`Flows::stop`] ends them and checks what arrived.
+/// What one flow sent and what of it arrived.
+#[derive(Clone, Copy, Debug)]
+pub struct FlowCount {
+    pub src: IpAddr,
+    pub sent: u64,
+    pub got: u64,
+}
+
+/// The running flows; [`Flows::stop_and_check`] ends them and checks what arrived.
 pub struct Flows {
     stop: Arc<AtomicBool>,
     flows: Vec<Flow>,
@@ -89,15 +97,28 @@ impl Flows {
         Flows { stop, flows }
     }
 
+    /// Stops the flows; what each sent and what arrived (pod a's v4, pod a's v6, pod b's v4).
+    pub fn stop(self) -> Vec<FlowCount> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.flows
+            .into_iter()
+            .map(|flow| {
+                let sent = flow.sender.join().expect("sender");
+                thread::sleep(Duration::from_millis(150));
+                let got = flow.receiver.join().expect("receiver");
+                FlowCount {
+                    src: flow.src,
+                    sent,
+                    got,
+                }
+            })
+            .collect()
+    }
+
     /// Stops the flows and asserts: none of pod a's datagrams arrived, more than half of pod
     /// b's did, and each flow sent more than `min_sent`.
     pub fn stop_and_check(self, min_sent: u64, during: &str) {
-        self.stop.store(true, Ordering::Relaxed);
-        for flow in self.flows {
-            let sent = flow.sender.join().expect("sender");
-            thread::sleep(Duration::from_millis(150));
-            let got = flow.receiver.join().expect("receiver");
-            let src = flow.src;
+        for FlowCount { src, sent, got } in self.stop() {
             assert!(sent > min_sent, "{src}: only {sent} datagrams sent");
             if src == IpAddr::from(POD_B_V4) {
                 assert!(got > sent / 2, "pod b: {got} of {sent} delivered {during}");

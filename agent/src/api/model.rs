@@ -283,6 +283,21 @@ pub enum EventBody {
     },
     /// A reuse-hygiene pass finished.
     Hygiene(Box<HygieneView>),
+    /// Another tool took ipq's program off a hook (a qdisc or filter deleted, a filter put in
+    /// its place, a link detached, a pin removed).
+    AttachmentLost {
+        interface: String,
+        ifindex: u32,
+        /// `tc_ingress`, `tc_egress` or `xdp`.
+        hook: String,
+        /// `qdisc`, `filter`, `link` or `pin`.
+        what: String,
+        /// Whether ipq's program is back on the hook.
+        repaired: bool,
+        /// Why it is not (yet): retried with backoff, the interface unprotected meanwhile.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error: Option<String>,
+    },
     /// `n` events were dropped before this subscriber could read them.
     Lost { n: u64 },
 }

@@ -373,6 +373,21 @@ pub fn event_line(event: &Event) -> String {
         ),
         EventBody::Hygiene(f) => hygiene_line(f),
         EventBody::Lost { n } => format!("lost {n} events"),
+        EventBody::AttachmentLost {
+            interface,
+            hook,
+            what,
+            repaired,
+            error,
+            ..
+        } => format!(
+            "LOST {interface} {hook}: another tool took ipq's program off ({what}); {}",
+            match (repaired, error) {
+                (true, _) => "attached again".to_owned(),
+                (false, Some(e)) => format!("NOT PROTECTED: {e}"),
+                (false, None) => "NOT PROTECTED".to_owned(),
+            }
+        ),
     };
     format!("{} #{} {what}", event.at, event.seq)
 }

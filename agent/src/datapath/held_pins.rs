@@ -95,6 +95,21 @@ fn obj_id(fd: &OwnedFd) -> io::Result<u32> {
     Ok(u32::from_ne_bytes([info[4], info[5], info[6], info[7]]))
 }
 
+/// Whether the link held for `path` is still attached to a device; `None` when the agent
+/// holds nothing there. `bpf_link_info`'s union (at byte 16, after the type, id, program id
+/// and padding) starts with the device's ifindex for TCX and XDP links, 0 once detached.
+pub fn link_attached(path: &Path) -> Option<bool> {
+    let held = held();
+    let fd = &held.get(path)?.fd;
+    let mut info = [0u8; 24];
+    let mut attr = [0u8; 64];
+    attr[0..4].copy_from_slice(&(fd.as_raw_fd() as u32).to_ne_bytes());
+    attr[4..8].copy_from_slice(&(info.len() as u32).to_ne_bytes());
+    attr[8..16].copy_from_slice(&(info.as_mut_ptr() as u64).to_ne_bytes());
+    bpf(BPF_OBJ_GET_INFO_BY_FD, &attr).ok()?;
+    Some(u32::from_ne_bytes([info[16], info[17], info[18], info[19]]) != 0)
+}
+
 /// Takes a descriptor of the agent's own on the object pinned at `path` (replacing any held
 /// for that path before). Fails when nothing is pinned there: for a link just pinned, that
 /// means someone removed the pin in between, and the link is gone with it.

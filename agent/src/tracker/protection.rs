@@ -4,7 +4,11 @@
 use std::time::Instant;
 
 use super::Tracker;
-use crate::datapath::attach::{Attacher, JobReport, Target};
+use crate::{
+    api::{model::EventBody, views::TimeBase},
+    datapath::attach::{tc_watch::TcNotice, Attacher, JobReport, LostAttachment, Target},
+    metrics, netdev,
+};
 
 impl Tracker {
     /// One attach worker's report.
@@ -12,6 +16,36 @@ impl Tracker {
         if self.attacher.on_report(report) {
             self.observe_protection();
         }
+        for lost in self.attacher.take_lost() {
+            self.publish_lost(lost);
+        }
+    }
+
+    /// A TC notification: a repair of the interface it names is queued if it concerns ipq.
+    pub fn on_tc_notice(&mut self, notice: TcNotice) {
+        self.attacher.on_tc_notice(notice);
+    }
+
+    /// Counts and publishes an attachment another tool took away (its WARN line is the
+    /// attacher's).
+    fn publish_lost(&mut self, lost: LostAttachment) {
+        let hook = metrics::hook_label(lost.point);
+        self.metrics
+            .attachments_lost
+            .with_label_values(&[hook, lost.what.as_str()])
+            .inc();
+        let at = TimeBase::now().rfc3339(netdev::monotonic_ns());
+        self.events.publish(
+            at,
+            EventBody::AttachmentLost {
+                interface: lost.name,
+                ifindex: lost.ifindex,
+                hook: hook.to_owned(),
+                what: lost.what.as_str().to_owned(),
+                repaired: lost.error.is_none(),
+                error: lost.error,
+            },
+        );
     }
 
     /// Whether an interface's first attach is still under way.

@@ -29,13 +29,16 @@
 //! "tcx"` and `"netlink"` force one mechanism. Each attach also removes what the other
 //! mechanism left on that hook, after its own program is in place.
 
+mod lost;
 mod model;
 pub mod pins;
 pub mod probe;
 pub mod queue;
+mod repair;
 pub mod retry;
 pub mod tc_filter;
 mod tc_hook;
+pub mod tc_watch;
 #[cfg(test)]
 mod tests;
 mod upgrade;
@@ -49,7 +52,10 @@ use std::{
 
 use log::{debug, error, info, warn};
 
-pub use model::{Hooked, Job, JobKind, JobReport, Mechanism, Protection, Role, Target, TcMode};
+pub use model::{
+    Hooked, Job, JobKind, JobReport, Lost, LostAttachment, Mechanism, Protection, Role, Target,
+    TcMode,
+};
 pub use pins::Attached;
 
 use self::{queue::JobQueue, retry::Backoff};
@@ -88,6 +94,8 @@ pub struct Attacher {
     /// Whether workers attach on this node's kernel (false in unit tests, whose made-up
     /// reports name no real interface: nothing is undone there).
     workers: bool,
+    /// Attachments repairs found taken away, for the tracker to count and publish.
+    lost: Vec<LostAttachment>,
 }
 
 impl Attacher {
@@ -115,6 +123,7 @@ impl Attacher {
                 next_generation: 0,
                 failures: BTreeMap::new(),
                 workers: true,
+                lost: Vec::new(),
             },
             receiver,
         ))
@@ -133,6 +142,7 @@ impl Attacher {
             next_generation: 0,
             failures: BTreeMap::new(),
             workers: false,
+            lost: Vec::new(),
         };
         (attacher, queue)
     }
@@ -234,6 +244,9 @@ impl Attacher {
         if report.job.kind == JobKind::Upgrade {
             upgrade::on_report(target, ifindex, report.hooks);
             return true;
+        }
+        if let JobKind::Repair(what) = report.job.kind {
+            lost::found(&mut self.lost, ifindex, target, what, &report);
         }
         let name = target.name.clone();
         let mut errors = Vec::new();

@@ -78,6 +78,36 @@ pub enum JobKind {
     Protect,
     /// Swap ipq's netlink filters on a protected interface for TCX links.
     Upgrade,
+    /// The kernel announced that something ipq's program on this interface depends on went
+    /// (`what`): look at each hook, and attach again where ipq's program is no longer there.
+    Repair(Lost),
+}
+
+/// What of an attachment went ([`JobKind::Repair`]), as `ipq_datapath_attachments_lost_total`
+/// labels it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Lost {
+    /// The clsact qdisc under ipq's netlink filters.
+    Qdisc,
+    /// ipq's netlink filter (deleted, or another filter put in its place).
+    Filter,
+    /// A TCX or XDP link (detached).
+    Link,
+    /// A pin under `bpffs_dir` (removed or replaced).
+    Pin,
+}
+
+impl Lost {
+    pub const ALL: [Lost; 4] = [Self::Qdisc, Self::Filter, Self::Link, Self::Pin];
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Qdisc => "qdisc",
+            Self::Filter => "filter",
+            Self::Link => "link",
+            Self::Pin => "pin",
+        }
+    }
 }
 
 /// One attach to do.
@@ -104,6 +134,20 @@ pub struct Hooked {
 pub struct JobReport {
     pub job: Job,
     pub hooks: Vec<(AttachPoint, Result<Hooked, String>)>,
+    /// A repair's hooks that had no ipq program when the worker looked (attached again, or
+    /// not, as `hooks` says).
+    pub found_missing: Vec<AttachPoint>,
+}
+
+/// An attachment another tool took away, as a repair found it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LostAttachment {
+    pub ifindex: u32,
+    pub name: String,
+    pub point: AttachPoint,
+    pub what: Lost,
+    /// `None` once ipq's program is back; else why it could not be put back (retried).
+    pub error: Option<String>,
 }
 
 /// Where an interface stands.

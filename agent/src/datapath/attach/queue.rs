@@ -83,7 +83,13 @@ impl JobQueue {
     pub fn push(&self, job: Job) {
         let mut lanes = self.lanes();
         match job.kind {
-            JobKind::Protect => lanes.protect.push_back(job),
+            // A repair already waiting looks at the hooks after this change too.
+            JobKind::Repair(_)
+                if lanes.protect.iter().any(|queued| {
+                    queued.ifindex == job.ifindex && matches!(queued.kind, JobKind::Repair(_))
+                }) => {}
+            // A repair restores protection: it goes with the attaches, before any upgrade.
+            JobKind::Protect | JobKind::Repair(_) => lanes.protect.push_back(job),
             JobKind::Upgrade => lanes.upgrade.push_back(job),
         }
         drop(lanes);
@@ -130,7 +136,9 @@ impl JobQueue {
         let mut lanes = self.lanes();
         lanes.busy.remove(&job.ifindex);
         match job.kind {
-            JobKind::Protect => lanes.protecting = lanes.protecting.saturating_sub(1),
+            JobKind::Protect | JobKind::Repair(_) => {
+                lanes.protecting = lanes.protecting.saturating_sub(1);
+            }
             JobKind::Upgrade => lanes.upgrading = false,
         }
         drop(lanes);

@@ -34,6 +34,13 @@ pub enum Direction {
 }
 
 impl Direction {
+    /// The hook a filter's parent names: `ffff:fff2` ingress, `ffff:fff3` egress.
+    pub fn of_parent(parent: TcHandle) -> Option<Self> {
+        [Self::Ingress, Self::Egress]
+            .into_iter()
+            .find(|d| d.parent() == parent)
+    }
+
     fn parent(self) -> TcHandle {
         TcHandle {
             major: 0xffff,
@@ -80,6 +87,30 @@ impl Filter {
                 .program
                 .as_deref()
                 .is_some_and(|p| p.starts_with(IPQ_PROGRAM_PREFIX))
+    }
+
+    /// The filter a dump or a notification describes.
+    pub fn from_message(tc: &TcMessage) -> Self {
+        let mut filter = Filter {
+            priority: (tc.header.info >> 16) as u16,
+            handle: u32::from(tc.header.handle),
+            kind: String::new(),
+            program: None,
+        };
+        for attr in &tc.attributes {
+            match attr {
+                TcAttribute::Kind(kind) => filter.kind.clone_from(kind),
+                TcAttribute::Options(options) => {
+                    for option in options {
+                        if let TcOption::Bpf(TcFilterBpfOption::ProgName(name)) = option {
+                            filter.program = Some(name.clone());
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        filter
     }
 
     pub fn describe(&self) -> String {
@@ -190,26 +221,7 @@ pub fn list(ifindex: u32, direction: Direction) -> io::Result<Vec<Filter>> {
     let mut filters = Vec::new();
     let result = exchange(msg, |inner| {
         if let RouteNetlinkMessage::NewTrafficFilter(tc) = inner {
-            let mut filter = Filter {
-                priority: (tc.header.info >> 16) as u16,
-                handle: u32::from(tc.header.handle),
-                kind: String::new(),
-                program: None,
-            };
-            for attr in tc.attributes {
-                match attr {
-                    TcAttribute::Kind(kind) => filter.kind = kind,
-                    TcAttribute::Options(options) => {
-                        for option in options {
-                            if let TcOption::Bpf(TcFilterBpfOption::ProgName(name)) = option {
-                                filter.program = Some(name);
-                            }
-                        }
-                    }
-                    _ => {}
-                }
-            }
-            filters.push(filter);
+            filters.push(Filter::from_message(&tc));
         }
     });
     match result {

@@ -35,7 +35,8 @@ pub(super) fn attach(
     match (mode, kind) {
         (TcMode::Tcx, _) => tc.tcx_replacing_filter(),
         (TcMode::Netlink, _) => tc.netlink(Unpin::Yes).map(Tc::by_netlink),
-        (TcMode::NetlinkThenTcx, JobKind::Protect) => tc.protect_first(),
+        // A repair attaches again the way a first attach does.
+        (TcMode::NetlinkThenTcx, JobKind::Protect | JobKind::Repair(_)) => tc.protect_first(),
         (TcMode::NetlinkThenTcx, JobKind::Upgrade) => tc.upgrade(),
     }
 }

@@ -5,6 +5,8 @@ use std::time::{Duration, Instant};
 
 use super::*;
 
+mod lost;
+
 fn report(job: &Job, ok: bool) -> JobReport {
     let by = match job.role {
         Role::Uplink => Mechanism::Xdp,
@@ -37,6 +39,7 @@ fn report_by(job: &Job, ok: bool, by: Mechanism) -> JobReport {
                 (*p, result)
             })
             .collect(),
+        found_missing: Vec::new(),
     }
 }
 

@@ -10,11 +10,13 @@ use aya::programs::{ProgramError, SchedClassifier, Xdp};
 use aya_obj::programs::XdpAttachType;
 use ipq_common::names;
 
-use super::{pins, queue::JobQueue, tc_hook, Hooked, Job, JobReport, Mechanism, Role, TcMode};
+use super::{
+    pins, queue::JobQueue, repair, tc_hook, Hooked, Job, JobKind, JobReport, Mechanism, TcMode,
+};
 use crate::paths::{AttachPoint, PinLayout};
 
 /// The programs one worker attaches, opened from their pins.
-struct Programs {
+pub(super) struct Programs {
     ingress: SchedClassifier,
     egress: SchedClassifier,
     xdp: Xdp,
@@ -84,42 +86,61 @@ fn run_one(
                     .iter()
                     .map(|p| (*p, Err(error.clone())))
                     .collect();
-                return JobReport { job, hooks };
+                return JobReport {
+                    job,
+                    hooks,
+                    found_missing: Vec::new(),
+                };
             }
         },
     };
-    let hooks = attach(progs, layout, mode, &job);
-    JobReport { job, hooks }
+    if let JobKind::Repair(_) = job.kind {
+        let target = job.clone();
+        return repair::run(job, layout, |point| {
+            attach_point(progs, layout, mode, &target, point, JobKind::Protect)
+        });
+    }
+    let hooks = job
+        .role
+        .points()
+        .iter()
+        .map(|&point| {
+            (
+                point,
+                attach_point(progs, layout, mode, &job, point, job.kind),
+            )
+        })
+        .collect();
+    JobReport {
+        job,
+        hooks,
+        found_missing: Vec::new(),
+    }
 }
 
-fn attach(
+/// Attaches ipq's program at one `point` of the job's interface, for a job of `kind`.
+pub(super) fn attach_point(
     progs: &mut Programs,
     layout: &PinLayout,
     mode: TcMode,
     job: &Job,
-) -> Vec<(AttachPoint, Result<Hooked, String>)> {
+    point: AttachPoint,
+    kind: JobKind,
+) -> Result<Hooked, String> {
     let (ifname, ifindex) = (job.name.as_str(), job.ifindex);
-    match job.role {
-        Role::Uplink => vec![(
-            AttachPoint::Xdp,
-            pins::attach_xdp(&mut progs.xdp, layout, ifname, ifindex)
+    let prog = match point {
+        AttachPoint::Xdp => {
+            return pins::attach_xdp(&mut progs.xdp, layout, ifname, ifindex)
                 .map(|how| Hooked {
                     how,
                     by: Mechanism::Xdp,
                 })
-                .map_err(|e| chain(&e)),
-        )],
-        Role::Workload => [
-            (AttachPoint::TcxIngress, &mut progs.ingress),
-            (AttachPoint::TcxEgress, &mut progs.egress),
-        ]
-        .into_iter()
-        .map(|(point, prog)| {
-            let result = tc_hook::attach(prog, layout, (ifname, ifindex), point, (mode, job.kind));
-            (point, result)
-        })
-        .collect(),
-    }
+                .map_err(|e| chain(&e));
+        }
+        AttachPoint::TcxIngress => &mut progs.ingress,
+        AttachPoint::TcxEgress => &mut progs.egress,
+    };
+    tc_hook::attach(prog, layout, (ifname, ifindex), point, (mode, kind))
 }
 
 /// `e` and every error under it: aya's errors keep the OS error (EMFILE...) in their source.

@@ -1,0 +1,114 @@
+//! Attachments another tool takes away: the kernel's TC notices turned into repair jobs, and
+//! what the repairs found turned into [`LostAttachment`]s for the tracker to count, publish
+//! and log.
+
+use log::warn;
+
+use super::{
+    tc_watch::{TcChange, TcNotice},
+    Attacher, JobKind, JobReport, Lost, LostAttachment, Mechanism, Protection, Role, Target,
+    TcMode,
+};
+use crate::paths::AttachPoint;
+
+impl Attacher {
+    /// A TC notification: queues a repair of the interface it names, if ipq's netlink filter
+    /// may have been on a hook it concerns. O(1) per notice but an overrun (every workload
+    /// interface is looked at again, off the loop).
+    pub fn on_tc_notice(&mut self, notice: TcNotice) {
+        match notice {
+            TcNotice::Change { ifindex, change } => {
+                let what = match change {
+                    TcChange::ClsactDeleted => Lost::Qdisc,
+                    TcChange::FilterDeleted(_) | TcChange::ForeignFilter(_) => Lost::Filter,
+                };
+                if self.concerned(ifindex, change.points()) {
+                    self.repair(ifindex, what);
+                }
+            }
+            TcNotice::Overrun => {
+                warn!("TC notifications were lost (socket overrun): looking at every hook again");
+                let workloads: Vec<u32> = self
+                    .targets
+                    .iter()
+                    .filter(|(_, t)| t.role == Role::Workload)
+                    .map(|(ifindex, _)| *ifindex)
+                    .collect();
+                for ifindex in workloads {
+                    self.repair(ifindex, Lost::Filter);
+                }
+            }
+        }
+    }
+
+    /// Whether a change to `points` of `ifindex` can have taken ipq's program away: ipq's
+    /// netlink filter is (or is being put) there. TCX links hang on neither clsact nor filters.
+    fn concerned(&self, ifindex: u32, points: &[AttachPoint]) -> bool {
+        let Some(target) = self.targets.get(&ifindex) else {
+            return false;
+        };
+        self.mode != TcMode::Tcx
+            && target.role == Role::Workload
+            && (target.protection == Protection::Attaching
+                || points
+                    .iter()
+                    .any(|p| target.attached.get(p) == Some(&Mechanism::Netlink)))
+    }
+
+    /// Queues a look at `ifindex`'s hooks (deduplicated while one waits, see the queue).
+    fn repair(&mut self, ifindex: u32, what: Lost) {
+        if let Some(target) = self.targets.get(&ifindex) {
+            let target = target.clone();
+            self.queue(ifindex, &target, JobKind::Repair(what));
+        }
+    }
+
+    /// The lost attachments found since the last call.
+    pub fn take_lost(&mut self) -> Vec<LostAttachment> {
+        std::mem::take(&mut self.lost)
+    }
+}
+
+/// Records what a repair of `target` found missing: only hooks ipq had attached count (one
+/// that never got ipq's program is a failed attach, not a lost one).
+pub(super) fn found(
+    lost: &mut Vec<LostAttachment>,
+    ifindex: u32,
+    target: &Target,
+    what: Lost,
+    report: &JobReport,
+) {
+    for point in &report.found_missing {
+        if !target.attached.contains_key(point) {
+            continue;
+        }
+        let error = report
+            .hooks
+            .iter()
+            .find(|(p, _)| p == point)
+            .and_then(|(_, result)| result.as_ref().err().cloned());
+        match &error {
+            None => warn!(
+                "{} (if{ifindex}): ipq's {} program was taken off by another tool ({} \
+                 deleted or replaced); attached again",
+                target.name,
+                point.as_str(),
+                what.as_str()
+            ),
+            Some(e) => warn!(
+                "{} (if{ifindex}): ipq's {} program was taken off by another tool ({} \
+                 deleted or replaced) and cannot be attached again yet: {e}",
+                target.name,
+                point.as_str(),
+                what.as_str()
+            ),
+        }
+        lost.push(LostAttachment {
+            ifindex,
+            name: target.name.clone(),
+            point: *point,
+            what,
+            error,
+        });
+    }
+}

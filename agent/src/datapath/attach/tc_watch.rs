@@ -1,0 +1,134 @@
+//! The kernel's TC notifications (`RTNLGRP_TC`): what anyone, ipq included, does to clsact
+//! qdiscs and to filters at ipq's place.
+//!
+//! On a node whose hooks hold ipq's netlink filter (`tc_attach = "netlink"`, every 5.10 and 6.1
+//! node), `tc qdisc del dev <veth> clsact` (felix switching its eBPF dataplane off, a cleanup
+//! script, a troubleshooting step) or `tc filter del ... pref 2` takes ipq's program off the
+//! hook, and nothing else would tell. The kernel announces each such change to this multicast
+//! group; this module turns the ones that can concern ipq into [`TcNotice`]s for the owner
+//! loop, which asks an attach worker to look at the hook and put back what is missing
+//! ([`super::JobKind::Repair`]). Nothing here decides: a notice only says where to look, since
+//! ipq's own changes (an upgrade removing its filter once the TCX link holds the hook) are
+//! announced the same way.
+
+use futures::StreamExt as _;
+use ipq_common::names::{TC_FILTER_HANDLE, TC_FILTER_PRIORITY};
+use log::warn;
+use rtnetlink::{
+    packet_core::NetlinkPayload,
+    packet_route::{
+        tc::{TcAttribute, TcHandle, TcMessage},
+        RouteNetlinkMessage,
+    },
+    MulticastGroup,
+};
+use tokio::sync::mpsc;
+
+use super::tc_filter::{Direction, Filter};
+use crate::paths::AttachPoint;
+
+/// What went, or came, in a way that may have taken ipq's program off a hook.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TcChange {
+    /// A clsact qdisc was deleted: every filter under it went, on both hooks.
+    ClsactDeleted,
+    /// The filters at ipq's priority on a hook were deleted (ipq's by its handle, the whole
+    /// priority, or every filter of the hook).
+    FilterDeleted(AttachPoint),
+    /// A filter that is not ipq's was put at ipq's place on a hook (`tc filter replace`).
+    ForeignFilter(AttachPoint),
+}
+
+impl TcChange {
+    /// The hooks it concerns.
+    pub fn points(self) -> &'static [AttachPoint] {
+        match self {
+            Self::ClsactDeleted => &[AttachPoint::TcxIngress, AttachPoint::TcxEgress],
+            Self::FilterDeleted(AttachPoint::TcxEgress)
+            | Self::ForeignFilter(AttachPoint::TcxEgress) => &[AttachPoint::TcxEgress],
+            Self::FilterDeleted(_) | Self::ForeignFilter(_) => &[AttachPoint::TcxIngress],
+        }
+    }
+}
+
+/// One notification that may concern ipq.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TcNotice {
+    Change {
+        ifindex: u32,
+        change: TcChange,
+    },
+    /// The socket's buffer overflowed: notifications were lost, every hook must be looked at.
+    Overrun,
+}
+
+fn point_of(direction: Direction) -> AttachPoint {
+    match direction {
+        Direction::Ingress => AttachPoint::TcxIngress,
+        Direction::Egress => AttachPoint::TcxEgress,
+    }
+}
+
+fn is_clsact(tc: &TcMessage) -> bool {
+    tc.header.parent == TcHandle::CLSACT
+        || tc
+            .attributes
+            .iter()
+            .any(|a| matches!(a, TcAttribute::Kind(kind) if kind == "clsact"))
+}
+
+/// The notice a TC notification makes, if it can concern ipq.
+pub fn notice_of(message: &RouteNetlinkMessage) -> Option<TcNotice> {
+    let (tc, change) = match message {
+        RouteNetlinkMessage::DelQueueDiscipline(tc) if is_clsact(tc) => {
+            (tc, TcChange::ClsactDeleted)
+        }
+        RouteNetlinkMessage::DelTrafficFilter(tc) => {
+            let point = point_of(Direction::of_parent(tc.header.parent)?);
+            let filter = Filter::from_message(tc);
+            // Priority 0: every filter of the hook; handle 0: every filter of the priority.
+            let priority = filter.priority == 0 || filter.priority == TC_FILTER_PRIORITY;
+            let handle = filter.handle == 0 || filter.handle == TC_FILTER_HANDLE;
+            if !(priority && handle) {
+                return None;
+            }
+            (tc, TcChange::FilterDeleted(point))
+        }
+        RouteNetlinkMessage::NewTrafficFilter(tc) => {
+            let point = point_of(Direction::of_parent(tc.header.parent)?);
+            let filter = Filter::from_message(tc);
+            if filter.is_ipq() || !filter.at_ipq_place() {
+                return None;
+            }
+            (tc, TcChange::ForeignFilter(point))
+        }
+        _ => return None,
+    };
+    let ifindex = u32::try_from(tc.header.index).ok()?;
+    Some(TcNotice::Change { ifindex, change })
+}
+
+/// Subscribes to `RTNLGRP_TC`; the notices arrive on the returned receiver. Subscribe before
+/// the first attach, so that nothing done in between is missed.
+pub fn subscribe() -> std::io::Result<mpsc::UnboundedReceiver<TcNotice>> {
+    let (connection, _handle, mut messages) =
+        rtnetlink::new_multicast_connection(&[MulticastGroup::Tc])?;
+    tokio::spawn(connection);
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Some((message, _)) = messages.next().await {
+            let notice = match &message.payload {
+                NetlinkPayload::InnerMessage(inner) => notice_of(inner),
+                NetlinkPayload::Overrun(_) => Some(TcNotice::Overrun),
+                _ => None,
+            };
+            if let Some(notice) = notice {
+                if tx.send(notice).is_err() {
+                    return;
+                }
+            }
+        }
+        warn!("the TC notification socket closed: deletions of ipq's filters are no longer seen");
+    });
+    Ok(rx)
+}

@@ -1,0 +1,164 @@
+//! TC notices and repairs, without a kernel: which notices queue a repair, and what a repair's
+//! report makes of a hook found without ipq's program.
+
+use super::{report_by, *};
+use crate::datapath::attach::tc_watch::{TcChange, TcNotice};
+
+const VETH: u32 = 7;
+
+/// A netlink-mode attacher with one workload interface protected by ipq's filters.
+fn protected() -> (Attacher, Arc<JobQueue>) {
+    let (mut attacher, queue) = Attacher::without_workers(TcMode::Netlink);
+    attacher.want(VETH, "veth7", Role::Workload);
+    let job = queue.try_take().expect("the first attach");
+    queue.done(&job);
+    attacher.on_report(report_by(&job, true, Mechanism::Netlink));
+    assert_eq!(
+        attacher.target(VETH).map(|t| t.protection),
+        Some(Protection::Protected)
+    );
+    (attacher, queue)
+}
+
+fn clsact_deleted(ifindex: u32) -> TcNotice {
+    TcNotice::Change {
+        ifindex,
+        change: TcChange::ClsactDeleted,
+    }
+}
+
+/// The repair job's report: `missing` hooks had no ipq program; each attached again or not.
+fn repair_report(job: &Job, missing: &[AttachPoint], attached_again: bool) -> JobReport {
+    let hooks = job
+        .role
+        .points()
+        .iter()
+        .map(|p| {
+            let result = if missing.contains(p) && !attached_again {
+                Err("a foreign bpf filter holds ipq's place".to_owned())
+            } else {
+                Ok(Hooked {
+                    how: Attached::Reused,
+                    by: Mechanism::Netlink,
+                })
+            };
+            (*p, result)
+        })
+        .collect();
+    JobReport {
+        job: job.clone(),
+        hooks,
+        found_missing: missing.to_vec(),
+    }
+}
+
+#[test]
+fn a_deleted_clsact_queues_one_repair_however_many_notices_arrive_before_it_runs() {
+    let (mut attacher, queue) = protected();
+    attacher.on_tc_notice(clsact_deleted(VETH));
+    attacher.on_tc_notice(TcNotice::Change {
+        ifindex: VETH,
+        change: TcChange::FilterDeleted(AttachPoint::TcxIngress),
+    });
+    let job = queue.try_take().expect("a repair");
+    assert_eq!(job.kind, JobKind::Repair(Lost::Qdisc));
+    assert!(queue.try_take().is_none(), "one repair looks after both");
+}
+
+#[test]
+fn notices_that_cannot_concern_ipq_queue_nothing() {
+    let (mut attacher, queue) = protected();
+    attacher.on_tc_notice(clsact_deleted(VETH + 1));
+    assert!(queue.try_take().is_none(), "not an interface ipq protects");
+
+    let (mut tcx, queue) = Attacher::without_workers(TcMode::Tcx);
+    tcx.want(VETH, "veth7", Role::Workload);
+    let job = queue.try_take().expect("the first attach");
+    queue.done(&job);
+    tcx.on_report(report_by(&job, true, Mechanism::Tcx));
+    tcx.on_tc_notice(clsact_deleted(VETH));
+    assert!(queue.try_take().is_none(), "TCX links hang on no qdisc");
+}
+
+#[test]
+fn a_repair_that_attached_again_reports_the_loss_and_stays_protected() {
+    let (mut attacher, queue) = protected();
+    attacher.on_tc_notice(clsact_deleted(VETH));
+    let job = queue.try_take().expect("a repair");
+    queue.done(&job);
+    let all = [AttachPoint::TcxIngress, AttachPoint::TcxEgress];
+    attacher.on_report(repair_report(&job, &all, true));
+    let lost = attacher.take_lost();
+    assert_eq!(
+        lost.iter()
+            .map(|l| (l.point, l.what, l.error.is_none()))
+            .collect::<Vec<_>>(),
+        vec![
+            (AttachPoint::TcxIngress, Lost::Qdisc, true),
+            (AttachPoint::TcxEgress, Lost::Qdisc, true)
+        ]
+    );
+    assert!(attacher.take_lost().is_empty(), "taken once");
+    assert_eq!(
+        attacher.target(VETH).map(|t| t.protection),
+        Some(Protection::Protected)
+    );
+    assert!(attacher.readiness_blocker(Instant::now()).is_none());
+}
+
+#[test]
+fn a_repair_that_found_everything_in_place_reports_nothing() {
+    // The notice of ipq's own change (an upgrade removing its filter behind a TCX link).
+    let (mut attacher, queue) = protected();
+    attacher.on_tc_notice(clsact_deleted(VETH));
+    let job = queue.try_take().expect("a repair");
+    queue.done(&job);
+    attacher.on_report(repair_report(&job, &[], true));
+    assert!(attacher.take_lost().is_empty());
+}
+
+#[test]
+fn a_repair_that_cannot_attach_again_leaves_the_interface_unprotected_and_not_ready() {
+    let (mut attacher, queue) = protected();
+    attacher.on_tc_notice(TcNotice::Change {
+        ifindex: VETH,
+        change: TcChange::ForeignFilter(AttachPoint::TcxIngress),
+    });
+    let job = queue.try_take().expect("a repair");
+    assert_eq!(job.kind, JobKind::Repair(Lost::Filter));
+    queue.done(&job);
+    attacher.on_report(repair_report(&job, &[AttachPoint::TcxIngress], false));
+    let lost = attacher.take_lost();
+    assert_eq!(lost.len(), 1);
+    assert!(lost[0]
+        .error
+        .as_deref()
+        .is_some_and(|e| e.contains("foreign")));
+    let target = attacher.target(VETH).expect("still wanted");
+    assert_eq!(target.protection, Protection::Failed);
+    assert!(!target.attached.contains_key(&AttachPoint::TcxIngress));
+    assert!(attacher
+        .readiness_blocker(Instant::now())
+        .is_some_and(|why| why.contains("veth7")));
+    assert!(attacher.next_retry().is_some(), "retried with backoff");
+}
+
+#[test]
+fn a_hook_that_never_had_ipqs_program_is_not_counted_lost() {
+    let (mut attacher, queue) = Attacher::without_workers(TcMode::Netlink);
+    attacher.want(VETH, "veth7", Role::Workload);
+    let first = queue.try_take().expect("the first attach");
+    queue.done(&first);
+    attacher.on_report(report_by(&first, false, Mechanism::Netlink));
+    attacher.on_tc_notice(TcNotice::Overrun);
+    let job = queue
+        .try_take()
+        .expect("an overrun looks at every workload interface");
+    queue.done(&job);
+    let all = [AttachPoint::TcxIngress, AttachPoint::TcxEgress];
+    attacher.on_report(repair_report(&job, &all, false));
+    assert!(
+        attacher.take_lost().is_empty(),
+        "a failed attach, not a lost one"
+    );
+}

@@ -1,0 +1,157 @@
+//! Another tool takes ipq's netlink filter off a fenced pod's veth (`tc_attach = "netlink"`,
+//! what every 5.10 and 6.1 node gets): `tc qdisc del dev <veth> clsact` (felix switching its
+//! eBPF dataplane off, a cleanup script) or `tc filter del ... pref 2`. The kernel's TC
+//! notification brings ipq's filter back at once; the loss is counted
+//! (`ipq_datapath_attachments_lost_total`) and published on `/v1/events`, and the fenced pod's
+//! datagrams that got through meanwhile stay within the 100 ms target.
+//!
+//! Needs root, bpffs, `tc` (iproute2) and `target/debug/ipq-agent`; `cargo xtask test`
+//! provides all of them (and runs this on 5.10 and 6.1 in the kernel tier).
+
+use std::{net::IpAddr, time::Duration};
+
+use ipq::datapath::attach::tc_filter::Direction;
+use ipq_tests::{
+    api,
+    attach::ipq_tc_attachments,
+    flows::{FlowCount, Flows},
+    lab::{poll, Agent, Lab, POD_B_V4},
+    netns::output_of,
+};
+
+const ARGS: [&str; 6] = [
+    "--workload",
+    "vethp*",
+    "--uplink",
+    "up0",
+    "--tc-attach",
+    "netlink",
+];
+
+/// The flows send one datagram every 2 ms: 100 ms of a lifted fence is 50 of them.
+const WITHIN_100_MS: u64 = 50;
+
+fn lost(agent: &Agent, hook: &str, what: &str) -> f64 {
+    agent
+        .metric(
+            "ipq_datapath_attachments_lost_total",
+            &[("hook", hook), ("what", what)],
+        )
+        .unwrap_or_else(|e| panic!("{e:#}"))
+}
+
+/// ipq's filter is on both hooks of pod a's veth again, as `tc` reads them.
+fn filters_back(lab: &Lab) -> anyhow::Result<Option<()>> {
+    let back = [Direction::Ingress, Direction::Egress]
+        .into_iter()
+        .all(|dir| ipq_tc_attachments(&lab.node, "vethpa", dir) == (1, 0));
+    Ok(back.then_some(()))
+}
+
+/// Runs `tc args` on the node while pod a (fenced) and pod b send, and waits for the loss to be
+/// counted on `hooks` as `what` and for ipq's filters to be back; then checks what got through.
+fn take_off_and_repair(lab: &Lab, agent: &Agent, args: &[&str], hooks: &[&str], what: &str) {
+    let before: Vec<f64> = hooks.iter().map(|h| lost(agent, h, what)).collect();
+    let flows = Flows::start(lab);
+    output_of(lab.node.command("tc").args(args)).expect("tc");
+    let counted = poll("the loss counted", Duration::from_secs(10), || {
+        let now: Vec<f64> = hooks.iter().map(|h| lost(agent, h, what)).collect();
+        Ok(now
+            .iter()
+            .zip(&before)
+            .all(|(now, before)| *now == before + 1.0)
+            .then_some(()))
+    });
+    counted.unwrap_or_else(|e| panic!("tc {args:?}: {e:#}\n{}", agent.log()));
+    poll("ipq's filters back", Duration::from_secs(10), || {
+        filters_back(lab)
+    })
+    .unwrap_or_else(|e| panic!("tc {args:?}: {e:#}\n{}", agent.log()));
+    for FlowCount { src, sent, got } in flows.stop() {
+        if src == IpAddr::from(POD_B_V4) {
+            assert!(got > sent / 2, "pod b: {got} of {sent} delivered");
+        } else {
+            assert!(
+                got <= WITHIN_100_MS,
+                "tc {args:?}: fenced {src} delivered {got} of {sent}, more than 100 ms' worth"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_deleted_clsact_or_filter_is_put_back_at_once_counted_and_published() {
+    let lab = Lab::new().expect("building the lab");
+    let agent = lab.start_agent(&ARGS).expect("starting ipq-agent");
+    lab.fence_pod_a().expect("fencing pod a");
+    lab.register_pod_b().expect("registering pod b");
+    poll("ipq's filters on pod a", Duration::from_secs(10), || {
+        filters_back(&lab)
+    })
+    .expect("attached");
+
+    take_off_and_repair(
+        &lab,
+        &agent,
+        &["qdisc", "del", "dev", "vethpa", "clsact"],
+        &["tc_ingress", "tc_egress"],
+        "qdisc",
+    );
+    take_off_and_repair(
+        &lab,
+        &agent,
+        &["filter", "del", "dev", "vethpa", "ingress", "pref", "2"],
+        &["tc_ingress"],
+        "filter",
+    );
+    take_off_and_repair(
+        &lab,
+        &agent,
+        &["filter", "del", "dev", "vethpa", "egress", "pref", "2"],
+        &["tc_egress"],
+        "filter",
+    );
+
+    // Each loss is an event naming the interface, the hook and what went, repaired.
+    let events =
+        api::request(&agent.api_socket(), "GET", "/v1/events", None).expect("GET /v1/events");
+    let lost: Vec<serde_json::Value> = events
+        .body
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|e| e["type"] == "attachment_lost")
+        .collect();
+    let seen: Vec<(String, String, bool)> = lost
+        .iter()
+        .map(|e| {
+            assert_eq!(e["interface"], "vethpa", "{e}");
+            (
+                e["hook"].as_str().unwrap_or_default().to_owned(),
+                e["what"].as_str().unwrap_or_default().to_owned(),
+                e["repaired"] == true,
+            )
+        })
+        .collect();
+    let want = [
+        ("tc_ingress", "qdisc"),
+        ("tc_egress", "qdisc"),
+        ("tc_ingress", "filter"),
+        ("tc_egress", "filter"),
+    ];
+    for (hook, what) in want {
+        assert!(
+            seen.contains(&(hook.to_owned(), what.to_owned(), true)),
+            "no repaired {hook} {what} loss in {seen:?}"
+        );
+    }
+    assert_eq!(seen.len(), want.len(), "{seen:?}");
+
+    // Back to protected: the gauge and readiness say so.
+    assert_eq!(
+        agent
+            .metric("ipq_datapath_unprotected_interfaces", &[])
+            .expect("gauge"),
+        0.0
+    );
+    assert_eq!(agent.readyz().expect("readyz").0, 200);
+}
