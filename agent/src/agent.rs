@@ -18,8 +18,8 @@ use crate::{
     cni::spool,
     config::Config,
     datapath::{
-        attach, decode_sample, held_pins, Datapath, DatapathError, KernelLogger, LoadOptions,
-        Samples,
+        attach, decode_sample, held_pins, verify, Datapath, DatapathError, KernelLogger,
+        LoadOptions, Samples,
     },
     journal::{Journal, JournalError},
     listen,
@@ -196,7 +196,12 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
         mode: config.mode,
     })?;
     let pins_root = config.bpffs_dir.clone();
-    let pin_guard = tokio::spawn(held_pins::guard(pins_root.clone()));
+    let (verify_tx, mut verifications) = mpsc::channel(1);
+    let verifier = tokio::spawn(verify::run(
+        pins_root.clone(),
+        config.verify_interval,
+        verify_tx,
+    ));
     let metrics = Metrics::new(&config.bpffs_dir)?;
     metrics
         .registry_capacity
@@ -316,6 +321,9 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
                     tracker.on_tc_notice(notice);
                 }
             }
+            Some(verification) = verifications.recv() => {
+                tracker.on_verification(verification);
+            }
             Some(report) = attach_reports.recv() => {
                 tracker.on_attach_report(report);
                 while let Ok(report) = attach_reports.try_recv() {
@@ -361,7 +369,7 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
     tracker.shutdown();
     // The agent's descriptors close on exit: a pin someone removed must be back before that,
     // or its link detaches and its map is not found by the next agent.
-    pin_guard.abort();
+    verifier.abort();
     held_pins::report(&held_pins::restore(&pins_root));
     info!("stopping; programs stay attached through their pins, enforcement continues");
     Ok(())

@@ -118,6 +118,9 @@ pub struct Config {
     pub metrics_addr: SocketAddr,
     pub interfaces: Interfaces,
     pub tc_attach: TcAttach,
+    /// How often the datapath is verified against what ipq believes (pins, links), off the
+    /// owner loop.
+    pub verify_interval: Duration,
     pub hygiene: HygieneConfig,
 }
 
@@ -147,6 +150,7 @@ impl Default for Config {
                 uplink: Vec::new(),
             },
             tc_attach: TcAttach::Auto,
+            verify_interval: Duration::from_secs(5),
             hygiene: HygieneConfig::default(),
         }
     }

@@ -102,6 +102,8 @@ pub struct Metrics {
     pub attach_failures: IntCounterVec,
     /// Attachments another tool took away, by hook and what went (qdisc, filter, link, pin).
     pub attachments_lost: IntCounterVec,
+    /// How long the last verification of the datapath took.
+    pub verify_seconds: Gauge,
     /// Protected workload interfaces whose netlink filters still wait for their TCX links.
     pub tc_upgrades_pending: IntGauge,
     pub registry_entries: IntGauge,
@@ -240,6 +242,14 @@ impl Metrics {
                      bpffs_dir removed or replaced). Each is repaired at once.",
                 ),
                 &["hook", "what"],
+            )?,
+        )?;
+        let verify_seconds = registered(
+            &registry,
+            Gauge::new(
+                "ipq_datapath_verify_seconds",
+                "How long the last verification of ipq's pins and links against the kernel \
+                 took (every verify_interval, off the owner loop; O(pins)).",
             )?,
         )?;
         for hook in Hook::ALL {
@@ -445,6 +455,7 @@ impl Metrics {
             unprotected_interfaces,
             attach_failures,
             attachments_lost,
+            verify_seconds,
             tc_upgrades_pending,
             registry_entries,
             registry_capacity,

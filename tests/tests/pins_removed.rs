@@ -53,7 +53,14 @@ fn remove_every_pin(bpffs: &Path) {
 #[test]
 fn removed_pins_detach_nothing_are_put_back_and_survive_a_sigterm_restart() {
     let lab = Lab::new().expect("building the lab");
-    let args = ["--workload", "vethp*", "--uplink", "up0"];
+    let args = [
+        "--workload",
+        "vethp*",
+        "--uplink",
+        "up0",
+        "--verify-interval",
+        "200ms",
+    ];
     let mut agent = lab.start_agent(&args).expect("starting ipq-agent");
     lab.fence_pod_a().expect("fencing pod a");
     lab.register_pod_b().expect("registering pod b");
@@ -85,7 +92,8 @@ fn removed_pins_detach_nothing_are_put_back_and_survive_a_sigterm_restart() {
         log.contains("was removed by someone else; pinned ipq's object there again"),
         "each restored pin is reported:\n{log}"
     );
-    flows.stop_and_check(100, "while the pins were gone and put back");
+    // The verification puts them back within its interval (200 ms here): a few datagrams.
+    flows.stop_and_check(5, "while the pins were gone and put back");
 
     // Removed again, and the agent stopped before its periodic check could see it: the stop
     // itself puts them back, so the next agent finds the same links and maps.

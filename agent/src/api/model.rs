@@ -329,6 +329,21 @@ pub struct Status {
     pub conflicts_total: u64,
     pub refused_claims_total: u64,
     pub started_at: String,
+    /// The last verification of ipq's pins and links against the kernel; absent before the
+    /// first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verification: Option<VerificationView>,
+}
+
+/// What the last verification of the datapath found.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VerificationView {
+    pub at: String,
+    pub took_us: u64,
+    /// Pins held and checked (links, maps, programs).
+    pub pins: u64,
+    /// What was wrong (and what was done); empty when everything was in place.
+    pub found: Vec<String>,
 }
 
 /// How a claim's conntrack entries are flushed: `kernel` (the kernel's filtered flush) or

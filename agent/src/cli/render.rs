@@ -263,6 +263,7 @@ pub fn status(status: &Status, now: SystemTime) -> String {
                 |f| format!("claims flushed by: IPv4 {}; IPv6 {}", f.ipv4, f.ipv6),
             ),
         ),
+        ("Verified".to_owned(), verification(status, now)),
     ];
     let mut out = key_values(&pairs);
     if !status.interfaces.is_empty() {
@@ -295,6 +296,24 @@ pub fn status(status: &Status, now: SystemTime) -> String {
         out.push_str(&table.render("  "));
     }
     out
+}
+
+/// When the datapath was last verified against the kernel, and what that found.
+fn verification(status: &Status, now: SystemTime) -> String {
+    let Some(v) = &status.verification else {
+        return "not yet".to_owned();
+    };
+    let when = absolute_and_relative(&v.at, now);
+    let took = v.took_us as f64 / 1000.0;
+    if v.found.is_empty() {
+        format!("{when}, {} pins in place ({took:.1} ms)", v.pins)
+    } else {
+        format!(
+            "{when}, {} pins ({took:.1} ms); FOUND: {}",
+            v.pins,
+            v.found.join("; ")
+        )
+    }
 }
 
 /// `ipq conflicts`: one conflict per line, oldest first.

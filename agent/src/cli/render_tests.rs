@@ -6,7 +6,7 @@ use super::render::{self, holder_short};
 use crate::{
     api::model::{
         AddressView, ClaimFlushView, ConflictView, Event, EventBody, InterfaceStatus,
-        RegistryCounts, Status,
+        RegistryCounts, Status, VerificationView,
     },
     config::EarlyReusePolicy,
     registry::{ConflictKind, Holder, PodRef, StateName},
@@ -218,6 +218,7 @@ fn status_shows_readiness_counts_and_hooks() {
         ],
         conflicts_total: 4,
         refused_claims_total: 1,
+        verification: None,
         started_at: "2026-11-22T09:56:00Z".into(),
     };
     assert_eq!(
@@ -233,10 +234,32 @@ Conflicts:       4 total, 1 claims refused
 Interfaces:      2
 TC attach:       netlink-then-tcx
 Conntrack:       claims flushed by: IPv4 kernel; IPv6 dump (the kernel did not honour the filter)
+Verified:        not yet
   IFINDEX  NAME    HOOKS                   ATTACHMENT  PROTECTION
   5        vethpa  tcx-ingress,tcx-egress  netlink     protected
   12       up0     xdp                     xdp         protected
 "
+    );
+    let mut verified = status.clone();
+    verified.verification = Some(VerificationView {
+        at: "2026-11-22T10:00:58Z".into(),
+        took_us: 420,
+        pins: 14,
+        found: Vec::new(),
+    });
+    let text = render::status(&verified, now());
+    assert!(
+        text.contains(
+            "Verified:        2026-11-22T10:00:58Z (2s ago), 14 pins in place (0.4 ms)\n"
+        ),
+        "{text}"
+    );
+    verified.verification.as_mut().unwrap().found =
+        vec!["if5 tcx-ingress link detached: repairing".into()];
+    let text = render::status(&verified, now());
+    assert!(
+        text.contains("14 pins (0.4 ms); FOUND: if5 tcx-ingress link detached: repairing\n"),
+        "{text}"
     );
     let mut failing = status.clone();
     failing.ready = false;

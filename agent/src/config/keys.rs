@@ -178,6 +178,17 @@ pub const KEYS: &[Key] = &[
         },
     },
     Key {
+        name: "verify_interval",
+        flag: "verify-interval",
+        help: "How often ipq's pins and links are checked against the kernel and repaired, \
+               e.g. 5s",
+        kind: Kind::Text,
+        set: |c, p, k, v| {
+            c.verify_interval = p.duration(k, v)?;
+            Ok(())
+        },
+    },
+    Key {
         name: "tc_attach",
         flag: "tc-attach",
         help: "auto | tcx | netlink: how TC programs attach (auto: the netlink filter at once, \

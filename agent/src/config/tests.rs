@@ -29,6 +29,7 @@ fn every_key_is_read() {
         api_socket = "/tmp/ipq.sock"
         metrics_addr = "[::1]:9999"
         tc_attach = "netlink"
+        verify_interval = "2s"
         [interfaces]
         workload = ["lxc*", "veth?x"]
         uplink = ["eth0", "bond0"]
@@ -52,6 +53,7 @@ fn every_key_is_read() {
     assert_eq!(config.workload_glob_matching("eth0"), None);
     assert!(config.is_uplink("bond0"));
     assert_eq!(config.tc_attach, TcAttach::Netlink);
+    assert_eq!(config.verify_interval, Duration::from_secs(2));
 }
 
 #[test]

@@ -8,8 +8,8 @@
 //! descriptor of its own on every pin it made or adopted (links, maps, programs) for its whole
 //! life: a removed pin detaches nothing while the agent runs, and [`restore`] pins the held
 //! object again at its path (replacing whatever foreign object was put there) before anyone
-//! could lose it: periodically, off the owner loop, and on SIGTERM before the agent exits and
-//! its descriptors close.
+//! could lose it: at every verification ([`super::verify`]), off the owner loop, and on SIGTERM
+//! before the agent exits and its descriptors close.
 //!
 //! One process-wide table, keyed by pin path: the kernel objects belong to the process, and
 //! every path under a `bpffs_dir` names one object. Whoever removes one of ipq's pins on
@@ -139,9 +139,13 @@ pub fn release(path: &Path) {
     held().remove(path);
 }
 
-/// How many objects the agent holds (for status and tests).
-pub fn count() -> usize {
-    held().len()
+/// The paths of the pins under `root` that the agent holds.
+pub fn held_under(root: &Path) -> Vec<PathBuf> {
+    held()
+        .range(root.to_owned()..)
+        .take_while(|(path, _)| path.starts_with(root))
+        .map(|(path, _)| path.clone())
+        .collect()
 }
 
 /// What was wrong with one of ipq's pins.
@@ -211,10 +215,6 @@ pub fn restore(root: &Path) -> Vec<Restored> {
     restored
 }
 
-/// How often the running agent checks its pins. A removed pin detaches nothing while the agent
-/// holds its object; the check only has to come before a restart could lose it.
-pub const CHECK_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
-
 /// Says what [`restore`] found: a WARN line per pin (someone else removed or replaced it).
 /// Returns how many were lost.
 pub fn report(restored: &[Restored]) -> usize {
@@ -228,28 +228,11 @@ pub fn report(restored: &[Restored]) -> usize {
             ),
             Err(e) => log::warn!(
                 "pin {} was {} by someone else and cannot be pinned again yet ({e}); the \
-                 agent's descriptor keeps the object alive, retried in {CHECK_EVERY:?}",
+                 agent's descriptor keeps the object alive; retried at the next verification",
                 pin.path.display(),
                 pin.loss
             ),
         }
     }
     restored.len()
-}
-
-/// Checks the pins under `root` every [`CHECK_EVERY`], off the owner loop, for as long as the
-/// agent runs.
-pub async fn guard(root: PathBuf) {
-    let mut every = tokio::time::interval(CHECK_EVERY);
-    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        every.tick().await;
-        let root = root.clone();
-        match tokio::task::spawn_blocking(move || restore(&root)).await {
-            Ok(restored) => {
-                report(&restored);
-            }
-            Err(e) => log::error!("checking ipq's pins: {e}"),
-        }
-    }
 }

@@ -8,6 +8,7 @@ mod object;
 mod port;
 mod slots;
 mod table;
+pub mod verify;
 
 use std::{
     ffi::CString,

@@ -18,7 +18,7 @@ use crate::{
         model::{
             AddressList, AddressView, ChangedResponse, ClaimFlushView, ClaimRequest, ClaimResponse,
             ClaimSource, ConflictList, DrainAttachmentRequest, ErrorCode, GcRequest,
-            InterfaceStatus, Status,
+            InterfaceStatus, Status, VerificationView,
         },
         views::{
             address_view, conflict_view, status_view, ApiError, Outcome, StatusFacts, TimeBase,
@@ -134,6 +134,12 @@ impl Tracker {
             conflicts_total,
             refused_claims_total: self.metrics.refused_claims.get(),
             started_at: self.started_at,
+            verification: self.attacher.verified().map(|v| VerificationView {
+                at: humantime::format_rfc3339_millis(v.finished_at).to_string(),
+                took_us: u64::try_from(v.took.as_micros()).unwrap_or(u64::MAX),
+                pins: v.pins as u64,
+                found: v.found.clone(),
+            }),
         };
         status_view(facts, &self.registry, interfaces)
     }

@@ -6,8 +6,12 @@ use std::time::Instant;
 use super::Tracker;
 use crate::{
     api::{model::EventBody, views::TimeBase},
-    datapath::attach::{tc_watch::TcNotice, Attacher, JobReport, LostAttachment, Target},
+    datapath::{
+        attach::{tc_watch::TcNotice, Attacher, JobReport, Lost, LostAttachment, Target},
+        verify::Verification,
+    },
     metrics, netdev,
+    paths::PinLayout,
 };
 
 impl Tracker {
@@ -24,6 +28,54 @@ impl Tracker {
     /// A TC notification: a repair of the interface it names is queued if it concerns ipq.
     pub fn on_tc_notice(&mut self, notice: TcNotice) {
         self.attacher.on_tc_notice(notice);
+    }
+
+    /// A verification pass's findings: pins put back are counted and published here (their
+    /// WARN lines are the verification's); detached links are repaired by a worker, which
+    /// counts them like any lost attachment.
+    pub fn on_verification(&mut self, verification: Verification) {
+        let layout = PinLayout::new(&self.config.bpffs_dir);
+        for restored in &verification.restored {
+            let link = restored
+                .path
+                .parent()
+                .filter(|dir| *dir == layout.links_dir())
+                .and(restored.path.file_name())
+                .and_then(|name| PinLayout::parse_link_name(name.to_str()?));
+            let (interface, ifindex, hook) = match link {
+                Some((ifindex, point)) => (
+                    self.attacher
+                        .target(ifindex)
+                        .map_or_else(|| format!("if{ifindex}"), |t| t.name.clone()),
+                    ifindex,
+                    metrics::hook_label(point),
+                ),
+                // A map or program pin: no interface's, every hook's.
+                None => (restored.path.display().to_string(), 0, "none"),
+            };
+            self.metrics
+                .attachments_lost
+                .with_label_values(&[hook, Lost::Pin.as_str()])
+                .inc();
+            self.events.publish(
+                humantime::format_rfc3339_millis(verification.finished_at).to_string(),
+                EventBody::AttachmentLost {
+                    interface,
+                    ifindex,
+                    hook: hook.to_owned(),
+                    what: Lost::Pin.as_str().to_owned(),
+                    repaired: restored.outcome.is_ok(),
+                    error: restored.outcome.as_ref().err().map(ToString::to_string),
+                },
+            );
+        }
+        for &(ifindex, point) in &verification.detached {
+            self.attacher.on_link_detached(ifindex, point);
+        }
+        self.metrics
+            .verify_seconds
+            .set(verification.took.as_secs_f64());
+        self.attacher.set_verified(verification.summary());
     }
 
     /// Counts and publishes an attachment another tool took away (its WARN line is the

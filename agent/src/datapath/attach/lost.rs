@@ -9,7 +9,7 @@ use super::{
     Attacher, JobKind, JobReport, Lost, LostAttachment, Mechanism, Protection, Role, Target,
     TcMode,
 };
-use crate::paths::AttachPoint;
+use crate::{datapath::verify::Summary, paths::AttachPoint};
 
 impl Attacher {
     /// A TC notification: queues a repair of the interface it names, if ipq's netlink filter
@@ -61,6 +61,29 @@ impl Attacher {
             let target = target.clone();
             self.queue(ifindex, &target, JobKind::Repair(what));
         }
+    }
+
+    /// A verification found the link of `point` on `ifindex` detached: a repair is queued if
+    /// ipq's program was there by that link.
+    pub fn on_link_detached(&mut self, ifindex: u32, point: AttachPoint) {
+        let by_link = self.targets.get(&ifindex).is_some_and(|t| {
+            matches!(
+                t.attached.get(&point),
+                Some(Mechanism::Tcx | Mechanism::Xdp)
+            )
+        });
+        if by_link {
+            self.repair(ifindex, Lost::Link);
+        }
+    }
+
+    /// Keeps what the last verification found, for `ipq status`.
+    pub fn set_verified(&mut self, summary: Summary) {
+        self.verified = Some(summary);
+    }
+
+    pub fn verified(&self) -> Option<&Summary> {
+        self.verified.as_ref()
     }
 
     /// The lost attachments found since the last call.

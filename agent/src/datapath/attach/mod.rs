@@ -96,6 +96,8 @@ pub struct Attacher {
     workers: bool,
     /// Attachments repairs found taken away, for the tracker to count and publish.
     lost: Vec<LostAttachment>,
+    /// What the last verification of the datapath found.
+    verified: Option<crate::datapath::verify::Summary>,
 }
 
 impl Attacher {
@@ -124,6 +126,7 @@ impl Attacher {
                 failures: BTreeMap::new(),
                 workers: true,
                 lost: Vec::new(),
+                verified: None,
             },
             receiver,
         ))
@@ -143,6 +146,7 @@ impl Attacher {
             failures: BTreeMap::new(),
             workers: false,
             lost: Vec::new(),
+            verified: None,
         };
         (attacher, queue)
     }

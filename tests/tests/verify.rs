@@ -1,0 +1,163 @@
+//! What no notification announces, caught by the verification (`verify_interval`): a TCX link
+//! or the uplink's XDP link detached through its pin (`bpftool link detach pinned ...`). The
+//! agent holds the link, so the link object outlives the detach, but no program runs: the
+//! next verification finds it detached, a repair attaches ipq's program again, and the loss is
+//! counted and published; `ipq status` says when the last verification ran.
+//!
+//! Needs root, bpffs and `target/debug/ipq-agent` on a kernel with TCX and XDP links (this
+//! host); `cargo xtask test` provides them.
+
+use std::{ffi::CString, net::IpAddr, os::unix::ffi::OsStrExt as _, path::Path, time::Duration};
+
+use aya::programs::TcAttachType;
+use ipq_tests::{
+    api,
+    attach::wait_tc_upgrades,
+    attachments::{self, Attachment},
+    lab::{poll, udp_burst, Agent, Lab, PEER_V4, POD_A_V4},
+};
+
+const BPF_OBJ_GET: libc::c_long = 7;
+const BPF_LINK_DETACH: libc::c_long = 34;
+
+fn bpf(cmd: libc::c_long, attr: &[u8; 64]) -> std::io::Result<i32> {
+    // SAFETY: `attr` outlives the call and the pointers in it point to live buffers.
+    let rc = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr.as_ptr(), attr.len()) };
+    if rc < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(rc as i32)
+    }
+}
+
+/// `bpftool link detach pinned <path>`: the link stays, its program leaves the hook.
+fn detach_through_pin(path: &Path) {
+    let c_path = CString::new(path.as_os_str().as_bytes()).expect("no NUL");
+    let mut attr = [0u8; 64];
+    attr[0..8].copy_from_slice(&(c_path.as_ptr() as u64).to_ne_bytes());
+    let fd = bpf(BPF_OBJ_GET, &attr).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut attr = [0u8; 64];
+    attr[0..4].copy_from_slice(&(fd as u32).to_ne_bytes());
+    let detached = bpf(BPF_LINK_DETACH, &attr);
+    // SAFETY: our own fd from BPF_OBJ_GET.
+    unsafe { libc::close(fd) };
+    detached.unwrap_or_else(|e| panic!("detaching {}: {e}", path.display()));
+}
+
+fn lost(agent: &Agent, hook: &str) -> f64 {
+    agent
+        .metric(
+            "ipq_datapath_attachments_lost_total",
+            &[("hook", hook), ("what", "link")],
+        )
+        .unwrap_or_else(|e| panic!("{e:#}"))
+}
+
+fn ipq_tcx_on_ingress(lab: &Lab) -> bool {
+    attachments::tc(&lab.node, "vethpa", TcAttachType::Ingress)
+        .expect("vethpa ingress")
+        .iter()
+        .any(|a| a.is_ipq() && matches!(a, Attachment::Tcx { .. }))
+}
+
+fn ipq_xdp_on_uplink(lab: &Lab) -> bool {
+    attachments::xdp(&lab.node, "up0")
+        .expect("up0 xdp")
+        .is_some_and(|a| a.is_ipq())
+}
+
+#[test]
+fn a_link_detached_through_its_pin_is_found_repaired_and_counted() {
+    let lab = Lab::new().expect("building the lab");
+    let args = [
+        "--workload",
+        "vethp*",
+        "--uplink",
+        "up0",
+        "--tc-attach",
+        "tcx",
+        "--verify-interval",
+        "200ms",
+    ];
+    let agent = lab.start_agent(&args).expect("starting ipq-agent");
+    lab.fence_pod_a().expect("fencing pod a");
+    wait_tc_upgrades(&agent);
+    assert!(ipq_tcx_on_ingress(&lab) && ipq_xdp_on_uplink(&lab));
+    let links = lab.bpffs.path().join("links");
+    let ifindex = |name| ipq_tests::lab::ifindex(&lab.node, name).expect("ifindex");
+
+    // vethpa's ingress TCX link: the fenced pod's traffic passes until it is back.
+    let before = lost(&agent, "tc_ingress");
+    detach_through_pin(&links.join(format!("if{}-tcx-ingress", ifindex("vethpa"))));
+    assert!(
+        !ipq_tcx_on_ingress(&lab),
+        "the detach took ipq's program off"
+    );
+    poll(
+        "the detached TCX link repaired",
+        Duration::from_secs(10),
+        || {
+            Ok(
+                (lost(&agent, "tc_ingress") == before + 1.0 && ipq_tcx_on_ingress(&lab))
+                    .then_some(()),
+            )
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", agent.log()));
+    let peer = IpAddr::from(PEER_V4);
+    assert_eq!(
+        udp_burst(&lab.pod_a, &lab.peer, peer, 10),
+        0,
+        "fenced again"
+    );
+    let _ = POD_A_V4;
+
+    // The uplink's XDP link.
+    let before = lost(&agent, "xdp");
+    detach_through_pin(&links.join(format!("if{}-xdp", ifindex("up0"))));
+    assert!(
+        !ipq_xdp_on_uplink(&lab),
+        "the detach took ipq's program off"
+    );
+    poll(
+        "the detached XDP link repaired",
+        Duration::from_secs(10),
+        || Ok((lost(&agent, "xdp") == before + 1.0 && ipq_xdp_on_uplink(&lab)).then_some(())),
+    )
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", agent.log()));
+
+    // Published, and the status says when the last verification ran.
+    let events = api::request(&agent.api_socket(), "GET", "/v1/events", None).expect("events");
+    let links_lost: Vec<serde_json::Value> = events
+        .body
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|e| e["type"] == "attachment_lost" && e["what"] == "link")
+        .collect();
+    let hooks: Vec<(&str, &str, bool)> = links_lost
+        .iter()
+        .map(|e| {
+            (
+                e["interface"].as_str().unwrap_or_default(),
+                e["hook"].as_str().unwrap_or_default(),
+                e["repaired"] == true,
+            )
+        })
+        .collect();
+    assert_eq!(
+        hooks,
+        [("vethpa", "tc_ingress", true), ("up0", "xdp", true)],
+        "{links_lost:?}"
+    );
+    let status = api::request(&agent.api_socket(), "GET", "/v1/status", None)
+        .expect("status")
+        .json()
+        .expect("status json");
+    let verification = &status["verification"];
+    assert!(verification["at"].is_string(), "{status}");
+    assert!(
+        verification["pins"].as_u64().is_some_and(|n| n >= 5),
+        "links, maps and programs held: {verification}"
+    );
+    assert_eq!(agent.readyz().expect("readyz").0, 200);
+}
