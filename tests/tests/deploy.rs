@@ -291,6 +291,7 @@ fn dashboard_panels_explain_themselves_and_follow_the_variables() {
         "ipq_neighbours_flushed_total",
         "ipq_announcements_total",
         "ipq_hygiene_failures_total",
+        "ipq_datapath_attachments_lost_total",
     ] {
         assert!(exprs.contains(metric), "no panel shows {metric}");
     }
