@@ -315,3 +315,41 @@ pub fn addresses(result: &Value) -> anyhow::Result<Vec<std::net::IpAddr>> {
         })
         .collect()
 }
+
+/// The IPAM section `delegate` wrapped by `ipq-ipam`, which hands its releases to the agent on
+/// `socket` (spooled under `state_dir`).
+pub fn ipq_ipam(delegate: Value, socket: &Path, state_dir: &Path) -> Value {
+    json!({
+        "type": "ipq-ipam",
+        "delegate": delegate,
+        "socket": socket,
+        "stateDir": state_dir,
+        "timeoutMs": 2000,
+    })
+}
+
+/// The addresses host-local holds for network `network` in `data_dir` (one file per address,
+/// named by it, whose first line is the container id), with that container id.
+pub fn host_local_allocations(
+    data_dir: &Path,
+    network: &str,
+) -> anyhow::Result<std::collections::BTreeMap<std::net::IpAddr, String>> {
+    let dir = data_dir.join(network);
+    let mut out = std::collections::BTreeMap::new();
+    let entries = match std::fs::read_dir(&dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
+        Err(e) => return Err(anyhow::Error::new(e).context(format!("reading {}", dir.display()))),
+    };
+    for entry in entries {
+        let entry = entry?;
+        // Besides the addresses: `lock` and `last_reserved_ip.<range set>`.
+        let Ok(addr) = entry.file_name().to_string_lossy().parse() else {
+            continue;
+        };
+        let body = std::fs::read_to_string(entry.path())?;
+        let id = body.lines().next().unwrap_or_default().trim().to_owned();
+        out.insert(addr, id);
+    }
+    Ok(out)
+}
