@@ -353,3 +353,50 @@ pub fn host_local_allocations(
     }
     Ok(out)
 }
+
+/// The agent's API, from the test's side.
+pub struct AgentApi {
+    pub client: ipq::api::client::Client,
+    pub runtime: tokio::runtime::Runtime,
+}
+
+/// Long enough for a veth's removal to reach the agent through netlink on a loaded machine.
+const AGENT_SETTLE: std::time::Duration = std::time::Duration::from_secs(10);
+
+impl AgentApi {
+    /// The API of the agent `lab` runs.
+    pub fn new(lab: &crate::lab::Lab) -> anyhow::Result<AgentApi> {
+        Ok(AgentApi {
+            client: ipq::api::client::Client::new(
+                lab.work_dir().join("ipq.sock"),
+                std::time::Duration::from_secs(5),
+            ),
+            runtime: tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?,
+        })
+    }
+
+    /// `addr` as the agent has it; None when Free.
+    pub fn get(
+        &self,
+        addr: std::net::IpAddr,
+    ) -> anyhow::Result<Option<ipq::api::model::AddressView>> {
+        match self.runtime.block_on(self.client.get(addr)) {
+            Ok(view) => Ok(Some(view)),
+            Err(e) if e.code() == Some(ipq::api::model::ErrorCode::NotFound) => Ok(None),
+            Err(e) => Err(anyhow::Error::new(e).context(format!("GET /v1/addresses/{addr}"))),
+        }
+    }
+
+    /// Waits until `addr` is in `state` and returns its view.
+    pub fn wait_state(
+        &self,
+        addr: std::net::IpAddr,
+        state: ipq::registry::StateName,
+    ) -> anyhow::Result<ipq::api::model::AddressView> {
+        crate::lab::poll(&format!("{addr} {}", state.as_str()), AGENT_SETTLE, || {
+            Ok(self.get(addr)?.filter(|v| v.state == state))
+        })
+    }
+}

@@ -2,18 +2,25 @@
 //! `ipq-cni` chained after them), run as a runtime runs them in the lab's node namespace: ADD
 //! and CHECK go through to host-local, bad config is named, and a DEL never frees host-local's
 //! allocation (the release is held durably for the agent), so the range is exhausted rather than
-//! wrapped onto the deleted pod's address.
+//! wrapped onto the deleted pod's address. The agent runs host-local's DEL once the address's
+//! quarantine is over, never before (also across a SIGKILL, and with the agent away during the
+//! DEL), and the address is handed out again.
 
-use std::{net::IpAddr, path::PathBuf};
+use std::{
+    net::IpAddr,
+    path::PathBuf,
+    time::{Duration, SystemTime},
+};
 
 use anyhow::{ensure, Context as _};
+use ipq::registry::StateName;
 use ipq::{
     cni::{ipam::release::HeldRelease, spool},
     paths,
 };
 use ipq_tests::{
-    cni::{addresses, host_local_allocations, ipq_ipam, Attachment, Chain},
-    lab::Lab,
+    cni::{addresses, host_local_allocations, ipq_ipam, AgentApi, Attachment, Chain},
+    lab::{poll, Lab},
     netns::NetNs,
 };
 use serde_json::{json, Value};
@@ -205,4 +212,221 @@ fn bad_ipam_config_is_a_cni_error_naming_the_key() -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// A quarantine that outlasts filling the /29 (a few ADDs) and ends within the test.
+const QUARANTINE: [&str; 8] = [
+    "--workload",
+    "veth*",
+    "--cooldown",
+    "4s",
+    "--quiet-period",
+    "1s",
+    "--max-cooldown",
+    "6s",
+];
+
+/// Bound on the wait for the release: the quarantine plus the releaser's poll, loaded machine.
+const RELEASE_WITHIN: Duration = Duration::from_secs(30);
+
+/// The quarantine deadline the agent gives `pod`'s address now (it can only move later).
+fn deadline(api: &AgentApi, pod: &Pod) -> anyhow::Result<SystemTime> {
+    let view = api.wait_state(pod.v4, StateName::Quarantined)?;
+    let until = view
+        .until
+        .as_deref()
+        .with_context(|| format!("a quarantined address has a deadline: {view:?}"))?;
+    Ok(humantime::parse_rfc3339(until)?)
+}
+
+/// Waits until host-local no longer holds `addr` for `pod`, failing if that ever happens while
+/// the agent still has `addr` in its registry or before `not_before` (an early release). Each
+/// round reads host-local's store first and the registry second, so a release seen gone
+/// happened before the registry was asked.
+fn wait_for_release(
+    lab: &Lab,
+    chain: &Chain,
+    api: &AgentApi,
+    pod: &Pod,
+    not_before: SystemTime,
+) -> anyhow::Result<()> {
+    // `poll` retries a probe's errors, so an early release is carried out as a value.
+    let early = poll(
+        &format!("the release of {}", pod.v4),
+        RELEASE_WITHIN,
+        || {
+            let held = host_local_allocations(&data_dir(lab), &chain.name)?
+                .get(&pod.v4)
+                .is_some_and(|id| *id == pod.attachment.container_id);
+            let registered = api.get(pod.v4)?;
+            if held {
+                return Ok(None);
+            }
+            if let Some(view) = registered {
+                return Ok(Some(Some(format!(
+                    "host-local's DEL ran while the agent still had {}: {view:?}",
+                    pod.v4
+                ))));
+            }
+            if SystemTime::now() < not_before {
+                return Ok(Some(Some(format!(
+                    "host-local's DEL of {} ran before its quarantine deadline {}",
+                    pod.v4,
+                    humantime::format_rfc3339_millis(not_before)
+                ))));
+            }
+            Ok(Some(None))
+        },
+    )?;
+    match early {
+        Some(why) => anyhow::bail!(why),
+        None => Ok(()),
+    }
+}
+
+/// After the fill: A's address is still quarantined (so the exhaustion above was the hold's).
+fn fill_the_range(chain: &Chain, api: &AgentApi, a: &Pod) -> anyhow::Result<Vec<Pod>> {
+    let mut others = Vec::new();
+    for role in ["ib", "ic", "id", "ie"] {
+        let pod = add(chain, role)?;
+        ensure!(pod.v4 != a.v4, "{role} got A's held {}", a.v4);
+        others.push(pod);
+    }
+    let err = match add(chain, "if") {
+        Ok(pod) => anyhow::bail!("the /29 must be exhausted, yet F got {}", pod.v4),
+        Err(e) => e,
+    };
+    ensure!(
+        format!("{err:#}").contains("no IP addresses available"),
+        "host-local's own exhaustion: {err:#}"
+    );
+    let view = api
+        .get(a.v4)?
+        .with_context(|| format!("{} must still be in the registry", a.v4))?;
+    ensure!(
+        view.state == StateName::Quarantined,
+        "A's {} must still be quarantined while the range is full: {view:?}",
+        a.v4
+    );
+    Ok(others)
+}
+
+/// Once every held release is done, the agent counted two: A's, and F's (the runtime undid
+/// F's failed ADD with a DEL; its release names no address, so it waits `max_cooldown`).
+fn assert_released_once(
+    lab: &Lab,
+    chain: &Chain,
+    agent: &ipq_tests::lab::Agent,
+) -> anyhow::Result<()> {
+    poll("no held release left", RELEASE_WITHIN, || {
+        Ok(held_releases(lab)?.is_empty().then_some(()))
+    })?;
+    let released = agent.metric(
+        "ipq_ipam_releases_total",
+        &[("network", chain.name.as_str()), ("outcome", "released")],
+    )?;
+    ensure!(
+        released == 2.0,
+        "A's and F's releases, each once: {released}"
+    );
+    Ok(())
+}
+
+/// The address comes back: the next pod gets it, and the held release is gone.
+fn handed_out_again(lab: &Lab, chain: &Chain, a: &Pod) -> anyhow::Result<()> {
+    let again = add(chain, "ig")?;
+    ensure!(
+        again.v4 == a.v4,
+        "the only free address after the release is A's {}, got {}",
+        a.v4,
+        again.v4
+    );
+    let releases = held_releases(lab)?;
+    ensure!(releases.is_empty(), "no release left: {releases:?}");
+    Ok(())
+}
+
+/// `with_prev_result`: whether the DEL carries the ADD's result (libcni sends it from its
+/// cache; without the cache, the agent names the addresses from its own record).
+fn released_after_the_quarantine(
+    lab: &Lab,
+    chain: &Chain,
+    with_prev_result: bool,
+) -> anyhow::Result<()> {
+    let _agent = lab.start_agent(&QUARANTINE)?;
+    let api = AgentApi::new(lab)?;
+    let a = add(chain, "ia")?;
+    api.wait_state(a.v4, StateName::Active)?;
+    chain.del(&a.attachment, with_prev_result.then_some(&a.result))?;
+    let releases = held_releases(lab)?;
+    ensure!(
+        releases.len() == 1 && releases[0].addresses == vec![a.v4],
+        "the agent stored the release of A's {}: {releases:?}",
+        a.v4
+    );
+    let not_before = deadline(&api, &a)?;
+    let _others = fill_the_range(chain, &api, &a)?;
+    wait_for_release(lab, chain, &api, &a, not_before)?;
+    assert_released_once(lab, chain, &_agent)?;
+    handed_out_again(lab, chain, &a)
+}
+
+#[test]
+fn bridge_the_agent_releases_host_locals_allocation_after_the_quarantine() -> anyhow::Result<()> {
+    let lab = Lab::new()?;
+    let chain = bridge_chain(&lab, "1.0.0")?;
+    released_after_the_quarantine(&lab, &chain, true)
+}
+
+#[test]
+fn ptp_without_prev_result_the_agent_releases_host_locals_allocation_after_the_quarantine(
+) -> anyhow::Result<()> {
+    let lab = Lab::new()?;
+    let chain = ptp_chain(&lab, "0.4.0")?;
+    released_after_the_quarantine(&lab, &chain, false)
+}
+
+#[test]
+fn a_sigkilled_agent_releases_once_after_the_original_deadline() -> anyhow::Result<()> {
+    let lab = Lab::new()?;
+    let chain = bridge_chain(&lab, "1.0.0")?;
+    let mut agent = lab.start_agent(&QUARANTINE)?;
+    let api = AgentApi::new(&lab)?;
+    let a = add(&chain, "ia")?;
+    chain.del(&a.attachment, Some(&a.result))?;
+    let not_before = deadline(&api, &a)?;
+    agent.kill9();
+    ensure!(
+        host_local_allocations(&data_dir(&lab), &chain.name)?.contains_key(&a.v4),
+        "nothing released by the time of the SIGKILL"
+    );
+    let agent = lab.start_agent(&QUARANTINE)?;
+    let _others = fill_the_range(&chain, &api, &a)?;
+    wait_for_release(&lab, &chain, &api, &a, not_before)?;
+    assert_released_once(&lab, &chain, &agent)?;
+    handed_out_again(&lab, &chain, &a)
+}
+
+#[test]
+fn a_del_while_the_agent_is_away_is_released_after_the_quarantine() -> anyhow::Result<()> {
+    let lab = Lab::new()?;
+    let chain = bridge_chain(&lab, "1.0.0")?;
+    let mut agent = lab.start_agent(&QUARANTINE)?;
+    let api = AgentApi::new(&lab)?;
+    let a = add(&chain, "ia")?;
+    api.wait_state(a.v4, StateName::Active)?;
+    agent.terminate()?;
+    // ipq-cni spools its DEL, ipq-ipam holds the release: both succeed with the agent away.
+    chain.del(&a.attachment, Some(&a.result))?;
+    ensure!(
+        held_releases(&lab)?.len() == 1,
+        "the release is held while the agent is away"
+    );
+    drop(agent);
+    let agent = lab.start_agent(&QUARANTINE)?;
+    let not_before = deadline(&api, &a)?;
+    let _others = fill_the_range(&chain, &api, &a)?;
+    wait_for_release(&lab, &chain, &api, &a, not_before)?;
+    assert_released_once(&lab, &chain, &agent)?;
+    handed_out_again(&lab, &chain, &a)
 }

@@ -22,3 +22,4 @@ pub mod config;
 pub mod delegate;
 pub mod plugin;
 pub mod release;
+pub mod releaser;

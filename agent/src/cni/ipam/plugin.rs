@@ -4,6 +4,7 @@ use std::ffi::OsString;
 
 use super::{
     super::{
+        agent_error::{self, is_worth_spooling},
         config::{version_hint, LATEST_VERSION},
         env::{Command, Env},
         error::{code, CniError},
@@ -15,7 +16,10 @@ use super::{
     delegate,
     release::HeldRelease,
 };
-use crate::paths;
+use crate::{
+    api::client::{Client, ClientError},
+    paths,
+};
 
 /// Runs the command `var` names with config `stdin`.
 pub fn run(var: impl Fn(&str) -> Option<OsString>, stdin: &[u8]) -> Outcome {
@@ -71,8 +75,10 @@ fn pass_through(env: &Env, conf: &IpamConf) -> Result<String, CniError> {
     Ok(stdout.trim_end().to_owned())
 }
 
-/// DEL: never the delegate's DEL. The release is handed to the agent, spooled durably under
-/// `stateDir` for the agent to run once the addresses' quarantine is over.
+/// DEL: never the delegate's DEL. The release is handed to the agent, which stores it durably
+/// and runs the delegate's DEL once the addresses' quarantine is over; with the agent away it
+/// is spooled under `stateDir` (where the agent keeps its own), so it is never lost and never
+/// becomes an early release. Succeeds only once the release is on disk.
 fn hold(
     var: &impl Fn(&str) -> Option<OsString>,
     env: &Env,
@@ -98,18 +104,45 @@ fn hold(
         netns: env.netns.clone(),
         addresses,
     };
+    let client = Client::new(&conf.settings.socket, conf.settings.timeout);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| CniError::new(code::INTERNAL, format!("starting the async runtime: {e}")))?;
+    match runtime.block_on(client.hold_release(&release)) {
+        Ok(stored) => {
+            log::info!(
+                "DEL of container {}: the agent holds the release of {:?}",
+                stored.container_id,
+                stored.addresses
+            );
+            Ok(())
+        }
+        Err(err) if is_worth_spooling(&err) => spool_release(&release, conf, &err),
+        Err(err) => Err(agent_error::rejected(&err, "DEL")),
+    }
+}
+
+/// The agent is away: the release goes where the agent keeps its own, written durably.
+fn spool_release(
+    release: &HeldRelease,
+    conf: &IpamConf,
+    err: &ClientError,
+) -> Result<(), CniError> {
     let dir = paths::ipam_release_dir(&conf.settings.state_dir);
-    let path = spool::spool(&dir, &release).map_err(|e| {
+    let path = spool::spool(&dir, release).map_err(|e| {
         CniError::new(
             code::IO_FAILURE,
             format!(
-                "DEL of container {}: the release of its allocation could not be held: {e}",
+                "DEL of container {}: the ipq agent is unavailable ({err}) and the release of \
+                 its allocation could not be held: {e}",
                 release.container_id
             ),
         )
     })?;
-    log::info!(
-        "DEL of container {}: the release of {:?} is held in {}",
+    log::warn!(
+        "DEL of container {}: the ipq agent is unavailable ({err}); the release of {:?} is \
+         held in {} for the agent",
         release.container_id,
         release.addresses,
         path.display()

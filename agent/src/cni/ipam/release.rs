@@ -35,6 +35,26 @@ pub struct HeldRelease {
 }
 
 impl HeldRelease {
+    /// What the agent refuses to store: a release it could never run.
+    pub fn validate(&self) -> Result<(), String> {
+        for (field, value) in [
+            ("containerId", &self.container_id),
+            ("ifname", &self.ifname),
+            ("delegateType", &self.delegate_type),
+            ("cniPath", &self.cni_path),
+        ] {
+            if value.is_empty() {
+                return Err(format!(
+                    "{field}: empty; a held release needs it to run the DEL"
+                ));
+            }
+        }
+        if !self.delegate_conf.is_object() {
+            return Err("delegateConf: not an object (the delegate's network config)".into());
+        }
+        Ok(())
+    }
+
     /// The environment the delegate's DEL runs with.
     pub fn del_env(&self) -> Vec<(&'static str, &str)> {
         let mut env = vec![
