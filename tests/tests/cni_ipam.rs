@@ -430,3 +430,49 @@ fn a_del_while_the_agent_is_away_is_released_after_the_quarantine() -> anyhow::R
     assert_released_once(&lab, &chain, &agent)?;
     handed_out_again(&lab, &chain, &a)
 }
+
+#[test]
+fn a_requested_address_ipq_holds_is_try_again_later_until_its_release() -> anyhow::Result<()> {
+    let lab = Lab::new()?;
+    let mut chain = bridge_chain(&lab, "1.0.0")?;
+    let _agent = lab.start_agent(&QUARANTINE)?;
+    let api = AgentApi::new(&lab)?;
+    let a = add(&chain, "ia")?;
+    api.wait_state(a.v4, StateName::Active)?;
+    chain.del(&a.attachment, Some(&a.result))?;
+    let not_before = deadline(&api, &a)?;
+
+    let ns = NetNs::new("is")?;
+    let static_pod = Attachment::new(format!("is{}", ns.name().replace('-', "")), &ns)
+        .with_args(format!("IgnoreUnknown=1;IP={}", a.v4));
+    let names_the_hold = |err: &ipq_tests::cni::PluginError| {
+        err.code == Some(11)
+            && err.msg.contains(&a.v4.to_string())
+            && err.msg.contains(&a.attachment.container_id)
+            && err.msg.contains("until")
+    };
+    match chain.add(&static_pod) {
+        Ok(result) => anyhow::bail!("CNI_ARGS IP={} must be refused: {result}", a.v4),
+        Err(err) => ensure!(names_the_hold(&err), "code 11 naming the hold: {err}"),
+    }
+    // The same through the `ips` capability.
+    let by_capability = Attachment::new(format!("ic{}", ns.name().replace('-', "")), &ns);
+    chain.plugins[0]["runtimeConfig"] = json!({"ips": [format!("{}/29", a.v4)]});
+    match chain.add(&by_capability) {
+        Ok(result) => anyhow::bail!("runtimeConfig.ips {} must be refused: {result}", a.v4),
+        Err(err) => ensure!(names_the_hold(&err), "code 11 naming the hold: {err}"),
+    }
+    if let Some(conf) = chain.plugins[0].as_object_mut() {
+        conf.remove("runtimeConfig");
+    }
+
+    wait_for_release(&lab, &chain, &api, &a, not_before)?;
+    let result = chain.add(&static_pod)?;
+    let got = addresses(&result)?;
+    ensure!(
+        got == vec![a.v4],
+        "after the release the static pod gets {}: {result}",
+        a.v4
+    );
+    Ok(())
+}

@@ -23,3 +23,4 @@ pub mod delegate;
 pub mod plugin;
 pub mod release;
 pub mod releaser;
+pub mod requested;

@@ -15,6 +15,7 @@ use super::{
     config::IpamConf,
     delegate,
     release::HeldRelease,
+    requested,
 };
 use crate::{
     api::client::{Client, ClientError},
@@ -40,7 +41,26 @@ fn dispatch(var: &impl Fn(&str) -> Option<OsString>, stdin: &[u8]) -> Result<Str
     }
     let conf = IpamConf::parse(stdin)?;
     match env.command {
-        Command::Add | Command::Check | Command::Status => pass_through(&env, &conf),
+        Command::Add => {
+            let asked = requested::requested(
+                var("CNI_ARGS")
+                    .and_then(|v| v.into_string().ok())
+                    .as_deref(),
+                &conf.delegate_conf,
+            );
+            if !asked.is_empty() {
+                let client = Client::new(&conf.settings.socket, conf.settings.timeout);
+                let container_id = env.container_id.as_deref().unwrap_or_default();
+                runtime()?.block_on(requested::check_not_held(
+                    &client,
+                    &asked,
+                    container_id,
+                    conf.settings.on_unavailable,
+                ))?;
+            }
+            pass_through(&env, &conf)
+        }
+        Command::Check | Command::Status => pass_through(&env, &conf),
         Command::Del => hold(var, &env, &conf).map(|()| String::new()),
         // Passing GC on would let the delegate free the allocations ipq holds (the runtime
         // lists none of them). Until the delegate's GC gets the held attachments too, ipq-ipam
@@ -52,6 +72,13 @@ fn dispatch(var: &impl Fn(&str) -> Option<OsString>, stdin: &[u8]) -> Result<Str
         }
         Command::Version => version(stdin),
     }
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, CniError> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| CniError::new(code::INTERNAL, format!("starting the async runtime: {e}")))
 }
 
 /// `CNI_PATH`, which `Env` requires for ADD, CHECK, DEL and GC; STATUS may come without.
@@ -105,11 +132,7 @@ fn hold(
         addresses,
     };
     let client = Client::new(&conf.settings.socket, conf.settings.timeout);
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| CniError::new(code::INTERNAL, format!("starting the async runtime: {e}")))?;
-    match runtime.block_on(client.hold_release(&release)) {
+    match runtime()?.block_on(client.hold_release(&release)) {
         Ok(stored) => {
             log::info!(
                 "DEL of container {}: the agent holds the release of {:?}",
