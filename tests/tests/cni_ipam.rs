@@ -476,3 +476,102 @@ fn a_requested_address_ipq_holds_is_try_again_later_until_its_release() -> anyho
     );
     Ok(())
 }
+
+/// Drops host-local's allocation of `addr` and points its round-robin just before it, as a
+/// hold lost by hand would leave things: host-local's next pick is `addr`.
+fn lose_the_hold(lab: &Lab, chain: &Chain, addr: IpAddr, before: IpAddr) -> anyhow::Result<()> {
+    let dir = data_dir(lab).join(&chain.name);
+    std::fs::remove_file(dir.join(addr.to_string()))?;
+    std::fs::write(dir.join("last_reserved_ip.0"), before.to_string())?;
+    Ok(())
+}
+
+#[test]
+fn a_held_address_the_delegate_hands_out_is_parked_and_the_delegate_asked_again(
+) -> anyhow::Result<()> {
+    let lab = Lab::new()?;
+    let chain = bridge_chain(&lab, "1.0.0")?;
+    let _agent = lab.start_agent(&QUARANTINE)?;
+    let api = AgentApi::new(&lab)?;
+    let a = add(&chain, "ia")?;
+    api.wait_state(a.v4, StateName::Active)?;
+    chain.del(&a.attachment, Some(&a.result))?;
+    let not_before = deadline(&api, &a)?;
+    lose_the_hold(&lab, &chain, a.v4, "10.93.0.1".parse()?)?;
+
+    let b = add(&chain, "ib")?;
+    ensure!(b.v4 != a.v4, "B must not get A's quarantined {}", a.v4);
+    let allocations = host_local_allocations(&data_dir(&lab), &chain.name)?;
+    let parked = allocations
+        .get(&a.v4)
+        .with_context(|| format!("{} parked in host-local: {allocations:?}", a.v4))?;
+    ensure!(
+        parked.starts_with(&format!("{}-ipqheld-", b.attachment.container_id)),
+        "{} is parked under B's parking id: {parked}",
+        a.v4
+    );
+    let releases = held_releases(&lab)?;
+    ensure!(
+        releases
+            .iter()
+            .any(|r| r.container_id == *parked && r.addresses == vec![a.v4]),
+        "the parking allocation's release is held: {releases:?}"
+    );
+    let parked_pod = Pod {
+        _ns: NetNs::new("ip")?,
+        attachment: Attachment {
+            container_id: parked.clone(),
+            ..a.attachment.clone()
+        },
+        result: a.result.clone(),
+        v4: a.v4,
+    };
+    wait_for_release(&lab, &chain, &api, &parked_pod, not_before)?;
+    Ok(())
+}
+
+#[test]
+fn after_bounded_tries_of_held_addresses_the_add_is_try_again_later() -> anyhow::Result<()> {
+    let lab = Lab::new()?;
+    let chain = bridge_chain(&lab, "1.0.0")?;
+    let _agent = lab.start_agent(&QUARANTINE)?;
+    let api = AgentApi::new(&lab)?;
+    let mut held = Vec::new();
+    for role in ["ia", "ib", "ic"] {
+        let pod = add(&chain, role)?;
+        api.wait_state(pod.v4, StateName::Active)?;
+        held.push(pod);
+    }
+    for pod in &held {
+        chain.del(&pod.attachment, Some(&pod.result))?;
+        api.wait_state(pod.v4, StateName::Quarantined)?;
+    }
+    // All three holds lost: host-local hands out .2, .3, .4 in turn.
+    for pod in &held {
+        lose_the_hold(&lab, &chain, pod.v4, "10.93.0.1".parse()?)?;
+    }
+    let err = match add(&chain, "id") {
+        Ok(pod) => anyhow::bail!("D must not get an address, got {}", pod.v4),
+        Err(e) => e,
+    };
+    let text = format!("{err:#}");
+    let last = &held[2];
+    ensure!(
+        text.contains("code Some(11)")
+            && text.contains(&last.v4.to_string())
+            && text.contains(&last.attachment.container_id)
+            && text.contains("until"),
+        "error 11 naming the last held address, its holder and until: {text}"
+    );
+    let allocations = host_local_allocations(&data_dir(&lab), &chain.name)?;
+    for pod in &held {
+        ensure!(
+            allocations
+                .get(&pod.v4)
+                .is_some_and(|id| id.contains("-ipqheld-")),
+            "{} stays parked: {allocations:?}",
+            pod.v4
+        );
+    }
+    Ok(())
+}

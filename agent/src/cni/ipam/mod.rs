@@ -18,6 +18,7 @@
 //! or a copy that the installer, packages and tests must all keep in step; a bin sharing this
 //! module costs nothing of that.
 
+pub mod add;
 pub mod config;
 pub mod delegate;
 pub mod plugin;

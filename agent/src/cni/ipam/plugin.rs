@@ -12,10 +12,10 @@ use super::{
         result::PrevResult,
         spool,
     },
+    add,
     config::IpamConf,
     delegate,
     release::HeldRelease,
-    requested,
 };
 use crate::{
     api::client::{Client, ClientError},
@@ -41,25 +41,7 @@ fn dispatch(var: &impl Fn(&str) -> Option<OsString>, stdin: &[u8]) -> Result<Str
     }
     let conf = IpamConf::parse(stdin)?;
     match env.command {
-        Command::Add => {
-            let asked = requested::requested(
-                var("CNI_ARGS")
-                    .and_then(|v| v.into_string().ok())
-                    .as_deref(),
-                &conf.delegate_conf,
-            );
-            if !asked.is_empty() {
-                let client = Client::new(&conf.settings.socket, conf.settings.timeout);
-                let container_id = env.container_id.as_deref().unwrap_or_default();
-                runtime()?.block_on(requested::check_not_held(
-                    &client,
-                    &asked,
-                    container_id,
-                    conf.settings.on_unavailable,
-                ))?;
-            }
-            pass_through(&env, &conf)
-        }
+        Command::Add => add::add(var, &env, &conf),
         Command::Check | Command::Status => pass_through(&env, &conf),
         Command::Del => hold(var, &env, &conf).map(|()| String::new()),
         // Passing GC on would let the delegate free the allocations ipq holds (the runtime
@@ -74,7 +56,7 @@ fn dispatch(var: &impl Fn(&str) -> Option<OsString>, stdin: &[u8]) -> Result<Str
     }
 }
 
-fn runtime() -> Result<tokio::runtime::Runtime, CniError> {
+pub(super) fn runtime() -> Result<tokio::runtime::Runtime, CniError> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -82,7 +64,7 @@ fn runtime() -> Result<tokio::runtime::Runtime, CniError> {
 }
 
 /// `CNI_PATH`, which `Env` requires for ADD, CHECK, DEL and GC; STATUS may come without.
-fn cni_path(env: &Env) -> Result<&str, CniError> {
+pub(super) fn cni_path(env: &Env) -> Result<&str, CniError> {
     env.path.as_deref().ok_or_else(|| {
         CniError::new(
             code::INVALID_ENVIRONMENT,
@@ -131,8 +113,13 @@ fn hold(
         netns: env.netns.clone(),
         addresses,
     };
+    hand_over(&release, conf)
+}
+
+/// Hands `release` to the agent, or spools it when the agent is away; Ok once it is on disk.
+pub(super) fn hand_over(release: &HeldRelease, conf: &IpamConf) -> Result<(), CniError> {
     let client = Client::new(&conf.settings.socket, conf.settings.timeout);
-    match runtime()?.block_on(client.hold_release(&release)) {
+    match runtime()?.block_on(client.hold_release(release)) {
         Ok(stored) => {
             log::info!(
                 "DEL of container {}: the agent holds the release of {:?}",
@@ -141,7 +128,7 @@ fn hold(
             );
             Ok(())
         }
-        Err(err) if is_worth_spooling(&err) => spool_release(&release, conf, &err),
+        Err(err) if is_worth_spooling(&err) => spool_release(release, conf, &err),
         Err(err) => Err(agent_error::rejected(&err, "DEL")),
     }
 }

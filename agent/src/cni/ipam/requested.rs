@@ -56,19 +56,19 @@ pub fn requested(cni_args: Option<&str>, netconf: &Value) -> Vec<IpAddr> {
     out
 }
 
-/// Fails with code 11 when ipq holds one of `addresses` for another attachment than
-/// `container_id`.
-pub async fn check_not_held(
+/// The code-11 error naming the first of `addresses` ipq holds for another attachment than
+/// `container_id`, if one is; an error when the agent cannot say.
+pub async fn first_held(
     client: &Client,
     addresses: &[IpAddr],
     container_id: &str,
     on_unavailable: OnUnavailable,
-) -> Result<(), CniError> {
+) -> Result<Option<CniError>, CniError> {
     for addr in addresses {
         match client.get(*addr).await {
             Ok(view) => {
                 if let Some(err) = held_for_another(&view, container_id) {
-                    return Err(err);
+                    return Ok(Some(err));
                 }
             }
             Err(err) if err.code() == Some(ErrorCode::NotFound) => {}
@@ -76,16 +76,16 @@ pub async fn check_not_held(
                 OnUnavailable::Fail => return Err(agent_error::unavailable(&err, "ADD")),
                 OnUnavailable::Allow => {
                     log::warn!(
-                        "ADD: {addr} asked for without checking ipq's holds: the agent is \
+                        "ADD: {addr} handed out without checking ipq's holds: the agent is \
                          unavailable ({err}) and onUnavailable is \"allow\""
                     );
-                    return Ok(());
+                    return Ok(None);
                 }
             },
             Err(err) => return Err(agent_error::rejected(&err, "ADD")),
         }
     }
-    Ok(())
+    Ok(None)
 }
 
 /// The error for `view` when its holder (live or, quarantined, previous) is not `container_id`.
