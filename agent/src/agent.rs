@@ -228,9 +228,12 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
     let api_socket = config.api_socket.clone();
     let spool_dir = paths::cni_spool_dir(&config.state_dir);
     let journal = Journal::open(&config.state_dir)?;
+    let ipam_release_dir = paths::ipam_release_dir(&config.state_dir);
     // Made the agent's before any ipq-cni can: nobody else may plant or remove spooled DELs.
     safe_fs::ensure_private_dir(&spool_dir)?;
+    safe_fs::ensure_private_dir(&ipam_release_dir)?;
     let metrics_addr = config.metrics_addr;
+    let max_cooldown = config.max_cooldown;
     let tc_mode = datapath.tc_mode(config.tc_attach)?;
     info!(
         "tc_attach {:?}: TC programs attach as {}",
@@ -266,6 +269,13 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
     // the node, and its address is cleaned.
     let mut hygiene_reports = tracker.start_hygiene()?;
     let (command_tx, mut commands) = mpsc::channel(1024);
+    // Only now, with the registry recovered and the spool replayed: "free" is then the truth.
+    let releaser = tokio::spawn(crate::cni::ipam::releaser::run(
+        ipam_release_dir,
+        max_cooldown,
+        command_tx.clone(),
+        metrics.clone(),
+    ));
     let api =
         tokio::spawn(ApiServer::bind(&api_socket, access)?.serve(command_tx, metrics.clone()));
     metrics.set_ready(true);
@@ -365,6 +375,8 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
     }
     api.abort();
     let _ = api.await;
+    releaser.abort();
+    let _ = releaser.await;
     metrics.set_ready(false);
     tracker.shutdown();
     // The agent's descriptors close on exit: a pin someone removed must be back before that,

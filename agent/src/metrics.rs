@@ -130,6 +130,11 @@ pub struct Metrics {
     pub announcements: IntCounter,
     pub announcements_rate_limited: IntCounter,
     pub hygiene_failures: IntCounterVec,
+    /// ipq-ipam: delegate DELs the agent ran for held allocations, by network and outcome
+    /// (`released`, `failed`).
+    pub ipam_releases: IntCounterVec,
+    /// ipq-ipam: held allocations whose release waits (quarantine running, or retrying).
+    pub ipam_pending_releases: IntGauge,
     lost: LostCounts,
     /// `ipq_ready`, also what `/readyz` answers from: `started` and no `blocker`.
     ready: IntGauge,
@@ -265,6 +270,25 @@ impl Metrics {
                 .with_label_values(&[hook.as_str()])
                 .inc_by(0);
         }
+        let ipam_releases = registered(
+            &registry,
+            IntCounterVec::new(
+                Opts::new(
+                    "ipq_ipam_releases_total",
+                    "Delegate DELs the agent ran for allocations ipq-ipam held, by network and \
+                     outcome (released; failed, retried with backoff).",
+                ),
+                &["network", "outcome"],
+            )?,
+        )?;
+        let ipam_pending_releases = registered(
+            &registry,
+            IntGauge::new(
+                "ipq_ipam_pending_releases",
+                "Allocations ipq-ipam holds whose delegate DEL has not run yet (quarantine \
+                 running, or a failed DEL being retried).",
+            )?,
+        )?;
         let tc_upgrades_pending = registered(
             &registry,
             IntGauge::new(
@@ -451,6 +475,8 @@ impl Metrics {
             announcements,
             announcements_rate_limited,
             hygiene_failures,
+            ipam_releases,
+            ipam_pending_releases,
             datapath_interfaces,
             unprotected_interfaces,
             attach_failures,

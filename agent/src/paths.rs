@@ -13,6 +13,12 @@ pub fn cni_spool_dir(state_dir: &Path) -> PathBuf {
     state_dir.join("cni-spool")
 }
 
+/// Where `ipq-ipam` spools the releases it hands to the agent while the agent is away, under
+/// the agent's `state_dir`.
+pub fn ipam_release_dir(state_dir: &Path) -> PathBuf {
+    state_dir.join("ipam-releases")
+}
+
 /// Where a hook is attached; part of a link's pin name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum AttachPoint {

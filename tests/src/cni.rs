@@ -315,3 +315,88 @@ pub fn addresses(result: &Value) -> anyhow::Result<Vec<std::net::IpAddr>> {
         })
         .collect()
 }
+
+/// The IPAM section `delegate` wrapped by `ipq-ipam`, which hands its releases to the agent on
+/// `socket` (spooled under `state_dir`).
+pub fn ipq_ipam(delegate: Value, socket: &Path, state_dir: &Path) -> Value {
+    json!({
+        "type": "ipq-ipam",
+        "delegate": delegate,
+        "socket": socket,
+        "stateDir": state_dir,
+        "timeoutMs": 2000,
+    })
+}
+
+/// The addresses host-local holds for network `network` in `data_dir` (one file per address,
+/// named by it, whose first line is the container id), with that container id.
+pub fn host_local_allocations(
+    data_dir: &Path,
+    network: &str,
+) -> anyhow::Result<std::collections::BTreeMap<std::net::IpAddr, String>> {
+    let dir = data_dir.join(network);
+    let mut out = std::collections::BTreeMap::new();
+    let entries = match std::fs::read_dir(&dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
+        Err(e) => return Err(anyhow::Error::new(e).context(format!("reading {}", dir.display()))),
+    };
+    for entry in entries {
+        let entry = entry?;
+        // Besides the addresses: `lock` and `last_reserved_ip.<range set>`.
+        let Ok(addr) = entry.file_name().to_string_lossy().parse() else {
+            continue;
+        };
+        let body = std::fs::read_to_string(entry.path())?;
+        let id = body.lines().next().unwrap_or_default().trim().to_owned();
+        out.insert(addr, id);
+    }
+    Ok(out)
+}
+
+/// The agent's API, from the test's side.
+pub struct AgentApi {
+    pub client: ipq::api::client::Client,
+    pub runtime: tokio::runtime::Runtime,
+}
+
+/// Long enough for a veth's removal to reach the agent through netlink on a loaded machine.
+const AGENT_SETTLE: std::time::Duration = std::time::Duration::from_secs(10);
+
+impl AgentApi {
+    /// The API of the agent `lab` runs.
+    pub fn new(lab: &crate::lab::Lab) -> anyhow::Result<AgentApi> {
+        Ok(AgentApi {
+            client: ipq::api::client::Client::new(
+                lab.work_dir().join("ipq.sock"),
+                std::time::Duration::from_secs(5),
+            ),
+            runtime: tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?,
+        })
+    }
+
+    /// `addr` as the agent has it; None when Free.
+    pub fn get(
+        &self,
+        addr: std::net::IpAddr,
+    ) -> anyhow::Result<Option<ipq::api::model::AddressView>> {
+        match self.runtime.block_on(self.client.get(addr)) {
+            Ok(view) => Ok(Some(view)),
+            Err(e) if e.code() == Some(ipq::api::model::ErrorCode::NotFound) => Ok(None),
+            Err(e) => Err(anyhow::Error::new(e).context(format!("GET /v1/addresses/{addr}"))),
+        }
+    }
+
+    /// Waits until `addr` is in `state` and returns its view.
+    pub fn wait_state(
+        &self,
+        addr: std::net::IpAddr,
+        state: ipq::registry::StateName,
+    ) -> anyhow::Result<ipq::api::model::AddressView> {
+        crate::lab::poll(&format!("{addr} {}", state.as_str()), AGENT_SETTLE, || {
+            Ok(self.get(addr)?.filter(|v| v.state == state))
+        })
+    }
+}

@@ -12,16 +12,13 @@ use std::{
 
 use anyhow::{bail, ensure, Context as _};
 use ipq::{
-    api::{
-        client::{Client, ClientError},
-        model::{AddressView, ErrorCode},
-    },
+    api::{client::ClientError, model::AddressView},
     paths,
     registry::StateName,
 };
 use ipq_tests::{
-    cni::{addresses, host_interface, Attachment, Chain, PluginError},
-    lab::{ifindex, map_entry, poll, udp_burst, wait_for_entry, Lab},
+    cni::{addresses, host_interface, AgentApi as Api, Attachment, Chain, PluginError},
+    lab::{ifindex, map_entry, udp_burst, wait_for_entry, Lab},
     netns::NetNs,
 };
 use serde_json::{json, Value};
@@ -30,39 +27,6 @@ const BRIDGE: &str = "cniipq0";
 const BRIDGE_GW_V4: &str = "10.91.0.1";
 /// Long enough for a veth's removal to reach the agent through netlink on a loaded machine.
 const SETTLE: Duration = Duration::from_secs(10);
-
-/// The agent's API, from the test's side.
-struct Api {
-    client: Client,
-    runtime: tokio::runtime::Runtime,
-}
-
-impl Api {
-    fn new(lab: &Lab) -> anyhow::Result<Api> {
-        Ok(Api {
-            client: Client::new(lab.work_dir().join("ipq.sock"), Duration::from_secs(5)),
-            runtime: tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()?,
-        })
-    }
-
-    /// `addr` as the agent has it; None when Free.
-    fn get(&self, addr: IpAddr) -> anyhow::Result<Option<AddressView>> {
-        match self.runtime.block_on(self.client.get(addr)) {
-            Ok(view) => Ok(Some(view)),
-            Err(e) if e.code() == Some(ErrorCode::NotFound) => Ok(None),
-            Err(e) => Err(anyhow::Error::new(e).context(format!("GET /v1/addresses/{addr}"))),
-        }
-    }
-
-    /// Waits until `addr` is in `state` and returns its view.
-    fn wait_state(&self, addr: IpAddr, state: StateName) -> anyhow::Result<AddressView> {
-        poll(&format!("{addr} {}", state.as_str()), SETTLE, || {
-            Ok(self.get(addr)?.filter(|v| v.state == state))
-        })
-    }
-}
 
 /// The agent's view of `addr` is `state`, held by `container` on `host_if`.
 fn assert_held(

@@ -108,6 +108,15 @@ impl Client {
         self.call(Method::POST, "/drains", Some(request)).await
     }
 
+    /// ipq-ipam's DEL: the agent stores `release` durably and answers it as stored.
+    pub async fn hold_release(
+        &self,
+        release: &crate::cni::ipam::release::HeldRelease,
+    ) -> Result<crate::cni::ipam::release::HeldRelease, ClientError> {
+        self.call(Method::POST, "/ipam/releases", Some(release))
+            .await
+    }
+
     pub async fn release(&self, addr: IpAddr, force: bool) -> Result<ChangedResponse, ClientError> {
         let body = ReleaseRequest { force };
         self.call(

@@ -56,6 +56,26 @@ pub enum Command {
         reply: Reply<ConflictList>,
     },
     Subscribe(oneshot::Sender<Subscription>),
+    /// ipq-ipam's DEL: store this release durably (its addresses completed from the
+    /// registry's record of the attachment) and answer it as stored.
+    HoldRelease {
+        release: Box<crate::cni::ipam::release::HeldRelease>,
+        reply: Reply<crate::cni::ipam::release::HeldRelease>,
+    },
+    /// ipq-ipam's releaser: which addresses of a held allocation are not free yet.
+    AllocationBusy {
+        query: AllocationQuery,
+        reply: Reply<AddressList>,
+    },
+}
+
+/// A held allocation, as the releaser asks about it: its addresses (when the DEL knew them)
+/// and whatever the registry still has for its attachment.
+#[derive(Clone, Debug)]
+pub struct AllocationQuery {
+    pub container_id: String,
+    pub ifname: String,
+    pub addresses: Vec<IpAddr>,
 }
 
 /// An event feed: what happened recently, then what happens next.

@@ -118,6 +118,15 @@ async fn route(request: Request<Incoming>, ctx: &Context) -> Result<Response<Bod
             }
             json(ask(ctx, |reply| Command::DrainAttachment { request, reply }).await?)
         }
+        ["ipam", "releases"] => {
+            only(&method, Method::POST, &path)?;
+            query.allow(&[])?;
+            let release: crate::cni::ipam::release::HeldRelease =
+                decode(&read_body(request, &what).await?, &what)?;
+            release.validate().map_err(invalid)?;
+            let release = Box::new(release);
+            json(ask(ctx, |reply| Command::HoldRelease { release, reply }).await?)
+        }
         ["gc"] => {
             only(&method, Method::POST, &path)?;
             query.allow(&[])?;

@@ -56,6 +56,70 @@ impl Default for Settings {
     }
 }
 
+impl Settings {
+    /// Applies `key` if it is one of the settings ipq-cni and ipq-ipam share (`socket`,
+    /// `stateDir`, `onUnavailable`, `timeoutMs`); false for any other key. Errors
+    /// name the key as `shown_as` (ipq-ipam's keys live under `ipam.`).
+    pub fn apply(&mut self, key: &str, shown_as: &str, value: &Value) -> Result<bool, CniError> {
+        let string = || -> Result<&str, CniError> {
+            match value {
+                Value::String(s) if !s.is_empty() => Ok(s),
+                _ => Err(config_error(
+                    shown_as,
+                    format!(
+                        "must be a non-empty string, not {}",
+                        Echo(&value.to_string())
+                    ),
+                )),
+            }
+        };
+        match key {
+            "socket" => self.socket = PathBuf::from(string()?),
+            "stateDir" => {
+                let dir = PathBuf::from(string()?);
+                // Relative to whatever directory the runtime runs plugins in: the agent would
+                // never find, nor replay, what is spooled there.
+                if !dir.is_absolute() {
+                    return Err(config_error(
+                        shown_as,
+                        format!("must be an absolute path, not {}", Echo(&value.to_string())),
+                    ));
+                }
+                self.state_dir = dir;
+            }
+            "onUnavailable" => {
+                self.on_unavailable = match value.as_str() {
+                    Some("fail") => OnUnavailable::Fail,
+                    Some("allow") => OnUnavailable::Allow,
+                    _ => {
+                        return Err(config_error(
+                            shown_as,
+                            format!(
+                                "must be \"fail\" or \"allow\", not {}",
+                                Echo(&value.to_string())
+                            ),
+                        ))
+                    }
+                }
+            }
+            "timeoutMs" => {
+                let ms = value
+                    .as_u64()
+                    .filter(|ms| (1..=MAX_TIMEOUT_MS).contains(ms))
+                    .ok_or_else(|| {
+                        config_error(
+                    shown_as,
+                            format!("must be a whole number of milliseconds from 1 to {MAX_TIMEOUT_MS}, not {}", Echo(&value.to_string())),
+                        )
+                    })?;
+                self.timeout = Duration::from_millis(ms);
+            }
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+}
+
 /// One plugin's configuration, as the runtime passed it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct NetConf {
@@ -82,14 +146,14 @@ const IGNORED_KEYS: [&str; 10] = [
     "disableGC",
 ];
 
-fn decode_error(what: impl std::fmt::Display) -> CniError {
+pub(crate) fn decode_error(what: impl std::fmt::Display) -> CniError {
     CniError::new(
         code::DECODING_FAILURE,
         format!("network config on stdin: {what}"),
     )
 }
 
-fn config_error(key: &str, why: impl std::fmt::Display) -> CniError {
+pub(crate) fn config_error(key: &str, why: impl std::fmt::Display) -> CniError {
     CniError::new(
         code::INVALID_NETWORK_CONFIG,
         format!("network config key {:?}: {why}", Echo(key).to_string()),
@@ -157,46 +221,7 @@ impl NetConf {
         match key {
             "cniVersion" => {}
             "name" => self.name = Some(string()?.to_owned()),
-            "socket" => self.settings.socket = PathBuf::from(string()?),
-            "stateDir" => {
-                let dir = PathBuf::from(string()?);
-                // Relative to whatever directory the runtime runs plugins in: the agent would
-                // never find, nor replay, what is spooled there.
-                if !dir.is_absolute() {
-                    return Err(config_error(
-                        key,
-                        format!("must be an absolute path, not {}", Echo(&value.to_string())),
-                    ));
-                }
-                self.settings.state_dir = dir;
-            }
-            "onUnavailable" => {
-                self.settings.on_unavailable = match value.as_str() {
-                    Some("fail") => OnUnavailable::Fail,
-                    Some("allow") => OnUnavailable::Allow,
-                    _ => {
-                        return Err(config_error(
-                            key,
-                            format!(
-                                "must be \"fail\" or \"allow\", not {}",
-                                Echo(&value.to_string())
-                            ),
-                        ))
-                    }
-                }
-            }
-            "timeoutMs" => {
-                let ms = value
-                    .as_u64()
-                    .filter(|ms| (1..=MAX_TIMEOUT_MS).contains(ms))
-                    .ok_or_else(|| {
-                        config_error(
-                            key,
-                            format!("must be a whole number of milliseconds from 1 to {MAX_TIMEOUT_MS}, not {}", Echo(&value.to_string())),
-                        )
-                    })?;
-                self.settings.timeout = Duration::from_millis(ms);
-            }
+            _ if self.settings.apply(key, key, value)? => {}
             "prevResult" => match value {
                 Value::Object(_) => self.prev_result = Some(value.clone()),
                 // Runtimes serialize an absent result as null.
@@ -227,7 +252,7 @@ impl NetConf {
     }
 }
 
-fn parse_version(map: &Map<String, Value>) -> Result<String, CniError> {
+pub(crate) fn parse_version(map: &Map<String, Value>) -> Result<String, CniError> {
     let version = match map.get("cniVersion") {
         None => {
             return Err(CniError::new(

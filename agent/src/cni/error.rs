@@ -29,6 +29,8 @@ pub mod code {
     /// The agent answered with an error other than "try again later" (e.g. the interface does
     /// not match its `interfaces.workload` globs, its registry is full).
     pub const AGENT_REJECTED: u32 = 102;
+    /// ipq-ipam: the delegate IPAM plugin could not be run, or failed without a CNI error.
+    pub const DELEGATE_FAILED: u32 = 103;
     /// Something failed inside ipq-cni itself (no async runtime, an unwritable stdout).
     pub const INTERNAL: u32 = 999;
 }

@@ -19,6 +19,7 @@ pub mod conflist;
 pub mod env;
 pub mod error;
 pub mod host_if;
+pub mod ipam;
 pub mod plugin;
 pub mod result;
 pub mod spool;

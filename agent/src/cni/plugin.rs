@@ -1,7 +1,11 @@
 //! One run of the plugin: environment and stdin in, what to print and the exit status out.
 //! The binary is a thin shell over [`run`], so every path is testable without a process.
 
-use std::ffi::OsString;
+use std::{
+    ffi::OsString,
+    io::{Read as _, Write as _},
+    process::ExitCode,
+};
 
 use serde_json::{json, Value};
 
@@ -20,18 +24,48 @@ pub struct Outcome {
 }
 
 impl Outcome {
-    fn ok(stdout: String) -> Self {
+    pub(crate) fn ok(stdout: String) -> Self {
         Self {
             stdout,
             success: true,
         }
     }
 
-    fn error(err: &CniError, cni_version: &str) -> Self {
+    pub(crate) fn error(err: &CniError, cni_version: &str) -> Self {
         Self {
             stdout: err.to_json(cni_version),
             success: false,
         }
+    }
+}
+
+/// The process shell of `ipq-cni` and `ipq-ipam`: logs on stderr (which runtimes keep apart
+/// from the result), stdin read whole and handed to `run`, its outcome printed on stdout.
+pub fn serve(run: impl FnOnce(&[u8]) -> Outcome) -> ExitCode {
+    env_logger::Builder::from_env(env_logger::Env::new().filter_or("IPQ_CNI_LOG", "warn"))
+        .format_timestamp(None)
+        .format_target(false)
+        .init();
+    let mut stdin = Vec::new();
+    if let Err(e) = std::io::stdin().read_to_end(&mut stdin) {
+        log::warn!("reading stdin: {e}");
+    }
+    let outcome = run(&stdin);
+    let mut stdout = std::io::stdout().lock();
+    if !outcome.stdout.is_empty() {
+        let written = stdout
+            .write_all(outcome.stdout.as_bytes())
+            .and_then(|()| stdout.write_all(b"\n"))
+            .and_then(|()| stdout.flush());
+        if let Err(e) = written {
+            log::error!("writing the result to stdout: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
+    if outcome.success {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
     }
 }
 
@@ -77,7 +111,7 @@ fn dispatch(var: impl Fn(&str) -> Option<OsString>, stdin: &[u8]) -> Result<Stri
 
 /// VERSION: the versions ipq-cni speaks, under the `cniVersion` the runtime asked with (or the
 /// newest when it sent none).
-fn version(stdin: &[u8]) -> Result<String, CniError> {
+pub(crate) fn version(stdin: &[u8]) -> Result<String, CniError> {
     let asked = if stdin.iter().all(u8::is_ascii_whitespace) {
         None
     } else {

@@ -18,6 +18,7 @@ use std::{
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
+use serde::{de::DeserializeOwned, Serialize};
 use thiserror::Error;
 
 use crate::{
@@ -32,7 +33,7 @@ pub enum SpoolError {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("spool: encoding a DEL: {0}")]
+    #[error("spool: encoding a request: {0}")]
     Encode(#[source] serde_json::Error),
     #[error("spool: {0}")]
     Dir(#[from] DirError),
@@ -45,14 +46,17 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> SpoolError + '_ {
     }
 }
 
-/// One spooled DEL.
+/// One spooled request of type `T`.
 #[derive(Debug)]
-pub struct SpooledDel {
+pub struct Spooled<T> {
     pub path: PathBuf,
-    pub request: DrainAttachmentRequest,
+    pub request: T,
 }
 
-impl SpooledDel {
+/// One spooled DEL of `ipq-cni`.
+pub type SpooledDel = Spooled<DrainAttachmentRequest>;
+
+impl<T> Spooled<T> {
     /// Removes the spooled file once its DEL has been applied.
     pub fn done(self) -> Result<(), SpoolError> {
         fs::remove_file(&self.path).map_err(|source| SpoolError::Io {
@@ -75,7 +79,7 @@ static NEXT: AtomicU32 = AtomicU32::new(0);
 
 /// Writes `request` into `dir` (created 0700 if missing, refused if another user owns it),
 /// durably, and returns its path.
-pub fn spool(dir: &Path, request: &DrainAttachmentRequest) -> Result<PathBuf, SpoolError> {
+pub fn spool(dir: &Path, request: &impl Serialize) -> Result<PathBuf, SpoolError> {
     if let Some(state_dir) = dir.parent() {
         safe_fs::ensure_private_dir(state_dir)?;
     }
@@ -115,6 +119,11 @@ pub fn spool(dir: &Path, request: &DrainAttachmentRequest) -> Result<PathBuf, Sp
 /// The DELs waiting in `dir`, oldest first. A missing `dir` holds none. Unparsable files are
 /// set aside as `*.corrupt` with a warning, and temp files of writers that died are removed.
 pub fn pending(dir: &Path) -> Result<Vec<SpooledDel>, SpoolError> {
+    pending_of(dir)
+}
+
+/// The requests of type `T` waiting in `dir`, oldest first, as [`pending`] reads them.
+pub fn pending_of<T: DeserializeOwned>(dir: &Path) -> Result<Vec<Spooled<T>>, SpoolError> {
     let entries = match fs::read_dir(dir) {
         Ok(entries) => entries,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
@@ -142,9 +151,7 @@ pub fn pending(dir: &Path) -> Result<Vec<SpooledDel>, SpoolError> {
         let path = dir.join(&name);
         // Never blocks on a FIFO nor follows a link: what is not a regular file is set aside.
         let parsed = match safe_fs::read_regular(&path) {
-            Ok(bytes) => {
-                serde_json::from_slice::<DrainAttachmentRequest>(&bytes).map_err(|e| e.to_string())
-            }
+            Ok(bytes) => serde_json::from_slice::<T>(&bytes).map_err(|e| e.to_string()),
             Err(OpenError::Missing) => continue,
             Err(OpenError::Io(e)) => {
                 // Perhaps passing: left in place for the next replay.
@@ -154,7 +161,7 @@ pub fn pending(dir: &Path) -> Result<Vec<SpooledDel>, SpoolError> {
             Err(e @ OpenError::NotRegular { .. }) => Err(e.to_string()),
         };
         match parsed {
-            Ok(request) => out.push(SpooledDel { path, request }),
+            Ok(request) => out.push(Spooled { path, request }),
             Err(why) => set_aside(&path, &why),
         }
     }

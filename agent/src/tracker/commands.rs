@@ -71,6 +71,12 @@ impl Tracker {
                     }),
                 )
             }
+            Command::HoldRelease { release, reply } => {
+                return answer(reply, self.hold_release(*release))
+            }
+            Command::AllocationBusy { query, reply } => {
+                return answer(reply, Ok(self.allocation_busy(&query)))
+            }
             Command::Subscribe(reply) => {
                 let _ = reply.send(self.events.subscribe());
                 return Box::new(|_| {});
@@ -164,7 +170,7 @@ impl Tracker {
         }
     }
 
-    fn view(&self, addr: IpAddr) -> Result<AddressView, ApiError> {
+    pub(super) fn view(&self, addr: IpAddr) -> Result<AddressView, ApiError> {
         let time = TimeBase::now();
         self.registry
             .get(addr)

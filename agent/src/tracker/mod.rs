@@ -21,6 +21,7 @@ mod effects;
 mod events;
 mod feed;
 mod hygiene;
+mod ipam;
 mod pending;
 mod protection;
 mod recovery;

@@ -1,0 +1,235 @@
+//! The agent's side of ipq-ipam: it runs the delegate's DEL of each held allocation once every
+//! address of it is free again, and never before.
+//!
+//! Pending releases are the files ipq-ipam wrote under `state_dir/ipam-releases` (written
+//! atomically and fsynced before its DEL succeeded, one per release), so they survive restarts
+//! and a SIGKILL; a file goes only after its delegate DEL succeeded. "Free" is the registry's
+//! word: an address leaves the registry when its quarantine is over (cooldown, quiet period,
+//! max), and one ipq never saw used was never in it. A release runs again after a crash between
+//! its DEL and the file's removal: delegate DELs are idempotent (host-local frees by container
+//! id and ifname, which no later pod shares).
+//!
+//! A release that names no address (a DEL without prevResult, spooled while the agent was away,
+//! whose holder is gone by now) cannot be asked about by address: the registry indexes
+//! attachments by their live holder only. It waits `max_cooldown` past the last moment it was
+//! seen busy, or past this task's start: no quarantine lasts longer than that.
+//!
+//! This task runs off the owner loop: it scans the directory and runs the delegates itself,
+//! and asks the loop one O(k) question per release (`Command::AllocationBusy`). It starts only
+//! once the registry is recovered and ipq-cni's spool replayed, so a journal not yet read never
+//! answers "free".
+
+use std::{
+    collections::{HashMap, HashSet},
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use log::{error, info, warn};
+use tokio::sync::{mpsc, oneshot};
+
+use super::{delegate, release::HeldRelease};
+use crate::{
+    api::command::{AllocationQuery, Command},
+    cni::{
+        error::CniError,
+        spool::{self, Spooled},
+    },
+    metrics::Metrics,
+};
+
+/// How often pending releases are looked at again.
+const POLL: Duration = Duration::from_secs(1);
+/// The first retry of a failed delegate DEL; doubled per failure up to [`MAX_RETRY`].
+const FIRST_RETRY: Duration = Duration::from_secs(1);
+const MAX_RETRY: Duration = Duration::from_secs(300);
+
+/// Why one release did not happen.
+#[derive(Debug, thiserror::Error)]
+enum ReleaseError {
+    #[error(transparent)]
+    Delegate(#[from] CniError),
+    #[error("the delegate's DEL did not finish: {0}")]
+    Join(#[from] tokio::task::JoinError),
+}
+
+/// When each release without addresses was last seen busy (or this task started).
+type LastBusy = HashMap<PathBuf, Instant>;
+
+/// A failed release waiting for its next try.
+struct Retry {
+    failures: u32,
+    next: Instant,
+}
+
+fn backoff(failures: u32) -> Duration {
+    FIRST_RETRY
+        .saturating_mul(1 << failures.saturating_sub(1).min(16))
+        .min(MAX_RETRY)
+}
+
+/// Runs until the owner loop stops answering.
+pub async fn run(
+    dir: PathBuf,
+    max_cooldown: Duration,
+    commands: mpsc::Sender<Command>,
+    metrics: Arc<Metrics>,
+) {
+    let started = Instant::now();
+    let mut retries: HashMap<PathBuf, Retry> = HashMap::new();
+    let mut last_busy: LastBusy = HashMap::new();
+    loop {
+        if let Some(pending) = scan(&dir).await {
+            metrics
+                .ipam_pending_releases
+                .set(i64::try_from(pending.len()).unwrap_or(i64::MAX));
+            let paths: HashSet<&Path> = pending.iter().map(|p| p.path.as_path()).collect();
+            retries.retain(|path, _| paths.contains(path.as_path()));
+            last_busy.retain(|path, _| paths.contains(path.as_path()));
+            for spooled in pending {
+                if retries
+                    .get(&spooled.path)
+                    .is_some_and(|r| Instant::now() < r.next)
+                {
+                    continue;
+                }
+                let free = match all_free(&commands, &spooled.request).await {
+                    None => return,
+                    Some(free) => free,
+                };
+                if spooled.request.addresses.is_empty() {
+                    let seen = last_busy.entry(spooled.path.clone()).or_insert(started);
+                    if !free {
+                        *seen = Instant::now();
+                    }
+                    if !free || seen.elapsed() < max_cooldown {
+                        continue;
+                    }
+                } else if !free {
+                    continue;
+                }
+                release(spooled, &metrics, &mut retries).await;
+            }
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// The pending releases, read off the async threads; None (logged) when the directory cannot
+/// be read.
+async fn scan(dir: &Path) -> Option<Vec<Spooled<HeldRelease>>> {
+    let dir = dir.to_owned();
+    match tokio::task::spawn_blocking(move || spool::pending_of::<HeldRelease>(&dir)).await {
+        Ok(Ok(pending)) => Some(pending),
+        Ok(Err(e)) => {
+            error!("ipam releases: {e}");
+            None
+        }
+        Err(e) => {
+            error!("ipam releases: scanning stopped: {e}");
+            None
+        }
+    }
+}
+
+/// Whether every address of `release` is free; None when the owner loop is gone.
+async fn all_free(commands: &mpsc::Sender<Command>, release: &HeldRelease) -> Option<bool> {
+    let (reply, answer) = oneshot::channel();
+    let query = AllocationQuery {
+        container_id: release.container_id.clone(),
+        ifname: release.ifname.clone(),
+        addresses: release.addresses.clone(),
+    };
+    commands
+        .send(Command::AllocationBusy { query, reply })
+        .await
+        .ok()?;
+    match answer.await.ok()? {
+        Ok(busy) => Some(busy.addresses.is_empty()),
+        Err(e) => {
+            warn!(
+                "ipam release of container {}: the registry did not answer ({}); kept",
+                release.container_id, e.0.message
+            );
+            Some(false)
+        }
+    }
+}
+
+/// Runs the delegate's DEL of `spooled` and removes it; a failure is counted, logged and
+/// retried with backoff.
+async fn release(
+    spooled: Spooled<HeldRelease>,
+    metrics: &Metrics,
+    retries: &mut HashMap<PathBuf, Retry>,
+) {
+    let held = spooled.request.clone();
+    let network = held.network.clone().unwrap_or_default();
+    let outcome = tokio::task::spawn_blocking(move || run_del(&held))
+        .await
+        .map_err(ReleaseError::from)
+        .and_then(|r| r.map_err(ReleaseError::from));
+    let request = &spooled.request;
+    match outcome {
+        Ok(()) => {
+            metrics
+                .ipam_releases
+                .with_label_values(&[network.as_str(), "released"])
+                .inc();
+            info!(
+                "ipam: released the allocation of container {} ({}) in network {network:?}: \
+                 {} DEL done for {:?}",
+                request.container_id, request.ifname, request.delegate_type, request.addresses
+            );
+            retries.remove(&spooled.path);
+            // Left behind, the file only runs the (idempotent) DEL again next time.
+            if let Err(e) = spooled.done() {
+                error!("ipam releases: {e}");
+            }
+        }
+        Err(e) => {
+            metrics
+                .ipam_releases
+                .with_label_values(&[network.as_str(), "failed"])
+                .inc();
+            let retry = retries.entry(spooled.path.clone()).or_insert(Retry {
+                failures: 0,
+                next: Instant::now(),
+            });
+            retry.failures += 1;
+            let wait = backoff(retry.failures);
+            retry.next = Instant::now() + wait;
+            warn!(
+                "ipam: the {} DEL of container {} ({}) failed {} times, retried in {wait:?}: {e}",
+                request.delegate_type, request.container_id, request.ifname, retry.failures
+            );
+        }
+    }
+}
+
+/// The delegate's DEL, as a runtime would have run it.
+fn run_del(release: &HeldRelease) -> Result<(), CniError> {
+    let binary = delegate::find(&release.cni_path, &release.delegate_type)?;
+    let stdin = release.delegate_conf.to_string();
+    delegate::exec(
+        &release.delegate_type,
+        &binary,
+        &release.del_env(),
+        stdin.as_bytes(),
+    )
+    .map(|_| ())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_up_to_the_cap() {
+        assert_eq!(backoff(1), FIRST_RETRY);
+        assert_eq!(backoff(2), FIRST_RETRY * 2);
+        assert_eq!(backoff(4), FIRST_RETRY * 8);
+        assert_eq!(backoff(40), MAX_RETRY);
+    }
+}
