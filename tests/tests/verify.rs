@@ -161,3 +161,92 @@ fn a_link_detached_through_its_pin_is_found_repaired_and_counted() {
     );
     assert_eq!(agent.readyz().expect("readyz").0, 200);
 }
+
+const BPF_PROG_LOAD: libc::c_long = 5;
+const BPF_LINK_CREATE: libc::c_long = 28;
+const BPF_PROG_TYPE_SCHED_CLS: u32 = 3;
+const BPF_TCX_INGRESS: u32 = 46;
+const BPF_F_BEFORE: u32 = 1 << 3;
+
+/// Another tool's TCX program put first on `ifindex`'s ingress, ahead of ipq's: it returns
+/// `TCX_PASS`, which ends processing, so ipq's program never sees a packet. The returned
+/// descriptors keep the program and its link alive.
+fn foreign_program_first(ifindex: u32) -> (i32, i32) {
+    // r0 = 0 (TCX_PASS); exit
+    let insns: [[u8; 8]; 2] = [[0xb7, 0, 0, 0, 0, 0, 0, 0], [0x95, 0, 0, 0, 0, 0, 0, 0]];
+    let code: Vec<u8> = insns.iter().flatten().copied().collect();
+    let license = b"GPL\0";
+    let mut attr = [0u8; 64];
+    attr[0..4].copy_from_slice(&BPF_PROG_TYPE_SCHED_CLS.to_ne_bytes());
+    attr[4..8].copy_from_slice(&(insns.len() as u32).to_ne_bytes());
+    attr[8..16].copy_from_slice(&(code.as_ptr() as u64).to_ne_bytes());
+    attr[16..24].copy_from_slice(&(license.as_ptr() as u64).to_ne_bytes());
+    attr[48..55].copy_from_slice(b"foreign");
+    let prog = bpf(BPF_PROG_LOAD, &attr).expect("loading the foreign program");
+    let mut attr = [0u8; 64];
+    attr[0..4].copy_from_slice(&(prog as u32).to_ne_bytes());
+    attr[4..8].copy_from_slice(&ifindex.to_ne_bytes());
+    attr[8..12].copy_from_slice(&BPF_TCX_INGRESS.to_ne_bytes());
+    attr[12..16].copy_from_slice(&BPF_F_BEFORE.to_ne_bytes());
+    let link = bpf(BPF_LINK_CREATE, &attr).expect("attaching the foreign program first");
+    (prog, link)
+}
+
+fn tcx_ingress_names(lab: &Lab) -> Vec<String> {
+    attachments::tc(&lab.node, "vethpa", TcAttachType::Ingress)
+        .expect("vethpa ingress")
+        .iter()
+        .filter(|a| matches!(a, Attachment::Tcx { .. }))
+        .map(|a| a.prog_name().to_owned())
+        .collect()
+}
+
+#[test]
+fn a_program_put_before_ipqs_tcx_link_is_found_and_ipq_goes_first_again() {
+    let lab = Lab::new().expect("building the lab");
+    let args = [
+        "--workload",
+        "vethp*",
+        "--uplink",
+        "up0",
+        "--tc-attach",
+        "tcx",
+        "--verify-interval",
+        "200ms",
+    ];
+    let agent = lab.start_agent(&args).expect("starting ipq-agent");
+    lab.fence_pod_a().expect("fencing pod a");
+    wait_tc_upgrades(&agent);
+    let peer = IpAddr::from(PEER_V4);
+    assert_eq!(udp_burst(&lab.pod_a, &lab.peer, peer, 10), 0, "fenced");
+    let before = lost(&agent, "tc_ingress");
+
+    let vethpa = ipq_tests::lab::ifindex(&lab.node, "vethpa").expect("ifindex");
+    let (prog, link) = lab.node.run(|| foreign_program_first(vethpa));
+    assert_eq!(
+        tcx_ingress_names(&lab).first().map(String::as_str),
+        Some("foreign")
+    );
+    poll("ipq's program first again", Duration::from_secs(10), || {
+        let names = tcx_ingress_names(&lab);
+        Ok((lost(&agent, "tc_ingress") == before + 1.0
+            && names.first().is_some_and(|n| n.starts_with("ipq_tc")))
+        .then_some(()))
+    })
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", agent.log()));
+    assert_eq!(
+        tcx_ingress_names(&lab),
+        ["ipq_tc_ingress", "foreign"],
+        "one ipq program, first; the other tool's stays"
+    );
+    assert_eq!(
+        udp_burst(&lab.pod_a, &lab.peer, peer, 10),
+        0,
+        "fenced again"
+    );
+    // SAFETY: the descriptors foreign_program_first returned, closed once.
+    unsafe {
+        libc::close(link);
+        libc::close(prog);
+    }
+}

@@ -110,6 +110,45 @@ pub fn link_attached(path: &Path) -> Option<bool> {
     Some(u32::from_ne_bytes([info[16], info[17], info[18], info[19]]) != 0)
 }
 
+const BPF_PROG_QUERY: libc::c_long = 16;
+/// `BPF_LINK_TYPE_TCX`.
+const LINK_TYPE_TCX: u32 = 11;
+
+/// Whether the TCX link held for `path` runs first on its hook; `None` when the agent holds
+/// nothing there or it is not an attached TCX link. ipq attaches first: a program placed
+/// before it that ends processing (`TCX_PASS`) would hide every packet from it.
+pub fn tcx_first(path: &Path) -> Option<bool> {
+    let held = held();
+    let object = held.get(path)?;
+    let mut info = [0u8; 24];
+    let mut attr = [0u8; 64];
+    attr[0..4].copy_from_slice(&(object.fd.as_raw_fd() as u32).to_ne_bytes());
+    attr[4..8].copy_from_slice(&(info.len() as u32).to_ne_bytes());
+    attr[8..16].copy_from_slice(&(info.as_mut_ptr() as u64).to_ne_bytes());
+    bpf(BPF_OBJ_GET_INFO_BY_FD, &attr).ok()?;
+    let word = |at: usize| u32::from_ne_bytes([info[at], info[at + 1], info[at + 2], info[at + 3]]);
+    let (kind, ifindex, attach_type) = (word(0), word(16), word(20));
+    if kind != LINK_TYPE_TCX || ifindex == 0 {
+        return None;
+    }
+    // The hook's programs in order, with the links that hold them.
+    let mut prog_ids = [0u32; 16];
+    let mut link_ids = [0u32; 16];
+    let mut attr = [0u8; 64];
+    attr[0..4].copy_from_slice(&ifindex.to_ne_bytes());
+    attr[4..8].copy_from_slice(&attach_type.to_ne_bytes());
+    attr[16..24].copy_from_slice(&(prog_ids.as_mut_ptr() as u64).to_ne_bytes());
+    attr[24..28].copy_from_slice(&(prog_ids.len() as u32).to_ne_bytes());
+    attr[40..48].copy_from_slice(&(link_ids.as_mut_ptr() as u64).to_ne_bytes());
+    match bpf(BPF_PROG_QUERY, &attr) {
+        Ok(_) => {}
+        // More than 16 programs on one hook: ipq's is not first, or it would be listed.
+        Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => {}
+        Err(_) => return None,
+    }
+    Some(link_ids[0] == object.id)
+}
+
 /// Takes a descriptor of the agent's own on the object pinned at `path` (replacing any held
 /// for that path before). Fails when nothing is pinned there: for a link just pinned, that
 /// means someone removed the pin in between, and the link is gone with it.

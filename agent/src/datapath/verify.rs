@@ -7,8 +7,10 @@
 //!
 //! 1. checks every pin the agent holds (links, maps, programs) and pins back what was removed
 //!    or replaced ([`held_pins::restore`]);
-//! 2. asks the kernel whether each held TCX and XDP link is still attached to its device; a
-//!    detached one is handed to the owner loop, which queues a repair of its interface.
+//! 2. asks the kernel whether each held TCX and XDP link is still attached to its device, and
+//!    whether each TCX link still runs first on its hook (a program put before it that ends
+//!    processing would hide every packet from ipq); either is handed to the owner loop, which
+//!    queues a repair of its interface.
 //!
 //! O(pins): a few syscalls per pin, about 0.5 µs each; the pass's duration is a gauge
 //! (`ipq_datapath_verify_seconds`) and is shown in `ipq status`.
@@ -34,6 +36,8 @@ pub struct Verification {
     pub restored: Vec<Restored>,
     /// Held links no longer attached to their device: (ifindex, hook).
     pub detached: Vec<(u32, AttachPoint)>,
+    /// Held TCX links that something was attached before: (ifindex, hook).
+    pub behind: Vec<(u32, AttachPoint)>,
 }
 
 /// What the last pass found, as `ipq status` shows it.
@@ -66,6 +70,12 @@ impl Verification {
         found.extend(self.detached.iter().map(|(ifindex, point)| {
             format!("if{ifindex} {} link detached: repairing", point.as_str())
         }));
+        found.extend(self.behind.iter().map(|(ifindex, point)| {
+            format!(
+                "if{ifindex} {}: another program runs before ipq's: moving ipq's first",
+                point.as_str()
+            )
+        }));
         Summary {
             finished_at: self.finished_at,
             took: self.took,
@@ -82,18 +92,30 @@ pub fn verify(root: &Path) -> Verification {
     held_pins::report(&restored);
     let links_dir = PinLayout::new(root).links_dir();
     let held = held_pins::held_under(root);
-    let detached = held
+    let (mut detached, mut behind) = (Vec::new(), Vec::new());
+    for path in held
         .iter()
         .filter(|path| path.parent() == Some(links_dir.as_path()))
-        .filter(|path| held_pins::link_attached(path) == Some(false))
-        .filter_map(|path| PinLayout::parse_link_name(path.file_name()?.to_str()?))
-        .collect();
+    {
+        let Some(link) = path
+            .file_name()
+            .and_then(|name| PinLayout::parse_link_name(name.to_str()?))
+        else {
+            continue;
+        };
+        if held_pins::link_attached(path) == Some(false) {
+            detached.push(link);
+        } else if held_pins::tcx_first(path) == Some(false) {
+            behind.push(link);
+        }
+    }
     Verification {
         finished_at: SystemTime::now(),
         took: started.elapsed(),
         pins: held.len(),
         restored,
         detached,
+        behind,
     }
 }
 

@@ -69,8 +69,8 @@ impl Tracker {
                 },
             );
         }
-        for &(ifindex, point) in &verification.detached {
-            self.attacher.on_link_detached(ifindex, point);
+        for &(ifindex, point) in verification.detached.iter().chain(&verification.behind) {
+            self.attacher.on_link_lost(ifindex, point);
         }
         self.metrics
             .verify_seconds

@@ -63,9 +63,9 @@ impl Attacher {
         }
     }
 
-    /// A verification found the link of `point` on `ifindex` detached: a repair is queued if
-    /// ipq's program was there by that link.
-    pub fn on_link_detached(&mut self, ifindex: u32, point: AttachPoint) {
+    /// A verification found the link of `point` on `ifindex` detached, or behind another
+    /// program: a repair is queued if ipq's program was there by that link.
+    pub fn on_link_lost(&mut self, ifindex: u32, point: AttachPoint) {
         let by_link = self.targets.get(&ifindex).is_some_and(|t| {
             matches!(
                 t.attached.get(&point),

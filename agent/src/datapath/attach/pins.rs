@@ -128,6 +128,37 @@ pub fn attach_tc(
     pin_new(prog.take_link(id).map_err(attach_err)?, &path)
 }
 
+/// Puts ipq's program first again on a TCX hook where something was attached before ipq's
+/// link. A hook takes a program once (`bpf_mprog` answers EEXIST to a second link of the same
+/// program), so the old link goes first, then a new one is created at the front: for one RCU
+/// grace period (~16 ms) ipq's program is off the hook. That costs nothing where the program
+/// before it ends processing (ipq saw no packet anyway) and is the price where it does not.
+pub fn move_tc_first(
+    prog: &mut SchedClassifier,
+    layout: &PinLayout,
+    ifname: &str,
+    ifindex: u32,
+    point: AttachPoint,
+) -> Result<Attached, DatapathError> {
+    let path = layout.link(ifindex, point);
+    remove_pin(&path)?;
+    let attach_err = |source| DatapathError::Attach {
+        ifname: ifname.to_owned(),
+        point,
+        source,
+    };
+    let id = prog
+        .attach_with_options(
+            ifname,
+            tc_attach_type(point),
+            TcAttachOptions::TcxOrder(LinkOrder::first()),
+        )
+        .map_err(attach_err)?;
+    let attached = pin_new(prog.take_link(id).map_err(attach_err)?, &path)?;
+    info!("{ifname}: ipq's {} link is first again", point.as_str());
+    Ok(attached)
+}
+
 /// Swaps `prog` into the pinned TCX link of (`ifindex`, `point`), if there is one that still
 /// works (`bpf_link_update`: atomic, and no RCU grace period to wait for). Returns whether it
 /// did; a pin whose link is dead or not a TCX link is removed.

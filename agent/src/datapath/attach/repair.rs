@@ -16,42 +16,61 @@ use crate::{
     paths::{AttachPoint, PinLayout},
 };
 
-/// What holds ipq's program on `point` of `ifindex` now, if anything does: ipq's netlink
-/// filter, or the TCX or XDP link the agent pinned, still attached.
-fn in_place(layout: &PinLayout, ifindex: u32, point: AttachPoint) -> io::Result<Option<Mechanism>> {
-    let link_attached = || {
-        let path = layout.link(ifindex, point);
-        held_pins::link_attached(&path).unwrap_or_else(|| path.exists())
-    };
+/// What a hook needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Fix {
+    /// ipq's program is not on the hook: attach it as a first attach would.
+    Attach,
+    /// ipq's TCX link is attached but something was put before it: ipq's goes first again.
+    MoveFirst,
+}
+
+/// What holds ipq's program on `point` of `ifindex` now (ipq's netlink filter, or the TCX or
+/// XDP link the agent pinned, still attached and, for TCX, first), or what the hook needs.
+fn in_place(
+    layout: &PinLayout,
+    ifindex: u32,
+    point: AttachPoint,
+) -> io::Result<Result<Mechanism, Fix>> {
+    let path = layout.link(ifindex, point);
+    let link_attached = || held_pins::link_attached(&path).unwrap_or_else(|| path.exists());
     let direction = match point {
-        AttachPoint::Xdp => return Ok(link_attached().then_some(Mechanism::Xdp)),
+        AttachPoint::Xdp => {
+            return Ok(link_attached().then_some(Mechanism::Xdp).ok_or(Fix::Attach))
+        }
         AttachPoint::TcxIngress => Direction::Ingress,
         AttachPoint::TcxEgress => Direction::Egress,
     };
     if tc_filter::place(ifindex, direction)? == Place::Ipq {
-        return Ok(Some(Mechanism::Netlink));
+        return Ok(Ok(Mechanism::Netlink));
     }
-    Ok(link_attached().then_some(Mechanism::Tcx))
+    if !link_attached() {
+        return Ok(Err(Fix::Attach));
+    }
+    Ok(match held_pins::tcx_first(&path) {
+        Some(false) => Err(Fix::MoveFirst),
+        _ => Ok(Mechanism::Tcx),
+    })
 }
 
-/// Looks at every hook of `job`'s interface and calls `attach` for each that lacks ipq's
-/// program.
+/// Looks at every hook of `job`'s interface and calls `fix` for each where ipq's program is
+/// missing or no longer first.
 pub(super) fn run(
     job: Job,
     layout: &PinLayout,
-    mut attach: impl FnMut(AttachPoint) -> Result<Hooked, String>,
+    mut fix: impl FnMut(AttachPoint, Fix) -> Result<Hooked, String>,
 ) -> JobReport {
     let mut hooks = Vec::new();
     let mut found_missing = Vec::new();
     for &point in job.role.points() {
         let result = match in_place(layout, job.ifindex, point) {
-            Ok(Some(by)) => Ok(Hooked {
+            Ok(Ok(by)) => Ok(Hooked {
                 how: Attached::Reused,
                 by,
             }),
-            Ok(None) => {
+            Ok(Err(needed)) => {
                 found_missing.push(point);
-                attach(point)
+                fix(point, needed)
             }
             Err(e) => Err(format!("looking at the {} hook: {e}", point.as_str())),
         };

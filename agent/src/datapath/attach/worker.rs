@@ -96,8 +96,21 @@ fn run_one(
     };
     if let JobKind::Repair(_) = job.kind {
         let target = job.clone();
-        return repair::run(job, layout, |point| {
-            attach_point(progs, layout, mode, &target, point, JobKind::Protect)
+        return repair::run(job, layout, |point, fix| match (fix, point) {
+            (repair::Fix::MoveFirst, AttachPoint::TcxIngress | AttachPoint::TcxEgress) => {
+                let prog = if point == AttachPoint::TcxIngress {
+                    &mut progs.ingress
+                } else {
+                    &mut progs.egress
+                };
+                pins::move_tc_first(prog, layout, &target.name, target.ifindex, point)
+                    .map(|how| Hooked {
+                        how,
+                        by: Mechanism::Tcx,
+                    })
+                    .map_err(|e| chain(&e))
+            }
+            _ => attach_point(progs, layout, mode, &target, point, JobKind::Protect),
         });
     }
     let hooks = job
