@@ -58,6 +58,13 @@ pub enum AgentError {
         what: &'static str,
         source: std::io::Error,
     },
+    #[error(
+        "this CPU ({0}) is not supported: the programs read IPQ_SLOTS with a sequence lock \
+         whose loads only x86-64 keeps in order (BPF has no read barrier before Linux 6.15), \
+         so a packet racing the agent's write could be judged on a mix of two entries. Run \
+         ipq on x86-64 nodes (the DaemonSet selects kubernetes.io/arch: amd64)"
+    )]
+    UnsupportedCpu(&'static str),
 }
 
 /// Reads the sample ring until the agent stops and hands each sample to the tracker, which logs
@@ -176,6 +183,11 @@ fn replay_spool(tracker: &mut Tracker, dir: &std::path::Path) {
 }
 
 pub async fn run(config: Config) -> Result<(), AgentError> {
+    // Refused before anything is loaded: a datapath that is right only most of the time is
+    // not one to leave attached.
+    if !cfg!(target_arch = "x86_64") {
+        return Err(AgentError::UnsupportedCpu(std::env::consts::ARCH));
+    }
     info!(
         "ipq-agent {} starting: mode {:?}, on_early_reuse {:?}, bpffs_dir {}",
         env!("CARGO_PKG_VERSION"),

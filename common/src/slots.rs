@@ -31,7 +31,8 @@
 //! writes before the copy (an address is added here first and removed here first). Loads are
 //! `volatile`, so neither LLVM nor the JIT reorders them; x86-64 keeps loads in order. On
 //! weakly ordered CPUs (arm64) BPF has no read barrier before 6.15, so a reader racing a write
-//! of the very slot it reads could, in a window of nanoseconds, take a mix of two writes.
+//! of the very slot it reads could, in a window of nanoseconds, take a mix of two writes: the
+//! agent therefore refuses to start on any CPU but x86-64 (`AgentError::UnsupportedCpu`).
 
 use crate::addr::{AddrEntry, AddrKey};
 

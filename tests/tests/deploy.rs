@@ -94,6 +94,8 @@ fn daemonset_runs_with_least_privilege_and_answers_its_probes() {
         "hostPID is not needed"
     );
     assert_eq!(pod["priorityClassName"], "system-node-critical");
+    // The agent refuses other CPUs (IPQ_SLOTS' sequence lock needs x86-64's load order).
+    assert_eq!(pod["nodeSelector"]["kubernetes.io/arch"], "amd64");
     assert!(array(&pod["tolerations"])
         .iter()
         .any(|t| t["operator"] == "Exists" && t.get("key").is_none()));
