@@ -10,6 +10,8 @@
 //! - `idle_cpu` and `rss`: the agent's CPU (user + system, % of one CPU) over a quiet spell,
 //!   and its resident memory;
 //! - `restart_ready`: SIGTERM, a new agent, until `/readyz` answers (journal + pinned maps);
+//! - `route_burst_p99_during_tcx_move` / `_after_tcx_move`: the same 1000-route burst on that
+//!   cold-started node while its veths move from netlink filters to TCX links, and after;
 //! - `cold_start_1000_veths`: a first start with 1000 workload veths, until ready, and how many
 //!   of them were protected then; `cold_start_tcx_done`: until the last of their netlink
 //!   filters was replaced by its TCX link, and how many are on TCX then.
@@ -291,6 +293,23 @@ pub fn run(opts: &BenchOptions) -> Result<Vec<Row>> {
         &format!("= {veths}"),
         |v| v == f64::from(veths),
     ));
+    // Reported beside each other, not gated: the pacing of the move is what they show.
+    rows.push(row(
+        "route_burst_p99_during_tcx_move",
+        None,
+        "ms",
+        &[cold.burst_during_p99],
+    ));
+    rows.push(row(
+        "route_burst_p99_after_tcx_move",
+        None,
+        "ms",
+        &[cold.burst_after_p99],
+    ));
+    eprintln!(
+        "bench control: the burst during the move started with {} of {veths} veths on TCX",
+        cold.moved_before_burst
+    );
     Ok(rows)
 }
 
@@ -558,6 +577,11 @@ struct ColdStart {
     tcx_done_ms: f64,
     /// Workload veths whose attachment is `tcx` after that.
     on_tcx: f64,
+    /// A 1000-route burst's p99 while the move runs, and after it.
+    burst_during_p99: f64,
+    /// Veths already on TCX when that burst started (the move was under way, not over).
+    moved_before_burst: f64,
+    burst_after_p99: f64,
 }
 
 /// A first start on a node with `veths` workload veths.
@@ -573,6 +597,10 @@ fn cold_start(veths: u32) -> Result<ColdStart> {
     let spawned = Instant::now();
     let ready_ms = node.start_agent()?.as_secs_f64() * 1e3;
     let protected = count_workload(&node, "protection", "protected")?;
+    // A 1000-route burst while the move to TCX links runs: each link create holds rtnl_lock
+    // for a grace period, and every route add waits behind it.
+    let moved_before_burst = count_workload(&node, "attachment", "tcx")?;
+    let (_, burst_during_p99) = route_burst(&node, 60)?;
     let deadline = Instant::now() + Duration::from_secs(300);
     while node.metric("ipq_datapath_tc_upgrades_pending")? > 0.0 {
         if Instant::now() > deadline {
@@ -582,11 +610,16 @@ fn cold_start(veths: u32) -> Result<ColdStart> {
     }
     let tcx_done_ms = spawned.elapsed().as_secs_f64() * 1e3;
     let on_tcx = count_workload(&node, "attachment", "tcx")?;
+    // The same burst once the move is over: what the node's other rtnl users get normally.
+    let (_, burst_after_p99) = route_burst(&node, 61)?;
     Ok(ColdStart {
         ready_ms,
         protected,
         tcx_done_ms,
         on_tcx,
+        burst_during_p99,
+        moved_before_burst,
+        burst_after_p99,
     })
 }
 

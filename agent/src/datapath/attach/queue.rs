@@ -13,10 +13,17 @@
 //!
 //! No two jobs for the same interface run at once (an upgrade and the attach of a rename, say):
 //! a job waits while another job of its interface is out.
+//!
+//! Upgrades are also paced: after one that held the kernel for a while (a TCX link create
+//! waits for an RCU grace period under `rtnl_lock`), the next waits as long as it took, so the
+//! move never holds `rtnl_lock` back to back and every other rtnl user on the node (pod
+//! creation, the CNI, other agents, ipq's own netlink filters) gets at least half of the time.
+//! Measured in `cargo xtask bench` (a route burst during the move and after it).
 
 use std::{
     collections::{BTreeSet, VecDeque},
     sync::{Condvar, Mutex, MutexGuard},
+    time::{Duration, Instant},
 };
 
 use super::{Job, JobKind};
@@ -33,9 +40,29 @@ struct Lanes {
     upgrading: bool,
     upgrades_started: bool,
     closed: bool,
+    /// When the upgrade out at a worker was handed out.
+    upgrade_taken_at: Option<Instant>,
+    /// No upgrade is handed out before this (see the module's pacing).
+    next_upgrade_at: Option<Instant>,
 }
 
+/// An upgrade shorter than this held nothing worth pacing (no grace period was waited for).
+const PACE_ABOVE: Duration = Duration::from_millis(1);
+
 impl Lanes {
+    fn upgrade_paused(&self) -> bool {
+        self.next_upgrade_at.is_some_and(|at| Instant::now() < at)
+    }
+
+    /// How long a worker should wait for the pacing of upgrades to let the next one out, if
+    /// that is what holds it back.
+    fn pause_left(&self) -> Option<Duration> {
+        let at = self.next_upgrade_at?;
+        (!self.upgrade.is_empty() && !self.upgrading)
+            .then(|| at.saturating_duration_since(Instant::now()))
+            .filter(|left| !left.is_zero())
+    }
+
     fn take(&mut self) -> Option<Job> {
         if let Some(at) = self
             .protect
@@ -51,6 +78,7 @@ impl Lanes {
             || self.upgrading
             || self.protecting > 0
             || !self.protect.is_empty()
+            || self.upgrade_paused()
         {
             return None;
         }
@@ -60,6 +88,7 @@ impl Lanes {
             .position(|j| !self.busy.contains(&j.ifindex))?;
         let job = self.upgrade.remove(at)?;
         self.upgrading = true;
+        self.upgrade_taken_at = Some(Instant::now());
         self.busy.insert(job.ifindex);
         Some(job)
     }
@@ -121,7 +150,15 @@ impl JobQueue {
             if let Some(job) = lanes.take() {
                 return Some(job);
             }
-            lanes = self.ready.wait(lanes).unwrap_or_else(|p| p.into_inner());
+            lanes = match lanes.pause_left() {
+                Some(left) => {
+                    self.ready
+                        .wait_timeout(lanes, left)
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0
+                }
+                None => self.ready.wait(lanes).unwrap_or_else(|p| p.into_inner()),
+            };
         }
     }
 
@@ -139,7 +176,13 @@ impl JobQueue {
             JobKind::Protect | JobKind::Repair(_) => {
                 lanes.protecting = lanes.protecting.saturating_sub(1);
             }
-            JobKind::Upgrade => lanes.upgrading = false,
+            JobKind::Upgrade => {
+                lanes.upgrading = false;
+                let took = lanes.upgrade_taken_at.take().map(|at| at.elapsed());
+                lanes.next_upgrade_at = took
+                    .filter(|took| *took > PACE_ABOVE)
+                    .map(|took| Instant::now() + took);
+            }
         }
         drop(lanes);
         self.ready.notify_all();
@@ -223,6 +266,34 @@ mod tests {
         queue.push(job(5, JobKind::Upgrade));
         queue.cancel(5);
         assert!(queue.try_take().is_none());
+    }
+
+    #[test]
+    fn after_an_upgrade_that_held_the_kernel_the_next_waits_as_long_as_it_took() {
+        let queue = std::sync::Arc::new(JobQueue::default());
+        queue.start_upgrades();
+        queue.push(job(1, JobKind::Upgrade));
+        queue.push(job(2, JobKind::Upgrade));
+        let first = queue.try_take().expect("the first upgrade");
+        // As if its TCX link create had waited 300 ms for a grace period.
+        queue.lanes().upgrade_taken_at = Some(Instant::now() - Duration::from_millis(300));
+        queue.done(&first);
+        assert!(
+            queue.try_take().is_none(),
+            "paced: rtnl_lock is not held back to back"
+        );
+        // A protect job is not paced.
+        queue.push(job(3, JobKind::Protect));
+        assert_eq!(queue.try_take().map(|j| j.ifindex), Some(3));
+        queue.done(&job(3, JobKind::Protect));
+        // A waiting worker gets the upgrade once the pause is over, without a new push.
+        let not_before = queue.lanes().next_upgrade_at.expect("a pause");
+        let next = queue.take().expect("the next upgrade");
+        assert_eq!(next.ifindex, 2);
+        assert!(
+            Instant::now() >= not_before,
+            "handed out before its pause ended"
+        );
     }
 
     #[test]
