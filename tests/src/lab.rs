@@ -248,20 +248,49 @@ impl Lab {
 
     /// Pod a is draining and fenced on its own interface: all its traffic is to be dropped.
     pub fn fence_pod_a(&self) -> anyhow::Result<()> {
-        for addr in [POD_A_V4.to_string(), POD_A_V6.to_string()] {
-            self.datapath(&[
-                "set", &addr, "--state", "draining", "--holder", "vethpa", "--fenced", "vethpa",
-            ])?;
+        for addr in [IpAddr::from(POD_A_V4), POD_A_V6.into()] {
+            self.set_entry(addr, "draining", "vethpa", Some("vethpa"))?;
         }
         Ok(())
     }
 
     /// Pod b holds its addresses normally: all its traffic is to pass.
     pub fn register_pod_b(&self) -> anyhow::Result<()> {
-        for addr in [POD_B_V4.to_string(), POD_B_V6.to_string()] {
-            self.datapath(&["set", &addr, "--state", "active", "--holder", "vethpb"])?;
+        for addr in [IpAddr::from(POD_B_V4), POD_B_V6.into()] {
+            self.set_entry(addr, "active", "vethpb", None)?;
         }
         Ok(())
+    }
+
+    /// Writes one datapath entry by hand: through the running agent (`PUT /v1/datapath/{ip}`),
+    /// which is the maps' one writer, or with `ipq-agent datapath set` when none runs (which
+    /// refuses while one does).
+    pub fn set_entry(
+        &self,
+        addr: IpAddr,
+        state: &str,
+        holder: &str,
+        fenced: Option<&str>,
+    ) -> anyhow::Result<()> {
+        let socket = self.work_dir().join("ipq.sock");
+        let body = serde_json::json!({ "state": state, "holder": holder, "fenced": fenced });
+        match crate::api::request(
+            &socket,
+            "PUT",
+            &format!("/v1/datapath/{addr}"),
+            Some(&body.to_string()),
+        ) {
+            Ok(answer) if answer.status == 200 => return Ok(()),
+            Ok(answer) => bail!("PUT /v1/datapath/{addr}: {} {}", answer.status, answer.body),
+            // No agent listening: the break-glass tool writes the pinned maps itself.
+            Err(_) => {}
+        }
+        let addr = addr.to_string();
+        let mut args = vec!["set", &addr, "--state", state, "--holder", holder];
+        if let Some(fenced) = fenced {
+            args.extend(["--fenced", fenced]);
+        }
+        self.datapath(&args).map(drop)
     }
 }
 

@@ -9,7 +9,7 @@ use tokio::sync::{broadcast, oneshot};
 use super::{
     model::{
         AddressList, AddressView, ChangedResponse, ClaimRequest, ClaimResponse, ConflictList,
-        DrainAttachmentRequest, Event, GcRequest, Status,
+        DatapathEntryRequest, DatapathEntryView, DrainAttachmentRequest, Event, GcRequest, Status,
     },
     views::ApiError,
 };
@@ -61,6 +61,17 @@ pub enum Command {
     HoldRelease {
         release: Box<crate::cni::ipam::release::HeldRelease>,
         reply: Reply<crate::cni::ipam::release::HeldRelease>,
+    },
+    /// Break-glass: one datapath entry written, or removed, by the agent (the maps' one
+    /// writer) behind the registry's back.
+    DatapathPut {
+        addr: IpAddr,
+        request: DatapathEntryRequest,
+        reply: Reply<DatapathEntryView>,
+    },
+    DatapathDelete {
+        addr: IpAddr,
+        reply: Reply<DatapathEntryView>,
     },
     /// ipq-ipam's releaser: which addresses of a held allocation are not free yet.
     AllocationBusy {

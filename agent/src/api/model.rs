@@ -302,6 +302,30 @@ pub enum EventBody {
     Lost { n: u64 },
 }
 
+/// `PUT /v1/datapath/{ip}`: break-glass, one datapath entry written by the agent itself (the
+/// maps' one writer) without the registry knowing.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatapathEntryRequest {
+    /// `active`, `draining` or `quarantined`.
+    pub state: String,
+    /// The interface of the holder whose traffic flows (required but for `quarantined`).
+    #[serde(default)]
+    pub holder: Option<String>,
+    /// An interface whose packets with this address are dropped both ways.
+    #[serde(default)]
+    pub fenced: Option<String>,
+}
+
+/// A datapath entry as the agent wrote or removed it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DatapathEntryView {
+    pub address: IpAddr,
+    pub state: String,
+    pub holder_ifindex: u32,
+    pub fenced_ifindex: u32,
+}
+
 /// `GET /v1/status`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Status {

@@ -127,6 +127,24 @@ async fn route(request: Request<Incoming>, ctx: &Context) -> Result<Response<Bod
             let release = Box::new(release);
             json(ask(ctx, |reply| Command::HoldRelease { release, reply }).await?)
         }
+        ["datapath", ip] => {
+            query.allow(&[])?;
+            let addr = parse_ip(ip)?;
+            if method == Method::DELETE {
+                return json(ask(ctx, |reply| Command::DatapathDelete { addr, reply }).await?);
+            }
+            only(&method, Method::PUT, &path)?;
+            let request: super::model::DatapathEntryRequest =
+                decode(&read_body(request, &what).await?, &what)?;
+            json(
+                ask(ctx, |reply| Command::DatapathPut {
+                    addr,
+                    request,
+                    reply,
+                })
+                .await?,
+            )
+        }
         ["gc"] => {
             only(&method, Method::POST, &path)?;
             query.allow(&[])?;

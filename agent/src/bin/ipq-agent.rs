@@ -7,7 +7,7 @@ use anyhow::{bail, Context as _};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use ipq::{
     config::{keys, Config, Overrides},
-    datapath::DatapathMaps,
+    datapath::{lock, DatapathMaps, PinnedReading},
     hygiene, netdev, paths,
 };
 use ipq_common::{
@@ -144,15 +144,32 @@ fn ifindex_of(name: &Option<String>, what: &str) -> anyhow::Result<u32> {
     }
 }
 
+/// The lock of `bpffs_dir` for a break-glass write: refused, naming the agent, while one runs
+/// (it is the maps' one writer).
+fn write_lock(bpffs_dir: &std::path::Path, addr: &IpAddr) -> anyhow::Result<lock::BpffsLock> {
+    match lock::acquire(bpffs_dir) {
+        Ok(lock) => Ok(lock),
+        Err(lock::LockError::Held { holder, .. }) => bail!(
+            "{}: an ipq-agent ({}) runs on it and is the one writer of its maps; write through \
+             it instead (PUT or DELETE /v1/datapath/{addr} on its API socket; claims, drains \
+             and releases with `ipq`), or stop the agent first",
+            bpffs_dir.display(),
+            holder.map_or_else(|| "pid unknown".to_owned(), |pid| format!("pid {pid}"))
+        ),
+        Err(e) => Err(e.into()),
+    }
+}
+
 fn datapath_command(command: DatapathCommand) -> anyhow::Result<()> {
     match command {
         DatapathCommand::Show { bpffs_dir } => {
-            let maps = DatapathMaps::open_pinned(&bpffs_dir)?;
+            // Reads only: an agent may be writing these maps right now.
+            let PinnedReading { entries, counters } = DatapathMaps::read_pinned(&bpffs_dir)?;
             println!(
                 "{:<40} {:<12} {:>7} {:>7}",
                 "ADDRESS", "STATE", "HOLDER", "FENCED"
             );
-            for (addr, entry) in maps.table.entries()? {
+            for (addr, entry) in entries {
                 let state = entry.state().map_or("unknown", AddrState::as_str);
                 println!(
                     "{:<40} {:<12} {:>7} {:>7}",
@@ -162,7 +179,6 @@ fn datapath_command(command: DatapathCommand) -> anyhow::Result<()> {
                     entry.fenced_ifindex
                 );
             }
-            let counters = maps.counters()?;
             for action in Action::ALL {
                 for hook in Hook::ALL {
                     for reason in Reason::ALL {
@@ -198,6 +214,7 @@ fn datapath_command(command: DatapathCommand) -> anyhow::Result<()> {
             if state != AddrState::Quarantined && holder == NO_IFINDEX {
                 bail!("--holder is required for an {} address", state.as_str());
             }
+            let _lock = write_lock(&bpffs_dir, &addr)?;
             let mut maps = DatapathMaps::open_pinned(&bpffs_dir)?;
             let entry = AddrEntry::new(state, holder, netdev::monotonic_ns()).with_fenced(fenced);
             maps.table.put(AddrKey::from(addr), entry)?;
@@ -207,6 +224,7 @@ fn datapath_command(command: DatapathCommand) -> anyhow::Result<()> {
             );
         }
         DatapathCommand::Delete { addr, bpffs_dir } => {
+            let _lock = write_lock(&bpffs_dir, &addr)?;
             let mut maps = DatapathMaps::open_pinned(&bpffs_dir)?;
             match maps.table.remove(&AddrKey::from(addr))? {
                 Some(_) => println!("{addr}: removed"),

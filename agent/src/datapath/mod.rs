@@ -3,6 +3,7 @@
 
 pub mod attach;
 pub mod held_pins;
+pub mod lock;
 pub mod maps;
 mod object;
 mod port;
@@ -60,6 +61,8 @@ pub enum DatapathError {
     NotBpffs { path: PathBuf },
     #[error("{path}: {source}")]
     Io { path: PathBuf, source: io::Error },
+    #[error(transparent)]
+    Locked(#[from] lock::LockError),
     #[error("bpffs_dir: {0}")]
     Dir(#[from] crate::safe_fs::DirError),
     #[error(
@@ -142,6 +145,12 @@ pub struct LoadOptions {
     pub mode: Mode,
 }
 
+/// What [`DatapathMaps::read_pinned`] read.
+pub struct PinnedReading {
+    pub entries: Vec<(AddrKey, AddrEntry)>,
+    pub counters: Vec<Counter>,
+}
+
 /// The maps of a datapath, whether just loaded or opened from pins.
 pub struct DatapathMaps {
     pub table: AddressTable,
@@ -180,6 +189,21 @@ impl DatapathMaps {
         self.counters.read()
     }
 
+    /// What the pinned maps under `bpffs_dir` hold, read without writing anything: every
+    /// `IPQ_ADDRS` entry (the truth the accelerators are derived from) and the counters. For
+    /// `ipq-agent datapath show` and the tests, beside a running agent, which is the maps' one
+    /// writer: opening the table would set its copy and slots again.
+    pub fn read_pinned(bpffs_dir: &Path) -> Result<PinnedReading, DatapathError> {
+        let layout = PinLayout::new(bpffs_dir);
+        let mut source = maps::Source::Pinned(&layout);
+        let addrs = maps::AddrMap::open(&mut source)?;
+        let counters = Counters::open(&mut source)?;
+        Ok(PinnedReading {
+            entries: addrs.entries()?,
+            counters: counters.read()?,
+        })
+    }
+
     pub fn set_mode(&mut self, mode: Mode) -> Result<(), DatapathError> {
         let mut config = self.config.get()?;
         config.mode = mode as u32;
@@ -192,6 +216,8 @@ impl DatapathMaps {
 
 /// A loaded datapath: the programs, the maps, and the attachments this agent made.
 pub struct Datapath {
+    /// This agent is the one writer of the maps under `bpffs_dir` for as long as it runs.
+    _lock: lock::BpffsLock,
     ebpf: Ebpf,
     layout: PinLayout,
     pub maps: DatapathMaps,
@@ -266,6 +292,8 @@ impl Datapath {
         let layout = PinLayout::new(&options.bpffs_dir);
         check_bpffs(layout.root())?;
         create_dir(layout.root())?;
+        // Before any map is opened: a second agent on the same maps is refused here.
+        let lock = lock::acquire(layout.root())?;
         create_dir(&layout.maps_dir())?;
         create_dir(&layout.links_dir())?;
         create_dir(&layout.programs_dir())?;
@@ -344,6 +372,7 @@ impl Datapath {
             }
         );
         Ok(Self {
+            _lock: lock,
             ebpf,
             layout,
             maps,

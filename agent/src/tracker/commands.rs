@@ -74,6 +74,14 @@ impl Tracker {
             Command::HoldRelease { release, reply } => {
                 return answer(reply, self.hold_release(*release))
             }
+            Command::DatapathPut {
+                addr,
+                request,
+                reply,
+            } => return answer(reply, self.datapath_put(addr, &request)),
+            Command::DatapathDelete { addr, reply } => {
+                return answer(reply, self.datapath_delete(addr))
+            }
             Command::AllocationBusy { query, reply } => {
                 return answer(reply, Ok(self.allocation_busy(&query)))
             }

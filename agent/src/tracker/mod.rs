@@ -16,6 +16,7 @@
 //! when the journal is behind, and nothing that changed the registry is answered before a save
 //! reached its generation.
 
+mod break_glass;
 mod commands;
 mod effects;
 mod events;

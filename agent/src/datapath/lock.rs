@@ -1,0 +1,130 @@
+//! One writer of a `bpffs_dir`'s maps: an exclusive `flock` on the directory itself, held by an
+//! agent for its whole life and by the break-glass `ipq-agent datapath set|delete` while they
+//! write.
+//!
+//! The lock is on the directory (opened `O_DIRECTORY`), not on a file in it: bpffs holds only
+//! bpf objects and directories, and a lock file elsewhere could name another directory than
+//! the maps it guards. A second agent, or a break-glass write while an agent runs, is refused
+//! with the holder's pid, read from `/proc/locks` (the kernel's own record of who holds it).
+//! The lock goes with the holder's last descriptor: a SIGKILLed agent leaves none behind.
+
+use std::{
+    fs::{self, File, OpenOptions},
+    io,
+    os::{
+        fd::AsRawFd as _,
+        unix::fs::{MetadataExt as _, OpenOptionsExt as _},
+    },
+    path::{Path, PathBuf},
+};
+
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum LockError {
+    #[error(
+        "{} is in use by another process ({}): one ipq-agent per bpffs_dir, and no break-glass \
+         write beside it",
+        dir.display(),
+        holder.map_or_else(|| "pid unknown".to_owned(), |pid| format!("pid {pid}"))
+    )]
+    Held { dir: PathBuf, holder: Option<u32> },
+    #[error("locking {}: {source}", dir.display())]
+    Io { dir: PathBuf, source: io::Error },
+}
+
+/// The exclusive lock of one `bpffs_dir`, released when dropped.
+#[derive(Debug)]
+pub struct BpffsLock {
+    _dir: File,
+}
+
+/// Takes the lock of `dir` without waiting.
+pub fn acquire(dir: &Path) -> Result<BpffsLock, LockError> {
+    let io_err = |source| LockError::Io {
+        dir: dir.to_owned(),
+        source,
+    };
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(dir)
+        .map_err(io_err)?;
+    // SAFETY: flock on a descriptor this function owns.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let e = io::Error::last_os_error();
+        return Err(if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+            LockError::Held {
+                dir: dir.to_owned(),
+                holder: holder(dir),
+            }
+        } else {
+            io_err(e)
+        });
+    }
+    Ok(BpffsLock { _dir: file })
+}
+
+/// Who holds the flock of `dir`, as `/proc/locks` says: lines like
+/// `1: FLOCK  ADVISORY  WRITE 4242 00:1a:1234 0 EOF` (pid, then device major:minor in hex and
+/// inode in decimal).
+fn holder(dir: &Path) -> Option<u32> {
+    let meta = fs::metadata(dir).ok()?;
+    let (major, minor) = (libc::major(meta.dev()), libc::minor(meta.dev()));
+    let locks = fs::read_to_string("/proc/locks").ok()?;
+    holder_in(&locks, major, minor, meta.ino())
+}
+
+fn holder_in(locks: &str, major: u32, minor: u32, ino: u64) -> Option<u32> {
+    locks.lines().find_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        if fields.get(1) != Some(&"FLOCK") {
+            return None;
+        }
+        // "->" marks a waiter, which shifts the fields by one.
+        let at = usize::from(fields.get(2) == Some(&"->"));
+        let mut id = fields.get(5 + at)?.split(':');
+        let dev_major = u32::from_str_radix(id.next()?, 16).ok()?;
+        let dev_minor = u32::from_str_radix(id.next()?, 16).ok()?;
+        let inode: u64 = id.next()?.parse().ok()?;
+        ((dev_major, dev_minor, inode) == (major, minor, ino) && at == 0)
+            .then(|| fields.get(4)?.parse().ok())
+            .flatten()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_holder_is_read_from_proc_locks() {
+        let locks = "\
+1: POSIX  ADVISORY  WRITE 100 00:1a:77 0 EOF
+2: FLOCK  ADVISORY  WRITE 4242 00:2c:1234 0 EOF
+2: -> FLOCK  ADVISORY  WRITE 4343 00:2c:1234 0 EOF
+3: FLOCK  ADVISORY  WRITE 99 00:2c:1235 0 EOF
+";
+        assert_eq!(holder_in(locks, 0, 0x2c, 1234), Some(4242));
+        assert_eq!(
+            holder_in(locks, 0, 0x1a, 77),
+            None,
+            "a POSIX lock is not ours"
+        );
+        assert_eq!(holder_in(locks, 0, 0x2c, 1), None);
+    }
+
+    #[test]
+    fn a_second_lock_is_refused_naming_this_process_and_released_on_drop() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = acquire(dir.path()).unwrap();
+        match acquire(dir.path()) {
+            Err(LockError::Held { holder, .. }) => {
+                assert_eq!(holder, Some(std::process::id()));
+            }
+            other => panic!("expected Held, got {other:?}"),
+        }
+        drop(first);
+        acquire(dir.path()).expect("free again once dropped");
+    }
+}
