@@ -16,6 +16,7 @@
 //! purpose (an interface forgotten, a link replaced) calls [`release`] first, or the held
 //! descriptor would keep the link attached.
 
+use crate::paths::AttachPoint;
 use std::{
     collections::BTreeMap,
     ffi::CString,
@@ -111,29 +112,32 @@ pub fn link_attached(path: &Path) -> Option<bool> {
 }
 
 const BPF_PROG_QUERY: libc::c_long = 16;
-/// `BPF_LINK_TYPE_TCX`.
-const LINK_TYPE_TCX: u32 = 11;
+const BPF_TCX_INGRESS: u32 = 46;
+const BPF_TCX_EGRESS: u32 = 47;
 
-/// Whether the TCX link held for `path` runs first on its hook; `None` when the agent holds
-/// nothing there or it is not an attached TCX link. ipq attaches first: a program placed
-/// before it that ends processing (`TCX_PASS`) would hide every packet from it.
-pub fn tcx_first(path: &Path) -> Option<bool> {
-    let held = held();
-    let object = held.get(path)?;
-    let mut info = [0u8; 24];
-    let mut attr = [0u8; 64];
-    attr[0..4].copy_from_slice(&(object.fd.as_raw_fd() as u32).to_ne_bytes());
-    attr[4..8].copy_from_slice(&(info.len() as u32).to_ne_bytes());
-    attr[8..16].copy_from_slice(&(info.as_mut_ptr() as u64).to_ne_bytes());
-    bpf(BPF_OBJ_GET_INFO_BY_FD, &attr).ok()?;
-    let word = |at: usize| u32::from_ne_bytes([info[at], info[at + 1], info[at + 2], info[at + 3]]);
-    let (kind, ifindex, attach_type) = (word(0), word(16), word(20));
-    if kind != LINK_TYPE_TCX || ifindex == 0 {
-        return None;
-    }
-    // The hook's programs in order, with the links that hold them.
-    let mut prog_ids = [0u32; 16];
-    let mut link_ids = [0u32; 16];
+/// Where ipq's TCX link stands on its hook.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TcxPlace {
+    /// First: ipq's program sees every packet of the hook.
+    First,
+    /// Another program runs before it and could end processing (`TCX_PASS`) unseen.
+    Behind,
+    /// Not on the hook (detached through its pin, or the device is gone).
+    Absent,
+}
+
+/// Where the TCX link held for `path` (the link of `point` on `ifindex`) stands: one
+/// `BPF_PROG_QUERY` of the hook (the kernel takes `rtnl_lock` for it), whose link ids come in
+/// the order the programs run. `None` when the agent holds nothing at `path`.
+pub fn tcx_place(path: &Path, ifindex: u32, point: AttachPoint) -> Option<TcxPlace> {
+    let attach_type = match point {
+        AttachPoint::TcxIngress => BPF_TCX_INGRESS,
+        AttachPoint::TcxEgress => BPF_TCX_EGRESS,
+        AttachPoint::Xdp => return None,
+    };
+    let id = held().get(path)?.id;
+    let mut prog_ids = [0u32; 64];
+    let mut link_ids = [0u32; 64];
     let mut attr = [0u8; 64];
     attr[0..4].copy_from_slice(&ifindex.to_ne_bytes());
     attr[4..8].copy_from_slice(&attach_type.to_ne_bytes());
@@ -142,11 +146,19 @@ pub fn tcx_first(path: &Path) -> Option<bool> {
     attr[40..48].copy_from_slice(&(link_ids.as_mut_ptr() as u64).to_ne_bytes());
     match bpf(BPF_PROG_QUERY, &attr) {
         Ok(_) => {}
-        // More than 16 programs on one hook: ipq's is not first, or it would be listed.
+        // More programs on the hook than listed: ipq's, if there, is not first.
         Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => {}
+        Err(e) if e.raw_os_error() == Some(libc::ENODEV) => return Some(TcxPlace::Absent),
         Err(_) => return None,
     }
-    Some(link_ids[0] == object.id)
+    let count = u32::from_ne_bytes([attr[24], attr[25], attr[26], attr[27]]) as usize;
+    let listed = &link_ids[..count.min(link_ids.len())];
+    Some(match listed.iter().position(|link| *link == id) {
+        Some(0) => TcxPlace::First,
+        Some(_) => TcxPlace::Behind,
+        None if count > link_ids.len() => TcxPlace::Behind,
+        None => TcxPlace::Absent,
+    })
 }
 
 /// Takes a descriptor of the agent's own on the object pinned at `path` (replacing any held

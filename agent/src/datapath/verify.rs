@@ -22,7 +22,7 @@ use std::{
 
 use tokio::sync::mpsc;
 
-use super::held_pins::{self, Restored};
+use super::held_pins::{self, Restored, TcxPlace};
 use crate::paths::{AttachPoint, PinLayout};
 
 /// One pass's findings.
@@ -103,10 +103,20 @@ pub fn verify(root: &Path) -> Verification {
         else {
             continue;
         };
-        if held_pins::link_attached(path) == Some(false) {
-            detached.push(link);
-        } else if held_pins::tcx_first(path) == Some(false) {
-            behind.push(link);
+        let (ifindex, point) = link;
+        // One question to the kernel per link: each takes rtnl_lock, which every pod
+        // creation on the node needs too.
+        let place = match point {
+            AttachPoint::Xdp => match held_pins::link_attached(path) {
+                Some(false) => Some(TcxPlace::Absent),
+                _ => None,
+            },
+            _ => held_pins::tcx_place(path, ifindex, point),
+        };
+        match place {
+            Some(TcxPlace::Absent) => detached.push(link),
+            Some(TcxPlace::Behind) => behind.push(link),
+            Some(TcxPlace::First) | None => {}
         }
     }
     Verification {

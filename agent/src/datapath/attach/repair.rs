@@ -12,7 +12,7 @@ use super::{
     Hooked, Job, JobReport, Mechanism,
 };
 use crate::{
-    datapath::held_pins,
+    datapath::held_pins::{self, TcxPlace},
     paths::{AttachPoint, PinLayout},
 };
 
@@ -44,12 +44,13 @@ fn in_place(
     if tc_filter::place(ifindex, direction)? == Place::Ipq {
         return Ok(Ok(Mechanism::Netlink));
     }
-    if !link_attached() {
-        return Ok(Err(Fix::Attach));
-    }
-    Ok(match held_pins::tcx_first(&path) {
-        Some(false) => Err(Fix::MoveFirst),
-        _ => Ok(Mechanism::Tcx),
+    Ok(match held_pins::tcx_place(&path, ifindex, point) {
+        Some(TcxPlace::First) => Ok(Mechanism::Tcx),
+        Some(TcxPlace::Behind) => Err(Fix::MoveFirst),
+        Some(TcxPlace::Absent) => Err(Fix::Attach),
+        // Not held (an earlier agent's pin this one has not taken over yet): as the pin says.
+        None if path.exists() => Ok(Mechanism::Tcx),
+        None => Err(Fix::Attach),
     })
 }
 
