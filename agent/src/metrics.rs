@@ -133,6 +133,8 @@ pub struct Metrics {
     /// ipq-ipam: delegate DELs the agent ran for held allocations, by network and outcome
     /// (`released`, `failed`).
     pub ipam_releases: IntCounterVec,
+    /// ipq-ipam: addresses of held allocations, by network.
+    pub ipam_held_addresses: IntGaugeVec,
     /// ipq-ipam: held allocations whose release waits (quarantine running, or retrying).
     pub ipam_pending_releases: IntGauge,
     lost: LostCounts,
@@ -279,6 +281,22 @@ impl Metrics {
                      outcome (released; failed, retried with backoff).",
                 ),
                 &["network", "outcome"],
+            )?,
+        )?;
+        // Releases whose config names no network count under network "": those series exist
+        // from the start, so the alert on failures has a series to read before any release.
+        for outcome in ["released", "failed"] {
+            ipam_releases.with_label_values(&["", outcome]).inc_by(0);
+        }
+        let ipam_held_addresses = registered(
+            &registry,
+            IntGaugeVec::new(
+                Opts::new(
+                    "ipq_ipam_held_addresses",
+                    "Addresses whose allocation ipq-ipam holds in the node's IPAM until their \
+                     quarantine is over, by network.",
+                ),
+                &["network"],
             )?,
         )?;
         let ipam_pending_releases = registered(
@@ -476,6 +494,7 @@ impl Metrics {
             announcements_rate_limited,
             hygiene_failures,
             ipam_releases,
+            ipam_held_addresses,
             ipam_pending_releases,
             datapath_interfaces,
             unprotected_interfaces,

@@ -365,9 +365,16 @@ fn released_after_the_quarantine(
         a.v4
     );
     let not_before = deadline(&api, &a)?;
+    let network = [("network", chain.name.as_str())];
+    poll("ipq_ipam_held_addresses 1", RELEASE_WITHIN, || {
+        Ok((_agent.metric("ipq_ipam_held_addresses", &network)? == 1.0).then_some(()))
+    })?;
     let _others = fill_the_range(chain, &api, &a)?;
     wait_for_release(lab, chain, &api, &a, not_before)?;
     assert_released_once(lab, chain, &_agent)?;
+    poll("ipq_ipam_held_addresses 0", RELEASE_WITHIN, || {
+        Ok((_agent.metric("ipq_ipam_held_addresses", &network)? == 0.0).then_some(()))
+    })?;
     handed_out_again(lab, chain, &a)
 }
 

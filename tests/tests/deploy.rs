@@ -382,7 +382,12 @@ fn dockerfile_copies_what_the_repository_has_and_ships_the_workspace_binaries() 
     }
     assert_eq!(
         shipped,
-        BTreeSet::from(["ipq".into(), "ipq-agent".into(), "ipq-cni".into()])
+        BTreeSet::from([
+            "ipq".into(),
+            "ipq-agent".into(),
+            "ipq-cni".into(),
+            "ipq-ipam".into()
+        ])
     );
 
     // What the DaemonSet runs is what the image ships.

@@ -79,11 +79,13 @@ pub async fn run(
     let started = Instant::now();
     let mut retries: HashMap<PathBuf, Retry> = HashMap::new();
     let mut last_busy: LastBusy = HashMap::new();
+    let mut networks: HashSet<String> = HashSet::new();
     loop {
         if let Some(pending) = scan(&dir).await {
             metrics
                 .ipam_pending_releases
                 .set(i64::try_from(pending.len()).unwrap_or(i64::MAX));
+            set_held_addresses(&metrics, &pending, &mut networks);
             let paths: HashSet<&Path> = pending.iter().map(|p| p.path.as_path()).collect();
             retries.retain(|path, _| paths.contains(path.as_path()));
             last_busy.retain(|path, _| paths.contains(path.as_path()));
@@ -113,6 +115,35 @@ pub async fn run(
             }
         }
         tokio::time::sleep(POLL).await;
+    }
+}
+
+/// `ipq_ipam_held_addresses` per network from one scan; a network with none left reads 0.
+fn set_held_addresses(
+    metrics: &Metrics,
+    pending: &[Spooled<HeldRelease>],
+    networks: &mut HashSet<String>,
+) {
+    let mut held: HashMap<&str, i64> = HashMap::new();
+    for spooled in pending {
+        let network = spooled.request.network.as_deref().unwrap_or_default();
+        *held.entry(network).or_default() +=
+            i64::try_from(spooled.request.addresses.len()).unwrap_or(i64::MAX);
+    }
+    for network in networks.iter() {
+        if !held.contains_key(network.as_str()) {
+            metrics
+                .ipam_held_addresses
+                .with_label_values(&[network.as_str()])
+                .set(0);
+        }
+    }
+    for (network, count) in held {
+        metrics
+            .ipam_held_addresses
+            .with_label_values(&[network])
+            .set(count);
+        networks.insert(network.to_owned());
     }
 }
 
