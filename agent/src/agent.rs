@@ -208,12 +208,6 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
         mode: config.mode,
     })?;
     let pins_root = config.bpffs_dir.clone();
-    let (verify_tx, mut verifications) = mpsc::channel(1);
-    let verifier = tokio::spawn(verify::run(
-        pins_root.clone(),
-        config.verify_interval,
-        verify_tx,
-    ));
     let metrics = Metrics::new(&config.bpffs_dir)?;
     metrics
         .registry_capacity
@@ -258,6 +252,13 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
         source,
     })?;
     let (attacher, mut attach_reports) = datapath.start_attacher(tc_mode)?;
+    let (verify_tx, mut verifications) = mpsc::channel(1);
+    let verifier = tokio::spawn(verify::run(
+        pins_root.clone(),
+        attacher.netlink_hooks(),
+        config.verify_interval,
+        verify_tx,
+    ));
     let mut tracker = Tracker::new(config, datapath, attacher, journal, metrics.clone());
     let recovery = tracker.recover();
     // DELs spooled while no agent ran drain their holders before the dump says which are gone,

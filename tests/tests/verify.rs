@@ -250,3 +250,58 @@ fn a_program_put_before_ipqs_tcx_link_is_found_and_ipq_goes_first_again() {
         libc::close(prog);
     }
 }
+
+/// The verification's look at ipq's netlink filters, on its own: a hook of the test's (in a
+/// namespace no agent watches, so no notification repairs it first) carrying ipq's program as
+/// ipq's filter, then that filter deleted.
+#[test]
+fn the_verification_sees_a_netlink_filter_gone_as_the_kernel_lists_it() {
+    use aya::programs::{
+        tc::{self, NlOptions, TcAttachOptions, TcHandle},
+        SchedClassifier,
+    };
+    use ipq::{datapath::verify::missing_filters, paths::AttachPoint};
+    use ipq_common::names::{TC_FILTER_HANDLE, TC_FILTER_PRIORITY};
+    use std::collections::BTreeMap;
+
+    let lab = Lab::new().expect("building the lab");
+    let _agent = lab
+        .start_agent(&["--workload", "vethp*", "--tc-attach", "netlink"])
+        .expect("starting ipq-agent (it pins the programs)");
+    lab.peer
+        .ip(&["link", "add", "vq0", "type", "veth", "peer", "vq1"])
+        .expect("a veth of the test's");
+    lab.peer.ip(&["link", "set", "vq0", "up"]).expect("up");
+    let program = lab.bpffs.path().join("progs/ipq_tc_ingress");
+    lab.peer
+        .run(|| -> anyhow::Result<()> {
+            let mut prog = SchedClassifier::from_pin(&program)?;
+            let _ = tc::qdisc_add_clsact("vq0");
+            let id = prog.attach_with_options(
+                "vq0",
+                TcAttachType::Ingress,
+                TcAttachOptions::Netlink(NlOptions {
+                    priority: TC_FILTER_PRIORITY,
+                    handle: TcHandle::from(TC_FILTER_HANDLE),
+                    classid: None,
+                }),
+            )?;
+            // Dropping the link object would delete the filter: it stays, as ipq's do.
+            std::mem::forget(prog.take_link(id)?);
+            Ok(())
+        })
+        .expect("ipq's program as ipq's filter on vq0");
+    let ifindex = ipq_tests::lab::ifindex(&lab.peer, "vq0").expect("ifindex");
+    let hooks = BTreeMap::from([(ifindex, vec![AttachPoint::TcxIngress])]);
+    assert_eq!(lab.peer.run(|| missing_filters(&hooks)), vec![]);
+
+    lab.peer
+        .command("tc")
+        .args(["filter", "del", "dev", "vq0", "ingress", "pref", "2"])
+        .status()
+        .expect("tc filter del");
+    assert_eq!(
+        lab.peer.run(|| missing_filters(&hooks)),
+        vec![(ifindex, AttachPoint::TcxIngress)]
+    );
+}

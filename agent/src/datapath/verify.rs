@@ -12,18 +12,30 @@
 //!    processing would hide every packet from ipq); either is handed to the owner loop, which
 //!    queues a repair of its interface.
 //!
-//! O(pins): a few syscalls per pin, about 0.5 µs each; the pass's duration is a gauge
+//! 3. dumps the filters of every hook ipq's netlink filter should hold (the TC notifications
+//!    announce every change there; this catches what a lost notification would hide).
+//!
+//! O(pins + hooks): a few syscalls per pin, one dump per netlink hook; the pass's duration is a gauge
 //! (`ipq_datapath_verify_seconds`) and is shown in `ipq status`.
 
 use std::{
+    collections::BTreeMap,
     path::{Path, PathBuf},
+    sync::{Arc, Mutex},
     time::{Duration, Instant, SystemTime},
 };
 
 use tokio::sync::mpsc;
 
-use super::held_pins::{self, Restored, TcxPlace};
+use super::{
+    attach::tc_filter::{self, Direction, Place},
+    held_pins::{self, Restored, TcxPlace},
+};
 use crate::paths::{AttachPoint, PinLayout};
+
+/// The hooks ipq's netlink filter holds, by ifindex: written by the attacher on the owner
+/// loop, read by the verification off it.
+pub type NetlinkHooks = Arc<Mutex<BTreeMap<u32, Vec<AttachPoint>>>>;
 
 /// One pass's findings.
 #[derive(Debug)]
@@ -38,6 +50,8 @@ pub struct Verification {
     pub detached: Vec<(u32, AttachPoint)>,
     /// Held TCX links that something was attached before: (ifindex, hook).
     pub behind: Vec<(u32, AttachPoint)>,
+    /// Hooks that should hold ipq's netlink filter and do not: (ifindex, hook).
+    pub filters_missing: Vec<(u32, AttachPoint)>,
 }
 
 /// What the last pass found, as `ipq status` shows it.
@@ -70,6 +84,12 @@ impl Verification {
         found.extend(self.detached.iter().map(|(ifindex, point)| {
             format!("if{ifindex} {} link detached: repairing", point.as_str())
         }));
+        found.extend(self.filters_missing.iter().map(|(ifindex, point)| {
+            format!(
+                "if{ifindex} {}: ipq's filter missing: repairing",
+                point.as_str()
+            )
+        }));
         found.extend(self.behind.iter().map(|(ifindex, point)| {
             format!(
                 "if{ifindex} {}: another program runs before ipq's: moving ipq's first",
@@ -85,8 +105,27 @@ impl Verification {
     }
 }
 
-/// One pass over the pins under `root` (one `bpffs_dir`).
-pub fn verify(root: &Path) -> Verification {
+/// The hooks of `hooks` whose netlink filter is not ipq's any more, as the kernel lists them
+/// (one filter dump per hook; an interface gone meanwhile is skipped, its removal forgets it).
+pub fn missing_filters(hooks: &BTreeMap<u32, Vec<AttachPoint>>) -> Vec<(u32, AttachPoint)> {
+    let mut missing = Vec::new();
+    for (&ifindex, points) in hooks {
+        for &point in points {
+            let direction = match point {
+                AttachPoint::TcxEgress => Direction::Egress,
+                _ => Direction::Ingress,
+            };
+            match tc_filter::place(ifindex, direction) {
+                Ok(Place::Ipq) | Err(_) => {}
+                Ok(Place::Free | Place::Foreign(_)) => missing.push((ifindex, point)),
+            }
+        }
+    }
+    missing
+}
+
+/// One pass over the pins under `root` (one `bpffs_dir`) and the hooks of `netlink_hooks`.
+pub fn verify(root: &Path, netlink_hooks: &NetlinkHooks) -> Verification {
     let started = Instant::now();
     let restored = held_pins::restore(root);
     held_pins::report(&restored);
@@ -119,6 +158,12 @@ pub fn verify(root: &Path) -> Verification {
             Some(TcxPlace::First) | None => {}
         }
     }
+    // A copy, so the attacher is never kept waiting for the dumps.
+    let hooks = netlink_hooks
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .clone();
+    let filters_missing = missing_filters(&hooks);
     Verification {
         finished_at: SystemTime::now(),
         took: started.elapsed(),
@@ -126,18 +171,24 @@ pub fn verify(root: &Path) -> Verification {
         restored,
         detached,
         behind,
+        filters_missing,
     }
 }
 
 /// Verifies every `every` for as long as the agent runs, each pass's findings sent to the
 /// owner loop (a pass is skipped while the loop has not taken the last one).
-pub async fn run(root: PathBuf, every: Duration, findings: mpsc::Sender<Verification>) {
+pub async fn run(
+    root: PathBuf,
+    netlink_hooks: NetlinkHooks,
+    every: Duration,
+    findings: mpsc::Sender<Verification>,
+) {
     let mut ticks = tokio::time::interval(every);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticks.tick().await;
-        let root = root.clone();
-        match tokio::task::spawn_blocking(move || verify(&root)).await {
+        let (root, hooks) = (root.clone(), netlink_hooks.clone());
+        match tokio::task::spawn_blocking(move || verify(&root, &hooks)).await {
             Ok(verification) => {
                 if findings.try_send(verification).is_err() && findings.is_closed() {
                     return;

@@ -72,6 +72,9 @@ impl Tracker {
         for &(ifindex, point) in verification.detached.iter().chain(&verification.behind) {
             self.attacher.on_link_lost(ifindex, point);
         }
+        for &(ifindex, point) in &verification.filters_missing {
+            self.attacher.on_filter_missing(ifindex, point);
+        }
         self.metrics
             .verify_seconds
             .set(verification.took.as_secs_f64());

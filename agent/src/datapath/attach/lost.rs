@@ -9,7 +9,10 @@ use super::{
     Attacher, JobKind, JobReport, Lost, LostAttachment, Mechanism, Protection, Role, Target,
     TcMode,
 };
-use crate::{datapath::verify::Summary, paths::AttachPoint};
+use crate::{
+    datapath::verify::{NetlinkHooks, Summary},
+    paths::AttachPoint,
+};
 
 impl Attacher {
     /// A TC notification: queues a repair of the interface it names, if ipq's netlink filter
@@ -74,6 +77,39 @@ impl Attacher {
         });
         if by_link {
             self.repair(ifindex, Lost::Link);
+        }
+    }
+
+    /// The hooks held by ipq's netlink filter, shared with the verification: kept in step
+    /// with every report and every interface forgotten, O(1) each.
+    pub fn netlink_hooks(&self) -> NetlinkHooks {
+        self.netlink_hooks.clone()
+    }
+
+    pub(super) fn share_netlink_hooks(&self, ifindex: u32) {
+        let points: Vec<AttachPoint> = self.targets.get(&ifindex).map_or_else(Vec::new, |t| {
+            t.attached
+                .iter()
+                .filter(|(_, m)| **m == Mechanism::Netlink)
+                .map(|(p, _)| *p)
+                .collect()
+        });
+        let mut hooks = self
+            .netlink_hooks
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if points.is_empty() {
+            hooks.remove(&ifindex);
+        } else {
+            hooks.insert(ifindex, points);
+        }
+    }
+
+    /// A verification found ipq's netlink filter missing from `point` of `ifindex`, with no
+    /// notification seen: a repair is queued if ipq's filter is still meant to be there.
+    pub fn on_filter_missing(&mut self, ifindex: u32, point: AttachPoint) {
+        if self.concerned(ifindex, &[point]) {
+            self.repair(ifindex, Lost::Filter);
         }
     }
 

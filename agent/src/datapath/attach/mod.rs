@@ -98,6 +98,8 @@ pub struct Attacher {
     lost: Vec<LostAttachment>,
     /// What the last verification of the datapath found.
     verified: Option<crate::datapath::verify::Summary>,
+    /// The hooks held by ipq's netlink filter, for the verification to look at off the loop.
+    netlink_hooks: crate::datapath::verify::NetlinkHooks,
 }
 
 impl Attacher {
@@ -127,6 +129,7 @@ impl Attacher {
                 workers: true,
                 lost: Vec::new(),
                 verified: None,
+                netlink_hooks: Default::default(),
             },
             receiver,
         ))
@@ -147,6 +150,7 @@ impl Attacher {
             workers: false,
             lost: Vec::new(),
             verified: None,
+            netlink_hooks: Default::default(),
         };
         (attacher, queue)
     }
@@ -204,6 +208,7 @@ impl Attacher {
         self.reindex(ifindex, before);
         self.jobs.cancel(ifindex);
         self.remove_pins(ifindex);
+        self.share_netlink_hooks(ifindex);
     }
 
     fn remove_pins(&self, ifindex: u32) {
@@ -233,6 +238,7 @@ impl Attacher {
         let before = self.retry_times(ifindex);
         let changed = self.apply_report(report);
         self.reindex(ifindex, before);
+        self.share_netlink_hooks(ifindex);
         changed
     }
 

@@ -162,3 +162,20 @@ fn a_hook_that_never_had_ipqs_program_is_not_counted_lost() {
         "a failed attach, not a lost one"
     );
 }
+
+#[test]
+fn the_hooks_held_by_netlink_filters_are_shared_with_the_verification_as_they_change() {
+    let (mut attacher, queue) = protected();
+    let hooks = attacher.netlink_hooks();
+    let shared = || hooks.lock().unwrap().get(&VETH).cloned();
+    assert_eq!(
+        shared(),
+        Some(vec![AttachPoint::TcxIngress, AttachPoint::TcxEgress])
+    );
+    // The verification found the ingress filter gone without a notice: one repair.
+    attacher.on_filter_missing(VETH, AttachPoint::TcxIngress);
+    let job = queue.try_take().expect("a repair");
+    assert_eq!(job.kind, JobKind::Repair(Lost::Filter));
+    attacher.forget(VETH);
+    assert_eq!(shared(), None, "a forgotten interface is not looked at");
+}
