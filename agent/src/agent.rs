@@ -288,6 +288,7 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
         max_cooldown,
         command_tx.clone(),
         metrics.clone(),
+        tracker.ipam_holds(),
     ));
     let api =
         tokio::spawn(ApiServer::bind(&api_socket, access)?.serve(command_tx, metrics.clone()));

@@ -258,7 +258,8 @@ fn wait_for_release(
             let held = host_local_allocations(&data_dir(lab), &chain.name)?
                 .get(&pod.v4)
                 .is_some_and(|id| *id == pod.attachment.container_id);
-            let registered = api.get(pod.v4)?;
+            // An address the registry freed still has a view while the IPAM holds it.
+            let registered = api.get(pod.v4)?.filter(|v| v.state != StateName::Free);
             if held {
                 return Ok(None);
             }
@@ -365,6 +366,17 @@ fn released_after_the_quarantine(
         a.v4
     );
     let not_before = deadline(&api, &a)?;
+    // `ipq get` says the IPAM holds it, for whom, and that it goes after the quarantine.
+    // (The releaser's next scan of the stored releases shows it.)
+    let hold = poll("ipq get showing the IPAM's hold", RELEASE_WITHIN, || {
+        Ok(api.get(a.v4)?.and_then(|v| v.ipam_hold))
+    })?;
+    ensure!(
+        hold.network == chain.name
+            && hold.container_id == a.attachment.container_id
+            && hold.release == "after the quarantine",
+        "{hold:?}"
+    );
     let network = [("network", chain.name.as_str())];
     poll("ipq_ipam_held_addresses 1", RELEASE_WITHIN, || {
         Ok((_agent.metric("ipq_ipam_held_addresses", &network)? == 1.0).then_some(()))
@@ -375,6 +387,11 @@ fn released_after_the_quarantine(
     poll("ipq_ipam_held_addresses 0", RELEASE_WITHIN, || {
         Ok((_agent.metric("ipq_ipam_held_addresses", &network)? == 0.0).then_some(()))
     })?;
+    ensure!(
+        api.get(a.v4)?.is_none(),
+        "released: neither the registry nor the IPAM holds {}",
+        a.v4
+    );
     handed_out_again(lab, chain, &a)
 }
 

@@ -173,6 +173,23 @@ pub struct AddressView {
     /// holder announced), if one ran since it entered the registry.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_flush: Option<HygieneView>,
+    /// The node's IPAM keeps this address allocated for ipq (`ipq-ipam`): not handed out again
+    /// until ipq runs the delegate's DEL.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipam_hold: Option<IpamHoldView>,
+}
+
+/// An allocation `ipq-ipam` holds in the node's IPAM.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IpamHoldView {
+    pub network: String,
+    pub container_id: String,
+    pub ifname: String,
+    /// When it is given back: `after the quarantine` (until the address's `until`), `now`
+    /// (free: the delegate's DEL runs within a second), or `failing` (retried with backoff).
+    pub release: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// One reuse-hygiene pass on an address: what the node forgot of its old holder.

@@ -93,6 +93,7 @@ pub fn address_view(record: &AddrRecord, time: &TimeBase) -> AddressView {
         attachment: None,
         observe_only: record.observe_only,
         last_flush: None,
+        ipam_hold: None,
     }
 }
 

@@ -41,9 +41,13 @@ pub fn addresses(views: &[AddressView], now: SystemTime) -> String {
     let any_unprotected = views
         .iter()
         .any(|v| v.protection.as_deref().is_some_and(|p| p != "protected"));
+    let any_held = views.iter().any(|v| v.ipam_hold.is_some());
     let mut header = vec!["ADDRESS", "STATE", "HOLDER", "SINCE", "UNTIL", "CONFLICTS"];
     if any_fenced {
         header.push("FENCED");
+    }
+    if any_held {
+        header.push("IPAM");
     }
     if any_unprotected {
         header.push("PROTECTION");
@@ -67,6 +71,13 @@ pub fn addresses(views: &[AddressView], now: SystemTime) -> String {
         ];
         if any_fenced {
             row.push(holder_cell(view.fenced.as_ref()));
+        }
+        if any_held {
+            row.push(
+                view.ipam_hold
+                    .as_ref()
+                    .map_or_else(|| NONE.to_owned(), |h| format!("held ({})", h.release)),
+            );
         }
         if any_unprotected {
             row.push(view.protection.clone().unwrap_or_else(|| NONE.to_owned()));
@@ -101,6 +112,30 @@ pub fn address_detail(view: &AddressView, now: SystemTime) -> String {
         pairs.push((
             "Observe only".to_owned(),
             "yes: an early reuse was let through (on_early_reuse = observe)".to_owned(),
+        ));
+    }
+    if let Some(hold) = &view.ipam_hold {
+        let when = match (hold.release.as_str(), &view.until) {
+            ("after the quarantine", Some(until)) => {
+                format!(
+                    "after the quarantine, {}",
+                    absolute_and_relative(until, now)
+                )
+            }
+            (release, _) => release.to_owned(),
+        };
+        pairs.push((
+            "Held by IPAM".to_owned(),
+            format!(
+                "network {}, container {} ({}); released {when}{}",
+                hold.network,
+                hold.container_id,
+                hold.ifname,
+                hold.error
+                    .as_deref()
+                    .map(|e| format!(": {e}"))
+                    .unwrap_or_default()
+            ),
         ));
     }
     hygiene_fields(&mut pairs, view.last_flush.as_ref(), now);

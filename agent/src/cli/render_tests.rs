@@ -5,7 +5,7 @@ use std::time::SystemTime;
 use super::render::{self, holder_short};
 use crate::{
     api::model::{
-        AddressView, ClaimFlushView, ConflictView, Event, EventBody, InterfaceStatus,
+        AddressView, ClaimFlushView, ConflictView, Event, EventBody, InterfaceStatus, IpamHoldView,
         RegistryCounts, Status, VerificationView,
     },
     config::EarlyReusePolicy,
@@ -47,6 +47,7 @@ fn view(address: &str, state: StateName, since: &str) -> AddressView {
         attachment: None,
         observe_only: false,
         last_flush: None,
+        ipam_hold: None,
     }
 }
 
@@ -491,4 +492,46 @@ fn get_shows_the_last_flush_and_what_failed() {
     ] {
         assert!(text.contains(line), "{line:?} in:\n{text}");
     }
+}
+
+#[test]
+fn an_address_the_ipam_holds_says_for_whom_and_when_it_goes() {
+    let hold = |release: &str, error: Option<&str>| IpamHoldView {
+        network: "pods".into(),
+        container_id: "c1".into(),
+        ifname: "eth0".into(),
+        release: release.into(),
+        error: error.map(Into::into),
+    };
+    let quarantined = AddressView {
+        until: Some("2026-11-22T10:02:00Z".into()),
+        ipam_hold: Some(hold("after the quarantine", None)),
+        ..view("10.77.0.2", StateName::Quarantined, "2026-11-22T10:00:59Z")
+    };
+    let detail = render::address_detail(&quarantined, now());
+    assert!(
+        detail.contains(
+            "network pods, container c1 (eth0); released after the quarantine, \
+             2026-11-22T10:02:00Z (in 1m)"
+        ),
+        "{detail}"
+    );
+    let failing = AddressView {
+        ipam_hold: Some(hold(
+            "failing",
+            Some("host-local: no such file (3 attempts)"),
+        )),
+        ..view("10.77.0.3", StateName::Free, "")
+    };
+    let detail = render::address_detail(&failing, now());
+    assert!(
+        detail.contains("released failing: host-local: no such file (3 attempts)"),
+        "{detail}"
+    );
+    let list = render::addresses(&[quarantined, failing], now());
+    assert!(
+        list.lines().next().is_some_and(|h| h.ends_with("IPAM")),
+        "{list}"
+    );
+    assert!(list.contains("held (failing)"), "{list}");
 }

@@ -168,14 +168,16 @@ impl Tracker {
 
     fn list(&self, state: Option<StateName>) -> AddressList {
         let time = TimeBase::now();
-        AddressList {
-            addresses: self
-                .registry
-                .iter()
-                .filter(|r| state.is_none_or(|s| r.state() == s))
-                .map(|r| self.with_last_flush(self.view_of(r, &time), &time))
-                .collect(),
+        let mut addresses: Vec<AddressView> = self
+            .registry
+            .iter()
+            .filter(|r| state.is_none_or(|s| r.state() == s))
+            .map(|r| self.with_last_flush(self.view_of(r, &time), &time))
+            .collect();
+        if state.is_none_or(|s| s == StateName::Free) {
+            addresses.extend(self.held_free_views());
         }
+        AddressList { addresses }
     }
 
     pub(super) fn view(&self, addr: IpAddr) -> Result<AddressView, ApiError> {
@@ -183,6 +185,7 @@ impl Tracker {
         self.registry
             .get(addr)
             .map(|r| self.with_last_flush(self.view_of(r, &time), &time))
+            .or_else(|| self.held_free_view(addr))
             .ok_or_else(|| {
                 ApiError::new(
                     ErrorCode::NotFound,
@@ -194,7 +197,7 @@ impl Tracker {
 
     /// A record's view, with the protection of its live holder's interface.
     fn view_of(&self, record: &crate::registry::AddrRecord, time: &TimeBase) -> AddressView {
-        let mut view = address_view(record, time);
+        let mut view = self.with_ipam_hold(address_view(record, time));
         if let Some(target) = record
             .status
             .holder()

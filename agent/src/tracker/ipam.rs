@@ -9,11 +9,18 @@ use super::Tracker;
 use crate::{
     api::{
         command::AllocationQuery,
-        model::{AddressList, ErrorCode},
+        model::{AddressList, AddressView, ErrorCode, IpamHoldView},
         views::ApiError,
     },
-    cni::{ipam::release::HeldRelease, spool},
+    cni::{
+        ipam::{
+            holds::{Hold, Holds},
+            release::HeldRelease,
+        },
+        spool,
+    },
     paths,
+    registry::StateName,
 };
 
 impl Tracker {
@@ -57,7 +64,8 @@ impl Tracker {
         AddressList {
             addresses: wanted
                 .into_iter()
-                .filter_map(|addr| self.view(addr).ok())
+                // The IPAM's own hold of a freed address is what waits on this answer.
+                .filter_map(|addr| self.view(addr).ok().filter(|v| v.state != StateName::Free))
                 .collect(),
         }
     }
@@ -83,5 +91,82 @@ impl Tracker {
             path.display()
         );
         Ok(release)
+    }
+}
+
+/// How `hold` of an address in `state` is given back.
+fn hold_view(hold: Hold, state: StateName) -> IpamHoldView {
+    let release = if hold.failures > 0 {
+        "failing"
+    } else if state == StateName::Free {
+        "now"
+    } else {
+        "after the quarantine"
+    };
+    IpamHoldView {
+        network: hold.network,
+        container_id: hold.container_id,
+        ifname: hold.ifname,
+        release: release.to_owned(),
+        error: hold
+            .last_error
+            .map(|e| format!("{e} ({} attempts)", hold.failures)),
+    }
+}
+
+impl Tracker {
+    /// The shared table of ipq-ipam's holds, for its releaser to keep up to date.
+    pub fn ipam_holds(&self) -> Holds {
+        self.ipam_holds.clone()
+    }
+
+    /// `view` with the IPAM's hold of its address, if there is one. O(log held).
+    pub(super) fn with_ipam_hold(&self, mut view: AddressView) -> AddressView {
+        view.ipam_hold = self
+            .ipam_holds
+            .get(view.address)
+            .map(|hold| hold_view(hold, view.state));
+        view
+    }
+
+    /// An address free in the registry that the IPAM still holds for ipq: its view says so.
+    pub(super) fn held_free_view(&self, addr: IpAddr) -> Option<AddressView> {
+        let hold = self.ipam_holds.get(addr)?;
+        Some(AddressView {
+            ipam_hold: Some(hold_view(hold, StateName::Free)),
+            ..free_view(addr)
+        })
+    }
+
+    /// Every address the IPAM holds that the registry has freed already: O(held).
+    pub(super) fn held_free_views(&self) -> Vec<AddressView> {
+        self.ipam_holds
+            .all()
+            .into_iter()
+            .filter(|(addr, _)| self.registry.get(*addr).is_none())
+            .filter_map(|(addr, _)| self.held_free_view(addr))
+            .collect()
+    }
+}
+
+/// The view of an address the registry does not hold.
+fn free_view(addr: IpAddr) -> AddressView {
+    AddressView {
+        address: addr,
+        state: StateName::Free,
+        holder: None,
+        previous_holder: None,
+        fenced: None,
+        blocked_claimant: None,
+        displaced: Vec::new(),
+        since: String::new(),
+        until: None,
+        last_stale: None,
+        conflicts: 0,
+        protection: None,
+        attachment: None,
+        observe_only: false,
+        last_flush: None,
+        ipam_hold: None,
     }
 }

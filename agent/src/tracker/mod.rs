@@ -88,6 +88,8 @@ pub struct Tracker {
     started_at: SystemTime,
     /// Reuse hygiene's jobs and last reports (inert until started).
     hygiene: crate::hygiene::Hygiene,
+    /// The allocations ipq-ipam holds, as its releaser last saw them.
+    ipam_holds: crate::cni::ipam::holds::Holds,
     /// How often the O(interfaces) protection gauges were recomputed; for tests.
     #[cfg(test)]
     protection_observed: std::cell::Cell<u64>,
@@ -115,6 +117,7 @@ impl Tracker {
             events: EventHub::new(),
             started_at: SystemTime::now(),
             hygiene: crate::hygiene::Hygiene::disabled(),
+            ipam_holds: Default::default(),
             #[cfg(test)]
             protection_observed: std::cell::Cell::new(0),
         }

@@ -21,6 +21,7 @@
 pub mod add;
 pub mod config;
 pub mod delegate;
+pub mod holds;
 pub mod plugin;
 pub mod release;
 pub mod releaser;

@@ -29,7 +29,7 @@ use std::{
 use log::{error, info, warn};
 use tokio::sync::{mpsc, oneshot};
 
-use super::{delegate, release::HeldRelease};
+use super::{delegate, holds::Holds, release::HeldRelease};
 use crate::{
     api::command::{AllocationQuery, Command},
     cni::{
@@ -61,6 +61,7 @@ type LastBusy = HashMap<PathBuf, Instant>;
 struct Retry {
     failures: u32,
     next: Instant,
+    last_error: String,
 }
 
 fn backoff(failures: u32) -> Duration {
@@ -75,6 +76,7 @@ pub async fn run(
     max_cooldown: Duration,
     commands: mpsc::Sender<Command>,
     metrics: Arc<Metrics>,
+    holds: Holds,
 ) {
     let started = Instant::now();
     let mut retries: HashMap<PathBuf, Retry> = HashMap::new();
@@ -86,6 +88,11 @@ pub async fn run(
                 .ipam_pending_releases
                 .set(i64::try_from(pending.len()).unwrap_or(i64::MAX));
             set_held_addresses(&metrics, &pending, &mut networks);
+            let failures = retries
+                .iter()
+                .map(|(path, r)| (path.clone(), (r.failures, Some(r.last_error.clone()))))
+                .collect();
+            holds.replace(&pending, &failures);
             let paths: HashSet<&Path> = pending.iter().map(|p| p.path.as_path()).collect();
             retries.retain(|path, _| paths.contains(path.as_path()));
             last_busy.retain(|path, _| paths.contains(path.as_path()));
@@ -111,7 +118,10 @@ pub async fn run(
                 } else if !free {
                     continue;
                 }
-                release(spooled, &metrics, &mut retries).await;
+                let addresses = spooled.request.addresses.clone();
+                if release(spooled, &metrics, &mut retries).await {
+                    holds.forget(&addresses);
+                }
             }
         }
         tokio::time::sleep(POLL).await;
@@ -190,11 +200,12 @@ async fn all_free(commands: &mpsc::Sender<Command>, release: &HeldRelease) -> Op
 
 /// Runs the delegate's DEL of `spooled` and removes it; a failure is counted, logged and
 /// retried with backoff.
+/// Runs one release's delegate DEL; whether it succeeded.
 async fn release(
     spooled: Spooled<HeldRelease>,
     metrics: &Metrics,
     retries: &mut HashMap<PathBuf, Retry>,
-) {
+) -> bool {
     let held = spooled.request.clone();
     let network = held.network.clone().unwrap_or_default();
     let outcome = tokio::task::spawn_blocking(move || run_del(&held))
@@ -218,6 +229,7 @@ async fn release(
             if let Err(e) = spooled.done() {
                 error!("ipam releases: {e}");
             }
+            true
         }
         Err(e) => {
             metrics
@@ -227,14 +239,17 @@ async fn release(
             let retry = retries.entry(spooled.path.clone()).or_insert(Retry {
                 failures: 0,
                 next: Instant::now(),
+                last_error: String::new(),
             });
             retry.failures += 1;
+            retry.last_error = e.to_string();
             let wait = backoff(retry.failures);
             retry.next = Instant::now() + wait;
             warn!(
                 "ipam: the {} DEL of container {} ({}) failed {} times, retried in {wait:?}: {e}",
                 request.delegate_type, request.container_id, request.ifname, retry.failures
             );
+            false
         }
     }
 }
