@@ -299,6 +299,8 @@ impl Metrics {
                 &["network"],
             )?,
         )?;
+        // Like the releases above: a series from the first scrape, so panels have one to show.
+        ipam_held_addresses.with_label_values(&[""]).set(0);
         let ipam_pending_releases = registered(
             &registry,
             IntGauge::new(

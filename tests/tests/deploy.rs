@@ -294,6 +294,8 @@ fn dashboard_panels_explain_themselves_and_follow_the_variables() {
         "ipq_announcements_total",
         "ipq_hygiene_failures_total",
         "ipq_datapath_attachments_lost_total",
+        "ipq_ipam_held_addresses",
+        "ipq_ipam_releases_total",
     ] {
         assert!(exprs.contains(metric), "no panel shows {metric}");
     }
