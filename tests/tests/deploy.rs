@@ -418,11 +418,12 @@ fn the_install_step_chains_ipq_cni_into_a_real_conflist_and_refuses_a_broken_one
     let original = fs::read_to_string(&calico).unwrap();
     fs::write(conf.join("10-calico.conflist"), &original).unwrap();
     let plugin = ipq_tests::netns::workspace_binary("ipq-cni");
-    let ipq_cni = |verb: &str| {
+    let ipq_cni_with = |verb: &str, extra: &[&str]| {
         let mut cmd = Command::new(&plugin);
         cmd.arg(verb)
             .arg(format!("--cni-conf-dir={}", conf.display()))
-            .arg(format!("--cni-bin-dir={}", bin.display()));
+            .arg(format!("--cni-bin-dir={}", bin.display()))
+            .args(extra);
         let out = cmd.output().unwrap();
         let text = format!(
             "{}{}",
@@ -431,6 +432,7 @@ fn the_install_step_chains_ipq_cni_into_a_real_conflist_and_refuses_a_broken_one
         );
         (out.status.success(), text)
     };
+    let ipq_cni = |verb: &str| ipq_cni_with(verb, &[]);
 
     let (ok, out) = ipq_cni("install");
     assert!(ok, "{out}");
@@ -448,6 +450,27 @@ fn the_install_step_chains_ipq_cni_into_a_real_conflist_and_refuses_a_broken_one
     );
     let (ok, out) = ipq_cni("install");
     assert!(ok && out.contains("nothing changed"), "{out}");
+    let (ok, out) = ipq_cni("uninstall");
+    assert!(ok, "{out}");
+    assert_eq!(
+        fs::read_to_string(conf.join("10-calico.conflist")).unwrap(),
+        original
+    );
+
+    // --hold-ipam: calico-ipam becomes ipq-ipam's delegate, ipq-ipam (beside the running
+    // binary) goes into the bin dir, and uninstall gives the file back.
+    let (ok, out) = ipq_cni_with("install", &["--hold-ipam"]);
+    assert!(ok && out.contains("ipq-ipam"), "{out}");
+    let held: Value =
+        serde_json::from_str(&fs::read_to_string(conf.join("10-calico.conflist")).unwrap())
+            .unwrap();
+    let ipam = &array(&held["plugins"])[0]["ipam"];
+    assert_eq!(ipam["type"], "ipq-ipam");
+    assert_eq!(ipam["delegate"]["type"], "calico-ipam");
+    assert_eq!(
+        fs::read(bin.join("ipq-ipam")).unwrap(),
+        fs::read(ipq_tests::netns::workspace_binary("ipq-ipam")).unwrap()
+    );
     let (ok, out) = ipq_cni("uninstall");
     assert!(ok, "{out}");
     assert_eq!(

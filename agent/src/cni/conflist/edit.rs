@@ -104,6 +104,8 @@ pub enum Refusal {
     SinglePluginFile,
     #[error("the `plugins` array could not be located in the text")]
     Unlocatable,
+    #[error("--hold-ipam: {0}")]
+    Ipam(#[from] super::wrap::WrapRefusal),
 }
 
 /// The outcome of [`install`].

@@ -141,7 +141,12 @@ pub fn write_atomically(path: &Path, contents: &[u8], mode: u32) -> Result<(), F
 /// Copies the plugin binary to `<bin_dir>/ipq-cni` atomically; `false` if it is already there
 /// with the same contents.
 pub fn install_binary(source: &Path, bin_dir: &Path) -> Result<bool, FilesError> {
-    let dest = bin_dir.join(super::edit::PLUGIN_TYPE);
+    install_binary_as(source, bin_dir, super::edit::PLUGIN_TYPE)
+}
+
+/// Copies the plugin `source` into `bin_dir` as `name`; `false` if it was there already.
+pub fn install_binary_as(source: &Path, bin_dir: &Path, name: &str) -> Result<bool, FilesError> {
+    let dest = bin_dir.join(name);
     let contents = fs::read(source).map_err(io_error("reading the plugin binary", source))?;
     if fs::read(&dest).is_ok_and(|existing| existing == contents) {
         return Ok(false);

@@ -12,6 +12,7 @@ mod files;
 mod scan;
 #[cfg(test)]
 mod tests;
+mod wrap;
 
 use std::{
     fmt,
@@ -22,6 +23,8 @@ use std::{
 use clap::{Args, Parser, Subcommand};
 
 pub use edit::{Entry, OnUnavailable, Refusal, PLUGIN_TYPE};
+
+use crate::cni::ipam::config::PLUGIN_TYPE as IPAM_TYPE;
 pub use files::{backup_path, FilesError, BACKUP_SUFFIX};
 
 use crate::paths::DEFAULT_API_SOCKET;
@@ -70,6 +73,14 @@ struct InstallArgs {
     /// What ADD does when the agent cannot be reached
     #[arg(long, value_enum, default_value = "fail")]
     on_unavailable: OnUnavailable,
+    /// Also wrap the main plugin's `ipam` section in ipq-ipam, so that the node's IPAM keeps a
+    /// deleted pod's address allocated until its quarantine is over (without the flag, a
+    /// wrapped section is unwrapped)
+    #[arg(long)]
+    hold_ipam: bool,
+    /// The ipq-ipam binary to copy with --hold-ipam (default: `ipq-ipam` beside --binary)
+    #[arg(long)]
+    ipam_binary: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -147,22 +158,68 @@ fn refused(path: &Path) -> impl FnOnce(Refusal) -> FilesError + '_ {
     }
 }
 
-/// Copies `binary` into the bin dir and appends `entry` to the conflist. Nothing is written
-/// when the conflist is refused.
-pub fn install(locations: &Locations, binary: &Path, entry: &Entry) -> Result<Report, FilesError> {
+/// What `install` puts in the bin dir: ipq-cni, and with `--hold-ipam` ipq-ipam.
+pub struct Binaries<'a> {
+    pub cni: &'a Path,
+    /// `Some` exactly with `--hold-ipam`.
+    pub ipam: Option<&'a Path>,
+}
+
+/// Copies the binaries into the bin dir and appends `entry` to the conflist (and, with
+/// `binaries.ipam`, wraps the main plugin's `ipam` in ipq-ipam; without it, unwraps it).
+/// Nothing is written when the conflist is refused.
+pub fn install(
+    locations: &Locations,
+    binaries: &Binaries<'_>,
+    entry: &Entry,
+) -> Result<Report, FilesError> {
     let mut report = Report::default();
     let path = target(locations, &mut report)?;
     let text = files::read_config(&path)?;
     let outcome = edit::install(&text, entry).map_err(refused(&path))?;
+    let chained = match &outcome {
+        edit::Installed::AlreadyPresent => text.clone(),
+        edit::Installed::Inserted(new) | edit::Installed::Updated(new) => new.clone(),
+    };
+    let held = match binaries.ipam {
+        Some(_) => wrap::wrap(&chained, &entry.socket),
+        None => wrap::unwrap(&chained),
+    }
+    .map_err(|e| refused(&path)(e.into()))?;
 
-    // The binary first: a runtime must never find ipq-cni in the config without its binary.
-    report.binary_changed = files::install_binary(binary, &locations.bin_dir)?;
+    // The binaries first: a runtime must never find a plugin in the config without its binary.
+    report.binary_changed = files::install_binary(binaries.cni, &locations.bin_dir)?;
     let bin = locations.bin_dir.join(PLUGIN_TYPE);
     report.lines.push(if report.binary_changed {
-        format!("installed {} from {}", bin.display(), binary.display())
+        format!(
+            "installed {} from {}",
+            bin.display(),
+            binaries.cni.display()
+        )
     } else {
         format!("{} is up to date", bin.display())
     });
+    if let Some(ipam) = binaries.ipam {
+        let changed = files::install_binary_as(ipam, &locations.bin_dir, IPAM_TYPE)?;
+        report.binary_changed |= changed;
+        let bin = locations.bin_dir.join(IPAM_TYPE);
+        report.lines.push(if changed {
+            format!("installed {} from {}", bin.display(), ipam.display())
+        } else {
+            format!("{} is up to date", bin.display())
+        });
+    }
+    let outcome = match (outcome, held) {
+        (outcome, None) => outcome,
+        (edit::Installed::Inserted(_), Some(new)) => edit::Installed::Inserted(new),
+        (_, Some(new)) => {
+            report.lines.push(match binaries.ipam {
+                Some(_) => format!("wrapped the main plugin's ipam section in {IPAM_TYPE}"),
+                None => format!("unwrapped the main plugin's ipam section from {IPAM_TYPE}"),
+            });
+            edit::Installed::Updated(new)
+        }
+    };
 
     match outcome {
         edit::Installed::AlreadyPresent => report.lines.push(format!(
@@ -205,7 +262,19 @@ pub fn uninstall(locations: &Locations, remove_binary: bool) -> Result<Report, F
     let path = target(locations, &mut report)?;
     let text = files::read_config(&path)?;
     let backup = backup_path(&path);
-    match edit::uninstall(&text).map_err(refused(&path))? {
+    let unwrapped = wrap::unwrap(&text).map_err(|e| refused(&path)(e.into()))?;
+    let base = unwrapped.as_deref().unwrap_or(&text);
+    let removed = edit::uninstall(base).map_err(refused(&path))?;
+    let removed = match (removed, unwrapped.is_some()) {
+        (None, true) => Some(base.to_owned()),
+        (removed, _) => removed,
+    };
+    if unwrapped.is_some() {
+        report.lines.push(format!(
+            "unwrapped the main plugin's ipam section from {IPAM_TYPE}"
+        ));
+    }
+    match removed {
         None => report.lines.push(format!(
             "{} does not chain {PLUGIN_TYPE}: nothing changed",
             path.display()
@@ -233,10 +302,12 @@ pub fn uninstall(locations: &Locations, remove_binary: bool) -> Result<Report, F
         }
     }
     if remove_binary {
-        let bin = locations.bin_dir.join(PLUGIN_TYPE);
-        report.binary_changed = files::remove_if_present(&bin)?;
-        if report.binary_changed {
-            report.lines.push(format!("removed {}", bin.display()));
+        for name in [PLUGIN_TYPE, IPAM_TYPE] {
+            let bin = locations.bin_dir.join(name);
+            if files::remove_if_present(&bin)? {
+                report.binary_changed = true;
+                report.lines.push(format!("removed {}", bin.display()));
+            }
         }
     }
     Ok(report)
@@ -269,13 +340,22 @@ pub fn main(args: Vec<String>) -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
+            let ipam_binary = args.hold_ipam.then(|| {
+                args.ipam_binary
+                    .clone()
+                    .unwrap_or_else(|| binary.with_file_name(IPAM_TYPE))
+            });
             let entry = Entry {
                 socket: args.socket,
                 on_unavailable: args.on_unavailable,
             };
+            let binaries = Binaries {
+                cni: &binary,
+                ipam: ipam_binary.as_deref(),
+            };
             (
                 "install",
-                install(&locations(args.locations), &binary, &entry),
+                install(&locations(args.locations), &binaries, &entry),
             )
         }
         Command::Uninstall(args) => (

@@ -52,6 +52,41 @@ pub fn plugins_layout(text: &str) -> Option<PluginsLayout> {
     }
 }
 
+/// The value of `key` in the JSON object that `object` (a byte range of `text`) holds: its
+/// byte range (the last, if the key is repeated). `None` if there is no such member or the
+/// range is not a well-formed object.
+pub fn member(text: &str, object: std::ops::Range<usize>, key: &str) -> Option<Range<usize>> {
+    let bytes = &text.as_bytes()[..object.end];
+    let mut pos = skip_ws(bytes, object.start);
+    if bytes.get(pos) != Some(&b'{') {
+        return None;
+    }
+    pos = skip_ws(bytes, pos + 1);
+    if bytes.get(pos) == Some(&b'}') {
+        return None;
+    }
+    let mut found = None;
+    loop {
+        let key_end = string_end(bytes, pos)?;
+        let name: String = serde_json::from_str(&text[pos..key_end]).ok()?;
+        pos = skip_ws(bytes, key_end);
+        if bytes.get(pos) != Some(&b':') {
+            return None;
+        }
+        pos = skip_ws(bytes, pos + 1);
+        let value_end = value_end(bytes, pos)?;
+        if name == key {
+            found = Some(pos..value_end);
+        }
+        pos = skip_ws(bytes, value_end);
+        match bytes.get(pos)? {
+            b',' => pos = skip_ws(bytes, pos + 1),
+            b'}' => return found,
+            _ => return None,
+        }
+    }
+}
+
 fn array_layout(bytes: &[u8], open: usize) -> Option<PluginsLayout> {
     let mut elements = Vec::new();
     let mut pos = skip_ws(bytes, open + 1);

@@ -69,7 +69,14 @@ impl Node {
     }
 
     fn install(&self) -> Result<Report, FilesError> {
-        install(&self.locations(), &self.binary, &entry())
+        install(&self.locations(), &self.binaries(false), &entry())
+    }
+
+    fn binaries(&self, hold_ipam: bool) -> Binaries<'_> {
+        Binaries {
+            cni: &self.binary,
+            ipam: hold_ipam.then_some(self.binary.as_path()),
+        }
     }
 
     fn uninstall(&self) -> Result<Report, FilesError> {
@@ -279,7 +286,7 @@ fn the_active_config_is_the_lexically_first_as_runtimes_choose() {
     // Unless the operator names the conflist; then a note says which one runtimes use.
     let mut locations = node.locations();
     locations.conflist = Some("10-calico.conflist".into());
-    let report = install(&locations, &node.binary, &entry()).unwrap();
+    let report = install(&locations, &node.binaries(false), &entry()).unwrap();
     assert!(report.config_changed);
     assert!(
         report.to_string().contains("00-flannel.conf sorts first"),
@@ -305,7 +312,7 @@ fn changed_settings_or_a_misplaced_entry_are_updated_not_duplicated() {
         socket: "/var/run/ipq/agent.sock".into(),
         on_unavailable: OnUnavailable::Allow,
     };
-    let report = install(&node.locations(), &node.binary, &other).unwrap();
+    let report = install(&node.locations(), &node.binaries(false), &other).unwrap();
     assert!(report.config_changed && report.to_string().contains("updated"));
     let doc = json(&node.read(name));
     let ours: Vec<&Value> = plugins(&doc)
@@ -427,4 +434,57 @@ fn the_command_line_installs_and_reports_refusals_with_a_failure() {
     fs::write(node.conf.join("10-calico.conflist"), "{ // no").unwrap();
     assert_eq!(main(args("install")), std::process::ExitCode::FAILURE);
     assert_eq!(node.read("10-calico.conflist"), "{ // no");
+}
+
+#[test]
+fn hold_ipam_wraps_the_main_plugins_ipam_and_uninstall_gives_the_file_back_byte_for_byte() {
+    let mut wrapped = 0;
+    for name in REAL_WORLD {
+        let node = Node::fixture(name);
+        let original = node.read(name);
+        let has_ipam = json(&original)["plugins"][0]
+            .get("ipam")
+            .and_then(|i| i.get("type"))
+            .is_some();
+        let result = install(&node.locations(), &node.binaries(true), &entry());
+        if !has_ipam {
+            let e = result.expect_err("a main plugin without ipam cannot be wrapped");
+            assert!(
+                e.to_string().contains("has no `ipam` object"),
+                "{name}: {e}"
+            );
+            assert_eq!(node.read(name), original, "{name}: left alone");
+            continue;
+        }
+        result.unwrap_or_else(|e| panic!("{name}: {e}"));
+        let doc = json(&node.read(name));
+        let ipam = &plugins(&doc)[0]["ipam"];
+        assert_eq!(ipam["type"], "ipq-ipam", "{name}");
+        assert_eq!(
+            ipam["delegate"],
+            json(&original)["plugins"][0]["ipam"],
+            "{name}: the delegate is the original section"
+        );
+        assert!(
+            node.bin.join("ipq-ipam").is_file(),
+            "{name}: binary installed"
+        );
+        // Idempotent; then without the flag the section is unwrapped again.
+        let again = install(&node.locations(), &node.binaries(true), &entry()).unwrap();
+        assert!(!again.config_changed, "{name}: {again}");
+        node.install().unwrap();
+        assert_eq!(
+            plugins(&json(&node.read(name)))[0]["ipam"],
+            json(&original)["plugins"][0]["ipam"],
+            "{name}"
+        );
+        install(&node.locations(), &node.binaries(true), &entry()).unwrap();
+        let report = node.uninstall().unwrap();
+        assert_eq!(node.read(name), original, "{name}: {report}");
+        wrapped += 1;
+    }
+    assert!(
+        wrapped >= 2,
+        "only {wrapped} of the real-world conflists have an ipam to wrap"
+    );
 }
