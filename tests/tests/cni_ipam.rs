@@ -4,7 +4,8 @@
 //! allocation (the release is held durably for the agent), so the range is exhausted rather than
 //! wrapped onto the deleted pod's address. The agent runs host-local's DEL once the address's
 //! quarantine is over, never before (also across a SIGKILL, and with the agent away during the
-//! DEL), and the address is handed out again.
+//! DEL), and the address is handed out again. A second delegate, Debian's `static`, gets the
+//! same holds.
 
 use std::{
     net::IpAddr,
@@ -597,5 +598,66 @@ fn after_bounded_tries_of_held_addresses_the_add_is_try_again_later() -> anyhow:
             pod.v4
         );
     }
+    Ok(())
+}
+
+/// A second delegate that is not host-local: Debian's `static`, which knows nothing of holds
+/// and hands every pod the same configured address. The deleted pod's address stays held:
+/// the next pod's ADD is error 11 naming it, its holder and until when (ipq-ipam asked the
+/// delegate again, boundedly, and got the same address each time), and once the quarantine is
+/// over the agent runs static's DEL and the next pod gets it.
+#[test]
+fn static_as_the_delegate_gets_the_same_holds() -> anyhow::Result<()> {
+    let lab = Lab::new()?;
+    let static_ipam = json!({
+        "type": "static",
+        "addresses": [{"address": "10.95.0.5/24", "gateway": "10.95.0.1"}],
+    });
+    let ptp = json!({
+        "type": "ptp",
+        "ipMasq": false,
+        "ipam": ipq_ipam(static_ipam, &lab.work_dir().join("ipq.sock"), &state_dir(&lab)),
+    });
+    let name = format!("ipam-static-{}", std::process::id());
+    let chain = Chain::new(&lab.node, name, "1.0.0", vec![ptp, ipq_cni(&lab)])?;
+    let _agent = lab.start_agent(&QUARANTINE)?;
+    let api = AgentApi::new(&lab)?;
+    let a = add(&chain, "ia")?;
+    ensure!(
+        a.v4.to_string() == "10.95.0.5",
+        "static's address: {}",
+        a.v4
+    );
+    api.wait_state(a.v4, StateName::Active)?;
+    chain.del(&a.attachment, Some(&a.result))?;
+    let not_before = deadline(&api, &a)?;
+
+    let err = match add(&chain, "ib") {
+        Ok(pod) => anyhow::bail!("B must not get A's held {} yet", pod.v4),
+        Err(e) => e,
+    };
+    let text = format!("{err:#}");
+    ensure!(
+        text.contains("code Some(11)")
+            && text.contains("10.95.0.5")
+            && text.contains(&a.attachment.container_id)
+            && text.contains("until"),
+        "error 11 naming the held address, its holder and until: {text}"
+    );
+    ensure!(
+        SystemTime::now() < not_before,
+        "the refusal must come during the quarantine (it ended at {})",
+        humantime::format_rfc3339_millis(not_before)
+    );
+    // After the quarantine and the release, the next pod gets it.
+    let b = poll("B's ADD after A's release", RELEASE_WITHIN, || {
+        Ok(add(&chain, "ib").ok())
+    })?;
+    ensure!(
+        SystemTime::now() >= not_before && b.v4.to_string() == "10.95.0.5",
+        "B got {} at {}",
+        b.v4,
+        humantime::format_rfc3339_millis(SystemTime::now())
+    );
     Ok(())
 }
