@@ -58,6 +58,9 @@ pub struct BridgeNetwork {
     pub gateway: IpAddr,
     /// Plugin objects (JSON text) after `bridge`, e.g. `{"type":"ipq-cni",...}`.
     pub chained: Vec<String>,
+    /// ipq-ipam's section without its `delegate` (`{"type":"ipq-ipam","socket":...}`): when
+    /// set, it wraps host-local as its delegate.
+    pub ipam_wrapper: Option<serde_json::Value>,
 }
 
 /// Fails naming the Debian package when a tool the runtime needs is missing.
@@ -351,12 +354,23 @@ volume_path = "{volumes}"
             "unqualified-search-registries = []\n",
         )?;
         let net = &self.network;
-        let mut plugins = vec![format!(
-            r#"{{"type":"bridge","bridge":"{bridge}","isGateway":true,"ipMasq":false,"hairpinMode":false,"capabilities":{{"ips":true}},"ipam":{{"type":"host-local","dataDir":"{ipam}","ranges":[[{{"subnet":"{subnet}","gateway":"{gateway}"}}]],"routes":[{{"dst":"0.0.0.0/0"}}]}}}}"#,
-            bridge = net.bridge,
+        let host_local = format!(
+            r#"{{"type":"host-local","dataDir":"{ipam}","ranges":[[{{"subnet":"{subnet}","gateway":"{gateway}"}}]],"routes":[{{"dst":"0.0.0.0/0"}}]}}"#,
             ipam = path("ipam"),
             subnet = net.subnet,
             gateway = net.gateway,
+        );
+        let ipam = match &net.ipam_wrapper {
+            None => host_local,
+            Some(wrapper) => {
+                let mut wrapper = wrapper.clone();
+                wrapper["delegate"] = serde_json::from_str(&host_local)?;
+                wrapper.to_string()
+            }
+        };
+        let mut plugins = vec![format!(
+            r#"{{"type":"bridge","bridge":"{bridge}","isGateway":true,"ipMasq":false,"hairpinMode":false,"capabilities":{{"ips":true}},"ipam":{ipam}}}"#,
+            bridge = net.bridge,
         )];
         plugins.extend(net.chained.iter().cloned());
         fs::write(

@@ -1,6 +1,7 @@
 //! A real runtime (issue #4): podman 4.3 with the CNI network backend and runc, busybox
 //! containers from a local rootfs, the reference `bridge` + `host-local` plugins and, chained
-//! after them, `ipq-cni` talking to the real `ipq-agent`.
+//! after them, `ipq-cni` talking to the real `ipq-agent` (and, in one test, host-local wrapped by
+//! `ipq-ipam`).
 //!
 //! Everything runs in the lab's node namespace and in a private mount namespace with private
 //! storage, config and IPAM data (see `ipq_tests::podman`): the machine's own network, container
@@ -37,6 +38,7 @@ fn network(chained: Vec<String>) -> BridgeNetwork {
         subnet: "10.99.0.0/24".to_owned(),
         gateway: GATEWAY.into(),
         chained,
+        ipam_wrapper: None,
     }
 }
 
@@ -495,5 +497,82 @@ fn fence_old_gives_the_address_to_the_new_container_and_cuts_the_old_one_off() -
         ping_from_node(&lab, addr, 3)? == 3,
         "{addr} still answers the node"
     );
+    Ok(())
+}
+
+/// The same hold through podman (issue #18): host-local wrapped by ipq-ipam in podman's
+/// conflist, ipq-cni chained. A container asking for a static address (`--ip`, the `ips`
+/// capability) gets it; once removed, the next container asking for it is refused with error
+/// 11 naming the address while its quarantine runs, and gets it once the agent has released
+/// host-local's allocation.
+#[test]
+fn podman_with_ipq_ipam_holds_a_removed_containers_address_until_its_quarantine_ends(
+) -> anyhow::Result<()> {
+    let lab = Lab::new()?;
+    let _agent = lab.start_agent(&[
+        "--workload",
+        "veth*",
+        "--cooldown",
+        "4s",
+        "--quiet-period",
+        "1s",
+        "--max-cooldown",
+        "6s",
+    ])?;
+    let mut net = network(vec![ipq_cni_entry(&lab)]);
+    net.ipam_wrapper = Some(serde_json::json!({
+        "type": "ipq-ipam",
+        "socket": lab.work_dir().join("ipq.sock"),
+        "stateDir": lab.work_dir().join("state"),
+        "timeoutMs": 5000,
+    }));
+    let (cni, ipam) = (workspace_binary("ipq-cni"), workspace_binary("ipq-ipam"));
+    let podman = Podman::new(&lab.node, net, &[("ipq-cni", &cni), ("ipq-ipam", &ipam)])?;
+    let ipq = Ipq::new(&lab);
+    let addr: IpAddr = Ipv4Addr::new(10, 99, 0, 9).into();
+
+    podman.run("a", Some(addr), "while :; do sleep 1; done")?;
+    ipq.wait(addr, "held by a", |v| v.state == StateName::Active)?;
+    podman.podman(&["rm", "--force", "--time", "0", "a"])?;
+    let quarantined = ipq.wait(addr, "quarantined", |v| v.state == StateName::Quarantined)?;
+    let until = quarantined
+        .until
+        .as_deref()
+        .and_then(|t| humantime::parse_rfc3339(t).ok())
+        .context("a quarantine has a deadline")?;
+
+    let refused = podman.try_run("b", Some(addr), "while :; do sleep 1; done")?;
+    let said = String::from_utf8_lossy(&refused.stderr);
+    ensure!(
+        !refused.status.success() && said.contains(&addr.to_string()) && said.contains("until"),
+        "B asking for {addr} during A's quarantine must be refused naming it: {said}"
+    );
+    ensure!(
+        std::time::SystemTime::now() < until,
+        "refused during the quarantine"
+    );
+    podman.podman(&["rm", "--force", "--time", "0", "b"]).ok();
+
+    // Each try is a container of its own (a name has its rootfs).
+    let tries = std::cell::Cell::new(0);
+    poll(
+        "B given the address after the release",
+        Duration::from_secs(30),
+        || {
+            tries.set(tries.get() + 1);
+            let name = format!("b{}", tries.get());
+            let out = podman.try_run(&name, Some(addr), "while :; do sleep 1; done")?;
+            if out.status.success() {
+                return Ok(Some(()));
+            }
+            podman.podman(&["rm", "--force", "--time", "0", &name]).ok();
+            Ok(None)
+        },
+    )?;
+    ensure!(
+        std::time::SystemTime::now() >= until,
+        "not before the deadline"
+    );
+    ipq.wait(addr, "held by b", |v| v.state == StateName::Active)?;
     Ok(())
 }
