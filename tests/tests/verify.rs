@@ -222,11 +222,8 @@ fn a_program_put_before_ipqs_tcx_link_is_found_and_ipq_goes_first_again() {
     let before = lost(&agent, "tc_ingress");
 
     let vethpa = ipq_tests::lab::ifindex(&lab.node, "vethpa").expect("ifindex");
+    // (Not checked right after: the next verification may already have put ipq's first.)
     let (prog, link) = lab.node.run(|| foreign_program_first(vethpa));
-    assert_eq!(
-        tcx_ingress_names(&lab).first().map(String::as_str),
-        Some("foreign")
-    );
     poll("ipq's program first again", Duration::from_secs(10), || {
         let names = tcx_ingress_names(&lab);
         Ok((lost(&agent, "tc_ingress") == before + 1.0

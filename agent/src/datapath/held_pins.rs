@@ -16,6 +16,7 @@
 //! purpose (an interface forgotten, a link replaced) calls [`release`] first, or the held
 //! descriptor would keep the link attached.
 
+use crate::datapath::bpf_call::bpf;
 use crate::paths::AttachPoint;
 use std::{
     collections::BTreeMap,
@@ -45,19 +46,6 @@ static HELD: Mutex<BTreeMap<PathBuf, Held>> = Mutex::new(BTreeMap::new());
 fn held() -> MutexGuard<'static, BTreeMap<PathBuf, Held>> {
     // A panic elsewhere while holding the lock leaves the table itself consistent.
     HELD.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-/// `bpf(cmd, attr)` with a zero-padded attribute block (the kernel requires the bytes it does
-/// not know to be zero).
-fn bpf(cmd: libc::c_long, attr: &[u8; 64]) -> io::Result<i32> {
-    // SAFETY: the kernel reads at most `size` bytes of `attr`, which outlives the call; the
-    // pointers inside it point to live buffers of the caller.
-    let rc = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr.as_ptr(), attr.len()) };
-    if rc < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(rc as i32)
-    }
 }
 
 fn c_path(path: &Path) -> io::Result<CString> {

@@ -2,6 +2,7 @@
 //! attaching its programs to workload interfaces and uplinks, and the typed maps.
 
 pub mod attach;
+mod bpf_call;
 pub mod held_pins;
 pub mod lock;
 pub mod maps;

@@ -103,22 +103,7 @@ fn at_target(size: u32, row: Row, text: &str, met: impl Fn(f64) -> bool) -> Row 
 }
 
 pub fn run(opts: &BenchOptions) -> Result<Vec<Row>> {
-    let release = crate::util::workspace_root().join("target/release");
-    crate::util::run(&mut crate::util::cargo([
-        "build",
-        "--release",
-        "-p",
-        "ipq",
-        "--bins",
-    ]))?;
-    for binary in ["ipq-agent", "ipq-cni"] {
-        if !release.join(binary).is_file() {
-            bail!(
-                "{} is missing after the build",
-                release.join(binary).display()
-            );
-        }
-    }
+    super::release_binaries(&["ipq-agent", "ipq-cni"])?;
     let mut rows = Vec::new();
     let mut node = Node::new(&agent_args())?;
     let mut batch = String::new();

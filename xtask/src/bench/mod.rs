@@ -159,6 +159,27 @@ fn machine() -> serde_json::Value {
 }
 
 /// Min over trials, and the median (the mean of the middle two for an even count).
+/// Builds the release binaries the sections run and checks that `names` are there.
+pub fn release_binaries(names: &[&str]) -> Result<()> {
+    let release = util::workspace_root().join("target/release");
+    util::run(&mut util::cargo([
+        "build",
+        "--release",
+        "-p",
+        "ipq",
+        "--bins",
+    ]))?;
+    for name in names {
+        if !release.join(name).is_file() {
+            anyhow::bail!(
+                "{} is missing after the build",
+                release.join(name).display()
+            );
+        }
+    }
+    Ok(())
+}
+
 pub fn min_and_median(values: &[f64]) -> Option<(f64, f64)> {
     if values.is_empty() || values.iter().any(|v| v.is_nan()) {
         return None;

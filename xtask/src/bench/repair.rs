@@ -188,13 +188,7 @@ fn row(name: &str, values: &[f64], target: Option<&str>) -> Row {
 }
 
 pub fn run(opts: &BenchOptions) -> Result<Vec<Row>> {
-    crate::util::run(&mut crate::util::cargo([
-        "build",
-        "--release",
-        "-p",
-        "ipq",
-        "--bins",
-    ]))?;
+    super::release_binaries(&["ipq-agent"])?;
     let ifaces = if opts.quick { QUICK_IFACES } else { IFACES };
     let mut node = Node::new(&["--workload", "bw*", "--tc-attach", "netlink"])?;
     let mut batch = String::new();

@@ -112,7 +112,16 @@ pub fn attach_tc(
     if reuse_tc(prog, layout, ifname, ifindex, point)? {
         return Ok(Attached::Reused);
     }
-    let path = layout.link(ifindex, point);
+    new_tcx_link_first(prog, ifname, point, &layout.link(ifindex, point))
+}
+
+/// A new TCX link of `prog`, first on the hook, pinned at `path`.
+fn new_tcx_link_first(
+    prog: &mut SchedClassifier,
+    ifname: &str,
+    point: AttachPoint,
+    path: &Path,
+) -> Result<Attached, DatapathError> {
     let attach_err = |source| DatapathError::Attach {
         ifname: ifname.to_owned(),
         point,
@@ -125,7 +134,7 @@ pub fn attach_tc(
             TcAttachOptions::TcxOrder(LinkOrder::first()),
         )
         .map_err(attach_err)?;
-    pin_new(prog.take_link(id).map_err(attach_err)?, &path)
+    pin_new(prog.take_link(id).map_err(attach_err)?, path)
 }
 
 /// Puts ipq's program first again on a TCX hook where something was attached before ipq's
@@ -142,19 +151,7 @@ pub fn move_tc_first(
 ) -> Result<Attached, DatapathError> {
     let path = layout.link(ifindex, point);
     remove_pin(&path)?;
-    let attach_err = |source| DatapathError::Attach {
-        ifname: ifname.to_owned(),
-        point,
-        source,
-    };
-    let id = prog
-        .attach_with_options(
-            ifname,
-            tc_attach_type(point),
-            TcAttachOptions::TcxOrder(LinkOrder::first()),
-        )
-        .map_err(attach_err)?;
-    let attached = pin_new(prog.take_link(id).map_err(attach_err)?, &path)?;
+    let attached = new_tcx_link_first(prog, ifname, point, &path)?;
     info!("{ifname}: ipq's {} link is first again", point.as_str());
     Ok(attached)
 }

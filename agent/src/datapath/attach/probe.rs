@@ -4,6 +4,7 @@
 //! Each probe loads a two-instruction program with a raw `bpf(2)` call, the way `bpftool
 //! feature probe` does, and reads the kernel's answer from the error code.
 
+use crate::datapath::bpf_call::bpf;
 use std::{
     io,
     os::fd::{FromRawFd, OwnedFd},
@@ -47,19 +48,6 @@ fn mov_r0(imm: i32) -> [u8; 8] {
 /// `exit`.
 fn exit() -> [u8; 8] {
     insn(0x95, 0, 0, 0)
-}
-
-/// `bpf(cmd, attr)` with a zero-padded 128-byte attribute block (the kernel requires the bytes
-/// it does not know to be zero).
-fn bpf(cmd: libc::c_long, attr: &[u8; 128]) -> io::Result<i32> {
-    // SAFETY: the kernel reads at most `size` bytes of `attr`, which outlives the call; the
-    // pointers inside it (instructions, license) point to live buffers of the caller.
-    let rc = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr.as_ptr(), attr.len()) };
-    if rc < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(rc as i32)
-    }
 }
 
 /// Loads a SCHED_CLS program of `insns`; the fd closes when dropped.
