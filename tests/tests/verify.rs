@@ -89,10 +89,6 @@ fn a_link_detached_through_its_pin_is_found_repaired_and_counted() {
     // vethpa's ingress TCX link: the fenced pod's traffic passes until it is back.
     let before = lost(&agent, "tc_ingress");
     detach_through_pin(&links.join(format!("if{}-tcx-ingress", ifindex("vethpa"))));
-    assert!(
-        !ipq_tcx_on_ingress(&lab),
-        "the detach took ipq's program off"
-    );
     poll(
         "the detached TCX link repaired",
         Duration::from_secs(10),
@@ -115,10 +111,6 @@ fn a_link_detached_through_its_pin_is_found_repaired_and_counted() {
     // The uplink's XDP link.
     let before = lost(&agent, "xdp");
     detach_through_pin(&links.join(format!("if{}-xdp", ifindex("up0"))));
-    assert!(
-        !ipq_xdp_on_uplink(&lab),
-        "the detach took ipq's program off"
-    );
     poll(
         "the detached XDP link repaired",
         Duration::from_secs(10),
