@@ -361,7 +361,7 @@ const EVENT_RCVBUF: libc::c_int = 32 * 1024 * 1024;
 /// Sets [`EVENT_RCVBUF`] past `net.core.rmem_max` (SO_RCVBUFFORCE, CAP_NET_ADMIN, which the
 /// agent has), falling back to what SO_RCVBUF allows. Best effort: a smaller buffer only
 /// means an overrun, which the agent detects and answers with a resync.
-fn widen_receive_buffer(socket: &netlink_sys::Socket) {
+pub(crate) fn widen_receive_buffer(socket: &netlink_sys::Socket) {
     use std::os::fd::AsRawFd;
     let fd = socket.as_raw_fd();
     let size = EVENT_RCVBUF;

@@ -111,8 +111,13 @@ pub fn notice_of(message: &RouteNetlinkMessage) -> Option<TcNotice> {
 /// Subscribes to `RTNLGRP_TC`; the notices arrive on the returned receiver. Subscribe before
 /// the first attach, so that nothing done in between is missed.
 pub fn subscribe() -> std::io::Result<mpsc::UnboundedReceiver<TcNotice>> {
-    let (connection, _handle, mut messages) =
+    let (mut connection, _handle, mut messages) =
         rtnetlink::new_multicast_connection(&[MulticastGroup::Tc])?;
+    // ipq's own attaches announce themselves here too (2 per workload interface at a cold
+    // start): a wide buffer keeps them from overrunning it, which would mean a look at every hook.
+    crate::netlink::widen_receive_buffer(netlink_sys::AsyncSocket::socket_mut(
+        connection.socket_mut(),
+    ));
     tokio::spawn(connection);
     let (tx, rx) = mpsc::unbounded_channel();
     tokio::spawn(async move {
