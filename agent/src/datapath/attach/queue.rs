@@ -108,18 +108,26 @@ impl JobQueue {
         self.lanes.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Queues `job` in the lane of its kind.
+    /// Queues `job` in the lane of its kind. A repair or an upgrade of an interface that has
+    /// one waiting already refreshes that one instead (it looks at the hooks when it runs,
+    /// after this change too), keeping the newest generation so its report is not outdated.
     pub fn push(&self, job: Job) {
         let mut lanes = self.lanes();
+        let same = |queued: &Job| {
+            queued.ifindex == job.ifindex
+                && std::mem::discriminant(&queued.kind) == std::mem::discriminant(&job.kind)
+        };
         match job.kind {
-            // A repair already waiting looks at the hooks after this change too.
-            JobKind::Repair(_)
-                if lanes.protect.iter().any(|queued| {
-                    queued.ifindex == job.ifindex && matches!(queued.kind, JobKind::Repair(_))
-                }) => {}
             // A repair restores protection: it goes with the attaches, before any upgrade.
-            JobKind::Protect | JobKind::Repair(_) => lanes.protect.push_back(job),
-            JobKind::Upgrade => lanes.upgrade.push_back(job),
+            JobKind::Repair(_) => match lanes.protect.iter_mut().find(|q| same(q)) {
+                Some(queued) => queued.generation = job.generation,
+                None => lanes.protect.push_back(job),
+            },
+            JobKind::Upgrade => match lanes.upgrade.iter_mut().find(|q| same(q)) {
+                Some(queued) => queued.generation = job.generation,
+                None => lanes.upgrade.push_back(job),
+            },
+            JobKind::Protect => lanes.protect.push_back(job),
         }
         drop(lanes);
         self.ready.notify_all();
@@ -294,6 +302,36 @@ mod tests {
             Instant::now() >= not_before,
             "handed out before its pause ended"
         );
+    }
+
+    #[test]
+    fn a_second_upgrade_or_repair_of_an_interface_refreshes_the_waiting_one() {
+        let queue = JobQueue::default();
+        queue.push(job(1, JobKind::Upgrade));
+        queue.push(Job {
+            generation: 7,
+            ..job(1, JobKind::Upgrade)
+        });
+        queue.push(job(
+            1,
+            JobKind::Repair(crate::datapath::attach::Lost::Filter),
+        ));
+        queue.push(Job {
+            generation: 9,
+            ..job(1, JobKind::Repair(crate::datapath::attach::Lost::Qdisc))
+        });
+        let repair = queue.try_take().expect("the repair");
+        assert_eq!(
+            (repair.kind, repair.generation),
+            (JobKind::Repair(crate::datapath::attach::Lost::Filter), 9),
+            "one repair, of the first cause, with the newest generation"
+        );
+        queue.done(&repair);
+        queue.start_upgrades();
+        let upgrade = queue.try_take().expect("the upgrade");
+        assert_eq!(upgrade.generation, 7);
+        queue.done(&upgrade);
+        assert!(queue.try_take().is_none(), "no second one");
     }
 
     #[test]
