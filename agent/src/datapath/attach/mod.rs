@@ -537,11 +537,16 @@ impl Attacher {
     /// A late report for an interface that is no longer wanted (it went away, or was renamed
     /// out of the configuration, while its job ran): what the job attached is removed again.
     fn undo_unwanted(&self, report: &JobReport) {
-        if !self.workers || !report.hooks.iter().any(|(_, r)| r.is_ok()) {
+        if !self.workers {
             return;
         }
         let ifindex = report.job.ifindex;
+        // Whatever the job pinned or took hold of goes, even if it failed in the end: a held
+        // link of a forgotten interface would be pinned back by the next verification.
         self.remove_pins(ifindex);
+        if !report.hooks.iter().any(|(_, r)| r.is_ok()) {
+            return;
+        }
         if report.job.role == Role::Workload {
             remove_filters(ifindex);
         }

@@ -247,6 +247,10 @@ pub fn remove_pin_of(
 ) -> Result<bool, DatapathError> {
     let path = layout.link(ifindex, point);
     if !path.exists() {
+        // Let go of it all the same: a job still running when the interface was forgotten
+        // may have taken it again after the pin went, and a held link whose pin is missing
+        // would be pinned back by the next verification.
+        held_pins::release(&path);
         return Ok(false);
     }
     remove_pin(&path)?;
