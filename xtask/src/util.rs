@@ -128,3 +128,24 @@ pub fn require_root(what: &str, why: &str) -> Result<()> {
     }
     Ok(())
 }
+
+/// "N MiB free on <path>", or why that is unknown: a build that fails for want of disk says so.
+pub fn free_space_of(path: &Path) -> String {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c_path) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
+        return format!("free space of {} unknown", path.display());
+    };
+    let mut stat = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: c_path is NUL-terminated and stat is a valid out-pointer for one statvfs.
+    if unsafe { libc::statvfs(c_path.as_ptr(), stat.as_mut_ptr()) } != 0 {
+        return format!(
+            "free space of {} unknown: {}",
+            path.display(),
+            std::io::Error::last_os_error()
+        );
+    }
+    // SAFETY: statvfs returned 0, so it filled stat.
+    let stat = unsafe { stat.assume_init() };
+    let free = stat.f_bavail.saturating_mul(stat.f_frsize);
+    format!("{} MiB free on {}", free >> 20, path.display())
+}

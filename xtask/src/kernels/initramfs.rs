@@ -102,7 +102,23 @@ fn test_executables(sets: &[TestSet]) -> Result<BTreeMap<String, PathBuf>> {
         .output()
         .with_context(|| format!("cannot start `{line}`"))?;
     if !out.status.success() {
-        bail!("`{line}` failed with {}", out.status);
+        // With --message-format=json the compiler's own errors go to stdout as JSON, so
+        // without this the run would end with a bare exit status.
+        for text in out.stdout.lines().map_while(std::result::Result::ok) {
+            match serde_json::from_str::<serde_json::Value>(&text) {
+                Ok(message) => {
+                    if let Some(rendered) = message["message"]["rendered"].as_str() {
+                        eprint!("{rendered}");
+                    }
+                }
+                Err(_) => eprintln!("{text}"),
+            }
+        }
+        bail!(
+            "`{line}` failed with {} ({})",
+            out.status,
+            util::free_space_of(&util::workspace_root().join("target"))
+        );
     }
     let mut found = BTreeMap::new();
     for text in out.stdout.lines() {
