@@ -174,6 +174,19 @@ impl<'ns> Chain<'ns> {
         conf: &Value,
     ) -> Result<String, PluginError> {
         let kind = conf["type"].as_str().unwrap_or_default().to_owned();
+        self.exec_plugin(&kind, command, attachment, conf)
+    }
+
+    /// Runs plugin `kind` with `conf` on stdin, as `command`, for `attachment`: how a main
+    /// plugin runs its IPAM plugin with its own whole config.
+    pub fn exec_plugin(
+        &self,
+        kind: &str,
+        command: &str,
+        attachment: Option<&Attachment>,
+        conf: &Value,
+    ) -> Result<String, PluginError> {
+        let kind = kind.to_owned();
         let fail = |msg: String| PluginError {
             plugin: kind.clone(),
             command: command.to_owned(),

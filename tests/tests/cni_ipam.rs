@@ -5,7 +5,7 @@
 //! wrapped onto the deleted pod's address. The agent runs host-local's DEL once the address's
 //! quarantine is over, never before (also across a SIGKILL, and with the agent away during the
 //! DEL), and the address is handed out again. A second delegate, Debian's `static`, gets the
-//! same holds.
+//! same holds. GC and STATUS: `cni_ipam/gc_status.rs`.
 
 use std::{
     net::IpAddr,
@@ -25,6 +25,9 @@ use ipq_tests::{
     netns::NetNs,
 };
 use serde_json::{json, Value};
+
+#[path = "cni_ipam/gc_status.rs"]
+mod gc_status;
 
 const BRIDGE: &str = "cniipam0";
 

@@ -77,6 +77,39 @@ pub fn exec(
     ))
 }
 
+/// Whether the delegate speaks spec `version` (its VERSION answer lists it). GC and STATUS
+/// exist from 1.1.0 on: a delegate that does not list it has neither, and is not sent them
+/// (libcni does the same for a plugin whose config version is older).
+pub fn supports(
+    kind: &str,
+    binary: &Path,
+    cni_version: &str,
+    version: &str,
+) -> Result<bool, CniError> {
+    #[derive(serde::Deserialize)]
+    struct Versions {
+        #[serde(rename = "supportedVersions", default)]
+        supported: Vec<String>,
+    }
+    let stdin = serde_json::json!({ "cniVersion": cni_version }).to_string();
+    let stdout = exec(
+        kind,
+        binary,
+        &[("CNI_COMMAND", "VERSION")],
+        stdin.as_bytes(),
+    )?;
+    let versions: Versions = serde_json::from_str(&stdout).map_err(|e| {
+        CniError::new(
+            code::DELEGATE_FAILED,
+            format!(
+                "delegate {kind}: its VERSION answer is not a version list ({e}): {:?}",
+                stdout.trim()
+            ),
+        )
+    })?;
+    Ok(versions.supported.iter().any(|v| v == version))
+}
+
 /// The delegate's error object, passed on under its name; else one of ipq-ipam's.
 fn delegate_error(
     kind: &str,
@@ -152,6 +185,13 @@ mod tests {
             (err.code, err.msg.as_str(), err.details.as_deref()),
             (11, "delegate failing: busy", Some("d"))
         );
+        let versions = script(
+            dir.path(),
+            "versions",
+            "echo '{\"cniVersion\":\"1.0.0\",\"supportedVersions\":[\"0.4.0\",\"1.0.0\"]}'",
+        );
+        assert!(supports("versions", &versions, "1.0.0", "1.0.0").unwrap());
+        assert!(!supports("versions", &versions, "1.0.0", "1.1.0").unwrap());
         let silent = script(dir.path(), "silent", "echo oops >&2; exit 3");
         let err = exec("silent", &silent, &[], b"{}").expect_err("fails");
         assert_eq!(err.code, code::DELEGATE_FAILED);

@@ -12,6 +12,8 @@
 //! pass its answer on. DEL never runs the delegate: it hands the release of the allocation to
 //! the agent ([`release::HeldRelease`]), which runs the delegate's DEL once the addresses'
 //! quarantine is over, so the IPAM never hands out an address whose holder may still live.
+//! GC passes the delegate the held attachments too, and STATUS adds the agent's readiness
+//! ([`gc`]).
 //!
 //! It is its own binary (`src/bin/ipq-ipam.rs`) rather than `ipq-cni` dispatching on argv[0]:
 //! runtimes find plugins by file name, and a second name for one binary would need a symlink
@@ -21,6 +23,7 @@
 pub mod add;
 pub mod config;
 pub mod delegate;
+pub mod gc;
 pub mod holds;
 pub mod plugin;
 pub mod release;

@@ -14,7 +14,7 @@ use super::{
     },
     add,
     config::IpamConf,
-    delegate,
+    delegate, gc,
     release::HeldRelease,
 };
 use crate::{
@@ -42,16 +42,10 @@ fn dispatch(var: &impl Fn(&str) -> Option<OsString>, stdin: &[u8]) -> Result<Str
     let conf = IpamConf::parse(stdin)?;
     match env.command {
         Command::Add => add::add(var, &env, &conf),
-        Command::Check | Command::Status => pass_through(&env, &conf),
+        Command::Check => pass_through(&env, &conf),
         Command::Del => hold(var, &env, &conf).map(|()| String::new()),
-        // Passing GC on would let the delegate free the allocations ipq holds (the runtime
-        // lists none of them). Until the delegate's GC gets the held attachments too, ipq-ipam
-        // frees nothing here: the agent's releases free held allocations, and host-local has
-        // nothing else to collect.
-        Command::Gc => {
-            log::info!("GC: nothing passed to the delegate {}", conf.delegate_type);
-            Ok(String::new())
-        }
+        Command::Gc => gc::gc(&env, &conf),
+        Command::Status => gc::status(&env, &conf),
         Command::Version => version(stdin),
     }
 }
@@ -76,7 +70,7 @@ pub(super) fn cni_path(env: &Env) -> Result<&str, CniError> {
     })
 }
 
-/// ADD, CHECK, STATUS: the delegate's answer, as the runtime would have had it.
+/// CHECK: the delegate's answer, as the runtime would have had it.
 fn pass_through(env: &Env, conf: &IpamConf) -> Result<String, CniError> {
     let binary = delegate::find(cni_path(env)?, &conf.delegate_type)?;
     let stdin = conf.delegate_conf.to_string();
