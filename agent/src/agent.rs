@@ -28,7 +28,7 @@ use crate::{
     netlink::{self, NetEvent, NetlinkError},
     paths,
     safe_fs::{self, DirError},
-    tracker::{Answer, Tracker},
+    tracker::{Answer, Recovery, Tracker},
 };
 
 /// API requests answered per journal save at most: a burst of CNI ADDs shares one fsync.
@@ -286,6 +286,7 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
     let releaser = tokio::spawn(crate::cni::ipam::releaser::run(
         ipam_release_dir,
         max_cooldown,
+        (recovery == Recovery::PinnedMaps).then(crate::cni::ipam::release::now_unix_ms),
         command_tx.clone(),
         metrics.clone(),
         tracker.ipam_holds(),

@@ -428,6 +428,42 @@ fn a_sigkilled_agent_releases_once_after_the_original_deadline() -> anyhow::Resu
     handed_out_again(&lab, &chain, &a)
 }
 
+/// What a node that lost all of ipq's state but the held releases has (a journal on a wiped
+/// disk, pins gone with a reboot): the registry knows nothing of A's quarantine. The release
+/// then waits `max_cooldown` (6 s) from its hand-over, which no quarantine outlasts.
+#[test]
+fn a_lost_journal_and_lost_pins_release_no_earlier_than_max_cooldown_after_the_del(
+) -> anyhow::Result<()> {
+    let lab = Lab::new()?;
+    let chain = bridge_chain(&lab, "1.0.0")?;
+    let mut agent = lab.start_agent(&QUARANTINE)?;
+    let api = AgentApi::new(&lab)?;
+    let a = add(&chain, "ia")?;
+    api.wait_state(a.v4, StateName::Active)?;
+    let handed_over = SystemTime::now();
+    chain.del(&a.attachment, Some(&a.result))?;
+    let deadline = deadline(&api, &a)?;
+    agent.kill9();
+    std::fs::remove_file(state_dir(&lab).join("registry.journal"))
+        .context("removing the journal")?;
+    for dir in ["links", "maps", "progs"] {
+        for entry in std::fs::read_dir(lab.bpffs.path().join(dir))? {
+            std::fs::remove_file(entry?.path())?;
+        }
+    }
+    let agent = lab.start_agent(&QUARANTINE)?;
+    ensure!(
+        api.get(a.v4)?.is_none_or(|v| v.state == StateName::Free),
+        "the registry must have forgotten A's {} for this test to mean anything",
+        a.v4
+    );
+    let not_before = deadline.max(handed_over + Duration::from_secs(6));
+    let _others = exhaust_the_range(&chain, &a)?;
+    wait_for_release(&lab, &chain, &api, &a, not_before)?;
+    assert_released_once(&lab, &chain, &agent)?;
+    handed_out_again(&lab, &chain, &a)
+}
+
 #[test]
 fn a_del_while_the_agent_is_away_is_released_after_the_quarantine() -> anyhow::Result<()> {
     let lab = Lab::new()?;

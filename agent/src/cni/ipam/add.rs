@@ -138,6 +138,7 @@ fn park(env: &Env, conf: &IpamConf, binary: &Path, addresses: &[IpAddr]) -> Resu
             cni_path: cni_path(env)?.to_owned(),
             netns: env.netns.clone(),
             addresses: addresses.to_vec(),
+            held_at_unix_ms: super::release::now_unix_ms(),
         },
         conf,
     )

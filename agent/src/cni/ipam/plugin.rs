@@ -106,6 +106,7 @@ fn hold(
         cni_path: cni_path(env)?.to_owned(),
         netns: env.netns.clone(),
         addresses,
+        held_at_unix_ms: super::release::now_unix_ms(),
     };
     hand_over(&release, conf)
 }

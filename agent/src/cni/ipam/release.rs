@@ -32,6 +32,18 @@ pub struct HeldRelease {
     /// The allocation's addresses, from `prevResult`; empty when the runtime sent none (the
     /// agent then goes by its own record of the container's claims).
     pub addresses: Vec<IpAddr>,
+    /// When ipq-ipam's DEL handed the release over (ms since the epoch); 0 in a release of an
+    /// older ipq-ipam, which is taken as held when the agent started. A release the registry
+    /// cannot vouch for (its journal was lost) waits `max_cooldown` from here.
+    #[serde(default)]
+    pub held_at_unix_ms: u64,
+}
+
+/// Now, in ms since the epoch, as [`HeldRelease::held_at_unix_ms`] has it.
+pub fn now_unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 impl HeldRelease {

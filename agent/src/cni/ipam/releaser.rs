@@ -70,10 +70,35 @@ fn backoff(failures: u32) -> Duration {
         .min(MAX_RETRY)
 }
 
-/// Runs until the owner loop stops answering.
+/// How long `release` must still wait whatever the registry says. A registry rebuilt without
+/// its journal (`registry_lost_at`, ms since the epoch) cannot vouch for a release handed over
+/// before it started: an address it never heard of may be one whose quarantine it forgot. Such
+/// a release waits `max_cooldown` from its hand-over (from the loss, if it does not say when),
+/// since no quarantine lasts longer.
+fn unvouched_wait(
+    release: &HeldRelease,
+    registry_lost_at: Option<u64>,
+    max_cooldown: Duration,
+    now_ms: u64,
+) -> Duration {
+    let Some(lost_at) = registry_lost_at else {
+        return Duration::ZERO;
+    };
+    let held_at = match release.held_at_unix_ms {
+        0 => lost_at,
+        at if at >= lost_at => return Duration::ZERO,
+        at => at,
+    };
+    let until = held_at.saturating_add(u64::try_from(max_cooldown.as_millis()).unwrap_or(u64::MAX));
+    Duration::from_millis(until.saturating_sub(now_ms))
+}
+
+/// Runs until the owner loop stops answering. `registry_lost_at` is set when the registry
+/// was rebuilt without its journal (see [`unvouched_wait`]).
 pub async fn run(
     dir: PathBuf,
     max_cooldown: Duration,
+    registry_lost_at: Option<u64>,
     commands: mpsc::Sender<Command>,
     metrics: Arc<Metrics>,
     holds: Holds,
@@ -101,6 +126,15 @@ pub async fn run(
                     .get(&spooled.path)
                     .is_some_and(|r| Instant::now() < r.next)
                 {
+                    continue;
+                }
+                let wait = unvouched_wait(
+                    &spooled.request,
+                    registry_lost_at,
+                    max_cooldown,
+                    super::release::now_unix_ms(),
+                );
+                if !wait.is_zero() {
                     continue;
                 }
                 let free = match all_free(&commands, &spooled.request).await {
@@ -199,8 +233,7 @@ async fn all_free(commands: &mpsc::Sender<Command>, release: &HeldRelease) -> Op
 }
 
 /// Runs the delegate's DEL of `spooled` and removes it; a failure is counted, logged and
-/// retried with backoff.
-/// Runs one release's delegate DEL; whether it succeeded.
+/// retried with backoff. Whether it succeeded.
 async fn release(
     spooled: Spooled<HeldRelease>,
     metrics: &Metrics,
@@ -270,6 +303,51 @@ fn run_del(release: &HeldRelease) -> Result<(), CniError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn release_held_at(ms: u64) -> HeldRelease {
+        HeldRelease {
+            network: None,
+            cni_version: "1.0.0".into(),
+            delegate_type: "host-local".into(),
+            delegate_conf: serde_json::json!({}),
+            container_id: "c".into(),
+            ifname: "eth0".into(),
+            cni_args: None,
+            cni_path: "/opt/cni/bin".into(),
+            netns: None,
+            addresses: Vec::new(),
+            held_at_unix_ms: ms,
+        }
+    }
+
+    #[test]
+    fn a_release_the_registry_cannot_vouch_for_waits_max_cooldown_from_its_hand_over() {
+        let max = Duration::from_secs(60);
+        // The journal was there: the registry decides alone.
+        assert_eq!(
+            unvouched_wait(&release_held_at(1_000), None, max, 2_000),
+            Duration::ZERO
+        );
+        // Lost at 10 s: one held at 1 s waits until 61 s, one held after the loss not at all.
+        let lost = Some(10_000);
+        assert_eq!(
+            unvouched_wait(&release_held_at(1_000), lost, max, 20_000),
+            Duration::from_secs(41)
+        );
+        assert_eq!(
+            unvouched_wait(&release_held_at(1_000), lost, max, 61_000),
+            Duration::ZERO
+        );
+        assert_eq!(
+            unvouched_wait(&release_held_at(12_000), lost, max, 12_001),
+            Duration::ZERO
+        );
+        // An older release without its time waits from the loss.
+        assert_eq!(
+            unvouched_wait(&release_held_at(0), lost, max, 20_000),
+            Duration::from_secs(50)
+        );
+    }
 
     #[test]
     fn backoff_doubles_up_to_the_cap() {
