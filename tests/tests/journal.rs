@@ -238,7 +238,9 @@ fn a_rolled_back_agent_leaves_a_newer_journal_untouched_and_journals_beside_it(
         request(&socket, "GET", &format!("/v1/addresses/{addr}"), None)?.json()
     };
     // The deadline as the API renders it (wall-clock, from the monotonic deadline at the time
-    // of the request: two renderings may differ by the millisecond they were rounded in).
+    // of the request: two renderings differ by the rounding and by the agent being scheduled
+    // out between its reads of the two clocks, a few ms on a loaded machine; a deadline that
+    // restarted would move by seconds).
     let until = |addr: IpAddr| -> anyhow::Result<SystemTime> {
         let view = view(addr)?;
         let text = view["until"]
@@ -253,7 +255,7 @@ fn a_rolled_back_agent_leaves_a_newer_journal_untouched_and_journals_beside_it(
             .duration_since(deadline)
             .unwrap_or_else(|e| e.duration());
         anyhow::ensure!(
-            drift <= Duration::from_millis(2),
+            drift <= Duration::from_millis(50),
             "the quarantine's deadline moved by {drift:?}"
         );
         Ok(())
