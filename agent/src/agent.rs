@@ -283,11 +283,14 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
     let mut hygiene_reports = tracker.start_hygiene()?;
     let (command_tx, mut commands) = mpsc::channel(1024);
     // Only now, with the registry recovered and the spool replayed: "free" is then the truth.
+    let (urgent_tx, urgent_rx) = mpsc::channel(64);
+    tracker.set_ipam_releaser(urgent_tx);
     let releaser = tokio::spawn(crate::cni::ipam::releaser::run(
         ipam_release_dir,
         max_cooldown,
         (recovery == Recovery::PinnedMaps).then(crate::cni::ipam::release::now_unix_ms),
         command_tx.clone(),
+        urgent_rx,
         metrics.clone(),
         tracker.ipam_holds(),
     ));

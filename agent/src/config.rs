@@ -121,6 +121,9 @@ pub struct Config {
     /// How often the datapath is verified against what ipq believes (pins, links), off the
     /// owner loop.
     pub verify_interval: Duration,
+    /// What ipq-ipam's ADD gets when the delegate's range is exhausted while ipq holds
+    /// quarantined addresses of it.
+    pub ipam_on_exhausted: crate::cni::ipam::pressure::OnExhausted,
     pub hygiene: HygieneConfig,
 }
 
@@ -151,6 +154,7 @@ impl Default for Config {
             },
             tc_attach: TcAttach::Auto,
             verify_interval: Duration::from_secs(5),
+            ipam_on_exhausted: crate::cni::ipam::pressure::OnExhausted::Wait,
             hygiene: HygieneConfig::default(),
         }
     }
@@ -406,6 +410,15 @@ impl Parser<'_> {
                 "must be \"fence-old\", \"refuse-new\" or \"observe\"",
             )
         })
+    }
+
+    fn on_exhausted(
+        &self,
+        key: &str,
+        value: &Value,
+    ) -> Result<crate::cni::ipam::pressure::OnExhausted, ConfigError> {
+        crate::cni::ipam::pressure::OnExhausted::from_name(self.string(key, value)?)
+            .ok_or_else(|| self.invalid(key, value, "must be \"wait\" or \"release-quietest\""))
     }
 
     fn tc_attach(&self, key: &str, value: &Value) -> Result<TcAttach, ConfigError> {

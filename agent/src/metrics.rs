@@ -137,6 +137,9 @@ pub struct Metrics {
     pub ipam_held_addresses: IntGaugeVec,
     /// ipq-ipam: held allocations whose release waits (quarantine running, or retrying).
     pub ipam_pending_releases: IntGauge,
+    /// ipq-ipam: delegate ranges found exhausted while ipq held addresses of them, by network
+    /// and outcome (`waited`, `released`, `release_failed`, `none_releasable`).
+    pub ipam_exhausted: IntCounterVec,
     lost: LostCounts,
     /// `ipq_ready`, also what `/readyz` answers from: `started` and no `blocker`.
     ready: IntGauge,
@@ -287,6 +290,22 @@ impl Metrics {
         // from the start, so the alert on failures has a series to read before any release.
         for outcome in ["released", "failed"] {
             ipam_releases.with_label_values(&["", outcome]).inc_by(0);
+        }
+        let ipam_exhausted = registered(
+            &registry,
+            IntCounterVec::new(
+                Opts::new(
+                    "ipq_ipam_exhausted_total",
+                    "ipq-ipam ADDs that found the delegate's range exhausted while ipq held \
+                     addresses of it, by network and outcome (waited; released, the quietest \
+                     quarantined allocation given back; release_failed; none_releasable, every \
+                     held address draining).",
+                ),
+                &["network", "outcome"],
+            )?,
+        )?;
+        for outcome in ["waited", "released", "release_failed", "none_releasable"] {
+            ipam_exhausted.with_label_values(&["", outcome]).inc_by(0);
         }
         let ipam_held_addresses = registered(
             &registry,
@@ -498,6 +517,7 @@ impl Metrics {
             ipam_releases,
             ipam_held_addresses,
             ipam_pending_releases,
+            ipam_exhausted,
             datapath_interfaces,
             unprotected_interfaces,
             attach_failures,

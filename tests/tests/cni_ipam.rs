@@ -5,7 +5,8 @@
 //! wrapped onto the deleted pod's address. The agent runs host-local's DEL once the address's
 //! quarantine is over, never before (also across a SIGKILL, and with the agent away during the
 //! DEL), and the address is handed out again. A second delegate, Debian's `static`, gets the
-//! same holds. GC and STATUS: `cni_ipam/gc_status.rs`.
+//! same holds. GC and STATUS: `cni_ipam/gc_status.rs`; a range exhausted by holds:
+//! `cni_ipam/pressure.rs`.
 
 use std::{
     net::IpAddr,
@@ -28,6 +29,8 @@ use serde_json::{json, Value};
 
 #[path = "cni_ipam/gc_status.rs"]
 mod gc_status;
+#[path = "cni_ipam/pressure.rs"]
+mod pressure;
 
 const BRIDGE: &str = "cniipam0";
 

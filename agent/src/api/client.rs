@@ -117,6 +117,15 @@ impl Client {
             .await
     }
 
+    /// ipq-ipam's delegate found `request.network`'s range exhausted: what the agent did.
+    pub async fn ipam_exhausted(
+        &self,
+        request: &super::model::ExhaustedRequest,
+    ) -> Result<super::model::ExhaustedAnswer, ClientError> {
+        self.call(Method::POST, "/ipam/exhausted", Some(request))
+            .await
+    }
+
     pub async fn release(&self, addr: IpAddr, force: bool) -> Result<ChangedResponse, ClientError> {
         let body = ReleaseRequest { force };
         self.call(

@@ -73,6 +73,12 @@ pub enum Command {
         addr: IpAddr,
         reply: Reply<DatapathEntryView>,
     },
+    /// ipq-ipam's delegate found a network's range exhausted: wait, or release the quietest
+    /// held allocation (`ipam_on_exhausted`). Answered by the releaser when it releases.
+    IpamExhausted {
+        request: super::model::ExhaustedRequest,
+        reply: Reply<super::model::ExhaustedAnswer>,
+    },
     /// ipq-ipam's releaser: which addresses of a held allocation are not free yet.
     AllocationBusy {
         query: AllocationQuery,

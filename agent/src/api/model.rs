@@ -192,6 +192,34 @@ pub struct IpamHoldView {
     pub error: Option<String>,
 }
 
+/// `POST /v1/ipam/exhausted`: ipq-ipam's delegate said the range of `network` is used up.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExhaustedRequest {
+    /// The network's `name`, as the held releases have it ("" for a config without one).
+    pub network: String,
+    /// The container whose ADD found the range exhausted (for the log and the event).
+    pub container_id: String,
+}
+
+/// What the agent did about an exhausted range (`ipam_on_exhausted`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExhaustedAnswer {
+    /// `wait` or `release-quietest`.
+    pub policy: String,
+    /// Held addresses of the network still quarantined.
+    pub quarantined: usize,
+    /// Held addresses of the network whose holder is still draining (never released early).
+    pub draining: usize,
+    /// When the first held address's quarantine ends, if one is quarantined.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_release: Option<String>,
+    /// Under `release-quietest`: the addresses of the allocation just released. They are
+    /// still quarantined (the fence stands); ipq-ipam lets the delegate hand them out.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub released: Vec<IpAddr>,
+}
+
 /// One reuse-hygiene pass on an address: what the node forgot of its old holder.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HygieneView {
@@ -314,6 +342,13 @@ pub enum EventBody {
         /// Why it is not (yet): retried with backoff, the interface unprotected meanwhile.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         error: Option<String>,
+    },
+    /// ipq-ipam's delegate found its range exhausted while ipq held addresses of it.
+    IpamExhausted {
+        network: String,
+        container_id: String,
+        #[serde(flatten)]
+        answer: ExhaustedAnswer,
     },
     /// `n` events were dropped before this subscriber could read them.
     Lost { n: u64 },

@@ -127,6 +127,13 @@ async fn route(request: Request<Incoming>, ctx: &Context) -> Result<Response<Bod
             let release = Box::new(release);
             json(ask(ctx, |reply| Command::HoldRelease { release, reply }).await?)
         }
+        ["ipam", "exhausted"] => {
+            only(&method, Method::POST, &path)?;
+            query.allow(&[])?;
+            let request: super::model::ExhaustedRequest =
+                decode(&read_body(request, &what).await?, &what)?;
+            json(ask(ctx, |reply| Command::IpamExhausted { request, reply }).await?)
+        }
         ["datapath", ip] => {
             query.allow(&[])?;
             let addr = parse_ip(ip)?;

@@ -442,6 +442,28 @@ pub fn event_line(event: &Event) -> String {
                 (false, None) => "NOT PROTECTED".to_owned(),
             }
         ),
+        EventBody::IpamExhausted {
+            network,
+            container_id,
+            answer,
+        } => format!(
+            "ipam exhausted {network:?} (ADD of {container_id}): {} quarantined, {} draining \
+             held; {} {}",
+            answer.quarantined,
+            answer.draining,
+            answer.policy,
+            if answer.released.is_empty() {
+                format!(
+                    "-> wait{}",
+                    answer
+                        .next_release
+                        .as_deref()
+                        .map_or_else(String::new, |at| format!(" until {at}"))
+                )
+            } else {
+                format!("-> released {:?}", answer.released)
+            }
+        ),
     };
     format!("{} #{} {what}", event.at, event.seq)
 }

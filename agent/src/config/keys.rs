@@ -189,6 +189,17 @@ pub const KEYS: &[Key] = &[
         },
     },
     Key {
+        name: "ipam_on_exhausted",
+        flag: "ipam-on-exhausted",
+        help: "wait | release-quietest: ipq-ipam's ADD when the delegate's range is exhausted \
+               while ipq holds quarantined addresses of it",
+        kind: Kind::Text,
+        set: |c, p, k, v| {
+            c.ipam_on_exhausted = p.on_exhausted(k, v)?;
+            Ok(())
+        },
+    },
+    Key {
         name: "tc_attach",
         flag: "tc-attach",
         help: "auto | tcx | netlink: how TC programs attach (auto: the netlink filter at once, \

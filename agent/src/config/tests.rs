@@ -30,6 +30,7 @@ fn every_key_is_read() {
         metrics_addr = "[::1]:9999"
         tc_attach = "netlink"
         verify_interval = "2s"
+        ipam_on_exhausted = "release-quietest"
         [interfaces]
         workload = ["lxc*", "veth?x"]
         uplink = ["eth0", "bond0"]
@@ -54,6 +55,10 @@ fn every_key_is_read() {
     assert!(config.is_uplink("bond0"));
     assert_eq!(config.tc_attach, TcAttach::Netlink);
     assert_eq!(config.verify_interval, Duration::from_secs(2));
+    assert_eq!(
+        config.ipam_on_exhausted,
+        crate::cni::ipam::pressure::OnExhausted::ReleaseQuietest
+    );
 }
 
 #[test]

@@ -82,6 +82,10 @@ impl Tracker {
             Command::DatapathDelete { addr, reply } => {
                 return answer(reply, self.datapath_delete(addr))
             }
+            Command::IpamExhausted { request, reply } => {
+                self.ipam_exhausted(request, reply);
+                return Box::new(|_| {});
+            }
             Command::AllocationBusy { query, reply } => {
                 return answer(reply, Ok(self.allocation_busy(&query)))
             }

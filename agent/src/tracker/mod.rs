@@ -23,6 +23,7 @@ mod events;
 mod feed;
 mod hygiene;
 mod ipam;
+mod ipam_pressure;
 mod pending;
 mod protection;
 mod recovery;
@@ -90,6 +91,8 @@ pub struct Tracker {
     hygiene: crate::hygiene::Hygiene,
     /// The allocations ipq-ipam holds, as its releaser last saw them.
     ipam_holds: crate::cni::ipam::holds::Holds,
+    /// The releaser's queue of releases wanted now (pool pressure); none in tests.
+    ipam_urgent: Option<tokio::sync::mpsc::Sender<crate::cni::ipam::releaser::Urgent>>,
     /// How often the O(interfaces) protection gauges were recomputed; for tests.
     #[cfg(test)]
     protection_observed: std::cell::Cell<u64>,
@@ -118,6 +121,7 @@ impl Tracker {
             started_at: SystemTime::now(),
             hygiene: crate::hygiene::Hygiene::disabled(),
             ipam_holds: Default::default(),
+            ipam_urgent: None,
             #[cfg(test)]
             protection_observed: std::cell::Cell::new(0),
         }

@@ -8,6 +8,9 @@
 //! (`<container id>-ipqheld-<n>`): freed under the pod's id and at once taken again under the
 //! parking id by `CNI_ARGS IP=`, and the parking allocation's release handed to the agent like
 //! a DEL's. The pod's id then asks again, and round-robin moves on past the parked address.
+//!
+//! A delegate whose range is exhausted is answered by the agent's `ipam_on_exhausted`
+//! ([`pressure`]): wait, or ask again once after the quietest held allocation is released.
 
 use std::{
     ffi::OsString,
@@ -25,6 +28,7 @@ use super::{
     config::IpamConf,
     delegate,
     plugin::{cni_path, hand_over, runtime},
+    pressure,
     release::HeldRelease,
     requested,
 };
@@ -43,25 +47,50 @@ pub fn add(
     let client = Client::new(&conf.settings.socket, conf.settings.timeout);
     let container_id = env.container_id.as_deref().unwrap_or_default();
     let runtime = runtime()?;
-    let check = |addresses: &[IpAddr]| {
+    // Addresses the agent released for this ADD (pool pressure): still quarantined, theirs to
+    // take.
+    let mut released: Vec<IpAddr> = Vec::new();
+    let check = |addresses: &[IpAddr], released: &[IpAddr]| {
+        let unreleased: Vec<IpAddr> = addresses
+            .iter()
+            .filter(|a| !released.contains(a))
+            .copied()
+            .collect();
         runtime.block_on(requested::first_held(
             &client,
-            addresses,
+            &unreleased,
             container_id,
             conf.settings.on_unavailable,
         ))
     };
     let asked = requested::requested(cni_args.as_deref(), &conf.delegate_conf);
     if !asked.is_empty() {
-        if let Some(held) = check(&asked)? {
+        if let Some(held) = check(&asked, &[])? {
             return Err(held);
         }
     }
     let binary = delegate::find(cni_path(env)?, &conf.delegate_type)?;
     let stdin = conf.delegate_conf.to_string();
     let mut last_hold = None;
+    let allocate = || delegate::exec(&conf.delegate_type, &binary, &[], stdin.as_bytes());
+    let mut pressure_asked = false;
     for attempt in 0..MAX_TRIES {
-        let stdout = delegate::exec(&conf.delegate_type, &binary, &[], stdin.as_bytes())?;
+        let stdout = match allocate() {
+            Ok(stdout) => stdout,
+            // Once per ADD: the agent waits, or frees the quietest held allocation.
+            Err(err) if !pressure_asked && pressure::is_exhausted(&err) => {
+                pressure_asked = true;
+                let network = conf.network.as_deref();
+                match runtime.block_on(pressure::decide(&client, network, container_id, err)) {
+                    pressure::Next::AskAgain(freed) => {
+                        released = freed;
+                        allocate()?
+                    }
+                    pressure::Next::Fail(err) => return Err(err),
+                }
+            }
+            Err(err) => return Err(err),
+        };
         let result: serde_json::Value = serde_json::from_str(&stdout).map_err(|e| {
             CniError::new(
                 code::DELEGATE_FAILED,
@@ -73,7 +102,7 @@ pub fn add(
             )
         })?;
         let addresses = PrevResult::parse(&result)?.addresses;
-        let Some(held) = check(&addresses)? else {
+        let Some(held) = check(&addresses, &released)? else {
             return Ok(stdout.trim_end().to_owned());
         };
         log::warn!(

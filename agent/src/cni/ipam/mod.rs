@@ -26,6 +26,7 @@ pub mod delegate;
 pub mod gc;
 pub mod holds;
 pub mod plugin;
+pub mod pressure;
 pub mod release;
 pub mod releaser;
 pub mod requested;

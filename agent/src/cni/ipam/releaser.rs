@@ -31,7 +31,10 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::{delegate, holds::Holds, release::HeldRelease};
 use crate::{
-    api::command::{AllocationQuery, Command},
+    api::{
+        command::{AllocationQuery, Command, Reply},
+        model::ExhaustedAnswer,
+    },
     cni::{
         error::CniError,
         spool::{self, Spooled},
@@ -93,13 +96,26 @@ fn unvouched_wait(
     Duration::from_millis(until.saturating_sub(now_ms))
 }
 
+/// A release the owner loop asks for at once (pool pressure, `release-quietest`): the held
+/// allocation of `container_id`/`ifname`, whose every address it found quarantined or free.
+/// `answer` goes back to ipq-ipam with `released` cleared if the delegate's DEL failed.
+pub struct Urgent {
+    pub network: String,
+    pub container_id: String,
+    pub ifname: String,
+    pub answer: ExhaustedAnswer,
+    pub reply: Reply<ExhaustedAnswer>,
+}
+
 /// Runs until the owner loop stops answering. `registry_lost_at` is set when the registry
-/// was rebuilt without its journal (see [`unvouched_wait`]).
+/// was rebuilt without its journal (see [`unvouched_wait`]); `urgent` brings the releases the
+/// owner loop wants now, run between two scans (this task is the one that runs delegate DELs).
 pub async fn run(
     dir: PathBuf,
     max_cooldown: Duration,
     registry_lost_at: Option<u64>,
     commands: mpsc::Sender<Command>,
+    mut urgent: mpsc::Receiver<Urgent>,
     metrics: Arc<Metrics>,
     holds: Holds,
 ) {
@@ -158,8 +174,56 @@ pub async fn run(
                 }
             }
         }
-        tokio::time::sleep(POLL).await;
+        tokio::select! {
+            () = tokio::time::sleep(POLL) => {}
+            Some(now) = urgent.recv() => release_now(&dir, now, &metrics, &mut retries, &holds).await,
+        }
     }
+}
+
+/// Runs `urgent`'s release at once and answers whether it happened.
+async fn release_now(
+    dir: &Path,
+    urgent: Urgent,
+    metrics: &Metrics,
+    retries: &mut HashMap<PathBuf, Retry>,
+    holds: &Holds,
+) {
+    let Urgent {
+        network,
+        container_id,
+        ifname,
+        mut answer,
+        reply,
+    } = urgent;
+    let found = scan(dir).await.and_then(|pending| {
+        pending
+            .into_iter()
+            .find(|s| s.request.container_id == container_id && s.request.ifname == ifname)
+    });
+    let outcome = match found {
+        // Released by the last scan already: the delegate has the address back.
+        None => "released",
+        Some(spooled) => {
+            let addresses = spooled.request.addresses.clone();
+            if release(spooled, metrics, retries).await {
+                holds.forget(&addresses);
+                "released"
+            } else {
+                answer.released.clear();
+                "release_failed"
+            }
+        }
+    };
+    metrics
+        .ipam_exhausted
+        .with_label_values(&[network.as_str(), outcome])
+        .inc();
+    warn!(
+        "ipam: network {network:?} exhausted: released the quietest held allocation \
+         (container {container_id}, {ifname}): {outcome}"
+    );
+    let _ = reply.send(Ok(answer));
 }
 
 /// `ipq_ipam_held_addresses` per network from one scan; a network with none left reads 0.

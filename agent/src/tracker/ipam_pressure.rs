@@ -1,0 +1,156 @@
+//! Pool pressure (`ipam_on_exhausted`): ipq-ipam's delegate found a network's range used up.
+//! The loop looks at the held allocations of that network (O(held addresses of the network),
+//! bounded by the range's size, not the registry's) and either answers "wait" or hands the
+//! quietest releasable allocation to the releaser, which runs its DEL and answers.
+
+use std::{collections::BTreeMap, net::IpAddr};
+
+use log::warn;
+use tokio::sync::mpsc;
+
+use super::Tracker;
+use crate::{
+    api::{
+        command::Reply,
+        model::{EventBody, ExhaustedAnswer, ExhaustedRequest},
+        views::TimeBase,
+    },
+    cni::ipam::{pressure::OnExhausted, releaser::Urgent},
+    netdev,
+    registry::{AddrStatus, MonoNs},
+};
+
+/// One held allocation of the network, as the registry has its addresses.
+#[derive(Default)]
+struct Allocation {
+    addresses: Vec<IpAddr>,
+    /// An address of it has a live (Draining or Active) holder: never released early.
+    live: bool,
+    /// The latest moment any of its addresses saw traffic (stale, or its holder's going).
+    quiet_since: MonoNs,
+}
+
+impl Tracker {
+    /// The releaser's queue for pool pressure.
+    pub fn set_ipam_releaser(&mut self, urgent: mpsc::Sender<Urgent>) {
+        self.ipam_urgent = Some(urgent);
+    }
+
+    /// Answers `request` now (wait, nothing held) or through the releaser (release-quietest).
+    pub(super) fn ipam_exhausted(
+        &mut self,
+        request: ExhaustedRequest,
+        reply: Reply<ExhaustedAnswer>,
+    ) {
+        let policy = self.config.ipam_on_exhausted;
+        let mut answer = ExhaustedAnswer {
+            policy: policy.as_str().to_owned(),
+            quarantined: 0,
+            draining: 0,
+            next_release: None,
+            released: Vec::new(),
+        };
+        let mut allocations: BTreeMap<(String, String), Allocation> = BTreeMap::new();
+        let mut next: Option<MonoNs> = None;
+        for (addr, hold) in self.ipam_holds.all() {
+            if hold.network != request.network {
+                continue;
+            }
+            let allocation = allocations
+                .entry((hold.container_id, hold.ifname))
+                .or_default();
+            allocation.addresses.push(addr);
+            match self.registry.get(addr).map(|r| &r.status) {
+                // Free already: the releaser gives it back within a second.
+                None => {}
+                Some(AddrStatus::Quarantined {
+                    since,
+                    until,
+                    last_stale,
+                    ..
+                }) => {
+                    answer.quarantined += 1;
+                    let quiet = last_stale.unwrap_or(*since);
+                    allocation.quiet_since = allocation.quiet_since.max(quiet);
+                    next = Some(next.map_or(*until, |n| n.min(*until)));
+                }
+                Some(AddrStatus::Draining { .. } | AddrStatus::Active { .. }) => {
+                    answer.draining += 1;
+                    allocation.live = true;
+                }
+            }
+        }
+        answer.next_release = next.map(|at| TimeBase::now().rfc3339(at));
+        if allocations.is_empty() {
+            // Nothing of this range is ipq's: the delegate's own error stands.
+            let _ = reply.send(Ok(answer));
+            return;
+        }
+        let quietest = allocations
+            .into_iter()
+            .filter(|(_, a)| !a.live)
+            .min_by_key(|(_, a)| a.quiet_since);
+        let chosen = match (policy, quietest) {
+            (OnExhausted::ReleaseQuietest, Some(((container_id, ifname), allocation))) => {
+                Some((container_id, ifname, allocation.addresses))
+            }
+            _ => None,
+        };
+        let network = request.network.clone();
+        let Some((container_id, ifname, addresses)) = chosen else {
+            let outcome = if policy == OnExhausted::Wait {
+                "waited"
+            } else {
+                "none_releasable"
+            };
+            self.metrics
+                .ipam_exhausted
+                .with_label_values(&[network.as_str(), outcome])
+                .inc();
+            self.publish_exhausted(&request, &answer);
+            let _ = reply.send(Ok(answer));
+            return;
+        };
+        answer.released = addresses;
+        self.publish_exhausted(&request, &answer);
+        let urgent = Urgent {
+            network,
+            container_id,
+            ifname,
+            answer,
+            reply,
+        };
+        let Some(queue) = &self.ipam_urgent else {
+            warn!(
+                "ipam: no releaser runs; the exhausted range of {:?} waits",
+                request.network
+            );
+            return answer_unreleased(urgent);
+        };
+        if let Err(e) = queue.try_send(urgent) {
+            warn!(
+                "ipam: the releaser is busy or gone; the exhausted range of {:?} waits",
+                request.network
+            );
+            answer_unreleased(e.into_inner());
+        }
+    }
+
+    fn publish_exhausted(&mut self, request: &ExhaustedRequest, answer: &ExhaustedAnswer) {
+        let at = TimeBase::now().rfc3339(netdev::monotonic_ns());
+        self.events.publish(
+            at,
+            EventBody::IpamExhausted {
+                network: request.network.clone(),
+                container_id: request.container_id.clone(),
+                answer: answer.clone(),
+            },
+        );
+    }
+}
+
+/// The release could not be asked for: ipq-ipam hears "wait".
+fn answer_unreleased(mut urgent: Urgent) {
+    urgent.answer.released.clear();
+    let _ = urgent.reply.send(Ok(urgent.answer));
+}
