@@ -6,7 +6,7 @@
 //! quarantine is over, never before (also across a SIGKILL, and with the agent away during the
 //! DEL), and the address is handed out again. A second delegate, Debian's `static`, gets the
 //! same holds. GC and STATUS: `cni_ipam/gc_status.rs`; a range exhausted by holds:
-//! `cni_ipam/pressure.rs`.
+//! `cni_ipam/pressure.rs`; the SwarmKit replay with and without ipq-ipam: `cni_ipam/swarmkit.rs`.
 
 use std::{
     net::IpAddr,
@@ -31,6 +31,8 @@ use serde_json::{json, Value};
 mod gc_status;
 #[path = "cni_ipam/pressure.rs"]
 mod pressure;
+#[path = "cni_ipam/swarmkit.rs"]
+mod swarmkit;
 
 const BRIDGE: &str = "cniipam0";
 
@@ -534,6 +536,15 @@ fn a_requested_address_ipq_holds_is_try_again_later_until_its_release() -> anyho
         "after the release the static pod gets {}: {result}",
         a.v4
     );
+    Ok(())
+}
+
+/// B drains (ipq-cni's DEL) and its IPAM allocation is handed to ipq-ipam's DEL, while its
+/// veth, and so B itself, stays: an allocator freeing a terminating task's address early.
+fn drain_with_early_ipam_del(chain: &Chain, b: &Pod) -> anyhow::Result<()> {
+    chain.exec(1, "DEL", &b.attachment, Some(&b.result))?;
+    let conf = chain.plugin_config(0, Some(&b.result));
+    chain.exec_plugin("ipq-ipam", "DEL", Some(&b.attachment), &conf)?;
     Ok(())
 }
 

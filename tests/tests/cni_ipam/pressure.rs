@@ -15,7 +15,7 @@ use anyhow::{ensure, Context as _};
 use ipq::{api::model::EventBody, registry::StateName};
 use ipq_tests::cni::{host_local_allocations, AgentApi, Chain};
 
-use super::{add, bridge_chain, data_dir, Lab, Pod};
+use super::{add, bridge_chain, data_dir, drain_with_early_ipam_del, Lab, Pod};
 
 /// A quarantine that lasts the whole test.
 const LONG_QUARANTINE: [&str; 8] = [
@@ -28,15 +28,6 @@ const LONG_QUARANTINE: [&str; 8] = [
     "--max-cooldown",
     "300s",
 ];
-
-/// B drains (ipq-cni's DEL) and its IPAM allocation is handed to ipq-ipam's DEL, while its
-/// veth, and so B itself, stays.
-fn drain_with_early_ipam_del(chain: &Chain, b: &Pod) -> anyhow::Result<()> {
-    chain.exec(1, "DEL", &b.attachment, Some(&b.result))?;
-    let conf = chain.plugin_config(0, Some(&b.result));
-    chain.exec_plugin("ipq-ipam", "DEL", Some(&b.attachment), &conf)?;
-    Ok(())
-}
 
 fn exhausted_events(api: &AgentApi) -> anyhow::Result<Vec<EventBody>> {
     let mut out = Vec::new();
