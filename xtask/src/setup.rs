@@ -26,6 +26,8 @@ pub const TEST_PACKAGES: &[&str] = &[
     "podman",
     "runc",
     "busybox-static",
+    // ipq-ipam's dhcp delegate test: a real DHCP server in the lab's namespaces.
+    "dnsmasq-base",
     // Observability tests: promtool and a real Prometheus server scraping the lab.
     "prometheus",
     // The kernel tier (xtask/src/kernels): QEMU, Debian's keyring for the kernel packages'

@@ -89,11 +89,19 @@ pub async fn first_held(
 }
 
 /// The error for `view` when its holder (live or, quarantined, previous) is not `container_id`.
+///
+/// An Active holder that ipq knows only from netlink (no container id) is not a hold: a
+/// delegate that puts the address on the wire while the ADD runs (dhcp: the server's ARP entry
+/// on the bridge) makes the pod being added show up that way before the ADD returns. Were it
+/// another live pod after all, the claim that follows is a conflict `on_early_reuse` judges.
 fn held_for_another(view: &AddressView, container_id: &str) -> Option<CniError> {
     let holder = match view.state {
         StateName::Active | StateName::Draining => view.holder.as_ref(),
         _ => view.previous_holder.as_ref(),
     };
+    if view.state == StateName::Active && holder.is_none_or(|h| h.container_id().is_none()) {
+        return None;
+    }
     if holder.and_then(|h| h.container_id()) == Some(container_id)
         && view.state != StateName::Quarantined
     {
