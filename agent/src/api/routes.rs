@@ -123,7 +123,7 @@ async fn route(request: Request<Incoming>, ctx: &Context) -> Result<Response<Bod
             query.allow(&[])?;
             let release: crate::cni::ipam::release::HeldRelease =
                 decode(&read_body(request, &what).await?, &what)?;
-            release.validate().map_err(invalid)?;
+            release.validate().map_err(|e| invalid(e.to_string()))?;
             let release = Box::new(release);
             json(ask(ctx, |reply| Command::HoldRelease { release, reply }).await?)
         }

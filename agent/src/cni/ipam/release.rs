@@ -6,6 +6,14 @@ use std::net::IpAddr;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+/// A release the agent will not store, naming the field.
+#[derive(Debug, thiserror::Error)]
+#[error("{field}: {reason}")]
+pub struct InvalidRelease {
+    pub field: &'static str,
+    pub reason: &'static str,
+}
+
 /// One held allocation's release.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -48,7 +56,7 @@ pub fn now_unix_ms() -> u64 {
 
 impl HeldRelease {
     /// What the agent refuses to store: a release it could never run.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), InvalidRelease> {
         for (field, value) in [
             ("containerId", &self.container_id),
             ("ifname", &self.ifname),
@@ -56,13 +64,17 @@ impl HeldRelease {
             ("cniPath", &self.cni_path),
         ] {
             if value.is_empty() {
-                return Err(format!(
-                    "{field}: empty; a held release needs it to run the DEL"
-                ));
+                return Err(InvalidRelease {
+                    field,
+                    reason: "empty; a held release needs it to run the DEL",
+                });
             }
         }
         if !self.delegate_conf.is_object() {
-            return Err("delegateConf: not an object (the delegate's network config)".into());
+            return Err(InvalidRelease {
+                field: "delegateConf",
+                reason: "not an object (the delegate's network config)",
+            });
         }
         Ok(())
     }
