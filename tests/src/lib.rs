@@ -3,6 +3,8 @@ pub mod api;
 pub mod attach;
 pub mod attachments;
 pub mod cni;
+pub mod containerd;
+pub mod cri;
 pub mod flows;
 pub mod lab;
 pub mod netns;

@@ -92,7 +92,8 @@ fn require_tools() -> anyhow::Result<()> {
     Ok(())
 }
 
-fn which_in_path(name: &str) -> Option<PathBuf> {
+/// `name` found on `PATH`.
+pub fn which_in_path(name: &str) -> Option<PathBuf> {
     std::env::var_os("PATH").and_then(|paths| {
         std::env::split_paths(&paths)
             .map(|dir| dir.join(name))

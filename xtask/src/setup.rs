@@ -28,6 +28,10 @@ pub const TEST_PACKAGES: &[&str] = &[
     "busybox-static",
     // ipq-ipam's dhcp delegate test: a real DHCP server in the lab's namespaces.
     "dnsmasq-base",
+    // The CRI tier: containerd (its CRI plugin built in) run by the tests, and protoc for the
+    // CRI client's generated code (k8s-cri's build script).
+    "containerd",
+    "protobuf-compiler",
     // Observability tests: promtool and a real Prometheus server scraping the lab.
     "prometheus",
     // The kernel tier (xtask/src/kernels): QEMU, Debian's keyring for the kernel packages'

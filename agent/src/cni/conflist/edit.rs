@@ -38,15 +38,22 @@ pub struct Entry {
     /// The agent's API socket as seen from the host (where the runtime runs the plugin).
     pub socket: String,
     pub on_unavailable: OnUnavailable,
+    /// Where the plugin spools (the agent's `state_dir`); written only when it is not the
+    /// default, so entries of a default install stay as they were.
+    pub state_dir: Option<String>,
 }
 
 impl Entry {
-    fn fields(&self) -> [(&'static str, Value); 3] {
-        [
+    fn fields(&self) -> Vec<(&'static str, Value)> {
+        let mut fields = vec![
             ("type", Value::from(PLUGIN_TYPE)),
             ("socket", Value::from(self.socket.as_str())),
             ("onUnavailable", Value::from(self.on_unavailable.as_str())),
-        ]
+        ];
+        if let Some(dir) = &self.state_dir {
+            fields.push(("stateDir", Value::from(dir.as_str())));
+        }
+        fields
     }
 
     /// The entry as a JSON object, to compare with what a conflist already holds.

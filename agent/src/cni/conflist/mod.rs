@@ -73,6 +73,10 @@ struct InstallArgs {
     /// What ADD does when the agent cannot be reached
     #[arg(long, value_enum, default_value = "fail")]
     on_unavailable: OnUnavailable,
+    /// The agent's `state_dir`, where the plugins spool DELs and held releases while the agent
+    /// is away (written into the config only when not the default)
+    #[arg(long, default_value = crate::paths::DEFAULT_STATE_DIR)]
+    state_dir: String,
     /// Also wrap the main plugin's `ipam` section in ipq-ipam, so that the node's IPAM keeps a
     /// deleted pod's address allocated until its quarantine is over (without the flag, a
     /// wrapped section is unwrapped)
@@ -182,7 +186,7 @@ pub fn install(
         edit::Installed::Inserted(new) | edit::Installed::Updated(new) => new.clone(),
     };
     let held = match binaries.ipam {
-        Some(_) => wrap::wrap(&chained, &entry.socket),
+        Some(_) => wrap::wrap(&chained, &entry.socket, entry.state_dir.as_deref()),
         None => wrap::unwrap(&chained),
     }
     .map_err(|e| refused(&path)(e.into()))?;
@@ -348,6 +352,8 @@ pub fn main(args: Vec<String>) -> ExitCode {
             let entry = Entry {
                 socket: args.socket,
                 on_unavailable: args.on_unavailable,
+                state_dir: (args.state_dir != crate::paths::DEFAULT_STATE_DIR)
+                    .then_some(args.state_dir),
             };
             let binaries = Binaries {
                 cni: &binary,

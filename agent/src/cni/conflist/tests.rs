@@ -101,6 +101,7 @@ fn entry() -> Entry {
     Entry {
         socket: "/run/ipq/ipq.sock".into(),
         on_unavailable: OnUnavailable::Fail,
+        state_dir: None,
     }
 }
 
@@ -311,6 +312,7 @@ fn changed_settings_or_a_misplaced_entry_are_updated_not_duplicated() {
     let other = Entry {
         socket: "/var/run/ipq/agent.sock".into(),
         on_unavailable: OnUnavailable::Allow,
+        state_dir: None,
     };
     let report = install(&node.locations(), &node.binaries(false), &other).unwrap();
     assert!(report.config_changed && report.to_string().contains("updated"));

@@ -46,9 +46,13 @@ fn main_plugin(text: &str) -> Result<(usize, std::ops::Range<usize>, Value), Wra
         .ok_or(WrapRefusal::NoMainPlugin)
 }
 
-/// Wraps the main plugin's `ipam` in ipq-ipam (talking to the agent at `socket`). `None` when
-/// it is wrapped already.
-pub fn wrap(text: &str, socket: &str) -> Result<Option<String>, WrapRefusal> {
+/// Wraps the main plugin's `ipam` in ipq-ipam (talking to the agent at `socket`, spooling
+/// under `state_dir` when it is not the default). `None` when it is wrapped already.
+pub fn wrap(
+    text: &str,
+    socket: &str,
+    state_dir: Option<&str>,
+) -> Result<Option<String>, WrapRefusal> {
     let (index, range, plugin) = main_plugin(text)?;
     let name = plugin["type"].as_str().unwrap_or_default().to_owned();
     let ipam_type = plugin
@@ -66,8 +70,11 @@ pub fn wrap(text: &str, socket: &str) -> Result<Option<String>, WrapRefusal> {
         Some(_) => {}
     }
     let ipam = member(text, range, "ipam").ok_or(WrapRefusal::Unlocatable)?;
+    let state_dir = state_dir
+        .map(|dir| format!(", \"stateDir\": {}", Value::from(dir)))
+        .unwrap_or_default();
     let wrapper = format!(
-        "{{\"type\": {}, \"socket\": {}, \"delegate\": {}}}",
+        "{{\"type\": {}, \"socket\": {}{state_dir}, \"delegate\": {}}}",
         Value::from(IPQ_IPAM),
         Value::from(socket),
         &text[ipam.clone()]
@@ -121,7 +128,7 @@ mod tests {
 
     #[test]
     fn wrapping_embeds_the_ipam_byte_for_byte_and_unwrapping_gives_the_file_back() {
-        let wrapped = wrap(BRIDGE, "/run/ipq/ipq.sock").unwrap().unwrap();
+        let wrapped = wrap(BRIDGE, "/run/ipq/ipq.sock", None).unwrap().unwrap();
         let doc: Value = serde_json::from_str(&wrapped).unwrap();
         let ipam = &doc["plugins"][0]["ipam"];
         assert_eq!(ipam["type"], "ipq-ipam");
@@ -132,19 +139,23 @@ mod tests {
             "\"delegate\": {\n        \"type\": \"host-local\",\n        \"ranges\": [[{\"subnet\": \"10.1.0.0/24\"}]]\n      }}"
         ));
         assert_eq!(
-            wrap(&wrapped, "/run/ipq/ipq.sock").unwrap(),
+            wrap(&wrapped, "/run/ipq/ipq.sock", None).unwrap(),
             None,
             "idempotent"
         );
         assert_eq!(unwrap(&wrapped).unwrap().as_deref(), Some(BRIDGE));
         assert_eq!(unwrap(BRIDGE).unwrap(), None);
+        let elsewhere = wrap(BRIDGE, "/s", Some("/srv/ipq")).unwrap().unwrap();
+        let doc: Value = serde_json::from_str(&elsewhere).unwrap();
+        assert_eq!(doc["plugins"][0]["ipam"]["stateDir"], "/srv/ipq");
+        assert_eq!(unwrap(&elsewhere).unwrap().as_deref(), Some(BRIDGE));
     }
 
     #[test]
     fn a_main_plugin_without_an_ipam_section_is_left_alone_and_named() {
         let text = r#"{"cniVersion": "1.0.0", "name": "n", "plugins": [{"type": "cilium-cni"}, {"type": "ipq-cni"}]}"#;
         assert_eq!(
-            wrap(text, "/run/ipq/ipq.sock"),
+            wrap(text, "/run/ipq/ipq.sock", None),
             Err(WrapRefusal::NoIpam {
                 index: 0,
                 plugin: "cilium-cni".into()
@@ -152,7 +163,7 @@ mod tests {
         );
         let untyped = r#"{"name": "n", "plugins": [{"type": "ptp", "ipam": {"ranges": []}}]}"#;
         assert!(matches!(
-            wrap(untyped, "/s"),
+            wrap(untyped, "/s", None),
             Err(WrapRefusal::NoIpam { index: 0, .. })
         ));
     }

@@ -1,0 +1,480 @@
+//! containerd of the test's own, driven through its CRI as the kubelet drives it.
+//!
+//! Everything is the test's: containerd's root, state, sockets, config, CNI conf and bin
+//! directories live in the lab's work dir; it runs in the lab's node network namespace and in a
+//! private mount namespace with fresh tmpfs on `/run` (its shims' sockets, the pods' netns
+//! files) and `/var/lib`, so nothing of the machine changes; pods' cgroups go under a cgroupfs
+//! parent of the test's own, removed afterwards. Images come from no registry: a pause image
+//! and a busybox image are built here as OCI archives from Debian's static busybox and imported
+//! with `ctr images import`; the CRI's sandbox image is the local pause.
+
+use std::{
+    fs,
+    io::{BufRead as _, BufReader},
+    os::unix::{fs::symlink, process::CommandExt as _},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::Duration,
+};
+
+use anyhow::{bail, Context as _};
+use serde_json::json;
+
+use crate::{
+    netns::NetNs,
+    podman::{run_bounded, which_in_path},
+};
+
+/// The images the CRI tier runs.
+pub const PAUSE_IMAGE: &str = "docker.io/ipq/pause:test";
+pub const BUSYBOX_IMAGE: &str = "docker.io/ipq/busybox:test";
+
+const BUSYBOX: &str = "/bin/busybox";
+const APPLETS: [&str; 12] = [
+    "sh", "sleep", "ping", "ip", "cat", "echo", "true", "trap", "nc", "ls", "kill", "wget",
+];
+const DEBIAN_PLUGIN_DIR: &str = "/usr/lib/cni";
+
+/// A running containerd.
+pub struct Containerd {
+    dir: PathBuf,
+    holder: Child,
+    daemon: Option<Child>,
+    cgroup: PathBuf,
+}
+
+impl Containerd {
+    /// Starts containerd in `node`'s network namespace with everything under `dir`; its CNI
+    /// binaries are Debian's plugins and the workspace's `ipq-cni`/`ipq-ipam` (linked into its
+    /// own bin dir), and its conf dir starts empty.
+    pub fn start(node: &NetNs, dir: &Path) -> anyhow::Result<Containerd> {
+        for (tool, package) in [
+            ("containerd", "containerd"),
+            ("ctr", "containerd"),
+            ("runc", "runc"),
+            ("unshare", "util-linux"),
+            ("tar", "tar"),
+        ] {
+            if which_in_path(tool).is_none() {
+                bail!("{tool} is missing: install {package} (cargo xtask setup does)");
+            }
+        }
+        fs::create_dir_all(dir)?;
+        // Unique per test: the lab's work dir is.
+        let unique = dir
+            .parent()
+            .and_then(Path::file_name)
+            .unwrap_or_default()
+            .to_string_lossy()
+            .into_owned();
+        let cgroup = PathBuf::from("/sys/fs/cgroup").join(format!("ipq-cri-{unique}"));
+        let holder = mount_namespace(node)?;
+        let mut containerd = Containerd {
+            dir: dir.to_owned(),
+            holder,
+            daemon: None,
+            cgroup,
+        };
+        containerd.link_plugins()?;
+        fs::create_dir_all(containerd.conf_dir())?;
+        fs::write(dir.join("config.toml"), containerd.config())?;
+        containerd.spawn_daemon()?;
+        for (image, entrypoint) in [
+            (PAUSE_IMAGE, vec!["/bin/sleep", "2147483647"]),
+            (BUSYBOX_IMAGE, vec!["/bin/sh"]),
+        ] {
+            containerd.import(image, &entrypoint)?;
+        }
+        Ok(containerd)
+    }
+
+    /// The CRI (and containerd API) socket.
+    pub fn socket(&self) -> PathBuf {
+        self.dir.join("containerd.sock")
+    }
+
+    /// Where containerd's CRI reads CNI configs.
+    pub fn conf_dir(&self) -> PathBuf {
+        self.dir.join("net.d")
+    }
+
+    /// The CNI bin dir: Debian's plugins and the workspace's ipq-cni and ipq-ipam.
+    pub fn bin_dir(&self) -> PathBuf {
+        self.dir.join("cni-bin")
+    }
+
+    /// Where pods' logs go (the kubelet's `log_directory`).
+    pub fn log_dir(&self, pod: &str) -> PathBuf {
+        self.dir.join("pods").join(pod)
+    }
+
+    /// The cgroupfs parent of the test's pods.
+    pub fn cgroup_parent(&self) -> String {
+        format!(
+            "/{}",
+            self.cgroup
+                .file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+        )
+    }
+
+    /// containerd's log so far.
+    pub fn log(&self) -> String {
+        fs::read_to_string(self.dir.join("containerd.log")).unwrap_or_default()
+    }
+
+    fn link_plugins(&self) -> anyhow::Result<()> {
+        let bin = self.bin_dir();
+        fs::create_dir_all(&bin)?;
+        for entry in fs::read_dir(DEBIAN_PLUGIN_DIR)
+            .with_context(|| format!("{DEBIAN_PLUGIN_DIR}: install containernetworking-plugins"))?
+        {
+            let entry = entry?;
+            symlink(entry.path(), bin.join(entry.file_name()))?;
+        }
+        Ok(())
+    }
+
+    fn config(&self) -> String {
+        let d = self.dir.display();
+        format!(
+            r#"version = 2
+root = "{d}/root"
+state = "{d}/state"
+disabled_plugins = [
+  "io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
+  "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper",
+  "io.containerd.internal.v1.opt", "io.containerd.tracing.processor.v1.otlp",
+]
+[grpc]
+  address = "{d}/containerd.sock"
+[ttrpc]
+  address = "{d}/containerd.sock.ttrpc"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{PAUSE_IMAGE}"
+  # Lowering oom_score_adj needs CAP_SYS_RESOURCE, which a CI sandbox may not grant.
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "native"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "{d}/cni-bin"
+    conf_dir = "{d}/net.d"
+    max_conf_num = 1
+"#
+        )
+    }
+
+    /// `nsenter` into the private mount namespace, in the node's network namespace.
+    fn command(&self, program: &str) -> Command {
+        let mut cmd = Command::new("nsenter");
+        cmd.arg("-t")
+            .arg(self.holder.id().to_string())
+            .args(["-m", "-n", "--", program]);
+        cmd
+    }
+
+    fn spawn_daemon(&mut self) -> anyhow::Result<()> {
+        let log = fs::File::create(self.dir.join("containerd.log"))?;
+        let mut cmd = self.command("containerd");
+        cmd.arg("--config")
+            .arg(self.dir.join("config.toml"))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log);
+        die_with_parent(&mut cmd);
+        self.daemon = Some(cmd.spawn().context("starting containerd")?);
+        let socket = self.socket();
+        crate::lab::poll("containerd's socket", Duration::from_secs(30), || {
+            Ok(socket.exists().then_some(()))
+        })
+        .with_context(|| format!("containerd log:\n{}", self.log()))?;
+        Ok(())
+    }
+
+    /// Kills containerd with SIGKILL (its shims and pods keep running) and starts it again.
+    pub fn kill9_and_restart(&mut self) -> anyhow::Result<()> {
+        if let Some(mut daemon) = self.daemon.take() {
+            daemon.kill()?;
+            daemon.wait()?;
+        }
+        let _ = fs::remove_file(self.socket());
+        self.spawn_daemon()
+    }
+
+    fn ctr(&self, args: &[&str]) -> anyhow::Result<String> {
+        let mut cmd = self.command("ctr");
+        cmd.arg("--address")
+            .arg(self.socket())
+            .args(["--namespace", "k8s.io"])
+            .args(args);
+        let out = run_bounded(&mut cmd, Duration::from_secs(120))?;
+        if !out.status.success() {
+            bail!(
+                "ctr {args:?}: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// Builds `image` (busybox, running `entrypoint`) as an OCI archive and imports it.
+    fn import(&self, image: &str, entrypoint: &[&str]) -> anyhow::Result<()> {
+        let tag = image.rsplit('/').next().unwrap_or(image).replace(':', "-");
+        let work = self.dir.join("images").join(&tag);
+        let archive = build_oci_archive(&work, image, entrypoint)?;
+        self.ctr(&[
+            "images",
+            "import",
+            "--snapshotter",
+            "native",
+            &archive.to_string_lossy(),
+        ])?;
+        Ok(())
+    }
+}
+
+impl Drop for Containerd {
+    fn drop(&mut self) {
+        if let Some(mut daemon) = self.daemon.take() {
+            let _ = daemon.kill();
+            let _ = daemon.wait();
+        }
+        // Shims outlive containerd by design, and pods outlive their shims' parent: kill the
+        // shims of this containerd and every process in the test's cgroups.
+        kill_shims_of(&self.socket());
+        let trees = cgroup_trees(&self.cgroup);
+        for tree in &trees {
+            kill_cgroup_tree(tree);
+        }
+        let _ = self.holder.kill();
+        let _ = self.holder.wait();
+        for tree in &trees {
+            remove_cgroup_tree(tree);
+        }
+    }
+}
+
+/// The test's cgroup parent in every hierarchy: one per controller on cgroup v1, one on v2.
+fn cgroup_trees(v2_path: &Path) -> Vec<PathBuf> {
+    let name = v2_path.file_name().unwrap_or_default();
+    let root = Path::new("/sys/fs/cgroup");
+    let mut trees = vec![v2_path.to_owned()];
+    if let Ok(entries) = fs::read_dir(root) {
+        for entry in entries.flatten() {
+            let candidate = entry.path().join(name);
+            if candidate.is_dir() {
+                trees.push(candidate);
+            }
+        }
+    }
+    trees.retain(|t| t.is_dir());
+    trees
+}
+
+fn kill_shims_of(socket: &Path) {
+    let needle = socket.to_string_lossy().into_owned();
+    let Ok(procs) = fs::read_dir("/proc") else {
+        return;
+    };
+    for entry in procs.flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let cmdline = fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let cmdline = String::from_utf8_lossy(&cmdline);
+        if cmdline.contains("containerd-shim") && cmdline.contains(&needle) {
+            // SAFETY: kill has no memory-safety preconditions.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+    }
+}
+
+fn kill_cgroup_tree(dir: &Path) {
+    if let Ok(entries) = fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                kill_cgroup_tree(&entry.path());
+            }
+        }
+    }
+    let procs = fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+    for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+        // SAFETY: kill has no memory-safety preconditions.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+}
+
+/// cgroup directories are removed leaves first (rmdir only), once their processes are gone.
+fn remove_cgroup_tree(dir: &Path) {
+    if let Ok(entries) = fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                remove_cgroup_tree(&entry.path());
+            }
+        }
+    }
+    for _ in 0..100 {
+        if fs::remove_dir(dir).is_ok() || !dir.exists() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn die_with_parent(cmd: &mut Command) {
+    // SAFETY: prctl is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+/// `unshare -m` in `node`'s network namespace with tmpfs over `/run` and `/var/lib`, sleeping
+/// until killed; returns once the mounts are in place.
+fn mount_namespace(node: &NetNs) -> anyhow::Result<Child> {
+    let script = "mount -t tmpfs -o mode=0755 ipq-cri-run /run \
+                  && mount -t tmpfs -o mode=0755 ipq-cri-varlib /var/lib \
+                  && echo ready && exec sleep 1000000";
+    let mut cmd = node.command("unshare");
+    cmd.args([
+        "--mount",
+        "--propagation",
+        "private",
+        "--",
+        "sh",
+        "-c",
+        script,
+    ])
+    .stdin(Stdio::null())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::inherit());
+    die_with_parent(&mut cmd);
+    let mut child = cmd.spawn().context("starting the mount namespace holder")?;
+    let stdout = child.stdout.take().context("piped")?;
+    let mut line = String::new();
+    BufReader::new(stdout).read_line(&mut line)?;
+    if line.trim() != "ready" {
+        let _ = child.kill();
+        bail!("the private mount namespace for containerd could not be set up: {line:?}");
+    }
+    Ok(child)
+}
+
+fn sha256_of(path: &Path) -> anyhow::Result<(String, u64)> {
+    let out = Command::new("sha256sum").arg(path).output()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let digest = text
+        .split_whitespace()
+        .next()
+        .filter(|d| d.len() == 64)
+        .with_context(|| format!("sha256sum {}: {text:?}", path.display()))?
+        .to_owned();
+    Ok((digest, fs::metadata(path)?.len()))
+}
+
+/// Writes `blob` under `layout/blobs/sha256/` by its digest; its descriptor.
+fn blob(layout: &Path, media_type: &str, bytes: &[u8]) -> anyhow::Result<serde_json::Value> {
+    let tmp = layout.join("blob.tmp");
+    fs::write(&tmp, bytes)?;
+    let (digest, size) = sha256_of(&tmp)?;
+    fs::rename(&tmp, layout.join("blobs/sha256").join(&digest))?;
+    Ok(json!({"mediaType": media_type, "digest": format!("sha256:{digest}"), "size": size}))
+}
+
+/// An OCI image archive of Debian's static busybox named `image`, running `entrypoint`.
+fn build_oci_archive(work: &Path, image: &str, entrypoint: &[&str]) -> anyhow::Result<PathBuf> {
+    let rootfs = work.join("rootfs");
+    let bin = rootfs.join("bin");
+    fs::create_dir_all(&bin)?;
+    fs::copy(BUSYBOX, bin.join("busybox"))
+        .with_context(|| format!("copying {BUSYBOX} (install busybox-static)"))?;
+    for applet in APPLETS {
+        symlink("busybox", bin.join(applet))?;
+    }
+    for dir in ["proc", "sys", "dev", "etc", "tmp"] {
+        fs::create_dir_all(rootfs.join(dir))?;
+    }
+    let layout = work.join("layout");
+    fs::create_dir_all(layout.join("blobs/sha256"))?;
+    let layer = work.join("layer.tar");
+    let out = Command::new("tar")
+        .args(["--owner=0", "--group=0", "--numeric-owner", "-cf"])
+        .arg(&layer)
+        .arg("-C")
+        .arg(&rootfs)
+        .arg(".")
+        .output()?;
+    if !out.status.success() {
+        bail!(
+            "tar of the rootfs: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let layer_bytes = fs::read(&layer)?;
+    let layer_desc = blob(
+        &layout,
+        "application/vnd.oci.image.layer.v1.tar",
+        &layer_bytes,
+    )?;
+    let config = json!({
+        "architecture": "amd64",
+        "os": "linux",
+        "config": {"Entrypoint": entrypoint, "Env": ["PATH=/bin"]},
+        "rootfs": {"type": "layers", "diff_ids": [layer_desc["digest"]]},
+    });
+    let config_desc = blob(
+        &layout,
+        "application/vnd.oci.image.config.v1+json",
+        config.to_string().as_bytes(),
+    )?;
+    let manifest = json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": config_desc,
+        "layers": [layer_desc],
+    });
+    let mut manifest_desc = blob(
+        &layout,
+        "application/vnd.oci.image.manifest.v1+json",
+        manifest.to_string().as_bytes(),
+    )?;
+    manifest_desc["annotations"] = json!({
+        "io.containerd.image.name": image,
+        "org.opencontainers.image.ref.name": image.rsplit(':').next().unwrap_or("test"),
+    });
+    manifest_desc["platform"] = json!({"architecture": "amd64", "os": "linux"});
+    fs::write(
+        layout.join("index.json"),
+        json!({"schemaVersion": 2, "manifests": [manifest_desc]}).to_string(),
+    )?;
+    fs::write(
+        layout.join("oci-layout"),
+        json!({"imageLayoutVersion": "1.0.0"}).to_string(),
+    )?;
+    let archive = work.join("image.tar");
+    let out = Command::new("tar")
+        .arg("-cf")
+        .arg(&archive)
+        .arg("-C")
+        .arg(&layout)
+        .args(["oci-layout", "index.json", "blobs"])
+        .output()?;
+    if !out.status.success() {
+        bail!(
+            "tar of the OCI layout: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(archive)
+}
