@@ -155,20 +155,40 @@ const QUARANTINE: [&str; 8] = [
     "6s",
 ];
 
-#[test]
-fn a_pods_whole_life_through_containerds_cri() -> anyhow::Result<()> {
-    let lab = Lab::new()?;
-    let _agent = lab.start_agent(&QUARANTINE)?;
-    let api = AgentApi::new(&lab)?;
+/// containerd with the node's conflist, its images checked, ipq installed into it.
+fn node(lab: &Lab) -> anyhow::Result<(Containerd, Cri)> {
     let containerd = Containerd::start(&lab.node, &lab.work_dir().join("containerd"))?;
-    node_conflist(&lab, &containerd.conf_dir())?;
+    node_conflist(lab, &containerd.conf_dir())?;
     let cri = Cri::connect(&containerd.socket())?;
     let images = cri.images()?;
     ensure!(
         images.iter().any(|i| i == BUSYBOX_IMAGE),
         "the local images are in the CRI's store: {images:?}"
     );
-    install_ipq(&lab, &containerd, &cri)?;
+    install_ipq(lab, &containerd, &cri)?;
+    Ok((containerd, cri))
+}
+
+/// The address transitions the agent published for `addr`, oldest first.
+fn transitions(api: &AgentApi, addr: IpAddr) -> anyhow::Result<Vec<StateName>> {
+    let mut states = Vec::new();
+    api.runtime.block_on(api.client.events(false, |event| {
+        if let EventBody::Transition { address, to, .. } = event.body {
+            if address == addr {
+                states.push(to);
+            }
+        }
+        true
+    }))?;
+    Ok(states)
+}
+
+#[test]
+fn a_pods_whole_life_through_containerds_cri() -> anyhow::Result<()> {
+    let lab = Lab::new()?;
+    let _agent = lab.start_agent(&QUARANTINE)?;
+    let api = AgentApi::new(&lab)?;
+    let (containerd, cri) = node(&lab)?;
 
     let a = run_pod(&cri, &containerd, "a")?;
     let view = api.wait_state(a.ip, StateName::Active)?;
@@ -197,15 +217,7 @@ fn a_pods_whole_life_through_containerds_cri() -> anyhow::Result<()> {
         a.ip
     );
 
-    let mut states = Vec::new();
-    api.runtime.block_on(api.client.events(false, |event| {
-        if let EventBody::Transition { address, to, .. } = event.body {
-            if address == a.ip {
-                states.push(to);
-            }
-        }
-        true
-    }))?;
+    let states = transitions(&api, a.ip)?;
     ensure!(
         states
             == vec![
@@ -225,5 +237,105 @@ fn a_pods_whole_life_through_containerds_cri() -> anyhow::Result<()> {
             )
         },
     )?;
+    Ok(())
+}
+
+/// containerd SIGKILLed and started again while a pod runs (its shim and the pod live on):
+/// ipq's view does not change, no drain is made up, the pod still works, and the restarted
+/// containerd ends it the usual way.
+#[test]
+fn containerd_sigkilled_and_restarted_changes_nothing_in_ipq() -> anyhow::Result<()> {
+    let lab = Lab::new()?;
+    let _agent = lab.start_agent(&QUARANTINE)?;
+    let api = AgentApi::new(&lab)?;
+    let (mut containerd, cri) = node(&lab)?;
+    let a = run_pod(&cri, &containerd, "a")?;
+    let before = api.wait_state(a.ip, StateName::Active)?;
+
+    containerd.kill9_and_restart()?;
+    let cri = Cri::connect(&containerd.socket())?;
+    // The socket answers before the CRI has recovered its pods ("not initialized yet").
+    let ip = poll(
+        "the restarted CRI knowing A",
+        Duration::from_secs(30),
+        || Ok(cri.pod_ip(&a.sandbox).ok()),
+    )?;
+    ensure!(ip == a.ip, "the restarted containerd knows the pod at {ip}");
+    ensure!(pings(&cri, &a, GATEWAY)? == 3, "A still works");
+    let after = api.get(a.ip)?.context("A's address is still held")?;
+    ensure!(
+        after.state == StateName::Active && after.holder == before.holder,
+        "unchanged: {before:?} then {after:?}"
+    );
+    ensure!(
+        transitions(&api, a.ip)? == vec![StateName::Active],
+        "no drain made up by the restart"
+    );
+
+    cri.stop_container(&a.container, Duration::from_secs(2))?;
+    cri.stop_pod_sandbox(&a.sandbox)?;
+    api.wait_state(a.ip, StateName::Quarantined)?;
+    cri.remove_pod_sandbox(&a.sandbox)?;
+    Ok(())
+}
+
+/// ipq-agent SIGKILLed while containerd deletes one pod and is asked for another: the DEL
+/// succeeds (ipq-cni spools the drain, ipq-ipam the release), the new sandbox is refused
+/// ("try again later": the kubelet retries) rather than run unclaimed, and once the agent is
+/// back the spooled DEL puts A in quarantine, the retried sandbox runs and is claimed, and no
+/// interface is left unprotected.
+#[test]
+fn the_agent_restarted_while_pods_come_and_go_loses_no_del_and_leaves_no_pod_unprotected(
+) -> anyhow::Result<()> {
+    let lab = Lab::new()?;
+    let mut agent = lab.start_agent(&QUARANTINE)?;
+    let api = AgentApi::new(&lab)?;
+    let (containerd, cri) = node(&lab)?;
+    let a = run_pod(&cri, &containerd, "a")?;
+    let b = run_pod(&cri, &containerd, "b")?;
+    api.wait_state(a.ip, StateName::Active)?;
+    api.wait_state(b.ip, StateName::Active)?;
+
+    agent.kill9();
+    cri.stop_container(&a.container, Duration::from_secs(2))?;
+    cri.stop_pod_sandbox(&a.sandbox)
+        .context("StopPodSandbox's CNI DEL succeeds with the agent away")?;
+    cri.remove_pod_sandbox(&a.sandbox)?;
+    let refused = match run_pod(&cri, &containerd, "c") {
+        Ok(c) => anyhow::bail!("C must not run unclaimed while the agent is away: {}", c.ip),
+        Err(e) => format!("{e:#}"),
+    };
+    ensure!(
+        refused.contains("try again") || refused.contains("unavailable"),
+        "RunPodSandbox fails for the kubelet to retry: {refused}"
+    );
+    drop(agent);
+
+    let agent = lab.start_agent(&QUARANTINE)?;
+    api.wait_state(a.ip, StateName::Quarantined)
+        .context("the spooled DEL of A is replayed")?;
+    let c = run_pod(&cri, &containerd, "c").context("the kubelet's retry of C")?;
+    let view = api.wait_state(c.ip, StateName::Active)?;
+    ensure!(
+        view.holder.as_ref().and_then(|h| h.container_id()) == Some(c.sandbox.as_str()),
+        "C is claimed for its sandbox: {view:?}"
+    );
+    ensure!(c.ip != a.ip, "C does not get A's quarantined {}", a.ip);
+    let b_view = api.get(b.ip)?.context("B is still held")?;
+    ensure!(b_view.state == StateName::Active, "B untouched: {b_view:?}");
+    poll("every interface protected", Duration::from_secs(10), || {
+        let scrape = agent.scrape()?;
+        let unprotected: f64 = ["tc_ingress", "tc_egress"]
+            .iter()
+            .map(|hook| {
+                scrape
+                    .get("ipq_datapath_unprotected_interfaces", &[("hook", hook)])
+                    .unwrap_or(0.0)
+            })
+            .sum();
+        Ok((unprotected == 0.0).then_some(()))
+    })?;
+    ensure!(pings(&cri, &b, GATEWAY)? == 3, "B works");
+    ensure!(pings(&cri, &c, GATEWAY)? == 3, "C works");
     Ok(())
 }
