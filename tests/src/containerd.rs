@@ -119,6 +119,21 @@ impl Containerd {
         )
     }
 
+    /// SIGKILLs the shim of sandbox `sandbox_id` (its pods' processes are left behind, as
+    /// when a shim crashes); whether one was found.
+    pub fn kill_shim_of(&self, sandbox_id: &str) -> bool {
+        let needle = format!("-id {sandbox_id}");
+        let mut found = false;
+        for (pid, cmdline) in processes() {
+            if cmdline.contains("containerd-shim") && cmdline.contains(&needle) {
+                // SAFETY: kill has no memory-safety preconditions.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+                found = true;
+            }
+        }
+        found
+    }
+
     /// containerd's log so far.
     pub fn log(&self) -> String {
         fs::read_to_string(self.dir.join("containerd.log")).unwrap_or_default()
@@ -278,17 +293,25 @@ fn cgroup_trees(v2_path: &Path) -> Vec<PathBuf> {
     trees
 }
 
+/// Every process's pid and command line (arguments joined by spaces).
+fn processes() -> Vec<(i32, String)> {
+    let Ok(procs) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    procs
+        .flatten()
+        .filter_map(|entry| {
+            let pid = entry.file_name().to_string_lossy().parse::<i32>().ok()?;
+            let cmdline = fs::read(entry.path().join("cmdline")).ok()?;
+            let text = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            Some((pid, text))
+        })
+        .collect()
+}
+
 fn kill_shims_of(socket: &Path) {
     let needle = socket.to_string_lossy().into_owned();
-    let Ok(procs) = fs::read_dir("/proc") else {
-        return;
-    };
-    for entry in procs.flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let cmdline = fs::read(entry.path().join("cmdline")).unwrap_or_default();
-        let cmdline = String::from_utf8_lossy(&cmdline);
+    for (pid, cmdline) in processes() {
         if cmdline.contains("containerd-shim") && cmdline.contains(&needle) {
             // SAFETY: kill has no memory-safety preconditions.
             unsafe { libc::kill(pid, libc::SIGKILL) };

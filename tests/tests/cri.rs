@@ -36,7 +36,19 @@ fn data_dir(lab: &Lab) -> PathBuf {
 }
 
 /// The node's conflist before ipq: bridge + host-local, as a cluster would have it.
-fn node_conflist(lab: &Lab, conf_dir: &Path) -> anyhow::Result<()> {
+/// The node's range: the /29's .2 to .6, or `.2` and `.3` only (a range that wraps at once).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Range {
+    Slash29,
+    TwoAddresses,
+}
+
+fn node_conflist(lab: &Lab, conf_dir: &Path, range: Range) -> anyhow::Result<()> {
+    let mut ranges = json!([[{"subnet": "10.99.0.0/29"}]]);
+    if range == Range::TwoAddresses {
+        ranges[0][0]["rangeStart"] = json!("10.99.0.2");
+        ranges[0][0]["rangeEnd"] = json!("10.99.0.3");
+    }
     let conflist = json!({
         "cniVersion": "1.0.0",
         "name": NETWORK,
@@ -45,7 +57,7 @@ fn node_conflist(lab: &Lab, conf_dir: &Path) -> anyhow::Result<()> {
             "ipam": {
                 "type": "host-local",
                 "dataDir": data_dir(lab),
-                "ranges": [[{"subnet": "10.99.0.0/29"}]],
+                "ranges": ranges,
                 "routes": [{"dst": "0.0.0.0/0"}],
             },
         }],
@@ -59,7 +71,12 @@ fn node_conflist(lab: &Lab, conf_dir: &Path) -> anyhow::Result<()> {
 
 /// `ipq-cni install --hold-ipam` into containerd's conf and bin dirs while it runs, as the
 /// DaemonSet does; returns once containerd's CRI has loaded the new conflist.
-fn install_ipq(lab: &Lab, containerd: &Containerd, cri: &Cri) -> anyhow::Result<()> {
+fn install_ipq(
+    lab: &Lab,
+    containerd: &Containerd,
+    cri: &Cri,
+    hold_ipam: bool,
+) -> anyhow::Result<()> {
     let binary = ipq_tests::netns::workspace_binary("ipq-cni");
     let out = Command::new(&binary)
         .arg("install")
@@ -73,7 +90,7 @@ fn install_ipq(lab: &Lab, containerd: &Containerd, cri: &Cri) -> anyhow::Result<
         .arg(lab.work_dir().join("ipq.sock"))
         .arg("--state-dir")
         .arg(lab.work_dir().join("state"))
-        .arg("--hold-ipam")
+        .args(hold_ipam.then_some("--hold-ipam"))
         .output()?;
     ensure!(
         out.status.success(),
@@ -86,7 +103,10 @@ fn install_ipq(lab: &Lab, containerd: &Containerd, cri: &Cri) -> anyhow::Result<
         Duration::from_secs(10),
         || {
             let loaded = cri.cni_config()?;
-            Ok((loaded.contains("ipq-cni") && loaded.contains("ipq-ipam")).then_some(()))
+            Ok(
+                (loaded.contains("ipq-cni") && loaded.contains("ipq-ipam") == hold_ipam)
+                    .then_some(()),
+            )
         },
     )?;
     Ok(())
@@ -100,6 +120,16 @@ struct Pod {
 }
 
 fn run_pod(cri: &Cri, containerd: &Containerd, name: &str) -> anyhow::Result<Pod> {
+    run_pod_with(cri, containerd, name, &["/bin/sleep", "100000"])
+}
+
+/// A pod whose one container runs `command`.
+fn run_pod_with(
+    cri: &Cri,
+    containerd: &Containerd,
+    name: &str,
+    command: &[&str],
+) -> anyhow::Result<Pod> {
     let spec = PodSpec {
         namespace: "default".into(),
         name: name.into(),
@@ -111,14 +141,8 @@ fn run_pod(cri: &Cri, containerd: &Containerd, name: &str) -> anyhow::Result<Pod
     let sandbox = cri
         .run_pod_sandbox(&spec, &log_dir)
         .with_context(|| format!("containerd log:\n{}", containerd.log()))?;
-    let container = cri.start_container(
-        &sandbox,
-        &spec,
-        &log_dir,
-        "main",
-        BUSYBOX_IMAGE,
-        &["/bin/sleep", "100000"],
-    )?;
+    let container =
+        cri.start_container(&sandbox, &spec, &log_dir, "main", BUSYBOX_IMAGE, command)?;
     let ip = cri.pod_ip(&sandbox)?;
     Ok(Pod {
         spec,
@@ -157,15 +181,19 @@ const QUARANTINE: [&str; 8] = [
 
 /// containerd with the node's conflist, its images checked, ipq installed into it.
 fn node(lab: &Lab) -> anyhow::Result<(Containerd, Cri)> {
+    node_with(lab, Range::Slash29, true)
+}
+
+fn node_with(lab: &Lab, range: Range, hold_ipam: bool) -> anyhow::Result<(Containerd, Cri)> {
     let containerd = Containerd::start(&lab.node, &lab.work_dir().join("containerd"))?;
-    node_conflist(lab, &containerd.conf_dir())?;
+    node_conflist(lab, &containerd.conf_dir(), range)?;
     let cri = Cri::connect(&containerd.socket())?;
     let images = cri.images()?;
     ensure!(
         images.iter().any(|i| i == BUSYBOX_IMAGE),
         "the local images are in the CRI's store: {images:?}"
     );
-    install_ipq(lab, &containerd, &cri)?;
+    install_ipq(lab, &containerd, &cri, hold_ipam)?;
     Ok((containerd, cri))
 }
 
@@ -337,5 +365,128 @@ fn the_agent_restarted_while_pods_come_and_go_loses_no_del_and_leaves_no_pod_unp
     })?;
     ensure!(pings(&cri, &b, GATEWAY)? == 3, "B works");
     ensure!(pings(&cri, &c, GATEWAY)? == 3, "C works");
+    Ok(())
+}
+
+/// The SwarmKit incident (moby/swarmkit#2407) as it happens on a node: the old pod's container
+/// ignores SIGTERM and keeps its address through its grace period (the kubelet's
+/// StopContainer waits it out) when an allocator frees that address early (here: host-local's
+/// allocation removed, its round-robin pointing at it next) and the next pod is run.
+fn swarmkit_on_a_node(hold_ipam: bool) -> anyhow::Result<()> {
+    const GRACE: Duration = Duration::from_secs(8);
+    let lab = Lab::new()?;
+    let _agent = lab.start_agent(&QUARANTINE)?;
+    let api = AgentApi::new(&lab)?;
+    let (containerd, cri) = node_with(&lab, Range::TwoAddresses, hold_ipam)?;
+    let old = run_pod_with(
+        &cri,
+        &containerd,
+        "old",
+        &[
+            "/bin/sh",
+            "-c",
+            "trap '' TERM; while true; do sleep 1; done",
+        ],
+    )?;
+    api.wait_state(old.ip, StateName::Active)?;
+    ensure!(pings(&cri, &old, GATEWAY)? == 3, "the old pod works");
+
+    // The kubelet stops the old pod's container with its grace period, on its own thread.
+    let socket = containerd.socket();
+    let container = old.container.clone();
+    let stopping = std::thread::spawn(move || -> anyhow::Result<Duration> {
+        let started = std::time::Instant::now();
+        Cri::connect(&socket)?.stop_container(&container, GRACE)?;
+        Ok(started.elapsed())
+    });
+    // The allocator errs: the old pod's address is free again and next in line.
+    let store = data_dir(&lab).join(NETWORK);
+    std::fs::remove_file(store.join(old.ip.to_string()))?;
+    std::fs::write(store.join("last_reserved_ip.0"), "10.99.0.3")?;
+
+    let new = run_pod(&cri, &containerd, "new").context("the next pod runs at once")?;
+    ensure!(pings(&cri, &new, GATEWAY)? == 3, "the new pod works");
+    let old_replies = pings(&cri, &old, GATEWAY)?;
+    if hold_ipam {
+        ensure!(
+            new.ip != old.ip,
+            "with ipq-ipam the new pod gets another address, not {}",
+            old.ip
+        );
+        ensure!(
+            old_replies == 3,
+            "the old pod finishes undisturbed: {old_replies}/3"
+        );
+    } else {
+        ensure!(
+            new.ip == old.ip,
+            "host-local hands the old pod's {} to the new one, got {}",
+            old.ip,
+            new.ip
+        );
+        ensure!(
+            old_replies == 0,
+            "the old pod never reaches a peer with the new pod's address: {old_replies}/3"
+        );
+    }
+    let took = stopping
+        .join()
+        .map_err(|_| anyhow::anyhow!("the StopContainer thread panicked"))??;
+    ensure!(
+        took >= GRACE - Duration::from_secs(1),
+        "the old container ignored SIGTERM through its grace period (stopped after {took:?})"
+    );
+    cri.stop_pod_sandbox(&old.sandbox)?;
+    cri.remove_pod_sandbox(&old.sandbox)?;
+    Ok(())
+}
+
+#[test]
+fn swarmkit_incident_without_ipq_ipam_the_new_pod_works_and_the_old_is_fenced() -> anyhow::Result<()>
+{
+    swarmkit_on_a_node(false)
+}
+
+#[test]
+fn swarmkit_incident_with_ipq_ipam_the_new_pod_gets_another_address() -> anyhow::Result<()> {
+    swarmkit_on_a_node(true)
+}
+
+/// A force delete whose kill fails (Cilium #29571's case): the pod's shim is SIGKILLed, so
+/// containerd cannot kill the containers through it; the kubelet's StopPodSandbox (retried
+/// until it succeeds, as the kubelet does) and RemovePodSandbox then go on. No stale holder
+/// stays reachable: the CNI DEL ran, the address is quarantined, nothing answers on it, and the
+/// host-local allocation stays held.
+#[test]
+fn a_force_delete_whose_kill_fails_leaves_no_stale_holder_reachable() -> anyhow::Result<()> {
+    let lab = Lab::new()?;
+    let _agent = lab.start_agent(&QUARANTINE)?;
+    let api = AgentApi::new(&lab)?;
+    let (containerd, cri) = node(&lab)?;
+    let a = run_pod(&cri, &containerd, "a")?;
+    api.wait_state(a.ip, StateName::Active)?;
+    ensure!(
+        ipq_tests::lab::ping(&lab.node, a.ip, 3) == 3,
+        "A answers before"
+    );
+
+    ensure!(containerd.kill_shim_of(&a.sandbox), "A's shim runs");
+    poll(
+        "StopPodSandbox, retried as the kubelet does",
+        Duration::from_secs(60),
+        || Ok(cri.stop_pod_sandbox(&a.sandbox).ok()),
+    )?;
+    cri.remove_pod_sandbox(&a.sandbox)?;
+
+    api.wait_state(a.ip, StateName::Quarantined)?;
+    ensure!(
+        ipq_tests::lab::ping(&lab.node, a.ip, 3) == 0,
+        "no stale holder answers on {}",
+        a.ip
+    );
+    ensure!(
+        host_local_allocations(&data_dir(&lab), NETWORK)?.contains_key(&a.ip),
+        "A's allocation is held through the quarantine"
+    );
     Ok(())
 }
