@@ -53,14 +53,17 @@ pub fn run(test_args: &[OsString]) -> Result<()> {
     let mut test = host(["test", "--no-fail-fast", "--lib", "--bins", "--tests"]);
     test.args(test_args).env("RUST_BACKTRACE", "1");
     println!("==> test");
-    let mut totals = run_tests(test).context("xtask test: step `test` failed")?;
+    let host = run_tests(test, test_args.is_empty()).context("xtask test: step `test` failed")?;
+    let mut totals = Totals::default();
+    totals.add(&host.all);
 
     // The kernel tier: the datapath and netns labs again, on Debian's own older kernels.
     println!("==> kernels");
     let tier = kernels::run(&[]).context("xtask test: step `kernels` failed")?;
     totals.add(&tier.totals);
+    let tiers = [("CRI tier", &host.cri), ("kernel tier", &tier.totals)];
     if !tier.failures.is_empty() {
-        print_summary(&totals);
+        print_summary(&totals, &tiers);
         anyhow::bail!(
             "xtask test: step `kernels` failed:\n{}",
             tier.failures.join("\n")
@@ -68,7 +71,7 @@ pub fn run(test_args: &[OsString]) -> Result<()> {
     }
 
     println!("xtask test: all steps passed");
-    print_summary(&totals);
+    print_summary(&totals, &tiers);
     Ok(())
 }
 
@@ -80,20 +83,40 @@ pub fn run_kernels(names: &[String]) -> Result<()> {
     )?;
     setup::ensure(Scope::All)?;
     let tier = kernels::run(names)?;
-    print_summary(&tier.totals);
+    print_summary(&tier.totals, &[]);
     if !tier.failures.is_empty() {
         anyhow::bail!("kernel tier failed:\n{}", tier.failures.join("\n"));
     }
     Ok(())
 }
 
-/// One closing line for the whole suite, in the plain form CI reads.
-fn print_summary(totals: &Totals) {
+/// One closing line for the whole suite, in the plain form CI reads, with the tiers that run
+/// inside it counted apart.
+fn print_summary(totals: &Totals, tiers: &[(&str, &Totals)]) {
+    let parts: Vec<String> = tiers
+        .iter()
+        .map(|(name, t)| format!("{name}: {} passed, {} failed", t.passed, t.failed))
+        .collect();
+    let tiers = if parts.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", parts.join("; "))
+    };
     println!(
-        "summary: {} passed, {} failed",
+        "summary: {} passed, {} failed{tiers}",
         totals.passed, totals.failed
     );
 }
+
+/// The host step's results, and those of the CRI tier's test binary among them.
+#[derive(Default)]
+struct HostResults {
+    all: Totals,
+    cri: Totals,
+}
+
+/// The CRI tier's test binary (containerd through its CRI), as cargo names it when running it.
+const CRI_TIER: &str = "tests/cri.rs";
 
 #[derive(Default, Debug, PartialEq, Eq)]
 pub(crate) struct Totals {
@@ -134,8 +157,9 @@ pub(crate) fn add_result_line(totals: &mut Totals, line: &str) {
 
 /// Runs cargo test, echoing its output, and totals its result lines. Fails when cargo test
 /// fails, when nothing ran, or when anything was ignored: an ignored test is one that does not
-/// run, and this project does not count it as passing.
-fn run_tests(mut command: Command) -> Result<Totals> {
+/// run, and this project does not count it as passing. The `whole_suite` (no test filter) must
+/// also have run the CRI tier.
+fn run_tests(mut command: Command, whole_suite: bool) -> Result<HostResults> {
     use std::io::{BufRead as _, BufReader};
     use std::process::Stdio;
 
@@ -147,17 +171,26 @@ fn run_tests(mut command: Command) -> Result<Totals> {
         .spawn()
         .with_context(|| format!("starting `{line}`"))?;
     let stdout = child.stdout.take().context("cargo test stdout")?;
-    let mut totals = Totals::default();
+    let mut results = HostResults::default();
+    let mut in_cri_tier = false;
     for text in BufReader::new(stdout).lines() {
         let text = text.context("reading cargo test output")?;
         println!("{text}");
-        add_result_line(&mut totals, &text);
+        // "     Running tests/cri.rs (target/debug/deps/cri-...)" comes before its results.
+        if let Some(target) = text.trim().strip_prefix("Running ") {
+            in_cri_tier = target.starts_with(CRI_TIER);
+        }
+        add_result_line(&mut results.all, &text);
+        if in_cri_tier {
+            add_result_line(&mut results.cri, &text);
+        }
     }
+    let totals = &results.all;
     let status = child
         .wait()
         .with_context(|| format!("waiting for `{line}`"))?;
     if !status.success() {
-        print_summary(&totals);
+        print_summary(totals, &[("CRI tier", &results.cri)]);
         anyhow::bail!("`{line}` failed with {status}");
     }
     if totals.passed == 0 {
@@ -166,7 +199,10 @@ fn run_tests(mut command: Command) -> Result<Totals> {
     if totals.ignored > 0 {
         anyhow::bail!("{} tests are #[ignore]d: make them run", totals.ignored);
     }
-    Ok(totals)
+    if whole_suite && results.cri.passed == 0 {
+        anyhow::bail!("the CRI tier ({CRI_TIER}) ran no test");
+    }
+    Ok(results)
 }
 
 /// `cargo <subcommand> --workspace --exclude ipq-ebpf <rest>`.
