@@ -5,6 +5,7 @@ pub mod attachments;
 pub mod cni;
 pub mod containerd;
 pub mod cri;
+pub mod cri_node;
 pub mod flows;
 pub mod lab;
 pub mod netns;

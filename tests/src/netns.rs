@@ -38,14 +38,17 @@ pub fn require_root() -> anyhow::Result<()> {
 }
 
 /// `target/<profile>/<name>`: one of the workspace's binaries (`ipq-agent`, `ipq`, `ipq-cni`),
-/// next to the directory (`deps/`) the test binary runs from.
+/// next to the directory (`deps/`) a test binary runs from, or beside a binary of this crate
+/// (the containerd demo) that runs from `target/<profile>` itself.
 pub fn workspace_binary(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("the path of the running test binary");
-    let path = exe
-        .parent()
-        .and_then(Path::parent)
-        .map(|dir| dir.join(name))
-        .expect("the test binary lives in target/<profile>/deps");
+    let dir = exe.parent().expect("a binary lives in a directory");
+    let profile_dir = if dir.file_name().is_some_and(|n| n == "deps") {
+        dir.parent().expect("target/<profile>/deps has a parent")
+    } else {
+        dir
+    };
+    let path = profile_dir.join(name);
     assert!(
         path.is_file(),
         "{} is missing: build it first: cargo build -p ipq --bins (cargo xtask test does)",

@@ -6,6 +6,8 @@
 //! withdrawn, its process still runs); the orchestrator hands its address to pod B at once.
 //! ipq fences pod A: B's traffic flows, A's packets with that address are dropped and counted,
 //! and the early reuse is reported as a conflict.
+//!
+//! `--runtime containerd` replays it on containerd's CRI instead (`tests/src/bin/ipq-cri-demo.rs`).
 
 use std::{
     path::PathBuf,
@@ -191,6 +193,34 @@ fn show_ping(from: &str, to: &str, what: &str) -> Result<()> {
     let got = ping(from, to, 5)?;
     println!("  {what}: {got}/5 replies");
     Ok(())
+}
+
+/// Where the demo's pods come from.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum Runtime {
+    /// Namespaces and veths wired by hand, addresses moved with `ip`.
+    Netns,
+    /// containerd of the demo's own, driven through its CRI as the kubelet drives it.
+    Containerd,
+}
+
+/// The containerd demo: the test crate's `ipq-cri-demo`, which shares the CRI tier's node.
+pub fn run_containerd() -> Result<()> {
+    util::run(&mut util::cargo([
+        "build",
+        "--quiet",
+        "--package",
+        "ipq",
+        "--bins",
+    ]))?;
+    util::run(&mut util::cargo([
+        "run",
+        "--quiet",
+        "--package",
+        "ipq-tests",
+        "--bin",
+        "ipq-cri-demo",
+    ]))
 }
 
 pub fn run() -> Result<()> {

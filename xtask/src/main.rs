@@ -48,7 +48,12 @@ enum Command {
         names: Vec<String>,
     },
     /// Run the demo (needs root)
-    Demo,
+    Demo {
+        /// `netns`: the node wired by hand (the default); `containerd`: the same incident with
+        /// pods run by containerd through its CRI, as the kubelet runs them
+        #[arg(long, value_enum, default_value = "netns")]
+        runtime: demo::Runtime,
+    },
     /// Measure the datapath (and the other sections): prints a table, writes
     /// target/bench/bench.json and target/bench/latency.svg (needs root; not a test)
     Bench {
@@ -73,13 +78,16 @@ fn main() -> Result<()> {
         Command::BuildEbpf { release } => build_ebpf::run(release),
         Command::Test { args } => test::run(&args),
         Command::TestKernels { names } => test::run_kernels(&names),
-        Command::Demo => {
+        Command::Demo { runtime } => {
             util::require_root(
                 "cargo xtask demo",
                 "the demo loads BPF programs and creates network namespaces",
             )?;
             setup::ensure(setup::Scope::All)?;
-            demo::run()
+            match runtime {
+                demo::Runtime::Netns => demo::run(),
+                demo::Runtime::Containerd => demo::run_containerd(),
+            }
         }
         Command::Bench {
             quick,

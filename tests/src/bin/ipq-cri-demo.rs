@@ -1,0 +1,125 @@
+//! `cargo xtask demo --runtime containerd`: the demo's incident (SwarmKit #2407) the way a
+//! Kubernetes node runs it. containerd of the demo's own runs pods through its CRI, as the
+//! kubelet asks it to; the node's conflist is bridge + host-local with ipq-cni installed by
+//! `ipq-cni install`; the real ipq-agent runs beside it. Everything lives in throwaway
+//! namespaces and directories and is removed at the end, whatever happens.
+
+use std::{
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result};
+use ipq::registry::StateName;
+use ipq_tests::{
+    cni::AgentApi,
+    cri::Cri,
+    cri_node::{data_dir, node_with, pings, run_pod, run_pod_with, Range, GATEWAY, NETWORK},
+    lab::Lab,
+    netns::workspace_binary,
+};
+
+fn say(text: &str) {
+    println!("\n\x1b[1m== {text}\x1b[0m");
+}
+
+fn ipq(lab: &Lab, args: &[&str]) -> Result<()> {
+    println!("  $ ipq {}", args.join(" "));
+    let out = Command::new(workspace_binary("ipq"))
+        .arg("--socket")
+        .arg(lab.work_dir().join("ipq.sock"))
+        .args(args)
+        .output()
+        .context("running ipq")?;
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        println!("  {line}");
+    }
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    say("a node: containerd (its own, CRI), bridge + host-local (10.99.0.2-3), ipq-agent");
+    let lab = Lab::new()?;
+    let agent = lab.start_agent(&["--workload", "veth*"])?;
+    let api = AgentApi::new(&lab)?;
+    let (containerd, cri) = node_with(&lab, Range::TwoAddresses, false)?;
+    println!("  ipq-cni installed into containerd's conflist by `ipq-cni install`");
+
+    say("the kubelet runs pod `old`: RunPodSandbox (CNI ADD), its container ignores SIGTERM");
+    let old = run_pod_with(
+        &cri,
+        &containerd,
+        "old",
+        &[
+            "/bin/sh",
+            "-c",
+            "trap '' TERM; while true; do sleep 1; done",
+        ],
+    )?;
+    api.wait_state(old.ip, StateName::Active)?;
+    println!(
+        "  pod old has {}; pings to its gateway: {}/3",
+        old.ip,
+        pings(&cri, &old, GATEWAY)?
+    );
+
+    say("pod old is deleted: the kubelet stops its container with a 10 s grace period");
+    let socket = containerd.socket();
+    let container = old.container.clone();
+    let started = Instant::now();
+    let stopping = std::thread::spawn(move || -> Result<()> {
+        Cri::connect(&socket)?.stop_container(&container, Duration::from_secs(10))
+    });
+    println!(
+        "  ... and an allocator frees {} at once (the SwarmKit #2407 mistake)",
+        old.ip
+    );
+    let store = data_dir(&lab).join(NETWORK);
+    std::fs::remove_file(store.join(old.ip.to_string()))?;
+    std::fs::write(store.join("last_reserved_ip.0"), "10.99.0.3")?;
+
+    say("the kubelet runs pod `new`; host-local hands it the freed address");
+    let new = run_pod(&cri, &containerd, "new")?;
+    println!("  pod new has {}", new.ip);
+    println!(
+        "  pod new -> gateway: {}/3 replies",
+        pings(&cri, &new, GATEWAY)?
+    );
+    println!(
+        "  pod old, still in its grace period, -> gateway: {}/3 replies (fenced by ipq)",
+        pings(&cri, &old, GATEWAY)?
+    );
+
+    say("what an operator sees");
+    ipq(&lab, &["list"])?;
+    ipq(&lab, &["conflicts"])?;
+    for line in agent.metrics()?.lines() {
+        if (line.starts_with("ipq_conflicts_total") || line.starts_with("ipq_dropped_packets"))
+            && !line.ends_with(" 0")
+        {
+            println!("  {line}");
+        }
+    }
+
+    say("the grace period ends; StopPodSandbox and RemovePodSandbox, as the kubelet does");
+    stopping
+        .join()
+        .map_err(|_| anyhow::anyhow!("the StopContainer thread panicked"))??;
+    println!(
+        "  the old container was stopped after {:?}",
+        started.elapsed()
+    );
+    cri.stop_pod_sandbox(&old.sandbox)?;
+    cri.remove_pod_sandbox(&old.sandbox)?;
+    cri.stop_pod_sandbox(&new.sandbox)?;
+    cri.remove_pod_sandbox(&new.sandbox)?;
+    println!(
+        "  with `ipq-cni install --hold-ipam` the freed address would have stayed allocated \
+         and pod new would have got 10.99.0.3 instead (see README, ipq-ipam)"
+    );
+    drop(containerd);
+    drop(agent);
+    drop(lab);
+    say("cleaned up: containerd, pods, namespaces, pins and directories removed");
+    Ok(())
+}
