@@ -10,8 +10,7 @@
 
 use std::{
     fs,
-    io::{BufRead as _, BufReader},
-    os::unix::{fs::symlink, process::CommandExt as _},
+    os::unix::fs::symlink,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     time::Duration,
@@ -21,6 +20,7 @@ use anyhow::{bail, Context as _};
 use serde_json::json;
 
 use crate::{
+    mountns::{die_with_parent, private_mount_namespace},
     netns::NetNs,
     podman::{run_bounded, which_in_path},
 };
@@ -68,7 +68,7 @@ impl Containerd {
             .to_string_lossy()
             .into_owned();
         let cgroup = PathBuf::from("/sys/fs/cgroup").join(format!("ipq-cri-{unique}"));
-        let holder = mount_namespace(node)?;
+        let holder = private_mount_namespace(node, "ipq-cri")?;
         let mut containerd = Containerd {
             dir: dir.to_owned(),
             holder,
@@ -349,49 +349,6 @@ fn remove_cgroup_tree(dir: &Path) {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-}
-
-fn die_with_parent(cmd: &mut Command) {
-    // SAFETY: prctl is async-signal-safe.
-    unsafe {
-        cmd.pre_exec(|| {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-}
-
-/// `unshare -m` in `node`'s network namespace with tmpfs over `/run` and `/var/lib`, sleeping
-/// until killed; returns once the mounts are in place.
-fn mount_namespace(node: &NetNs) -> anyhow::Result<Child> {
-    let script = "mount -t tmpfs -o mode=0755 ipq-cri-run /run \
-                  && mount -t tmpfs -o mode=0755 ipq-cri-varlib /var/lib \
-                  && echo ready && exec sleep 1000000";
-    let mut cmd = node.command("unshare");
-    cmd.args([
-        "--mount",
-        "--propagation",
-        "private",
-        "--",
-        "sh",
-        "-c",
-        script,
-    ])
-    .stdin(Stdio::null())
-    .stdout(Stdio::piped())
-    .stderr(Stdio::inherit());
-    die_with_parent(&mut cmd);
-    let mut child = cmd.spawn().context("starting the mount namespace holder")?;
-    let stdout = child.stdout.take().context("piped")?;
-    let mut line = String::new();
-    BufReader::new(stdout).read_line(&mut line)?;
-    if line.trim() != "ready" {
-        let _ = child.kill();
-        bail!("the private mount namespace for containerd could not be set up: {line:?}");
-    }
-    Ok(child)
 }
 
 fn sha256_of(path: &Path) -> anyhow::Result<(String, u64)> {

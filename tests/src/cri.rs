@@ -242,6 +242,22 @@ impl Cri {
     }
 }
 
+/// The kubelet's `StopContainer` with `grace`, on a thread and a connection of its own (it
+/// blocks for up to the grace period); joined, how long it took.
+pub fn stop_container_in_background(
+    socket: &Path,
+    container_id: &str,
+    grace: Duration,
+) -> std::thread::JoinHandle<anyhow::Result<Duration>> {
+    let socket = socket.to_owned();
+    let container_id = container_id.to_owned();
+    std::thread::spawn(move || {
+        let started = std::time::Instant::now();
+        Cri::connect(&socket)?.stop_container(&container_id, grace)?;
+        Ok(started.elapsed())
+    })
+}
+
 fn status_error(call: &str, what: &str, status: tonic::Status) -> anyhow::Error {
     anyhow::anyhow!(
         "CRI {call} of {what}: {} ({:?})",

@@ -657,6 +657,19 @@ impl Scrape {
     }
 }
 
+/// Agent flags for tests that watch a whole quarantine: workload veths, a 4 s cooldown, a
+/// 1 s quiet period and at most 6 s: long enough to act during it, short enough to outlast.
+pub const SHORT_QUARANTINE: [&str; 8] = [
+    "--workload",
+    "veth*",
+    "--cooldown",
+    "4s",
+    "--quiet-period",
+    "1s",
+    "--max-cooldown",
+    "6s",
+];
+
 /// Sends `n` small UDP datagrams from `from` to `dst` (which lives in `to`) and returns how many
 /// arrived. The receiver is bound before the first send; the count stops at `n` or after
 /// 500 ms of silence, which is ample on veths where delivery is synchronous (also under

@@ -8,6 +8,7 @@ pub mod cri;
 pub mod cri_node;
 pub mod flows;
 pub mod lab;
+pub mod mountns;
 pub mod netns;
 pub mod packets;
 pub mod podman;

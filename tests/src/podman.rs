@@ -20,11 +20,11 @@
 
 use std::{
     fs,
-    io::{BufRead as _, BufReader, Read as _},
+    io::Read as _,
     net::IpAddr,
-    os::unix::{fs::symlink, process::CommandExt as _},
+    os::unix::fs::symlink,
     path::{Path, PathBuf},
-    process::{Child, ChildStdout, Command, Output, Stdio},
+    process::{Child, Command, Output, Stdio},
     time::{Duration, Instant},
 };
 
@@ -385,52 +385,12 @@ volume_path = "{volumes}"
         Ok(())
     }
 
-    /// `unshare -m` with fresh tmpfs over `/run` and `/var/lib`, then sleeps until killed. It
-    /// prints `ready` once the mounts are in place.
+    /// The private mount namespace podman runs in (see [`crate::mountns`]).
     fn start_holder(&mut self) -> anyhow::Result<()> {
-        let script = "mount -t tmpfs -o mode=0755 ipq-podman-run /run \
-                      && mount -t tmpfs -o mode=0755 ipq-podman-varlib /var/lib \
-                      && echo ready && exec sleep 1000000";
-        let mut cmd = self.node.command("unshare");
-        cmd.args([
-            "--mount",
-            "--propagation",
-            "private",
-            "--",
-            "sh",
-            "-c",
-            script,
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-        // The holder must not outlive a test process that dies without unwinding.
-        // SAFETY: prctl is async-signal-safe.
-        unsafe {
-            cmd.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-        let mut child = cmd.spawn().context("starting the mount namespace holder")?;
-        let stdout: ChildStdout = child.stdout.take().expect("piped");
-        let mut line = String::new();
-        let read = BufReader::new(stdout).read_line(&mut line);
-        self.holder = Some(child);
-        if read.is_err() || line.trim() != "ready" {
-            let holder = self.holder.as_mut().expect("just set");
-            let _ = holder.kill();
-            let mut err = String::new();
-            if let Some(mut stderr) = holder.stderr.take() {
-                let _ = stderr.read_to_string(&mut err);
-            }
-            bail!(
-                "the private mount namespace for podman could not be set up \
-                 (unshare -m + tmpfs on /run and /var/lib): {read:?} {line:?} {err}"
-            );
-        }
+        self.holder = Some(crate::mountns::private_mount_namespace(
+            self.node,
+            "ipq-podman",
+        )?);
         Ok(())
     }
 

@@ -231,17 +231,8 @@ fn bad_ipam_config_is_a_cni_error_naming_the_key() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A quarantine that outlasts filling the /29 (a few ADDs) and ends within the test.
-const QUARANTINE: [&str; 8] = [
-    "--workload",
-    "veth*",
-    "--cooldown",
-    "4s",
-    "--quiet-period",
-    "1s",
-    "--max-cooldown",
-    "6s",
-];
+// A quarantine that outlasts filling the /29 (a few ADDs) and ends within the test.
+use ipq_tests::lab::SHORT_QUARANTINE as QUARANTINE;
 
 /// Bound on the wait for the release: the quarantine plus the releaser's poll, loaded machine.
 const RELEASE_WITHIN: Duration = Duration::from_secs(30);

@@ -509,16 +509,7 @@ fn fence_old_gives_the_address_to_the_new_container_and_cuts_the_old_one_off() -
 fn podman_with_ipq_ipam_holds_a_removed_containers_address_until_its_quarantine_ends(
 ) -> anyhow::Result<()> {
     let lab = Lab::new()?;
-    let _agent = lab.start_agent(&[
-        "--workload",
-        "veth*",
-        "--cooldown",
-        "4s",
-        "--quiet-period",
-        "1s",
-        "--max-cooldown",
-        "6s",
-    ])?;
+    let _agent = lab.start_agent(&ipq_tests::lab::SHORT_QUARANTINE)?;
     let mut net = network(vec![ipq_cni_entry(&lab)]);
     net.ipam_wrapper = Some(serde_json::json!({
         "type": "ipq-ipam",

@@ -17,21 +17,12 @@ use anyhow::{ensure, Context as _};
 use ipq::{api::model::EventBody, registry::StateName};
 use ipq_tests::{
     cni::{host_local_allocations, AgentApi},
-    cri::Cri,
+    cri::{stop_container_in_background, Cri},
     cri_node::{data_dir, node, node_with, pings, run_pod, run_pod_with, Range, GATEWAY, NETWORK},
     lab::{poll, Lab},
 };
 
-const QUARANTINE: [&str; 8] = [
-    "--workload",
-    "veth*",
-    "--cooldown",
-    "4s",
-    "--quiet-period",
-    "1s",
-    "--max-cooldown",
-    "6s",
-];
+use ipq_tests::lab::SHORT_QUARANTINE as QUARANTINE;
 
 /// The address transitions the agent published for `addr`, oldest first.
 fn transitions(api: &AgentApi, addr: IpAddr) -> anyhow::Result<Vec<StateName>> {
@@ -228,13 +219,7 @@ fn swarmkit_on_a_node(hold_ipam: bool) -> anyhow::Result<()> {
     ensure!(pings(&cri, &old, GATEWAY)? == 3, "the old pod works");
 
     // The kubelet stops the old pod's container with its grace period, on its own thread.
-    let socket = containerd.socket();
-    let container = old.container.clone();
-    let stopping = std::thread::spawn(move || -> anyhow::Result<Duration> {
-        let started = std::time::Instant::now();
-        Cri::connect(&socket)?.stop_container(&container, GRACE)?;
-        Ok(started.elapsed())
-    });
+    let stopping = stop_container_in_background(&containerd.socket(), &old.container, GRACE);
     // The allocator errs: the old pod's address is free again and next in line.
     let store = data_dir(&lab).join(NETWORK);
     std::fs::remove_file(store.join(old.ip.to_string()))?;

@@ -206,13 +206,8 @@ pub enum Runtime {
 
 /// The containerd demo: the test crate's `ipq-cri-demo`, which shares the CRI tier's node.
 pub fn run_containerd() -> Result<()> {
-    util::run(&mut util::cargo([
-        "build",
-        "--quiet",
-        "--package",
-        "ipq",
-        "--bins",
-    ]))?;
+    // The demo runs the workspace's agent, CLI and plugins: built first, as for the netns demo.
+    agent_binary()?;
     util::run(&mut util::cargo([
         "run",
         "--quiet",

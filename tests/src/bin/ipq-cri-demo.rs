@@ -4,16 +4,13 @@
 //! `ipq-cni install`; the real ipq-agent runs beside it. Everything lives in throwaway
 //! namespaces and directories and is removed at the end, whatever happens.
 
-use std::{
-    process::Command,
-    time::{Duration, Instant},
-};
+use std::{process::Command, time::Duration};
 
 use anyhow::{Context as _, Result};
 use ipq::registry::StateName;
 use ipq_tests::{
     cni::AgentApi,
-    cri::Cri,
+    cri::stop_container_in_background,
     cri_node::{data_dir, node_with, pings, run_pod, run_pod_with, Range, GATEWAY, NETWORK},
     lab::Lab,
     netns::workspace_binary,
@@ -64,12 +61,11 @@ fn main() -> Result<()> {
     );
 
     say("pod old is deleted: the kubelet stops its container with a 10 s grace period");
-    let socket = containerd.socket();
-    let container = old.container.clone();
-    let started = Instant::now();
-    let stopping = std::thread::spawn(move || -> Result<()> {
-        Cri::connect(&socket)?.stop_container(&container, Duration::from_secs(10))
-    });
+    let stopping = stop_container_in_background(
+        &containerd.socket(),
+        &old.container,
+        Duration::from_secs(10),
+    );
     println!(
         "  ... and an allocator frees {} at once (the SwarmKit #2407 mistake)",
         old.ip
@@ -102,13 +98,10 @@ fn main() -> Result<()> {
     }
 
     say("the grace period ends; StopPodSandbox and RemovePodSandbox, as the kubelet does");
-    stopping
+    let took = stopping
         .join()
         .map_err(|_| anyhow::anyhow!("the StopContainer thread panicked"))??;
-    println!(
-        "  the old container was stopped after {:?}",
-        started.elapsed()
-    );
+    println!("  the old container was stopped after {took:?}");
     cri.stop_pod_sandbox(&old.sandbox)?;
     cri.remove_pod_sandbox(&old.sandbox)?;
     cri.stop_pod_sandbox(&new.sandbox)?;
