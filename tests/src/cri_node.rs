@@ -177,3 +177,21 @@ pub fn node_with(lab: &Lab, range: Range, hold_ipam: bool) -> anyhow::Result<(Co
     install_ipq(lab, &containerd, &cri, hold_ipam)?;
     Ok((containerd, cri))
 }
+
+/// What the old pod of the SwarmKit incident runs: a container that ignores SIGTERM, so the
+/// kubelet's StopContainer waits out the whole grace period.
+pub const IGNORES_SIGTERM: [&str; 3] = [
+    "/bin/sh",
+    "-c",
+    "trap '' TERM; while true; do sleep 1; done",
+];
+
+/// An allocator that errs (SwarmKit #2407): `ip`'s host-local allocation is freed while its
+/// pod lives, and host-local's round-robin (in a [`Range::TwoAddresses`] node) points at it
+/// next.
+pub fn free_early(lab: &Lab, ip: IpAddr) -> anyhow::Result<()> {
+    let store = data_dir(lab).join(NETWORK);
+    std::fs::remove_file(store.join(ip.to_string()))?;
+    std::fs::write(store.join("last_reserved_ip.0"), "10.99.0.3")?;
+    Ok(())
+}

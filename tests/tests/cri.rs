@@ -18,7 +18,10 @@ use ipq::{api::model::EventBody, registry::StateName};
 use ipq_tests::{
     cni::{host_local_allocations, AgentApi},
     cri::{stop_container_in_background, Cri},
-    cri_node::{data_dir, node, node_with, pings, run_pod, run_pod_with, Range, GATEWAY, NETWORK},
+    cri_node::{
+        data_dir, free_early, node, node_with, pings, run_pod, run_pod_with, Range, GATEWAY,
+        IGNORES_SIGTERM, NETWORK,
+    },
     lab::{poll, Lab},
 };
 
@@ -205,25 +208,14 @@ fn swarmkit_on_a_node(hold_ipam: bool) -> anyhow::Result<()> {
     let _agent = lab.start_agent(&QUARANTINE)?;
     let api = AgentApi::new(&lab)?;
     let (containerd, cri) = node_with(&lab, Range::TwoAddresses, hold_ipam)?;
-    let old = run_pod_with(
-        &cri,
-        &containerd,
-        "old",
-        &[
-            "/bin/sh",
-            "-c",
-            "trap '' TERM; while true; do sleep 1; done",
-        ],
-    )?;
+    let old = run_pod_with(&cri, &containerd, "old", &IGNORES_SIGTERM)?;
     api.wait_state(old.ip, StateName::Active)?;
     ensure!(pings(&cri, &old, GATEWAY)? == 3, "the old pod works");
 
     // The kubelet stops the old pod's container with its grace period, on its own thread.
     let stopping = stop_container_in_background(&containerd.socket(), &old.container, GRACE);
     // The allocator errs: the old pod's address is free again and next in line.
-    let store = data_dir(&lab).join(NETWORK);
-    std::fs::remove_file(store.join(old.ip.to_string()))?;
-    std::fs::write(store.join("last_reserved_ip.0"), "10.99.0.3")?;
+    free_early(&lab, old.ip)?;
 
     let new = run_pod(&cri, &containerd, "new").context("the next pod runs at once")?;
     ensure!(pings(&cri, &new, GATEWAY)? == 3, "the new pod works");

@@ -11,7 +11,9 @@ use ipq::registry::StateName;
 use ipq_tests::{
     cni::AgentApi,
     cri::stop_container_in_background,
-    cri_node::{data_dir, node_with, pings, run_pod, run_pod_with, Range, GATEWAY, NETWORK},
+    cri_node::{
+        free_early, node_with, pings, run_pod, run_pod_with, Range, GATEWAY, IGNORES_SIGTERM,
+    },
     lab::Lab,
     netns::workspace_binary,
 };
@@ -43,16 +45,7 @@ fn main() -> Result<()> {
     println!("  ipq-cni installed into containerd's conflist by `ipq-cni install`");
 
     say("the kubelet runs pod `old`: RunPodSandbox (CNI ADD), its container ignores SIGTERM");
-    let old = run_pod_with(
-        &cri,
-        &containerd,
-        "old",
-        &[
-            "/bin/sh",
-            "-c",
-            "trap '' TERM; while true; do sleep 1; done",
-        ],
-    )?;
+    let old = run_pod_with(&cri, &containerd, "old", &IGNORES_SIGTERM)?;
     api.wait_state(old.ip, StateName::Active)?;
     println!(
         "  pod old has {}; pings to its gateway: {}/3",
@@ -70,9 +63,7 @@ fn main() -> Result<()> {
         "  ... and an allocator frees {} at once (the SwarmKit #2407 mistake)",
         old.ip
     );
-    let store = data_dir(&lab).join(NETWORK);
-    std::fs::remove_file(store.join(old.ip.to_string()))?;
-    std::fs::write(store.join("last_reserved_ip.0"), "10.99.0.3")?;
+    free_early(&lab, old.ip)?;
 
     say("the kubelet runs pod `new`; host-local hands it the freed address");
     let new = run_pod(&cri, &containerd, "new")?;
