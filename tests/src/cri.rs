@@ -10,9 +10,10 @@ use hyper_util::rt::TokioIo;
 use k8s_cri::v1::{
     image_service_client::ImageServiceClient, runtime_service_client::RuntimeServiceClient,
     ContainerConfig, ContainerMetadata, CreateContainerRequest, ExecSyncRequest, ImageSpec,
-    LinuxContainerConfig, LinuxPodSandboxConfig, ListImagesRequest, PodSandboxConfig,
-    PodSandboxMetadata, PodSandboxStatusRequest, RemovePodSandboxRequest, RunPodSandboxRequest,
-    StartContainerRequest, StatusRequest, StopContainerRequest, StopPodSandboxRequest,
+    LinuxContainerConfig, LinuxPodSandboxConfig, ListImagesRequest, ListPodSandboxRequest,
+    PodSandboxConfig, PodSandboxMetadata, PodSandboxState, PodSandboxStatusRequest,
+    RemovePodSandboxRequest, RunPodSandboxRequest, StartContainerRequest, StatusRequest,
+    StopContainerRequest, StopPodSandboxRequest,
 };
 use tonic::transport::{Channel, Endpoint, Uri};
 
@@ -196,6 +197,23 @@ impl Cri {
             }))
             .map_err(|s| status_error("RemovePodSandbox", sandbox_id, s))?;
         Ok(())
+    }
+
+    /// `ListPodSandbox`: the ids of the sandboxes that are ready (running), as the kubelet's
+    /// relist sees them.
+    pub fn ready_sandboxes(&self) -> anyhow::Result<Vec<String>> {
+        let mut client = self.service.clone();
+        let list = self
+            .runtime
+            .block_on(client.list_pod_sandbox(ListPodSandboxRequest { filter: None }))
+            .map_err(|s| status_error("ListPodSandbox", "all", s))?
+            .into_inner();
+        Ok(list
+            .items
+            .into_iter()
+            .filter(|s| s.state == PodSandboxState::SandboxReady as i32)
+            .map(|s| s.id)
+            .collect())
     }
 
     /// The sandbox's IP as `PodSandboxStatus` reports it (what the kubelet puts in the pod's

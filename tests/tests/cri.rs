@@ -66,6 +66,13 @@ fn a_pods_whole_life_through_containerds_cri() -> anyhow::Result<()> {
     ensure!(pings(&cri, &a, GATEWAY)? == 3, "A reaches its gateway");
 
     cri.stop_container(&a.container, Duration::from_secs(2))?;
+    // The sandbox (and its pause container, its netns, its veth) outlives the containers:
+    // nothing reached the CNI yet.
+    let view = api.get(a.ip)?.context("A's address")?;
+    ensure!(
+        view.state == StateName::Active,
+        "A holds until StopPodSandbox: {view:?}"
+    );
     cri.stop_pod_sandbox(&a.sandbox)?;
     api.wait_state(a.ip, StateName::Quarantined)?;
     cri.remove_pod_sandbox(&a.sandbox)?;
@@ -119,6 +126,10 @@ fn containerd_sigkilled_and_restarted_changes_nothing_in_ipq() -> anyhow::Result
         || Ok(cri.pod_ip(&a.sandbox).ok()),
     )?;
     ensure!(ip == a.ip, "the restarted containerd knows the pod at {ip}");
+    ensure!(
+        cri.ready_sandboxes()? == vec![a.sandbox.clone()],
+        "the kubelet's relist finds A ready"
+    );
     ensure!(pings(&cri, &a, GATEWAY)? == 3, "A still works");
     let after = api.get(a.ip)?.context("A's address is still held")?;
     ensure!(
