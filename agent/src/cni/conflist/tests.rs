@@ -490,3 +490,19 @@ fn hold_ipam_wraps_the_main_plugins_ipam_and_uninstall_gives_the_file_back_byte_
         "only {wrapped} of the real-world conflists have an ipam to wrap"
     );
 }
+
+#[test]
+fn a_state_dir_other_than_the_default_is_written_into_both_plugins() {
+    let name = "10-containerd-net.conflist";
+    let node = Node::fixture(name);
+    let elsewhere = Entry {
+        state_dir: Some("/srv/ipq".into()),
+        ..entry()
+    };
+    install(&node.locations(), &node.binaries(true), &elsewhere).unwrap();
+    let doc = json(&node.read(name));
+    assert_eq!(plugins(&doc).last().unwrap()["stateDir"], "/srv/ipq");
+    assert_eq!(plugins(&doc)[0]["ipam"]["stateDir"], "/srv/ipq");
+    node.uninstall().unwrap();
+    assert_eq!(json(&node.read(name)), json(&fixture(name)));
+}
