@@ -166,14 +166,20 @@ fn run_tests(mut command: Command, whole_suite: bool) -> Result<HostResults> {
     command.current_dir(util::workspace_root());
     let line = util::command_line(&command);
     eprintln!("+ {line}");
+    // One pipe for stdout and stderr: cargo names each test binary ("Running ...") on stderr
+    // and the binary's results come on stdout; read apart, their order would be lost.
+    let (output, writer) = std::io::pipe().context("a pipe for cargo test's output")?;
+    command
+        .stdout(Stdio::from(writer.try_clone().context("cloning the pipe")?))
+        .stderr(Stdio::from(writer));
     let mut child = command
-        .stdout(Stdio::piped())
         .spawn()
         .with_context(|| format!("starting `{line}`"))?;
-    let stdout = child.stdout.take().context("cargo test stdout")?;
+    // The pipe's write ends live on only in the child: reading ends when it exits.
+    drop(command);
     let mut results = HostResults::default();
     let mut in_cri_tier = false;
-    for text in BufReader::new(stdout).lines() {
+    for text in BufReader::new(output).lines() {
         let text = text.context("reading cargo test output")?;
         println!("{text}");
         // "     Running tests/cri.rs (target/debug/deps/cri-...)" comes before its results.

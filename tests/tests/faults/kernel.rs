@@ -154,9 +154,13 @@ fn set_nofile(pid: u32, limit: libc::rlimit64) -> libc::rlimit64 {
 #[test]
 fn an_attach_that_meets_emfile_is_retried_until_the_pod_is_protected() {
     let lab = Lab::new().expect("building the lab");
+    // The limit is the agent's lowest free fd: nothing of its own may open and close fds
+    // around that moment (a TCX upgrade in flight, a verification pass), or the new veth's
+    // attach finds room.
     let agent = lab
-        .start_agent(&["--workload", "vethp*"])
+        .start_agent(&["--workload", "vethp*", "--verify-interval", "1h"])
         .expect("starting ipq-agent");
+    ipq_tests::attach::wait_tc_upgrades(&agent);
     let pid = agent.pid();
     let limit = lowest_free_fd(pid);
     let mut current = libc::rlimit64 {
