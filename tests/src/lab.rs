@@ -392,6 +392,13 @@ impl<'l> Agent<'l> {
             .arg(work.join("ipq.sock"))
             .args(["--metrics-addr", METRICS_ADDR])
             .args(extra)
+            // The per-address lines an operator's INFO log leaves out (transitions, hygiene
+            // passes) are what a failed test's agent log is read for.
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG")
+                    .unwrap_or_else(|_| "info,ipq::transition=debug,ipq::hygiene=debug".into()),
+            )
             .stdin(Stdio::null())
             .stdout(out.try_clone()?)
             .stderr(out);

@@ -240,8 +240,15 @@ impl Worker {
         let now = netdev::monotonic_ns();
         for report in &mut reports {
             report.finished_ns = now;
-            info!(
+            // Per address at DEBUG (the feed has each pass); a pass that failed at WARN.
+            let level = if report.errors.is_empty() {
+                log::Level::Debug
+            } else {
+                log::Level::Warn
+            };
+            log::log!(
                 target: "ipq::hygiene",
+                level,
                 "{}: {} hygiene: {} conntrack entries, {} neighbour entries flushed, {} \
                  announcements{}{}{}",
                 report.address,

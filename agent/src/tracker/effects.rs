@@ -4,7 +4,7 @@
 //! derivation ([`crate::registry::datapath_entry`]): nothing here adds to it.
 
 use ipq_common::{addr::AddrKey, sample::ConflictSample};
-use log::{error, info, warn};
+use log::{debug, error, info, warn};
 
 use super::Tracker;
 use crate::{
@@ -51,7 +51,8 @@ impl Tracker {
                 } => {
                     self.hygiene_on_transition(addr, from, to, holder.as_ref());
                     let shown = holder.as_ref().map(|h| h.to_string()).unwrap_or_default();
-                    info!(target: "ipq::transition", "{addr}: {} -> {} {shown}", from.as_str(), to.as_str());
+                    // Per address: the event feed has every one; the log only when asked.
+                    debug!(target: "ipq::transition", "{addr}: {} -> {} {shown}", from.as_str(), to.as_str());
                     let at = TimeBase::now().rfc3339(netdev::monotonic_ns());
                     self.events.publish(
                         at,
@@ -69,7 +70,7 @@ impl Tracker {
                 } => {
                     let seconds = quarantined_for_ns as f64 / 1e9;
                     self.metrics.quarantine_duration_seconds.observe(seconds);
-                    info!("{addr}: released after {seconds:.1}s of quarantine");
+                    debug!("{addr}: released after {seconds:.1}s of quarantine");
                 }
             }
         }

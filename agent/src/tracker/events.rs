@@ -7,7 +7,7 @@ use ipq_common::{
     counters::Reason,
     sample::ConflictSample,
 };
-use log::{info, warn};
+use log::{debug, info, warn};
 
 use super::{Role, Tracker};
 use crate::{
@@ -150,7 +150,7 @@ impl Tracker {
                 }
                 result => {
                     claimed += 1;
-                    info!("{addr}: claimed for {holder} now that the registry has room");
+                    debug!("{addr}: claimed for {holder} now that the registry has room");
                     self.apply(result, "registry has room again");
                 }
             }

@@ -3,7 +3,7 @@
 
 use std::{collections::BTreeSet, net::IpAddr};
 
-use log::info;
+use log::debug;
 
 use super::Tracker;
 use crate::{
@@ -83,7 +83,7 @@ impl Tracker {
         let dir = paths::ipam_release_dir(&self.config.state_dir);
         let path = spool::spool(&dir, &release)
             .map_err(|e| ApiError::new(ErrorCode::Internal, format!("storing the release: {e}")))?;
-        info!(
+        debug!(
             "ipam: holding the allocation of container {} ({}) until {:?} are free ({})",
             release.container_id,
             release.ifname,

@@ -26,7 +26,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use log::{error, info, warn};
+use log::{debug, error, warn};
 use tokio::sync::{mpsc, oneshot};
 
 use super::{delegate, holds::Holds, release::HeldRelease};
@@ -316,7 +316,7 @@ async fn release(
                 .ipam_releases
                 .with_label_values(&[network.as_str(), "released"])
                 .inc();
-            info!(
+            debug!(
                 "ipam: released the allocation of container {} ({}) in network {network:?}: \
                  {} DEL done for {:?}",
                 request.container_id, request.ifname, request.delegate_type, request.addresses

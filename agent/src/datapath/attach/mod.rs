@@ -228,7 +228,7 @@ impl Attacher {
         }
         self.forget(ifindex);
         remove_filters(ifindex);
-        info!("if{ifindex}: no longer configured, detached");
+        debug!("if{ifindex}: no longer configured, detached");
     }
 
     /// Takes a worker's report. Returns whether it changed anything (an outdated report for an
@@ -287,7 +287,9 @@ impl Attacher {
                         target.failures
                     );
                 } else {
-                    info!("{name} (if{ifindex}): protected ({})", self.mode.as_str());
+                    // Per pod interface: `ipq status` and the metrics say it; the log only when
+                    // asked (a failure, and the recovery from one, stay at INFO and above).
+                    debug!("{name} (if{ifindex}): protected ({})", self.mode.as_str());
                 }
                 target.since = now;
             }
