@@ -8,7 +8,6 @@
 //! an interface or a pod.
 
 mod datapath;
-mod process;
 mod server;
 #[cfg(test)]
 mod tests;
@@ -36,7 +35,6 @@ use crate::datapath::{maps::Source, Counters, DatapathError};
 use crate::paths::{AttachPoint, PinLayout};
 use crate::registry::{Clock, ConflictKind, Registry as AddressRegistry, StateName};
 use datapath::{DatapathCollector, LostCounts, ReadCounters};
-use process::ProcessCollector;
 
 #[derive(Debug, Error)]
 pub enum MetricsError {
@@ -178,7 +176,10 @@ impl Metrics {
         let registry = Registry::new();
         let lost: LostCounts = Arc::new([AtomicU64::new(0), AtomicU64::new(0)]);
         registry.register(Box::new(DatapathCollector::new(read, lost.clone())?))?;
-        registry.register(Box::new(ProcessCollector::new()?))?;
+        // The standard process_* series (CPU, memory, fds, threads, start time) of the agent.
+        registry.register(Box::new(
+            prometheus::process_collector::ProcessCollector::for_self(),
+        ))?;
 
         let build_info = registered(
             &registry,

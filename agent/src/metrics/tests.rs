@@ -14,10 +14,7 @@ use ipq_common::counters::{
 };
 use prometheus::proto::{MetricFamily, MetricType};
 
-use super::{
-    process::{parse_boot_time, parse_stat, Stat},
-    LostAt, Metrics, ReadCounters,
-};
+use super::{LostAt, Metrics, ReadCounters};
 use crate::{
     datapath::DatapathError,
     paths::AttachPoint,
@@ -434,28 +431,6 @@ fn registry_states_and_full_rejections_follow_the_registry() {
         series(&families, "ipq_registry_full_rejections_total")[""],
         3.0
     );
-}
-
-#[test]
-fn proc_stat_parses_past_a_command_name_with_spaces_and_parentheses() {
-    let text = "4242 (ipq (agent) x) S 1 4242 4242 0 -1 4194560 900 0 0 0 \
-                150 50 0 0 20 0 7 0 123456 987654321 2048 18446744073709551615";
-    assert_eq!(
-        parse_stat(text).expect("parses"),
-        Stat {
-            cpu_ticks: 200,
-            threads: 7,
-            start_ticks: 123456,
-            virtual_bytes: 987654321,
-            resident_pages: 2048,
-        }
-    );
-    assert!(parse_stat("4242 (ipq) S 1 2").is_err(), "too few fields");
-    assert_eq!(
-        parse_boot_time("cpu  1 2 3\nbtime 1700000000\nprocesses 5\n").expect("btime"),
-        1_700_000_000
-    );
-    assert!(parse_boot_time("cpu  1 2 3\n").is_err());
 }
 
 #[test]
