@@ -65,9 +65,37 @@ impl EarlyReusePolicy {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Interfaces {
     /// Globs of workload interface names (host side of pod veths, bridge ports).
-    pub workload: Vec<String>,
+    pub workload: Globs,
     /// Names of uplinks.
     pub uplink: Vec<String>,
+}
+
+/// Interface-name globs, compiled once: they are matched on every netlink event.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Globs(Vec<glob::Pattern>);
+
+impl Globs {
+    /// Compiles `globs`; the first that is not a glob is the error.
+    pub fn parse<S: AsRef<str>>(globs: &[S]) -> Result<Globs, (String, glob::PatternError)> {
+        globs
+            .iter()
+            .map(|g| glob::Pattern::new(g.as_ref()).map_err(|e| (g.as_ref().to_owned(), e)))
+            .collect::<Result<_, _>>()
+            .map(Globs)
+    }
+
+    /// The first glob that matches `name`.
+    pub fn matching(&self, name: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|p| p.matches(name))
+            .map(glob::Pattern::as_str)
+    }
+
+    /// The globs as written.
+    pub fn as_strs(&self) -> Vec<&str> {
+        self.0.iter().map(glob::Pattern::as_str).collect()
+    }
 }
 
 /// Reuse hygiene (`[hygiene]`): what the node forgets about an address's old holder.
@@ -147,9 +175,8 @@ impl Default for Config {
             interfaces: Interfaces {
                 // The host side of pod veths as the common CNIs name it: the reference plugins
                 // (ptp, bridge), Calico, Cilium and the AWS VPC CNI.
-                workload: ["veth*", "cali*", "lxc*", "eni*"]
-                    .map(String::from)
-                    .to_vec(),
+                workload: Globs::parse(&["veth*", "cali*", "lxc*", "eni*"])
+                    .expect("the built-in workload globs are globs"),
                 uplink: Vec::new(),
             },
             tc_attach: TcAttach::Auto,
@@ -345,15 +372,7 @@ impl Config {
 
     /// The first workload glob that matches `ifname`.
     pub fn workload_glob_matching(&self, ifname: &str) -> Option<&str> {
-        self.interfaces
-            .workload
-            .iter()
-            .find(|glob| {
-                glob::Pattern::new(glob)
-                    .map(|p| p.matches(ifname))
-                    .unwrap_or(false)
-            })
-            .map(String::as_str)
+        self.interfaces.workload.matching(ifname)
     }
 
     pub fn is_uplink(&self, ifname: &str) -> bool {
@@ -529,17 +548,15 @@ impl Parser<'_> {
             .collect()
     }
 
-    fn globs(&self, key: &str, value: &Value) -> Result<Vec<String>, ConfigError> {
+    fn globs(&self, key: &str, value: &Value) -> Result<Globs, ConfigError> {
         let globs = self.strings(key, value)?;
-        for glob in &globs {
-            let item = Value::String(glob.clone());
-            if glob.is_empty() {
-                return Err(self.invalid(key, &item, "an empty glob matches nothing"));
-            }
-            glob::Pattern::new(glob)
-                .map_err(|e| self.invalid(key, &item, &format!("not a glob: {e}")))?;
+        if let Some(empty) = globs.iter().find(|g| g.is_empty()) {
+            let item = Value::String(empty.clone());
+            return Err(self.invalid(key, &item, "an empty glob matches nothing"));
         }
-        Ok(globs)
+        Globs::parse(&globs).map_err(|(glob, e)| {
+            self.invalid(key, &Value::String(glob), &format!("not a glob: {e}"))
+        })
     }
 
     fn ifnames(&self, key: &str, value: &Value) -> Result<Vec<String>, ConfigError> {

@@ -48,7 +48,7 @@ fn every_key_is_read() {
     assert_eq!(config.state_dir, PathBuf::from("/tmp/state"));
     assert_eq!(config.api_socket, PathBuf::from("/tmp/ipq.sock"));
     assert_eq!(config.metrics_addr, "[::1]:9999".parse().unwrap());
-    assert_eq!(config.interfaces.workload, ["lxc*", "veth?x"]);
+    assert_eq!(config.interfaces.workload.as_strs(), ["lxc*", "veth?x"]);
     assert_eq!(config.interfaces.uplink, ["eth0", "bond0"]);
     assert_eq!(config.workload_glob_matching("lxc123"), Some("lxc*"));
     assert_eq!(config.workload_glob_matching("eth0"), None);
@@ -173,7 +173,7 @@ fn flags_override_keys_and_are_validated() {
     assert_eq!(config.cooldown, Duration::from_secs(60));
     assert_eq!(config.capacity, 42);
     assert_eq!(config.tc_attach, TcAttach::Tcx);
-    assert_eq!(config.interfaces.workload, ["pod*"]);
+    assert_eq!(config.interfaces.workload.as_strs(), ["pod*"]);
     assert_eq!(config.interfaces.uplink, ["eth9"]);
 
     let bad = Overrides {

@@ -328,7 +328,8 @@ impl Tracker {
                 format!(
                     "holder.interface `{}`: not a workload interface (interfaces.workload = \
                      {:?}), so ipq could not enforce a claim on it",
-                    spec.interface, self.config.interfaces.workload
+                    spec.interface,
+                    self.config.interfaces.workload.as_strs()
                 ),
             ));
         }

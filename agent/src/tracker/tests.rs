@@ -36,7 +36,7 @@ fn config(policy: EarlyReusePolicy) -> Config {
         on_early_reuse: policy,
         ..Config::default()
     };
-    config.interfaces.workload = vec!["veth*".into(), "lo".into()];
+    config.interfaces.workload = crate::config::Globs::parse(&["veth*", "lo"]).unwrap();
     config
 }
 
