@@ -402,6 +402,29 @@ impl AgentApi {
         }
     }
 
+    /// Returns once the agent has taken every netlink event the kernel sent before this call:
+    /// a veth pair named like a workload interface (`veth*`) is created in `node` and waited
+    /// for in `ipq status` (the agent reads its netlink socket in order), then removed. What a
+    /// test asserts did not happen after it would have happened by then.
+    pub fn netlink_barrier(&self, node: &crate::netns::NetNs) -> anyhow::Result<()> {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let name = format!("vethbar{n}");
+        let peer = format!("ipqbar{n}");
+        node.ip(&["link", "add", &name, "type", "veth", "peer", "name", &peer])?;
+        let seen = crate::lab::poll(&format!("{name} in ipq status"), AGENT_SETTLE, || {
+            let status = self.runtime.block_on(self.client.status())?;
+            Ok(status
+                .interfaces
+                .iter()
+                .any(|i| i.name == name)
+                .then_some(()))
+        });
+        node.ip(&["link", "del", &name])?;
+        seen
+    }
+
     /// Waits until `addr` is in `state` and returns its view.
     pub fn wait_state(
         &self,

@@ -461,8 +461,8 @@ fn early_reuse_under_observe_keeps_the_claimants_identity() -> anyhow::Result<()
     ensure!(got == 5, "the new holder's traffic: {got} of 5");
     let got = udp_burst(&old.ns, &lab.node, gateway(), 5);
     ensure!(got == 5, "observe lets the old holder flow: {got} of 5");
-    // Netlink events reach the agent within milliseconds; give them ample time.
-    std::thread::sleep(Duration::from_secs(1));
+    // Every neighbour and forwarding-entry event of that traffic has reached the agent.
+    api.netlink_barrier(&lab.node)?;
     assert_held(
         &api,
         addr,

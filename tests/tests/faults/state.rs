@@ -225,9 +225,12 @@ fn addresses_the_node_holds_are_never_holders() -> anyhow::Result<()> {
     for addr in reused {
         wait_for_entry(&lab, *addr, &map_entry("active", index, pods[0].4), SETTLE);
     }
-    std::thread::sleep(Duration::from_millis(500));
+    let early_reuses = || agent.metric("ipq_conflicts_total", &[("kind", "early_reuse")]);
+    poll("the reuse's early reuses counted", SETTLE, || {
+        Ok((early_reuses()? >= 2.0).then_some(()))
+    })?;
     assert_eq!(
-        agent.metric("ipq_conflicts_total", &[("kind", "early_reuse")])?,
+        early_reuses()?,
         2.0,
         "one reuse of a dual-stack pod is two early reuses; log:\n{}",
         agent.log()
@@ -239,7 +242,16 @@ fn addresses_the_node_holds_are_never_holders() -> anyhow::Result<()> {
     for (_, attachment, result, _, _) in &pods {
         chain.del(attachment, Some(result))?;
     }
-    std::thread::sleep(Duration::from_millis(500));
+    // Every pod's veth gone and seen gone (its addresses quarantined): the gateway's routes on
+    // them went in the same events.
+    for (_, _, _, addrs, _) in &pods {
+        for addr in addrs {
+            poll(&format!("{addr} quarantined"), SETTLE, || {
+                let view: Value = get(&lab, *addr)?.json()?;
+                Ok((view["state"] == "quarantined").then_some(()))
+            })?;
+        }
+    }
     get(&lab, gateway)?.assert_error("the gateway", 404, "not_found", &[]);
     Ok(())
 }
@@ -367,7 +379,13 @@ fn nothing_is_answered_before_it_is_durable() -> anyhow::Result<()> {
     for addr in &addrs {
         wait_for_entry(&lab, *addr, &map_entry("draining", vethpa, 0), SETTLE);
     }
-    std::thread::sleep(Duration::from_secs(2));
+    // A save of the drain was tried after it and failed: the point where a file removed too
+    // early would be gone.
+    let failures = || agent.metric("ipq_journal_write_failures_total", &[]);
+    let after_drain = failures()?;
+    poll("a failed save after the drain", SETTLE, || {
+        Ok((failures()? > after_drain).then_some(()))
+    })?;
     ensure!(
         spooled.exists(),
         "the spooled DEL was removed although its drain was not saved; log:\n{}",
