@@ -105,24 +105,19 @@ fn entries(target: IpAddr, peer: IpAddr, node: IpAddr, vip: IpAddr) -> (Vec<Entr
 }
 
 /// How the agent says it flushes a claim's entries of `family` ("IPv4"/"IPv6"): "kernel" or
-/// "dump", from its start-up log.
+/// "dump", as `GET /v1/status` reports it (`conntrack_claim_flush`).
 pub(crate) fn claim_flush_method(agent: &Agent, family: &str) -> anyhow::Result<&'static str> {
-    // The worker logs it once its probe is done, which may come just after the agent is ready.
+    let key = family.to_lowercase();
+    // The worker decides once its probe is done, which may come just after the agent is ready.
     poll(
         &format!("the agent's conntrack flush method for {family}"),
         Duration::from_secs(5),
         || {
-            let log = agent.log();
-            let line = log
-                .lines()
-                .find(|l| l.contains(&format!("conntrack flush on claims, {family}:")))
-                .or_else(|| {
-                    log.lines()
-                        .find(|l| l.contains("conntrack flush on claims:"))
-                });
-            Ok(match line {
-                Some(l) if l.contains("the kernel's filtered flush") => Some("kernel"),
-                Some(l) if l.contains("a dump of the whole table") => Some("dump"),
+            let status: Value =
+                ipq_tests::api::request(&agent.api_socket(), "GET", "/v1/status", None)?.json()?;
+            Ok(match status["conntrack_claim_flush"][&key].as_str() {
+                Some("kernel") => Some("kernel"),
+                Some(dump) if dump.starts_with("dump") => Some("dump"),
                 _ => None,
             })
         },
