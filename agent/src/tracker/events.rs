@@ -9,9 +9,8 @@ use ipq_common::{
 };
 use log::{debug, info, warn};
 
-use super::{Role, Tracker};
+use super::Tracker;
 use crate::{
-    datapath::attach,
     netdev,
     netlink::NetEvent,
     registry::{AddrStatus, Holder, RegistryError, Source},
@@ -210,8 +209,7 @@ impl Tracker {
         };
         let before = wanted(self);
         match self.role(name) {
-            Some(Role::Workload) => self.attacher.want(ifindex, name, attach::Role::Workload),
-            Some(Role::Uplink) => self.attacher.want(ifindex, name, attach::Role::Uplink),
+            Some(role) => self.attacher.want(ifindex, name, role),
             None => self.attacher.release(ifindex),
         }
         wanted(self) != before

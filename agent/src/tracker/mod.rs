@@ -50,12 +50,9 @@ use crate::{
     registry::{Holder, Registry, RegistrySettings, SystemClock},
 };
 
-/// The role of an interface under the configuration.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Role {
-    Workload,
-    Uplink,
-}
+// The role of an interface under the configuration is the attacher's own type: one concept,
+// one type.
+use crate::datapath::attach::Role;
 
 /// How often a journal save that keeps failing is logged (every failure is counted).
 const SAVE_FAILURE_LOG_EVERY: Duration = Duration::from_secs(30);
