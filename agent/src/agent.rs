@@ -377,7 +377,8 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
                     answers.push(tracker.handle(command));
                 }
                 // Answered only once what they changed is on disk; `unavailable` otherwise.
-                let saved = tracker.persist();
+                // What each answer says when the save failed: the journal's error, as text.
+                let saved = tracker.persist().map_err(|e| e.to_string());
                 answers
                     .into_iter()
                     .for_each(|answer| answer(saved.as_ref().map(|_| ()).map_err(String::as_str)));

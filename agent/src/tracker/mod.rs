@@ -44,7 +44,7 @@ use self::{feed::EventHub, pending::PendingClaims};
 use crate::{
     config::Config,
     datapath::{attach::Attacher, DatapathPort},
-    journal::Journal,
+    journal::{Journal, JournalError},
     metrics::Metrics,
     netlink::NetState,
     registry::{Holder, Registry, RegistrySettings, SystemClock},
@@ -160,7 +160,7 @@ impl Tracker {
     /// Saves the registry if the journal is behind it. `Err` names why the save failed: what
     /// changed since the last save is then not durable, must not be reported as done, and is
     /// saved by a later call (the agent's loop calls this at least once a second).
-    pub fn persist(&mut self) -> Result<(), String> {
+    pub fn persist(&mut self) -> Result<(), JournalError> {
         let generation = self.registry.generation();
         let state = &mut self.journal_state;
         if state.saved == Some(generation) {
@@ -200,8 +200,8 @@ impl Tracker {
                     );
                     state.last_logged = Some(now);
                 }
-                state.failing = Some(reason.clone());
-                Err(reason)
+                state.failing = Some(reason);
+                Err(e)
             }
         }
     }

@@ -208,7 +208,7 @@ fn claim(
         source: ClaimSource::Api,
     };
     let answer_fn = t.handle(Command::Claim { request, reply });
-    let saved = t.persist();
+    let saved = t.persist().map_err(|e| e.to_string());
     answer_fn(saved.as_ref().map(|_| ()).map_err(String::as_str));
     answer
 }
