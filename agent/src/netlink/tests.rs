@@ -440,3 +440,22 @@ fn the_event_socket_buffer_outgrows_rmem_max() {
         "SO_RCVBUF {size}: needs CAP_NET_ADMIN (run as root) to pass rmem_max"
     );
 }
+
+#[test]
+fn a_full_event_queue_drops_and_then_says_overrun_before_the_next_event() {
+    let (tx, mut rx) = mpsc::channel(2);
+    let mut queue = BoundedQueue::new(tx);
+    let link = |ifindex| NetEvent::LinkGone { ifindex };
+    for ifindex in 1..=3 {
+        assert!(queue.push(link(ifindex)).is_ok());
+    }
+    // The third did not fit: dropped. Room again: the overrun comes first, then the event.
+    assert_eq!(rx.try_recv().unwrap(), link(1));
+    assert_eq!(rx.try_recv().unwrap(), link(2));
+    assert!(queue.push(link(4)).is_ok());
+    assert_eq!(rx.try_recv().unwrap(), NetEvent::Overrun);
+    assert_eq!(rx.try_recv().unwrap(), link(4));
+    assert!(rx.try_recv().is_err());
+    drop(rx);
+    assert!(queue.push(link(5)).is_err(), "the loop is gone");
+}
