@@ -218,8 +218,6 @@ pub enum ConfigError {
 }
 
 const INTERFACE_KEYS: &str = "workload, uplink";
-const HYGIENE_KEYS: &str =
-    "flush, filtered_flush, announce, announce_per_second, announce_on_uplinks";
 
 /// Values given on the command line; each overrides the key of the same name (a name of
 /// [`keys::KEYS`]).
@@ -282,22 +280,14 @@ impl Config {
                     };
                     for (sub, value) in hygiene {
                         let key = format!("hygiene.{sub}");
-                        let h = &mut config.hygiene;
-                        match sub.as_str() {
-                            "flush" => h.flush = p.boolean(&key, value)?,
-                            "filtered_flush" => h.filtered_flush = p.boolean(&key, value)?,
-                            "announce" => h.announce = p.boolean(&key, value)?,
-                            "announce_per_second" => {
-                                h.announce_per_second = p.rate(&key, value)?;
-                            }
-                            "announce_on_uplinks" => {
-                                h.announce_on_uplinks = p.boolean(&key, value)?;
-                            }
-                            _ => return Err(p.unknown(&key, HYGIENE_KEYS.to_owned())),
+                        match keys::key(&key) {
+                            Some(known) => known.set(&mut config, &p, &key, value)?,
+                            None => return Err(p.unknown(&key, keys::known_keys_of("hygiene"))),
                         }
                     }
                 }
-                name => match keys::key(name) {
+                // A quoted "hygiene.flush" at the top level is not `flush` under [hygiene].
+                name => match keys::key(name).filter(|_| !name.contains('.')) {
                     Some(known) => known.set(&mut config, &p, key, value)?,
                     None => return Err(p.unknown(key, keys::known_keys())),
                 },

@@ -1,7 +1,8 @@
 //! Every top-level configuration key, in one table: its name in `agent.toml`, its command-line
 //! flag, its help, and how its value is converted and stored. The TOML reader, the command-line
 //! overrides, the `ipq-agent` flags and the "known keys" of an error all come from here.
-//! (`[interfaces]` is a table of lists, read apart.)
+//! Keys of a table are named with their table (`hygiene.flush` is `flush` under `[hygiene]`).
+//! (`[interfaces]` is a table of lists with flags of their own, `--workload` and `--uplink`.)
 
 use toml::Value;
 
@@ -15,6 +16,9 @@ pub enum Kind {
     /// A TOML integer (a command-line value that is not a number stays text, and is refused
     /// naming the flag).
     Integer,
+    /// A TOML boolean (`true` or `false` on the command line; anything else stays text, and is
+    /// refused naming the flag).
+    Boolean,
 }
 
 type Setter = fn(&mut Config, &Parser<'_>, &str, &Value) -> Result<(), ConfigError>;
@@ -39,6 +43,9 @@ impl Key {
                 .parse::<i64>()
                 .map_or_else(|_| Value::String(raw.to_owned()), Value::Integer),
             Kind::Text => Value::String(raw.to_owned()),
+            Kind::Boolean => raw
+                .parse::<bool>()
+                .map_or_else(|_| Value::String(raw.to_owned()), Value::Boolean),
         }
     }
 
@@ -58,9 +65,22 @@ pub fn key(name: &str) -> Option<&'static Key> {
     KEYS.iter().find(|k| k.name == name)
 }
 
+/// The keys of table `table` (`hygiene`), as written inside it, for an error about an unknown one.
+pub fn known_keys_of(table: &str) -> String {
+    let prefix = format!("{table}.");
+    KEYS.iter()
+        .filter_map(|k| k.name.strip_prefix(&prefix))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// The known top-level keys, for an error about an unknown one.
 pub fn known_keys() -> String {
-    let mut names: Vec<&str> = KEYS.iter().map(|k| k.name).collect();
+    let mut names: Vec<&str> = KEYS
+        .iter()
+        .map(|k| k.name)
+        .filter(|n| !n.contains('.'))
+        .collect();
     names.push("[interfaces]");
     names.push("[hygiene]");
     names.join(", ")
@@ -196,6 +216,57 @@ pub const KEYS: &[Key] = &[
         kind: Kind::Text,
         set: |c, p, k, v| {
             c.ipam_on_exhausted = p.on_exhausted(k, v)?;
+            Ok(())
+        },
+    },
+    Key {
+        name: "hygiene.flush",
+        flag: "hygiene-flush",
+        help: "true | false: delete a reused address's conntrack and neighbour entries",
+        kind: Kind::Boolean,
+        set: |c, p, k, v| {
+            c.hygiene.flush = p.boolean(k, v)?;
+            Ok(())
+        },
+    },
+    Key {
+        name: "hygiene.filtered_flush",
+        flag: "hygiene-filtered-flush",
+        help: "true | false: a claim's conntrack flush by the kernel's filtered flush where the \
+               start-up probe proves it (false: always a dump)",
+        kind: Kind::Boolean,
+        set: |c, p, k, v| {
+            c.hygiene.filtered_flush = p.boolean(k, v)?;
+            Ok(())
+        },
+    },
+    Key {
+        name: "hygiene.announce",
+        flag: "hygiene-announce",
+        help: "true | false: announce a new holder (gratuitous ARP, unsolicited NA)",
+        kind: Kind::Boolean,
+        set: |c, p, k, v| {
+            c.hygiene.announce = p.boolean(k, v)?;
+            Ok(())
+        },
+    },
+    Key {
+        name: "hygiene.announce_per_second",
+        flag: "hygiene-announce-per-second",
+        help: "How many new holders are announced per second at most",
+        kind: Kind::Integer,
+        set: |c, p, k, v| {
+            c.hygiene.announce_per_second = p.rate(k, v)?;
+            Ok(())
+        },
+    },
+    Key {
+        name: "hygiene.announce_on_uplinks",
+        flag: "hygiene-announce-on-uplinks",
+        help: "true | false: also announce new holders on the uplinks",
+        kind: Kind::Boolean,
+        set: |c, p, k, v| {
+            c.hygiene.announce_on_uplinks = p.boolean(k, v)?;
             Ok(())
         },
     },

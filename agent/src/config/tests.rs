@@ -197,18 +197,19 @@ fn missing_explicit_file_is_an_error() {
 
 #[test]
 fn the_key_table_is_the_one_list_of_keys() {
-    use super::keys::{known_keys, KEYS};
-    // Every key is named in the unknown-key error, has a flag spelled after it, and is read
-    // from TOML: a wrong value is refused naming that key.
+    use super::keys::{known_keys, known_keys_of, KEYS};
+    // Every key is named in the unknown-key error (of its table, for a table's key), has a flag
+    // spelled after it, and is read from TOML: a wrong value is refused naming that key.
     let known = known_keys();
     for key in KEYS {
-        assert!(
-            known.contains(key.name),
-            "{} missing from {known}",
-            key.name
-        );
-        assert_eq!(key.flag, key.name.replace('_', "-"));
-        let e = err(&format!("{} = true", key.name));
+        let (listed, name) = match key.name.split_once('.') {
+            Some((table, name)) => (known_keys_of(table), name),
+            None => (known.clone(), key.name),
+        };
+        assert!(listed.contains(name), "{} missing from {listed}", key.name);
+        assert_eq!(key.flag, key.name.replace(['_', '.'], "-"));
+        // A string where every key wants something else (a dotted name is its table's key).
+        let e = err(&format!("{} = [1]", key.name));
         assert!(e.contains(&format!("`{}`", key.name)), "{e}");
     }
     assert!(known.ends_with("[interfaces], [hygiene]"), "{known}");
@@ -281,4 +282,33 @@ fn hygiene_keys_are_read_and_checked() {
     );
     let e = err("hygiene = true");
     assert!(e.contains("`hygiene`") && e.contains("table"), "{e}");
+}
+
+#[test]
+fn hygiene_keys_have_flags_and_a_bad_flag_value_is_named() {
+    let overrides = Overrides {
+        values: vec![
+            ("hygiene.flush", "false".into()),
+            ("hygiene.announce_per_second", "7".into()),
+        ],
+        ..Overrides::default()
+    };
+    let mut config = Config::default();
+    config.apply(&overrides).unwrap();
+    assert!(!config.hygiene.flush);
+    assert_eq!(config.hygiene.announce_per_second, 7);
+    let bad = Overrides {
+        values: vec![("hygiene.flush", "maybe".into())],
+        ..Overrides::default()
+    };
+    let e = Config::default().apply(&bad).unwrap_err().to_string();
+    assert!(
+        e.contains("--hygiene-flush") && e.contains("true or false"),
+        "{e}"
+    );
+    // Written at the top level with its table in a quoted name, it is not the table's key.
+    let e = Config::from_toml("\"hygiene.flush\" = false", "t")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("hygiene.flush"), "{e}");
 }
