@@ -146,18 +146,28 @@ pub fn run_pod_with(
 
 /// Pings from inside the pod's container (CRI ExecSync, as `kubectl exec` does); replies of 3.
 pub fn pings(cri: &Cri, pod: &Pod, dst: &str) -> anyhow::Result<u32> {
-    let (_, out) = cri.exec_sync(
+    let (code, out) = cri.exec_sync(
         &pod.container,
         &["ping", "-c", "3", "-W", "1", "-i", "0.2", dst],
         Duration::from_secs(10),
     )?;
-    Ok(out
+    // busybox: "3 packets transmitted, 0 packets received, 100% packet loss". No summary
+    // means ping did not run, which must not read as "no reply" (a fence asserted for free).
+    let summary = out
         .lines()
         .find(|l| l.contains("packets transmitted"))
-        .and_then(|l| l.split(", ").nth(1))
+        .with_context(|| {
+            format!(
+                "no ping summary from {} (exit {code}): {out}",
+                pod.spec.name
+            )
+        })?;
+    summary
+        .split(", ")
+        .nth(1)
         .and_then(|r| r.split_whitespace().next())
         .and_then(|n| n.parse().ok())
-        .unwrap_or(0))
+        .with_context(|| format!("no received count in {summary:?}"))
 }
 
 /// containerd with the node's conflist, its images checked, ipq installed into it.
