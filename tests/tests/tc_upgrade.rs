@@ -58,13 +58,17 @@ fn status(agent: &Agent) -> Value {
 }
 
 /// How many interfaces the agent said it would move to TCX when it became ready (its
-/// `started:` line, logged before any upgrade may run).
+/// `started:` line, counted before any upgrade may run). The API answers a moment before that
+/// line is written, so it is waited for, not read once.
 fn pending_at_start(agent: &Agent) -> usize {
-    let log = agent.log();
-    let line = log
-        .lines()
-        .find(|l| l.contains("started: "))
-        .unwrap_or_else(|| panic!("no started line in the log:\n{log}"));
+    let line = poll("the agent's started line", Duration::from_secs(30), || {
+        Ok(agent
+            .log()
+            .lines()
+            .find(|l| l.contains("started: "))
+            .map(str::to_owned))
+    })
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", agent.log()));
     let (before, _) = line
         .split_once(" interfaces to move from netlink filters to TCX")
         .unwrap_or_else(|| panic!("no count of interfaces to move in {line}"));
