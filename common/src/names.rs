@@ -52,7 +52,7 @@ pub const GLOBAL_COARSE_CLOCK: &str = "IPQ_COARSE_CLOCK";
 /// priority no common CNI takes by default: ipq judges a packet before any filter that could
 /// redirect it away (a redirect ends classification), and it never shares a filter chain
 /// (`tcf_proto`) with another tool, whose deletion of "its" priority would remove ipq's filter.
-/// A filter at priority 1 (Cilium's legacy tc mode) still runs before ipq: see the README.
+/// A filter at priority 1 (Cilium's legacy tc mode) still runs before ipq: see docs/kernels.md.
 pub const TC_FILTER_PRIORITY: u16 = 2;
 
 /// Handle of ipq's cls_bpf filter at `TC_FILTER_PRIORITY`: 0x4951 is "IQ" in ASCII, far from

@@ -31,7 +31,7 @@ const P6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, 0x99);
 const LL6: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 0xa);
 const SOLICITED_X6: Ipv6Addr = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 1, 0xff00, 5);
 
-// TCX_NEXT == TC_ACT_UNSPEC: the next TCX program or cls_bpf filter runs (see README).
+// TCX_NEXT == TC_ACT_UNSPEC: the next TCX program or cls_bpf filter runs (see docs/kernels.md).
 const TC_PASS: u32 = -1i32 as u32;
 const TC_DROP: u32 = 2; // TC_ACT_SHOT
 const XDP_PASS: u32 = 2;

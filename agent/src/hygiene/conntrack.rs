@@ -141,7 +141,7 @@ impl Conntrack {
     /// Deletes every entry (any zone) carrying `addr` in either tuple, by the kernel's filtered
     /// flush; returns how many deletions the kernel reported (`NLM_F_ECHO`). The kernel reports
     /// a deletion only for an entry that carries conntrack's event extension, so this is a
-    /// lower bound (see the README). Any refusal is an error: nothing is assumed flushed.
+    /// lower bound (see docs/hygiene.md). Any refusal is an error: nothing is assumed flushed.
     pub fn flush_in_kernel(&mut self, addr: IpAddr) -> Result<u64, ConntrackError> {
         let mut reported = 0;
         let mut refusals = Refusals::default();

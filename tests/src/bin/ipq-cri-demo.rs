@@ -99,7 +99,7 @@ fn main() -> Result<()> {
     cri.remove_pod_sandbox(&new.sandbox)?;
     println!(
         "  with `ipq-cni install --hold-ipam` the freed address would have stayed allocated \
-         and pod new would have got 10.99.0.3 instead (see README, ipq-ipam)"
+         and pod new would have got 10.99.0.3 instead (see docs/cni.md, ipq-ipam)"
     );
     drop(containerd);
     drop(agent);
