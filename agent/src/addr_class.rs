@@ -4,7 +4,8 @@
 use std::net::IpAddr;
 
 /// Why an address can never be a workload's.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, strum::IntoStaticStr)]
+#[strum(serialize_all = "kebab-case")]
 pub enum NotWorkload {
     Unspecified,
     Loopback,
@@ -14,14 +15,8 @@ pub enum NotWorkload {
 }
 
 impl NotWorkload {
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Unspecified => "unspecified",
-            Self::Loopback => "loopback",
-            Self::Multicast => "multicast",
-            Self::Broadcast => "broadcast",
-            Self::LinkLocal => "link-local",
-        }
+    pub fn as_str(self) -> &'static str {
+        self.into()
     }
 }
 

@@ -36,7 +36,18 @@ pub enum TcAttach {
 /// What happens when a new holder claims an address another live holder still has: the one
 /// policy type from the configuration through the registry and the journal to the API, where
 /// it is spelled as in the configuration (`fence-old`, `refuse-new`, `observe`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Serialize,
+    Deserialize,
+    strum::IntoStaticStr,
+    strum::EnumString,
+)]
+#[strum(serialize_all = "kebab-case")]
 #[serde(rename_all = "kebab-case")]
 pub enum EarlyReusePolicy {
     FenceOld,
@@ -48,17 +59,13 @@ impl EarlyReusePolicy {
     pub const ALL: [EarlyReusePolicy; 3] = [Self::FenceOld, Self::RefuseNew, Self::Observe];
 
     /// The policy's name as the configuration and the API spell it.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::FenceOld => "fence-old",
-            Self::RefuseNew => "refuse-new",
-            Self::Observe => "observe",
-        }
+    pub fn as_str(self) -> &'static str {
+        self.into()
     }
 
     /// The policy named `name`.
     pub fn from_name(name: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|p| p.as_str() == name)
+        name.parse().ok()
     }
 }
 

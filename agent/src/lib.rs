@@ -20,3 +20,6 @@ pub mod paths;
 pub mod registry;
 pub mod safe_fs;
 pub mod tracker;
+
+#[cfg(test)]
+mod vocabulary_tests;

@@ -51,7 +51,8 @@ pub enum MetricsError {
 
 /// Where user space loses events (`source` label of `ipq_events_lost_total`; the kernel's
 /// losses are `source="kernel"`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, strum::IntoStaticStr)]
+#[strum(serialize_all = "lowercase")]
 pub enum LostAt {
     /// A conflict log line over the log rate limit.
     Log = 0,
@@ -62,11 +63,8 @@ pub enum LostAt {
 impl LostAt {
     pub const ALL: [LostAt; 2] = [Self::Log, Self::Api];
 
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Log => "log",
-            Self::Api => "api",
-        }
+    pub fn as_str(self) -> &'static str {
+        self.into()
     }
 }
 

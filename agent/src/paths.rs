@@ -20,7 +20,19 @@ pub fn ipam_release_dir(state_dir: &Path) -> PathBuf {
 }
 
 /// Where a hook is attached; part of a link's pin name.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    strum::IntoStaticStr,
+    strum::EnumString,
+)]
+#[strum(serialize_all = "kebab-case")]
 pub enum AttachPoint {
     TcxIngress,
     TcxEgress,
@@ -30,16 +42,12 @@ pub enum AttachPoint {
 impl AttachPoint {
     pub const ALL: [AttachPoint; 3] = [Self::TcxIngress, Self::TcxEgress, Self::Xdp];
 
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::TcxIngress => "tcx-ingress",
-            Self::TcxEgress => "tcx-egress",
-            Self::Xdp => "xdp",
-        }
+    pub fn as_str(self) -> &'static str {
+        self.into()
     }
 
     fn parse(s: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|p| p.as_str() == s)
+        s.parse().ok()
     }
 }
 

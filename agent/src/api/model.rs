@@ -485,7 +485,8 @@ pub struct ApiErrorBody {
 }
 
 /// Stable error codes. Scripts and the CNI plugin branch on these, never on messages.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorCode {
     /// The body is not JSON of the expected shape (400).
@@ -530,21 +531,7 @@ impl ErrorCode {
         }
     }
 
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::BadRequest => "bad_request",
-            Self::InvalidArgument => "invalid_argument",
-            Self::NotFound => "not_found",
-            Self::UnknownInterface => "unknown_interface",
-            Self::Refused => "refused",
-            Self::NotHolder => "not_holder",
-            Self::NotReleasable => "not_releasable",
-            Self::RegistryFull => "registry_full",
-            Self::Forbidden => "forbidden",
-            Self::MethodNotAllowed => "method_not_allowed",
-            Self::NotReady => "not_ready",
-            Self::Unavailable => "unavailable",
-            Self::Internal => "internal",
-        }
+    pub fn as_str(self) -> &'static str {
+        self.into()
     }
 }

@@ -313,15 +313,12 @@ fn claimable(addresses: &[IpAddr]) -> Result<(), ApiError> {
 }
 
 fn parse_state(raw: &str) -> Result<StateName, ApiError> {
-    match raw {
-        "active" => Ok(StateName::Active),
-        "draining" => Ok(StateName::Draining),
-        "quarantined" => Ok(StateName::Quarantined),
-        _ => Err(invalid(format!(
+    StateName::parse_held(raw).ok_or_else(|| {
+        invalid(format!(
             "state `{}`: must be active, draining or quarantined",
             Echo(raw)
-        ))),
-    }
+        ))
+    })
 }
 
 async fn read_body(request: Request<Incoming>, what: &str) -> Result<Bytes, ApiError> {

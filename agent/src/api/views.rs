@@ -98,7 +98,8 @@ pub fn address_view(record: &AddrRecord, time: &TimeBase) -> AddressView {
 }
 
 /// What a policy did about a conflict, as `ConflictView::outcome` says it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub enum Outcome {
     /// The old holder's traffic with the address is dropped; the claimant has it.
     FencedOld,
@@ -117,16 +118,8 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::FencedOld => "fenced_old",
-            Self::Claimed => "claimed",
-            Self::RefusedNew => "refused_new",
-            Self::BlockedNew => "blocked_new",
-            Self::Observed => "observed",
-            Self::Dropped => "dropped",
-            Self::Reported => "reported",
-        }
+    pub fn as_str(self) -> &'static str {
+        self.into()
     }
 }
 
@@ -264,9 +257,7 @@ pub fn sample_body(sample: &ConflictSample, seen_on: String, holder: Option<Hold
         action: Action::from_raw(sample.action)
             .map_or("unknown", Action::as_str)
             .to_owned(),
-        state: AddrState::from_raw(sample.state)
-            .map_or("unknown", AddrState::as_str)
-            .to_owned(),
+        state: StateName::of_raw_entry(AddrState::from_raw(sample.state)).to_owned(),
         ifindex: sample.ifindex,
         seen_on,
         holder_ifindex: sample.holder_ifindex,

@@ -4,11 +4,12 @@
 use std::{net::IpAddr, path::PathBuf, process::ExitCode};
 
 use anyhow::{bail, Context as _};
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand};
 use ipq::{
     config::{keys, Config, Overrides},
     datapath::{lock, DatapathMaps, PinnedReading},
     hygiene, netdev, paths,
+    registry::StateName,
 };
 use ipq_common::{
     addr::{AddrEntry, AddrKey, AddrState, NO_IFINDEX},
@@ -100,13 +101,6 @@ enum Command {
     Datapath(DatapathCommand),
 }
 
-#[derive(Clone, Copy, ValueEnum)]
-enum StateArg {
-    Active,
-    Draining,
-    Quarantined,
-}
-
 #[derive(Subcommand)]
 enum DatapathCommand {
     /// Every address in the datapath, and the drop counters.
@@ -118,7 +112,7 @@ enum DatapathCommand {
     Set {
         addr: IpAddr,
         #[arg(long, value_enum)]
-        state: StateArg,
+        state: StateName,
         /// Interface of the holder whose traffic flows.
         #[arg(long)]
         holder: Option<String>,
@@ -170,7 +164,7 @@ fn datapath_command(command: DatapathCommand) -> anyhow::Result<()> {
                 "ADDRESS", "STATE", "HOLDER", "FENCED"
             );
             for (addr, entry) in entries {
-                let state = entry.state().map_or("unknown", AddrState::as_str);
+                let state = StateName::of_raw_entry(entry.state());
                 println!(
                     "{:<40} {:<12} {:>7} {:>7}",
                     addr.to_ip().to_string(),
@@ -204,11 +198,9 @@ fn datapath_command(command: DatapathCommand) -> anyhow::Result<()> {
             fenced,
             bpffs_dir,
         } => {
-            let state = match state {
-                StateArg::Active => AddrState::Active,
-                StateArg::Draining => AddrState::Draining,
-                StateArg::Quarantined => AddrState::Quarantined,
-            };
+            let state = state
+                .entry()
+                .context("--state free: a free address has no entry; use `delete`")?;
             let holder = ifindex_of(&holder, "holder")?;
             let fenced = ifindex_of(&fenced, "fenced")?;
             if state != AddrState::Quarantined && holder == NO_IFINDEX {

@@ -51,7 +51,7 @@ pub enum Command {
     List {
         /// Only addresses in this state.
         #[arg(long, value_enum)]
-        state: Option<StateArg>,
+        state: Option<StateName>,
     },
     /// Everything the agent knows about one address.
     Get { ip: IpAddr },
@@ -75,24 +75,6 @@ pub enum Command {
         #[arg(long, short)]
         follow: bool,
     },
-}
-
-/// The states `ipq list --state` accepts (a free address is never listed).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum StateArg {
-    Active,
-    Draining,
-    Quarantined,
-}
-
-impl From<StateArg> for StateName {
-    fn from(state: StateArg) -> StateName {
-        match state {
-            StateArg::Active => StateName::Active,
-            StateArg::Draining => StateName::Draining,
-            StateArg::Quarantined => StateName::Quarantined,
-        }
-    }
 }
 
 impl Cli {
@@ -169,7 +151,7 @@ mod tests {
         assert_eq!(
             cli.command,
             Command::List {
-                state: Some(StateArg::Draining)
+                state: Some(StateName::Draining)
             }
         );
     }

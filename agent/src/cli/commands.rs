@@ -24,7 +24,7 @@ pub async fn run(cli: &Cli, client: &Client, out: &mut impl Write) -> Result<(),
             answer(json, &status, || render::status(&status, now))?
         }
         Command::List { state } => {
-            let list = client.list(state.map(Into::into)).await?;
+            let list = client.list(*state).await?;
             answer(json, &list, || render::addresses(&list.addresses, now))?
         }
         Command::Get { ip } => {

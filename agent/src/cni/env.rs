@@ -7,7 +7,8 @@ use super::error::{code, CniError};
 use crate::registry::PodRef;
 
 /// The CNI commands.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, strum::IntoStaticStr, strum::EnumString)]
+#[strum(serialize_all = "UPPERCASE")]
 pub enum Command {
     Add,
     Del,
@@ -19,26 +20,11 @@ pub enum Command {
 
 impl Command {
     fn parse(s: &str) -> Option<Self> {
-        Some(match s {
-            "ADD" => Self::Add,
-            "DEL" => Self::Del,
-            "CHECK" => Self::Check,
-            "GC" => Self::Gc,
-            "STATUS" => Self::Status,
-            "VERSION" => Self::Version,
-            _ => return None,
-        })
+        s.parse().ok()
     }
 
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Add => "ADD",
-            Self::Del => "DEL",
-            Self::Check => "CHECK",
-            Self::Gc => "GC",
-            Self::Status => "STATUS",
-            Self::Version => "VERSION",
-        }
+    pub fn as_str(self) -> &'static str {
+        self.into()
     }
 
     /// ADD, CHECK and DEL act on one attachment (container id + interface name).

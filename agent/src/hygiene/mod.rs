@@ -43,7 +43,8 @@ pub enum HygieneError {
 }
 
 /// Why an address is cleaned.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 #[serde(rename_all = "snake_case")]
 pub enum Trigger {
     /// Its holder is gone: the quarantine begins.
@@ -53,11 +54,8 @@ pub enum Trigger {
 }
 
 impl Trigger {
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::HolderGone => "holder_gone",
-            Self::NewHolder => "new_holder",
-        }
+    pub fn as_str(self) -> &'static str {
+        self.into()
     }
 }
 
@@ -74,7 +72,10 @@ pub struct Job {
 }
 
 /// How an address's conntrack entries were flushed, which says what their count means.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, strum::IntoStaticStr,
+)]
+#[strum(serialize_all = "snake_case")]
 #[serde(rename_all = "snake_case")]
 pub enum FlushMethod {
     /// A dump of the whole table and a deletion per matching entry: the count is exact.
@@ -86,11 +87,8 @@ pub enum FlushMethod {
 }
 
 impl FlushMethod {
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Dump => "dump",
-            Self::Kernel => "kernel",
-        }
+    pub fn as_str(self) -> &'static str {
+        self.into()
     }
 }
 
@@ -103,7 +101,8 @@ pub struct ClaimFlush {
 }
 
 /// The hygiene steps, as the `step` label of `ipq_hygiene_failures_total`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 #[serde(rename_all = "snake_case")]
 pub enum Step {
     Conntrack,
@@ -114,12 +113,8 @@ pub enum Step {
 impl Step {
     pub const ALL: [Step; 3] = [Self::Conntrack, Self::Neighbours, Self::Announce];
 
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Conntrack => "conntrack",
-            Self::Neighbours => "neighbours",
-            Self::Announce => "announce",
-        }
+    pub fn as_str(self) -> &'static str {
+        self.into()
     }
 }
 

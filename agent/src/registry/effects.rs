@@ -1,7 +1,7 @@
 //! What a transition asks the rest of the agent to do: datapath map writes, events, conflicts
 //! and metrics. The registry performs no I/O; its owner applies these in order.
 
-use std::{collections::BTreeMap, fmt, net::IpAddr};
+use std::{collections::BTreeMap, net::IpAddr};
 
 use ipq_common::addr::{AddrEntry, AddrState, FLAG_OBSERVE_ONLY, NO_IFINDEX};
 use serde::{Deserialize, Serialize};
@@ -10,7 +10,21 @@ use super::types::{AddrRecord, AddrStatus, Holder, MonoNs, StateName};
 use crate::config::EarlyReusePolicy;
 
 /// The kinds of conflict of DESIGN §2, as the `kind` label of `ipq_conflicts_total`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    strum::IntoStaticStr,
+    strum::Display,
+)]
+#[strum(serialize_all = "snake_case")]
 #[serde(rename_all = "snake_case")]
 pub enum ConflictKind {
     /// A claim while another live holder (Active or Draining) still has the address.
@@ -31,19 +45,8 @@ impl ConflictKind {
         Self::RemoteClaim,
     ];
 
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::EarlyReuse => "early_reuse",
-            Self::ReuseInCooldown => "reuse_in_cooldown",
-            Self::DuplicateSource => "duplicate_source",
-            Self::RemoteClaim => "remote_claim",
-        }
-    }
-}
-
-impl fmt::Display for ConflictKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+    pub fn as_str(self) -> &'static str {
+        self.into()
     }
 }
 

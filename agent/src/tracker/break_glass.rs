@@ -9,6 +9,7 @@ use ipq_common::addr::{AddrEntry, AddrKey, AddrState, NO_IFINDEX};
 use log::warn;
 
 use super::Tracker;
+use crate::registry::StateName;
 use crate::{
     api::{
         model::{DatapathEntryRequest, DatapathEntryView, ErrorCode},
@@ -20,10 +21,7 @@ use crate::{
 fn view(addr: IpAddr, entry: &AddrEntry) -> DatapathEntryView {
     DatapathEntryView {
         address: addr,
-        state: entry
-            .state()
-            .map_or("unknown", AddrState::as_str)
-            .to_owned(),
+        state: StateName::of_raw_entry(entry.state()).to_owned(),
         holder_ifindex: entry.holder_ifindex,
         fenced_ifindex: entry.fenced_ifindex,
     }
@@ -47,9 +45,8 @@ impl Tracker {
         addr: IpAddr,
         request: &DatapathEntryRequest,
     ) -> Result<DatapathEntryView, ApiError> {
-        let state = AddrState::ALL
-            .into_iter()
-            .find(|s| s.as_str() == request.state)
+        let state = StateName::parse_held(&request.state)
+            .and_then(StateName::entry)
             .ok_or_else(|| {
                 ApiError::new(
                     ErrorCode::InvalidArgument,

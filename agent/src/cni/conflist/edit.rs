@@ -15,7 +15,8 @@ use super::scan::{plugins_layout, PluginsLayout};
 pub const PLUGIN_TYPE: &str = "ipq-cni";
 
 /// What `ipq-cni` does on ADD when the agent cannot be reached.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, strum::IntoStaticStr)]
+#[strum(serialize_all = "lowercase")]
 pub enum OnUnavailable {
     /// Fail the ADD with CNI error 11 ("try again later"): the runtime retries the sandbox.
     Fail,
@@ -24,11 +25,8 @@ pub enum OnUnavailable {
 }
 
 impl OnUnavailable {
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Fail => "fail",
-            Self::Allow => "allow",
-        }
+    pub fn as_str(self) -> &'static str {
+        self.into()
     }
 }
 

@@ -23,7 +23,19 @@ use crate::api::{
 };
 
 /// `ipam_on_exhausted`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    Serialize,
+    Deserialize,
+    strum::IntoStaticStr,
+    strum::EnumString,
+)]
+#[strum(serialize_all = "kebab-case")]
 #[serde(rename_all = "kebab-case")]
 pub enum OnExhausted {
     #[default]
@@ -35,15 +47,12 @@ impl OnExhausted {
     pub const ALL: [OnExhausted; 2] = [Self::Wait, Self::ReleaseQuietest];
 
     /// As the configuration and the API spell it.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Wait => "wait",
-            Self::ReleaseQuietest => "release-quietest",
-        }
+    pub fn as_str(self) -> &'static str {
+        self.into()
     }
 
     pub fn from_name(name: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|p| p.as_str() == name)
+        name.parse().ok()
     }
 }
 

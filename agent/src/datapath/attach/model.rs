@@ -10,7 +10,8 @@ use super::{pins::Attached, retry::Backoff, upgrade::Upgrade};
 use crate::paths::AttachPoint;
 
 /// How TC programs are attached on this node.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, strum::IntoStaticStr)]
+#[strum(serialize_all = "kebab-case")]
 pub enum TcMode {
     /// TCX links, pinned under `bpffs_dir/links` (`tc_attach = "tcx"`).
     Tcx,
@@ -23,17 +24,14 @@ pub enum TcMode {
 }
 
 impl TcMode {
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Tcx => "tcx",
-            Self::Netlink => "netlink",
-            Self::NetlinkThenTcx => "netlink-then-tcx",
-        }
+    pub fn as_str(self) -> &'static str {
+        self.into()
     }
 }
 
 /// What holds ipq's program on a hook.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, strum::IntoStaticStr)]
+#[strum(serialize_all = "lowercase")]
 pub enum Mechanism {
     /// A pinned TCX link, and no ipq filter left on the hook.
     Tcx,
@@ -44,12 +42,8 @@ pub enum Mechanism {
 }
 
 impl Mechanism {
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Tcx => "tcx",
-            Self::Netlink => "netlink",
-            Self::Xdp => "xdp",
-        }
+    pub fn as_str(self) -> &'static str {
+        self.into()
     }
 }
 
@@ -85,7 +79,8 @@ pub enum JobKind {
 
 /// What of an attachment went ([`JobKind::Repair`]), as `ipq_datapath_attachments_lost_total`
 /// labels it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, strum::IntoStaticStr)]
+#[strum(serialize_all = "lowercase")]
 pub enum Lost {
     /// The clsact qdisc under ipq's netlink filters.
     Qdisc,
@@ -100,13 +95,8 @@ pub enum Lost {
 impl Lost {
     pub const ALL: [Lost; 4] = [Self::Qdisc, Self::Filter, Self::Link, Self::Pin];
 
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Qdisc => "qdisc",
-            Self::Filter => "filter",
-            Self::Link => "link",
-            Self::Pin => "pin",
-        }
+    pub fn as_str(self) -> &'static str {
+        self.into()
     }
 }
 
@@ -151,7 +141,8 @@ pub struct LostAttachment {
 }
 
 /// Where an interface stands.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, strum::IntoStaticStr)]
+#[strum(serialize_all = "lowercase")]
 pub enum Protection {
     Attaching,
     Protected,
@@ -159,12 +150,8 @@ pub enum Protection {
 }
 
 impl Protection {
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Attaching => "attaching",
-            Self::Protected => "protected",
-            Self::Failed => "failed",
-        }
+    pub fn as_str(self) -> &'static str {
+        self.into()
     }
 }
 

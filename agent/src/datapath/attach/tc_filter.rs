@@ -27,7 +27,8 @@ const IPQ_PROGRAM_PREFIX: &str = "ipq_";
 const ETH_P_ALL_BE: u16 = 0x0003u16.to_be();
 
 /// Which clsact hook.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, strum::IntoStaticStr)]
+#[strum(serialize_all = "lowercase")]
 pub enum Direction {
     Ingress,
     Egress,
@@ -51,11 +52,8 @@ impl Direction {
         }
     }
 
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Ingress => "ingress",
-            Self::Egress => "egress",
-        }
+    pub fn as_str(self) -> &'static str {
+        self.into()
     }
 }
 

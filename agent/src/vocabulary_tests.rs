@@ -1,0 +1,71 @@
+//! One spelling per name: the string form strum derives (labels, logs, tables, parsing) is the
+//! one serde writes on the wire and in the journal, for every variant.
+
+use serde::Serialize;
+
+use crate::{
+    api::model::ErrorCode,
+    cni::ipam::pressure::OnExhausted,
+    config::EarlyReusePolicy,
+    hygiene::{FlushMethod, Step, Trigger},
+    registry::{ConflictKind, Source, StateName},
+};
+
+fn assert_one_spelling<T: Serialize + Copy + std::fmt::Debug + Into<&'static str>>(all: &[T]) {
+    for v in all {
+        let wire = serde_json::to_value(v).expect("serializes");
+        let derived: &'static str = (*v).into();
+        assert_eq!(wire, derived, "{v:?}: serde and strum disagree");
+    }
+}
+
+#[test]
+fn derived_string_forms_are_the_wire_forms() {
+    assert_one_spelling(&[
+        StateName::Free,
+        StateName::Active,
+        StateName::Draining,
+        StateName::Quarantined,
+    ]);
+    assert_one_spelling(&[Source::Cni, Source::Api, Source::Netlink]);
+    assert_one_spelling(&ConflictKind::ALL);
+    assert_one_spelling(&EarlyReusePolicy::ALL);
+    assert_one_spelling(&OnExhausted::ALL);
+    assert_one_spelling(&[Trigger::HolderGone, Trigger::NewHolder]);
+    assert_one_spelling(&[FlushMethod::Dump, FlushMethod::Kernel]);
+    assert_one_spelling(&Step::ALL);
+    assert_one_spelling(&[
+        ErrorCode::BadRequest,
+        ErrorCode::InvalidArgument,
+        ErrorCode::NotFound,
+        ErrorCode::UnknownInterface,
+        ErrorCode::Refused,
+        ErrorCode::NotHolder,
+        ErrorCode::NotReleasable,
+        ErrorCode::RegistryFull,
+        ErrorCode::Forbidden,
+        ErrorCode::MethodNotAllowed,
+        ErrorCode::NotReady,
+        ErrorCode::Unavailable,
+        ErrorCode::Internal,
+    ]);
+}
+
+#[test]
+fn names_parse_back_and_free_is_never_a_held_state() {
+    for name in ["active", "draining", "quarantined"] {
+        let state = StateName::parse_held(name).expect(name);
+        assert_eq!(state.as_str(), name);
+        assert_eq!(state.entry().map(StateName::from), Some(state));
+    }
+    assert_eq!(StateName::parse_held("free"), None);
+    assert_eq!(StateName::parse_held("Active"), None);
+    assert_eq!(StateName::Free.entry(), None);
+    for policy in EarlyReusePolicy::ALL {
+        assert_eq!(EarlyReusePolicy::from_name(policy.as_str()), Some(policy));
+    }
+    assert_eq!(EarlyReusePolicy::from_name("fence_old"), None);
+    for policy in OnExhausted::ALL {
+        assert_eq!(OnExhausted::from_name(policy.as_str()), Some(policy));
+    }
+}
