@@ -573,7 +573,7 @@ impl Metrics {
     pub fn observe_attachments(&self, points: impl Iterator<Item = AttachPoint>) {
         let mut counts = [0i64; Hook::ALL.len()];
         for point in points {
-            counts[hook_of(point) as usize] += 1;
+            counts[point.hook() as usize] += 1;
         }
         for hook in Hook::ALL {
             self.datapath_interfaces
@@ -591,11 +591,11 @@ impl Metrics {
     ) {
         let mut counts = [0i64; Hook::ALL.len()];
         for point in points {
-            counts[hook_of(point) as usize] += 1;
+            counts[point.hook() as usize] += 1;
         }
         let mut failed = [0u64; Hook::ALL.len()];
         for (point, n) in failures {
-            failed[hook_of(*point) as usize] += n;
+            failed[point.hook() as usize] += n;
         }
         for hook in Hook::ALL {
             let label = [hook.as_str()];
@@ -659,16 +659,7 @@ impl Metrics {
     }
 }
 
-/// The hook a program attached at `point` counts under.
 /// The `hook` label of an attach point.
 pub fn hook_label(point: AttachPoint) -> &'static str {
-    hook_of(point).as_str()
-}
-
-fn hook_of(point: AttachPoint) -> Hook {
-    match point {
-        AttachPoint::TcxIngress => Hook::TcIngress,
-        AttachPoint::TcxEgress => Hook::TcEgress,
-        AttachPoint::Xdp => Hook::Xdp,
-    }
+    point.hook().as_str()
 }

@@ -2,6 +2,8 @@
 
 use std::path::{Path, PathBuf};
 
+use ipq_common::counters::Hook;
+
 pub const DEFAULT_CONFIG: &str = "/etc/ipq/agent.toml";
 pub const DEFAULT_BPFFS_DIR: &str = "/sys/fs/bpf/ipq";
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/ipq";
@@ -44,6 +46,15 @@ impl AttachPoint {
 
     pub fn as_str(self) -> &'static str {
         self.into()
+    }
+
+    /// The hook a program attached here runs at: the `hook` label of its metrics.
+    pub const fn hook(self) -> Hook {
+        match self {
+            Self::TcxIngress => Hook::TcIngress,
+            Self::TcxEgress => Hook::TcEgress,
+            Self::Xdp => Hook::Xdp,
+        }
     }
 
     fn parse(s: &str) -> Option<Self> {

@@ -111,9 +111,8 @@ pub fn missing_filters(hooks: &BTreeMap<u32, Vec<AttachPoint>>) -> Vec<(u32, Att
     let mut missing = Vec::new();
     for (&ifindex, points) in hooks {
         for &point in points {
-            let direction = match point {
-                AttachPoint::TcxEgress => Direction::Egress,
-                _ => Direction::Ingress,
+            let Some(direction) = Direction::of(point) else {
+                continue;
             };
             match tc_filter::place(ifindex, direction) {
                 Ok(Place::Ipq) | Err(_) => {}

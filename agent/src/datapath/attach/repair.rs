@@ -34,12 +34,8 @@ fn in_place(
 ) -> io::Result<Result<Mechanism, Fix>> {
     let path = layout.link(ifindex, point);
     let link_attached = || held_pins::link_attached(&path).unwrap_or_else(|| path.exists());
-    let direction = match point {
-        AttachPoint::Xdp => {
-            return Ok(link_attached().then_some(Mechanism::Xdp).ok_or(Fix::Attach))
-        }
-        AttachPoint::TcxIngress => Direction::Ingress,
-        AttachPoint::TcxEgress => Direction::Egress,
+    let Some(direction) = Direction::of(point) else {
+        return Ok(link_attached().then_some(Mechanism::Xdp).ok_or(Fix::Attach));
     };
     if tc_filter::place(ifindex, direction)? == Place::Ipq {
         return Ok(Ok(Mechanism::Netlink));

@@ -9,6 +9,8 @@
 use std::io;
 
 use ipq_common::names::{TC_FILTER_HANDLE, TC_FILTER_PRIORITY};
+
+use crate::paths::AttachPoint;
 use rtnetlink::{
     packet_core::{
         NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP,
@@ -35,6 +37,15 @@ pub enum Direction {
 }
 
 impl Direction {
+    /// The clsact hook of a TC attach point; `None` for XDP.
+    pub const fn of(point: AttachPoint) -> Option<Self> {
+        match point {
+            AttachPoint::TcxIngress => Some(Self::Ingress),
+            AttachPoint::TcxEgress => Some(Self::Egress),
+            AttachPoint::Xdp => None,
+        }
+    }
+
     /// The hook a filter's parent names: `ffff:fff2` ingress, `ffff:fff3` egress.
     pub fn of_parent(parent: TcHandle) -> Option<Self> {
         [Self::Ingress, Self::Egress]

@@ -41,11 +41,9 @@ pub(super) fn attach(
     }
 }
 
+/// The clsact hook of a TC point (only TC points are attached here).
 fn direction(point: AttachPoint) -> Direction {
-    match point {
-        AttachPoint::TcxEgress => Direction::Egress,
-        _ => Direction::Ingress,
-    }
+    Direction::of(point).unwrap_or(Direction::Ingress)
 }
 
 fn attach_type(point: AttachPoint) -> TcAttachType {
