@@ -76,8 +76,17 @@ pub fn action_for(mode: Mode, reason: Reason) -> Action {
 /// conflicts between workloads on an observe-only address are counted, never dropped.
 #[inline(always)]
 pub fn action_for_entry(mode: Mode, reason: Reason, entry: &AddrEntry) -> Action {
+    action_for_address(mode, reason, entry.flags & FLAG_OBSERVE_ONLY != 0)
+}
+
+/// The one judgment of observe versus drop, for an address that is `observe_only` (its early
+/// reuse was let through) or not: the kernel programs reach it through [`action_for_entry`],
+/// the agent with the registry's flag, so what the agent reports, counts and cleans always
+/// matches what the datapath did.
+#[inline(always)]
+pub fn action_for_address(mode: Mode, reason: Reason, observe_only: bool) -> Action {
     let workload_conflict = matches!(reason, Reason::Fenced | Reason::DuplicateSource);
-    if workload_conflict && entry.flags & FLAG_OBSERVE_ONLY != 0 {
+    if workload_conflict && observe_only {
         Action::Observed
     } else {
         action_for(mode, reason)
@@ -164,6 +173,23 @@ mod tests {
             action_for_entry(Mode::Enforce, Reason::Fenced, &e),
             Action::Dropped
         );
+    }
+
+    #[test]
+    fn the_agents_judgment_is_the_programs() {
+        for mode in [Mode::Enforce, Mode::Observe] {
+            for reason in Reason::ALL {
+                for observe_only in [false, true] {
+                    let mut e = entry(AddrState::Active, A, B);
+                    e.flags = if observe_only { FLAG_OBSERVE_ONLY } else { 0 };
+                    assert_eq!(
+                        action_for_address(mode, reason, observe_only),
+                        action_for_entry(mode, reason, &e),
+                        "{mode:?} {reason:?} observe_only {observe_only}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]

@@ -3,7 +3,12 @@
 //! datapath entry of an address, its observe-only flag included, is always the registry's own
 //! derivation ([`crate::registry::datapath_entry`]): nothing here adds to it.
 
-use ipq_common::{addr::AddrKey, sample::ConflictSample};
+use ipq_common::{
+    addr::AddrKey,
+    counters::{Action, Reason},
+    sample::ConflictSample,
+    verdict,
+};
 use log::{debug, error, info, warn};
 
 use super::Tracker;
@@ -12,7 +17,7 @@ use crate::{
         model::EventBody,
         views::{conflict_view, sample_body, Outcome, TimeBase},
     },
-    config::{EarlyReusePolicy, Mode},
+    config::EarlyReusePolicy,
     metrics::LostAt,
     netdev,
     registry::{AddrStatus, Conflict, ConflictKind, Effect, RegistryError},
@@ -86,7 +91,11 @@ impl Tracker {
             (Some(record), Some(old)) => record.is_fenced(old),
             _ => false,
         };
-        let observing = self.config.mode == Mode::Observe || record.is_some_and(|r| r.observe_only);
+        let duplicate = verdict::action_for_address(
+            self.config.mode,
+            Reason::DuplicateSource,
+            record.is_some_and(|r| r.observe_only),
+        );
         match conflict.kind {
             ConflictKind::EarlyReuse | ConflictKind::ReuseInCooldown => match conflict.policy {
                 EarlyReusePolicy::Observe => Outcome::Observed,
@@ -94,8 +103,11 @@ impl Tracker {
                 EarlyReusePolicy::FenceOld if old_fenced => Outcome::FencedOld,
                 EarlyReusePolicy::FenceOld => Outcome::Claimed,
             },
-            ConflictKind::DuplicateSource if observing => Outcome::Observed,
-            ConflictKind::DuplicateSource => Outcome::Dropped,
+            ConflictKind::DuplicateSource => match duplicate {
+                Action::Dropped => Outcome::Dropped,
+                Action::Observed => Outcome::Observed,
+                Action::Reported => Outcome::Reported,
+            },
             ConflictKind::RemoteClaim if old_fenced => Outcome::FencedOld,
             ConflictKind::RemoteClaim => Outcome::Reported,
         }

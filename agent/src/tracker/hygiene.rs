@@ -4,6 +4,10 @@
 
 use std::net::IpAddr;
 
+use ipq_common::{
+    counters::{Action, Reason},
+    verdict,
+};
 use tokio::sync::{mpsc, oneshot};
 
 use super::Tracker;
@@ -13,7 +17,7 @@ use crate::{
         model::{AddressView, ClaimResponse, EventBody, HygieneView},
         views::{ApiError, TimeBase},
     },
-    config::{EarlyReusePolicy, Mode},
+    config::EarlyReusePolicy,
     hygiene::{HygieneError, Report, Trigger, CLAIM_WAIT},
     registry::{Holder, StateName},
 };
@@ -63,7 +67,9 @@ impl Tracker {
         let observed_reuse = self.registry.get(addr).is_some_and(|r| r.observe_only)
             || (self.config.on_early_reuse == EarlyReusePolicy::Observe
                 && matches!(from, StateName::Active | StateName::Draining));
-        let act = self.config.mode == Mode::Enforce && !observed_reuse;
+        // Cleaned exactly when the datapath drops a workload conflict on this address.
+        let act = verdict::action_for_address(self.config.mode, Reason::Fenced, observed_reuse)
+            == Action::Dropped;
         let live = holder
             .filter(|_| matches!(to, StateName::Active | StateName::Draining))
             .map(|h| h.ifindex);
