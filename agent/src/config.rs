@@ -224,15 +224,12 @@ pub enum ConfigError {
     },
 }
 
-const INTERFACE_KEYS: &str = "workload, uplink";
-
 /// Values given on the command line; each overrides the key of the same name (a name of
 /// [`keys::KEYS`]).
 #[derive(Clone, Debug, Default)]
 pub struct Overrides {
+    /// (key name, value) in the order given; a list key's flag may appear more than once.
     pub values: Vec<(&'static str, String)>,
-    pub workload: Option<Vec<String>>,
-    pub uplink: Option<Vec<String>>,
 }
 
 impl Config {
@@ -268,28 +265,15 @@ impl Config {
         let p = Parser { source_name };
         for (key, value) in &table {
             match key.as_str() {
-                "interfaces" => {
-                    let Value::Table(interfaces) = value else {
-                        return Err(p.invalid(key, value, "must be a table: [interfaces]"));
+                table if keys::tables().contains(&table) => {
+                    let Value::Table(entries) = value else {
+                        return Err(p.invalid(key, value, &format!("must be a table: [{table}]")));
                     };
-                    for (sub, value) in interfaces {
-                        let key = format!("interfaces.{sub}");
-                        match sub.as_str() {
-                            "workload" => config.interfaces.workload = p.globs(&key, value)?,
-                            "uplink" => config.interfaces.uplink = p.ifnames(&key, value)?,
-                            _ => return Err(p.unknown(&key, INTERFACE_KEYS.to_owned())),
-                        }
-                    }
-                }
-                "hygiene" => {
-                    let Value::Table(hygiene) = value else {
-                        return Err(p.invalid(key, value, "must be a table: [hygiene]"));
-                    };
-                    for (sub, value) in hygiene {
-                        let key = format!("hygiene.{sub}");
+                    for (sub, value) in entries {
+                        let key = format!("{table}.{sub}");
                         match keys::key(&key) {
                             Some(known) => known.set(&mut config, &p, &key, value)?,
-                            None => return Err(p.unknown(&key, keys::known_keys_of("hygiene"))),
+                            None => return Err(p.unknown(&key, keys::known_keys_of(table))),
                         }
                     }
                 }
@@ -308,20 +292,25 @@ impl Config {
         let p = Parser {
             source_name: "command line",
         };
-        for (name, raw) in &overrides.values {
+        // Each key once, with every value given to its flag (a list's flag repeats).
+        let mut names: Vec<&str> = Vec::new();
+        for (name, _) in &overrides.values {
+            if !names.contains(name) {
+                names.push(name);
+            }
+        }
+        for name in names {
             let Some(key) = keys::key(name) else {
                 return Err(p.unknown(name, keys::known_keys()));
             };
+            let raws: Vec<&str> = overrides
+                .values
+                .iter()
+                .filter(|(n, _)| *n == name)
+                .map(|(_, raw)| raw.as_str())
+                .collect();
             let shown = format!("--{}", key.flag);
-            key.set(self, &p, &shown, &key.value_of(raw))?;
-        }
-        if let Some(workload) = &overrides.workload {
-            let list = Value::Array(workload.iter().cloned().map(Value::String).collect());
-            self.interfaces.workload = p.globs("--workload", &list)?;
-        }
-        if let Some(uplink) = &overrides.uplink {
-            let list = Value::Array(uplink.iter().cloned().map(Value::String).collect());
-            self.interfaces.uplink = p.ifnames("--uplink", &list)?;
+            key.set(self, &p, &shown, &key.value_of_all(&raws))?;
         }
         Ok(())
     }

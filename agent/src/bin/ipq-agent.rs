@@ -37,12 +37,6 @@ struct RunArgs {
     config: Option<PathBuf>,
     #[command(flatten)]
     keys: KeyFlags,
-    /// Workload interface glob (repeatable); replaces [interfaces] workload.
-    #[arg(long)]
-    workload: Vec<String>,
-    /// Uplink interface name (repeatable); replaces [interfaces] uplink.
-    #[arg(long)]
-    uplink: Vec<String>,
 }
 
 /// One flag per configuration key, made from the key table (`ipq::config::keys`), so a key
@@ -55,9 +49,11 @@ impl clap::FromArgMatches for KeyFlags {
         Ok(Self(
             keys::KEYS
                 .iter()
-                .filter_map(|k| {
+                .flat_map(|k| {
                     matches
-                        .get_one::<String>(k.name)
+                        .get_many::<String>(k.name)
+                        .into_iter()
+                        .flatten()
                         .map(|value| (k.name, value.clone()))
                 })
                 .collect(),
@@ -72,11 +68,17 @@ impl clap::FromArgMatches for KeyFlags {
 
 impl Args for KeyFlags {
     fn augment_args(cmd: clap::Command) -> clap::Command {
-        cmd.args(
-            keys::KEYS
-                .iter()
-                .map(|k| clap::Arg::new(k.name).long(k.flag).help(k.help)),
-        )
+        cmd.args(keys::KEYS.iter().map(|k| {
+            let arg = clap::Arg::new(k.name).long(k.flag).help(k.help);
+            let arg = match k.alias {
+                Some(alias) => arg.visible_alias(alias),
+                None => arg,
+            };
+            match k.kind {
+                keys::Kind::List => arg.action(clap::ArgAction::Append),
+                _ => arg,
+            }
+        }))
     }
 
     fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
@@ -88,8 +90,6 @@ impl RunArgs {
     fn overrides(&self) -> Overrides {
         Overrides {
             values: self.keys.0.clone(),
-            workload: (!self.workload.is_empty()).then(|| self.workload.clone()),
-            uplink: (!self.uplink.is_empty()).then(|| self.uplink.clone()),
         }
     }
 }

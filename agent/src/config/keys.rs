@@ -1,8 +1,8 @@
 //! Every top-level configuration key, in one table: its name in `agent.toml`, its command-line
 //! flag, its help, and how its value is converted and stored. The TOML reader, the command-line
 //! overrides, the `ipq-agent` flags and the "known keys" of an error all come from here.
-//! Keys of a table are named with their table (`hygiene.flush` is `flush` under `[hygiene]`).
-//! (`[interfaces]` is a table of lists with flags of their own, `--workload` and `--uplink`.)
+//! Keys of a table are named with their table (`hygiene.flush` is `flush` under `[hygiene]`);
+//! the tables themselves (`[interfaces]`, `[hygiene]`) are the prefixes of those names.
 
 use toml::Value;
 
@@ -19,6 +19,9 @@ pub enum Kind {
     /// A TOML boolean (`true` or `false` on the command line; anything else stays text, and is
     /// refused naming the flag).
     Boolean,
+    /// A TOML array of strings: the flag is repeatable, each occurrence one element, and the
+    /// flags together replace the file's list.
+    List,
 }
 
 type Setter = fn(&mut Config, &Parser<'_>, &str, &Value) -> Result<(), ConfigError>;
@@ -29,6 +32,8 @@ pub struct Key {
     pub name: &'static str,
     /// The `ipq-agent` flag that overrides it.
     pub flag: &'static str,
+    /// A shorter flag that also does (`--workload` for `--interfaces-workload`).
+    pub alias: Option<&'static str>,
     /// One line for `--help`.
     pub help: &'static str,
     pub kind: Kind,
@@ -36,9 +41,24 @@ pub struct Key {
 }
 
 impl Key {
+    /// The values given to the flag, in order, as the TOML value they stand for: the last one,
+    /// or all of them for a list.
+    pub fn value_of_all(&self, raws: &[&str]) -> Value {
+        match (self.kind, raws.last()) {
+            (Kind::List, _) => Value::Array(
+                raws.iter()
+                    .map(|raw| Value::String((*raw).to_owned()))
+                    .collect(),
+            ),
+            (_, Some(raw)) => self.value_of(raw),
+            (_, None) => Value::String(String::new()),
+        }
+    }
+
     /// `raw`, given on the command line, as the TOML value it stands for.
     pub fn value_of(&self, raw: &str) -> Value {
         match self.kind {
+            Kind::List => Value::Array(vec![Value::String(raw.to_owned())]),
             Kind::Integer => raw
                 .parse::<i64>()
                 .map_or_else(|_| Value::String(raw.to_owned()), Value::Integer),
@@ -74,22 +94,60 @@ pub fn known_keys_of(table: &str) -> String {
         .join(", ")
 }
 
-/// The known top-level keys, for an error about an unknown one.
-pub fn known_keys() -> String {
-    let mut names: Vec<&str> = KEYS
+/// The tables (`interfaces`, `hygiene`): the prefixes of the keys named with one, in the
+/// order of the key table.
+pub fn tables() -> Vec<&'static str> {
+    let mut tables: Vec<&'static str> = Vec::new();
+    for table in KEYS
         .iter()
+        .filter_map(|k| k.name.split_once('.').map(|(t, _)| t))
+    {
+        if !tables.contains(&table) {
+            tables.push(table);
+        }
+    }
+    tables
+}
+
+/// The known top-level keys and tables, for an error about an unknown one.
+pub fn known_keys() -> String {
+    let tables = tables().into_iter().map(|t| format!("[{t}]"));
+    KEYS.iter()
         .map(|k| k.name)
         .filter(|n| !n.contains('.'))
-        .collect();
-    names.push("[interfaces]");
-    names.push("[hygiene]");
-    names.join(", ")
+        .map(str::to_owned)
+        .chain(tables)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 pub const KEYS: &[Key] = &[
     Key {
+        name: "interfaces.workload",
+        flag: "interfaces-workload",
+        alias: Some("workload"),
+        help: "Workload interface glob (repeatable): the host side of pod interfaces",
+        kind: Kind::List,
+        set: |c, p, k, v| {
+            c.interfaces.workload = p.globs(k, v)?;
+            Ok(())
+        },
+    },
+    Key {
+        name: "interfaces.uplink",
+        flag: "interfaces-uplink",
+        alias: Some("uplink"),
+        help: "Uplink interface name (repeatable): where stale traffic arrives",
+        kind: Kind::List,
+        set: |c, p, k, v| {
+            c.interfaces.uplink = p.ifnames(k, v)?;
+            Ok(())
+        },
+    },
+    Key {
         name: "mode",
         flag: "mode",
+        alias: None,
         help: "enforce | observe",
         kind: Kind::Text,
         set: |c, p, k, v| {
@@ -100,6 +158,7 @@ pub const KEYS: &[Key] = &[
     Key {
         name: "on_early_reuse",
         flag: "on-early-reuse",
+        alias: None,
         help: "fence-old | refuse-new | observe",
         kind: Kind::Text,
         set: |c, p, k, v| {
@@ -110,6 +169,7 @@ pub const KEYS: &[Key] = &[
     Key {
         name: "cooldown",
         flag: "cooldown",
+        alias: None,
         help: "Quarantine after a holder is gone, e.g. 30s",
         kind: Kind::Text,
         set: |c, p, k, v| {
@@ -120,6 +180,7 @@ pub const KEYS: &[Key] = &[
     Key {
         name: "quiet_period",
         flag: "quiet-period",
+        alias: None,
         help: "Stale-traffic silence that ends a quarantine early, e.g. 10s",
         kind: Kind::Text,
         set: |c, p, k, v| {
@@ -130,6 +191,7 @@ pub const KEYS: &[Key] = &[
     Key {
         name: "max_cooldown",
         flag: "max-cooldown",
+        alias: None,
         help: "Longest quarantine, however much stale traffic arrives, e.g. 5m",
         kind: Kind::Text,
         set: |c, p, k, v| {
@@ -140,6 +202,7 @@ pub const KEYS: &[Key] = &[
     Key {
         name: "capacity",
         flag: "capacity",
+        alias: None,
         help: "Addresses the registry and the datapath map hold",
         kind: Kind::Integer,
         set: |c, p, k, v| {
@@ -150,6 +213,7 @@ pub const KEYS: &[Key] = &[
     Key {
         name: "bpffs_dir",
         flag: "bpffs-dir",
+        alias: None,
         help: "Where the datapath's maps and links are pinned",
         kind: Kind::Text,
         set: |c, p, k, v| {
@@ -160,6 +224,7 @@ pub const KEYS: &[Key] = &[
     Key {
         name: "state_dir",
         flag: "state-dir",
+        alias: None,
         help: "Where the journal and the CNI spool live",
         kind: Kind::Text,
         set: |c, p, k, v| {
@@ -170,6 +235,7 @@ pub const KEYS: &[Key] = &[
     Key {
         name: "api_socket",
         flag: "api-socket",
+        alias: None,
         help: "The API's unix socket",
         kind: Kind::Text,
         set: |c, p, k, v| {
@@ -180,6 +246,7 @@ pub const KEYS: &[Key] = &[
     Key {
         name: "api_group",
         flag: "api-group",
+        alias: None,
         help: "Group (name or gid) allowed on the API socket besides root",
         kind: Kind::Text,
         set: |c, p, k, v| {
@@ -190,6 +257,7 @@ pub const KEYS: &[Key] = &[
     Key {
         name: "metrics_addr",
         flag: "metrics-addr",
+        alias: None,
         help: "Address and port of /metrics, /healthz and /readyz",
         kind: Kind::Text,
         set: |c, p, k, v| {
@@ -200,6 +268,7 @@ pub const KEYS: &[Key] = &[
     Key {
         name: "verify_interval",
         flag: "verify-interval",
+        alias: None,
         help: "How often ipq's pins and links are checked against the kernel and repaired, \
                e.g. 5s",
         kind: Kind::Text,
@@ -211,6 +280,7 @@ pub const KEYS: &[Key] = &[
     Key {
         name: "ipam_on_exhausted",
         flag: "ipam-on-exhausted",
+        alias: None,
         help: "wait | release-quietest: ipq-ipam's ADD when the delegate's range is exhausted \
                while ipq holds quarantined addresses of it",
         kind: Kind::Text,
@@ -222,6 +292,7 @@ pub const KEYS: &[Key] = &[
     Key {
         name: "hygiene.flush",
         flag: "hygiene-flush",
+        alias: None,
         help: "true | false: delete a reused address's conntrack and neighbour entries",
         kind: Kind::Boolean,
         set: |c, p, k, v| {
@@ -232,6 +303,7 @@ pub const KEYS: &[Key] = &[
     Key {
         name: "hygiene.filtered_flush",
         flag: "hygiene-filtered-flush",
+        alias: None,
         help: "true | false: a claim's conntrack flush by the kernel's filtered flush where the \
                start-up probe proves it (false: always a dump)",
         kind: Kind::Boolean,
@@ -243,6 +315,7 @@ pub const KEYS: &[Key] = &[
     Key {
         name: "hygiene.announce",
         flag: "hygiene-announce",
+        alias: None,
         help: "true | false: announce a new holder (gratuitous ARP, unsolicited NA)",
         kind: Kind::Boolean,
         set: |c, p, k, v| {
@@ -253,6 +326,7 @@ pub const KEYS: &[Key] = &[
     Key {
         name: "hygiene.announce_per_second",
         flag: "hygiene-announce-per-second",
+        alias: None,
         help: "How many new holders are announced per second at most",
         kind: Kind::Integer,
         set: |c, p, k, v| {
@@ -263,6 +337,7 @@ pub const KEYS: &[Key] = &[
     Key {
         name: "hygiene.announce_on_uplinks",
         flag: "hygiene-announce-on-uplinks",
+        alias: None,
         help: "true | false: also announce new holders on the uplinks",
         kind: Kind::Boolean,
         set: |c, p, k, v| {
@@ -273,6 +348,7 @@ pub const KEYS: &[Key] = &[
     Key {
         name: "tc_attach",
         flag: "tc-attach",
+        alias: None,
         help: "auto | tcx | netlink: how TC programs attach (auto: the netlink filter at once, \
                then a TCX link where the kernel has it)",
         kind: Kind::Text,

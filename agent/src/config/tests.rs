@@ -164,21 +164,22 @@ fn flags_override_keys_and_are_validated() {
             ("mode", "enforce".into()),
             ("capacity", "42".into()),
             ("tc_attach", "tcx".into()),
+            ("interfaces.workload", "pod*".into()),
+            ("interfaces.uplink", "eth9".into()),
+            ("interfaces.workload", "lxc*".into()),
         ],
-        workload: Some(vec!["pod*".into()]),
-        uplink: Some(vec!["eth9".into()]),
     };
     let config = Config::load(Some(&path), &overrides).unwrap();
     assert_eq!(config.mode, Mode::Enforce);
     assert_eq!(config.cooldown, Duration::from_secs(60));
     assert_eq!(config.capacity, 42);
     assert_eq!(config.tc_attach, TcAttach::Tcx);
-    assert_eq!(config.interfaces.workload.as_strs(), ["pod*"]);
+    // A list's flag repeats, and the flags together replace the file's list.
+    assert_eq!(config.interfaces.workload.as_strs(), ["pod*", "lxc*"]);
     assert_eq!(config.interfaces.uplink, ["eth9"]);
 
     let bad = Overrides {
         values: vec![("cooldown", "soon".into())],
-        ..Default::default()
     };
     let e = Config::load(Some(&path), &bad).unwrap_err().to_string();
     assert!(e.contains("`--cooldown`") && e.contains("\"soon\""), "{e}");
@@ -213,10 +214,10 @@ fn the_key_table_is_the_one_list_of_keys() {
         assert!(e.contains(&format!("`{}`", key.name)), "{e}");
     }
     assert!(known.ends_with("[interfaces], [hygiene]"), "{known}");
+    assert_eq!(super::keys::tables(), ["interfaces", "hygiene"]);
     // A flag of a key not in the table is an error, not a panic.
     let bad = Overrides {
         values: vec![("colour", "blue".into())],
-        ..Default::default()
     };
     let e = Config::load(None, &bad).unwrap_err().to_string();
     assert!(e.contains("unknown key `colour`"), "{e}");
@@ -291,7 +292,6 @@ fn hygiene_keys_have_flags_and_a_bad_flag_value_is_named() {
             ("hygiene.flush", "false".into()),
             ("hygiene.announce_per_second", "7".into()),
         ],
-        ..Overrides::default()
     };
     let mut config = Config::default();
     config.apply(&overrides).unwrap();
@@ -299,7 +299,6 @@ fn hygiene_keys_have_flags_and_a_bad_flag_value_is_named() {
     assert_eq!(config.hygiene.announce_per_second, 7);
     let bad = Overrides {
         values: vec![("hygiene.flush", "maybe".into())],
-        ..Overrides::default()
     };
     let e = Config::default().apply(&bad).unwrap_err().to_string();
     assert!(
