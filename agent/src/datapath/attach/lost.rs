@@ -167,7 +167,7 @@ pub(super) fn found(
             name: target.name.clone(),
             point: *point,
             what,
-            error,
+            error: error.map(|e| e.to_string()),
         });
     }
 }

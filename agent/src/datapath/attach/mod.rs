@@ -29,6 +29,7 @@
 //! "tcx"` and `"netlink"` force one mechanism. Each attach also removes what the other
 //! mechanism left on that hook, after its own program is in place.
 
+pub mod error;
 mod lost;
 mod model;
 pub mod pins;
@@ -52,6 +53,7 @@ use std::{
 
 use log::{debug, error, info, warn};
 
+pub use error::AttachError;
 pub use model::{
     Hooked, Job, JobKind, JobReport, Lost, LostAttachment, Mechanism, Protection, Role, Target,
     TcMode,
@@ -260,6 +262,9 @@ impl Attacher {
         }
         let name = target.name.clone();
         let mut errors = Vec::new();
+        // The kernel said the interface is gone on every failed hook: churn, decided on the
+        // errno without asking the kernel again.
+        let mut all_gone = true;
         for (point, result) in report.hooks {
             match result {
                 Ok(hooked) => {
@@ -274,6 +279,7 @@ impl Attacher {
                 Err(e) => {
                     *self.failures.entry(point).or_default() += 1;
                     target.attached.remove(&point);
+                    all_gone &= e.interface_gone();
                     errors.push(format!("{}: {e}", point.as_str()));
                 }
             }
@@ -309,7 +315,7 @@ impl Attacher {
             target.failures += 1;
             // The first failure and every change of error are errors; repeats of the same one
             // are not logged again at that level.
-            if crate::netdev::vanished(&name, ifindex) {
+            if all_gone || crate::netdev::vanished(&name, ifindex) {
                 // Churn: the interface went away before its attach ran; its LinkGone event
                 // forgets it.
                 debug!("{name} (if{ifindex}): gone before it was attached: {error}");

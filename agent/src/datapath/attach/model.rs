@@ -6,7 +6,7 @@ use std::{
     time::Instant,
 };
 
-use super::{pins::Attached, retry::Backoff, upgrade::Upgrade};
+use super::{error::AttachError, pins::Attached, retry::Backoff, upgrade::Upgrade};
 use crate::paths::AttachPoint;
 
 /// How TC programs are attached on this node.
@@ -123,7 +123,7 @@ pub struct Hooked {
 #[derive(Debug)]
 pub struct JobReport {
     pub job: Job,
-    pub hooks: Vec<(AttachPoint, Result<Hooked, String>)>,
+    pub hooks: Vec<(AttachPoint, Result<Hooked, AttachError>)>,
     /// A repair's hooks that had no ipq program when the worker looked (attached again, or
     /// not, as `hooks` says).
     pub found_missing: Vec<AttachPoint>,

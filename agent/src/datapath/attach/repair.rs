@@ -9,7 +9,7 @@ use std::io;
 use super::{
     pins::Attached,
     tc_filter::{self, Direction, Place},
-    Hooked, Job, JobReport, Mechanism,
+    AttachError, Hooked, Job, JobReport, Mechanism,
 };
 use crate::{
     datapath::held_pins::{self, TcxPlace},
@@ -55,7 +55,7 @@ fn in_place(
 pub(super) fn run(
     job: Job,
     layout: &PinLayout,
-    mut fix: impl FnMut(AttachPoint, Fix) -> Result<Hooked, String>,
+    mut fix: impl FnMut(AttachPoint, Fix) -> Result<Hooked, AttachError>,
 ) -> JobReport {
     let mut hooks = Vec::new();
     let mut found_missing = Vec::new();
@@ -69,7 +69,10 @@ pub(super) fn run(
                 found_missing.push(point);
                 fix(point, needed)
             }
-            Err(e) => Err(format!("looking at the {} hook: {e}", point.as_str())),
+            Err(e) => Err(AttachError::io(
+                format!("looking at the {} hook", point.as_str()),
+                &e,
+            )),
         };
         hooks.push((point, result));
     }

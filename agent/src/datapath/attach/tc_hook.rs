@@ -12,8 +12,7 @@ use log::{debug, warn};
 use super::{
     pins::{self, Attached},
     tc_filter::{self, Direction, Place},
-    worker::chain,
-    Hooked, JobKind, Mechanism, TcMode,
+    AttachError, Hooked, JobKind, Mechanism, TcMode,
 };
 use crate::paths::{AttachPoint, PinLayout};
 
@@ -24,7 +23,7 @@ pub(super) fn attach(
     (ifname, ifindex): (&str, u32),
     point: AttachPoint,
     (mode, kind): (TcMode, JobKind),
-) -> Result<Hooked, String> {
+) -> Result<Hooked, AttachError> {
     let tc = Tc {
         prog,
         layout,
@@ -99,7 +98,7 @@ impl Tc<'_> {
     /// `tc_attach = "tcx"`: TCX link (pinned, updated in place on restart), then the netlink
     /// filter of an earlier netlink-mode agent removed: the new program runs before the old
     /// one goes.
-    fn tcx_replacing_filter(self) -> Result<Hooked, String> {
+    fn tcx_replacing_filter(self) -> Result<Hooked, AttachError> {
         let how = pins::attach_tc(
             self.prog,
             self.layout,
@@ -107,7 +106,7 @@ impl Tc<'_> {
             self.ifindex,
             self.point,
         )
-        .map_err(|e| chain(&e))?;
+        .map_err(|e| AttachError::kernel(None, &e))?;
         if let Err(e) = self.remove_filter() {
             warn!(
                 "{}: removing ipq's old netlink {} filter: {e}",
@@ -128,7 +127,7 @@ impl Tc<'_> {
     /// TCX alone would give. A filter still there beside a reused link (an agent stopped in
     /// the middle of an upgrade) is removed; if that fails, the hook counts as netlink, so
     /// that the upgrade retries it.
-    fn protect_first(mut self) -> Result<Hooked, String> {
+    fn protect_first(mut self) -> Result<Hooked, AttachError> {
         let reused = pins::reuse_tc(
             self.prog,
             self.layout,
@@ -136,7 +135,7 @@ impl Tc<'_> {
             self.ifindex,
             self.point,
         )
-        .map_err(|e| chain(&e))?;
+        .map_err(|e| AttachError::kernel(None, &e))?;
         if !reused {
             let netlink_error = match self.reborrow().netlink(Unpin::No) {
                 Ok(how) => return Ok(Tc::by_netlink(how)),
@@ -149,7 +148,10 @@ impl Tc<'_> {
             );
             return self
                 .tcx_replacing_filter()
-                .map_err(|e| format!("{netlink_error}; and as TCX: {e}"));
+                .map_err(|tcx| AttachError::NeitherWay {
+                    netlink: Box::new(netlink_error),
+                    tcx: Box::new(tcx),
+                });
         }
         match self.remove_filter() {
             Ok(_) => Ok(Hooked {
@@ -183,7 +185,7 @@ impl Tc<'_> {
 
     /// The upgrade: the TCX link first (reused if pinned, else created and pinned), then
     /// ipq's filter removed. Until both are done the hook stays netlink, and is retried.
-    fn upgrade(self) -> Result<Hooked, String> {
+    fn upgrade(self) -> Result<Hooked, AttachError> {
         let how = pins::attach_tc(
             self.prog,
             self.layout,
@@ -191,11 +193,14 @@ impl Tc<'_> {
             self.ifindex,
             self.point,
         )
-        .map_err(|e| format!("creating the TCX link: {}", chain(&e)))?;
+        .map_err(|e| AttachError::kernel(Some("creating the TCX link".into()), &e))?;
         self.remove_filter().map_err(|e| {
-            format!(
-                "the TCX link is in, but removing ipq's {} filter failed: {e}",
-                self.dir().as_str()
+            AttachError::io(
+                format!(
+                    "the TCX link is in, but removing ipq's {} filter failed",
+                    self.dir().as_str()
+                ),
+                &e,
             )
         })?;
         Ok(Hooked {
@@ -210,7 +215,7 @@ impl Tc<'_> {
     /// in place when ipq's filter is there (no gap, no second filter), created when the place
     /// is free, refused when someone else's filter holds it. Then, with [`Unpin::Yes`], the
     /// TCX link of an earlier TCX-mode agent is unpinned (which detaches it).
-    fn netlink(self, unpin: Unpin) -> Result<Attached, String> {
+    fn netlink(self, unpin: Unpin) -> Result<Attached, AttachError> {
         let Tc {
             prog,
             layout,
@@ -219,19 +224,17 @@ impl Tc<'_> {
             point,
         } = self;
         let dir = direction(point);
-        tc_filter::add_clsact(ifindex).map_err(|e| format!("adding the clsact qdisc: {e}"))?;
+        tc_filter::add_clsact(ifindex)
+            .map_err(|e| AttachError::io("adding the clsact qdisc", &e))?;
         let place = tc_filter::place(ifindex, dir)
-            .map_err(|e| format!("listing {} filters: {e}", dir.as_str()))?;
+            .map_err(|e| AttachError::io(format!("listing {} filters", dir.as_str()), &e))?;
         let handle = TcHandle::from(TC_FILTER_HANDLE);
         let how = match place {
             Place::Foreign(filter) => {
-                return Err(format!(
-                    "a foreign {} holds ipq's place on the {} hook (pref {TC_FILTER_PRIORITY} \
-                     handle {TC_FILTER_HANDLE:#x}); ipq does not touch filters it does not own: \
-                     move that filter to another priority",
-                    filter.describe(),
-                    dir.as_str()
-                ));
+                return Err(AttachError::ForeignFilter {
+                    filter: filter.describe(),
+                    direction: dir.as_str(),
+                });
             }
             Place::Ipq => {
                 let link = SchedClassifierLink::attached(
@@ -241,9 +244,12 @@ impl Tc<'_> {
                     handle,
                     None,
                 )
-                .map_err(|e| format!("{ifname}: {}", chain(&e)))?;
+                .map_err(|e| AttachError::kernel(Some(ifname.to_owned()), &e))?;
                 let id = prog.attach_to_link(link).map_err(|e| {
-                    format!("replacing ipq's {} filter: {}", dir.as_str(), chain(&e))
+                    AttachError::kernel(
+                        Some(format!("replacing ipq's {} filter", dir.as_str())),
+                        &e,
+                    )
                 })?;
                 keep_attached(prog.take_link(id))?;
                 Attached::Reused
@@ -259,7 +265,12 @@ impl Tc<'_> {
                             classid: None,
                         }),
                     )
-                    .map_err(|e| format!("adding ipq's {} filter: {}", dir.as_str(), chain(&e)))?;
+                    .map_err(|e| {
+                        AttachError::kernel(
+                            Some(format!("adding ipq's {} filter", dir.as_str())),
+                            &e,
+                        )
+                    })?;
                 keep_attached(prog.take_link(id))?;
                 Attached::Created
             }
@@ -277,8 +288,8 @@ impl Tc<'_> {
 
 /// A netlink filter outlives the agent by design; aya would delete it when its link object is
 /// dropped, so the object (four integers, nothing to free) is forgotten instead.
-fn keep_attached(link: Result<SchedClassifierLink, ProgramError>) -> Result<(), String> {
-    let link = link.map_err(|e| chain(&e))?;
+fn keep_attached(link: Result<SchedClassifierLink, ProgramError>) -> Result<(), AttachError> {
+    let link = link.map_err(|e| AttachError::kernel(None, &e))?;
     std::mem::forget(link);
     Ok(())
 }

@@ -34,7 +34,10 @@ fn report_by(job: &Job, ok: bool, by: Mechanism) -> JobReport {
                         by,
                     })
                 } else {
-                    Err("Too many open files (os error 24)".to_owned())
+                    Err(AttachError::kernel(
+                        None,
+                        &std::io::Error::from_raw_os_error(libc::EMFILE),
+                    ))
                 };
                 (*p, result)
             })
@@ -162,7 +165,10 @@ fn netlink_first_protects_at_once_then_upgrades_to_tcx_after_start_up() {
     // Half done (the egress link failed): still protected, never counted as a failure, and
     // retried after a backoff.
     let mut half = report_by(&upgrade, true, Mechanism::Tcx);
-    half.hooks[1].1 = Err("creating the TCX link: Too many open files".into());
+    half.hooks[1].1 = Err(AttachError::io(
+        "creating the TCX link",
+        &std::io::Error::from_raw_os_error(libc::EMFILE),
+    ));
     assert!(attacher.on_report(half));
     let target = attacher.target(4).unwrap();
     assert_eq!(target.protection, Protection::Protected);

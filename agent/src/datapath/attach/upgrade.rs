@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use log::{debug, info, warn};
 
-use super::{retry::Backoff, Hooked, Mechanism, Protection, Role, Target};
+use super::{retry::Backoff, AttachError, Hooked, Mechanism, Protection, Role, Target};
 use crate::paths::AttachPoint;
 
 /// Where one interface's upgrade stands.
@@ -44,16 +44,20 @@ pub(super) fn wanted(target: &Target) -> bool {
 pub(super) fn on_report(
     target: &mut Target,
     ifindex: u32,
-    hooks: Vec<(AttachPoint, Result<Hooked, String>)>,
+    hooks: Vec<(AttachPoint, Result<Hooked, AttachError>)>,
 ) {
     let name = target.name.clone();
     let mut errors = Vec::new();
+    let mut all_gone = true;
     for (point, result) in hooks {
         match result {
             Ok(hooked) => {
                 target.attached.insert(point, hooked.by);
             }
-            Err(e) => errors.push(format!("{}: {e}", point.as_str())),
+            Err(e) => {
+                all_gone &= e.interface_gone();
+                errors.push(format!("{}: {e}", point.as_str()));
+            }
         }
     }
     let upgrade = &mut target.upgrade;
@@ -72,7 +76,7 @@ pub(super) fn on_report(
     let error = errors.join("; ");
     let delay = upgrade.backoff.next_delay();
     upgrade.failures += 1;
-    if crate::netdev::vanished(&name, ifindex) {
+    if all_gone || crate::netdev::vanished(&name, ifindex) {
         // Churn: the interface went away while its move ran; its LinkGone event forgets it.
         debug!("{name} (if{ifindex}): gone before it moved to TCX: {error}");
     } else if upgrade.last_error.as_deref() != Some(error.as_str()) {

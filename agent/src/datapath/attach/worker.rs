@@ -11,7 +11,8 @@ use aya_obj::programs::XdpAttachType;
 use ipq_common::names;
 
 use super::{
-    pins, queue::JobQueue, repair, tc_hook, Hooked, Job, JobKind, JobReport, Mechanism, TcMode,
+    pins, queue::JobQueue, repair, tc_hook, AttachError, Hooked, Job, JobKind, JobReport,
+    Mechanism, TcMode,
 };
 use crate::paths::{AttachPoint, PinLayout};
 
@@ -79,7 +80,7 @@ fn run_one(
         None => match Programs::open(layout) {
             Ok(opened) => programs.insert(opened),
             Err(e) => {
-                let error = format!("opening the pinned programs: {}", chain(&e));
+                let error = AttachError::kernel(Some("opening the pinned programs".into()), &e);
                 let hooks = job
                     .role
                     .points()
@@ -108,7 +109,7 @@ fn run_one(
                         how,
                         by: Mechanism::Tcx,
                     })
-                    .map_err(|e| chain(&e))
+                    .map_err(|e| AttachError::kernel(None, &e))
             }
             _ => attach_point(progs, layout, mode, &target, point, JobKind::Protect),
         });
@@ -139,7 +140,7 @@ pub(super) fn attach_point(
     job: &Job,
     point: AttachPoint,
     kind: JobKind,
-) -> Result<Hooked, String> {
+) -> Result<Hooked, AttachError> {
     let (ifname, ifindex) = (job.name.as_str(), job.ifindex);
     let prog = match point {
         AttachPoint::Xdp => {
@@ -148,25 +149,10 @@ pub(super) fn attach_point(
                     how,
                     by: Mechanism::Xdp,
                 })
-                .map_err(|e| chain(&e));
+                .map_err(|e| AttachError::kernel(None, &e));
         }
         AttachPoint::TcxIngress => &mut progs.ingress,
         AttachPoint::TcxEgress => &mut progs.egress,
     };
     tc_hook::attach(prog, layout, (ifname, ifindex), point, (mode, kind))
-}
-
-/// `e` and every error under it: aya's errors keep the OS error (EMFILE...) in their source.
-pub(super) fn chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(inner) = source {
-        let more = inner.to_string();
-        if !text.contains(&more) {
-            text.push_str(": ");
-            text.push_str(&more);
-        }
-        source = inner.source();
-    }
-    text
 }

@@ -35,7 +35,10 @@ fn repair_report(job: &Job, missing: &[AttachPoint], attached_again: bool) -> Jo
         .iter()
         .map(|p| {
             let result = if missing.contains(p) && !attached_again {
-                Err("a foreign bpf filter holds ipq's place".to_owned())
+                Err(AttachError::ForeignFilter {
+                    filter: "bpf filter pref 2 handle 0x4951".into(),
+                    direction: "ingress",
+                })
             } else {
                 Ok(Hooked {
                     how: Attached::Reused,
