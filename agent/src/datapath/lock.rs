@@ -39,7 +39,12 @@ pub struct BpffsLock {
     _dir: File,
 }
 
-/// Takes the lock of `dir` without waiting.
+/// How long a lock held only by this process's own forks is waited for: a child between its
+/// `fork` and its `exec` holds a copy of every descriptor (`O_CLOEXEC` closes it at the
+/// `exec`), and with it the lock of a directory this process released a moment before.
+const FORK_WINDOW: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// Takes the lock of `dir` without waiting for another holder.
 pub fn acquire(dir: &Path) -> Result<BpffsLock, LockError> {
     let io_err = |source| LockError::Io {
         dir: dir.to_owned(),
@@ -50,19 +55,28 @@ pub fn acquire(dir: &Path) -> Result<BpffsLock, LockError> {
         .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(dir)
         .map_err(io_err)?;
-    // SAFETY: flock on a descriptor this function owns.
-    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+    let deadline = std::time::Instant::now() + FORK_WINDOW;
+    loop {
+        // SAFETY: flock on a descriptor this function owns.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            return Ok(BpffsLock { _dir: file });
+        }
         let e = io::Error::last_os_error();
-        return Err(if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
-            LockError::Held {
+        if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
+            return Err(io_err(e));
+        }
+        // The kernel records the pid that took a lock; a fork's copy keeps it. Gone already,
+        // or ours: a child of this process that has not reached its exec yet.
+        let holder = holder(dir);
+        let ours = holder.is_none_or(|pid| pid == std::process::id());
+        if !ours || std::time::Instant::now() >= deadline {
+            return Err(LockError::Held {
                 dir: dir.to_owned(),
-                holder: holder(dir),
-            }
-        } else {
-            io_err(e)
-        });
+                holder,
+            });
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
     }
-    Ok(BpffsLock { _dir: file })
 }
 
 /// Who holds the flock of `dir`, as `/proc/locks` says: lines like
@@ -126,5 +140,27 @@ mod tests {
         }
         drop(first);
         acquire(dir.path()).expect("free again once dropped");
+    }
+
+    #[test]
+    fn a_fork_that_has_not_exec_ed_yet_does_not_keep_a_released_lock_from_this_process() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = acquire(dir.path()).unwrap();
+        // SAFETY: the child only sleeps and exits, both async-signal-safe.
+        let child = unsafe { libc::fork() };
+        if child == 0 {
+            unsafe {
+                libc::usleep(50_000);
+                libc::_exit(0);
+            }
+        }
+        assert!(child > 0, "fork: {}", io::Error::last_os_error());
+        // The child's copy of the descriptor holds the lock after this process let it go.
+        drop(first);
+        let again = acquire(dir.path());
+        let mut status = 0;
+        // SAFETY: waits for the child forked above.
+        unsafe { libc::waitpid(child, &mut status, 0) };
+        again.expect("taken once the fork's copy is gone");
     }
 }
