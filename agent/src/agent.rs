@@ -296,7 +296,7 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
     ));
     let api =
         tokio::spawn(ApiServer::bind(&api_socket, access)?.serve(command_tx, metrics.clone()));
-    metrics.set_ready(true);
+    metrics.readiness.set_started(true);
     // Only now: a TCX link create holds rtnl_lock for a grace period, and start-up's netlink
     // requests (the prune above) would wait behind every one.
     tracker.start_tc_upgrades();
@@ -396,7 +396,7 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
     let _ = api.await;
     releaser.abort();
     let _ = releaser.await;
-    metrics.set_ready(false);
+    metrics.readiness.set_started(false);
     tracker.shutdown();
     // The agent's descriptors close on exit: a pin someone removed must be back before that,
     // or its link detaches and its map is not found by the next agent.

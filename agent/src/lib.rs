@@ -17,6 +17,7 @@ pub mod metrics;
 pub mod netdev;
 pub mod netlink;
 pub mod paths;
+pub mod readiness;
 pub mod registry;
 pub mod safe_fs;
 pub mod tracker;

@@ -15,10 +15,7 @@ mod tests;
 use std::{
     collections::BTreeMap,
     path::Path,
-    sync::{
-        atomic::{AtomicBool, AtomicU64, Ordering},
-        Arc, Mutex,
-    },
+    sync::{atomic::AtomicU64, Arc, Mutex},
 };
 
 use ipq_common::counters::Hook;
@@ -32,7 +29,9 @@ use thiserror::Error;
 pub use server::serve;
 
 use crate::datapath::{maps::Source, Counters, DatapathError};
+use crate::hygiene::HygieneCounters;
 use crate::paths::{AttachPoint, PinLayout};
+use crate::readiness::Readiness;
 use crate::registry::{Clock, ConflictKind, Registry as AddressRegistry, StateName};
 use datapath::{DatapathCollector, LostCounts, ReadCounters};
 
@@ -121,11 +120,7 @@ pub struct Metrics {
     pub stale_traffic_age_seconds: Histogram,
     pub quarantine_duration_seconds: Histogram,
     /// Reuse hygiene (written by its worker thread).
-    pub conntrack_entries_flushed: IntCounter,
-    pub neighbours_flushed: IntCounter,
-    pub announcements: IntCounter,
-    pub announcements_rate_limited: IntCounter,
-    pub hygiene_failures: IntCounterVec,
+    pub hygiene: HygieneCounters,
     /// ipq-ipam: delegate DELs the agent ran for held allocations, by network and outcome
     /// (`released`, `failed`).
     pub ipam_releases: IntCounterVec,
@@ -137,12 +132,8 @@ pub struct Metrics {
     /// and outcome (`waited`, `released`, `release_failed`, `none_releasable`).
     pub ipam_exhausted: IntCounterVec,
     lost: LostCounts,
-    /// `ipq_ready`, also what `/readyz` answers from: `started` and no `blocker`.
-    ready: IntGauge,
-    /// The start-up is done (registry recovered, node reconciled, first attaches reported).
-    started: AtomicBool,
-    /// Why the agent is not ready although started: interfaces left unprotected.
-    blocker: Mutex<Option<String>>,
+    /// What `/readyz` answers; it keeps `ipq_ready`.
+    pub readiness: Readiness,
 }
 
 /// Registers `metric` in `registry` and hands it back.
@@ -457,62 +448,11 @@ impl Metrics {
             )?,
         )?;
 
-        let conntrack_entries_flushed = registered(
-            &registry,
-            IntCounter::new(
-                "ipq_conntrack_entries_flushed_total",
-                "Conntrack entries deleted because their original or reply tuple carried an \
-                 address whose holder went away or changed (reuse hygiene).",
-            )?,
-        )?;
-        let neighbours_flushed = registered(
-            &registry,
-            IntCounter::new(
-                "ipq_neighbours_flushed_total",
-                "The node's non-permanent neighbour entries deleted for addresses whose holder \
-                 went away or changed, so that the node resolves them again.",
-            )?,
-        )?;
-        let announcements = registered(
-            &registry,
-            IntCounter::new(
-                "ipq_announcements_total",
-                "Gratuitous ARPs and unsolicited neighbour advertisements sent for new holders \
-                 (one per interface sent on).",
-            )?,
-        )?;
-        let announcements_rate_limited = registered(
-            &registry,
-            IntCounter::new(
-                "ipq_announcements_rate_limited_total",
-                "New holders not announced because `announce_per_second` was used up (one per \
-                 address; its hygiene report says so in `announce_skipped`).",
-            )?,
-        )?;
-        let hygiene_failures = registered(
-            &registry,
-            IntCounterVec::new(
-                Opts::new(
-                    "ipq_hygiene_failures_total",
-                    "Reuse-hygiene steps that failed, by step (conntrack, neighbours, announce): \
-                     a reused address may still carry its old holder's state.",
-                ),
-                &["step"],
-            )?,
-        )?;
-        for step in crate::hygiene::Step::ALL {
-            hygiene_failures
-                .with_label_values(&[step.as_str()])
-                .inc_by(0);
-        }
+        let hygiene = HygieneCounters::register(&registry)?;
 
         Ok(Self {
             registry,
-            conntrack_entries_flushed,
-            neighbours_flushed,
-            announcements,
-            announcements_rate_limited,
-            hygiene_failures,
+            hygiene,
             ipam_releases,
             ipam_held_addresses,
             ipam_pending_releases,
@@ -536,9 +476,7 @@ impl Metrics {
             stale_traffic_age_seconds,
             quarantine_duration_seconds,
             lost,
-            ready,
-            started: AtomicBool::new(false),
-            blocker: Mutex::new(None),
+            readiness: Readiness::new(ready),
         })
     }
 
@@ -607,45 +545,6 @@ impl Metrics {
             if seen > counter.get() {
                 counter.inc_by(seen - counter.get());
             }
-        }
-    }
-
-    /// Marks the start-up done (or the agent stopping).
-    pub fn set_ready(&self, started: bool) {
-        self.started.store(started, Ordering::SeqCst);
-        self.update_ready();
-    }
-
-    /// Sets (or clears) why the agent is not ready although started.
-    pub fn set_readiness_blocker(&self, blocker: Option<String>) {
-        *self.blocker.lock().unwrap_or_else(|p| p.into_inner()) = blocker;
-        self.update_ready();
-    }
-
-    fn update_ready(&self) {
-        let blocked = self
-            .blocker
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_some();
-        let ready = self.started.load(Ordering::SeqCst) && !blocked;
-        self.ready.set(i64::from(ready));
-    }
-
-    pub fn is_ready(&self) -> bool {
-        self.ready.get() == 1
-    }
-
-    /// `Ok` when ready, else why not (what `/readyz` answers).
-    pub fn readiness(&self) -> Result<(), String> {
-        if !self.started.load(Ordering::SeqCst) {
-            return Err(
-                "datapath not attached or registry not reconciled yet (starting)".to_owned(),
-            );
-        }
-        match &*self.blocker.lock().unwrap_or_else(|p| p.into_inner()) {
-            Some(blocker) => Err(blocker.clone()),
-            None => Ok(()),
         }
     }
 

@@ -12,6 +12,7 @@
 
 mod announce;
 mod conntrack;
+mod counters;
 mod flush_probe;
 mod kernel_flush;
 mod neighbour;
@@ -19,6 +20,7 @@ mod socket;
 mod worker;
 
 pub use announce::{format_mac, parse_mac};
+pub use counters::HygieneCounters;
 pub use flush_probe::{child_main as conntrack_probe_main, PROBE_ARG as CONNTRACK_PROBE_ARG};
 
 use std::{
@@ -34,7 +36,7 @@ use thiserror::Error;
 use tokio::sync::{mpsc, oneshot};
 
 use self::worker::Worker;
-use crate::{config::HygieneConfig, metrics::Metrics};
+use crate::config::HygieneConfig;
 
 #[derive(Debug, Error)]
 pub enum HygieneError {
@@ -285,7 +287,7 @@ impl Hygiene {
         &mut self,
         config: HygieneConfig,
         uplinks: Vec<String>,
-        metrics: Arc<Metrics>,
+        metrics: HygieneCounters,
     ) -> Result<mpsc::UnboundedReceiver<Report>, HygieneError> {
         let (job_tx, job_rx) = std_mpsc::channel();
         let (report_tx, report_rx) = mpsc::unbounded_channel();

@@ -14,6 +14,7 @@ use std::{
 use log::{error, info, warn};
 use tokio::sync::mpsc;
 
+use super::counters::HygieneCounters;
 use super::{
     announce::{self, format_mac, Announcer},
     conntrack::Conntrack,
@@ -21,7 +22,7 @@ use super::{
     neighbour::{Link, Neighbours},
     ClaimFlush, FlushMethod, Job, Report, Step, Trigger,
 };
-use crate::{config::HygieneConfig, metrics::Metrics, netdev};
+use crate::{config::HygieneConfig, netdev};
 
 /// The worker's nice value: below the owner loop's.
 const WORKER_NICE: libc::c_int = 10;
@@ -33,7 +34,7 @@ const MAX_BATCH: usize = 1024;
 pub(super) struct Worker {
     config: HygieneConfig,
     uplinks: Vec<String>,
-    metrics: Arc<Metrics>,
+    metrics: HygieneCounters,
     reports: mpsc::UnboundedSender<Report>,
     sockets: Option<(Conntrack, Neighbours)>,
     announcer: Option<Announcer>,
@@ -49,7 +50,7 @@ impl Worker {
     pub(super) fn new(
         config: HygieneConfig,
         uplinks: Vec<String>,
-        metrics: Arc<Metrics>,
+        metrics: HygieneCounters,
         reports: mpsc::UnboundedSender<Report>,
         shown: Arc<Mutex<Option<ClaimFlush>>>,
     ) -> Self {
@@ -177,7 +178,7 @@ impl Worker {
 
     fn fail(&self, report: &mut Report, step: Step, error: String) {
         self.metrics
-            .hygiene_failures
+            .failures
             .with_label_values(&[step.as_str()])
             .inc();
         error!(

@@ -29,7 +29,7 @@ async fn handle(
     match req.uri().path() {
         "/metrics" => respond(StatusCode::OK, TEXT_FORMAT, metrics.render()),
         "/healthz" => respond(StatusCode::OK, "text/plain", "ok\n".into()),
-        "/readyz" => match metrics.readiness() {
+        "/readyz" => match metrics.readiness.check() {
             Ok(()) => respond(StatusCode::OK, "text/plain", "ready\n".into()),
             Err(why) => respond(
                 StatusCode::SERVICE_UNAVAILABLE,

@@ -291,13 +291,13 @@ fn unreadable_kernel_counters_leave_packet_families_out_not_zeroed() {
 fn readiness_shows_as_ipq_ready() {
     let metrics = metrics_reading(distinct_counters());
     let ready = |m: &Metrics| series(&gather(m), "ipq_ready")[""];
-    assert!(!metrics.is_ready());
+    assert!(!metrics.readiness.is_ready());
     assert_eq!(ready(&metrics), 0.0);
-    metrics.set_ready(true);
-    assert!(metrics.is_ready());
+    metrics.readiness.set_started(true);
+    assert!(metrics.readiness.is_ready());
     assert_eq!(ready(&metrics), 1.0);
-    metrics.set_ready(false);
-    assert!(!metrics.is_ready());
+    metrics.readiness.set_started(false);
+    assert!(!metrics.readiness.is_ready());
     assert_eq!(ready(&metrics), 0.0);
 }
 
@@ -350,12 +350,14 @@ fn unprotected_interfaces_and_attach_failures_by_hook_and_readiness_follows_them
         series(&gather(&metrics), "ipq_datapath_attach_failures_total"),
         all_zero
     );
-    metrics.set_ready(true);
-    assert!(metrics.is_ready());
+    metrics.readiness.set_started(true);
+    assert!(metrics.readiness.is_ready());
 
     let failures = BTreeMap::from([(AttachPoint::TcxIngress, 3), (AttachPoint::Xdp, 1)]);
     metrics.observe_unprotected([AttachPoint::TcxIngress].into_iter(), &failures);
-    metrics.set_readiness_blocker(Some("vethpa (if7) failed: boom".into()));
+    metrics
+        .readiness
+        .set_blocker(Some("vethpa (if7) failed: boom".into()));
     assert_eq!(
         series(&gather(&metrics), "ipq_datapath_unprotected_interfaces"),
         BTreeMap::from([
@@ -364,15 +366,15 @@ fn unprotected_interfaces_and_attach_failures_by_hook_and_readiness_follows_them
             ("hook=xdp".into(), 0.0),
         ])
     );
-    assert!(!metrics.is_ready());
+    assert!(!metrics.readiness.is_ready());
     assert_eq!(
-        metrics.readiness(),
+        metrics.readiness.check().map_err(|e| e.to_string()),
         Err("vethpa (if7) failed: boom".to_owned())
     );
 
     // Fixed: the gauge goes down, the failures stay counted (and never go back), ready again.
     metrics.observe_unprotected(std::iter::empty(), &failures);
-    metrics.set_readiness_blocker(None);
+    metrics.readiness.set_blocker(None);
     assert_eq!(
         series(&gather(&metrics), "ipq_datapath_unprotected_interfaces"),
         all_zero
@@ -385,10 +387,15 @@ fn unprotected_interfaces_and_attach_failures_by_hook_and_readiness_follows_them
             ("hook=xdp".into(), 1.0),
         ])
     );
-    assert!(metrics.is_ready());
-    assert_eq!(metrics.readiness(), Ok(()));
-    metrics.set_ready(false);
-    assert!(metrics.readiness().unwrap_err().contains("starting"));
+    assert!(metrics.readiness.is_ready());
+    assert_eq!(metrics.readiness.check(), Ok(()));
+    metrics.readiness.set_started(false);
+    assert!(metrics
+        .readiness
+        .check()
+        .unwrap_err()
+        .to_string()
+        .contains("starting"));
 }
 
 #[test]

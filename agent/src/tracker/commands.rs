@@ -140,8 +140,8 @@ impl Tracker {
             })
             .sum();
         let facts = StatusFacts {
-            ready: self.metrics.is_ready(),
-            not_ready: self.metrics.readiness().err(),
+            ready: self.metrics.readiness.is_ready(),
+            not_ready: self.metrics.readiness.check().err().map(|e| e.to_string()),
             tc_attach: self.attacher.mode().as_str(),
             conntrack_claim_flush: self.hygiene.claim_flush().map(|f| ClaimFlushView {
                 ipv4: f.ipv4,

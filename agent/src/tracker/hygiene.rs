@@ -48,7 +48,7 @@ impl Tracker {
         self.hygiene.start(
             self.config.hygiene.clone(),
             self.config.interfaces.uplink.clone(),
-            self.metrics.clone(),
+            self.metrics.hygiene.clone(),
         )
     }
 

@@ -135,7 +135,8 @@ impl Tracker {
             .tc_upgrades_pending
             .set(attacher.pending_upgrades() as i64);
         self.metrics
-            .set_readiness_blocker(attacher.readiness_blocker(Instant::now()));
+            .readiness
+            .set_blocker(attacher.readiness_blocker(Instant::now()));
     }
 
     /// Lets the attach workers move netlink-protected interfaces to TCX: once start-up is done.

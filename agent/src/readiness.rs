@@ -1,0 +1,104 @@
+//! Whether the agent is ready: what `/readyz` answers, `ipq status` shows and `ipq_ready`
+//! exports, decided in one place. Ready means started (datapath loaded, registry recovered and
+//! reconciled, every configured interface attached once) and nothing blocking since.
+
+use std::sync::{
+    atomic::{AtomicBool, Ordering},
+    Mutex,
+};
+
+use prometheus::IntGauge;
+
+/// Why the agent is not ready.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum NotReady {
+    #[error("datapath not attached or registry not reconciled yet (starting)")]
+    Starting,
+    /// Configured interfaces without ipq's program, each named with its last error.
+    #[error("{0}")]
+    Unprotected(String),
+}
+
+/// The agent's readiness, shared by the owner loop (which sets it) and the listeners.
+#[derive(Debug)]
+pub struct Readiness {
+    started: AtomicBool,
+    /// Why the agent is not ready although started: interfaces left unprotected.
+    blocker: Mutex<Option<String>>,
+    /// `ipq_ready`, kept equal to [`Readiness::check`] being `Ok`.
+    gauge: IntGauge,
+}
+
+impl Readiness {
+    /// Not started, shown on `gauge`.
+    pub fn new(gauge: IntGauge) -> Self {
+        gauge.set(0);
+        Self {
+            started: AtomicBool::new(false),
+            blocker: Mutex::new(None),
+            gauge,
+        }
+    }
+
+    /// Marks the start-up done (or the agent stopping).
+    pub fn set_started(&self, started: bool) {
+        self.started.store(started, Ordering::SeqCst);
+        self.update();
+    }
+
+    /// Sets (or clears) what keeps the agent from being ready although started.
+    pub fn set_blocker(&self, blocker: Option<String>) {
+        *self.blocker.lock().unwrap_or_else(|p| p.into_inner()) = blocker;
+        self.update();
+    }
+
+    /// `Ok` when ready, else why not.
+    pub fn check(&self) -> Result<(), NotReady> {
+        if !self.started.load(Ordering::SeqCst) {
+            return Err(NotReady::Starting);
+        }
+        match &*self.blocker.lock().unwrap_or_else(|p| p.into_inner()) {
+            Some(blocker) => Err(NotReady::Unprotected(blocker.clone())),
+            None => Ok(()),
+        }
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.check().is_ok()
+    }
+
+    fn update(&self) {
+        self.gauge.set(i64::from(self.is_ready()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ready_once_started_and_while_nothing_blocks_and_the_gauge_follows() {
+        let gauge = IntGauge::new("ipq_ready", "test").unwrap();
+        let readiness = Readiness::new(gauge.clone());
+        assert_eq!(readiness.check(), Err(NotReady::Starting));
+        assert_eq!(gauge.get(), 0);
+        readiness.set_started(true);
+        assert_eq!(readiness.check(), Ok(()));
+        assert_eq!(gauge.get(), 1);
+        readiness.set_blocker(Some("vethpa (if7) failed: boom".into()));
+        assert_eq!(
+            readiness.check(),
+            Err(NotReady::Unprotected("vethpa (if7) failed: boom".into()))
+        );
+        assert_eq!(gauge.get(), 0);
+        readiness.set_blocker(None);
+        assert!(readiness.is_ready());
+        readiness.set_started(false);
+        assert!(readiness
+            .check()
+            .unwrap_err()
+            .to_string()
+            .contains("starting"));
+        assert_eq!(gauge.get(), 0);
+    }
+}
