@@ -1,0 +1,90 @@
+//! `GET /v1/status`: readiness, policy, counts and every configured interface.
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::{EarlyReusePolicy, Mode};
+
+/// `GET /v1/status`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Status {
+    pub ready: bool,
+    /// Why not ready: starting, or the unprotected interfaces with their errors.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_ready: Option<String>,
+    /// How TC programs attach on this node: `tcx`, `netlink`, or `netlink-then-tcx` (`auto` on
+    /// a kernel with TCX: the netlink filter at once, a TCX link in the background).
+    #[serde(default)]
+    pub tc_attach: String,
+    /// Interfaces the configuration names that are not protected (attaching or failed).
+    #[serde(default)]
+    pub unprotected: u64,
+    /// How a claim's conntrack entries are flushed, per family, as the start-up probe decided;
+    /// absent while it runs, or with `[hygiene] flush = false`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conntrack_claim_flush: Option<ClaimFlushView>,
+    pub version: String,
+    /// `enforce` or `observe`.
+    pub mode: Mode,
+    pub on_early_reuse: EarlyReusePolicy,
+    pub registry: RegistryCounts,
+    pub interfaces: Vec<InterfaceStatus>,
+    pub conflicts_total: u64,
+    pub refused_claims_total: u64,
+    pub started_at: String,
+    /// The last verification of ipq's pins and links against the kernel; absent before the
+    /// first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verification: Option<VerificationView>,
+}
+
+/// What the last verification of the datapath found.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VerificationView {
+    pub at: String,
+    pub took_us: u64,
+    /// Pins held and checked (links, maps, programs).
+    pub pins: u64,
+    /// What was wrong (and what was done); empty when everything was in place.
+    pub found: Vec<String>,
+}
+
+/// How a claim's conntrack entries are flushed: `kernel` (the kernel's filtered flush) or
+/// `dump (<why>)`, per family.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClaimFlushView {
+    pub ipv4: String,
+    pub ipv6: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegistryCounts {
+    pub entries: u64,
+    pub capacity: u64,
+    pub active: u64,
+    pub draining: u64,
+    pub quarantined: u64,
+}
+
+/// An interface the configuration names (a workload interface or an uplink).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InterfaceStatus {
+    pub ifindex: u32,
+    pub name: String,
+    /// The hooks with ipq's program in place: `tcx-ingress`, `tcx-egress` (the TC hooks, TCX
+    /// link or netlink filter), `xdp`.
+    pub hooks: Vec<String>,
+    /// `attaching`, `protected` or `failed` (retried with backoff).
+    #[serde(default)]
+    pub protection: String,
+    /// What holds ipq's programs on the hooks: `tcx`, `netlink` (ipq's cls_bpf filter; under
+    /// `tc_attach = "auto"` on a TCX kernel, until its TCX link is in), `xdp`, or
+    /// `tcx+netlink` halfway through that move. Absent while nothing is attached.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attachment: Option<String>,
+    /// The last attach error while not protected.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Failed attempts since it was last protected.
+    #[serde(default)]
+    pub failed_attempts: u32,
+}

@@ -1,0 +1,206 @@
+//! Reading one configuration value: each conversion names the key and the value it refuses,
+//! as the operator wrote them.
+
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
+
+use toml::Value;
+
+use super::{
+    ConfigError, EarlyReusePolicy, Globs, Mode, TcAttach, MAX_ANNOUNCE_PER_SECOND, MAX_CAPACITY,
+};
+
+/// Converts one key's value, naming the key and the value in every error.
+pub(super) struct Parser<'a> {
+    pub(super) source_name: &'a str,
+}
+
+impl Parser<'_> {
+    pub(super) fn invalid(&self, key: &str, value: &Value, reason: &str) -> ConfigError {
+        ConfigError::Invalid {
+            source_name: self.source_name.to_owned(),
+            key: key.to_owned(),
+            value: value.to_string(),
+            reason: reason.to_owned(),
+        }
+    }
+
+    pub(super) fn unknown(&self, key: &str, known: String) -> ConfigError {
+        ConfigError::UnknownKey {
+            source_name: self.source_name.to_owned(),
+            key: key.to_owned(),
+            known,
+        }
+    }
+
+    pub(super) fn string<'v>(&self, key: &str, value: &'v Value) -> Result<&'v str, ConfigError> {
+        value
+            .as_str()
+            .ok_or_else(|| self.invalid(key, value, "must be a string"))
+    }
+
+    pub(super) fn mode(&self, key: &str, value: &Value) -> Result<Mode, ConfigError> {
+        Mode::from_name(self.string(key, value)?)
+            .ok_or_else(|| self.invalid(key, value, "must be \"enforce\" or \"observe\""))
+    }
+
+    pub(super) fn policy(&self, key: &str, value: &Value) -> Result<EarlyReusePolicy, ConfigError> {
+        EarlyReusePolicy::from_name(self.string(key, value)?).ok_or_else(|| {
+            self.invalid(
+                key,
+                value,
+                "must be \"fence-old\", \"refuse-new\" or \"observe\"",
+            )
+        })
+    }
+
+    pub(super) fn on_exhausted(
+        &self,
+        key: &str,
+        value: &Value,
+    ) -> Result<crate::cni::ipam::pressure::OnExhausted, ConfigError> {
+        crate::cni::ipam::pressure::OnExhausted::from_name(self.string(key, value)?)
+            .ok_or_else(|| self.invalid(key, value, "must be \"wait\" or \"release-quietest\""))
+    }
+
+    pub(super) fn tc_attach(&self, key: &str, value: &Value) -> Result<TcAttach, ConfigError> {
+        match self.string(key, value)? {
+            "auto" => Ok(TcAttach::Auto),
+            "tcx" => Ok(TcAttach::Tcx),
+            "netlink" => Ok(TcAttach::Netlink),
+            _ => Err(self.invalid(key, value, "must be \"auto\", \"tcx\" or \"netlink\"")),
+        }
+    }
+
+    pub(super) fn duration(&self, key: &str, value: &Value) -> Result<Duration, ConfigError> {
+        let text = self.string(key, value)?;
+        let duration = humantime::parse_duration(text).map_err(|e| {
+            self.invalid(
+                key,
+                value,
+                &format!("not a duration ({e}); write e.g. \"30s\", \"500ms\" or \"5m\""),
+            )
+        })?;
+        if duration.is_zero() {
+            return Err(self.invalid(key, value, "must be longer than zero"));
+        }
+        Ok(duration)
+    }
+
+    pub(super) fn boolean(&self, key: &str, value: &Value) -> Result<bool, ConfigError> {
+        value
+            .as_bool()
+            .ok_or_else(|| self.invalid(key, value, "must be true or false"))
+    }
+
+    pub(super) fn rate(&self, key: &str, value: &Value) -> Result<u32, ConfigError> {
+        let n = value
+            .as_integer()
+            .ok_or_else(|| self.invalid(key, value, "must be a whole number per second"))?;
+        if n < 1 || n > i64::from(MAX_ANNOUNCE_PER_SECOND) {
+            return Err(self.invalid(
+                key,
+                value,
+                &format!(
+                    "must be between 1 and {MAX_ANNOUNCE_PER_SECOND} (set announce = false to \
+                     turn announcements off)"
+                ),
+            ));
+        }
+        Ok(n as u32)
+    }
+
+    pub(super) fn capacity(&self, key: &str, value: &Value) -> Result<u32, ConfigError> {
+        let n = value
+            .as_integer()
+            .ok_or_else(|| self.invalid(key, value, "must be a whole number of entries"))?;
+        if n < 1 || n > i64::from(MAX_CAPACITY) {
+            return Err(self.invalid(key, value, &format!("must be between 1 and {MAX_CAPACITY}")));
+        }
+        Ok(n as u32)
+    }
+
+    pub(super) fn abs_path(&self, key: &str, value: &Value) -> Result<PathBuf, ConfigError> {
+        let path = PathBuf::from(self.string(key, value)?);
+        if !path.is_absolute() {
+            return Err(self.invalid(key, value, "must be an absolute path"));
+        }
+        Ok(path)
+    }
+
+    /// A group name as `groupadd` accepts them, or a numeric gid.
+    pub(super) fn group(&self, key: &str, value: &Value) -> Result<String, ConfigError> {
+        let name = self.string(key, value)?;
+        let valid = !name.is_empty()
+            && name.len() <= 32
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+            && !name.starts_with('-');
+        if !valid {
+            return Err(self.invalid(
+                key,
+                value,
+                "must be a group name (letters, digits, _ - .) or a numeric gid",
+            ));
+        }
+        Ok(name.to_owned())
+    }
+
+    pub(super) fn socket_addr(&self, key: &str, value: &Value) -> Result<SocketAddr, ConfigError> {
+        self.string(key, value)?.parse().map_err(|_| {
+            self.invalid(
+                key,
+                value,
+                "must be an address and port, e.g. \"127.0.0.1:9740\" or \"[::1]:9740\"",
+            )
+        })
+    }
+
+    pub(super) fn strings(&self, key: &str, value: &Value) -> Result<Vec<String>, ConfigError> {
+        let array = value
+            .as_array()
+            .ok_or_else(|| self.invalid(key, value, "must be a list of strings"))?;
+        array
+            .iter()
+            .map(|item| {
+                item.as_str()
+                    .map(str::to_owned)
+                    .ok_or_else(|| self.invalid(key, item, "must be a string"))
+            })
+            .collect()
+    }
+
+    pub(super) fn globs(&self, key: &str, value: &Value) -> Result<Globs, ConfigError> {
+        let globs = self.strings(key, value)?;
+        if let Some(empty) = globs.iter().find(|g| g.is_empty()) {
+            let item = Value::String(empty.clone());
+            return Err(self.invalid(key, &item, "an empty glob matches nothing"));
+        }
+        Globs::parse(&globs).map_err(|(glob, e)| {
+            self.invalid(key, &Value::String(glob), &format!("not a glob: {e}"))
+        })
+    }
+
+    pub(super) fn ifnames(&self, key: &str, value: &Value) -> Result<Vec<String>, ConfigError> {
+        let names = self.strings(key, value)?;
+        for name in &names {
+            // IFNAMSIZ is 16 with the terminating NUL; '/', ':' and white space are refused by
+            // the kernel's dev_valid_name().
+            let valid = !name.is_empty()
+                && name.len() < 16
+                && name != "."
+                && name != ".."
+                && !name
+                    .chars()
+                    .any(|c| c == '/' || c == ':' || c.is_whitespace());
+            if !valid {
+                return Err(self.invalid(
+                    key,
+                    &Value::String(name.clone()),
+                    "not an interface name (1 to 15 characters, no '/', ':' or spaces)",
+                ));
+            }
+        }
+        Ok(names)
+    }
+}
