@@ -36,7 +36,9 @@ pub mod pins;
 pub mod probe;
 pub mod queue;
 mod repair;
+mod report;
 pub mod retry;
+mod schedule;
 pub mod tc_filter;
 mod tc_hook;
 pub mod tc_watch;
@@ -51,7 +53,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use log::{debug, error, info, warn};
+use log::{debug, warn};
 
 pub use error::AttachError;
 pub use model::{
@@ -229,7 +231,7 @@ impl Attacher {
             return;
         }
         self.forget(ifindex);
-        remove_filters(ifindex);
+        report::remove_filters(ifindex);
         debug!("if{ifindex}: no longer configured, detached");
     }
 
@@ -242,183 +244,6 @@ impl Attacher {
         self.reindex(ifindex, before);
         self.share_netlink_hooks(ifindex);
         changed
-    }
-
-    fn apply_report(&mut self, report: JobReport) -> bool {
-        let ifindex = report.job.ifindex;
-        let Some(target) = self.targets.get_mut(&ifindex) else {
-            self.undo_unwanted(&report);
-            return false;
-        };
-        if target.generation != report.job.generation {
-            return false;
-        }
-        if report.job.kind == JobKind::Upgrade {
-            upgrade::on_report(target, ifindex, report.hooks);
-            return true;
-        }
-        if let JobKind::Repair(what) = report.job.kind {
-            lost::found(&mut self.lost, ifindex, target, what, &report);
-        }
-        let name = target.name.clone();
-        let mut errors = Vec::new();
-        // The kernel said the interface is gone on every failed hook: churn, decided on the
-        // errno without asking the kernel again.
-        let mut all_gone = true;
-        for (point, result) in report.hooks {
-            match result {
-                Ok(hooked) => {
-                    debug!(
-                        "{name} (if{ifindex}): {} attached ({:?}, {})",
-                        point.as_str(),
-                        hooked.how,
-                        hooked.by.as_str()
-                    );
-                    target.attached.insert(point, hooked.by);
-                }
-                Err(e) => {
-                    *self.failures.entry(point).or_default() += 1;
-                    target.attached.remove(&point);
-                    all_gone &= e.interface_gone();
-                    errors.push(format!("{}: {e}", point.as_str()));
-                }
-            }
-        }
-        let now = Instant::now();
-        if errors.is_empty() {
-            if target.protection != Protection::Protected {
-                if target.failures > 0 {
-                    info!(
-                        "{name} (if{ifindex}): protected after {} failed attempts",
-                        target.failures
-                    );
-                } else {
-                    // Per pod interface: `ipq status` and the metrics say it; the log only when
-                    // asked (a failure, and the recovery from one, stay at INFO and above).
-                    debug!("{name} (if{ifindex}): protected ({})", self.mode.as_str());
-                }
-                target.since = now;
-            }
-            target.protection = Protection::Protected;
-            target.last_error = None;
-            target.failures = 0;
-            target.backoff = Backoff::default();
-            target.retry_at = None;
-            target.upgrade = upgrade::Upgrade::default();
-            if self.mode == TcMode::NetlinkThenTcx && upgrade::wanted(target) {
-                let target = target.clone();
-                self.queue(ifindex, &target, JobKind::Upgrade);
-            }
-        } else {
-            let error = errors.join("; ");
-            let delay = target.backoff.next_delay();
-            target.failures += 1;
-            // The first failure and every change of error are errors; repeats of the same one
-            // are not logged again at that level.
-            if all_gone || crate::netdev::vanished(&name, ifindex) {
-                // Churn: the interface went away before its attach ran; its LinkGone event
-                // forgets it.
-                debug!("{name} (if{ifindex}): gone before it was attached: {error}");
-            } else if target.last_error.as_deref() != Some(error.as_str()) {
-                error!(
-                    "{name} (if{ifindex}): NOT PROTECTED: {error}; retrying in {}",
-                    humantime::format_duration(delay)
-                );
-            } else {
-                debug!("{name} (if{ifindex}): still failing: {error}");
-            }
-            if target.protection != Protection::Failed {
-                target.since = now;
-            }
-            target.protection = Protection::Failed;
-            target.last_error = Some(error);
-            target.retry_at = Some(now + delay);
-        }
-        true
-    }
-
-    /// Queues the retries that are due, of attaches and of upgrades. Returns how many.
-    pub fn retry_due(&mut self, now: Instant) -> usize {
-        let mut queued = 0;
-        while let Some(&(at, ifindex, kind)) = self.retries.first() {
-            if at > now {
-                break;
-            }
-            self.retries.pop_first();
-            let generation = self.next_generation + 1;
-            let Some(target) = self.targets.get_mut(&ifindex) else {
-                continue;
-            };
-            let job = match kind {
-                RetryKind::Attach => {
-                    target.retry_at = None;
-                    target.generation = generation;
-                    JobKind::Protect
-                }
-                RetryKind::Upgrade => {
-                    target.upgrade.queued();
-                    JobKind::Upgrade
-                }
-            };
-            let target = target.clone();
-            if kind == RetryKind::Attach {
-                self.next_generation = generation;
-            }
-            self.queue(ifindex, &target, job);
-            queued += 1;
-        }
-        queued
-    }
-
-    /// When the next retry (of an attach or an upgrade) is due: O(log n).
-    pub fn next_retry(&self) -> Option<Instant> {
-        self.retries.first().map(|(at, _, _)| *at)
-    }
-
-    /// The retry times of `ifindex`'s target (attach, upgrade), to [`reindex`](Self::reindex)
-    /// after a change.
-    fn retry_times(&self, ifindex: u32) -> [Option<Instant>; 2] {
-        self.targets
-            .get(&ifindex)
-            .map_or([None, None], |t| [t.retry_at, t.upgrade.retry_at()])
-    }
-
-    /// Brings [`retries`](Self::retries) in line with `ifindex`'s target after a change; `before`
-    /// is what [`retry_times`](Self::retry_times) said before it.
-    fn reindex(&mut self, ifindex: u32, before: [Option<Instant>; 2]) {
-        let after = self.retry_times(ifindex);
-        for (kind, (was, is)) in [RetryKind::Attach, RetryKind::Upgrade]
-            .into_iter()
-            .zip(before.into_iter().zip(after))
-        {
-            if was != is {
-                if let Some(at) = was {
-                    self.retries.remove(&(at, ifindex, kind));
-                }
-                if let Some(at) = is {
-                    self.retries.insert((at, ifindex, kind));
-                }
-            }
-        }
-    }
-
-    /// The retry index matches the targets (tests).
-    #[cfg(test)]
-    pub(crate) fn retry_index_is_consistent(&self) -> bool {
-        let derived: BTreeSet<(Instant, u32, RetryKind)> = self
-            .targets
-            .iter()
-            .flat_map(|(ifindex, t)| {
-                [
-                    t.retry_at.map(|at| (at, *ifindex, RetryKind::Attach)),
-                    t.upgrade
-                        .retry_at()
-                        .map(|at| (at, *ifindex, RetryKind::Upgrade)),
-                ]
-            })
-            .flatten()
-            .collect();
-        derived == self.retries
     }
 
     /// Lets the queued TCX upgrades run (see [`queue`]): call once start-up is done.
@@ -541,42 +366,9 @@ impl Attacher {
     }
 }
 
-impl Attacher {
-    /// A late report for an interface that is no longer wanted (it went away, or was renamed
-    /// out of the configuration, while its job ran): what the job attached is removed again.
-    fn undo_unwanted(&self, report: &JobReport) {
-        if !self.workers {
-            return;
-        }
-        let ifindex = report.job.ifindex;
-        // Whatever the job pinned or took hold of goes, even if it failed in the end: a held
-        // link of a forgotten interface would be pinned back by the next verification.
-        self.remove_pins(ifindex);
-        if !report.hooks.iter().any(|(_, r)| r.is_ok()) {
-            return;
-        }
-        if report.job.role == Role::Workload {
-            remove_filters(ifindex);
-        }
-        debug!(
-            "{} (if{ifindex}): no longer wanted, undid its late attach",
-            report.job.name
-        );
-    }
-}
-
 impl Drop for Attacher {
     /// The workers end with the attacher.
     fn drop(&mut self) {
         self.jobs.close();
-    }
-}
-
-/// Removes ipq's netlink filters (only ipq's) from both TC hooks of `ifindex`.
-fn remove_filters(ifindex: u32) {
-    for dir in [tc_filter::Direction::Ingress, tc_filter::Direction::Egress] {
-        if let Err(e) = tc_filter::remove_ipq(ifindex, dir) {
-            warn!("if{ifindex}: removing ipq's {} filter: {e}", dir.as_str());
-        }
     }
 }

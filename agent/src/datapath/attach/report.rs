@@ -1,0 +1,139 @@
+//! A worker's report applied to the interface it was for: protected, failed and retried with
+//! backoff, or undone when the interface is no longer wanted.
+
+use std::time::Instant;
+
+use log::{debug, error, info, warn};
+
+use super::{
+    lost, retry::Backoff, tc_filter, upgrade, Attacher, JobKind, JobReport, Protection, Role,
+    TcMode,
+};
+
+impl Attacher {
+    pub(super) fn apply_report(&mut self, report: JobReport) -> bool {
+        let ifindex = report.job.ifindex;
+        let Some(target) = self.targets.get_mut(&ifindex) else {
+            self.undo_unwanted(&report);
+            return false;
+        };
+        if target.generation != report.job.generation {
+            return false;
+        }
+        if report.job.kind == JobKind::Upgrade {
+            upgrade::on_report(target, ifindex, report.hooks);
+            return true;
+        }
+        if let JobKind::Repair(what) = report.job.kind {
+            lost::found(&mut self.lost, ifindex, target, what, &report);
+        }
+        let name = target.name.clone();
+        let mut errors = Vec::new();
+        // The kernel said the interface is gone on every failed hook: churn, decided on the
+        // errno without asking the kernel again.
+        let mut all_gone = true;
+        for (point, result) in report.hooks {
+            match result {
+                Ok(hooked) => {
+                    debug!(
+                        "{name} (if{ifindex}): {} attached ({:?}, {})",
+                        point.as_str(),
+                        hooked.how,
+                        hooked.by.as_str()
+                    );
+                    target.attached.insert(point, hooked.by);
+                }
+                Err(e) => {
+                    *self.failures.entry(point).or_default() += 1;
+                    target.attached.remove(&point);
+                    all_gone &= e.interface_gone();
+                    errors.push(format!("{}: {e}", point.as_str()));
+                }
+            }
+        }
+        let now = Instant::now();
+        if errors.is_empty() {
+            if target.protection != Protection::Protected {
+                if target.failures > 0 {
+                    info!(
+                        "{name} (if{ifindex}): protected after {} failed attempts",
+                        target.failures
+                    );
+                } else {
+                    // Per pod interface: `ipq status` and the metrics say it; the log only when
+                    // asked (a failure, and the recovery from one, stay at INFO and above).
+                    debug!("{name} (if{ifindex}): protected ({})", self.mode.as_str());
+                }
+                target.since = now;
+            }
+            target.protection = Protection::Protected;
+            target.last_error = None;
+            target.failures = 0;
+            target.backoff = Backoff::default();
+            target.retry_at = None;
+            target.upgrade = upgrade::Upgrade::default();
+            if self.mode == TcMode::NetlinkThenTcx && upgrade::wanted(target) {
+                let target = target.clone();
+                self.queue(ifindex, &target, JobKind::Upgrade);
+            }
+        } else {
+            let error = errors.join("; ");
+            let delay = target.backoff.next_delay();
+            target.failures += 1;
+            // The first failure and every change of error are errors; repeats of the same one
+            // are not logged again at that level.
+            if all_gone || crate::netdev::vanished(&name, ifindex) {
+                // Churn: the interface went away before its attach ran; its LinkGone event
+                // forgets it.
+                debug!("{name} (if{ifindex}): gone before it was attached: {error}");
+            } else if target.last_error.as_deref() != Some(error.as_str()) {
+                error!(
+                    "{name} (if{ifindex}): NOT PROTECTED: {error}; retrying in {}",
+                    humantime::format_duration(delay)
+                );
+            } else {
+                debug!("{name} (if{ifindex}): still failing: {error}");
+            }
+            if target.protection != Protection::Failed {
+                target.since = now;
+            }
+            target.protection = Protection::Failed;
+            target.last_error = Some(error);
+            target.retry_at = Some(now + delay);
+        }
+        true
+    }
+}
+
+impl Attacher {
+    /// A late report for an interface that is no longer wanted (it went away, or was renamed
+    /// out of the configuration, while its job ran): what the job attached is removed again.
+    fn undo_unwanted(&self, report: &JobReport) {
+        if !self.workers {
+            return;
+        }
+        let ifindex = report.job.ifindex;
+        // Whatever the job pinned or took hold of goes, even if it failed in the end: a held
+        // link of a forgotten interface would be pinned back by the next verification.
+        self.remove_pins(ifindex);
+        if !report.hooks.iter().any(|(_, r)| r.is_ok()) {
+            return;
+        }
+        if report.job.role == Role::Workload {
+            remove_filters(ifindex);
+        }
+        debug!(
+            "{} (if{ifindex}): no longer wanted, undid its late attach",
+            report.job.name
+        );
+    }
+}
+
+/// Removes ipq's netlink filters (only ipq's) from both TC hooks of `ifindex`.
+pub(super) fn remove_filters(ifindex: u32) {
+    for dir in [tc_filter::Direction::Ingress, tc_filter::Direction::Egress] {
+        if let Err(e) = tc_filter::remove_ipq(ifindex, dir) {
+            warn!("if{ifindex}: removing ipq's {} filter: {e}", dir.as_str());
+        }
+    }
+}
