@@ -17,6 +17,7 @@
 //! reached its generation.
 
 mod break_glass;
+mod claims;
 mod commands;
 mod effects;
 mod events;
