@@ -3,10 +3,11 @@
 
 use std::{collections::BTreeMap, net::IpAddr};
 
-use ipq_common::addr::{AddrEntry, AddrState, FLAG_OBSERVE_ONLY, NO_IFINDEX};
+use ipq_common::addr::AddrEntry;
 use serde::{Deserialize, Serialize};
 
-use super::types::{AddrRecord, AddrStatus, Holder, MonoNs, StateName};
+use super::entry::datapath_entry;
+use super::types::{AddrRecord, Holder, MonoNs, StateName};
 use crate::config::EarlyReusePolicy;
 
 /// The kinds of conflict of DESIGN §2, as the `kind` label of `ipq_conflicts_total`.
@@ -100,21 +101,6 @@ impl Effect {
             Self::Conflict(c) => c.addr,
         }
     }
-}
-
-/// The datapath entry that mirrors `record`.
-pub fn datapath_entry(record: &AddrRecord) -> AddrEntry {
-    let (state, holder_ifindex) = match &record.status {
-        AddrStatus::Active { holder, .. } => (AddrState::Active, holder.ifindex),
-        AddrStatus::Draining { holder, .. } => (AddrState::Draining, holder.ifindex),
-        AddrStatus::Quarantined { .. } => (AddrState::Quarantined, NO_IFINDEX),
-    };
-    let mut entry = AddrEntry::new(state, holder_ifindex, record.status.since())
-        .with_fenced(record.fenced_ifindex());
-    if record.observe_only {
-        entry.flags |= FLAG_OBSERVE_ONLY;
-    }
-    entry
 }
 
 /// Applies the map writes among `effects` to `mirror`: what the datapath map holds after the

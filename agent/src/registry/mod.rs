@@ -35,6 +35,7 @@
 mod batch;
 mod clock;
 mod effects;
+pub mod entry;
 mod error;
 mod holder;
 mod snapshot;
@@ -54,7 +55,8 @@ use std::{
 use ipq_common::addr::AddrEntry;
 
 pub use clock::{Clock, FakeClock, SystemClock};
-pub use effects::{apply_to_mirror, datapath_entry, Conflict, ConflictKind, Effect};
+pub use effects::{apply_to_mirror, Conflict, ConflictKind, Effect};
+pub use entry::datapath_entry;
 pub use error::{RecordProblem, RegistryError};
 pub use snapshot::{Snapshot, SNAPSHOT_VERSION};
 pub use types::{

@@ -5,7 +5,7 @@
 
 use std::net::IpAddr;
 
-use ipq_common::addr::{AddrEntry, AddrKey, AddrState, NO_IFINDEX};
+use ipq_common::addr::{AddrEntry, AddrState, NO_IFINDEX};
 use log::warn;
 
 use super::Tracker;
@@ -65,9 +65,8 @@ impl Tracker {
             ));
         }
         let entry = AddrEntry::new(state, holder, netdev::monotonic_ns()).with_fenced(fenced);
-        self.datapath
-            .table_mut()
-            .put(AddrKey::from(addr), entry)
+        self.enforcer
+            .put_unchecked(addr, entry)
             .map_err(|e| ApiError::new(ErrorCode::Internal, format!("{addr}: {e}")))?;
         warn!(
             "{addr}: datapath entry written by hand ({} holder if{holder} fenced if{fenced}); \
@@ -79,9 +78,8 @@ impl Tracker {
 
     pub(super) fn datapath_delete(&mut self, addr: IpAddr) -> Result<DatapathEntryView, ApiError> {
         let removed = self
-            .datapath
-            .table_mut()
-            .remove(&AddrKey::from(addr))
+            .enforcer
+            .remove_unchecked(addr)
             .map_err(|e| ApiError::new(ErrorCode::Internal, format!("{addr}: {e}")))?;
         let removed = removed.ok_or_else(|| {
             ApiError::new(

@@ -4,12 +4,11 @@
 //! derivation ([`crate::registry::datapath_entry`]): nothing here adds to it.
 
 use ipq_common::{
-    addr::AddrKey,
     counters::{Action, Reason},
     sample::ConflictSample,
     verdict,
 };
-use log::{debug, error, info, warn};
+use log::{debug, info, warn};
 
 use super::Tracker;
 use crate::{
@@ -37,12 +36,10 @@ impl Tracker {
         let mut freed = 0;
         for effect in effects {
             match effect {
-                Effect::Upsert { addr, entry } => self.write_entry(addr, entry),
+                Effect::Upsert { addr, entry } => self.enforcer.write(addr, entry),
                 Effect::Remove { addr } => {
                     freed += 1;
-                    if let Err(e) = self.datapath.table_mut().remove(&AddrKey::from(addr)) {
-                        error!("{addr}: datapath removal failed: {e}");
-                    }
+                    self.enforcer.remove(addr);
                 }
                 Effect::Conflict(conflict) => {
                     let outcome = self.outcome_of(&conflict);

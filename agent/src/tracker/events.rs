@@ -2,11 +2,7 @@
 
 use std::net::IpAddr;
 
-use ipq_common::{
-    addr::{AddrKey, AddrState},
-    counters::Reason,
-    sample::ConflictSample,
-};
+use ipq_common::{addr::AddrState, counters::Reason, sample::ConflictSample};
 use log::{debug, info, warn};
 
 use super::Tracker;
@@ -248,7 +244,7 @@ impl Tracker {
     fn refresh_stale(&mut self) {
         let due: Vec<IpAddr> = self.registry.due(netdev::monotonic_ns()).collect();
         for addr in due {
-            let entry = match self.datapath.table().kernel_entry(&AddrKey::from(addr)) {
+            let entry = match self.enforcer.kernel_entry(addr) {
                 Ok(Some(entry)) => entry,
                 Ok(None) => continue,
                 Err(e) => {

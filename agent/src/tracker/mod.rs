@@ -20,6 +20,7 @@ mod break_glass;
 mod claims;
 mod commands;
 mod effects;
+mod enforcer;
 mod events;
 mod feed;
 mod hygiene;
@@ -73,7 +74,8 @@ struct JournalState {
 pub struct Tracker {
     config: Config,
     registry: Registry,
-    datapath: Box<dyn DatapathPort>,
+    /// The datapath's one writer.
+    enforcer: enforcer::Enforcer,
     /// Attaches programs off this loop; the tracker only says what it wants.
     attacher: Attacher,
     net: NetState,
@@ -108,7 +110,7 @@ impl Tracker {
         Self {
             registry: Registry::new(settings, SystemClock),
             config,
-            datapath: Box::new(datapath),
+            enforcer: enforcer::Enforcer::new(datapath),
             attacher,
             net: NetState::default(),
             journal,
@@ -130,7 +132,7 @@ impl Tracker {
     }
 
     pub fn datapath(&self) -> &dyn DatapathPort {
-        self.datapath.as_ref()
+        self.enforcer.port()
     }
 
     fn role(&self, ifname: &str) -> Option<Role> {
@@ -215,7 +217,7 @@ impl Tracker {
         self.metrics.observe_registry(&self.registry);
         self.metrics
             .registry_entries
-            .set(self.datapath.table().len() as i64);
+            .set(self.enforcer.len() as i64);
         self.metrics
             .addresses_unprotected
             .set(self.pending.len() as i64);

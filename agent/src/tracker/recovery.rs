@@ -2,7 +2,6 @@
 
 use std::{collections::BTreeMap, net::IpAddr};
 
-use ipq_common::addr::{AddrEntry, AddrKey, AddrState, FLAG_OBSERVE_ONLY, NO_IFINDEX};
 use log::{error, info, warn};
 
 use super::Tracker;
@@ -10,10 +9,7 @@ use crate::{
     journal::JournalError,
     netdev,
     netlink::NetState,
-    registry::{
-        datapath_entry, AddrRecord, AddrStatus, Holder, RegistrySettings, Snapshot,
-        SNAPSHOT_VERSION,
-    },
+    registry::{entry, AddrRecord, Snapshot, SNAPSHOT_VERSION},
 };
 
 /// How the registry came back at start.
@@ -25,17 +21,9 @@ pub enum Recovery {
     PinnedMaps,
 }
 
-/// A holder whose interface ipq cannot know any more (rebuilt from a bare datapath entry).
-const UNKNOWN_IFINDEX: u32 = u32::MAX;
-
 impl Tracker {
-    /// Brings the registry back from the journal, merged with the pinned maps.
-    ///
-    /// The maps are written before the journal, so where an entry disagrees with the journal
-    /// the map is the more recent truth (an agent killed between the two writes, or an
-    /// operator's break-glass write): its enforcement is adopted, with the journal's richer
-    /// holder identity where the interfaces match. A journal entry the maps lack is kept:
-    /// maps are lost on reboot, and a quarantine must not be.
+    /// Brings the registry back from the journal, merged with the pinned maps (see
+    /// [`entry::merge`]: where they disagree, the maps are the more recent truth).
     pub fn recover(&mut self) -> Recovery {
         let (journal, recovery) = match self.journal.load() {
             Ok(Some(loaded)) => {
@@ -131,46 +119,18 @@ impl Tracker {
 
     /// The merged records, and the addresses where the maps changed what the journal said.
     fn merge_with_maps(&self, journal: Vec<AddrRecord>) -> (Vec<AddrRecord>, Vec<IpAddr>) {
-        let mut records: BTreeMap<IpAddr, AddrRecord> = journal
-            .into_iter()
-            .map(|r| (r.addr.to_canonical(), r))
-            .collect();
-        // As the table read them from the pinned map when it opened, a moment ago: a second
-        // full read of the map (two syscalls per entry) would tell nothing more.
-        let entries = self.datapath.table().cached();
-        let mut adopted = Vec::new();
-        let now = netdev::monotonic_ns();
-        let settings = *self.registry.settings();
+        // As the table holds them, read from the pinned map when it opened: a second full
+        // read of the map (two syscalls per entry) would tell nothing more.
         let names: BTreeMap<u32, String> = netdev::interfaces()
             .map(|list| list.into_iter().collect())
             .unwrap_or_default();
-        for (key, entry) in entries {
-            let addr = key.to_ip();
-            let known = records.get(&addr);
-            if let Some(known) = known.filter(|r| same_enforcement(&datapath_entry(r), &entry)) {
-                // The journal agrees; an observe-only flag only the map has (a journal written
-                // before records carried it) is kept: observation never becomes enforcement.
-                if entry.flags & FLAG_OBSERVE_ONLY != 0 && !known.observe_only {
-                    if let Some(record) = records.get_mut(&addr) {
-                        record.observe_only = true;
-                        adopted.push(addr);
-                    }
-                }
-                continue;
-            }
-            if let Some(mut record) = record_from_entry(addr, &entry, now, &settings, &names) {
-                if let Some(known) = known {
-                    keep_identities(&mut record, known);
-                    record.observe_only |= known.observe_only;
-                    warn!(
-                        "{addr}: the datapath disagrees with the journal; adopting the datapath's"
-                    );
-                }
-                records.insert(addr, record);
-                adopted.push(addr);
-            }
-        }
-        (records.into_values().collect(), adopted)
+        entry::merge(
+            journal,
+            self.enforcer.as_written(),
+            netdev::monotonic_ns(),
+            self.registry.settings(),
+            &names,
+        )
     }
 
     /// Takes a full netlink dump as the truth: attaches, claims what the routes say, and
@@ -194,138 +154,8 @@ impl Tracker {
             }
         }
         // The datapath mirrors the registry exactly, whatever an earlier agent left.
-        self.sync_datapath();
+        self.enforcer.sync(self.registry.datapath_entries());
         self.update_gauges();
         self.observe_protection();
     }
-
-    /// Rewrites every datapath entry from the registry, removing what it does not hold.
-    fn sync_datapath(&mut self) {
-        let wanted = self.registry.datapath_entries();
-        let present = match self.datapath.table().entries() {
-            Ok(entries) => entries,
-            Err(e) => {
-                error!("reading the address map: {e}");
-                return;
-            }
-        };
-        let mut in_kernel = std::collections::HashMap::with_capacity(present.len());
-        for (key, entry) in present {
-            if !wanted.contains_key(&key.to_ip()) {
-                if let Err(e) = self.datapath.table_mut().remove(&key) {
-                    error!("{}: removing a stale datapath entry: {e}", key.to_ip());
-                }
-            } else {
-                in_kernel.insert(key.to_ip(), entry);
-            }
-        }
-        for (addr, entry) in wanted {
-            // What the kernel holds already (an agent restart: nearly everything) is not
-            // written again; what differs (a break-glass write) is.
-            if !in_kernel
-                .get(&addr)
-                .is_some_and(|e| same_written(e, &entry))
-            {
-                self.put_entry(addr, entry);
-            }
-        }
-    }
-
-    /// Writes one datapath entry, as the registry derived it (observe-only flag included),
-    /// unless the table already holds it as written (O(1), no syscall).
-    pub(super) fn write_entry(&mut self, addr: IpAddr, entry: AddrEntry) {
-        let current = self.datapath.table().get(&AddrKey::from(addr));
-        if !current.is_some_and(|current| same_written(&current, &entry)) {
-            self.put_entry(addr, entry);
-        }
-    }
-
-    fn put_entry(&mut self, addr: IpAddr, entry: AddrEntry) {
-        if let Err(e) = self.datapath.table_mut().put(AddrKey::from(addr), entry) {
-            error!("{addr}: datapath write failed, enforcement may lag the registry: {e}");
-        }
-    }
-}
-
-/// Whether two datapath entries hold the same agent-written fields (the kernel's stamps aside).
-fn same_written(a: &AddrEntry, b: &AddrEntry) -> bool {
-    same_enforcement(a, b) && a.flags == b.flags && a.since_ns == b.since_ns
-}
-
-/// Whether two datapath entries enforce the same thing (ignoring the stamps).
-fn same_enforcement(a: &AddrEntry, b: &AddrEntry) -> bool {
-    a.state == b.state
-        && a.holder_ifindex == b.holder_ifindex
-        && a.fenced_ifindex == b.fenced_ifindex
-}
-
-/// Gives `adopted` the identities (container, pod, names) `known` had for the same interfaces.
-fn keep_identities(adopted: &mut AddrRecord, known: &AddrRecord) {
-    let known_holders: Vec<Holder> = known
-        .status
-        .holder()
-        .into_iter()
-        .chain(known.fenced())
-        .chain(known.blocked_claimant())
-        .chain(known.displaced().iter())
-        .cloned()
-        .collect();
-    let restore = |h: &mut Holder| {
-        if let Some(k) = known_holders.iter().find(|k| k.ifindex == h.ifindex) {
-            *h = k.clone();
-        }
-    };
-    match &mut adopted.status {
-        AddrStatus::Active { holder, .. } | AddrStatus::Draining { holder, .. } => restore(holder),
-        AddrStatus::Quarantined { .. } => {}
-    }
-    if let Some(fenced) = adopted.fenced_mut() {
-        restore(fenced);
-    }
-}
-
-/// A registry record for a bare datapath entry: all that is left when the journal is gone.
-/// The entry's observe-only flag is the registry's own (it derives the flag from its record),
-/// so it comes back with the record.
-fn record_from_entry(
-    addr: IpAddr,
-    entry: &AddrEntry,
-    now: u64,
-    settings: &RegistrySettings,
-    names: &BTreeMap<u32, String>,
-) -> Option<AddrRecord> {
-    let since = entry.since_ns.min(now);
-    let holder = |ifindex: u32| {
-        let name = names
-            .get(&ifindex)
-            .cloned()
-            .unwrap_or_else(|| format!("if{ifindex}"));
-        Holder::new(ifindex, name)
-    };
-    // A holder fenced on its own address is a Draining holder another machine claimed it from.
-    let fenced = (entry.fenced_ifindex != NO_IFINDEX).then(|| holder(entry.fenced_ifindex));
-    let status = match entry.state()? {
-        AddrState::Active if entry.holder_ifindex != NO_IFINDEX => AddrStatus::Active {
-            holder: holder(entry.holder_ifindex),
-            since,
-        },
-        AddrState::Draining if entry.holder_ifindex != NO_IFINDEX => AddrStatus::Draining {
-            holder: holder(entry.holder_ifindex),
-            since,
-        },
-        AddrState::Quarantined => {
-            let last_stale = (entry.last_stale_ns != 0).then_some(entry.last_stale_ns.min(now));
-            AddrStatus::Quarantined {
-                since,
-                until: settings.release_at(since, last_stale),
-                last_stale,
-                previous: Holder::new(UNKNOWN_IFINDEX, "unknown (rebuilt from the datapath)"),
-            }
-        }
-        _ => return None,
-    };
-    let mut record = AddrRecord::new(addr, status);
-    record.set_fenced(fenced);
-    record.observe_only = entry.flags & FLAG_OBSERVE_ONLY != 0;
-    Some(record)
 }
