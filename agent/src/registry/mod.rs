@@ -41,6 +41,7 @@ mod holder;
 mod snapshot;
 mod transitions;
 mod types;
+mod waitlist;
 
 #[cfg(test)]
 mod proptests;
@@ -63,6 +64,7 @@ pub use types::{
     duration_ns, AddrRecord, AddrStatus, Holder, MonoNs, PodRef, RegistrySettings, Source,
     StateName,
 };
+pub use waitlist::WaitlistRun;
 
 /// The registry of every address this node knows. One owner; everything else sends it messages.
 #[derive(Debug)]
@@ -89,6 +91,8 @@ pub struct Registry<C: Clock = SystemClock> {
     changed: HashSet<IpAddr>,
     refused_claims: u64,
     full_rejections: u64,
+    /// Claims refused for a full registry, tried again as space frees.
+    waitlist: waitlist::Waitlist,
 }
 
 /// How many records are in each state, indexed by [`StateName`] (`Free` stays 0).
@@ -136,6 +140,7 @@ impl<C: Clock> Registry<C> {
             changed: HashSet::new(),
             refused_claims: 0,
             full_rejections: 0,
+            waitlist: waitlist::Waitlist::default(),
         }
     }
 

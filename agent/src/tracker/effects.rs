@@ -76,8 +76,8 @@ impl Tracker {
                 }
             }
         }
-        if freed > 0 && !self.pending.is_idle() {
-            self.retry_pending(freed);
+        if freed > 0 {
+            self.retry_waiting(freed);
         }
     }
 

@@ -3,7 +3,7 @@
 use std::net::IpAddr;
 
 use ipq_common::{addr::AddrState, counters::Reason, sample::ConflictSample};
-use log::{debug, info, warn};
+use log::{info, warn};
 
 use super::Tracker;
 use crate::{
@@ -34,7 +34,7 @@ impl Tracker {
             NetEvent::LinkGone { ifindex } => {
                 let known = self.net.has_link(*ifindex);
                 self.net.apply(&event);
-                self.pending.forget_interface(*ifindex);
+                self.registry.stop_waiting_on(*ifindex);
                 if known {
                     let result = self.registry.holder_gone(*ifindex);
                     self.apply(result, "interface deleted");
@@ -50,7 +50,7 @@ impl Tracker {
             }
             NetEvent::HostRouteGone { addr, ifindex } => {
                 self.net.apply(&event);
-                self.pending.forget(*addr, *ifindex);
+                self.registry.stop_waiting(*addr, *ifindex);
                 // A route withdrawn while its interface lives: the holder is terminating.
                 if let Some(holder) = self.workload_holder(*ifindex) {
                     let current = self
@@ -99,7 +99,7 @@ impl Tracker {
         }
         match self.registry.claim(addr, holder.clone(), Source::Netlink) {
             Err(RegistryError::Full { capacity, .. }) => {
-                if self.pending.push(addr, holder) {
+                if self.registry.wait_for_room(addr, holder) {
                     warn!(
                         "{addr}: not protected: the registry is full ({capacity} addresses); \
                          claimed as soon as space frees"
@@ -121,34 +121,19 @@ impl Tracker {
         self.apply(result, "address of the node");
     }
 
-    /// Space freed in the registry: claims it refused for being full are retried, oldest
+    /// Space freed in the registry: claims it refused for being full are tried again, oldest
     /// first, as long as their holders still show them (at most `freed` claims).
-    pub(super) fn retry_pending(&mut self, freed: usize) {
-        let mut claimed = 0;
-        while claimed < freed {
-            let Some((addr, holder)) = self.pending.pop() else {
-                if self.pending.overflowed() {
-                    self.pending.clear_overflow();
-                    self.rescan_unclaimed_routes();
-                }
-                break;
-            };
-            let still_there = self.net.has_host_route(addr, holder.ifindex)
-                || self.net.port_of(addr) == Some(holder.ifindex);
-            if !still_there || self.net.is_node_address(addr) {
-                continue;
-            }
-            match self.registry.claim(addr, holder.clone(), Source::Netlink) {
-                Err(RegistryError::Full { .. }) => {
-                    self.pending.push_front(addr, holder);
-                    break;
-                }
-                result => {
-                    claimed += 1;
-                    debug!("{addr}: claimed for {holder} now that the registry has room");
-                    self.apply(result, "registry has room again");
-                }
-            }
+    pub(super) fn retry_waiting(&mut self, freed: usize) {
+        let net = &self.net;
+        let run = self.registry.claim_waiting(freed, |addr, ifindex| {
+            (net.has_host_route(addr, ifindex) || net.port_of(addr) == Some(ifindex))
+                && !net.is_node_address(addr)
+        });
+        if run.claimed > 0 {
+            self.apply(Ok(run.effects), "registry has room again");
+        }
+        if run.rescan {
+            self.rescan_unclaimed_routes();
         }
     }
 

@@ -8,7 +8,6 @@
 //! - `effects`: carrying out what the registry asks (map writes, conflicts, transitions);
 //! - `commands`: the API's requests;
 //! - `feed`: the event feed, recent conflicts and the conflict log's rate limit;
-//! - `pending`: claims refused for a full registry, retried as space frees;
 //! - `protection`: the attach workers' reports, retries and readiness;
 //! - `hygiene`: conntrack/neighbour flushes and announcements handed to the hygiene worker.
 //!
@@ -26,7 +25,6 @@ mod feed;
 mod hygiene;
 mod ipam;
 mod ipam_pressure;
-mod pending;
 mod protection;
 mod recovery;
 #[cfg(test)]
@@ -42,7 +40,7 @@ use std::{
 
 use log::{error, info};
 
-use self::{feed::EventHub, pending::PendingClaims};
+use self::feed::EventHub;
 use crate::{
     config::Config,
     datapath::{attach::Attacher, DatapathPort},
@@ -82,8 +80,6 @@ pub struct Tracker {
     journal: Journal,
     journal_state: JournalState,
     metrics: Arc<Metrics>,
-    /// Holders the registry refused for being full, retried as space frees.
-    pending: PendingClaims,
     /// The API's event feed and recent conflicts.
     events: EventHub,
     started_at: SystemTime,
@@ -116,7 +112,6 @@ impl Tracker {
             journal,
             journal_state: JournalState::default(),
             metrics,
-            pending: PendingClaims::default(),
             events: EventHub::new(),
             started_at: SystemTime::now(),
             hygiene: crate::hygiene::Hygiene::disabled(),
@@ -220,7 +215,7 @@ impl Tracker {
             .set(self.enforcer.len() as i64);
         self.metrics
             .addresses_unprotected
-            .set(self.pending.len() as i64);
+            .set(self.registry.waiting() as i64);
     }
 
     /// Writes what is still unsaved; the datapath keeps enforcing through its pins.

@@ -1,22 +1,22 @@
-//! Holders the registry refused because it was full: their addresses are seen but not
-//! protected. They wait here, oldest first, and are claimed again as space frees — one per
+//! The registry's waitlist: holders it refused because it was full, whose addresses are seen
+//! but not protected. They wait here, oldest first, and are claimed as space frees — one per
 //! freed record, so no event ever scans the registry or the node's routes.
 //!
-//! The queue is bounded. Past its bound the newest are not queued but counted, and the next
-//! time the queue runs dry while space frees, the owner rescans the node's routes once.
+//! The list is bounded. Past its bound the newest are not kept but counted, and the next time
+//! the list runs dry while space frees, the owner rescans the node's routes once.
 
 use std::{
     collections::{HashMap, HashSet, VecDeque},
     net::IpAddr,
 };
 
-use crate::registry::Holder;
+use super::{Clock, Effect, Holder, Registry, RegistryError, Source};
 
 /// Claimants kept at most; ~100 bytes each.
 pub const MAX_PENDING: usize = 65_536;
 
 #[derive(Debug)]
-pub struct PendingClaims {
+pub struct Waitlist {
     /// (address, interface) in arrival order; an entry whose holder was forgotten is skipped
     /// when it reaches the front.
     order: VecDeque<(IpAddr, u32)>,
@@ -29,13 +29,13 @@ pub struct PendingClaims {
     overflowed: usize,
 }
 
-impl Default for PendingClaims {
+impl Default for Waitlist {
     fn default() -> Self {
         Self::with_bound(MAX_PENDING)
     }
 }
 
-impl PendingClaims {
+impl Waitlist {
     pub fn with_bound(bound: usize) -> Self {
         Self {
             order: VecDeque::new(),
@@ -137,7 +137,7 @@ impl PendingClaims {
 
     /// Whether the interface index lists exactly the waiting claimants; for tests.
     #[cfg(test)]
-    fn check_index(&self) -> Result<(), String> {
+    pub(super) fn check_index(&self) -> Result<(), String> {
         let mut rebuilt: HashMap<u32, HashSet<IpAddr>> = HashMap::new();
         for (addr, ifindex) in self.holders.keys() {
             rebuilt.entry(*ifindex).or_default().insert(*addr);
@@ -158,93 +158,76 @@ impl PendingClaims {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// What a run of the waitlist did ([`Registry::claim_waiting`]).
+#[derive(Debug, Default)]
+pub struct WaitlistRun {
+    /// The effects of the claims that fit.
+    pub effects: Vec<Effect>,
+    pub claimed: usize,
+    /// The bound left claimants out and the list ran dry: the owner rescans the node once.
+    pub rescan: bool,
+}
 
-    fn ip(s: &str) -> IpAddr {
-        s.parse().unwrap()
+impl<C: Clock> Registry<C> {
+    /// Puts `holder`'s claim of `addr`, refused for a full registry, on the waitlist; returns
+    /// whether it is new there.
+    pub fn wait_for_room(&mut self, addr: IpAddr, holder: Holder) -> bool {
+        self.waitlist.push(addr, holder)
     }
 
-    #[test]
-    fn claimants_come_back_oldest_first_and_forgotten_ones_never() {
-        let mut pending = PendingClaims::default();
-        assert!(pending.push(ip("10.0.0.1"), Holder::new(3, "veth3")));
-        assert!(pending.push(ip("10.0.0.2"), Holder::new(4, "veth4")));
-        assert!(pending.push(ip("10.0.0.3"), Holder::new(5, "veth5")));
-        assert!(!pending.push(ip("10.0.0.1"), Holder::new(3, "veth3")));
-        assert_eq!(pending.len(), 3);
-        pending.forget(ip("10.0.0.2"), 4);
-        assert_eq!(pending.len(), 2);
-        assert_eq!(pending.pop().map(|(a, _)| a), Some(ip("10.0.0.1")));
-        pending.forget_interface(5);
-        assert_eq!(pending.pop(), None);
-        assert_eq!(pending.len(), 0);
+    /// `addr` is no longer shown on `ifindex`: its waiting claim goes.
+    pub fn stop_waiting(&mut self, addr: IpAddr, ifindex: u32) {
+        self.waitlist.forget(addr, ifindex);
     }
 
-    #[test]
-    fn past_the_bound_claimants_are_counted_not_kept() {
-        let mut pending = PendingClaims::with_bound(1);
-        pending.push(ip("10.0.0.1"), Holder::new(3, "veth3"));
-        pending.push(ip("10.0.0.2"), Holder::new(4, "veth4"));
-        assert_eq!(pending.len(), 2);
-        assert!(pending.overflowed());
-        assert_eq!(pending.pop().map(|(a, _)| a), Some(ip("10.0.0.1")));
-        assert_eq!(pending.pop(), None);
-        pending.clear_overflow();
-        assert_eq!(pending.len(), 0);
+    /// Interface `ifindex` went away: every claim it waits with goes, O(its claims).
+    pub fn stop_waiting_on(&mut self, ifindex: u32) {
+        self.waitlist.forget_interface(ifindex);
     }
 
-    #[derive(Clone, Debug)]
-    enum Op {
-        Push(u8, u32),
-        PushFront(u8, u32),
-        Pop,
-        Forget(u8, u32),
-        ForgetInterface(u32),
+    /// Addresses seen but not protected: waiting, or left out by the waitlist's bound.
+    pub fn waiting(&self) -> usize {
+        self.waitlist.len()
     }
 
-    fn op() -> impl proptest::strategy::Strategy<Value = Op> {
-        use proptest::prelude::*;
-        prop_oneof![
-            (0..4u8, 1..4u32).prop_map(|(a, i)| Op::Push(a, i)),
-            (0..4u8, 1..4u32).prop_map(|(a, i)| Op::PushFront(a, i)),
-            Just(Op::Pop),
-            (0..4u8, 1..4u32).prop_map(|(a, i)| Op::Forget(a, i)),
-            (1..4u32).prop_map(Op::ForgetInterface),
-        ]
-    }
-
-    proptest::proptest! {
-        /// The interface index lists exactly the waiting claimants, whatever came and went, and
-        /// an interface forgotten never comes back out of the queue.
-        #[test]
-        fn the_interface_index_follows_every_operation(
-            ops in proptest::collection::vec(op(), 0..60)
-        ) {
-            let mut pending = PendingClaims::with_bound(6);
-            let addr = |a: u8| IpAddr::from([10, 0, 0, a]);
-            for op in ops {
-                match op {
-                    Op::Push(a, i) => {
-                        pending.push(addr(a), Holder::new(i, format!("veth{i}")));
-                    }
-                    Op::PushFront(a, i) => {
-                        pending.push_front(addr(a), Holder::new(i, format!("veth{i}")));
-                    }
-                    Op::Pop => {
-                        pending.pop();
-                    }
-                    Op::Forget(a, i) => pending.forget(addr(a), i),
-                    Op::ForgetInterface(i) => {
-                        pending.forget_interface(i);
-                        proptest::prop_assert!(pending.holders.keys().all(|(_, j)| *j != i));
-                    }
+    /// Space freed (`freed` records): the waiting claims are tried again, oldest first, those
+    /// whose holder still shows the address (`still_shown`), at most `freed` of them.
+    pub fn claim_waiting(
+        &mut self,
+        freed: usize,
+        still_shown: impl Fn(IpAddr, u32) -> bool,
+    ) -> WaitlistRun {
+        let mut run = WaitlistRun::default();
+        if self.waitlist.is_idle() {
+            return run;
+        }
+        while run.claimed < freed {
+            let Some((addr, holder)) = self.waitlist.pop() else {
+                if self.waitlist.overflowed() {
+                    self.waitlist.clear_overflow();
+                    run.rescan = true;
                 }
-                if let Err(problem) = pending.check_index() {
-                    return Err(proptest::test_runner::TestCaseError::fail(problem));
+                break;
+            };
+            if !still_shown(addr, holder.ifindex) {
+                continue;
+            }
+            match self.claim(addr, holder.clone(), Source::Netlink) {
+                Err(RegistryError::Full { .. }) => {
+                    self.waitlist.push_front(addr, holder);
+                    break;
+                }
+                Err(e) => log::warn!("{addr}: a waiting claim for {holder} failed: {e}"),
+                Ok(effects) => {
+                    run.claimed += 1;
+                    log::debug!("{addr}: claimed for {holder} now that the registry has room");
+                    run.effects.extend(effects);
                 }
             }
         }
+        run
     }
 }
+
+#[cfg(test)]
+mod tests;
