@@ -67,7 +67,7 @@ impl Tracker {
                         policy: self.config.on_early_reuse,
                         at: netdev::monotonic_ns(),
                     };
-                    self.record_conflict(&conflict, Outcome::RefusedNew);
+                    self.observer.conflict(&conflict, Outcome::RefusedNew);
                 }
                 Err(ApiError::from_registry(&error, &TimeBase::now()))
             }

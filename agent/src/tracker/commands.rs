@@ -63,7 +63,7 @@ impl Tracker {
                 return answer(
                     reply,
                     Ok(ConflictList {
-                        conflicts: self.events.recent_conflicts(limit),
+                        conflicts: self.observer.feed().recent_conflicts(limit),
                     }),
                 )
             }
@@ -86,7 +86,7 @@ impl Tracker {
                 return answer(reply, Ok(self.allocation_busy(&query)))
             }
             Command::Subscribe(reply) => {
-                let _ = reply.send(self.events.subscribe());
+                let _ = reply.send(self.observer.feed().subscribe());
                 return Box::new(|_| {});
             }
             Command::Claim { request, reply } => {

@@ -8,17 +8,12 @@ use ipq_common::{
     sample::ConflictSample,
     verdict,
 };
-use log::{debug, info, warn};
+use log::warn;
 
 use super::Tracker;
 use crate::{
-    api::{
-        model::EventBody,
-        views::{conflict_view, sample_body, Outcome, TimeBase},
-    },
+    api::views::Outcome,
     config::EarlyReusePolicy,
-    metrics::LostAt,
-    netdev,
     registry::{AddrStatus, Conflict, ConflictKind, Effect, RegistryError},
 };
 
@@ -43,7 +38,7 @@ impl Tracker {
                 }
                 Effect::Conflict(conflict) => {
                     let outcome = self.outcome_of(&conflict);
-                    self.record_conflict(&conflict, outcome);
+                    self.observer.conflict(&conflict, outcome);
                 }
                 Effect::Transition {
                     addr,
@@ -52,28 +47,12 @@ impl Tracker {
                     holder,
                 } => {
                     self.hygiene_on_transition(addr, from, to, holder.as_ref());
-                    let shown = holder.as_ref().map(|h| h.to_string()).unwrap_or_default();
-                    // Per address: the event feed has every one; the log only when asked.
-                    debug!(target: "ipq::transition", "{addr}: {} -> {} {shown}", from.as_str(), to.as_str());
-                    let at = TimeBase::now().rfc3339(netdev::monotonic_ns());
-                    self.events.publish(
-                        at,
-                        EventBody::Transition {
-                            address: addr,
-                            from,
-                            to,
-                            holder,
-                        },
-                    );
+                    self.observer.transition(addr, from, to, holder);
                 }
                 Effect::Released {
                     addr,
                     quarantined_for_ns,
-                } => {
-                    let seconds = quarantined_for_ns as f64 / 1e9;
-                    self.metrics.quarantine_duration_seconds.observe(seconds);
-                    debug!("{addr}: released after {seconds:.1}s of quarantine");
-                }
+                } => self.observer.released(addr, quarantined_for_ns),
             }
         }
         if freed > 0 {
@@ -110,25 +89,8 @@ impl Tracker {
         }
     }
 
-    /// Counts, logs (rate-limited) and publishes one conflict.
-    pub(super) fn record_conflict(&mut self, conflict: &Conflict, outcome: Outcome) {
-        self.metrics
-            .conflicts
-            .with_label_values(&[conflict.kind.as_str()])
-            .inc();
-        let view = conflict_view(conflict, outcome, &TimeBase::now());
-        if self.events.may_log() {
-            let line = serde_json::json!({ "event": "conflict", "conflict": &view });
-            warn!(target: "ipq::conflict", "{line}");
-        } else {
-            self.metrics.events_lost(LostAt::Log, 1);
-        }
-        self.events.conflict(view);
-    }
-
     /// Logs (rate-limited) and publishes one kernel sample.
     pub(super) fn publish_sample(&mut self, sample: &ConflictSample) {
-        let time = TimeBase::now();
         let addr = sample.addr.to_ip();
         let holder = self.registry.get(addr).map(|r| match &r.status {
             AddrStatus::Quarantined { previous, .. } => previous.clone(),
@@ -137,19 +99,6 @@ impl Tracker {
             }
         });
         let seen_on = self.interface_name(sample.ifindex);
-        let body = sample_body(sample, seen_on, holder);
-        if self.events.may_log() {
-            let mut line = serde_json::json!({ "event": "conflict_sample" });
-            if let (Some(map), Ok(serde_json::Value::Object(fields))) =
-                (line.as_object_mut(), serde_json::to_value(&body))
-            {
-                map.extend(fields);
-                map.insert("at".into(), time.rfc3339(sample.ts_ns).into());
-            }
-            info!(target: "ipq::conflict", "{line}");
-        } else {
-            self.metrics.events_lost(LostAt::Log, 1);
-        }
-        self.events.publish(time.rfc3339(sample.ts_ns), body);
+        self.observer.sample(sample, seen_on, holder);
     }
 }

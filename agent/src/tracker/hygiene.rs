@@ -84,7 +84,7 @@ impl Tracker {
     pub fn on_hygiene_report(&mut self, report: Report) {
         let time = TimeBase::now();
         let view = hygiene_view(&report, None);
-        self.events.publish(
+        self.observer.publish(
             time.rfc3339(report.finished_ns),
             EventBody::Hygiene(Box::new(view)),
         );

@@ -25,6 +25,7 @@ mod feed;
 mod hygiene;
 mod ipam;
 mod ipam_pressure;
+mod observer;
 mod protection;
 mod recovery;
 #[cfg(test)]
@@ -40,7 +41,6 @@ use std::{
 
 use log::{error, info};
 
-use self::feed::EventHub;
 use crate::{
     config::Config,
     datapath::{attach::Attacher, DatapathPort},
@@ -80,8 +80,8 @@ pub struct Tracker {
     journal: Journal,
     journal_state: JournalState,
     metrics: Arc<Metrics>,
-    /// The API's event feed and recent conflicts.
-    events: EventHub,
+    /// Effects and samples made counters, feed entries and log lines.
+    observer: observer::Observer,
     started_at: SystemTime,
     /// Reuse hygiene's jobs and last reports (inert until started).
     hygiene: crate::hygiene::Hygiene,
@@ -104,6 +104,7 @@ impl Tracker {
     ) -> Self {
         let settings = RegistrySettings::from(&config);
         Self {
+            observer: observer::Observer::new(metrics.clone()),
             registry: Registry::new(settings, SystemClock),
             config,
             enforcer: enforcer::Enforcer::new(datapath),
@@ -112,7 +113,6 @@ impl Tracker {
             journal,
             journal_state: JournalState::default(),
             metrics,
-            events: EventHub::new(),
             started_at: SystemTime::now(),
             hygiene: crate::hygiene::Hygiene::disabled(),
             ipam_holds: Default::default(),
