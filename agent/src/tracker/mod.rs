@@ -1,15 +1,18 @@
-//! The registry's owner: the one place where what netlink observes, what the kernel samples
-//! and what time does become registry transitions, and where those transitions' effects reach
-//! the datapath, the journal, the log and the metrics.
+//! The registry's owner: the dispatcher where what netlink observes, what the kernel samples,
+//! what the API asks and what time does become registry operations, whose effects it hands to
+//! the part that owns each.
 //!
-//! - `recovery`: bringing the registry back at start (journal merged with the pinned maps) and
-//!   reconciling it with a netlink dump;
+//! - `recovery`: bringing the registry back at start and reconciling it with a netlink dump;
 //! - `events`: netlink events, kernel samples and ticks as registry operations;
-//! - `effects`: carrying out what the registry asks (map writes, conflicts, transitions);
-//! - `commands`: the API's requests;
-//! - `feed`: the event feed, recent conflicts and the conflict log's rate limit;
+//! - `claims`, `commands`, `break_glass`: the API's requests (the views and errors they answer
+//!   with are built in `api::views`);
+//! - `effects`: each effect handed to its owner;
+//! - `enforcer`: the datapath's one writer;
+//! - `observer` (with `feed`): counters, event-feed entries and log lines;
+//! - `durable`: the journal and how saving it goes;
 //! - `protection`: the attach workers' reports, retries and readiness;
-//! - `hygiene`: conntrack/neighbour flushes and announcements handed to the hygiene worker.
+//! - `hygiene`: conntrack/neighbour flushes and announcements handed to the hygiene worker;
+//! - `ipam`, `ipam_pressure`: what ipq-ipam holds, and exhausted ranges.
 //!
 //! Durability: the registry counts its changes (its generation); [`Tracker::persist`] saves
 //! when the journal is behind, and nothing that changed the registry is answered before a save
@@ -18,6 +21,7 @@
 mod break_glass;
 mod claims;
 mod commands;
+mod durable;
 mod effects;
 mod enforcer;
 mod events;
@@ -34,12 +38,9 @@ mod tests;
 pub use commands::Answer;
 pub use recovery::Recovery;
 
-use std::{
-    sync::Arc,
-    time::{Duration, Instant, SystemTime},
-};
+use std::{sync::Arc, time::SystemTime};
 
-use log::{error, info};
+use log::error;
 
 use crate::{
     config::Config,
@@ -54,21 +55,6 @@ use crate::{
 // one type.
 use crate::datapath::attach::Role;
 
-/// How often a journal save that keeps failing is logged (every failure is counted).
-const SAVE_FAILURE_LOG_EVERY: Duration = Duration::from_secs(30);
-
-/// The journal's standing: what was last saved, and since when saving fails.
-#[derive(Debug, Default)]
-struct JournalState {
-    /// The registry generation the journal holds; `None` before the first save.
-    saved: Option<u64>,
-    /// Since when the registry has changes the journal lacks.
-    unsaved_since: Option<Instant>,
-    /// The last save's failure, while saving fails.
-    failing: Option<String>,
-    last_logged: Option<Instant>,
-}
-
 pub struct Tracker {
     config: Config,
     registry: Registry,
@@ -77,8 +63,8 @@ pub struct Tracker {
     /// Attaches programs off this loop; the tracker only says what it wants.
     attacher: Attacher,
     net: NetState,
-    journal: Journal,
-    journal_state: JournalState,
+    /// The registry's durable copy, and how saving it goes.
+    durable: durable::Durable,
     metrics: Arc<Metrics>,
     /// Effects and samples made counters, feed entries and log lines.
     observer: observer::Observer,
@@ -110,8 +96,7 @@ impl Tracker {
             enforcer: enforcer::Enforcer::new(datapath),
             attacher,
             net: NetState::default(),
-            journal,
-            journal_state: JournalState::default(),
+            durable: durable::Durable::new(journal),
             metrics,
             started_at: SystemTime::now(),
             hygiene: crate::hygiene::Hygiene::disabled(),
@@ -152,56 +137,14 @@ impl Tracker {
 
     /// Whether everything the registry changed so far is in the journal.
     pub fn is_saved(&self) -> bool {
-        self.journal_state.saved == Some(self.registry.generation())
+        self.durable.is_saved(self.registry.generation())
     }
 
     /// Saves the registry if the journal is behind it. `Err` names why the save failed: what
     /// changed since the last save is then not durable, must not be reported as done, and is
     /// saved by a later call (the agent's loop calls this at least once a second).
     pub fn persist(&mut self) -> Result<(), JournalError> {
-        let generation = self.registry.generation();
-        let state = &mut self.journal_state;
-        if state.saved == Some(generation) {
-            self.metrics.journal_unsaved_seconds.set(0.0);
-            return Ok(());
-        }
-        let now = Instant::now();
-        let since = *state.unsaved_since.get_or_insert(now);
-        match self.journal.commit(&mut self.registry) {
-            Ok(()) => {
-                state.saved = Some(generation);
-                state.unsaved_since = None;
-                if let Some(reason) = state.failing.take() {
-                    info!(
-                        "journal: saved again after {:.1}s of failures ({reason})",
-                        now.duration_since(since).as_secs_f64()
-                    );
-                }
-                state.last_logged = None;
-                self.metrics.journal_unsaved_seconds.set(0.0);
-                Ok(())
-            }
-            Err(e) => {
-                self.metrics.journal_write_failures.inc();
-                self.metrics
-                    .journal_unsaved_seconds
-                    .set(now.duration_since(since).as_secs_f64());
-                let reason = e.to_string();
-                let changed = state.failing.as_deref() != Some(reason.as_str());
-                let due = state
-                    .last_logged
-                    .is_none_or(|at| now.duration_since(at) >= SAVE_FAILURE_LOG_EVERY);
-                if changed || due {
-                    error!(
-                        "journal: {reason}; changes are not durable and requests that made \
-                         them are answered `unavailable` until a save succeeds (retrying)"
-                    );
-                    state.last_logged = Some(now);
-                }
-                state.failing = Some(reason);
-                Err(e)
-            }
-        }
+        self.durable.persist(&mut self.registry, &self.metrics)
     }
 
     /// The gauges that follow the registry and the datapath, after every event and request.

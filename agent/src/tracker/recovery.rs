@@ -25,13 +25,13 @@ impl Tracker {
     /// Brings the registry back from the journal, merged with the pinned maps (see
     /// [`entry::merge`]: where they disagree, the maps are the more recent truth).
     pub fn recover(&mut self) -> Recovery {
-        let (journal, recovery) = match self.journal.load() {
+        let (journal, recovery) = match self.durable.journal_mut().load() {
             Ok(Some(loaded)) => {
                 if let Some(torn) = &loaded.torn_tail {
                     warn!(
                         "journal {}: dropped a torn tail of {} bytes at byte {} (a write cut \
                          short by a crash, never acknowledged)",
-                        self.journal.path().display(),
+                        self.durable.journal().path().display(),
                         torn.dropped,
                         torn.at
                     );
@@ -53,7 +53,10 @@ impl Tracker {
                 (snapshot.records, Recovery::Journal)
             }
             Ok(None) => {
-                info!("journal: none yet in {}", self.journal.path().display());
+                info!(
+                    "journal: none yet in {}",
+                    self.durable.journal().path().display()
+                );
                 (Vec::new(), Recovery::PinnedMaps)
             }
             Err(JournalError::Corrupt {
@@ -74,7 +77,7 @@ impl Tracker {
                 (Vec::new(), Recovery::PinnedMaps)
             }
         };
-        if let Some(newer) = self.journal.newer() {
+        if let Some(newer) = self.durable.journal().newer() {
             warn!(
                 "journal {} was written by a newer ipq (format version {}; this agent writes \
                  {}): left untouched for its return; this agent journals to {} meanwhile{}, \
@@ -106,11 +109,11 @@ impl Tracker {
                 // The journal already holds what it gave; only what the maps changed is new
                 // (when the journal is rewritten anyway, it takes everything).
                 self.registry.take_changed();
-                self.journal.stage(adopted);
+                self.durable.journal_mut().stage(adopted);
             }
             Err(e) => {
                 error!("recovering the registry failed ({e}); starting empty");
-                self.journal.invalidate();
+                self.durable.journal_mut().invalidate();
             }
         }
         crate::heap::release_freed_memory();
