@@ -11,8 +11,8 @@ use std::{
     time::Duration,
 };
 
+pub use ipq_api::EarlyReusePolicy;
 pub use ipq_common::config::Mode;
-use serde::{Deserialize, Serialize};
 use thiserror::Error;
 use toml::{Table, Value};
 
@@ -31,42 +31,6 @@ pub enum TcAttach {
     Tcx,
     /// A clsact qdisc and a direct-action cls_bpf filter over netlink, even where TCX exists.
     Netlink,
-}
-
-/// What happens when a new holder claims an address another live holder still has: the one
-/// policy type from the configuration through the registry and the journal to the API, where
-/// it is spelled as in the configuration (`fence-old`, `refuse-new`, `observe`).
-#[derive(
-    Clone,
-    Copy,
-    Debug,
-    PartialEq,
-    Eq,
-    Serialize,
-    Deserialize,
-    strum::IntoStaticStr,
-    strum::EnumString,
-)]
-#[strum(serialize_all = "kebab-case")]
-#[serde(rename_all = "kebab-case")]
-pub enum EarlyReusePolicy {
-    FenceOld,
-    RefuseNew,
-    Observe,
-}
-
-impl EarlyReusePolicy {
-    pub const ALL: [EarlyReusePolicy; 3] = [Self::FenceOld, Self::RefuseNew, Self::Observe];
-
-    /// The policy's name as the configuration and the API spell it.
-    pub fn as_str(self) -> &'static str {
-        self.into()
-    }
-
-    /// The policy named `name`.
-    pub fn from_name(name: &str) -> Option<Self> {
-        name.parse().ok()
-    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]

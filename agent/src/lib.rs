@@ -4,7 +4,6 @@
 pub mod addr_class;
 pub mod agent;
 pub mod api;
-pub mod cli;
 pub mod cni;
 pub mod config;
 pub mod datapath;

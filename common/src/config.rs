@@ -6,7 +6,7 @@
 #[repr(u32)]
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 #[cfg_attr(
-    feature = "user",
+    feature = "serde",
     derive(serde::Serialize, serde::Deserialize),
     serde(rename_all = "lowercase")
 )]

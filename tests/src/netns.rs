@@ -51,7 +51,7 @@ pub fn workspace_binary(name: &str) -> PathBuf {
     let path = profile_dir.join(name);
     assert!(
         path.is_file(),
-        "{} is missing: build it first: cargo build -p ipq --bins (cargo xtask test does)",
+        "{} is missing: build it first: cargo build --bins (cargo xtask test does)",
         path.display()
     );
     path

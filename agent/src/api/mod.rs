@@ -17,9 +17,11 @@
 //! Errors are [`ErrorResponse`](model::ErrorResponse)s with a stable
 //! [`ErrorCode`](model::ErrorCode); a request that fails changes nothing.
 
-pub mod client;
 pub mod command;
-pub mod model;
 mod routes;
 pub mod server;
 pub mod views;
+
+// The wire types and the client are the `ipq-api` crate's (no aya, no registry), shared
+// with the CLI and the CNI plugins.
+pub use ipq_api::{client, model};

@@ -7,49 +7,10 @@ use ipq_common::addr::AddrEntry;
 use serde::{Deserialize, Serialize};
 
 use super::entry::datapath_entry;
+pub use ipq_api::ConflictKind;
+
 use super::types::{AddrRecord, Holder, MonoNs, StateName};
 use crate::config::EarlyReusePolicy;
-
-/// The kinds of conflict of DESIGN §2, as the `kind` label of `ipq_conflicts_total`.
-#[derive(
-    Clone,
-    Copy,
-    Debug,
-    PartialEq,
-    Eq,
-    Hash,
-    PartialOrd,
-    Ord,
-    Serialize,
-    Deserialize,
-    strum::IntoStaticStr,
-    strum::Display,
-)]
-#[strum(serialize_all = "snake_case")]
-#[serde(rename_all = "snake_case")]
-pub enum ConflictKind {
-    /// A claim while another live holder (Active or Draining) still has the address.
-    EarlyReuse,
-    /// A claim while the address is Quarantined.
-    ReuseInCooldown,
-    /// Packets with a holder's address as source arrived on another holder's interface.
-    DuplicateSource,
-    /// Another machine announced (ARP/NDP) an address that is Active/Draining here.
-    RemoteClaim,
-}
-
-impl ConflictKind {
-    pub const ALL: [ConflictKind; 4] = [
-        Self::EarlyReuse,
-        Self::ReuseInCooldown,
-        Self::DuplicateSource,
-        Self::RemoteClaim,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        self.into()
-    }
-}
 
 /// One recorded conflict.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -37,7 +37,6 @@ mod clock;
 mod effects;
 pub mod entry;
 mod error;
-mod holder;
 mod snapshot;
 mod transitions;
 mod types;

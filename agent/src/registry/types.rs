@@ -2,9 +2,9 @@
 
 use std::{net::IpAddr, time::Duration};
 
-pub use super::holder::{Holder, PodRef};
+pub use ipq_api::{Holder, PodRef, StateName};
 
-use ipq_common::addr::{AddrState, NO_IFINDEX};
+use ipq_common::addr::NO_IFINDEX;
 use serde::{Deserialize, Serialize};
 
 use crate::config::{Config, EarlyReusePolicy};
@@ -36,74 +36,6 @@ impl Source {
     /// An explicit request (CNI ADD, API call), as opposed to an observation.
     pub const fn is_explicit(self) -> bool {
         !matches!(self, Self::Netlink)
-    }
-}
-
-/// The name of a lifecycle state, `Free` included (an address without a record): the one
-/// spelling of a state for the API, the CLI, the break-glass tools and the metrics. The
-/// datapath's [`AddrState`] has no `Free` (a free address has no entry); [`StateName::entry`]
-/// and `From<AddrState>` map between the two.
-#[derive(
-    Clone,
-    Copy,
-    Debug,
-    PartialEq,
-    Eq,
-    Hash,
-    PartialOrd,
-    Ord,
-    Serialize,
-    Deserialize,
-    strum::IntoStaticStr,
-    strum::EnumString,
-    strum::Display,
-    clap::ValueEnum,
-)]
-#[serde(rename_all = "lowercase")]
-#[strum(serialize_all = "lowercase")]
-pub enum StateName {
-    /// Never listed or written: a free address has no record and no datapath entry.
-    #[value(skip)]
-    Free,
-    Active,
-    Draining,
-    Quarantined,
-}
-
-impl StateName {
-    pub fn as_str(self) -> &'static str {
-        self.into()
-    }
-
-    /// The state of a held address named `raw` (`active`, `draining`, `quarantined`): what a
-    /// listing filters on and what a datapath entry is written with. `free` is not one.
-    pub fn parse_held(raw: &str) -> Option<Self> {
-        raw.parse().ok().filter(|s| *s != Self::Free)
-    }
-
-    /// The datapath entry's state for this name; `None` for `Free`, which has no entry.
-    pub const fn entry(self) -> Option<AddrState> {
-        match self {
-            Self::Free => None,
-            Self::Active => Some(AddrState::Active),
-            Self::Draining => Some(AddrState::Draining),
-            Self::Quarantined => Some(AddrState::Quarantined),
-        }
-    }
-
-    /// The name of a datapath entry's raw state, `unknown` for a value this build does not know.
-    pub fn of_raw_entry(raw: Option<AddrState>) -> &'static str {
-        raw.map_or("unknown", |s| Self::from(s).as_str())
-    }
-}
-
-impl From<AddrState> for StateName {
-    fn from(state: AddrState) -> Self {
-        match state {
-            AddrState::Active => Self::Active,
-            AddrState::Draining => Self::Draining,
-            AddrState::Quarantined => Self::Quarantined,
-        }
     }
 }
 

@@ -7,9 +7,9 @@ use super::{
     reltime::{absolute_and_relative, relative},
     table::{key_values, Table},
 };
-use crate::{
-    api::model::{AddressView, ConflictView, Event, EventBody, HygieneView, Status},
-    registry::Holder,
+use ipq_api::{
+    model::{AddressView, ConflictView, Event, EventBody, HygieneView, Status},
+    Holder,
 };
 
 const NONE: &str = "-";

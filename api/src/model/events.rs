@@ -5,7 +5,7 @@ use std::net::IpAddr;
 use serde::{Deserialize, Serialize};
 
 use super::{ConflictView, ExhaustedAnswer, HygieneView};
-use crate::registry::{Holder, StateName};
+use crate::{Holder, StateName};
 
 /// One line of `GET /v1/events` (newline-delimited JSON).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

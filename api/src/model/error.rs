@@ -4,7 +4,7 @@ use std::net::IpAddr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::registry::Holder;
+use crate::Holder;
 
 /// Every error response: `{"error": {...}}` with an HTTP status that matches `code`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

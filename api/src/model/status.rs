@@ -2,7 +2,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::{EarlyReusePolicy, Mode};
+use ipq_common::config::Mode;
+
+use crate::EarlyReusePolicy;
 
 /// `GET /v1/status`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -1,7 +1,7 @@
 //! The exit codes of `ipq`, which scripts branch on: one enum with explicit values, the mapping
 //! from every API error code onto them, and the text `ipq --help` shows.
 
-use crate::api::model::ErrorCode;
+use ipq_api::model::ErrorCode;
 
 /// What `ipq` exits with. The values are a stable interface: never renumber.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

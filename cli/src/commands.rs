@@ -12,7 +12,7 @@ use super::{
     error::CliError,
     render,
 };
-use crate::api::client::Client;
+use ipq_api::client::Client;
 
 /// Runs `cli`'s command with `client`, writing to `out`.
 pub async fn run(cli: &Cli, client: &Client, out: &mut impl Write) -> Result<(), CliError> {

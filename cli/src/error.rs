@@ -5,7 +5,7 @@ use std::io;
 use thiserror::Error;
 
 use super::exit::Exit;
-use crate::api::client::ClientError;
+use ipq_api::client::ClientError;
 
 #[derive(Debug, Error)]
 pub enum CliError {
@@ -41,7 +41,7 @@ mod tests {
     use std::path::PathBuf;
 
     use super::*;
-    use crate::api::model::{ApiErrorBody, ErrorCode};
+    use ipq_api::model::{ApiErrorBody, ErrorCode};
 
     fn api(code: ErrorCode) -> CliError {
         CliError::from(ClientError::Api {

@@ -3,13 +3,12 @@
 use std::time::SystemTime;
 
 use super::render::{self, holder_short};
-use crate::{
-    api::model::{
+use ipq_api::{
+    model::{
         AddressView, ClaimFlushView, ConflictView, Event, EventBody, InterfaceStatus, IpamHoldView,
         RegistryCounts, Status, VerificationView,
     },
-    config::EarlyReusePolicy,
-    registry::{ConflictKind, Holder, PodRef, StateName},
+    ConflictKind, EarlyReusePolicy, Holder, PodRef, StateName,
 };
 
 const NOW: &str = "2026-11-22T10:01:00Z";
@@ -188,7 +187,7 @@ fn status_shows_readiness_counts_and_hooks() {
             ipv6: "dump (the kernel did not honour the filter)".into(),
         }),
         version: "0.1.0".into(),
-        mode: crate::config::Mode::Enforce,
+        mode: ipq_common::config::Mode::Enforce,
         on_early_reuse: EarlyReusePolicy::FenceOld,
         registry: RegistryCounts {
             entries: 3,
@@ -373,7 +372,7 @@ fn events_are_one_line_each() {
              holder ifindex 6 from 02:77:00:00:0a:02 98 bytes",
         ),
         (
-            EventBody::Hygiene(Box::new(crate::api::model::HygieneView {
+            EventBody::Hygiene(Box::new(ipq_api::model::HygieneView {
                 address: "10.77.0.2".parse().unwrap(),
                 trigger: "holder_gone".into(),
                 at: String::new(),
@@ -390,7 +389,7 @@ fn events_are_one_line_each() {
              FAILED: conntrack: ctnetlink: the kernel answered EPERM",
         ),
         (
-            EventBody::Hygiene(Box::new(crate::api::model::HygieneView {
+            EventBody::Hygiene(Box::new(ipq_api::model::HygieneView {
                 address: "10.77.0.3".parse().unwrap(),
                 trigger: "new_holder".into(),
                 at: String::new(),
@@ -443,7 +442,7 @@ fn get_says_when_an_address_is_observe_only() {
 #[test]
 fn get_says_why_a_new_holder_was_not_announced() {
     let detail = AddressView {
-        last_flush: Some(crate::api::model::HygieneView {
+        last_flush: Some(ipq_api::model::HygieneView {
             address: "10.77.0.2".parse().unwrap(),
             trigger: "new_holder".into(),
             at: "2026-11-22T10:00:58Z".into(),
@@ -466,7 +465,7 @@ fn get_says_why_a_new_holder_was_not_announced() {
 #[test]
 fn get_shows_the_last_flush_and_what_failed() {
     let detail = AddressView {
-        last_flush: Some(crate::api::model::HygieneView {
+        last_flush: Some(ipq_api::model::HygieneView {
             address: "10.77.0.2".parse().unwrap(),
             trigger: "new_holder".into(),
             at: "2026-11-22T10:00:58Z".into(),

@@ -205,7 +205,7 @@ impl Holder {
 
     /// Fills identity fields this holder lacks from `other` (the same holder seen by a richer
     /// source). Never overwrites what is known. Returns whether anything changed.
-    pub(crate) fn merge_identity(&mut self, other: &Holder) -> bool {
+    pub fn merge_identity(&mut self, other: &Holder) -> bool {
         let mut changed = false;
         if self.ifname.is_empty() && !other.ifname.is_empty() {
             self.ifname.clone_from(&other.ifname);

@@ -5,7 +5,7 @@ use std::{ffi::OsString, net::IpAddr, path::PathBuf, time::Duration};
 use clap::{Parser, Subcommand, ValueEnum};
 
 use super::exit::EXIT_CODES_HELP;
-use crate::{paths::DEFAULT_API_SOCKET, registry::StateName};
+use ipq_api::{StateName, DEFAULT_SOCKET as DEFAULT_API_SOCKET};
 
 /// The environment variable naming the agent's socket when `--socket` is not given.
 pub const SOCKET_ENV: &str = "IPQ_SOCKET";

@@ -4,10 +4,7 @@ use std::net::IpAddr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{
-    config::EarlyReusePolicy,
-    registry::{ConflictKind, Holder, StateName},
-};
+use crate::{ConflictKind, EarlyReusePolicy, Holder, StateName};
 
 /// The answer to a claim: the addresses as they are now, and the conflicts the claim caused
 /// (under `fence-old` or `observe` a claim over a live holder succeeds *and* conflicts).

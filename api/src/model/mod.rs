@@ -3,16 +3,18 @@
 //!
 //! Times are RFC 3339 UTC strings (`"2026-11-22T10:00:00.123Z"`), converted from the
 //! registry's monotonic clock when a response is built. Addresses are IP strings; holders are
-//! [`Holder`](crate::registry::Holder)s as the registry keeps them.
+//! [`Holder`](crate::Holder)s as the registry keeps them.
 
 mod error;
 mod events;
+mod ipam;
 mod requests;
 mod status;
 mod views;
 
 pub use error::*;
 pub use events::*;
+pub use ipam::*;
 pub use requests::*;
 pub use status::*;
 pub use views::*;

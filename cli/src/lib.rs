@@ -1,4 +1,5 @@
-//! The `ipq` command line: talks to the agent's API (owner: the CLI work of issue #4).
+//! The `ipq` command line: talks to the agent's API through `ipq-api`, and links nothing of
+//! the agent itself (no aya, no registry).
 //!
 //! [`args`] is what clap parses, [`commands`] calls the agent and picks the output, [`render`]
 //! draws the tables (over [`table`] and [`reltime`]), [`exit`] and [`error`] say what the
@@ -20,7 +21,7 @@ use std::io::Write as _;
 use clap::Parser as _;
 
 pub use self::{args::Cli, error::CliError, exit::Exit};
-use crate::api::client::Client;
+use ipq_api::client::Client;
 
 /// Parses the command line, runs the command, prints errors as `ipq: <message>` on stderr.
 pub fn main() -> Exit {

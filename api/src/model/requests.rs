@@ -4,7 +4,7 @@ use std::net::IpAddr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::registry::PodRef;
+use crate::PodRef;
 
 /// `POST /v1/claims`: `holder` claims every address in `addresses`, all or none.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -20,7 +20,7 @@ use super::model::{
     ConflictList, DrainAttachmentRequest, ErrorResponse, Event, GcRequest, ReleaseRequest, Status,
     API_PREFIX,
 };
-use crate::registry::StateName;
+use crate::StateName;
 
 #[derive(Debug, Error)]
 pub enum ClientError {
@@ -111,8 +111,8 @@ impl Client {
     /// ipq-ipam's DEL: the agent stores `release` durably and answers it as stored.
     pub async fn hold_release(
         &self,
-        release: &crate::cni::ipam::release::HeldRelease,
-    ) -> Result<crate::cni::ipam::release::HeldRelease, ClientError> {
+        release: &crate::model::HeldRelease,
+    ) -> Result<crate::model::HeldRelease, ClientError> {
         self.call(Method::POST, "/ipam/releases", Some(release))
             .await
     }

@@ -1,0 +1,14 @@
+//! ipq's local API: what `/v1` on the agent's unix socket accepts and answers, the names it
+//! speaks in, and a client. The agent serves these types; the `ipq` CLI, `ipq-cni` and
+//! `ipq-ipam` send them. Nothing here knows about eBPF or the registry.
+
+pub mod client;
+mod holder;
+pub mod model;
+mod vocabulary;
+
+pub use holder::{Holder, PodRef};
+
+/// Where the agent serves the API unless told otherwise (`api_socket`).
+pub const DEFAULT_SOCKET: &str = "/run/ipq/ipq.sock";
+pub use vocabulary::{ConflictKind, EarlyReusePolicy, StateName};

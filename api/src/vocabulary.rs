@@ -1,0 +1,150 @@
+//! The names the API speaks in: a lifecycle state, a conflict's kind, the early-reuse
+//! policy. One type each, with its one spelling derived (strum) and equal to its serde form.
+
+use ipq_common::addr::AddrState;
+use serde::{Deserialize, Serialize};
+
+/// The name of a lifecycle state, `Free` included (an address without a record): the one
+/// spelling of a state for the API, the CLI, the break-glass tools and the metrics. The
+/// datapath's [`AddrState`] has no `Free` (a free address has no entry); [`StateName::entry`]
+/// and `From<AddrState>` map between the two.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    strum::IntoStaticStr,
+    strum::EnumString,
+    strum::Display,
+    clap::ValueEnum,
+)]
+#[serde(rename_all = "lowercase")]
+#[strum(serialize_all = "lowercase")]
+pub enum StateName {
+    /// Never listed or written: a free address has no record and no datapath entry.
+    #[value(skip)]
+    Free,
+    Active,
+    Draining,
+    Quarantined,
+}
+
+impl StateName {
+    pub fn as_str(self) -> &'static str {
+        self.into()
+    }
+
+    /// The state of a held address named `raw` (`active`, `draining`, `quarantined`): what a
+    /// listing filters on and what a datapath entry is written with. `free` is not one.
+    pub fn parse_held(raw: &str) -> Option<Self> {
+        raw.parse().ok().filter(|s| *s != Self::Free)
+    }
+
+    /// The datapath entry's state for this name; `None` for `Free`, which has no entry.
+    pub const fn entry(self) -> Option<AddrState> {
+        match self {
+            Self::Free => None,
+            Self::Active => Some(AddrState::Active),
+            Self::Draining => Some(AddrState::Draining),
+            Self::Quarantined => Some(AddrState::Quarantined),
+        }
+    }
+
+    /// The name of a datapath entry's raw state, `unknown` for a value this build does not know.
+    pub fn of_raw_entry(raw: Option<AddrState>) -> &'static str {
+        raw.map_or("unknown", |s| Self::from(s).as_str())
+    }
+}
+
+impl From<AddrState> for StateName {
+    fn from(state: AddrState) -> Self {
+        match state {
+            AddrState::Active => Self::Active,
+            AddrState::Draining => Self::Draining,
+            AddrState::Quarantined => Self::Quarantined,
+        }
+    }
+}
+
+/// The kinds of conflict of DESIGN §2, as the `kind` label of `ipq_conflicts_total`.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    strum::IntoStaticStr,
+    strum::Display,
+)]
+#[strum(serialize_all = "snake_case")]
+#[serde(rename_all = "snake_case")]
+pub enum ConflictKind {
+    /// A claim while another live holder (Active or Draining) still has the address.
+    EarlyReuse,
+    /// A claim while the address is Quarantined.
+    ReuseInCooldown,
+    /// Packets with a holder's address as source arrived on another holder's interface.
+    DuplicateSource,
+    /// Another machine announced (ARP/NDP) an address that is Active/Draining here.
+    RemoteClaim,
+}
+
+impl ConflictKind {
+    pub const ALL: [ConflictKind; 4] = [
+        Self::EarlyReuse,
+        Self::ReuseInCooldown,
+        Self::DuplicateSource,
+        Self::RemoteClaim,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        self.into()
+    }
+}
+
+/// What happens when a new holder claims an address another live holder still has: the one
+/// policy type from the configuration through the registry and the journal to the API, where
+/// it is spelled as in the configuration (`fence-old`, `refuse-new`, `observe`).
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Serialize,
+    Deserialize,
+    strum::IntoStaticStr,
+    strum::EnumString,
+)]
+#[strum(serialize_all = "kebab-case")]
+#[serde(rename_all = "kebab-case")]
+pub enum EarlyReusePolicy {
+    FenceOld,
+    RefuseNew,
+    Observe,
+}
+
+impl EarlyReusePolicy {
+    pub const ALL: [EarlyReusePolicy; 3] = [Self::FenceOld, Self::RefuseNew, Self::Observe];
+
+    /// The policy's name as the configuration and the API spell it.
+    pub fn as_str(self) -> &'static str {
+        self.into()
+    }
+
+    /// The policy named `name`.
+    pub fn from_name(name: &str) -> Option<Self> {
+        name.parse().ok()
+    }
+}

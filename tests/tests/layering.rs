@@ -1,0 +1,51 @@
+//! The crates' boundaries, as cargo resolves them for a package built on its own (what
+//! `cargo build -p ipq-cli` compiles): the API crate and the CLI pull in neither aya nor the
+//! agent, so an operator's `ipq` and whatever else speaks the API carry no eBPF loader and no
+//! registry; the agent reaches the wire types through `ipq-api`.
+
+use std::{collections::BTreeSet, process::Command};
+
+/// The packages `cargo tree` lists for `package`'s normal dependencies on this platform.
+fn dependencies(package: &str) -> BTreeSet<String> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(cargo)
+        .args(["tree", "-p", package, "-e", "normal", "--prefix", "none"])
+        .args([
+            "--locked",
+            "--offline",
+            "--target",
+            "x86_64-unknown-linux-gnu",
+        ])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("running cargo tree");
+    assert!(
+        out.status.success(),
+        "cargo tree -p {package}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|line| line.split_whitespace().next())
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn the_api_crate_and_the_cli_pull_in_no_aya_and_no_agent() {
+    for package in ["ipq-api", "ipq-cli"] {
+        let deps = dependencies(package);
+        assert!(deps.contains("ipq-common"), "{package}: {deps:?}");
+        let forbidden: Vec<&String> = deps
+            .iter()
+            .filter(|d| d.starts_with("aya") || *d == "ipq" || d.starts_with("netlink"))
+            .collect();
+        assert!(forbidden.is_empty(), "{package} pulls in {forbidden:?}");
+    }
+    assert!(dependencies("ipq-cli").contains("ipq-api"));
+    assert!(dependencies("ipq").contains("ipq-api"));
+    assert!(
+        dependencies("ipq").contains("aya"),
+        "the check reads the tree it claims to"
+    );
+}
