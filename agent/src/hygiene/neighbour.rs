@@ -3,7 +3,10 @@
 //! (deleted so that the node resolves a reused address again) and the bridges' forwarding
 //! databases (where a holder's MAC is learned).
 
-use std::{collections::BTreeSet, net::IpAddr};
+use std::{
+    collections::{BTreeSet, HashMap},
+    net::IpAddr,
+};
 
 use netlink_packet_route::{
     address::{AddressAttribute, AddressMessage},
@@ -53,7 +56,7 @@ pub struct PermanentEntry {
 }
 
 /// One of the node's neighbour entries: (ifindex, state, MAC).
-type NeighbourEntry = (u32, NeighbourState, Option<[u8; 6]>);
+pub type NeighbourEntry = (u32, NeighbourState, Option<[u8; 6]>);
 
 /// What deleting an address's neighbour entries did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -144,34 +147,52 @@ impl Neighbours {
         Ok(macs)
     }
 
-    /// The node's neighbour entries for `addr` on every interface.
-    fn entries(&mut self, addr: IpAddr) -> Result<Vec<NeighbourEntry>, NeighbourError> {
-        let mut request = NeighbourMessage::default();
-        request.header.family = family(addr);
-        let mut found = Vec::new();
-        self.socket
-            .dump(RouteNetlinkMessage::GetNeighbour(request), |message| {
-                let RouteNetlinkMessage::NewNeighbour(message) = message else {
-                    return;
-                };
-                let mut dst = None;
-                let mut mac = None;
-                for attribute in &message.attributes {
-                    match attribute {
-                        NeighbourAttribute::Destination(NeighbourAddress::Inet(a)) => {
-                            dst = Some(IpAddr::V4(*a))
+    /// The node's neighbour entries of each of `addrs`, on every interface: one dump per
+    /// family for a whole batch of addresses, not one per address (the table holds an entry per
+    /// peer of every interface, and a burst of claims would read it once per claim).
+    pub fn entries_of(
+        &mut self,
+        addrs: &BTreeSet<IpAddr>,
+    ) -> Result<HashMap<IpAddr, Vec<NeighbourEntry>>, NeighbourError> {
+        let mut found: HashMap<IpAddr, Vec<NeighbourEntry>> = HashMap::new();
+        for family in [AddressFamily::Inet, AddressFamily::Inet6] {
+            let wanted = |a: &IpAddr| match a {
+                IpAddr::V4(_) => family == AddressFamily::Inet,
+                IpAddr::V6(_) => family == AddressFamily::Inet6,
+            };
+            if !addrs.iter().any(wanted) {
+                continue;
+            }
+            let mut request = NeighbourMessage::default();
+            request.header.family = family;
+            self.socket
+                .dump(RouteNetlinkMessage::GetNeighbour(request), |message| {
+                    let RouteNetlinkMessage::NewNeighbour(message) = message else {
+                        return;
+                    };
+                    let mut dst = None;
+                    let mut mac = None;
+                    for attribute in &message.attributes {
+                        match attribute {
+                            NeighbourAttribute::Destination(NeighbourAddress::Inet(a)) => {
+                                dst = Some(IpAddr::V4(*a))
+                            }
+                            NeighbourAttribute::Destination(NeighbourAddress::Inet6(a)) => {
+                                dst = Some(IpAddr::V6(*a).to_canonical())
+                            }
+                            NeighbourAttribute::LinkLayerAddress(bytes) => mac = mac_of(bytes),
+                            _ => {}
                         }
-                        NeighbourAttribute::Destination(NeighbourAddress::Inet6(a)) => {
-                            dst = Some(IpAddr::V6(*a).to_canonical())
-                        }
-                        NeighbourAttribute::LinkLayerAddress(bytes) => mac = mac_of(bytes),
-                        _ => {}
                     }
-                }
-                if dst == Some(addr) {
-                    found.push((message.header.ifindex, message.header.state, mac));
-                }
-            })?;
+                    if let Some(dst) = dst.filter(|d| addrs.contains(d)) {
+                        found.entry(dst).or_default().push((
+                            message.header.ifindex,
+                            message.header.state,
+                            mac,
+                        ));
+                    }
+                })?;
+        }
         Ok(found)
     }
 
@@ -179,14 +200,16 @@ impl Neighbours {
     /// that the node resolves it again; reports the permanent ones that do not point at the new
     /// holder's `holder_mac` (none when there is no new holder or its MAC is unknown), which
     /// belong to a CNI and stay.
+    /// `entries` are the address's entries as [`Neighbours::entries_of`] found them.
     pub fn flush(
         &mut self,
         addr: IpAddr,
+        entries: &[NeighbourEntry],
         holder_mac: Option<[u8; 6]>,
     ) -> Result<NeighbourFlush, NeighbourError> {
         let mut result = NeighbourFlush::default();
         let mut deletions = Vec::new();
-        for (ifindex, state, mac) in self.entries(addr)? {
+        for &(ifindex, state, mac) in entries {
             match state {
                 NeighbourState::Permanent | NeighbourState::Noarp => {
                     if holder_mac.is_some_and(|h| mac != Some(h)) {

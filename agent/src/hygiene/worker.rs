@@ -19,7 +19,7 @@ use super::{
     announce::{self, format_mac, Announcer},
     conntrack::Conntrack,
     flush_probe::{self, Verdict},
-    neighbour::{Link, Neighbours},
+    neighbour::{Link, NeighbourEntry, Neighbours},
     ClaimFlush, FlushMethod, Job, Report, Step, Trigger,
 };
 use crate::{config::HygieneConfig, netdev};
@@ -219,6 +219,13 @@ impl Worker {
         if flush {
             self.flush_conntrack(&mut reports);
         }
+        // The neighbour table read once for the whole batch (`None`: not flushing, or the read
+        // failed and each report says so).
+        let mut neighbours = if flush {
+            self.neighbour_entries(&mut reports)
+        } else {
+            None
+        };
         for (job, report) in batch.iter().zip(reports.iter_mut()) {
             if report.skipped.is_some() {
                 continue;
@@ -227,8 +234,9 @@ impl Worker {
                 Trigger::NewHolder => self.holder_mac(job, &links),
                 Trigger::HolderGone => None,
             };
-            if flush {
-                self.flush_neighbours(report, mac);
+            if let Some(found) = neighbours.as_mut() {
+                let entries = found.remove(&report.address).unwrap_or_default();
+                self.flush_neighbours(report, &entries, mac);
             }
             if job.trigger == Trigger::NewHolder && self.config.announce {
                 self.announce(job, report, mac, &links);
@@ -344,10 +352,45 @@ impl Worker {
         }
     }
 
-    fn flush_neighbours(&mut self, report: &mut Report, mac: Option<[u8; 6]>) {
+    /// The node's neighbour entries of every address of the batch still to clean, in one
+    /// read of the table; when the read fails, each of those reports says so.
+    fn neighbour_entries(
+        &mut self,
+        reports: &mut [Report],
+    ) -> Option<std::collections::HashMap<IpAddr, Vec<NeighbourEntry>>> {
+        let addrs: BTreeSet<IpAddr> = reports
+            .iter()
+            .filter(|r| r.skipped.is_none())
+            .map(|r| r.address)
+            .collect();
+        if addrs.is_empty() {
+            return Some(Default::default());
+        }
+        let result = match self.sockets() {
+            Ok((_, neighbours)) => neighbours.entries_of(&addrs).map_err(|e| e.to_string()),
+            Err(e) => Err(e),
+        };
+        match result {
+            Ok(found) => Some(found),
+            Err(e) => {
+                self.sockets = None;
+                for report in reports.iter_mut().filter(|r| r.skipped.is_none()) {
+                    self.fail(report, Step::Neighbours, e.clone());
+                }
+                None
+            }
+        }
+    }
+
+    fn flush_neighbours(
+        &mut self,
+        report: &mut Report,
+        entries: &[NeighbourEntry],
+        mac: Option<[u8; 6]>,
+    ) {
         let result = match self.sockets() {
             Ok((_, neighbours)) => neighbours
-                .flush(report.address, mac)
+                .flush(report.address, entries, mac)
                 .map_err(|e| e.to_string()),
             Err(e) => Err(e),
         };
