@@ -8,9 +8,13 @@ use super::{
     table::{key_values, Table},
 };
 use ipq_api::{
-    model::{AddressView, ConflictView, Event, EventBody, HygieneView, Status},
+    model::{AddressView, ConflictView, Event, EventBody, HygieneView},
     Holder,
 };
+
+mod status;
+
+pub use status::status;
 
 const NONE: &str = "-";
 
@@ -245,109 +249,6 @@ fn holder_fields(pairs: &mut Vec<(String, String)>, label: &str, holder: Option<
             .map(|u| format!(" (uid {u})"))
             .unwrap_or_default();
         sub("Pod", format!("{}/{}{uid}", pod.namespace, pod.name));
-    }
-}
-
-/// `ipq status`.
-pub fn status(status: &Status, now: SystemTime) -> String {
-    let r = &status.registry;
-    let ready = match (status.ready, &status.not_ready) {
-        (true, _) => "yes".to_owned(),
-        (false, Some(why)) => format!("no: {why}"),
-        (false, None) => "no".to_owned(),
-    };
-    let pairs = [
-        ("Ready".to_owned(), ready),
-        ("Version".to_owned(), status.version.clone()),
-        ("Mode".to_owned(), status.mode.as_str().to_owned()),
-        (
-            "On early reuse".to_owned(),
-            status.on_early_reuse.as_str().to_owned(),
-        ),
-        (
-            "Started".to_owned(),
-            absolute_and_relative(&status.started_at, now),
-        ),
-        (
-            "Registry".to_owned(),
-            format!(
-                "{}/{} entries: {} active, {} draining, {} quarantined",
-                r.entries, r.capacity, r.active, r.draining, r.quarantined
-            ),
-        ),
-        (
-            "Conflicts".to_owned(),
-            format!(
-                "{} total, {} claims refused",
-                status.conflicts_total, status.refused_claims_total
-            ),
-        ),
-        (
-            "Interfaces".to_owned(),
-            match (status.interfaces.len(), status.unprotected) {
-                (0, _) => "none attached".to_owned(),
-                (n, 0) => n.to_string(),
-                (n, u) => format!("{n}, {u} NOT PROTECTED"),
-            },
-        ),
-        ("TC attach".to_owned(), status.tc_attach.clone()),
-        (
-            "Conntrack".to_owned(),
-            status.conntrack_claim_flush.as_ref().map_or_else(
-                || NONE.to_owned(),
-                |f| format!("claims flushed by: IPv4 {}; IPv6 {}", f.ipv4, f.ipv6),
-            ),
-        ),
-        ("Verified".to_owned(), verification(status, now)),
-    ];
-    let mut out = key_values(&pairs);
-    if !status.interfaces.is_empty() {
-        let any_error = status.interfaces.iter().any(|i| i.error.is_some());
-        let mut header = vec!["IFINDEX", "NAME", "HOOKS", "ATTACHMENT", "PROTECTION"];
-        if any_error {
-            header.push("ERROR");
-        }
-        let mut table = Table::new(header);
-        for iface in &status.interfaces {
-            let mut row = vec![
-                iface.ifindex.to_string(),
-                iface.name.clone(),
-                if iface.hooks.is_empty() {
-                    NONE.to_owned()
-                } else {
-                    iface.hooks.join(",")
-                },
-                iface.attachment.clone().unwrap_or_else(|| NONE.to_owned()),
-                iface.protection.clone(),
-            ];
-            if any_error {
-                row.push(match &iface.error {
-                    Some(e) => format!("{e} ({} attempts)", iface.failed_attempts),
-                    None => NONE.to_owned(),
-                });
-            }
-            table.row(row);
-        }
-        out.push_str(&table.render("  "));
-    }
-    out
-}
-
-/// When the datapath was last verified against the kernel, and what that found.
-fn verification(status: &Status, now: SystemTime) -> String {
-    let Some(v) = &status.verification else {
-        return "not yet".to_owned();
-    };
-    let when = absolute_and_relative(&v.at, now);
-    let took = v.took_us as f64 / 1000.0;
-    if v.found.is_empty() {
-        format!("{when}, {} pins in place ({took:.1} ms)", v.pins)
-    } else {
-        format!(
-            "{when}, {} pins ({took:.1} ms); FOUND: {}",
-            v.pins,
-            v.found.join("; ")
-        )
     }
 }
 
