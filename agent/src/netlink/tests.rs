@@ -1,7 +1,12 @@
 use std::net::{Ipv4Addr, Ipv6Addr};
 
-use netlink_packet_route::neighbour::{NeighbourAddress, NeighbourAttribute, NeighbourState};
-use netlink_packet_route::route::{RouteHeader, RouteProtocol, RouteScope};
+use netlink_packet_route::{
+    neighbour::{NeighbourAddress, NeighbourAttribute, NeighbourMessage, NeighbourState},
+    route::{
+        RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteProtocol, RouteScope,
+        RouteType,
+    },
+};
 
 use super::*;
 
