@@ -33,6 +33,7 @@
 //!   conflicts reported by the datapath.
 
 mod batch;
+mod claim;
 mod clock;
 mod effects;
 pub mod entry;
