@@ -7,7 +7,8 @@ use std::{collections::BTreeMap, net::IpAddr};
 use ipq_common::addr::{AddrEntry, AddrKey, AddrState, FLAG_OBSERVE_ONLY, NO_IFINDEX};
 use log::warn;
 
-use super::types::{AddrRecord, AddrStatus, Holder, MonoNs, RegistrySettings};
+use super::settings::RegistrySettings;
+use super::types::{AddrRecord, AddrStatus, Holder, MonoNs};
 
 /// A holder whose interface ipq cannot know any more (rebuilt from a bare datapath entry).
 const UNKNOWN_IFINDEX: u32 = u32::MAX;

@@ -38,6 +38,7 @@ mod clock;
 mod effects;
 pub mod entry;
 mod error;
+mod settings;
 mod snapshot;
 mod transitions;
 mod types;
@@ -59,11 +60,9 @@ pub use clock::{Clock, FakeClock, SystemClock};
 pub use effects::{apply_to_mirror, Conflict, ConflictKind, Effect};
 pub use entry::datapath_entry;
 pub use error::{RecordProblem, RegistryError};
+pub use settings::RegistrySettings;
 pub use snapshot::{Snapshot, SNAPSHOT_VERSION};
-pub use types::{
-    duration_ns, AddrRecord, AddrStatus, Holder, MonoNs, PodRef, RegistrySettings, Source,
-    StateName,
-};
+pub use types::{duration_ns, AddrRecord, AddrStatus, Holder, MonoNs, PodRef, Source, StateName};
 pub use waitlist::WaitlistRun;
 
 /// The registry of every address this node knows. One owner; everything else sends it messages.

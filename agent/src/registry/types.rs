@@ -7,8 +7,6 @@ pub use ipq_api::{Holder, PodRef, StateName};
 use ipq_common::addr::NO_IFINDEX;
 use serde::{Deserialize, Serialize};
 
-use crate::config::{Config, EarlyReusePolicy};
-
 /// CLOCK_MONOTONIC(_COARSE) nanoseconds: the time type of the registry and of the datapath.
 pub type MonoNs = u64;
 
@@ -363,46 +361,5 @@ impl AddrRecord {
 
     pub(crate) fn live_ifindexes(&self) -> impl Iterator<Item = u32> + '_ {
         self.live_holders().map(|h| h.ifindex)
-    }
-}
-
-/// The registry's knobs, taken from the agent configuration.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RegistrySettings {
-    pub policy: EarlyReusePolicy,
-    pub cooldown: Duration,
-    pub quiet_period: Duration,
-    pub max_cooldown: Duration,
-    pub capacity: u32,
-}
-
-impl From<&Config> for RegistrySettings {
-    fn from(config: &Config) -> Self {
-        Self {
-            policy: config.on_early_reuse,
-            cooldown: config.cooldown,
-            quiet_period: config.quiet_period,
-            max_cooldown: config.max_cooldown,
-            capacity: config.capacity,
-        }
-    }
-}
-
-impl Default for RegistrySettings {
-    fn default() -> Self {
-        Self::from(&Config::default())
-    }
-}
-
-impl RegistrySettings {
-    /// When a quarantine that began at `since` ends: `max(since + cooldown, last_stale +
-    /// quiet_period)`, capped at `since + max_cooldown`. The cap never undercuts the cooldown,
-    /// even with settings that were not validated (`max_cooldown < cooldown`).
-    pub fn release_at(&self, since: MonoNs, last_stale: Option<MonoNs>) -> MonoNs {
-        let cooldown = duration_ns(self.cooldown);
-        let cap = since.saturating_add(duration_ns(self.max_cooldown).max(cooldown));
-        let base = since.saturating_add(cooldown);
-        let quiet = last_stale.map_or(0, |at| at.saturating_add(duration_ns(self.quiet_period)));
-        base.max(quiet).min(cap)
     }
 }
