@@ -2,16 +2,16 @@
 //! an HTTP response. Every input is checked here, before anything reaches the registry, and
 //! every error names the input it is about.
 
-use std::{convert::Infallible, net::IpAddr, sync::Arc, time::Duration};
+use std::{convert::Infallible, sync::Arc, time::Duration};
 
 use bytes::Bytes;
 use futures::StreamExt;
-use http_body_util::{combinators::BoxBody, BodyExt, Full, Limited, StreamBody};
+use http_body_util::{combinators::BoxBody, BodyExt, Full, StreamBody};
 use hyper::{
     body::{Frame, Incoming},
     header, Method, Request, Response, StatusCode,
 };
-use serde::{de::DeserializeOwned, Serialize};
+use serde::Serialize;
 use tokio::sync::{broadcast, mpsc, oneshot};
 
 use super::{
@@ -20,13 +20,15 @@ use super::{
     views::{ApiError, TimeBase},
 };
 use crate::{
-    addr_class,
-    echo::{echo, Echo},
+    echo::Echo,
     listen,
     metrics::{LostAt, Metrics},
     netdev,
-    registry::StateName,
 };
+
+mod input;
+
+use input::{claimable, decode, invalid, parse_ip, parse_state, read_body, read_body_up_to, Query};
 
 pub type Body = BoxBody<Bytes, Infallible>;
 
@@ -283,91 +285,6 @@ fn not_found(path: &str) -> ApiError {
     )
 }
 
-fn invalid(message: impl Into<String>) -> ApiError {
-    ApiError::new(ErrorCode::InvalidArgument, message)
-}
-
-fn parse_ip(raw: &str) -> Result<IpAddr, ApiError> {
-    raw.parse::<IpAddr>()
-        .map(|a| a.to_canonical())
-        .map_err(|_| {
-            invalid(format!(
-                "address `{}`: not an IPv4 or IPv6 address",
-                Echo(raw)
-            ))
-        })
-}
-
-/// Refuses addresses no workload can hold, as netlink events of them are ignored.
-fn claimable(addresses: &[IpAddr]) -> Result<(), ApiError> {
-    for (i, addr) in addresses.iter().enumerate() {
-        if let Err(class) = addr_class::workload_address(*addr) {
-            return Err(invalid(format!(
-                "addresses[{i}] `{addr}`: a {} address, which no workload holds; claim unicast \
-                 addresses only",
-                class.as_str()
-            )));
-        }
-    }
-    Ok(())
-}
-
-fn parse_state(raw: &str) -> Result<StateName, ApiError> {
-    StateName::parse_held(raw).ok_or_else(|| {
-        invalid(format!(
-            "state `{}`: must be active, draining or quarantined",
-            Echo(raw)
-        ))
-    })
-}
-
-async fn read_body(request: Request<Incoming>, what: &str) -> Result<Bytes, ApiError> {
-    read_body_up_to(request, what, MAX_BODY).await
-}
-
-async fn read_body_up_to(
-    request: Request<Incoming>,
-    what: &str,
-    limit: usize,
-) -> Result<Bytes, ApiError> {
-    let body = Limited::new(request.into_body(), limit).collect();
-    tokio::time::timeout(BODY_TIMEOUT, body)
-        .await
-        .map_err(|_| {
-            ApiError::new(
-                ErrorCode::BadRequest,
-                format!("body of {what}: not received within {BODY_TIMEOUT:?}"),
-            )
-        })?
-        .map(|b| b.to_bytes())
-        .map_err(|e| {
-            ApiError::new(
-                ErrorCode::BadRequest,
-                format!("body of {what}: {e} (at most {limit} bytes)"),
-            )
-        })
-}
-
-/// Decodes a JSON body; the error names the field (`addresses[1]: invalid IP address syntax`).
-fn decode<T: DeserializeOwned>(body: &[u8], what: &str) -> Result<T, ApiError> {
-    let mut de = serde_json::Deserializer::from_slice(body);
-    let value: T = serde_path_to_error::deserialize(&mut de).map_err(|e| {
-        let field = e.path().to_string();
-        let at = if field == "." {
-            String::new()
-        } else {
-            format!(" at `{field}`")
-        };
-        ApiError::new(
-            ErrorCode::BadRequest,
-            format!("body of {what}{at}: {}", echo(&e.into_inner().to_string())),
-        )
-    })?;
-    de.end()
-        .map_err(|e| ApiError::new(ErrorCode::BadRequest, format!("body of {what}: {e}")))?;
-    Ok(value)
-}
-
 fn full(bytes: impl Into<Bytes>) -> Body {
     BodyExt::boxed(Full::new(bytes.into()))
 }
@@ -394,48 +311,6 @@ pub fn error_response(error: &ApiError) -> Response<Body> {
         .header(header::CONTENT_TYPE, "application/json")
         .body(full(body))
         .expect("a static response is valid")
-}
-
-/// A query string's parameters.
-struct Query(Vec<(String, String)>);
-
-impl Query {
-    fn parse(raw: &str) -> Result<Self, ApiError> {
-        let mut pairs = Vec::new();
-        for pair in raw.split('&').filter(|p| !p.is_empty()) {
-            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-            if pairs.iter().any(|(k, _)| k == key) {
-                return Err(invalid(format!(
-                    "query parameter `{}` given twice",
-                    Echo(key)
-                )));
-            }
-            pairs.push((key.to_owned(), value.to_owned()));
-        }
-        Ok(Self(pairs))
-    }
-
-    fn allow(&self, known: &[&str]) -> Result<(), ApiError> {
-        match self.0.iter().find(|(k, _)| !known.contains(&k.as_str())) {
-            None => Ok(()),
-            Some((key, _)) if known.is_empty() => Err(invalid(format!(
-                "query parameter `{}`: this path takes none",
-                Echo(key)
-            ))),
-            Some((key, _)) => Err(invalid(format!(
-                "query parameter `{}`: unknown (known: {})",
-                Echo(key),
-                known.join(", ")
-            ))),
-        }
-    }
-
-    fn get(&self, key: &str) -> Option<&str> {
-        self.0
-            .iter()
-            .find(|(k, _)| k == key)
-            .map(|(_, v)| v.as_str())
-    }
 }
 
 #[cfg(test)]

@@ -1,3 +1,5 @@
+use std::net::IpAddr;
+
 use super::*;
 use crate::api::model::ClaimRequest;
 
