@@ -2,7 +2,7 @@ use std::{
     collections::BTreeMap,
     net::Ipv4Addr,
     sync::{
-        atomic::{AtomicBool, AtomicU64},
+        atomic::{fence, AtomicBool, AtomicU64},
         Arc,
     },
 };
