@@ -193,4 +193,18 @@ impl AddrEntry {
     pub const fn state(&self) -> Option<AddrState> {
         AddrState::from_raw(self.state)
     }
+
+    /// Whether `other` enforces the same thing: state, holder and fenced interface (the
+    /// stamps and flags aside).
+    pub const fn enforces_as(&self, other: &AddrEntry) -> bool {
+        self.state == other.state
+            && self.holder_ifindex == other.holder_ifindex
+            && self.fenced_ifindex == other.fenced_ifindex
+    }
+
+    /// Whether `other` holds everything the agent writes the same (the kernel's stamps aside):
+    /// a write of `other` over `self` would change nothing a program reads from the agent.
+    pub const fn written_as(&self, other: &AddrEntry) -> bool {
+        self.enforces_as(other) && self.flags == other.flags && self.since_ns == other.since_ns
+    }
 }

@@ -51,7 +51,7 @@ pub fn merge(
     for (key, entry) in entries {
         let addr = key.to_ip();
         let known = records.get(&addr);
-        if let Some(known) = known.filter(|r| same_enforcement(&datapath_entry(r), &entry)) {
+        if let Some(known) = known.filter(|r| datapath_entry(r).enforces_as(&entry)) {
             // The journal agrees; an observe-only flag only the map has (a journal written
             // before records carried it) is kept: observation never becomes enforcement.
             if entry.flags & FLAG_OBSERVE_ONLY != 0 && !known.observe_only {
@@ -73,18 +73,6 @@ pub fn merge(
         }
     }
     (records.into_values().collect(), adopted)
-}
-
-/// Whether two datapath entries hold the same agent-written fields (the kernel's stamps aside).
-pub fn same_written(a: &AddrEntry, b: &AddrEntry) -> bool {
-    same_enforcement(a, b) && a.flags == b.flags && a.since_ns == b.since_ns
-}
-
-/// Whether two datapath entries enforce the same thing (ignoring the stamps).
-fn same_enforcement(a: &AddrEntry, b: &AddrEntry) -> bool {
-    a.state == b.state
-        && a.holder_ifindex == b.holder_ifindex
-        && a.fenced_ifindex == b.fenced_ifindex
 }
 
 /// Gives `adopted` the identities (container, pod, names) `known` had for the same interfaces.

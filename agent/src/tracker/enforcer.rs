@@ -9,10 +9,7 @@ use std::{collections::BTreeMap, net::IpAddr};
 use ipq_common::addr::{AddrEntry, AddrKey};
 use log::error;
 
-use crate::{
-    datapath::{DatapathError, DatapathPort},
-    registry::entry::same_written,
-};
+use crate::datapath::{DatapathError, DatapathPort};
 
 pub struct Enforcer {
     datapath: Box<dyn DatapathPort>,
@@ -48,7 +45,7 @@ impl Enforcer {
     /// written (O(1), no syscall).
     pub fn write(&mut self, addr: IpAddr, entry: AddrEntry) {
         let current = self.datapath.table().get(&AddrKey::from(addr));
-        if !current.is_some_and(|current| same_written(&current, &entry)) {
+        if !current.is_some_and(|current| current.written_as(&entry)) {
             self.put(addr, entry);
         }
     }
@@ -74,7 +71,7 @@ impl Enforcer {
             }
         }
         for (addr, entry) in wanted {
-            if !written.get(&addr).is_some_and(|e| same_written(e, &entry)) {
+            if !written.get(&addr).is_some_and(|e| e.written_as(&entry)) {
                 self.put(addr, entry);
             }
         }
