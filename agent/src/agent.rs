@@ -4,11 +4,9 @@
 
 use std::time::Duration;
 
-use ipq_common::sample::ConflictSample;
 use log::{error, info, warn};
 use thiserror::Error;
 use tokio::{
-    io::{unix::AsyncFd, Interest},
     signal::unix::{signal, SignalKind},
     sync::mpsc,
 };
@@ -17,10 +15,7 @@ use crate::{
     api::server::{Access, ApiServer, ServerError},
     cni::spool,
     config::Config,
-    datapath::{
-        attach, decode_sample, held_pins, verify, Datapath, DatapathError, KernelLogger,
-        LoadOptions, Samples,
-    },
+    datapath::{attach, held_pins, verify, Datapath, DatapathError, LoadOptions},
     journal::{Journal, JournalError},
     listen,
     metrics::{self, Metrics, MetricsError},
@@ -30,6 +25,10 @@ use crate::{
     safe_fs::{self, DirError},
     tracker::{Answer, Recovery, Tracker},
 };
+
+mod kernel_rings;
+
+use kernel_rings::{forward_kernel_logs, read_samples};
 
 /// API requests answered per journal save at most: a burst of CNI ADDs shares one fsync.
 const MAX_REQUEST_BURST: usize = 256;
@@ -65,60 +64,6 @@ pub enum AgentError {
          ipq on x86-64 nodes (the DaemonSet selects kubernetes.io/arch: amd64)"
     )]
     UnsupportedCpu(&'static str),
-}
-
-/// Reads the sample ring until the agent stops and hands each sample to the tracker, which logs
-/// and publishes it.
-async fn read_samples(
-    samples: Samples,
-    to_tracker: mpsc::UnboundedSender<ConflictSample>,
-) -> Result<(), AgentError> {
-    // SAFETY: the ring buffer owns its map fd, which stays open and unchanged for as long as
-    // the AsyncFd owns the ring.
-    let mut ring = unsafe { AsyncFd::register_with_interest(samples.0, Interest::READABLE) }
-        .map_err(|e| AgentError::Io {
-            what: "polling the sample ring buffer",
-            source: e.into_parts().1,
-        })?;
-    loop {
-        let mut guard = ring.readable_mut().await.map_err(|source| AgentError::Io {
-            what: "polling the sample ring buffer",
-            source,
-        })?;
-        let ring = guard.get_inner_mut();
-        while let Some(item) = ring.next() {
-            match decode_sample(&item) {
-                Some(sample) => {
-                    if to_tracker.send(sample).is_err() {
-                        return Ok(());
-                    }
-                }
-                None => warn!("sample ring: record of {} bytes ignored", item.len()),
-            }
-        }
-        guard.clear_ready();
-    }
-}
-
-/// Forwards the kernel programs' aya-log records to the agent's log (debug level).
-async fn forward_kernel_logs(logger: KernelLogger) -> Result<(), AgentError> {
-    // SAFETY: the logger owns its ring buffer's fd for as long as the AsyncFd owns it.
-    let mut logger = unsafe { AsyncFd::register_with_interest(logger, Interest::READABLE) }
-        .map_err(|e| AgentError::Io {
-            what: "polling the kernel log ring",
-            source: e.into_parts().1,
-        })?;
-    loop {
-        let mut guard = logger
-            .readable_mut()
-            .await
-            .map_err(|source| AgentError::Io {
-                what: "polling the kernel log ring",
-                source,
-            })?;
-        guard.get_inner_mut().flush();
-        guard.clear_ready();
-    }
 }
 
 /// Sleeps until the registry's next deadline or the next attach retry, and at most until
