@@ -19,7 +19,9 @@
 //!   cold-started node while its veths move from netlink filters to TCX links, and after;
 //! - `cold_start_1000_veths`: a first start with 1000 workload veths, until ready, and how many
 //!   of them were protected then; `cold_start_tcx_done`: until the last of their netlink
-//!   filters was replaced by its TCX link, and how many are on TCX then.
+//!   filters was replaced by its TCX link, and how many are on TCX then;
+//! - `rss_with_1000_veths`: then 64k host routes spread over those veths, the agent's resident
+//!   memory once they are all in the registry (a full node, not a node of 16 interfaces).
 //!
 //! The agent runs with `cooldown = 1s` so that what one measurement adds (each on an interface
 //! of its own, deleted afterwards) is released before the next, keeping the registry at its
@@ -285,7 +287,8 @@ pub fn run(opts: &BenchOptions) -> Result<Vec<Row>> {
 
     eprintln!("bench control: cold start with 1000 veths");
     let veths = if opts.quick { 100 } else { 1000 };
-    let cold = cold_start(veths)?;
+    let populated = if opts.quick { 1000 } else { AT };
+    let cold = cold_start(veths, populated)?;
     rows.push(target(
         row(
             &format!("cold_start_{veths}_veths"),
@@ -324,6 +327,17 @@ pub fn run(opts: &BenchOptions) -> Result<Vec<Row>> {
         "bench control: the burst during the move started with {} of {veths} veths on TCX",
         cold.moved_before_burst
     );
+    rows.push(at_target(
+        populated,
+        row(
+            &format!("rss_with_{veths}_veths"),
+            Some(populated),
+            "MB",
+            &[cold.rss_populated_mb],
+        ),
+        "≤ 64 MB",
+        |v| v <= 64.0,
+    ));
     Ok(rows)
 }
 
@@ -702,10 +716,13 @@ struct ColdStart {
     /// Veths already on TCX when that burst started (the move was under way, not over).
     moved_before_burst: f64,
     burst_after_p99: f64,
+    /// The agent's RSS once the registry holds `populated` addresses on these veths: what a
+    /// node with many pods costs, not a node with a few interfaces.
+    rss_populated_mb: f64,
 }
 
-/// A first start on a node with `veths` workload veths.
-fn cold_start(veths: u32) -> Result<ColdStart> {
+/// A first start on a node with `veths` workload veths; then `populated` host routes over them.
+fn cold_start(veths: u32, populated: u32) -> Result<ColdStart> {
     let mut node = Node::new(&agent_args())?;
     let mut batch = String::new();
     for i in 0..veths {
@@ -732,6 +749,18 @@ fn cold_start(veths: u32) -> Result<ColdStart> {
     let on_tcx = count_workload(&node, "attachment", "tcx")?;
     // The same burst once the move is over: what the node's other rtnl users get normally.
     let (_, burst_after_p99) = route_burst(&node, 61)?;
+    // The node filled: `populated` pods' addresses spread over the veths.
+    let mut lines = String::new();
+    for i in 1..=populated {
+        lines.push_str(&format!(
+            "route add {}/32 dev bw{}\n",
+            population_addr(i),
+            i % veths
+        ));
+    }
+    node.ip_batch(&lines)?;
+    wait_entries(&node, f64::from(populated), Duration::from_secs(900))?;
+    let (_, rss_populated_mb) = idle_cost(&node, 3.0)?;
     Ok(ColdStart {
         ready_ms,
         protected,
@@ -740,6 +769,7 @@ fn cold_start(veths: u32) -> Result<ColdStart> {
         burst_during_p99,
         moved_before_burst,
         burst_after_p99,
+        rss_populated_mb,
     })
 }
 
