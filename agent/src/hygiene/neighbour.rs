@@ -69,6 +69,24 @@ pub struct Neighbours {
     socket: NlSocket,
 }
 
+fn link_of(message: LinkMessage) -> Link {
+    let mut link = Link {
+        ifindex: message.header.index,
+        name: String::new(),
+        master: None,
+        mac: None,
+    };
+    for attribute in message.attributes {
+        match attribute {
+            LinkAttribute::IfName(name) => link.name = name,
+            LinkAttribute::Controller(master) => link.master = Some(master),
+            LinkAttribute::Address(mac) => link.mac = mac_of(&mac),
+            _ => {}
+        }
+    }
+    link
+}
+
 fn mac_of(bytes: &[u8]) -> Option<[u8; 6]> {
     bytes.try_into().ok()
 }
@@ -96,30 +114,35 @@ impl Neighbours {
         Ok(addrs)
     }
 
-    /// Every link of the node, with its bridge master and MAC.
-    pub fn links(&mut self) -> Result<Vec<Link>, NeighbourError> {
-        let mut links = Vec::new();
-        let request = RouteNetlinkMessage::GetLink(LinkMessage::default());
-        self.socket.dump(request, |message| {
-            if let RouteNetlinkMessage::NewLink(message) = message {
-                let mut link = Link {
-                    ifindex: message.header.index,
-                    name: String::new(),
-                    master: None,
-                    mac: None,
-                };
-                for attribute in message.attributes {
-                    match attribute {
-                        LinkAttribute::IfName(name) => link.name = name,
-                        LinkAttribute::Controller(master) => link.master = Some(master),
-                        LinkAttribute::Address(mac) => link.mac = mac_of(&mac),
-                        _ => {}
+    /// Link `ifindex` with its bridge master and MAC: one request, whatever the number of the
+    /// node's links; `None` when it is gone.
+    pub fn link(&mut self, ifindex: u32) -> Result<Option<Link>, NeighbourError> {
+        let mut request = LinkMessage::default();
+        request.header.index = ifindex;
+        let answer = self.socket.get(RouteNetlinkMessage::GetLink(request))?;
+        Ok(match answer {
+            Some(RouteNetlinkMessage::NewLink(message)) => Some(link_of(message)),
+            _ => None,
+        })
+    }
+
+    /// The ports of bridge `bridge`: the kernel's dump filtered by master (`IFLA_MASTER`, as
+    /// `ip link show master` asks), checked here too, so a kernel that ignored the filter costs
+    /// time, never a wrong port.
+    pub fn ports_of(&mut self, bridge: u32) -> Result<Vec<Link>, NeighbourError> {
+        let mut request = LinkMessage::default();
+        request.attributes.push(LinkAttribute::Controller(bridge));
+        let mut ports = Vec::new();
+        self.socket
+            .dump(RouteNetlinkMessage::GetLink(request), |message| {
+                if let RouteNetlinkMessage::NewLink(message) = message {
+                    let link = link_of(message);
+                    if link.master == Some(bridge) {
+                        ports.push(link);
                     }
                 }
-                links.push(link);
-            }
-        })?;
-        Ok(links)
+            })?;
+        Ok(ports)
     }
 
     /// The MACs the bridge learned behind `port` (its forwarding database, without the port's

@@ -90,6 +90,39 @@ impl NlSocket {
         self.seq
     }
 
+    /// One object: sends `payload` as a request (no dump) and returns the kernel's answer, or
+    /// `None` when it answered `ENODEV`/`ENOENT` (no such object).
+    pub fn get<T>(&mut self, payload: T) -> Result<Option<T>, SocketError>
+    where
+        T: NetlinkSerializable + NetlinkDeserializable + Clone + std::fmt::Debug,
+    {
+        let seq = self.send(&[payload], NLM_F_REQUEST | NLM_F_ACK)?;
+        let mut answer = None;
+        let mut done = false;
+        while !done {
+            self.receive(|message: NetlinkMessage<T>| {
+                if message.header.sequence_number != seq {
+                    return Ok(());
+                }
+                match message.payload {
+                    NetlinkPayload::InnerMessage(inner) => answer = Some(inner),
+                    NetlinkPayload::Error(e) => {
+                        done = true;
+                        match e.code.map(|c| -c.get()) {
+                            None => {}
+                            Some(libc::ENODEV | libc::ENOENT) => answer = None,
+                            Some(code) => return Err(SocketError::Kernel(errno(-code))),
+                        }
+                    }
+                    NetlinkPayload::Overrun(_) => return Err(SocketError::Overrun),
+                    _ => {}
+                }
+                Ok(())
+            })?;
+        }
+        Ok(answer)
+    }
+
     /// Dumps: sends `payload` with `NLM_F_DUMP` and hands every reply to `each`.
     pub fn dump<T>(&mut self, payload: T, mut each: impl FnMut(T)) -> Result<(), SocketError>
     where

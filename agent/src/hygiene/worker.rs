@@ -17,6 +17,8 @@ use tokio::sync::mpsc;
 mod announcing;
 mod flushes;
 
+use announcing::BatchLinks;
+
 use super::counters::HygieneCounters;
 use super::{
     announce::Announcer,
@@ -195,10 +197,10 @@ impl Worker {
     fn clean(&mut self, batch: &[Job]) -> Vec<Report> {
         let mut reports: Vec<Report> = batch.iter().map(Report::new).collect();
         let flush = self.config.flush;
-        let (node_addrs, links) = match self.sockets() {
-            Ok((_, neighbours)) => match (neighbours.node_addresses(), neighbours.links()) {
-                (Ok(addrs), Ok(links)) => (addrs, links),
-                (Err(e), _) | (_, Err(e)) => {
+        let node_addrs = match self.sockets() {
+            Ok((_, neighbours)) => match neighbours.node_addresses() {
+                Ok(addrs) => addrs,
+                Err(e) => {
                     let e = e.to_string();
                     self.sockets = None;
                     for report in &mut reports {
@@ -229,12 +231,15 @@ impl Worker {
         } else {
             None
         };
+        // The links the batch's jobs name, each asked of the kernel once (not a dump of every
+        // link of the node per batch: a node of 1000 pods has 1000 veths).
+        let mut links = BatchLinks::default();
         for (job, report) in batch.iter().zip(reports.iter_mut()) {
             if report.skipped.is_some() {
                 continue;
             }
             let mac = match job.trigger {
-                Trigger::NewHolder => self.holder_mac(job, &links),
+                Trigger::NewHolder => self.holder_mac(job, &mut links),
                 Trigger::HolderGone => None,
             };
             if let Some(found) = neighbours.as_mut() {
@@ -242,7 +247,7 @@ impl Worker {
                 self.flush_neighbours(report, &entries, mac);
             }
             if job.trigger == Trigger::NewHolder && self.config.announce {
-                self.announce(job, report, mac, &links);
+                self.announce(job, report, mac, &mut links);
             }
         }
         self.finish(reports)

@@ -6,7 +6,9 @@
 //! - `cni_add_p99`: `ipq-cni ADD`, spawn to exit;
 //! - `api_fresh_claims`, `api_fresh_claim_p50/p99`: what a CNI ADD asks, 64 clients each on a
 //!   workload veth of its own claiming addresses never held before for holders never seen
-//!   before (reuse hygiene runs for every one), a fixed number each, timed to the last answer;
+//!   before (reuse hygiene runs for every one), a fixed number each, timed to the last answer,
+//!   once the veths are on their TCX links; `_during_tcx_move`: the same while those links are
+//!   being created (a burst of new pods), whose `rtnl_lock` holds the hygiene's requests up;
 //! - `api_reclaim_drain_ops` and `api_reclaim_p99`: 64 clients claiming and draining a few
 //!   addresses each, over and over: mostly re-claims of the holder that just drained, which
 //!   skip the flush (the cheap path, reported beside the fresh figure, not instead of it);
@@ -61,8 +63,10 @@ const GC_ATTACHMENTS: u32 = 1000;
 const AT: u32 = 65536;
 const BASE: u32 = 1000;
 
-fn agent_args() -> Vec<&'static str> {
-    vec![
+/// The agent's flags; `IPQ_BENCH_AGENT_ARGS` (whitespace-separated) adds flags for an
+/// experiment, e.g. `--hygiene-flush false` to see what a claim costs without its flush.
+fn agent_args() -> Vec<String> {
+    let mut args: Vec<String> = [
         "--workload",
         "bw*",
         "--cooldown",
@@ -74,6 +78,12 @@ fn agent_args() -> Vec<&'static str> {
         "--capacity",
         "81920",
     ]
+    .map(String::from)
+    .into();
+    if let Ok(extra) = std::env::var("IPQ_BENCH_AGENT_ARGS") {
+        args.extend(extra.split_whitespace().map(String::from));
+    }
+    args
 }
 
 /// The registry address of population member `i` (1-based).
@@ -115,7 +125,8 @@ fn at_target(size: u32, row: Row, text: &str, met: impl Fn(f64) -> bool) -> Row 
 pub fn run(opts: &BenchOptions) -> Result<Vec<Row>> {
     super::release_binaries(&["ipq-agent", "ipq-cni"])?;
     let mut rows = Vec::new();
-    let mut node = Node::new(&agent_args())?;
+    let args = agent_args();
+    let mut node = Node::new(&args.iter().map(String::as_str).collect::<Vec<_>>())?;
     let mut batch = String::new();
     for i in 0..WORKLOAD_IFS {
         batch.push_str(&format!(
@@ -173,8 +184,24 @@ pub fn run(opts: &BenchOptions) -> Result<Vec<Row>> {
             |v| v <= 10.0,
         ));
 
-        eprintln!("bench control: {size}: API fresh claims (new pods)");
-        let fresh = fresh_claims(&node)?;
+        eprintln!(
+            "bench control: {size}: API fresh claims (new pods), during their veths' TCX move"
+        );
+        let during = fresh_claims(&node, Settle::Protected)?;
+        rows.push(row(
+            "api_fresh_claims_during_tcx_move",
+            Some(size),
+            "claims/s",
+            &[during.per_second],
+        ));
+        rows.push(row(
+            "api_fresh_claim_p99_during_tcx_move",
+            Some(size),
+            "ms",
+            &[during.p99],
+        ));
+        eprintln!("bench control: {size}: API fresh claims (new pods), their veths on TCX");
+        let fresh = fresh_claims(&node, Settle::OnTcx)?;
         rows.push(at_target(
             size,
             row(
@@ -511,11 +538,22 @@ fn fresh_addr(c: u32, n: u32) -> String {
     std::net::Ipv4Addr::from(v).to_string()
 }
 
+/// How far the client veths' attachment has come before the claims start.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Settle {
+    /// Protected by ipq's netlink filter; their move to TCX links runs meanwhile (each link
+    /// create holds `rtnl_lock` for a grace period, which every rtnetlink request of the
+    /// claims' reuse hygiene then waits behind): a burst of new pods.
+    Protected,
+    /// On their TCX links, nothing left to move: a node's steady state.
+    OnTcx,
+}
+
 /// New pods' claims, as CNI ADDs make them: `API_CLIENTS` clients, each on a workload veth of
 /// its own, each claiming `FRESH_PER_CLIENT` addresses never held before for holders never seen
 /// before (`source: cni`), so every claim runs reuse hygiene for a new holder. Timed from the
 /// first request to the last answer.
-fn fresh_claims(node: &Node) -> Result<Fresh> {
+fn fresh_claims(node: &Node, settle: Settle) -> Result<Fresh> {
     let before = node.metric("ipq_registry_entries")?;
     let veth = |c: u32| format!("bwn{c}");
     for c in 0..API_CLIENTS {
@@ -545,11 +583,16 @@ fn fresh_claims(node: &Node) -> Result<Fresh> {
                     && i["protection"] == "protected"
             })
             .count();
-        if protected == API_CLIENTS as usize {
+        let moved =
+            settle == Settle::Protected || node.metric("ipq_datapath_tc_upgrades_pending")? == 0.0;
+        if protected == API_CLIENTS as usize && moved {
             break;
         }
         if Instant::now() > deadline {
-            bail!("only {protected} of the {API_CLIENTS} client veths were protected in 60 s");
+            bail!(
+                "only {protected} of the {API_CLIENTS} client veths were protected (and moved: \
+                 {moved}) in 60 s"
+            );
         }
         thread::sleep(Duration::from_millis(50));
     }
@@ -723,7 +766,8 @@ struct ColdStart {
 
 /// A first start on a node with `veths` workload veths; then `populated` host routes over them.
 fn cold_start(veths: u32, populated: u32) -> Result<ColdStart> {
-    let mut node = Node::new(&agent_args())?;
+    let args = agent_args();
+    let mut node = Node::new(&args.iter().map(String::as_str).collect::<Vec<_>>())?;
     let mut batch = String::new();
     for i in 0..veths {
         batch.push_str(&format!(
