@@ -29,14 +29,12 @@
 //! of its own, deleted afterwards) is released before the next, keeping the registry at its
 //! nominal size, and with a capacity above the largest size so that claims are never refused.
 
+mod api_clients;
+mod cold;
 mod fenced;
 pub(super) mod node;
 
 use std::{
-    sync::{
-        atomic::{AtomicBool, AtomicU64, Ordering},
-        Arc, Mutex,
-    },
     thread,
     time::{Duration, Instant},
 };
@@ -44,6 +42,8 @@ use std::{
 use anyhow::{bail, Context as _, Result};
 
 use self::{
+    api_clients::{api_load, fresh_claims, Settle},
+    cold::cold_start,
     fenced::Fenced,
     node::{api, http_get_here, metric_in, Node},
 };
@@ -524,197 +524,6 @@ pub(super) fn percentile(values: &mut [f64], p: f64) -> f64 {
     values[at]
 }
 
-/// What the fresh claims measured.
-struct Fresh {
-    per_second: f64,
-    p50: f64,
-    p99: f64,
-}
-
-/// Fresh address `n` of client `c`: 10.128.0.0/10, never a population address (10.64/15) nor
-/// one an earlier round used (each round's entries are released before the next).
-fn fresh_addr(c: u32, n: u32) -> String {
-    let v = (10u32 << 24) | (128 << 16) | (c << 16) | n;
-    std::net::Ipv4Addr::from(v).to_string()
-}
-
-/// How far the client veths' attachment has come before the claims start.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Settle {
-    /// Protected by ipq's netlink filter; their move to TCX links runs meanwhile (each link
-    /// create holds `rtnl_lock` for a grace period, which every rtnetlink request of the
-    /// claims' reuse hygiene then waits behind): a burst of new pods.
-    Protected,
-    /// On their TCX links, nothing left to move: a node's steady state.
-    OnTcx,
-}
-
-/// New pods' claims, as CNI ADDs make them: `API_CLIENTS` clients, each on a workload veth of
-/// its own, each claiming `FRESH_PER_CLIENT` addresses never held before for holders never seen
-/// before (`source: cni`), so every claim runs reuse hygiene for a new holder. Timed from the
-/// first request to the last answer.
-fn fresh_claims(node: &Node, settle: Settle) -> Result<Fresh> {
-    let before = node.metric("ipq_registry_entries")?;
-    let veth = |c: u32| format!("bwn{c}");
-    for c in 0..API_CLIENTS {
-        node.ip(&[
-            "link",
-            "add",
-            &veth(c),
-            "type",
-            "veth",
-            "peer",
-            &format!("bqf{c}"),
-        ])?;
-        node.ip(&["link", "set", &veth(c), "up"])?;
-    }
-    // Every client veth protected first: the claims, not the attaches, are measured.
-    let socket = node.socket();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let (_, status) = api(&socket, "GET", "/v1/status", "")?;
-        let status: serde_json::Value = serde_json::from_str(&status)?;
-        let protected = status["interfaces"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|i| {
-                i["name"].as_str().is_some_and(|n| n.starts_with("bwn"))
-                    && i["protection"] == "protected"
-            })
-            .count();
-        let moved =
-            settle == Settle::Protected || node.metric("ipq_datapath_tc_upgrades_pending")? == 0.0;
-        if protected == API_CLIENTS as usize && moved {
-            break;
-        }
-        if Instant::now() > deadline {
-            bail!(
-                "only {protected} of the {API_CLIENTS} client veths were protected (and moved: \
-                 {moved}) in 60 s"
-            );
-        }
-        thread::sleep(Duration::from_millis(50));
-    }
-    let start_line = Arc::new(std::sync::Barrier::new(API_CLIENTS as usize + 1));
-    let clients: Vec<_> = (0..API_CLIENTS)
-        .map(|c| {
-            let (socket, start_line, interface) = (socket.clone(), start_line.clone(), veth(c));
-            thread::spawn(move || -> Result<Vec<f64>> {
-                start_line.wait();
-                let mut latencies = Vec::with_capacity(FRESH_PER_CLIENT as usize);
-                for n in 1..=FRESH_PER_CLIENT {
-                    let body = serde_json::json!({
-                        "addresses": [fresh_addr(c, n)],
-                        "holder": {
-                            "interface": interface,
-                            "container_id": format!("fresh-{c}-{n}"),
-                        },
-                        "source": "cni",
-                    })
-                    .to_string();
-                    let start = Instant::now();
-                    let (status, answer) = api(&socket, "POST", "/v1/claims", &body)?;
-                    latencies.push(start.elapsed().as_secs_f64() * 1e3);
-                    if status != 200 {
-                        bail!("a fresh claim answered {status}: {answer}");
-                    }
-                }
-                Ok(latencies)
-            })
-        })
-        .collect();
-    start_line.wait();
-    let start = Instant::now();
-    let mut latencies = Vec::new();
-    for client in clients {
-        let mine = client
-            .join()
-            .map_err(|_| anyhow::anyhow!("a fresh-claim client panicked"))??;
-        latencies.extend(mine);
-    }
-    let elapsed = start.elapsed().as_secs_f64();
-    for c in 0..API_CLIENTS {
-        node.ip(&["link", "del", &veth(c)])?;
-    }
-    wait_entries(node, before, Duration::from_secs(120))?;
-    let claims = latencies.len() as f64;
-    Ok(Fresh {
-        per_second: claims / elapsed,
-        p50: percentile(&mut latencies, 0.5),
-        p99: percentile(&mut latencies, 0.99),
-    })
-}
-
-/// `API_CLIENTS` clients, each claiming then draining addresses of its own on one interface,
-/// for `seconds`: (operations per second, claim p99 in ms).
-fn api_load(node: &Node, seconds: f64) -> Result<(f64, f64)> {
-    let before = node.metric("ipq_registry_entries")?;
-    node.ip(&["link", "add", "bwa", "type", "veth", "peer", "bqa"])?;
-    node.ip(&["link", "set", "bwa", "up"])?;
-    thread::sleep(Duration::from_millis(300));
-    let socket = node.socket();
-    let stop = Arc::new(AtomicBool::new(false));
-    let ops = Arc::new(AtomicU64::new(0));
-    let claims: Arc<Mutex<Vec<f64>>> = Arc::default();
-    let failure: Arc<Mutex<Option<String>>> = Arc::default();
-    let clients: Vec<_> = (0..API_CLIENTS)
-        .map(|c| {
-            let (socket, stop, ops, claims, failure) = (
-                socket.clone(),
-                stop.clone(),
-                ops.clone(),
-                claims.clone(),
-                failure.clone(),
-            );
-            thread::spawn(move || {
-                let mut mine = Vec::new();
-                let mut n = 0;
-                while !stop.load(Ordering::Relaxed) {
-                    let addr = format!("10.120.{c}.{}", n % API_ADDRS_PER_CLIENT + 1);
-                    n += 1;
-                    let body = serde_json::json!({
-                        "addresses": [addr],
-                        "holder": { "interface": "bwa", "container_id": format!("bench-{c}") },
-                    })
-                    .to_string();
-                    let start = Instant::now();
-                    let claim = api(&socket, "POST", "/v1/claims", &body);
-                    mine.push(start.elapsed().as_secs_f64() * 1e3);
-                    let drain = api(&socket, "POST", &format!("/v1/addresses/{addr}/drain"), "");
-                    match (claim, drain) {
-                        (Ok((200, _)), Ok((200, _))) => {
-                            ops.fetch_add(2, Ordering::Relaxed);
-                        }
-                        (claim, drain) => {
-                            *failure.lock().unwrap() = Some(format!("{claim:?} / {drain:?}"));
-                            break;
-                        }
-                    }
-                }
-                claims.lock().unwrap().extend(mine);
-            })
-        })
-        .collect();
-    let start = Instant::now();
-    thread::sleep(Duration::from_secs_f64(seconds));
-    stop.store(true, Ordering::Relaxed);
-    for client in clients {
-        let _ = client.join();
-    }
-    let elapsed = start.elapsed().as_secs_f64();
-    if let Some(failure) = failure.lock().unwrap().take() {
-        bail!("an API client failed: {failure}");
-    }
-    node.ip(&["link", "del", "bwa"])?;
-    wait_entries(node, before, Duration::from_secs(60))?;
-    let mut claims = claims.lock().unwrap().clone();
-    Ok((
-        ops.load(Ordering::Relaxed) as f64 / elapsed,
-        percentile(&mut claims, 0.99),
-    ))
-}
-
 fn cpu_ticks(pid: i32) -> Result<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
     let after = stat.rsplit_once(')').context("/proc/pid/stat")?.1;
@@ -741,95 +550,4 @@ fn idle_cost(node: &Node, seconds: f64) -> Result<(f64, f64)> {
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
         .context("VmRSS")?;
     Ok((cpu, rss_kb / 1024.0))
-}
-
-/// What a cold start measured.
-struct ColdStart {
-    /// From spawn to `/readyz` answering 200.
-    ready_ms: f64,
-    /// Workload veths `protected` at that moment (by a netlink filter or a TCX link).
-    protected: f64,
-    /// From spawn until `ipq_datapath_tc_upgrades_pending` reached 0: the last netlink filter
-    /// replaced by its TCX link (`tc_attach = auto` on a kernel with TCX).
-    tcx_done_ms: f64,
-    /// Workload veths whose attachment is `tcx` after that.
-    on_tcx: f64,
-    /// A 1000-route burst's p99 while the move runs, and after it.
-    burst_during_p99: f64,
-    /// Veths already on TCX when that burst started (the move was under way, not over).
-    moved_before_burst: f64,
-    burst_after_p99: f64,
-    /// The agent's RSS once the registry holds `populated` addresses on these veths: what a
-    /// node with many pods costs, not a node with a few interfaces.
-    rss_populated_mb: f64,
-}
-
-/// A first start on a node with `veths` workload veths; then `populated` host routes over them.
-fn cold_start(veths: u32, populated: u32) -> Result<ColdStart> {
-    let args = agent_args();
-    let mut node = Node::new(&args.iter().map(String::as_str).collect::<Vec<_>>())?;
-    let mut batch = String::new();
-    for i in 0..veths {
-        batch.push_str(&format!(
-            "link add bw{i} type veth peer bq{i}\nlink set bw{i} up\nlink set bq{i} up\n"
-        ));
-    }
-    node.ip_batch(&batch)?;
-    let spawned = Instant::now();
-    let ready_ms = node.start_agent()?.as_secs_f64() * 1e3;
-    let protected = count_workload(&node, "protection", "protected")?;
-    // A 1000-route burst while the move to TCX links runs: each link create holds rtnl_lock
-    // for a grace period, and every route add waits behind it.
-    let moved_before_burst = count_workload(&node, "attachment", "tcx")?;
-    let (_, burst_during_p99) = route_burst(&node, 60)?;
-    let deadline = Instant::now() + Duration::from_secs(300);
-    while node.metric("ipq_datapath_tc_upgrades_pending")? > 0.0 {
-        if Instant::now() > deadline {
-            bail!("TCX upgrades not done in 300 s:\n{}", node.log());
-        }
-        thread::sleep(Duration::from_millis(20));
-    }
-    let tcx_done_ms = spawned.elapsed().as_secs_f64() * 1e3;
-    let on_tcx = count_workload(&node, "attachment", "tcx")?;
-    // The same burst once the move is over: what the node's other rtnl users get normally.
-    let (_, burst_after_p99) = route_burst(&node, 61)?;
-    // The node filled: `populated` pods' addresses spread over the veths.
-    let mut lines = String::new();
-    for i in 1..=populated {
-        lines.push_str(&format!(
-            "route add {}/32 dev bw{}\n",
-            population_addr(i),
-            i % veths
-        ));
-    }
-    node.ip_batch(&lines)?;
-    wait_entries(&node, f64::from(populated), Duration::from_secs(900))?;
-    let (_, rss_populated_mb) = idle_cost(&node, 3.0)?;
-    Ok(ColdStart {
-        ready_ms,
-        protected,
-        tcx_done_ms,
-        on_tcx,
-        burst_during_p99,
-        moved_before_burst,
-        burst_after_p99,
-        rss_populated_mb,
-    })
-}
-
-/// Workload veths (`bw*`) whose `field` in `/v1/status` is `value`.
-fn count_workload(node: &Node, field: &str, value: &str) -> Result<f64> {
-    let (status, body) = api(&node.socket(), "GET", "/v1/status", "")?;
-    if status != 200 {
-        bail!("GET /v1/status answered {status}: {body}");
-    }
-    let status: serde_json::Value = serde_json::from_str(&body)?;
-    let count = status["interfaces"].as_array().map_or(0, |list| {
-        list.iter()
-            .filter(|i| {
-                i["name"].as_str().is_some_and(|n| n.starts_with("bw")) && i[field] == value
-            })
-            .count()
-    });
-    Ok(count as f64)
 }
