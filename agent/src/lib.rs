@@ -19,6 +19,7 @@ pub mod paths;
 pub mod readiness;
 pub mod registry;
 pub mod safe_fs;
+pub mod series;
 pub mod tracker;
 
 #[cfg(test)]

@@ -22,8 +22,8 @@ use std::{
 use ipq_common::counters::Hook;
 use log::warn;
 use prometheus::{
-    core::Collector, Encoder, Gauge, Histogram, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
-    Registry, TextEncoder,
+    Encoder, Gauge, Histogram, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Registry,
+    TextEncoder,
 };
 use thiserror::Error;
 
@@ -137,14 +137,7 @@ pub struct Metrics {
     pub readiness: Readiness,
 }
 
-/// Registers `metric` in `registry` and hands it back.
-fn registered<M: Collector + Clone + 'static>(
-    registry: &Registry,
-    metric: M,
-) -> Result<M, prometheus::Error> {
-    registry.register(Box::new(metric.clone()))?;
-    Ok(metric)
-}
+use crate::series::registered;
 
 impl Metrics {
     /// Registers every metric; the datapath counters come from the maps pinned under

@@ -2,9 +2,10 @@
 //! hygiene worker thread alone. Owned here, beside the worker, so that hygiene needs nothing of
 //! the rest of the agent's metrics.
 
-use prometheus::{core::Collector, IntCounter, IntCounterVec, Opts, Registry};
+use prometheus::{IntCounter, IntCounterVec, Opts, Registry};
 
 use super::Step;
+use crate::series::registered;
 
 /// The reuse-hygiene series.
 #[derive(Clone, Debug)]
@@ -14,14 +15,6 @@ pub struct HygieneCounters {
     pub announcements: IntCounter,
     pub announcements_rate_limited: IntCounter,
     pub failures: IntCounterVec,
-}
-
-fn registered<M: Collector + Clone + 'static>(
-    registry: &Registry,
-    metric: M,
-) -> Result<M, prometheus::Error> {
-    registry.register(Box::new(metric.clone()))?;
-    Ok(metric)
 }
 
 impl HygieneCounters {
