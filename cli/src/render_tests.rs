@@ -6,7 +6,7 @@ use super::render::{self, holder_short};
 use ipq_api::{
     model::{
         AddressView, ClaimFlushView, ConflictView, Event, EventBody, InterfaceStatus, IpamHoldView,
-        RegistryCounts, Status, VerificationView,
+        RecoveryView, RegistryCounts, Status, VerificationView,
     },
     ConflictKind, EarlyReusePolicy, Holder, PodRef, StateName,
 };
@@ -219,6 +219,11 @@ fn status_shows_readiness_counts_and_hooks() {
         conflicts_total: 4,
         refused_claims_total: 1,
         verification: None,
+        recovery: Some(RecoveryView {
+            from: "journal".into(),
+            addresses: 3,
+            problems: Vec::new(),
+        }),
         started_at: "2026-11-22T09:56:00Z".into(),
     };
     assert_eq!(
@@ -235,10 +240,27 @@ Interfaces:      2
 TC attach:       netlink-then-tcx
 Conntrack:       claims flushed by: IPv4 kernel; IPv6 dump (the kernel did not honour the filter)
 Verified:        not yet
+Recovered:       from the journal, 3 addresses
   IFINDEX  NAME    HOOKS                   ATTACHMENT  PROTECTION
   5        vethpa  tcx-ingress,tcx-egress  netlink     protected
   12       up0     xdp                     xdp         protected
 "
+    );
+    let mut rebuilt = status.clone();
+    rebuilt.recovery = Some(RecoveryView {
+        from: "pinned_maps".into(),
+        addresses: 3,
+        problems: vec![
+            "journal /s/registry.journal is corrupt (checksum mismatch); kept as /s/x".into(),
+        ],
+    });
+    let text = render::status(&rebuilt, now());
+    assert!(
+        text.contains(
+            "Recovered:       from the pinned maps, 3 addresses; journal /s/registry.journal is \
+             corrupt (checksum mismatch); kept as /s/x\n"
+        ),
+        "{text}"
     );
     let mut verified = status.clone();
     verified.verification = Some(VerificationView {

@@ -16,7 +16,7 @@ use ipq_common::{
 
 use super::model::{
     AddressView, ApiErrorBody, ClaimFlushView, ConflictView, ErrorCode, EventBody, InterfaceStatus,
-    RegistryCounts, Status, VerificationView,
+    RecoveryView, RegistryCounts, Status, VerificationView,
 };
 use crate::{
     config::{EarlyReusePolicy, Mode},
@@ -285,6 +285,7 @@ pub struct StatusFacts {
     pub refused_claims_total: u64,
     pub started_at: SystemTime,
     pub verification: Option<VerificationView>,
+    pub recovery: Option<RecoveryView>,
 }
 
 /// The agent's status: readiness, policy, registry counts (O(1): the registry keeps them) and
@@ -320,6 +321,7 @@ pub fn status_view<C: Clock>(
         refused_claims_total: facts.refused_claims_total,
         started_at: humantime::format_rfc3339_millis(facts.started_at).to_string(),
         verification: facts.verification,
+        recovery: facts.recovery,
     }
 }
 

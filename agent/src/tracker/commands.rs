@@ -154,6 +154,7 @@ impl Tracker {
                 pins: v.pins as u64,
                 found: v.found.clone(),
             }),
+            recovery: self.recovered.clone(),
         };
         status_view(facts, &self.registry, interfaces)
     }

@@ -69,6 +69,8 @@ pub struct Tracker {
     /// Effects and samples made counters, feed entries and log lines.
     observer: observer::Observer,
     started_at: SystemTime,
+    /// How the registry came back at start (`/v1/status`).
+    recovered: Option<crate::api::model::RecoveryView>,
     /// Reuse hygiene's jobs and last reports (inert until started).
     hygiene: crate::hygiene::Hygiene,
     /// The allocations ipq-ipam holds, as its releaser last saw them.
@@ -99,6 +101,7 @@ impl Tracker {
             durable: durable::Durable::new(journal),
             metrics,
             started_at: SystemTime::now(),
+            recovered: None,
             hygiene: crate::hygiene::Hygiene::disabled(),
             ipam_holds: Default::default(),
             ipam_urgent: None,

@@ -6,6 +6,7 @@ use log::{error, info, warn};
 
 use super::Tracker;
 use crate::{
+    api::model::RecoveryView,
     journal::JournalError,
     netdev,
     netlink::NetState,
@@ -25,16 +26,19 @@ impl Tracker {
     /// Brings the registry back from the journal, merged with the pinned maps (see
     /// [`entry::merge`]: where they disagree, the maps are the more recent truth).
     pub fn recover(&mut self) -> Recovery {
+        let mut problems = Vec::new();
         let (journal, recovery) = match self.durable.journal_mut().load() {
             Ok(Some(loaded)) => {
                 if let Some(torn) = &loaded.torn_tail {
-                    warn!(
+                    let problem = format!(
                         "journal {}: dropped a torn tail of {} bytes at byte {} (a write cut \
                          short by a crash, never acknowledged)",
                         self.durable.journal().path().display(),
                         torn.dropped,
                         torn.at
                     );
+                    warn!("{problem}");
+                    problems.push(problem);
                 }
                 let mut snapshot = Snapshot {
                     version: SNAPSHOT_VERSION,
@@ -64,21 +68,23 @@ impl Tracker {
                 reason,
                 moved_to,
             }) => {
-                error!(
-                    "journal {} is corrupt ({reason}); kept as {}; rebuilding from the pinned \
-                     maps",
+                let problem = format!(
+                    "journal {} is corrupt ({reason}); kept as {}",
                     path.display(),
                     moved_to.display()
                 );
+                error!("{problem}; rebuilding from the pinned maps");
+                problems.push(problem);
                 (Vec::new(), Recovery::PinnedMaps)
             }
             Err(e) => {
                 error!("journal: {e}; rebuilding from the pinned maps");
+                problems.push(format!("journal: {e}"));
                 (Vec::new(), Recovery::PinnedMaps)
             }
         };
         if let Some(newer) = self.durable.journal().newer() {
-            warn!(
+            let problem = format!(
                 "journal {} was written by a newer ipq (format version {}; this agent writes \
                  {}): left untouched for its return; this agent journals to {} meanwhile{}, \
                  and its registry comes from there and the pinned maps",
@@ -94,6 +100,8 @@ impl Tracker {
                         stale.display()
                     )),
             );
+            warn!("{problem}");
+            problems.push(problem);
         }
         let (merged, adopted) = self.merge_with_maps(journal);
         let count = merged.len();
@@ -112,10 +120,21 @@ impl Tracker {
                 self.durable.journal_mut().stage(adopted);
             }
             Err(e) => {
-                error!("recovering the registry failed ({e}); starting empty");
+                let problem = format!("recovering the registry failed ({e}); started empty");
+                error!("{problem}");
+                problems.push(problem);
                 self.durable.journal_mut().invalidate();
             }
         }
+        self.recovered = Some(RecoveryView {
+            from: match recovery {
+                Recovery::Journal => "journal",
+                Recovery::PinnedMaps => "pinned_maps",
+            }
+            .to_owned(),
+            addresses: self.registry.len() as u64,
+            problems,
+        });
         crate::heap::release_freed_memory();
         recovery
     }

@@ -37,6 +37,23 @@ pub struct Status {
     /// first.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub verification: Option<VerificationView>,
+    /// How the registry came back when this agent started; absent from agents before it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recovery: Option<RecoveryView>,
+}
+
+/// How the registry came back at start: from the journal, or rebuilt from the pinned maps (no
+/// journal yet, or one that could not be used), and what was wrong with what it found.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecoveryView {
+    /// `journal` or `pinned_maps`.
+    pub from: String,
+    /// Addresses in the registry once recovered.
+    pub addresses: u64,
+    /// What recovery found wrong or set aside: a torn tail dropped, a corrupt journal kept
+    /// aside (and where), a newer journal left for its agent; empty when nothing was.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub problems: Vec<String>,
 }
 
 /// What the last verification of the datapath found.

@@ -58,6 +58,7 @@ pub fn status(status: &Status, now: SystemTime) -> String {
             ),
         ),
         ("Verified".to_owned(), verification(status, now)),
+        ("Recovered".to_owned(), recovery(status)),
     ];
     let mut out = key_values(&pairs);
     if !status.interfaces.is_empty() {
@@ -90,6 +91,23 @@ pub fn status(status: &Status, now: SystemTime) -> String {
         out.push_str(&table.render("  "));
     }
     out
+}
+
+/// Where the registry came back from at start, and what was wrong with what it found.
+fn recovery(status: &Status) -> String {
+    let Some(r) = &status.recovery else {
+        return NONE.to_owned();
+    };
+    let from = match r.from.as_str() {
+        "journal" => "from the journal",
+        "pinned_maps" => "from the pinned maps",
+        other => other,
+    };
+    let mut text = format!("{from}, {} addresses", r.addresses);
+    if !r.problems.is_empty() {
+        text.push_str(&format!("; {}", r.problems.join("; ")));
+    }
+    text
 }
 
 /// When the datapath was last verified against the kernel, and what that found.
