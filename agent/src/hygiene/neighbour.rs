@@ -37,14 +37,12 @@ pub enum NeighbourError {
     },
 }
 
-/// One link of the node.
+/// One link of the node: what announcing needs of it, its bridge.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Link {
     pub ifindex: u32,
-    pub name: String,
     /// The bridge it is a port of.
     pub master: Option<u32>,
-    pub mac: Option<[u8; 6]>,
 }
 
 /// A PERMANENT neighbour entry for a reused address that does not point at its new holder: a
@@ -70,21 +68,17 @@ pub struct Neighbours {
 }
 
 fn link_of(message: LinkMessage) -> Link {
-    let mut link = Link {
+    let master = message
+        .attributes
+        .into_iter()
+        .find_map(|attribute| match attribute {
+            LinkAttribute::Controller(master) => Some(master),
+            _ => None,
+        });
+    Link {
         ifindex: message.header.index,
-        name: String::new(),
-        master: None,
-        mac: None,
-    };
-    for attribute in message.attributes {
-        match attribute {
-            LinkAttribute::IfName(name) => link.name = name,
-            LinkAttribute::Controller(master) => link.master = Some(master),
-            LinkAttribute::Address(mac) => link.mac = mac_of(&mac),
-            _ => {}
-        }
+        master,
     }
-    link
 }
 
 fn mac_of(bytes: &[u8]) -> Option<[u8; 6]> {
