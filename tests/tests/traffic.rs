@@ -169,6 +169,9 @@ fn run_all_flows(mode: Mode) {
     }
     let agent = lab.start_agent(&args).expect("starting ipq-agent");
     assert_attached(&agent);
+    // Counted once per hook: while an interface moves from its netlink filter to its TCX link,
+    // both run the program for a moment, and a packet they pass (observe) is judged twice.
+    ipq_tests::attach::wait_tc_upgrades(&agent);
     lab.fence_pod_a().expect("fencing pod a");
     lab.register_pod_b().expect("registering pod b");
     for flow in flows(&lab) {
