@@ -155,3 +155,95 @@ fn a_deleted_clsact_or_filter_is_put_back_at_once_counted_and_published() {
     );
     assert_eq!(agent.readyz().expect("readyz").0, 200);
 }
+
+/// The `/v1/status` entry of pod a's veth.
+fn vethpa_status(agent: &Agent) -> serde_json::Value {
+    let status =
+        api::request(&agent.api_socket(), "GET", "/v1/status", None).expect("GET /v1/status");
+    let status: serde_json::Value = serde_json::from_str(&status.body).expect("status JSON");
+    status["interfaces"]
+        .as_array()
+        .and_then(|list| list.iter().find(|i| i["name"] == "vethpa").cloned())
+        .unwrap_or_else(|| panic!("no vethpa in {status}"))
+}
+
+/// Another tool deletes clsact and puts an old-style `ingress` qdisc in its place, in one
+/// `tc -batch` (so that ipq's repair cannot get in between). The kernel would take both of
+/// ipq's filters into that qdisc's one block, where the egress one never runs: ipq refuses, and
+/// says unprotected (status, gauge, `/readyz`) until the place is clsact's again.
+#[test]
+fn a_loss_that_cannot_be_put_back_is_unprotected_and_not_ready_until_it_can() {
+    let lab = Lab::new().expect("building the lab");
+    let agent = lab.start_agent(&ARGS).expect("starting ipq-agent");
+    lab.fence_pod_a().expect("fencing pod a");
+    poll("ipq's filters on pod a", Duration::from_secs(10), || {
+        filters_back(&lab)
+    })
+    .expect("attached");
+
+    let batch = lab.work_dir().join("swap-qdisc.tc");
+    std::fs::write(
+        &batch,
+        "qdisc del dev vethpa clsact\nqdisc add dev vethpa ingress\n",
+    )
+    .expect("writing the tc batch");
+    // ipq's repair may still win the race between the two commands: then clsact is back, the
+    // `add` fails, and the swap is tried again.
+    let swapped = (0..5).any(|_| {
+        let done = output_of(lab.node.command("tc").arg("-batch").arg(&batch)).is_ok();
+        if !done {
+            poll("ipq's filters back", Duration::from_secs(10), || {
+                filters_back(&lab)
+            })
+            .expect("repaired before the next try");
+        }
+        done
+    });
+    assert!(swapped, "tc never swapped clsact for an ingress qdisc");
+
+    poll("vethpa unprotected", Duration::from_secs(10), || {
+        let unprotected = agent.metric("ipq_datapath_unprotected_interfaces", &[])?;
+        Ok((unprotected >= 1.0).then_some(()))
+    })
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", agent.log()));
+    let status = vethpa_status(&agent);
+    assert_eq!(status["protection"], "failed", "{status}");
+    assert!(
+        status["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("`ingress` qdisc")),
+        "{status}"
+    );
+    let (code, body) = agent.readyz().expect("readyz");
+    assert_eq!(code, 503, "{body}");
+    assert!(body.contains("vethpa"), "{body}");
+    // Nothing of ipq's went into the foreign qdisc's block (where tc lists it on both hooks).
+    assert_eq!(
+        ipq_tc_attachments(&lab.node, "vethpa", Direction::Ingress).0,
+        0,
+        "ipq put its filter into the ingress qdisc's block"
+    );
+
+    // The place is clsact's again: the retry puts ipq's filters back.
+    output_of(
+        lab.node
+            .command("tc")
+            .args(["qdisc", "del", "dev", "vethpa", "ingress"]),
+    )
+    .expect("tc qdisc del ingress");
+    poll("ipq's filters back", Duration::from_secs(20), || {
+        filters_back(&lab)
+    })
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", agent.log()));
+    poll("vethpa protected", Duration::from_secs(10), || {
+        Ok((vethpa_status(&agent)["protection"] == "protected").then_some(()))
+    })
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", agent.log()));
+    assert_eq!(
+        agent
+            .metric("ipq_datapath_unprotected_interfaces", &[])
+            .expect("gauge"),
+        0.0
+    );
+    assert_eq!(agent.readyz().expect("readyz").0, 200);
+}

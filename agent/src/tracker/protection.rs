@@ -26,8 +26,12 @@ impl Tracker {
     }
 
     /// A TC notification: a repair of the interface it names is queued if it concerns ipq.
+    /// A notice that proves a loss makes the interface unprotected at once (O(interfaces) then,
+    /// which only another tool's deletion costs).
     pub fn on_tc_notice(&mut self, notice: TcNotice) {
-        self.attacher.on_tc_notice(notice);
+        if self.attacher.on_tc_notice(notice) {
+            self.observe_protection();
+        }
     }
 
     /// A verification pass's findings: pins put back are counted and published here (their
@@ -69,11 +73,15 @@ impl Tracker {
                 },
             );
         }
+        let mut marked = false;
         for &(ifindex, point) in verification.detached.iter().chain(&verification.behind) {
-            self.attacher.on_link_lost(ifindex, point);
+            marked |= self.attacher.on_link_lost(ifindex, point);
         }
         for &(ifindex, point) in &verification.filters_missing {
-            self.attacher.on_filter_missing(ifindex, point);
+            marked |= self.attacher.on_filter_missing(ifindex, point);
+        }
+        if marked {
+            self.observe_protection();
         }
         self.metrics
             .verify_seconds

@@ -92,7 +92,8 @@ pub struct InterfaceStatus {
     /// The hooks with ipq's program in place: `tcx-ingress`, `tcx-egress` (the TC hooks, TCX
     /// link or netlink filter), `xdp`.
     pub hooks: Vec<String>,
-    /// `attaching`, `protected` or `failed` (retried with backoff).
+    /// `attaching`, `protected`, `repairing` (another tool took ipq's program off a hook; put
+    /// back at once) or `failed` (retried with backoff).
     #[serde(default)]
     pub protection: String,
     /// What holds ipq's programs on the hooks: `tcx`, `netlink` (ipq's cls_bpf filter; under

@@ -29,6 +29,13 @@ pub enum AttachError {
         filter: String,
         direction: &'static str,
     },
+    /// Another qdisc than clsact holds the device's ingress place (`tc qdisc add ... ingress`
+    /// after a clsact was deleted). The kernel would take both of ipq's filters into that
+    /// qdisc's one block, so the egress hook would be reported attached and never run.
+    #[error(
+        "a foreign `{kind}` qdisc holds the clsact qdisc's place (ffff:); ipq's filters need          clsact's two hooks and ipq does not delete qdiscs it does not own: delete it (`tc          qdisc del dev <dev> {kind}`)"
+    )]
+    ForeignQdisc { kind: String },
     /// Protect-first could attach neither the netlink filter nor the TCX link.
     #[error("{netlink}; and as TCX: {tcx}")]
     NeitherWay {
@@ -60,7 +67,7 @@ impl AttachError {
     pub fn errno(&self) -> Option<i32> {
         match self {
             Self::Kernel { errno, .. } => *errno,
-            Self::ForeignFilter { .. } => None,
+            Self::ForeignFilter { .. } | Self::ForeignQdisc { .. } => None,
             Self::NeitherWay { tcx, netlink } => tcx.errno().or_else(|| netlink.errno()),
         }
     }

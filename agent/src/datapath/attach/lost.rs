@@ -18,7 +18,9 @@ impl Attacher {
     /// A TC notification: queues a repair of the interface it names, if ipq's netlink filter
     /// may have been on a hook it concerns. O(1) per notice but an overrun (every workload
     /// interface is looked at again, off the loop).
-    pub fn on_tc_notice(&mut self, notice: TcNotice) {
+    /// True when it made an interface unprotected (the caller refreshes the gauges).
+    pub fn on_tc_notice(&mut self, notice: TcNotice) -> bool {
+        let mut marked = false;
         match notice {
             TcNotice::Change { ifindex, change } => {
                 let what = match change {
@@ -26,6 +28,13 @@ impl Attacher {
                     TcChange::FilterDeleted(_) | TcChange::ForeignFilter(_) => Lost::Filter,
                 };
                 if self.concerned(ifindex, change.points()) {
+                    // A deleted clsact or a foreign filter at ipq's place is never ipq's own
+                    // doing; a deleted filter is, when an upgrade swaps it for a TCX link.
+                    let certain = !matches!(change, TcChange::FilterDeleted(_))
+                        || self.mode == TcMode::Netlink;
+                    if certain {
+                        marked = self.mark_lost(ifindex, change.points());
+                    }
                     self.repair(ifindex, what);
                 }
             }
@@ -42,6 +51,7 @@ impl Attacher {
                 }
             }
         }
+        marked
     }
 
     /// Whether a change to `points` of `ifindex` can have taken ipq's program away: ipq's
@@ -68,16 +78,20 @@ impl Attacher {
 
     /// A verification found the link of `point` on `ifindex` detached, or behind another
     /// program: a repair is queued if ipq's program was there by that link.
-    pub fn on_link_lost(&mut self, ifindex: u32, point: AttachPoint) {
+    /// True when it made the interface unprotected.
+    pub fn on_link_lost(&mut self, ifindex: u32, point: AttachPoint) -> bool {
         let by_link = self.targets.get(&ifindex).is_some_and(|t| {
             matches!(
                 t.attached.get(&point),
                 Some(Mechanism::Tcx | Mechanism::Xdp)
             )
         });
-        if by_link {
-            self.repair(ifindex, Lost::Link);
+        if !by_link {
+            return false;
         }
+        let marked = self.mark_lost(ifindex, &[point]);
+        self.repair(ifindex, Lost::Link);
+        marked
     }
 
     /// The hooks held by ipq's netlink filter, shared with the verification: kept in step
@@ -107,10 +121,38 @@ impl Attacher {
 
     /// A verification found ipq's netlink filter missing from `point` of `ifindex`, with no
     /// notification seen: a repair is queued if ipq's filter is still meant to be there.
-    pub fn on_filter_missing(&mut self, ifindex: u32, point: AttachPoint) {
-        if self.concerned(ifindex, &[point]) {
-            self.repair(ifindex, Lost::Filter);
+    /// True when it made the interface unprotected.
+    pub fn on_filter_missing(&mut self, ifindex: u32, point: AttachPoint) -> bool {
+        if !self.concerned(ifindex, &[point]) {
+            return false;
         }
+        let marked = self.mark_lost(ifindex, &[point]);
+        self.repair(ifindex, Lost::Filter);
+        marked
+    }
+
+    /// Hooks of `ifindex` whose program is known gone: the interface is unprotected (in
+    /// `ipq status`, the gauge and `/readyz`) until its repair reports, however fast that is.
+    /// True when a hook was newly marked.
+    fn mark_lost(&mut self, ifindex: u32, points: &[AttachPoint]) -> bool {
+        let Some(target) = self.targets.get_mut(&ifindex) else {
+            return false;
+        };
+        let before = target.lost.len();
+        target.lost.extend(
+            points
+                .iter()
+                .filter(|p| target.attached.contains_key(p))
+                .copied(),
+        );
+        if target.lost.len() == before {
+            return false;
+        }
+        if target.protection == Protection::Protected {
+            target.protection = Protection::Repairing;
+            target.since = std::time::Instant::now();
+        }
+        true
     }
 
     /// Keeps what the last verification found, for `ipq status`.

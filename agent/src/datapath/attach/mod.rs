@@ -186,6 +186,7 @@ impl Attacher {
             backoff: Backoff::default(),
             retry_at: None,
             upgrade: upgrade::Upgrade::default(),
+            lost: BTreeSet::new(),
         };
         self.queue(ifindex, &target, JobKind::Protect);
         self.targets.insert(ifindex, target);
@@ -288,7 +289,7 @@ impl Attacher {
             t.role
                 .points()
                 .iter()
-                .filter(|p| !t.attached.contains_key(p))
+                .filter(|p| !t.attached.contains_key(p) || t.lost.contains(p))
                 .map(move |p| (*ifindex, t, *p))
         })
     }
@@ -306,7 +307,7 @@ impl Attacher {
             .iter()
             .filter(|(_, t)| match t.protection {
                 Protection::Protected => false,
-                Protection::Failed => true,
+                Protection::Failed | Protection::Repairing => true,
                 Protection::Attaching => now.duration_since(t.since) > ATTACHING_GRACE,
             })
             .map(|(ifindex, t)| {

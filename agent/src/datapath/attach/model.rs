@@ -146,6 +146,10 @@ pub struct LostAttachment {
 pub enum Protection {
     Attaching,
     Protected,
+    /// Another tool took ipq's program off a hook (the kernel announced it, or a verification
+    /// found it): unprotected until the repair already queued puts it back, so no answer
+    /// says `protected` in between.
+    Repairing,
     Failed,
 }
 
@@ -173,6 +177,8 @@ pub struct Target {
     pub(super) backoff: Backoff,
     pub(super) retry_at: Option<Instant>,
     pub(super) upgrade: Upgrade,
+    /// Hooks known to have lost ipq's program, until a repair's report says how they are.
+    pub(super) lost: BTreeSet<AttachPoint>,
 }
 
 impl Target {

@@ -38,7 +38,12 @@ fn in_place(
         return Ok(link_attached().then_some(Mechanism::Xdp).ok_or(Fix::Attach));
     };
     if tc_filter::place(ifindex, direction)? == Place::Ipq {
-        return Ok(Ok(Mechanism::Netlink));
+        // ipq's filter in a foreign `ingress` qdisc's one block does not run on egress: only
+        // under clsact is it in place.
+        return Ok(match tc_filter::ingress_qdisc(ifindex)? {
+            tc_filter::IngressQdisc::Foreign(_) => Err(Fix::Attach),
+            _ => Ok(Mechanism::Netlink),
+        });
     }
     Ok(match held_pins::tcx_place(&path, ifindex, point) {
         Some(TcxPlace::First) => Ok(Mechanism::Tcx),

@@ -27,6 +27,8 @@ impl Attacher {
         if let JobKind::Repair(what) = report.job.kind {
             lost::found(&mut self.lost, ifindex, target, what, &report);
         }
+        // Every hook of the interface was looked at (or attached): what it found decides.
+        target.lost.clear();
         let name = target.name.clone();
         let mut errors = Vec::new();
         // The kernel said the interface is gone on every failed hook: churn, decided on the

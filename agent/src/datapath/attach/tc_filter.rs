@@ -14,7 +14,7 @@ use crate::paths::AttachPoint;
 use rtnetlink::{
     packet_core::{
         NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP,
-        NLM_F_EXCL, NLM_F_REQUEST,
+        NLM_F_ECHO, NLM_F_EXCL, NLM_F_REQUEST,
     },
     packet_route::{
         tc::{TcAttribute, TcFilterBpfOption, TcHandle, TcHeader, TcMessage, TcOption},
@@ -264,8 +264,9 @@ pub fn remove_ipq(ifindex: u32, direction: Direction) -> io::Result<bool> {
 
 /// Adds a clsact qdisc to `ifindex` unless it has one. By index, over ipq's own socket, rather
 /// than through aya's lookup of the name: that lookup reports a lack of file descriptors
-/// (EMFILE) as ENOENT, which would hide the real cause of a failed attach.
-pub fn add_clsact(ifindex: u32) -> io::Result<()> {
+/// (EMFILE) as ENOENT, which would hide the real cause of a failed attach. Returns false when
+/// a qdisc already held the place: clsact, or a foreign one ([`ingress_qdisc`] tells).
+pub fn add_clsact(ifindex: u32) -> io::Result<bool> {
     let mut message = TcMessage::default();
     message.header.index = ifindex as i32;
     message.header.handle = TcHandle {
@@ -281,7 +282,50 @@ pub fn add_clsact(ifindex: u32) -> io::Result<()> {
         NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL,
     );
     match exchange(msg, |_| {}) {
-        Err(e) if e.raw_os_error() == Some(libc::EEXIST) => Ok(()),
-        result => result,
+        Ok(()) => Ok(true),
+        Err(e) if e.raw_os_error() == Some(libc::EEXIST) => Ok(false),
+        Err(e) => Err(e),
     }
+}
+
+/// What holds a device's ingress place (`ffff:`, parent `ffff:fff1`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum IngressQdisc {
+    Clsact,
+    /// No qdisc there (the kernel's placeholder `noop`, or none at all).
+    Absent,
+    /// Another kind (`ingress`): its one block takes filters for either hook.
+    Foreign(String),
+}
+
+/// The qdisc at `ifindex`'s ingress place: one `RTM_GETQDISC` (a get, not a dump).
+pub fn ingress_qdisc(ifindex: u32) -> io::Result<IngressQdisc> {
+    let mut message = TcMessage::default();
+    message.header.index = ifindex as i32;
+    message.header.parent = TcHandle::CLSACT;
+    let msg = request(
+        RouteNetlinkMessage::GetQueueDiscipline(message),
+        // The kernel answers a qdisc get as a notification (to RTNLGRP_TC): ECHO sends it to
+        // this socket too. The ACK ends the exchange after it (a get sends no NLMSG_DONE).
+        NLM_F_REQUEST | NLM_F_ECHO | NLM_F_ACK,
+    );
+    let mut kind = None;
+    let result = exchange(msg, |inner| {
+        if let RouteNetlinkMessage::NewQueueDiscipline(tc) = inner {
+            kind = tc.attributes.iter().find_map(|a| match a {
+                TcAttribute::Kind(k) => Some(k.clone()),
+                _ => None,
+            });
+        }
+    });
+    match result {
+        Ok(()) => {}
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(IngressQdisc::Absent),
+        Err(e) => return Err(e),
+    }
+    Ok(match kind.as_deref() {
+        Some("clsact") => IngressQdisc::Clsact,
+        None | Some("noop" | "") => IngressQdisc::Absent,
+        Some(other) => IngressQdisc::Foreign(other.to_owned()),
+    })
 }

@@ -224,8 +224,11 @@ impl Tc<'_> {
             point,
         } = self;
         let dir = direction(point);
-        tc_filter::add_clsact(ifindex)
+        let created = tc_filter::add_clsact(ifindex)
             .map_err(|e| AttachError::io("adding the clsact qdisc", &e))?;
+        if !created {
+            check_clsact(ifindex)?;
+        }
         let place = tc_filter::place(ifindex, dir)
             .map_err(|e| AttachError::io(format!("listing {} filters", dir.as_str()), &e))?;
         let handle = TcHandle::from(TC_FILTER_HANDLE);
@@ -292,4 +295,15 @@ fn keep_attached(link: Result<SchedClassifierLink, ProgramError>) -> Result<(), 
     let link = link.map_err(|e| AttachError::kernel(None, &e))?;
     std::mem::forget(link);
     Ok(())
+}
+
+/// Refuses a hook whose ingress place another qdisc holds: filters put there would all run in
+/// that qdisc's one block, and the egress hook would be reported attached while nothing runs.
+pub(super) fn check_clsact(ifindex: u32) -> Result<(), AttachError> {
+    match tc_filter::ingress_qdisc(ifindex)
+        .map_err(|e| AttachError::io("reading the ingress qdisc", &e))?
+    {
+        tc_filter::IngressQdisc::Foreign(kind) => Err(AttachError::ForeignQdisc { kind }),
+        tc_filter::IngressQdisc::Clsact | tc_filter::IngressQdisc::Absent => Ok(()),
+    }
 }

@@ -182,3 +182,84 @@ fn the_hooks_held_by_netlink_filters_are_shared_with_the_verification_as_they_ch
     attacher.forget(VETH);
     assert_eq!(shared(), None, "a forgotten interface is not looked at");
 }
+
+#[test]
+fn a_known_loss_is_unprotected_and_not_ready_until_its_repair_reports() {
+    let (mut attacher, queue) = protected();
+    attacher.on_tc_notice(clsact_deleted(VETH));
+    let target = attacher.target(VETH).expect("still wanted");
+    assert_eq!(target.protection, Protection::Repairing);
+    assert_eq!(
+        attacher.unprotected_points().count(),
+        2,
+        "both hooks hung on the deleted clsact"
+    );
+    assert!(attacher
+        .readiness_blocker(Instant::now())
+        .is_some_and(|why| why.contains("veth7") && why.contains("repairing")));
+
+    let job = queue.try_take().expect("a repair");
+    queue.done(&job);
+    let all = [AttachPoint::TcxIngress, AttachPoint::TcxEgress];
+    attacher.on_report(repair_report(&job, &all, true));
+    assert_eq!(
+        attacher.target(VETH).map(|t| t.protection),
+        Some(Protection::Protected)
+    );
+    assert_eq!(attacher.unprotected_points().count(), 0);
+    assert!(attacher.readiness_blocker(Instant::now()).is_none());
+}
+
+#[test]
+fn a_filter_missing_at_verification_is_unprotected_until_repaired() {
+    let (mut attacher, queue) = protected();
+    attacher.on_filter_missing(VETH, AttachPoint::TcxEgress);
+    assert_eq!(
+        attacher.target(VETH).map(|t| t.protection),
+        Some(Protection::Repairing)
+    );
+    assert_eq!(
+        attacher
+            .unprotected_points()
+            .map(|(_, _, p)| p)
+            .collect::<Vec<_>>(),
+        vec![AttachPoint::TcxEgress]
+    );
+    let job = queue.try_take().expect("a repair");
+    queue.done(&job);
+    attacher.on_report(repair_report(&job, &[AttachPoint::TcxEgress], false));
+    assert_eq!(
+        attacher.target(VETH).map(|t| t.protection),
+        Some(Protection::Failed),
+        "still lost: failed, and retried"
+    );
+    assert_eq!(attacher.unprotected_points().count(), 1);
+}
+
+#[test]
+fn a_deleted_filter_under_auto_waits_for_the_repairs_look_before_saying_lost() {
+    // Under `tc_attach = auto` an upgrade deletes ipq's own filter once the TCX link holds
+    // the hook: the notice alone proves nothing.
+    let (mut attacher, queue) = Attacher::without_workers(TcMode::NetlinkThenTcx);
+    attacher.want(VETH, "veth7", Role::Workload);
+    let job = queue.try_take().expect("the first attach");
+    queue.done(&job);
+    attacher.on_report(report_by(&job, true, Mechanism::Netlink));
+    attacher.on_tc_notice(TcNotice::Change {
+        ifindex: VETH,
+        change: TcChange::FilterDeleted(AttachPoint::TcxIngress),
+    });
+    assert_eq!(
+        attacher.target(VETH).map(|t| t.protection),
+        Some(Protection::Protected)
+    );
+    let repair =
+        std::iter::from_fn(|| queue.try_take()).find(|j| matches!(j.kind, JobKind::Repair(_)));
+    assert!(repair.is_some(), "the repair still looks");
+    // A deleted clsact is never ipq's doing, in any mode.
+    attacher.on_tc_notice(clsact_deleted(VETH));
+    assert_eq!(
+        attacher.target(VETH).map(|t| t.protection),
+        Some(Protection::Repairing)
+    );
+}
