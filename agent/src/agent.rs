@@ -35,6 +35,9 @@ const MAX_REQUEST_BURST: usize = 256;
 
 /// Longest sleep between two ticks: the CNI spool is replayed on each.
 const MAX_TICK: Duration = Duration::from_secs(1);
+/// How long a shutdown waits for a verification pass under way (each pass is O(interfaces);
+/// one stuck in the kernel must not hold the exit up).
+const VERIFIER_STOP: Duration = Duration::from_secs(5);
 
 #[derive(Debug, Error)]
 pub enum AgentError {
@@ -198,11 +201,13 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
     })?;
     let (attacher, mut attach_reports) = datapath.start_attacher(tc_mode)?;
     let (verify_tx, mut verifications) = mpsc::channel(1);
+    let (stop_verifier, verifier_stop) = tokio::sync::watch::channel(false);
     let verifier = tokio::spawn(verify::run(
         pins_root.clone(),
         attacher.netlink_hooks(),
         config.verify_interval,
         verify_tx,
+        verifier_stop,
     ));
     let mut tracker = Tracker::new(config, datapath, attacher, journal, metrics.clone());
     let recovery = tracker.recover();
@@ -342,11 +347,20 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
     releaser.abort();
     let _ = releaser.await;
     metrics.readiness.set_started(false);
-    tracker.shutdown();
     // The agent's descriptors close on exit: a pin someone removed must be back before that,
-    // or its link detaches and its map is not found by the next agent.
-    verifier.abort();
+    // or its link detaches and its map is not found by the next agent. Done after the last
+    // verification pass has ended (no two looks at the pins at once) and while this agent
+    // still holds the bpffs_dir lock (the tracker's datapath holds it): a successor started
+    // meanwhile is refused the directory, so these pins are never put over its own.
+    let _ = stop_verifier.send(true);
+    if tokio::time::timeout(VERIFIER_STOP, verifier).await.is_err() {
+        warn!(
+            "the datapath verification did not end within {VERIFIER_STOP:?}; checking the pins \
+             beside it"
+        );
+    }
     held_pins::report(&held_pins::restore(&pins_root));
+    tracker.shutdown();
     info!("stopping; programs stay attached through their pins, enforcement continues");
     Ok(())
 }

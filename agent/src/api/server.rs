@@ -274,8 +274,8 @@ impl Drop for ApiServer {
     }
 }
 
-/// `SO_PEERGROUPS` (Linux 4.13): not exported by every libc crate version; 59 on the
-/// architectures ipq supports (x86-64, arm64).
+/// `SO_PEERGROUPS` (Linux 4.13): not exported by every libc crate version; 59 on x86-64, the
+/// one architecture ipq runs on (and on arm64 alike).
 const SO_PEERGROUPS: libc::c_int = 59;
 
 /// The peer's supplementary groups as of its `connect` (SO_PEERCRED gives only the primary

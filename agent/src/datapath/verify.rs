@@ -25,7 +25,7 @@ use std::{
     time::{Duration, Instant, SystemTime},
 };
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 use super::{
     attach::tc_filter::{self, Direction, Place},
@@ -174,18 +174,23 @@ pub fn verify(root: &Path, netlink_hooks: &NetlinkHooks) -> Verification {
     }
 }
 
-/// Verifies every `every` for as long as the agent runs, each pass's findings sent to the
-/// owner loop (a pass is skipped while the loop has not taken the last one).
+/// Verifies every `every` until `stop` says so, each pass's findings sent to the owner loop (a
+/// pass is skipped while the loop has not taken the last one). A pass under way when `stop`
+/// comes runs to its end first: the shutdown's own look at the pins must not race it.
 pub async fn run(
     root: PathBuf,
     netlink_hooks: NetlinkHooks,
     every: Duration,
     findings: mpsc::Sender<Verification>,
+    mut stop: watch::Receiver<bool>,
 ) {
     let mut ticks = tokio::time::interval(every);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        ticks.tick().await;
+        tokio::select! {
+            _ = ticks.tick() => {}
+            _ = stop.changed() => return,
+        }
         let (root, hooks) = (root.clone(), netlink_hooks.clone());
         match tokio::task::spawn_blocking(move || verify(&root, &hooks)).await {
             Ok(verification) => {
