@@ -30,6 +30,7 @@ use std::{
 use hyper::server::conn::http1;
 use hyper_util::rt::TokioTimer;
 use log::warn;
+use prometheus::IntCounterVec;
 use tokio::{
     io::{AsyncRead, AsyncWrite, ReadBuf},
     sync::{OwnedSemaphorePermit, Semaphore},
@@ -113,6 +114,8 @@ pub struct Guard {
     accept_errors: RateLimited,
     refusals: RateLimited,
     peer_refusals: RateLimited,
+    /// `ipq_connections_refused_total`, when the listener reports its refusals.
+    refused: Option<IntCounterVec>,
 }
 
 /// Connections open per peer address. At most one entry per open connection (an address with
@@ -162,6 +165,24 @@ impl Guard {
             accept_errors: RateLimited::new(LOG_PERIOD),
             refusals: RateLimited::new(LOG_PERIOD),
             peer_refusals: RateLimited::new(LOG_PERIOD),
+            refused: None,
+        }
+    }
+
+    /// Counts every connection closed at accept in `counter` (labels: listener, reason); the
+    /// log lines about them are rate-limited, the count is not.
+    pub fn counting_refusals(self, counter: IntCounterVec) -> Self {
+        Self {
+            refused: Some(counter),
+            ..self
+        }
+    }
+
+    fn count_refusal(&self, reason: &str) {
+        if let Some(counter) = &self.refused {
+            counter
+                .with_label_values(&[self.name.to_ascii_lowercase().as_str(), reason])
+                .inc();
         }
     }
 
@@ -187,6 +208,7 @@ impl Guard {
         let open = self.peers.lock().get(&peer).copied().unwrap_or(0);
         if open >= per_peer {
             self.backoff = BACKOFF_MIN;
+            self.count_refusal("peer_limit");
             if let Some(n) = self.peer_refusals.allow(Instant::now()) {
                 warn!(
                     "{}: {per_peer} connections open from {peer}, the most one peer gets: \
@@ -232,6 +254,7 @@ impl Guard {
         match self.slots.clone().try_acquire_owned() {
             Ok(permit) => Some(permit),
             Err(_) => {
+                self.count_refusal("full");
                 if let Some(n) = self.refusals.allow(Instant::now()) {
                     warn!(
                         "{}: {} connections open, the most it serves at once: closing new \

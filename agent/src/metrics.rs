@@ -98,6 +98,8 @@ pub struct Metrics {
     pub attach_failures: IntCounterVec,
     /// Attachments another tool took away, by hook and what went (qdisc, filter, link, pin).
     pub attachments_lost: IntCounterVec,
+    /// `ipq_connections_refused_total{listener, reason}`, counted by the listeners' guards.
+    pub connections_refused: IntCounterVec,
     /// How long the last verification of the datapath took.
     pub verify_seconds: Gauge,
     /// Protected workload interfaces whose netlink filters still wait for their TCX links.

@@ -158,7 +158,8 @@ impl ApiServer {
     /// Serves until the task is dropped.
     pub async fn serve(self, commands: mpsc::Sender<Command>, metrics: Arc<Metrics>) {
         let ctx = Context { commands, metrics };
-        let mut guard = Guard::new("API", listen::API_MAX_CONNECTIONS);
+        let mut guard = Guard::new("API", listen::API_MAX_CONNECTIONS)
+            .counting_refusals(ctx.metrics.connections_refused.clone());
         let mut refusals = RateLimited::new(listen::LOG_PERIOD);
         loop {
             let stream = match self.listener.accept().await {

@@ -101,6 +101,18 @@ impl Metrics {
                 &["hook", "what"],
             )?,
         )?;
+        let connections_refused = registered(
+            &registry,
+            IntCounterVec::new(
+                Opts::new(
+                    "ipq_connections_refused_total",
+                    "Connections a listener closed as soon as it accepted them, by listener \
+                     (metrics, api) and reason: full (every slot taken), peer_limit (the \
+                     metrics port's allowance of one peer address used up).",
+                ),
+                &["listener", "reason"],
+            )?,
+        )?;
         let verify_seconds = registered(
             &registry,
             Gauge::new(
@@ -318,6 +330,7 @@ impl Metrics {
             unprotected_interfaces,
             attach_failures,
             attachments_lost,
+            connections_refused,
             verify_seconds,
             tc_upgrades_pending,
             registry_entries,

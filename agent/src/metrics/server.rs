@@ -58,7 +58,8 @@ pub async fn serve(
             "metrics",
             listen::METRICS_MAX_CONNECTIONS,
             listen::METRICS_MAX_PER_PEER,
-        );
+        )
+        .counting_refusals(metrics.connections_refused.clone());
         loop {
             let (stream, peer) = match listener.accept().await {
                 Ok(conn) => conn,

@@ -243,6 +243,30 @@ fn scrape_on(mut stream: TcpStream) -> String {
     }
 }
 
+/// `GET /healthz` on `stream`, kept alive: the answer's status line (its body is `ok\n`).
+fn healthz_kept_alive(stream: &mut TcpStream) -> String {
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    if let Err(e) = stream.write_all(b"GET /healthz HTTP/1.1\r\nHost: ipq\r\n\r\n") {
+        return format!("no answer: write {e}");
+    }
+    let mut answer = Vec::new();
+    let mut byte = [0u8; 1];
+    // The head, then the 3-byte body `ok\n`.
+    while !answer.ends_with(b"\r\n\r\nok\n") {
+        match stream.read(&mut byte) {
+            Ok(1) => answer.push(byte[0]),
+            other => return format!("no answer: read {other:?} after {answer:?}"),
+        }
+    }
+    String::from_utf8_lossy(&answer)
+        .lines()
+        .next()
+        .unwrap_or("")
+        .to_owned()
+}
+
 /// Whether the agent closed `stream` (within a few seconds) without a word.
 fn closed_by_agent(stream: &mut TcpStream) -> bool {
     stream
@@ -268,8 +292,12 @@ fn one_peer_cannot_take_the_metrics_port() {
         let mut held: Vec<TcpStream> = (0..METRICS_MAX_PER_PEER)
             .map(|i| connect_from(greedy, addr).unwrap_or_else(|e| panic!("connection {i}: {e}")))
             .collect();
-        // The agent accepts them (and would serve them) before the next one comes.
-        std::thread::sleep(Duration::from_millis(500));
+        // Each is accepted and served (its slot taken) before the next one comes: an answer
+        // on a kept-alive connection proves it.
+        for (i, stream) in held.iter_mut().enumerate() {
+            let head = healthz_kept_alive(stream);
+            assert!(head.starts_with("HTTP/1.1 200"), "connection {i}: {head}");
+        }
         let mut extra = connect_from(greedy, addr).expect("the kernel completes the handshake");
         assert!(
             closed_by_agent(&mut extra),
@@ -284,21 +312,28 @@ fn one_peer_cannot_take_the_metrics_port() {
             answer.starts_with("HTTP/1.1 200"),
             "a held connection: {answer}"
         );
-        std::thread::sleep(Duration::from_millis(200));
-        let answer = scrape_on(connect_from(greedy, addr).unwrap());
+        // The place is free once the agent has closed its side: until then a new connection
+        // may still be refused, so it is tried again (bounded).
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        let answer = loop {
+            let answer = scrape_on(connect_from(greedy, addr).unwrap());
+            if answer.starts_with("HTTP/1.1 200") || std::time::Instant::now() > deadline {
+                break answer;
+            }
+        };
         assert!(
             answer.starts_with("HTTP/1.1 200"),
             "the peer again: {answer}"
         );
         drop(held);
     });
-    let log = agent.log();
-    assert!(
-        log.contains(&format!(
-            "{METRICS_MAX_PER_PEER} connections open from {greedy}, the most one peer gets"
-        )),
-        "the refusal is not logged:\n{log}"
-    );
+    let refused = agent
+        .metric(
+            "ipq_connections_refused_total",
+            &[("listener", "metrics"), ("reason", "peer_limit")],
+        )
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    assert!(refused >= 1.0, "the refusal is not counted: {refused}");
 }
 
 /// The pid of the agent itself when it runs under a wrapper that forks it (prlimit execs,

@@ -22,6 +22,7 @@
 //! - `cold_start_1000_veths`: a first start with 1000 workload veths, until ready, and how many
 //!   of them were protected then; `cold_start_tcx_done`: until the last of their netlink
 //!   filters was replaced by its TCX link, and how many are on TCX then;
+//! - `verify_pass_1000_veths`: the last verification pass over those veths' pins and links;
 //! - `rss_with_1000_veths`: then 64k host routes spread over those veths, the agent's resident
 //!   memory once they are all in the registry (a full node, not a node of 16 interfaces).
 //!
@@ -354,6 +355,13 @@ pub fn run(opts: &BenchOptions) -> Result<Vec<Row>> {
         "bench control: the burst during the move started with {} of {veths} veths on TCX",
         cold.moved_before_burst
     );
+    // Reported, not gated: what the backstop costs every `verify_interval`, off the owner loop.
+    rows.push(row(
+        &format!("verify_pass_{veths}_veths"),
+        None,
+        "ms",
+        &[cold.verify_pass_ms],
+    ));
     rows.push(at_target(
         populated,
         row(
