@@ -240,6 +240,84 @@ fn a_program_put_before_ipqs_tcx_link_is_found_and_ipq_goes_first_again() {
     }
 }
 
+const BPF_LINK_UPDATE: libc::c_long = 29;
+
+/// A foreign program (`TCX_PASS`) loaded on its own: its descriptor.
+fn foreign_program() -> i32 {
+    // r0 = 0 (TCX_PASS); exit
+    let insns: [[u8; 8]; 2] = [[0xb7, 0, 0, 0, 0, 0, 0, 0], [0x95, 0, 0, 0, 0, 0, 0, 0]];
+    let code: Vec<u8> = insns.iter().flatten().copied().collect();
+    let license = b"GPL\0";
+    let mut attr = [0u8; 64];
+    attr[0..4].copy_from_slice(&BPF_PROG_TYPE_SCHED_CLS.to_ne_bytes());
+    attr[4..8].copy_from_slice(&(insns.len() as u32).to_ne_bytes());
+    attr[8..16].copy_from_slice(&(code.as_ptr() as u64).to_ne_bytes());
+    attr[16..24].copy_from_slice(&(license.as_ptr() as u64).to_ne_bytes());
+    attr[48..55].copy_from_slice(b"foreign");
+    bpf(BPF_PROG_LOAD, &attr).expect("loading the foreign program")
+}
+
+/// `BPF_LINK_UPDATE` through the link's pin: the link stays where it is, attached, and runs
+/// `prog` from now on. No netlink notice announces it.
+fn update_through_pin(path: &Path, prog: i32) {
+    let c_path = CString::new(path.as_os_str().as_bytes()).expect("no NUL");
+    let mut attr = [0u8; 64];
+    attr[0..8].copy_from_slice(&(c_path.as_ptr() as u64).to_ne_bytes());
+    let link = bpf(BPF_OBJ_GET, &attr).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut attr = [0u8; 64];
+    attr[0..4].copy_from_slice(&(link as u32).to_ne_bytes());
+    attr[4..8].copy_from_slice(&(prog as u32).to_ne_bytes());
+    let updated = bpf(BPF_LINK_UPDATE, &attr);
+    // SAFETY: our own fd from BPF_OBJ_GET.
+    unsafe { libc::close(link) };
+    updated.unwrap_or_else(|e| panic!("updating {}: {e}", path.display()));
+}
+
+#[test]
+fn a_tcx_link_updated_to_another_program_through_its_pin_gets_ipqs_back_and_is_counted() {
+    let lab = Lab::new().expect("building the lab");
+    let args = [
+        "--workload",
+        "vethp*",
+        "--tc-attach",
+        "tcx",
+        "--verify-interval",
+        "200ms",
+    ];
+    let agent = lab.start_agent(&args).expect("starting ipq-agent");
+    lab.fence_pod_a().expect("fencing pod a");
+    wait_tc_upgrades(&agent);
+    let peer = IpAddr::from(PEER_V4);
+    assert_eq!(udp_burst(&lab.pod_a, &lab.peer, peer, 10), 0, "fenced");
+    let before = lost(&agent, "tc_ingress");
+
+    let vethpa = ipq_tests::lab::ifindex(&lab.node, "vethpa").expect("ifindex");
+    let link = lab
+        .bpffs
+        .path()
+        .join(format!("links/if{vethpa}-tcx-ingress"));
+    let prog = foreign_program();
+    // ipq's own link, still first and attached, now runs a program that passes everything.
+    update_through_pin(&link, prog);
+    poll(
+        "ipq's program back in its link",
+        Duration::from_secs(10),
+        || {
+            Ok((lost(&agent, "tc_ingress") == before + 1.0
+                && tcx_ingress_names(&lab) == ["ipq_tc_ingress"])
+            .then_some(()))
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", agent.log()));
+    assert_eq!(
+        udp_burst(&lab.pod_a, &lab.peer, peer, 10),
+        0,
+        "fenced again"
+    );
+    // SAFETY: the descriptor foreign_program returned, closed once.
+    unsafe { libc::close(prog) };
+}
+
 /// The verification's look at ipq's netlink filters, on its own: a hook of the test's (in a
 /// namespace no agent watches, so no notification repairs it first) carrying ipq's program as
 /// ipq's filter, then that filter deleted.

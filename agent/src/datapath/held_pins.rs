@@ -39,6 +39,10 @@ struct Held {
     fd: OwnedFd,
     /// The kernel's id of the object: what tells ours from a foreign one at the same path.
     id: u32,
+    /// For a link, the id of the program it ran when the agent took hold of it (after
+    /// attaching or swapping its own program in): what tells a link someone updated to
+    /// another program (`BPF_LINK_UPDATE` through its pin) from ours.
+    program: u32,
 }
 
 static HELD: Mutex<BTreeMap<PathBuf, Held>> = Mutex::new(BTreeMap::new());
@@ -72,31 +76,52 @@ fn obj_pin(fd: &OwnedFd, path: &Path) -> io::Result<()> {
     bpf(BPF_OBJ_PIN, &attr).map(drop)
 }
 
-/// The kernel's id of the object behind `fd`: `bpf_link_info`, `bpf_map_info` and
-/// `bpf_prog_info` all start with its type and then its id.
-fn obj_id(fd: &OwnedFd) -> io::Result<u32> {
-    let mut info = [0u8; 16];
-    let mut attr = [0u8; 64];
-    attr[0..4].copy_from_slice(&(fd.as_raw_fd() as u32).to_ne_bytes());
-    attr[4..8].copy_from_slice(&(info.len() as u32).to_ne_bytes());
-    attr[8..16].copy_from_slice(&(info.as_mut_ptr() as u64).to_ne_bytes());
-    bpf(BPF_OBJ_GET_INFO_BY_FD, &attr)?;
-    Ok(u32::from_ne_bytes([info[4], info[5], info[6], info[7]]))
-}
-
-/// Whether the link held for `path` is still attached to a device; `None` when the agent
-/// holds nothing there. `bpf_link_info`'s union (at byte 16, after the type, id, program id
-/// and padding) starts with the device's ifindex for TCX and XDP links, 0 once detached.
-pub fn link_attached(path: &Path) -> Option<bool> {
-    let held = held();
-    let fd = &held.get(path)?.fd;
+/// The first 24 bytes of the object's info (`bpf_link_info`, `bpf_map_info`, `bpf_prog_info`).
+fn obj_info(fd: &OwnedFd) -> io::Result<[u8; 24]> {
     let mut info = [0u8; 24];
     let mut attr = [0u8; 64];
     attr[0..4].copy_from_slice(&(fd.as_raw_fd() as u32).to_ne_bytes());
     attr[4..8].copy_from_slice(&(info.len() as u32).to_ne_bytes());
     attr[8..16].copy_from_slice(&(info.as_mut_ptr() as u64).to_ne_bytes());
-    bpf(BPF_OBJ_GET_INFO_BY_FD, &attr).ok()?;
-    Some(u32::from_ne_bytes([info[16], info[17], info[18], info[19]]) != 0)
+    bpf(BPF_OBJ_GET_INFO_BY_FD, &attr)?;
+    Ok(info)
+}
+
+fn word(info: &[u8; 24], at: usize) -> u32 {
+    u32::from_ne_bytes([info[at], info[at + 1], info[at + 2], info[at + 3]])
+}
+
+/// The kernel's id of the object behind `fd`: every info struct starts with its type and then
+/// its id.
+fn obj_id(fd: &OwnedFd) -> io::Result<u32> {
+    obj_info(fd).map(|info| word(&info, 4))
+}
+
+/// Where a held link stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LinkState {
+    /// Attached to its device, running the program the agent put in it.
+    Attached,
+    /// No longer attached (detached through its pin, or the device went).
+    Detached,
+    /// Attached, but running another program: someone updated it through its pin.
+    Replaced,
+}
+
+/// Where the link held for `path` stands; `None` when the agent holds nothing there.
+/// `bpf_link_info` is the type, the id and the program id, then (at byte 16, after padding)
+/// a union that starts with the device's ifindex for TCX and XDP links, 0 once detached.
+pub fn link_state(path: &Path) -> Option<LinkState> {
+    let held = held();
+    let object = held.get(path)?;
+    let info = obj_info(&object.fd).ok()?;
+    Some(if word(&info, 16) == 0 {
+        LinkState::Detached
+    } else if word(&info, 8) != object.program {
+        LinkState::Replaced
+    } else {
+        LinkState::Attached
+    })
 }
 
 const BPF_PROG_QUERY: libc::c_long = 16;
@@ -112,6 +137,8 @@ pub enum TcxPlace {
     Behind,
     /// Not on the hook (detached through its pin, or the device is gone).
     Absent,
+    /// On the hook, but running another program than the one the agent put in it.
+    Replaced,
 }
 
 /// Where the TCX link held for `path` (the link of `point` on `ifindex`) stands: one
@@ -123,7 +150,7 @@ pub fn tcx_place(path: &Path, ifindex: u32, point: AttachPoint) -> Option<TcxPla
         AttachPoint::TcxEgress => BPF_TCX_EGRESS,
         AttachPoint::Xdp => return None,
     };
-    let id = held().get(path)?.id;
+    let (id, program) = held().get(path).map(|h| (h.id, h.program))?;
     let mut prog_ids = [0u32; 64];
     let mut link_ids = [0u32; 64];
     let mut attr = [0u8; 64];
@@ -142,6 +169,8 @@ pub fn tcx_place(path: &Path, ifindex: u32, point: AttachPoint) -> Option<TcxPla
     let count = u32::from_ne_bytes([attr[24], attr[25], attr[26], attr[27]]) as usize;
     let listed = &link_ids[..count.min(link_ids.len())];
     Some(match listed.iter().position(|link| *link == id) {
+        // The query lists each link's program beside it, in the same order.
+        Some(at) if prog_ids[at] != program => TcxPlace::Replaced,
         Some(0) => TcxPlace::First,
         Some(_) => TcxPlace::Behind,
         None if count > link_ids.len() => TcxPlace::Behind,
@@ -154,8 +183,9 @@ pub fn tcx_place(path: &Path, ifindex: u32, point: AttachPoint) -> Option<TcxPla
 /// means someone removed the pin in between, and the link is gone with it.
 pub fn hold(path: &Path) -> io::Result<()> {
     let fd = obj_get(path)?;
-    let id = obj_id(&fd)?;
-    held().insert(path.to_owned(), Held { fd, id });
+    let info = obj_info(&fd)?;
+    let (id, program) = (word(&info, 4), word(&info, 8));
+    held().insert(path.to_owned(), Held { fd, id, program });
     Ok(())
 }
 

@@ -29,7 +29,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::{
     attach::tc_filter::{self, Direction, Place},
-    held_pins::{self, Restored, TcxPlace},
+    held_pins::{self, LinkState, Restored, TcxPlace},
 };
 use crate::paths::{AttachPoint, PinLayout};
 
@@ -50,6 +50,8 @@ pub struct Verification {
     pub detached: Vec<(u32, AttachPoint)>,
     /// Held TCX links that something was attached before: (ifindex, hook).
     pub behind: Vec<(u32, AttachPoint)>,
+    /// Held links someone updated to run another program: (ifindex, hook).
+    pub replaced: Vec<(u32, AttachPoint)>,
     /// Hooks that should hold ipq's netlink filter and do not: (ifindex, hook).
     pub filters_missing: Vec<(u32, AttachPoint)>,
 }
@@ -83,6 +85,12 @@ impl Verification {
             .collect();
         found.extend(self.detached.iter().map(|(ifindex, point)| {
             format!("if{ifindex} {} link detached: repairing", point.as_str())
+        }));
+        found.extend(self.replaced.iter().map(|(ifindex, point)| {
+            format!(
+                "if{ifindex} {} link runs another program: putting ipq's back",
+                point.as_str()
+            )
         }));
         found.extend(self.filters_missing.iter().map(|(ifindex, point)| {
             format!(
@@ -130,7 +138,7 @@ pub fn verify(root: &Path, netlink_hooks: &NetlinkHooks) -> Verification {
     held_pins::report(&restored);
     let links_dir = PinLayout::new(root).links_dir();
     let held = held_pins::held_under(root);
-    let (mut detached, mut behind) = (Vec::new(), Vec::new());
+    let (mut detached, mut behind, mut replaced) = (Vec::new(), Vec::new(), Vec::new());
     for path in held
         .iter()
         .filter(|path| path.parent() == Some(links_dir.as_path()))
@@ -145,15 +153,17 @@ pub fn verify(root: &Path, netlink_hooks: &NetlinkHooks) -> Verification {
         // One question to the kernel per link: each takes rtnl_lock, which every pod
         // creation on the node needs too.
         let place = match point {
-            AttachPoint::Xdp => match held_pins::link_attached(path) {
-                Some(false) => Some(TcxPlace::Absent),
-                _ => None,
+            AttachPoint::Xdp => match held_pins::link_state(path) {
+                Some(LinkState::Detached) => Some(TcxPlace::Absent),
+                Some(LinkState::Replaced) => Some(TcxPlace::Replaced),
+                Some(LinkState::Attached) | None => None,
             },
             _ => held_pins::tcx_place(path, ifindex, point),
         };
         match place {
             Some(TcxPlace::Absent) => detached.push(link),
             Some(TcxPlace::Behind) => behind.push(link),
+            Some(TcxPlace::Replaced) => replaced.push(link),
             Some(TcxPlace::First) | None => {}
         }
     }
@@ -170,6 +180,7 @@ pub fn verify(root: &Path, netlink_hooks: &NetlinkHooks) -> Verification {
         restored,
         detached,
         behind,
+        replaced,
         filters_missing,
     }
 }

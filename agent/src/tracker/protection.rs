@@ -74,7 +74,12 @@ impl Tracker {
             );
         }
         let mut marked = false;
-        for &(ifindex, point) in verification.detached.iter().chain(&verification.behind) {
+        for &(ifindex, point) in verification
+            .detached
+            .iter()
+            .chain(&verification.behind)
+            .chain(&verification.replaced)
+        {
             marked |= self.attacher.on_link_lost(ifindex, point);
         }
         for &(ifindex, point) in &verification.filters_missing {

@@ -33,9 +33,14 @@ fn in_place(
     point: AttachPoint,
 ) -> io::Result<Result<Mechanism, Fix>> {
     let path = layout.link(ifindex, point);
-    let link_attached = || held_pins::link_attached(&path).unwrap_or_else(|| path.exists());
     let Some(direction) = Direction::of(point) else {
-        return Ok(link_attached().then_some(Mechanism::Xdp).ok_or(Fix::Attach));
+        // A detached link is replaced; a link running another program gets ipq's swapped
+        // back in (the attach reuses the pinned link).
+        let attached = held_pins::link_state(&path).map_or_else(
+            || path.exists(),
+            |state| state == held_pins::LinkState::Attached,
+        );
+        return Ok(attached.then_some(Mechanism::Xdp).ok_or(Fix::Attach));
     };
     if tc_filter::place(ifindex, direction)? == Place::Ipq {
         // ipq's filter in a foreign `ingress` qdisc's one block does not run on egress: only
@@ -48,7 +53,8 @@ fn in_place(
     Ok(match held_pins::tcx_place(&path, ifindex, point) {
         Some(TcxPlace::First) => Ok(Mechanism::Tcx),
         Some(TcxPlace::Behind) => Err(Fix::MoveFirst),
-        Some(TcxPlace::Absent) => Err(Fix::Attach),
+        // Attaching reuses the pinned link: ipq's program is swapped back into it.
+        Some(TcxPlace::Absent | TcxPlace::Replaced) => Err(Fix::Attach),
         // Not held (an earlier agent's pin this one has not taken over yet): as the pin says.
         None if path.exists() => Ok(Mechanism::Tcx),
         None => Err(Fix::Attach),
