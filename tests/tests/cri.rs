@@ -11,16 +11,22 @@
 //! veth: quarantined), then `RemovePodSandbox`. The event feed has Active, then Draining, then
 //! Quarantined, in that order; and host-local's allocation is held until the quarantine is over.
 
-use std::{net::IpAddr, time::Duration};
+use std::{
+    net::IpAddr,
+    time::{Duration, Instant},
+};
 
 use anyhow::{ensure, Context as _};
-use ipq::{api::model::EventBody, registry::StateName};
+use ipq::{
+    api::model::EventBody,
+    registry::{ConflictKind, StateName},
+};
 use ipq_tests::{
     cni::{host_local_allocations, AgentApi},
     cri::{stop_container_in_background, Cri},
     cri_node::{
-        data_dir, free_early, node, node_with, pings, run_pod, run_pod_with, Range, GATEWAY,
-        IGNORES_SIGTERM, NETWORK,
+        data_dir, free_early, gateway_neighbour, node, node_with, pings, pod_mac, run_pod,
+        run_pod_with, BridgeWatch, Range, GATEWAY, NETWORK, SENDS_AND_IGNORES_SIGTERM,
     },
     lab::{poll, Lab},
 };
@@ -211,47 +217,150 @@ fn the_agent_restarted_while_pods_come_and_go_loses_no_del_and_leaves_no_pod_unp
 
 /// The SwarmKit incident (moby/swarmkit#2407) as it happens on a node: the old pod's container
 /// ignores SIGTERM and keeps its address through its grace period (the kubelet's
-/// StopContainer waits it out) when an allocator frees that address early (here: host-local's
-/// allocation removed, its round-robin pointing at it next) and the next pod is run.
+/// StopContainer waits it out), sending to its gateway all the while, when an allocator frees
+/// that address early (here: host-local's allocation removed, its round-robin pointing at it
+/// next) and the next pod is run.
+///
+/// Without ipq-ipam the new pod gets the old one's address; what the test holds ipq to:
+/// - the API: the new pod's sandbox holds the address, the old pod's is fenced, and the early
+///   reuse between the two is on record (`/v1/conflicts`), with ipq's map saying the same;
+/// - the packets, seen from the peers' side: from the moment of the fence to the end of the
+///   grace period, not one frame from the old pod's MAC with the address (IPv4 or ARP) enters
+///   the bridge, where every peer and the gateway would get it, while the same counter saw
+///   the old pod before and sees the new pod's frames after; the gateway resolves the address
+///   to the new pod;
+/// - that the old pod did keep sending: ipq's `ipq_dropped_packets_total{reason="fenced"}` rises
+///   through the grace period, still in its second half, and the feed has a fenced sample from
+///   the old pod's MAC.
+///
+/// (Without the fence, the old pod's pings could still go unanswered, the gateway's neighbour
+/// entry pointing at the new pod, but they would enter the bridge: the bridge's count is what
+/// tells a fence from that.)
+///
+/// With ipq-ipam the new pod gets another address, and the old one finishes undisturbed: its
+/// frames keep reaching the bridge to the end, and nothing of it is dropped.
 fn swarmkit_on_a_node(hold_ipam: bool) -> anyhow::Result<()> {
     const GRACE: Duration = Duration::from_secs(8);
     let lab = Lab::new()?;
-    let _agent = lab.start_agent(&QUARANTINE)?;
+    let agent = lab.start_agent(&QUARANTINE)?;
     let api = AgentApi::new(&lab)?;
     let (containerd, cri) = node_with(&lab, Range::TwoAddresses, hold_ipam)?;
-    let old = run_pod_with(&cri, &containerd, "old", &IGNORES_SIGTERM)?;
+    let old = run_pod_with(&cri, &containerd, "old", &SENDS_AND_IGNORES_SIGTERM)?;
     api.wait_state(old.ip, StateName::Active)?;
     ensure!(pings(&cri, &old, GATEWAY)? == 3, "the old pod works");
+    let old_mac = pod_mac(&cri, &old)?;
+    let bridge = BridgeWatch::new(&lab)?;
+    bridge.watch("old", &old_mac, old.ip)?;
+    poll(
+        "the old pod's own sending seen at the bridge",
+        Duration::from_secs(10),
+        || Ok((bridge.frames("old")? > 0).then_some(())),
+    )?;
+    let fenced_drops = || {
+        let (ingress, egress) = agent.fenced_drops();
+        ingress + egress
+    };
 
     // The kubelet stops the old pod's container with its grace period, on its own thread.
+    let stop_started = Instant::now();
     let stopping = stop_container_in_background(&containerd.socket(), &old.container, GRACE);
     // The allocator errs: the old pod's address is free again and next in line.
     free_early(&lab, old.ip)?;
 
     let new = run_pod(&cri, &containerd, "new").context("the next pod runs at once")?;
-    ensure!(pings(&cri, &new, GATEWAY)? == 3, "the new pod works");
-    let old_replies = pings(&cri, &old, GATEWAY)?;
-    if hold_ipam {
+    let new_mac = pod_mac(&cri, &new)?;
+    let addr = old.ip;
+    let (old_frames_at_fence, drops_at_fence) = if hold_ipam {
         ensure!(
             new.ip != old.ip,
             "with ipq-ipam the new pod gets another address, not {}",
             old.ip
         );
+        ensure!(pings(&cri, &new, GATEWAY)? == 3, "the new pod works");
+        let old_replies = pings(&cri, &old, GATEWAY)?;
         ensure!(
             old_replies == 3,
             "the old pod finishes undisturbed: {old_replies}/3"
         );
+        (bridge.frames("old")?, fenced_drops())
     } else {
         ensure!(
-            new.ip == old.ip,
-            "host-local hands the old pod's {} to the new one, got {}",
-            old.ip,
+            new.ip == addr,
+            "host-local hands the old pod's {addr} to the new one, got {}",
             new.ip
         );
+        let view = poll(
+            "the new pod holding it, the old one fenced",
+            Duration::from_secs(10),
+            || {
+                let view = api.get(addr)?.context("the address is held")?;
+                let holder = view.holder.as_ref().and_then(|h| h.container_id());
+                let fenced = view.fenced.as_ref().and_then(|h| h.container_id());
+                Ok((view.state == StateName::Active
+                    && holder == Some(new.sandbox.as_str())
+                    && fenced == Some(old.sandbox.as_str()))
+                .then_some(view))
+            },
+        )?;
+        let (holder, fenced) = (
+            view.holder.as_ref().context("a holder")?,
+            view.fenced.as_ref().context("a fenced holder")?,
+        );
+        lab.wait_entry(
+            addr,
+            Duration::from_secs(10),
+            "the map: the new pod holds it, the old one fenced",
+            |e| e.is_some_and(|e| e.holder == holder.ifindex && e.fenced == fenced.ifindex),
+        )?;
+        let conflicts = api.runtime.block_on(api.client.conflicts(None))?.conflicts;
+        let conflict = conflicts
+            .iter()
+            .find(|c| {
+                c.kind == ConflictKind::EarlyReuse
+                    && c.address == addr
+                    && c.old_holder.as_ref().and_then(|h| h.container_id())
+                        == Some(old.sandbox.as_str())
+                    && c.new_holder.as_ref().and_then(|h| h.container_id())
+                        == Some(new.sandbox.as_str())
+            })
+            .with_context(|| {
+                format!("an early_reuse of {addr} from old to new in {conflicts:#?}")
+            })?;
+        ensure!(
+            conflict.policy.as_str() == "fence-old" && conflict.outcome == "fenced_old",
+            "{conflict:?}"
+        );
+        // The fence is in the map: from here on, nothing of the old pod may pass.
+        let at_fence = (bridge.frames("old")?, fenced_drops());
+
+        bridge.watch("new", &new_mac, addr)?;
+        ensure!(pings(&cri, &new, GATEWAY)? == 3, "the new pod works");
+        ensure!(
+            bridge.frames("new")? >= 3,
+            "the bridge counts the new pod's frames with {addr}"
+        );
+        let old_replies = pings(&cri, &old, GATEWAY)?;
         ensure!(
             old_replies == 0,
             "the old pod never reaches a peer with the new pod's address: {old_replies}/3"
         );
+        ensure!(
+            gateway_neighbour(&lab, addr)?.as_deref() == Some(new_mac.as_str()),
+            "the gateway resolves {addr} to the new pod ({new_mac})"
+        );
+        at_fence
+    };
+
+    // Through the rest of the grace period: what reaches the bridge from the old pod, and what
+    // ipq drops of it, sampled until the kubelet's StopContainer returns.
+    let mut samples = Vec::new();
+    while !stopping.is_finished() {
+        samples.push((
+            stop_started.elapsed(),
+            bridge.frames("old")?,
+            fenced_drops(),
+        ));
+        std::thread::sleep(Duration::from_millis(250));
     }
     let took = stopping
         .join()
@@ -260,6 +369,49 @@ fn swarmkit_on_a_node(hold_ipam: bool) -> anyhow::Result<()> {
         took >= GRACE - Duration::from_secs(1),
         "the old container ignored SIGTERM through its grace period (stopped after {took:?})"
     );
+    let second_half = samples
+        .iter()
+        .find(|(at, ..)| *at >= GRACE / 2)
+        .with_context(|| format!("samples in the second half of the grace: {samples:?}"))?;
+    let last = samples.last().context("samples")?;
+    if hold_ipam {
+        ensure!(
+            last.1 > second_half.1 && second_half.1 >= old_frames_at_fence,
+            "the old pod's frames keep reaching the bridge to the end: {samples:?}"
+        );
+        ensure!(
+            last.2 == drops_at_fence,
+            "nothing of the old pod is dropped: {samples:?}"
+        );
+    } else {
+        ensure!(
+            samples.iter().all(|s| s.1 == old_frames_at_fence),
+            "not one frame of the old pod with {addr} entered the bridge after the fence \
+             ({old_frames_at_fence} before it); (elapsed, frames, fenced drops): {samples:?}"
+        );
+        ensure!(
+            last.2 > second_half.2 && second_half.2 > drops_at_fence,
+            "the old pod kept sending through its grace period, and ipq dropped it as fenced \
+             ({drops_at_fence} at the fence); (elapsed, frames, fenced drops): {samples:?}"
+        );
+        let mut sampled = false;
+        api.runtime.block_on(api.client.events(false, |event| {
+            if let EventBody::Sample {
+                address,
+                reason,
+                src_mac,
+                ..
+            } = &event.body
+            {
+                sampled |= *address == addr && reason == "fenced" && *src_mac == old_mac;
+            }
+            !sampled
+        }))?;
+        ensure!(
+            sampled,
+            "the feed has a fenced sample of {addr} from the old pod's {old_mac}"
+        );
+    }
     cri.stop_pod_sandbox(&old.sandbox)?;
     cri.remove_pod_sandbox(&old.sandbox)?;
     Ok(())
