@@ -13,6 +13,7 @@
 
 use std::{
     net::IpAddr,
+    path::Path,
     time::{Duration, Instant},
 };
 
@@ -33,18 +34,42 @@ use ipq_tests::{
 
 use ipq_tests::lab::SHORT_QUARANTINE as QUARANTINE;
 
+/// One address transition of the event feed: its sequence number, the state entered and the
+/// sandbox (CNI container id) of the holder it names.
+#[derive(Clone, Debug, PartialEq)]
+struct Step {
+    seq: u64,
+    to: StateName,
+    sandbox: Option<String>,
+}
+
 /// The address transitions the agent published for `addr`, oldest first.
-fn transitions(api: &AgentApi, addr: IpAddr) -> anyhow::Result<Vec<StateName>> {
-    let mut states = Vec::new();
+fn feed(api: &AgentApi, addr: IpAddr) -> anyhow::Result<Vec<Step>> {
+    let mut steps = Vec::new();
     api.runtime.block_on(api.client.events(false, |event| {
-        if let EventBody::Transition { address, to, .. } = event.body {
+        if let EventBody::Transition {
+            address,
+            to,
+            holder,
+            ..
+        } = event.body
+        {
             if address == addr {
-                states.push(to);
+                steps.push(Step {
+                    seq: event.seq,
+                    to,
+                    sandbox: holder.and_then(|h| h.container_id().map(str::to_owned)),
+                });
             }
         }
         true
     }))?;
-    Ok(states)
+    Ok(steps)
+}
+
+/// The states `addr` entered, oldest first.
+fn transitions(api: &AgentApi, addr: IpAddr) -> anyhow::Result<Vec<StateName>> {
+    Ok(feed(api, addr)?.into_iter().map(|s| s.to).collect())
 }
 
 #[test]
@@ -154,10 +179,33 @@ fn containerd_sigkilled_and_restarted_changes_nothing_in_ipq() -> anyhow::Result
     Ok(())
 }
 
+/// What is spooled in `dir` (`del-*.json`, oldest first), as JSON.
+fn spooled(dir: &Path) -> anyhow::Result<Vec<(String, serde_json::Value)>> {
+    let mut files = Vec::new();
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(files),
+        Err(e) => return Err(e.into()),
+    };
+    for entry in entries {
+        let entry = entry?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with("del-") && name.ends_with(".json") {
+            let text = std::fs::read_to_string(entry.path())?;
+            let json = serde_json::from_str(&text).with_context(|| format!("{name}: {text}"))?;
+            files.push((name, json));
+        }
+    }
+    files.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(files)
+}
+
 /// ipq-agent SIGKILLed while containerd deletes one pod and is asked for another: the DEL
-/// succeeds (ipq-cni spools the drain, ipq-ipam the release), the new sandbox is refused
-/// ("try again later": the kubelet retries) rather than run unclaimed, and once the agent is
-/// back the spooled DEL puts A in quarantine, the retried sandbox runs and is claimed, and no
+/// succeeds (ipq-cni spools the drain, ipq-ipam the release: both files are checked while the
+/// agent is away), the new sandbox is refused ("try again later": the kubelet retries) rather
+/// than run unclaimed, and once the agent is back it replays the spooled DEL: the spool is
+/// consumed, A's address goes Draining (the DEL's drain, for A's sandbox) and then Quarantined,
+/// with A's sandbox as the previous holder; the retried sandbox runs and is claimed, and no
 /// interface is left unprotected.
 #[test]
 fn the_agent_restarted_while_pods_come_and_go_loses_no_del_and_leaves_no_pod_unprotected(
@@ -170,12 +218,48 @@ fn the_agent_restarted_while_pods_come_and_go_loses_no_del_and_leaves_no_pod_unp
     let b = run_pod(&cri, &containerd, "b")?;
     api.wait_state(a.ip, StateName::Active)?;
     api.wait_state(b.ip, StateName::Active)?;
+    let state_dir = lab.work_dir().join("state");
+    let (cni_spool, ipam_releases) = (
+        ipq::paths::cni_spool_dir(&state_dir),
+        ipq::paths::ipam_release_dir(&state_dir),
+    );
+    ensure!(
+        spooled(&cni_spool)?.is_empty(),
+        "nothing spooled while the agent runs"
+    );
 
     agent.kill9();
     cri.stop_container(&a.container, Duration::from_secs(2))?;
     cri.stop_pod_sandbox(&a.sandbox)
         .context("StopPodSandbox's CNI DEL succeeds with the agent away")?;
     cri.remove_pod_sandbox(&a.sandbox)?;
+    // The DEL is on disk, for A's sandbox and address, until an agent replays it. (containerd
+    // may run the DEL more than once, a later one without the prevResult: each is A's.)
+    let dels = spooled(&cni_spool)?;
+    let of_a = |d: &serde_json::Value| {
+        d["container_id"] == a.sandbox.as_str() && d["cni_ifname"] == "eth0"
+    };
+    ensure!(
+        !dels.is_empty()
+            && dels.iter().all(|(_, d)| of_a(d))
+            && dels.iter().any(|(_, d)| {
+                d["addresses"]
+                    .as_array()
+                    .is_some_and(|addrs| addrs.iter().any(|x| *x == a.ip.to_string().as_str()))
+            }),
+        "the spooled DELs in {} are A's ({}, {}): {dels:?}",
+        cni_spool.display(),
+        a.sandbox,
+        a.ip
+    );
+    let releases = spooled(&ipam_releases)?;
+    ensure!(
+        releases
+            .iter()
+            .any(|(_, r)| r["containerId"] == a.sandbox.as_str()),
+        "ipq-ipam held A's release in {}: {releases:?}",
+        ipam_releases.display()
+    );
     let refused = match run_pod(&cri, &containerd, "c") {
         Ok(c) => anyhow::bail!("C must not run unclaimed while the agent is away: {}", c.ip),
         Err(e) => format!("{e:#}"),
@@ -187,8 +271,44 @@ fn the_agent_restarted_while_pods_come_and_go_loses_no_del_and_leaves_no_pod_unp
     drop(agent);
 
     let agent = lab.start_agent(&QUARANTINE)?;
-    api.wait_state(a.ip, StateName::Quarantined)
+    let view = api
+        .wait_state(a.ip, StateName::Quarantined)
         .context("the spooled DEL of A is replayed")?;
+    ensure!(
+        view.previous_holder.as_ref().and_then(|h| h.container_id()) == Some(a.sandbox.as_str()),
+        "A's sandbox held it last: {view:?}"
+    );
+    poll("the spool consumed", Duration::from_secs(10), || {
+        let left = spooled(&cni_spool)?;
+        if left.is_empty() {
+            Ok(Some(()))
+        } else {
+            anyhow::bail!("{left:?}")
+        }
+    })?;
+    let replayed = format!("CNI spool: replayed the DEL of container {}", a.sandbox);
+    ensure!(
+        agent.log().contains(&replayed),
+        "the agent says it replayed A's DEL ({replayed:?}):\n{}",
+        agent.log()
+    );
+    // The restarted agent's feed: A drained for its sandbox (the replayed DEL: a veth found gone
+    // without a DEL would go straight to Quarantined), then quarantined.
+    let steps = poll(
+        "A's Draining, Quarantined in the feed",
+        Duration::from_secs(10),
+        || {
+            let steps = feed(&api, a.ip)?;
+            Ok((steps.len() >= 2).then_some(steps))
+        },
+    )?;
+    ensure!(
+        steps[0].to == StateName::Draining
+            && steps[0].sandbox.as_deref() == Some(a.sandbox.as_str())
+            && steps[1].to == StateName::Quarantined,
+        "A's transitions after the restart: Draining for its sandbox, then Quarantined: {steps:?}"
+    );
+
     let c = run_pod(&cri, &containerd, "c").context("the kubelet's retry of C")?;
     let view = api.wait_state(c.ip, StateName::Active)?;
     ensure!(
@@ -200,14 +320,11 @@ fn the_agent_restarted_while_pods_come_and_go_loses_no_del_and_leaves_no_pod_unp
     ensure!(b_view.state == StateName::Active, "B untouched: {b_view:?}");
     poll("every interface protected", Duration::from_secs(10), || {
         let scrape = agent.scrape()?;
-        let unprotected: f64 = ["tc_ingress", "tc_egress"]
-            .iter()
-            .map(|hook| {
-                scrape
-                    .get("ipq_datapath_unprotected_interfaces", &[("hook", hook)])
-                    .unwrap_or(0.0)
-            })
-            .sum();
+        let mut unprotected = 0.0;
+        for hook in ["tc_ingress", "tc_egress"] {
+            // A missing series fails the test: it must not read as "none unprotected".
+            unprotected += scrape.get("ipq_datapath_unprotected_interfaces", &[("hook", hook)])?;
+        }
         Ok((unprotected == 0.0).then_some(()))
     })?;
     ensure!(pings(&cri, &b, GATEWAY)? == 3, "B works");
