@@ -134,6 +134,29 @@ impl Containerd {
         found
     }
 
+    /// The live processes of container (or sandbox) `id`: those whose cgroup is the
+    /// container's (cgroupfs names it by its id under the test's parent), zombies left out.
+    pub fn pids_of(&self, id: &str) -> Vec<i32> {
+        let needle = format!("/{id}");
+        let parent = self.cgroup_parent();
+        processes()
+            .into_iter()
+            .filter_map(|(pid, _)| {
+                let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+                // "pid (comm) S ...": the state follows the last ')'.
+                let state = stat.rsplit_once(')')?.1.split_whitespace().next()?;
+                if state == "Z" || state == "X" {
+                    return None;
+                }
+                let cgroups = fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+                cgroups
+                    .lines()
+                    .any(|l| l.contains(&parent) && l.ends_with(&needle))
+                    .then_some(pid)
+            })
+            .collect()
+    }
+
     /// containerd's log so far.
     pub fn log(&self) -> String {
         fs::read_to_string(self.dir.join("containerd.log")).unwrap_or_default()

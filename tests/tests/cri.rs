@@ -546,24 +546,65 @@ fn swarmkit_incident_with_ipq_ipam_the_new_pod_gets_another_address() -> anyhow:
 }
 
 /// A force delete whose kill fails (Cilium #29571's case): the pod's shim is SIGKILLed, so
-/// containerd cannot kill the containers through it; the kubelet's StopPodSandbox (retried
-/// until it succeeds, as the kubelet does) and RemovePodSandbox then go on. No stale holder
-/// stays reachable: the CNI DEL ran, the address is quarantined, nothing answers on it, and the
-/// host-local allocation stays held.
+/// containerd cannot kill the containers through it (its log says so: the task behind the dead
+/// shim cannot be reached, "ttrpc: closed", and it cleans up after the shim instead); the
+/// kubelet's StopPodSandbox (retried until it succeeds, as the kubelet does) and
+/// RemovePodSandbox then go on. No stale holder stays reachable: the CNI DEL ran, the address
+/// is quarantined, nothing answers on it, and the host-local allocation stays held. Once the
+/// quarantine is over, a new pod is given the same address: it works, the node reaches it, it
+/// holds the address in ipq with nobody fenced, and from the force delete to the end not one
+/// frame from A's MAC with the address enters the bridge, while the new pod's do.
 #[test]
 fn a_force_delete_whose_kill_fails_leaves_no_stale_holder_reachable() -> anyhow::Result<()> {
     let lab = Lab::new()?;
     let _agent = lab.start_agent(&QUARANTINE)?;
     let api = AgentApi::new(&lab)?;
-    let (containerd, cri) = node(&lab)?;
+    // Two addresses: with A's taken again after its quarantine, the next pod can only get A's.
+    let (containerd, cri) = node_with(&lab, Range::TwoAddresses, true)?;
     let a = run_pod(&cri, &containerd, "a")?;
+    let other = run_pod(&cri, &containerd, "other")?;
     api.wait_state(a.ip, StateName::Active)?;
+    let a_mac = pod_mac(&cri, &a)?;
+    let bridge = BridgeWatch::new(&lab)?;
+    bridge.watch("a", &a_mac, a.ip)?;
     ensure!(
         ipq_tests::lab::ping(&lab.node, a.ip, 3) == 3,
         "A answers before"
     );
+    ensure!(bridge.frames("a")? >= 3, "the bridge counts A's replies");
+    let a_pids = containerd.pids_of(&a.container);
+    ensure!(!a_pids.is_empty(), "A's container runs");
 
     ensure!(containerd.kill_shim_of(&a.sandbox), "A's shim runs");
+    let a_frames = bridge.frames("a")?;
+    let first = cri.stop_pod_sandbox(&a.sandbox);
+    let alive_after_first = containerd.pids_of(&a.container);
+    // The kill through the shim failed: containerd could not reach A's tasks.
+    poll(
+        "containerd's log: A's tasks unreachable behind the dead shim",
+        Duration::from_secs(10),
+        || {
+            let log = containerd.log();
+            Ok(log
+                .lines()
+                .any(|l| {
+                    l.contains("failed to get task exit status")
+                        && (l.contains(&a.container) || l.contains(&a.sandbox))
+                        && l.contains("ttrpc: closed")
+                })
+                .then_some(()))
+        },
+    )
+    .with_context(|| {
+        format!(
+            "first StopPodSandbox: {first:?}; A's container processes after it: \
+             {alive_after_first:?}"
+        )
+    })?;
+    eprintln!(
+        "A's kill failed (shim gone); the first StopPodSandbox: {first:?}; A's container \
+         processes before it: {a_pids:?}, still alive right after it: {alive_after_first:?}"
+    );
     poll(
         "StopPodSandbox, retried as the kubelet does",
         Duration::from_secs(60),
@@ -580,6 +621,69 @@ fn a_force_delete_whose_kill_fails_leaves_no_stale_holder_reachable() -> anyhow:
     ensure!(
         host_local_allocations(&data_dir(&lab), NETWORK)?.contains_key(&a.ip),
         "A's allocation is held through the quarantine"
+    );
+    poll("A's processes gone", Duration::from_secs(10), || {
+        let left = containerd.pids_of(&a.container);
+        let left_sandbox = containerd.pids_of(&a.sandbox);
+        if left.is_empty() && left_sandbox.is_empty() {
+            Ok(Some(()))
+        } else {
+            anyhow::bail!("container {left:?}, sandbox {left_sandbox:?}")
+        }
+    })?;
+
+    // The quarantine ends; the next pod gets A's address.
+    poll(
+        "host-local's release of A's address after the quarantine",
+        Duration::from_secs(30),
+        || {
+            Ok(
+                (!host_local_allocations(&data_dir(&lab), NETWORK)?.contains_key(&a.ip))
+                    .then_some(()),
+            )
+        },
+    )?;
+    let c = run_pod(&cri, &containerd, "c")?;
+    ensure!(
+        c.ip == a.ip,
+        "the new pod gets A's {} (the other pod has {})",
+        a.ip,
+        other.ip
+    );
+    let view = poll("the new pod holding it", Duration::from_secs(10), || {
+        let view = api.get(c.ip)?;
+        Ok(view.filter(|v| {
+            v.state == StateName::Active
+                && v.holder.as_ref().and_then(|h| h.container_id()) == Some(c.sandbox.as_str())
+        }))
+    })?;
+    ensure!(
+        view.fenced.is_none(),
+        "nobody else is fenced on it: {view:?}"
+    );
+    let c_mac = pod_mac(&cri, &c)?;
+    bridge.watch("c", &c_mac, c.ip)?;
+    ensure!(pings(&cri, &c, GATEWAY)? == 3, "the new pod works");
+    ensure!(
+        ipq_tests::lab::ping(&lab.node, c.ip, 3) == 3,
+        "{} answers the node from the new pod",
+        c.ip
+    );
+    ensure!(
+        gateway_neighbour(&lab, c.ip)?.as_deref() == Some(c_mac.as_str()),
+        "the gateway resolves {} to the new pod ({c_mac})",
+        c.ip
+    );
+    ensure!(
+        bridge.frames("c")? >= 3,
+        "the bridge counts the new pod's frames"
+    );
+    let now = bridge.frames("a")?;
+    ensure!(
+        now == a_frames,
+        "no frame from A's {a_mac} with {} entered the bridge after the force delete \
+         ({a_frames} before, {now} now)",
+        a.ip
     );
     Ok(())
 }
