@@ -72,6 +72,16 @@ fn transitions(api: &AgentApi, addr: IpAddr) -> anyhow::Result<Vec<StateName>> {
     Ok(feed(api, addr)?.into_iter().map(|s| s.to).collect())
 }
 
+/// The sequence number of the last event published so far (0: none yet).
+fn last_seq(api: &AgentApi) -> anyhow::Result<u64> {
+    let mut last = 0;
+    api.runtime.block_on(api.client.events(false, |event| {
+        last = last.max(event.seq);
+        true
+    }))?;
+    Ok(last)
+}
+
 #[test]
 fn a_pods_whole_life_through_containerds_cri() -> anyhow::Result<()> {
     let lab = Lab::new()?;
@@ -104,8 +114,13 @@ fn a_pods_whole_life_through_containerds_cri() -> anyhow::Result<()> {
         view.state == StateName::Active,
         "A holds until StopPodSandbox: {view:?}"
     );
+    let before_stop = last_seq(&api)?;
     cri.stop_pod_sandbox(&a.sandbox)?;
-    api.wait_state(a.ip, StateName::Quarantined)?;
+    let view = api.wait_state(a.ip, StateName::Quarantined)?;
+    ensure!(
+        view.previous_holder.as_ref().and_then(|h| h.container_id()) == Some(a.sandbox.as_str()),
+        "quarantined with A's sandbox as the last holder: {view:?}"
+    );
     cri.remove_pod_sandbox(&a.sandbox)?;
     ensure!(
         host_local_allocations(&data_dir(&lab), NETWORK)?.contains_key(&a.ip),
@@ -113,15 +128,38 @@ fn a_pods_whole_life_through_containerds_cri() -> anyhow::Result<()> {
         a.ip
     );
 
-    let states = transitions(&api, a.ip)?;
+    // The feed in order, waited for (it is read while the short quarantine may already end:
+    // a Free after the three is no failure). Draining comes at its step: within the kubelet's
+    // StopPodSandbox (ipq-cni's DEL), for A's sandbox, after everything published by the time
+    // StopContainer returned; the drain itself is not visible between the CNI DEL's two steps,
+    // which containerd runs in one call.
+    let steps = poll(
+        "A's Active, Draining, Quarantined in the feed",
+        Duration::from_secs(10),
+        || {
+            let steps = feed(&api, a.ip)?;
+            Ok((steps.len() >= 3).then_some(steps))
+        },
+    )?;
+    let states: Vec<StateName> = steps.iter().map(|s| s.to).collect();
     ensure!(
-        states
-            == vec![
+        states[..3]
+            == [
                 StateName::Active,
                 StateName::Draining,
                 StateName::Quarantined
-            ],
-        "the feed in order: {states:?}"
+            ]
+            && states[3..].iter().all(|s| *s == StateName::Free),
+        "the feed in order: {steps:?}"
+    );
+    ensure!(
+        steps[0].seq <= before_stop && steps[1].seq > before_stop,
+        "Active before StopPodSandbox (last seq {before_stop}), Draining in it: {steps:?}"
+    );
+    ensure!(
+        steps[0].sandbox.as_deref() == Some(a.sandbox.as_str())
+            && steps[1].sandbox.as_deref() == Some(a.sandbox.as_str()),
+        "claimed and drained for A's sandbox: {steps:?}"
     );
     poll(
         "host-local's release after the quarantine",
