@@ -59,6 +59,8 @@ impl Containerd {
                 bail!("{tool} is missing: install {package} (cargo xtask setup does)");
             }
         }
+        static SWEEP: std::sync::Once = std::sync::Once::new();
+        SWEEP.call_once(sweep_leftovers);
         fs::create_dir_all(dir)?;
         // Unique per test: the lab's work dir is.
         let unique = dir
@@ -132,6 +134,29 @@ impl Containerd {
             }
         }
         found
+    }
+
+    /// The live processes of container (or sandbox) `id`: those whose cgroup is the
+    /// container's (cgroupfs names it by its id under the test's parent), zombies left out.
+    pub fn pids_of(&self, id: &str) -> Vec<i32> {
+        let needle = format!("/{id}");
+        let parent = self.cgroup_parent();
+        processes()
+            .into_iter()
+            .filter_map(|(pid, _)| {
+                let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+                // "pid (comm) S ...": the state follows the last ')'.
+                let state = stat.rsplit_once(')')?.1.split_whitespace().next()?;
+                if state == "Z" || state == "X" {
+                    return None;
+                }
+                let cgroups = fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+                cgroups
+                    .lines()
+                    .any(|l| l.contains(&parent) && l.ends_with(&needle))
+                    .then_some(pid)
+            })
+            .collect()
     }
 
     /// containerd's log so far.
@@ -273,6 +298,76 @@ impl Drop for Containerd {
         for tree in &trees {
             remove_cgroup_tree(tree);
         }
+    }
+}
+
+/// The test process (pid) that made a lab named `ipq-lab-<pid>-<n>` (the name `netns::unique`
+/// gives a lab's work dir, which names its containerd's cgroup and socket).
+fn lab_owner(name: &str) -> Option<i32> {
+    let rest = name.strip_prefix("ipq-lab-")?;
+    let (pid, n) = rest.split_once('-')?;
+    n.parse::<u32>().ok()?;
+    pid.parse().ok()
+}
+
+/// Whether `pid` still runs (a reused pid counts as running: its lab is then left alone).
+fn running(pid: i32) -> bool {
+    Path::new("/proc").join(pid.to_string()).exists()
+}
+
+/// Once per test process, before its first containerd: what a hard-killed earlier run left
+/// behind, which no Drop removed: the shims of its containerds and the pods in its cgroups.
+/// Only what ipq's tests name (`ipq-cri-ipq-lab-<pid>-<n>` cgroups, shims whose address is an
+/// `ipq-lab-<pid>-<n>/containerd` socket) and only when that pid is gone: concurrent runs of
+/// the tier (other worktrees, other test binaries) keep theirs.
+fn sweep_leftovers() {
+    let dead_lab = |name: &str| lab_owner(name).is_some_and(|pid| !running(pid));
+    for (pid, cmdline) in processes() {
+        if !cmdline.contains("containerd-shim") {
+            continue;
+        }
+        let mut args = cmdline.split(' ');
+        let address = args.find(|a| *a == "-address").and_then(|_| args.next());
+        let lab = address.and_then(|a| {
+            let socket = Path::new(a);
+            (socket.file_name()? == "containerd.sock"
+                && socket.parent()?.file_name()? == "containerd")
+                .then(|| socket.parent()?.parent()?.file_name())
+                .flatten()
+        });
+        if lab.is_some_and(|l| dead_lab(&l.to_string_lossy())) {
+            eprintln!("sweep: killing the shim {pid} of a dead lab: {cmdline}");
+            // SAFETY: kill has no memory-safety preconditions.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+    }
+    // cgroup v2 has them right under the root; v1 under each controller's hierarchy.
+    let root = Path::new("/sys/fs/cgroup");
+    let mut dirs = vec![root.to_owned()];
+    if let Ok(entries) = fs::read_dir(root) {
+        dirs.extend(entries.flatten().map(|e| e.path()).filter(|p| p.is_dir()));
+    }
+    let mut trees = Vec::new();
+    for dir in dirs {
+        let Ok(entries) = fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.strip_prefix("ipq-cri-").is_some_and(&dead_lab) && entry.path().is_dir() {
+                trees.push(entry.path());
+            }
+        }
+    }
+    for tree in &trees {
+        eprintln!(
+            "sweep: killing the pods of a dead lab's cgroup {}",
+            tree.display()
+        );
+        kill_cgroup_tree(tree);
+    }
+    for tree in &trees {
+        remove_cgroup_tree(tree);
     }
 }
 

@@ -21,6 +21,8 @@ use crate::{
 
 pub const NETWORK: &str = "cri-pods";
 pub const GATEWAY: &str = "10.99.0.1";
+/// The pods' bridge (bridge plugin, `isGateway`): the gateway's address is on it.
+pub const BRIDGE: &str = "cnicri0";
 
 pub fn data_dir(lab: &Lab) -> PathBuf {
     lab.work_dir().join("cni-data")
@@ -44,7 +46,7 @@ pub fn node_conflist(lab: &Lab, conf_dir: &Path, range: Range) -> anyhow::Result
         "cniVersion": "1.0.0",
         "name": NETWORK,
         "plugins": [{
-            "type": "bridge", "bridge": "cnicri0", "isGateway": true, "ipMasq": false,
+            "type": "bridge", "bridge": BRIDGE, "isGateway": true, "ipMasq": false,
             "ipam": {
                 "type": "host-local",
                 "dataDir": data_dir(lab),
@@ -195,6 +197,118 @@ pub const IGNORES_SIGTERM: [&str; 3] = [
     "-c",
     "trap '' TERM; while true; do sleep 1; done",
 ];
+
+/// Like [`IGNORES_SIGTERM`], and it keeps sending to its gateway ([`GATEWAY`]) all the while,
+/// through the whole grace period: a ping every ~0.2 s (or, once its neighbour entry fails, an
+/// ARP request for the gateway each try).
+pub const SENDS_AND_IGNORES_SIGTERM: [&str; 3] = [
+    "/bin/sh",
+    "-c",
+    "trap '' TERM; while true; do ping -c 1 -W 1 10.99.0.1 >/dev/null 2>&1; sleep 0.2; done",
+];
+
+/// The MAC of the pod's `eth0`, as the pod has it.
+pub fn pod_mac(cri: &Cri, pod: &Pod) -> anyhow::Result<String> {
+    let (code, out) = cri.exec_sync(
+        &pod.container,
+        &["cat", "/sys/class/net/eth0/address"],
+        Duration::from_secs(10),
+    )?;
+    let mac = out.trim();
+    ensure!(
+        code == 0 && mac.len() == 17,
+        "the MAC of {}'s eth0 (exit {code}): {out}",
+        pod.spec.name
+    );
+    Ok(mac.to_owned())
+}
+
+/// The MAC the node's neighbour table has for `addr` on the pods' bridge (the gateway's view).
+pub fn gateway_neighbour(lab: &Lab, addr: IpAddr) -> anyhow::Result<Option<String>> {
+    let out = lab
+        .node
+        .ip(&["neigh", "show", &addr.to_string(), "dev", BRIDGE])?;
+    Ok(out
+        .split_whitespace()
+        .skip_while(|w| *w != "lladdr")
+        .nth(1)
+        .map(str::to_owned))
+}
+
+/// The peers' side of the pods' bridge: nftables counters (bridge family, prerouting) on the
+/// frames that enter the bridge from one MAC with one source address (IPv4 with it as source,
+/// or ARP with it as sender). Every frame a pod sends to any peer on the bridge, or to the
+/// gateway, passes there, after ipq's programs on the pod's host veth: a frame ipq drops is
+/// never counted, one it lets through always is. The table lives in the lab's node namespace
+/// and goes with it.
+pub struct BridgeWatch<'l> {
+    lab: &'l Lab,
+}
+
+const WATCH_TABLE: &str = "ipqcriwatch";
+
+impl<'l> BridgeWatch<'l> {
+    pub fn new(lab: &'l Lab) -> anyhow::Result<BridgeWatch<'l>> {
+        let watch = BridgeWatch { lab };
+        watch.nft(&["add", "table", "bridge", WATCH_TABLE])?;
+        watch.nft(&[
+            "add",
+            "chain",
+            "bridge",
+            WATCH_TABLE,
+            "pre",
+            "{ type filter hook prerouting priority -300 ; }",
+        ])?;
+        Ok(watch)
+    }
+
+    fn nft(&self, args: &[&str]) -> anyhow::Result<String> {
+        crate::netns::output_of(self.lab.node.command("nft").args(args))
+    }
+
+    /// Counts, as `name`, the frames from `mac` with source `addr`.
+    pub fn watch(&self, name: &str, mac: &str, addr: IpAddr) -> anyhow::Result<()> {
+        let addr = addr.to_string();
+        for (suffix, matched) in [("ip", ["ip", "saddr"]), ("arp", ["arp", "saddr ip"])] {
+            let counter = format!("{name}_{suffix}");
+            self.nft(&["add", "counter", "bridge", WATCH_TABLE, &counter])?;
+            self.nft(&[
+                "add",
+                "rule",
+                "bridge",
+                WATCH_TABLE,
+                "pre",
+                "ether",
+                "saddr",
+                mac,
+                matched[0],
+                matched[1],
+                &addr,
+                "counter",
+                "name",
+                &counter,
+            ])?;
+        }
+        Ok(())
+    }
+
+    /// The frames counted as `name` so far.
+    pub fn frames(&self, name: &str) -> anyhow::Result<u64> {
+        let mut total = 0;
+        for suffix in ["ip", "arp"] {
+            let counter = format!("{name}_{suffix}");
+            let out = self.nft(&["-j", "list", "counter", "bridge", WATCH_TABLE, &counter])?;
+            let listed: serde_json::Value = serde_json::from_str(&out)?;
+            total += listed["nftables"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find_map(|o| o["counter"]["packets"].as_u64())
+                .with_context(|| format!("no packets in nft's {counter}: {out}"))?;
+        }
+        Ok(total)
+    }
+}
 
 /// An allocator that errs (SwarmKit #2407): `ip`'s host-local allocation is freed while its
 /// pod lives, and host-local's round-robin (in a [`Range::TwoAddresses`] node) points at it

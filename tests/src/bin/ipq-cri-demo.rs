@@ -14,7 +14,7 @@ use ipq_tests::{
     cri_node::{
         free_early, node_with, pings, run_pod, run_pod_with, Range, GATEWAY, IGNORES_SIGTERM,
     },
-    lab::Lab,
+    lab::{Agent, Lab},
     netns::workspace_binary,
 };
 
@@ -34,6 +34,21 @@ fn ipq(lab: &Lab, args: &[&str]) -> Result<()> {
         println!("  {line}");
     }
     Ok(())
+}
+
+/// ipq's drops of fenced holders' packets so far, both hooks.
+fn fenced_drops(agent: &Agent<'_>) -> f64 {
+    ["tc_ingress", "tc_egress"]
+        .iter()
+        .map(|hook| {
+            agent
+                .metric(
+                    "ipq_dropped_packets_total",
+                    &[("hook", hook), ("reason", "fenced")],
+                )
+                .unwrap_or(0.0)
+        })
+        .sum()
 }
 
 fn main() -> Result<()> {
@@ -72,9 +87,36 @@ fn main() -> Result<()> {
         "  pod new -> gateway: {}/3 replies",
         pings(&cri, &new, GATEWAY)?
     );
+    let drops_before = fenced_drops(&agent);
+    let old_replies = pings(&cri, &old, GATEWAY)?;
+    let dropped = fenced_drops(&agent) - drops_before;
+    // What ipq says, not what the demo expects: the new pod's sandbox holds the address, the
+    // old pod's is fenced, and its packets were just dropped as fenced.
+    let view = api.get(old.ip)?;
+    let holder = view
+        .as_ref()
+        .and_then(|v| v.holder.as_ref())
+        .and_then(|h| h.container_id());
+    let fenced = view
+        .as_ref()
+        .and_then(|v| v.fenced.as_ref())
+        .and_then(|h| h.container_id());
+    let verdict = if new.ip != old.ip {
+        format!("not fenced: pod new got {}, not the old address", new.ip)
+    } else if holder == Some(new.sandbox.as_str())
+        && fenced == Some(old.sandbox.as_str())
+        && dropped > 0.0
+        && old_replies == 0
+    {
+        format!("fenced by ipq: {dropped} of its packets dropped as fenced")
+    } else {
+        format!(
+            "NOT fenced by ipq as expected: holder {holder:?}, fenced {fenced:?}, {dropped} \
+             packets dropped as fenced"
+        )
+    };
     println!(
-        "  pod old, still in its grace period, -> gateway: {}/3 replies (fenced by ipq)",
-        pings(&cri, &old, GATEWAY)?
+        "  pod old, still in its grace period, -> gateway: {old_replies}/3 replies ({verdict})"
     );
 
     say("what an operator sees");
