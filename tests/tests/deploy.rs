@@ -320,6 +320,7 @@ fn dashboard_panels_explain_themselves_and_follow_the_variables() {
         "ipq_datapath_attachments_lost_total",
         "ipq_ipam_held_addresses",
         "ipq_ipam_releases_total",
+        "ipq_ipam_failing_releases",
         "ipq_ipam_exhausted_total",
     ] {
         assert!(exprs.contains(metric), "no panel shows {metric}");

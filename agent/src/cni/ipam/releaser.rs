@@ -165,6 +165,7 @@ pub async fn run(
             holds.replace(&pending, &failures);
             let paths: HashSet<&Path> = pending.iter().map(|p| p.path.as_path()).collect();
             retries.retain(|path, _| paths.contains(path.as_path()));
+            set_failing(&metrics, &retries);
             last_busy.retain(|path, _| paths.contains(path.as_path()));
             for spooled in pending {
                 if retries
@@ -287,6 +288,14 @@ fn set_held_addresses(
     }
 }
 
+/// `ipq_ipam_failing_releases`: the releases whose last DEL failed are exactly those with a
+/// retry pending, and this task alone keeps that table (and so the gauge).
+fn set_failing(metrics: &Metrics, retries: &HashMap<PathBuf, Retry>) {
+    metrics
+        .ipam_failing_releases
+        .set(i64::try_from(retries.len()).unwrap_or(i64::MAX));
+}
+
 /// The pending releases, read off the async threads; None (logged) when the directory cannot
 /// be read.
 async fn scan(dir: &Path) -> Option<Vec<Spooled<HeldRelease>>> {
@@ -382,6 +391,7 @@ async fn release(
             );
         }
     }
+    set_failing(metrics, retries);
     released
 }
 
