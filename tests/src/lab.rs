@@ -665,6 +665,12 @@ impl Scrape {
         Ok(sum)
     }
 
+    /// The sum of every series of `name` carrying all of `labels`; 0 if there is none (a
+    /// counter whose labels no event has made yet, e.g. a network's first release).
+    pub fn count(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        self.matching(name, labels).map(|s| s.value).sum()
+    }
+
     /// Every series of `name` whose value differs from `before`, as `label=value,...` → the
     /// change. Comparing whole families shows what else moved, not just what a test expects.
     pub fn changes_since(&self, before: &Scrape, name: &str) -> BTreeMap<String, f64> {

@@ -6,8 +6,8 @@
 //! quarantine is over, never before (also across a SIGKILL, and with the agent away during the
 //! DEL), and the address is handed out again. A second delegate, Debian's `static`, gets the
 //! same holds, and so does Debian's `dhcp` with dnsmasq (`cni_ipam/dhcp.rs`). GC and STATUS:
-//! `cni_ipam/gc_status.rs`; the agent's delegate DEL refused outside its trusted CNI bin dirs:
-//! `cni_ipam/delegate_del.rs`; a range exhausted by holds:
+//! `cni_ipam/gc_status.rs`; the agent's delegate DEL refused outside its trusted CNI bin dirs,
+//! and a failing one retried: `cni_ipam/delegate_del.rs`; a range exhausted by holds:
 //! `cni_ipam/pressure.rs`; the SwarmKit replay with and without ipq-ipam: `cni_ipam/swarmkit.rs`.
 
 use std::{
