@@ -2,7 +2,7 @@
 //! kernel's conflict samples through the tracker, tick cool-downs, serve metrics, and stop on
 //! SIGTERM leaving every pin in place so enforcement continues while no agent runs.
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use log::{error, info, warn};
 use thiserror::Error;
@@ -188,6 +188,9 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
     safe_fs::ensure_private_dir(&ipam_release_dir)?;
     let metrics_addr = config.metrics_addr;
     let max_cooldown = config.max_cooldown;
+    let ipam_bins = Arc::new(crate::cni::ipam::trust::TrustedBins::new(
+        config.ipam_cni_bin_dirs.clone(),
+    ));
     let tc_mode = datapath.tc_mode(config.tc_attach)?;
     info!(
         "tc_attach {:?}: TC programs attach as {}",
@@ -235,17 +238,25 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
     // Only now, with the registry recovered and the spool replayed: "free" is then the truth.
     let (urgent_tx, urgent_rx) = mpsc::channel(64);
     tracker.set_ipam_releaser(urgent_tx);
-    let releaser = tokio::spawn(crate::cni::ipam::releaser::run(
-        ipam_release_dir,
+    let releaser_settings = crate::cni::ipam::releaser::Settings {
+        dir: ipam_release_dir,
         max_cooldown,
-        (recovery == Recovery::PinnedMaps).then(crate::cni::ipam::release::now_unix_ms),
+        registry_lost_at: (recovery == Recovery::PinnedMaps)
+            .then(crate::cni::ipam::release::now_unix_ms),
+        bins: ipam_bins.clone(),
+    };
+    let releaser = tokio::spawn(crate::cni::ipam::releaser::run(
+        releaser_settings,
         command_tx.clone(),
         urgent_rx,
         metrics.clone(),
         tracker.ipam_holds(),
     ));
-    let api =
-        tokio::spawn(ApiServer::bind(&api_socket, access)?.serve(command_tx, metrics.clone()));
+    let api = tokio::spawn(ApiServer::bind(&api_socket, access)?.serve(
+        command_tx,
+        metrics.clone(),
+        ipam_bins,
+    ));
     metrics.readiness.set_started(true);
     // Only now: a TCX link create holds rtnl_lock for a grace period, and start-up's netlink
     // requests (the prune above) would wait behind every one.

@@ -123,6 +123,9 @@ pub struct Config {
     /// What ipq-ipam's ADD gets when the delegate's range is exhausted while ipq holds
     /// quarantined addresses of it.
     pub ipam_on_exhausted: crate::cni::ipam::pressure::OnExhausted,
+    /// The CNI bin directories the agent runs ipq-ipam's delegates from (as root): a held
+    /// release whose `cniPath` names none of them is refused.
+    pub ipam_cni_bin_dirs: Vec<PathBuf>,
     pub hygiene: HygieneConfig,
 }
 
@@ -153,6 +156,9 @@ impl Default for Config {
             tc_attach: TcAttach::Auto,
             verify_interval: Duration::from_secs(5),
             ipam_on_exhausted: crate::cni::ipam::pressure::OnExhausted::Wait,
+            // Where the reference plugins go on Kubernetes nodes; a distribution's own plugin
+            // dir (Debian's /usr/lib/cni) is trusted only when the operator says so.
+            ipam_cni_bin_dirs: vec![PathBuf::from("/opt/cni/bin")],
             hygiene: HygieneConfig::default(),
         }
     }

@@ -131,6 +131,9 @@ pub struct Metrics {
     pub ipam_held_addresses: IntGaugeVec,
     /// ipq-ipam: held allocations whose release waits (quarantine running, or retrying).
     pub ipam_pending_releases: IntGauge,
+    /// ipq-ipam: held allocations whose last delegate DEL failed (written by the releaser
+    /// alone, from its table of retries).
+    pub ipam_failing_releases: IntGauge,
     /// ipq-ipam: delegate ranges found exhausted while ipq held addresses of them, by network
     /// and outcome (`waited`, `released`, `release_failed`, `none_releasable`).
     pub ipam_exhausted: IntCounterVec,

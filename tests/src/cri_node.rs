@@ -178,7 +178,7 @@ pub fn node(lab: &Lab) -> anyhow::Result<(Containerd, Cri)> {
 }
 
 pub fn node_with(lab: &Lab, range: Range, hold_ipam: bool) -> anyhow::Result<(Containerd, Cri)> {
-    let containerd = Containerd::start(&lab.node, &lab.work_dir().join("containerd"))?;
+    let containerd = Containerd::start(&lab.node, &lab.containerd_dir())?;
     node_conflist(lab, &containerd.conf_dir(), range)?;
     let cri = Cri::connect(&containerd.socket())?;
     let images = cri.images()?;

@@ -209,6 +209,28 @@ impl Lab {
         &self.work.0
     }
 
+    /// The lab's own CNI bin dir, for plugins a test writes (a delegate whose DEL fails): one
+    /// of the directories its agents trust (see [`trusted_cni_bin_dirs`](Self::trusted_cni_bin_dirs)).
+    pub fn cni_bin_dir(&self) -> PathBuf {
+        self.work_dir().join("cni-bin")
+    }
+
+    /// Where the lab's containerd keeps its state and its CNI bin dir (`cri_node`).
+    pub fn containerd_dir(&self) -> PathBuf {
+        self.work_dir().join("containerd")
+    }
+
+    /// What the lab's agents get as `ipam_cni_bin_dirs`, the directories whose delegates they
+    /// run ipq-ipam's DELs from: Debian's plugin dir (the chains' `CNI_PATH`), the lab's own,
+    /// and containerd's (links to Debian's). A test may add more with the flag.
+    pub fn trusted_cni_bin_dirs(&self) -> Vec<PathBuf> {
+        vec![
+            PathBuf::from(crate::cni::DEBIAN_PLUGIN_DIR),
+            self.cni_bin_dir(),
+            self.containerd_dir().join("cni-bin"),
+        ]
+    }
+
     /// Starts the agent in the node namespace and waits until it is ready.
     pub fn start_agent(&self, extra: &[&str]) -> anyhow::Result<Agent<'_>> {
         Agent::start(self, extra)
@@ -390,8 +412,11 @@ impl<'l> Agent<'l> {
             .arg(work.join("state"))
             .arg("--api-socket")
             .arg(work.join("ipq.sock"))
-            .args(["--metrics-addr", METRICS_ADDR])
-            .args(extra)
+            .args(["--metrics-addr", METRICS_ADDR]);
+        for dir in lab.trusted_cni_bin_dirs() {
+            cmd.arg("--ipam-cni-bin-dirs").arg(dir);
+        }
+        cmd.args(extra)
             // The per-address lines an operator's INFO log leaves out (transitions, hygiene
             // passes) are what a failed test's agent log is read for.
             .env(
@@ -638,6 +663,12 @@ impl Scrape {
             bail!("no series {name} with labels {labels:?} in /metrics");
         }
         Ok(sum)
+    }
+
+    /// The sum of every series of `name` carrying all of `labels`; 0 if there is none (a
+    /// counter whose labels no event has made yet, e.g. a network's first release).
+    pub fn count(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        self.matching(name, labels).map(|s| s.value).sum()
     }
 
     /// Every series of `name` whose value differs from `before`, as `label=value,...` → the

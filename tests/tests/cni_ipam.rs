@@ -5,7 +5,9 @@
 //! wrapped onto the deleted pod's address. The agent runs host-local's DEL once the address's
 //! quarantine is over, never before (also across a SIGKILL, and with the agent away during the
 //! DEL), and the address is handed out again. A second delegate, Debian's `static`, gets the
-//! same holds, and so does Debian's `dhcp` with dnsmasq (`cni_ipam/dhcp.rs`). GC and STATUS: `cni_ipam/gc_status.rs`; a range exhausted by holds:
+//! same holds, and so does Debian's `dhcp` with dnsmasq (`cni_ipam/dhcp.rs`). GC and STATUS:
+//! `cni_ipam/gc_status.rs`; the agent's delegate DEL refused outside its trusted CNI bin dirs,
+//! and a failing one retried: `cni_ipam/delegate_del.rs`; a range exhausted by holds:
 //! `cni_ipam/pressure.rs`; the SwarmKit replay with and without ipq-ipam: `cni_ipam/swarmkit.rs`.
 
 use std::{
@@ -27,6 +29,8 @@ use ipq_tests::{
 };
 use serde_json::{json, Value};
 
+#[path = "cni_ipam/delegate_del.rs"]
+mod delegate_del;
 #[path = "cni_ipam/dhcp.rs"]
 mod dhcp;
 #[path = "cni_ipam/gc_status.rs"]

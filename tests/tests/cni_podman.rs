@@ -509,7 +509,6 @@ fn fence_old_gives_the_address_to_the_new_container_and_cuts_the_old_one_off() -
 fn podman_with_ipq_ipam_holds_a_removed_containers_address_until_its_quarantine_ends(
 ) -> anyhow::Result<()> {
     let lab = Lab::new()?;
-    let _agent = lab.start_agent(&ipq_tests::lab::SHORT_QUARANTINE)?;
     let mut net = network(vec![ipq_cni_entry(&lab)]);
     net.ipam_wrapper = Some(serde_json::json!({
         "type": "ipq-ipam",
@@ -519,6 +518,14 @@ fn podman_with_ipq_ipam_holds_a_removed_containers_address_until_its_quarantine_
     }));
     let (cni, ipam) = (workspace_binary("ipq-cni"), workspace_binary("ipq-ipam"));
     let podman = Podman::new(&lab.node, net, &[("ipq-cni", &cni), ("ipq-ipam", &ipam)])?;
+    // podman's CNI_PATH is its own plugin dir: the agent runs host-local's DEL from there.
+    let bin_dir = podman.dir().join("cni-bin");
+    let mut args = vec![
+        "--ipam-cni-bin-dirs",
+        bin_dir.to_str().context("a UTF-8 path")?,
+    ];
+    args.extend(ipq_tests::lab::SHORT_QUARANTINE);
+    let _agent = lab.start_agent(&args)?;
     let ipq = Ipq::new(&lab);
     let addr: IpAddr = Ipv4Addr::new(10, 99, 0, 9).into();
 
@@ -565,5 +572,7 @@ fn podman_with_ipq_ipam_holds_a_removed_containers_address_until_its_quarantine_
         "not before the deadline"
     );
     ipq.wait(addr, "held by b", |v| v.state == StateName::Active)?;
+    // Its containers' DELs at drop go to the running agent, as before it was started second.
+    drop(podman);
     Ok(())
 }

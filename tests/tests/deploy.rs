@@ -194,6 +194,30 @@ fn configmap_holds_a_valid_agent_config_that_matches_the_pod() {
             .any(|a| a == socket.as_str()),
         "{install}"
     );
+    // With --hold-ipam the agent runs the wrapped IPAM plugin's DEL itself (#18): every CNI
+    // bin dir it trusts is the host's, read-only at the same path (the release names the
+    // runtime's CNI_PATH), and host-local's state dir is the host's, writable.
+    let host_path = |mount: &Value| -> String {
+        let volume = array(&pod["volumes"])
+            .iter()
+            .find(|v| v["name"] == mount["name"])
+            .unwrap_or_else(|| panic!("no volume for {mount}"));
+        string(&volume["hostPath"]["path"]).to_owned()
+    };
+    assert!(!config.ipam_cni_bin_dirs.is_empty());
+    for dir in &config.ipam_cni_bin_dirs {
+        let dir = dir.to_str().unwrap();
+        let mount = mount_of(agent, dir)
+            .unwrap_or_else(|| panic!("ipam_cni_bin_dirs has {dir}, which the agent lacks"));
+        assert_eq!(mount["readOnly"], true, "{mount}");
+        assert_eq!(host_path(mount), dir);
+    }
+    let cni_state = mount_of(agent, "/var/lib/cni").expect("host-local's state dir mounted");
+    assert_ne!(cni_state["readOnly"], true, "host-local's DEL writes there");
+    assert_eq!(host_path(cni_state), "/var/lib/cni");
+    // The root filesystem stays read-only: the mounts above are all a delegate DEL writes.
+    assert_eq!(agent["securityContext"]["readOnlyRootFilesystem"], true);
+
     let config_mount = mount_of(agent, "/etc/ipq").unwrap();
     let volume = array(&pod["volumes"])
         .iter()
@@ -296,6 +320,7 @@ fn dashboard_panels_explain_themselves_and_follow_the_variables() {
         "ipq_datapath_attachments_lost_total",
         "ipq_ipam_held_addresses",
         "ipq_ipam_releases_total",
+        "ipq_ipam_failing_releases",
         "ipq_ipam_exhausted_total",
     ] {
         assert!(exprs.contains(metric), "no panel shows {metric}");

@@ -47,6 +47,8 @@ const BODY_TIMEOUT: Duration = listen::HEADER_TIMEOUT;
 pub struct Context {
     pub commands: mpsc::Sender<Command>,
     pub metrics: Arc<Metrics>,
+    /// The CNI bin directories a held release's delegate may come from (`ipam_cni_bin_dirs`).
+    pub ipam_bins: Arc<crate::cni::ipam::trust::TrustedBins>,
 }
 
 /// Answers one request.
@@ -126,6 +128,11 @@ async fn route(request: Request<Incoming>, ctx: &Context) -> Result<Response<Bod
             let release: crate::cni::ipam::release::HeldRelease =
                 decode(&read_body(request, &what).await?, &what)?;
             release.validate().map_err(|e| invalid(e.to_string()))?;
+            // Refused here rather than failing at every retry of its DEL: the agent would run
+            // this delegate as root, and the caller needs only be in api_group.
+            ctx.ipam_bins
+                .check(&release)
+                .map_err(|e| invalid(e.to_string()))?;
             let release = Box::new(release);
             json(ask(ctx, |reply| Command::HoldRelease { release, reply }).await?)
         }

@@ -156,8 +156,17 @@ impl ApiServer {
     }
 
     /// Serves until the task is dropped.
-    pub async fn serve(self, commands: mpsc::Sender<Command>, metrics: Arc<Metrics>) {
-        let ctx = Context { commands, metrics };
+    pub async fn serve(
+        self,
+        commands: mpsc::Sender<Command>,
+        metrics: Arc<Metrics>,
+        ipam_bins: Arc<crate::cni::ipam::trust::TrustedBins>,
+    ) {
+        let ctx = Context {
+            commands,
+            metrics,
+            ipam_bins,
+        };
         let mut guard = Guard::new("API", listen::API_MAX_CONNECTIONS)
             .counting_refusals(ctx.metrics.connections_refused.clone());
         let mut refusals = RateLimited::new(listen::LOG_PERIOD);

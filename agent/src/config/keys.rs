@@ -290,6 +290,18 @@ pub const KEYS: &[Key] = &[
         },
     },
     Key {
+        name: "ipam_cni_bin_dirs",
+        flag: "ipam-cni-bin-dirs",
+        alias: None,
+        help: "A CNI bin directory the agent may run ipq-ipam's delegate DELs from, as root \
+               (repeatable; default /opt/cni/bin): a release whose CNI_PATH names none is refused",
+        kind: Kind::List,
+        set: |c, p, k, v| {
+            c.ipam_cni_bin_dirs = p.abs_paths(k, v)?;
+            Ok(())
+        },
+    },
+    Key {
         name: "hygiene.flush",
         flag: "hygiene-flush",
         alias: None,

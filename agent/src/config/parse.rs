@@ -127,6 +127,19 @@ impl Parser<'_> {
         Ok(path)
     }
 
+    /// A non-empty list of absolute paths.
+    pub(super) fn abs_paths(&self, key: &str, value: &Value) -> Result<Vec<PathBuf>, ConfigError> {
+        let paths = self
+            .strings(key, value)?
+            .into_iter()
+            .map(|path| self.abs_path(key, &Value::String(path)))
+            .collect::<Result<Vec<_>, _>>()?;
+        if paths.is_empty() {
+            return Err(self.invalid(key, value, "must name at least one directory"));
+        }
+        Ok(paths)
+    }
+
     /// A group name as `groupadd` accepts them, or a numeric gid.
     pub(super) fn group(&self, key: &str, value: &Value) -> Result<String, ConfigError> {
         let name = self.string(key, value)?;

@@ -31,6 +31,7 @@ fn every_key_is_read() {
         tc_attach = "netlink"
         verify_interval = "2s"
         ipam_on_exhausted = "release-quietest"
+        ipam_cni_bin_dirs = ["/opt/cni/bin", "/usr/lib/cni"]
         [interfaces]
         workload = ["lxc*", "veth?x"]
         uplink = ["eth0", "bond0"]
@@ -59,6 +60,25 @@ fn every_key_is_read() {
         config.ipam_on_exhausted,
         crate::cni::ipam::pressure::OnExhausted::ReleaseQuietest
     );
+    assert_eq!(
+        config.ipam_cni_bin_dirs,
+        [PathBuf::from("/opt/cni/bin"), PathBuf::from("/usr/lib/cni")]
+    );
+}
+
+#[test]
+fn ipam_cni_bin_dirs_are_absolute_and_at_least_one() {
+    for (text, needle) in [
+        ("ipam_cni_bin_dirs = [\"bin\"]", "absolute"),
+        ("ipam_cni_bin_dirs = []", "at least one"),
+        ("ipam_cni_bin_dirs = \"/opt/cni/bin\"", "list"),
+    ] {
+        let e = err(text);
+        assert!(
+            e.contains("`ipam_cni_bin_dirs`") && e.contains(needle),
+            "{text}: {e}"
+        );
+    }
 }
 
 #[test]

@@ -187,6 +187,14 @@ impl Metrics {
                  running, or a failed DEL being retried).",
             )?,
         )?;
+        let ipam_failing_releases = registered(
+            &registry,
+            IntGauge::new(
+                "ipq_ipam_failing_releases",
+                "Held allocations whose last delegate DEL failed (being retried with backoff): \
+                 their addresses stay allocated in the node's IPAM until a DEL succeeds.",
+            )?,
+        )?;
         let tc_upgrades_pending = registered(
             &registry,
             IntGauge::new(
@@ -325,6 +333,7 @@ impl Metrics {
             ipam_releases,
             ipam_held_addresses,
             ipam_pending_releases,
+            ipam_failing_releases,
             ipam_exhausted,
             datapath_interfaces,
             unprotected_interfaces,

@@ -70,6 +70,19 @@ impl HeldRelease {
                 });
             }
         }
+        if !is_plugin_name(&self.delegate_type) {
+            return Err(InvalidRelease {
+                field: "delegateType",
+                reason: "not a plugin's file name (1 to 64 of letters, digits, '-', '_', '.', \
+                         starting with a letter or digit): the agent runs it as root",
+            });
+        }
+        if self.cni_path_dirs().any(|dir| !dir.is_absolute()) {
+            return Err(InvalidRelease {
+                field: "cniPath",
+                reason: "holds a directory that is not an absolute path",
+            });
+        }
         if !self.delegate_conf.is_object() {
             return Err(InvalidRelease {
                 field: "delegateConf",
@@ -77,6 +90,11 @@ impl HeldRelease {
             });
         }
         Ok(())
+    }
+
+    /// The `cniPath` directories in order; an empty entry (`a::b`) names none.
+    pub fn cni_path_dirs(&self) -> impl Iterator<Item = std::path::PathBuf> + '_ {
+        std::env::split_paths(&self.cni_path).filter(|dir| !dir.as_os_str().is_empty())
     }
 
     /// The environment the delegate's DEL runs with.
@@ -94,5 +112,106 @@ impl HeldRelease {
             env.push(("CNI_NETNS", netns));
         }
         env
+    }
+}
+
+/// Whether `name` is a plugin's bare file name: the agent runs `<trusted dir>/<name>` as root,
+/// so nothing in it may leave the directory (`/`, `..`) or need quoting. Every plugin name in
+/// use (host-local, static, dhcp, calico-ipam, whereabouts...) fits.
+pub fn is_plugin_name(name: &str) -> bool {
+    name.len() <= 64
+        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn release() -> HeldRelease {
+        HeldRelease {
+            network: Some("net".into()),
+            cni_version: "1.0.0".into(),
+            delegate_type: "host-local".into(),
+            delegate_conf: serde_json::json!({"ipam": {"type": "host-local"}}),
+            container_id: "c0ffee".into(),
+            ifname: "eth0".into(),
+            cni_args: None,
+            cni_path: "/opt/cni/bin:/usr/lib/cni".into(),
+            netns: None,
+            addresses: Vec::new(),
+            held_at_unix_ms: 0,
+        }
+    }
+
+    #[test]
+    fn plugin_names_are_bare_file_names() {
+        for good in [
+            "host-local",
+            "static",
+            "dhcp",
+            "calico-ipam",
+            "azure_vnet.v2",
+            "0x",
+        ] {
+            assert!(is_plugin_name(good), "{good}");
+        }
+        let long = "a".repeat(65);
+        for bad in [
+            "",
+            ".",
+            "..",
+            "../bin/sh",
+            "/bin/sh",
+            "a/b",
+            ".hidden",
+            "-x",
+            "a b",
+            "a;b",
+            "a\0",
+            "h\u{e9}",
+            &long,
+        ] {
+            assert!(!is_plugin_name(bad), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_release_naming_a_path_as_its_delegate_is_refused() {
+        assert!(release().validate().is_ok());
+        for bad in ["../../bin/sh", "/bin/sh", "sub/host-local", "..", ""] {
+            let err = HeldRelease {
+                delegate_type: bad.into(),
+                ..release()
+            }
+            .validate()
+            .expect_err(bad);
+            assert_eq!(err.field, "delegateType", "{bad:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_relative_cni_path_directory_is_refused() {
+        for bad in ["bin", "/opt/cni/bin:.", "/opt/cni/bin:../x"] {
+            let err = HeldRelease {
+                cni_path: bad.into(),
+                ..release()
+            }
+            .validate()
+            .expect_err(bad);
+            assert_eq!(err.field, "cniPath", "{bad:?}: {err}");
+        }
+        let dirs: Vec<_> = HeldRelease {
+            cni_path: "/a::/b/".into(),
+            ..release()
+        }
+        .cni_path_dirs()
+        .collect();
+        assert_eq!(
+            dirs,
+            [std::path::Path::new("/a"), std::path::Path::new("/b/")]
+        );
     }
 }

@@ -103,7 +103,9 @@ fn parse_ipam(ipam: &Map<String, Value>) -> Result<(Settings, Value), CniError> 
     Ok((settings, delegate))
 }
 
-/// The delegate's `type`: a plugin's file name, not ipq-ipam itself.
+/// The delegate's `type`: a plugin's file name, not ipq-ipam itself. As strict as the agent,
+/// which refuses to hold a release for any other (it runs the DEL as root): a config it would
+/// refuse fails at ADD, not at the pod's DEL.
 fn delegate_type(delegate: &Value) -> Result<String, CniError> {
     let Value::Object(section) = delegate else {
         return Err(config_error(
@@ -112,9 +114,7 @@ fn delegate_type(delegate: &Value) -> Result<String, CniError> {
         ));
     };
     match section.get("type") {
-        Some(Value::String(kind))
-            if !kind.is_empty() && !kind.contains('/') && kind != "." && kind != ".." =>
-        {
+        Some(Value::String(kind)) if ipq_api::model::is_plugin_name(kind) => {
             if kind == PLUGIN_TYPE {
                 return Err(config_error(
                     "ipam.delegate.type",
@@ -199,6 +199,7 @@ mod tests {
             json!({}),
             json!({"type": ""}),
             json!({"type": "../x"}),
+            json!({"type": "host local"}),
             json!({"type": 3}),
         ] {
             assert_error(

@@ -30,3 +30,4 @@ pub mod pressure;
 pub mod release;
 pub mod releaser;
 pub mod requested;
+pub mod trust;

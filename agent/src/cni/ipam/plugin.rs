@@ -112,6 +112,10 @@ fn hold(
 }
 
 /// Hands `release` to the agent, or spools it when the agent is away; Ok once it is on disk.
+/// A release the agent refuses (its delegate outside the agent's `ipam_cni_bin_dirs`) fails
+/// the DEL, naming why: spooled, it would only wait for a DEL the agent will not run, and run
+/// here it would free the address early. Failing, the DEL is retried by the runtime and the
+/// allocation stays held in the delegate until the operator trusts the directory.
 pub(super) fn hand_over(release: &HeldRelease, conf: &IpamConf) -> Result<(), CniError> {
     let client = Client::new(&conf.settings.socket, conf.settings.timeout);
     match runtime()?.block_on(client.hold_release(release)) {

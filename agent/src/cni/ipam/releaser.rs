@@ -14,6 +14,11 @@
 //! attachments by their live holder only. It waits `max_cooldown` past the last moment it was
 //! seen busy, or past this task's start: no quarantine lasts longer than that.
 //!
+//! The delegate is run only from the CNI bin directories the agent trusts (`ipam_cni_bin_dirs`,
+//! [`super::trust`]): the release names its binary, and the agent runs it as root. A release
+//! whose delegate is not trusted (spooled while the agent was away) fails like a failing DEL:
+//! it stays held, counted and retried, never dropped and never released another way.
+//!
 //! This task runs off the owner loop: it scans the directory and runs the delegates itself,
 //! and asks the loop one O(k) question per release (`Command::AllocationBusy`). It starts only
 //! once the registry is recovered and ipq-cni's spool replayed, so a journal not yet read never
@@ -29,7 +34,12 @@ use std::{
 use log::{debug, error, warn};
 use tokio::sync::{mpsc, oneshot};
 
-use super::{delegate, holds::Holds, release::HeldRelease};
+use super::{
+    delegate,
+    holds::Holds,
+    release::{HeldRelease, InvalidRelease},
+    trust::{TrustError, TrustedBins},
+};
 use crate::{
     api::{
         command::{AllocationQuery, Command, Reply},
@@ -55,6 +65,11 @@ enum ReleaseError {
     Delegate(#[from] CniError),
     #[error("the delegate's DEL did not finish: {0}")]
     Join(#[from] tokio::task::JoinError),
+    /// A spooled release the API would have refused (written by an older ipq-ipam, or by hand).
+    #[error("the release is not runnable: {0}")]
+    Invalid(#[from] InvalidRelease),
+    #[error(transparent)]
+    Untrusted(#[from] TrustError),
 }
 
 /// When each release without addresses was last seen busy (or this task started).
@@ -107,18 +122,32 @@ pub struct Urgent {
     pub reply: Reply<ExhaustedAnswer>,
 }
 
-/// Runs until the owner loop stops answering. `registry_lost_at` is set when the registry
-/// was rebuilt without its journal (see [`unvouched_wait`]); `urgent` brings the releases the
-/// owner loop wants now, run between two scans (this task is the one that runs delegate DELs).
+/// What the releaser is started with, besides its channels and the tables it shares.
+pub struct Settings {
+    /// `state_dir/ipam-releases`.
+    pub dir: PathBuf,
+    pub max_cooldown: Duration,
+    /// Set when the registry was rebuilt without its journal (see [`unvouched_wait`]).
+    pub registry_lost_at: Option<u64>,
+    /// Where delegates may be run from (`ipam_cni_bin_dirs`).
+    pub bins: Arc<TrustedBins>,
+}
+
+/// Runs until the owner loop stops answering. `urgent` brings the releases the owner loop
+/// wants now, run between two scans (this task is the one that runs delegate DELs).
 pub async fn run(
-    dir: PathBuf,
-    max_cooldown: Duration,
-    registry_lost_at: Option<u64>,
+    settings: Settings,
     commands: mpsc::Sender<Command>,
     mut urgent: mpsc::Receiver<Urgent>,
     metrics: Arc<Metrics>,
     holds: Holds,
 ) {
+    let Settings {
+        dir,
+        max_cooldown,
+        registry_lost_at,
+        bins,
+    } = settings;
     let started = Instant::now();
     let mut retries: HashMap<PathBuf, Retry> = HashMap::new();
     let mut last_busy: LastBusy = HashMap::new();
@@ -136,6 +165,7 @@ pub async fn run(
             holds.replace(&pending, &failures);
             let paths: HashSet<&Path> = pending.iter().map(|p| p.path.as_path()).collect();
             retries.retain(|path, _| paths.contains(path.as_path()));
+            set_failing(&metrics, &retries);
             last_busy.retain(|path, _| paths.contains(path.as_path()));
             for spooled in pending {
                 if retries
@@ -169,14 +199,16 @@ pub async fn run(
                     continue;
                 }
                 let addresses = spooled.request.addresses.clone();
-                if release(spooled, &metrics, &mut retries).await {
+                if release(spooled, &metrics, &mut retries, &bins).await {
                     holds.forget(&addresses);
                 }
             }
         }
         tokio::select! {
             () = tokio::time::sleep(POLL) => {}
-            Some(now) = urgent.recv() => release_now(&dir, now, &metrics, &mut retries, &holds).await,
+            Some(now) = urgent.recv() => {
+                release_now(&dir, now, &metrics, &mut retries, &holds, &bins).await;
+            }
         }
     }
 }
@@ -188,6 +220,7 @@ async fn release_now(
     metrics: &Metrics,
     retries: &mut HashMap<PathBuf, Retry>,
     holds: &Holds,
+    bins: &Arc<TrustedBins>,
 ) {
     let Urgent {
         network,
@@ -206,7 +239,7 @@ async fn release_now(
         None => "released",
         Some(spooled) => {
             let addresses = spooled.request.addresses.clone();
-            if release(spooled, metrics, retries).await {
+            if release(spooled, metrics, retries, bins).await {
                 holds.forget(&addresses);
                 "released"
             } else {
@@ -253,6 +286,14 @@ fn set_held_addresses(
             .set(count);
         networks.insert(network.to_owned());
     }
+}
+
+/// `ipq_ipam_failing_releases`: the releases whose last DEL failed are exactly those with a
+/// retry pending, and this task alone keeps that table (and so the gauge).
+fn set_failing(metrics: &Metrics, retries: &HashMap<PathBuf, Retry>) {
+    metrics
+        .ipam_failing_releases
+        .set(i64::try_from(retries.len()).unwrap_or(i64::MAX));
 }
 
 /// The pending releases, read off the async threads; None (logged) when the directory cannot
@@ -302,13 +343,16 @@ async fn release(
     spooled: Spooled<HeldRelease>,
     metrics: &Metrics,
     retries: &mut HashMap<PathBuf, Retry>,
+    bins: &Arc<TrustedBins>,
 ) -> bool {
     let held = spooled.request.clone();
     let network = held.network.clone().unwrap_or_default();
-    let outcome = tokio::task::spawn_blocking(move || run_del(&held))
+    let bins = Arc::clone(bins);
+    let outcome = tokio::task::spawn_blocking(move || run_del(&held, &bins))
         .await
         .map_err(ReleaseError::from)
-        .and_then(|r| r.map_err(ReleaseError::from));
+        .and_then(|r| r);
+    let released = outcome.is_ok();
     let request = &spooled.request;
     match outcome {
         Ok(()) => {
@@ -326,7 +370,6 @@ async fn release(
             if let Err(e) = spooled.done() {
                 error!("ipam releases: {e}");
             }
-            true
         }
         Err(e) => {
             metrics
@@ -346,14 +389,18 @@ async fn release(
                 "ipam: the {} DEL of container {} ({}) failed {} times, retried in {wait:?}: {e}",
                 request.delegate_type, request.container_id, request.ifname, retry.failures
             );
-            false
         }
     }
+    set_failing(metrics, retries);
+    released
 }
 
-/// The delegate's DEL, as a runtime would have run it.
-fn run_del(release: &HeldRelease) -> Result<(), CniError> {
-    let binary = delegate::find(&release.cni_path, &release.delegate_type)?;
+/// The delegate's DEL, as a runtime would have run it, from a directory the agent trusts. A
+/// release refused here stays held and is retried: it is never dropped (the address would
+/// stay allocated for good without a word) nor released another way (early).
+fn run_del(release: &HeldRelease, bins: &TrustedBins) -> Result<(), ReleaseError> {
+    release.validate()?;
+    let binary = bins.find(release)?;
     let stdin = release.delegate_conf.to_string();
     delegate::exec(
         &release.delegate_type,
@@ -362,6 +409,7 @@ fn run_del(release: &HeldRelease) -> Result<(), CniError> {
         stdin.as_bytes(),
     )
     .map(|_| ())
+    .map_err(ReleaseError::from)
 }
 
 #[cfg(test)]
