@@ -3,8 +3,9 @@
 //! `cniPath` and `delegateType` taken as given, anyone allowed on the API could run any binary
 //! as root. So the agent only runs a plugin by its bare name (`is_plugin_name`), found in the
 //! CNI bin directories the operator configured (`ipam_cni_bin_dirs`) that the release's
-//! `cniPath` also names, and only a regular file that neither group nor others can write and
-//! that root (or the agent's own user) owns.
+//! `cniPath` also names, and only a regular file that neither group nor others can write,
+//! that root (or the agent's own user) owns, in directories (up to `/`) that nobody else may
+//! write either (a sticky one, as `/tmp`, lets nobody replace another's file).
 //!
 //! Directories are compared as written, component by component (`/opt/cni/bin/` is
 //! `/opt/cni/bin`, `/opt/cni/bin/../x` is not): no symlink or `..` is resolved, so a release
@@ -141,6 +142,31 @@ fn safe_to_run(path: &Path) -> Result<(), TrustError> {
             meta.uid()
         )));
     }
+    // Whoever may write a directory on the way may put another file in this one's place.
+    let real = path
+        .canonicalize()
+        .map_err(|e| unsafe_because(format!("cannot be resolved: {e}")))?;
+    for dir in real.ancestors().skip(1) {
+        let meta = dir
+            .metadata()
+            .map_err(|e| unsafe_because(format!("{} cannot be inspected: {e}", dir.display())))?;
+        let mode = meta.mode();
+        // A sticky directory (/tmp) lets nobody replace an entry they do not own.
+        if mode & 0o022 != 0 && mode & 0o1000 == 0 {
+            return Err(unsafe_because(format!(
+                "directory {} (mode {:o}) lets group or others replace what is in it",
+                dir.display(),
+                mode & 0o7777
+            )));
+        }
+        if meta.uid() != 0 && meta.uid() != euid {
+            return Err(unsafe_because(format!(
+                "directory {} is owned by uid {}, neither root nor the agent's user",
+                dir.display(),
+                meta.uid()
+            )));
+        }
+    }
     Ok(())
 }
 
@@ -257,6 +283,18 @@ mod tests {
             .find(&release(&cni_path, "a-dir"))
             .expect_err("a directory");
         assert!(err.to_string().contains("not a regular file"), "{err}");
+        // A directory on the way that others may write: they could swap the file.
+        let open = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(open.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+        plugin(open.path(), "in-an-open-dir", 0o755);
+        let open_trusted = TrustedBins::new(vec![open.path().into()]);
+        let err = open_trusted
+            .find(&release(
+                &open.path().display().to_string(),
+                "in-an-open-dir",
+            ))
+            .expect_err("an open directory");
+        assert!(err.to_string().contains("replace what is in it"), "{err}");
         // A link in a trusted directory is followed, and its target is what is checked.
         let target = tempfile::tempdir().unwrap();
         let real = plugin(target.path(), "real", 0o755);
