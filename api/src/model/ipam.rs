@@ -215,3 +215,33 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod upgrade_tests {
+    use super::HeldRelease;
+
+    /// A release file as the first ipq-ipam wrote it (before `heldAtUnixMs`), and one from a
+    /// newer ipq-ipam with a field this one does not know (a rollback): both are read, so a
+    /// pending release survives an upgrade and a rollback of the agent.
+    #[test]
+    fn release_files_of_older_and_newer_versions_are_read() {
+        let older = r#"{"network":"pods","cniVersion":"1.0.0","delegateType":"host-local",
+            "delegateConf":{"type":"host-local"},"containerId":"c1","ifname":"eth0",
+            "cniArgs":null,"cniPath":"/opt/cni/bin","netns":null,"addresses":["10.1.0.5"]}"#;
+        let release: HeldRelease = serde_json::from_str(older).expect("an older release");
+        assert_eq!(
+            release.held_at_unix_ms, 0,
+            "taken as held at the agent's start"
+        );
+        assert_eq!(
+            release.addresses,
+            ["10.1.0.5".parse::<std::net::IpAddr>().unwrap()]
+        );
+
+        let mut newer: serde_json::Value = serde_json::to_value(&release).unwrap();
+        newer["heldAtUnixMs"] = 1_700_000_000_000u64.into();
+        newer["someFutureField"] = serde_json::json!({"x": 1});
+        let release: HeldRelease = serde_json::from_value(newer).expect("a newer release");
+        assert_eq!(release.held_at_unix_ms, 1_700_000_000_000);
+    }
+}
