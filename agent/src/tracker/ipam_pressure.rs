@@ -86,10 +86,7 @@ impl Tracker {
             let _ = reply.send(Ok(answer));
             return;
         }
-        let quietest = allocations
-            .into_iter()
-            .filter(|(_, a)| !a.live)
-            .min_by_key(|(_, a)| a.quiet_since);
+        let quietest = quietest(allocations);
         let chosen = match (policy, quietest) {
             (OnExhausted::ReleaseQuietest, Some(((container_id, ifname), allocation))) => {
                 Some((container_id, ifname, allocation.addresses))
@@ -153,4 +150,46 @@ impl Tracker {
 fn answer_unreleased(mut urgent: Urgent) {
     urgent.answer.released.clear();
     let _ = urgent.reply.send(Ok(urgent.answer));
+}
+
+/// The allocation `release-quietest` gives back: never one with a live (Active or Draining)
+/// holder on any of its addresses; of the others, the one whose latest traffic (stale, or its
+/// holder's going) is the oldest.
+fn quietest(
+    allocations: BTreeMap<(String, String), Allocation>,
+) -> Option<((String, String), Allocation)> {
+    allocations
+        .into_iter()
+        .filter(|(_, a)| !a.live)
+        .min_by_key(|(_, a)| a.quiet_since)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn allocation(live: bool, quiet_since: MonoNs) -> Allocation {
+        Allocation {
+            addresses: Vec::new(),
+            live,
+            quiet_since,
+        }
+    }
+
+    #[test]
+    fn the_quietest_quarantined_allocation_goes_never_a_live_holders() {
+        let key = |c: &str| (c.to_owned(), "eth0".to_owned());
+        let allocations = BTreeMap::from([
+            // Quiet the longest, but its holder still drains.
+            (key("draining"), allocation(true, 10)),
+            (key("recent"), allocation(false, 300)),
+            (key("quietest"), allocation(false, 50)),
+            (key("middle"), allocation(false, 120)),
+        ]);
+        let chosen = quietest(allocations).map(|(k, _)| k.0);
+        assert_eq!(chosen.as_deref(), Some("quietest"));
+
+        let only_live = BTreeMap::from([(key("a"), allocation(true, 1))]);
+        assert!(quietest(only_live).is_none(), "nothing releasable");
+    }
 }
