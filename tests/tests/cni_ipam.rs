@@ -8,7 +8,8 @@
 //! same holds, and so does Debian's `dhcp` with dnsmasq (`cni_ipam/dhcp.rs`). GC and STATUS:
 //! `cni_ipam/gc_status.rs`; the agent's delegate DEL refused outside its trusted CNI bin dirs,
 //! and a failing one retried: `cni_ipam/delegate_del.rs`; a range exhausted by holds:
-//! `cni_ipam/pressure.rs`; the SwarmKit replay with and without ipq-ipam: `cni_ipam/swarmkit.rs`.
+//! `cni_ipam/pressure.rs`; the SwarmKit replay with and without ipq-ipam: `cni_ipam/swarmkit.rs`;
+//! ADD, CHECK and DEL at spec 1.1.0 over a 1.1.0-speaking delegate: `cni_ipam/spec_1_1.rs`.
 
 use std::{
     net::IpAddr,
@@ -37,6 +38,8 @@ mod dhcp;
 mod gc_status;
 #[path = "cni_ipam/pressure.rs"]
 mod pressure;
+#[path = "cni_ipam/spec_1_1.rs"]
+mod spec_1_1;
 #[path = "cni_ipam/swarmkit.rs"]
 mod swarmkit;
 
