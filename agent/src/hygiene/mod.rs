@@ -36,7 +36,10 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 use tokio::sync::{mpsc, oneshot};
 
-use self::{kept::KeptReport, worker::Worker};
+use self::{
+    kept::{AddressHygiene, KeptReport},
+    worker::Worker,
+};
 use crate::config::HygieneConfig;
 
 #[derive(Debug, Error)]
@@ -170,12 +173,10 @@ impl Report {
 /// The owner loop's side: hands jobs to the worker and keeps the last report per address.
 pub struct Hygiene {
     jobs: Option<std_mpsc::Sender<Job>>,
-    /// The live holder each address had at its last transition, to tell a new holder from the
-    /// same one coming back (Draining → Active).
-    holders: BTreeMap<IpAddr, u32>,
-    /// The last report per address in the registry, for `ipq get`: one per address, so kept
-    /// compact.
-    last: BTreeMap<IpAddr, KeptReport>,
+    /// Per address in the registry: its live holder at its last transition (to tell a new
+    /// holder from the same one coming back, Draining → Active) and its last report (for `ipq
+    /// get`). One map of compact entries: at 64k addresses each byte here is ~120 KB resident.
+    addresses: BTreeMap<IpAddr, AddressHygiene>,
     /// While a claim is carried out: its interface and MAC, and the jobs it waits for.
     claim: Option<ClaimInProgress>,
     /// How the worker flushes a claim's conntrack entries, once its probe decided.
@@ -200,8 +201,7 @@ impl Hygiene {
     pub fn disabled() -> Self {
         Self {
             jobs: None,
-            holders: BTreeMap::new(),
-            last: BTreeMap::new(),
+            addresses: BTreeMap::new(),
             claim: None,
             claim_flush: Arc::default(),
         }
@@ -266,8 +266,21 @@ impl Hygiene {
         act: bool,
     ) {
         let previous = match live_holder {
-            Some(ifindex) => self.holders.insert(addr, ifindex),
-            None => self.holders.remove(&addr),
+            Some(ifindex) => self
+                .addresses
+                .entry(addr)
+                .or_default()
+                .set_holder(Some(ifindex)),
+            None => match self.addresses.get_mut(&addr) {
+                Some(entry) => {
+                    let previous = entry.set_holder(None);
+                    if entry.is_empty() {
+                        self.addresses.remove(&addr);
+                    }
+                    previous
+                }
+                None => None,
+            },
         };
         let trigger = match live_holder {
             Some(ifindex) if previous != Some(ifindex) => Trigger::NewHolder,
@@ -313,22 +326,28 @@ impl Hygiene {
 
     /// A report came back from the worker; kept while the address is in the registry.
     pub fn record(&mut self, report: Report, in_registry: bool) {
+        let addr = report.address;
         if in_registry {
-            self.last.insert(report.address, KeptReport::keep(report));
-        } else {
-            self.last.remove(&report.address);
+            self.addresses.entry(addr).or_default().last = Some(KeptReport::keep(report));
+        } else if let Some(entry) = self.addresses.get_mut(&addr) {
+            entry.last = None;
+            if entry.is_empty() {
+                self.addresses.remove(&addr);
+            }
         }
     }
 
     /// The address left the registry.
     pub fn forget(&mut self, addr: IpAddr) {
-        self.last.remove(&addr);
-        self.holders.remove(&addr);
+        self.addresses.remove(&addr);
     }
 
     /// The last report for `addr`.
     pub fn last(&self, addr: IpAddr) -> Option<Report> {
-        self.last.get(&addr).map(|kept| kept.report(addr))
+        self.addresses
+            .get(&addr)
+            .and_then(|entry| entry.last.as_ref())
+            .map(|kept| kept.report(addr))
     }
 }
 

@@ -50,7 +50,24 @@ fn under_observe_and_before_start_nothing_is_cleaned() {
     // Disabled (recovery at start): remembered, not cleaned.
     let mut idle = Hygiene::disabled();
     idle.on_transition(ip("10.0.0.6"), false, Some(5), true);
-    assert_eq!(idle.holders.get(&ip("10.0.0.6")), Some(&5));
+    assert_eq!(
+        idle.addresses
+            .get_mut(&ip("10.0.0.6"))
+            .and_then(|entry| entry.set_holder(Some(5))),
+        Some(5)
+    );
+}
+
+#[test]
+fn an_address_with_no_holder_and_no_report_is_forgotten() {
+    let mut h = Hygiene::disabled();
+    let addr = ip("10.0.0.7");
+    h.on_transition(addr, false, Some(5), true);
+    h.on_transition(addr, true, None, true);
+    assert!(h.addresses.is_empty(), "nothing left to keep of it");
+    h.on_transition(addr, false, Some(5), true);
+    h.forget(addr);
+    assert!(h.addresses.is_empty());
 }
 
 #[test]
