@@ -146,7 +146,11 @@ fn a_deleted_clsact_or_filter_is_put_back_at_once_counted_and_published() {
     }
     assert_eq!(seen.len(), want.len(), "{seen:?}");
 
-    // Back to protected: the gauge and readiness say so.
+    assert_protected(&agent);
+}
+
+/// Back to protected: the gauge and readiness say so.
+fn assert_protected(agent: &Agent) {
     assert_eq!(
         agent
             .metric("ipq_datapath_unprotected_interfaces", &[])
@@ -239,11 +243,5 @@ fn a_loss_that_cannot_be_put_back_is_unprotected_and_not_ready_until_it_can() {
         Ok((vethpa_status(&agent)["protection"] == "protected").then_some(()))
     })
     .unwrap_or_else(|e| panic!("{e:#}\n{}", agent.log()));
-    assert_eq!(
-        agent
-            .metric("ipq_datapath_unprotected_interfaces", &[])
-            .expect("gauge"),
-        0.0
-    );
-    assert_eq!(agent.readyz().expect("readyz").0, 200);
+    assert_protected(&agent);
 }

@@ -164,17 +164,7 @@ const BPF_F_BEFORE: u32 = 1 << 3;
 /// `TCX_PASS`, which ends processing, so ipq's program never sees a packet. The returned
 /// descriptors keep the program and its link alive.
 fn foreign_program_first(ifindex: u32) -> (i32, i32) {
-    // r0 = 0 (TCX_PASS); exit
-    let insns: [[u8; 8]; 2] = [[0xb7, 0, 0, 0, 0, 0, 0, 0], [0x95, 0, 0, 0, 0, 0, 0, 0]];
-    let code: Vec<u8> = insns.iter().flatten().copied().collect();
-    let license = b"GPL\0";
-    let mut attr = [0u8; 64];
-    attr[0..4].copy_from_slice(&BPF_PROG_TYPE_SCHED_CLS.to_ne_bytes());
-    attr[4..8].copy_from_slice(&(insns.len() as u32).to_ne_bytes());
-    attr[8..16].copy_from_slice(&(code.as_ptr() as u64).to_ne_bytes());
-    attr[16..24].copy_from_slice(&(license.as_ptr() as u64).to_ne_bytes());
-    attr[48..55].copy_from_slice(b"foreign");
-    let prog = bpf(BPF_PROG_LOAD, &attr).expect("loading the foreign program");
+    let prog = foreign_program();
     let mut attr = [0u8; 64];
     attr[0..4].copy_from_slice(&(prog as u32).to_ne_bytes());
     attr[4..8].copy_from_slice(&ifindex.to_ne_bytes());
