@@ -260,15 +260,15 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
     metrics.readiness.set_started(true);
     // Only now: a TCX link create holds rtnl_lock for a grace period, and start-up's netlink
     // requests (the prune above) would wait behind every one.
-    tracker.start_tc_upgrades();
+    let started = tracker.mark_started();
     info!(
         "started: registry recovered from {recovery:?} with {} addresses, {} attachments, \
          {} unprotected, {} interfaces to move from netlink filters to TCX; metrics on \
          http://{metrics_addr}/metrics",
         tracker.registry().len(),
-        tracker.attacher().attached_points().count(),
-        tracker.attacher().unprotected_points().count(),
-        tracker.attacher().pending_upgrades(),
+        started.attachments,
+        started.unprotected,
+        started.tc_upgrades_pending,
     );
 
     let signal_err = |source| AgentError::Io {
@@ -278,7 +278,9 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
     let mut sigterm = signal(SignalKind::terminate()).map_err(signal_err)?;
     let mut sigint = signal(SignalKind::interrupt()).map_err(signal_err)?;
     let mut last_tick = std::time::Instant::now();
+    let mut trimmer = crate::heap::Trimmer::new();
     loop {
+        let mut ticked = false;
         let delay = tick_delay(&tracker, last_tick);
         tokio::select! {
             _ = sigterm.recv() => break,
@@ -348,7 +350,12 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
                 last_tick = std::time::Instant::now();
                 tracker.tick();
                 replay_spool(&mut tracker, &spool_dir);
+                ticked = true;
+                trimmer.on_tick();
             }
+        }
+        if !ticked {
+            trimmer.on_activity();
         }
         // Also the retry of a failed save: this runs at least once a second.
         let _ = tracker.persist();

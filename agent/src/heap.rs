@@ -12,6 +12,8 @@
 //!   free memory of what its thread once built. The agent's allocations are not contended (one
 //!   owner loop), so one arena is enough.
 
+use std::time::{Duration, Instant};
+
 /// Blocks from this size up get a mapping of their own (glibc's initial default, kept fixed).
 const MMAP_THRESHOLD: i32 = 128 * 1024;
 /// Arenas: the main one only.
@@ -35,5 +37,82 @@ pub fn release_freed_memory() {
     // SAFETY: malloc_trim only walks the allocator's own free lists.
     unsafe {
         libc::malloc_trim(0);
+    }
+}
+
+/// The heap's free pages go back to the system once a burst of work is over (a tick of the
+/// owner loop with no work since the one before), at most every [`TRIM_GAP`]. Claims, drains
+/// and netlink bursts free much of what they allocate; without it the allocator keeps those
+/// pages, and the RSS an operator reads grows with the node's past churn, not its registry.
+pub struct Trimmer {
+    active_since_tick: bool,
+    active_since_trim: bool,
+    last_trim: Instant,
+}
+
+/// The least time between two trims.
+pub const TRIM_GAP: Duration = Duration::from_secs(5);
+
+impl Trimmer {
+    pub fn new() -> Self {
+        Self {
+            active_since_tick: false,
+            active_since_trim: false,
+            last_trim: Instant::now(),
+        }
+    }
+
+    /// The loop did some work (anything but its tick).
+    pub fn on_activity(&mut self) {
+        self.active_since_tick = true;
+        self.active_since_trim = true;
+    }
+
+    /// The loop's tick: trims (off the loop: it walks the free lists) when a burst just ended.
+    pub fn on_tick(&mut self) {
+        if self.due() {
+            tokio::task::spawn_blocking(release_freed_memory);
+        }
+    }
+
+    /// Whether a burst just ended: work before the last tick, none since, and no trim for
+    /// [`TRIM_GAP`]. Resets what it read.
+    fn due(&mut self) -> bool {
+        let due = self.active_since_trim
+            && !self.active_since_tick
+            && self.last_trim.elapsed() >= TRIM_GAP;
+        if due {
+            self.active_since_trim = false;
+            self.last_trim = Instant::now();
+        }
+        self.active_since_tick = false;
+        due
+    }
+}
+
+impl Default for Trimmer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_trim_comes_once_a_burst_is_over_never_during_it_nor_at_rest() {
+        let mut t = Trimmer::new();
+        t.last_trim -= TRIM_GAP;
+        assert!(!t.due(), "at rest: nothing was freed");
+        t.on_activity();
+        assert!(!t.due(), "work since the last tick: the burst goes on");
+        assert!(t.due(), "a quiet tick after work: trim");
+        t.on_activity();
+        assert!(!t.due());
+        assert!(!t.due(), "within the gap of the last trim");
+        t.last_trim -= TRIM_GAP;
+        assert!(t.due(), "the work since still gets its trim");
+        assert!(!t.due(), "and only one");
     }
 }

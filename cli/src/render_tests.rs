@@ -224,6 +224,7 @@ fn status_shows_readiness_counts_and_hooks() {
             addresses: 3,
             problems: Vec::new(),
         }),
+        started: None,
         started_at: "2026-11-22T09:56:00Z".into(),
     };
     assert_eq!(

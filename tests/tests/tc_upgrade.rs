@@ -57,25 +57,14 @@ fn status(agent: &Agent) -> Value {
         .unwrap_or_else(|e| panic!("GET /v1/status: {e:#}\n{}", agent.log()))
 }
 
-/// How many interfaces the agent said it would move to TCX when it became ready (its
-/// `started:` line, counted before any upgrade may run). The API answers a moment before that
-/// line is written, so it is waited for, not read once.
+/// How many interfaces were still to move to TCX when the agent became ready (`started` in
+/// `/v1/status`, recorded before any upgrade may run).
 fn pending_at_start(agent: &Agent) -> usize {
-    let line = poll("the agent's started line", Duration::from_secs(30), || {
-        Ok(agent
-            .log()
-            .lines()
-            .find(|l| l.contains("started: "))
-            .map(str::to_owned))
+    let pending = poll("the agent's started facts", Duration::from_secs(30), || {
+        Ok(status(agent)["started"]["tc_upgrades_pending"].as_u64())
     })
     .unwrap_or_else(|e| panic!("{e:#}\n{}", agent.log()));
-    let (before, _) = line
-        .split_once(" interfaces to move from netlink filters to TCX")
-        .unwrap_or_else(|| panic!("no count of interfaces to move in {line}"));
-    let count = before.rsplit(' ').next().unwrap_or_default();
-    count
-        .parse()
-        .unwrap_or_else(|e| panic!("{count:?} in {line}: {e}"))
+    usize::try_from(pending).expect("a count")
 }
 
 /// Every one of `names` is protected, per the agent, and no configured interface is not.

@@ -16,7 +16,7 @@ use ipq_common::{
 
 use super::model::{
     AddressView, ApiErrorBody, ClaimFlushView, ConflictView, ErrorCode, EventBody, InterfaceStatus,
-    RecoveryView, RegistryCounts, Status, VerificationView,
+    RecoveryView, RegistryCounts, StartedView, Status, VerificationView,
 };
 use crate::{
     config::{EarlyReusePolicy, Mode},
@@ -286,6 +286,7 @@ pub struct StatusFacts {
     pub started_at: SystemTime,
     pub verification: Option<VerificationView>,
     pub recovery: Option<RecoveryView>,
+    pub started: Option<StartedView>,
 }
 
 /// The agent's status: readiness, policy, registry counts (O(1): the registry keeps them) and
@@ -322,6 +323,7 @@ pub fn status_view<C: Clock>(
         started_at: humantime::format_rfc3339_millis(facts.started_at).to_string(),
         verification: facts.verification,
         recovery: facts.recovery,
+        started: facts.started,
     }
 }
 

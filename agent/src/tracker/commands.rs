@@ -155,6 +155,7 @@ impl Tracker {
                 found: v.found.clone(),
             }),
             recovery: self.recovered.clone(),
+            started: self.started.clone(),
         };
         status_view(facts, &self.registry, interfaces)
     }

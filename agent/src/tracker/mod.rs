@@ -71,6 +71,8 @@ pub struct Tracker {
     started_at: SystemTime,
     /// How the registry came back at start (`/v1/status`).
     recovered: Option<crate::api::model::RecoveryView>,
+    /// What was in place when the agent became ready ([`Tracker::mark_started`]).
+    started: Option<crate::api::model::StartedView>,
     /// Reuse hygiene's jobs and last reports (inert until started).
     hygiene: crate::hygiene::Hygiene,
     /// The allocations ipq-ipam holds, as its releaser last saw them.
@@ -102,6 +104,7 @@ impl Tracker {
             metrics,
             started_at: SystemTime::now(),
             recovered: None,
+            started: None,
             hygiene: crate::hygiene::Hygiene::disabled(),
             ipam_holds: Default::default(),
             ipam_urgent: None,

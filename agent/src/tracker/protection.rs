@@ -152,8 +152,16 @@ impl Tracker {
             .set_blocker(attacher.readiness_blocker(Instant::now()));
     }
 
-    /// Lets the attach workers move netlink-protected interfaces to TCX: once start-up is done.
-    pub fn start_tc_upgrades(&self) {
+    /// Start-up is done: records what is in place (for `/v1/status` and the `started:` line),
+    /// then lets the attach workers move netlink-protected interfaces to TCX.
+    pub fn mark_started(&mut self) -> crate::api::model::StartedView {
+        let started = crate::api::model::StartedView {
+            attachments: self.attacher.attached_points().count() as u64,
+            unprotected: self.attacher.unprotected_points().count() as u64,
+            tc_upgrades_pending: self.attacher.pending_upgrades() as u64,
+        };
+        self.started = Some(started.clone());
         self.attacher.start_upgrades();
+        started
     }
 }

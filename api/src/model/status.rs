@@ -40,6 +40,23 @@ pub struct Status {
     /// How the registry came back when this agent started; absent from agents before it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recovery: Option<RecoveryView>,
+    /// What the agent had in place when it became ready; absent until then, and from agents
+    /// before it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started: Option<StartedView>,
+}
+
+/// The datapath as the agent found it at the moment it became ready (what its `started:` log
+/// line says).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StartedView {
+    /// Hooks with ipq's program in place.
+    pub attachments: u64,
+    /// Configured hooks without it.
+    pub unprotected: u64,
+    /// Workload interfaces on ipq's netlink filter still to move to their TCX link
+    /// (`tc_attach = "auto"` on a TCX kernel): readiness does not wait for that move.
+    pub tc_upgrades_pending: u64,
 }
 
 /// How the registry came back at start: from the journal, or rebuilt from the pinned maps (no
