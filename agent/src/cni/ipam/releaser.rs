@@ -198,10 +198,12 @@ pub async fn run(
                 } else if !free {
                     continue;
                 }
-                let addresses = spooled.request.addresses.clone();
-                if release(spooled, &metrics, &mut retries, &bins).await {
-                    holds.forget(&addresses);
-                }
+                // Forgotten before the DEL runs: the delegate hands the address out only once
+                // its DEL is done, and an ADD that gets it then must not find ipq's hold still
+                // there (it would park the address as held for another). A DEL that fails puts
+                // the hold back at the next scan.
+                holds.forget(&spooled.request.addresses);
+                release(spooled, &metrics, &mut retries, &bins).await;
             }
         }
         tokio::select! {
@@ -238,9 +240,9 @@ async fn release_now(
         // Released by the last scan already: the delegate has the address back.
         None => "released",
         Some(spooled) => {
-            let addresses = spooled.request.addresses.clone();
+            // As in the scan: forgotten before the DEL, put back by the next scan if it fails.
+            holds.forget(&spooled.request.addresses);
             if release(spooled, metrics, retries, bins).await {
-                holds.forget(&addresses);
                 "released"
             } else {
                 answer.released.clear();
