@@ -2,7 +2,7 @@
 //! it is protected, and meanwhile counted, named in `ipq status`, and keep `/readyz` from
 //! claiming readiness.
 
-use std::{collections::BTreeSet, fs, time::Duration};
+use std::time::Duration;
 
 use ipq::datapath::attach::tc_filter::Direction;
 use ipq_tests::{
@@ -124,16 +124,6 @@ fn a_foreign_filter_in_ipqs_place_leaves_the_pod_unprotected_visibly_until_it_is
     }
 }
 
-/// The lowest fd number `pid` does not use: with RLIMIT_NOFILE there, its next open fails.
-fn lowest_free_fd(pid: u32) -> u64 {
-    let used: BTreeSet<u64> = fs::read_dir(format!("/proc/{pid}/fd"))
-        .expect("reading the agent's fds")
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse().ok())
-        .collect();
-    (0..).find(|n| !used.contains(n)).unwrap()
-}
-
 fn set_nofile(pid: u32, limit: libc::rlimit64) -> libc::rlimit64 {
     let mut old = libc::rlimit64 {
         rlim_cur: 0,
@@ -145,7 +135,7 @@ fn set_nofile(pid: u32, limit: libc::rlimit64) -> libc::rlimit64 {
     old
 }
 
-/// Injected: EMFILE (RLIMIT_NOFILE at the agent's open fds) when a new pod's veth appears / Holds: logged not protected; retried and protected once fds are back.
+/// Injected: EMFILE (RLIMIT_NOFILE of 0: no new fd) when a new pod's veth appears / Holds: logged not protected; retried and protected once fds are back.
 ///
 /// As when idle connections exhaust the fds (the hardening issue's H2, whose new pod was never
 /// attached nor retried). The attach fails with EMFILE and is logged as not protected; once
@@ -154,15 +144,14 @@ fn set_nofile(pid: u32, limit: libc::rlimit64) -> libc::rlimit64 {
 #[test]
 fn an_attach_that_meets_emfile_is_retried_until_the_pod_is_protected() {
     let lab = Lab::new().expect("building the lab");
-    // The limit is the agent's lowest free fd: nothing of its own may open and close fds
-    // around that moment (a TCX upgrade in flight, a verification pass), or the new veth's
-    // attach finds room.
+    // A soft limit of 0: no new fd at all, whatever the agent closes meanwhile (a limit at
+    // its lowest free fd left room as soon as anything of its own closed one, and the new
+    // veth's attach found it).
     let agent = lab
         .start_agent(&["--workload", "vethp*", "--verify-interval", "1h"])
         .expect("starting ipq-agent");
     ipq_tests::attach::wait_tc_upgrades(&agent);
     let pid = agent.pid();
-    let limit = lowest_free_fd(pid);
     let mut current = libc::rlimit64 {
         rlim_cur: 0,
         rlim_max: 0,
@@ -181,7 +170,7 @@ fn an_attach_that_meets_emfile_is_retried_until_the_pod_is_protected() {
     let old = set_nofile(
         pid,
         libc::rlimit64 {
-            rlim_cur: limit,
+            rlim_cur: 0,
             rlim_max: current.rlim_max,
         },
     );
