@@ -69,19 +69,7 @@ fn ipq_xdp_on_uplink(lab: &Lab) -> bool {
 #[test]
 fn a_link_detached_through_its_pin_is_found_repaired_and_counted() {
     let lab = Lab::new().expect("building the lab");
-    let args = [
-        "--workload",
-        "vethp*",
-        "--uplink",
-        "up0",
-        "--tc-attach",
-        "tcx",
-        "--verify-interval",
-        "200ms",
-    ];
-    let agent = lab.start_agent(&args).expect("starting ipq-agent");
-    lab.fence_pod_a().expect("fencing pod a");
-    wait_tc_upgrades(&agent);
+    let agent = fenced_on_tcx(&lab);
     assert!(ipq_tcx_on_ingress(&lab) && ipq_xdp_on_uplink(&lab));
     let links = lab.bpffs.path().join("links");
     let ifindex = |name| ipq_tests::lab::ifindex(&lab.node, name).expect("ifindex");
@@ -154,6 +142,27 @@ fn a_link_detached_through_its_pin_is_found_repaired_and_counted() {
     assert_eq!(agent.readyz().expect("readyz").0, 200);
 }
 
+/// `lab`'s agent, holding pod a's veth by TCX links (verifying every 200 ms), pod a fenced
+/// and its traffic to the peer dropped.
+fn fenced_on_tcx(lab: &Lab) -> Agent<'_> {
+    let args = [
+        "--workload",
+        "vethp*",
+        "--uplink",
+        "up0",
+        "--tc-attach",
+        "tcx",
+        "--verify-interval",
+        "200ms",
+    ];
+    let agent = lab.start_agent(&args).expect("starting ipq-agent");
+    lab.fence_pod_a().expect("fencing pod a");
+    wait_tc_upgrades(&agent);
+    let peer = IpAddr::from(PEER_V4);
+    assert_eq!(udp_burst(&lab.pod_a, &lab.peer, peer, 10), 0, "fenced");
+    agent
+}
+
 const BPF_PROG_LOAD: libc::c_long = 5;
 const BPF_LINK_CREATE: libc::c_long = 28;
 const BPF_PROG_TYPE_SCHED_CLS: u32 = 3;
@@ -186,21 +195,8 @@ fn tcx_ingress_names(lab: &Lab) -> Vec<String> {
 #[test]
 fn a_program_put_before_ipqs_tcx_link_is_found_and_ipq_goes_first_again() {
     let lab = Lab::new().expect("building the lab");
-    let args = [
-        "--workload",
-        "vethp*",
-        "--uplink",
-        "up0",
-        "--tc-attach",
-        "tcx",
-        "--verify-interval",
-        "200ms",
-    ];
-    let agent = lab.start_agent(&args).expect("starting ipq-agent");
-    lab.fence_pod_a().expect("fencing pod a");
-    wait_tc_upgrades(&agent);
+    let agent = fenced_on_tcx(&lab);
     let peer = IpAddr::from(PEER_V4);
-    assert_eq!(udp_burst(&lab.pod_a, &lab.peer, peer, 10), 0, "fenced");
     let before = lost(&agent, "tc_ingress");
 
     let vethpa = ipq_tests::lab::ifindex(&lab.node, "vethpa").expect("ifindex");
@@ -266,19 +262,8 @@ fn update_through_pin(path: &Path, prog: i32) {
 #[test]
 fn a_tcx_link_updated_to_another_program_through_its_pin_gets_ipqs_back_and_is_counted() {
     let lab = Lab::new().expect("building the lab");
-    let args = [
-        "--workload",
-        "vethp*",
-        "--tc-attach",
-        "tcx",
-        "--verify-interval",
-        "200ms",
-    ];
-    let agent = lab.start_agent(&args).expect("starting ipq-agent");
-    lab.fence_pod_a().expect("fencing pod a");
-    wait_tc_upgrades(&agent);
+    let agent = fenced_on_tcx(&lab);
     let peer = IpAddr::from(PEER_V4);
-    assert_eq!(udp_burst(&lab.pod_a, &lab.peer, peer, 10), 0, "fenced");
     let before = lost(&agent, "tc_ingress");
 
     let vethpa = ipq_tests::lab::ifindex(&lab.node, "vethpa").expect("ifindex");
