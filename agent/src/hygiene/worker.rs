@@ -8,24 +8,21 @@ use std::{
     net::IpAddr,
     sync::mpsc as std_mpsc,
     sync::{Arc, Mutex},
-    time::Instant,
 };
 
-use log::{error, info, warn};
+use log::{error, warn};
 use tokio::sync::mpsc;
 
 mod announcing;
+mod claim_flush;
 mod flushes;
 
 use announcing::BatchLinks;
 
 use super::counters::HygieneCounters;
 use super::{
-    announce::Announcer,
-    conntrack::Conntrack,
-    flush_probe::{self, Verdict},
-    neighbour::Neighbours,
-    ClaimFlush, Job, Report, Step, Trigger,
+    announce::Announcer, conntrack::Conntrack, neighbour::Neighbours, ClaimFlush, Job, Report,
+    Step, Trigger,
 };
 use crate::{config::HygieneConfig, netdev};
 
@@ -43,10 +40,9 @@ pub(super) struct Worker {
     reports: mpsc::UnboundedSender<Report>,
     sockets: Option<(Conntrack, Neighbours)>,
     announcer: Option<Announcer>,
-    /// A new holder's entries go by the kernel's filtered flush, per family (where the probe
-    /// proved it).
-    kernel_flush_v4: bool,
-    kernel_flush_v6: bool,
+    /// A new holder's entries go by the kernel's filtered flush, per family, where the probe
+    /// proved it; by the dump until it has (see [`claim_flush`]).
+    kernel_flush: Arc<claim_flush::Choice>,
     /// Where that choice is shown (`/v1/status`).
     shown: Arc<Mutex<Option<ClaimFlush>>>,
 }
@@ -66,69 +62,9 @@ impl Worker {
             reports,
             sockets: None,
             announcer: None,
-            kernel_flush_v4: false,
-            kernel_flush_v6: false,
+            kernel_flush: Arc::default(),
             shown,
         }
-    }
-
-    /// Decides how a new holder's conntrack entries are flushed, per family: by the kernel's
-    /// filtered flush only where the probe saw the kernel honour the filter, else by the dump.
-    fn choose_claim_flush(&mut self) {
-        if !self.config.flush {
-            return;
-        }
-        if !self.config.filtered_flush {
-            info!(
-                "conntrack flush on claims: a dump of the whole table (hygiene.filtered_flush = \
-                 false)"
-            );
-            let off = "dump (hygiene.filtered_flush = false)".to_owned();
-            self.show(ClaimFlush {
-                ipv4: off.clone(),
-                ipv6: off,
-            });
-            return;
-        }
-        let started = Instant::now();
-        let verdicts = flush_probe::run();
-        let took = started.elapsed();
-        let shown = |v: &Verdict| match v {
-            Verdict::Honoured => "kernel".to_owned(),
-            other => format!("dump ({})", other.describe()),
-        };
-        self.show(ClaimFlush {
-            ipv4: shown(&verdicts.v4),
-            ipv6: shown(&verdicts.v6),
-        });
-        for (family, verdict, chosen) in [
-            ("IPv4", &verdicts.v4, &mut self.kernel_flush_v4),
-            ("IPv6", &verdicts.v6, &mut self.kernel_flush_v6),
-        ] {
-            *chosen = *verdict == Verdict::Honoured;
-            let why = verdict.describe();
-            match verdict {
-                Verdict::Honoured => info!(
-                    "conntrack flush on claims, {family}: the kernel's filtered flush; probe \
-                     ({took:.0?}): {why}"
-                ),
-                Verdict::Refused(_) => info!(
-                    "conntrack flush on claims, {family}: a dump of the whole table; probe \
-                     ({took:.0?}): {why} (supported from Linux 6.12)"
-                ),
-                Verdict::Unavailable(_) | Verdict::Ignored(_) => warn!(
-                    "conntrack flush on claims, {family}: a dump of the whole table; probe \
-                     ({took:.0?}): {why}"
-                ),
-            }
-        }
-    }
-
-    fn show(&self, view: ClaimFlush) {
-        *self
-            .shown
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(view);
     }
 
     pub(super) fn run(mut self, jobs: std_mpsc::Receiver<Job>) {
@@ -148,7 +84,10 @@ impl Worker {
                 std::io::Error::last_os_error()
             );
         }
-        self.choose_claim_flush();
+        // On a thread of its own: the probe takes a netns of its own, which a node busy
+        // creating and deleting namespaces can make wait for seconds; claims meanwhile flush
+        // by the dump.
+        claim_flush::start(&self.config, self.shown.clone(), self.kernel_flush.clone());
         while let Ok(first) = jobs.recv() {
             let mut batch = vec![first];
             while batch.len() < MAX_BATCH {

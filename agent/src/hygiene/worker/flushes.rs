@@ -19,8 +19,8 @@ impl Worker {
                 continue;
             }
             let honoured = match report.address {
-                IpAddr::V4(_) => self.kernel_flush_v4,
-                IpAddr::V6(_) => self.kernel_flush_v6,
+                IpAddr::V4(_) => self.kernel_flush.v4(),
+                IpAddr::V6(_) => self.kernel_flush.v6(),
             };
             if !(honoured && report.trigger == Trigger::NewHolder) {
                 *dump = true;
