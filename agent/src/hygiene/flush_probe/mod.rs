@@ -24,6 +24,8 @@ use std::{
     time::{Duration, Instant},
 };
 
+use std::os::unix::process::CommandExt as _;
+
 use self::round::{entries, probe_family, v4, v6};
 
 /// The hidden first argument that makes `ipq-agent` run the probe and exit.
@@ -120,13 +122,24 @@ pub fn run() -> Verdicts {
         Ok(exe) => exe,
         Err(e) => return Verdicts::unavailable(format!("finding this executable: {e}")),
     };
-    let mut child = match Command::new(&exe)
+    let mut command = Command::new(&exe);
+    command
         .arg(PROBE_ARG)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-    {
+        .stderr(Stdio::null());
+    // SAFETY: only prctl, async-signal-safe, between fork and exec.
+    unsafe {
+        // An agent that exits (or is killed) meanwhile takes the probe with it: a probe left
+        // waiting on the kernel would otherwise live on, orphaned.
+        command.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = match command.spawn() {
         Ok(child) => child,
         Err(e) => return Verdicts::unavailable(format!("starting {}: {e}", exe.display())),
     };
@@ -158,6 +171,10 @@ pub fn run() -> Verdicts {
 /// The child's side: into a namespace of its own, probe there, print the verdicts. Never
 /// probes in the namespace it started in.
 pub fn child_main() -> i32 {
+    // A probe the kernel never answers (a netlink reply that does not come) ends on its own,
+    // a second after its parent stops waiting for it.
+    // SAFETY: alarm has no preconditions; SIGALRM's default action ends this process.
+    unsafe { libc::alarm(PROBE_TIMEOUT.as_secs() as libc::c_uint + 1) };
     let verdicts = match isolate() {
         Ok(()) => Verdicts {
             v4: probe_family(&entries(v4(), 0), &entries(v6(), 0)),
