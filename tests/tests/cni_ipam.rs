@@ -106,19 +106,26 @@ struct Pod {
     v4: IpAddr,
 }
 
+impl Pod {
+    /// The pod `result` added in `ns`, with the first address of that result.
+    fn added(ns: NetNs, attachment: Attachment, result: Value) -> anyhow::Result<Pod> {
+        let v4 = *addresses(&result)?
+            .first()
+            .with_context(|| format!("an address in {result}"))?;
+        Ok(Pod {
+            _ns: ns,
+            attachment,
+            result,
+            v4,
+        })
+    }
+}
+
 fn add(chain: &Chain, role: &str) -> anyhow::Result<Pod> {
     let ns = NetNs::new(role)?;
     let attachment = Attachment::new(format!("{role}{}", ns.name().replace('-', "")), &ns);
     let result = chain.add(&attachment)?;
-    let v4 = *addresses(&result)?
-        .first()
-        .with_context(|| format!("an address in {result}"))?;
-    Ok(Pod {
-        _ns: ns,
-        attachment,
-        result,
-        v4,
-    })
+    Pod::added(ns, attachment, result)
 }
 
 fn held_releases(lab: &Lab) -> anyhow::Result<Vec<HeldRelease>> {

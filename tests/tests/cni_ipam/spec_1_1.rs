@@ -155,15 +155,7 @@ fn add_1_1(lab: &Lab, chain: &Chain, role: &str, host: &str) -> anyhow::Result<P
         }
     }
     let result = json_of(&chain.exec(1, "ADD", &attachment, Some(&main_result))?)?;
-    let v4 = *addresses(&result)?
-        .first()
-        .with_context(|| format!("an address in {result}"))?;
-    Ok(Pod {
-        _ns: ns,
-        attachment,
-        result,
-        v4,
-    })
+    Pod::added(ns, attachment, result)
 }
 
 fn in_range(addr: IpAddr) -> bool {
