@@ -95,10 +95,16 @@ impl core::fmt::Debug for AddrKey {
 
 /// Lifecycle state of an address in the datapath. `Free` has no entry at all.
 ///
-/// Stored in [`AddrEntry::state`] as its `u32` discriminant; read back with
-/// [`AddrState::from_raw`], which refuses values this build does not know.
+/// Stored in [`AddrEntry::state`] as its `u32` discriminant; read back with the derived
+/// `from_repr`, which refuses values this build does not know.
 #[repr(u32)]
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug, strum::FromRepr)]
+#[cfg_attr(
+    feature = "names",
+    derive(strum::IntoStaticStr, strum::EnumString),
+    strum(serialize_all = "lowercase")
+)]
+#[cfg_attr(test, derive(strum::VariantArray))]
 pub enum AddrState {
     /// Held by a live holder.
     Active = 1,
@@ -111,22 +117,16 @@ pub enum AddrState {
 impl AddrState {
     pub const ALL: [AddrState; 3] = [Self::Active, Self::Draining, Self::Quarantined];
 
+    /// The derived `from_repr` under the name the agent's sample views read states with.
     #[inline(always)]
     pub const fn from_raw(raw: u32) -> Option<Self> {
-        match raw {
-            1 => Some(Self::Active),
-            2 => Some(Self::Draining),
-            3 => Some(Self::Quarantined),
-            _ => None,
-        }
+        Self::from_repr(raw)
     }
 
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Active => "active",
-            Self::Draining => "draining",
-            Self::Quarantined => "quarantined",
-        }
+    /// The name the API and the metrics use (derived).
+    #[cfg(feature = "names")]
+    pub fn as_str(self) -> &'static str {
+        self.into()
     }
 }
 
@@ -191,7 +191,7 @@ impl AddrEntry {
     }
 
     pub const fn state(&self) -> Option<AddrState> {
-        AddrState::from_raw(self.state)
+        AddrState::from_repr(self.state)
     }
 
     /// Whether `other` enforces the same thing: state, holder and fenced interface (the

@@ -4,12 +4,18 @@
 /// kernel's config map to the API. Stored in the map as its `u32` discriminant; the zeroed
 /// array means `Enforce`, the configuration's default. On the API it is `enforce`/`observe`.
 #[repr(u32)]
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug, strum::FromRepr)]
 #[cfg_attr(
     feature = "serde",
     derive(serde::Serialize, serde::Deserialize),
     serde(rename_all = "lowercase")
 )]
+#[cfg_attr(
+    feature = "names",
+    derive(strum::IntoStaticStr, strum::EnumString),
+    strum(serialize_all = "lowercase")
+)]
+#[cfg_attr(test, derive(strum::VariantArray))]
 pub enum Mode {
     /// Drop what conflicts.
     Enforce = 0,
@@ -18,29 +24,22 @@ pub enum Mode {
 }
 
 impl Mode {
+    pub const ALL: [Mode; 2] = [Self::Enforce, Self::Observe];
+
+    /// The mode of the config map's raw value. Unlike the derived `from_repr`, never `None`:
+    /// anything unknown enforces, because ipq is a safety net and fails closed on its own config.
     #[inline(always)]
     pub const fn from_raw(raw: u32) -> Self {
-        // Anything unknown enforces: ipq is a safety net and fails closed on its own config.
-        if raw == Self::Observe as u32 {
-            Self::Observe
-        } else {
-            Self::Enforce
+        match Self::from_repr(raw) {
+            Some(mode) => mode,
+            None => Self::Enforce,
         }
     }
 
-    /// The name the configuration and the API use.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Enforce => "enforce",
-            Self::Observe => "observe",
-        }
-    }
-
-    /// The mode named `name` (as [`as_str`](Self::as_str) spells it).
-    pub fn from_name(name: &str) -> Option<Self> {
-        [Self::Enforce, Self::Observe]
-            .into_iter()
-            .find(|m| m.as_str() == name)
+    /// The name the configuration and the API use (derived); `str::parse` reads it back.
+    #[cfg(feature = "names")]
+    pub fn as_str(self) -> &'static str {
+        self.into()
     }
 }
 

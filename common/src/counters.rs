@@ -2,7 +2,13 @@
 
 /// Where a packet was seen.
 #[repr(u32)]
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug, strum::FromRepr)]
+#[cfg_attr(
+    feature = "names",
+    derive(strum::IntoStaticStr, strum::EnumString),
+    strum(serialize_all = "snake_case")
+)]
+#[cfg_attr(test, derive(strum::VariantArray))]
 pub enum Hook {
     /// TC ingress of a workload interface: what the workload sends.
     TcIngress = 0,
@@ -17,29 +23,22 @@ impl Hook {
     /// Tied to `ALL`: a hook added to one and not the other does not compile.
     pub const COUNT: u32 = Self::ALL.len() as u32;
 
-    /// The hook of a discriminant read from a map or a sample; `None` for a value this build
-    /// does not know (written by another program version).
-    pub const fn from_raw(raw: u32) -> Option<Self> {
-        match raw {
-            0 => Some(Self::TcIngress),
-            1 => Some(Self::TcEgress),
-            2 => Some(Self::Xdp),
-            _ => None,
-        }
-    }
-
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::TcIngress => "tc_ingress",
-            Self::TcEgress => "tc_egress",
-            Self::Xdp => "xdp",
-        }
+    /// The hook's name as the metrics label it (derived).
+    #[cfg(feature = "names")]
+    pub fn as_str(self) -> &'static str {
+        self.into()
     }
 }
 
 /// Why a packet was (or, in `observe` mode, would have been) dropped or reported.
 #[repr(u32)]
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug, strum::FromRepr)]
+#[cfg_attr(
+    feature = "names",
+    derive(strum::IntoStaticStr, strum::EnumString),
+    strum(serialize_all = "snake_case")
+)]
+#[cfg_attr(test, derive(strum::VariantArray))]
 pub enum Reason {
     /// The address is fenced on this interface (the old holder of an early reuse, or the new
     /// holder refused).
@@ -64,31 +63,28 @@ impl Reason {
     ];
     pub const COUNT: u32 = Self::ALL.len() as u32;
 
+    /// The derived `from_repr` under the name the agent reads samples with.
+    #[inline(always)]
     pub const fn from_raw(raw: u32) -> Option<Self> {
-        match raw {
-            0 => Some(Self::Fenced),
-            1 => Some(Self::DuplicateSource),
-            2 => Some(Self::StaleTraffic),
-            3 => Some(Self::Quarantined),
-            4 => Some(Self::RemoteClaim),
-            _ => None,
-        }
+        Self::from_repr(raw)
     }
 
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Fenced => "fenced",
-            Self::DuplicateSource => "duplicate_source",
-            Self::StaleTraffic => "stale_traffic",
-            Self::Quarantined => "quarantined",
-            Self::RemoteClaim => "remote_claim",
-        }
+    /// The reason's name as the metrics label it (derived).
+    #[cfg(feature = "names")]
+    pub fn as_str(self) -> &'static str {
+        self.into()
     }
 }
 
 /// What the program did with a packet it counted.
 #[repr(u32)]
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug, strum::FromRepr)]
+#[cfg_attr(
+    feature = "names",
+    derive(strum::IntoStaticStr, strum::EnumString),
+    strum(serialize_all = "snake_case")
+)]
+#[cfg_attr(test, derive(strum::VariantArray))]
 pub enum Action {
     /// Dropped (`enforce` mode).
     Dropped = 0,
@@ -102,21 +98,16 @@ impl Action {
     pub const ALL: [Action; 3] = [Self::Dropped, Self::Observed, Self::Reported];
     pub const COUNT: u32 = Self::ALL.len() as u32;
 
+    /// The derived `from_repr` under the name the agent reads samples with.
+    #[inline(always)]
     pub const fn from_raw(raw: u32) -> Option<Self> {
-        match raw {
-            0 => Some(Self::Dropped),
-            1 => Some(Self::Observed),
-            2 => Some(Self::Reported),
-            _ => None,
-        }
+        Self::from_repr(raw)
     }
 
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Dropped => "dropped",
-            Self::Observed => "observed",
-            Self::Reported => "reported",
-        }
+    /// The action's name as the metrics label it (derived).
+    #[cfg(feature = "names")]
+    pub fn as_str(self) -> &'static str {
+        self.into()
     }
 }
 
@@ -145,28 +136,28 @@ crate::assert_offsets!(Counter {
     bytes: 8
 });
 
-/// Every `from_raw` must invert the discriminant of every value in `ALL`, in order: the kernel
-/// writes discriminants, user space reads them back through `from_raw`.
+/// Every `from_repr` must invert the discriminant of every value in `ALL`, in order: the kernel
+/// writes discriminants, user space reads them back through `from_repr`.
 const _: () = {
     let mut i = 0;
     while i < Hook::ALL.len() {
         assert!(Hook::ALL[i] as u32 == i as u32);
-        assert!(matches!(Hook::from_raw(i as u32), Some(h) if h as u32 == i as u32));
+        assert!(matches!(Hook::from_repr(i as u32), Some(h) if h as u32 == i as u32));
         i += 1;
     }
-    assert!(Hook::from_raw(Hook::COUNT).is_none());
+    assert!(Hook::from_repr(Hook::COUNT).is_none());
     let mut i = 0;
     while i < Reason::ALL.len() {
         assert!(Reason::ALL[i] as u32 == i as u32);
-        assert!(matches!(Reason::from_raw(i as u32), Some(r) if r as u32 == i as u32));
+        assert!(matches!(Reason::from_repr(i as u32), Some(r) if r as u32 == i as u32));
         i += 1;
     }
-    assert!(Reason::from_raw(Reason::COUNT).is_none());
+    assert!(Reason::from_repr(Reason::COUNT).is_none());
     let mut i = 0;
     while i < Action::ALL.len() {
         assert!(Action::ALL[i] as u32 == i as u32);
-        assert!(matches!(Action::from_raw(i as u32), Some(a) if a as u32 == i as u32));
+        assert!(matches!(Action::from_repr(i as u32), Some(a) if a as u32 == i as u32));
         i += 1;
     }
-    assert!(Action::from_raw(Action::COUNT).is_none());
+    assert!(Action::from_repr(Action::COUNT).is_none());
 };

@@ -20,6 +20,9 @@ pub mod verdict;
 #[cfg(feature = "user")]
 mod pod;
 
+#[cfg(all(test, feature = "names"))]
+mod vocabulary_tests;
+
 /// Asserts at compile time that a boundary type has exactly the given size and alignment.
 #[macro_export]
 macro_rules! assert_layout {

@@ -15,7 +15,7 @@ pub fn workload_sends(ifindex: u32, entry: &AddrEntry) -> Option<Reason> {
     if entry.fenced_ifindex != NO_IFINDEX && entry.fenced_ifindex == ifindex {
         return Some(Reason::Fenced);
     }
-    match AddrState::from_raw(entry.state) {
+    match AddrState::from_repr(entry.state) {
         Some(AddrState::Active | AddrState::Draining) => {
             if entry.holder_ifindex == ifindex {
                 None
@@ -37,7 +37,7 @@ pub fn workload_receives(ifindex: u32, entry: &AddrEntry) -> Option<Reason> {
     if entry.fenced_ifindex != NO_IFINDEX && entry.fenced_ifindex == ifindex {
         return Some(Reason::Fenced);
     }
-    match AddrState::from_raw(entry.state) {
+    match AddrState::from_repr(entry.state) {
         Some(AddrState::Quarantined) => Some(Reason::Quarantined),
         _ => None,
     }
@@ -46,7 +46,7 @@ pub fn workload_receives(ifindex: u32, entry: &AddrEntry) -> Option<Reason> {
 /// A packet from another machine arrives on an uplink for the address of `entry`.
 #[inline(always)]
 pub fn uplink_receives(entry: &AddrEntry) -> Option<Reason> {
-    match AddrState::from_raw(entry.state) {
+    match AddrState::from_repr(entry.state) {
         Some(AddrState::Quarantined) => Some(Reason::StaleTraffic),
         _ => None,
     }
@@ -56,7 +56,7 @@ pub fn uplink_receives(entry: &AddrEntry) -> Option<Reason> {
 /// DAD probe) the address of `entry`: a remote claim when a holder here still has it.
 #[inline(always)]
 pub fn uplink_announces(entry: &AddrEntry) -> Option<Reason> {
-    match AddrState::from_raw(entry.state) {
+    match AddrState::from_repr(entry.state) {
         Some(AddrState::Active | AddrState::Draining) => Some(Reason::RemoteClaim),
         _ => None,
     }

@@ -39,12 +39,13 @@ impl Parser<'_> {
     }
 
     pub(super) fn mode(&self, key: &str, value: &Value) -> Result<Mode, ConfigError> {
-        Mode::from_name(self.string(key, value)?)
-            .ok_or_else(|| self.invalid(key, value, "must be \"enforce\" or \"observe\""))
+        self.string(key, value)?
+            .parse()
+            .map_err(|_| self.invalid(key, value, "must be \"enforce\" or \"observe\""))
     }
 
     pub(super) fn policy(&self, key: &str, value: &Value) -> Result<EarlyReusePolicy, ConfigError> {
-        EarlyReusePolicy::from_name(self.string(key, value)?).ok_or_else(|| {
+        self.string(key, value)?.parse().map_err(|_| {
             self.invalid(
                 key,
                 value,
