@@ -62,9 +62,9 @@ fn names_parse_back_and_free_is_never_a_held_state() {
     assert_eq!(StateName::parse_held("Active"), None);
     assert_eq!(StateName::Free.entry(), None);
     for policy in EarlyReusePolicy::ALL {
-        assert_eq!(EarlyReusePolicy::from_name(policy.as_str()), Some(policy));
+        assert_eq!(policy.as_str().parse(), Ok(policy));
     }
-    assert_eq!(EarlyReusePolicy::from_name("fence_old"), None);
+    assert!("fence_old".parse::<EarlyReusePolicy>().is_err());
     for policy in OnExhausted::ALL {
         assert_eq!(OnExhausted::from_name(policy.as_str()), Some(policy));
     }

@@ -6,6 +6,8 @@ pub mod client;
 mod holder;
 pub mod model;
 mod vocabulary;
+#[cfg(test)]
+mod vocabulary_tests;
 
 pub use holder::{Holder, PodRef};
 

@@ -26,6 +26,7 @@ use serde::{Deserialize, Serialize};
 )]
 #[serde(rename_all = "lowercase")]
 #[strum(serialize_all = "lowercase")]
+#[cfg_attr(test, derive(strum::VariantArray))]
 pub enum StateName {
     /// Never listed or written: a free address has no record and no datapath entry.
     #[value(skip)]
@@ -89,6 +90,7 @@ impl From<AddrState> for StateName {
 )]
 #[strum(serialize_all = "snake_case")]
 #[serde(rename_all = "snake_case")]
+#[cfg_attr(test, derive(strum::VariantArray))]
 pub enum ConflictKind {
     /// A claim while another live holder (Active or Draining) still has the address.
     EarlyReuse,
@@ -129,6 +131,7 @@ impl ConflictKind {
 )]
 #[strum(serialize_all = "kebab-case")]
 #[serde(rename_all = "kebab-case")]
+#[cfg_attr(test, derive(strum::VariantArray))]
 pub enum EarlyReusePolicy {
     FenceOld,
     RefuseNew,
@@ -138,13 +141,8 @@ pub enum EarlyReusePolicy {
 impl EarlyReusePolicy {
     pub const ALL: [EarlyReusePolicy; 3] = [Self::FenceOld, Self::RefuseNew, Self::Observe];
 
-    /// The policy's name as the configuration and the API spell it.
+    /// The policy's name as the configuration and the API spell it; `str::parse` reads it back.
     pub fn as_str(self) -> &'static str {
         self.into()
-    }
-
-    /// The policy named `name`.
-    pub fn from_name(name: &str) -> Option<Self> {
-        name.parse().ok()
     }
 }

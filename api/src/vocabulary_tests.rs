@@ -1,0 +1,43 @@
+//! The API's names keep their spellings byte for byte, every variant of each (checked against
+//! what strum lists), and read back from them where the API parses them.
+
+use strum::VariantArray;
+
+use crate::{ConflictKind, EarlyReusePolicy, StateName};
+
+#[test]
+fn state_names() {
+    let spelled: Vec<&str> = StateName::VARIANTS.iter().map(|s| s.as_str()).collect();
+    assert_eq!(spelled, ["free", "active", "draining", "quarantined"]);
+    for state in StateName::VARIANTS {
+        assert_eq!(state.as_str().parse(), Ok(*state));
+        assert_eq!(state.to_string(), state.as_str());
+    }
+    assert!("Active".parse::<StateName>().is_err());
+}
+
+#[test]
+fn conflict_kinds() {
+    assert_eq!(ConflictKind::ALL, ConflictKind::VARIANTS);
+    let spelled: Vec<&str> = ConflictKind::ALL.iter().map(|k| k.as_str()).collect();
+    assert_eq!(
+        spelled,
+        [
+            "early_reuse",
+            "reuse_in_cooldown",
+            "duplicate_source",
+            "remote_claim"
+        ]
+    );
+}
+
+#[test]
+fn early_reuse_policies() {
+    assert_eq!(EarlyReusePolicy::ALL, EarlyReusePolicy::VARIANTS);
+    let spelled: Vec<&str> = EarlyReusePolicy::ALL.iter().map(|p| p.as_str()).collect();
+    assert_eq!(spelled, ["fence-old", "refuse-new", "observe"]);
+    for policy in EarlyReusePolicy::ALL {
+        assert_eq!(policy.as_str().parse(), Ok(policy));
+    }
+    assert!("fence_old".parse::<EarlyReusePolicy>().is_err());
+}
