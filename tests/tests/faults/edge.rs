@@ -99,8 +99,9 @@ fn fd_limits(pid: u32) -> (String, String) {
 /// Injected: 1100 idle TCP connections to the metrics port and 200 idle connections to the API
 /// socket, against an agent started with the conventional soft limit of 1024 open files /
 /// Holds: the soft limit is raised to the hard one; claims are answered and saved (their
-/// container id survives a restart); the log stays small; the idle connections are closed
-/// after the header timeout and everything answers as before.
+/// container id survives a restart) with no journal or hygiene failure counted; the agent stays
+/// ready; the log stays small; the idle connections are closed after the header timeout and
+/// everything answers as before.
 #[test]
 fn idle_connections_on_both_listeners_exhaust_nothing() {
     let hard = raise_own_fd_limit();
@@ -143,18 +144,15 @@ fn idle_connections_on_both_listeners_exhaust_nothing() {
     }
     let status = request(&socket(&lab), "GET", "/v1/status", None).unwrap();
     assert_eq!(status.status, 200, "{}", status.body);
+    let status: Value = status.json().unwrap();
+    assert_eq!(status["ready"], true, "{status}");
+    assert_eq!(status["unprotected"], 0, "{status}");
     let log = agent.log();
     assert!(
         log.len() < 64 * 1024,
         "the agent logged {} bytes under idle connections; last lines:\n{}",
         log.len(),
         &log[log.len().saturating_sub(2000)..]
-    );
-    let errors: Vec<&str> = log.lines().filter(|l| l.contains("ERROR")).collect();
-    assert!(
-        errors.is_empty(),
-        "errors under idle connections:\n{}",
-        errors.join("\n")
     );
 
     // After the header timeout every idle connection is closed by the agent.
@@ -175,10 +173,19 @@ fn idle_connections_on_both_listeners_exhaust_nothing() {
             .unwrap();
         assert!(closed(&mut stream), "idle API connection {i} is still open");
     }
-    agent
-        .metrics()
-        .expect("/metrics after the idle connections");
     claim_ok(&lab, "10.77.0.99", "edge-h2-after");
+    // What runs short of descriptors while idle connections hold them: the journal's saves and
+    // the reuse hygiene's sockets. Every claim was answered after both, and the counters only
+    // grow, so one scrape now (the metrics port has its slots back) covers the whole run.
+    for failures in [
+        "ipq_journal_write_failures_total",
+        "ipq_hygiene_failures_total",
+    ] {
+        let n = agent
+            .metric(failures, &[])
+            .unwrap_or_else(|e| panic!("/metrics after the idle connections: {e:#}"));
+        assert_eq!(n, 0.0, "{failures} under idle connections");
+    }
     let (soft, hard_seen) = fd_limits(agent_pid(agent.pid()));
     assert_eq!(soft, hard_seen, "the agent's soft open files limit");
 
@@ -689,7 +696,8 @@ fn a_huge_config_value_is_not_echoed_whole() {
 }
 
 /// Injected: 40 workload veths created and deleted at once, each gone before the agent gets
-/// to attach it / Holds: no ERROR line for those benign races; the agent answers as before.
+/// to attach it / Holds: none is left listed or unprotected; no ERROR line for those benign
+/// races; the agent answers as before.
 #[test]
 fn veths_that_vanish_before_their_attach_log_no_error() {
     let lab = Lab::new().expect("building the lab");
@@ -707,14 +715,31 @@ fn veths_that_vanish_before_their_attach_log_no_error() {
     lab.node
         .ip(&["-batch", file.to_str().unwrap()])
         .expect("ip -batch churn");
-    poll("vethpzend attached", SETTLE, || {
-        let status = request(&socket(&lab), "GET", "/v1/status", None)?.json()?;
-        let attached = status["interfaces"]
-            .as_array()
-            .is_some_and(|list| list.iter().any(|i| i["name"] == "vethpzend"));
-        Ok(attached.then_some(()))
+    let status: Value = poll("vethpzend attached", SETTLE, || {
+        let status: Value = request(&socket(&lab), "GET", "/v1/status", None)?.json()?;
+        let attached = status["interfaces"].as_array().is_some_and(|list| {
+            list.iter()
+                .any(|i| i["name"] == "vethpzend" && i["protection"] == "protected")
+        });
+        Ok(attached.then_some(status))
     })
     .unwrap();
+    // None of the vanished veths is left behind as an interface to protect.
+    assert_eq!(status["unprotected"], 0, "{status}");
+    let left: Vec<&Value> = status["interfaces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|i| {
+            i["name"]
+                .as_str()
+                .is_some_and(|n| n.starts_with("vethpz") && n != "vethpzend")
+        })
+        .collect();
+    assert!(left.is_empty(), "vanished veths still listed: {left:?}");
+    // A veth gone before its attach is churn, not an unprotected interface: the attach
+    // failures counter counts both, and the interface is forgotten either way, so only the
+    // log tells a misjudged race (`NOT PROTECTED` at ERROR) from churn (at DEBUG).
     let log = agent.log();
     let errors: Vec<&str> = log
         .lines()
