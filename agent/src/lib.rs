@@ -7,7 +7,6 @@ pub mod api;
 pub mod cni;
 pub mod config;
 pub mod datapath;
-pub mod echo;
 pub mod heap;
 pub mod hygiene;
 pub mod journal;

@@ -6,7 +6,7 @@ use ipq_common::counters::Hook;
 
 pub const DEFAULT_CONFIG: &str = "/etc/ipq/agent.toml";
 pub const DEFAULT_BPFFS_DIR: &str = "/sys/fs/bpf/ipq";
-pub const DEFAULT_STATE_DIR: &str = "/var/lib/ipq";
+pub const DEFAULT_STATE_DIR: &str = ipq_api::DEFAULT_STATE_DIR;
 pub const DEFAULT_API_SOCKET: &str = ipq_api::DEFAULT_SOCKET;
 pub const BPFFS_MOUNT: &str = "/sys/fs/bpf";
 

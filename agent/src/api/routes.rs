@@ -11,6 +11,7 @@ use hyper::{
     body::{Frame, Incoming},
     header, Method, Request, Response, StatusCode,
 };
+use ipq_api::echo::Echo;
 use serde::Serialize;
 use tokio::sync::{broadcast, mpsc, oneshot};
 
@@ -20,7 +21,6 @@ use super::{
     views::{ApiError, TimeBase},
 };
 use crate::{
-    echo::Echo,
     listen,
     metrics::{LostAt, Metrics},
     netdev,

@@ -292,7 +292,7 @@ fn sandbox_mac(prev: &super::result::PrevResult, ifname: Option<&str>) -> Option
             _ => None,
         })?;
     let mac = chosen.mac.as_deref()?;
-    if crate::hygiene::parse_mac(mac).is_none() {
+    if ipq_api::mac::parse_mac(mac).is_none() {
         log::warn!(
             "prevResult: interface {:?} has mac {mac:?}, not a MAC; not passed on",
             chosen.name

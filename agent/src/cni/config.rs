@@ -10,7 +10,9 @@ use super::{
     env::Command,
     error::{code, CniError},
 };
-use crate::{api::model::Attachment, echo::Echo, paths};
+use ipq_api::echo::Echo;
+
+use crate::{api::model::Attachment, paths};
 
 /// The spec versions ipq-cni speaks, oldest first.
 pub const SUPPORTED_VERSIONS: [&str; 3] = ["0.4.0", "1.0.0", "1.1.0"];

@@ -140,7 +140,7 @@ fn validate_ifname(name: &str) -> Result<(), CniError> {
             "CNI_IFNAME",
             format!(
                 "is {:?}: not a valid interface name (at most 15 bytes, no '/', ':' or spaces)",
-                crate::echo::Echo(name).to_string()
+                ipq_api::echo::Echo(name).to_string()
             ),
         ));
     }

@@ -13,7 +13,9 @@ use super::{
     error::{code, CniError},
     result::PrevResult,
 };
-use crate::{echo::Echo, netdev};
+use ipq_api::echo::Echo;
+
+use crate::netdev;
 
 /// What the kernel says of one candidate.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

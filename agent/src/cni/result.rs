@@ -8,7 +8,7 @@ use std::net::IpAddr;
 use serde_json::Value;
 
 use super::error::{code, CniError};
-use crate::echo::Echo;
+use ipq_api::echo::Echo;
 
 /// One entry of `interfaces`.
 #[derive(Clone, Debug, PartialEq, Eq)]

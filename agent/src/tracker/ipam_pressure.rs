@@ -8,6 +8,8 @@ use std::{collections::BTreeMap, net::IpAddr};
 use log::warn;
 use tokio::sync::mpsc;
 
+use ipq_api::OnExhausted;
+
 use super::Tracker;
 use crate::{
     api::{
@@ -15,7 +17,7 @@ use crate::{
         model::{EventBody, ExhaustedAnswer, ExhaustedRequest},
         views::TimeBase,
     },
-    cni::ipam::{pressure::OnExhausted, releaser::Urgent},
+    cni::ipam::releaser::Urgent,
     netdev,
     registry::{AddrStatus, MonoNs},
 };
@@ -44,7 +46,7 @@ impl Tracker {
     ) {
         let policy = self.config.ipam_on_exhausted;
         let mut answer = ExhaustedAnswer {
-            policy: policy.as_str().to_owned(),
+            policy: policy.to_string(),
             quarantined: 0,
             draining: 0,
             next_release: None,

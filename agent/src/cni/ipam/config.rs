@@ -7,7 +7,7 @@ use super::super::{
     config::{config_error, decode_error, parse_version, Settings},
     error::CniError,
 };
-use crate::echo::Echo;
+use ipq_api::echo::Echo;
 
 /// ipq-ipam's own type name: a delegate of this type would run ipq-ipam again, forever.
 pub const PLUGIN_TYPE: &str = "ipq-ipam";

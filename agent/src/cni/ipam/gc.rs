@@ -113,7 +113,7 @@ fn with_held(conf: &Value, held: &BTreeSet<(String, String)>) -> Result<Value, C
                 code::DECODING_FAILURE,
                 format!(
                     "{VALID_ATTACHMENTS}: must be a list of {{containerID, ifname}}, not {}",
-                    crate::echo::Echo(&other.to_string())
+                    ipq_api::echo::Echo(&other.to_string())
                 ),
             ))
         }

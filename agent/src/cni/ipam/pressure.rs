@@ -14,47 +14,11 @@
 
 use std::net::IpAddr;
 
-use serde::{Deserialize, Serialize};
-
 use super::super::error::{code, CniError};
 use crate::api::{
     client::Client,
     model::{ExhaustedAnswer, ExhaustedRequest},
 };
-
-/// `ipam_on_exhausted`.
-#[derive(
-    Clone,
-    Copy,
-    Debug,
-    Default,
-    PartialEq,
-    Eq,
-    Serialize,
-    Deserialize,
-    strum::IntoStaticStr,
-    strum::EnumString,
-)]
-#[strum(serialize_all = "kebab-case")]
-#[serde(rename_all = "kebab-case")]
-pub enum OnExhausted {
-    #[default]
-    Wait,
-    ReleaseQuietest,
-}
-
-impl OnExhausted {
-    pub const ALL: [OnExhausted; 2] = [Self::Wait, Self::ReleaseQuietest];
-
-    /// As the configuration and the API spell it.
-    pub fn as_str(self) -> &'static str {
-        self.into()
-    }
-
-    pub fn from_name(name: &str) -> Option<Self> {
-        name.parse().ok()
-    }
-}
 
 /// What the delegates say when their range is used up: host-local ("no IP addresses
 /// available in range set"), whereabouts ("Could not allocate IP in range"), and the
@@ -164,13 +128,5 @@ mod tests {
         ] {
             assert!(text.contains(part), "{part:?} in {text}");
         }
-    }
-
-    #[test]
-    fn policies_round_trip_their_names() {
-        for policy in OnExhausted::ALL {
-            assert_eq!(OnExhausted::from_name(policy.as_str()), Some(policy));
-        }
-        assert_eq!(OnExhausted::from_name("release_quietest"), None);
     }
 }

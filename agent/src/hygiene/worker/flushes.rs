@@ -7,7 +7,9 @@ use std::{collections::BTreeSet, net::IpAddr};
 use log::warn;
 
 use super::Worker;
-use crate::hygiene::{format_mac, neighbour::NeighbourEntry, FlushMethod, Report, Step, Trigger};
+use ipq_api::mac::format_mac;
+
+use crate::hygiene::{neighbour::NeighbourEntry, FlushMethod, Report, Step, Trigger};
 
 impl Worker {
     pub(super) fn flush_conntrack(&mut self, reports: &mut [Report]) {

@@ -1,5 +1,6 @@
 //! Echoing what a user gave back in an error, bounded: a config value or a request field of
-//! megabytes must not become a log line or an error message of megabytes.
+//! megabytes must not become a log line or an error message of megabytes. Here, not in the
+//! agent, because the agent and the CNI plugins (which link no agent) both echo.
 
 use std::fmt;
 
