@@ -22,6 +22,8 @@ use tokio::{
     sync::mpsc,
 };
 
+use ipq_cni::safe_fs::{self, DirAccess, DirError};
+
 use super::{
     command::Command,
     model::ErrorCode,
@@ -31,7 +33,6 @@ use super::{
 use crate::{
     listen::{self, Guard, RateLimited, WriteDeadline},
     metrics::Metrics,
-    safe_fs::{self, DirAccess, DirError},
 };
 
 /// How long a refused peer's connection may last: enough to read its request and send the
@@ -160,7 +161,7 @@ impl ApiServer {
         self,
         commands: mpsc::Sender<Command>,
         metrics: Arc<Metrics>,
-        ipam_bins: Arc<crate::cni::ipam::trust::TrustedBins>,
+        ipam_bins: Arc<crate::ipam::trust::TrustedBins>,
     ) {
         let ctx = Context {
             commands,

@@ -17,7 +17,7 @@ use crate::{
         model::{EventBody, ExhaustedAnswer, ExhaustedRequest},
         views::TimeBase,
     },
-    cni::ipam::releaser::Urgent,
+    ipam::releaser::Urgent,
     netdev,
     registry::{AddrStatus, MonoNs},
 };

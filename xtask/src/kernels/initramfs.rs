@@ -48,8 +48,18 @@ impl TestBinaries {
     /// them already) and makes stripped copies under `target/kernels/stage`.
     pub fn build(sets: &[TestSet]) -> Result<TestBinaries> {
         let root = util::workspace_root();
-        util::run(util::cargo(["build", "--package", "ipq", "--bins"]).current_dir(&root))
-            .context("building the agent binaries for the kernel tier")?;
+        util::run(
+            util::cargo([
+                "build",
+                "--package",
+                "ipq",
+                "--package",
+                "ipq-cni",
+                "--bins",
+            ])
+            .current_dir(&root),
+        )
+        .context("building the agent binaries for the kernel tier")?;
         let built = test_executables(sets)?;
         let stage = cache_dir().join("stage");
         fs::create_dir_all(stage.join("deps"))
