@@ -18,7 +18,7 @@
 //! The agent's side (the releaser that runs the delegate's DEL, and which delegates it trusts)
 //! is the agent's `ipam` module; what is here is what ipq-ipam runs.
 //!
-//! It is its own binary (`src/bin/ipq-ipam.rs`) rather than `ipq-cni` dispatching on argv[0]:
+//! It is its own binary (`src/bin/ipq-ipam.rs`) rather than `ipq-cni` dispatching on `argv[0]`:
 //! runtimes find plugins by file name, and a second name for one binary would need a symlink
 //! or a copy that the installer, packages and tests must all keep in step; a bin sharing this
 //! module costs nothing of that.

@@ -59,7 +59,7 @@ impl TestBinaries {
             ])
             .current_dir(&root),
         )
-        .context("building the agent binaries for the kernel tier")?;
+        .context("building the agent and plugin binaries for the kernel tier")?;
         let built = test_executables(sets)?;
         let stage = cache_dir().join("stage");
         fs::create_dir_all(stage.join("deps"))
