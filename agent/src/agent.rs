@@ -4,16 +4,15 @@
 
 use std::{sync::Arc, time::Duration};
 
+use ipq_cni::{
+    safe_fs::{self, DirError},
+    spool,
+};
 use log::{error, info, warn};
 use thiserror::Error;
 use tokio::{
     signal::unix::{signal, SignalKind},
     sync::mpsc,
-};
-
-use ipq_cni::{
-    safe_fs::{self, DirError},
-    spool,
 };
 
 use crate::{

@@ -3,12 +3,13 @@
 
 use std::net::IpAddr;
 
-use super::error::{code, CniError};
 use ipq_api::{
     client::ClientError,
     model::{ApiErrorBody, ErrorCode},
     Holder,
 };
+
+use super::error::{code, CniError};
 
 /// The agent is not there to answer: not running, too slow, starting/stopping, or unable to
 /// make changes durable (its journal cannot be saved).

@@ -1,5 +1,10 @@
 //! ADD, CHECK, DEL, GC and STATUS against the agent's API.
 
+use ipq_api::{
+    client::{Client, ClientError},
+    model::{ClaimRequest, ClaimSource, DrainAttachmentRequest, ErrorCode, GcRequest, HolderSpec},
+    Holder, StateName,
+};
 use serde_json::Value;
 
 use super::{
@@ -11,12 +16,6 @@ use super::{
     result::{pass_on, PrevResult},
     spool,
 };
-use ipq_api::{
-    client::{Client, ClientError},
-    model::{ClaimRequest, ClaimSource, DrainAttachmentRequest, ErrorCode, GcRequest, HolderSpec},
-    Holder, StateName,
-};
-
 use crate::paths;
 
 /// One invocation: the runtime's environment and the plugin's config.

@@ -4,15 +4,13 @@
 
 use std::{path::PathBuf, time::Duration};
 
+use ipq_api::{echo::Echo, model::Attachment};
 use serde_json::{Map, Value};
 
 use super::{
     env::Command,
     error::{code, CniError},
 };
-use ipq_api::echo::Echo;
-
-use ipq_api::model::Attachment;
 
 /// The spec versions ipq-cni speaks, oldest first.
 pub const SUPPORTED_VERSIONS: [&str; 3] = ["0.4.0", "1.0.0", "1.1.0"];

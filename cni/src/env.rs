@@ -3,8 +3,9 @@
 
 use std::ffi::OsString;
 
-use super::error::{code, CniError};
 use ipq_api::PodRef;
+
+use super::error::{code, CniError};
 
 /// The CNI commands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, strum::IntoStaticStr, strum::EnumString)]

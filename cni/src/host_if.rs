@@ -8,16 +8,15 @@
 
 mod link_kind;
 
-use link_kind::link_kind;
-pub use link_kind::LinkKind;
-
-use super::{
-    error::{code, CniError},
-    result::PrevResult,
-};
 use ipq_api::echo::Echo;
 
-use crate::ifname::valid_ifname;
+use self::link_kind::link_kind;
+pub use self::link_kind::LinkKind;
+use crate::{
+    error::{code, CniError},
+    ifname::valid_ifname,
+    result::PrevResult,
+};
 
 /// The host-side interface among `candidates` (name and kind), or why there is none.
 pub fn choose(candidates: &[(String, LinkKind)]) -> Result<String, CniError> {

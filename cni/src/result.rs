@@ -5,10 +5,10 @@
 
 use std::net::IpAddr;
 
+use ipq_api::echo::Echo;
 use serde_json::Value;
 
 use super::error::{code, CniError};
-use ipq_api::echo::Echo;
 
 /// One entry of `interfaces`.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -18,10 +18,9 @@ use std::{
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
+use ipq_api::model::DrainAttachmentRequest;
 use serde::{de::DeserializeOwned, Serialize};
 use thiserror::Error;
-
-use ipq_api::model::DrainAttachmentRequest;
 
 use crate::safe_fs::{self, DirError, OpenError};
 

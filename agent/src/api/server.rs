@@ -15,14 +15,13 @@ use std::{
 
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
+use ipq_cni::safe_fs::{self, DirAccess, DirError};
 use log::{debug, info, warn};
 use thiserror::Error;
 use tokio::{
     net::{UnixListener, UnixStream},
     sync::mpsc,
 };
-
-use ipq_cni::safe_fs::{self, DirAccess, DirError};
 
 use super::{
     command::Command,

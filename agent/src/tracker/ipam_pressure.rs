@@ -5,10 +5,9 @@
 
 use std::{collections::BTreeMap, net::IpAddr};
 
+use ipq_api::OnExhausted;
 use log::warn;
 use tokio::sync::mpsc;
-
-use ipq_api::OnExhausted;
 
 use super::Tracker;
 use crate::{

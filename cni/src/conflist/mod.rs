@@ -21,13 +21,13 @@ use std::{
 };
 
 use clap::{Args, Parser, Subcommand};
-
-pub use edit::{Entry, OnUnavailable, Refusal, PLUGIN_TYPE};
-
-use crate::ipam::config::PLUGIN_TYPE as IPAM_TYPE;
-pub use files::{backup_path, FilesError, BACKUP_SUFFIX};
-
 use ipq_api::DEFAULT_SOCKET as DEFAULT_API_SOCKET;
+
+pub use self::{
+    edit::{Entry, OnUnavailable, Refusal, PLUGIN_TYPE},
+    files::{backup_path, FilesError, BACKUP_SUFFIX},
+};
+use crate::ipam::config::PLUGIN_TYPE as IPAM_TYPE;
 
 #[derive(Parser)]
 #[command(

@@ -19,6 +19,8 @@ use std::{
     time::{SystemTime, UNIX_EPOCH},
 };
 
+use ipq_api::client::Client;
+
 use super::{
     super::{
         env::Env,
@@ -32,7 +34,6 @@ use super::{
     release::HeldRelease,
     requested,
 };
-use ipq_api::client::Client;
 
 /// How many allocations of held addresses one ADD parks before it gives up with code 11.
 pub const MAX_TRIES: usize = 3;

@@ -1,13 +1,13 @@
 //! The network config `ipq-ipam` gets on stdin: the main plugin's whole config, whose `ipam`
 //! section is ipq-ipam's own (`type`, `delegate`, and the settings it shares with ipq-cni).
 
+use ipq_api::echo::Echo;
 use serde_json::{Map, Value};
 
 use super::super::{
     config::{config_error, decode_error, parse_version, Settings},
     error::CniError,
 };
-use ipq_api::echo::Echo;
 
 /// ipq-ipam's own type name: a delegate of this type would run ipq-ipam again, forever.
 pub const PLUGIN_TYPE: &str = "ipq-ipam";

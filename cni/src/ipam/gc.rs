@@ -13,6 +13,7 @@
 
 use std::collections::BTreeSet;
 
+use ipq_api::client::Client;
 use serde_json::{json, Value};
 
 use super::{
@@ -26,8 +27,6 @@ use super::{
     plugin::{cni_path, runtime},
     release::HeldRelease,
 };
-use ipq_api::client::Client;
-
 use crate::paths;
 
 /// The spec version that has GC and STATUS.

@@ -2,6 +2,8 @@
 
 use std::ffi::OsString;
 
+use ipq_api::client::{Client, ClientError};
+
 use super::{
     super::{
         agent_error::{self, is_worth_spooling},
@@ -17,8 +19,6 @@ use super::{
     delegate, gc,
     release::HeldRelease,
 };
-use ipq_api::client::{Client, ClientError};
-
 use crate::paths;
 
 /// Runs the command `var` names with config `stdin`.

@@ -14,11 +14,12 @@
 
 use std::net::IpAddr;
 
-use super::super::error::{code, CniError};
 use ipq_api::{
     client::Client,
     model::{ExhaustedAnswer, ExhaustedRequest},
 };
+
+use super::super::error::{code, CniError};
 
 /// What the delegates say when their range is used up: host-local ("no IP addresses
 /// available in range set"), whereabouts ("Could not allocate IP in range"), and the

@@ -6,17 +6,17 @@
 
 use std::net::IpAddr;
 
+use ipq_api::{
+    client::Client,
+    model::{AddressView, ErrorCode},
+    StateName,
+};
 use serde_json::Value;
 
 use super::super::{
     agent_error::{self, describe, is_unavailable},
     config::OnUnavailable,
     error::{code, CniError},
-};
-use ipq_api::{
-    client::Client,
-    model::{AddressView, ErrorCode},
-    StateName,
 };
 
 /// Every address asked for, in the order given, without duplicates. What does not parse is

@@ -10,11 +10,10 @@ use std::{
     thread::JoinHandle,
 };
 
+use ipq_api::model::DrainAttachmentRequest;
 use serde_json::{json, Value};
 
 use super::*;
-use ipq_api::model::DrainAttachmentRequest;
-
 use crate::{paths, spool};
 
 /// A fake agent on a unix socket: answers `responses` in order, one per connection.

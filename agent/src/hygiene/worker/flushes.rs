@@ -4,11 +4,10 @@
 
 use std::{collections::BTreeSet, net::IpAddr};
 
+use ipq_api::mac::format_mac;
 use log::warn;
 
 use super::Worker;
-use ipq_api::mac::format_mac;
-
 use crate::hygiene::{neighbour::NeighbourEntry, FlushMethod, Report, Step, Trigger};
 
 impl Worker {
