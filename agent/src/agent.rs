@@ -4,6 +4,10 @@
 
 use std::{sync::Arc, time::Duration};
 
+use ipq_cni::{
+    safe_fs::{self, DirError},
+    spool,
+};
 use log::{error, info, warn};
 use thiserror::Error;
 use tokio::{
@@ -13,7 +17,6 @@ use tokio::{
 
 use crate::{
     api::server::{Access, ApiServer, ServerError},
-    cni::spool,
     config::Config,
     datapath::{attach, held_pins, verify, Datapath, DatapathError, LoadOptions},
     journal::{Journal, JournalError},
@@ -21,8 +24,6 @@ use crate::{
     metrics::{self, Metrics, MetricsError},
     netdev,
     netlink::{self, NetEvent, NetlinkError},
-    paths,
-    safe_fs::{self, DirError},
     tracker::{Answer, Recovery, Tracker},
 };
 
@@ -180,15 +181,15 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
 
     let access = Access::from_config(config.api_group.as_deref())?;
     let api_socket = config.api_socket.clone();
-    let spool_dir = paths::cni_spool_dir(&config.state_dir);
+    let spool_dir = ipq_cni::paths::cni_spool_dir(&config.state_dir);
     let journal = Journal::open(&config.state_dir)?;
-    let ipam_release_dir = paths::ipam_release_dir(&config.state_dir);
+    let ipam_release_dir = ipq_cni::paths::ipam_release_dir(&config.state_dir);
     // Made the agent's before any ipq-cni can: nobody else may plant or remove spooled DELs.
     safe_fs::ensure_private_dir(&spool_dir)?;
     safe_fs::ensure_private_dir(&ipam_release_dir)?;
     let metrics_addr = config.metrics_addr;
     let max_cooldown = config.max_cooldown;
-    let ipam_bins = Arc::new(crate::cni::ipam::trust::TrustedBins::new(
+    let ipam_bins = Arc::new(crate::ipam::trust::TrustedBins::new(
         config.ipam_cni_bin_dirs.clone(),
     ));
     let tc_mode = datapath.tc_mode(config.tc_attach)?;
@@ -238,14 +239,13 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
     // Only now, with the registry recovered and the spool replayed: "free" is then the truth.
     let (urgent_tx, urgent_rx) = mpsc::channel(64);
     tracker.set_ipam_releaser(urgent_tx);
-    let releaser_settings = crate::cni::ipam::releaser::Settings {
+    let releaser_settings = crate::ipam::releaser::Settings {
         dir: ipam_release_dir,
         max_cooldown,
-        registry_lost_at: (recovery == Recovery::PinnedMaps)
-            .then(crate::cni::ipam::release::now_unix_ms),
+        registry_lost_at: (recovery == Recovery::PinnedMaps).then(ipq_api::model::now_unix_ms),
         bins: ipam_bins.clone(),
     };
-    let releaser = tokio::spawn(crate::cni::ipam::releaser::run(
+    let releaser = tokio::spawn(crate::ipam::releaser::run(
         releaser_settings,
         command_tx.clone(),
         urgent_rx,

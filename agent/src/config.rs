@@ -11,15 +11,13 @@ use std::{
     time::Duration,
 };
 
+use ipq_api::echo::{echo_lines, Echo};
 pub use ipq_api::EarlyReusePolicy;
 pub use ipq_common::config::Mode;
 use thiserror::Error;
 use toml::{Table, Value};
 
-use crate::{
-    echo::{echo_lines, Echo},
-    paths,
-};
+use crate::paths;
 
 /// How the TC programs are attached to workload interfaces (`tc_attach`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -122,7 +120,7 @@ pub struct Config {
     pub verify_interval: Duration,
     /// What ipq-ipam's ADD gets when the delegate's range is exhausted while ipq holds
     /// quarantined addresses of it.
-    pub ipam_on_exhausted: crate::cni::ipam::pressure::OnExhausted,
+    pub ipam_on_exhausted: ipq_api::OnExhausted,
     /// The CNI bin directories the agent runs ipq-ipam's delegates from (as root): a held
     /// release whose `cniPath` names none of them is refused.
     pub ipam_cni_bin_dirs: Vec<PathBuf>,
@@ -155,7 +153,7 @@ impl Default for Config {
             },
             tc_attach: TcAttach::Auto,
             verify_interval: Duration::from_secs(5),
-            ipam_on_exhausted: crate::cni::ipam::pressure::OnExhausted::Wait,
+            ipam_on_exhausted: ipq_api::OnExhausted::Wait,
             // Where the reference plugins go on Kubernetes nodes; a distribution's own plugin
             // dir (Debian's /usr/lib/cni) is trusted only when the operator says so.
             ipam_cni_bin_dirs: vec![PathBuf::from("/opt/cni/bin")],

@@ -4,12 +4,11 @@
 pub mod addr_class;
 pub mod agent;
 pub mod api;
-pub mod cni;
 pub mod config;
 pub mod datapath;
-pub mod echo;
 pub mod heap;
 pub mod hygiene;
+pub mod ipam;
 pub mod journal;
 pub mod listen;
 pub mod metrics;
@@ -18,7 +17,6 @@ pub mod netlink;
 pub mod paths;
 pub mod readiness;
 pub mod registry;
-pub mod safe_fs;
 pub mod series;
 pub mod tracker;
 

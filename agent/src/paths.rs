@@ -6,20 +6,9 @@ use ipq_common::counters::Hook;
 
 pub const DEFAULT_CONFIG: &str = "/etc/ipq/agent.toml";
 pub const DEFAULT_BPFFS_DIR: &str = "/sys/fs/bpf/ipq";
-pub const DEFAULT_STATE_DIR: &str = "/var/lib/ipq";
+pub const DEFAULT_STATE_DIR: &str = ipq_api::DEFAULT_STATE_DIR;
 pub const DEFAULT_API_SOCKET: &str = ipq_api::DEFAULT_SOCKET;
 pub const BPFFS_MOUNT: &str = "/sys/fs/bpf";
-
-/// Where `ipq-cni` spools the DELs it could not deliver, under the agent's `state_dir`.
-pub fn cni_spool_dir(state_dir: &Path) -> PathBuf {
-    state_dir.join("cni-spool")
-}
-
-/// Where `ipq-ipam` spools the releases it hands to the agent while the agent is away, under
-/// the agent's `state_dir`.
-pub fn ipam_release_dir(state_dir: &Path) -> PathBuf {
-    state_dir.join("ipam-releases")
-}
 
 /// Where a hook is attached; part of a link's pin name.
 #[derive(

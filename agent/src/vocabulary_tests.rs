@@ -1,11 +1,11 @@
 //! One spelling per name: the string form strum derives (labels, logs, tables, parsing) is the
 //! one serde writes on the wire and in the journal, for every variant.
 
+use ipq_api::OnExhausted;
 use serde::Serialize;
 
 use crate::{
     api::model::ErrorCode,
-    cni::ipam::pressure::OnExhausted,
     config::EarlyReusePolicy,
     hygiene::{FlushMethod, Step, Trigger},
     registry::{ConflictKind, Source, StateName},
@@ -66,6 +66,7 @@ fn names_parse_back_and_free_is_never_a_held_state() {
     }
     assert!("fence_old".parse::<EarlyReusePolicy>().is_err());
     for policy in OnExhausted::ALL {
-        assert_eq!(OnExhausted::from_name(policy.as_str()), Some(policy));
+        assert_eq!(policy.to_string().parse(), Ok(policy));
     }
+    assert!("release_quietest".parse::<OnExhausted>().is_err());
 }

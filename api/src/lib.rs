@@ -3,7 +3,9 @@
 //! `ipq-ipam` send them. Nothing here knows about eBPF or the registry.
 
 pub mod client;
+pub mod echo;
 mod holder;
+pub mod mac;
 pub mod model;
 mod vocabulary;
 #[cfg(test)]
@@ -13,4 +15,6 @@ pub use holder::{Holder, PodRef};
 
 /// Where the agent serves the API unless told otherwise (`api_socket`).
 pub const DEFAULT_SOCKET: &str = "/run/ipq/ipq.sock";
-pub use vocabulary::{ConflictKind, EarlyReusePolicy, StateName};
+/// The agent's `state_dir` unless told otherwise; the CNI plugins spool under it.
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/ipq";
+pub use vocabulary::{ConflictKind, EarlyReusePolicy, OnExhausted, StateName};

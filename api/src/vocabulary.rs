@@ -1,5 +1,6 @@
 //! The names the API speaks in: a lifecycle state, a conflict's kind, the early-reuse
-//! policy. One type each, with its one spelling derived (strum) and equal to its serde form.
+//! policy, the pool-pressure policy. One type each, with its one spelling derived (strum) and
+//! equal to its serde form.
 
 use ipq_common::addr::AddrState;
 use serde::{Deserialize, Serialize};
@@ -145,4 +146,34 @@ impl EarlyReusePolicy {
     pub fn as_str(self) -> &'static str {
         self.into()
     }
+}
+
+/// What the agent does when ipq-ipam's delegate finds a network's range exhausted while ipq
+/// holds addresses of it (`ipam_on_exhausted`), spelled as in the configuration and in the
+/// `policy` of the API's answer (`wait`, `release-quietest`).
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    Serialize,
+    Deserialize,
+    strum::IntoStaticStr,
+    strum::EnumString,
+    strum::Display,
+)]
+#[strum(serialize_all = "kebab-case")]
+#[serde(rename_all = "kebab-case")]
+pub enum OnExhausted {
+    /// The ADD fails with "try again later" until the first held address is released.
+    #[default]
+    Wait,
+    /// The allocation quiet longest is released at once and the delegate asked again.
+    ReleaseQuietest,
+}
+
+impl OnExhausted {
+    pub const ALL: [OnExhausted; 2] = [Self::Wait, Self::ReleaseQuietest];
 }

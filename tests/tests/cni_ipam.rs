@@ -19,10 +19,7 @@ use std::{
 
 use anyhow::{ensure, Context as _};
 use ipq::registry::StateName;
-use ipq::{
-    cni::{ipam::release::HeldRelease, spool},
-    paths,
-};
+use ipq_cni::{ipam::release::HeldRelease, paths, spool};
 use ipq_tests::{
     cni::{addresses, host_local_allocations, ipq_ipam, AgentApi, Attachment, Chain},
     lab::{poll, Lab},

@@ -13,9 +13,9 @@ use std::{
 use anyhow::{bail, ensure, Context as _};
 use ipq::{
     api::{client::ClientError, model::AddressView},
-    paths,
     registry::StateName,
 };
+use ipq_cni::paths;
 use ipq_tests::{
     cni::{addresses, host_interface, AgentApi as Api, Attachment, Chain, PluginError},
     lab::{ifindex, map_entry, udp_burst, wait_for_entry, Lab},

@@ -7,7 +7,7 @@
 //! storage, config and IPAM data (see `ipq_tests::podman`): the machine's own network, container
 //! storage and config are never touched.
 //!
-//! Needs root, bpffs, the workspace binaries (`cargo build -p ipq --bins`) and the Debian
+//! Needs root, bpffs, the workspace binaries (`cargo build -p ipq -p ipq-cni --bins`) and the Debian
 //! packages podman, runc, containernetworking-plugins, busybox-static; `cargo xtask test`
 //! provides them all.
 

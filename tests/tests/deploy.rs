@@ -394,7 +394,8 @@ fn dockerfile_copies_what_the_repository_has_and_ships_the_workspace_binaries() 
                 let name = source
                     .strip_prefix("/src/target/release/")
                     .expect("copied from the build's target");
-                // Fails unless `cargo build -p ipq -p ipq-cli --bins` built a binary of that name.
+                // Fails unless `cargo build -p ipq -p ipq-cni -p ipq-cli --bins` built a binary of
+                // that name.
                 ipq_tests::netns::workspace_binary(name);
                 assert_eq!(*dest, format!("/usr/local/bin/{name}"));
                 shipped.insert(name.to_owned());

@@ -1,7 +1,8 @@
 //! The crates' boundaries, as cargo resolves them for a package built on its own (what
-//! `cargo build -p ipq-cli` compiles): the API crate and the CLI pull in neither aya nor the
-//! agent, so an operator's `ipq` and whatever else speaks the API carry no eBPF loader and no
-//! registry; the agent reaches the wire types through `ipq-api`.
+//! `cargo build -p ipq-cli` compiles): the API crate, the CLI and the CNI plugins pull in
+//! neither aya, nor netlink, nor the agent, so an operator's `ipq`, the plugins a runtime runs
+//! as root and whatever else speaks the API carry no eBPF loader and no registry; the agent
+//! reaches the wire types through `ipq-api`.
 
 use std::{collections::BTreeSet, process::Command};
 
@@ -32,8 +33,8 @@ fn dependencies(package: &str) -> BTreeSet<String> {
 }
 
 #[test]
-fn the_api_crate_and_the_cli_pull_in_no_aya_and_no_agent() {
-    for package in ["ipq-api", "ipq-cli"] {
+fn the_api_crate_the_cli_and_the_plugins_pull_in_no_aya_no_netlink_and_no_agent() {
+    for package in ["ipq-api", "ipq-cli", "ipq-cni"] {
         let deps = dependencies(package);
         assert!(deps.contains("ipq-common"), "{package}: {deps:?}");
         let forbidden: Vec<&String> = deps
@@ -43,9 +44,12 @@ fn the_api_crate_and_the_cli_pull_in_no_aya_and_no_agent() {
         assert!(forbidden.is_empty(), "{package} pulls in {forbidden:?}");
     }
     assert!(dependencies("ipq-cli").contains("ipq-api"));
+    assert!(dependencies("ipq-cni").contains("ipq-api"));
+    assert!(dependencies("ipq").contains("ipq-cni"));
     assert!(dependencies("ipq").contains("ipq-api"));
+    let agent = dependencies("ipq");
     assert!(
-        dependencies("ipq").contains("aya"),
+        agent.contains("aya") && agent.iter().any(|d| d.starts_with("netlink")),
         "the check reads the tree it claims to"
     );
 }

@@ -120,12 +120,18 @@ fn build_lab() -> Result<()> {
     Ok(())
 }
 
+/// Builds what the demos run beside the agent (the `ipq` CLI it shows, the CNI plugins the CRI
+/// demo installs) and returns the agent's path.
 fn agent_binary() -> Result<PathBuf> {
     util::run(&mut util::cargo([
         "build",
         "--quiet",
         "--package",
         "ipq",
+        "--package",
+        "ipq-cni",
+        "--package",
+        "ipq-cli",
         "--bins",
     ]))?;
     let path = util::workspace_root().join("target/debug/ipq-agent");

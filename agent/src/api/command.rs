@@ -59,8 +59,8 @@ pub enum Command {
     /// ipq-ipam's DEL: store this release durably (its addresses completed from the
     /// registry's record of the attachment) and answer it as stored.
     HoldRelease {
-        release: Box<crate::cni::ipam::release::HeldRelease>,
-        reply: Reply<crate::cni::ipam::release::HeldRelease>,
+        release: Box<ipq_api::model::HeldRelease>,
+        reply: Reply<ipq_api::model::HeldRelease>,
     },
     /// Break-glass: one datapath entry written, or removed, by the agent (the maps' one
     /// writer) behind the registry's back.

@@ -11,6 +11,7 @@ use hyper::{
     body::{Frame, Incoming},
     header, Method, Request, Response, StatusCode,
 };
+use ipq_api::echo::Echo;
 use serde::Serialize;
 use tokio::sync::{broadcast, mpsc, oneshot};
 
@@ -20,7 +21,6 @@ use super::{
     views::{ApiError, TimeBase},
 };
 use crate::{
-    echo::Echo,
     listen,
     metrics::{LostAt, Metrics},
     netdev,
@@ -48,7 +48,7 @@ pub struct Context {
     pub commands: mpsc::Sender<Command>,
     pub metrics: Arc<Metrics>,
     /// The CNI bin directories a held release's delegate may come from (`ipam_cni_bin_dirs`).
-    pub ipam_bins: Arc<crate::cni::ipam::trust::TrustedBins>,
+    pub ipam_bins: Arc<crate::ipam::trust::TrustedBins>,
 }
 
 /// Answers one request.
@@ -125,7 +125,7 @@ async fn route(request: Request<Incoming>, ctx: &Context) -> Result<Response<Bod
         ["ipam", "releases"] => {
             only(&method, Method::POST, &path)?;
             query.allow(&[])?;
-            let release: crate::cni::ipam::release::HeldRelease =
+            let release: ipq_api::model::HeldRelease =
                 decode(&read_body(request, &what).await?, &what)?;
             release.validate().map_err(|e| invalid(e.to_string()))?;
             // Refused here rather than failing at every retry of its DEL: the agent would run

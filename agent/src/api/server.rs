@@ -15,6 +15,7 @@ use std::{
 
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
+use ipq_cni::safe_fs::{self, DirAccess, DirError};
 use log::{debug, info, warn};
 use thiserror::Error;
 use tokio::{
@@ -31,7 +32,6 @@ use super::{
 use crate::{
     listen::{self, Guard, RateLimited, WriteDeadline},
     metrics::Metrics,
-    safe_fs::{self, DirAccess, DirError},
 };
 
 /// How long a refused peer's connection may last: enough to read its request and send the
@@ -160,7 +160,7 @@ impl ApiServer {
         self,
         commands: mpsc::Sender<Command>,
         metrics: Arc<Metrics>,
-        ipam_bins: Arc<crate::cni::ipam::trust::TrustedBins>,
+        ipam_bins: Arc<crate::ipam::trust::TrustedBins>,
     ) {
         let ctx = Context {
             commands,

@@ -58,9 +58,10 @@ impl Parser<'_> {
         &self,
         key: &str,
         value: &Value,
-    ) -> Result<crate::cni::ipam::pressure::OnExhausted, ConfigError> {
-        crate::cni::ipam::pressure::OnExhausted::from_name(self.string(key, value)?)
-            .ok_or_else(|| self.invalid(key, value, "must be \"wait\" or \"release-quietest\""))
+    ) -> Result<ipq_api::OnExhausted, ConfigError> {
+        self.string(key, value)?
+            .parse()
+            .map_err(|_| self.invalid(key, value, "must be \"wait\" or \"release-quietest\""))
     }
 
     pub(super) fn tc_attach(&self, key: &str, value: &Value) -> Result<TcAttach, ConfigError> {

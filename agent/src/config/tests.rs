@@ -58,7 +58,7 @@ fn every_key_is_read() {
     assert_eq!(config.verify_interval, Duration::from_secs(2));
     assert_eq!(
         config.ipam_on_exhausted,
-        crate::cni::ipam::pressure::OnExhausted::ReleaseQuietest
+        ipq_api::OnExhausted::ReleaseQuietest
     );
     assert_eq!(
         config.ipam_cni_bin_dirs,

@@ -20,7 +20,6 @@ mod neighbour;
 mod socket;
 mod worker;
 
-pub use announce::{format_mac, parse_mac};
 pub use counters::HygieneCounters;
 pub use flush_probe::{child_main as conntrack_probe_main, PROBE_ARG as CONNTRACK_PROBE_ARG};
 

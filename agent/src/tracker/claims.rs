@@ -18,7 +18,7 @@ impl Tracker {
         let holder = self.claimant(&request)?;
         let mac = match request.holder.mac.as_deref() {
             None => None,
-            Some(text) => Some(crate::hygiene::parse_mac(text).ok_or_else(|| {
+            Some(text) => Some(ipq_api::mac::parse_mac(text).ok_or_else(|| {
                 ApiError::new(
                     ErrorCode::InvalidArgument,
                     format!("holder.mac `{text}`: not a MAC address (write aa:bb:cc:dd:ee:ff)"),

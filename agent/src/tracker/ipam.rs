@@ -3,6 +3,8 @@
 
 use std::{collections::BTreeSet, net::IpAddr};
 
+use ipq_api::model::HeldRelease;
+use ipq_cni::spool;
 use log::debug;
 
 use super::Tracker;
@@ -12,14 +14,7 @@ use crate::{
         model::{AddressList, AddressView, ErrorCode, IpamHoldView},
         views::ApiError,
     },
-    cni::{
-        ipam::{
-            holds::{Hold, Holds},
-            release::HeldRelease,
-        },
-        spool,
-    },
-    paths,
+    ipam::holds::{Hold, Holds},
     registry::StateName,
 };
 
@@ -80,7 +75,7 @@ impl Tracker {
         let known = self.allocation_addresses(&release.container_id, &release.ifname);
         let all: BTreeSet<IpAddr> = release.addresses.iter().copied().chain(known).collect();
         release.addresses = all.into_iter().collect();
-        let dir = paths::ipam_release_dir(&self.config.state_dir);
+        let dir = ipq_cni::paths::ipam_release_dir(&self.config.state_dir);
         let path = spool::spool(&dir, &release)
             .map_err(|e| ApiError::new(ErrorCode::Internal, format!("storing the release: {e}")))?;
         debug!(

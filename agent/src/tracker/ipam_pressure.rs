@@ -5,6 +5,7 @@
 
 use std::{collections::BTreeMap, net::IpAddr};
 
+use ipq_api::OnExhausted;
 use log::warn;
 use tokio::sync::mpsc;
 
@@ -15,7 +16,7 @@ use crate::{
         model::{EventBody, ExhaustedAnswer, ExhaustedRequest},
         views::TimeBase,
     },
-    cni::ipam::{pressure::OnExhausted, releaser::Urgent},
+    ipam::releaser::Urgent,
     netdev,
     registry::{AddrStatus, MonoNs},
 };
@@ -44,7 +45,7 @@ impl Tracker {
     ) {
         let policy = self.config.ipam_on_exhausted;
         let mut answer = ExhaustedAnswer {
-            policy: policy.as_str().to_owned(),
+            policy: policy.to_string(),
             quarantined: 0,
             draining: 0,
             next_release: None,

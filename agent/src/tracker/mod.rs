@@ -76,9 +76,9 @@ pub struct Tracker {
     /// Reuse hygiene's jobs and last reports (inert until started).
     hygiene: crate::hygiene::Hygiene,
     /// The allocations ipq-ipam holds, as its releaser last saw them.
-    ipam_holds: crate::cni::ipam::holds::Holds,
+    ipam_holds: crate::ipam::holds::Holds,
     /// The releaser's queue of releases wanted now (pool pressure); none in tests.
-    ipam_urgent: Option<tokio::sync::mpsc::Sender<crate::cni::ipam::releaser::Urgent>>,
+    ipam_urgent: Option<tokio::sync::mpsc::Sender<crate::ipam::releaser::Urgent>>,
     /// How often the O(interfaces) protection gauges were recomputed; for tests.
     #[cfg(test)]
     protection_observed: std::cell::Cell<u64>,

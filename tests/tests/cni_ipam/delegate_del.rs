@@ -5,7 +5,8 @@
 use std::{os::unix::fs::PermissionsExt as _, path::Path};
 
 use anyhow::ensure;
-use ipq::{api::client::ClientError, cni::ipam::release::HeldRelease, registry::StateName};
+use ipq::{api::client::ClientError, registry::StateName};
+use ipq_cni::ipam::release::HeldRelease;
 use ipq_tests::{
     cni::{addresses, host_local_allocations, ipq_ipam, AgentApi, Attachment, Chain},
     lab::{poll, Lab},

@@ -10,7 +10,8 @@ use std::{
 };
 
 use anyhow::{ensure, Context as _};
-use ipq::{api::model::DrainAttachmentRequest, cni::spool, journal::JOURNAL_FILE, paths};
+use ipq::{api::model::DrainAttachmentRequest, journal::JOURNAL_FILE};
+use ipq_cni::{paths, spool};
 use ipq_tests::{
     api::{request, HttpResponse},
     cni::{host_interface, Attachment, Chain},

@@ -167,6 +167,8 @@ pub fn release_binaries(names: &[&str]) -> Result<()> {
         "--release",
         "-p",
         "ipq",
+        "-p",
+        "ipq-cni",
         "--bins",
     ]))?;
     for name in names {

@@ -48,8 +48,9 @@ impl TestBinaries {
     /// them already) and makes stripped copies under `target/kernels/stage`.
     pub fn build(sets: &[TestSet]) -> Result<TestBinaries> {
         let root = util::workspace_root();
-        util::run(util::cargo(["build", "--package", "ipq", "--bins"]).current_dir(&root))
-            .context("building the agent binaries for the kernel tier")?;
+        let mut build = util::cargo(["build", "-p", "ipq", "-p", "ipq-cni", "--bins"]);
+        util::run(build.current_dir(&root))
+            .context("building the agent and plugin binaries for the kernel tier")?;
         let built = test_executables(sets)?;
         let stage = cache_dir().join("stage");
         fs::create_dir_all(stage.join("deps"))

@@ -6,13 +6,13 @@ use std::net::IpAddr;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Limited};
 use hyper::{body::Incoming, Request};
+use ipq_api::echo::{echo, Echo};
 use serde::de::DeserializeOwned;
 
 use super::{BODY_TIMEOUT, MAX_BODY};
 use crate::{
     addr_class,
     api::{model::ErrorCode, views::ApiError},
-    echo::{echo, Echo},
     registry::StateName,
 };
 

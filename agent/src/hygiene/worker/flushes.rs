@@ -4,10 +4,11 @@
 
 use std::{collections::BTreeSet, net::IpAddr};
 
+use ipq_api::mac::format_mac;
 use log::warn;
 
 use super::Worker;
-use crate::hygiene::{format_mac, neighbour::NeighbourEntry, FlushMethod, Report, Step, Trigger};
+use crate::hygiene::{neighbour::NeighbourEntry, FlushMethod, Report, Step, Trigger};
 
 impl Worker {
     pub(super) fn flush_conntrack(&mut self, reports: &mut [Report]) {

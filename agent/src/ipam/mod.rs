@@ -1,0 +1,7 @@
+//! The agent's side of ipq-ipam (the plugin itself is the `ipq-cni` crate's `ipam`): the
+//! releaser that runs a held allocation's delegate DEL once its addresses are free, the table
+//! of what is held, and which delegate binaries the agent trusts to run as root.
+
+pub mod holds;
+pub mod releaser;
+pub mod trust;

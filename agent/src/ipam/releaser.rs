@@ -1,0 +1,384 @@
+//! The agent's side of ipq-ipam: it runs the delegate's DEL of each held allocation once every
+//! address of it is free again, and never before.
+//!
+//! Pending releases are the files ipq-ipam wrote under `state_dir/ipam-releases` (written
+//! atomically and fsynced before its DEL succeeded, one per release), so they survive restarts
+//! and a SIGKILL; a file goes only after its delegate DEL succeeded. "Free" is the registry's
+//! word: an address leaves the registry when its quarantine is over (cooldown, quiet period,
+//! max), and one ipq never saw used was never in it. A release runs again after a crash between
+//! its DEL and the file's removal: delegate DELs are idempotent (host-local frees by container
+//! id and ifname, which no later pod shares).
+//!
+//! A release that names no address (a DEL without prevResult, spooled while the agent was away,
+//! whose holder is gone by now) cannot be asked about by address: the registry indexes
+//! attachments by their live holder only. It waits `max_cooldown` past the last moment it was
+//! seen busy, or past this task's start: no quarantine lasts longer than that.
+//!
+//! The delegate is run only from the CNI bin directories the agent trusts (`ipam_cni_bin_dirs`,
+//! [`super::trust`]): the release names its binary, and the agent runs it as root. A release
+//! whose delegate is not trusted (spooled while the agent was away) fails like a failing DEL:
+//! it stays held, counted and retried, never dropped and never released another way.
+//!
+//! This task runs off the owner loop: it scans the directory and runs the delegates itself,
+//! and asks the loop one O(k) question per release (`Command::AllocationBusy`). It starts only
+//! once the registry is recovered and ipq-cni's spool replayed, so a journal not yet read never
+//! answers "free".
+
+use std::{
+    collections::{HashMap, HashSet},
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use ipq_api::model::{HeldRelease, InvalidRelease};
+use ipq_cni::{
+    error::CniError,
+    ipam::delegate,
+    spool::{self, Spooled},
+};
+use log::{debug, error, warn};
+use tokio::sync::{mpsc, oneshot};
+
+use self::gauges::{set_failing, set_held_addresses};
+use super::{
+    holds::Holds,
+    trust::{TrustError, TrustedBins},
+};
+use crate::{
+    api::{
+        command::{AllocationQuery, Command, Reply},
+        model::ExhaustedAnswer,
+    },
+    metrics::Metrics,
+};
+
+mod gauges;
+
+/// How often pending releases are looked at again.
+const POLL: Duration = Duration::from_secs(1);
+/// The first retry of a failed delegate DEL; doubled per failure up to [`MAX_RETRY`].
+const FIRST_RETRY: Duration = Duration::from_secs(1);
+const MAX_RETRY: Duration = Duration::from_secs(300);
+
+/// Why one release did not happen.
+#[derive(Debug, thiserror::Error)]
+enum ReleaseError {
+    #[error(transparent)]
+    Delegate(#[from] CniError),
+    #[error("the delegate's DEL did not finish: {0}")]
+    Join(#[from] tokio::task::JoinError),
+    /// A spooled release the API would have refused (written by an older ipq-ipam, or by hand).
+    #[error("the release is not runnable: {0}")]
+    Invalid(#[from] InvalidRelease),
+    #[error(transparent)]
+    Untrusted(#[from] TrustError),
+}
+
+/// When each release without addresses was last seen busy (or this task started).
+type LastBusy = HashMap<PathBuf, Instant>;
+
+/// A failed release waiting for its next try.
+struct Retry {
+    failures: u32,
+    next: Instant,
+    last_error: String,
+}
+
+fn backoff(failures: u32) -> Duration {
+    FIRST_RETRY
+        .saturating_mul(1 << failures.saturating_sub(1).min(16))
+        .min(MAX_RETRY)
+}
+
+/// How long `release` must still wait whatever the registry says. A registry rebuilt without
+/// its journal (`registry_lost_at`, ms since the epoch) cannot vouch for a release handed over
+/// before it started: an address it never heard of may be one whose quarantine it forgot. Such
+/// a release waits `max_cooldown` from its hand-over (from the loss, if it does not say when),
+/// since no quarantine lasts longer.
+fn unvouched_wait(
+    release: &HeldRelease,
+    registry_lost_at: Option<u64>,
+    max_cooldown: Duration,
+    now_ms: u64,
+) -> Duration {
+    let Some(lost_at) = registry_lost_at else {
+        return Duration::ZERO;
+    };
+    let held_at = match release.held_at_unix_ms {
+        0 => lost_at,
+        at if at >= lost_at => return Duration::ZERO,
+        at => at,
+    };
+    let until = held_at.saturating_add(u64::try_from(max_cooldown.as_millis()).unwrap_or(u64::MAX));
+    Duration::from_millis(until.saturating_sub(now_ms))
+}
+
+/// A release the owner loop asks for at once (pool pressure, `release-quietest`): the held
+/// allocation of `container_id`/`ifname`, whose every address it found quarantined or free.
+/// `answer` goes back to ipq-ipam with `released` cleared if the delegate's DEL failed.
+pub struct Urgent {
+    pub network: String,
+    pub container_id: String,
+    pub ifname: String,
+    pub answer: ExhaustedAnswer,
+    pub reply: Reply<ExhaustedAnswer>,
+}
+
+/// What the releaser is started with, besides its channels and the tables it shares.
+pub struct Settings {
+    /// `state_dir/ipam-releases`.
+    pub dir: PathBuf,
+    pub max_cooldown: Duration,
+    /// Set when the registry was rebuilt without its journal (see [`unvouched_wait`]).
+    pub registry_lost_at: Option<u64>,
+    /// Where delegates may be run from (`ipam_cni_bin_dirs`).
+    pub bins: Arc<TrustedBins>,
+}
+
+/// Runs until the owner loop stops answering. `urgent` brings the releases the owner loop
+/// wants now, run between two scans (this task is the one that runs delegate DELs).
+pub async fn run(
+    settings: Settings,
+    commands: mpsc::Sender<Command>,
+    mut urgent: mpsc::Receiver<Urgent>,
+    metrics: Arc<Metrics>,
+    holds: Holds,
+) {
+    let Settings {
+        dir,
+        max_cooldown,
+        registry_lost_at,
+        bins,
+    } = settings;
+    let started = Instant::now();
+    let mut retries: HashMap<PathBuf, Retry> = HashMap::new();
+    let mut last_busy: LastBusy = HashMap::new();
+    let mut networks: HashSet<String> = HashSet::new();
+    loop {
+        if let Some(pending) = scan(&dir).await {
+            metrics
+                .ipam_pending_releases
+                .set(i64::try_from(pending.len()).unwrap_or(i64::MAX));
+            set_held_addresses(&metrics, &pending, &mut networks);
+            let failures = retries
+                .iter()
+                .map(|(path, r)| (path.clone(), (r.failures, Some(r.last_error.clone()))))
+                .collect();
+            holds.replace(&pending, &failures);
+            let paths: HashSet<&Path> = pending.iter().map(|p| p.path.as_path()).collect();
+            retries.retain(|path, _| paths.contains(path.as_path()));
+            set_failing(&metrics, &retries);
+            last_busy.retain(|path, _| paths.contains(path.as_path()));
+            for spooled in pending {
+                if retries
+                    .get(&spooled.path)
+                    .is_some_and(|r| Instant::now() < r.next)
+                {
+                    continue;
+                }
+                let wait = unvouched_wait(
+                    &spooled.request,
+                    registry_lost_at,
+                    max_cooldown,
+                    ipq_api::model::now_unix_ms(),
+                );
+                if !wait.is_zero() {
+                    continue;
+                }
+                let free = match all_free(&commands, &spooled.request).await {
+                    None => return,
+                    Some(free) => free,
+                };
+                if spooled.request.addresses.is_empty() {
+                    let seen = last_busy.entry(spooled.path.clone()).or_insert(started);
+                    if !free {
+                        *seen = Instant::now();
+                    }
+                    if !free || seen.elapsed() < max_cooldown {
+                        continue;
+                    }
+                } else if !free {
+                    continue;
+                }
+                // Forgotten before the DEL runs: the delegate hands the address out only once
+                // its DEL is done, and an ADD that gets it then must not find ipq's hold still
+                // there (it would park the address as held for another). A DEL that fails puts
+                // the hold back at the next scan.
+                holds.forget(&spooled.request.addresses);
+                release(spooled, &metrics, &mut retries, &bins).await;
+            }
+        }
+        tokio::select! {
+            () = tokio::time::sleep(POLL) => {}
+            Some(now) = urgent.recv() => {
+                release_now(&dir, now, &metrics, &mut retries, &holds, &bins).await;
+            }
+        }
+    }
+}
+
+/// Runs `urgent`'s release at once and answers whether it happened.
+async fn release_now(
+    dir: &Path,
+    urgent: Urgent,
+    metrics: &Metrics,
+    retries: &mut HashMap<PathBuf, Retry>,
+    holds: &Holds,
+    bins: &Arc<TrustedBins>,
+) {
+    let Urgent {
+        network,
+        container_id,
+        ifname,
+        mut answer,
+        reply,
+    } = urgent;
+    let found = scan(dir).await.and_then(|pending| {
+        pending
+            .into_iter()
+            .find(|s| s.request.container_id == container_id && s.request.ifname == ifname)
+    });
+    let outcome = match found {
+        // Released by the last scan already: the delegate has the address back.
+        None => "released",
+        Some(spooled) => {
+            // As in the scan: forgotten before the DEL, put back by the next scan if it fails.
+            holds.forget(&spooled.request.addresses);
+            if release(spooled, metrics, retries, bins).await {
+                "released"
+            } else {
+                answer.released.clear();
+                "release_failed"
+            }
+        }
+    };
+    metrics
+        .ipam_exhausted
+        .with_label_values(&[network.as_str(), outcome])
+        .inc();
+    warn!(
+        "ipam: network {network:?} exhausted: released the quietest held allocation \
+         (container {container_id}, {ifname}): {outcome}"
+    );
+    let _ = reply.send(Ok(answer));
+}
+
+/// The pending releases, read off the async threads; None (logged) when the directory cannot
+/// be read.
+async fn scan(dir: &Path) -> Option<Vec<Spooled<HeldRelease>>> {
+    let dir = dir.to_owned();
+    match tokio::task::spawn_blocking(move || spool::pending_of::<HeldRelease>(&dir)).await {
+        Ok(Ok(pending)) => Some(pending),
+        Ok(Err(e)) => {
+            error!("ipam releases: {e}");
+            None
+        }
+        Err(e) => {
+            error!("ipam releases: scanning stopped: {e}");
+            None
+        }
+    }
+}
+
+/// Whether every address of `release` is free; None when the owner loop is gone.
+async fn all_free(commands: &mpsc::Sender<Command>, release: &HeldRelease) -> Option<bool> {
+    let (reply, answer) = oneshot::channel();
+    let query = AllocationQuery {
+        container_id: release.container_id.clone(),
+        ifname: release.ifname.clone(),
+        addresses: release.addresses.clone(),
+    };
+    commands
+        .send(Command::AllocationBusy { query, reply })
+        .await
+        .ok()?;
+    match answer.await.ok()? {
+        Ok(busy) => Some(busy.addresses.is_empty()),
+        Err(e) => {
+            warn!(
+                "ipam release of container {}: the registry did not answer ({}); kept",
+                release.container_id, e.0.message
+            );
+            Some(false)
+        }
+    }
+}
+
+/// Runs the delegate's DEL of `spooled` and removes it; a failure is counted, logged and
+/// retried with backoff. Whether it succeeded.
+async fn release(
+    spooled: Spooled<HeldRelease>,
+    metrics: &Metrics,
+    retries: &mut HashMap<PathBuf, Retry>,
+    bins: &Arc<TrustedBins>,
+) -> bool {
+    let held = spooled.request.clone();
+    let network = held.network.clone().unwrap_or_default();
+    let bins = Arc::clone(bins);
+    let outcome = tokio::task::spawn_blocking(move || run_del(&held, &bins))
+        .await
+        .map_err(ReleaseError::from)
+        .and_then(|r| r);
+    let released = outcome.is_ok();
+    let request = &spooled.request;
+    match outcome {
+        Ok(()) => {
+            metrics
+                .ipam_releases
+                .with_label_values(&[network.as_str(), "released"])
+                .inc();
+            debug!(
+                "ipam: released the allocation of container {} ({}) in network {network:?}: \
+                 {} DEL done for {:?}",
+                request.container_id, request.ifname, request.delegate_type, request.addresses
+            );
+            retries.remove(&spooled.path);
+            // Left behind, the file only runs the (idempotent) DEL again next time.
+            if let Err(e) = spooled.done() {
+                error!("ipam releases: {e}");
+            }
+        }
+        Err(e) => {
+            metrics
+                .ipam_releases
+                .with_label_values(&[network.as_str(), "failed"])
+                .inc();
+            let retry = retries.entry(spooled.path.clone()).or_insert(Retry {
+                failures: 0,
+                next: Instant::now(),
+                last_error: String::new(),
+            });
+            retry.failures += 1;
+            retry.last_error = e.to_string();
+            let wait = backoff(retry.failures);
+            retry.next = Instant::now() + wait;
+            warn!(
+                "ipam: the {} DEL of container {} ({}) failed {} times, retried in {wait:?}: {e}",
+                request.delegate_type, request.container_id, request.ifname, retry.failures
+            );
+        }
+    }
+    set_failing(metrics, retries);
+    released
+}
+
+/// The delegate's DEL, as a runtime would have run it, from a directory the agent trusts. A
+/// release refused here stays held and is retried: it is never dropped (the address would
+/// stay allocated for good without a word) nor released another way (early).
+fn run_del(release: &HeldRelease, bins: &TrustedBins) -> Result<(), ReleaseError> {
+    release.validate()?;
+    let binary = bins.find(release)?;
+    let stdin = release.delegate_conf.to_string();
+    delegate::exec(
+        &release.delegate_type,
+        &binary,
+        &release.del_env(),
+        stdin.as_bytes(),
+    )
+    .map(|_| ())
+    .map_err(ReleaseError::from)
+}
+
+#[cfg(test)]
+mod tests;

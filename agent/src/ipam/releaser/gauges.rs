@@ -1,0 +1,50 @@
+//! The releaser's gauges, set from each scan and retry table: this task alone keeps both
+//! tables, so it alone sets what they count.
+
+use std::{
+    collections::{HashMap, HashSet},
+    path::PathBuf,
+};
+
+use ipq_api::model::HeldRelease;
+use ipq_cni::spool::Spooled;
+
+use super::Retry;
+use crate::metrics::Metrics;
+
+/// `ipq_ipam_held_addresses` per network from one scan; a network with none left reads 0.
+pub(super) fn set_held_addresses(
+    metrics: &Metrics,
+    pending: &[Spooled<HeldRelease>],
+    networks: &mut HashSet<String>,
+) {
+    let mut held: HashMap<&str, i64> = HashMap::new();
+    for spooled in pending {
+        let network = spooled.request.network.as_deref().unwrap_or_default();
+        *held.entry(network).or_default() +=
+            i64::try_from(spooled.request.addresses.len()).unwrap_or(i64::MAX);
+    }
+    for network in networks.iter() {
+        if !held.contains_key(network.as_str()) {
+            metrics
+                .ipam_held_addresses
+                .with_label_values(&[network.as_str()])
+                .set(0);
+        }
+    }
+    for (network, count) in held {
+        metrics
+            .ipam_held_addresses
+            .with_label_values(&[network])
+            .set(count);
+        networks.insert(network.to_owned());
+    }
+}
+
+/// `ipq_ipam_failing_releases`: the releases whose last DEL failed are exactly those with a
+/// retry pending, and this task alone keeps that table (and so the gauge).
+pub(super) fn set_failing(metrics: &Metrics, retries: &HashMap<PathBuf, Retry>) {
+    metrics
+        .ipam_failing_releases
+        .set(i64::try_from(retries.len()).unwrap_or(i64::MAX));
+}
