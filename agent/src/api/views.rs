@@ -98,7 +98,7 @@ pub fn address_view(record: &AddrRecord, time: &TimeBase) -> AddressView {
 }
 
 /// What a policy did about a conflict, as `ConflictView::outcome` says it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, strum::IntoStaticStr)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, strum::Display)]
 #[strum(serialize_all = "snake_case")]
 pub enum Outcome {
     /// The old holder's traffic with the address is dropped; the claimant has it.
@@ -117,12 +117,6 @@ pub enum Outcome {
     Reported,
 }
 
-impl Outcome {
-    pub fn as_str(self) -> &'static str {
-        self.into()
-    }
-}
-
 pub fn conflict_view(conflict: &Conflict, outcome: Outcome, time: &TimeBase) -> ConflictView {
     ConflictView {
         kind: conflict.kind,
@@ -130,7 +124,7 @@ pub fn conflict_view(conflict: &Conflict, outcome: Outcome, time: &TimeBase) -> 
         old_holder: conflict.old.clone(),
         new_holder: conflict.new.clone(),
         policy: conflict.policy,
-        outcome: outcome.as_str().to_owned(),
+        outcome: outcome.to_string(),
         at: time.rfc3339(conflict.at),
     }
 }
@@ -338,6 +332,21 @@ mod tests {
         assert_eq!(time.rfc3339(5_000_000_000), "2027-01-15T08:00:00.000Z");
         assert_eq!(time.rfc3339(6_500_000_000), "2027-01-15T08:00:01.500Z");
         assert_eq!(time.rfc3339(4_000_000_000), "2027-01-15T07:59:59.000Z");
+    }
+
+    #[test]
+    fn an_outcome_keeps_the_spelling_the_api_has_always_used() {
+        for (outcome, spelling) in [
+            (Outcome::FencedOld, "fenced_old"),
+            (Outcome::Claimed, "claimed"),
+            (Outcome::RefusedNew, "refused_new"),
+            (Outcome::BlockedNew, "blocked_new"),
+            (Outcome::Observed, "observed"),
+            (Outcome::Dropped, "dropped"),
+            (Outcome::Reported, "reported"),
+        ] {
+            assert_eq!(outcome.to_string(), spelling);
+        }
     }
 
     #[test]
