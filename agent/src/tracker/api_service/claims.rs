@@ -13,6 +13,7 @@ use crate::{
     datapath::attach::Role,
     netdev,
     registry::{Conflict, Holder, Source},
+    tracker,
 };
 
 impl ApiService<'_> {
@@ -55,7 +56,7 @@ impl ApiService<'_> {
                 ),
             ));
         };
-        if super::super::role(self.config, &spec.interface) != Some(Role::Workload) {
+        if tracker::role(self.config, &spec.interface) != Some(Role::Workload) {
             return Err(ApiError::new(
                 ErrorCode::InvalidArgument,
                 format!(
