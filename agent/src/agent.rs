@@ -112,7 +112,7 @@ fn replay_spool(tracker: &mut Tracker, dir: &std::path::Path) {
         info!(
             "CNI spool: replayed the DEL of container {} ({} addresses drained)",
             spooled.request.container_id,
-            drained.addresses.len()
+            drained.len()
         );
         // Saved before the spool file goes, so a crash in between replays it again (harmless:
         // draining is idempotent) rather than losing it. A failed save keeps every file left:

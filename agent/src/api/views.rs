@@ -1,6 +1,8 @@
-//! From the registry's records, conflicts and errors to the API's wire types: monotonic stamps
-//! become wall-clock RFC 3339 times, registry errors become stable error codes, kernel samples
-//! become events. The presentation of everything the API shows lives here.
+//! From the registry's records, conflicts and kernel samples to the API's wire types, needing
+//! nothing but what they are given: monotonic stamps become wall-clock RFC 3339 times, a
+//! conflict gets the outcome its policy had, a sample becomes an event. The answers built from
+//! the registry owner's state, registry refusals as API errors included, are
+//! `tracker::api_service`'s.
 
 use std::{
     net::IpAddr,
@@ -12,6 +14,7 @@ use ipq_common::{
     addr::AddrState,
     counters::{Action, Hook, Reason},
     sample::ConflictSample,
+    verdict,
 };
 
 use super::model::{
@@ -22,7 +25,7 @@ use crate::{
     config::{EarlyReusePolicy, Mode},
     netdev,
     registry::{
-        AddrRecord, AddrStatus, Clock, Conflict, Holder, MonoNs, Registry, RegistryError, StateName,
+        AddrRecord, AddrStatus, Clock, Conflict, ConflictKind, Holder, MonoNs, Registry, StateName,
     },
 };
 
@@ -98,7 +101,7 @@ pub fn address_view(record: &AddrRecord, time: &TimeBase) -> AddressView {
 }
 
 /// What a policy did about a conflict, as `ConflictView::outcome` says it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, strum::IntoStaticStr)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, strum::Display)]
 #[strum(serialize_all = "snake_case")]
 pub enum Outcome {
     /// The old holder's traffic with the address is dropped; the claimant has it.
@@ -118,8 +121,33 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    pub fn as_str(self) -> &'static str {
-        self.into()
+    /// What the policy did about `conflict`, judged from its address's record after it (none
+    /// once the address is free) under the agent's `mode`.
+    pub fn of(conflict: &Conflict, record: Option<&AddrRecord>, mode: Mode) -> Self {
+        let old_fenced = match (record, &conflict.old) {
+            (Some(record), Some(old)) => record.is_fenced(old),
+            _ => false,
+        };
+        let duplicate = verdict::action_for_address(
+            mode,
+            Reason::DuplicateSource,
+            record.is_some_and(|r| r.observe_only),
+        );
+        match conflict.kind {
+            ConflictKind::EarlyReuse | ConflictKind::ReuseInCooldown => match conflict.policy {
+                EarlyReusePolicy::Observe => Self::Observed,
+                EarlyReusePolicy::RefuseNew => Self::BlockedNew,
+                EarlyReusePolicy::FenceOld if old_fenced => Self::FencedOld,
+                EarlyReusePolicy::FenceOld => Self::Claimed,
+            },
+            ConflictKind::DuplicateSource => match duplicate {
+                Action::Dropped => Self::Dropped,
+                Action::Observed => Self::Observed,
+                Action::Reported => Self::Reported,
+            },
+            ConflictKind::RemoteClaim if old_fenced => Self::FencedOld,
+            ConflictKind::RemoteClaim => Self::Reported,
+        }
     }
 }
 
@@ -130,7 +158,7 @@ pub fn conflict_view(conflict: &Conflict, outcome: Outcome, time: &TimeBase) -> 
         old_holder: conflict.old.clone(),
         new_holder: conflict.new.clone(),
         policy: conflict.policy,
-        outcome: outcome.as_str().to_owned(),
+        outcome: outcome.to_string(),
         at: time.rfc3339(conflict.at),
     }
 }
@@ -168,75 +196,13 @@ impl ApiError {
         self
     }
 
-    fn with_holder(mut self, holder: &Holder) -> Self {
+    pub fn with_holder(mut self, holder: &Holder) -> Self {
         self.0.holder = Some(holder.clone());
         self
     }
 
     pub fn code(&self) -> ErrorCode {
         self.0.code
-    }
-
-    /// The API's answer to a registry refusal.
-    pub fn from_registry(error: &RegistryError, time: &TimeBase) -> Self {
-        let message = error.to_string();
-        match error {
-            RegistryError::NotFound { addr } => {
-                Self::new(ErrorCode::NotFound, message).with_address(*addr)
-            }
-            RegistryError::InvalidAddress { addr } | RegistryError::InvalidHolder { addr, .. } => {
-                Self::new(ErrorCode::InvalidArgument, message).with_address(*addr)
-            }
-            RegistryError::NotHolder { addr, current, .. } => {
-                Self::new(ErrorCode::NotHolder, message)
-                    .with_address(*addr)
-                    .with_holder(current)
-            }
-            RegistryError::Refused {
-                addr,
-                holder,
-                until,
-            } => {
-                let mut e = Self::new(
-                    ErrorCode::Refused,
-                    refused_message(*addr, holder, *until, time),
-                )
-                .with_address(*addr)
-                .with_holder(holder);
-                e.0.until = until.map(|at| time.rfc3339(at));
-                e
-            }
-            RegistryError::Full { addr, .. } => {
-                Self::new(ErrorCode::RegistryFull, message).with_address(*addr)
-            }
-            RegistryError::NotReleasable { addr, .. } => {
-                Self::new(ErrorCode::NotReleasable, message).with_address(*addr)
-            }
-            RegistryError::UnsupportedSnapshotVersion { .. }
-            | RegistryError::DuplicateAddress { .. }
-            | RegistryError::InvalidRecord { .. }
-            | RegistryError::OverCapacity { .. } => Self::new(ErrorCode::Internal, message),
-        }
-    }
-}
-
-/// The registry's own message speaks monotonic nanoseconds; people and CNI logs need a time.
-fn refused_message(
-    addr: IpAddr,
-    holder: &Holder,
-    until: Option<MonoNs>,
-    time: &TimeBase,
-) -> String {
-    match until {
-        None => format!(
-            "{addr} is still held by {holder}; claim refused (on_early_reuse = refuse-new), try \
-             again once it is released"
-        ),
-        Some(until) => format!(
-            "{addr} is quarantined after {holder} until {}; claim refused (on_early_reuse = \
-             refuse-new), try again then",
-            time.rfc3339(until)
-        ),
     }
 }
 
@@ -328,38 +294,4 @@ pub fn status_view<C: Clock>(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn monotonic_stamps_become_wall_clock_times() {
-        let wall = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
-        let time = TimeBase::at(5_000_000_000, wall);
-        assert_eq!(time.rfc3339(5_000_000_000), "2027-01-15T08:00:00.000Z");
-        assert_eq!(time.rfc3339(6_500_000_000), "2027-01-15T08:00:01.500Z");
-        assert_eq!(time.rfc3339(4_000_000_000), "2027-01-15T07:59:59.000Z");
-    }
-
-    #[test]
-    fn a_refusal_names_the_address_the_holder_and_until_when() {
-        let wall = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
-        let time = TimeBase::at(0, wall);
-        let holder = Holder::new(7, "veth7").with_container_id("abc");
-        let error = RegistryError::Refused {
-            addr: "10.1.0.5".parse().unwrap(),
-            holder: Box::new(holder.clone()),
-            until: Some(30_000_000_000),
-        };
-        let api = ApiError::from_registry(&error, &time).0;
-        assert_eq!(api.code, ErrorCode::Refused);
-        assert_eq!(api.holder, Some(holder));
-        assert_eq!(api.until.as_deref(), Some("2027-01-15T08:00:30.000Z"));
-        assert!(api.message.contains("10.1.0.5"), "{}", api.message);
-        assert!(api.message.contains("veth7"), "{}", api.message);
-        assert!(
-            api.message.contains("2027-01-15T08:00:30.000Z"),
-            "{}",
-            api.message
-        );
-    }
-}
+mod tests;

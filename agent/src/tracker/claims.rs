@@ -1,35 +1,26 @@
-//! An explicit claim (CNI ADD, API): the claimant checked and named from the request, its
-//! interface attached at once if netlink has not announced it yet, then the registry's claim,
-//! answered only once the new holder's reuse hygiene is done.
+//! An explicit claim (CNI ADD, API): its claimant's interface attached at once if netlink has
+//! not announced it yet, then the registry's claim with its effects, answered only once the
+//! new holder's reuse hygiene is done. (The request's checks and the answer are the API
+//! service's.)
 
-use super::{Role, Tracker};
+use super::{api_service, Role, Tracker};
 use crate::{
     api::{
-        model::{ClaimRequest, ClaimResponse, ClaimSource, ErrorCode},
-        views::{conflict_view, ApiError, Outcome, TimeBase},
+        model::{ClaimRequest, ClaimResponse},
+        views::{ApiError, Outcome},
     },
     netdev,
     netlink::NetEvent,
-    registry::{Conflict, Effect, Holder, RegistryError, Source},
+    registry::{Conflict, Effect, Holder, RegistryError},
 };
 
 impl Tracker {
-    pub(super) fn api_claim(&mut self, request: ClaimRequest) -> Result<ClaimResponse, ApiError> {
-        let holder = self.claimant(&request)?;
-        let mac = match request.holder.mac.as_deref() {
-            None => None,
-            Some(text) => Some(ipq_api::mac::parse_mac(text).ok_or_else(|| {
-                ApiError::new(
-                    ErrorCode::InvalidArgument,
-                    format!("holder.mac `{text}`: not a MAC address (write aa:bb:cc:dd:ee:ff)"),
-                )
-            })?),
-        };
+    pub(super) fn claim(&mut self, request: &ClaimRequest) -> Result<ClaimResponse, ApiError> {
+        let holder = self.api().claimant(request)?;
+        self.watch_claimant(&holder);
+        let mac = api_service::claim_mac(request)?;
         self.hygiene.begin_claim(holder.ifindex, mac);
-        let source = match request.source {
-            ClaimSource::Cni => Source::Cni,
-            ClaimSource::Api => Source::Api,
-        };
+        let source = api_service::claim_source(request);
         match self.registry.claim_all(&request.addresses, &holder, source) {
             Ok(effects) => {
                 let conflicts: Vec<Conflict> = effects
@@ -40,106 +31,51 @@ impl Tracker {
                     })
                     .collect();
                 self.apply_effects(effects);
-                let time = TimeBase::now();
-                let conflicts = conflicts
-                    .iter()
-                    .map(|c| conflict_view(c, self.outcome_of(c), &time))
-                    .collect();
-                Ok(ClaimResponse {
-                    addresses: self.views(request.addresses.iter().copied()),
-                    conflicts,
-                })
+                Ok(self.api().claimed(&request.addresses, &conflicts))
             }
             Err(error) => {
-                if let (
-                    RegistryError::Refused {
-                        addr, holder: old, ..
-                    },
-                    Some(kind),
-                ) = (&error, error.conflict_kind())
-                {
-                    self.metrics.refused_claims.inc();
-                    let conflict = Conflict {
-                        kind,
-                        addr: *addr,
-                        old: Some((**old).clone()),
-                        new: Some(holder.clone()),
-                        policy: self.config.on_early_reuse,
-                        at: netdev::monotonic_ns(),
-                    };
-                    self.observer.conflict(&conflict, Outcome::RefusedNew);
-                }
-                Err(ApiError::from_registry(&error, &TimeBase::now()))
+                self.refused(&error, &holder);
+                Err(api_service::refusal(&error))
             }
         }
     }
 
-    /// The holder a claim names, on an interface of this node that ipq watches.
-    fn claimant(&mut self, request: &ClaimRequest) -> Result<Holder, ApiError> {
-        if request.addresses.is_empty() {
-            return Err(ApiError::new(
-                ErrorCode::InvalidArgument,
-                "addresses: empty; a claim names at least one address",
-            ));
-        }
-        let spec = &request.holder;
-        if spec.interface.is_empty() {
-            return Err(ApiError::new(
-                ErrorCode::InvalidArgument,
-                "holder.interface: empty; name the holder's host-side interface",
-            ));
-        }
-        if let Some(own) = request
-            .addresses
-            .iter()
-            .find(|a| self.net.is_node_address(**a))
-        {
-            return Err(ApiError::new(
-                ErrorCode::InvalidArgument,
-                format!(
-                    "addresses: {own} is configured on this node itself; no workload can hold it"
-                ),
-            )
-            .with_address(*own));
-        }
-        let Some(ifindex) = netdev::ifindex(&spec.interface) else {
-            return Err(ApiError::new(
-                ErrorCode::UnknownInterface,
-                format!(
-                    "holder.interface `{}`: no such interface on this node",
-                    spec.interface
-                ),
-            ));
-        };
-        if self.role(&spec.interface) != Some(Role::Workload) {
-            return Err(ApiError::new(
-                ErrorCode::InvalidArgument,
-                format!(
-                    "holder.interface `{}`: not a workload interface (interfaces.workload = \
-                     {:?}), so ipq could not enforce a claim on it",
-                    spec.interface,
-                    self.config.interfaces.workload.as_strs()
-                ),
-            ));
-        }
-        // CNI can be faster than the netlink event of the veth it just created: the attacher
-        // is asked now (the role is checked above), so the claim is enforced the moment it is
-        // answered. The node's mirror learns the link too (the kernel just named it), so that
-        // a resync that no longer finds it forgets it; its own netlink event changes nothing.
-        if self.attacher.target(ifindex).is_none() {
+    /// CNI can be faster than the netlink event of the veth it just created: the attacher is
+    /// asked now (the API service checked the role), so the claim is enforced the moment it is
+    /// answered. The node's mirror learns the link too (the kernel just named it), so that a
+    /// resync that no longer finds it forgets it; its own netlink event changes nothing.
+    fn watch_claimant(&mut self, holder: &Holder) {
+        if self.attacher.target(holder.ifindex).is_none() {
             self.net.apply(&NetEvent::Link {
-                ifindex,
-                name: spec.interface.clone(),
+                ifindex: holder.ifindex,
+                name: holder.ifname.clone(),
             });
-            self.attacher.want(ifindex, &spec.interface, Role::Workload);
+            self.attacher
+                .want(holder.ifindex, &holder.ifname, Role::Workload);
             self.observe_protection();
         }
-        Ok(Holder::new(ifindex, spec.interface.clone()).with_identity(
-            spec.container_id.clone(),
-            spec.cni_ifname.clone(),
-            spec.network.clone(),
-            spec.netns.clone(),
-            spec.pod.clone(),
-        ))
+    }
+
+    /// A claim the policy refused (`refuse-new`) is a conflict the registry did not record:
+    /// counted and published here.
+    fn refused(&mut self, error: &RegistryError, claimant: &Holder) {
+        if let (
+            RegistryError::Refused {
+                addr, holder: old, ..
+            },
+            Some(kind),
+        ) = (error, error.conflict_kind())
+        {
+            self.metrics.refused_claims.inc();
+            let conflict = Conflict {
+                kind,
+                addr: *addr,
+                old: Some((**old).clone()),
+                new: Some(claimant.clone()),
+                policy: self.config.on_early_reuse,
+                at: netdev::monotonic_ns(),
+            };
+            self.observer.conflict(&conflict, Outcome::RefusedNew);
+        }
     }
 }

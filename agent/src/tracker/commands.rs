@@ -1,8 +1,7 @@
-//! The API's requests, answered by the registry's owner. Each answer is handed back as a
-//! closure: the loop saves the journal once per burst of requests, then sends the answers with
-//! how the save went, so a success is only ever reported for a change that is on disk. When
-//! the save failed, a request that succeeded is answered `unavailable` (503) with the reason;
-//! a read, or a request that failed anyway, is answered as it is.
+//! The API's requests, dispatched on the registry's owner loop. A read is answered by the
+//! API service alone; a change is made here (the registry has one writer: this loop) and its
+//! effects applied, then presented by the service. Each answer is handed back as a closure
+//! that the loop calls once the journal is saved ([`answer`](api_service::answer)).
 
 use std::{
     collections::{BTreeSet, HashMap, HashSet},
@@ -11,43 +10,20 @@ use std::{
 
 use log::info;
 
-use super::Tracker;
+use super::{
+    api_service::{
+        self,
+        answer::{answer, claim_answer, durable_answer, Answer},
+    },
+    Tracker,
+};
 use crate::{
     api::{
-        command::{Command, Reply},
-        model::{
-            AddressList, AddressView, ChangedResponse, ClaimFlushView, ConflictList,
-            DrainAttachmentRequest, ErrorCode, GcRequest, InterfaceStatus, Status,
-            VerificationView,
-        },
-        views::{address_view, status_view, ApiError, StatusFacts, TimeBase},
+        command::Command,
+        model::{DrainAttachmentRequest, GcRequest},
     },
-    registry::{Holder, StateName},
+    registry::{Holder, RegistryError, StateName},
 };
-
-/// An answer waiting for the journal to be saved; called with how the save went (`Err` names
-/// why it failed).
-pub type Answer = Box<dyn FnOnce(Result<(), &str>) + Send>;
-
-/// The answer to a request that changed nothing: sent whatever the journal did.
-fn answer<T: Send + 'static>(reply: Reply<T>, result: Result<T, ApiError>) -> Answer {
-    Box::new(move |_saved| {
-        // The caller may have hung up; its request was still carried out.
-        let _ = reply.send(result);
-    })
-}
-
-/// The answer to a request that may have changed the registry: a success is only sent once
-/// the journal holds it; otherwise `unavailable`, naming why.
-fn durable_answer<T: Send + 'static>(reply: Reply<T>, result: Result<T, ApiError>) -> Answer {
-    Box::new(move |saved| {
-        let result = match (result, saved) {
-            (Ok(_), Err(reason)) => Err(ApiError::unavailable(reason)),
-            (result, _) => result,
-        };
-        let _ = reply.send(result);
-    })
-}
 
 impl Tracker {
     /// Carries out one API request; the returned answer is to be sent after [`persist`].
@@ -56,16 +32,18 @@ impl Tracker {
     pub fn handle(&mut self, command: Command) -> Answer {
         let answer = match command {
             // Reads change nothing: no gauges to update.
-            Command::Status(reply) => return answer(reply, Ok(self.status())),
-            Command::List { state, reply } => return answer(reply, Ok(self.list(state))),
-            Command::Get { addr, reply } => return answer(reply, self.view(addr)),
+            Command::Status(reply) => return answer(reply, Ok(self.api().status())),
+            Command::List { state, reply } => return answer(reply, Ok(self.api().list(state))),
+            Command::Get { addr, reply } => return answer(reply, self.api().get(addr)),
             Command::Conflicts { limit, reply } => {
-                return answer(
-                    reply,
-                    Ok(ConflictList {
-                        conflicts: self.observer.feed().recent_conflicts(limit),
-                    }),
-                )
+                return answer(reply, Ok(self.api().conflicts(limit)))
+            }
+            Command::AllocationBusy { query, reply } => {
+                return answer(reply, Ok(self.api().allocation_busy(&query)))
+            }
+            Command::Subscribe(reply) => {
+                let _ = reply.send(self.observer.feed().subscribe());
+                return Box::new(|_| {});
             }
             Command::HoldRelease { release, reply } => {
                 return answer(reply, self.hold_release(*release))
@@ -74,180 +52,65 @@ impl Tracker {
                 addr,
                 request,
                 reply,
-            } => return answer(reply, self.datapath_put(addr, &request)),
+            } => {
+                let written = api_service::datapath_entry(&request).and_then(|entry| {
+                    let put = self.datapath_put(addr, entry).map(|()| Some(entry));
+                    api_service::datapath_view(addr, put)
+                });
+                return answer(reply, written);
+            }
             Command::DatapathDelete { addr, reply } => {
-                return answer(reply, self.datapath_delete(addr))
+                let removed = self.datapath_delete(addr);
+                return answer(reply, api_service::datapath_view(addr, removed));
             }
             Command::IpamExhausted { request, reply } => {
                 self.ipam_exhausted(request, reply);
                 return Box::new(|_| {});
             }
-            Command::AllocationBusy { query, reply } => {
-                return answer(reply, Ok(self.allocation_busy(&query)))
-            }
-            Command::Subscribe(reply) => {
-                let _ = reply.send(self.observer.feed().subscribe());
-                return Box::new(|_| {});
-            }
             Command::Claim { request, reply } => {
-                let result = self.api_claim(request);
+                let result = self.claim(&request);
                 let waits = self.hygiene.end_claim();
-                super::hygiene::claim_answer(reply, result, waits)
+                claim_answer(reply, result, waits)
             }
-            Command::Drain { addr, reply } => durable_answer(reply, self.api_drain(addr)),
+            Command::Drain { addr, reply } => {
+                let drained = self.drain(addr).map(|()| self.api().changed([addr]));
+                durable_answer(reply, drained.map_err(|e| api_service::refusal(&e)))
+            }
             Command::DrainAttachment { request, reply } => {
-                durable_answer(reply, Ok(self.drain_attachment(&request)))
+                let drained = self.drain_attachment(&request);
+                durable_answer(reply, Ok(self.api().changed(drained)))
             }
             Command::Release { addr, force, reply } => {
-                durable_answer(reply, self.api_release(addr, force))
+                let released = self
+                    .release(addr, force)
+                    .map(|()| self.api().changed([addr]));
+                durable_answer(reply, released.map_err(|e| api_service::refusal(&e)))
             }
-            Command::Gc { request, reply } => durable_answer(reply, Ok(self.gc(&request))),
+            Command::Gc { request, reply } => {
+                let drained = self.gc(&request);
+                durable_answer(reply, Ok(self.api().changed(drained)))
+            }
         };
         self.update_gauges();
         answer
     }
 
-    fn status(&self) -> Status {
-        let interfaces: Vec<InterfaceStatus> = self
-            .attacher
-            .targets()
-            .iter()
-            .map(|(ifindex, target)| InterfaceStatus {
-                ifindex: *ifindex,
-                name: target.name.clone(),
-                hooks: target
-                    .attached
-                    .keys()
-                    .map(|p| p.as_str().to_owned())
-                    .collect(),
-                protection: target.protection.as_str().to_owned(),
-                attachment: target.attachment(),
-                error: target.last_error.clone(),
-                failed_attempts: target.failures,
-            })
-            .collect();
-        let conflicts_total = crate::registry::ConflictKind::ALL
-            .iter()
-            .map(|k| {
-                self.metrics
-                    .conflicts
-                    .with_label_values(&[k.as_str()])
-                    .get()
-            })
-            .sum();
-        let facts = StatusFacts {
-            ready: self.metrics.readiness.is_ready(),
-            not_ready: self.metrics.readiness.check().err().map(|e| e.to_string()),
-            tc_attach: self.attacher.mode().as_str(),
-            conntrack_claim_flush: self.hygiene.claim_flush().map(|f| ClaimFlushView {
-                ipv4: f.ipv4,
-                ipv6: f.ipv6,
-            }),
-            mode: self.config.mode,
-            on_early_reuse: self.config.on_early_reuse,
-            conflicts_total,
-            refused_claims_total: self.metrics.refused_claims.get(),
-            started_at: self.started_at,
-            verification: self.attacher.verified().map(|v| VerificationView {
-                at: humantime::format_rfc3339_millis(v.finished_at).to_string(),
-                took_us: u64::try_from(v.took.as_micros()).unwrap_or(u64::MAX),
-                pins: v.pins as u64,
-                found: v.found.clone(),
-            }),
-            recovery: self.recovered.clone(),
-            started: self.started.clone(),
-        };
-        status_view(facts, &self.registry, interfaces)
-    }
-
-    pub(super) fn interface_name(&self, ifindex: u32) -> String {
-        self.net
-            .link_name(ifindex)
-            .map(str::to_owned)
-            .or_else(|| self.attacher.target(ifindex).map(|t| t.name.clone()))
-            .unwrap_or_else(|| format!("if{ifindex}"))
-    }
-
-    fn list(&self, state: Option<StateName>) -> AddressList {
-        let time = TimeBase::now();
-        let mut addresses: Vec<AddressView> = self
-            .registry
-            .iter()
-            .filter(|r| state.is_none_or(|s| r.state() == s))
-            .map(|r| self.with_last_flush(self.view_of(r, &time), &time))
-            .collect();
-        if state.is_none_or(|s| s == StateName::Free) {
-            addresses.extend(self.held_free_views());
-        }
-        AddressList { addresses }
-    }
-
-    pub(super) fn view(&self, addr: IpAddr) -> Result<AddressView, ApiError> {
-        let time = TimeBase::now();
-        self.registry
-            .get(addr)
-            .map(|r| self.with_last_flush(self.view_of(r, &time), &time))
-            .or_else(|| self.held_free_view(addr))
-            .ok_or_else(|| {
-                ApiError::new(
-                    ErrorCode::NotFound,
-                    format!("{addr}: free (not in the registry)"),
-                )
-                .with_address(addr)
-            })
-    }
-
-    /// A record's view, with the protection of its live holder's interface.
-    fn view_of(&self, record: &crate::registry::AddrRecord, time: &TimeBase) -> AddressView {
-        let mut view = self.with_ipam_hold(address_view(record, time));
-        if let Some(target) = record
-            .status
-            .holder()
-            .and_then(|h| self.protection_of(h.ifindex))
-        {
-            view.protection = Some(target.protection.as_str().to_owned());
-            view.attachment = target.attachment();
-        }
-        view
-    }
-
-    pub(super) fn views(&self, addrs: impl IntoIterator<Item = IpAddr>) -> Vec<AddressView> {
-        let time = TimeBase::now();
-        addrs
-            .into_iter()
-            .filter_map(|a| {
-                self.registry
-                    .get(a)
-                    .map(|r| self.with_last_flush(self.view_of(r, &time), &time))
-            })
-            .collect()
-    }
-
-    fn api_drain(&mut self, addr: IpAddr) -> Result<ChangedResponse, ApiError> {
-        let effects = self
-            .registry
-            .drain(addr, None)
-            .map_err(|e| ApiError::from_registry(&e, &TimeBase::now()))?;
+    fn drain(&mut self, addr: IpAddr) -> Result<(), RegistryError> {
+        let effects = self.registry.drain(addr, None)?;
         self.apply_effects(effects);
-        Ok(ChangedResponse {
-            addresses: self.views([addr]),
-        })
+        Ok(())
     }
 
-    fn api_release(&mut self, addr: IpAddr, force: bool) -> Result<ChangedResponse, ApiError> {
-        let effects = self
-            .registry
-            .release(addr, force)
-            .map_err(|e| ApiError::from_registry(&e, &TimeBase::now()))?;
+    fn release(&mut self, addr: IpAddr, force: bool) -> Result<(), RegistryError> {
+        let effects = self.registry.release(addr, force)?;
         self.apply_effects(effects);
         info!("{addr}: released through the API (force: {force})");
-        Ok(ChangedResponse {
-            addresses: self.views([addr]),
-        })
+        Ok(())
     }
 
-    /// CNI DEL: the attachment's holder is terminating. Also used to replay spooled DELs.
-    pub fn drain_attachment(&mut self, request: &DrainAttachmentRequest) -> ChangedResponse {
+    /// CNI DEL: the attachment's holder is terminating; the addresses drained. Also used to
+    /// replay spooled DELs.
+    pub fn drain_attachment(&mut self, request: &DrainAttachmentRequest) -> BTreeSet<IpAddr> {
         let of_attachment = |h: &Holder| {
             h.container_id() == Some(request.container_id.as_str())
                 && match (request.cni_ifname.as_deref(), h.cni_ifname()) {
@@ -270,7 +133,7 @@ impl Tracker {
     /// O(n + m) for n records and m attachments: the runtime's list is hashed once, not
     /// searched per record. (A GC compares the whole registry with the runtime's whole list,
     /// so it cannot be less than O(n); runtimes send one at start and then rarely.)
-    fn gc(&mut self, request: &GcRequest) -> ChangedResponse {
+    fn gc(&mut self, request: &GcRequest) -> BTreeSet<IpAddr> {
         let mut listed: HashMap<&str, HashSet<&str>> = HashMap::new();
         for a in &request.valid_attachments {
             listed
@@ -305,7 +168,8 @@ impl Tracker {
         self.drain_all(targets, "CNI GC")
     }
 
-    fn drain_all(&mut self, targets: Vec<(IpAddr, Holder)>, why: &str) -> ChangedResponse {
+    /// Drains each target from its holder: the addresses drained.
+    fn drain_all(&mut self, targets: Vec<(IpAddr, Holder)>, why: &str) -> BTreeSet<IpAddr> {
         let mut drained = BTreeSet::new();
         for (addr, holder) in targets {
             let result = self.registry.drain(addr, Some(&holder));
@@ -314,8 +178,6 @@ impl Tracker {
             }
             self.apply(result, why);
         }
-        ChangedResponse {
-            addresses: self.views(drained),
-        }
+        drained
     }
 }

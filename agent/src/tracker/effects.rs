@@ -3,18 +3,13 @@
 //! datapath entry of an address, its observe-only flag included, is always the registry's own
 //! derivation ([`crate::registry::datapath_entry`]): nothing here adds to it.
 
-use ipq_common::{
-    counters::{Action, Reason},
-    sample::ConflictSample,
-    verdict,
-};
+use ipq_common::sample::ConflictSample;
 use log::warn;
 
 use super::Tracker;
 use crate::{
     api::views::Outcome,
-    config::EarlyReusePolicy,
-    registry::{AddrStatus, Conflict, ConflictKind, Effect, RegistryError},
+    registry::{AddrStatus, Effect, RegistryError},
 };
 
 impl Tracker {
@@ -37,7 +32,8 @@ impl Tracker {
                     self.enforcer.remove(addr);
                 }
                 Effect::Conflict(conflict) => {
-                    let outcome = self.outcome_of(&conflict);
+                    let record = self.registry.get(conflict.addr);
+                    let outcome = Outcome::of(&conflict, record, self.config.mode);
                     self.observer.conflict(&conflict, outcome);
                 }
                 Effect::Transition {
@@ -60,35 +56,6 @@ impl Tracker {
         }
     }
 
-    /// What the policy did about `conflict`, judged from the registry after it.
-    pub(super) fn outcome_of(&self, conflict: &Conflict) -> Outcome {
-        let record = self.registry.get(conflict.addr);
-        let old_fenced = match (record, &conflict.old) {
-            (Some(record), Some(old)) => record.is_fenced(old),
-            _ => false,
-        };
-        let duplicate = verdict::action_for_address(
-            self.config.mode,
-            Reason::DuplicateSource,
-            record.is_some_and(|r| r.observe_only),
-        );
-        match conflict.kind {
-            ConflictKind::EarlyReuse | ConflictKind::ReuseInCooldown => match conflict.policy {
-                EarlyReusePolicy::Observe => Outcome::Observed,
-                EarlyReusePolicy::RefuseNew => Outcome::BlockedNew,
-                EarlyReusePolicy::FenceOld if old_fenced => Outcome::FencedOld,
-                EarlyReusePolicy::FenceOld => Outcome::Claimed,
-            },
-            ConflictKind::DuplicateSource => match duplicate {
-                Action::Dropped => Outcome::Dropped,
-                Action::Observed => Outcome::Observed,
-                Action::Reported => Outcome::Reported,
-            },
-            ConflictKind::RemoteClaim if old_fenced => Outcome::FencedOld,
-            ConflictKind::RemoteClaim => Outcome::Reported,
-        }
-    }
-
     /// Logs (rate-limited) and publishes one kernel sample.
     pub(super) fn publish_sample(&mut self, sample: &ConflictSample) {
         let addr = sample.addr.to_ip();
@@ -100,5 +67,15 @@ impl Tracker {
         });
         let seen_on = self.interface_name(sample.ifindex);
         self.observer.sample(sample, seen_on, holder);
+    }
+
+    /// The name of interface `ifindex` as an event shows it: the node's, else the attacher's
+    /// last known, else `if<index>`.
+    fn interface_name(&self, ifindex: u32) -> String {
+        self.net
+            .link_name(ifindex)
+            .map(str::to_owned)
+            .or_else(|| self.attacher.target(ifindex).map(|t| t.name.clone()))
+            .unwrap_or_else(|| format!("if{ifindex}"))
     }
 }

@@ -1,6 +1,6 @@
-//! The tracker's side of reuse hygiene: which transitions hand the worker a job, claims that
-//! are answered only once their flush is done, and the worker's reports turned into events
-//! and `ipq get` fields.
+//! The tracker's side of reuse hygiene: which transitions hand the worker a job, and the
+//! worker's reports turned into events and kept for `ipq get` (a claim's answer waits for its
+//! flushes: `api_service::answer`).
 
 use std::net::IpAddr;
 
@@ -8,21 +8,18 @@ use ipq_common::{
     counters::{Action, Reason},
     verdict,
 };
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 
 use super::Tracker;
 use crate::{
     api::{
-        command::Reply,
-        model::{AddressView, ClaimResponse, EventBody, HygieneView},
-        views::{ApiError, TimeBase},
+        model::{EventBody, HygieneView},
+        views::TimeBase,
     },
     config::EarlyReusePolicy,
-    hygiene::{HygieneError, Report, Trigger, CLAIM_WAIT},
+    hygiene::{HygieneError, Report},
     registry::{Holder, StateName},
 };
-
-use super::Answer;
 
 /// A report as the API shows it; `at` empty while it is not known.
 pub fn hygiene_view(report: &Report, time: Option<&TimeBase>) -> HygieneView {
@@ -91,79 +88,4 @@ impl Tracker {
         let in_registry = self.registry.get(report.address).is_some();
         self.hygiene.record(report, in_registry);
     }
-
-    /// `view` with the address's last hygiene pass.
-    pub(super) fn with_last_flush(&self, mut view: AddressView, time: &TimeBase) -> AddressView {
-        view.last_flush = self
-            .hygiene
-            .last(view.address)
-            .map(|r| hygiene_view(&r, Some(time)));
-        view
-    }
-}
-
-/// The answer to a claim: sent once the journal has it and every flush the claim started has
-/// finished (bounded by [`CLAIM_WAIT`]), with what each did, from a task of its own so the
-/// loop keeps serving.
-pub(super) fn claim_answer(
-    reply: Reply<ClaimResponse>,
-    result: Result<ClaimResponse, ApiError>,
-    waits: Vec<(IpAddr, oneshot::Receiver<Report>)>,
-) -> Answer {
-    Box::new(move |saved| {
-        // Not durable, not done: the same rule as every other change (`durable_answer`).
-        let result = match (result, saved) {
-            (Ok(_), Err(reason)) => Err(ApiError::unavailable(reason)),
-            (result, _) => result,
-        };
-        if waits.is_empty() {
-            let _ = reply.send(result);
-            return;
-        }
-        tokio::spawn(async move {
-            let mut result = result;
-            let deadline = tokio::time::Instant::now() + CLAIM_WAIT;
-            for (addr, wait) in waits {
-                let report = match tokio::time::timeout_at(deadline, wait).await {
-                    Ok(Ok(report)) => Ok(report),
-                    Ok(Err(_)) => Err("the hygiene worker stopped before it finished"),
-                    Err(_) => Err("still running when the claim was answered"),
-                };
-                if let Ok(response) = result.as_mut() {
-                    note_flush(response, addr, report);
-                }
-            }
-            let _ = reply.send(result);
-        });
-    })
-}
-
-/// Puts a flush's report, or why there is none, into the claim's answer: a claim is never
-/// answered as if its address were clean when that is not known.
-fn note_flush(response: &mut ClaimResponse, addr: IpAddr, report: Result<Report, &str>) {
-    let Some(view) = response.addresses.iter_mut().find(|v| v.address == addr) else {
-        return;
-    };
-    view.last_flush = Some(match report {
-        Ok(report) => hygiene_view(&report, Some(&TimeBase::now())),
-        Err(why) => {
-            log::error!("{addr}: claim answered before its reuse hygiene finished: {why}");
-            HygieneView {
-                address: addr,
-                trigger: Trigger::NewHolder.as_str().to_owned(),
-                at: String::new(),
-                conntrack_entries: 0,
-                conntrack_flush: String::new(),
-                neighbours: 0,
-                announcements: 0,
-                announce_skipped: None,
-                skipped: None,
-                permanent_neighbours: Vec::new(),
-                errors: vec![format!(
-                    "{why} (after {})",
-                    humantime::format_duration(CLAIM_WAIT)
-                )],
-            }
-        }
-    });
 }

@@ -4,20 +4,23 @@
 //!
 //! - `recovery`: bringing the registry back at start and reconciling it with a netlink dump;
 //! - `events`: netlink events, kernel samples and ticks as registry operations;
-//! - `claims`, `commands`, `break_glass`: the API's requests (the views and errors they answer
-//!   with are built in `api::views`);
+//! - `commands` (with `claims`, `break_glass`, `ipam`): the API's requests dispatched, and the
+//!   changes they ask for made;
+//! - `api_service`: the API's answers: every view, read from the owner's state, and the
+//!   registry's refusals as API errors;
 //! - `effects`: each effect handed to its owner;
 //! - `enforcer`: the datapath's one writer;
 //! - `observer` (with `feed`): counters, event-feed entries and log lines;
 //! - `durable`: the journal and how saving it goes;
 //! - `protection`: the attach workers' reports, retries and readiness;
 //! - `hygiene`: conntrack/neighbour flushes and announcements handed to the hygiene worker;
-//! - `ipam`, `ipam_pressure`: what ipq-ipam holds, and exhausted ranges.
+//! - `ipam_pressure`: exhausted ranges of ipq-ipam.
 //!
 //! Durability: the registry counts its changes (its generation); [`Tracker::persist`] saves
 //! when the journal is behind, and nothing that changed the registry is answered before a save
 //! reached its generation.
 
+mod api_service;
 mod break_glass;
 mod claims;
 mod commands;
@@ -35,7 +38,7 @@ mod recovery;
 #[cfg(test)]
 mod tests;
 
-pub use commands::Answer;
+pub use api_service::answer::Answer;
 pub use recovery::Recovery;
 
 use std::{sync::Arc, time::SystemTime};
@@ -54,6 +57,18 @@ use crate::{
 // The role of an interface under the configuration is the attacher's own type: one concept,
 // one type.
 use crate::datapath::attach::Role;
+
+/// What interface `ifname` is to ipq under `config`: the uplink's role wins over a workload
+/// glob that also matches it.
+fn role(config: &Config, ifname: &str) -> Option<Role> {
+    if config.is_uplink(ifname) {
+        Some(Role::Uplink)
+    } else if config.workload_glob_matching(ifname).is_some() {
+        Some(Role::Workload)
+    } else {
+        None
+    }
+}
 
 pub struct Tracker {
     config: Config,
@@ -122,13 +137,7 @@ impl Tracker {
     }
 
     fn role(&self, ifname: &str) -> Option<Role> {
-        if self.config.is_uplink(ifname) {
-            Some(Role::Uplink)
-        } else if self.config.workload_glob_matching(ifname).is_some() {
-            Some(Role::Workload)
-        } else {
-            None
-        }
+        role(&self.config, ifname)
     }
 
     fn workload_holder(&self, ifindex: u32) -> Option<Holder> {

@@ -7,7 +7,7 @@ use super::Tracker;
 use crate::{
     api::{model::EventBody, views::TimeBase},
     datapath::{
-        attach::{tc_watch::TcNotice, Attacher, JobReport, Lost, LostAttachment, Target},
+        attach::{tc_watch::TcNotice, Attacher, JobReport, Lost, LostAttachment},
         verify::Verification,
     },
     metrics, netdev,
@@ -123,11 +123,6 @@ impl Tracker {
 
     pub fn attacher(&self) -> &Attacher {
         &self.attacher
-    }
-
-    /// The protection of a holder's interface, if ipq wants it protected.
-    pub(super) fn protection_of(&self, ifindex: u32) -> Option<&Target> {
-        self.attacher.target(ifindex)
     }
 
     /// The attach gauges, counters and readiness, from the attacher's state: O(interfaces),

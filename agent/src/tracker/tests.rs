@@ -27,7 +27,7 @@ use crate::{
 const VETH_A: u32 = 11;
 const VETH_B: u32 = 12;
 
-fn ip(s: &str) -> IpAddr {
+pub(super) fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
 }
 
@@ -50,7 +50,7 @@ fn tracker_with(config: Config, state_dir: &Path, table: MemTable) -> Tracker {
     Tracker::new(config, datapath, attacher, journal, Metrics::for_tests())
 }
 
-fn tracker(policy: EarlyReusePolicy, state_dir: &Path) -> Tracker {
+pub(super) fn tracker(policy: EarlyReusePolicy, state_dir: &Path) -> Tracker {
     tracker_with(config(policy), state_dir, MemTable::default())
 }
 
@@ -193,7 +193,7 @@ fn every_change_to_a_record_needs_a_save() {
 }
 
 /// A claim through the API for `lo` (the one interface a test's namespace surely has).
-fn claim(
+pub(super) fn claim(
     t: &mut Tracker,
     addr: &str,
 ) -> oneshot::Receiver<Result<crate::api::model::ClaimResponse, ApiError>> {
@@ -211,103 +211,6 @@ fn claim(
     let saved = t.persist().map_err(|e| e.to_string());
     answer_fn(saved.as_ref().map(|_| ()).map_err(String::as_str));
     answer
-}
-
-/// A claim for `lo` by a CNI attachment (container, ifname, network), or by no container.
-fn claim_by(t: &mut Tracker, addr: &str, attachment: Option<(&str, &str, &str)>) {
-    let (reply, mut answer) = oneshot::channel();
-    let holder = match attachment {
-        Some((container, ifname, network)) => HolderSpec {
-            interface: "lo".into(),
-            container_id: Some(container.into()),
-            cni_ifname: Some(ifname.into()),
-            network: Some(network.into()),
-            ..HolderSpec::default()
-        },
-        None => HolderSpec {
-            interface: "lo".into(),
-            ..HolderSpec::default()
-        },
-    };
-    let request = ClaimRequest {
-        addresses: vec![ip(addr)],
-        holder,
-        source: ClaimSource::Cni,
-    };
-    t.handle(Command::Claim { request, reply })(Ok(()));
-    answer.try_recv().unwrap().expect("claimed");
-}
-
-#[test]
-fn gc_drains_exactly_the_attachments_the_runtime_no_longer_lists() {
-    use crate::api::model::{Attachment, GcRequest};
-    let dir = tempfile::tempdir().unwrap();
-    let mut t = tracker(EarlyReusePolicy::FenceOld, dir.path());
-    claim_by(&mut t, "10.0.0.1", Some(("a", "eth0", "net1")));
-    claim_by(&mut t, "10.0.0.2", Some(("b", "eth0", "net1")));
-    claim_by(&mut t, "10.0.0.3", Some(("a", "eth1", "net1")));
-    claim_by(&mut t, "10.0.0.4", None);
-    claim_by(&mut t, "10.0.0.5", Some(("c", "eth0", "net2")));
-    let request = GcRequest {
-        valid_attachments: vec![
-            Attachment {
-                container_id: "a".into(),
-                ifname: "eth0".into(),
-            },
-            Attachment {
-                container_id: "z".into(),
-                ifname: "eth1".into(),
-            },
-        ],
-        network: Some("net1".into()),
-    };
-    let (reply, mut answer) = oneshot::channel();
-    t.handle(Command::Gc { request, reply })(Ok(()));
-    let drained: Vec<IpAddr> = answer
-        .try_recv()
-        .unwrap()
-        .expect("gc answered")
-        .addresses
-        .iter()
-        .map(|v| v.address)
-        .collect();
-    // b is not listed; a is, but not with eth1. No container: not CNI's. net2: not this GC's.
-    assert_eq!(drained, vec![ip("10.0.0.2"), ip("10.0.0.3")]);
-    for (addr, state) in [
-        ("10.0.0.1", StateName::Active),
-        ("10.0.0.2", StateName::Draining),
-        ("10.0.0.3", StateName::Draining),
-        ("10.0.0.4", StateName::Active),
-        ("10.0.0.5", StateName::Active),
-    ] {
-        assert_eq!(t.registry().state(ip(addr)), state, "{addr}");
-    }
-}
-
-#[test]
-fn a_claim_is_answered_unavailable_until_it_is_saved() {
-    let dir = tempfile::tempdir().unwrap();
-    let state = dir.path().join("state");
-    let mut t = tracker(EarlyReusePolicy::FenceOld, &state);
-    // The state directory vanishes: every save fails.
-    std::fs::remove_dir_all(&state).unwrap();
-    let mut answer = claim(&mut t, "10.0.0.9");
-    let error = answer.try_recv().unwrap().unwrap_err();
-    assert_eq!(error.code(), ErrorCode::Unavailable);
-    assert!(error.0.message.contains("journal"), "{}", error.0.message);
-    assert_eq!(t.metrics.journal_write_failures.get(), 1);
-    assert!(!t.is_saved());
-
-    // Once the directory is back, the retry saves it and the same claim is answered. (The
-    // journal tries a failed rewrite again at most once a second, so a failing disk is not
-    // hammered by every request.)
-    std::fs::create_dir_all(&state).unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(1100));
-    let mut answer = claim(&mut t, "10.0.0.9");
-    let response = answer.try_recv().unwrap().expect("the claim, now durable");
-    assert_eq!(response.addresses[0].state, StateName::Active);
-    assert!(t.is_saved());
-    assert_eq!(t.metrics.journal_unsaved_seconds.get(), 0.0);
 }
 
 #[test]

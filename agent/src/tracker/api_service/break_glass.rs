@@ -1,0 +1,76 @@
+//! Break-glass requests (`PUT|DELETE /v1/datapath/{ip}`) as the API sees them: the entry a
+//! request asks for, checked before the owner writes it, and the answer's view of the entry
+//! written or removed.
+
+use std::net::IpAddr;
+
+use ipq_common::addr::{AddrEntry, AddrState, NO_IFINDEX};
+
+use crate::{
+    api::{
+        model::{DatapathEntryRequest, DatapathEntryView, ErrorCode},
+        views::ApiError,
+    },
+    datapath::DatapathError,
+    netdev,
+    registry::StateName,
+};
+
+/// The entry `request` asks to write, stamped now; refused for an unknown state or interface,
+/// or a held state without a holder.
+pub fn datapath_entry(request: &DatapathEntryRequest) -> Result<AddrEntry, ApiError> {
+    let state = StateName::parse_held(&request.state)
+        .and_then(StateName::entry)
+        .ok_or_else(|| {
+            ApiError::new(
+                ErrorCode::InvalidArgument,
+                format!(
+                    "state {:?}: give active, draining or quarantined",
+                    request.state
+                ),
+            )
+        })?;
+    let holder = ifindex(request.holder.as_deref(), "holder")?;
+    let fenced = ifindex(request.fenced.as_deref(), "fenced")?;
+    if state != AddrState::Quarantined && holder == NO_IFINDEX {
+        return Err(ApiError::new(
+            ErrorCode::InvalidArgument,
+            format!("holder: required for an {} address", state.as_str()),
+        ));
+    }
+    Ok(AddrEntry::new(state, holder, netdev::monotonic_ns()).with_fenced(fenced))
+}
+
+/// The answer to a break-glass write or removal: the entry written, or the one removed
+/// (`None`: there was none to remove).
+pub fn datapath_view(
+    addr: IpAddr,
+    result: Result<Option<AddrEntry>, DatapathError>,
+) -> Result<DatapathEntryView, ApiError> {
+    let entry = result
+        .map_err(|e| ApiError::new(ErrorCode::Internal, format!("{addr}: {e}")))?
+        .ok_or_else(|| {
+            ApiError::new(
+                ErrorCode::NotFound,
+                format!("{addr} is not in the datapath"),
+            )
+        })?;
+    Ok(DatapathEntryView {
+        address: addr,
+        state: StateName::of_raw_entry(entry.state()).to_owned(),
+        holder_ifindex: entry.holder_ifindex,
+        fenced_ifindex: entry.fenced_ifindex,
+    })
+}
+
+fn ifindex(name: Option<&str>, what: &str) -> Result<u32, ApiError> {
+    match name {
+        None => Ok(NO_IFINDEX),
+        Some(name) => netdev::ifindex(name).ok_or_else(|| {
+            ApiError::new(
+                ErrorCode::UnknownInterface,
+                format!("{what} interface {name:?} does not exist on this node"),
+            )
+        }),
+    }
+}

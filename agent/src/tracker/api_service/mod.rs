@@ -1,0 +1,206 @@
+//! The API's answers. [`ApiService`] borrows, read-only, the parts of the registry's owner an
+//! answer is made of (the registry, the attacher's interfaces, the node's links, the reuse
+//! hygiene reports, ipq-ipam's holds, the event feed) and builds every view the API returns:
+//! the reads it answers alone; for a change, the owner makes it and the service presents what
+//! it did. Registry refusals become API errors here too, and answers wait for the journal
+//! ([`answer`]).
+//!
+//! It lives beside the tracker rather than in `api` because it reads the tracker's own parts
+//! (the feed, its start-up facts); `api` keeps the wire types and the conversions that need
+//! none of them (`api::views`).
+
+pub mod answer;
+mod break_glass;
+mod claims;
+mod holds;
+mod refusal;
+#[cfg(test)]
+mod tests;
+
+pub use break_glass::{datapath_entry, datapath_view};
+pub use claims::{claim_mac, claim_source};
+pub use refusal::refusal;
+
+use std::{net::IpAddr, time::SystemTime};
+
+use super::{feed::EventHub, hygiene::hygiene_view, Tracker};
+use crate::{
+    api::{
+        model::{
+            AddressList, AddressView, ChangedResponse, ClaimFlushView, ConflictList, ErrorCode,
+            InterfaceStatus, RecoveryView, StartedView, Status, VerificationView,
+        },
+        views::{address_view, status_view, ApiError, StatusFacts, TimeBase},
+    },
+    config::Config,
+    datapath::attach::Attacher,
+    hygiene::Hygiene,
+    ipam::holds::Holds,
+    metrics::Metrics,
+    netlink::NetState,
+    registry::{AddrRecord, Registry, StateName},
+};
+
+/// The registry owner's state as the API reads it: borrowed for one answer, never changed.
+pub struct ApiService<'a> {
+    registry: &'a Registry,
+    config: &'a Config,
+    metrics: &'a Metrics,
+    attacher: &'a Attacher,
+    net: &'a NetState,
+    hygiene: &'a Hygiene,
+    ipam_holds: &'a Holds,
+    feed: &'a EventHub,
+    started_at: SystemTime,
+    recovered: Option<&'a RecoveryView>,
+    started: Option<&'a StartedView>,
+}
+
+impl Tracker {
+    /// The API's reading of this owner's state, for one answer.
+    pub(super) fn api(&self) -> ApiService<'_> {
+        ApiService {
+            registry: &self.registry,
+            config: &self.config,
+            metrics: &self.metrics,
+            attacher: &self.attacher,
+            net: &self.net,
+            hygiene: &self.hygiene,
+            ipam_holds: &self.ipam_holds,
+            feed: self.observer.feed(),
+            started_at: self.started_at,
+            recovered: self.recovered.as_ref(),
+            started: self.started.as_ref(),
+        }
+    }
+}
+
+impl ApiService<'_> {
+    /// `GET /v1/status`.
+    pub fn status(&self) -> Status {
+        let interfaces: Vec<InterfaceStatus> = self
+            .attacher
+            .targets()
+            .iter()
+            .map(|(ifindex, target)| InterfaceStatus {
+                ifindex: *ifindex,
+                name: target.name.clone(),
+                hooks: target
+                    .attached
+                    .keys()
+                    .map(|p| p.as_str().to_owned())
+                    .collect(),
+                protection: target.protection.as_str().to_owned(),
+                attachment: target.attachment(),
+                error: target.last_error.clone(),
+                failed_attempts: target.failures,
+            })
+            .collect();
+        let conflicts_total = crate::registry::ConflictKind::ALL
+            .iter()
+            .map(|k| {
+                self.metrics
+                    .conflicts
+                    .with_label_values(&[k.as_str()])
+                    .get()
+            })
+            .sum();
+        let facts = StatusFacts {
+            ready: self.metrics.readiness.is_ready(),
+            not_ready: self.metrics.readiness.check().err().map(|e| e.to_string()),
+            tc_attach: self.attacher.mode().as_str(),
+            conntrack_claim_flush: self.hygiene.claim_flush().map(|f| ClaimFlushView {
+                ipv4: f.ipv4,
+                ipv6: f.ipv6,
+            }),
+            mode: self.config.mode,
+            on_early_reuse: self.config.on_early_reuse,
+            conflicts_total,
+            refused_claims_total: self.metrics.refused_claims.get(),
+            started_at: self.started_at,
+            verification: self.attacher.verified().map(|v| VerificationView {
+                at: humantime::format_rfc3339_millis(v.finished_at).to_string(),
+                took_us: u64::try_from(v.took.as_micros()).unwrap_or(u64::MAX),
+                pins: v.pins as u64,
+                found: v.found.clone(),
+            }),
+            recovery: self.recovered.cloned(),
+            started: self.started.cloned(),
+        };
+        status_view(facts, self.registry, interfaces)
+    }
+
+    /// `GET /v1/addresses[?state=S]`: the registry's records, and under `free` the addresses
+    /// ipq-ipam still holds that the registry has freed.
+    pub fn list(&self, state: Option<StateName>) -> AddressList {
+        let time = TimeBase::now();
+        let mut addresses: Vec<AddressView> = self
+            .registry
+            .iter()
+            .filter(|r| state.is_none_or(|s| r.state() == s))
+            .map(|r| self.view_of(r, &time))
+            .collect();
+        if state.is_none_or(|s| s == StateName::Free) {
+            addresses.extend(self.held_free_views());
+        }
+        AddressList { addresses }
+    }
+
+    /// `GET /v1/addresses/{ip}`.
+    pub fn get(&self, addr: IpAddr) -> Result<AddressView, ApiError> {
+        let time = TimeBase::now();
+        self.registry
+            .get(addr)
+            .map(|r| self.view_of(r, &time))
+            .or_else(|| self.held_free_view(addr))
+            .ok_or_else(|| {
+                ApiError::new(
+                    ErrorCode::NotFound,
+                    format!("{addr}: free (not in the registry)"),
+                )
+                .with_address(addr)
+            })
+    }
+
+    /// `GET /v1/conflicts[?limit=N]`.
+    pub fn conflicts(&self, limit: usize) -> ConflictList {
+        ConflictList {
+            conflicts: self.feed.recent_conflicts(limit),
+        }
+    }
+
+    /// The answer to a change: the addresses it changed, as they are now.
+    pub fn changed(&self, addrs: impl IntoIterator<Item = IpAddr>) -> ChangedResponse {
+        ChangedResponse {
+            addresses: self.views(addrs),
+        }
+    }
+
+    /// The views of those of `addrs` the registry has.
+    fn views(&self, addrs: impl IntoIterator<Item = IpAddr>) -> Vec<AddressView> {
+        let time = TimeBase::now();
+        addrs
+            .into_iter()
+            .filter_map(|a| self.registry.get(a).map(|r| self.view_of(r, &time)))
+            .collect()
+    }
+
+    /// A record's view, with the protection of its live holder's interface, ipq-ipam's hold of
+    /// the address and its last hygiene pass.
+    fn view_of(&self, record: &AddrRecord, time: &TimeBase) -> AddressView {
+        let mut view = self.with_ipam_hold(address_view(record, time));
+        if let Some(target) = record
+            .status
+            .holder()
+            .and_then(|h| self.attacher.target(h.ifindex))
+        {
+            view.protection = Some(target.protection.as_str().to_owned());
+            view.attachment = target.attachment();
+        }
+        view.last_flush = self
+            .hygiene
+            .last(view.address)
+            .map(|r| hygiene_view(&r, Some(time)));
+        view
+    }
+}
