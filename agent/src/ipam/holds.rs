@@ -54,6 +54,25 @@ impl Holds {
     }
 
     /// The table as one scan of the pending releases found it, with each release's failures.
+    /// Puts back the hold of `held`, whose release just failed (forgotten before its DEL ran):
+    /// at once, not at the next scan, so that a requested-IP ADD meanwhile is told the address
+    /// is held rather than asking the delegate for it.
+    pub fn put_back(&self, held: &HeldRelease, failures: u32, last_error: &str) {
+        let mut table = self.table();
+        for addr in &held.addresses {
+            table.insert(
+                *addr,
+                Hold {
+                    network: held.network.clone().unwrap_or_default(),
+                    container_id: held.container_id.clone(),
+                    ifname: held.ifname.clone(),
+                    failures,
+                    last_error: Some(last_error.to_owned()),
+                },
+            );
+        }
+    }
+
     pub fn replace(
         &self,
         pending: &[Spooled<HeldRelease>],
@@ -77,5 +96,34 @@ impl Holds {
             }
         }
         *self.table() = table;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_hold_forgotten_for_a_del_that_failed_is_back_at_once_with_its_failure() {
+        let held: HeldRelease = serde_json::from_value(serde_json::json!({
+            "network": "net",
+            "cniVersion": "1.0.0",
+            "delegateType": "host-local",
+            "delegateConf": {},
+            "containerId": "c1",
+            "ifname": "eth0",
+            "cniPath": "/opt/cni/bin",
+            "addresses": ["10.96.0.2"],
+        }))
+        .expect("a release as ipq-ipam writes it");
+        let addr: IpAddr = "10.96.0.2".parse().unwrap();
+        let holds = Holds::default();
+        holds.put_back(&held, 0, "");
+        holds.forget(&held.addresses);
+        assert_eq!(holds.get(addr), None);
+        holds.put_back(&held, 2, "exit 1");
+        let hold = holds.get(addr).expect("put back");
+        assert_eq!((hold.container_id.as_str(), hold.failures), ("c1", 2));
+        assert_eq!(hold.last_error.as_deref(), Some("exit 1"));
     }
 }

@@ -204,9 +204,9 @@ pub async fn run(
                 // Forgotten before the DEL runs: the delegate hands the address out only once
                 // its DEL is done, and an ADD that gets it then must not find ipq's hold still
                 // there (it would park the address as held for another). A DEL that fails puts
-                // the hold back at the next scan.
+                // the hold back as soon as it returns.
                 holds.forget(&spooled.request.addresses);
-                release(spooled, &metrics, &mut retries, &bins).await;
+                release(spooled, &metrics, &mut retries, &bins, &holds).await;
             }
         }
         tokio::select! {
@@ -243,9 +243,9 @@ async fn release_now(
         // Released by the last scan already: the delegate has the address back.
         None => "released",
         Some(spooled) => {
-            // As in the scan: forgotten before the DEL, put back by the next scan if it fails.
+            // As in the scan: forgotten before the DEL, put back if it fails.
             holds.forget(&spooled.request.addresses);
-            if release(spooled, metrics, retries, bins).await {
+            if release(spooled, metrics, retries, bins, holds).await {
                 "released"
             } else {
                 answer.released.clear();
@@ -305,13 +305,14 @@ async fn all_free(commands: &mpsc::Sender<Command>, release: &HeldRelease) -> Op
     }
 }
 
-/// Runs the delegate's DEL of `spooled` and removes it; a failure is counted, logged and
-/// retried with backoff. Whether it succeeded.
+/// Runs the delegate's DEL of `spooled` and removes it; a failure is counted, logged, retried
+/// with backoff, and its hold put back in `holds`. Whether it succeeded.
 async fn release(
     spooled: Spooled<HeldRelease>,
     metrics: &Metrics,
     retries: &mut HashMap<PathBuf, Retry>,
     bins: &Arc<TrustedBins>,
+    holds: &Holds,
 ) -> bool {
     let held = spooled.request.clone();
     let network = held.network.clone().unwrap_or_default();
@@ -351,6 +352,7 @@ async fn release(
             });
             retry.failures += 1;
             retry.last_error = e.to_string();
+            holds.put_back(request, retry.failures, &retry.last_error);
             let wait = backoff(retry.failures);
             retry.next = Instant::now() + wait;
             warn!(
