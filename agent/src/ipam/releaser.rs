@@ -40,20 +40,25 @@ use ipq_cni::{
 use log::{debug, error, warn};
 use tokio::sync::{mpsc, oneshot};
 
-use self::gauges::{set_failing, set_held_addresses};
+use self::{
+    attachments::{addresses_by_attachment, whole, Attachment},
+    gauges::{set_failing, set_held_addresses},
+    urgent::release_now,
+};
 use super::{
     holds::Holds,
     trust::{TrustError, TrustedBins},
 };
 use crate::{
-    api::{
-        command::{AllocationQuery, Command, Reply},
-        model::ExhaustedAnswer,
-    },
+    api::command::{AllocationQuery, Command},
     metrics::Metrics,
 };
 
+mod attachments;
 mod gauges;
+mod urgent;
+
+pub use urgent::Urgent;
 
 /// How often pending releases are looked at again.
 const POLL: Duration = Duration::from_secs(1);
@@ -114,17 +119,6 @@ fn unvouched_wait(
     Duration::from_millis(until.saturating_sub(now_ms))
 }
 
-/// A release the owner loop asks for at once (pool pressure, `release-quietest`): the held
-/// allocation of `container_id`/`ifname`, whose every address it found quarantined or free.
-/// `answer` goes back to ipq-ipam with `released` cleared if the delegate's DEL failed.
-pub struct Urgent {
-    pub network: String,
-    pub container_id: String,
-    pub ifname: String,
-    pub answer: ExhaustedAnswer,
-    pub reply: Reply<ExhaustedAnswer>,
-}
-
 /// What the releaser is started with, besides its channels and the tables it shares.
 pub struct Settings {
     /// `state_dir/ipam-releases`.
@@ -170,7 +164,21 @@ pub async fn run(
             retries.retain(|path, _| paths.contains(path.as_path()));
             set_failing(&metrics, &retries);
             last_busy.retain(|path, _| paths.contains(path.as_path()));
+            let held = addresses_by_attachment(&pending);
+            let mut released: HashSet<Attachment> = HashSet::new();
             for spooled in pending {
+                let attachment = Attachment::of(&spooled.request);
+                if released.contains(&attachment) {
+                    // Its DEL ran for an earlier release of the same attachment.
+                    debug!(
+                        "ipam: a second release of container {} ({}) was done by the first",
+                        spooled.request.container_id, spooled.request.ifname
+                    );
+                    if let Err(e) = spooled.done() {
+                        error!("ipam releases: {e}");
+                    }
+                    continue;
+                }
                 if retries
                     .get(&spooled.path)
                     .is_some_and(|r| Instant::now() < r.next)
@@ -201,12 +209,17 @@ pub async fn run(
                 } else if !free {
                     continue;
                 }
-                // Forgotten before the DEL runs: the delegate hands the address out only once
-                // its DEL is done, and an ADD that gets it then must not find ipq's hold still
-                // there (it would park the address as held for another). A DEL that fails puts
-                // the hold back as soon as it returns.
-                holds.forget(&spooled.request.addresses);
-                release(spooled, &metrics, &mut retries, &bins, &holds).await;
+                // Forgotten before the DEL runs, with the other releases of the attachment:
+                // the delegate hands the address out only once its DEL is done, and an ADD
+                // that gets it then must not find ipq's hold still there (it would park the
+                // address as held for another). A DEL that fails puts the hold back as soon
+                // as it returns.
+                let addresses = held.get(&attachment).map_or(&[][..], Vec::as_slice);
+                holds.forget(addresses);
+                let whole = whole(&spooled.request, addresses);
+                if release(spooled, &metrics, &mut retries, &bins, &holds, &whole).await {
+                    released.insert(attachment);
+                }
             }
         }
         tokio::select! {
@@ -216,52 +229,6 @@ pub async fn run(
             }
         }
     }
-}
-
-/// Runs `urgent`'s release at once and answers whether it happened.
-async fn release_now(
-    dir: &Path,
-    urgent: Urgent,
-    metrics: &Metrics,
-    retries: &mut HashMap<PathBuf, Retry>,
-    holds: &Holds,
-    bins: &Arc<TrustedBins>,
-) {
-    let Urgent {
-        network,
-        container_id,
-        ifname,
-        mut answer,
-        reply,
-    } = urgent;
-    let found = scan(dir).await.and_then(|pending| {
-        pending
-            .into_iter()
-            .find(|s| s.request.container_id == container_id && s.request.ifname == ifname)
-    });
-    let outcome = match found {
-        // Released by the last scan already: the delegate has the address back.
-        None => "released",
-        Some(spooled) => {
-            // As in the scan: forgotten before the DEL, put back if it fails.
-            holds.forget(&spooled.request.addresses);
-            if release(spooled, metrics, retries, bins, holds).await {
-                "released"
-            } else {
-                answer.released.clear();
-                "release_failed"
-            }
-        }
-    };
-    metrics
-        .ipam_exhausted
-        .with_label_values(&[network.as_str(), outcome])
-        .inc();
-    warn!(
-        "ipam: network {network:?} exhausted: released the quietest held allocation \
-         (container {container_id}, {ifname}): {outcome}"
-    );
-    let _ = reply.send(Ok(answer));
 }
 
 /// The pending releases, read off the async threads; None (logged) when the directory cannot
@@ -306,13 +273,15 @@ async fn all_free(commands: &mpsc::Sender<Command>, release: &HeldRelease) -> Op
 }
 
 /// Runs the delegate's DEL of `spooled` and removes it; a failure is counted, logged, retried
-/// with backoff, and its hold put back in `holds`. Whether it succeeded.
+/// with backoff, and `whole`'s hold (the attachment's) put back in `holds`. Whether it
+/// succeeded.
 async fn release(
     spooled: Spooled<HeldRelease>,
     metrics: &Metrics,
     retries: &mut HashMap<PathBuf, Retry>,
     bins: &Arc<TrustedBins>,
     holds: &Holds,
+    whole: &HeldRelease,
 ) -> bool {
     let held = spooled.request.clone();
     let network = held.network.clone().unwrap_or_default();
@@ -352,7 +321,7 @@ async fn release(
             });
             retry.failures += 1;
             retry.last_error = e.to_string();
-            holds.put_back(request, retry.failures, &retry.last_error);
+            holds.put_back(whole, retry.failures, &retry.last_error);
             let wait = backoff(retry.failures);
             retry.next = Instant::now() + wait;
             warn!(
