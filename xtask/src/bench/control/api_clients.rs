@@ -116,6 +116,11 @@ pub(super) fn fresh_claims(node: &Node, settle: Settle) -> Result<Fresh> {
             })
         })
         .collect();
+    // Said when the claims start (not when the veths are ready): a profiler attached from
+    // outside waits for this line.
+    eprintln!(
+        "bench control: fresh claims: {API_CLIENTS} clients x {FRESH_PER_CLIENT} claims start"
+    );
     start_line.wait();
     let start = Instant::now();
     let mut latencies = Vec::new();
