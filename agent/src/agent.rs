@@ -28,8 +28,10 @@ use crate::{
 };
 
 mod kernel_rings;
+mod waiting;
 
 use kernel_rings::{forward_kernel_logs, read_samples};
+use waiting::WaitingAnswers;
 
 /// API requests answered per journal save at most: a burst of CNI ADDs shares one fsync.
 const MAX_REQUEST_BURST: usize = 256;
@@ -279,6 +281,9 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
     let mut sigint = signal(SignalKind::interrupt()).map_err(signal_err)?;
     let mut last_tick = std::time::Instant::now();
     let mut trimmer = crate::heap::Trimmer::new();
+    // From here on a save's fdatasync runs off this loop; answers wait for it in `waiting`.
+    let mut synced = tracker.defer_journal_syncs();
+    let mut waiting = WaitingAnswers::default();
     loop {
         let mut ticked = false;
         let delay = tick_delay(&tracker, last_tick);
@@ -339,12 +344,15 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
                     let Ok(command) = commands.try_recv() else { break };
                     answers.push(tracker.handle(command));
                 }
-                // Answered only once what they changed is on disk; `unavailable` otherwise.
-                // What each answer says when the save failed: the journal's error, as text.
-                let saved = tracker.persist().map_err(|e| e.to_string());
-                answers
-                    .into_iter()
-                    .for_each(|answer| answer(saved.as_ref().map(|_| ()).map_err(String::as_str)));
+                // Answered only once what they changed is on disk (the flush runs off this
+                // loop); `unavailable`, with the journal's error, when it cannot be.
+                waiting.after_save(answers, tracker.persist_deferred());
+            }
+            Some(report) = synced.recv() => {
+                waiting.on_synced(tracker.on_synced(report));
+                while let Ok(report) = synced.try_recv() {
+                    waiting.on_synced(tracker.on_synced(report));
+                }
             }
             _ = tokio::time::sleep(delay) => {
                 last_tick = std::time::Instant::now();
@@ -358,7 +366,7 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
             trimmer.on_activity();
         }
         // Also the retry of a failed save: this runs at least once a second.
-        let _ = tracker.persist();
+        waiting.after_quiet_save(&tracker.persist_deferred());
     }
     api.abort();
     let _ = api.await;

@@ -5,6 +5,9 @@
 //!   (a whole burst of API requests, netlink events, samples) and fdatasyncs once: one fsync per
 //!   batch, O(changes) bytes. The caller answers the batch's requests only after it returned
 //!   `Ok`; an `Err` leaves the changes staged, to be written by the next commit.
+//!   [`Journal::commit_deferred`] writes the same line and leaves the fdatasync to a pool of
+//!   threads (`syncer`): the owner loop goes on serving while the disk flushes, and answers the
+//!   batch when [`Journal::on_synced`] says a flush covering it reported.
 //! - When the appended lines outgrow the base, a compaction writes the whole registry to a new
 //!   file on a background thread, while commits go on appending to the current one; the next
 //!   commit after it finished appends what came meanwhile, renames it over the journal and
@@ -20,18 +23,20 @@
 //! such a load rewrites the file for this boot.
 
 mod compact;
+mod deferred;
 mod files;
 mod format;
 mod newer;
 mod read;
 mod rewrite;
+mod syncer;
 #[cfg(test)]
 mod tests;
 
 use std::{
     collections::BTreeSet,
     fs::{self, File},
-    io::{self, Write as _},
+    io,
     net::IpAddr,
     path::{Path, PathBuf},
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
@@ -49,7 +54,13 @@ use crate::{
     registry::{AddrRecord, Clock, Registry},
 };
 
-pub use self::{format::VERSION, newer::NewerJournal, read::TornTail};
+pub use self::{
+    deferred::{Commit, SyncOutcome},
+    format::VERSION,
+    newer::NewerJournal,
+    read::TornTail,
+    syncer::Synced,
+};
 
 pub const JOURNAL_FILE: &str = "registry.journal";
 /// Where a synchronous rewrite builds the next journal.
@@ -130,7 +141,11 @@ pub struct Loaded<E> {
 /// The open log being appended to.
 struct LogFile {
     file: File,
-    /// Bytes durably written.
+    /// Which file this is, as flush reports name it (a new one after a rewrite or compaction).
+    id: u64,
+    /// The descriptors the pool flushes it through; `None`: flushed on the loop.
+    sync: Option<std::sync::Arc<syncer::SyncFiles>>,
+    /// Bytes written (durable once a flush that began after them reported).
     len: u64,
     /// Bytes of the header and base lines: compaction starts once the appended rest outgrows it.
     base_len: u64,
@@ -152,6 +167,15 @@ pub struct Journal<E: Entry = AddrRecord> {
     /// No rewrite or compaction is attempted before this, after one failed.
     retry_at: Option<Instant>,
     last_failure: Option<String>,
+    /// Where deferred commits are flushed; `None`: every commit flushes on the caller.
+    syncer: Option<syncer::SyncPool>,
+    /// The id the next log file gets.
+    next_file_id: u64,
+    /// The last commit's ticket, and the last one known durable.
+    last_ticket: u64,
+    durable_through: u64,
+    /// A log file a flush of which failed: never appended to again, its later reports ignored.
+    poisoned: Option<u64>,
 }
 
 fn unix_ms() -> u64 {
@@ -185,6 +209,11 @@ impl<E: Entry> Journal<E> {
             compaction: None,
             retry_at: None,
             last_failure: None,
+            syncer: None,
+            next_file_id: 0,
+            last_ticket: 0,
+            durable_through: 0,
+            poisoned: None,
         })
     }
 
@@ -252,11 +281,7 @@ impl<E: Entry> Journal<E> {
                 .map_err(|e| self.io_err(e))?;
         }
         if loaded.same_boot && loaded.version == format::VERSION {
-            self.log = Some(LogFile {
-                file,
-                len: read.valid_len,
-                base_len: read.base_len,
-            });
+            self.log = Some(self.log_file(file, read.valid_len, read.base_len));
             self.rewrite = false;
         }
         Ok(Some(loaded))
@@ -294,44 +319,7 @@ impl<E: Entry> Journal<E> {
     /// them (nothing when nothing changed). On `Err` nothing of it may be reported as saved; the
     /// changes stay staged and the next commit writes them.
     pub fn commit(&mut self, state: &mut impl Contents<E>) -> Result<(), JournalError> {
-        self.staged.extend(state.take_changed());
-        self.finish_compaction();
-        if self.rewrite {
-            return self.rewrite_all(state);
-        }
-        if self.staged.is_empty() {
-            return Ok(());
-        }
-        let line = self.batch_line(state).map_err(|e| self.io_err(e))?;
-        let Some(log) = self.log.as_mut() else {
-            self.rewrite = true;
-            return self.rewrite_all(state);
-        };
-        if let Err(e) = log.file.write_all(&line) {
-            // Take back what may have reached the file; if even that fails, the file is in
-            // doubt: rewrite it whole next time.
-            if log.file.set_len(log.len).is_err() {
-                self.rewrite = true;
-            }
-            return Err(self.io_err(e));
-        }
-        if let Err(e) = log.file.sync_data() {
-            // After a failed fsync the fate of the written pages is unknown, whatever a later
-            // fsync says: never append to this file again.
-            let _ = log.file.set_len(log.len);
-            self.rewrite = true;
-            return Err(self.io_err(e));
-        }
-        log.len += line.len() as u64;
-        let appended = log.len - log.base_len;
-        let base_len = log.base_len;
-        self.staged.clear();
-        if let Some(compaction) = self.compaction.as_mut() {
-            compaction.pending.push(line);
-        } else if appended > COMPACT_MIN_BYTES.max(base_len) && self.may_retry() {
-            self.start_compaction(state.all());
-        }
-        Ok(())
+        self.commit_as(state, false).map(|_| ())
     }
 
     fn batch_line(&self, state: &impl Contents<E>) -> io::Result<Vec<u8>> {

@@ -10,7 +10,7 @@ use log::warn;
 
 use super::{
     compact::{write_base, Compaction},
-    files, Contents, Entry, Journal, JournalError, LogFile, COMPACT_FILE, REWRITE_FILE,
+    files, Contents, Entry, Journal, JournalError, COMPACT_FILE, REWRITE_FILE,
 };
 use crate::heap::release_freed_memory;
 
@@ -37,11 +37,7 @@ impl<E: Entry> Journal<E> {
             });
         match result {
             Ok((file, len)) => {
-                self.log = Some(LogFile {
-                    file,
-                    len,
-                    base_len: len,
-                });
+                self.log = Some(self.log_file(file, len, len));
                 self.rewrite = false;
                 self.staged.clear();
                 self.retry_at = None;
@@ -67,17 +63,18 @@ impl<E: Entry> Journal<E> {
     }
 
     /// Puts a finished compaction in place: appends the batches committed while it ran, then
-    /// renames it over the journal. A failure keeps the current journal (still whole).
-    pub(super) fn finish_compaction(&mut self) {
+    /// renames it over the journal. A failure keeps the current journal (still whole). `true`
+    /// when the new file is in place, durably: it holds every commit so far, flushed.
+    pub(super) fn finish_compaction(&mut self) -> bool {
         if !self
             .compaction
             .as_ref()
             .is_some_and(Compaction::is_finished)
         {
-            return;
+            return false;
         }
         let Some(compaction) = self.compaction.take() else {
-            return;
+            return false;
         };
         let tmp = self.dir.join(COMPACT_FILE);
         let pending = compaction.pending.concat();
@@ -87,7 +84,7 @@ impl<E: Entry> Journal<E> {
                 let _ = files::remove_leftover(&tmp);
                 warn!("journal: compaction failed, the journal grows until the next: {e}");
                 self.failed("compacting", &e);
-                return;
+                return false;
             }
         };
         let appended = file
@@ -98,13 +95,9 @@ impl<E: Entry> Journal<E> {
             let _ = files::remove_leftover(&tmp);
             warn!("journal: finishing a compaction failed, the journal grows until the next: {e}");
             self.failed("compacting", &e);
-            return;
+            return false;
         }
-        self.log = Some(LogFile {
-            file,
-            len: base_len + pending.len() as u64,
-            base_len,
-        });
+        self.log = Some(self.log_file(file, base_len + pending.len() as u64, base_len));
         release_freed_memory();
         if let Err(e) = files::sync_dir(&self.dir) {
             // The rename may not survive a crash, and what is appended next would go with it.
@@ -114,7 +107,9 @@ impl<E: Entry> Journal<E> {
             );
             self.rewrite = true;
             self.failed("compacting", &e);
+            return false;
         }
+        true
     }
 
     /// Waits for a running compaction and puts it in place (for shutdown and tests).
@@ -122,6 +117,8 @@ impl<E: Entry> Journal<E> {
         if let Some(compaction) = self.compaction.as_mut() {
             compaction.wait();
         }
-        self.finish_compaction();
+        if self.finish_compaction() {
+            self.durable_through = self.last_ticket;
+        }
     }
 }

@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use super::*;
 
+mod deferred;
 mod newer;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -2,12 +2,15 @@
 //! means (counted, logged every so often, and no change reported as done until a save
 //! reaches it).
 
-use std::time::{Duration, Instant};
+use std::{
+    collections::VecDeque,
+    time::{Duration, Instant},
+};
 
 use log::{error, info};
 
 use crate::{
-    journal::{Journal, JournalError},
+    journal::{Commit, Journal, JournalError, SyncOutcome, Synced},
     metrics::Metrics,
     registry::Registry,
 };
@@ -25,6 +28,8 @@ pub(super) struct JournalState {
     /// The last save's failure, while saving fails.
     failing: Option<String>,
     last_logged: Option<Instant>,
+    /// Commits written and waiting for their flush: (ticket, the registry generation it holds).
+    syncing: VecDeque<(u64, u64)>,
 }
 
 /// The journal and its standing.
@@ -63,48 +68,121 @@ impl Durable {
         registry: &mut Registry,
         metrics: &Metrics,
     ) -> Result<(), JournalError> {
-        let generation = registry.generation();
-        let state = &mut self.state;
-        if state.saved == Some(generation) {
-            metrics.journal_unsaved_seconds.set(0.0);
-            return Ok(());
-        }
-        let now = Instant::now();
-        let since = *state.unsaved_since.get_or_insert(now);
-        match self.journal.commit(registry) {
-            Ok(()) => {
-                state.saved = Some(generation);
-                state.unsaved_since = None;
-                if let Some(reason) = state.failing.take() {
-                    info!(
-                        "journal: saved again after {:.1}s of failures ({reason})",
-                        now.duration_since(since).as_secs_f64()
-                    );
+        self.save(registry, metrics, false).map(|_| ())
+    }
+
+    /// Like [`Durable::persist`], with the flush left to the journal's threads: `Syncing`
+    /// until [`Durable::on_synced`] reports it.
+    pub fn persist_deferred(
+        &mut self,
+        registry: &mut Registry,
+        metrics: &Metrics,
+    ) -> Result<Commit, JournalError> {
+        self.save(registry, metrics, true)
+    }
+
+    /// A flush's report: `Some(Ok(ticket))`, every commit up to it is durable; `Some(Err)`,
+    /// none waiting is; `None`, it changes nothing.
+    pub fn on_synced(
+        &mut self,
+        synced: Synced,
+        metrics: &Metrics,
+    ) -> Option<Result<u64, JournalError>> {
+        match self.journal.on_synced(synced) {
+            SyncOutcome::Stale => None,
+            SyncOutcome::DurableThrough(ticket) => {
+                while let Some(&(waiting, generation)) = self.state.syncing.front() {
+                    if waiting > ticket {
+                        break;
+                    }
+                    self.state.syncing.pop_front();
+                    self.state.saved = Some(generation);
                 }
-                state.last_logged = None;
-                metrics.journal_unsaved_seconds.set(0.0);
-                Ok(())
+                if self.state.syncing.is_empty() {
+                    self.saved_now(metrics);
+                }
+                Some(Ok(ticket))
+            }
+            SyncOutcome::Failed(e) => {
+                self.state.syncing.clear();
+                self.failed(&e, metrics);
+                Some(Err(e))
+            }
+        }
+    }
+
+    fn save(
+        &mut self,
+        registry: &mut Registry,
+        metrics: &Metrics,
+        defer: bool,
+    ) -> Result<Commit, JournalError> {
+        let generation = registry.generation();
+        if self.state.saved == Some(generation) {
+            metrics.journal_unsaved_seconds.set(0.0);
+            return Ok(Commit::Durable);
+        }
+        self.state.unsaved_since.get_or_insert_with(Instant::now);
+        let committed = if defer {
+            self.journal.commit_deferred(registry)
+        } else {
+            self.journal.commit(registry).map(|()| Commit::Durable)
+        };
+        match committed {
+            Ok(Commit::Durable) => {
+                self.state.syncing.clear();
+                self.state.saved = Some(generation);
+                self.saved_now(metrics);
+                Ok(Commit::Durable)
+            }
+            Ok(Commit::Syncing(ticket)) => {
+                if self.state.syncing.back().is_none_or(|&(t, _)| t != ticket) {
+                    self.state.syncing.push_back((ticket, generation));
+                }
+                Ok(Commit::Syncing(ticket))
             }
             Err(e) => {
-                metrics.journal_write_failures.inc();
-                metrics
-                    .journal_unsaved_seconds
-                    .set(now.duration_since(since).as_secs_f64());
-                let reason = e.to_string();
-                let changed = state.failing.as_deref() != Some(reason.as_str());
-                let due = state
-                    .last_logged
-                    .is_none_or(|at| now.duration_since(at) >= SAVE_FAILURE_LOG_EVERY);
-                if changed || due {
-                    error!(
-                        "journal: {reason}; changes are not durable and requests that made \
-                         them are answered `unavailable` until a save succeeds (retrying)"
-                    );
-                    state.last_logged = Some(now);
-                }
-                state.failing = Some(reason);
+                self.failed(&e, metrics);
                 Err(e)
             }
         }
+    }
+
+    /// The journal holds everything: the end of a run of failures, if there was one.
+    fn saved_now(&mut self, metrics: &Metrics) {
+        let state = &mut self.state;
+        let since = state.unsaved_since.take();
+        if let (Some(reason), Some(since)) = (state.failing.take(), since) {
+            info!(
+                "journal: saved again after {:.1}s of failures ({reason})",
+                since.elapsed().as_secs_f64()
+            );
+        }
+        state.last_logged = None;
+        metrics.journal_unsaved_seconds.set(0.0);
+    }
+
+    /// A save or a flush failed: counted, and logged when the reason changes or every so often.
+    fn failed(&mut self, e: &JournalError, metrics: &Metrics) {
+        let state = &mut self.state;
+        let now = Instant::now();
+        let since = *state.unsaved_since.get_or_insert(now);
+        metrics.journal_write_failures.inc();
+        metrics
+            .journal_unsaved_seconds
+            .set(now.duration_since(since).as_secs_f64());
+        let reason = e.to_string();
+        let changed = state.failing.as_deref() != Some(reason.as_str());
+        let due = state
+            .last_logged
+            .is_none_or(|at| now.duration_since(at) >= SAVE_FAILURE_LOG_EVERY);
+        if changed || due {
+            error!(
+                "journal: {reason}; changes are not durable and requests that made them are \
+                 answered `unavailable` until a save succeeds (retrying)"
+            );
+            state.last_logged = Some(now);
+        }
+        state.failing = Some(reason);
     }
 }

@@ -48,7 +48,7 @@ use log::error;
 use crate::{
     config::Config,
     datapath::{attach::Attacher, DatapathPort},
-    journal::{Journal, JournalError},
+    journal::{Commit, Journal, JournalError, Synced},
     metrics::Metrics,
     netlink::NetState,
     registry::{Holder, Registry, RegistrySettings, SystemClock},
@@ -160,6 +160,27 @@ impl Tracker {
     /// saved by a later call (the agent's loop calls this at least once a second).
     pub fn persist(&mut self) -> Result<(), JournalError> {
         self.durable.persist(&mut self.registry, &self.metrics)
+    }
+
+    /// [`Tracker::persist`] with the flush left to the journal's threads (see
+    /// [`Tracker::defer_journal_syncs`]): `Syncing` until [`Tracker::on_synced`] reports it.
+    pub fn persist_deferred(&mut self) -> Result<Commit, JournalError> {
+        self.durable
+            .persist_deferred(&mut self.registry, &self.metrics)
+    }
+
+    /// Moves the journal's flushes off the owner loop; their reports come out of the returned
+    /// receiver, for [`Tracker::on_synced`].
+    pub fn defer_journal_syncs(&mut self) -> tokio::sync::mpsc::UnboundedReceiver<Synced> {
+        let (reports, receiver) = tokio::sync::mpsc::unbounded_channel();
+        self.durable.journal_mut().defer_syncs(reports);
+        receiver
+    }
+
+    /// A flush's report: `Some(Ok(ticket))`, every commit up to it is durable; `Some(Err)`,
+    /// none waiting is; `None`, nothing changes.
+    pub fn on_synced(&mut self, synced: Synced) -> Option<Result<u64, JournalError>> {
+        self.durable.on_synced(synced, &self.metrics)
     }
 
     /// The gauges that follow the registry and the datapath, after every event and request.

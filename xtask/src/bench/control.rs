@@ -188,7 +188,7 @@ pub fn run(opts: &BenchOptions) -> Result<Vec<Row>> {
         eprintln!(
             "bench control: {size}: API fresh claims (new pods), during their veths' TCX move"
         );
-        let during = fresh_claims(&node, Settle::Protected)?;
+        let during = fresh_claims(&node, Settle::Protected, 0)?;
         rows.push(row(
             "api_fresh_claims_during_tcx_move",
             Some(size),
@@ -201,23 +201,25 @@ pub fn run(opts: &BenchOptions) -> Result<Vec<Row>> {
             "ms",
             &[during.p99],
         ));
+        // One round is about a second of claims: a round per trial, min and median over them.
         eprintln!("bench control: {size}: API fresh claims (new pods), their veths on TCX");
-        let fresh = fresh_claims(&node, Settle::OnTcx)?;
+        let (mut per_second, mut p50, mut p99) = (Vec::new(), Vec::new(), Vec::new());
+        for round in 1..=opts.trials {
+            let fresh = fresh_claims(&node, Settle::OnTcx, round)?;
+            per_second.push(fresh.per_second);
+            p50.push(fresh.p50);
+            p99.push(fresh.p99);
+        }
         rows.push(at_target(
             size,
-            row(
-                "api_fresh_claims",
-                Some(size),
-                "claims/s",
-                &[fresh.per_second],
-            ),
+            row("api_fresh_claims", Some(size), "claims/s", &per_second),
             "≥ 10000 claims/s",
             |v| v >= 10_000.0,
         ));
-        rows.push(row("api_fresh_claim_p50", Some(size), "ms", &[fresh.p50]));
+        rows.push(row("api_fresh_claim_p50", Some(size), "ms", &p50));
         rows.push(at_target(
             size,
-            row("api_fresh_claim_p99", Some(size), "ms", &[fresh.p99]),
+            row("api_fresh_claim_p99", Some(size), "ms", &p99),
             "≤ 20 ms",
             |v| v <= 20.0,
         ));

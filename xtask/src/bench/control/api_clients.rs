@@ -23,8 +23,8 @@ pub(super) struct Fresh {
     pub(super) p99: f64,
 }
 
-/// Fresh address `n` of client `c`: 10.128.0.0/10, never a population address (10.64/15) nor
-/// one an earlier round used (each round's entries are released before the next).
+/// Fresh address `n` of client `c`: 10.128.0.0/10, never a population address (10.64/15);
+/// rounds number their `n`s apart, so no round claims an address an earlier one held.
 pub(super) fn fresh_addr(c: u32, n: u32) -> String {
     let v = (10u32 << 24) | (128 << 16) | (c << 16) | n;
     std::net::Ipv4Addr::from(v).to_string()
@@ -44,8 +44,8 @@ pub(super) enum Settle {
 /// New pods' claims, as CNI ADDs make them: `API_CLIENTS` clients, each on a workload veth of
 /// its own, each claiming `FRESH_PER_CLIENT` addresses never held before for holders never seen
 /// before (`source: cni`), so every claim runs reuse hygiene for a new holder. Timed from the
-/// first request to the last answer.
-pub(super) fn fresh_claims(node: &Node, settle: Settle) -> Result<Fresh> {
+/// first request to the last answer. Each `round` claims addresses and holders of its own.
+pub(super) fn fresh_claims(node: &Node, settle: Settle, round: u32) -> Result<Fresh> {
     let before = node.metric("ipq_registry_entries")?;
     let veth = |c: u32| format!("bwn{c}");
     for c in 0..API_CLIENTS {
@@ -95,7 +95,7 @@ pub(super) fn fresh_claims(node: &Node, settle: Settle) -> Result<Fresh> {
             thread::spawn(move || -> Result<Vec<f64>> {
                 start_line.wait();
                 let mut latencies = Vec::with_capacity(FRESH_PER_CLIENT as usize);
-                for n in 1..=FRESH_PER_CLIENT {
+                for n in round * FRESH_PER_CLIENT + 1..=(round + 1) * FRESH_PER_CLIENT {
                     let body = serde_json::json!({
                         "addresses": [fresh_addr(c, n)],
                         "holder": {
@@ -116,6 +116,11 @@ pub(super) fn fresh_claims(node: &Node, settle: Settle) -> Result<Fresh> {
             })
         })
         .collect();
+    // Said when the claims start (not when the veths are ready): a profiler attached from
+    // outside waits for this line.
+    eprintln!(
+        "bench control: fresh claims: {API_CLIENTS} clients x {FRESH_PER_CLIENT} claims start"
+    );
     start_line.wait();
     let start = Instant::now();
     let mut latencies = Vec::new();

@@ -225,12 +225,14 @@ fn parse(answer: &str) -> Result<(u16, String)> {
 pub fn api(socket: &Path, method: &str, path: &str, body: &str) -> Result<(u16, String)> {
     let mut stream = UnixStream::connect(socket)?;
     stream.set_read_timeout(Some(Duration::from_secs(30)))?;
-    write!(
-        stream,
+    // One write, as an HTTP client sends a request: `write!` on the unbuffered stream made a
+    // write per piece of the format, each waking the agent's reader for a partial request.
+    let request = format!(
         "{method} {path} HTTP/1.1\r\nHost: ipq\r\nConnection: close\r\nContent-Type: \
          application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
-    )?;
+    );
+    stream.write_all(request.as_bytes())?;
     let mut answer = String::new();
     stream.read_to_string(&mut answer)?;
     parse(&answer)
