@@ -53,26 +53,17 @@ impl Holds {
         }
     }
 
-    /// The table as one scan of the pending releases found it, with each release's failures.
     /// Puts back the hold of `held`, whose release just failed (forgotten before its DEL ran):
     /// at once, not at the next scan, so that a requested-IP ADD meanwhile is told the address
     /// is held rather than asking the delegate for it.
     pub fn put_back(&self, held: &HeldRelease, failures: u32, last_error: &str) {
         let mut table = self.table();
         for addr in &held.addresses {
-            table.insert(
-                *addr,
-                Hold {
-                    network: held.network.clone().unwrap_or_default(),
-                    container_id: held.container_id.clone(),
-                    ifname: held.ifname.clone(),
-                    failures,
-                    last_error: Some(last_error.to_owned()),
-                },
-            );
+            table.insert(*addr, Hold::of(held, failures, Some(last_error.to_owned())));
         }
     }
 
+    /// The table as one scan of the pending releases found it, with each release's failures.
     pub fn replace(
         &self,
         pending: &[Spooled<HeldRelease>],
@@ -83,19 +74,22 @@ impl Holds {
             let held = &spooled.request;
             let (failures, last_error) = failures.get(&spooled.path).cloned().unwrap_or_default();
             for addr in &held.addresses {
-                table.insert(
-                    *addr,
-                    Hold {
-                        network: held.network.clone().unwrap_or_default(),
-                        container_id: held.container_id.clone(),
-                        ifname: held.ifname.clone(),
-                        failures,
-                        last_error: last_error.clone(),
-                    },
-                );
+                table.insert(*addr, Hold::of(held, failures, last_error.clone()));
             }
         }
         *self.table() = table;
+    }
+}
+
+impl Hold {
+    fn of(held: &HeldRelease, failures: u32, last_error: Option<String>) -> Self {
+        Self {
+            network: held.network.clone().unwrap_or_default(),
+            container_id: held.container_id.clone(),
+            ifname: held.ifname.clone(),
+            failures,
+            last_error,
+        }
     }
 }
 
