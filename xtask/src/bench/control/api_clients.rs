@@ -13,7 +13,8 @@ use std::{
 use anyhow::{bail, Result};
 
 use super::{
-    node::api, percentile, wait_entries, Node, API_ADDRS_PER_CLIENT, API_CLIENTS, FRESH_PER_CLIENT,
+    node::api, percentile, workloads::wait_entries, Node, API_ADDRS_PER_CLIENT, API_CLIENTS,
+    FRESH_PER_CLIENT,
 };
 
 /// What the fresh claims measured.
