@@ -206,9 +206,13 @@ impl AddressTable {
     /// Writes the entry of `addr`, keeping the kernel-written stamps.
     pub fn put(&mut self, addr: AddrKey, mut entry: AddrEntry) -> Result<(), DatapathError> {
         let old = self.copy.get(&addr);
-        if let Some(current) = self.kernel_entry(&addr)? {
-            entry.last_stale_ns = current.last_stale_ns;
-            entry.last_sample_ns = current.last_sample_ns;
+        // The programs' stamps of an entry this table holds are kept; an address it does not
+        // hold has none (this table is the map's one writer), so a new one costs no lookup.
+        if old.is_some() {
+            if let Some(current) = self.kernel_entry(&addr)? {
+                entry.last_stale_ns = current.last_stale_ns;
+                entry.last_sample_ns = current.last_sample_ns;
+            }
         }
         let affected = affected_interfaces(old.as_ref(), Some(&entry));
 

@@ -143,11 +143,30 @@ impl Conntrack {
     /// a deletion only for an entry that carries conntrack's event extension, so this is a
     /// lower bound (see docs/hygiene.md). Any refusal is an error: nothing is assumed flushed.
     pub fn flush_in_kernel(&mut self, addr: IpAddr) -> Result<u64, ConntrackError> {
+        let deletions = kernel_flush::deletions(addr);
+        // The four deletions in one send, their acknowledgements read together: a claim's
+        // flush is one round trip, not four. Should their echoes overflow the socket's buffer,
+        // the deletions are sent again one at a time (each idempotent), counting what arrived.
+        let outcomes = match self.socket.acked_with(
+            &deletions,
+            netlink_packet_core::NLM_F_ECHO,
+            kernel_flush::is_destroy_event,
+        ) {
+            Ok(outcomes) => outcomes,
+            Err(e) if e.is_overflow() => {
+                let mut drained = self.socket.drain_counting(kernel_flush::is_destroy_event);
+                let mut outcomes = Vec::with_capacity(deletions.len());
+                for deletion in &deletions {
+                    let (outcome, echoed) = self.delete_filtered(deletion)?;
+                    outcomes.push((outcome, echoed + std::mem::take(&mut drained)));
+                }
+                outcomes
+            }
+            Err(e) => return Err(e.into()),
+        };
         let mut reported = 0;
         let mut refusals = Refusals::default();
-        let deletions = kernel_flush::deletions(addr);
-        for deletion in &deletions {
-            let (outcome, echoed) = self.delete_filtered(deletion)?;
+        for (outcome, echoed) in outcomes {
             reported += echoed;
             if let Err(errno) = outcome {
                 refusals.note(errno);
