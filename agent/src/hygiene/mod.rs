@@ -16,6 +16,7 @@ mod counters;
 mod flush_probe;
 mod kept;
 mod kernel_flush;
+mod link_query;
 mod neighbour;
 mod socket;
 mod worker;

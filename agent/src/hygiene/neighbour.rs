@@ -17,7 +17,10 @@ use netlink_packet_route::{
 use netlink_sys::protocols::NETLINK_ROUTE;
 use thiserror::Error;
 
-use super::socket::{NlSocket, SocketError};
+use super::{
+    link_query::LinkQuery,
+    socket::{NlSocket, SocketError},
+};
 
 /// The entry was gone by the time its deletion arrived.
 const ENOENT: i32 = 2;
@@ -108,14 +111,11 @@ impl Neighbours {
         Ok(addrs)
     }
 
-    /// Link `ifindex` with its bridge master and MAC: one request, whatever the number of the
-    /// node's links; `None` when it is gone.
+    /// Link `ifindex` with its bridge master: one request, whatever the number of the node's
+    /// links, its answer read for the master alone (see [`LinkQuery`]); `None` when it is gone.
     pub fn link(&mut self, ifindex: u32) -> Result<Option<Link>, NeighbourError> {
-        let mut request = LinkMessage::default();
-        request.header.index = ifindex;
-        let answer = self.socket.get(RouteNetlinkMessage::GetLink(request))?;
-        Ok(match answer {
-            Some(RouteNetlinkMessage::NewLink(message)) => Some(link_of(message)),
+        Ok(match self.socket.get(LinkQuery::Get(ifindex))? {
+            Some(LinkQuery::Answer(link)) => Some(link),
             _ => None,
         })
     }
