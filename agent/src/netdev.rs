@@ -29,11 +29,51 @@ pub fn interfaces() -> io::Result<Vec<(u32, String)>> {
 }
 
 /// The ifindex of `name`, if such an interface exists.
+///
+/// Asked with `SIOCGIFINDEX` on a socket this thread keeps: `if_nametoindex` opens and closes
+/// a socket per call, and the owner loop asks once per claim, where creating and releasing
+/// that socket cost more than the lookup. (The agent's threads never change network
+/// namespace; the flush probe that does is a process of its own.)
 pub fn ifindex(name: &str) -> Option<u32> {
-    let c_name = std::ffi::CString::new(name).ok()?;
-    // SAFETY: a valid C string.
-    let index = unsafe { libc::if_nametoindex(c_name.as_ptr()) };
-    (index != 0).then_some(index)
+    let bytes = name.as_bytes();
+    if bytes.is_empty() || bytes.len() >= libc::IFNAMSIZ || bytes.contains(&0) {
+        return None;
+    }
+    IOCTL_SOCKET.with(|socket| {
+        let Some(socket) = socket else {
+            // No descriptor to spare: the C library's way, one socket per call.
+            let c_name = std::ffi::CString::new(name).ok()?;
+            // SAFETY: a valid C string.
+            let index = unsafe { libc::if_nametoindex(c_name.as_ptr()) };
+            return (index != 0).then_some(index);
+        };
+        // SAFETY: ifreq is plain data; zeroed is a valid value.
+        let mut request: libc::ifreq = unsafe { std::mem::zeroed() };
+        for (to, from) in request.ifr_name.iter_mut().zip(bytes) {
+            *to = *from as libc::c_char;
+        }
+        // SAFETY: a socket this thread owns and an ifreq with a NUL-terminated name.
+        let rc = unsafe {
+            libc::ioctl(
+                std::os::fd::AsRawFd::as_raw_fd(socket),
+                libc::SIOCGIFINDEX as _,
+                &mut request,
+            )
+        };
+        // SAFETY: SIOCGIFINDEX filled the union's ifindex member.
+        let index = unsafe { request.ifr_ifru.ifru_ifindex };
+        (rc == 0 && index > 0).then_some(index as u32)
+    })
+}
+
+thread_local! {
+    /// The socket [`ifindex`] asks on (`None` when none could be opened).
+    static IOCTL_SOCKET: Option<std::os::fd::OwnedFd> = {
+        // SAFETY: socket(2) with constant arguments; the descriptor is owned from here on.
+        let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+        // SAFETY: a descriptor just opened and owned by nobody else.
+        (fd >= 0).then(|| unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) })
+    };
 }
 
 /// Which clock the kernel programs stamp with; set once the datapath knows (see
@@ -87,4 +127,26 @@ pub fn vanished(name: &str, ifindex: u32) -> bool {
         return std::io::Error::last_os_error().raw_os_error() == Some(libc::ENODEV);
     }
     index != ifindex
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ifindex_agrees_with_the_c_library() {
+        for (index, name) in interfaces().expect("if_nameindex") {
+            assert_eq!(ifindex(&name), Some(index), "{name}");
+        }
+        // Asked again on the socket the thread now keeps.
+        assert_eq!(ifindex("lo"), Some(1));
+    }
+
+    #[test]
+    fn ifindex_of_a_name_no_interface_can_have_is_none() {
+        assert_eq!(ifindex("ipq-no-such-if"), None);
+        assert_eq!(ifindex(""), None);
+        assert_eq!(ifindex("a-name-of-16-chr"), None);
+        assert_eq!(ifindex("lo\0"), None);
+    }
 }
