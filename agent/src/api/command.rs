@@ -2,7 +2,7 @@
 //! sends one of these to the tracker's loop and waits for the reply, so every request is
 //! ordered with netlink events, kernel samples and cool-down ticks.
 
-use std::net::IpAddr;
+use std::{future::Future, net::IpAddr, pin::Pin};
 
 use tokio::sync::{broadcast, oneshot};
 
@@ -20,6 +20,11 @@ pub const RECENT_CONFLICTS: usize = 256;
 
 pub type Reply<T> = oneshot::Sender<Result<T, ApiError>>;
 
+/// A claim's answer, ready once every flush the claim started has reported (bounded by
+/// `hygiene::CLAIM_WAIT`). The request's own task awaits it: the owner loop neither spawns a
+/// task nor waits per claim.
+pub type PendingClaim = Pin<Box<dyn Future<Output = Result<ClaimResponse, ApiError>> + Send>>;
+
 pub enum Command {
     Status(Reply<Status>),
     List {
@@ -32,7 +37,7 @@ pub enum Command {
     },
     Claim {
         request: ClaimRequest,
-        reply: Reply<ClaimResponse>,
+        reply: oneshot::Sender<PendingClaim>,
     },
     Drain {
         addr: IpAddr,

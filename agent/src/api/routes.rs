@@ -110,7 +110,12 @@ async fn route(request: Request<Incoming>, ctx: &Context) -> Result<Response<Bod
             let request: super::model::ClaimRequest =
                 decode(&read_body(request, &what).await?, &what)?;
             claimable(&request.addresses)?;
-            json(ask(ctx, |reply| Command::Claim { request, reply }).await?)
+            let (reply, answer) = oneshot::channel();
+            ctx.commands
+                .send(Command::Claim { request, reply })
+                .await
+                .map_err(|_| stopping())?;
+            json(answer.await.map_err(|_| stopping())?.await?)
         }
         ["drains"] => {
             only(&method, Method::POST, &path)?;

@@ -192,12 +192,13 @@ fn every_change_to_a_record_needs_a_save() {
     assert!(t.is_saved());
 }
 
-/// A claim through the API for `lo` (the one interface a test's namespace surely has).
+/// A claim through the API for `lo` (the one interface a test's namespace surely has), as
+/// answered (these trackers start no flush a claim would wait for).
 pub(super) fn claim(
     t: &mut Tracker,
     addr: &str,
-) -> oneshot::Receiver<Result<crate::api::model::ClaimResponse, ApiError>> {
-    let (reply, answer) = oneshot::channel();
+) -> Result<crate::api::model::ClaimResponse, ApiError> {
+    let (reply, mut answer) = oneshot::channel();
     let request = ClaimRequest {
         addresses: vec![ip(addr)],
         holder: HolderSpec {
@@ -210,7 +211,8 @@ pub(super) fn claim(
     let answer_fn = t.handle(Command::Claim { request, reply });
     let saved = t.persist().map_err(|e| e.to_string());
     answer_fn(saved.as_ref().map(|_| ()).map_err(String::as_str));
-    answer
+    futures::FutureExt::now_or_never(answer.try_recv().expect("answered"))
+        .expect("answered without waiting for a flush")
 }
 
 #[test]
@@ -232,7 +234,7 @@ fn addresses_of_the_node_are_never_a_workloads() {
     route(&mut t, "fd92::1", VETH_B);
     assert_eq!(t.registry().state(ip("fd92::1")), StateName::Free);
     // Nor through the API.
-    let error = claim(&mut t, "fd92::1").try_recv().unwrap().unwrap_err();
+    let error = claim(&mut t, "fd92::1").unwrap_err();
     assert_eq!(error.code(), ErrorCode::InvalidArgument);
     assert!(error.0.message.contains("fd92::1"), "{}", error.0.message);
 
@@ -334,10 +336,7 @@ fn protection_gauges_follow_links_but_routes_and_requests_never_walk_the_interfa
     }
     // No attach worker runs: every veth still waits for its TC ingress and egress programs.
     // The first claim for `lo` attaches it (a new interface to protect).
-    claim(&mut t, "10.8.0.1")
-        .try_recv()
-        .unwrap()
-        .expect("claimed");
+    claim(&mut t, "10.8.0.1").expect("claimed");
     assert_eq!(unprotected(&t, "tc_ingress"), 201);
     let observed = t.protection_observed.get();
     // A link event that changes nothing ipq wants (carrier, operstate) is not a change.
@@ -349,10 +348,7 @@ fn protection_gauges_follow_links_but_routes_and_requests_never_walk_the_interfa
             ifindex: 100 + n,
         });
     }
-    claim(&mut t, "10.8.0.2")
-        .try_recv()
-        .unwrap()
-        .expect("claimed");
+    claim(&mut t, "10.8.0.2").expect("claimed");
     assert_eq!(
         t.protection_observed.get(),
         observed,

@@ -10,7 +10,7 @@ use tokio::sync::oneshot;
 
 use crate::{
     api::{
-        command::Reply,
+        command::{PendingClaim, Reply},
         model::{ClaimResponse, HygieneView},
         views::{ApiError, TimeBase},
     },
@@ -42,11 +42,11 @@ pub fn durable_answer<T: Send + 'static>(reply: Reply<T>, result: Result<T, ApiE
     })
 }
 
-/// The answer to a claim: sent once the journal has it and every flush the claim started has
-/// finished (bounded by [`CLAIM_WAIT`]), with what each did, from a task of its own so the
-/// loop keeps serving.
+/// The answer to a claim: sent once the journal has it, to be awaited by the request's task
+/// until every flush the claim started has finished (bounded by [`CLAIM_WAIT`]), with what
+/// each did.
 pub fn claim_answer(
-    reply: Reply<ClaimResponse>,
+    reply: oneshot::Sender<PendingClaim>,
     result: Result<ClaimResponse, ApiError>,
     waits: Vec<(IpAddr, oneshot::Receiver<Report>)>,
 ) -> Answer {
@@ -56,26 +56,30 @@ pub fn claim_answer(
             (Ok(_), Err(reason)) => Err(ApiError::unavailable(reason)),
             (result, _) => result,
         };
-        if waits.is_empty() {
-            let _ = reply.send(result);
-            return;
-        }
-        tokio::spawn(async move {
-            let mut result = result;
-            let deadline = tokio::time::Instant::now() + CLAIM_WAIT;
-            for (addr, wait) in waits {
-                let report = match tokio::time::timeout_at(deadline, wait).await {
-                    Ok(Ok(report)) => Ok(report),
-                    Ok(Err(_)) => Err("the hygiene worker stopped before it finished"),
-                    Err(_) => Err("still running when the claim was answered"),
-                };
-                if let Ok(response) = result.as_mut() {
-                    note_flush(response, addr, report);
-                }
-            }
-            let _ = reply.send(result);
-        });
+        let _ = reply.send(Box::pin(with_flushes(result, waits)));
     })
+}
+
+/// `result` once each of `waits` has reported, or [`CLAIM_WAIT`] has passed.
+async fn with_flushes(
+    mut result: Result<ClaimResponse, ApiError>,
+    waits: Vec<(IpAddr, oneshot::Receiver<Report>)>,
+) -> Result<ClaimResponse, ApiError> {
+    if waits.is_empty() {
+        return result;
+    }
+    let deadline = tokio::time::Instant::now() + CLAIM_WAIT;
+    for (addr, wait) in waits {
+        let report = match tokio::time::timeout_at(deadline, wait).await {
+            Ok(Ok(report)) => Ok(report),
+            Ok(Err(_)) => Err("the hygiene worker stopped before it finished"),
+            Err(_) => Err("still running when the claim was answered"),
+        };
+        if let Ok(response) = result.as_mut() {
+            note_flush(response, addr, report);
+        }
+    }
+    result
 }
 
 /// Puts a flush's report, or why there is none, into the claim's answer: a claim is never

@@ -45,7 +45,9 @@ fn claim_by(t: &mut Tracker, addr: &str, attachment: Option<(&str, &str, &str)>)
         source: ClaimSource::Cni,
     };
     t.handle(Command::Claim { request, reply })(Ok(()));
-    answer.try_recv().unwrap().expect("claimed");
+    futures::FutureExt::now_or_never(answer.try_recv().expect("answered"))
+        .expect("answered without waiting for a flush")
+        .expect("claimed");
 }
 
 #[test]
@@ -101,8 +103,7 @@ fn a_claim_is_answered_unavailable_until_it_is_saved() {
     let mut t = tracker(EarlyReusePolicy::FenceOld, &state);
     // The state directory vanishes: every save fails.
     std::fs::remove_dir_all(&state).unwrap();
-    let mut answer = claim(&mut t, "10.0.0.9");
-    let error = answer.try_recv().unwrap().unwrap_err();
+    let error = claim(&mut t, "10.0.0.9").unwrap_err();
     assert_eq!(error.code(), ErrorCode::Unavailable);
     assert!(error.0.message.contains("journal"), "{}", error.0.message);
     assert_eq!(t.metrics.journal_write_failures.get(), 1);
@@ -113,8 +114,7 @@ fn a_claim_is_answered_unavailable_until_it_is_saved() {
     // hammered by every request.)
     std::fs::create_dir_all(&state).unwrap();
     std::thread::sleep(std::time::Duration::from_millis(1100));
-    let mut answer = claim(&mut t, "10.0.0.9");
-    let response = answer.try_recv().unwrap().expect("the claim, now durable");
+    let response = claim(&mut t, "10.0.0.9").expect("the claim, now durable");
     assert_eq!(response.addresses[0].state, StateName::Active);
     assert!(t.is_saved());
     assert_eq!(t.metrics.journal_unsaved_seconds.get(), 0.0);
