@@ -54,6 +54,11 @@ pub enum DatapathError {
         name: &'static str,
         source: MapError,
     },
+    #[error("map {name}: reading it in batches: {source}")]
+    BatchRead {
+        name: &'static str,
+        source: io::Error,
+    },
     #[error("opening pinned map {path}: {source} (is an ipq agent installed on this node?)")]
     OpenPin { path: PathBuf, source: MapError },
     #[error("attaching {point:?} to {ifname}: {source}")]

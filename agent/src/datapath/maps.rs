@@ -93,7 +93,22 @@ impl AddrMap {
         }
     }
 
+    /// Every entry: read in batches where the kernel can (see [`super::batch_read`]), else one
+    /// by one.
     pub fn entries(&self) -> Result<Vec<(AddrKey, AddrEntry)>, DatapathError> {
+        use aya::maps::IterableMap as _;
+        use std::os::fd::AsFd as _;
+        let fd = self.0.map().fd().as_fd();
+        match super::batch_read::lookup_all(fd) {
+            Ok(Some(entries)) => return Ok(entries),
+            Ok(None) => {}
+            Err(source) => {
+                return Err(DatapathError::BatchRead {
+                    name: names::MAP_ADDRS,
+                    source,
+                })
+            }
+        }
         self.0
             .iter()
             .collect::<Result<_, _>>()

@@ -2,6 +2,7 @@
 //! attaching its programs to workload interfaces and uplinks, and the typed maps.
 
 pub mod attach;
+mod batch_read;
 mod bpf_call;
 mod error;
 pub mod held_pins;
