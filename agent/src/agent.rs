@@ -4,10 +4,7 @@
 
 use std::{sync::Arc, time::Duration};
 
-use ipq_cni::{
-    safe_fs::{self, DirError},
-    spool,
-};
+use ipq_cni::safe_fs::{self, DirError};
 use log::{error, info, warn};
 use thiserror::Error;
 use tokio::{
@@ -18,7 +15,7 @@ use tokio::{
 use crate::{
     api::server::{Access, ApiServer, ServerError},
     config::Config,
-    datapath::{attach, held_pins, verify, Datapath, DatapathError, LoadOptions},
+    datapath::{attach, held_pins, verify, ClaimedDir, Datapath, DatapathError, LoadOptions},
     journal::{Journal, JournalError},
     listen,
     metrics::{self, Metrics, MetricsError},
@@ -28,9 +25,11 @@ use crate::{
 };
 
 mod kernel_rings;
+mod spool_replay;
 mod waiting;
 
 use kernel_rings::{forward_kernel_logs, read_samples};
+use spool_replay::replay_spool;
 use waiting::WaitingAnswers;
 
 /// API requests answered per journal save at most: a burst of CNI ADDs shares one fsync.
@@ -70,6 +69,11 @@ pub enum AgentError {
          ipq on x86-64 nodes (the DaemonSet selects kubernetes.io/arch: amd64)"
     )]
     UnsupportedCpu(&'static str),
+    #[error("{what}: the task stopped: {source}")]
+    Task {
+        what: &'static str,
+        source: tokio::task::JoinError,
+    },
 }
 
 /// Sleeps until the registry's next deadline or the next attach retry, and at most until
@@ -100,39 +104,6 @@ async fn resync(tracker: &mut Tracker, metrics: &Metrics) {
     }
 }
 
-/// Drains what `ipq-cni` spooled when it could not reach an agent.
-fn replay_spool(tracker: &mut Tracker, dir: &std::path::Path) {
-    let pending = match spool::pending(dir) {
-        Ok(pending) => pending,
-        Err(e) => {
-            error!("CNI spool: {e}");
-            return;
-        }
-    };
-    for spooled in pending {
-        let drained = tracker.drain_attachment(&spooled.request);
-        info!(
-            "CNI spool: replayed the DEL of container {} ({} addresses drained)",
-            spooled.request.container_id,
-            drained.len()
-        );
-        // Saved before the spool file goes, so a crash in between replays it again (harmless:
-        // draining is idempotent) rather than losing it. A failed save keeps every file left:
-        // the next tick replays them.
-        if let Err(reason) = tracker.persist() {
-            warn!(
-                "CNI spool: the DEL of container {} is kept for a later replay: the journal \
-                 could not be saved ({reason})",
-                spooled.request.container_id
-            );
-            return;
-        }
-        if let Err(e) = spooled.done() {
-            error!("CNI spool: {e}");
-        }
-    }
-}
-
 pub async fn run(config: Config) -> Result<(), AgentError> {
     // Refused before anything is loaded: a datapath that is right only most of the time is
     // not one to leave attached.
@@ -153,11 +124,29 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
         Ok(_) => {}
         Err(e) => warn!("raising the open files limit: {e}"),
     }
-    let mut datapath = Datapath::load(&LoadOptions {
-        bpffs_dir: config.bpffs_dir.clone(),
-        capacity: config.capacity,
-        mode: config.mode,
-    })?;
+    let bpffs_dir = ClaimedDir::claim(&config.bpffs_dir)?;
+    // Read beside the programs' load (the kernel's verifier) from here: neither the journal nor
+    // the node's netlink state depends on the datapath, and at 64k addresses each takes about
+    // as long as the load; in turn they made restart-to-ready about 850 ms. Their results are
+    // used in the same order as before: the journal, then spooled DELs, then the dump.
+    let state_dir = config.state_dir.clone();
+    let journal_read = tokio::task::spawn_blocking(move || {
+        let mut journal = Journal::open(&state_dir)?;
+        let loaded = journal.load();
+        Ok::<_, JournalError>((journal, loaded))
+    });
+    // Subscribed before the dump, so nothing that happens in between is missed; what happens
+    // meanwhile waits in the subscription (an overflow takes the resync path).
+    let mut events = netlink::subscribe()?;
+    let dump = tokio::spawn(netlink::dump());
+    let mut datapath = Datapath::load_in(
+        bpffs_dir,
+        &LoadOptions {
+            bpffs_dir: config.bpffs_dir.clone(),
+            capacity: config.capacity,
+            mode: config.mode,
+        },
+    )?;
     let pins_root = config.bpffs_dir.clone();
     let metrics = Metrics::new(&config.bpffs_dir)?;
     metrics
@@ -184,7 +173,6 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
     let access = Access::from_config(config.api_group.as_deref())?;
     let api_socket = config.api_socket.clone();
     let spool_dir = ipq_cni::paths::cni_spool_dir(&config.state_dir);
-    let journal = Journal::open(&config.state_dir)?;
     let ipam_release_dir = ipq_cni::paths::ipam_release_dir(&config.state_dir);
     // Made the agent's before any ipq-cni can: nobody else may plant or remove spooled DELs.
     safe_fs::ensure_private_dir(&spool_dir)?;
@@ -215,14 +203,20 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
         verify_tx,
         verifier_stop,
     ));
+    let (journal, loaded) = journal_read.await.map_err(|e| AgentError::Task {
+        what: "reading the journal",
+        source: e,
+    })??;
     let mut tracker = Tracker::new(config, datapath, attacher, journal, metrics.clone());
-    let recovery = tracker.recover();
+    let recovery = tracker.recover_from(loaded);
     // DELs spooled while no agent ran drain their holders before the dump says which are gone,
     // so they end up exactly where a live DEL would have put them.
     replay_spool(&mut tracker, &spool_dir);
-    // Subscribe before dumping, so nothing that happens in between is missed.
-    let mut events = netlink::subscribe()?;
-    tracker.reconcile(netlink::dump().await?);
+    let dump = dump.await.map_err(|e| AgentError::Task {
+        what: "dumping the node's netlink state",
+        source: e,
+    })??;
+    tracker.reconcile(dump);
     // Every configured interface attached (or failed) once before pruning: the pins of an
     // interface still being attached are its enforcement until its new program is in.
     while tracker.attaching() {

@@ -69,15 +69,34 @@ pub struct Datapath {
     features: KernelFeatures,
 }
 
-impl Datapath {
-    /// Loads the embedded object. Maps already pinned by an earlier agent are re-used with
-    /// their contents; missing ones are created and pinned.
-    pub fn load(options: &LoadOptions) -> Result<Self, DatapathError> {
-        let layout = PinLayout::new(&options.bpffs_dir);
+/// `bpffs_dir`, checked and locked for this agent: taken before anything of the node's state is
+/// read or moved, so that a second agent is refused before it touches any of it.
+pub struct ClaimedDir {
+    layout: PinLayout,
+    lock: lock::BpffsLock,
+}
+
+impl ClaimedDir {
+    pub fn claim(bpffs_dir: &std::path::Path) -> Result<Self, DatapathError> {
+        let layout = PinLayout::new(bpffs_dir);
         pin_check::check_bpffs(layout.root())?;
         pin_check::create_dir(layout.root())?;
         // Before any map is opened: a second agent on the same maps is refused here.
         let lock = lock::acquire(layout.root())?;
+        Ok(Self { layout, lock })
+    }
+}
+
+impl Datapath {
+    /// Claims `bpffs_dir` and loads the embedded object into it (see [`Datapath::load_in`]).
+    pub fn load(options: &LoadOptions) -> Result<Self, DatapathError> {
+        Self::load_in(ClaimedDir::claim(&options.bpffs_dir)?, options)
+    }
+
+    /// Loads the embedded object into a claimed `bpffs_dir`. Maps already pinned by an earlier
+    /// agent are re-used with their contents; missing ones are created and pinned.
+    pub fn load_in(dir: ClaimedDir, options: &LoadOptions) -> Result<Self, DatapathError> {
+        let ClaimedDir { layout, lock } = dir;
         pin_check::create_dir(&layout.maps_dir())?;
         pin_check::create_dir(&layout.links_dir())?;
         pin_check::create_dir(&layout.programs_dir())?;

@@ -7,7 +7,7 @@ use log::{error, info, warn};
 use super::Tracker;
 use crate::{
     api::model::RecoveryView,
-    journal::JournalError,
+    journal::{JournalError, Loaded},
     netdev,
     netlink::NetState,
     registry::{entry, AddrRecord, Snapshot, SNAPSHOT_VERSION},
@@ -26,8 +26,18 @@ impl Tracker {
     /// Brings the registry back from the journal, merged with the pinned maps (see
     /// [`entry::merge`]: where they disagree, the maps are the more recent truth).
     pub fn recover(&mut self) -> Recovery {
+        let loaded = self.durable.journal_mut().load();
+        self.recover_from(loaded)
+    }
+
+    /// [`recover`](Self::recover) with the journal already loaded (`Journal::load`'s answer):
+    /// the agent reads it beside the datapath's load.
+    pub fn recover_from(
+        &mut self,
+        loaded: Result<Option<Loaded<AddrRecord>>, JournalError>,
+    ) -> Recovery {
         let mut problems = Vec::new();
-        let (journal, recovery) = match self.durable.journal_mut().load() {
+        let (journal, recovery) = match loaded {
             Ok(Some(loaded)) => {
                 if let Some(torn) = &loaded.torn_tail {
                     let problem = format!(
