@@ -8,6 +8,8 @@ pub mod config;
 pub mod datapath;
 pub mod heap;
 pub mod hygiene;
+#[cfg(test)]
+mod invariant;
 pub mod ipam;
 pub mod journal;
 pub mod listen;

@@ -3,6 +3,7 @@
 use std::{ffi::OsString, net::IpAddr, path::PathBuf, time::Duration};
 
 use clap::{Parser, Subcommand, ValueEnum};
+use thiserror::Error;
 
 use super::exit::EXIT_CODES_HELP;
 use ipq_api::{StateName, DEFAULT_SOCKET as DEFAULT_API_SOCKET};
@@ -88,10 +89,20 @@ impl Cli {
     }
 }
 
-fn parse_timeout(value: &str) -> Result<Duration, String> {
-    let timeout = humantime::parse_duration(value).map_err(|e| e.to_string())?;
+/// Why `--timeout` was refused; clap shows it after the value it refused.
+#[derive(Debug, Error)]
+pub enum TimeoutError {
+    #[error(transparent)]
+    Unreadable(#[from] humantime::DurationError),
+    /// A zero timeout would fail every request before it is sent.
+    #[error("must be longer than zero")]
+    Zero,
+}
+
+fn parse_timeout(value: &str) -> Result<Duration, TimeoutError> {
+    let timeout = humantime::parse_duration(value)?;
     if timeout.is_zero() {
-        return Err("must be longer than zero".to_owned());
+        return Err(TimeoutError::Zero);
     }
     Ok(timeout)
 }
@@ -153,6 +164,23 @@ mod tests {
             Command::List {
                 state: Some(StateName::Draining)
             }
+        );
+    }
+
+    #[test]
+    fn a_timeout_of_zero_or_of_no_duration_is_refused_with_its_reason() {
+        let zero = parse(&["status", "--timeout", "0s"]).unwrap_err();
+        assert_eq!(zero.kind(), ErrorKind::ValueValidation);
+        assert!(
+            zero.to_string().contains("must be longer than zero"),
+            "{zero}"
+        );
+        assert!(matches!(parse_timeout("0s"), Err(TimeoutError::Zero)));
+        let unreadable = parse_timeout("soon").unwrap_err();
+        assert!(matches!(unreadable, TimeoutError::Unreadable(_)));
+        assert_eq!(
+            unreadable.to_string(),
+            humantime::parse_duration("soon").unwrap_err().to_string()
         );
     }
 

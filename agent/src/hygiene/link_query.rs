@@ -136,13 +136,11 @@ mod tests {
         bytes
     }
 
-    fn read(bytes: &[u8]) -> Result<LinkQuery, String> {
-        NetlinkMessage::<LinkQuery>::deserialize(bytes)
-            .map(|m| match m.payload {
-                NetlinkPayload::InnerMessage(inner) => inner,
-                other => panic!("not an inner message: {other:?}"),
-            })
-            .map_err(|e| e.to_string())
+    fn read(bytes: &[u8]) -> Result<LinkQuery, DecodeError> {
+        NetlinkMessage::<LinkQuery>::deserialize(bytes).map(|m| match m.payload {
+            NetlinkPayload::InnerMessage(inner) => inner,
+            other => panic!("not an inner message: {other:?}"),
+        })
     }
 
     #[test]
@@ -184,7 +182,10 @@ mod tests {
         let at = 16 + IFINFOMSG_LEN;
         bytes[at..at + 2].copy_from_slice(&64u16.to_ne_bytes());
         let error = read(&bytes).unwrap_err();
-        assert!(error.contains("attribute 10 of 64 bytes"), "{error}");
+        assert!(
+            error.to_string().contains("attribute 10 of 64 bytes"),
+            "{error}"
+        );
         // A message shorter than its ifinfomsg.
         let mut header = NetlinkHeader::default();
         header.message_type = RTM_NEWLINK;

@@ -11,6 +11,7 @@ use std::{
 };
 
 use log::{error, warn};
+use thiserror::Error;
 use tokio::sync::mpsc;
 
 mod announcing;
@@ -21,8 +22,10 @@ use announcing::BatchLinks;
 
 use super::counters::HygieneCounters;
 use super::{
-    announce::Announcer, conntrack::Conntrack, neighbour::Neighbours, ClaimFlush, Job, Report,
-    Step, Trigger,
+    announce::Announcer,
+    conntrack::{Conntrack, ConntrackError},
+    neighbour::{NeighbourError, Neighbours},
+    ClaimFlush, Job, Report, Step, Trigger,
 };
 use crate::{config::HygieneConfig, netdev};
 
@@ -31,6 +34,16 @@ const WORKER_NICE: libc::c_int = 10;
 
 /// Jobs taken together in one pass (one conntrack dump for all of them).
 const MAX_BATCH: usize = 1024;
+
+/// Why the worker could not do a step: its socket's own error, kept whole so that a caller can
+/// still tell a socket that would not open from a request the kernel refused.
+#[derive(Debug, Error)]
+pub(super) enum WorkerError {
+    #[error(transparent)]
+    Conntrack(#[from] ConntrackError),
+    #[error(transparent)]
+    Neighbours(#[from] NeighbourError),
+}
 
 /// The worker thread: owns the sockets, takes jobs in batches.
 pub(super) struct Worker {
@@ -111,16 +124,16 @@ impl Worker {
     }
 
     /// Opens the sockets on first use, and again after a failure.
-    fn sockets(&mut self) -> Result<&mut (Conntrack, Neighbours), String> {
+    fn sockets(&mut self) -> Result<&mut (Conntrack, Neighbours), WorkerError> {
         if self.sockets.is_none() {
-            let conntrack = Conntrack::open().map_err(|e| e.to_string())?;
-            let neighbours = Neighbours::open().map_err(|e| e.to_string())?;
+            let conntrack = Conntrack::open()?;
+            let neighbours = Neighbours::open()?;
             self.sockets = Some((conntrack, neighbours));
         }
         Ok(self.sockets.as_mut().expect("just opened"))
     }
 
-    fn fail(&self, report: &mut Report, step: Step, error: String) {
+    fn fail(&self, report: &mut Report, step: Step, error: impl std::fmt::Display) {
         self.metrics
             .failures
             .with_label_values(&[step.as_str()])
@@ -140,17 +153,16 @@ impl Worker {
             Ok((_, neighbours)) => match neighbours.node_addresses() {
                 Ok(addrs) => addrs,
                 Err(e) => {
-                    let e = e.to_string();
                     self.sockets = None;
                     for report in &mut reports {
-                        self.fail(report, Step::Neighbours, e.clone());
+                        self.fail(report, Step::Neighbours, &e);
                     }
                     return self.finish(reports);
                 }
             },
             Err(e) => {
                 for report in &mut reports {
-                    self.fail(report, Step::Conntrack, e.clone());
+                    self.fail(report, Step::Conntrack, &e);
                 }
                 return self.finish(reports);
             }

@@ -22,6 +22,7 @@
 //! older agent did after a rollback), then remove it.
 
 use serde::{Deserialize, Serialize};
+use thiserror::Error;
 
 pub const FORMAT: &str = "ipq-journal";
 pub const VERSION: u32 = 2;
@@ -96,58 +97,83 @@ pub fn frame(json: &[u8], out: &mut Vec<u8>) {
     out.push(b'\n');
 }
 
+/// Why bytes are not a journal this agent reads. The words end up in the journal's `Corrupt`
+/// reason, which `/v1/status` shows and operators read: keep them.
+#[derive(Debug, Error)]
+pub enum FormatError {
+    #[error("malformed line")]
+    MalformedLine,
+    #[error("malformed checksum")]
+    MalformedChecksum,
+    #[error("checksum mismatch")]
+    ChecksumMismatch,
+    #[error("no header line")]
+    NoHeaderLine,
+    #[error("header: {0}")]
+    Header(#[source] serde_json::Error),
+    #[error("header: no body length or checksum")]
+    NoBodyLength,
+    #[error("truncated: body has {body} bytes, header says {stated}")]
+    Truncated { body: usize, stated: usize },
+    #[error("not an ipq journal (format {0:?})")]
+    NotIpq(String),
+    #[error(
+        "journal version {found} is not a version this agent reads ({snapshot} or {current})",
+        snapshot = VERSION_SNAPSHOT,
+        current = VERSION
+    )]
+    Version { found: u32 },
+}
+
 /// The JSON of one framed line (without its newline), or why it does not check out.
-pub fn unframe(line: &[u8]) -> Result<&[u8], String> {
+pub fn unframe(line: &[u8]) -> Result<&[u8], FormatError> {
     if line.len() < 17 || line[16] != b' ' {
-        return Err("malformed line".into());
+        return Err(FormatError::MalformedLine);
     }
     let stated = std::str::from_utf8(&line[..16])
         .ok()
         .and_then(|hex| u64::from_str_radix(hex, 16).ok())
-        .ok_or("malformed checksum")?;
+        .ok_or(FormatError::MalformedChecksum)?;
     let json = &line[17..];
     if fnv64(json) != stated {
-        return Err("checksum mismatch".into());
+        return Err(FormatError::ChecksumMismatch);
     }
     Ok(json)
 }
 
 /// A version 1 file's body, validated against its header.
-pub fn v1_body(bytes: &[u8]) -> Result<(Header, &[u8]), String> {
+pub fn v1_body(bytes: &[u8]) -> Result<(Header, &[u8]), FormatError> {
     let newline = bytes
         .iter()
         .position(|&b| b == b'\n')
-        .ok_or("no header line")?;
-    let header: Header =
-        serde_json::from_slice(&bytes[..newline]).map_err(|e| format!("header: {e}"))?;
+        .ok_or(FormatError::NoHeaderLine)?;
+    let header: Header = serde_json::from_slice(&bytes[..newline]).map_err(FormatError::Header)?;
     check_header(&header, VERSION_SNAPSHOT)?;
     let body = &bytes[newline + 1..];
     let body = body.strip_suffix(b"\n").unwrap_or(body);
     let (Some(len), Some(sum)) = (header.body_len, header.body_fnv64) else {
-        return Err("header: no body length or checksum".into());
+        return Err(FormatError::NoBodyLength);
     };
     if body.len() != len {
-        return Err(format!(
-            "truncated: body has {} bytes, header says {len}",
-            body.len()
-        ));
+        return Err(FormatError::Truncated {
+            body: body.len(),
+            stated: len,
+        });
     }
     if fnv64(body) != sum {
-        return Err("checksum mismatch".into());
+        return Err(FormatError::ChecksumMismatch);
     }
     Ok((header, body))
 }
 
-pub fn check_header(header: &Header, version: u32) -> Result<(), String> {
+pub fn check_header(header: &Header, version: u32) -> Result<(), FormatError> {
     if header.format != FORMAT {
-        return Err(format!("not an ipq journal (format {:?})", header.format));
+        return Err(FormatError::NotIpq(header.format.clone()));
     }
     if header.version != version {
-        return Err(format!(
-            "journal version {} is not a version this agent reads ({VERSION_SNAPSHOT} or \
-             {VERSION})",
-            header.version
-        ));
+        return Err(FormatError::Version {
+            found: header.version,
+        });
     }
     Ok(())
 }

@@ -70,7 +70,7 @@ pub fn read<E: Entry>(file: &mut File) -> Result<Read<E>, ReadError> {
 fn read_v1<E: Entry>(mut reader: BufReader<&mut File>) -> Result<Read<E>, ReadError> {
     let mut bytes = Vec::new();
     reader.read_to_end(&mut bytes)?;
-    let (header, body) = format::v1_body(&bytes).map_err(ReadError::Corrupt)?;
+    let (header, body) = format::v1_body(&bytes).map_err(|e| ReadError::Corrupt(e.to_string()))?;
     let body: SnapshotV1<E> =
         serde_json::from_slice(body).map_err(|e| ReadError::Corrupt(format!("body: {e}")))?;
     if body.version != 1 {
@@ -108,7 +108,7 @@ fn read_v2<E: Entry>(mut reader: BufReader<&mut File>) -> Result<Read<E>, ReadEr
         Some(Err(reason)) => return Err(ReadError::Corrupt(format!("header: {reason}"))),
         None => return Err(ReadError::Corrupt("header: incomplete".into())),
     };
-    check_header(&header, VERSION).map_err(ReadError::Corrupt)?;
+    check_header(&header, VERSION).map_err(|e| ReadError::Corrupt(e.to_string()))?;
     let mut offset = buf.len() as u64;
     let mut base_len = offset;
     let mut in_base = true;
@@ -131,7 +131,7 @@ fn read_v2<E: Entry>(mut reader: BufReader<&mut File>) -> Result<Read<E>, ReadEr
             break;
         };
         // A whole line that does not check out is damage, not a torn write.
-        let json = unframe(line).map_err(|reason| corrupt(offset, reason))?;
+        let json = unframe(line).map_err(|reason| corrupt(offset, reason.to_string()))?;
         let line: Line<E, E::Key> =
             serde_json::from_slice(json).map_err(|e| corrupt(offset, e.to_string()))?;
         if let (Some(m), Some(u)) = (line.m, line.u) {

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use super::*;
 
 mod deferred;
+mod format_errors;
 mod newer;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

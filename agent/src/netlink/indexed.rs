@@ -83,7 +83,7 @@ impl<K: Ord + Copy, V> ByInterface<K, V> {
 
     /// Whether the interface index lists exactly the entries; for tests.
     #[cfg(test)]
-    pub fn check_index(&self) -> Result<(), String>
+    pub fn check_index(&self) -> Result<(), crate::invariant::InvariantViolation>
     where
         K: std::fmt::Debug,
     {
@@ -91,13 +91,7 @@ impl<K: Ord + Copy, V> ByInterface<K, V> {
         for (key, ifindex) in self.entries.keys() {
             rebuilt.entry(*ifindex).or_default().insert(*key);
         }
-        if rebuilt != self.of_interface {
-            return Err(format!(
-                "interface index {:?} != entries {:?}",
-                self.of_interface, rebuilt
-            ));
-        }
-        Ok(())
+        crate::invariant::same_index("interface index", &self.of_interface, &rebuilt)
     }
 }
 

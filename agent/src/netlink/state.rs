@@ -229,7 +229,7 @@ impl NetState {
 
     /// Whether every index lists exactly what its entries say; for tests.
     #[cfg(test)]
-    pub fn check_indexes(&self) -> Result<(), String> {
+    pub fn check_indexes(&self) -> Result<(), NetStateViolation> {
         self.node_addresses.check_index()?;
         self.neighbours.check_index()?;
         self.fdb.check_index()?;
@@ -239,16 +239,11 @@ impl NetState {
                 by_mac.entry(*mac).or_default().insert((addr, ifindex));
             }
         }
-        if by_mac != self.neighbours_by_mac {
-            return Err(format!(
-                "MAC index {:?} != neighbours {by_mac:?}",
-                self.neighbours_by_mac
-            ));
-        }
+        crate::invariant::same_index("MAC index", &self.neighbours_by_mac, &by_mac)?;
         let mut macs = BTreeSet::new();
         for (mac, _, _) in self.fdb.iter() {
             if !macs.insert(mac) {
-                return Err(format!("{mac:02x?} behind two ports"));
+                return Err(NetStateViolation::MacBehindTwoPorts { mac });
             }
         }
         Ok(())
@@ -263,4 +258,15 @@ impl NetState {
             + self.neighbours.len()
             + self.fdb.len()
     }
+}
+
+/// What [`NetState::check_indexes`] found broken; for tests.
+#[cfg(test)]
+#[derive(Debug, thiserror::Error)]
+pub enum NetStateViolation {
+    #[error(transparent)]
+    Index(#[from] crate::invariant::InvariantViolation),
+    /// The FDB keeps one port per MAC.
+    #[error("{mac:02x?} behind two ports")]
+    MacBehindTwoPorts { mac: Mac },
 }

@@ -45,6 +45,8 @@ mod types;
 mod waitlist;
 
 #[cfg(test)]
+mod invariants;
+#[cfg(test)]
 mod proptests;
 #[cfg(test)]
 mod tests;
@@ -307,74 +309,6 @@ impl<C: Clock> Registry<C> {
                 }
             }
         }
-    }
-
-    /// Checks the indexes and record invariants; for tests.
-    #[cfg(test)]
-    pub(crate) fn check_invariants(&self) -> Result<(), String> {
-        let mut by_ifindex: HashMap<u32, BTreeSet<IpAddr>> = HashMap::new();
-        let mut deadlines = BTreeSet::new();
-        let mut by_container: HashMap<String, BTreeSet<IpAddr>> = HashMap::new();
-        for (addr, record) in &self.records {
-            if let Some(id) = container_of(record) {
-                by_container.entry(id.to_owned()).or_default().insert(*addr);
-            }
-            if *addr != record.addr || addr.to_canonical() != *addr || addr.is_unspecified() {
-                return Err(format!("record key {addr} vs {}", record.addr));
-            }
-            for ifindex in record.live_ifindexes() {
-                if ifindex == ipq_common::addr::NO_IFINDEX {
-                    return Err(format!("{addr}: ifindex 0"));
-                }
-                by_ifindex.entry(ifindex).or_default().insert(*addr);
-            }
-            if let AddrStatus::Quarantined { since, until, .. } = record.status {
-                if until < since {
-                    return Err(format!("{addr}: until {until} < since {since}"));
-                }
-                deadlines.insert((until, *addr));
-            }
-            if record.fenced().is_none() && !record.displaced().is_empty() {
-                return Err(format!("{addr}: displaced holders but an empty fence slot"));
-            }
-            if let (Some(h), Some(b)) = (record.status.holder(), record.blocked_claimant()) {
-                if h.same_as(b) {
-                    return Err(format!("{addr}: blocked claimant is the holder"));
-                }
-            }
-        }
-        if by_ifindex != self.by_ifindex {
-            return Err(format!(
-                "by_ifindex {:?} != {:?}",
-                self.by_ifindex, by_ifindex
-            ));
-        }
-        if by_container != self.by_container {
-            return Err(format!(
-                "by_container {:?} != {:?}",
-                self.by_container, by_container
-            ));
-        }
-        if deadlines != self.deadlines {
-            return Err(format!("deadlines {:?} != {:?}", self.deadlines, deadlines));
-        }
-        for state in [
-            StateName::Active,
-            StateName::Draining,
-            StateName::Quarantined,
-        ] {
-            if self.count(state) != self.recount(state) {
-                return Err(format!(
-                    "{state}: counted {} but {} records",
-                    self.count(state),
-                    self.recount(state)
-                ));
-            }
-        }
-        if self.records.len() > self.settings.capacity as usize {
-            return Err(format!("{} records over capacity", self.records.len()));
-        }
-        Ok(())
     }
 }
 

@@ -387,7 +387,7 @@ proptest! {
             Err(_) => prop_assert_eq!(target.snapshot().records, before.records),
         }
         if let Err(e) = target.check_invariants() {
-            return Err(TestCaseError::fail(e));
+            return Err(TestCaseError::fail(e.to_string()));
         }
         // Whatever was restored still takes every operation without panicking.
         for op in &ops {
@@ -400,7 +400,7 @@ proptest! {
                 _ => Ok(Vec::new()),
             };
             if let Err(e) = target.check_invariants() {
-                return Err(TestCaseError::fail(e));
+                return Err(TestCaseError::fail(e.to_string()));
             }
         }
     }

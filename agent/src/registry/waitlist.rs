@@ -137,15 +137,12 @@ impl Waitlist {
 
     /// Whether the interface index lists exactly the waiting claimants; for tests.
     #[cfg(test)]
-    pub(super) fn check_index(&self) -> Result<(), String> {
+    pub(super) fn check_index(&self) -> Result<(), crate::invariant::InvariantViolation> {
         let mut rebuilt: HashMap<u32, HashSet<IpAddr>> = HashMap::new();
         for (addr, ifindex) in self.holders.keys() {
             rebuilt.entry(*ifindex).or_default().insert(*addr);
         }
-        if rebuilt != self.of_interface {
-            return Err(format!("{:?} != {rebuilt:?}", self.of_interface));
-        }
-        Ok(())
+        crate::invariant::same_index("waitlist interface index", &self.of_interface, &rebuilt)
     }
 
     /// Drops forgotten keys once they are most of the order queue, so it stays within twice

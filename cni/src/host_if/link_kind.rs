@@ -10,6 +10,8 @@ use std::{
     os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
 };
 
+use thiserror::Error;
+
 use crate::error::{code, CniError};
 
 /// What the kernel says of one candidate.
@@ -28,6 +30,18 @@ const IFLA_INFO_KIND: u16 = 1;
 /// Large enough for any link message of a veth or a bridge (a few hundred bytes of
 /// attributes, statistics included); a truncated answer is reported, not misread.
 const ANSWER_BUF: usize = 32 * 1024;
+
+/// Why the kernel's answer names no kind of link (its words go into the plugin's error).
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum LinkKindError {
+    #[error("a malformed answer of {len} bytes")]
+    Malformed { len: usize },
+    /// The kernel refused the lookup with this errno (other than `ENODEV`: no such link).
+    #[error("{}", io::Error::from_raw_os_error(*errno))]
+    Refused { errno: i32 },
+    #[error("an answer of type {kind}")]
+    UnexpectedType { kind: u16 },
+}
 
 fn netlink_error(what: impl std::fmt::Display) -> CniError {
     CniError::new(code::INTERNAL, format!("netlink: {what}"))
@@ -136,8 +150,8 @@ fn attributes(mut bytes: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
 }
 
 /// The kind of link the kernel's answer describes, or why the answer is none.
-fn parse(answer: &[u8]) -> Result<LinkKind, String> {
-    let malformed = || format!("a malformed answer of {} bytes", answer.len());
+fn parse(answer: &[u8]) -> Result<LinkKind, LinkKindError> {
+    let malformed = || LinkKindError::Malformed { len: answer.len() };
     let len = u32_at(answer, 0).ok_or_else(malformed)? as usize;
     let kind = u16_at(answer, 4).ok_or_else(malformed)?;
     let body = answer.get(NLMSG_HEADER..len).ok_or_else(malformed)?;
@@ -145,11 +159,11 @@ fn parse(answer: &[u8]) -> Result<LinkKind, String> {
         let errno = -(u32_at(body, 0).ok_or_else(malformed)? as i32);
         return match errno {
             libc::ENODEV => Ok(LinkKind::Missing),
-            _ => Err(io::Error::from_raw_os_error(errno).to_string()),
+            _ => Err(LinkKindError::Refused { errno }),
         };
     }
     if kind != libc::RTM_NEWLINK {
-        return Err(format!("an answer of type {kind}"));
+        return Err(LinkKindError::UnexpectedType { kind });
     }
     let attrs = body.get(IFINFOMSG..).ok_or_else(malformed)?;
     let bridge = attributes(attrs)

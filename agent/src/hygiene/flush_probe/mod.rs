@@ -26,13 +26,38 @@ use std::{
 
 use std::os::unix::process::CommandExt as _;
 
+use thiserror::Error;
+
 use self::round::{entries, probe_family, v4, v6};
+use super::{conntrack::ConntrackError, socket::SocketError};
 
 /// The hidden first argument that makes `ipq-agent` run the probe and exit.
 pub const PROBE_ARG: &str = "__ipq-probe-conntrack-filter";
 
 /// How long the probe may take before the agent gives up on it (and keeps the dump).
 const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Why the probe could not run: the child reports it as [`Verdict::Unavailable`], in words,
+/// since it crosses a pipe; the cause is kept here until then.
+#[derive(Debug, Error)]
+enum FlushProbeError {
+    #[error(
+        "no network namespace of its own: unshare(CLONE_NEWNET): {direct}; with \
+         CLONE_NEWUSER: {user}"
+    )]
+    Namespace {
+        direct: std::io::Error,
+        user: std::io::Error,
+    },
+    #[error(transparent)]
+    Socket(#[from] SocketError),
+    #[error(transparent)]
+    Conntrack(#[from] ConntrackError),
+    #[error("creating its conntrack entries: {}", std::io::Error::from_raw_os_error(*errno))]
+    Create { errno: i32 },
+    #[error("looking an entry up: {}", std::io::Error::from_raw_os_error(*errno))]
+    Lookup { errno: i32 },
+}
 
 /// What the probe found.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -180,7 +205,7 @@ pub fn child_main() -> i32 {
             v4: probe_family(&entries(v4(), 0), &entries(v6(), 0)),
             v6: probe_family(&entries(v6(), 100), &entries(v4(), 100)),
         },
-        Err(why) => Verdicts::unavailable(why),
+        Err(why) => Verdicts::unavailable(why.to_string()),
     };
     print!("{}", verdicts.lines());
     0
@@ -188,7 +213,7 @@ pub fn child_main() -> i32 {
 
 /// Moves this (single-threaded) process into a new network namespace: directly with
 /// `CAP_SYS_ADMIN`, else inside a new user namespace.
-fn isolate() -> Result<(), String> {
+fn isolate() -> Result<(), FlushProbeError> {
     // SAFETY: plain syscalls; the process is single-threaded (a fresh exec).
     if unsafe { libc::unshare(libc::CLONE_NEWNET) } == 0 {
         return Ok(());
@@ -199,10 +224,7 @@ fn isolate() -> Result<(), String> {
         return Ok(());
     }
     let user = std::io::Error::last_os_error();
-    Err(format!(
-        "no network namespace of its own: unshare(CLONE_NEWNET): {direct}; with \
-         CLONE_NEWUSER: {user}"
-    ))
+    Err(FlushProbeError::Namespace { direct, user })
 }
 
 #[cfg(test)]

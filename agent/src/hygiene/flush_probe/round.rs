@@ -17,7 +17,7 @@ use super::{
         kernel_flush::family_of,
         socket::NlSocket,
     },
-    Verdict,
+    FlushProbeError, Verdict,
 };
 
 /// `CTA_ZONE`: the probe's entries live in the default zone and in this one.
@@ -137,26 +137,21 @@ fn lookup(entry: &Entry) -> NetfilterMessage {
 pub(super) fn probe_family(family: &(IpAddr, Vec<Entry>), other: &(IpAddr, Vec<Entry>)) -> Verdict {
     match try_probe(family, other) {
         Ok(verdict) => verdict,
-        Err(why) => Verdict::Unavailable(why),
+        Err(why) => Verdict::Unavailable(why.to_string()),
     }
 }
 
 fn try_probe(
     (target, own): &(IpAddr, Vec<Entry>),
     (_, other): &(IpAddr, Vec<Entry>),
-) -> Result<Verdict, String> {
-    let mut socket = NlSocket::open(NETLINK_NETFILTER).map_err(|e| e.to_string())?;
-    let mut conntrack = Conntrack::open().map_err(|e| e.to_string())?;
+) -> Result<Verdict, FlushProbeError> {
+    let mut socket = NlSocket::open(NETLINK_NETFILTER)?;
+    let mut conntrack = Conntrack::open()?;
     let all: Vec<&Entry> = own.iter().chain(other).collect();
     let creations: Vec<NetfilterMessage> = all.iter().map(|e| creation(e)).collect();
-    let created = socket
-        .acked_with(&creations, NLM_F_CREATE | NLM_F_EXCL, |_| false)
-        .map_err(|e| e.to_string())?;
+    let created = socket.acked_with(&creations, NLM_F_CREATE | NLM_F_EXCL, |_| false)?;
     if let Some(errno) = created.iter().find_map(|(o, _)| o.err()) {
-        return Err(format!(
-            "creating its conntrack entries: {}",
-            std::io::Error::from_raw_os_error(errno)
-        ));
+        return Err(FlushProbeError::Create { errno });
     }
     match conntrack.flush_in_kernel(*target) {
         Ok(_) => {}
@@ -165,23 +160,16 @@ fn try_probe(
                 std::io::Error::from_raw_os_error(errno).to_string(),
             ))
         }
-        Err(e) => return Err(e.to_string()),
+        Err(e) => return Err(e.into()),
     }
     let lookups: Vec<NetfilterMessage> = all.iter().map(|e| lookup(e)).collect();
-    let found = socket
-        .acked_with(&lookups, 0, |_| false)
-        .map_err(|e| e.to_string())?;
+    let found = socket.acked_with(&lookups, 0, |_| false)?;
     for (entry, (outcome, _)) in all.iter().zip(found) {
         let must_be_gone = entry.carries_target && family_of(entry.orig.0) == family_of(*target);
         let present = match outcome {
             Ok(()) => true,
             Err(ENOENT) => false,
-            Err(errno) => {
-                return Err(format!(
-                    "looking an entry up: {}",
-                    std::io::Error::from_raw_os_error(errno)
-                ))
-            }
+            Err(errno) => return Err(FlushProbeError::Lookup { errno }),
         };
         if must_be_gone && present {
             return Ok(Verdict::Ignored(format!(

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 
 use log::warn;
 
-use super::Worker;
+use super::{Worker, WorkerError};
 use crate::{
     hygiene::{
         announce::{self, Announcer},
@@ -24,12 +24,16 @@ pub(super) struct BatchLinks {
 
 impl Worker {
     /// Link `ifindex` as the kernel has it (`None`: gone).
-    fn batch_link(&mut self, cache: &mut BatchLinks, ifindex: u32) -> Result<Option<Link>, String> {
+    fn batch_link(
+        &mut self,
+        cache: &mut BatchLinks,
+        ifindex: u32,
+    ) -> Result<Option<Link>, WorkerError> {
         if let Some(link) = cache.links.get(&ifindex) {
             return Ok(link.clone());
         }
         let link = match self.sockets() {
-            Ok((_, neighbours)) => neighbours.link(ifindex).map_err(|e| e.to_string()),
+            Ok((_, neighbours)) => neighbours.link(ifindex).map_err(WorkerError::from),
             Err(e) => Err(e),
         };
         let link = link.inspect_err(|_| self.sockets = None)?;
@@ -38,12 +42,16 @@ impl Worker {
     }
 
     /// The ports of bridge `bridge`.
-    fn bridge_ports(&mut self, cache: &mut BatchLinks, bridge: u32) -> Result<Vec<u32>, String> {
+    fn bridge_ports(
+        &mut self,
+        cache: &mut BatchLinks,
+        bridge: u32,
+    ) -> Result<Vec<u32>, WorkerError> {
         if let Some(ports) = cache.ports.get(&bridge) {
             return Ok(ports.clone());
         }
         let ports = match self.sockets() {
-            Ok((_, neighbours)) => neighbours.ports_of(bridge).map_err(|e| e.to_string()),
+            Ok((_, neighbours)) => neighbours.ports_of(bridge).map_err(WorkerError::from),
             Err(e) => Err(e),
         };
         let ports: Vec<u32> = ports
@@ -111,8 +119,7 @@ impl Worker {
                 report,
                 Step::Announce,
                 "the new holder's MAC is unknown (the claim named none and the bridge learned \
-                 none behind its port)"
-                    .into(),
+                 none behind its port)",
             );
             return;
         };

@@ -7,7 +7,7 @@ use std::{collections::BTreeSet, net::IpAddr};
 use ipq_api::mac::format_mac;
 use log::warn;
 
-use super::Worker;
+use super::{Worker, WorkerError};
 use crate::hygiene::{neighbour::NeighbourEntry, FlushMethod, Report, Step, Trigger};
 
 impl Worker {
@@ -30,7 +30,7 @@ impl Worker {
             let result = match self.sockets() {
                 Ok((conntrack, _)) => conntrack
                     .flush_in_kernel(report.address)
-                    .map_err(|e| e.to_string()),
+                    .map_err(WorkerError::from),
                 Err(e) => Err(e),
             };
             match result {
@@ -61,7 +61,7 @@ impl Worker {
             return;
         }
         let result = match self.sockets() {
-            Ok((conntrack, _)) => conntrack.flush(&targets).map_err(|e| e.to_string()),
+            Ok((conntrack, _)) => conntrack.flush(&targets).map_err(WorkerError::from),
             Err(e) => Err(e),
         };
         match result {
@@ -76,7 +76,7 @@ impl Worker {
             Err(e) => {
                 self.sockets = None;
                 for (report, _) in reports.iter_mut().zip(&dumped).filter(|(_, d)| **d) {
-                    self.fail(report, Step::Conntrack, e.clone());
+                    self.fail(report, Step::Conntrack, &e);
                 }
             }
         }
@@ -97,7 +97,7 @@ impl Worker {
             return Some(Default::default());
         }
         let result = match self.sockets() {
-            Ok((_, neighbours)) => neighbours.entries_of(&addrs).map_err(|e| e.to_string()),
+            Ok((_, neighbours)) => neighbours.entries_of(&addrs).map_err(WorkerError::from),
             Err(e) => Err(e),
         };
         match result {
@@ -105,7 +105,7 @@ impl Worker {
             Err(e) => {
                 self.sockets = None;
                 for report in reports.iter_mut().filter(|r| r.skipped.is_none()) {
-                    self.fail(report, Step::Neighbours, e.clone());
+                    self.fail(report, Step::Neighbours, &e);
                 }
                 None
             }
@@ -121,7 +121,7 @@ impl Worker {
         let result = match self.sockets() {
             Ok((_, neighbours)) => neighbours
                 .flush(report.address, entries, mac)
-                .map_err(|e| e.to_string()),
+                .map_err(WorkerError::from),
             Err(e) => Err(e),
         };
         match result {

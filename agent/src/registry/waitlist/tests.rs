@@ -83,7 +83,7 @@ proptest::proptest! {
                 }
             }
             if let Err(problem) = pending.check_index() {
-                return Err(proptest::test_runner::TestCaseError::fail(problem));
+                return Err(proptest::test_runner::TestCaseError::fail(problem.to_string()));
             }
         }
     }

@@ -32,6 +32,48 @@ fn the_link_info_kind_says_bridge() {
     assert_eq!(parse(&new_link(b"bridge_slave\0")), Ok(LinkKind::Other));
 }
 
+/// A kernel answer of `kind` whose body is `body`.
+fn answer(kind: u16, body: &[u8]) -> Vec<u8> {
+    let mut msg = Vec::new();
+    msg.extend_from_slice(&((NLMSG_HEADER + body.len()) as u32).to_ne_bytes());
+    msg.extend_from_slice(&kind.to_ne_bytes());
+    msg.extend_from_slice(&[0u8; 10]);
+    msg.extend_from_slice(body);
+    msg
+}
+
+#[test]
+fn an_answer_that_names_no_kind_says_why_in_the_same_words() {
+    let refused = parse(&answer(
+        libc::NLMSG_ERROR as u16,
+        &(-libc::EPERM).to_ne_bytes(),
+    ));
+    assert_eq!(refused, Err(LinkKindError::Refused { errno: libc::EPERM }));
+    assert_eq!(
+        refused.unwrap_err().to_string(),
+        io::Error::from_raw_os_error(libc::EPERM).to_string()
+    );
+    let missing = parse(&answer(
+        libc::NLMSG_ERROR as u16,
+        &(-libc::ENODEV).to_ne_bytes(),
+    ));
+    assert_eq!(missing, Ok(LinkKind::Missing));
+    let other = parse(&answer(libc::RTM_NEWADDR, &[0u8; IFINFOMSG]));
+    assert_eq!(
+        other,
+        Err(LinkKindError::UnexpectedType {
+            kind: libc::RTM_NEWADDR
+        })
+    );
+    assert_eq!(other.unwrap_err().to_string(), "an answer of type 20");
+    let cut = parse(&new_link(b"bridge\0")[..20]);
+    assert_eq!(cut, Err(LinkKindError::Malformed { len: 20 }));
+    assert_eq!(
+        cut.unwrap_err().to_string(),
+        "a malformed answer of 20 bytes"
+    );
+}
+
 #[test]
 fn the_request_names_the_interface_and_is_padded() {
     let msg = request("veth1");

@@ -1,0 +1,106 @@
+//! The registry's self-check, run by the tests and property tests after every operation: its
+//! indexes list exactly what its records say, and each record keeps the rules of its state.
+
+use std::{
+    collections::{BTreeSet, HashMap},
+    net::IpAddr,
+};
+
+use thiserror::Error;
+
+use super::{container_of, AddrStatus, Clock, MonoNs, Registry, StateName};
+use crate::invariant::{same_index, InvariantViolation};
+
+/// What [`Registry::check_invariants`] found broken.
+#[derive(Debug, Error)]
+pub(crate) enum RegistryViolation {
+    #[error(transparent)]
+    Index(#[from] InvariantViolation),
+    /// Records are keyed by their own address, canonical and specified.
+    #[error("record key {key} vs {addr}")]
+    RecordKey { key: IpAddr, addr: IpAddr },
+    #[error("{addr}: ifindex 0")]
+    NoIfindex { addr: IpAddr },
+    #[error("{addr}: until {until} < since {since}")]
+    EndsBeforeItStarts {
+        addr: IpAddr,
+        since: MonoNs,
+        until: MonoNs,
+    },
+    #[error("{addr}: displaced holders but an empty fence slot")]
+    DisplacedWithoutFence { addr: IpAddr },
+    #[error("{addr}: blocked claimant is the holder")]
+    HolderBlocked { addr: IpAddr },
+    #[error("{state}: counted {counted} but {records} records")]
+    Count {
+        state: StateName,
+        counted: usize,
+        records: usize,
+    },
+    #[error("{records} records over capacity")]
+    OverCapacity { records: usize },
+}
+
+impl<C: Clock> Registry<C> {
+    /// Checks the indexes and record invariants.
+    pub(crate) fn check_invariants(&self) -> Result<(), RegistryViolation> {
+        let mut by_ifindex: HashMap<u32, BTreeSet<IpAddr>> = HashMap::new();
+        let mut deadlines = BTreeSet::new();
+        let mut by_container: HashMap<String, BTreeSet<IpAddr>> = HashMap::new();
+        for (addr, record) in &self.records {
+            let addr = *addr;
+            if let Some(id) = container_of(record) {
+                by_container.entry(id.to_owned()).or_default().insert(addr);
+            }
+            if addr != record.addr || addr.to_canonical() != addr || addr.is_unspecified() {
+                return Err(RegistryViolation::RecordKey {
+                    key: addr,
+                    addr: record.addr,
+                });
+            }
+            for ifindex in record.live_ifindexes() {
+                if ifindex == ipq_common::addr::NO_IFINDEX {
+                    return Err(RegistryViolation::NoIfindex { addr });
+                }
+                by_ifindex.entry(ifindex).or_default().insert(addr);
+            }
+            if let AddrStatus::Quarantined { since, until, .. } = record.status {
+                if until < since {
+                    return Err(RegistryViolation::EndsBeforeItStarts { addr, since, until });
+                }
+                deadlines.insert((until, addr));
+            }
+            if record.fenced().is_none() && !record.displaced().is_empty() {
+                return Err(RegistryViolation::DisplacedWithoutFence { addr });
+            }
+            if let (Some(h), Some(b)) = (record.status.holder(), record.blocked_claimant()) {
+                if h.same_as(b) {
+                    return Err(RegistryViolation::HolderBlocked { addr });
+                }
+            }
+        }
+        same_index("by_ifindex", &self.by_ifindex, &by_ifindex)?;
+        same_index("by_container", &self.by_container, &by_container)?;
+        same_index("deadlines", &self.deadlines, &deadlines)?;
+        for state in [
+            StateName::Active,
+            StateName::Draining,
+            StateName::Quarantined,
+        ] {
+            let (counted, records) = (self.count(state), self.recount(state));
+            if counted != records {
+                return Err(RegistryViolation::Count {
+                    state,
+                    counted,
+                    records,
+                });
+            }
+        }
+        if self.records.len() > self.settings.capacity as usize {
+            return Err(RegistryViolation::OverCapacity {
+                records: self.records.len(),
+            });
+        }
+        Ok(())
+    }
+}
