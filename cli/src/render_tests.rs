@@ -31,22 +31,9 @@ fn pod_holder() -> Holder {
 
 fn view(address: &str, state: StateName, since: &str) -> AddressView {
     AddressView {
-        address: address.parse().unwrap(),
         state,
-        holder: None,
-        previous_holder: None,
-        fenced: None,
-        blocked_claimant: None,
-        displaced: Vec::new(),
         since: since.into(),
-        until: None,
-        last_stale: None,
-        conflicts: 0,
-        protection: None,
-        attachment: None,
-        observe_only: false,
-        last_flush: None,
-        ipam_hold: None,
+        ..AddressView::free(address.parse().unwrap())
     }
 }
 

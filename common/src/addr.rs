@@ -117,12 +117,6 @@ pub enum AddrState {
 impl AddrState {
     pub const ALL: [AddrState; 3] = [Self::Active, Self::Draining, Self::Quarantined];
 
-    /// The derived `from_repr` under the name the agent's sample views read states with.
-    #[inline(always)]
-    pub const fn from_raw(raw: u32) -> Option<Self> {
-        Self::from_repr(raw)
-    }
-
     /// The name the API and the metrics use (derived).
     #[cfg(feature = "names")]
     pub fn as_str(self) -> &'static str {

@@ -63,12 +63,6 @@ impl Reason {
     ];
     pub const COUNT: u32 = Self::ALL.len() as u32;
 
-    /// The derived `from_repr` under the name the agent reads samples with.
-    #[inline(always)]
-    pub const fn from_raw(raw: u32) -> Option<Self> {
-        Self::from_repr(raw)
-    }
-
     /// The reason's name as the metrics label it (derived).
     #[cfg(feature = "names")]
     pub fn as_str(self) -> &'static str {
@@ -97,12 +91,6 @@ pub enum Action {
 impl Action {
     pub const ALL: [Action; 3] = [Self::Dropped, Self::Observed, Self::Reported];
     pub const COUNT: u32 = Self::ALL.len() as u32;
-
-    /// The derived `from_repr` under the name the agent reads samples with.
-    #[inline(always)]
-    pub const fn from_raw(raw: u32) -> Option<Self> {
-        Self::from_repr(raw)
-    }
 
     /// The action's name as the metrics label it (derived).
     #[cfg(feature = "names")]

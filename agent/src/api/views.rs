@@ -217,13 +217,13 @@ pub fn sample_body(sample: &ConflictSample, seen_on: String, holder: Option<Hold
     EventBody::Sample {
         address: sample.addr.to_ip(),
         hook: hook.to_owned(),
-        reason: Reason::from_raw(sample.reason)
+        reason: Reason::from_repr(sample.reason)
             .map_or("unknown", Reason::as_str)
             .to_owned(),
-        action: Action::from_raw(sample.action)
+        action: Action::from_repr(sample.action)
             .map_or("unknown", Action::as_str)
             .to_owned(),
-        state: StateName::of_raw_entry(AddrState::from_raw(sample.state)).to_owned(),
+        state: StateName::of_raw_entry(AddrState::from_repr(sample.state)).to_owned(),
         ifindex: sample.ifindex,
         seen_on,
         holder_ifindex: sample.holder_ifindex,

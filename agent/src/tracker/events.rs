@@ -256,7 +256,7 @@ impl Tracker {
         let addr = sample.addr.to_ip();
         self.publish_sample(sample);
         let observe_only = self.registry.get(addr).is_some_and(|r| r.observe_only);
-        match Reason::from_raw(sample.reason) {
+        match Reason::from_repr(sample.reason) {
             Some(Reason::StaleTraffic) => {
                 if let Some(AddrStatus::Quarantined { since, .. }) =
                     self.registry.get(addr).map(|r| &r.status)

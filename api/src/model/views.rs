@@ -78,6 +78,32 @@ pub struct AddressView {
     pub ipam_hold: Option<IpamHoldView>,
 }
 
+impl AddressView {
+    /// The view of an address the registry does not hold: `free`, with no holder, no time in
+    /// a state and nothing recorded against it. The agent shows one for an address the IPAM
+    /// still holds for ipq (its `ipam_hold` filled in); every other field stays empty.
+    pub fn free(address: IpAddr) -> Self {
+        Self {
+            address,
+            state: StateName::Free,
+            holder: None,
+            previous_holder: None,
+            fenced: None,
+            blocked_claimant: None,
+            displaced: Vec::new(),
+            since: String::new(),
+            until: None,
+            last_stale: None,
+            conflicts: 0,
+            protection: None,
+            attachment: None,
+            observe_only: false,
+            last_flush: None,
+            ipam_hold: None,
+        }
+    }
+}
+
 /// An allocation `ipq-ipam` holds in the node's IPAM.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IpamHoldView {
@@ -180,3 +206,6 @@ pub struct DatapathEntryView {
     pub holder_ifindex: u32,
     pub fenced_ifindex: u32,
 }
+
+#[cfg(test)]
+mod tests;

@@ -69,7 +69,7 @@ impl<'a> ApiService<'a> {
         let hold = self.ipam_holds.get(addr)?;
         Some(AddressView {
             ipam_hold: Some(hold_view(hold, StateName::Free)),
-            ..free_view(addr)
+            ..AddressView::free(addr)
         })
     }
 
@@ -101,27 +101,5 @@ fn hold_view(hold: Hold, state: StateName) -> IpamHoldView {
         error: hold
             .last_error
             .map(|e| format!("{e} ({} attempts)", hold.failures)),
-    }
-}
-
-/// The view of an address the registry does not hold.
-fn free_view(addr: IpAddr) -> AddressView {
-    AddressView {
-        address: addr,
-        state: StateName::Free,
-        holder: None,
-        previous_holder: None,
-        fenced: None,
-        blocked_claimant: None,
-        displaced: Vec::new(),
-        since: String::new(),
-        until: None,
-        last_stale: None,
-        conflicts: 0,
-        protection: None,
-        attachment: None,
-        observe_only: false,
-        last_flush: None,
-        ipam_hold: None,
     }
 }
