@@ -30,7 +30,8 @@ pub struct AddressList {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AddressView {
     pub address: IpAddr,
-    /// `active`, `draining` or `quarantined` (a `free` address has no view: 404).
+    /// `active`, `draining` or `quarantined`; `free` only for an address ipq-ipam still holds
+    /// (any other free address has no view: 404).
     pub state: StateName,
     /// The live holder (Active, Draining).
     #[serde(default, skip_serializing_if = "Option::is_none")]
