@@ -90,7 +90,10 @@ pub(super) fn cni_adds(node: &Node) -> Result<f64> {
                     { "name": "bwc" },
                     { "name": "eth0", "sandbox": "/run/netns/bench" },
                 ],
-                "ips": [{ "address": format!("10.121.0.{k}/32"), "interface": 1 }],
+                "ips": [{
+                    "address": format!("10.121.{}.{}/32", k / 256, k % 256),
+                    "interface": 1,
+                }],
             },
         });
         let start = Instant::now();
