@@ -44,6 +44,9 @@ pub(crate) fn lookup_all<K: Pod, V: Pod>(map: BorrowedFd<'_>) -> io::Result<Opti
         // The kernel writes how many entries it filled, also with ENOENT (the last batch).
         let count = u32::from_ne_bytes(attr[32..36].try_into().expect("4 bytes")).min(CHUNK);
         let done = match result {
+            // A batch that neither filled anything nor ended the walk would be asked again
+            // for ever: iterate instead.
+            Ok(_) if count == 0 => return Ok(None),
             Ok(_) => false,
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => true,
             Err(e) if is_unsupported(&e, first) => return Ok(None),
