@@ -208,7 +208,7 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
         source: e,
     })??;
     let mut tracker = Tracker::new(config, datapath, attacher, journal, metrics.clone());
-    let recovery = tracker.recover_from(loaded);
+    let recovery = tracker.recover(loaded);
     // DELs spooled while no agent ran drain their holders before the dump says which are gone,
     // so they end up exactly where a live DEL would have put them.
     replay_spool(&mut tracker, &spool_dir);

@@ -23,16 +23,10 @@ pub enum Recovery {
 }
 
 impl Tracker {
-    /// Brings the registry back from the journal, merged with the pinned maps (see
+    /// Brings the registry back from the journal as loaded (`Journal::load`'s answer: the
+    /// agent reads it beside the datapath's load), merged with the pinned maps (see
     /// [`entry::merge`]: where they disagree, the maps are the more recent truth).
-    pub fn recover(&mut self) -> Recovery {
-        let loaded = self.durable.journal_mut().load();
-        self.recover_from(loaded)
-    }
-
-    /// [`recover`](Self::recover) with the journal already loaded (`Journal::load`'s answer):
-    /// the agent reads it beside the datapath's load.
-    pub fn recover_from(
+    pub fn recover(
         &mut self,
         loaded: Result<Option<Loaded<AddrRecord>>, JournalError>,
     ) -> Recovery {

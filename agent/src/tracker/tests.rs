@@ -121,7 +121,7 @@ fn observe_only_survives_a_restart_and_a_lost_journal() {
 
     // A restart: the journal and the pins.
     let mut restarted = tracker_with(config(EarlyReusePolicy::Observe), dir.path(), table);
-    restarted.recover();
+    recover(&mut restarted);
     restarted.reconcile(restarted.net.clone());
     for addr in ["10.0.0.5", "fd00::5"] {
         assert_eq!(
@@ -134,7 +134,7 @@ fn observe_only_survives_a_restart_and_a_lost_journal() {
     // The journal lost: the pins alone say observe.
     std::fs::remove_file(dir.path().join(JOURNAL_FILE)).unwrap();
     let mut rebuilt = tracker_with(config(EarlyReusePolicy::Observe), dir.path(), table);
-    assert_eq!(rebuilt.recover(), super::Recovery::PinnedMaps);
+    assert_eq!(recover(&mut rebuilt), super::Recovery::PinnedMaps);
     rebuilt.reconcile(rebuilt.net.clone());
     for addr in ["10.0.0.5", "fd00::5"] {
         assert!(
@@ -160,7 +160,7 @@ fn a_journal_without_the_flag_takes_it_from_the_pins() {
         .commit(&mut OlderJournal(snapshot.records))
         .unwrap();
     let mut upgraded = tracker_with(config(EarlyReusePolicy::Observe), dir.path(), pinned(&t));
-    assert_eq!(upgraded.recover(), super::Recovery::Journal);
+    assert_eq!(recover(&mut upgraded), super::Recovery::Journal);
     assert!(
         upgraded
             .registry()
@@ -190,6 +190,12 @@ fn every_change_to_a_record_needs_a_save() {
     assert!(!t.is_saved(), "a conflict count is a change to save");
     t.persist().unwrap();
     assert!(t.is_saved());
+}
+
+/// Recovery as the agent runs it, with the tracker's own journal loaded first.
+fn recover(t: &mut Tracker) -> super::Recovery {
+    let loaded = t.durable.journal_mut().load();
+    t.recover(loaded)
 }
 
 /// A claim through the API for `lo` (the one interface a test's namespace surely has), as
