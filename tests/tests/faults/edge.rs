@@ -12,10 +12,10 @@ use std::{
     },
     path::{Path, PathBuf},
     process::Command,
-    time::Duration,
+    time::{Duration, Instant},
 };
 
-use ipq::listen::{HEADER_TIMEOUT, METRICS_MAX_PER_PEER};
+use ipq::listen::{HEADER_TIMEOUT, METRICS_MAX_CONNECTIONS, METRICS_MAX_PER_PEER};
 use ipq_tests::{
     api::{ipq_as, request},
     cni::{Attachment, Chain},
@@ -96,6 +96,56 @@ fn fd_limits(pid: u32) -> (String, String) {
     (fields[3].to_owned(), fields[4].to_owned())
 }
 
+/// How many sockets process `pid` has open.
+fn socket_fds(pid: u32) -> usize {
+    fs::read_dir(format!("/proc/{pid}/fd"))
+        .expect("the agent's descriptors")
+        .filter_map(Result::ok)
+        .filter(|fd| {
+            fs::read_link(fd.path())
+                .is_ok_and(|target| target.to_string_lossy().starts_with("socket:"))
+        })
+        .count()
+}
+
+/// Whether the peer closed `stream` by `deadline`: its read returns the end of the stream or
+/// a reset. A read that times out means the connection is still open; it is tried again until
+/// the deadline.
+fn closed_by<S: std::io::Read>(
+    stream: &mut S,
+    deadline: Instant,
+    set_timeout: impl Fn(&S, Option<Duration>) -> std::io::Result<()>,
+) -> bool {
+    let mut byte = [0u8; 1];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return false;
+        }
+        set_timeout(stream, Some(left.min(Duration::from_millis(500)))).unwrap();
+        match stream.read(&mut byte) {
+            Ok(0) => return true,
+            Ok(_) => panic!("an idle connection was sent data it did not ask for"),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock
+                        | std::io::ErrorKind::TimedOut
+                        | std::io::ErrorKind::Interrupted
+                ) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::ConnectionAborted
+                ) =>
+            {
+                return true
+            }
+            Err(e) => panic!("reading an idle connection: {e}"),
+        }
+    }
+}
+
 /// Injected: 1100 idle TCP connections to the metrics port and 200 idle connections to the API
 /// socket, against an agent started with the conventional soft limit of 1024 open files /
 /// Holds: the soft limit is raised to the hard one; claims are answered and saved (their
@@ -115,6 +165,7 @@ fn idle_connections_on_both_listeners_exhaust_nothing() {
         .start_agent_wrapped(&["prlimit", &nofile, "--"], &agent_args())
         .expect("starting ipq-agent under prlimit (package util-linux)");
 
+    let baseline = socket_fds(agent.pid());
     let addr: SocketAddr = METRICS_ADDR.parse().unwrap();
     // From 200 peer addresses, so that the per-peer allowance leaves the global cap to hold.
     let tcp: Vec<TcpStream> = lab.node.run(|| {
@@ -132,7 +183,15 @@ fn idle_connections_on_both_listeners_exhaust_nothing() {
                 .unwrap_or_else(|e| panic!("idle API connection {i}: {e}"))
         })
         .collect();
-    std::thread::sleep(Duration::from_millis(500));
+    // Every connection the listeners keep must be held by the agent before the claims, or
+    // they would run with descriptors to spare.
+    let held = METRICS_MAX_CONNECTIONS + unix.len();
+    poll(
+        &format!("the agent holding {held} idle connections"),
+        SETTLE,
+        || Ok((socket_fds(agent.pid()) >= baseline + held).then_some(())),
+    )
+    .unwrap();
 
     // The API answers, and what it answers is saved.
     for i in 0..20 {
@@ -155,23 +214,21 @@ fn idle_connections_on_both_listeners_exhaust_nothing() {
         &log[log.len().saturating_sub(2000)..]
     );
 
-    // After the header timeout every idle connection is closed by the agent.
-    std::thread::sleep(HEADER_TIMEOUT + Duration::from_secs(2));
-    let closed = |read: &mut dyn std::io::Read| {
-        let mut byte = [0u8; 1];
-        matches!(read.read(&mut byte), Ok(0) | Err(_))
-    };
+    // After the header timeout every idle connection is closed by the agent: each one reads
+    // its end (or a reset) by then. A read that times out is an open connection, not a
+    // closed one.
+    let deadline = Instant::now() + HEADER_TIMEOUT + SETTLE;
     for (i, mut stream) in tcp.into_iter().enumerate() {
-        stream
-            .set_read_timeout(Some(Duration::from_secs(3)))
-            .unwrap();
-        assert!(closed(&mut stream), "idle TCP connection {i} is still open");
+        assert!(
+            closed_by(&mut stream, deadline, |s, t| s.set_read_timeout(t)),
+            "idle TCP connection {i} is still open"
+        );
     }
     for (i, mut stream) in unix.into_iter().enumerate() {
-        stream
-            .set_read_timeout(Some(Duration::from_secs(3)))
-            .unwrap();
-        assert!(closed(&mut stream), "idle API connection {i} is still open");
+        assert!(
+            closed_by(&mut stream, deadline, |s, t| s.set_read_timeout(t)),
+            "idle API connection {i} is still open"
+        );
     }
     claim_ok(&lab, "10.77.0.99", "edge-h2-after");
     // What runs short of descriptors while idle connections hold them: the journal's saves and

@@ -114,7 +114,19 @@ pub(crate) fn a_gone_b_configured<'l>(lab: &'l Lab, third: &NetNs) -> anyhow::Re
             "the third pod resolved {addr} to A"
         );
     }
-    std::thread::sleep(Duration::from_millis(1200));
+    // The agent must hold A as the addresses' holder before A goes, or there is no
+    // quarantine to start.
+    for addr in SHARED {
+        poll(
+            &format!("{addr} held by vethba"),
+            Duration::from_secs(10),
+            || {
+                Ok(address(lab, addr)?
+                    .filter(|v| v["state"] == "active" && v["holder"]["ifname"] == "vethba")
+                    .map(|_| ()))
+            },
+        )?;
+    }
 
     ip(node, "link del vethba")?;
     for addr in SHARED {
