@@ -39,7 +39,8 @@ use std::{
     io,
     net::IpAddr,
     path::{Path, PathBuf},
-    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+    sync::Arc,
+    time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
 use serde::{de::DeserializeOwned, Serialize};
@@ -51,7 +52,7 @@ use self::{
 };
 use crate::{
     netdev,
-    registry::{AddrRecord, Clock, Registry},
+    registry::{duration_ns, AddrRecord, Clock, MonoNs, Registry, SystemClock},
 };
 
 pub use self::{
@@ -71,7 +72,7 @@ const COMPACT_FILE: &str = "registry.journal.compact";
 const COMPACT_MIN_BYTES: u64 = 1 << 20;
 /// After a failed rewrite or compaction, how long before the next attempt: a full disk is not
 /// rewritten on every loop iteration.
-const RETRY_AFTER: Duration = Duration::from_secs(1);
+pub const RETRY_AFTER: Duration = Duration::from_secs(1);
 
 #[derive(Debug, Error)]
 pub enum JournalError {
@@ -165,7 +166,9 @@ pub struct Journal<E: Entry = AddrRecord> {
     rewrite: bool,
     compaction: Option<Compaction>,
     /// No rewrite or compaction is attempted before this, after one failed.
-    retry_at: Option<Instant>,
+    retry_at: Option<MonoNs>,
+    /// What `retry_at` is read against: the system's monotonic clock, a fake one in tests.
+    clock: Arc<dyn Clock + Send + Sync>,
     last_failure: Option<String>,
     /// Where deferred commits are flushed; `None`: every commit flushes on the caller.
     syncer: Option<syncer::SyncPool>,
@@ -208,6 +211,7 @@ impl<E: Entry> Journal<E> {
             rewrite: true,
             compaction: None,
             retry_at: None,
+            clock: Arc::new(SystemClock),
             last_failure: None,
             syncer: None,
             next_file_id: 0,
@@ -215,6 +219,12 @@ impl<E: Entry> Journal<E> {
             durable_through: 0,
             poisoned: None,
         })
+    }
+
+    /// The journal with its retry timer read against `clock` (a test's fake clock).
+    pub fn with_clock(mut self, clock: impl Clock + Send + Sync + 'static) -> Self {
+        self.clock = Arc::new(clock);
+        self
     }
 
     /// The file this agent journals to (see [`Journal::newer`]).
@@ -344,11 +354,11 @@ impl<E: Entry> Journal<E> {
     }
 
     fn may_retry(&self) -> bool {
-        self.retry_at.is_none_or(|at| Instant::now() >= at)
+        self.retry_at.is_none_or(|at| self.clock.now() >= at)
     }
 
     fn failed(&mut self, what: &str, e: &io::Error) {
-        self.retry_at = Some(Instant::now() + RETRY_AFTER);
+        self.retry_at = Some(self.clock.now().saturating_add(duration_ns(RETRY_AFTER)));
         self.last_failure = Some(format!("{what}: {e}"));
     }
 

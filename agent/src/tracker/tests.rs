@@ -21,7 +21,7 @@ use crate::{
     journal::{Journal, JOURNAL_FILE},
     metrics::Metrics,
     netlink::NetEvent,
-    registry::StateName,
+    registry::{FakeClock, StateName},
 };
 
 const VETH_A: u32 = 11;
@@ -41,7 +41,19 @@ fn config(policy: EarlyReusePolicy) -> Config {
 }
 
 fn tracker_with(config: Config, state_dir: &Path, table: MemTable) -> Tracker {
-    let journal = Journal::open(state_dir).expect("journal");
+    tracker_clocked(config, state_dir, table, FakeClock::new(0))
+}
+
+/// A tracker whose journal reads its retry timer against `journal_clock`.
+fn tracker_clocked(
+    config: Config,
+    state_dir: &Path,
+    table: MemTable,
+    journal_clock: FakeClock,
+) -> Tracker {
+    let journal = Journal::open(state_dir)
+        .expect("journal")
+        .with_clock(journal_clock);
     let datapath = MemDatapath { table };
     let (attacher, jobs) = Attacher::without_workers(TcMode::Tcx);
     // No workers: the attach jobs the tracker queues are never run, and the queue stays open so
@@ -52,6 +64,21 @@ fn tracker_with(config: Config, state_dir: &Path, table: MemTable) -> Tracker {
 
 pub(super) fn tracker(policy: EarlyReusePolicy, state_dir: &Path) -> Tracker {
     tracker_with(config(policy), state_dir, MemTable::default())
+}
+
+/// [`tracker`], and the clock its journal's retry timer reads.
+pub(super) fn tracker_with_journal_clock(
+    policy: EarlyReusePolicy,
+    state_dir: &Path,
+) -> (Tracker, FakeClock) {
+    let clock = FakeClock::new(0);
+    let t = tracker_clocked(
+        config(policy),
+        state_dir,
+        MemTable::default(),
+        clock.clone(),
+    );
+    (t, clock)
 }
 
 fn link(t: &mut Tracker, ifindex: u32, name: &str) {

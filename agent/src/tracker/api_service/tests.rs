@@ -18,7 +18,7 @@ use crate::{
     config::EarlyReusePolicy,
     registry::{Holder, RegistryError, StateName},
     tracker::{
-        tests::{claim, ip, tracker},
+        tests::{claim, ip, tracker, tracker_with_journal_clock},
         Tracker,
     },
 };
@@ -100,7 +100,7 @@ fn gc_drains_exactly_the_attachments_the_runtime_no_longer_lists() {
 fn a_claim_is_answered_unavailable_until_it_is_saved() {
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("state");
-    let mut t = tracker(EarlyReusePolicy::FenceOld, &state);
+    let (mut t, journal_clock) = tracker_with_journal_clock(EarlyReusePolicy::FenceOld, &state);
     // The state directory vanishes: every save fails.
     std::fs::remove_dir_all(&state).unwrap();
     let error = claim(&mut t, "10.0.0.9").unwrap_err();
@@ -113,7 +113,13 @@ fn a_claim_is_answered_unavailable_until_it_is_saved() {
     // journal tries a failed rewrite again at most once a second, so a failing disk is not
     // hammered by every request.)
     std::fs::create_dir_all(&state).unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(1100));
+    let error = claim(&mut t, "10.0.0.9").unwrap_err();
+    assert_eq!(
+        error.code(),
+        ErrorCode::Unavailable,
+        "retried before the journal's retry time"
+    );
+    journal_clock.advance(crate::journal::RETRY_AFTER);
     let response = claim(&mut t, "10.0.0.9").expect("the claim, now durable");
     assert_eq!(response.addresses[0].state, StateName::Active);
     assert!(t.is_saved());
