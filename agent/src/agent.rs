@@ -154,10 +154,11 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
         .set(i64::from(datapath.capacity()));
     let server = metrics::serve(config.metrics_addr, metrics.clone()).await?;
     tokio::spawn(server);
-    let (sample_tx, mut sample_rx) = mpsc::unbounded_channel();
+    let (sample_tx, mut sample_rx) = mpsc::channel(kernel_rings::SAMPLE_QUEUE);
     if let Some(samples) = datapath.take_samples() {
+        let metrics = metrics.clone();
         tokio::spawn(async move {
-            if let Err(e) = read_samples(samples, sample_tx).await {
+            if let Err(e) = read_samples(samples, sample_tx, metrics).await {
                 error!("sample reader stopped: {e}");
             }
         });

@@ -51,18 +51,21 @@ pub enum MetricsError {
 
 /// Where user space loses events (`source` label of `ipq_events_lost_total`; the kernel's
 /// losses are `source="kernel"`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, strum::IntoStaticStr)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, strum::IntoStaticStr, strum::EnumCount, strum::EnumIter,
+)]
 #[strum(serialize_all = "lowercase")]
 pub enum LostAt {
     /// A conflict log line over the log rate limit.
     Log = 0,
     /// An `/v1/events` subscriber that fell too far behind.
     Api = 1,
+    /// A conflict sample read from the kernel's ring while the queue to the owner loop was
+    /// full: dropped as the kernel drops what its full ring cannot take.
+    Queue = 2,
 }
 
 impl LostAt {
-    pub const ALL: [LostAt; 2] = [Self::Log, Self::Api];
-
     pub fn as_str(self) -> &'static str {
         self.into()
     }

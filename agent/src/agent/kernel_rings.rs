@@ -2,21 +2,32 @@
 //! the tracker) and aya-log records (to the agent's log), each read as the ring becomes
 //! readable, never polled.
 
+use std::sync::Arc;
+
 use ipq_common::sample::ConflictSample;
 use log::warn;
 use tokio::{
     io::{unix::AsyncFd, Interest},
-    sync::mpsc,
+    sync::mpsc::{self, error::TrySendError},
 };
 
 use super::AgentError;
-use crate::datapath::{decode_sample, KernelLogger, Samples};
+use crate::{
+    datapath::{decode_sample, KernelLogger, Samples},
+    metrics::{LostAt, Metrics},
+};
+
+/// Samples waiting for the owner loop. The kernel's ring is bounded and counts what it cannot
+/// take; this queue is bounded too, so a flood costs counted samples, never the agent's heap.
+pub(super) const SAMPLE_QUEUE: usize = 4096;
 
 /// Reads the sample ring until the agent stops and hands each sample to the tracker, which logs
-/// and publishes it.
+/// and publishes it. A sample that finds the queue full is dropped and counted
+/// (`ipq_events_lost_total{source="queue"}`).
 pub(super) async fn read_samples(
     samples: Samples,
-    to_tracker: mpsc::UnboundedSender<ConflictSample>,
+    to_tracker: mpsc::Sender<ConflictSample>,
+    metrics: Arc<Metrics>,
 ) -> Result<(), AgentError> {
     // SAFETY: the ring buffer owns its map fd, which stays open and unchanged for as long as
     // the AsyncFd owns the ring.
@@ -33,11 +44,11 @@ pub(super) async fn read_samples(
         let ring = guard.get_inner_mut();
         while let Some(item) = ring.next() {
             match decode_sample(&item) {
-                Some(sample) => {
-                    if to_tracker.send(sample).is_err() {
-                        return Ok(());
-                    }
-                }
+                Some(sample) => match to_tracker.try_send(sample) {
+                    Ok(()) => {}
+                    Err(TrySendError::Full(_)) => metrics.events_lost(LostAt::Queue, 1),
+                    Err(TrySendError::Closed(_)) => return Ok(()),
+                },
                 None => warn!("sample ring: record of {} bytes ignored", item.len()),
             }
         }

@@ -40,7 +40,7 @@ impl<E: Entry> Journal<E> {
     /// From now on [`Journal::commit_deferred`] leaves its flush to a pool of threads, whose
     /// reports go to `reports` (to be handed to [`Journal::on_synced`]). Without the pool (it
     /// could not start) every commit flushes on the caller, as before.
-    pub fn defer_syncs(&mut self, reports: mpsc::UnboundedSender<Synced>) {
+    pub fn defer_syncs(&mut self, reports: mpsc::Sender<Synced>) {
         match SyncPool::start(reports) {
             Ok(pool) => self.syncer = Some(pool),
             Err(e) => {

@@ -60,7 +60,7 @@ pub use self::{
     format::VERSION,
     newer::NewerJournal,
     read::TornTail,
-    syncer::Synced,
+    syncer::{Synced, REPORT_QUEUE},
 };
 
 pub const JOURNAL_FILE: &str = "registry.journal";

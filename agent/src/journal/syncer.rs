@@ -17,7 +17,10 @@ use std::{
     fs::File,
     io,
     os::fd::AsRawFd as _,
-    sync::{mpsc as std_mpsc, Arc, Mutex},
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc, Condvar, Mutex,
+    },
     thread,
 };
 
@@ -62,42 +65,102 @@ pub struct Synced {
     pub(super) result: io::Result<()>,
 }
 
-/// The pool: jobs in, reports out (to the owner loop, which answers the requests).
+/// The reports' queue to the owner loop: at most one per thread waits in it; a thread whose
+/// report finds it full waits for the loop (the loop never waits for the pool).
+pub const REPORT_QUEUE: usize = SYNC_THREADS;
+
+/// The flush asked for that no thread has taken yet. One slot, not a queue: a later flush
+/// covers every commit an earlier one would have (it begins after their writes, and a new file
+/// replaces an old one only once flushed whole), so a newer request replaces an untaken one and
+/// a burst of commits costs at most one waiting flush besides those in flight.
+#[derive(Default)]
+struct Slot {
+    next: Option<Job>,
+    /// The pool is being dropped: the threads finish.
+    closed: bool,
+}
+
+struct Shared {
+    slot: Mutex<Slot>,
+    wake: Condvar,
+    /// Threads still running; none left means nothing will ever be flushed.
+    running: AtomicUsize,
+}
+
+/// The pool: flushes asked for in, reports out (to the owner loop, which answers the requests).
 pub(super) struct SyncPool {
-    jobs: std_mpsc::Sender<Job>,
+    shared: Arc<Shared>,
 }
 
 impl SyncPool {
-    pub(super) fn start(reports: mpsc::UnboundedSender<Synced>) -> io::Result<Self> {
-        let (jobs, queue) = std_mpsc::channel::<Job>();
-        let queue = Arc::new(Mutex::new(queue));
+    pub(super) fn start(reports: mpsc::Sender<Synced>) -> io::Result<Self> {
+        let shared = Arc::new(Shared {
+            slot: Mutex::new(Slot::default()),
+            wake: Condvar::new(),
+            running: AtomicUsize::new(0),
+        });
         for index in 0..SYNC_THREADS {
-            let (queue, reports) = (queue.clone(), reports.clone());
-            thread::Builder::new()
+            let (thread_shared, reports) = (shared.clone(), reports.clone());
+            shared.running.fetch_add(1, Ordering::SeqCst);
+            let spawned = thread::Builder::new()
                 .name(format!("ipq-journal-{index}"))
-                .spawn(move || flush_jobs(index, &queue, &reports))?;
+                .spawn(move || {
+                    flush_jobs(index, &thread_shared, &reports);
+                    thread_shared.running.fetch_sub(1, Ordering::SeqCst);
+                });
+            if let Err(e) = spawned {
+                shared.running.fetch_sub(1, Ordering::SeqCst);
+                return Err(e);
+            }
         }
-        Ok(Self { jobs })
+        Ok(Self { shared })
     }
 
-    /// Asks for a flush of `files` covering commit `ticket`; `false` when the pool is gone.
+    /// Asks for a flush of `files` covering commit `ticket` (replacing one asked for earlier
+    /// that no thread has taken yet); `false` when the pool is gone.
     pub(super) fn flush(&self, ticket: u64, files: Arc<SyncFiles>) -> bool {
-        self.jobs.send(Job { ticket, files }).is_ok()
+        if self.shared.running.load(Ordering::SeqCst) == 0 {
+            return false;
+        }
+        let Ok(mut slot) = self.shared.slot.lock() else {
+            return false;
+        };
+        slot.next = Some(Job { ticket, files });
+        drop(slot);
+        self.shared.wake.notify_one();
+        true
     }
 }
 
-fn flush_jobs(
-    index: usize,
-    queue: &Mutex<std_mpsc::Receiver<Job>>,
-    reports: &mpsc::UnboundedSender<Synced>,
-) {
+impl Drop for SyncPool {
+    fn drop(&mut self) {
+        if let Ok(mut slot) = self.shared.slot.lock() {
+            slot.closed = true;
+        }
+        self.shared.wake.notify_all();
+    }
+}
+
+fn flush_jobs(index: usize, shared: &Shared, reports: &mpsc::Sender<Synced>) {
     loop {
         // The lock is held only to take a job, never through a flush.
-        let job = match queue.lock() {
-            Ok(queue) => queue.recv(),
-            Err(_) => return,
+        let job = {
+            let Ok(mut slot) = shared.slot.lock() else {
+                return;
+            };
+            loop {
+                if let Some(job) = slot.next.take() {
+                    break job;
+                }
+                if slot.closed {
+                    return;
+                }
+                slot = match shared.wake.wait(slot) {
+                    Ok(slot) => slot,
+                    Err(_) => return,
+                };
+            }
         };
-        let Ok(job) = job else { return };
         // A failure is logged where it is decided on (the owner's save), not here.
         let result = job.files.files[index].sync_data();
         let report = Synced {
@@ -105,7 +168,7 @@ fn flush_jobs(
             file_id: job.files.file_id,
             result,
         };
-        if reports.send(report).is_err() {
+        if reports.blocking_send(report).is_err() {
             return;
         }
     }

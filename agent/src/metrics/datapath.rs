@@ -25,7 +25,7 @@ use crate::datapath::DatapathError;
 pub(super) type ReadCounters = Box<dyn Fn() -> Result<Vec<Counter>, DatapathError> + Send + Sync>;
 
 /// Events lost in user space, indexed by [`LostAt`]; the kernel's count lives in its map.
-pub(super) type LostCounts = Arc<[AtomicU64; LostAt::ALL.len()]>;
+pub(super) type LostCounts = Arc<[AtomicU64; <LostAt as strum::EnumCount>::COUNT]>;
 
 /// `source` of the kernel's lost events: conflict samples dropped because the ring was full.
 const KERNEL_SOURCE: &str = "kernel";
@@ -143,7 +143,7 @@ impl DatapathCollector {
             lost.with_label_values(&[KERNEL_SOURCE])
                 .inc_by(values[SAMPLES_LOST_INDEX as usize].packets);
         }
-        for at in LostAt::ALL {
+        for at in <LostAt as strum::IntoEnumIterator>::iter() {
             lost.with_label_values(&[at.as_str()])
                 .inc_by(self.lost[at as usize].load(Ordering::Relaxed));
         }

@@ -20,7 +20,7 @@ impl Metrics {
     /// Every metric, with the packet counters read by `read`.
     pub(super) fn with_counters(read: ReadCounters) -> Result<Self, prometheus::Error> {
         let registry = Registry::new();
-        let lost: LostCounts = Arc::new([AtomicU64::new(0), AtomicU64::new(0)]);
+        let lost: LostCounts = Arc::new(std::array::from_fn(|_| AtomicU64::new(0)));
         registry.register(Box::new(DatapathCollector::new(read, lost.clone())?))?;
         // The standard process_* series (CPU, memory, fds, threads, start time) of the agent.
         registry.register(Box::new(

@@ -118,6 +118,7 @@ fn every_labelled_family_has_all_its_series_at_the_first_scrape() {
                 "source=kernel".into(),
                 "source=log".into(),
                 "source=api".into(),
+                "source=queue".into(),
             ]),
         ),
         (
@@ -283,7 +284,11 @@ fn unreadable_kernel_counters_leave_packet_families_out_not_zeroed() {
     assert!(!families.contains_key("ipq_dropped_packets_total"));
     assert_eq!(
         series(&families, "ipq_events_lost_total"),
-        BTreeMap::from([("source=api".into(), 2.0), ("source=log".into(), 0.0)])
+        BTreeMap::from([
+            ("source=api".into(), 2.0),
+            ("source=log".into(), 0.0),
+            ("source=queue".into(), 0.0)
+        ])
     );
 }
 

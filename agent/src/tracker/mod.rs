@@ -171,8 +171,8 @@ impl Tracker {
 
     /// Moves the journal's flushes off the owner loop; their reports come out of the returned
     /// receiver, for [`Tracker::on_synced`].
-    pub fn defer_journal_syncs(&mut self) -> tokio::sync::mpsc::UnboundedReceiver<Synced> {
-        let (reports, receiver) = tokio::sync::mpsc::unbounded_channel();
+    pub fn defer_journal_syncs(&mut self) -> tokio::sync::mpsc::Receiver<Synced> {
+        let (reports, receiver) = tokio::sync::mpsc::channel(crate::journal::REPORT_QUEUE);
         self.durable.journal_mut().defer_syncs(reports);
         receiver
     }

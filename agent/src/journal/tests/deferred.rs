@@ -4,10 +4,10 @@
 use super::*;
 
 /// A journal in `dir` whose commits leave their flush to the pool, and the pool's reports.
-fn deferred(dir: &Path) -> (Journal<Rec>, tokio::sync::mpsc::UnboundedReceiver<Synced>) {
+fn deferred(dir: &Path) -> (Journal<Rec>, tokio::sync::mpsc::Receiver<Synced>) {
     let mut journal = Journal::open(dir).unwrap();
     assert!(journal.load().unwrap().is_none());
-    let (reports, receiver) = tokio::sync::mpsc::unbounded_channel();
+    let (reports, receiver) = tokio::sync::mpsc::channel(REPORT_QUEUE);
     journal.defer_syncs(reports);
     (journal, receiver)
 }
@@ -140,4 +140,43 @@ fn a_commit_flushed_on_the_caller_covers_the_deferred_ones() {
     journal.commit(&mut mem).unwrap();
     assert_eq!(journal.unflushed(), 0);
     assert_eq!(journal.commit_deferred(&mut mem).unwrap(), Commit::Durable);
+}
+
+/// A loop that does not read the reports for a while costs no memory: the pool holds one
+/// untaken flush, one per thread, and [`REPORT_QUEUE`] reports, and the newest flush asked for
+/// covers every commit before it.
+#[test]
+fn flushes_asked_for_while_the_reports_wait_are_coalesced_into_the_newest() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut journal, mut reports) = deferred(dir.path());
+    let mut mem = Mem::default();
+    mem.put(0, "created");
+    assert_eq!(journal.commit_deferred(&mut mem).unwrap(), Commit::Durable);
+    const COMMITS: u32 = 200;
+    let mut last = 0;
+    for key in 1..=COMMITS {
+        mem.put(key, "appended");
+        let Commit::Syncing(ticket) = journal.commit_deferred(&mut mem).unwrap() else {
+            panic!("an appended commit waits for its flush");
+        };
+        last = ticket;
+    }
+    let mut through = 0;
+    let mut received = 0;
+    while through < last {
+        let synced = reports
+            .blocking_recv()
+            .expect("the pool reports the newest flush");
+        received += 1;
+        if let SyncOutcome::DurableThrough(t) = journal.on_synced(synced) {
+            through = t;
+        }
+    }
+    assert_eq!(through, last);
+    let bound = REPORT_QUEUE + super::super::syncer::SYNC_THREADS + 1;
+    assert!(
+        received <= bound,
+        "{received} reports for {COMMITS} commits made while none was read: more than {bound} \
+         were queued"
+    );
 }
