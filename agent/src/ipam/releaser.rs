@@ -334,16 +334,19 @@ async fn release(
     released
 }
 
-/// The delegate's DEL, as a runtime would have run it, from a directory the agent trusts. A
-/// release refused here stays held and is retried: it is never dropped (the address would
-/// stay allocated for good without a word) nor released another way (early).
+/// The delegate's DEL, as a runtime would have run it, from a directory the agent trusts: the
+/// binary opened and checked once, and that descriptor executed. A release refused here stays
+/// held and is retried: it is never dropped (the address would stay allocated for good
+/// without a word) nor released another way (early).
 fn run_del(release: &HeldRelease, bins: &TrustedBins) -> Result<(), ReleaseError> {
+    use std::os::fd::AsFd as _;
     release.validate()?;
-    let binary = bins.find(release)?;
+    let opened = bins.open(release)?;
     let stdin = release.delegate_conf.to_string();
-    delegate::exec(
+    delegate::exec_fd(
         &release.delegate_type,
-        &binary,
+        opened.fd.as_fd(),
+        &opened.path,
         &release.del_env(),
         stdin.as_bytes(),
     )
