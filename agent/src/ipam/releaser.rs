@@ -284,7 +284,7 @@ async fn release(
     whole: &HeldRelease,
 ) -> bool {
     let held = spooled.request.clone();
-    let network = held.network.clone().unwrap_or_default();
+    let network = metrics.ipam.event_network_label(held.network.as_deref());
     let bins = Arc::clone(bins);
     let outcome = tokio::task::spawn_blocking(move || run_del(&held, &bins))
         .await

@@ -326,6 +326,7 @@ impl Metrics {
         )?;
 
         let hygiene = HygieneCounters::register(&registry)?;
+        let ipam = super::IpamMetrics::register(&registry)?;
 
         Ok(Self {
             registry,
@@ -335,6 +336,7 @@ impl Metrics {
             ipam_pending_releases,
             ipam_failing_releases,
             ipam_exhausted,
+            ipam,
             datapath_interfaces,
             unprotected_interfaces,
             attach_failures,

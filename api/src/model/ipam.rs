@@ -6,6 +6,8 @@ use std::net::IpAddr;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::cni_names;
+
 /// A release the agent will not store, naming the field.
 #[derive(Debug, thiserror::Error)]
 #[error("{field}: {reason}")]
@@ -70,6 +72,22 @@ impl HeldRelease {
                 });
             }
         }
+        let names = [
+            (
+                "containerId",
+                cni_names::check_container_id(&self.container_id),
+            ),
+            ("ifname", cni_names::check_ifname(&self.ifname)),
+            (
+                "network",
+                self.network
+                    .as_deref()
+                    .map_or(Ok(()), cni_names::check_network_name),
+            ),
+        ];
+        for (field, checked) in names {
+            checked.map_err(|reason| InvalidRelease { field, reason })?;
+        }
         if !is_plugin_name(&self.delegate_type) {
             return Err(InvalidRelease {
                 field: "delegateType",
@@ -87,6 +105,16 @@ impl HeldRelease {
             return Err(InvalidRelease {
                 field: "delegateConf",
                 reason: "not an object (the delegate's network config)",
+            });
+        }
+        // What ipq-ipam hands over is the network config with `ipam` replaced by the
+        // delegate's section: any other plugin named here (the network's `bridge`, say) would
+        // run a DEL that is not an IPAM's, against the container's interfaces.
+        if self.delegate_conf["ipam"]["type"].as_str() != Some(self.delegate_type.as_str()) {
+            return Err(InvalidRelease {
+                field: "delegateType",
+                reason: "is not the IPAM plugin of delegateConf (its ipam.type): the agent only \
+                         runs the DEL of the IPAM plugin that made the allocation",
             });
         }
         Ok(())
@@ -189,6 +217,68 @@ mod tests {
             .validate()
             .expect_err(bad);
             assert_eq!(err.field, "delegateType", "{bad:?}: {err}");
+        }
+    }
+
+    /// The values an API caller could hand over to be stored and retried forever, or to
+    /// become metric labels: each a 400 naming its field.
+    #[test]
+    fn hostile_names_are_refused_naming_the_field() {
+        let huge_network = format!("net\n{}", "x\n".repeat(5 * 1024));
+        let cases: [(&str, HeldRelease); 7] = [
+            (
+                "containerId",
+                HeldRelease {
+                    container_id: "c\0ffee".into(),
+                    ..release()
+                },
+            ),
+            (
+                "containerId",
+                HeldRelease {
+                    container_id: "../../../../etc/passwd".into(),
+                    ..release()
+                },
+            ),
+            (
+                "ifname",
+                HeldRelease {
+                    ifname: "eth0\0".into(),
+                    ..release()
+                },
+            ),
+            (
+                "ifname",
+                HeldRelease {
+                    ifname: "../../x".into(),
+                    ..release()
+                },
+            ),
+            (
+                "ifname",
+                HeldRelease {
+                    ifname: "..".into(),
+                    ..release()
+                },
+            ),
+            (
+                "network",
+                HeldRelease {
+                    network: Some(huge_network),
+                    ..release()
+                },
+            ),
+            (
+                "delegateType",
+                HeldRelease {
+                    delegate_type: "bridge".into(),
+                    ..release()
+                },
+            ),
+        ];
+        for (field, bad) in cases {
+            let err = bad.validate().expect_err(field);
+            assert_eq!(err.field, field, "{err}");
         }
     }
 

@@ -5,6 +5,7 @@
 //! registry's monotonic clock when a response is built. Addresses are IP strings; holders are
 //! [`Holder`](crate::Holder)s as the registry keeps them.
 
+pub mod cni_names;
 mod error;
 mod events;
 mod ipam;

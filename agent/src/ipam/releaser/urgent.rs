@@ -77,9 +77,10 @@ pub(super) async fn release_now(
             }
         }
     };
+    let label = metrics.ipam.event_network_label(Some(&network));
     metrics
         .ipam_exhausted
-        .with_label_values(&[network.as_str(), outcome])
+        .with_label_values(&[label.as_str(), outcome])
         .inc();
     warn!(
         "ipam: network {network:?} exhausted: released the quietest held allocation \
