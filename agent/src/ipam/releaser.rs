@@ -9,10 +9,16 @@
 //! its DEL and the file's removal: delegate DELs are idempotent (host-local frees by container
 //! id and ifname, which no later pod shares).
 //!
-//! A release that names no address (a DEL without prevResult, spooled while the agent was away,
-//! whose holder is gone by now) cannot be asked about by address: the registry indexes
-//! attachments by their live holder only. It waits `max_cooldown` past the last moment it was
-//! seen busy, or past this task's start: no quarantine lasts longer than that.
+//! The releases of one attachment (a runtime retrying its DEL) are one hold: the delegate's DEL
+//! frees the attachment whole, so it runs only once every address any of them names is free.
+//! An attachment none of whose releases names an address (a DEL without prevResult, spooled
+//! while the agent was away, whose holder is gone by now) cannot be asked about by address:
+//! the registry indexes attachments by their live holder only. It waits `max_cooldown` past
+//! the later of the release's own time (stamped when stored, persisted in its file) and the
+//! last moment it was seen busy: no quarantine lasts longer than that ([`memory`]).
+//!
+//! The releaser keeps the pending releases in memory too: a file removed behind its back is
+//! written back at the next scan, never silently lost ([`memory`]).
 //!
 //! The delegate is run only from the CNI bin directories the agent trusts (`ipam_cni_bin_dirs`,
 //! [`super::trust`]): the release names its binary, and the agent runs it as root. A release
@@ -31,7 +37,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use ipq_api::model::{HeldRelease, InvalidRelease};
+use ipq_api::model::{now_unix_ms, HeldRelease, InvalidRelease};
 use ipq_cni::{
     error::CniError,
     ipam::delegate,
@@ -43,6 +49,7 @@ use tokio::sync::{mpsc, oneshot};
 use self::{
     attachments::{addresses_by_attachment, whole, Attachment},
     gauges::{set_failing, set_held_addresses},
+    memory::Known,
     urgent::release_now,
 };
 use super::{
@@ -56,6 +63,7 @@ use crate::{
 
 mod attachments;
 mod gauges;
+mod memory;
 mod urgent;
 
 pub use urgent::Urgent;
@@ -79,9 +87,6 @@ enum ReleaseError {
     #[error(transparent)]
     Untrusted(#[from] TrustError),
 }
-
-/// When each release without addresses was last seen busy (or this task started).
-type LastBusy = HashMap<PathBuf, Instant>;
 
 /// A failed release waiting for its next try.
 struct Retry {
@@ -145,12 +150,11 @@ pub async fn run(
         registry_lost_at,
         bins,
     } = settings;
-    let started = Instant::now();
     let mut retries: HashMap<PathBuf, Retry> = HashMap::new();
-    let mut last_busy: LastBusy = HashMap::new();
+    let mut known = Known::default();
     let mut networks: HashSet<String> = HashSet::new();
     loop {
-        if let Some(pending) = scan(&dir).await {
+        if let Some(pending) = scan(&dir, &mut known, &metrics).await {
             metrics
                 .ipam_pending_releases
                 .set(i64::try_from(pending.len()).unwrap_or(i64::MAX));
@@ -163,7 +167,6 @@ pub async fn run(
             let paths: HashSet<&Path> = pending.iter().map(|p| p.path.as_path()).collect();
             retries.retain(|path, _| paths.contains(path.as_path()));
             set_failing(&metrics, &retries);
-            last_busy.retain(|path, _| paths.contains(path.as_path()));
             let held = addresses_by_attachment(&pending);
             let mut released: HashSet<Attachment> = HashSet::new();
             for spooled in pending {
@@ -174,7 +177,7 @@ pub async fn run(
                         "ipam: a second release of container {} ({}) was done by the first",
                         spooled.request.container_id, spooled.request.ifname
                     );
-                    if let Err(e) = spooled.done() {
+                    if let Err(e) = known.done(spooled) {
                         error!("ipam releases: {e}");
                     }
                     continue;
@@ -194,19 +197,20 @@ pub async fn run(
                 if !wait.is_zero() {
                     continue;
                 }
-                let free = match all_free(&commands, &spooled.request).await {
+                // The attachment's every address: its DEL frees them all, so a release naming
+                // only a free one must not free the others early.
+                let addresses = held.get(&attachment).map_or(&[][..], Vec::as_slice);
+                let whole = whole(&spooled.request, addresses);
+                let free = match all_free(&commands, &whole).await {
                     None => return,
                     Some(free) => free,
                 };
-                if spooled.request.addresses.is_empty() {
-                    let seen = last_busy.entry(spooled.path.clone()).or_insert(started);
-                    if !free {
-                        *seen = Instant::now();
-                    }
-                    if !free || seen.elapsed() < max_cooldown {
-                        continue;
-                    }
-                } else if !free {
+                let ready = if addresses.is_empty() {
+                    known.quiet_long_enough(&spooled.path, !free, now_unix_ms(), max_cooldown)
+                } else {
+                    free
+                };
+                if !ready {
                     continue;
                 }
                 // Forgotten before the DEL runs, with the other releases of the attachment:
@@ -214,10 +218,17 @@ pub async fn run(
                 // that gets it then must not find ipq's hold still there (it would park the
                 // address as held for another). A DEL that fails puts the hold back as soon
                 // as it returns.
-                let addresses = held.get(&attachment).map_or(&[][..], Vec::as_slice);
                 holds.forget(addresses);
-                let whole = whole(&spooled.request, addresses);
-                if release(spooled, &metrics, &mut retries, &bins, &holds, &whole).await {
+                let done = release(
+                    spooled,
+                    &metrics,
+                    (&mut retries, &mut known),
+                    &bins,
+                    &holds,
+                    &whole,
+                )
+                .await;
+                if done {
                     released.insert(attachment);
                 }
             }
@@ -225,18 +236,22 @@ pub async fn run(
         tokio::select! {
             () = tokio::time::sleep(POLL) => {}
             Some(now) = urgent.recv() => {
-                release_now(&dir, now, &metrics, &mut retries, &holds, &bins).await;
+                release_now(&dir, now, &metrics, (&mut retries, &mut known), &holds, &bins).await;
             }
         }
     }
 }
 
-/// The pending releases, read off the async threads; None (logged) when the directory cannot
-/// be read.
-async fn scan(dir: &Path) -> Option<Vec<Spooled<HeldRelease>>> {
+/// The pending releases, read off the async threads and merged with what `known` remembers
+/// (a vanished file written back); None (logged) when the directory cannot be read.
+async fn scan(
+    dir: &Path,
+    known: &mut Known,
+    metrics: &Metrics,
+) -> Option<Vec<Spooled<HeldRelease>>> {
     let dir = dir.to_owned();
     match tokio::task::spawn_blocking(move || spool::pending_of::<HeldRelease>(&dir)).await {
-        Ok(Ok(pending)) => Some(pending),
+        Ok(Ok(scanned)) => Some(known.reconcile(scanned, now_unix_ms(), metrics)),
         Ok(Err(e)) => {
             error!("ipam releases: {e}");
             None
@@ -278,7 +293,7 @@ async fn all_free(commands: &mpsc::Sender<Command>, release: &HeldRelease) -> Op
 async fn release(
     spooled: Spooled<HeldRelease>,
     metrics: &Metrics,
-    retries: &mut HashMap<PathBuf, Retry>,
+    (retries, known): (&mut HashMap<PathBuf, Retry>, &mut Known),
     bins: &Arc<TrustedBins>,
     holds: &Holds,
     whole: &HeldRelease,
@@ -305,7 +320,7 @@ async fn release(
             );
             retries.remove(&spooled.path);
             // Left behind, the file only runs the (idempotent) DEL again next time.
-            if let Err(e) = spooled.done() {
+            if let Err(e) = known.done(spooled) {
                 error!("ipam releases: {e}");
             }
         }

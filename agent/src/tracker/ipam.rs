@@ -15,15 +15,44 @@ use crate::{
 };
 
 impl Tracker {
-    /// Stores `release` durably under `state_dir/ipam-releases`, its addresses completed with
-    /// what the registry has for its attachment (at ipq-ipam's DEL the holder still lives, so
-    /// a DEL without prevResult still names them). O(k) plus one file write and fsync, as a
-    /// journal save.
+    /// Stores `release` durably under `state_dir/ipam-releases`, stamped with the agent's own
+    /// time (what "never early" counts from) and its addresses completed with what the
+    /// registry has for its attachment (at ipq-ipam's DEL the holder still lives, so a DEL
+    /// without prevResult still names them). An address the attachment's live holder does not
+    /// hold is refused (409) and nothing stored: a DEL frees the whole attachment, so that
+    /// address would be a way to free the others early. O(k) plus one file write and fsync,
+    /// as a journal save.
     pub(super) fn hold_release(&self, mut release: HeldRelease) -> Result<HeldRelease, ApiError> {
         let api = self.api();
-        let known = api.attachment_addresses(&release.container_id, &release.ifname);
+        let known: BTreeSet<IpAddr> = api
+            .attachment_addresses(&release.container_id, &release.ifname)
+            .collect();
+        let foreign: Vec<String> = release
+            .addresses
+            .iter()
+            .filter(|a| !known.is_empty() && !known.contains(a))
+            .map(ToString::to_string)
+            .collect();
+        if !foreign.is_empty() {
+            return Err(ApiError::new(
+                ErrorCode::NotHolder,
+                format!(
+                    "addresses: {} not held by container {} ({}), which holds {}; nothing \
+                     stored",
+                    foreign.join(", "),
+                    release.container_id,
+                    release.ifname,
+                    known
+                        .iter()
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            ));
+        }
         let all: BTreeSet<IpAddr> = release.addresses.iter().copied().chain(known).collect();
         release.addresses = all.into_iter().collect();
+        release.held_at_unix_ms = ipq_api::model::now_unix_ms();
         let dir = paths::ipam_release_dir(&self.config.state_dir);
         let path = spool::spool(&dir, &release)
             .map_err(|e| ApiError::new(ErrorCode::Internal, format!("storing the release: {e}")))?;
