@@ -86,11 +86,14 @@ fn a_release_whose_delegate_is_outside_the_trusted_dirs_is_refused() -> anyhow::
     );
 
     // Straight to the API: a 400 naming the field, for a foreign directory and for a path.
+    // The network config with `ipam` replaced by the delegate's, as ipq-ipam hands it over.
+    let mut delegate_conf = chain.plugin_config(0, None);
+    delegate_conf["ipam"] = delegate_conf["ipam"]["delegate"].clone();
     let release = HeldRelease {
         network: Some(chain.name.clone()),
         cni_version: "1.0.0".into(),
         delegate_type: "host-local".into(),
-        delegate_conf: chain.plugin_config(0, None),
+        delegate_conf,
         container_id: "forged".into(),
         ifname: "eth0".into(),
         cni_args: None,
