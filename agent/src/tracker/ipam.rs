@@ -12,33 +12,41 @@ use super::Tracker;
 use crate::{
     api::{model::ErrorCode, views::ApiError},
     ipam::holds::Holds,
+    registry::StateName,
 };
 
 impl Tracker {
     /// Stores `release` durably under `state_dir/ipam-releases`, stamped with the agent's own
     /// time (what "never early" counts from) and its addresses completed with what the
     /// registry has for its attachment (at ipq-ipam's DEL the holder still lives, so a DEL
-    /// without prevResult still names them). An address the attachment's live holder does not
-    /// hold is refused (409) and nothing stored: a DEL frees the whole attachment, so that
-    /// address would be a way to free the others early. O(k) plus one file write and fsync,
-    /// as a journal save.
+    /// without prevResult still names them). While the attachment's live holder holds
+    /// addresses, one it names that the registry has no holder for at all is refused (409)
+    /// and nothing stored: ipq-cni claimed every address of the pod's result, so that one is
+    /// not the pod's. (One held by another holder is taken: an early reuse moves the pod's
+    /// address to its new holder, and the old pod's DEL must still go through.) O(k) plus one
+    /// file write and fsync, as a journal save.
     pub(super) fn hold_release(&self, mut release: HeldRelease) -> Result<HeldRelease, ApiError> {
         let api = self.api();
         let known: BTreeSet<IpAddr> = api
             .attachment_addresses(&release.container_id, &release.ifname)
             .collect();
+        let unheld = |addr: &&IpAddr| {
+            api.get(**addr)
+                .map_or(true, |view| view.state == StateName::Free)
+        };
         let foreign: Vec<String> = release
             .addresses
             .iter()
             .filter(|a| !known.is_empty() && !known.contains(a))
+            .filter(unheld)
             .map(ToString::to_string)
             .collect();
         if !foreign.is_empty() {
             return Err(ApiError::new(
                 ErrorCode::NotHolder,
                 format!(
-                    "addresses: {} not held by container {} ({}), which holds {}; nothing \
-                     stored",
+                    "addresses: {} held by nobody, while container {} ({}) holds {}: not its \
+                     allocation's; nothing stored",
                     foreign.join(", "),
                     release.container_id,
                     release.ifname,
