@@ -100,6 +100,13 @@ fn read_link(link: &OwnedFd) -> io::Result<PathBuf> {
         )
     };
     let n = usize::try_from(n).map_err(|_| io::Error::last_os_error())?;
+    if n == buf.len() {
+        // Filled to the brim: perhaps cut short, and a cut path is another path.
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "the link's target is longer than PATH_MAX",
+        ));
+    }
     buf.truncate(n);
     Ok(PathBuf::from(OsString::from_vec(buf)))
 }
