@@ -10,7 +10,8 @@
 //! and a failing one retried: `cni_ipam/delegate_del.rs`; a range exhausted by holds:
 //! `cni_ipam/pressure.rs`; the SwarmKit replay with and without ipq-ipam: `cni_ipam/swarmkit.rs`;
 //! ADD, CHECK and DEL at spec 1.1.0 over a 1.1.0-speaking delegate: `cni_ipam/spec_1_1.rs`;
-//! the release API tried as an adversary (issue 27): `cni_ipam/adversary.rs`.
+//! the release API tried as an adversary (issue 27): `cni_ipam/adversary.rs`; the records of
+//! allocations a release completes: `cni_ipam/records.rs`.
 
 use std::{
     net::IpAddr,
@@ -38,6 +39,8 @@ mod dhcp;
 mod gc_status;
 #[path = "cni_ipam/pressure.rs"]
 mod pressure;
+#[path = "cni_ipam/records.rs"]
+mod records;
 #[path = "cni_ipam/spec_1_1.rs"]
 mod spec_1_1;
 #[path = "cni_ipam/swarmkit.rs"]

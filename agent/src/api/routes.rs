@@ -171,6 +171,19 @@ async fn route(
             let release = Box::new(release);
             json(ask(ctx, |reply| Command::HoldRelease { release, reply }).await?)
         }
+        ["ipam", "allocations"] => {
+            only(&method, Method::POST, &path)?;
+            peer.must_be_root(&what)?;
+            query.allow(&[])?;
+            let record: ipq_api::model::AllocationRecord =
+                decode(&read_body(request, &what).await?, &what)?;
+            record.validate().map_err(|e| invalid(e.to_string()))?;
+            ctx.ipam_bins
+                .check(&record.release_at(0))
+                .map_err(|e| invalid(e.to_string()))?;
+            let record = Box::new(record);
+            json(ask(ctx, |reply| Command::RecordAllocation { record, reply }).await?)
+        }
         ["ipam", "exhausted"] => {
             only(&method, Method::POST, &path)?;
             // It may release a held allocation at once: a delegate DEL run as root.

@@ -54,6 +54,7 @@ use self::{
 };
 use super::{
     holds::Holds,
+    records::Records,
     trust::{TrustError, TrustedBins},
 };
 use crate::{
@@ -133,6 +134,8 @@ pub struct Settings {
     pub registry_lost_at: Option<u64>,
     /// Where delegates may be run from (`ipam_cni_bin_dirs`).
     pub bins: Arc<TrustedBins>,
+    /// The records of ipq-ipam's allocations: adopted at each scan, forgotten once released.
+    pub records: Records,
 }
 
 /// Runs until the owner loop stops answering. `urgent` brings the releases the owner loop
@@ -149,9 +152,10 @@ pub async fn run(
         max_cooldown,
         registry_lost_at,
         bins,
+        records,
     } = settings;
     let mut retries: HashMap<PathBuf, Retry> = HashMap::new();
-    let mut known = Known::default();
+    let mut known = Known::new(records);
     let mut networks: HashSet<String> = HashSet::new();
     loop {
         if let Some(pending) = scan(&dir, &mut known, &metrics).await {
@@ -250,7 +254,13 @@ async fn scan(
     metrics: &Metrics,
 ) -> Option<Vec<Spooled<HeldRelease>>> {
     let dir = dir.to_owned();
-    match tokio::task::spawn_blocking(move || spool::pending_of::<HeldRelease>(&dir)).await {
+    let records = known.records().clone();
+    let read = move || {
+        // ipq-ipam's records written while the agent was away.
+        records.adopt();
+        spool::pending_of::<HeldRelease>(&dir)
+    };
+    match tokio::task::spawn_blocking(read).await {
         Ok(Ok(scanned)) => Some(known.reconcile(scanned, now_unix_ms(), metrics)),
         Ok(Err(e)) => {
             error!("ipam releases: {e}");
@@ -298,7 +308,17 @@ async fn release(
     holds: &Holds,
     whole: &HeldRelease,
 ) -> bool {
-    let held = spooled.request.clone();
+    // What runs is the allocation's record where there is one (a release spooled by
+    // ipq-ipam while the agent was away was checked against nothing).
+    let request = &spooled.request;
+    let held = match known.records().get(
+        request.network.as_deref(),
+        &request.container_id,
+        &request.ifname,
+    ) {
+        Some(record) => record.release_at(request.held_at_unix_ms),
+        None => request.clone(),
+    };
     let network = metrics.ipam.event_network_label(held.network.as_deref());
     let bins = Arc::clone(bins);
     let outcome = tokio::task::spawn_blocking(move || run_del(&held, &bins))

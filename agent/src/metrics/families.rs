@@ -147,7 +147,7 @@ impl Metrics {
         )?;
         // Releases whose config names no network count under network "": those series exist
         // from the start, so the alert on failures has a series to read before any release.
-        for outcome in ["released", "failed"] {
+        for outcome in ["released", "failed", "unrecorded"] {
             ipam_releases.with_label_values(&["", outcome]).inc_by(0);
         }
         let ipam_exhausted = registered(

@@ -26,6 +26,9 @@ pub struct IpamMetrics {
     /// `ipq_ipam_network_labels_overflow_total`: release and exhaustion events counted under
     /// `network="other"` (a name over the cap, or not a valid network name).
     pub label_overflow: IntCounter,
+    /// `ipq_ipam_allocation_records_full_total`: ipq-ipam ADDs refused because the table of
+    /// allocation records was full.
+    pub records_full: IntCounter,
     labelled: Mutex<HashSet<String>>,
 }
 
@@ -48,6 +51,14 @@ impl IpamMetrics {
                     "ipq-ipam release and exhaustion events counted under network=\"other\": \
                      the network name was not a valid one, or more than 32 networks already \
                      had a label.",
+                )?,
+            )?,
+            records_full: registered(
+                registry,
+                IntCounter::new(
+                    "ipq_ipam_allocation_records_full_total",
+                    "ipq-ipam ADDs refused (CNI error 11) because the agent already kept as \
+                     many allocation records as the registry's capacity; none is evicted.",
                 )?,
             )?,
             labelled: Mutex::new(HashSet::new()),

@@ -34,7 +34,12 @@ use super::{
 const MAX_COOLDOWN: Duration = Duration::from_secs(6);
 
 /// What ipq-ipam would hand over for `pod`'s DEL on `chain`: `delegate_type` as given.
-fn release_of(chain: &Chain, pod: &Pod, delegate_type: &str, addresses: &[IpAddr]) -> HeldRelease {
+pub(super) fn release_of(
+    chain: &Chain,
+    pod: &Pod,
+    delegate_type: &str,
+    addresses: &[IpAddr],
+) -> HeldRelease {
     let mut delegate_conf = chain.plugin_config(0, None);
     delegate_conf["ipam"] = delegate_conf["ipam"]["delegate"].clone();
     HeldRelease {
@@ -57,7 +62,7 @@ fn release_of(chain: &Chain, pod: &Pod, delegate_type: &str, addresses: &[IpAddr
 }
 
 /// `release` POSTed as root: the HTTP status and message of its refusal, or None if stored.
-fn post(api: &AgentApi, release: &HeldRelease) -> anyhow::Result<Option<(u16, String)>> {
+pub(super) fn post(api: &AgentApi, release: &HeldRelease) -> anyhow::Result<Option<(u16, String)>> {
     match api.runtime.block_on(api.client.hold_release(release)) {
         Ok(_) => Ok(None),
         Err(ClientError::Api { status, error }) => Ok(Some((status, error.message))),
@@ -155,32 +160,72 @@ fn an_address_the_attachment_does_not_hold_is_refused() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// What an upgrade leaves: allocations an older ipq-ipam made have no record. The agent is
+/// stopped, the records removed, and the agent started again with `args`.
+fn without_records<'l>(
+    lab: &'l Lab,
+    mut agent: ipq_tests::lab::Agent<'l>,
+    args: &[&str],
+) -> anyhow::Result<ipq_tests::lab::Agent<'l>> {
+    agent.terminate()?;
+    drop(agent);
+    let dir = paths::ipam_allocation_dir(&state_dir(lab));
+    ensure!(
+        std::fs::read_dir(&dir)?.count() > 0,
+        "the ADD recorded its allocation in {}",
+        dir.display()
+    );
+    std::fs::remove_dir_all(&dir)?;
+    lab.start_agent(args)
+}
+
 /// A's DEL is held, A quarantined; then a release names A's attachment with a free address.
-/// Without ipq-cni in the chain the registry knows A's address from its host route only, not
-/// by container id, so nothing at the door ties the two. host-local frees by container id and
-/// ifname, so running that release would free A's address mid-quarantine: it must wait for
-/// every address of the attachment's releases, A's included.
+/// host-local frees by container id and ifname, so running it would free A's address
+/// mid-quarantine. With A's record that address is not its allocation's: a 409. Without one
+/// (an allocation of an older ipq-ipam), and without ipq-cni in the chain (the registry knows
+/// A's address from its host route only, not by container id), nothing at the door ties the
+/// two: the release must wait for every address of the attachment's releases, A's included.
 #[test]
 fn a_release_naming_a_quarantined_pods_attachment_with_a_free_address_frees_nothing_early(
 ) -> anyhow::Result<()> {
     let lab = Lab::new()?;
     let mut chain = ptp_chain(&lab, "1.0.0")?;
     chain.plugins.truncate(1);
-    let _agent = lab.start_agent(&QUARANTINE)?;
+    // A quarantine that outlasts the agent's restart below.
+    let mut args = QUARANTINE.to_vec();
+    args[3] = "10s";
+    args[7] = "12s";
+    let agent = lab.start_agent(&args)?;
     let api = AgentApi::new(&lab)?;
     let a = add(&chain, "ia")?;
     api.wait_state(a.v4, StateName::Active)?;
     chain.del(&a.attachment, Some(&a.result))?;
-    let not_before = deadline(&api, &a)?;
     let free: IpAddr = "10.94.0.6".parse()?;
     let forged = release_of(&chain, &a, "host-local", &[free]);
-    ensure!(post(&api, &forged)?.is_none(), "stored, as a retried DEL");
+    match post(&api, &forged)? {
+        Some((409, message)) => ensure!(
+            message.contains("10.94.0.6") && message.contains(&a.v4.to_string()),
+            "409 naming the address and the allocation's: {message}"
+        ),
+        other => anyhow::bail!("an address not of A's recorded allocation is a 409: {other:?}"),
+    }
+    let not_before = deadline(&api, &a)?;
+    let _agent = without_records(&lab, agent, &args)?;
+    ensure!(
+        post(&api, &forged)?.is_none(),
+        "stored, as an unrecorded DEL"
+    );
+    ensure!(
+        SystemTime::now() < not_before,
+        "the release must be handed over mid-quarantine for this test to mean anything"
+    );
     wait_for_release(&lab, &chain, &api, &a, not_before)
 }
 
 /// The agent has run longer than `max_cooldown` when a DEL without prevResult hands over a
-/// release naming no address, of a pod the registry never saw (no workload glob matches its
-/// interface): the release waits `max_cooldown` from its own time, not from the agent's start.
+/// release naming no address, of an unrecorded allocation of a pod the registry never saw (no
+/// workload glob matches its interface): the release waits `max_cooldown` from its own time,
+/// not from the agent's start.
 #[test]
 fn an_address_less_release_waits_max_cooldown_from_its_own_time() -> anyhow::Result<()> {
     let lab = Lab::new()?;
@@ -189,9 +234,10 @@ fn an_address_less_release_waits_max_cooldown_from_its_own_time() -> anyhow::Res
     chain.plugins.truncate(1);
     let mut args = QUARANTINE.to_vec();
     args[1] = "nomatch*";
-    let started = Instant::now();
-    let _agent = lab.start_agent(&args)?;
+    let agent = lab.start_agent(&args)?;
     let a = add(&chain, "ia")?;
+    let started = Instant::now();
+    let _agent = without_records(&lab, agent, &args)?;
     poll(
         "the agent up longer than max_cooldown",
         RELEASE_WITHIN,

@@ -17,7 +17,7 @@ use ipq_api::model::HeldRelease;
 use ipq_cni::spool::{self, SpoolError, Spooled};
 use log::{error, warn};
 
-use crate::metrics::Metrics;
+use crate::{ipam::records::Records, metrics::Metrics};
 
 struct Entry {
     request: HeldRelease,
@@ -27,12 +27,20 @@ struct Entry {
     last_busy_ms: Option<u64>,
 }
 
-#[derive(Default)]
 pub(super) struct Known {
     entries: HashMap<PathBuf, Entry>,
+    /// A released allocation's record goes with its last release.
+    records: Records,
 }
 
 impl Known {
+    pub(super) fn new(records: Records) -> Self {
+        Self {
+            entries: HashMap::new(),
+            records,
+        }
+    }
+
     /// One scan's files merged with what is remembered: new files remembered, remembered ones
     /// whose file is gone written back (WARN, `ipq_ipam_spool_restored_total`). Every pending
     /// release, oldest first; one whose file cannot be written back yet stays pending from
@@ -85,10 +93,19 @@ impl Known {
         scanned
     }
 
-    /// Removes `spooled`'s file, its delegate DEL done, and forgets it.
+    /// Removes `spooled`'s file, its delegate DEL done, and forgets it and its allocation's
+    /// record.
     pub(super) fn done(&mut self, spooled: Spooled<HeldRelease>) -> Result<(), SpoolError> {
         self.entries.remove(&spooled.path);
+        let held = &spooled.request;
+        self.records
+            .forget(held.network.as_deref(), &held.container_id, &held.ifname);
         spooled.done()
+    }
+
+    /// The records of the allocations, for a scan to adopt ipq-ipam's new ones.
+    pub(super) fn records(&self) -> &Records {
+        &self.records
     }
 
     /// Whether the release at `path`, which names no address, has waited long enough:

@@ -1,5 +1,12 @@
 use super::*;
 
+fn known() -> Known {
+    Known::new(Records::new(
+        PathBuf::from("/nonexistent/ipam-allocations"),
+        16,
+    ))
+}
+
 fn release(held_at: u64) -> HeldRelease {
     serde_json::from_value(serde_json::json!({
         "network": "net",
@@ -22,7 +29,7 @@ const MAX: Duration = Duration::from_secs(60);
 /// at once, mid-quarantine.
 #[test]
 fn an_address_less_release_waits_max_cooldown_from_its_own_time_never_the_tasks_start() {
-    let mut known = Known::default();
+    let mut known = known();
     let path = PathBuf::from("/x/del-1.json");
     let metrics = Metrics::for_tests();
     // The agent has run for an hour: that counts for nothing.
@@ -46,7 +53,7 @@ fn an_address_less_release_waits_max_cooldown_from_its_own_time_never_the_tasks_
 
 #[test]
 fn a_release_without_its_time_waits_from_when_it_was_first_seen() {
-    let mut known = Known::default();
+    let mut known = known();
     let path = PathBuf::from("/x/del-2.json");
     let metrics = Metrics::for_tests();
     known.reconcile(
@@ -71,7 +78,7 @@ fn a_removed_spool_directory_is_rebuilt_from_memory() {
     let paths: Vec<PathBuf> = (1..=3)
         .map(|n| spool::spool(&dir, &release(n)).unwrap())
         .collect();
-    let mut known = Known::default();
+    let mut known = known();
     let scanned = spool::pending_of::<HeldRelease>(&dir).unwrap();
     assert_eq!(known.reconcile(scanned, 10, &metrics).len(), 3);
 
