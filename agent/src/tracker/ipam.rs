@@ -59,15 +59,25 @@ impl Tracker {
         let known: BTreeSet<IpAddr> = api
             .attachment_addresses(&release.container_id, &release.ifname)
             .collect();
-        let mut release = match record {
-            Some(record) => recorded(&release, &record)?,
+        let dir = paths::ipam_release_dir(&self.config.state_dir);
+        // A recorded allocation's release has one file, named after the record: a runtime
+        // repeating its DEL gets the release stored first (its time, and so its wait, kept).
+        let stored_at = record.as_ref().map(|r| dir.join(release_file_name(r)));
+        let mut release = match &record {
+            Some(record) => recorded(&release, record)?,
             None => self.unrecorded(release, &known)?,
         };
+        if let Some(stored) = stored_at.as_deref().and_then(read_stored) {
+            return Ok(stored);
+        }
         let all: BTreeSet<IpAddr> = release.addresses.iter().copied().chain(known).collect();
         release.addresses = all.into_iter().collect();
         release.held_at_unix_ms = ipq_api::model::now_unix_ms();
-        let dir = paths::ipam_release_dir(&self.config.state_dir);
-        let path = spool::spool(&dir, &release)
+        let stored = match &stored_at {
+            Some(path) => spool::write_at(path, &release).map(|()| path.clone()),
+            None => spool::spool(&dir, &release),
+        };
+        let path = stored
             .map_err(|e| ApiError::new(ErrorCode::Internal, format!("storing the release: {e}")))?;
         debug!(
             "ipam: holding the allocation of container {} ({}) until {:?} are free ({})",
@@ -176,6 +186,19 @@ fn recorded(request: &HeldRelease, record: &AllocationRecord) -> Result<HeldRele
         ));
     }
     Ok(record.release_at(0))
+}
+
+/// The release file of `record`'s allocation: a spool name (`del-`…`.json`) after the
+/// record's own.
+fn release_file_name(record: &AllocationRecord) -> String {
+    let name = record.file_name();
+    format!("del-{}", name.trim_start_matches("alloc-"))
+}
+
+/// The release stored at `path`, if there is one that reads.
+fn read_stored(path: &std::path::Path) -> Option<HeldRelease> {
+    let bytes = ipq_cni::safe_fs::read_regular(path).ok()?;
+    serde_json::from_slice(&bytes).ok()
 }
 
 fn listed<'a>(addresses: impl Iterator<Item = &'a IpAddr>) -> String {

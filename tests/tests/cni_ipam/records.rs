@@ -50,8 +50,15 @@ fn a_release_runs_its_allocations_record_never_its_body() -> anyhow::Result<()> 
             && releases[0].addresses == vec![a.v4],
         "the record's config, args and addresses are what is held: {releases:?}"
     );
-    // The pod goes; its address is released after its quarantine, from the real data dir.
+    // The pod goes (its DEL repeated, as runtimes do): the release stored first stands.
     chain.del(&a.attachment, Some(&a.result))?;
+    chain.del(&a.attachment, None)?;
+    let again = held_releases(&lab)?;
+    ensure!(
+        again == releases,
+        "one release, as first stored: {again:?} after {releases:?}"
+    );
+    // Its address is released after its quarantine, from the real data dir.
     let not_before = deadline(&api, &a)?;
     wait_for_release(&lab, &chain, &api, &a, not_before)
 }
