@@ -1078,9 +1078,13 @@ fn only_root_and_the_api_group_may_use_the_socket() {
     }
 
     // api_group opens the API, never a delegate run as root: only root may hand the agent a
-    // release (or an exhausted range, which may release one at once).
+    // release or an allocation record (or an exhausted range, which may release one at once).
     let member = [NOBODY, NOGROUP, in_group.as_str()];
-    for path in ["/v1/ipam/releases", "/v1/ipam/exhausted"] {
+    for path in [
+        "/v1/ipam/releases",
+        "/v1/ipam/allocations",
+        "/v1/ipam/exhausted",
+    ] {
         let (code, body) = curl_post_as(&member, &sock, path, "{}");
         assert_eq!(code, "403", "{path}: {body}");
         assert_eq!(body["error"]["code"], "forbidden", "{path}: {body}");
