@@ -44,8 +44,9 @@ pub fn of(
     })
 }
 
-/// Hands `record` to the agent, or writes it for the agent when it is away. A full table of
-/// records is code 11 (try again later); a record the agent refuses fails the ADD naming why.
+/// Hands `record` to the agent, or writes it for the agent when it is away (or too old to
+/// take it). A full table of records is code 11 (try again later); a record the agent refuses
+/// fails the ADD naming why.
 pub fn record(record: &AllocationRecord, conf: &IpamConf) -> Result<(), CniError> {
     let client = Client::new(&conf.settings.socket, conf.settings.timeout);
     match runtime()?.block_on(client.record_allocation(record)) {
@@ -58,7 +59,9 @@ pub fn record(record: &AllocationRecord, conf: &IpamConf) -> Result<(), CniError
                 detail(&err)
             ),
         )),
-        Err(err) if is_worth_spooling(&err) => {
+        // An agent older than the records (a rollback, a rollout mid-way) has no such route:
+        // the file waits for one that adopts it, and the ADD does not fail on the version skew.
+        Err(err) if is_worth_spooling(&err) || err.code() == Some(ErrorCode::NotFound) => {
             let dir = paths::ipam_allocation_dir(&conf.settings.state_dir);
             records::write(&dir, record).map_err(|e| {
                 CniError::new(
