@@ -241,7 +241,14 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
         max_cooldown,
         registry_lost_at: (recovery == Recovery::PinnedMaps).then(ipq_api::model::now_unix_ms),
         bins: ipam_bins.clone(),
+        records: tracker.ipam_records(),
     };
+    // ipq-ipam's records of allocations made while the agent was away, before any release of
+    // them is asked for.
+    let adopted = tracker.ipam_records().adopt();
+    if adopted > 0 {
+        info!("ipam: adopted {adopted} allocation records ipq-ipam wrote while the agent was away");
+    }
     let releaser = tokio::spawn(crate::ipam::releaser::run(
         releaser_settings,
         command_tx.clone(),

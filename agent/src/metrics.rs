@@ -9,6 +9,7 @@
 
 mod datapath;
 mod families;
+mod ipam;
 mod server;
 #[cfg(test)]
 mod tests;
@@ -27,6 +28,7 @@ use prometheus::{
 };
 use thiserror::Error;
 
+pub use ipam::{IpamMetrics, MAX_NETWORK_LABELS, OTHER_NETWORK};
 pub use server::serve;
 
 use crate::datapath::{maps::Source, Counters, DatapathError};
@@ -140,6 +142,8 @@ pub struct Metrics {
     /// ipq-ipam: delegate ranges found exhausted while ipq held addresses of them, by network
     /// and outcome (`waited`, `released`, `release_failed`, `none_releasable`).
     pub ipam_exhausted: IntCounterVec,
+    /// ipq-ipam: restored releases and the bound on `network` labels.
+    pub ipam: IpamMetrics,
     lost: LostCounts,
     /// What `/readyz` answers; it keeps `ipq_ready`.
     pub readiness: Readiness,

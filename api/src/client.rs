@@ -117,6 +117,15 @@ impl Client {
             .await
     }
 
+    /// ipq-ipam's ADD: the agent records what a later release of the allocation will run.
+    pub async fn record_allocation(
+        &self,
+        record: &crate::model::AllocationRecord,
+    ) -> Result<crate::model::AllocationRecord, ClientError> {
+        self.call(Method::POST, "/ipam/allocations", Some(record))
+            .await
+    }
+
     /// ipq-ipam's delegate found `request.network`'s range exhausted: what the agent did.
     pub async fn ipam_exhausted(
         &self,

@@ -13,3 +13,9 @@ pub fn cni_spool_dir(state_dir: &Path) -> PathBuf {
 pub fn ipam_release_dir(state_dir: &Path) -> PathBuf {
     state_dir.join("ipam-releases")
 }
+
+/// Where the records of ipq-ipam's allocations live (one file per attachment), written by the
+/// agent, or by ipq-ipam itself while the agent is away.
+pub fn ipam_allocation_dir(state_dir: &Path) -> PathBuf {
+    state_dir.join("ipam-allocations")
+}

@@ -78,10 +78,6 @@ static NEXT: AtomicU32 = AtomicU32::new(0);
 /// Writes `request` into `dir` (created 0700 if missing, refused if another user owns it),
 /// durably, and returns its path.
 pub fn spool(dir: &Path, request: &impl Serialize) -> Result<PathBuf, SpoolError> {
-    if let Some(state_dir) = dir.parent() {
-        safe_fs::ensure_private_dir(state_dir)?;
-    }
-    safe_fs::ensure_private_dir(dir)?;
     let nanos = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default()
@@ -92,7 +88,27 @@ pub fn spool(dir: &Path, request: &impl Serialize) -> Result<PathBuf, SpoolError
         NEXT.fetch_add(1, Ordering::Relaxed)
     );
     let path = dir.join(&name);
-    let temp = dir.join(format!(".{name}.tmp"));
+    write_at(&path, request)?;
+    Ok(path)
+}
+
+/// Writes `request` at `path` (a spool file's name in its spool directory), durably, as
+/// [`spool`] does: the agent puts back a pending file that vanished under it.
+pub fn write_at(path: &Path, request: &impl Serialize) -> Result<(), SpoolError> {
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+        return Err(io(path)(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a file in a spool directory",
+        )));
+    };
+    if let Some(state_dir) = dir.parent() {
+        safe_fs::ensure_private_dir(state_dir)?;
+    }
+    safe_fs::ensure_private_dir(dir)?;
+    let mut temp_name = std::ffi::OsString::from(".");
+    temp_name.push(name);
+    temp_name.push(".tmp");
+    let temp = dir.join(temp_name);
     let body = serde_json::to_vec(request).map_err(SpoolError::Encode)?;
     let write = || -> std::io::Result<()> {
         let mut file = safe_fs::create_excl_nofollow(&temp, 0o600)?;
@@ -103,15 +119,15 @@ pub fn spool(dir: &Path, request: &impl Serialize) -> Result<PathBuf, SpoolError
         let _ = fs::remove_file(&temp);
         return Err(SpoolError::Io { path: temp, source });
     }
-    if let Err(source) = fs::rename(&temp, &path) {
+    if let Err(source) = fs::rename(&temp, path) {
         let _ = fs::remove_file(&temp);
-        return Err(SpoolError::Io { path, source });
+        return Err(io(path)(source));
     }
     // The rename is durable once the directory is.
     fs::File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(io(dir))?;
-    Ok(path)
+    Ok(())
 }
 
 /// The DELs waiting in `dir`, oldest first. A missing `dir` holds none. Unparsable files are

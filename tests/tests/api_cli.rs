@@ -1077,6 +1077,27 @@ fn only_root_and_the_api_group_may_use_the_socket() {
         ipq_as(who, &sock, &["list"]).unwrap().ok();
     }
 
+    // api_group opens the API, never a delegate run as root: only root may hand the agent a
+    // release or an allocation record (or an exhausted range, which may release one at once).
+    let member = [NOBODY, NOGROUP, in_group.as_str()];
+    for path in [
+        "/v1/ipam/releases",
+        "/v1/ipam/allocations",
+        "/v1/ipam/exhausted",
+    ] {
+        let (code, body) = curl_post_as(&member, &sock, path, "{}");
+        assert_eq!(code, "403", "{path}: {body}");
+        assert_eq!(body["error"]["code"], "forbidden", "{path}: {body}");
+        let message = body["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("only root") && message.contains("uid 65534"),
+            "{path}: the refusal says why: {message}"
+        );
+    }
+    // Root gets past that check to the body's (an empty object lacks every field).
+    let answer = post(&sock, "/v1/ipam/releases", &json!({}));
+    assert_eq!(answer.status, 400, "{}", answer.body);
+
     // Past the file permissions, the peer's credentials still decide.
     fs::set_permissions(&sock, fs::Permissions::from_mode(0o666)).unwrap();
     let outsider = [NOBODY, NOGROUP, "--clear-groups"];
@@ -1111,6 +1132,24 @@ fn only_root_and_the_api_group_may_use_the_socket() {
         "active",
         "a forbidden drain changes nothing"
     );
+}
+
+/// `POST path body` with curl run through `setpriv setpriv_args` (a peer of another uid);
+/// the HTTP status and the JSON body.
+fn curl_post_as(setpriv_args: &[&str], sock: &Path, path: &str, body: &str) -> (String, Value) {
+    let curl = Command::new("setpriv")
+        .args(setpriv_args)
+        .args(["curl", "-sS", "--max-time", "5", "-w", "\n%{http_code}"])
+        .args(["-H", "Content-Type: application/json", "--data", body])
+        .arg("--unix-socket")
+        .arg(sock)
+        .arg(format!("http://ipq{path}"))
+        .output()
+        .expect("running curl (package curl) through setpriv");
+    let text = String::from_utf8_lossy(&curl.stdout);
+    let (body, code) = text.rsplit_once('\n').expect("curl's status line");
+    let body = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"));
+    (code.to_owned(), body)
 }
 
 fn assert_socket(path: &Path, mode: u32, gid: u32) {

@@ -9,7 +9,9 @@
 //! `cni_ipam/gc_status.rs`; the agent's delegate DEL refused outside its trusted CNI bin dirs,
 //! and a failing one retried: `cni_ipam/delegate_del.rs`; a range exhausted by holds:
 //! `cni_ipam/pressure.rs`; the SwarmKit replay with and without ipq-ipam: `cni_ipam/swarmkit.rs`;
-//! ADD, CHECK and DEL at spec 1.1.0 over a 1.1.0-speaking delegate: `cni_ipam/spec_1_1.rs`.
+//! ADD, CHECK and DEL at spec 1.1.0 over a 1.1.0-speaking delegate: `cni_ipam/spec_1_1.rs`;
+//! the release API tried as an adversary (issue 27): `cni_ipam/adversary.rs`; the records of
+//! allocations a release completes: `cni_ipam/records.rs`.
 
 use std::{
     net::IpAddr,
@@ -27,6 +29,8 @@ use ipq_tests::{
 };
 use serde_json::{json, Value};
 
+#[path = "cni_ipam/adversary.rs"]
+mod adversary;
 #[path = "cni_ipam/delegate_del.rs"]
 mod delegate_del;
 #[path = "cni_ipam/dhcp.rs"]
@@ -35,6 +39,8 @@ mod dhcp;
 mod gc_status;
 #[path = "cni_ipam/pressure.rs"]
 mod pressure;
+#[path = "cni_ipam/records.rs"]
+mod records;
 #[path = "cni_ipam/spec_1_1.rs"]
 mod spec_1_1;
 #[path = "cni_ipam/swarmkit.rs"]

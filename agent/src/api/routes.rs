@@ -51,15 +51,44 @@ pub struct Context {
     pub ipam_bins: Arc<crate::ipam::trust::TrustedBins>,
 }
 
+/// Who asks, as the socket's `SO_PEERCRED` says (the connection's, fixed at `connect`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Peer {
+    pub uid: u32,
+}
+
+impl Peer {
+    /// Only root may ask for what makes the agent run a delegate plugin as root (ipq-ipam runs
+    /// as root, as every CNI plugin): `api_group` opens the rest of the API to monitoring and
+    /// operators, never a root exec.
+    fn must_be_root(self, what: &str) -> Result<(), ApiError> {
+        if self.uid == 0 {
+            return Ok(());
+        }
+        Err(ApiError::new(
+            ErrorCode::Forbidden,
+            format!(
+                "{what}: uid {} may not ask for this: only root may (the agent runs the IPAM \
+                 delegate's DEL as root); api_group opens the rest of the API only",
+                self.uid
+            ),
+        ))
+    }
+}
+
 /// Answers one request.
-pub async fn handle(request: Request<Incoming>, ctx: Context) -> Response<Body> {
-    match route(request, &ctx).await {
+pub async fn handle(request: Request<Incoming>, ctx: Context, peer: Peer) -> Response<Body> {
+    match route(request, &ctx, peer).await {
         Ok(response) => response,
         Err(error) => error_response(&error),
     }
 }
 
-async fn route(request: Request<Incoming>, ctx: &Context) -> Result<Response<Body>, ApiError> {
+async fn route(
+    request: Request<Incoming>,
+    ctx: &Context,
+    peer: Peer,
+) -> Result<Response<Body>, ApiError> {
     let method = request.method().clone();
     let path = request.uri().path().to_owned();
     let query = Query::parse(request.uri().query().unwrap_or(""))?;
@@ -129,6 +158,7 @@ async fn route(request: Request<Incoming>, ctx: &Context) -> Result<Response<Bod
         }
         ["ipam", "releases"] => {
             only(&method, Method::POST, &path)?;
+            peer.must_be_root(&what)?;
             query.allow(&[])?;
             let release: ipq_api::model::HeldRelease =
                 decode(&read_body(request, &what).await?, &what)?;
@@ -141,8 +171,23 @@ async fn route(request: Request<Incoming>, ctx: &Context) -> Result<Response<Bod
             let release = Box::new(release);
             json(ask(ctx, |reply| Command::HoldRelease { release, reply }).await?)
         }
+        ["ipam", "allocations"] => {
+            only(&method, Method::POST, &path)?;
+            peer.must_be_root(&what)?;
+            query.allow(&[])?;
+            let record: ipq_api::model::AllocationRecord =
+                decode(&read_body(request, &what).await?, &what)?;
+            record.validate().map_err(|e| invalid(e.to_string()))?;
+            ctx.ipam_bins
+                .check(&record.release_at(0))
+                .map_err(|e| invalid(e.to_string()))?;
+            let record = Box::new(record);
+            json(ask(ctx, |reply| Command::RecordAllocation { record, reply }).await?)
+        }
         ["ipam", "exhausted"] => {
             only(&method, Method::POST, &path)?;
+            // It may release a held allocation at once: a delegate DEL run as root.
+            peer.must_be_root(&what)?;
             query.allow(&[])?;
             let request: super::model::ExhaustedRequest =
                 decode(&read_body(request, &what).await?, &what)?;

@@ -26,7 +26,7 @@ use tokio::{
 use super::{
     command::Command,
     model::ErrorCode,
-    routes::{self, Context},
+    routes::{self, Context, Peer},
     views::ApiError,
 };
 use crate::{
@@ -191,7 +191,7 @@ impl ApiServer {
                     let allowed = allowed.clone();
                     async move {
                         let response = match &allowed {
-                            Ok(()) => routes::handle(request, ctx).await,
+                            Ok(peer) => routes::handle(request, ctx, *peer).await,
                             Err(error) => routes::error_response(error),
                         };
                         Ok::<_, std::convert::Infallible>(response)
@@ -220,11 +220,12 @@ impl ApiServer {
         }
     }
 
+    /// The peer, if it may use the API (root, or a member of `api_group`).
     fn peer_allowed(
         &self,
         stream: &UnixStream,
         refusals: &mut RateLimited,
-    ) -> Result<(), ApiError> {
+    ) -> Result<Peer, ApiError> {
         let cred = stream.peer_cred().map_err(|e| {
             ApiError::new(
                 ErrorCode::Forbidden,
@@ -242,7 +243,7 @@ impl ApiServer {
             })
         };
         if self.access.allows(cred.uid(), cred.gid(), &supplementary) {
-            return Ok(());
+            return Ok(Peer { uid: cred.uid() });
         }
         if let Some(n) = refusals.allow(Instant::now()) {
             warn!(

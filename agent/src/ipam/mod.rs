@@ -3,5 +3,6 @@
 //! of what is held, and which delegate binaries the agent trusts to run as root.
 
 pub mod holds;
+pub mod records;
 pub mod releaser;
 pub mod trust;

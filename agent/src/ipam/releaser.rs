@@ -9,10 +9,16 @@
 //! its DEL and the file's removal: delegate DELs are idempotent (host-local frees by container
 //! id and ifname, which no later pod shares).
 //!
-//! A release that names no address (a DEL without prevResult, spooled while the agent was away,
-//! whose holder is gone by now) cannot be asked about by address: the registry indexes
-//! attachments by their live holder only. It waits `max_cooldown` past the last moment it was
-//! seen busy, or past this task's start: no quarantine lasts longer than that.
+//! The releases of one attachment (a runtime retrying its DEL) are one hold: the delegate's DEL
+//! frees the attachment whole, so it runs only once every address any of them names is free.
+//! An attachment none of whose releases names an address (a DEL without prevResult, spooled
+//! while the agent was away, whose holder is gone by now) cannot be asked about by address:
+//! the registry indexes attachments by their live holder only. It waits `max_cooldown` past
+//! the later of the release's own time (stamped when stored, persisted in its file) and the
+//! last moment it was seen busy: no quarantine lasts longer than that ([`memory`]).
+//!
+//! The releaser keeps the pending releases in memory too: a file removed behind its back is
+//! written back at the next scan, never silently lost ([`memory`]).
 //!
 //! The delegate is run only from the CNI bin directories the agent trusts (`ipam_cni_bin_dirs`,
 //! [`super::trust`]): the release names its binary, and the agent runs it as root. A release
@@ -31,7 +37,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use ipq_api::model::{HeldRelease, InvalidRelease};
+use ipq_api::model::{now_unix_ms, HeldRelease, InvalidRelease};
 use ipq_cni::{
     error::CniError,
     ipam::delegate,
@@ -43,10 +49,12 @@ use tokio::sync::{mpsc, oneshot};
 use self::{
     attachments::{addresses_by_attachment, whole, Attachment},
     gauges::{set_failing, set_held_addresses},
+    memory::Known,
     urgent::release_now,
 };
 use super::{
     holds::Holds,
+    records::Records,
     trust::{TrustError, TrustedBins},
 };
 use crate::{
@@ -56,6 +64,7 @@ use crate::{
 
 mod attachments;
 mod gauges;
+mod memory;
 mod urgent;
 
 pub use urgent::Urgent;
@@ -79,9 +88,6 @@ enum ReleaseError {
     #[error(transparent)]
     Untrusted(#[from] TrustError),
 }
-
-/// When each release without addresses was last seen busy (or this task started).
-type LastBusy = HashMap<PathBuf, Instant>;
 
 /// A failed release waiting for its next try.
 struct Retry {
@@ -128,6 +134,8 @@ pub struct Settings {
     pub registry_lost_at: Option<u64>,
     /// Where delegates may be run from (`ipam_cni_bin_dirs`).
     pub bins: Arc<TrustedBins>,
+    /// The records of ipq-ipam's allocations: adopted at each scan, forgotten once released.
+    pub records: Records,
 }
 
 /// Runs until the owner loop stops answering. `urgent` brings the releases the owner loop
@@ -144,13 +152,13 @@ pub async fn run(
         max_cooldown,
         registry_lost_at,
         bins,
+        records,
     } = settings;
-    let started = Instant::now();
     let mut retries: HashMap<PathBuf, Retry> = HashMap::new();
-    let mut last_busy: LastBusy = HashMap::new();
+    let mut known = Known::new(records);
     let mut networks: HashSet<String> = HashSet::new();
     loop {
-        if let Some(pending) = scan(&dir).await {
+        if let Some(pending) = scan(&dir, &mut known, &metrics).await {
             metrics
                 .ipam_pending_releases
                 .set(i64::try_from(pending.len()).unwrap_or(i64::MAX));
@@ -163,7 +171,6 @@ pub async fn run(
             let paths: HashSet<&Path> = pending.iter().map(|p| p.path.as_path()).collect();
             retries.retain(|path, _| paths.contains(path.as_path()));
             set_failing(&metrics, &retries);
-            last_busy.retain(|path, _| paths.contains(path.as_path()));
             let held = addresses_by_attachment(&pending);
             let mut released: HashSet<Attachment> = HashSet::new();
             for spooled in pending {
@@ -174,7 +181,7 @@ pub async fn run(
                         "ipam: a second release of container {} ({}) was done by the first",
                         spooled.request.container_id, spooled.request.ifname
                     );
-                    if let Err(e) = spooled.done() {
+                    if let Err(e) = known.done(spooled) {
                         error!("ipam releases: {e}");
                     }
                     continue;
@@ -194,19 +201,20 @@ pub async fn run(
                 if !wait.is_zero() {
                     continue;
                 }
-                let free = match all_free(&commands, &spooled.request).await {
+                // The attachment's every address: its DEL frees them all, so a release naming
+                // only a free one must not free the others early.
+                let addresses = held.get(&attachment).map_or(&[][..], Vec::as_slice);
+                let whole = whole(&spooled.request, addresses);
+                let free = match all_free(&commands, &whole).await {
                     None => return,
                     Some(free) => free,
                 };
-                if spooled.request.addresses.is_empty() {
-                    let seen = last_busy.entry(spooled.path.clone()).or_insert(started);
-                    if !free {
-                        *seen = Instant::now();
-                    }
-                    if !free || seen.elapsed() < max_cooldown {
-                        continue;
-                    }
-                } else if !free {
+                let ready = if addresses.is_empty() {
+                    known.quiet_long_enough(&spooled.path, !free, now_unix_ms(), max_cooldown)
+                } else {
+                    free
+                };
+                if !ready {
                     continue;
                 }
                 // Forgotten before the DEL runs, with the other releases of the attachment:
@@ -214,10 +222,17 @@ pub async fn run(
                 // that gets it then must not find ipq's hold still there (it would park the
                 // address as held for another). A DEL that fails puts the hold back as soon
                 // as it returns.
-                let addresses = held.get(&attachment).map_or(&[][..], Vec::as_slice);
                 holds.forget(addresses);
-                let whole = whole(&spooled.request, addresses);
-                if release(spooled, &metrics, &mut retries, &bins, &holds, &whole).await {
+                let done = release(
+                    spooled,
+                    &metrics,
+                    (&mut retries, &mut known),
+                    &bins,
+                    &holds,
+                    &whole,
+                )
+                .await;
+                if done {
                     released.insert(attachment);
                 }
             }
@@ -225,18 +240,28 @@ pub async fn run(
         tokio::select! {
             () = tokio::time::sleep(POLL) => {}
             Some(now) = urgent.recv() => {
-                release_now(&dir, now, &metrics, &mut retries, &holds, &bins).await;
+                release_now(&dir, now, &metrics, (&mut retries, &mut known), &holds, &bins).await;
             }
         }
     }
 }
 
-/// The pending releases, read off the async threads; None (logged) when the directory cannot
-/// be read.
-async fn scan(dir: &Path) -> Option<Vec<Spooled<HeldRelease>>> {
+/// The pending releases, read off the async threads and merged with what `known` remembers
+/// (a vanished file written back); None (logged) when the directory cannot be read.
+async fn scan(
+    dir: &Path,
+    known: &mut Known,
+    metrics: &Metrics,
+) -> Option<Vec<Spooled<HeldRelease>>> {
     let dir = dir.to_owned();
-    match tokio::task::spawn_blocking(move || spool::pending_of::<HeldRelease>(&dir)).await {
-        Ok(Ok(pending)) => Some(pending),
+    let records = known.records().clone();
+    let read = move || {
+        // ipq-ipam's records written while the agent was away.
+        records.adopt();
+        spool::pending_of::<HeldRelease>(&dir)
+    };
+    match tokio::task::spawn_blocking(read).await {
+        Ok(Ok(scanned)) => Some(known.reconcile(scanned, now_unix_ms(), metrics)),
         Ok(Err(e)) => {
             error!("ipam releases: {e}");
             None
@@ -278,13 +303,23 @@ async fn all_free(commands: &mpsc::Sender<Command>, release: &HeldRelease) -> Op
 async fn release(
     spooled: Spooled<HeldRelease>,
     metrics: &Metrics,
-    retries: &mut HashMap<PathBuf, Retry>,
+    (retries, known): (&mut HashMap<PathBuf, Retry>, &mut Known),
     bins: &Arc<TrustedBins>,
     holds: &Holds,
     whole: &HeldRelease,
 ) -> bool {
-    let held = spooled.request.clone();
-    let network = held.network.clone().unwrap_or_default();
+    // What runs is the allocation's record where there is one (a release spooled by
+    // ipq-ipam while the agent was away was checked against nothing).
+    let request = &spooled.request;
+    let held = match known.records().get(
+        request.network.as_deref(),
+        &request.container_id,
+        &request.ifname,
+    ) {
+        Some(record) => record.release_at(request.held_at_unix_ms),
+        None => request.clone(),
+    };
+    let network = metrics.ipam.event_network_label(held.network.as_deref());
     let bins = Arc::clone(bins);
     let outcome = tokio::task::spawn_blocking(move || run_del(&held, &bins))
         .await
@@ -305,7 +340,7 @@ async fn release(
             );
             retries.remove(&spooled.path);
             // Left behind, the file only runs the (idempotent) DEL again next time.
-            if let Err(e) = spooled.done() {
+            if let Err(e) = known.done(spooled) {
                 error!("ipam releases: {e}");
             }
         }
@@ -334,16 +369,19 @@ async fn release(
     released
 }
 
-/// The delegate's DEL, as a runtime would have run it, from a directory the agent trusts. A
-/// release refused here stays held and is retried: it is never dropped (the address would
-/// stay allocated for good without a word) nor released another way (early).
+/// The delegate's DEL, as a runtime would have run it, from a directory the agent trusts: the
+/// binary opened and checked once, and that descriptor executed. A release refused here stays
+/// held and is retried: it is never dropped (the address would stay allocated for good
+/// without a word) nor released another way (early).
 fn run_del(release: &HeldRelease, bins: &TrustedBins) -> Result<(), ReleaseError> {
+    use std::os::fd::AsFd as _;
     release.validate()?;
-    let binary = bins.find(release)?;
+    let opened = bins.open(release)?;
     let stdin = release.delegate_conf.to_string();
-    delegate::exec(
+    delegate::exec_fd(
         &release.delegate_type,
-        &binary,
+        opened.fd.as_fd(),
+        &opened.path,
         &release.del_env(),
         stdin.as_bytes(),
     )

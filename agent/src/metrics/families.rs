@@ -147,7 +147,7 @@ impl Metrics {
         )?;
         // Releases whose config names no network count under network "": those series exist
         // from the start, so the alert on failures has a series to read before any release.
-        for outcome in ["released", "failed"] {
+        for outcome in ["released", "failed", "unrecorded"] {
             ipam_releases.with_label_values(&["", outcome]).inc_by(0);
         }
         let ipam_exhausted = registered(
@@ -326,6 +326,7 @@ impl Metrics {
         )?;
 
         let hygiene = HygieneCounters::register(&registry)?;
+        let ipam = super::IpamMetrics::register(&registry)?;
 
         Ok(Self {
             registry,
@@ -335,6 +336,7 @@ impl Metrics {
             ipam_pending_releases,
             ipam_failing_releases,
             ipam_exhausted,
+            ipam,
             datapath_interfaces,
             unprotected_interfaces,
             attach_failures,

@@ -48,6 +48,9 @@ impl Tracker {
             Command::HoldRelease { release, reply } => {
                 return answer(reply, self.hold_release(*release))
             }
+            Command::RecordAllocation { record, reply } => {
+                return answer(reply, self.record_allocation(*record))
+            }
             Command::DatapathPut {
                 addr,
                 request,

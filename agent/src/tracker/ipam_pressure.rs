@@ -101,9 +101,10 @@ impl Tracker {
             } else {
                 "none_releasable"
             };
+            let label = self.metrics.ipam.event_network_label(Some(&network));
             self.metrics
                 .ipam_exhausted
-                .with_label_values(&[network.as_str(), outcome])
+                .with_label_values(&[label.as_str(), outcome])
                 .inc();
             self.publish_exhausted(&request, &answer);
             let _ = reply.send(Ok(answer));

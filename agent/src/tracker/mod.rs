@@ -92,6 +92,8 @@ pub struct Tracker {
     hygiene: crate::hygiene::Hygiene,
     /// The allocations ipq-ipam holds, as its releaser last saw them.
     ipam_holds: crate::ipam::holds::Holds,
+    /// The records of ipq-ipam's allocations: what a release may run.
+    ipam_records: crate::ipam::records::Records,
     /// The releaser's queue of releases wanted now (pool pressure); none in tests.
     ipam_urgent: Option<tokio::sync::mpsc::Sender<crate::ipam::releaser::Urgent>>,
     /// How often the O(interfaces) protection gauges were recomputed; for tests.
@@ -108,6 +110,10 @@ impl Tracker {
         metrics: Arc<Metrics>,
     ) -> Self {
         let settings = RegistrySettings::from(&config);
+        let ipam_records = crate::ipam::records::Records::new(
+            ipq_cni::paths::ipam_allocation_dir(&config.state_dir),
+            config.capacity as usize,
+        );
         Self {
             observer: observer::Observer::new(metrics.clone()),
             registry: Registry::new(settings, SystemClock),
@@ -122,6 +128,7 @@ impl Tracker {
             started: None,
             hygiene: crate::hygiene::Hygiene::disabled(),
             ipam_holds: Default::default(),
+            ipam_records,
             ipam_urgent: None,
             #[cfg(test)]
             protection_observed: std::cell::Cell::new(0),

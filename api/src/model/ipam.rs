@@ -6,6 +6,8 @@ use std::net::IpAddr;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::cni_names;
+
 /// A release the agent will not store, naming the field.
 #[derive(Debug, thiserror::Error)]
 #[error("{field}: {reason}")]
@@ -35,7 +37,8 @@ pub struct HeldRelease {
     pub cni_args: Option<String>,
     /// `CNI_PATH`, verbatim.
     pub cni_path: String,
-    /// `CNI_NETNS`, if the runtime still had one (a DEL may come without).
+    /// `CNI_NETNS`, if the runtime still had one (a DEL may come without). Kept for the
+    /// record; the delegate's DEL runs without it ([`HeldRelease::del_env`]).
     pub netns: Option<String>,
     /// The allocation's addresses, from `prevResult`; empty when the runtime sent none (the
     /// agent then goes by its own record of the container's claims).
@@ -70,6 +73,22 @@ impl HeldRelease {
                 });
             }
         }
+        let names = [
+            (
+                "containerId",
+                cni_names::check_container_id(&self.container_id),
+            ),
+            ("ifname", cni_names::check_ifname(&self.ifname)),
+            (
+                "network",
+                self.network
+                    .as_deref()
+                    .map_or(Ok(()), cni_names::check_network_name),
+            ),
+        ];
+        for (field, checked) in names {
+            checked.map_err(|reason| InvalidRelease { field, reason })?;
+        }
         if !is_plugin_name(&self.delegate_type) {
             return Err(InvalidRelease {
                 field: "delegateType",
@@ -89,6 +108,25 @@ impl HeldRelease {
                 reason: "not an object (the delegate's network config)",
             });
         }
+        // What ipq-ipam hands over is the network config with `ipam` replaced by the
+        // delegate's section: any other plugin named here (the network's `bridge`, say) would
+        // run a DEL that is not an IPAM's, against the container's interfaces.
+        if self.delegate_conf["ipam"]["type"].as_str() != Some(self.delegate_type.as_str()) {
+            return Err(InvalidRelease {
+                field: "delegateType",
+                reason: "is not the IPAM plugin of delegateConf (its ipam.type): the agent only \
+                         runs the DEL of the IPAM plugin that made the allocation",
+            });
+        }
+        // The network's own plugin named as its IPAM too: no allocation is made that way, and
+        // its DEL would run itself as its IPAM, again and again.
+        if self.delegate_conf["type"].as_str() == Some(self.delegate_type.as_str()) {
+            return Err(InvalidRelease {
+                field: "delegateType",
+                reason: "is delegateConf's own plugin (its type), not an IPAM plugin it delegates \
+                         to",
+            });
+        }
         Ok(())
     }
 
@@ -97,7 +135,11 @@ impl HeldRelease {
         std::env::split_paths(&self.cni_path).filter(|dir| !dir.as_os_str().is_empty())
     }
 
-    /// The environment the delegate's DEL runs with.
+    /// The environment the delegate's DEL runs with. Never `CNI_NETNS`: by the time the
+    /// quarantine is over the pod's netns is long gone (a runtime may send a DEL without one,
+    /// so every plugin handles that), an IPAM plugin's DEL frees by container id and ifname,
+    /// and a plugin that is not an IPAM (the network's bridge, named by a forged release)
+    /// handed a live pod's netns would tear down that pod's interfaces as root.
     pub fn del_env(&self) -> Vec<(&'static str, &str)> {
         let mut env = vec![
             ("CNI_COMMAND", "DEL"),
@@ -107,9 +149,6 @@ impl HeldRelease {
         ];
         if let Some(args) = &self.cni_args {
             env.push(("CNI_ARGS", args));
-        }
-        if let Some(netns) = &self.netns {
-            env.push(("CNI_NETNS", netns));
         }
         env
     }
@@ -190,6 +229,89 @@ mod tests {
             .expect_err(bad);
             assert_eq!(err.field, "delegateType", "{bad:?}: {err}");
         }
+    }
+
+    /// The values an API caller could hand over to be stored and retried forever, or to
+    /// become metric labels: each a 400 naming its field.
+    #[test]
+    fn hostile_names_are_refused_naming_the_field() {
+        let huge_network = format!("net\n{}", "x\n".repeat(5 * 1024));
+        let cases: [(&str, HeldRelease); 8] = [
+            (
+                "containerId",
+                HeldRelease {
+                    container_id: "c\0ffee".into(),
+                    ..release()
+                },
+            ),
+            (
+                "containerId",
+                HeldRelease {
+                    container_id: "../../../../etc/passwd".into(),
+                    ..release()
+                },
+            ),
+            (
+                "ifname",
+                HeldRelease {
+                    ifname: "eth0\0".into(),
+                    ..release()
+                },
+            ),
+            (
+                "ifname",
+                HeldRelease {
+                    ifname: "../../x".into(),
+                    ..release()
+                },
+            ),
+            (
+                "ifname",
+                HeldRelease {
+                    ifname: "..".into(),
+                    ..release()
+                },
+            ),
+            (
+                "network",
+                HeldRelease {
+                    network: Some(huge_network),
+                    ..release()
+                },
+            ),
+            (
+                "delegateType",
+                HeldRelease {
+                    delegate_type: "bridge".into(),
+                    ..release()
+                },
+            ),
+            (
+                "delegateType",
+                HeldRelease {
+                    delegate_type: "bridge".into(),
+                    delegate_conf: serde_json::json!({"type": "bridge", "ipam": {"type": "bridge"}}),
+                    ..release()
+                },
+            ),
+        ];
+        for (field, bad) in cases {
+            let err = bad.validate().expect_err(field);
+            assert_eq!(err.field, field, "{err}");
+        }
+    }
+
+    #[test]
+    fn the_delegate_del_never_gets_a_netns() {
+        let held = HeldRelease {
+            netns: Some("/var/run/netns/live-pod".into()),
+            cni_args: Some("IgnoreUnknown=1".into()),
+            ..release()
+        };
+        let env = held.del_env();
+        assert!(env.iter().all(|(k, _)| *k != "CNI_NETNS"), "{env:?}");
+        assert!(env.contains(&("CNI_CONTAINERID", "c0ffee")), "{env:?}");
+        assert!(env.contains(&("CNI_ARGS", "IgnoreUnknown=1")), "{env:?}");
     }
 
     #[test]

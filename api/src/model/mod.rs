@@ -5,6 +5,8 @@
 //! registry's monotonic clock when a response is built. Addresses are IP strings; holders are
 //! [`Holder`](crate::Holder)s as the registry keeps them.
 
+mod allocation;
+pub mod cni_names;
 mod error;
 mod events;
 mod ipam;
@@ -12,6 +14,7 @@ mod requests;
 mod status;
 mod views;
 
+pub use allocation::*;
 pub use error::*;
 pub use events::*;
 pub use ipam::*;

@@ -30,9 +30,7 @@ use super::{
     config::IpamConf,
     delegate,
     plugin::{cni_path, hand_over, runtime},
-    pressure,
-    release::HeldRelease,
-    requested,
+    pressure, recording, requested,
 };
 
 /// How many allocations of held addresses one ADD parks before it gives up with code 11.
@@ -104,6 +102,9 @@ pub fn add(
         })?;
         let addresses = PrevResult::parse(&result)?.addresses;
         let Some(held) = check(&addresses, &released)? else {
+            // What a later release of it will run: recorded before the ADD succeeds.
+            let record = recording::of(env, conf, container_id, cni_args.clone(), &addresses)?;
+            recording::record(&record, conf)?;
             return Ok(stdout.trim_end().to_owned());
         };
         log::warn!(
@@ -156,20 +157,8 @@ fn park(env: &Env, conf: &IpamConf, binary: &Path, addresses: &[IpAddr]) -> Resu
         log::warn!("ADD of container {container_id}: parking {listed:?} failed: {e}");
         return Ok(());
     }
-    hand_over(
-        &HeldRelease {
-            network: conf.network.clone(),
-            cni_version: conf.cni_version.clone(),
-            delegate_type: kind.clone(),
-            delegate_conf: conf.delegate_conf.clone(),
-            container_id: parking_id,
-            ifname: env.ifname.clone().unwrap_or_default(),
-            cni_args: Some(park_args),
-            cni_path: cni_path(env)?.to_owned(),
-            netns: env.netns.clone(),
-            addresses: addresses.to_vec(),
-            held_at_unix_ms: super::release::now_unix_ms(),
-        },
-        conf,
-    )
+    // The parking allocation is an allocation like any: its release completes its record.
+    let record = recording::of(env, conf, &parking_id, Some(park_args), addresses)?;
+    recording::record(&record, conf)?;
+    hand_over(&record.release_at(super::release::now_unix_ms()), conf)
 }

@@ -4,6 +4,7 @@
 
 use std::{
     io::Write as _,
+    os::fd::{AsRawFd as _, BorrowedFd},
     path::{Path, PathBuf},
     process::{Command, Stdio},
 };
@@ -43,7 +44,50 @@ pub fn exec(
     env: &[(&str, &str)],
     stdin: &[u8],
 ) -> Result<String, CniError> {
-    let mut child = Command::new(binary)
+    run(
+        kind,
+        &binary.display().to_string(),
+        Command::new(binary),
+        env,
+        stdin,
+    )
+}
+
+/// [`exec`] of the file open as `fd` (an `O_PATH` descriptor the caller checked), never of a
+/// path looked up again: `/proc/self/fd/N` is the descriptor's own file. The descriptor stays
+/// open across the exec (its close-on-exec flag cleared in the child only), as a `#!` script's
+/// interpreter opens that same `/proc/self/fd/N`. `shown` names the file in messages.
+pub fn exec_fd(
+    kind: &str,
+    fd: BorrowedFd<'_>,
+    shown: &Path,
+    env: &[(&str, &str)],
+    stdin: &[u8],
+) -> Result<String, CniError> {
+    use std::os::unix::process::CommandExt as _;
+    let raw = fd.as_raw_fd();
+    let mut command = Command::new(format!("/proc/self/fd/{raw}"));
+    // SAFETY: fcntl is async-signal-safe, and `raw` is open in the child (inherited at fork,
+    // held by the caller until spawn returns).
+    unsafe {
+        command.pre_exec(move || {
+            if libc::fcntl(raw, libc::F_SETFD, 0) == -1 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    run(kind, &shown.display().to_string(), command, env, stdin)
+}
+
+fn run(
+    kind: &str,
+    shown: &str,
+    mut command: Command,
+    env: &[(&str, &str)],
+    stdin: &[u8],
+) -> Result<String, CniError> {
+    let mut child = command
         .envs(env.iter().copied())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -52,7 +96,7 @@ pub fn exec(
         .map_err(|e| {
             CniError::new(
                 code::DELEGATE_FAILED,
-                format!("starting the delegate {kind} ({}): {e}", binary.display()),
+                format!("starting the delegate {kind} ({shown}): {e}"),
             )
         })?;
     if let Some(mut pipe) = child.stdin.take() {

@@ -29,5 +29,7 @@ pub mod delegate;
 pub mod gc;
 pub mod plugin;
 pub mod pressure;
+pub mod recording;
+pub mod records;
 pub mod release;
 pub mod requested;

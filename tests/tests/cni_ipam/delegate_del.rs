@@ -46,11 +46,11 @@ fn executable(path: &Path, text: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A CNI_PATH the runtime may use but the agent was not told to trust: ADD works (the runtime
-/// runs what it likes), but the agent refuses to hold a release whose DEL it would run from
-/// there, so ipq-ipam's DEL fails naming why, nothing is spooled and host-local keeps the
-/// allocation (neither lost nor released early). A release naming a path as its delegate is
-/// refused too.
+/// A CNI_PATH the runtime may use but the agent was not told to trust: the agent refuses to
+/// record an allocation whose DEL it would run from there, so ipq-ipam's ADD fails naming why
+/// (the operator sees the misconfiguration at the first pod, not at its deletion), and the
+/// runtime's DEL of that failed ADD is refused alike: nothing is recorded, held or spooled.
+/// A release naming a path as its delegate is refused too.
 #[test]
 fn a_release_whose_delegate_is_outside_the_trusted_dirs_is_refused() -> anyhow::Result<()> {
     let lab = Lab::new()?;
@@ -66,31 +66,46 @@ fn a_release_whose_delegate_is_outside_the_trusted_dirs_is_refused() -> anyhow::
     }
     let mut chain = chain_with(&lab, "host-local", "10.95.0.0/29")?;
     chain.path[0] = untrusted.clone();
-    let a = add(&chain, "iu")?;
-    api.wait_state(a.v4, StateName::Active)?;
-    let err = match chain.del(&a.attachment, Some(&a.result)) {
-        Ok(()) => anyhow::bail!("DEL with CNI_PATH {} must fail", untrusted.display()),
-        Err(err) => err,
+    let names_the_key = |err: &ipq_tests::cni::PluginError| {
+        err.msg.contains("cniPath") && err.msg.contains("ipam_cni_bin_dirs")
     };
-    ensure!(
-        err.msg.contains("cniPath") && err.msg.contains("ipam_cni_bin_dirs"),
-        "the DEL names the untrusted cniPath and the key to set: {err}"
-    );
+    let ns = NetNs::new("iu")?;
+    let attachment = Attachment::new(format!("iu{}", ns.name().replace('-', "")), &ns);
+    match chain.add(&attachment) {
+        Ok(result) => anyhow::bail!(
+            "ADD with CNI_PATH {} must fail: {result}",
+            untrusted.display()
+        ),
+        Err(err) => ensure!(
+            names_the_key(&err),
+            "the ADD names the untrusted cniPath and the key to set: {err}"
+        ),
+    }
+    match chain.del(&attachment, None) {
+        Ok(()) => anyhow::bail!("DEL with CNI_PATH {} must fail", untrusted.display()),
+        Err(err) => ensure!(
+            names_the_key(&err),
+            "the DEL names the untrusted cniPath and the key to set: {err}"
+        ),
+    }
     let releases = held_releases(&lab)?;
     ensure!(releases.is_empty(), "nothing held or spooled: {releases:?}");
-    let allocations = host_local_allocations(&data_dir(&lab), &chain.name)?;
+    let records = ipq_cni::paths::ipam_allocation_dir(&state_dir(&lab));
     ensure!(
-        allocations.get(&a.v4) == Some(&a.attachment.container_id),
-        "host-local still allocates {} to A: {allocations:?}",
-        a.v4
+        std::fs::read_dir(&records).map_or(true, |mut d| d.next().is_none()),
+        "nothing recorded in {}",
+        records.display()
     );
 
     // Straight to the API: a 400 naming the field, for a foreign directory and for a path.
+    // The network config with `ipam` replaced by the delegate's, as ipq-ipam hands it over.
+    let mut delegate_conf = chain.plugin_config(0, None);
+    delegate_conf["ipam"] = delegate_conf["ipam"]["delegate"].clone();
     let release = HeldRelease {
         network: Some(chain.name.clone()),
         cni_version: "1.0.0".into(),
         delegate_type: "host-local".into(),
-        delegate_conf: chain.plugin_config(0, None),
+        delegate_conf,
         container_id: "forged".into(),
         ifname: "eth0".into(),
         cni_args: None,

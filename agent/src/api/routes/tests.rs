@@ -48,3 +48,21 @@ fn query_parameters_are_checked() {
         .message
         .contains("`10.0.0`"));
 }
+
+#[test]
+fn only_root_may_ask_for_a_delegate_run_as_root() {
+    assert!(Peer { uid: 0 }
+        .must_be_root("POST /v1/ipam/releases")
+        .is_ok());
+    let err = Peer { uid: 65534 }
+        .must_be_root("POST /v1/ipam/releases")
+        .unwrap_err();
+    assert_eq!(err.code(), ErrorCode::Forbidden);
+    for needed in ["uid 65534", "only root", "POST /v1/ipam/releases"] {
+        assert!(
+            err.0.message.contains(needed),
+            "{needed}: {}",
+            err.0.message
+        );
+    }
+}

@@ -12,16 +12,19 @@ use ipq_cni::spool::Spooled;
 use super::Retry;
 use crate::metrics::Metrics;
 
-/// `ipq_ipam_held_addresses` per network from one scan; a network with none left reads 0.
+/// `ipq_ipam_held_addresses` per network label from one scan; a label with none left reads 0.
 pub(super) fn set_held_addresses(
     metrics: &Metrics,
     pending: &[Spooled<HeldRelease>],
     networks: &mut HashSet<String>,
 ) {
-    let mut held: HashMap<&str, i64> = HashMap::new();
+    // By label, not by name: networks past the label cap add up under `other`.
+    let mut held: HashMap<String, i64> = HashMap::new();
     for spooled in pending {
-        let network = spooled.request.network.as_deref().unwrap_or_default();
-        *held.entry(network).or_default() +=
+        let label = metrics
+            .ipam
+            .network_label(spooled.request.network.as_deref());
+        *held.entry(label).or_default() +=
             i64::try_from(spooled.request.addresses.len()).unwrap_or(i64::MAX);
     }
     for network in networks.iter() {
@@ -35,9 +38,9 @@ pub(super) fn set_held_addresses(
     for (network, count) in held {
         metrics
             .ipam_held_addresses
-            .with_label_values(&[network])
+            .with_label_values(&[network.as_str()])
             .set(count);
-        networks.insert(network.to_owned());
+        networks.insert(network);
     }
 }
 

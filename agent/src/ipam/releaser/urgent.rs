@@ -11,6 +11,7 @@ use log::{error, warn};
 
 use super::{
     attachments::{addresses_by_attachment, whole, Attachment},
+    memory::Known,
     release, scan, Retry,
 };
 use crate::{
@@ -35,7 +36,7 @@ pub(super) async fn release_now(
     dir: &Path,
     urgent: Urgent,
     metrics: &Metrics,
-    retries: &mut HashMap<PathBuf, Retry>,
+    (retries, known): (&mut HashMap<PathBuf, Retry>, &mut Known),
     holds: &Holds,
     bins: &Arc<TrustedBins>,
 ) {
@@ -46,7 +47,7 @@ pub(super) async fn release_now(
         mut answer,
         reply,
     } = urgent;
-    let pending = scan(dir).await.unwrap_or_default();
+    let pending = scan(dir, known, metrics).await.unwrap_or_default();
     let held = addresses_by_attachment(&pending);
     let (mine, others): (Vec<_>, Vec<_>) = pending
         .into_iter()
@@ -61,11 +62,11 @@ pub(super) async fn release_now(
             let addresses = held.get(&attachment).map_or(&[][..], Vec::as_slice);
             holds.forget(addresses);
             let whole = whole(&spooled.request, addresses);
-            if release(spooled, metrics, retries, bins, holds, &whole).await {
+            if release(spooled, metrics, (retries, known), bins, holds, &whole).await {
                 // The attachment's other releases (one per DEL the runtime retried) are done.
                 for other in others {
                     if Attachment::of(&other.request) == attachment {
-                        if let Err(e) = other.done() {
+                        if let Err(e) = known.done(other) {
                             error!("ipam releases: {e}");
                         }
                     }
@@ -77,9 +78,10 @@ pub(super) async fn release_now(
             }
         }
     };
+    let label = metrics.ipam.event_network_label(Some(&network));
     metrics
         .ipam_exhausted
-        .with_label_values(&[network.as_str(), outcome])
+        .with_label_values(&[label.as_str(), outcome])
         .inc();
     warn!(
         "ipam: network {network:?} exhausted: released the quietest held allocation \

@@ -1,0 +1,164 @@
+//! The records of ipq-ipam's allocations (issue 27): what each ADD's delegate allocated, and so
+//! exactly what a later release of it runs. Kept in memory and durably under
+//! `state_dir/ipam-allocations` (one file per attachment, written atomically and fsynced);
+//! files ipq-ipam wrote while the agent was away are adopted at start and at each releaser
+//! scan. Bounded in number: a full table refuses a new record (ipq-ipam's ADD fails with code
+//! 11), never evicts one.
+
+use std::{
+    collections::HashMap,
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex, MutexGuard, PoisonError},
+};
+
+use ipq_api::model::{file_name, AllocationRecord};
+use ipq_cni::{ipam::records, spool::SpoolError};
+
+/// Why a record was not kept.
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    #[error(
+        "{capacity} allocation records are kept already (the registry's capacity); none is \
+         evicted: try again once releases have completed"
+    )]
+    Full { capacity: usize },
+    #[error("storing the allocation record: {0}")]
+    Store(#[from] SpoolError),
+}
+
+/// Shared between the owner loop (records, looks up) and the releaser (adopts, forgets).
+#[derive(Clone, Debug)]
+pub struct Records {
+    table: Arc<Mutex<HashMap<String, AllocationRecord>>>,
+    dir: PathBuf,
+    capacity: usize,
+}
+
+impl Records {
+    pub fn new(dir: PathBuf, capacity: usize) -> Self {
+        Self {
+            table: Arc::default(),
+            dir,
+            capacity,
+        }
+    }
+
+    fn table(&self) -> MutexGuard<'_, HashMap<String, AllocationRecord>> {
+        self.table.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Keeps `record` (replacing the attachment's earlier one, as a repeated ADD does), on
+    /// disk first. One file write and fsync.
+    pub fn insert(&self, record: AllocationRecord) -> Result<(), RecordError> {
+        let name = record.file_name();
+        let mut table = self.table();
+        if !table.contains_key(&name) && table.len() >= self.capacity {
+            return Err(RecordError::Full {
+                capacity: self.capacity,
+            });
+        }
+        records::write(&self.dir, &record)?;
+        table.insert(name, record);
+        Ok(())
+    }
+
+    /// The record of (network, container id, ifname), if there is one.
+    pub fn get(
+        &self,
+        network: Option<&str>,
+        container_id: &str,
+        ifname: &str,
+    ) -> Option<AllocationRecord> {
+        self.table()
+            .get(&file_name(network, container_id, ifname))
+            .filter(|r| {
+                r.network.as_deref() == network
+                    && r.container_id == container_id
+                    && r.ifname == ifname
+            })
+            .cloned()
+    }
+
+    /// The allocation was released: its record goes, file and all.
+    pub fn forget(&self, network: Option<&str>, container_id: &str, ifname: &str) {
+        self.table()
+            .remove(&file_name(network, container_id, ifname));
+        if let Err(e) = records::remove(&self.dir, network, container_id, ifname) {
+            log::error!("ipam allocations: removing a released allocation's record: {e}");
+        }
+    }
+
+    /// Takes in the record files not yet known (ipq-ipam's, written while the agent was
+    /// away): how many. Blocking file reads: call off the async threads.
+    pub fn adopt(&self) -> usize {
+        let known: Vec<String> = self.table().keys().cloned().collect();
+        let is_known = |name: &str| known.iter().any(|k| k == name);
+        match records::read_new(&self.dir, &is_known) {
+            Ok(new) => {
+                let n = new.len();
+                let mut table = self.table();
+                // Already on disk: kept even past capacity (refusing now would lose nothing but
+                // the record, and with it what the release must run).
+                table.extend(new);
+                n
+            }
+            Err(e) => {
+                log::error!("ipam allocations: reading {}: {e}", self.dir.display());
+                0
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(container_id: &str) -> AllocationRecord {
+        serde_json::from_value(serde_json::json!({
+            "network": "net",
+            "cniVersion": "1.0.0",
+            "delegateType": "host-local",
+            "delegateConf": {"type": "bridge", "ipam": {"type": "host-local"}},
+            "containerId": container_id,
+            "ifname": "eth0",
+            "cniPath": "/opt/cni/bin",
+            "addresses": ["10.1.0.2"],
+        }))
+        .expect("a record as ipq-ipam writes it")
+    }
+
+    #[test]
+    fn records_are_bounded_durable_adopted_and_forgotten() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("state/ipam-allocations");
+        let records = Records::new(dir.clone(), 2);
+        records.insert(record("a")).unwrap();
+        records.insert(record("b")).unwrap();
+        // Replacing one's own is no new record; a third is refused.
+        records.insert(record("a")).unwrap();
+        let err = records.insert(record("c")).unwrap_err();
+        assert!(matches!(err, RecordError::Full { capacity: 2 }), "{err}");
+        assert_eq!(
+            records
+                .get(Some("net"), "a", "eth0")
+                .map(|r| r.container_id),
+            Some("a".into())
+        );
+        assert!(records.get(Some("net"), "a", "eth1").is_none());
+
+        // Another agent (after a restart) finds them on disk; ipq-ipam's own is adopted.
+        let restarted = Records::new(dir.clone(), 2);
+        records::write(&dir, &record("away")).unwrap();
+        assert_eq!(restarted.adopt(), 3);
+        assert_eq!(restarted.adopt(), 0, "adopted once");
+        assert!(restarted.get(Some("net"), "away", "eth0").is_some());
+        restarted.forget(Some("net"), "away", "eth0");
+        assert!(restarted.get(Some("net"), "away", "eth0").is_none());
+        assert!(!dir.join(file_name(Some("net"), "away", "eth0")).exists());
+    }
+}
