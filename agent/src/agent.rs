@@ -260,6 +260,7 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
         command_tx,
         metrics.clone(),
         ipam_bins,
+        tracker.ipam_records(),
     ));
     metrics.readiness.set_started(true);
     // Only now: a TCX link create holds rtnl_lock for a grace period, and start-up's netlink

@@ -67,11 +67,6 @@ pub enum Command {
         release: Box<ipq_api::model::HeldRelease>,
         reply: Reply<ipq_api::model::HeldRelease>,
     },
-    /// ipq-ipam's ADD: keep the record of what a later release of the allocation runs.
-    RecordAllocation {
-        record: Box<ipq_api::model::AllocationRecord>,
-        reply: Reply<ipq_api::model::AllocationRecord>,
-    },
     /// Break-glass: one datapath entry written, or removed, by the agent (the maps' one
     /// writer) behind the registry's back.
     DatapathPut {

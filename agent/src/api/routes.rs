@@ -21,14 +21,17 @@ use super::{
     views::{ApiError, TimeBase},
 };
 use crate::{
+    ipam::records::Records,
     listen,
     metrics::{LostAt, Metrics},
     netdev,
 };
 
 mod input;
+mod ipam;
 
 use input::{claimable, decode, invalid, parse_ip, parse_state, read_body, read_body_up_to, Query};
+use ipam::record_allocation;
 
 pub type Body = BoxBody<Bytes, Infallible>;
 
@@ -49,6 +52,9 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     /// The CNI bin directories a held release's delegate may come from (`ipam_cni_bin_dirs`).
     pub ipam_bins: Arc<crate::ipam::trust::TrustedBins>,
+    /// ipq-ipam's allocation records: a table of their own, written here, off the owner loop
+    /// (each is a file written and flushed, which the registry has no part in).
+    pub ipam_records: Records,
 }
 
 /// Who asks, as the socket's `SO_PEERCRED` says (the connection's, fixed at `connect`).
@@ -181,8 +187,7 @@ async fn route(
             ctx.ipam_bins
                 .check(&record.release_at(0))
                 .map_err(|e| invalid(e.to_string()))?;
-            let record = Box::new(record);
-            json(ask(ctx, |reply| Command::RecordAllocation { record, reply }).await?)
+            json(record_allocation(ctx, record).await?)
         }
         ["ipam", "exhausted"] => {
             only(&method, Method::POST, &path)?;

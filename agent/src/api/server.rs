@@ -161,11 +161,13 @@ impl ApiServer {
         commands: mpsc::Sender<Command>,
         metrics: Arc<Metrics>,
         ipam_bins: Arc<crate::ipam::trust::TrustedBins>,
+        ipam_records: crate::ipam::records::Records,
     ) {
         let ctx = Context {
             commands,
             metrics,
             ipam_bins,
+            ipam_records,
         };
         let mut guard = Guard::new("API", listen::API_MAX_CONNECTIONS)
             .counting_refusals(ctx.metrics.connections_refused.clone());

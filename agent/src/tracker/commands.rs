@@ -48,9 +48,6 @@ impl Tracker {
             Command::HoldRelease { release, reply } => {
                 return answer(reply, self.hold_release(*release))
             }
-            Command::RecordAllocation { record, reply } => {
-                return answer(reply, self.record_allocation(*record))
-            }
             Command::DatapathPut {
                 addr,
                 request,

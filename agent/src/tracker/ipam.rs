@@ -11,36 +11,11 @@ use log::{debug, warn};
 use super::Tracker;
 use crate::{
     api::{model::ErrorCode, views::ApiError},
-    ipam::{
-        holds::Holds,
-        records::{RecordError, Records},
-    },
+    ipam::{holds::Holds, records::Records},
     registry::StateName,
 };
 
 impl Tracker {
-    /// Keeps ipq-ipam's record of an allocation its ADD made (issue 27): what a release of it
-    /// will run. A full table refuses it (507, ipq-ipam's ADD fails with code 11) and counts.
-    pub(super) fn record_allocation(
-        &self,
-        record: AllocationRecord,
-    ) -> Result<AllocationRecord, ApiError> {
-        match self.ipam_records.insert(record.clone()) {
-            Ok(()) => {
-                debug!(
-                    "ipam: recorded the allocation of container {} ({}) by {}",
-                    record.container_id, record.ifname, record.delegate_type
-                );
-                Ok(record)
-            }
-            Err(e @ RecordError::Full { .. }) => {
-                self.metrics.ipam.records_full.inc();
-                Err(ApiError::new(ErrorCode::RegistryFull, e.to_string()))
-            }
-            Err(e) => Err(ApiError::new(ErrorCode::Internal, e.to_string())),
-        }
-    }
-
     /// Stores a release durably under `state_dir/ipam-releases`, stamped with the agent's own
     /// time (what "never early" counts from). What it runs is its allocation's record, never
     /// the request: a request naming another delegate, or an address the allocation did not
