@@ -55,14 +55,19 @@ impl Records {
     /// disk first. One file write and fsync.
     pub fn insert(&self, record: AllocationRecord) -> Result<(), RecordError> {
         let name = record.file_name();
-        let mut table = self.table();
-        if !table.contains_key(&name) && table.len() >= self.capacity {
-            return Err(RecordError::Full {
-                capacity: self.capacity,
-            });
+        // Checked before the write, the table unlocked through it: the owner loop looks
+        // records up under this lock, and a write waits for the disk. Two ADDs racing for the
+        // last places may pass the bound by the number of writes in flight (API workers).
+        {
+            let table = self.table();
+            if !table.contains_key(&name) && table.len() >= self.capacity {
+                return Err(RecordError::Full {
+                    capacity: self.capacity,
+                });
+            }
         }
         records::write(&self.dir, &record)?;
-        table.insert(name, record);
+        self.table().insert(name, record);
         Ok(())
     }
 
@@ -95,8 +100,8 @@ impl Records {
     /// Takes in the record files not yet known (ipq-ipam's, written while the agent was
     /// away): how many. Blocking file reads: call off the async threads.
     pub fn adopt(&self) -> usize {
-        let known: Vec<String> = self.table().keys().cloned().collect();
-        let is_known = |name: &str| known.iter().any(|k| k == name);
+        let known: std::collections::HashSet<String> = self.table().keys().cloned().collect();
+        let is_known = |name: &str| known.contains(name);
         match records::read_new(&self.dir, &is_known) {
             Ok(new) => {
                 let n = new.len();
