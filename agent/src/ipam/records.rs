@@ -9,6 +9,7 @@ use std::{
     collections::HashMap,
     path::{Path, PathBuf},
     sync::{Arc, Mutex, MutexGuard, PoisonError},
+    time::{Duration, SystemTime},
 };
 
 use ipq_api::model::{file_name, AllocationRecord};
@@ -32,7 +33,15 @@ pub struct Records {
     table: Arc<Mutex<HashMap<String, AllocationRecord>>>,
     dir: PathBuf,
     capacity: usize,
+    /// The directory's modification time at the last listing that can be trusted to have seen
+    /// every file of that time (see [`Records::adopt`]).
+    listed_at: Arc<Mutex<Option<SystemTime>>>,
 }
+
+/// How old a directory's modification time must be before a listing is known to have seen
+/// every entry made at that time: file times come from a coarse clock (a jiffy), so an entry
+/// made just after a listing may share the time the listing saw.
+const SETTLED: Duration = Duration::from_secs(1);
 
 impl Records {
     pub fn new(dir: PathBuf, capacity: usize) -> Self {
@@ -40,6 +49,7 @@ impl Records {
             table: Arc::default(),
             dir,
             capacity,
+            listed_at: Arc::default(),
         }
     }
 
@@ -99,7 +109,33 @@ impl Records {
 
     /// Takes in the record files not yet known (ipq-ipam's, written while the agent was
     /// away): how many. Blocking file reads: call off the async threads.
+    /// The directory is listed only when its modification time moved since the last listing
+    /// (a file added or removed), so an idle node with 64k records lists nothing.
     pub fn adopt(&self) -> usize {
+        let modified = std::fs::metadata(&self.dir).and_then(|m| m.modified()).ok();
+        {
+            let listed_at = self
+                .listed_at
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if modified.is_some() && *listed_at == modified {
+                return 0;
+            }
+        }
+        let settled = modified.filter(|m| {
+            SystemTime::now()
+                .duration_since(*m)
+                .is_ok_and(|age| age >= SETTLED)
+        });
+        let adopted = self.list_new();
+        *self
+            .listed_at
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = settled;
+        adopted
+    }
+
+    fn list_new(&self) -> usize {
         let known: std::collections::HashSet<String> = self.table().keys().cloned().collect();
         let is_known = |name: &str| known.contains(name);
         match records::read_new(&self.dir, &is_known) {
@@ -165,5 +201,43 @@ mod tests {
         restarted.forget(Some("net"), "away", "eth0");
         assert!(restarted.get(Some("net"), "away", "eth0").is_none());
         assert!(!dir.join(file_name(Some("net"), "away", "eth0")).exists());
+    }
+
+    /// Sets `dir`'s modification time to `secs` after the epoch.
+    fn set_mtime(dir: &Path, secs: i64) {
+        use std::os::unix::ffi::OsStrExt as _;
+        let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).unwrap();
+        let times = [
+            libc::timespec {
+                tv_sec: secs,
+                tv_nsec: 0,
+            },
+            libc::timespec {
+                tv_sec: secs,
+                tv_nsec: 0,
+            },
+        ];
+        // SAFETY: a valid C string and two timespecs.
+        let rc = unsafe { libc::utimensat(libc::AT_FDCWD, path.as_ptr(), times.as_ptr(), 0) };
+        assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+    }
+
+    /// An idle directory is not listed again; one whose time moved is.
+    #[test]
+    fn adoption_lists_the_directory_only_when_it_changed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("ipam-allocations");
+        records::write(&dir, &record("first")).unwrap();
+        let records = Records::new(dir.clone(), 8);
+        set_mtime(&dir, 1_000_000);
+        assert_eq!(records.adopt(), 1);
+        // A file appears, the directory's time put back as the listing saw it: not listed.
+        records::write(&dir, &record("second")).unwrap();
+        set_mtime(&dir, 1_000_000);
+        assert_eq!(records.adopt(), 0, "an unchanged directory is not listed");
+        // Its time moves, as any new entry makes it: listed, the file adopted.
+        set_mtime(&dir, 1_000_001);
+        assert_eq!(records.adopt(), 1);
+        assert!(records.get(Some("net"), "second", "eth0").is_some());
     }
 }
