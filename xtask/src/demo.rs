@@ -210,6 +210,16 @@ pub enum Runtime {
     Containerd,
 }
 
+impl Runtime {
+    /// What the demo on this runtime needs installed, and no more.
+    pub fn setup_scope(self) -> crate::setup::Scope {
+        match self {
+            Runtime::Netns => crate::setup::Scope::Demo,
+            Runtime::Containerd => crate::setup::Scope::DemoContainerd,
+        }
+    }
+}
+
 /// The containerd demo: the test crate's `ipq-cri-demo`, which shares the CRI tier's node.
 pub fn run_containerd() -> Result<()> {
     // The demo runs the workspace's agent, CLI and plugins: built first, as for the netns demo.

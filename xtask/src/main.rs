@@ -9,6 +9,7 @@ mod demo;
 mod kernels;
 mod setup;
 mod test;
+mod toolchain;
 mod tools;
 mod util;
 
@@ -26,9 +27,13 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Install what building and testing needs (nightly, rust-src, bpf-linker, bpffs, Debian
-    /// packages); idempotent: reports what was already there
-    Setup,
+    /// Install what building and testing needs (the pinned nightly, rust-src, bpf-linker, bpffs,
+    /// Debian packages); idempotent: reports what was already there
+    Setup {
+        /// Set up only what one command uses
+        #[arg(long = "for", value_enum, default_value = "test")]
+        scope: setup::Scope,
+    },
     /// Build the eBPF programs (through the agent's build script) and print the object's path
     BuildEbpf {
         /// Build in release mode
@@ -74,7 +79,7 @@ enum Command {
 
 fn main() -> Result<()> {
     match Cli::parse().command {
-        Command::Setup => setup::run(setup::Scope::All),
+        Command::Setup { scope } => setup::run(scope),
         Command::BuildEbpf { release } => build_ebpf::run(release),
         Command::Test { args } => test::run(&args),
         Command::TestKernels { names } => test::run_kernels(&names),
@@ -83,7 +88,7 @@ fn main() -> Result<()> {
                 "cargo xtask demo",
                 "the demo loads BPF programs and creates network namespaces",
             )?;
-            setup::ensure(setup::Scope::All)?;
+            setup::ensure(runtime.setup_scope())?;
             match runtime {
                 demo::Runtime::Netns => demo::run(),
                 demo::Runtime::Containerd => demo::run_containerd(),

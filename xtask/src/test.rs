@@ -47,7 +47,7 @@ pub fn run(test_args: &[OsString]) -> Result<()> {
         "clippy",
         host(["clippy", "--all-targets", "--", "-D", "warnings"]),
     )?;
-    step("clippy-ebpf", util::nightly("cargo", CLIPPY_EBPF))?;
+    step("clippy-ebpf", util::nightly("cargo", CLIPPY_EBPF)?)?;
     step("build", host(["build", "--bins"]))?;
     // Doc tests are left out: there are none, and their empty result would be the last line.
     let mut test = host(["test", "--no-fail-fast", "--lib", "--bins", "--tests"]);
