@@ -5,10 +5,12 @@
 
 mod bench;
 mod build_ebpf;
+mod cluster_build;
 mod demo;
 mod kernels;
 mod setup;
 mod test;
+mod test_cluster;
 mod toolchain;
 mod tools;
 mod util;
@@ -30,7 +32,8 @@ enum Command {
     /// Install what building and testing needs (the pinned nightly, rust-src, bpf-linker, bpffs,
     /// Debian packages); idempotent: reports what was already there
     Setup {
-        /// Set up only what one command uses
+        /// Set up only what one command uses; `cluster` builds the cluster tier's Kubernetes,
+        /// etcd and containerd from Go modules (slow the first time)
         #[arg(long = "for", value_enum, default_value = "test")]
         scope: setup::Scope,
     },
@@ -52,6 +55,10 @@ enum Command {
         /// Kernels to boot, by name in xtask/kernels.toml (all when none is given)
         names: Vec<String>,
     },
+    /// Run the cluster tier alone: a one-node Kubernetes cluster of the test's own (built from
+    /// Go modules by `setup --for cluster`), ipq installed from deploy/kubernetes/, the
+    /// incidents (needs root; not part of `cargo xtask test`)
+    TestCluster,
     /// Run the demo (needs root)
     Demo {
         /// `netns`: the node wired by hand (the default); `containerd`: the same incident with
@@ -83,6 +90,7 @@ fn main() -> Result<()> {
         Command::BuildEbpf { release } => build_ebpf::run(release),
         Command::Test { args } => test::run(&args),
         Command::TestKernels { names } => test::run_kernels(&names),
+        Command::TestCluster => test_cluster::run(),
         Command::Demo { runtime } => {
             util::require_root(
                 "cargo xtask demo",

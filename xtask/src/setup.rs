@@ -64,7 +64,7 @@ pub enum Scope {
     Demo,
     /// The containerd demo: Demo, plus pods and Debian's containerd.
     DemoContainerd,
-    /// The cluster tier: Demo, plus pods.
+    /// The cluster tier: Demo, plus pods and the Kubernetes components built from Go modules.
     Cluster,
     /// Everything `cargo xtask test` (and bench, test-kernels, plain `setup`) needs.
     #[value(name = "test")]
@@ -93,8 +93,10 @@ impl Scope {
         if self != Scope::Build {
             steps.extend([&BPF_FILESYSTEM, &DEBIAN_PACKAGES]);
         }
-        if self == Scope::All {
-            steps.extend(&TEST_STEPS);
+        match self {
+            Scope::Cluster => steps.extend(&CLUSTER_STEPS),
+            Scope::All => steps.extend(&TEST_STEPS),
+            _ => {}
         }
         steps
     }
@@ -135,6 +137,11 @@ const DEBIAN_PACKAGES: Step = Step {
     name: "debian packages",
     run: debian_packages,
 };
+
+const CLUSTER_STEPS: [Step; 1] = [Step {
+    name: "kubernetes components (go)",
+    run: |_| crate::cluster_build::ensure(),
+}];
 
 const TEST_STEPS: [Step; 3] = [
     Step {
