@@ -13,6 +13,9 @@ use std::{
 };
 
 use anyhow::{ensure, Context as _};
+
+#[path = "cluster/agent_lifecycle.rs"]
+mod agent_lifecycle;
 use ipq_tests::cluster::{
     deploy::{self, ipq},
     host::{NODE_IP, PEER_IP},
@@ -48,6 +51,12 @@ fn ipq_deployed_from_the_manifests_fences_a_rollouts_old_pod() -> anyhow::Result
     })?;
     phase("force delete of the fenced old pod", || {
         force_delete_leaves_no_stale_holder_reachable(&mut cluster, &rollout)
+    })?;
+    phase("rollout restart of the agent", || {
+        agent_lifecycle::agent_restart_keeps_the_fence(&mut cluster, &rollout)
+    })?;
+    phase("observe, then enforce, through the ConfigMap", || {
+        agent_lifecycle::observe_then_enforce(&mut cluster, &rollout)
     })?;
     Ok(())
 }
