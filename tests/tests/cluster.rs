@@ -18,10 +18,11 @@ use anyhow::{ensure, Context as _};
 mod agent_lifecycle;
 use ipq_tests::cluster::{
     deploy::{self, ipq},
-    host::{NODE_IP, PEER_IP},
+    host::NODE_IP,
     kubectl::pod_ready,
-    node::{BUSYBOX_IMAGE, HOST_LOCAL_DIR, NETWORK_NAME, POD_ADDRESS},
+    node::{HOST_LOCAL_DIR, NETWORK_NAME, POD_ADDRESS},
     peer::Witness,
+    workloads::sender_deployment,
     Cluster,
 };
 use serde_json::Value;
@@ -102,47 +103,6 @@ fn installed_as_the_readme_says(cluster: &mut Cluster) -> anyhow::Result<()> {
 const OLD: usize = 101;
 const NEW: usize = 202;
 
-/// A Deployment of one pod whose container ignores SIGTERM and pings the peer every 200 ms
-/// with `size` bytes of payload, from the node's one pod address; rolled by changing the size.
-fn rollout_deployment(size: usize) -> String {
-    format!(
-        r#"apiVersion: apps/v1
-kind: Deployment
-metadata:
-  name: sender
-  namespace: default
-spec:
-  replicas: 1
-  selector:
-    matchLabels: {{app: sender}}
-  strategy:
-    type: RollingUpdate
-    # The old pod goes first (there is one address): it starts terminating, the new one is
-    # created at once.
-    rollingUpdate: {{maxSurge: 0, maxUnavailable: 1}}
-  template:
-    metadata:
-      labels: {{app: sender}}
-    spec:
-      automountServiceAccountToken: false
-      # Long: the old pod is alive, ignoring SIGTERM, for the whole scenario.
-      terminationGracePeriodSeconds: 900
-      containers:
-        - name: sender
-          image: {BUSYBOX_IMAGE}
-          command:
-            - /bin/sh
-            - -c
-            - |
-              trap '' TERM
-              while true; do
-                ping -i 0.2 -s {size} {PEER_IP}
-                sleep 0.2
-              done
-"#
-    )
-}
-
 fn sender_pods(cluster: &Cluster) -> anyhow::Result<Vec<Value>> {
     let pods = cluster
         .kubectl()
@@ -153,7 +113,7 @@ fn sender_pods(cluster: &Cluster) -> anyhow::Result<Vec<Value>> {
 fn rollout_fences_the_old_pod(cluster: &mut Cluster) -> anyhow::Result<Rollout> {
     let address: IpAddr = POD_ADDRESS.parse()?;
     let witness = Witness::start(&cluster.host.peer)?;
-    cluster.kubectl().apply(&rollout_deployment(OLD))?;
+    cluster.kubectl().apply(&sender_deployment(OLD))?;
     let old = cluster.wait_for(
         "the first revision's pod to run",
         Duration::from_secs(180),
@@ -180,7 +140,7 @@ fn rollout_fences_the_old_pod(cluster: &mut Cluster) -> anyhow::Result<Rollout> 
 
     // The rollout: the old pod is told to terminate and ignores it; the new pod is created
     // at once and waits for an address.
-    cluster.kubectl().apply(&rollout_deployment(NEW))?;
+    cluster.kubectl().apply(&sender_deployment(NEW))?;
     cluster.wait_for(
         "the old pod to be terminating",
         Duration::from_secs(60),

@@ -62,7 +62,8 @@ enum Command {
     /// Run the demo (needs root)
     Demo {
         /// `netns`: the node wired by hand (the default); `containerd`: the same incident with
-        /// pods run by containerd through its CRI, as the kubelet runs them
+        /// pods run by containerd through its CRI, as the kubelet runs them; `kubernetes`: on a
+        /// one-node cluster, ipq applied from deploy/kubernetes/ (builds Kubernetes first)
         #[arg(long, value_enum, default_value = "netns")]
         runtime: demo::Runtime,
     },
@@ -100,6 +101,7 @@ fn main() -> Result<()> {
             match runtime {
                 demo::Runtime::Netns => demo::run(),
                 demo::Runtime::Containerd => demo::run_containerd(),
+                demo::Runtime::Kubernetes => demo::run_kubernetes(),
             }
         }
         Command::Bench {

@@ -13,6 +13,7 @@ pub mod kubectl;
 pub mod node;
 pub mod peer;
 pub mod pki;
+pub mod workloads;
 
 use std::time::{Duration, Instant};
 
