@@ -32,6 +32,10 @@ const POD_PACKAGES: &[&str] = &[
     "protobuf-compiler",
 ];
 
+/// The cluster tier (Debian's Prometheus scraping the agent's pod with the shipped rules) and
+/// the observability tests (promtool, a Prometheus server scraping the lab).
+const CLUSTER_PACKAGES: &[&str] = &["prometheus"];
+
 /// The CRI tier and its demo: Debian's containerd 1.6 (its CRI plugin built in).
 const CRI_PACKAGES: &[&str] = &["containerd"];
 
@@ -42,8 +46,6 @@ const TEST_ONLY_PACKAGES: &[&str] = &[
     "podman",
     // ipq-ipam's dhcp delegate test: a real DHCP server in the lab's namespaces.
     "dnsmasq-base",
-    // Observability tests: promtool and a real Prometheus server scraping the lab.
-    "prometheus",
     // The kernel tier (xtask/src/kernels): QEMU, Debian's keyring for the kernel packages'
     // signatures, strip for the initramfs (busybox-static above is its userland).
     "qemu-system-x86",
@@ -77,11 +79,12 @@ impl Scope {
             Scope::Build => &[],
             Scope::Demo => &[NETNS_PACKAGES],
             Scope::DemoContainerd => &[NETNS_PACKAGES, POD_PACKAGES, CRI_PACKAGES],
-            Scope::Cluster => &[NETNS_PACKAGES, POD_PACKAGES],
+            Scope::Cluster => &[NETNS_PACKAGES, POD_PACKAGES, CLUSTER_PACKAGES],
             Scope::All => &[
                 NETNS_PACKAGES,
                 POD_PACKAGES,
                 CRI_PACKAGES,
+                CLUSTER_PACKAGES,
                 TEST_ONLY_PACKAGES,
             ],
         };

@@ -24,6 +24,7 @@ use std::{
     os::unix::process::CommandExt as _,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
+    sync::Arc,
     time::Duration,
 };
 
@@ -41,7 +42,8 @@ const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 /// The namespaces, the cgroup and the work dir of one node.
 pub struct Host {
     pub node: NetNs,
-    pub peer: NetNs,
+    /// Shared, so that a server in it (Prometheus) can outlive borrows of the cluster.
+    pub peer: Arc<NetNs>,
     dir: PathBuf,
     holder: Option<Child>,
     /// `ipq-kn-<pid>-<n>`: the cgroup's name in every hierarchy.
@@ -54,7 +56,7 @@ impl Host {
         crate::netns::require_root()?;
         sweep_dead_runs();
         let node = NetNs::new("kn")?;
-        let peer = NetNs::new("kp")?;
+        let peer = Arc::new(NetNs::new("kp")?);
         let cgroup = node.name().to_owned();
         let dir = std::env::temp_dir().join(&cgroup);
         let mut host = Host {
