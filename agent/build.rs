@@ -1,6 +1,7 @@
 //! Builds the kernel programs of `ebpf/` for the bpf target into `OUT_DIR`, where
-//! `datapath::object` embeds them. `cargo xtask setup` provides what this needs (the nightly
-//! `rust-src` and `bpf-linker`); run it first on a new machine.
+//! `datapath::object` embeds them, with the nightly pinned in `ebpf/rust-toolchain.toml` (the
+//! one bpf-linker was built against). `cargo xtask setup` provides what this needs (that
+//! nightly with its `rust-src`, and `bpf-linker`); run it first on a new machine.
 
 use anyhow::Context as _;
 
@@ -10,15 +11,34 @@ fn main() -> anyhow::Result<()> {
     let ebpf_dir = ebpf_dir
         .to_str()
         .context("the path of the ebpf crate is not UTF-8")?;
+    let pin_file = std::path::Path::new(&manifest_dir).join("../ebpf/rust-toolchain.toml");
+    println!("cargo:rerun-if-changed={}", pin_file.display());
+    let toolchain = pinned_nightly(&pin_file)?;
     aya_build::build_ebpf(
         [aya_build::Package {
             name: "ipq-ebpf",
             root_dir: ebpf_dir,
             ..Default::default()
         }],
-        aya_build::Toolchain::default(),
+        aya_build::Toolchain::Custom(&toolchain),
     )
-    .context(
-        "building the eBPF object failed: run `cargo xtask setup` (nightly rust-src, bpf-linker)",
-    )
+    .with_context(|| {
+        format!(
+            "building the eBPF object with {toolchain} failed: run `cargo xtask setup --for build` \
+             ({toolchain} with rust-src, bpf-linker)"
+        )
+    })
+}
+
+/// `[toolchain] channel` of the pin file.
+fn pinned_nightly(pin_file: &std::path::Path) -> anyhow::Result<String> {
+    let text = std::fs::read_to_string(pin_file)
+        .with_context(|| format!("cannot read {}", pin_file.display()))?;
+    let pin: toml::Table =
+        toml::from_str(&text).with_context(|| format!("{} is not TOML", pin_file.display()))?;
+    pin.get("toolchain")
+        .and_then(|t| t.get("channel"))
+        .and_then(|c| c.as_str())
+        .map(str::to_string)
+        .with_context(|| format!("{} has no [toolchain] channel", pin_file.display()))
 }

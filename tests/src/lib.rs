@@ -2,6 +2,7 @@
 pub mod api;
 pub mod attach;
 pub mod attachments;
+pub mod cluster;
 pub mod cni;
 pub mod containerd;
 pub mod cri;
@@ -10,6 +11,7 @@ pub mod flows;
 pub mod lab;
 pub mod mountns;
 pub mod netns;
+pub mod oci;
 pub mod packets;
 pub mod podman;
 pub mod prometheus;

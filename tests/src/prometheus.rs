@@ -101,17 +101,37 @@ impl<'n> Prometheus<'n> {
     /// Starts Prometheus in `ns`, listening on `listen` there and scraping `target` (also as
     /// seen from `ns`) every second as job `job`; waits until it is ready.
     pub fn start(ns: &'n NetNs, listen: &str, job: &str, target: &str) -> anyhow::Result<Self> {
+        Self::start_with_rules(ns, listen, job, target, &[])
+    }
+
+    /// [`start`](Self::start), with these rule files loaded (and evaluated every second).
+    pub fn start_with_rules(
+        ns: &'n NetNs,
+        listen: &str,
+        job: &str,
+        target: &str,
+        rule_files: &[&Path],
+    ) -> anyhow::Result<Self> {
         require_tool(PROMETHEUS, "prometheus")?;
         require_tool(CURL, "curl")?;
         let dir = ScratchDir(std::env::temp_dir().join(unique("ipq-prometheus")));
         fs::create_dir(&dir.0).with_context(|| format!("creating {}", dir.0.display()))?;
         let config = dir.0.join("prometheus.yml");
         // scrape_timeout must not exceed scrape_interval (its default, 10 s, would).
+        let rules: String = rule_files
+            .iter()
+            .map(|f| format!("  - {}\n", f.display()))
+            .collect();
+        let rules = if rules.is_empty() {
+            String::new()
+        } else {
+            format!("rule_files:\n{rules}")
+        };
         fs::write(
             &config,
             format!(
                 "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\n\
-                 scrape_configs:\n  - job_name: {job}\n    static_configs:\n      \
+                 {rules}scrape_configs:\n  - job_name: {job}\n    static_configs:\n      \
                  - targets: ['{target}']\n"
             ),
         )
@@ -191,6 +211,18 @@ impl<'n> Prometheus<'n> {
         }
         cmd.arg(url);
         crate::netns::output_of(&mut cmd)
+    }
+
+    /// The names of the rule groups Prometheus has loaded (`/api/v1/rules`).
+    pub fn rule_groups(&self) -> anyhow::Result<Vec<String>> {
+        let url = format!("http://{}/api/v1/rules", self.listen);
+        let body: serde_json::Value = serde_json::from_str(&self.get(&url, &[])?)?;
+        Ok(body["data"]["groups"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|g| g["name"].as_str().map(str::to_owned))
+            .collect())
     }
 
     /// An instant query through `/api/v1/query`: every series of the resulting vector.

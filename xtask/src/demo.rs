@@ -208,6 +208,20 @@ pub enum Runtime {
     Netns,
     /// containerd of the demo's own, driven through its CRI as the kubelet drives it.
     Containerd,
+    /// A one-node Kubernetes cluster of the demo's own (the cluster tier's), ipq applied from
+    /// deploy/kubernetes/, a Deployment's rollout causing the incident.
+    Kubernetes,
+}
+
+impl Runtime {
+    /// What the demo on this runtime needs installed, and no more.
+    pub fn setup_scope(self) -> crate::setup::Scope {
+        match self {
+            Runtime::Netns => crate::setup::Scope::Demo,
+            Runtime::Containerd => crate::setup::Scope::DemoContainerd,
+            Runtime::Kubernetes => crate::setup::Scope::Cluster,
+        }
+    }
 }
 
 /// The containerd demo: the test crate's `ipq-cri-demo`, which shares the CRI tier's node.
@@ -221,6 +235,31 @@ pub fn run_containerd() -> Result<()> {
         "ipq-tests",
         "--bin",
         "ipq-cri-demo",
+    ]))
+}
+
+/// The Kubernetes demo: the test crate's `ipq-cluster-demo`, on the cluster tier's node, with
+/// ipq's image made of the release build (as the cluster tier's).
+pub fn run_kubernetes() -> Result<()> {
+    util::run(&mut util::cargo([
+        "build",
+        "--quiet",
+        "--release",
+        "-p",
+        "ipq",
+        "-p",
+        "ipq-cni",
+        "-p",
+        "ipq-cli",
+        "--bins",
+    ]))?;
+    util::run(&mut util::cargo([
+        "run",
+        "--quiet",
+        "--package",
+        "ipq-tests",
+        "--bin",
+        "ipq-cluster-demo",
     ]))
 }
 

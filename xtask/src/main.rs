@@ -5,10 +5,13 @@
 
 mod bench;
 mod build_ebpf;
+mod cluster_build;
 mod demo;
 mod kernels;
 mod setup;
 mod test;
+mod test_cluster;
+mod toolchain;
 mod tools;
 mod util;
 
@@ -26,9 +29,14 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Install what building and testing needs (nightly, rust-src, bpf-linker, bpffs, Debian
-    /// packages); idempotent: reports what was already there
-    Setup,
+    /// Install what building and testing needs (the pinned nightly, rust-src, bpf-linker, bpffs,
+    /// Debian packages); idempotent: reports what was already there
+    Setup {
+        /// Set up only what one command uses; `cluster` builds the cluster tier's Kubernetes,
+        /// etcd and containerd from Go modules (slow the first time)
+        #[arg(long = "for", value_enum, default_value = "test")]
+        scope: setup::Scope,
+    },
     /// Build the eBPF programs (through the agent's build script) and print the object's path
     BuildEbpf {
         /// Build in release mode
@@ -47,10 +55,15 @@ enum Command {
         /// Kernels to boot, by name in xtask/kernels.toml (all when none is given)
         names: Vec<String>,
     },
+    /// Run the cluster tier alone: a one-node Kubernetes cluster of the test's own (built from
+    /// Go modules by `setup --for cluster`), ipq installed from deploy/kubernetes/, the
+    /// incidents (needs root; not part of `cargo xtask test`)
+    TestCluster,
     /// Run the demo (needs root)
     Demo {
         /// `netns`: the node wired by hand (the default); `containerd`: the same incident with
-        /// pods run by containerd through its CRI, as the kubelet runs them
+        /// pods run by containerd through its CRI, as the kubelet runs them; `kubernetes`: on a
+        /// one-node cluster, ipq applied from deploy/kubernetes/ (builds Kubernetes first)
         #[arg(long, value_enum, default_value = "netns")]
         runtime: demo::Runtime,
     },
@@ -74,19 +87,21 @@ enum Command {
 
 fn main() -> Result<()> {
     match Cli::parse().command {
-        Command::Setup => setup::run(setup::Scope::All),
+        Command::Setup { scope } => setup::run(scope),
         Command::BuildEbpf { release } => build_ebpf::run(release),
         Command::Test { args } => test::run(&args),
         Command::TestKernels { names } => test::run_kernels(&names),
+        Command::TestCluster => test_cluster::run(),
         Command::Demo { runtime } => {
             util::require_root(
                 "cargo xtask demo",
                 "the demo loads BPF programs and creates network namespaces",
             )?;
-            setup::ensure(setup::Scope::All)?;
+            setup::ensure(runtime.setup_scope())?;
             match runtime {
                 demo::Runtime::Netns => demo::run(),
                 demo::Runtime::Containerd => demo::run_containerd(),
+                demo::Runtime::Kubernetes => demo::run_kubernetes(),
             }
         }
         Command::Bench {

@@ -7,35 +7,45 @@ use std::fs;
 
 use anyhow::{bail, Context, Result};
 
+use crate::toolchain;
 use crate::util::{self, cmd};
 
 mod bpf_linker;
 
 use bpf_linker::bpf_linker;
 
-/// Debian packages the integration tests run. The one list: add a package here when a test
-/// starts using a new tool.
-pub const TEST_PACKAGES: &[&str] = &[
-    "iproute2",
-    "iputils-ping",
-    "bpftool",
-    "tcpdump",
-    "procps",
-    "curl",
-    "util-linux",
-    // CNI tests: the reference plugins chained with ipq-cni, and a real runtime.
+/// Debian packages, grouped by who runs them, so that each command installs only what it uses
+/// (the netns demo must not wait for QEMU or Prometheus). Add a package to the group of the
+/// first command that starts using it.
+///
+/// What the netns demo (and every privileged test) runs: namespaces and veths, ping, the
+/// metrics fetched with curl, nsenter, kill.
+const NETNS_PACKAGES: &[&str] = &["iproute2", "iputils-ping", "procps", "curl", "util-linux"];
+
+/// What running pods needs: the reference CNI plugins chained with ipq-cni, runc, busybox for
+/// the images built locally, and protoc for the CRI client's generated code (k8s-cri's build
+/// script, so the test crate does not build without it).
+const POD_PACKAGES: &[&str] = &[
     "containernetworking-plugins",
-    "podman",
     "runc",
     "busybox-static",
+    "protobuf-compiler",
+];
+
+/// The cluster tier (Debian's Prometheus scraping the agent's pod with the shipped rules) and
+/// the observability tests (promtool, a Prometheus server scraping the lab).
+const CLUSTER_PACKAGES: &[&str] = &["prometheus"];
+
+/// The CRI tier and its demo: Debian's containerd 1.6 (its CRI plugin built in).
+const CRI_PACKAGES: &[&str] = &["containerd"];
+
+/// The rest of `cargo xtask test` (and bench, and the kernel tier).
+const TEST_ONLY_PACKAGES: &[&str] = &[
+    "bpftool",
+    "tcpdump",
+    "podman",
     // ipq-ipam's dhcp delegate test: a real DHCP server in the lab's namespaces.
     "dnsmasq-base",
-    // The CRI tier: containerd (its CRI plugin built in) run by the tests, and protoc for the
-    // CRI client's generated code (k8s-cri's build script).
-    "containerd",
-    "protobuf-compiler",
-    // Observability tests: promtool and a real Prometheus server scraping the lab.
-    "prometheus",
     // The kernel tier (xtask/src/kernels): QEMU, Debian's keyring for the kernel packages'
     // signatures, strip for the initramfs (busybox-static above is its userland).
     "qemu-system-x86",
@@ -48,12 +58,51 @@ pub const TEST_PACKAGES: &[&str] = &[
 ];
 
 /// How much of the setup a command needs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Scope {
-    /// What building the eBPF programs needs: nightly, its rust-src, bpf-linker.
+    /// What building the eBPF programs needs: the pinned nightly, its rust-src, bpf-linker.
     Build,
-    /// Everything `cargo xtask test` needs besides: nightly's clippy, bpffs, Debian packages.
+    /// The default demo: Build, bpffs and the netns tools.
+    Demo,
+    /// The containerd demo: Demo, plus pods and Debian's containerd.
+    DemoContainerd,
+    /// The cluster tier: Demo, plus pods and the Kubernetes components built from Go modules.
+    Cluster,
+    /// Everything `cargo xtask test` (and bench, test-kernels, plain `setup`) needs.
+    #[value(name = "test")]
     All,
+}
+
+impl Scope {
+    fn packages(self) -> Vec<&'static str> {
+        let groups: &[&[&str]] = match self {
+            Scope::Build => &[],
+            Scope::Demo => &[NETNS_PACKAGES],
+            Scope::DemoContainerd => &[NETNS_PACKAGES, POD_PACKAGES, CRI_PACKAGES],
+            Scope::Cluster => &[NETNS_PACKAGES, POD_PACKAGES, CLUSTER_PACKAGES],
+            Scope::All => &[
+                NETNS_PACKAGES,
+                POD_PACKAGES,
+                CRI_PACKAGES,
+                CLUSTER_PACKAGES,
+                TEST_ONLY_PACKAGES,
+            ],
+        };
+        groups.concat()
+    }
+
+    fn steps(self) -> Vec<&'static Step> {
+        let mut steps: Vec<&Step> = BUILD_STEPS.iter().collect();
+        if self != Scope::Build {
+            steps.extend([&BPF_FILESYSTEM, &DEBIAN_PACKAGES]);
+        }
+        match self {
+            Scope::Cluster => steps.extend(&CLUSTER_STEPS),
+            Scope::All => steps.extend(&TEST_STEPS),
+            _ => {}
+        }
+        steps
+    }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -64,45 +113,52 @@ pub(crate) enum Outcome {
 
 struct Step {
     name: &'static str,
-    run: fn() -> Result<Outcome>,
+    run: fn(Scope) -> Result<Outcome>,
 }
 
-const BUILD_STEPS: &[Step] = &[
+const BUILD_STEPS: [Step; 3] = [
     Step {
-        name: "nightly toolchain",
-        run: nightly_toolchain,
+        name: "pinned nightly toolchain",
+        run: |_| nightly_toolchain(),
     },
     Step {
-        name: "nightly rust-src",
-        run: rust_src,
+        name: "pinned nightly rust-src",
+        run: |_| rust_src(),
     },
     Step {
         name: "bpf-linker",
-        run: bpf_linker,
+        run: |_| bpf_linker(),
     },
 ];
 
-const SYSTEM_STEPS: &[Step] = &[
+const BPF_FILESYSTEM: Step = Step {
+    name: "bpf filesystem",
+    run: |_| bpf_filesystem(),
+};
+
+const DEBIAN_PACKAGES: Step = Step {
+    name: "debian packages",
+    run: debian_packages,
+};
+
+const CLUSTER_STEPS: [Step; 1] = [Step {
+    name: "kubernetes components (go)",
+    run: |_| crate::cluster_build::ensure(),
+}];
+
+const TEST_STEPS: [Step; 3] = [
     Step {
-        name: "nightly clippy",
-        run: nightly_clippy,
-    },
-    Step {
-        name: "bpf filesystem",
-        run: bpf_filesystem,
-    },
-    Step {
-        name: "debian packages",
-        run: debian_packages,
+        name: "pinned nightly clippy",
+        run: |_| nightly_clippy(),
     },
     // The deploy tests' checkers, after the Debian packages (they need python3 and npm).
     Step {
         name: "kubernetes-validate",
-        run: crate::tools::kubernetes_validate,
+        run: |_| crate::tools::kubernetes_validate(),
     },
     Step {
         name: "grafana dashboard schema",
-        run: crate::tools::grafana_schema,
+        run: |_| crate::tools::grafana_schema(),
     },
 ];
 
@@ -122,13 +178,9 @@ pub fn ensure(scope: Scope) -> Result<()> {
 
 /// Runs the steps of `scope`; returns whether any of them installed something.
 fn run_steps(scope: Scope, verbose: bool) -> Result<bool> {
-    let system: &[Step] = match scope {
-        Scope::Build => &[],
-        Scope::All => SYSTEM_STEPS,
-    };
     let mut changed = false;
-    for step in BUILD_STEPS.iter().chain(system) {
-        let outcome = (step.run)().with_context(|| format!("setup: {}: failed", step.name))?;
+    for step in scope.steps() {
+        let outcome = (step.run)(scope).with_context(|| format!("setup: {}: failed", step.name))?;
         match outcome {
             Outcome::Present if verbose => println!("setup: {}: ok (already present)", step.name),
             Outcome::Present => {}
@@ -139,25 +191,41 @@ fn run_steps(scope: Scope, verbose: bool) -> Result<bool> {
     Ok(changed)
 }
 
+/// Installs exactly the pinned nightly (with rust-src, minimal profile) when rustup does not list
+/// it. The check reads `rustup toolchain list`: running the toolchain to see whether it is there
+/// would make rustup install it on its own, quietly.
 fn nightly_toolchain() -> Result<Outcome> {
-    let has_nightly = || -> Result<bool> {
+    let pinned = toolchain::pinned_nightly()?;
+    let has_pinned = || -> Result<bool> {
         let list = util::output(&mut cmd("rustup", ["toolchain", "list"]))
             .context("cannot list rustup toolchains; install rustup from https://rustup.rs")?;
-        Ok(list.lines().any(|line| line.starts_with("nightly")))
+        let prefix = format!("{pinned}-");
+        Ok(list.lines().any(|line| {
+            line.split_whitespace().next() == Some(pinned) || line.starts_with(&prefix)
+        }))
     };
-    if has_nightly()? {
+    if has_pinned()? {
         return Ok(Outcome::Present);
     }
-    util::run(&mut cmd(
-        "rustup",
-        ["toolchain", "install", "nightly", "--profile", "minimal"],
-    ))
-    .context(
-        "installing the nightly toolchain failed; check network access to static.rust-lang.org \
-         or run `rustup toolchain install nightly --profile minimal` by hand",
-    )?;
-    if !has_nightly()? {
-        bail!("rustup installed nightly but `rustup toolchain list` does not show it");
+    let args = [
+        "toolchain",
+        "install",
+        pinned,
+        "--profile",
+        "minimal",
+        "--component",
+        "rust-src",
+    ];
+    util::run(&mut cmd("rustup", args)).with_context(|| {
+        format!(
+            "cannot install the pinned nightly {pinned} (from {}), which builds the eBPF \
+             programs; check network access to static.rust-lang.org, or run `rustup toolchain \
+             install {pinned} --profile minimal --component rust-src` by hand",
+            toolchain::PIN_FILE
+        )
+    })?;
+    if !has_pinned()? {
+        bail!("rustup installed {pinned} but `rustup toolchain list` does not show it");
     }
     Ok(Outcome::Installed)
 }
@@ -173,12 +241,13 @@ fn nightly_clippy() -> Result<Outcome> {
     )
 }
 
-/// Makes sure the nightly toolchain has `component`; `why` is for the error message.
+/// Makes sure the pinned nightly has `component`; `why` is for the error message.
 fn nightly_component(component: &str, why: &str) -> Result<Outcome> {
+    let pinned = toolchain::pinned_nightly()?;
     let installed = || -> Result<bool> {
-        let args = ["component", "list", "--toolchain", "nightly", "--installed"];
+        let args = ["component", "list", "--toolchain", pinned, "--installed"];
         let list = util::output(&mut cmd("rustup", args))
-            .context("cannot list the nightly toolchain's components")?;
+            .with_context(|| format!("cannot list the components of {pinned}"))?;
         // Lines are `rust-src` or, for per-target components, `clippy-x86_64-unknown-linux-gnu`.
         let prefix = format!("{component}-");
         Ok(list
@@ -189,15 +258,15 @@ fn nightly_component(component: &str, why: &str) -> Result<Outcome> {
     if installed()? {
         return Ok(Outcome::Present);
     }
-    let args = ["component", "add", component, "--toolchain", "nightly"];
+    let args = ["component", "add", component, "--toolchain", pinned];
     util::run(&mut cmd("rustup", args)).with_context(|| {
         format!(
-            "adding {component} to nightly failed ({why}); check network access or run \
-             `rustup component add {component} --toolchain nightly` by hand"
+            "adding {component} to {pinned} failed ({why}); check network access or run \
+             `rustup component add {component} --toolchain {pinned}` by hand"
         )
     })?;
     if !installed()? {
-        bail!("rustup added {component} but does not list it as installed on nightly");
+        bail!("rustup added {component} but does not list it as installed on {pinned}");
     }
     Ok(Outcome::Installed)
 }
@@ -225,8 +294,8 @@ fn bpf_filesystem() -> Result<Outcome> {
     Ok(Outcome::Installed)
 }
 
-fn debian_packages() -> Result<Outcome> {
-    let missing = missing_packages()?;
+fn debian_packages(scope: Scope) -> Result<Outcome> {
+    let missing = missing_packages(scope)?;
     if missing.is_empty() {
         return Ok(Outcome::Present);
     }
@@ -242,7 +311,7 @@ fn debian_packages() -> Result<Outcome> {
         .args(&missing)
         .env("DEBIAN_FRONTEND", "noninteractive");
     util::run(&mut install).with_context(|| format!("cannot install {list} with apt-get"))?;
-    let still_missing = missing_packages()?;
+    let still_missing = missing_packages(scope)?;
     if !still_missing.is_empty() {
         bail!(
             "apt-get ran but these are still not installed: {}",
@@ -252,13 +321,13 @@ fn debian_packages() -> Result<Outcome> {
     Ok(Outcome::Installed)
 }
 
-fn missing_packages() -> Result<Vec<&'static str>> {
+fn missing_packages(scope: Scope) -> Result<Vec<&'static str>> {
     let mut missing = Vec::new();
-    for &package in TEST_PACKAGES {
+    for package in scope.packages() {
         let mut query = cmd("dpkg-query", ["-W", "-f=${Status}", package]);
         let out = util::probe(&mut query).context(
             "dpkg-query is missing: setup installs the test packages with apt on Debian-like \
-             systems only; elsewhere install the equivalents of TEST_PACKAGES in \
+             systems only; elsewhere install the equivalents of the package lists in \
              xtask/src/setup.rs by hand",
         )?;
         // Unknown packages make dpkg-query exit non-zero; both mean "not installed".

@@ -47,7 +47,7 @@ pub fn run(test_args: &[OsString]) -> Result<()> {
         "clippy",
         host(["clippy", "--all-targets", "--", "-D", "warnings"]),
     )?;
-    step("clippy-ebpf", util::nightly("cargo", CLIPPY_EBPF))?;
+    step("clippy-ebpf", util::nightly("cargo", CLIPPY_EBPF)?)?;
     step("build", host(["build", "--bins"]))?;
     // Doc tests are left out: there are none, and their empty result would be the last line.
     let mut test = host(["test", "--no-fail-fast", "--lib", "--bins", "--tests"]);
@@ -92,7 +92,7 @@ pub fn run_kernels(names: &[String]) -> Result<()> {
 
 /// One closing line for the whole suite, in the plain form CI reads, with the tiers that run
 /// inside it counted apart.
-fn print_summary(totals: &Totals, tiers: &[(&str, &Totals)]) {
+pub(crate) fn print_summary(totals: &Totals, tiers: &[(&str, &Totals)]) {
     let parts: Vec<String> = tiers
         .iter()
         .map(|(name, t)| format!("{name}: {} passed, {} failed", t.passed, t.failed))
@@ -110,8 +110,8 @@ fn print_summary(totals: &Totals, tiers: &[(&str, &Totals)]) {
 
 /// The host step's results, and those of the CRI tier's test binary among them.
 #[derive(Default)]
-struct HostResults {
-    all: Totals,
+pub(crate) struct HostResults {
+    pub all: Totals,
     cri: Totals,
 }
 
@@ -159,7 +159,7 @@ pub(crate) fn add_result_line(totals: &mut Totals, line: &str) {
 /// fails, when nothing ran, or when anything was ignored: an ignored test is one that does not
 /// run, and this project does not count it as passing. The `whole_suite` (no test filter) must
 /// also have run the CRI tier.
-fn run_tests(mut command: Command, whole_suite: bool) -> Result<HostResults> {
+pub(crate) fn run_tests(mut command: Command, whole_suite: bool) -> Result<HostResults> {
     use std::io::{BufRead as _, BufReader};
     use std::process::Stdio;
 

@@ -28,17 +28,18 @@ where
     cmd(program, args)
 }
 
-/// A command run under the nightly toolchain: `rustup run nightly <program> <args>`.
-/// Besides PATH, rustup puts the toolchain's `lib` on LD_LIBRARY_PATH, which is where a
-/// bpf-linker built against nightly's LLVM finds `libLLVM.so.*`.
-pub fn nightly<I, S>(program: impl AsRef<OsStr>, args: I) -> Command
+/// A command run under the pinned nightly toolchain (`ebpf/rust-toolchain.toml`):
+/// `rustup run nightly-YYYY-MM-DD <program> <args>`. Besides PATH, rustup puts the toolchain's
+/// `lib` on LD_LIBRARY_PATH, which is where a bpf-linker built against nightly's LLVM finds
+/// `libLLVM.so.*`.
+pub fn nightly<I, S>(program: impl AsRef<OsStr>, args: I) -> Result<Command>
 where
     I: IntoIterator<Item = S>,
     S: AsRef<OsStr>,
 {
-    let mut command = cmd("rustup", ["run", "nightly"]);
+    let mut command = cmd("rustup", ["run", crate::toolchain::pinned_nightly()?]);
     command.arg(program).args(args);
-    command
+    Ok(command)
 }
 
 /// Runs `command` with inherited stdio, printing it first (to stderr); fails unless it exits 0.

@@ -17,7 +17,7 @@ pub(super) fn bpf_linker() -> Result<Outcome> {
     install_bpf_linker()?;
     if find_bpf_linker().is_none() {
         bail!(
-            "`cargo install bpf-linker` succeeded but `rustup run nightly bpf-linker --version` \
+            "`cargo install bpf-linker` succeeded but `rustup run <pinned nightly> bpf-linker --version` \
              still fails; check that {} is on PATH and run that command to see why",
             cargo_bin_dir().display()
         );
@@ -26,7 +26,7 @@ pub(super) fn bpf_linker() -> Result<Outcome> {
 }
 
 /// Finds a `bpf-linker` that runs, on PATH or in cargo's bin directory. It is run the way the
-/// eBPF build runs it: aya-build builds with `rustup run nightly cargo`, so the linker runs with
+/// eBPF build runs it: aya-build builds with `rustup run <pinned nightly> cargo`, so the linker runs with
 /// nightly's `lib` on LD_LIBRARY_PATH (a bpf-linker linked to nightly's LLVM needs that, and
 /// stops running when nightly's LLVM changes; setup then rebuilds it). When it is only in cargo's
 /// bin directory, that directory is put on this process's PATH, so that the builds xtask starts
@@ -37,8 +37,9 @@ fn find_bpf_linker() -> Option<PathBuf> {
         .into_iter()
         .chain([cargo_bin_dir().join("bpf-linker")]);
     for path in candidates {
-        let runs =
-            util::probe(&mut nightly(&path, ["--version"])).is_ok_and(|o| o.status.success());
+        let runs = nightly(&path, ["--version"])
+            .and_then(|mut c| util::probe(&mut c))
+            .is_ok_and(|o| o.status.success());
         if runs {
             if which::which("bpf-linker").ok().as_ref() != Some(&path) {
                 prepend_to_path(path.parent()?);
@@ -53,10 +54,10 @@ fn find_bpf_linker() -> Option<PathBuf> {
 /// install with `LLVM_PREFIX` pointing at a directory whose `lib/libLLVM.so` links to the
 /// toolchain's `libLLVM.so.*`, and the `llvm-<major>` feature matching that LLVM.
 fn install_bpf_linker() -> Result<()> {
-    let sysroot = util::output(&mut nightly("rustc", ["--print", "sysroot"]))
+    let sysroot = util::output(&mut nightly("rustc", ["--print", "sysroot"])?)
         .context("cannot find the nightly toolchain's sysroot")?;
     let sysroot_lib = Path::new(sysroot.trim()).join("lib");
-    let version = util::output(&mut nightly("rustc", ["-vV"]))?;
+    let version = util::output(&mut nightly("rustc", ["-vV"])?)?;
     let major = llvm_major(&version).with_context(|| {
         format!("cannot read the LLVM version from `rustc +nightly -vV`:\n{version}")
     })?;
@@ -88,7 +89,7 @@ fn install_bpf_linker() -> Result<()> {
         "--features",
         &features,
     ];
-    util::run(nightly("cargo", args).env("LLVM_PREFIX", &prefix)).with_context(|| {
+    util::run(nightly("cargo", args)?.env("LLVM_PREFIX", &prefix)).with_context(|| {
         format!(
             "building bpf-linker against nightly's LLVM {major} failed (see the compiler \
              output above); check network access to crates.io, or install a bpf-linker built \

@@ -1,0 +1,112 @@
+//! ipq installed on the cluster as the README tells users: its image (made here, see
+//! [`super::image`]) imported into the node's containerd, then `kubectl apply -f
+//! deploy/kubernetes/` with only the image name changed, and the DaemonSet waited for.
+
+use std::{path::Path, time::Duration};
+
+use anyhow::Context as _;
+use serde_json::Value;
+
+use super::{image, kubectl::pod_ready, node, Cluster};
+
+pub const NAMESPACE: &str = "ipq-system";
+pub const DAEMONSET: &str = "ipq-agent";
+
+/// The repository's `deploy/kubernetes/`.
+pub fn manifests_dir() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/kubernetes")
+}
+
+/// Builds and imports ipq's image, applies the manifests and waits until the DaemonSet's pod on
+/// the node is ready; that pod.
+pub fn install_ipq(cluster: &mut Cluster) -> anyhow::Result<Value> {
+    let work = cluster.host.dir().join("ipq-image");
+    let archive = image::build(&work)?;
+    node::import_image(&cluster.host, &archive)?;
+    let manifests = cluster.host.dir().join("manifests");
+    image::manifests_with_test_image(&manifests_dir(), &manifests)?;
+    cluster
+        .kubectl()
+        .run(&["apply", "-f", &manifests.to_string_lossy()])?;
+    wait_daemonset_ready(cluster)
+}
+
+/// Waits until the DaemonSet has its one pod scheduled, updated and ready; that pod.
+pub fn wait_daemonset_ready(cluster: &mut Cluster) -> anyhow::Result<Value> {
+    let waited = cluster.wait_for(
+        "the ipq-agent DaemonSet to be ready on the node",
+        Duration::from_secs(240),
+        &["-n", NAMESPACE, "get", "daemonset", DAEMONSET],
+        |ds| {
+            let status = &ds["status"];
+            let generation = &ds["metadata"]["generation"];
+            status["observedGeneration"] == *generation
+                && status["desiredNumberScheduled"] == 1
+                && status["updatedNumberScheduled"] == 1
+                && status["numberReady"] == 1
+                && status["numberUnavailable"].as_u64().unwrap_or(0) == 0
+        },
+    );
+    waited.with_context(|| diagnose(cluster))?;
+    agent_pod(cluster)
+}
+
+/// What an operator would look at when the DaemonSet does not come up: the pods as `kubectl
+/// describe` shows them (events included) and each container's log.
+pub fn diagnose(cluster: &Cluster) -> String {
+    let kubectl = cluster.kubectl();
+    let mut report = String::new();
+    let text = |result: anyhow::Result<String>| result.unwrap_or_else(|e| format!("{e:#}"));
+    let describe = text(kubectl.run(&["-n", NAMESPACE, "describe", "daemonset,pods"]));
+    report += &format!("kubectl -n {NAMESPACE} describe daemonset,pods:\n{describe}\n");
+    for container in ["mount-bpffs", "install-cni", "agent"] {
+        let logs = text(kubectl.run(&[
+            "-n",
+            NAMESPACE,
+            "logs",
+            "ds/ipq-agent",
+            "-c",
+            container,
+            "--tail=30",
+        ]));
+        report += &format!("logs of {container}:\n{logs}\n");
+    }
+    report
+}
+
+/// The DaemonSet's ready pod (there is one node).
+pub fn agent_pod(cluster: &mut Cluster) -> anyhow::Result<Value> {
+    let pods = cluster.kubectl().json(&[
+        "-n",
+        NAMESPACE,
+        "get",
+        "pods",
+        "-l",
+        "app.kubernetes.io/name=ipq,app.kubernetes.io/component=agent",
+    ])?;
+    pods["items"]
+        .as_array()
+        .and_then(|items| {
+            items
+                .iter()
+                .find(|p| pod_ready(p) && p["metadata"]["deletionTimestamp"].is_null())
+        })
+        .cloned()
+        .with_context(|| format!("no ready ipq-agent pod: {pods}"))
+}
+
+/// `kubectl -n ipq-system exec ds/ipq-agent -- ipq <args>`: what an operator runs.
+pub fn ipq(cluster: &Cluster, args: &[&str]) -> anyhow::Result<String> {
+    let mut all = vec![
+        "-n",
+        NAMESPACE,
+        "exec",
+        "ds/ipq-agent",
+        "-c",
+        "agent",
+        "--",
+        "ipq",
+    ];
+    all.extend(args);
+    cluster.kubectl().run(&all)
+}

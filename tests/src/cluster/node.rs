@@ -1,0 +1,271 @@
+//! The node's runtime and kubelet: containerd 2.x (runc, cgroupfs) at its default paths inside
+//! the node's mount namespace, the node's conflist (bridge + host-local, as a kubeadm node with
+//! the reference plugins has it), the local images, and a kubelet registered with the API
+//! server.
+
+use std::{fs, path::Path, time::Duration};
+
+use anyhow::{bail, Context as _};
+
+use super::{
+    daemon::{bin_dir, component, Daemon},
+    host::{Host, NODE_IP, POD_SUBNET},
+    pki::{write_kubeconfig, Pki},
+};
+
+/// The node's name in the API.
+pub const NODE_NAME: &str = "ipq-node";
+/// The images pods run, built from Debian's busybox (no registry is reachable).
+pub const PAUSE_IMAGE: &str = "ipq.test/pause:cluster-tier";
+pub const BUSYBOX_IMAGE: &str = "ipq.test/busybox:cluster-tier";
+
+const CONTAINERD_SOCKET: &str = "/run/containerd/containerd.sock";
+const DEBIAN_PLUGIN_DIR: &str = "/usr/lib/cni";
+/// The one address the node's IPAM hands out: a pod's address goes to the next pod as soon as
+/// the IPAM frees it, which is what the incidents need.
+pub const POD_ADDRESS: &str = "10.88.0.10";
+pub const POD_GATEWAY: &str = "10.88.0.1";
+/// Where host-local keeps the node's allocations (one file per address).
+pub const HOST_LOCAL_DIR: &str = "/var/lib/cni/networks/ipq-cluster";
+
+/// The node's network: its name is what the CNI results and host-local's dataDir carry.
+pub const NETWORK_NAME: &str = "ipq-cluster";
+
+/// containerd and the kubelet; dropping stops them (kubelet first).
+pub struct Node {
+    kubelet: Option<Daemon>,
+    containerd: Option<Daemon>,
+}
+
+impl Node {
+    /// Starts containerd (with the images imported) and the kubelet.
+    pub fn start(host: &Host, pki: &Pki, apiserver: &str) -> anyhow::Result<Node> {
+        let dir = host.dir();
+        install_cni(host)?;
+        let config = dir.join("containerd.toml");
+        fs::write(&config, containerd_config())?;
+        let mut containerd = host.command(component("containerd")?);
+        containerd.arg("--config").arg(&config);
+        // The shim is found on PATH; runc is Debian's.
+        let path = format!(
+            "{}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            bin_dir().display()
+        );
+        containerd.env("PATH", &path);
+        let mut node = Node {
+            kubelet: None,
+            containerd: Some(Daemon::spawn("containerd", containerd, dir)?),
+        };
+        node.wait_containerd(host)?;
+        import_busybox_images(host)?;
+
+        let kubeconfig = dir.join("kubelet.kubeconfig");
+        write_kubeconfig(&kubeconfig, apiserver, &pki.ca.cert, &pki.kubelet)?;
+        let kubelet_config = dir.join("kubelet.yaml");
+        fs::write(
+            &kubelet_config,
+            kubelet_config_text(&host.kubelet_cgroup_root(), &pki.ca.cert),
+        )?;
+        let mut kubelet = host.command(component("kubelet")?);
+        kubelet
+            .arg(format!("--config={}", kubelet_config.display()))
+            .arg(format!("--kubeconfig={}", kubeconfig.display()))
+            .arg(format!("--node-ip={NODE_IP}"))
+            .arg(format!("--hostname-override={NODE_NAME}"))
+            .arg("--v=2")
+            .env("PATH", &path);
+        node.kubelet = Some(Daemon::spawn("kubelet", kubelet, dir)?);
+        Ok(node)
+    }
+
+    fn wait_containerd(&mut self, host: &Host) -> anyhow::Result<()> {
+        let daemon = self.containerd.as_mut().expect("started");
+        crate::lab::poll("containerd's socket", Duration::from_secs(60), || {
+            daemon.check_running()?;
+            let out = ctr(host, &["version"]);
+            Ok(out.is_ok().then_some(()))
+        })
+        .with_context(|| {
+            format!(
+                "containerd's log ends:\n{}",
+                self.containerd.as_ref().expect("started").log_tail(30)
+            )
+        })
+    }
+
+    /// Fails naming containerd or the kubelet when one has exited.
+    pub fn check_running(&mut self) -> anyhow::Result<()> {
+        for daemon in [&mut self.containerd, &mut self.kubelet]
+            .into_iter()
+            .flatten()
+        {
+            daemon.check_running()?;
+        }
+        Ok(())
+    }
+
+    /// The kubelet's log tail, for an error message.
+    pub fn kubelet_log(&self) -> String {
+        self.kubelet
+            .as_ref()
+            .map(|k| k.log_tail(40))
+            .unwrap_or_default()
+    }
+
+    /// containerd's log tail, for an error message.
+    pub fn containerd_log(&self) -> String {
+        self.containerd
+            .as_ref()
+            .map(|k| k.log_tail(40))
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        drop(self.kubelet.take());
+        drop(self.containerd.take());
+    }
+}
+
+/// `ctr -n k8s.io <args>` against the node's containerd; stdout.
+pub fn ctr(host: &Host, args: &[&str]) -> anyhow::Result<String> {
+    let mut cmd = host.command(component("ctr")?);
+    cmd.args(["--address", CONTAINERD_SOCKET, "--namespace", "k8s.io"])
+        .args(args);
+    let out = crate::podman::run_bounded(&mut cmd, Duration::from_secs(180))?;
+    if !out.status.success() {
+        bail!(
+            "ctr {args:?}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Imports the OCI archive at `archive` into the node's containerd, as an operator without a
+/// registry would (`ctr -n k8s.io images import`).
+pub fn import_image(host: &Host, archive: &Path) -> anyhow::Result<()> {
+    ctr(host, &["images", "import", &archive.to_string_lossy()])?;
+    Ok(())
+}
+
+fn import_busybox_images(host: &Host) -> anyhow::Result<()> {
+    for (image, entrypoint) in [
+        (PAUSE_IMAGE, vec!["/bin/sleep", "2147483647"]),
+        (BUSYBOX_IMAGE, vec!["/bin/sh"]),
+    ] {
+        let tag = image.rsplit('/').next().unwrap_or(image).replace(':', "-");
+        let work = host.dir().join("images").join(tag);
+        let archive = crate::containerd::build_oci_archive(&work, image, &entrypoint)?;
+        import_image(host, &archive)?;
+    }
+    Ok(())
+}
+
+/// The reference plugins in the node's `/opt/cni/bin` (links to Debian's), and the node's
+/// conflist: a bridge with host-local addresses (one, see [`POD_ADDRESS`]), no masquerade (a peer sees pods' own
+/// addresses). ipq's init step appends ipq-cni to it.
+fn install_cni(host: &Host) -> anyhow::Result<()> {
+    let conflist = serde_json::json!({
+        "cniVersion": "1.0.0",
+        "name": NETWORK_NAME,
+        "plugins": [
+            {
+                "type": "bridge",
+                "bridge": "cni0",
+                "isGateway": true,
+                "ipMasq": false,
+                "hairpinMode": true,
+                "ipam": {
+                    "type": "host-local",
+                    "ranges": [[{
+                        "subnet": POD_SUBNET,
+                        "rangeStart": POD_ADDRESS,
+                        "rangeEnd": POD_ADDRESS,
+                        "gateway": POD_GATEWAY
+                    }]],
+                    "routes": [{"dst": "0.0.0.0/0"}]
+                }
+            },
+            {"type": "portmap", "capabilities": {"portMappings": true}}
+        ]
+    });
+    let written = host.dir().join("conflist.json");
+    fs::write(&written, conflist.to_string())?;
+    let script = format!(
+        "set -e
+        for plugin in {DEBIAN_PLUGIN_DIR}/*; do ln -sf \"$plugin\" /opt/cni/bin/; done
+        cp {} /etc/cni/net.d/10-{NETWORK_NAME}.conflist",
+        written.display()
+    );
+    let mut cmd = host.command("sh");
+    cmd.args(["-c", &script]);
+    let out = crate::podman::run_bounded(&mut cmd, Duration::from_secs(30))?;
+    if !out.status.success() {
+        bail!(
+            "installing the node's CNI plugins and conflist: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(())
+}
+
+fn containerd_config() -> String {
+    format!(
+        r#"version = 3
+# Everything at containerd's defaults (/var/lib/containerd, /run/containerd, /etc/cni/net.d,
+# /opt/cni/bin): the node's mount namespace makes them the test's own.
+[plugins.'io.containerd.cri.v1.images'.pinned_images]
+  sandbox = "{PAUSE_IMAGE}"
+[plugins.'io.containerd.cri.v1.runtime']
+  # Lowering oom_score_adj needs CAP_SYS_RESOURCE, which a CI sandbox may not grant.
+  restrict_oom_score_adj = true
+[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+  SystemdCgroup = false
+"#
+    )
+}
+
+/// The kubelet's configuration: cgroupfs under the test's cgroup, anonymous read of its API
+/// (the API server's exec and logs go through it), no swap check, nothing evicted for the
+/// tmpfs it lives on, and no image garbage collection (the imported images cannot be pulled
+/// again).
+fn kubelet_config_text(cgroup_root: &str, ca: &Path) -> String {
+    format!(
+        "apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+containerRuntimeEndpoint: unix://{CONTAINERD_SOCKET}
+cgroupDriver: cgroupfs
+cgroupRoot: {cgroup_root}
+cgroupsPerQOS: true
+failCgroupV1: false
+failSwapOn: false
+authentication:
+  anonymous:
+    enabled: true
+  webhook:
+    enabled: false
+  x509:
+    clientCAFile: {ca}
+authorization:
+  mode: AlwaysAllow
+readOnlyPort: 0
+clusterDomain: cluster.local
+makeIPTablesUtilChains: false
+localStorageCapacityIsolation: false
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+evictionHard:
+  memory.available: 1Mi
+  nodefs.available: 1%
+  nodefs.inodesFree: 1%
+  imagefs.available: 1%
+syncFrequency: 5s
+fileCheckFrequency: 5s
+nodeStatusUpdateFrequency: 5s
+",
+        ca = ca.display()
+    )
+}

@@ -1,0 +1,400 @@
+//! The cluster tier: ipq on a real Kubernetes node. A one-node cluster of the test's own (etcd,
+//! kube-apiserver, kube-controller-manager, kube-scheduler, a kubelet on containerd 2.x with
+//! runc and cgroupfs; `ipq_tests::cluster`), ipq installed from `deploy/kubernetes/` as users
+//! install it, and the incidents caused by Kubernetes itself.
+//!
+//! One cluster per test, brought up in phases whose durations are printed: the cluster, the
+//! install, each scenario. Run it with `cargo xtask test-cluster` (it builds the Go components
+//! and the release image's binaries first).
+
+use std::{
+    net::IpAddr,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use anyhow::{ensure, Context as _};
+
+#[path = "cluster/agent_lifecycle.rs"]
+mod agent_lifecycle;
+use ipq_tests::cluster::{
+    deploy::{self, ipq},
+    host::NODE_IP,
+    kubectl::pod_ready,
+    node::{HOST_LOCAL_DIR, NETWORK_NAME, POD_ADDRESS},
+    peer::Witness,
+    workloads::sender_deployment,
+    Cluster,
+};
+use ipq_tests::{netns::NetNs, prometheus::Prometheus};
+use serde_json::Value;
+
+/// Prints how long a phase took, for the tier's timings.
+fn phase<T>(name: &str, f: impl FnOnce() -> anyhow::Result<T>) -> anyhow::Result<T> {
+    let began = Instant::now();
+    let result = f().with_context(|| format!("phase `{name}` failed"));
+    eprintln!("cluster tier: {name}: {:.1?}", began.elapsed());
+    result
+}
+
+/// ipq applied as the README says: the DaemonSet becomes ready, its init step chains ipq-cni
+/// into the node's conflist, and `ipq status` answers through `kubectl exec`. Then the
+/// Deployment rollout whose old pod ignores SIGTERM while its address goes to the new pod, and
+/// that old pod force-deleted while it still runs.
+#[test]
+fn ipq_deployed_from_the_manifests_fences_a_rollouts_old_pod() -> anyhow::Result<()> {
+    let mut cluster = phase("cluster start", Cluster::start)?;
+    eprintln!(
+        "cluster tier: node Ready {:.1?} after start",
+        cluster.started_in
+    );
+    phase("install ipq", || installed_as_the_readme_says(&mut cluster))?;
+    let peer = Arc::clone(&cluster.host.peer);
+    let prometheus = phase(
+        "Prometheus scrapes the agent with the shipped rules",
+        || prometheus_scrapes_the_agent(&peer),
+    )?;
+    let rollout = phase("rollout with an old pod ignoring SIGTERM", || {
+        rollout_fences_the_old_pod(&mut cluster)
+    })?;
+    phase("the shipped early-reuse alert", || {
+        early_reuse_alert_fires(&prometheus)
+    })?;
+    phase("force delete of the fenced old pod", || {
+        force_delete_leaves_no_stale_holder_reachable(&mut cluster, &rollout)
+    })?;
+    phase("rollout restart of the agent", || {
+        agent_lifecycle::agent_restart_keeps_the_fence(&mut cluster, &rollout)
+    })?;
+    phase("observe, then enforce, through the ConfigMap", || {
+        agent_lifecycle::observe_then_enforce(&mut cluster, &rollout)
+    })?;
+    Ok(())
+}
+
+/// Debian's Prometheus, elsewhere on the network (the peer), scrapes the agent where the
+/// pod's `prometheus.io/port` annotation says, as job `ipq` (what the rules expect), with
+/// `deploy/prometheus/ipq-rules.yaml` loaded.
+fn prometheus_scrapes_the_agent(peer: &NetNs) -> anyhow::Result<Prometheus<'_>> {
+    let rules = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../deploy/prometheus/ipq-rules.yaml");
+    let prometheus = Prometheus::start_with_rules(
+        peer,
+        "127.0.0.1:9090",
+        "ipq",
+        &format!("{NODE_IP}:9740"),
+        &[&rules],
+    )?;
+    ipq_tests::lab::poll(
+        "Prometheus to scrape the agent",
+        Duration::from_secs(60),
+        || {
+            let up = prometheus.query("up{job=\"ipq\"} == 1")?;
+            let info = prometheus.query("ipq_build_info{job=\"ipq\"}")?;
+            Ok((!up.is_empty() && !info.is_empty()).then_some(()))
+        },
+    )
+    .with_context(|| prometheus.log())?;
+    let groups = prometheus.rule_groups()?;
+    ensure!(
+        groups.iter().any(|g| g == "ipq-conflicts"),
+        "Prometheus loaded the rule groups {groups:?}"
+    );
+    Ok(prometheus)
+}
+
+/// After the rollout's early reuse, the shipped `IpqEarlyReuse` alert goes off.
+fn early_reuse_alert_fires(prometheus: &Prometheus<'_>) -> anyhow::Result<()> {
+    ipq_tests::lab::poll("the IpqEarlyReuse alert", Duration::from_secs(60), || {
+        let alerts = prometheus.query("ALERTS{alertname=\"IpqEarlyReuse\"}")?;
+        Ok((!alerts.is_empty()).then_some(()))
+    })
+    .with_context(|| prometheus.log())
+}
+
+fn installed_as_the_readme_says(cluster: &mut Cluster) -> anyhow::Result<()> {
+    let pod = deploy::install_ipq(cluster)?;
+    // hostNetwork: the agent's pod IP is the node's.
+    ensure!(
+        pod["status"]["podIP"] == NODE_IP,
+        "the agent's pod IP is not the node's: {}",
+        pod["status"]
+    );
+
+    // The init step chained ipq-cni last into the conflist the runtime reads, and put the
+    // plugin where the runtime runs plugins from.
+    let conflist = cluster
+        .host
+        .read(&format!("/etc/cni/net.d/10-{NETWORK_NAME}.conflist"))?;
+    let conflist: Value = serde_json::from_str(&conflist)
+        .with_context(|| format!("the node's conflist after install: {conflist}"))?;
+    let types: Vec<&str> = conflist["plugins"]
+        .as_array()
+        .context("plugins")?
+        .iter()
+        .filter_map(|p| p["type"].as_str())
+        .collect();
+    ensure!(
+        types == ["bridge", "portmap", "ipq-cni"],
+        "the node's conflist after the install step: {types:?}"
+    );
+    ensure!(
+        cluster.host.exists("/opt/cni/bin/ipq-cni")?,
+        "the install step left no /opt/cni/bin/ipq-cni"
+    );
+
+    let status: Value = serde_json::from_str(&ipq(cluster, &["-o", "json", "status"])?)?;
+    ensure!(status["ready"] == true, "ipq status: {status}");
+    ensure!(status["mode"] == "enforce", "ipq status: {status}");
+    Ok(())
+}
+
+/// The payload sizes that tell the revisions' pings apart at the peer.
+const OLD: usize = 101;
+const NEW: usize = 202;
+
+fn sender_pods(cluster: &Cluster) -> anyhow::Result<Vec<Value>> {
+    let pods = cluster
+        .kubectl()
+        .json(&["-n", "default", "get", "pods", "-l", "app=sender"])?;
+    Ok(pods["items"].as_array().cloned().unwrap_or_default())
+}
+
+fn rollout_fences_the_old_pod(cluster: &mut Cluster) -> anyhow::Result<Rollout> {
+    let address: IpAddr = POD_ADDRESS.parse()?;
+    let witness = Witness::start(&cluster.host.peer)?;
+    cluster.kubectl().apply(&sender_deployment(OLD))?;
+    let old = cluster.wait_for(
+        "the first revision's pod to run",
+        Duration::from_secs(180),
+        &["-n", "default", "get", "pods", "-l", "app=sender"],
+        |pods| {
+            pods["items"]
+                .as_array()
+                .is_some_and(|items| items.len() == 1 && pod_ready(&items[0]))
+        },
+    )?["items"][0]
+        .clone();
+    let old_name = old["metadata"]["name"].as_str().context("name")?.to_owned();
+    ensure!(
+        old["status"]["podIP"] == POD_ADDRESS,
+        "the old pod's address: {}",
+        old["status"]
+    );
+    let began = Instant::now();
+    ipq_tests::lab::poll(
+        "the old pod's datagrams at the peer",
+        Duration::from_secs(60),
+        || Ok((witness.count(address, OLD, began) >= 2).then_some(())),
+    )?;
+
+    // The rollout: the old pod is told to terminate and ignores it; the new pod is created
+    // at once and waits for an address.
+    cluster.kubectl().apply(&sender_deployment(NEW))?;
+    cluster.wait_for(
+        "the old pod to be terminating",
+        Duration::from_secs(60),
+        &["-n", "default", "get", "pod", &old_name],
+        |pod| !pod["metadata"]["deletionTimestamp"].is_null(),
+    )?;
+    // The incident: the IPAM frees the terminating pod's address (as a cluster IPAM does on
+    // the Pod's DELETE, or a GC of "leaked" addresses), and the new pod is given it while the
+    // old one still runs.
+    cluster
+        .host
+        .remove(&format!("{HOST_LOCAL_DIR}/{POD_ADDRESS}"))?;
+    let new = cluster.wait_for(
+        "the new pod to run with the old pod's address",
+        Duration::from_secs(180),
+        &["-n", "default", "get", "pods", "-l", "app=sender"],
+        |pods| {
+            pods["items"].as_array().is_some_and(|items| {
+                items.iter().any(|p| {
+                    p["metadata"]["name"] != old_name.as_str()
+                        && pod_ready(p)
+                        && p["status"]["podIP"] == POD_ADDRESS
+                })
+            })
+        },
+    )?;
+    let claimed = Instant::now();
+    let new_name = new["items"]
+        .as_array()
+        .and_then(|items| {
+            items
+                .iter()
+                .find(|p| p["metadata"]["name"] != old_name.as_str())
+        })
+        .and_then(|p| p["metadata"]["name"].as_str())
+        .context("the new pod's name")?
+        .to_owned();
+
+    // The new pod works: its datagrams reach the peer from the address.
+    ipq_tests::lab::poll(
+        "the new pod's datagrams at the peer",
+        Duration::from_secs(60),
+        || Ok((witness.count(address, NEW, claimed) >= 3).then_some(())),
+    )?;
+    // The old pod is still alive and still sending, and ipq drops what it sends.
+    let fenced_before = fenced_drops(cluster)?;
+    ipq_tests::lab::poll(
+        "ipq to drop the old pod's datagrams",
+        Duration::from_secs(60),
+        || Ok((fenced_drops(cluster)? >= fenced_before + 3.0).then_some(())),
+    )?;
+    let pods = sender_pods(cluster)?;
+    let old_now = pods
+        .iter()
+        .find(|p| p["metadata"]["name"] == old_name.as_str())
+        .with_context(|| format!("the old pod {old_name} is gone already: {pods:?}"))?;
+    ensure!(
+        old_now["status"]["containerStatuses"][0]["state"]["running"].is_object(),
+        "the old pod's container is not running any more: {}",
+        old_now["status"]
+    );
+    // Not one of the old pod's datagrams reached the peer once the address was the new pod's.
+    let leaked = witness.count(address, OLD, claimed);
+    ensure!(
+        leaked == 0,
+        "{leaked} of the old pod's datagrams reached the peer from {address} after {new_name} \
+         was given it"
+    );
+
+    // ipq saw it: the conflict is counted and listed.
+    let conflicts: Value = serde_json::from_str(&ipq(cluster, &["-o", "json", "conflicts"])?)?;
+    let listed = conflicts
+        .as_array()
+        .or_else(|| conflicts["conflicts"].as_array())
+        .is_some_and(|all| {
+            all.iter()
+                .any(|c| c["address"] == POD_ADDRESS && c["kind"].as_str() == Some("early_reuse"))
+        });
+    ensure!(
+        listed,
+        "ipq conflicts lists no early reuse of {address}: {conflicts}"
+    );
+    let counted = metric(cluster, "ipq_conflicts_total{kind=\"early_reuse\"}")?;
+    ensure!(
+        counted >= 1.0,
+        "ipq_conflicts_total{{kind=\"early_reuse\"}} is {counted}"
+    );
+    // And says who: the new pod holds the address, the old one is fenced.
+    let view = address_view(cluster)?;
+    ensure!(
+        view["holder"].to_string().contains(&new_name)
+            && view["fenced"].to_string().contains(&old_name),
+        "ipq get {address}: {view}"
+    );
+    Ok(Rollout {
+        witness,
+        old_name,
+        new_name,
+        claimed,
+    })
+}
+
+/// What the rollout scenario leaves for the next one: the new pod holding the address, the old
+/// one still terminating and fenced.
+struct Rollout {
+    witness: Witness,
+    old_name: String,
+    new_name: String,
+    claimed: Instant,
+}
+
+/// `ipq -o json get <the pod address>`.
+fn address_view(cluster: &Cluster) -> anyhow::Result<Value> {
+    Ok(serde_json::from_str(&ipq(
+        cluster,
+        &["-o", "json", "get", POD_ADDRESS],
+    )?)?)
+}
+
+/// `kubectl delete pod --force --grace-period=0` of the old pod while its container still runs:
+/// the Pod object is gone at once, but the kubelet goes on with the termination it had started
+/// (900 s of grace), so the container lives on with the address, out of the API's sight. No
+/// stale holder is reachable: ipq keeps it fenced (its pings are still being dropped), the new
+/// pod keeps the address and its traffic, and not one of the old pod's pings reached the peer.
+fn force_delete_leaves_no_stale_holder_reachable(
+    cluster: &mut Cluster,
+    rollout: &Rollout,
+) -> anyhow::Result<()> {
+    let address: IpAddr = POD_ADDRESS.parse()?;
+    cluster.kubectl().run(&[
+        "-n",
+        "default",
+        "delete",
+        "pod",
+        &rollout.old_name,
+        "--force",
+        "--grace-period=0",
+    ])?;
+    ensure!(
+        !sender_pods(cluster)?
+            .iter()
+            .any(|p| p["metadata"]["name"] == rollout.old_name.as_str()),
+        "the force-deleted pod {} is still in the API",
+        rollout.old_name
+    );
+    let deleted = Instant::now();
+    // The stale holder still sends, and ipq still drops it.
+    let fenced_before = fenced_drops(cluster)?;
+    ipq_tests::lab::poll(
+        "ipq to go on dropping the force-deleted pod's pings",
+        Duration::from_secs(60),
+        || Ok((fenced_drops(cluster)? >= fenced_before + 3.0).then_some(())),
+    )?;
+    let view = address_view(cluster)?;
+    ensure!(
+        view["holder"].to_string().contains(&rollout.new_name)
+            && view["fenced"].to_string().contains(&rollout.old_name),
+        "after the force delete, ipq get {address}: {view}"
+    );
+    ipq_tests::lab::poll(
+        "the new pod's pings after the force delete",
+        Duration::from_secs(60),
+        || Ok((rollout.witness.count(address, NEW, deleted) >= 3).then_some(())),
+    )?;
+    let leaked = rollout.witness.count(address, OLD, rollout.claimed);
+    ensure!(
+        leaked == 0,
+        "{leaked} of the old pod's pings reached the peer from {address}"
+    );
+    Ok(())
+}
+
+/// The agent's metrics, scraped on the node as Prometheus and the kubelet's probes reach them.
+fn metrics(cluster: &Cluster) -> anyhow::Result<String> {
+    let out = cluster
+        .host
+        .command("curl")
+        .args(["-sf", &format!("http://{NODE_IP}:9740/metrics")])
+        .output()?;
+    ensure!(out.status.success(), "curl of the agent's metrics: {out:?}");
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The sum of the samples whose series starts with `series` (labels in the given order first).
+fn metric(cluster: &Cluster, series: &str) -> anyhow::Result<f64> {
+    let text = metrics(cluster)?;
+    let (name, labels) = series.split_once('{').unwrap_or((series, ""));
+    let wanted: Vec<&str> = labels
+        .trim_end_matches('}')
+        .split(',')
+        .filter(|l| !l.is_empty())
+        .collect();
+    Ok(text
+        .lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter_map(|line| line.rsplit_once(' '))
+        .filter(|(key, _)| {
+            key.split('{').next() == Some(name) && wanted.iter().all(|w| key.contains(w))
+        })
+        .filter_map(|(_, value)| value.parse::<f64>().ok())
+        .sum())
+}
+
+/// Packets ipq dropped because their holder was fenced, every hook.
+fn fenced_drops(cluster: &Cluster) -> anyhow::Result<f64> {
+    metric(cluster, "ipq_dropped_packets_total{reason=\"fenced\"}")
+}

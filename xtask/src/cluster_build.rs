@@ -1,0 +1,271 @@
+//! The cluster tier's Go components, built from source into `target/cluster/bin/`.
+//!
+//! Two Go modules committed under `xtask/cluster/` pin them, each with its `go.sum`:
+//! `kubernetes/` (kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kubectl, and
+//! the etcd server Kubernetes itself is tested with) and `containerd/` (containerd 2.x, its runc
+//! shim, ctr). Two modules, not one: containerd's dependency graph (its own `k8s.io/cri-api`,
+//! gRPC, OpenTelemetry) would otherwise move Kubernetes' under minimal version selection.
+//!
+//! A binary is rebuilt only when it is missing or does not report the pinned version, so a
+//! second run builds nothing. Builds run one at a time (kube-apiserver needs about 4 GB to link)
+//! with `-trimpath`, and with the version stamped in by `-ldflags` as Kubernetes' and
+//! containerd's own release builds do: without it they report v0.0.0 and the kubelet's version
+//! checks misjudge them.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+
+use crate::setup::Outcome;
+use crate::util::{self, cmd};
+
+/// Where the binaries go, below the workspace root; `tests/src/cluster` looks there.
+pub const BIN_DIR: &str = "target/cluster/bin";
+
+/// The two modules, below the workspace root.
+const KUBERNETES_MODULE: &str = "xtask/cluster/kubernetes";
+const CONTAINERD_MODULE: &str = "xtask/cluster/containerd";
+
+/// One binary: its Go package, the module that pins it, and how it reports its version.
+struct Component {
+    binary: &'static str,
+    module: &'static str,
+    /// The module path whose pinned version is this binary's version.
+    versioned_by: &'static str,
+    package: &'static str,
+    version_args: &'static [&'static str],
+}
+
+const COMPONENTS: &[Component] = &[
+    kubernetes("kube-apiserver"),
+    kubernetes("kube-controller-manager"),
+    kubernetes("kube-scheduler"),
+    kubernetes("kubelet"),
+    Component {
+        version_args: &["version", "--client"],
+        ..kubernetes("kubectl")
+    },
+    Component {
+        binary: "etcd",
+        module: KUBERNETES_MODULE,
+        versioned_by: "go.etcd.io/etcd/server/v3",
+        package: "go.etcd.io/etcd/server/v3",
+        version_args: &["--version"],
+    },
+    containerd("containerd", &["--version"]),
+    containerd("containerd-shim-runc-v2", &["-v"]),
+    containerd("ctr", &["--version"]),
+];
+
+const fn kubernetes(binary: &'static str) -> Component {
+    Component {
+        binary,
+        module: KUBERNETES_MODULE,
+        versioned_by: "k8s.io/kubernetes",
+        // Filled in by `package()`: const fns cannot format.
+        package: "",
+        version_args: &["--version"],
+    }
+}
+
+const fn containerd(binary: &'static str, version_args: &'static [&'static str]) -> Component {
+    Component {
+        binary,
+        module: CONTAINERD_MODULE,
+        versioned_by: "github.com/containerd/containerd/v2",
+        package: "",
+        version_args,
+    }
+}
+
+impl Component {
+    fn package(&self) -> String {
+        match self.versioned_by {
+            _ if !self.package.is_empty() => self.package.to_string(),
+            "k8s.io/kubernetes" => format!("k8s.io/kubernetes/cmd/{}", self.binary),
+            module => format!("{module}/cmd/{}", self.binary),
+        }
+    }
+
+    /// `-ldflags` stamping `version` (`v1.35.4`) where this component keeps its version.
+    fn ldflags(&self, version: &str) -> Result<String> {
+        // -s -w: no symbol table or DWARF; the binaries are tools of the test, not debugged here.
+        let mut flags = vec!["-s".to_string(), "-w".to_string()];
+        match self.versioned_by {
+            "k8s.io/kubernetes" => {
+                let (major, minor) = major_minor(version)?;
+                // Where Kubernetes' hack/lib/version.sh puts them.
+                for package in [
+                    "k8s.io/client-go/pkg/version",
+                    "k8s.io/component-base/version",
+                ] {
+                    for (key, value) in [
+                        ("gitVersion", version),
+                        ("gitMajor", major),
+                        ("gitMinor", minor),
+                        ("gitTreeState", "clean"),
+                    ] {
+                        flags.push(format!("-X {package}.{key}={value}"));
+                    }
+                }
+            }
+            "github.com/containerd/containerd/v2" => {
+                let package = "github.com/containerd/containerd/v2/version";
+                flags.push(format!("-X {package}.Version={version}"));
+            }
+            // etcd's version is a constant of its source, right as it is.
+            _ => {}
+        }
+        Ok(flags.join(" "))
+    }
+
+    /// What `<binary> <version_args>` prints when it is the pinned build.
+    fn expected_version(&self, version: &str) -> String {
+        match self.versioned_by {
+            // `etcd Version: 3.6.5`
+            "go.etcd.io/etcd/server/v3" => version.trim_start_matches('v').to_string(),
+            _ => version.to_string(),
+        }
+    }
+}
+
+/// `v1.35.4` -> ("1", "35").
+fn major_minor(version: &str) -> Result<(&str, &str)> {
+    let mut parts = version.trim_start_matches('v').split('.');
+    match (parts.next(), parts.next()) {
+        (Some(major), Some(minor)) => Ok((major, minor)),
+        _ => bail!("`{version}` is not a semantic version"),
+    }
+}
+
+/// The version `module` pins for `path`, read from its go.mod (`\tpath vX.Y.Z` in a require).
+fn pinned_version(module: &Path, path: &str) -> Result<String> {
+    let go_mod = module.join("go.mod");
+    let text =
+        fs::read_to_string(&go_mod).with_context(|| format!("cannot read {}", go_mod.display()))?;
+    text.lines()
+        .filter(|line| !line.contains("=>"))
+        .find_map(|line| {
+            let mut words = line.split_whitespace();
+            let first = words.next()?;
+            let first = if first == "require" {
+                words.next()?
+            } else {
+                first
+            };
+            (first == path).then(|| words.next().map(str::to_string))?
+        })
+        .with_context(|| format!("{} requires no version of {path}", go_mod.display()))
+}
+
+/// The `go` to build with: on PATH, else where the official tarball installs it.
+fn go_binary() -> Result<PathBuf> {
+    which::which("go")
+        .ok()
+        .or_else(|| Some(PathBuf::from("/usr/local/go/bin/go")).filter(|p| p.is_file()))
+        .context(
+            "Go is not installed (neither `go` on PATH nor /usr/local/go/bin/go): the cluster \
+             tier builds Kubernetes, etcd and containerd from Go modules, which needs Go 1.25 or \
+             later (Debian 12's golang-go is too old); install it from go.dev/dl",
+        )
+}
+
+/// Whether `binary` is there and reports `expected`.
+fn is_current(binary: &Path, args: &[&str], expected: &str) -> bool {
+    util::probe(&mut cmd(binary, args)).is_ok_and(|out| {
+        out.status.success() && String::from_utf8_lossy(&out.stdout).contains(expected)
+    })
+}
+
+/// `cargo xtask setup --for cluster`'s step: builds what is missing or stale, one at a time.
+pub fn ensure() -> Result<Outcome> {
+    let root = util::workspace_root();
+    let bin_dir = root.join(BIN_DIR);
+    let mut stale = Vec::new();
+    for component in COMPONENTS {
+        let module = root.join(component.module);
+        let version = pinned_version(&module, component.versioned_by)?;
+        let binary = bin_dir.join(component.binary);
+        let expected = component.expected_version(&version);
+        if !is_current(&binary, component.version_args, &expected) {
+            stale.push((component, module, version, binary, expected));
+        }
+    }
+    if stale.is_empty() {
+        return Ok(Outcome::Present);
+    }
+    let go = go_binary()?;
+    fs::create_dir_all(&bin_dir).with_context(|| format!("cannot create {}", bin_dir.display()))?;
+    let all = Instant::now();
+    for (component, module, version, binary, expected) in stale {
+        let started = Instant::now();
+        let mut build = cmd(&go, ["build", "-trimpath"]);
+        build
+            .args(["-tags", "no_btrfs", "-ldflags"])
+            .arg(component.ldflags(&version)?)
+            .arg("-o")
+            .arg(&binary)
+            .arg(component.package())
+            .current_dir(&module)
+            // Static binaries, as the projects release them; no C toolchain involved.
+            .env("CGO_ENABLED", "0")
+            // go.sum is committed: a build never edits it, and never fetches a Go toolchain.
+            .env("GOFLAGS", "-mod=readonly -buildvcs=false")
+            .env("GOTOOLCHAIN", "local");
+        util::run(&mut build).with_context(|| {
+            format!(
+                "building {} {version} failed (see Go's output above; {}); the modules come \
+                 from the Go module proxy",
+                component.binary,
+                util::free_space_of(&root.join("target"))
+            )
+        })?;
+        if !is_current(&binary, component.version_args, &expected) {
+            bail!(
+                "built {} but `{} {}` does not report {expected}",
+                binary.display(),
+                component.binary,
+                component.version_args.join(" ")
+            );
+        }
+        println!(
+            "setup: built {} {version} in {:.0?}",
+            component.binary,
+            started.elapsed()
+        );
+    }
+    println!(
+        "setup: kubernetes components built in {:.0?}",
+        all.elapsed()
+    );
+    Ok(Outcome::Installed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_committed_modules_pin_every_component() {
+        let root = util::workspace_root();
+        for component in COMPONENTS {
+            let version =
+                pinned_version(&root.join(component.module), component.versioned_by).unwrap();
+            assert!(version.starts_with('v'), "{}: {version}", component.binary);
+            component.ldflags(&version).unwrap();
+        }
+    }
+
+    #[test]
+    fn kubernetes_ldflags_stamp_the_version() {
+        let flags = kubernetes("kubelet").ldflags("v1.35.4").unwrap();
+        assert!(flags.contains("-X k8s.io/component-base/version.gitVersion=v1.35.4"));
+        assert!(flags.contains("-X k8s.io/component-base/version.gitMinor=35"));
+        assert_eq!(
+            kubernetes("kubelet").package(),
+            "k8s.io/kubernetes/cmd/kubelet"
+        );
+    }
+}
