@@ -98,7 +98,7 @@ impl Scope {
         }
         match self {
             Scope::Cluster => steps.extend(&CLUSTER_STEPS),
-            Scope::All => steps.extend(&TEST_STEPS),
+            Scope::All => steps.extend(CLUSTER_STEPS.iter().chain(&TEST_STEPS)),
             _ => {}
         }
         steps

@@ -47,6 +47,20 @@ pub fn run(test_args: &[OsString]) -> Result<()> {
         "clippy",
         host(["clippy", "--all-targets", "--", "-D", "warnings"]),
     )?;
+    // `--all-targets` leaves out test targets marked `test = false` (the cluster tier).
+    step(
+        "clippy-cluster",
+        host([
+            "clippy",
+            "-p",
+            "ipq-tests",
+            "--test",
+            "cluster",
+            "--",
+            "-D",
+            "warnings",
+        ]),
+    )?;
     step("clippy-ebpf", util::nightly("cargo", CLIPPY_EBPF)?)?;
     step("build", host(["build", "--bins"]))?;
     // Doc tests are left out: there are none, and their empty result would be the last line.
@@ -61,14 +75,25 @@ pub fn run(test_args: &[OsString]) -> Result<()> {
     println!("==> kernels");
     let tier = kernels::run(&[]).context("xtask test: step `kernels` failed")?;
     totals.add(&tier.totals);
-    let tiers = [("CRI tier", &host.cri), ("kernel tier", &tier.totals)];
     if !tier.failures.is_empty() {
-        print_summary(&totals, &tiers);
+        print_summary(
+            &totals,
+            &[("CRI tier", &host.cri), ("kernel tier", &tier.totals)],
+        );
         anyhow::bail!(
             "xtask test: step `kernels` failed:\n{}",
             tier.failures.join("\n")
         );
     }
+
+    // The cluster tier: ipq applied to a one-node Kubernetes cluster of the test's own.
+    let cluster = crate::test_cluster::tier().context("xtask test: step `cluster` failed")?;
+    totals.add(&cluster);
+    let tiers = [
+        ("CRI tier", &host.cri),
+        ("kernel tier", &tier.totals),
+        ("cluster tier", &cluster),
+    ];
 
     println!("xtask test: all steps passed");
     print_summary(&totals, &tiers);

@@ -1,14 +1,14 @@
-//! `cargo xtask test-cluster`: the cluster tier alone (tests/tests/cluster.rs), with what it
-//! needs first: the Kubernetes components built from Go modules (`setup --for cluster`) and the
-//! release build its image is made of. Not part of `cargo xtask test` (yet): its first Go build
-//! takes long, and whether CI's 90 minutes hold it is decided on its timings.
+//! The cluster tier (tests/tests/cluster.rs): the last step of `cargo xtask test`, and
+//! `cargo xtask test-cluster` alone. It needs the Kubernetes components built from Go modules
+//! (`setup --for cluster`: about 30 minutes the first time on 2 cores, seconds once Go's build
+//! cache has them) and the release build its image is made of.
 
 use std::time::Instant;
 
 use anyhow::{Context, Result};
 
 use crate::setup::{self, Scope};
-use crate::test::{print_summary, run_tests};
+use crate::test::{print_summary, run_tests, Totals};
 use crate::util;
 
 /// The cluster tier's test binary.
@@ -21,6 +21,17 @@ pub fn run() -> Result<()> {
     )?;
     let began = Instant::now();
     setup::ensure(Scope::Cluster)?;
+    let totals = tier()?;
+    print_summary(&totals, &[]);
+    println!("xtask test-cluster: done in {:.0?}", began.elapsed());
+    if totals.failed > 0 {
+        anyhow::bail!("xtask test-cluster: {} failed", totals.failed);
+    }
+    Ok(())
+}
+
+/// The release build, then the tier's tests; their counts. Setup is the caller's.
+pub fn tier() -> Result<Totals> {
     println!("==> release build (what ipq's image ships)");
     let mut release = util::cargo([
         "build",
@@ -34,7 +45,7 @@ pub fn run() -> Result<()> {
         "--bins",
     ]);
     release.current_dir(util::workspace_root());
-    util::run(&mut release).context("xtask test-cluster: the release build failed")?;
+    util::run(&mut release).context("the cluster tier's release build failed")?;
     println!("==> cluster tier");
     let mut test = util::cargo([
         "test",
@@ -47,8 +58,6 @@ pub fn run() -> Result<()> {
         "--nocapture",
     ]);
     test.env("RUST_BACKTRACE", "1");
-    let results = run_tests(test, false).context("xtask test-cluster: the tier failed")?;
-    print_summary(&results.all, &[]);
-    println!("xtask test-cluster: done in {:.0?}", began.elapsed());
-    Ok(())
+    let results = run_tests(test, false).context("the cluster tier did not run")?;
+    Ok(results.all)
 }
