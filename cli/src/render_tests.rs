@@ -187,7 +187,7 @@ fn status_shows_readiness_counts_and_hooks() {
             InterfaceStatus {
                 ifindex: 5,
                 name: "vethpa".into(),
-                hooks: vec!["tcx-ingress".into(), "tcx-egress".into()],
+                hooks: vec!["tc-ingress".into(), "tc-egress".into()],
                 protection: "protected".into(),
                 attachment: Some("netlink".into()),
                 error: None,
@@ -229,9 +229,9 @@ TC attach:       netlink-then-tcx
 Conntrack:       claims flushed by: IPv4 kernel; IPv6 dump (the kernel did not honour the filter)
 Verified:        not yet
 Recovered:       from the journal, 3 addresses
-  IFINDEX  NAME    HOOKS                   ATTACHMENT  PROTECTION
-  5        vethpa  tcx-ingress,tcx-egress  netlink     protected
-  12       up0     xdp                     xdp         protected
+  IFINDEX  NAME    HOOKS                 ATTACHMENT  PROTECTION
+  5        vethpa  tc-ingress,tc-egress  netlink     protected
+  12       up0     xdp                   xdp         protected
 "
     );
     let mut rebuilt = status.clone();

@@ -95,7 +95,7 @@ impl Verification {
         found.extend(self.filters_missing.iter().map(|(ifindex, point)| {
             format!(
                 "if{ifindex} {}: ipq's filter missing: repairing",
-                point.as_str()
+                point.name_under_filter()
             )
         }));
         found.extend(self.behind.iter().map(|(ifindex, point)| {

@@ -106,8 +106,9 @@ pub struct RegistryCounts {
 pub struct InterfaceStatus {
     pub ifindex: u32,
     pub name: String,
-    /// The hooks with ipq's program in place: `tcx-ingress`, `tcx-egress` (the TC hooks, TCX
-    /// link or netlink filter), `xdp`.
+    /// The hooks with ipq's program in place, named by the attachment each has: `tc-ingress`,
+    /// `tc-egress` (ipq's netlink filter under clsact), `tcx-ingress`, `tcx-egress` (a TCX
+    /// link), `xdp`.
     pub hooks: Vec<String>,
     /// `attaching`, `protected`, `repairing` (another tool took ipq's program off a hook; put
     /// back at once) or `failed` (retried with backoff).

@@ -193,14 +193,14 @@ pub(super) fn found(
                 "{} (if{ifindex}): ipq's {} program was taken off by another tool ({} \
                  deleted or replaced); attached again",
                 target.name,
-                point.as_str(),
+                what.hook_name(*point),
                 what.as_str()
             ),
             Some(e) => warn!(
                 "{} (if{ifindex}): ipq's {} program was taken off by another tool ({} \
                  deleted or replaced) and cannot be attached again yet: {e}",
                 target.name,
-                point.as_str(),
+                what.hook_name(*point),
                 what.as_str()
             ),
         }

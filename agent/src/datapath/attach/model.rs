@@ -27,6 +27,15 @@ impl TcMode {
     pub fn as_str(self) -> &'static str {
         self.into()
     }
+
+    /// The name of `point` as attached first in this mode (the netlink filter, except under
+    /// `tc_attach = "tcx"`), for what is said before an attach has told its mechanism.
+    pub fn hook_name(self, point: AttachPoint) -> &'static str {
+        match self {
+            Self::Tcx => point.as_str(),
+            Self::Netlink | Self::NetlinkThenTcx => point.name_under_filter(),
+        }
+    }
 }
 
 /// What holds ipq's program on a hook.
@@ -44,6 +53,16 @@ pub enum Mechanism {
 impl Mechanism {
     pub fn as_str(self) -> &'static str {
         self.into()
+    }
+
+    /// The name of `point` held this way, as `ipq status`, the API and the log say it:
+    /// `tc-ingress`/`tc-egress` under a netlink filter, `tcx-ingress`/`tcx-egress` under a TCX
+    /// link, `xdp`.
+    pub fn hook_name(self, point: AttachPoint) -> &'static str {
+        match self {
+            Self::Netlink => point.name_under_filter(),
+            Self::Tcx | Self::Xdp => point.as_str(),
+        }
     }
 }
 
@@ -97,6 +116,15 @@ impl Lost {
 
     pub fn as_str(self) -> &'static str {
         self.into()
+    }
+
+    /// The name of `point` as the attachment that went had it: a qdisc or filter held a
+    /// `tc-` hook, a link or its pin a `tcx-` hook (or `xdp`).
+    pub fn hook_name(self, point: AttachPoint) -> &'static str {
+        match self {
+            Self::Qdisc | Self::Filter => point.name_under_filter(),
+            Self::Link | Self::Pin => point.as_str(),
+        }
     }
 }
 

@@ -39,7 +39,7 @@ impl Attacher {
                 Ok(hooked) => {
                     debug!(
                         "{name} (if{ifindex}): {} attached ({:?}, {})",
-                        point.as_str(),
+                        hooked.by.hook_name(point),
                         hooked.how,
                         hooked.by.as_str()
                     );
@@ -49,7 +49,7 @@ impl Attacher {
                     *self.failures.entry(point).or_default() += 1;
                     target.attached.remove(&point);
                     all_gone &= e.interface_gone();
-                    errors.push(format!("{}: {e}", point.as_str()));
+                    errors.push(format!("{}: {e}", self.mode.hook_name(point)));
                 }
             }
         }

@@ -87,8 +87,8 @@ impl ApiService<'_> {
                 name: target.name.clone(),
                 hooks: target
                     .attached
-                    .keys()
-                    .map(|p| p.as_str().to_owned())
+                    .iter()
+                    .map(|(p, by)| by.hook_name(*p).to_owned())
                     .collect(),
                 protection: target.protection.as_str().to_owned(),
                 attachment: target.attachment(),
