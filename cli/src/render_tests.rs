@@ -256,6 +256,8 @@ Recovered:       from the journal, 3 addresses
         took_us: 420,
         pins: 14,
         found: Vec::new(),
+        last_found_at: None,
+        last_found: Vec::new(),
     });
     let text = render::status(&verified, now());
     assert!(

@@ -7,12 +7,14 @@ mod bpf_call;
 mod error;
 pub mod held_pins;
 pub mod lock;
+pub mod map_check;
 pub mod maps;
 mod object;
 mod pin_check;
 mod pinned_maps;
 mod port;
 mod slots;
+pub(crate) mod strict;
 mod table;
 pub mod verify;
 
@@ -44,7 +46,7 @@ pub use maps::{ConfigCell, Counters, Samples};
 pub use object::OBJECT;
 pub use pinned_maps::{DatapathMaps, PinnedReading};
 pub use port::{AddrTable, DatapathPort, MemDatapath, MemTable};
-pub use table::{fast_path_eligible, AddressTable};
+pub use table::{fast_path_eligible, AddressTable, MapDrift, MapsCheck};
 
 use crate::paths::PinLayout;
 

@@ -13,10 +13,13 @@
 //!    queues a repair of its interface.
 //!
 //! 3. dumps the filters of every hook ipq's netlink filter should hold (the TC notifications
-//!    announce every change there; this catches what a lost notification would hide).
+//!    announce every change there; this catches what a lost notification would hide);
+//! 4. reads `IPQ_ADDRS`, `IPQ_IFACES` and `IPQ_QBLOOM` whole ([`map_check`]), for the owner
+//!    loop to compare with what its one writer wrote (no notification announces a map write).
 //!
-//! O(pins + hooks): a few syscalls per pin, one dump per netlink hook; the pass's duration is a gauge
-//! (`ipq_datapath_verify_seconds`) and is shown in `ipq status`.
+//! O(pins + hooks + addresses): a few syscalls per pin, one dump per netlink hook, a batched
+//! read of the maps; the pass's duration is a gauge (`ipq_datapath_verify_seconds`) and is
+//! shown in `ipq status`.
 
 use std::{
     collections::BTreeMap,
@@ -30,6 +33,8 @@ use tokio::sync::{mpsc, watch};
 use super::{
     attach::tc_filter::{self, Direction, Place},
     held_pins::{self, LinkState, Restored, TcxPlace},
+    map_check::{self, MapsReading},
+    MapDrift,
 };
 use crate::paths::{AttachPoint, PinLayout};
 
@@ -54,6 +59,8 @@ pub struct Verification {
     pub replaced: Vec<(u32, AttachPoint)>,
     /// Hooks that should hold ipq's netlink filter and do not: (ifindex, hook).
     pub filters_missing: Vec<(u32, AttachPoint)>,
+    /// The maps as read, for the owner loop to compare (or why they could not be read).
+    pub maps: Result<MapsReading, String>,
 }
 
 /// What the last pass found, as `ipq status` shows it.
@@ -66,8 +73,12 @@ pub struct Summary {
     pub found: Vec<String>,
 }
 
+/// Map differences named one by one in `ipq status`; the rest are counted.
+const DRIFT_SHOWN: usize = 8;
+
 impl Verification {
-    pub fn summary(&self) -> Summary {
+    /// What the pass found, with what the owner loop's comparison of the maps found (`drift`).
+    pub fn summary(&self, drift: &[MapDrift]) -> Summary {
         let mut found: Vec<String> = self
             .restored
             .iter()
@@ -104,6 +115,28 @@ impl Verification {
                 point.as_str()
             )
         }));
+        if let Err(e) = &self.maps {
+            found.push(format!("maps not verified: {e}"));
+        }
+        found.extend(drift.iter().take(DRIFT_SHOWN).map(|d| {
+            format!(
+                "{} {}: held {}, ipq wrote {}: {}",
+                d.map,
+                d.key,
+                d.found,
+                d.wanted,
+                d.error.as_ref().map_or_else(
+                    || "written back".to_owned(),
+                    |e| format!("NOT written back ({e})")
+                )
+            )
+        }));
+        if drift.len() > DRIFT_SHOWN {
+            found.push(format!(
+                "... and {} more map entries written back",
+                drift.len() - DRIFT_SHOWN
+            ));
+        }
         Summary {
             finished_at: self.finished_at,
             took: self.took,
@@ -173,6 +206,7 @@ pub fn verify(root: &Path, netlink_hooks: &NetlinkHooks) -> Verification {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
         .clone();
     let filters_missing = missing_filters(&hooks);
+    let maps = map_check::read(&PinLayout::new(root)).map_err(|e| e.to_string());
     Verification {
         finished_at: SystemTime::now(),
         took: started.elapsed(),
@@ -182,6 +216,7 @@ pub fn verify(root: &Path, netlink_hooks: &NetlinkHooks) -> Verification {
         behind,
         replaced,
         filters_missing,
+        maps,
     }
 }
 

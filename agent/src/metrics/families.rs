@@ -113,12 +113,41 @@ impl Metrics {
                 &["listener", "reason"],
             )?,
         )?;
+        let map_entries_rewritten = registered(
+            &registry,
+            IntCounterVec::new(
+                Opts::new(
+                    "ipq_datapath_map_entries_rewritten_total",
+                    "Entries of ipq's maps (IPQ_ADDRS, IPQ_SLOTS, IPQ_IFACES slots, IPQ_QBLOOM \
+                     words) the verification found different from what ipq wrote (another \
+                     process wrote the map) and wrote back, by map.",
+                ),
+                &["map"],
+            )?,
+        )?;
+        for map in [
+            ipq_common::names::MAP_ADDRS,
+            ipq_common::names::MAP_SLOTS,
+            ipq_common::names::MAP_IFACES,
+            ipq_common::names::MAP_QFILTER,
+        ] {
+            map_entries_rewritten.with_label_values(&[map]).inc_by(0);
+        }
+        let verify_maps_compare_seconds = registered(
+            &registry,
+            Gauge::new(
+                "ipq_datapath_verify_maps_compare_seconds",
+                "How long the last verification's comparison of the maps with what ipq wrote \
+                 took on the owner loop (the maps are read off it; O(addresses)).",
+            )?,
+        )?;
         let verify_seconds = registered(
             &registry,
             Gauge::new(
                 "ipq_datapath_verify_seconds",
-                "How long the last verification of ipq's pins and links against the kernel \
-                 took (every verify_interval, off the owner loop; O(pins)).",
+                "How long the last verification of ipq's pins, links and maps against the \
+                 kernel took (every verify_interval; the reads off the owner loop, O(pins + \
+                 addresses)).",
             )?,
         )?;
         for hook in Hook::ALL {
@@ -339,8 +368,10 @@ impl Metrics {
             unprotected_interfaces,
             attach_failures,
             attachments_lost,
+            map_entries_rewritten,
             connections_refused,
             verify_seconds,
+            verify_maps_compare_seconds,
             tc_upgrades_pending,
             registry_entries,
             registry_capacity,

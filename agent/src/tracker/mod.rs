@@ -32,6 +32,7 @@ mod feed;
 mod hygiene;
 mod ipam;
 mod ipam_pressure;
+mod map_drift;
 mod observer;
 mod protection;
 mod recovery;

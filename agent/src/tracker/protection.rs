@@ -88,10 +88,11 @@ impl Tracker {
         if marked {
             self.observe_protection();
         }
+        let drift = self.verify_maps(&verification);
         self.metrics
             .verify_seconds
             .set(verification.took.as_secs_f64());
-        self.attacher.set_verified(verification.summary());
+        self.attacher.set_verified(verification.summary(&drift));
     }
 
     /// Counts and publishes an attachment another tool took away (its WARN line is the

@@ -82,6 +82,12 @@ pub struct VerificationView {
     pub pins: u64,
     /// What was wrong (and what was done); empty when everything was in place.
     pub found: Vec<String>,
+    /// When a pass last found something wrong, and what (a repair is usually done before
+    /// anyone reads `found`): kept until a later pass finds something again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_found_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub last_found: Vec<String>,
 }
 
 /// How a claim's conntrack entries are flushed: `kernel` (the kernel's filtered flush) or

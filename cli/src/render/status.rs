@@ -118,7 +118,15 @@ fn verification(status: &Status, now: SystemTime) -> String {
     let when = absolute_and_relative(&v.at, now);
     let took = v.took_us as f64 / 1000.0;
     if v.found.is_empty() {
-        format!("{when}, {} pins in place ({took:.1} ms)", v.pins)
+        let mut text = format!("{when}, {} pins in place ({took:.1} ms)", v.pins);
+        if let Some(at) = &v.last_found_at {
+            text.push_str(&format!(
+                "; last found {}: {}",
+                absolute_and_relative(at, now),
+                v.last_found.join("; ")
+            ));
+        }
+        text
     } else {
         format!(
             "{when}, {} pins ({took:.1} ms); FOUND: {}",

@@ -155,13 +155,22 @@ impl Attacher {
         true
     }
 
-    /// Keeps what the last verification found, for `ipq status`.
+    /// Keeps what the last verification found, and the last one that found anything, for
+    /// `ipq status`.
     pub fn set_verified(&mut self, summary: Summary) {
+        if !summary.found.is_empty() {
+            self.last_found = Some(summary.clone());
+        }
         self.verified = Some(summary);
     }
 
     pub fn verified(&self) -> Option<&Summary> {
         self.verified.as_ref()
+    }
+
+    /// The last verification that found something wrong.
+    pub fn last_found(&self) -> Option<&Summary> {
+        self.last_found.as_ref()
     }
 
     /// The lost attachments found since the last call.

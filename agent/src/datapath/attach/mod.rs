@@ -102,6 +102,8 @@ pub struct Attacher {
     lost: Vec<LostAttachment>,
     /// What the last verification of the datapath found.
     verified: Option<crate::datapath::verify::Summary>,
+    /// The last verification that found something wrong.
+    last_found: Option<crate::datapath::verify::Summary>,
     /// The hooks held by ipq's netlink filter, for the verification to look at off the loop.
     netlink_hooks: crate::datapath::verify::NetlinkHooks,
 }
@@ -133,6 +135,7 @@ impl Attacher {
                 workers: true,
                 lost: Vec::new(),
                 verified: None,
+                last_found: None,
                 netlink_hooks: Default::default(),
             },
             receiver,
@@ -154,6 +157,7 @@ impl Attacher {
             workers: false,
             lost: Vec::new(),
             verified: None,
+            last_found: None,
             netlink_hooks: Default::default(),
         };
         (attacher, queue)

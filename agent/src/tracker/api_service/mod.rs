@@ -123,6 +123,14 @@ impl ApiService<'_> {
                 took_us: u64::try_from(v.took.as_micros()).unwrap_or(u64::MAX),
                 pins: v.pins as u64,
                 found: v.found.clone(),
+                last_found_at: self
+                    .attacher
+                    .last_found()
+                    .map(|l| humantime::format_rfc3339_millis(l.finished_at).to_string()),
+                last_found: self
+                    .attacher
+                    .last_found()
+                    .map_or_else(Vec::new, |l| l.found.clone()),
             }),
             recovery: self.recovered.cloned(),
             started: self.started.cloned(),
