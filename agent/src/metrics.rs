@@ -10,6 +10,7 @@
 mod datapath;
 mod families;
 mod server;
+mod tamper;
 #[cfg(test)]
 mod tests;
 
@@ -35,6 +36,7 @@ use crate::paths::{AttachPoint, PinLayout};
 use crate::readiness::Readiness;
 use crate::registry::{Clock, Registry as AddressRegistry, StateName};
 use datapath::{LostCounts, ReadCounters};
+pub use tamper::TamperMetrics;
 
 #[derive(Debug, Error)]
 pub enum MetricsError {
@@ -98,14 +100,12 @@ pub struct Metrics {
     pub attach_failures: IntCounterVec,
     /// Attachments another tool took away, by hook and what went (qdisc, filter, link, pin).
     pub attachments_lost: IntCounterVec,
-    /// Map entries another process changed, found and written back by the verification, by map.
-    pub map_entries_rewritten: IntCounterVec,
+    /// What other processes did to ipq's maps and hooks beyond taking attachments away.
+    pub tamper: TamperMetrics,
     /// `ipq_connections_refused_total{listener, reason}`, counted by the listeners' guards.
     pub connections_refused: IntCounterVec,
     /// How long the last verification of the datapath took.
     pub verify_seconds: Gauge,
-    /// How long the last comparison of the maps took on the owner loop.
-    pub verify_maps_compare_seconds: Gauge,
     /// Protected workload interfaces whose netlink filters still wait for their TCX links.
     pub tc_upgrades_pending: IntGauge,
     pub registry_entries: IntGauge,

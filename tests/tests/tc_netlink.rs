@@ -124,14 +124,15 @@ fn tc(ns: &NetNs, args: &str, bytecode: Option<&str>) {
 /// Classic BPF `ret #0`: no match, classification goes on.
 const NO_MATCH: &str = "1,6 0 0 0,";
 
-/// Another tool's filters on vethpa: a cls_bpf filter at Cilium's place (pref 1 handle 1,
-/// before ipq) and one after ipq, each running a classic-BPF program that returns 0 (no
-/// match: classification goes on to the next filter).
+/// Another tool's filters on vethpa, after ipq's on both hooks, each running a classic-BPF
+/// program that returns 0 (no match: classification goes on to the next filter). (A filter
+/// *before* ipq's makes the interface `bypassed`, whatever its program returns: ipq cannot
+/// tell what it will classify; `tc_bypass.rs` covers it.)
 fn add_foreign_filters(lab: &Lab) -> Vec<Filter> {
     tc(&lab.node, "qdisc add dev vethpa clsact", None);
     tc(
         &lab.node,
-        "filter add dev vethpa ingress pref 1 handle 1 bpf",
+        "filter add dev vethpa ingress pref 3 handle 1 bpf",
         Some(NO_MATCH),
     );
     tc(

@@ -31,12 +31,15 @@ use std::{
 use tokio::sync::{mpsc, watch};
 
 use super::{
-    attach::tc_filter::{self, Direction, Place},
+    attach::tc_filter::{self, Direction},
     held_pins::{self, LinkState, Restored, TcxPlace},
     map_check::{self, MapsReading},
     MapDrift,
 };
 use crate::paths::{AttachPoint, PinLayout};
+
+/// One hook of one interface: (ifindex, attach point).
+pub type Hook = (u32, AttachPoint);
 
 /// The hooks ipq's netlink filter holds, by ifindex: written by the attacher on the owner
 /// loop, read by the verification off it.
@@ -59,6 +62,8 @@ pub struct Verification {
     pub replaced: Vec<(u32, AttachPoint)>,
     /// Hooks that should hold ipq's netlink filter and do not: (ifindex, hook).
     pub filters_missing: Vec<(u32, AttachPoint)>,
+    /// Hooks holding ipq's netlink filter where another filter runs first: (ifindex, hook).
+    pub filters_ahead: Vec<(u32, AttachPoint)>,
     /// The maps as read, for the owner loop to compare (or why they could not be read).
     pub maps: Result<MapsReading, String>,
 }
@@ -115,6 +120,12 @@ impl Verification {
                 point.as_str()
             )
         }));
+        found.extend(self.filters_ahead.iter().map(|(ifindex, point)| {
+            format!(
+                "if{ifindex} {}: a filter runs before ipq's: looking at the hook",
+                point.name_under_filter()
+            )
+        }));
         if let Err(e) = &self.maps {
             found.push(format!("maps not verified: {e}"));
         }
@@ -149,19 +160,30 @@ impl Verification {
 /// The hooks of `hooks` whose netlink filter is not ipq's any more, as the kernel lists them
 /// (one filter dump per hook; an interface gone meanwhile is skipped, its removal forgets it).
 pub fn missing_filters(hooks: &BTreeMap<u32, Vec<AttachPoint>>) -> Vec<(u32, AttachPoint)> {
-    let mut missing = Vec::new();
+    look_at_filters(hooks).0
+}
+
+/// One filter dump per hook of `hooks`: the hooks whose netlink filter is not ipq's any more,
+/// and the hooks where another filter runs before ipq's (a notification lost would hide
+/// either).
+pub fn look_at_filters(hooks: &BTreeMap<u32, Vec<AttachPoint>>) -> (Vec<Hook>, Vec<Hook>) {
+    let (mut missing, mut ahead) = (Vec::new(), Vec::new());
     for (&ifindex, points) in hooks {
         for &point in points {
             let Some(direction) = Direction::of(point) else {
                 continue;
             };
-            match tc_filter::place(ifindex, direction) {
-                Ok(Place::Ipq) | Err(_) => {}
-                Ok(Place::Free | Place::Foreign(_)) => missing.push((ifindex, point)),
+            let Ok(filters) = tc_filter::list(ifindex, direction) else {
+                continue;
+            };
+            if !filters.iter().any(tc_filter::Filter::is_ipq) {
+                missing.push((ifindex, point));
+            } else if tc_filter::ahead_of_ipq(&filters).is_some() {
+                ahead.push((ifindex, point));
             }
         }
     }
-    missing
+    (missing, ahead)
 }
 
 /// One pass over the pins under `root` (one `bpffs_dir`) and the hooks of `netlink_hooks`.
@@ -205,7 +227,7 @@ pub fn verify(root: &Path, netlink_hooks: &NetlinkHooks) -> Verification {
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
         .clone();
-    let filters_missing = missing_filters(&hooks);
+    let (filters_missing, filters_ahead) = look_at_filters(&hooks);
     let maps = map_check::read(&PinLayout::new(root)).map_err(|e| e.to_string());
     Verification {
         finished_at: SystemTime::now(),
@@ -216,6 +238,7 @@ pub fn verify(root: &Path, netlink_hooks: &NetlinkHooks) -> Verification {
         behind,
         replaced,
         filters_missing,
+        filters_ahead,
         maps,
     }
 }

@@ -10,6 +10,7 @@ use prometheus::{
     Registry,
 };
 
+use super::tamper::TamperMetrics;
 use super::{
     datapath::{DatapathCollector, LostCounts, ReadCounters},
     registered, Metrics, DURATION_BUCKETS, PROFILE, STATES,
@@ -113,34 +114,7 @@ impl Metrics {
                 &["listener", "reason"],
             )?,
         )?;
-        let map_entries_rewritten = registered(
-            &registry,
-            IntCounterVec::new(
-                Opts::new(
-                    "ipq_datapath_map_entries_rewritten_total",
-                    "Entries of ipq's maps (IPQ_ADDRS, IPQ_SLOTS, IPQ_IFACES slots, IPQ_QBLOOM \
-                     words) the verification found different from what ipq wrote (another \
-                     process wrote the map) and wrote back, by map.",
-                ),
-                &["map"],
-            )?,
-        )?;
-        for map in [
-            ipq_common::names::MAP_ADDRS,
-            ipq_common::names::MAP_SLOTS,
-            ipq_common::names::MAP_IFACES,
-            ipq_common::names::MAP_QFILTER,
-        ] {
-            map_entries_rewritten.with_label_values(&[map]).inc_by(0);
-        }
-        let verify_maps_compare_seconds = registered(
-            &registry,
-            Gauge::new(
-                "ipq_datapath_verify_maps_compare_seconds",
-                "How long the last verification's comparison of the maps with what ipq wrote \
-                 took on the owner loop (the maps are read off it; O(addresses)).",
-            )?,
-        )?;
+        let tamper = TamperMetrics::register(&registry)?;
         let verify_seconds = registered(
             &registry,
             Gauge::new(
@@ -368,10 +342,9 @@ impl Metrics {
             unprotected_interfaces,
             attach_failures,
             attachments_lost,
-            map_entries_rewritten,
+            tamper,
             connections_refused,
             verify_seconds,
-            verify_maps_compare_seconds,
             tc_upgrades_pending,
             registry_entries,
             registry_capacity,

@@ -32,6 +32,7 @@ impl Tracker {
             check.took
         );
         self.metrics
+            .tamper
             .verify_maps_compare_seconds
             .set(check.took.as_secs_f64());
         let at = humantime::format_rfc3339_millis(verification.finished_at).to_string();
@@ -39,6 +40,7 @@ impl Tracker {
         for drift in &check.drift {
             by_map.entry(drift.map).or_default().push(drift);
             self.metrics
+                .tamper
                 .map_entries_rewritten
                 .with_label_values(&[drift.map])
                 .inc();

@@ -85,6 +85,7 @@ impl Tracker {
         for &(ifindex, point) in &verification.filters_missing {
             marked |= self.attacher.on_filter_missing(ifindex, point);
         }
+        self.attacher.on_filters_ahead(&verification.filters_ahead);
         if marked {
             self.observe_protection();
         }
@@ -139,6 +140,10 @@ impl Tracker {
         self.metrics.observe_unprotected(
             attacher.unprotected_points().map(|(_, _, point)| point),
             attacher.failures(),
+        );
+        self.metrics.tamper.observe_bypassed(
+            attacher.bypassed_points().map(|(_, point)| point),
+            attacher.bypasses(),
         );
         self.metrics
             .tc_upgrades_pending

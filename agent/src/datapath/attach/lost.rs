@@ -25,13 +25,18 @@ impl Attacher {
             TcNotice::Change { ifindex, change } => {
                 let what = match change {
                     TcChange::ClsactDeleted => Lost::Qdisc,
-                    TcChange::FilterDeleted(_) | TcChange::ForeignFilter(_) => Lost::Filter,
+                    TcChange::FilterDeleted(_)
+                    | TcChange::ForeignFilter(_)
+                    | TcChange::Ahead(_) => Lost::Filter,
                 };
                 if self.concerned(ifindex, change.points()) {
                     // A deleted clsact or a foreign filter at ipq's place is never ipq's own
-                    // doing; a deleted filter is, when an upgrade swaps it for a TCX link.
-                    let certain = !matches!(change, TcChange::FilterDeleted(_))
-                        || self.mode == TcMode::Netlink;
+                    // doing; a deleted filter is, when an upgrade swaps it for a TCX link. A
+                    // filter ahead takes nothing away: the repair's dump says what it does.
+                    let certain =
+                        !matches!(change, TcChange::FilterDeleted(_) | TcChange::Ahead(_))
+                            || (self.mode == TcMode::Netlink
+                                && matches!(change, TcChange::FilterDeleted(_)));
                     if certain {
                         marked = self.mark_lost(ifindex, change.points());
                     }
@@ -66,6 +71,13 @@ impl Attacher {
                 || points
                     .iter()
                     .any(|p| target.attached.get(p) == Some(&Mechanism::Netlink)))
+    }
+
+    /// Queues a look at `ifindex`'s hooks if ipq's netlink filter is on one of `points`.
+    pub(super) fn look_again(&mut self, ifindex: u32, points: &[AttachPoint]) {
+        if self.concerned(ifindex, points) {
+            self.repair(ifindex, Lost::Filter);
+        }
     }
 
     /// Queues a look at `ifindex`'s hooks (deduplicated while one waits, see the queue).

@@ -29,6 +29,7 @@
 //! "tcx"` and `"netlink"` force one mechanism. Each attach also removes what the other
 //! mechanism left on that hook, after its own program is in place.
 
+mod bypass;
 pub mod error;
 mod lost;
 mod model;
@@ -95,6 +96,8 @@ pub struct Attacher {
     next_generation: u64,
     /// Failed attach attempts, per attach point, since start (`ipq_datapath_attach_failures_total`).
     failures: BTreeMap<AttachPoint, u64>,
+    /// Hooks found bypassed by a filter ahead of ipq's, per attach point, since start.
+    bypasses: BTreeMap<AttachPoint, u64>,
     /// Whether workers attach on this node's kernel (false in unit tests, whose made-up
     /// reports name no real interface: nothing is undone there).
     workers: bool,
@@ -132,6 +135,7 @@ impl Attacher {
                 retries: BTreeSet::new(),
                 next_generation: 0,
                 failures: BTreeMap::new(),
+                bypasses: BTreeMap::new(),
                 workers: true,
                 lost: Vec::new(),
                 verified: None,
@@ -154,6 +158,7 @@ impl Attacher {
             retries: BTreeSet::new(),
             next_generation: 0,
             failures: BTreeMap::new(),
+            bypasses: BTreeMap::new(),
             workers: false,
             lost: Vec::new(),
             verified: None,
@@ -191,6 +196,7 @@ impl Attacher {
             retry_at: None,
             upgrade: upgrade::Upgrade::default(),
             lost: BTreeSet::new(),
+            bypassed: BTreeSet::new(),
         };
         self.queue(ifindex, &target, JobKind::Protect);
         self.targets.insert(ifindex, target);
@@ -293,7 +299,9 @@ impl Attacher {
             t.role
                 .points()
                 .iter()
-                .filter(|p| !t.attached.contains_key(p) || t.lost.contains(p))
+                .filter(|p| {
+                    !t.attached.contains_key(p) || t.lost.contains(p) || t.bypassed.contains(p)
+                })
                 .map(move |p| (*ifindex, t, *p))
         })
     }
@@ -311,7 +319,7 @@ impl Attacher {
             .iter()
             .filter(|(_, t)| match t.protection {
                 Protection::Protected => false,
-                Protection::Failed | Protection::Repairing => true,
+                Protection::Failed | Protection::Repairing | Protection::Bypassed => true,
                 Protection::Attaching => now.duration_since(t.since) > ATTACHING_GRACE,
             })
             .map(|(ifindex, t)| {

@@ -155,6 +155,9 @@ pub struct JobReport {
     /// A repair's hooks that had no ipq program when the worker looked (attached again, or
     /// not, as `hooks` says).
     pub found_missing: Vec<AttachPoint>,
+    /// Hooks held by ipq's netlink filter where another filter runs first (a lower
+    /// priority), as the worker's dump found them: that filter, described.
+    pub bypassed: Vec<(AttachPoint, String)>,
 }
 
 /// An attachment another tool took away, as a repair found it.
@@ -178,6 +181,11 @@ pub enum Protection {
     /// found it): unprotected until the repair already queued puts it back, so no answer
     /// says `protected` in between.
     Repairing,
+    /// ipq's netlink filter is in place, but another tool's filter at a lower priority runs
+    /// before it on a hook and can end classification: packets it classifies never reach
+    /// ipq's program. ipq does not touch that filter; the interface is unprotected until it
+    /// goes.
+    Bypassed,
     Failed,
 }
 
@@ -207,6 +215,8 @@ pub struct Target {
     pub(super) upgrade: Upgrade,
     /// Hooks known to have lost ipq's program, until a repair's report says how they are.
     pub(super) lost: BTreeSet<AttachPoint>,
+    /// Hooks where another filter runs before ipq's ([`Protection::Bypassed`]).
+    pub(super) bypassed: BTreeSet<AttachPoint>,
 }
 
 impl Target {

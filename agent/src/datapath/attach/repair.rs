@@ -89,5 +89,6 @@ pub(super) fn run(
         job,
         hooks,
         found_missing,
+        bypassed: Vec::new(),
     }
 }
