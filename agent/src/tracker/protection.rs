@@ -74,14 +74,10 @@ impl Tracker {
             );
         }
         let mut marked = false;
-        for &(ifindex, point) in verification
-            .detached
-            .iter()
-            .chain(&verification.behind)
-            .chain(&verification.replaced)
-        {
+        for &(ifindex, point) in verification.detached.iter().chain(&verification.replaced) {
             marked |= self.attacher.on_link_lost(ifindex, point);
         }
+        marked |= self.attacher.on_links_behind(&verification.behind);
         for &(ifindex, point) in &verification.filters_missing {
             marked |= self.attacher.on_filter_missing(ifindex, point);
         }

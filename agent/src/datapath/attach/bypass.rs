@@ -108,3 +108,90 @@ impl Attacher {
         }
     }
 }
+
+/// Moves of ipq's TCX link back to the front allowed per [`DISPLACED_WINDOW`] and hook; a
+/// tool that displaces it more often is not fought in a loop: the hook is `bypassed` until the
+/// window lets the next move.
+const DISPLACED_LIMIT: usize = 3;
+const DISPLACED_WINDOW: std::time::Duration = std::time::Duration::from_secs(60);
+
+impl Attacher {
+    /// A verification's queries: `behind` are the TCX hooks where another program runs before
+    /// ipq's link. Each is counted and moved first again, at most [`DISPLACED_LIMIT`] times a
+    /// [`DISPLACED_WINDOW`]; past that the hook is `bypassed` (unprotected, `/readyz` 503) and
+    /// reported until the window allows the next move. A TCX hook bypassed before and not
+    /// behind any more is protected again. True when a protection changed.
+    pub fn on_links_behind(&mut self, behind: &[(u32, AttachPoint)]) -> bool {
+        let now = std::time::Instant::now();
+        let mut changed = false;
+        let cleared: Vec<(u32, AttachPoint)> = self
+            .bypassed_points()
+            .filter(|(ifindex, point)| {
+                self.targets
+                    .get(ifindex)
+                    .and_then(|t| t.attached.get(point))
+                    == Some(&Mechanism::Tcx)
+                    && !behind.contains(&(*ifindex, *point))
+            })
+            .collect();
+        for (ifindex, point) in cleared {
+            if let Some(target) = self.targets.get_mut(&ifindex) {
+                target.bypassed.remove(&point);
+                if target.bypassed.is_empty() && target.protection == Protection::Bypassed {
+                    info!(
+                        "{} (if{ifindex}): ipq's {} link is first: protected",
+                        target.name,
+                        point.as_str()
+                    );
+                    target.protection = Protection::Protected;
+                    target.last_error = None;
+                    target.since = now;
+                    changed = true;
+                }
+            }
+        }
+        for &(ifindex, point) in behind {
+            let by_tcx = self
+                .targets
+                .get(&ifindex)
+                .is_some_and(|t| t.attached.get(&point) == Some(&Mechanism::Tcx));
+            if !by_tcx {
+                continue;
+            }
+            let history = self.displaced.entry((ifindex, point)).or_default();
+            history.retain(|at| now.duration_since(*at) < DISPLACED_WINDOW);
+            if history.len() < DISPLACED_LIMIT {
+                history.push(now);
+                *self.bypasses.entry(point).or_default() += 1;
+                changed |= self.on_link_lost(ifindex, point);
+                continue;
+            }
+            let next = history[0] + DISPLACED_WINDOW;
+            let Some(target) = self.targets.get_mut(&ifindex) else {
+                continue;
+            };
+            let why = format!(
+                "bypassed: {}: another program was put before ipq's link {} times in {}s; \
+                 moving ipq's first again is rate-limited (next in {}s)",
+                point.as_str(),
+                history.len() + 1,
+                DISPLACED_WINDOW.as_secs(),
+                next.saturating_duration_since(now).as_secs()
+            );
+            if target.protection != Protection::Bypassed {
+                *self.bypasses.entry(point).or_default() += 1;
+                warn!(
+                    "{} (if{ifindex}): NOT PROTECTED: {why}: find the tool that keeps \
+                     attaching at the head of the hook",
+                    target.name
+                );
+                target.since = now;
+                changed = true;
+            }
+            target.protection = Protection::Bypassed;
+            target.bypassed.insert(point);
+            target.last_error = Some(why);
+        }
+        changed
+    }
+}

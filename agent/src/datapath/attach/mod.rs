@@ -98,6 +98,8 @@ pub struct Attacher {
     failures: BTreeMap<AttachPoint, u64>,
     /// Hooks found bypassed by a filter ahead of ipq's, per attach point, since start.
     bypasses: BTreeMap<AttachPoint, u64>,
+    /// When another program was last put before ipq's TCX link, per hook (the fight's rate).
+    displaced: BTreeMap<(u32, AttachPoint), Vec<Instant>>,
     /// Whether workers attach on this node's kernel (false in unit tests, whose made-up
     /// reports name no real interface: nothing is undone there).
     workers: bool,
@@ -136,6 +138,7 @@ impl Attacher {
                 next_generation: 0,
                 failures: BTreeMap::new(),
                 bypasses: BTreeMap::new(),
+                displaced: BTreeMap::new(),
                 workers: true,
                 lost: Vec::new(),
                 verified: None,
@@ -159,6 +162,7 @@ impl Attacher {
             next_generation: 0,
             failures: BTreeMap::new(),
             bypasses: BTreeMap::new(),
+            displaced: BTreeMap::new(),
             workers: false,
             lost: Vec::new(),
             verified: None,
