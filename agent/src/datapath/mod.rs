@@ -4,6 +4,7 @@
 pub mod attach;
 mod batch_read;
 mod bpf_call;
+pub mod bpffs;
 mod error;
 pub mod held_pins;
 pub mod lock;
@@ -81,7 +82,7 @@ pub struct ClaimedDir {
 impl ClaimedDir {
     pub fn claim(bpffs_dir: &std::path::Path) -> Result<Self, DatapathError> {
         let layout = PinLayout::new(bpffs_dir);
-        pin_check::check_bpffs(layout.root())?;
+        bpffs::ensure(layout.root())?;
         pin_check::create_dir(layout.root())?;
         // Before any map is opened: a second agent on the same maps is refused here.
         let lock = lock::acquire(layout.root())?;

@@ -64,6 +64,9 @@ pub struct Verification {
     pub filters_missing: Vec<(u32, AttachPoint)>,
     /// Hooks holding ipq's netlink filter where another filter runs first: (ifindex, hook).
     pub filters_ahead: Vec<(u32, AttachPoint)>,
+    /// Whether the pins will outlive the agent (`bpffs_dir` still on its bpf filesystem), or
+    /// why not.
+    pub bpffs: Result<(), String>,
     /// The maps as read, for the owner loop to compare (or why they could not be read).
     pub maps: Result<MapsReading, String>,
 }
@@ -76,6 +79,36 @@ pub struct Summary {
     pub pins: usize,
     /// One line per thing found wrong; empty when everything was in place.
     pub found: Vec<String>,
+}
+
+impl Verification {
+    /// Why the pins under `bpffs_dir` cannot be kept, if they cannot: the filesystem is gone
+    /// from under them, or a pin cannot be put back. Enforcement would end with this agent,
+    /// so `/readyz` fails while this says so.
+    pub fn pins_problem(&self) -> Option<String> {
+        let failed: Vec<String> = self
+            .restored
+            .iter()
+            .filter_map(|r| {
+                r.outcome
+                    .as_ref()
+                    .err()
+                    .map(|e| format!("{}: {e}", r.path.display()))
+            })
+            .collect();
+        match (&self.bpffs, failed.is_empty()) {
+            (Ok(()), true) => None,
+            (Ok(()), false) => Some(format!(
+                "pins cannot be restored ({}{}): enforcement would end with this agent",
+                failed[..failed.len().min(3)].join("; "),
+                if failed.len() > 3 { "; ..." } else { "" }
+            )),
+            (Err(why), _) => Some(format!(
+                "{why}; {} pins cannot be restored: enforcement would end with this agent",
+                failed.len()
+            )),
+        }
+    }
 }
 
 /// Map differences named one by one in `ipq status`; the rest are counted.
@@ -126,6 +159,9 @@ impl Verification {
                 point.name_under_filter()
             )
         }));
+        if let Some(problem) = self.pins_problem() {
+            found.push(problem);
+        }
         if let Err(e) = &self.maps {
             found.push(format!("maps not verified: {e}"));
         }
@@ -229,6 +265,7 @@ pub fn verify(root: &Path, netlink_hooks: &NetlinkHooks) -> Verification {
         .clone();
     let (filters_missing, filters_ahead) = look_at_filters(&hooks);
     let maps = map_check::read(&PinLayout::new(root)).map_err(|e| e.to_string());
+    let bpffs = super::bpffs::outlives_agent(root);
     Verification {
         finished_at: SystemTime::now(),
         took: started.elapsed(),
@@ -239,6 +276,7 @@ pub fn verify(root: &Path, netlink_hooks: &NetlinkHooks) -> Verification {
         replaced,
         filters_missing,
         filters_ahead,
+        bpffs,
         maps,
     }
 }

@@ -85,6 +85,12 @@ impl Tracker {
         if marked {
             self.observe_protection();
         }
+        let problem = verification.pins_problem();
+        if problem.is_some() && problem != self.pins_problem {
+            log::error!("NOT READY: {}", problem.as_deref().unwrap_or_default());
+        }
+        self.metrics.readiness.set_pins_problem(problem.clone());
+        self.pins_problem = problem;
         let drift = self.verify_maps(&verification);
         self.metrics
             .verify_seconds
