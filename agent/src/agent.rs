@@ -381,24 +381,8 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
     }
     let restored = held_pins::restore(&pins_root);
     held_pins::report(&restored);
-    let unrestored = restored.iter().filter(|r| r.outcome.is_err()).count();
     tracker.shutdown();
-    // Say what the kernel will have, not what is hoped: the pins keep the programs attached
-    // and the maps alive only if they are all in place on a mount that outlives this process.
-    match crate::datapath::bpffs::outlives_agent(&pins_root) {
-        Ok(()) if unrestored == 0 => {
-            info!("stopping; programs stay attached through their pins, enforcement continues")
-        }
-        Ok(()) => error!(
-            "stopping; {unrestored} pins under {} could not be put back: what they held \
-             (links, maps) goes with this agent, ENFORCEMENT ENDS there until an agent runs \
-             again",
-            pins_root.display()
-        ),
-        Err(why) => error!(
-            "stopping; {why}: the programs detach and the maps go with this agent, \
-             ENFORCEMENT ENDS until an agent runs again"
-        ),
-    }
+    let unrestored = restored.iter().filter(|r| r.outcome.is_err()).count();
+    crate::datapath::bpffs::say_at_stop(&pins_root, unrestored);
     Ok(())
 }

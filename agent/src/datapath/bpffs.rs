@@ -12,7 +12,7 @@ use std::{
     sync::OnceLock,
 };
 
-use log::warn;
+use log::{error, info, warn};
 
 use super::{pin_check::check_bpffs, DatapathError};
 use crate::paths::BPFFS_MOUNT;
@@ -107,4 +107,25 @@ fn mount_namespace_shared() -> bool {
         .filter_map(|entry| entry.file_name().into_string().ok())
         .filter(|pid| pid.bytes().all(|b| b.is_ascii_digit()) && *pid != me)
         .any(|pid| ns(&pid).as_ref() == Some(&own))
+}
+
+/// The agent's last line at TERM: what the kernel will have once it is gone, not what is
+/// hoped. The pins keep the programs attached and the maps alive only if they are all in
+/// place (`unrestored` could not be put back) on a mount that outlives this process.
+pub fn say_at_stop(root: &Path, unrestored: usize) {
+    match outlives_agent(root) {
+        Ok(()) if unrestored == 0 => {
+            info!("stopping; programs stay attached through their pins, enforcement continues")
+        }
+        Ok(()) => error!(
+            "stopping; {unrestored} pins under {} could not be put back: what they held \
+             (links, maps) goes with this agent, ENFORCEMENT ENDS there until an agent runs \
+             again",
+            root.display()
+        ),
+        Err(why) => error!(
+            "stopping; {why}: the programs detach and the maps go with this agent, \
+             ENFORCEMENT ENDS until an agent runs again"
+        ),
+    }
 }
