@@ -206,6 +206,7 @@ fn status_shows_readiness_counts_and_hooks() {
         conflicts_total: 4,
         refused_claims_total: 1,
         verification: None,
+        unannounced: String::new(),
         recovery: Some(RecoveryView {
             from: "journal".into(),
             addresses: 3,

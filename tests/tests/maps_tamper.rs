@@ -139,6 +139,13 @@ fn a_foreign_write_to_ipqs_maps_is_found_written_back_and_reported() {
     .unwrap_or_else(|e| panic!("{e:#}\n{}", agent.log()));
 
     let status = status(&agent);
+    // No watcher: ipq status says what finds map writes, and how late.
+    assert!(
+        status["unannounced"]
+            .as_str()
+            .is_some_and(|u| u.starts_with("periodic verification only, every 200ms")),
+        "{status}"
+    );
     let found = status["verification"]["last_found"].to_string();
     assert!(
         found.contains("IPQ_SLOTS 10.77.0.2") && found.contains("IPQ_IFACES slot"),

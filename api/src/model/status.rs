@@ -33,6 +33,11 @@ pub struct Status {
     pub conflicts_total: u64,
     pub refused_claims_total: u64,
     pub started_at: String,
+    /// What finds the changes no notification announces (a link detached, a program put
+    /// ahead of ipq's, a map written by another process): the periodic verification and its
+    /// interval. Absent from agents before it.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub unannounced: String,
     /// The last verification of ipq's pins and links against the kernel; absent before the
     /// first.
     #[serde(default, skip_serializing_if = "Option::is_none")]

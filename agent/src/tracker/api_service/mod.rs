@@ -132,6 +132,13 @@ impl ApiService<'_> {
                     .last_found()
                     .map_or_else(Vec::new, |l| l.found.clone()),
             }),
+            // No watcher reports these changes as they happen (no netlink group announces
+            // them): say what finds them, and how late.
+            unannounced: format!(
+                "periodic verification only, every {}: a detached link, a program put ahead \
+                 of ipq's TCX link and a map written by another process are found within it",
+                humantime::format_duration(self.config.verify_interval)
+            ),
             recovery: self.recovered.cloned(),
             started: self.started.cloned(),
         };
