@@ -151,10 +151,11 @@ impl Attacher {
             }
         }
         for &(ifindex, point) in behind {
-            let by_tcx = self
-                .targets
-                .get(&ifindex)
-                .is_some_and(|t| t.attached.get(&point) == Some(&Mechanism::Tcx));
+            // A hook whose move is already queued (a pass found it, the repair has not
+            // reported yet) is not a second displacement.
+            let by_tcx = self.targets.get(&ifindex).is_some_and(|t| {
+                t.attached.get(&point) == Some(&Mechanism::Tcx) && !t.lost.contains(&point)
+            });
             if !by_tcx {
                 continue;
             }
