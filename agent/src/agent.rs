@@ -388,8 +388,10 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
              beside it"
         );
     }
-    held_pins::report(&held_pins::restore(&pins_root));
+    let restored = held_pins::restore(&pins_root);
+    held_pins::report(&restored);
     tracker.shutdown();
-    info!("stopping; programs stay attached through their pins, enforcement continues");
+    let unrestored = restored.iter().filter(|r| r.outcome.is_err()).count();
+    crate::datapath::bpffs::say_at_stop(&pins_root, unrestored);
     Ok(())
 }

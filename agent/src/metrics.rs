@@ -11,6 +11,7 @@ mod datapath;
 mod families;
 mod ipam;
 mod server;
+mod tamper;
 #[cfg(test)]
 mod tests;
 
@@ -37,6 +38,7 @@ use crate::paths::{AttachPoint, PinLayout};
 use crate::readiness::Readiness;
 use crate::registry::{Clock, Registry as AddressRegistry, StateName};
 use datapath::{LostCounts, ReadCounters};
+pub use tamper::TamperMetrics;
 
 #[derive(Debug, Error)]
 pub enum MetricsError {
@@ -103,6 +105,8 @@ pub struct Metrics {
     pub attach_failures: IntCounterVec,
     /// Attachments another tool took away, by hook and what went (qdisc, filter, link, pin).
     pub attachments_lost: IntCounterVec,
+    /// What other processes did to ipq's maps and hooks beyond taking attachments away.
+    pub tamper: TamperMetrics,
     /// `ipq_connections_refused_total{listener, reason}`, counted by the listeners' guards.
     pub connections_refused: IntCounterVec,
     /// How long the last verification of the datapath took.

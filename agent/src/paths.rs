@@ -33,8 +33,22 @@ pub enum AttachPoint {
 impl AttachPoint {
     pub const ALL: [AttachPoint; 3] = [Self::TcxIngress, Self::TcxEgress, Self::Xdp];
 
+    /// The attach point's name as its link pin has it (`tcx-ingress`, `tcx-egress`, `xdp`):
+    /// part of the pins' layout, which restarts and upgrades rely on, so it never changes.
+    /// What users read names the attachment a hook actually has instead
+    /// ([`Self::name_under_filter`], `Mechanism::hook_name`).
     pub fn as_str(self) -> &'static str {
         self.into()
+    }
+
+    /// The hook's name where ipq's program hangs on it by a netlink (clsact) filter:
+    /// `tc-ingress`, `tc-egress` (`xdp` has no filter form; it keeps its name).
+    pub const fn name_under_filter(self) -> &'static str {
+        match self {
+            Self::TcxIngress => "tc-ingress",
+            Self::TcxEgress => "tc-egress",
+            Self::Xdp => "xdp",
+        }
     }
 
     /// The hook a program attached here runs at: the `hook` label of its metrics.

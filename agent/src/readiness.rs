@@ -17,6 +17,9 @@ pub enum NotReady {
     /// Configured interfaces without ipq's program, each named with its last error.
     #[error("{0}")]
     Unprotected(String),
+    /// The pins under `bpffs_dir` cannot be kept: enforcement would end with this agent.
+    #[error("{0}")]
+    Pins(String),
 }
 
 /// The agent's readiness, shared by the owner loop (which sets it) and the listeners.
@@ -25,6 +28,8 @@ pub struct Readiness {
     started: AtomicBool,
     /// Why the agent is not ready although started: interfaces left unprotected.
     blocker: Mutex<Option<String>>,
+    /// Why the pins under `bpffs_dir` cannot be kept, when they cannot (the verification says).
+    pins: Mutex<Option<String>>,
     /// `ipq_ready`, kept equal to [`Readiness::check`] being `Ok`.
     gauge: IntGauge,
 }
@@ -36,6 +41,7 @@ impl Readiness {
         Self {
             started: AtomicBool::new(false),
             blocker: Mutex::new(None),
+            pins: Mutex::new(None),
             gauge,
         }
     }
@@ -52,10 +58,19 @@ impl Readiness {
         self.update();
     }
 
+    /// Sets (or clears) why the pins under `bpffs_dir` cannot be kept.
+    pub fn set_pins_problem(&self, problem: Option<String>) {
+        *self.pins.lock().unwrap_or_else(|p| p.into_inner()) = problem;
+        self.update();
+    }
+
     /// `Ok` when ready, else why not.
     pub fn check(&self) -> Result<(), NotReady> {
         if !self.started.load(Ordering::SeqCst) {
             return Err(NotReady::Starting);
+        }
+        if let Some(problem) = &*self.pins.lock().unwrap_or_else(|p| p.into_inner()) {
+            return Err(NotReady::Pins(problem.clone()));
         }
         match &*self.blocker.lock().unwrap_or_else(|p| p.into_inner()) {
             Some(blocker) => Err(NotReady::Unprotected(blocker.clone())),

@@ -343,6 +343,21 @@ pub fn event_line(event: &Event) -> String {
                 (false, None) => "NOT PROTECTED".to_owned(),
             }
         ),
+        EventBody::MapRewritten {
+            map,
+            key,
+            found,
+            wanted,
+            repaired,
+            error,
+        } => format!(
+            "TAMPERED {map} {key}: held {found}, ipq wrote {wanted}; {}",
+            match (repaired, error) {
+                (true, _) => "written back".to_owned(),
+                (false, Some(e)) => format!("NOT WRITTEN BACK: {e}"),
+                (false, None) => "NOT WRITTEN BACK".to_owned(),
+            }
+        ),
         EventBody::IpamExhausted {
             network,
             container_id,

@@ -187,7 +187,7 @@ fn status_shows_readiness_counts_and_hooks() {
             InterfaceStatus {
                 ifindex: 5,
                 name: "vethpa".into(),
-                hooks: vec!["tcx-ingress".into(), "tcx-egress".into()],
+                hooks: vec!["tc-ingress".into(), "tc-egress".into()],
                 protection: "protected".into(),
                 attachment: Some("netlink".into()),
                 error: None,
@@ -206,6 +206,7 @@ fn status_shows_readiness_counts_and_hooks() {
         conflicts_total: 4,
         refused_claims_total: 1,
         verification: None,
+        unannounced: String::new(),
         recovery: Some(RecoveryView {
             from: "journal".into(),
             addresses: 3,
@@ -229,9 +230,9 @@ TC attach:       netlink-then-tcx
 Conntrack:       claims flushed by: IPv4 kernel; IPv6 dump (the kernel did not honour the filter)
 Verified:        not yet
 Recovered:       from the journal, 3 addresses
-  IFINDEX  NAME    HOOKS                   ATTACHMENT  PROTECTION
-  5        vethpa  tcx-ingress,tcx-egress  netlink     protected
-  12       up0     xdp                     xdp         protected
+  IFINDEX  NAME    HOOKS                 ATTACHMENT  PROTECTION
+  5        vethpa  tc-ingress,tc-egress  netlink     protected
+  12       up0     xdp                   xdp         protected
 "
     );
     let mut rebuilt = status.clone();
@@ -256,6 +257,8 @@ Recovered:       from the journal, 3 addresses
         took_us: 420,
         pins: 14,
         found: Vec::new(),
+        last_found_at: None,
+        last_found: Vec::new(),
     });
     let text = render::status(&verified, now());
     assert!(

@@ -404,11 +404,12 @@ impl<'l> Agent<'l> {
                 cmd
             }
         };
-        cmd.arg("--config")
-            .arg(&config)
-            .arg("--bpffs-dir")
-            .arg(lab.bpffs.path())
-            .arg("--state-dir")
+        cmd.arg("--config").arg(&config);
+        // A test may put the pins elsewhere (a bpf mount of its own): its flag, given once.
+        if !extra.contains(&"--bpffs-dir") {
+            cmd.arg("--bpffs-dir").arg(lab.bpffs.path());
+        }
+        cmd.arg("--state-dir")
             .arg(work.join("state"))
             .arg("--api-socket")
             .arg(work.join("ipq.sock"))

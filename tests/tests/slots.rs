@@ -2,8 +2,9 @@
 //! kernel: every address of a full registry is judged from it exactly; a packet racing the
 //! agent's writes and moves gets the verdict of the old or the new entry, never of a mix and
 //! never of a miss; a copy left behind by an older or killed agent, or missing after an upgrade,
-//! is rebuilt from the hash map before any program reads it; and a pinned table this build
-//! cannot read is refused.
+//! is rebuilt from the hash map before any program reads it, except where the copy enforces
+//! more (the stricter of two disagreeing copies is kept: either may have been written by
+//! another process); and a pinned table this build cannot read is refused.
 //!
 //! Needs root and bpffs (`cargo xtask test` provides both); `bpftool` makes foreign pins.
 
@@ -337,7 +338,8 @@ fn packets_racing_the_agents_writes_get_the_old_or_the_new_verdict() -> anyhow::
 }
 
 #[test]
-fn a_copy_left_behind_or_missing_is_rebuilt_from_the_hash_map() -> anyhow::Result<()> {
+fn a_copy_left_behind_or_missing_is_rebuilt_from_the_hash_map_where_it_is_not_stricter(
+) -> anyhow::Result<()> {
     with_lab("slstale", |bpffs, here, other| {
         let since = netdev::monotonic_ns();
         let a = AddrKey::from(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)));
@@ -381,14 +383,26 @@ fn a_copy_left_behind_or_missing_is_rebuilt_from_the_hash_map() -> anyhow::Resul
         let copy = copied(bpffs)?;
         assert_eq!(
             copy.keys().copied().collect::<Vec<_>>(),
-            vec![a, c],
-            "the copy holds exactly the hash map"
+            vec![a, b, c],
+            "the copy holds the hash map, and b, whose quarantine only the copy has"
+        );
+        assert_eq!(
+            dp.maps.table.opened_disagreeing().len(),
+            3,
+            "a, b and c reported: {:?}",
+            dp.maps.table.opened_disagreeing()
         );
         let send = |dp: &mut Datapath, last: u8| {
             tc_ingress(dp, &frame(Ipv4Addr::new(10, 0, 0, last), PEER), here, 1)
         };
-        assert_eq!(send(&mut dp, 1)?, TC_DROP, "a is held elsewhere now");
-        assert_eq!(send(&mut dp, 2)?, TC_PASS, "b is free");
+        assert_eq!(
+            send(&mut dp, 1)?,
+            TC_DROP,
+            "a is held elsewhere now (a tie: IPQ_ADDRS's)"
+        );
+        // Quarantined over free: nothing tells an older agent's release from another process
+        // deleting the entry, so the quarantine stays (and the registry ends it on time).
+        assert_eq!(send(&mut dp, 2)?, TC_DROP, "b stays quarantined");
         assert_eq!(send(&mut dp, 3)?, TC_DROP, "c is quarantined");
         assert_eq!(
             xdp(&mut dp, &frame(PEER, Ipv4Addr::new(10, 0, 0, 3)))?,
@@ -405,11 +419,11 @@ fn a_copy_left_behind_or_missing_is_rebuilt_from_the_hash_map() -> anyhow::Resul
         assert_ne!(meta.seed, seed, "a new table draws a new seed");
         assert_eq!(
             copied(bpffs)?.keys().copied().collect::<Vec<_>>(),
-            vec![a, c]
+            vec![a, b, c]
         );
         assert_eq!(send(&mut dp, 1)?, TC_DROP);
         assert_eq!(send(&mut dp, 3)?, TC_DROP);
-        assert_eq!(send(&mut dp, 2)?, TC_PASS);
+        assert_eq!(send(&mut dp, 2)?, TC_DROP);
         Ok(())
     })
 }

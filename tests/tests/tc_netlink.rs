@@ -76,6 +76,41 @@ fn assert_attached_as(lab: &Lab, mode: &str, when: &str) {
     );
 }
 
+/// `ipq status` names each pod's hooks by the attachment they have: `tc-ingress`/`tc-egress`
+/// under ipq's netlink filter, `tcx-ingress`/`tcx-egress` under a TCX link.
+fn assert_hook_names(agent: &ipq_tests::lab::Agent, mode: &str, when: &str) {
+    let status = api::request(&agent.api_socket(), "GET", "/v1/status", None)
+        .expect("GET /v1/status")
+        .json()
+        .expect("status JSON");
+    let want = if mode == "netlink" {
+        ["tc-ingress", "tc-egress"]
+    } else {
+        ["tcx-ingress", "tcx-egress"]
+    };
+    for ifname in PODS {
+        let interface = status["interfaces"]
+            .as_array()
+            .and_then(|all| all.iter().find(|i| i["name"] == ifname))
+            .unwrap_or_else(|| panic!("{when}: {ifname} not in {status}"));
+        let mut hooks: Vec<&str> = interface["hooks"]
+            .as_array()
+            .map(|h| h.iter().filter_map(|v| v.as_str()).collect())
+            .unwrap_or_default();
+        hooks.sort_unstable();
+        let mut wanted = want.to_vec();
+        wanted.sort_unstable();
+        assert_eq!(hooks, wanted, "{when}: {ifname}'s hooks in {interface}");
+    }
+    let log = agent.log();
+    if mode == "netlink" {
+        assert!(
+            !log.contains("tcx-"),
+            "{when}: the log names a TCX hook in netlink mode:\n{log}"
+        );
+    }
+}
+
 /// `tc <args> [bytecode]`: the classic-BPF bytecode is one argument with spaces inside.
 fn tc(ns: &NetNs, args: &str, bytecode: Option<&str>) {
     let mut cmd = ns.command("tc");
@@ -89,14 +124,15 @@ fn tc(ns: &NetNs, args: &str, bytecode: Option<&str>) {
 /// Classic BPF `ret #0`: no match, classification goes on.
 const NO_MATCH: &str = "1,6 0 0 0,";
 
-/// Another tool's filters on vethpa: a cls_bpf filter at Cilium's place (pref 1 handle 1,
-/// before ipq) and one after ipq, each running a classic-BPF program that returns 0 (no
-/// match: classification goes on to the next filter).
+/// Another tool's filters on vethpa, after ipq's on both hooks, each running a classic-BPF
+/// program that returns 0 (no match: classification goes on to the next filter). (A filter
+/// *before* ipq's makes the interface `bypassed`, whatever its program returns: ipq cannot
+/// tell what it will classify; `tc_bypass.rs` covers it.)
 fn add_foreign_filters(lab: &Lab) -> Vec<Filter> {
     tc(&lab.node, "qdisc add dev vethpa clsact", None);
     tc(
         &lab.node,
-        "filter add dev vethpa ingress pref 1 handle 1 bpf",
+        "filter add dev vethpa ingress pref 3 handle 1 bpf",
         Some(NO_MATCH),
     );
     tc(
@@ -143,6 +179,7 @@ fn netlink_filters_enforce_and_a_sigkill_restart_replaces_them_in_place() {
         .expect("status JSON");
     assert_eq!(status["tc_attach"], "netlink", "{status}");
     assert_eq!(status["unprotected"], 0, "{status}");
+    assert_hook_names(&first, "netlink", "netlink mode");
 
     // SIGKILL and a new agent while the fenced pod sends all along, v4 and v6: not one of its
     // datagrams may reach the peer, while pod b's flow (sent the same way) proves traffic ran.
@@ -182,6 +219,7 @@ fn switching_between_netlink_and_tcx_leaves_no_leftovers_and_no_foreign_filter_t
     let mut agent = lab.start_agent(&args("tcx")).expect("starting in TCX mode");
     check_fenced(&lab, "TCX mode after netlink mode");
     assert_attached_as(&lab, "tcx", "TCX mode after netlink mode");
+    assert_hook_names(&agent, "tcx", "TCX mode after netlink mode");
     assert_eq!(foreign_filters(&lab), foreign, "TCX mode");
     agent.kill9();
 

@@ -181,7 +181,8 @@ fn fenced_traffic_is_dropped_while_netlink_filters_move_to_tcx_and_foreign_filte
     const VETHS: usize = 100;
     let lab = Lab::new().expect("building the lab");
     let names = add_veths(&lab, VETHS);
-    // Another tool's filters on vethpa, before and after ipq's place.
+    // Another tool's filters on vethpa, after ipq's place (one before it would make vethpa
+    // `bypassed` in netlink mode: tc_bypass.rs).
     output_of(
         lab.node
             .command("tc")
@@ -189,7 +190,7 @@ fn fenced_traffic_is_dropped_while_netlink_filters_move_to_tcx_and_foreign_filte
     )
     .expect("tc qdisc add");
     for (hook, place) in [
-        ("ingress", "pref 1 handle 1"),
+        ("ingress", "pref 3 handle 1"),
         ("egress", "pref 49152 handle 7"),
     ] {
         let mut tc = lab.node.command("tc");

@@ -251,6 +251,8 @@ pub struct StatusFacts {
     pub refused_claims_total: u64,
     pub started_at: SystemTime,
     pub verification: Option<VerificationView>,
+    /// What finds the changes nothing announces (see `Status::unannounced`).
+    pub unannounced: String,
     pub recovery: Option<RecoveryView>,
     pub started: Option<StartedView>,
 }
@@ -288,6 +290,7 @@ pub fn status_view<C: Clock>(
         refused_claims_total: facts.refused_claims_total,
         started_at: humantime::format_rfc3339_millis(facts.started_at).to_string(),
         verification: facts.verification,
+        unannounced: facts.unannounced,
         recovery: facts.recovery,
         started: facts.started,
     }

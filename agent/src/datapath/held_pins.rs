@@ -178,6 +178,22 @@ pub fn tcx_place(path: &Path, ifindex: u32, point: AttachPoint) -> Option<TcxPla
     })
 }
 
+const BPF_LINK_DETACH: libc::c_long = 34;
+
+/// Detaches the link held for `path` from its hook now (`BPF_LINK_DETACH`): the kernel takes
+/// the program off under `rtnl_lock` before answering. Letting go of the descriptors and the
+/// pin frees the link only once the last reference is dropped, which may come after a new
+/// link of the same program asks for the hook (`bpf_mprog` then answers EEXIST).
+pub fn detach(path: &Path) -> io::Result<()> {
+    let held = held();
+    let Some(object) = held.get(path) else {
+        return Ok(());
+    };
+    let mut attr = [0u8; 16];
+    attr[0..4].copy_from_slice(&(object.fd.as_raw_fd() as u32).to_ne_bytes());
+    bpf(BPF_LINK_DETACH, &attr).map(drop)
+}
+
 /// Takes a descriptor of the agent's own on the object pinned at `path` (replacing any held
 /// for that path before). Fails when nothing is pinned there: for a link just pinned, that
 /// means someone removed the pin in between, and the link is gone with it.

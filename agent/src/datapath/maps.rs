@@ -174,6 +174,10 @@ impl QuarantineFilter {
             .map_err(map_err(names::MAP_QFILTER))
     }
 
+    pub fn word(&self, word: u32) -> Result<u64, DatapathError> {
+        self.0.get(&word, 0).map_err(map_err(names::MAP_QFILTER))
+    }
+
     pub fn words(&self) -> Result<Vec<u64>, DatapathError> {
         (0..self.len())
             .map(|word| self.0.get(&word, 0).map_err(map_err(names::MAP_QFILTER)))

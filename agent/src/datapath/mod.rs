@@ -4,15 +4,18 @@
 pub mod attach;
 mod batch_read;
 mod bpf_call;
+pub mod bpffs;
 mod error;
 pub mod held_pins;
 pub mod lock;
+pub mod map_check;
 pub mod maps;
 mod object;
 mod pin_check;
 mod pinned_maps;
 mod port;
 mod slots;
+pub(crate) mod strict;
 mod table;
 pub mod verify;
 
@@ -44,7 +47,7 @@ pub use maps::{ConfigCell, Counters, Samples};
 pub use object::OBJECT;
 pub use pinned_maps::{DatapathMaps, PinnedReading};
 pub use port::{AddrTable, DatapathPort, MemDatapath, MemTable};
-pub use table::{fast_path_eligible, AddressTable};
+pub use table::{fast_path_eligible, AddressTable, MapDrift, MapsCheck};
 
 use crate::paths::PinLayout;
 
@@ -79,7 +82,7 @@ pub struct ClaimedDir {
 impl ClaimedDir {
     pub fn claim(bpffs_dir: &std::path::Path) -> Result<Self, DatapathError> {
         let layout = PinLayout::new(bpffs_dir);
-        pin_check::check_bpffs(layout.root())?;
+        bpffs::ensure(layout.root())?;
         pin_check::create_dir(layout.root())?;
         // Before any map is opened: a second agent on the same maps is refused here.
         let lock = lock::acquire(layout.root())?;

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use ipq_common::addr::{AddrEntry, AddrKey};
 
-use super::{AddressTable, Datapath, DatapathError};
+use super::{map_check::MapsReading, AddressTable, Datapath, DatapathError, MapsCheck};
 
 /// The address table's public face: one entry per registered address.
 pub trait AddrTable {
@@ -24,6 +24,16 @@ pub trait AddrTable {
     fn kernel_entry(&self, addr: &AddrKey) -> Result<Option<AddrEntry>, DatapathError>;
     /// How many entries the table holds.
     fn len(&self) -> usize;
+    /// Compares the kernel's maps (`reading`, read off the owner loop) with what the table
+    /// wrote, and writes its own back where they differ. A table in memory has nothing to
+    /// compare.
+    fn verify(&mut self, _reading: &MapsReading) -> MapsCheck {
+        MapsCheck::default()
+    }
+    /// Where the pinned copies disagreed when the table opened (the stricter was kept).
+    fn opened_disagreeing(&self) -> &[String] {
+        &[]
+    }
     fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -56,6 +66,14 @@ impl AddrTable for AddressTable {
 
     fn len(&self) -> usize {
         AddressTable::len(self)
+    }
+
+    fn verify(&mut self, reading: &MapsReading) -> MapsCheck {
+        AddressTable::verify(self, reading)
+    }
+
+    fn opened_disagreeing(&self) -> &[String] {
+        AddressTable::opened_disagreeing(self)
     }
 }
 

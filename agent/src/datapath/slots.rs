@@ -263,6 +263,12 @@ impl SlotTable {
             .map(|c| (c.key(), c.entry()))
     }
 
+    /// Counts the occupied slots again: another process writing the map adds or clears slots
+    /// behind this table's count.
+    pub fn recount(&mut self) {
+        self.len = self.iter().count();
+    }
+
     /// Ends any write an earlier agent left half done: a slot or version still odd. The caller
     /// then rewrites every slot from `IPQ_ADDRS`, so whatever such a slot holds is corrected.
     pub fn settle(&mut self) {

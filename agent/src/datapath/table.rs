@@ -24,8 +24,12 @@ use ipq_common::{
 };
 
 mod accelerators;
+mod drift;
+mod opening;
 
 use accelerators::affected_interfaces;
+use drift::Written;
+pub use drift::{MapDrift, MapsCheck};
 
 use super::{
     maps::{AddrMap, IfaceSlots, QuarantineFilter},
@@ -63,18 +67,32 @@ pub struct AddressTable {
     filter_words: Vec<u64>,
     /// Words of the filter minus one: the map's size, fixed at load.
     filter_mask: u32,
+    /// What this table last wrote for each address (the kernel's stamps aside), on the heap:
+    /// the maps themselves can be written by any process holding a pin, so the verification
+    /// compares them with this ([`Self::verify`]).
+    intent: HashMap<AddrKey, Written>,
+    /// Where `IPQ_ADDRS` and `IPQ_SLOTS` disagreed when the table opened (the stricter copy
+    /// was kept), for the start-up report.
+    opened_disagreeing: Vec<String>,
 }
 
 impl AddressTable {
-    /// Opens the table over the maps and rebuilds both accelerators from `IPQ_ADDRS`, which
-    /// is the only state trusted: the slots and bitmap of a previous agent are rewritten.
+    /// Opens the table over the maps and rebuilds the accelerators from `IPQ_ADDRS`, merged
+    /// with `IPQ_SLOTS` where the copy is stricter (see [`opening`]): the slots and bitmap of a
+    /// previous agent are rewritten, and no copy another tool loosened loosens the other.
     pub fn open(
-        addrs: AddrMap,
-        copy: SlotTable,
+        mut addrs: AddrMap,
+        mut copy: SlotTable,
         slots: IfaceSlots,
         filter: QuarantineFilter,
     ) -> Result<Self, DatapathError> {
-        let entries: BTreeMap<_, _> = addrs.entries()?.into_iter().collect();
+        let mut entries: BTreeMap<_, _> = addrs.entries()?.into_iter().collect();
+        copy.settle();
+        let opened_disagreeing = opening::keep_stricter(&mut addrs, &copy, &mut entries)?;
+        let intent = entries
+            .iter()
+            .map(|(addr, entry)| (*addr, Written::of(entry)))
+            .collect();
         let mut eligible: HashMap<u32, BTreeSet<AddrKey>> = HashMap::new();
         for (addr, entry) in &entries {
             if fast_path_eligible(entry.holder_ifindex, entry) {
@@ -95,6 +113,8 @@ impl AddressTable {
             filter_refs: HashMap::new(),
             filter_words: vec![0; words as usize],
             filter_mask: words.saturating_sub(1),
+            intent,
+            opened_disagreeing,
         };
         table.rebuild_copy(&entries)?;
         table.rebuild_accelerators()?;
@@ -108,7 +128,6 @@ impl AddressTable {
         &mut self,
         entries: &BTreeMap<AddrKey, AddrEntry>,
     ) -> Result<(), DatapathError> {
-        self.copy.settle();
         let gone: Vec<AddrKey> = self
             .copy
             .iter()
@@ -253,12 +272,14 @@ impl AddressTable {
     pub fn remove(&mut self, addr: &AddrKey) -> Result<Option<AddrEntry>, DatapathError> {
         let Some(old) = self.copy.get(addr) else {
             self.addrs.remove(addr)?;
+            self.intent.remove(addr);
             return Ok(None);
         };
         let affected = affected_interfaces(Some(&old), None);
         // A free address passes everywhere, so the slots may follow the map.
         self.copy.remove(addr);
         self.addrs.remove(addr)?;
+        self.intent.remove(addr);
         self.record(*addr, Some(&old), None);
         if is_quarantined(&old) {
             self.filter_unref(addr)?;
@@ -299,6 +320,7 @@ impl AddressTable {
             }
         }
         if let Some(entry) = new {
+            self.intent.insert(addr, Written::of(&entry));
             if fast_path_eligible(entry.holder_ifindex, &entry) {
                 self.eligible
                     .entry(entry.holder_ifindex)

@@ -13,10 +13,13 @@
 //!    queues a repair of its interface.
 //!
 //! 3. dumps the filters of every hook ipq's netlink filter should hold (the TC notifications
-//!    announce every change there; this catches what a lost notification would hide).
+//!    announce every change there; this catches what a lost notification would hide);
+//! 4. reads `IPQ_ADDRS`, `IPQ_IFACES` and `IPQ_QBLOOM` whole ([`map_check`]), for the owner
+//!    loop to compare with what its one writer wrote (no notification announces a map write).
 //!
-//! O(pins + hooks): a few syscalls per pin, one dump per netlink hook; the pass's duration is a gauge
-//! (`ipq_datapath_verify_seconds`) and is shown in `ipq status`.
+//! O(pins + hooks + addresses): a few syscalls per pin, one dump per netlink hook, a batched
+//! read of the maps; the pass's duration is a gauge (`ipq_datapath_verify_seconds`) and is
+//! shown in `ipq status`.
 
 use std::{
     collections::BTreeMap,
@@ -28,10 +31,15 @@ use std::{
 use tokio::sync::{mpsc, watch};
 
 use super::{
-    attach::tc_filter::{self, Direction, Place},
+    attach::tc_filter::{self, Direction},
     held_pins::{self, LinkState, Restored, TcxPlace},
+    map_check::{self, MapsReading},
+    MapDrift,
 };
 use crate::paths::{AttachPoint, PinLayout};
+
+/// One hook of one interface: (ifindex, attach point).
+pub type Hook = (u32, AttachPoint);
 
 /// The hooks ipq's netlink filter holds, by ifindex: written by the attacher on the owner
 /// loop, read by the verification off it.
@@ -54,6 +62,13 @@ pub struct Verification {
     pub replaced: Vec<(u32, AttachPoint)>,
     /// Hooks that should hold ipq's netlink filter and do not: (ifindex, hook).
     pub filters_missing: Vec<(u32, AttachPoint)>,
+    /// Hooks holding ipq's netlink filter where another filter runs first: (ifindex, hook).
+    pub filters_ahead: Vec<(u32, AttachPoint)>,
+    /// Whether the pins will outlive the agent (`bpffs_dir` still on its bpf filesystem), or
+    /// why not.
+    pub bpffs: Result<(), String>,
+    /// The maps as read, for the owner loop to compare (or why they could not be read).
+    pub maps: Result<MapsReading, String>,
 }
 
 /// What the last pass found, as `ipq status` shows it.
@@ -67,7 +82,41 @@ pub struct Summary {
 }
 
 impl Verification {
-    pub fn summary(&self) -> Summary {
+    /// Why the pins under `bpffs_dir` cannot be kept, if they cannot: the filesystem is gone
+    /// from under them, or a pin cannot be put back. Enforcement would end with this agent,
+    /// so `/readyz` fails while this says so.
+    pub fn pins_problem(&self) -> Option<String> {
+        let failed: Vec<String> = self
+            .restored
+            .iter()
+            .filter_map(|r| {
+                r.outcome
+                    .as_ref()
+                    .err()
+                    .map(|e| format!("{}: {e}", r.path.display()))
+            })
+            .collect();
+        match (&self.bpffs, failed.is_empty()) {
+            (Ok(()), true) => None,
+            (Ok(()), false) => Some(format!(
+                "pins cannot be restored ({}{}): enforcement would end with this agent",
+                failed[..failed.len().min(3)].join("; "),
+                if failed.len() > 3 { "; ..." } else { "" }
+            )),
+            (Err(why), _) => Some(format!(
+                "{why}; {} pins cannot be restored: enforcement would end with this agent",
+                failed.len()
+            )),
+        }
+    }
+}
+
+/// Map differences named one by one in `ipq status`; the rest are counted.
+const DRIFT_SHOWN: usize = 8;
+
+impl Verification {
+    /// What the pass found, with what the owner loop's comparison of the maps found (`drift`).
+    pub fn summary(&self, drift: &[MapDrift]) -> Summary {
         let mut found: Vec<String> = self
             .restored
             .iter()
@@ -95,7 +144,7 @@ impl Verification {
         found.extend(self.filters_missing.iter().map(|(ifindex, point)| {
             format!(
                 "if{ifindex} {}: ipq's filter missing: repairing",
-                point.as_str()
+                point.name_under_filter()
             )
         }));
         found.extend(self.behind.iter().map(|(ifindex, point)| {
@@ -104,6 +153,37 @@ impl Verification {
                 point.as_str()
             )
         }));
+        found.extend(self.filters_ahead.iter().map(|(ifindex, point)| {
+            format!(
+                "if{ifindex} {}: a filter runs before ipq's: looking at the hook",
+                point.name_under_filter()
+            )
+        }));
+        if let Some(problem) = self.pins_problem() {
+            found.push(problem);
+        }
+        if let Err(e) = &self.maps {
+            found.push(format!("maps not verified: {e}"));
+        }
+        found.extend(drift.iter().take(DRIFT_SHOWN).map(|d| {
+            format!(
+                "{} {}: held {}, ipq wrote {}: {}",
+                d.map,
+                d.key,
+                d.found,
+                d.wanted,
+                d.error.as_ref().map_or_else(
+                    || "written back".to_owned(),
+                    |e| format!("NOT written back ({e})")
+                )
+            )
+        }));
+        if drift.len() > DRIFT_SHOWN {
+            found.push(format!(
+                "... and {} more map entries written back",
+                drift.len() - DRIFT_SHOWN
+            ));
+        }
         Summary {
             finished_at: self.finished_at,
             took: self.took,
@@ -116,19 +196,30 @@ impl Verification {
 /// The hooks of `hooks` whose netlink filter is not ipq's any more, as the kernel lists them
 /// (one filter dump per hook; an interface gone meanwhile is skipped, its removal forgets it).
 pub fn missing_filters(hooks: &BTreeMap<u32, Vec<AttachPoint>>) -> Vec<(u32, AttachPoint)> {
-    let mut missing = Vec::new();
+    look_at_filters(hooks).0
+}
+
+/// One filter dump per hook of `hooks`: the hooks whose netlink filter is not ipq's any more,
+/// and the hooks where another filter runs before ipq's (a notification lost would hide
+/// either).
+pub fn look_at_filters(hooks: &BTreeMap<u32, Vec<AttachPoint>>) -> (Vec<Hook>, Vec<Hook>) {
+    let (mut missing, mut ahead) = (Vec::new(), Vec::new());
     for (&ifindex, points) in hooks {
         for &point in points {
             let Some(direction) = Direction::of(point) else {
                 continue;
             };
-            match tc_filter::place(ifindex, direction) {
-                Ok(Place::Ipq) | Err(_) => {}
-                Ok(Place::Free | Place::Foreign(_)) => missing.push((ifindex, point)),
+            let Ok(filters) = tc_filter::list(ifindex, direction) else {
+                continue;
+            };
+            if !filters.iter().any(tc_filter::Filter::is_ipq) {
+                missing.push((ifindex, point));
+            } else if tc_filter::ahead_of_ipq(&filters).is_some() {
+                ahead.push((ifindex, point));
             }
         }
     }
-    missing
+    (missing, ahead)
 }
 
 /// One pass over the pins under `root` (one `bpffs_dir`) and the hooks of `netlink_hooks`.
@@ -172,7 +263,9 @@ pub fn verify(root: &Path, netlink_hooks: &NetlinkHooks) -> Verification {
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
         .clone();
-    let filters_missing = missing_filters(&hooks);
+    let (filters_missing, filters_ahead) = look_at_filters(&hooks);
+    let maps = map_check::read(&PinLayout::new(root)).map_err(|e| e.to_string());
+    let bpffs = super::bpffs::outlives_agent(root);
     Verification {
         finished_at: SystemTime::now(),
         took: started.elapsed(),
@@ -182,6 +275,9 @@ pub fn verify(root: &Path, netlink_hooks: &NetlinkHooks) -> Verification {
         behind,
         replaced,
         filters_missing,
+        filters_ahead,
+        bpffs,
+        maps,
     }
 }
 

@@ -10,6 +10,7 @@ use prometheus::{
     Registry,
 };
 
+use super::tamper::TamperMetrics;
 use super::{
     datapath::{DatapathCollector, LostCounts, ReadCounters},
     registered, Metrics, DURATION_BUCKETS, PROFILE, STATES,
@@ -113,12 +114,14 @@ impl Metrics {
                 &["listener", "reason"],
             )?,
         )?;
+        let tamper = TamperMetrics::register(&registry)?;
         let verify_seconds = registered(
             &registry,
             Gauge::new(
                 "ipq_datapath_verify_seconds",
-                "How long the last verification of ipq's pins and links against the kernel \
-                 took (every verify_interval, off the owner loop; O(pins)).",
+                "How long the last verification of ipq's pins, links and maps against the \
+                 kernel took (every verify_interval; the reads off the owner loop, O(pins + \
+                 addresses)).",
             )?,
         )?;
         for hook in Hook::ALL {
@@ -341,6 +344,7 @@ impl Metrics {
             unprotected_interfaces,
             attach_failures,
             attachments_lost,
+            tamper,
             connections_refused,
             verify_seconds,
             tc_upgrades_pending,

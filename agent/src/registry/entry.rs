@@ -9,6 +9,7 @@ use log::warn;
 
 use super::settings::RegistrySettings;
 use super::types::{AddrRecord, AddrStatus, Holder, MonoNs};
+use crate::datapath::strict;
 
 /// A holder whose interface ipq cannot know any more (rebuilt from a bare datapath entry).
 const UNKNOWN_IFINDEX: u32 = u32::MAX;
@@ -28,26 +29,30 @@ pub fn datapath_entry(record: &AddrRecord) -> AddrEntry {
     entry
 }
 
-/// The journal's records merged with the entries the pinned maps hold (`entries`), and the
-/// addresses where the maps changed what the journal said.
+/// The journal's records merged with the entries the pinned maps hold (`entries`): the
+/// merged records, the addresses where the maps changed what the journal said, and one line
+/// per address where the two disagreed.
 ///
-/// The maps are written before the journal, so where an entry disagrees with the journal the
-/// map is the more recent truth (an agent killed between the two writes, or an operator's
-/// break-glass write): its enforcement is adopted, with the journal's richer holder identity
-/// where the interfaces match. A journal record the maps lack is kept: maps are lost on
-/// reboot, and a quarantine must not be. `names` names the node's interfaces now.
+/// Where an entry disagrees with the journal, the stricter of the two wins
+/// ([`crate::datapath::strict`]: fenced over unfenced, quarantined over free): the maps are
+/// written before the journal, so an agent killed between the two writes left the newer
+/// truth in the maps, but any process holding a pin may also have written them (unfencing an
+/// address), so a map that enforces less is never adopted over the journal. On a tie the
+/// journal's record stays. A journal record the maps lack is kept: maps are lost on reboot,
+/// and a quarantine must not be. `names` names the node's interfaces now.
 pub fn merge(
     journal: Vec<AddrRecord>,
     entries: Vec<(AddrKey, AddrEntry)>,
     now: MonoNs,
     settings: &RegistrySettings,
     names: &BTreeMap<u32, String>,
-) -> (Vec<AddrRecord>, Vec<IpAddr>) {
+) -> (Vec<AddrRecord>, Vec<IpAddr>, Vec<String>) {
     let mut records: BTreeMap<IpAddr, AddrRecord> = journal
         .into_iter()
         .map(|r| (r.addr.to_canonical(), r))
         .collect();
     let mut adopted = Vec::new();
+    let mut disagreeing = Vec::new();
     for (key, entry) in entries {
         let addr = key.to_ip();
         let known = records.get(&addr);
@@ -62,17 +67,38 @@ pub fn merge(
             }
             continue;
         }
+        let journal_entry = known.map(datapath_entry);
+        if let Some(journal_entry) = &journal_entry {
+            if !strict::stricter(Some(&entry), Some(journal_entry)) {
+                let line = format!(
+                    "{addr}: the pinned maps hold {}, the journal {}: kept the journal's \
+                     (the maps' enforces no more; another process may have written them)",
+                    strict::describe(Some(&entry)),
+                    strict::describe(Some(journal_entry))
+                );
+                warn!("{line}");
+                disagreeing.push(line);
+                continue;
+            }
+        }
         if let Some(mut record) = record_from_entry(addr, &entry, now, settings, names) {
             if let Some(known) = known {
                 keep_identities(&mut record, known);
                 record.observe_only |= known.observe_only;
-                warn!("{addr}: the datapath disagrees with the journal; adopting the datapath's");
+                let line = format!(
+                    "{addr}: the pinned maps hold {}, the journal {}: adopted the maps' \
+                     (stricter)",
+                    strict::describe(Some(&entry)),
+                    strict::describe(journal_entry.as_ref())
+                );
+                warn!("{line}");
+                disagreeing.push(line);
             }
             records.insert(addr, record);
             adopted.push(addr);
         }
     }
-    (records.into_values().collect(), adopted)
+    (records.into_values().collect(), adopted, disagreeing)
 }
 
 /// Gives `adopted` the identities (container, pod, names) `known` had for the same interfaces.

@@ -9,7 +9,7 @@ use std::{collections::BTreeMap, net::IpAddr};
 use ipq_common::addr::{AddrEntry, AddrKey};
 use log::error;
 
-use crate::datapath::{DatapathError, DatapathPort};
+use crate::datapath::{map_check::MapsReading, DatapathError, DatapathPort, MapsCheck};
 
 pub struct Enforcer {
     datapath: Box<dyn DatapathPort>,
@@ -75,6 +75,17 @@ impl Enforcer {
                 self.put(addr, entry);
             }
         }
+    }
+
+    /// Compares the kernel's maps with what this writer wrote, and writes its own back where
+    /// another process changed them.
+    pub fn verify_maps(&mut self, reading: &MapsReading) -> MapsCheck {
+        self.datapath.table_mut().verify(reading)
+    }
+
+    /// Where the pinned copies disagreed when the table opened.
+    pub fn opened_disagreeing(&self) -> Vec<String> {
+        self.datapath.table().opened_disagreeing().to_vec()
     }
 
     /// A break-glass write, behind the registry's back (`PUT /v1/datapath/{ip}`).

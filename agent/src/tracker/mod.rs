@@ -32,6 +32,7 @@ mod feed;
 mod hygiene;
 mod ipam;
 mod ipam_pressure;
+mod map_drift;
 mod observer;
 mod protection;
 mod recovery;
@@ -86,6 +87,8 @@ pub struct Tracker {
     started_at: SystemTime,
     /// How the registry came back at start (`/v1/status`).
     recovered: Option<crate::api::model::RecoveryView>,
+    /// Why the pins under `bpffs_dir` cannot be kept, as the last verification found.
+    pins_problem: Option<String>,
     /// What was in place when the agent became ready ([`Tracker::mark_started`]).
     started: Option<crate::api::model::StartedView>,
     /// Reuse hygiene's jobs and last reports (inert until started).
@@ -125,6 +128,7 @@ impl Tracker {
             metrics,
             started_at: SystemTime::now(),
             recovered: None,
+            pins_problem: None,
             started: None,
             hygiene: crate::hygiene::Hygiene::disabled(),
             ipam_holds: Default::default(),

@@ -74,24 +74,28 @@ impl Tracker {
             );
         }
         let mut marked = false;
-        for &(ifindex, point) in verification
-            .detached
-            .iter()
-            .chain(&verification.behind)
-            .chain(&verification.replaced)
-        {
+        for &(ifindex, point) in verification.detached.iter().chain(&verification.replaced) {
             marked |= self.attacher.on_link_lost(ifindex, point);
         }
+        marked |= self.attacher.on_links_behind(&verification.behind);
         for &(ifindex, point) in &verification.filters_missing {
             marked |= self.attacher.on_filter_missing(ifindex, point);
         }
+        self.attacher.on_filters_ahead(&verification.filters_ahead);
         if marked {
             self.observe_protection();
         }
+        let problem = verification.pins_problem();
+        if problem.is_some() && problem != self.pins_problem {
+            log::error!("NOT READY: {}", problem.as_deref().unwrap_or_default());
+        }
+        self.metrics.readiness.set_pins_problem(problem.clone());
+        self.pins_problem = problem;
+        let drift = self.verify_maps(&verification);
         self.metrics
             .verify_seconds
             .set(verification.took.as_secs_f64());
-        self.attacher.set_verified(verification.summary());
+        self.attacher.set_verified(verification.summary(&drift));
     }
 
     /// Counts and publishes an attachment another tool took away (its WARN line is the
@@ -138,6 +142,10 @@ impl Tracker {
         self.metrics.observe_unprotected(
             attacher.unprotected_points().map(|(_, _, point)| point),
             attacher.failures(),
+        );
+        self.metrics.tamper.observe_bypassed(
+            attacher.bypassed_points().map(|(_, point)| point),
+            attacher.bypasses(),
         );
         self.metrics
             .tc_upgrades_pending

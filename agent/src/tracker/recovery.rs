@@ -25,7 +25,8 @@ pub enum Recovery {
 impl Tracker {
     /// Brings the registry back from the journal as loaded (`Journal::load`'s answer: the
     /// agent reads it beside the datapath's load), merged with the pinned maps (see
-    /// [`entry::merge`]: where they disagree, the maps are the more recent truth).
+    /// [`entry::merge`]: where they disagree, the stricter wins, and the disagreement is one
+    /// of the recovery's problems in `ipq status`).
     pub fn recover(
         &mut self,
         loaded: Result<Option<Loaded<AddrRecord>>, JournalError>,
@@ -107,7 +108,11 @@ impl Tracker {
             warn!("{problem}");
             problems.push(problem);
         }
-        let (merged, adopted) = self.merge_with_maps(journal);
+        for line in self.enforcer.opened_disagreeing() {
+            problems.push(format!("pinned maps at start: {line}"));
+        }
+        let (merged, adopted, disagreeing) = self.merge_with_maps(journal);
+        problems.extend(disagreeing);
         let count = merged.len();
         let snapshot = Snapshot {
             version: SNAPSHOT_VERSION,
@@ -143,8 +148,12 @@ impl Tracker {
         recovery
     }
 
-    /// The merged records, and the addresses where the maps changed what the journal said.
-    fn merge_with_maps(&self, journal: Vec<AddrRecord>) -> (Vec<AddrRecord>, Vec<IpAddr>) {
+    /// The merged records, the addresses where the maps changed what the journal said, and
+    /// where the two disagreed.
+    fn merge_with_maps(
+        &self,
+        journal: Vec<AddrRecord>,
+    ) -> (Vec<AddrRecord>, Vec<IpAddr>, Vec<String>) {
         // As the table holds them, read from the pinned map when it opened: a second full
         // read of the map (two syscalls per entry) would tell nothing more.
         let names: BTreeMap<u32, String> = netdev::interfaces()

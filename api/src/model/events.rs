@@ -67,6 +67,20 @@ pub enum EventBody {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         error: Option<String>,
     },
+    /// The verification found an entry of one of ipq's maps different from what ipq wrote
+    /// (another process wrote the map) and wrote ipq's back.
+    MapRewritten {
+        /// `IPQ_ADDRS`, `IPQ_SLOTS`, `IPQ_IFACES` or `IPQ_QBLOOM`.
+        map: String,
+        /// The address, or `slot N`, `word N`.
+        key: String,
+        found: String,
+        wanted: String,
+        /// Whether ipq's entry is back.
+        repaired: bool,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error: Option<String>,
+    },
     /// ipq-ipam's delegate found its range exhausted while ipq held addresses of it.
     IpamExhausted {
         network: String,

@@ -33,6 +33,11 @@ pub struct Status {
     pub conflicts_total: u64,
     pub refused_claims_total: u64,
     pub started_at: String,
+    /// What finds the changes no notification announces (a link detached, a program put
+    /// ahead of ipq's, a map written by another process): the periodic verification and its
+    /// interval. Absent from agents before it.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub unannounced: String,
     /// The last verification of ipq's pins and links against the kernel; absent before the
     /// first.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -82,6 +87,12 @@ pub struct VerificationView {
     pub pins: u64,
     /// What was wrong (and what was done); empty when everything was in place.
     pub found: Vec<String>,
+    /// When a pass last found something wrong, and what (a repair is usually done before
+    /// anyone reads `found`): kept until a later pass finds something again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_found_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub last_found: Vec<String>,
 }
 
 /// How a claim's conntrack entries are flushed: `kernel` (the kernel's filtered flush) or
@@ -106,8 +117,9 @@ pub struct RegistryCounts {
 pub struct InterfaceStatus {
     pub ifindex: u32,
     pub name: String,
-    /// The hooks with ipq's program in place: `tcx-ingress`, `tcx-egress` (the TC hooks, TCX
-    /// link or netlink filter), `xdp`.
+    /// The hooks with ipq's program in place, named by the attachment each has: `tc-ingress`,
+    /// `tc-egress` (ipq's netlink filter under clsact), `tcx-ingress`, `tcx-egress` (a TCX
+    /// link), `xdp`.
     pub hooks: Vec<String>,
     /// `attaching`, `protected`, `repairing` (another tool took ipq's program off a hook; put
     /// back at once) or `failed` (retried with backoff).

@@ -15,7 +15,7 @@ pub fn status(status: &Status, now: SystemTime) -> String {
         (false, Some(why)) => format!("no: {why}"),
         (false, None) => "no".to_owned(),
     };
-    let pairs = [
+    let mut pairs = vec![
         ("Ready".to_owned(), ready),
         ("Version".to_owned(), status.version.clone()),
         ("Mode".to_owned(), status.mode.as_str().to_owned()),
@@ -60,6 +60,9 @@ pub fn status(status: &Status, now: SystemTime) -> String {
         ("Verified".to_owned(), verification(status, now)),
         ("Recovered".to_owned(), recovery(status)),
     ];
+    if !status.unannounced.is_empty() {
+        pairs.push(("Unannounced".to_owned(), status.unannounced.clone()));
+    }
     let mut out = key_values(&pairs);
     if !status.interfaces.is_empty() {
         let any_error = status.interfaces.iter().any(|i| i.error.is_some());
@@ -118,7 +121,15 @@ fn verification(status: &Status, now: SystemTime) -> String {
     let when = absolute_and_relative(&v.at, now);
     let took = v.took_us as f64 / 1000.0;
     if v.found.is_empty() {
-        format!("{when}, {} pins in place ({took:.1} ms)", v.pins)
+        let mut text = format!("{when}, {} pins in place ({took:.1} ms)", v.pins);
+        if let Some(at) = &v.last_found_at {
+            text.push_str(&format!(
+                "; last found {}: {}",
+                absolute_and_relative(at, now),
+                v.last_found.join("; ")
+            ));
+        }
+        text
     } else {
         format!(
             "{when}, {} pins ({took:.1} ms); FOUND: {}",

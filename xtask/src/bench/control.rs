@@ -22,7 +22,9 @@
 //! - `cold_start_1000_veths`: a first start with 1000 workload veths, until ready, and how many
 //!   of them were protected then; `cold_start_tcx_done`: until the last of their netlink
 //!   filters was replaced by its TCX link, and how many are on TCX then;
-//! - `verify_pass_1000_veths`: the last verification pass over those veths' pins and links;
+//! - `verify_pass_1000_veths`: the last verification pass over those veths' pins and links and
+//!   the maps read whole (off the owner loop); `verify_maps_compare`: its comparison of the
+//!   maps with what the agent wrote, on the owner loop;
 //! - `rss_with_1000_veths`: then 64k host routes spread over those veths, the agent's resident
 //!   memory once they are all in the registry (a full node, not a node of 16 interfaces).
 //!
@@ -364,6 +366,13 @@ pub fn run(opts: &BenchOptions) -> Result<Vec<Row>> {
         None,
         "ms",
         &[cold.verify_pass_ms],
+    ));
+    // The part of it on the owner loop: the maps compared with what the agent wrote.
+    rows.push(row(
+        "verify_maps_compare",
+        Some(populated),
+        "ms",
+        &[cold.verify_compare_ms],
     ));
     rows.push(at_target(
         populated,

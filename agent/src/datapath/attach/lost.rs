@@ -25,13 +25,18 @@ impl Attacher {
             TcNotice::Change { ifindex, change } => {
                 let what = match change {
                     TcChange::ClsactDeleted => Lost::Qdisc,
-                    TcChange::FilterDeleted(_) | TcChange::ForeignFilter(_) => Lost::Filter,
+                    TcChange::FilterDeleted(_)
+                    | TcChange::ForeignFilter(_)
+                    | TcChange::Ahead(_) => Lost::Filter,
                 };
                 if self.concerned(ifindex, change.points()) {
                     // A deleted clsact or a foreign filter at ipq's place is never ipq's own
-                    // doing; a deleted filter is, when an upgrade swaps it for a TCX link.
-                    let certain = !matches!(change, TcChange::FilterDeleted(_))
-                        || self.mode == TcMode::Netlink;
+                    // doing; a deleted filter is, when an upgrade swaps it for a TCX link. A
+                    // filter ahead takes nothing away: the repair's dump says what it does.
+                    let certain =
+                        !matches!(change, TcChange::FilterDeleted(_) | TcChange::Ahead(_))
+                            || (self.mode == TcMode::Netlink
+                                && matches!(change, TcChange::FilterDeleted(_)));
                     if certain {
                         marked = self.mark_lost(ifindex, change.points());
                     }
@@ -66,6 +71,13 @@ impl Attacher {
                 || points
                     .iter()
                     .any(|p| target.attached.get(p) == Some(&Mechanism::Netlink)))
+    }
+
+    /// Queues a look at `ifindex`'s hooks if ipq's netlink filter is on one of `points`.
+    pub(super) fn look_again(&mut self, ifindex: u32, points: &[AttachPoint]) {
+        if self.concerned(ifindex, points) {
+            self.repair(ifindex, Lost::Filter);
+        }
     }
 
     /// Queues a look at `ifindex`'s hooks (deduplicated while one waits, see the queue).
@@ -155,13 +167,22 @@ impl Attacher {
         true
     }
 
-    /// Keeps what the last verification found, for `ipq status`.
+    /// Keeps what the last verification found, and the last one that found anything, for
+    /// `ipq status`.
     pub fn set_verified(&mut self, summary: Summary) {
+        if !summary.found.is_empty() {
+            self.last_found = Some(summary.clone());
+        }
         self.verified = Some(summary);
     }
 
     pub fn verified(&self) -> Option<&Summary> {
         self.verified.as_ref()
+    }
+
+    /// The last verification that found something wrong.
+    pub fn last_found(&self) -> Option<&Summary> {
+        self.last_found.as_ref()
     }
 
     /// The lost attachments found since the last call.
@@ -193,14 +214,14 @@ pub(super) fn found(
                 "{} (if{ifindex}): ipq's {} program was taken off by another tool ({} \
                  deleted or replaced); attached again",
                 target.name,
-                point.as_str(),
+                what.hook_name(*point),
                 what.as_str()
             ),
             Some(e) => warn!(
                 "{} (if{ifindex}): ipq's {} program was taken off by another tool ({} \
                  deleted or replaced) and cannot be attached again yet: {e}",
                 target.name,
-                point.as_str(),
+                what.hook_name(*point),
                 what.as_str()
             ),
         }

@@ -29,6 +29,7 @@
 //! "tcx"` and `"netlink"` force one mechanism. Each attach also removes what the other
 //! mechanism left on that hook, after its own program is in place.
 
+mod bypass;
 pub mod error;
 mod lost;
 mod model;
@@ -95,6 +96,10 @@ pub struct Attacher {
     next_generation: u64,
     /// Failed attach attempts, per attach point, since start (`ipq_datapath_attach_failures_total`).
     failures: BTreeMap<AttachPoint, u64>,
+    /// Hooks found bypassed by a filter ahead of ipq's, per attach point, since start.
+    bypasses: BTreeMap<AttachPoint, u64>,
+    /// When another program was last put before ipq's TCX link, per hook (the fight's rate).
+    displaced: BTreeMap<(u32, AttachPoint), Vec<Instant>>,
     /// Whether workers attach on this node's kernel (false in unit tests, whose made-up
     /// reports name no real interface: nothing is undone there).
     workers: bool,
@@ -102,6 +107,8 @@ pub struct Attacher {
     lost: Vec<LostAttachment>,
     /// What the last verification of the datapath found.
     verified: Option<crate::datapath::verify::Summary>,
+    /// The last verification that found something wrong.
+    last_found: Option<crate::datapath::verify::Summary>,
     /// The hooks held by ipq's netlink filter, for the verification to look at off the loop.
     netlink_hooks: crate::datapath::verify::NetlinkHooks,
 }
@@ -130,9 +137,12 @@ impl Attacher {
                 retries: BTreeSet::new(),
                 next_generation: 0,
                 failures: BTreeMap::new(),
+                bypasses: BTreeMap::new(),
+                displaced: BTreeMap::new(),
                 workers: true,
                 lost: Vec::new(),
                 verified: None,
+                last_found: None,
                 netlink_hooks: Default::default(),
             },
             receiver,
@@ -151,9 +161,12 @@ impl Attacher {
             retries: BTreeSet::new(),
             next_generation: 0,
             failures: BTreeMap::new(),
+            bypasses: BTreeMap::new(),
+            displaced: BTreeMap::new(),
             workers: false,
             lost: Vec::new(),
             verified: None,
+            last_found: None,
             netlink_hooks: Default::default(),
         };
         (attacher, queue)
@@ -187,6 +200,7 @@ impl Attacher {
             retry_at: None,
             upgrade: upgrade::Upgrade::default(),
             lost: BTreeSet::new(),
+            bypassed: BTreeSet::new(),
         };
         self.queue(ifindex, &target, JobKind::Protect);
         self.targets.insert(ifindex, target);
@@ -289,7 +303,9 @@ impl Attacher {
             t.role
                 .points()
                 .iter()
-                .filter(|p| !t.attached.contains_key(p) || t.lost.contains(p))
+                .filter(|p| {
+                    !t.attached.contains_key(p) || t.lost.contains(p) || t.bypassed.contains(p)
+                })
                 .map(move |p| (*ifindex, t, *p))
         })
     }
@@ -307,7 +323,7 @@ impl Attacher {
             .iter()
             .filter(|(_, t)| match t.protection {
                 Protection::Protected => false,
-                Protection::Failed | Protection::Repairing => true,
+                Protection::Failed | Protection::Repairing | Protection::Bypassed => true,
                 Protection::Attaching => now.duration_since(t.since) > ATTACHING_GRACE,
             })
             .map(|(ifindex, t)| {

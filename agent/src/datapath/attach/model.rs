@@ -27,6 +27,15 @@ impl TcMode {
     pub fn as_str(self) -> &'static str {
         self.into()
     }
+
+    /// The name of `point` as attached first in this mode (the netlink filter, except under
+    /// `tc_attach = "tcx"`), for what is said before an attach has told its mechanism.
+    pub fn hook_name(self, point: AttachPoint) -> &'static str {
+        match self {
+            Self::Tcx => point.as_str(),
+            Self::Netlink | Self::NetlinkThenTcx => point.name_under_filter(),
+        }
+    }
 }
 
 /// What holds ipq's program on a hook.
@@ -44,6 +53,16 @@ pub enum Mechanism {
 impl Mechanism {
     pub fn as_str(self) -> &'static str {
         self.into()
+    }
+
+    /// The name of `point` held this way, as `ipq status`, the API and the log say it:
+    /// `tc-ingress`/`tc-egress` under a netlink filter, `tcx-ingress`/`tcx-egress` under a TCX
+    /// link, `xdp`.
+    pub fn hook_name(self, point: AttachPoint) -> &'static str {
+        match self {
+            Self::Netlink => point.name_under_filter(),
+            Self::Tcx | Self::Xdp => point.as_str(),
+        }
     }
 }
 
@@ -98,6 +117,15 @@ impl Lost {
     pub fn as_str(self) -> &'static str {
         self.into()
     }
+
+    /// The name of `point` as the attachment that went had it: a qdisc or filter held a
+    /// `tc-` hook, a link or its pin a `tcx-` hook (or `xdp`).
+    pub fn hook_name(self, point: AttachPoint) -> &'static str {
+        match self {
+            Self::Qdisc | Self::Filter => point.name_under_filter(),
+            Self::Link | Self::Pin => point.as_str(),
+        }
+    }
 }
 
 /// One attach to do.
@@ -127,6 +155,9 @@ pub struct JobReport {
     /// A repair's hooks that had no ipq program when the worker looked (attached again, or
     /// not, as `hooks` says).
     pub found_missing: Vec<AttachPoint>,
+    /// Hooks held by ipq's netlink filter where another filter runs first (a lower
+    /// priority), as the worker's dump found them: that filter, described.
+    pub bypassed: Vec<(AttachPoint, String)>,
 }
 
 /// An attachment another tool took away, as a repair found it.
@@ -150,6 +181,11 @@ pub enum Protection {
     /// found it): unprotected until the repair already queued puts it back, so no answer
     /// says `protected` in between.
     Repairing,
+    /// ipq's netlink filter is in place, but another tool's filter at a lower priority runs
+    /// before it on a hook and can end classification: packets it classifies never reach
+    /// ipq's program. ipq does not touch that filter; the interface is unprotected until it
+    /// goes.
+    Bypassed,
     Failed,
 }
 
@@ -179,6 +215,8 @@ pub struct Target {
     pub(super) upgrade: Upgrade,
     /// Hooks known to have lost ipq's program, until a repair's report says how they are.
     pub(super) lost: BTreeSet<AttachPoint>,
+    /// Hooks where another filter runs before ipq's ([`Protection::Bypassed`]).
+    pub(super) bypassed: BTreeSet<AttachPoint>,
 }
 
 impl Target {

@@ -139,9 +139,12 @@ fn new_tcx_link_first(
 
 /// Puts ipq's program first again on a TCX hook where something was attached before ipq's
 /// link. A hook takes a program once (`bpf_mprog` answers EEXIST to a second link of the same
-/// program), so the old link goes first, then a new one is created at the front: for one RCU
-/// grace period (~16 ms) ipq's program is off the hook. That costs nothing where the program
-/// before it ends processing (ipq saw no packet anyway) and is the price where it does not.
+/// program), so the old link is detached first, explicitly (`BPF_LINK_DETACH`: letting go of
+/// its pin and descriptors frees it only with the last reference, which could come after the
+/// new link asks for the hook: the EEXIST a first repair used to meet), then a new one is
+/// created at the front: for one RCU grace period (~16 ms) ipq's program is off the hook.
+/// That costs nothing where the program before it ends processing (ipq saw no packet anyway)
+/// and is the price where it does not.
 pub fn move_tc_first(
     prog: &mut SchedClassifier,
     layout: &PinLayout,
@@ -150,6 +153,10 @@ pub fn move_tc_first(
     point: AttachPoint,
 ) -> Result<Attached, DatapathError> {
     let path = layout.link(ifindex, point);
+    if let Err(e) = held_pins::detach(&path) {
+        // Already detached (the device went, or another tool detached it): nothing to wait for.
+        debug!("{ifname}: detaching ipq's {} link: {e}", point.as_str());
+    }
     remove_pin(&path)?;
     let attached = new_tcx_link_first(prog, ifname, point, &path)?;
     info!("{ifname}: ipq's {} link is first again", point.as_str());

@@ -80,10 +80,8 @@ pub(super) fn run(
                 found_missing.push(point);
                 fix(point, needed)
             }
-            Err(e) => Err(AttachError::io(
-                format!("looking at the {} hook", point.as_str()),
-                &e,
-            )),
+            // The report names the hook (as the mode attaches it) ahead of the error.
+            Err(e) => Err(AttachError::io("looking at the hook".to_owned(), &e)),
         };
         hooks.push((point, result));
     }
@@ -91,5 +89,6 @@ pub(super) fn run(
         job,
         hooks,
         found_missing,
+        bypassed: Vec::new(),
     }
 }

@@ -6,8 +6,8 @@ use std::time::Instant;
 use log::{debug, error, info, warn};
 
 use super::{
-    lost, retry::Backoff, tc_filter, upgrade, Attacher, JobKind, JobReport, Protection, Role,
-    TcMode,
+    bypass, lost, retry::Backoff, tc_filter, upgrade, Attacher, JobKind, JobReport, Protection,
+    Role, TcMode,
 };
 
 impl Attacher {
@@ -39,7 +39,7 @@ impl Attacher {
                 Ok(hooked) => {
                     debug!(
                         "{name} (if{ifindex}): {} attached ({:?}, {})",
-                        point.as_str(),
+                        hooked.by.hook_name(point),
                         hooked.how,
                         hooked.by.as_str()
                     );
@@ -49,12 +49,25 @@ impl Attacher {
                     *self.failures.entry(point).or_default() += 1;
                     target.attached.remove(&point);
                     all_gone &= e.interface_gone();
-                    errors.push(format!("{}: {e}", point.as_str()));
+                    errors.push(format!("{}: {e}", self.mode.hook_name(point)));
                 }
             }
         }
         let now = Instant::now();
         if errors.is_empty() {
+            for point in bypass::apply(target, ifindex, &report.bypassed) {
+                *self.bypasses.entry(point).or_default() += 1;
+            }
+        }
+        if errors.is_empty() && !target.bypassed.is_empty() {
+            target.failures = 0;
+            target.retry_at = None;
+            if self.mode == TcMode::NetlinkThenTcx && upgrade::wanted(target) {
+                // A TCX link runs before every clsact filter: the move ends the bypass.
+                let target = target.clone();
+                self.queue(ifindex, &target, JobKind::Upgrade);
+            }
+        } else if errors.is_empty() {
             if target.protection != Protection::Protected {
                 if target.failures > 0 {
                     info!(

@@ -136,6 +136,19 @@ impl Filter {
     }
 }
 
+/// A filter of `filters` (one hook's dump) that runs before ipq's: a lower priority, which
+/// the kernel classifies first. The dump lists each priority's chain head (handle 0) beside
+/// its filters; a filter with a handle describes it best.
+pub fn ahead_of_ipq(filters: &[Filter]) -> Option<Filter> {
+    let ahead = |f: &&Filter| f.priority != 0 && f.priority < TC_FILTER_PRIORITY && !f.is_ipq();
+    filters
+        .iter()
+        .filter(ahead)
+        .find(|f| f.handle != 0)
+        .or_else(|| filters.iter().find(ahead))
+        .cloned()
+}
+
 /// What is at ipq's place on a hook.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Place {

@@ -9,7 +9,9 @@
 //! loop, which asks an attach worker to look at the hook and put back what is missing
 //! ([`super::JobKind::Repair`]). Nothing here decides: a notice only says where to look, since
 //! ipq's own changes (an upgrade removing its filter once the TCX link holds the hook) are
-//! announced the same way.
+//! announced the same way. A filter added (or deleted) at a priority before ipq's is
+//! announced too: one that can end classification there hides every packet it classifies
+//! from ipq's program, so the hook is looked at and the interface reported `bypassed`.
 
 use futures::StreamExt as _;
 use ipq_common::names::{TC_FILTER_HANDLE, TC_FILTER_PRIORITY};
@@ -37,6 +39,9 @@ pub enum TcChange {
     FilterDeleted(AttachPoint),
     /// A filter that is not ipq's was put at ipq's place on a hook (`tc filter replace`).
     ForeignFilter(AttachPoint),
+    /// A filter at a priority before ipq's was added to or deleted from a hook: whether
+    /// something now runs before ipq's filter must be looked at again.
+    Ahead(AttachPoint),
 }
 
 impl TcChange {
@@ -45,8 +50,11 @@ impl TcChange {
         match self {
             Self::ClsactDeleted => &[AttachPoint::TcxIngress, AttachPoint::TcxEgress],
             Self::FilterDeleted(AttachPoint::TcxEgress)
-            | Self::ForeignFilter(AttachPoint::TcxEgress) => &[AttachPoint::TcxEgress],
-            Self::FilterDeleted(_) | Self::ForeignFilter(_) => &[AttachPoint::TcxIngress],
+            | Self::ForeignFilter(AttachPoint::TcxEgress)
+            | Self::Ahead(AttachPoint::TcxEgress) => &[AttachPoint::TcxEgress],
+            Self::FilterDeleted(_) | Self::ForeignFilter(_) | Self::Ahead(_) => {
+                &[AttachPoint::TcxIngress]
+            }
         }
     }
 }
@@ -77,6 +85,11 @@ fn is_clsact(tc: &TcMessage) -> bool {
             .any(|a| matches!(a, TcAttribute::Kind(kind) if kind == "clsact"))
 }
 
+/// Whether `filter` sits before ipq's on its hook (a lower priority; 0 means every priority).
+fn is_ahead(filter: &Filter) -> bool {
+    filter.priority != 0 && filter.priority < TC_FILTER_PRIORITY
+}
+
 /// The notice a TC notification makes, if it can concern ipq.
 pub fn notice_of(message: &RouteNetlinkMessage) -> Option<TcNotice> {
     let (tc, change) = match message {
@@ -89,6 +102,12 @@ pub fn notice_of(message: &RouteNetlinkMessage) -> Option<TcNotice> {
             // Priority 0: every filter of the hook; handle 0: every filter of the priority.
             let priority = filter.priority == 0 || filter.priority == TC_FILTER_PRIORITY;
             let handle = filter.handle == 0 || filter.handle == TC_FILTER_HANDLE;
+            if is_ahead(&filter) {
+                return Some(TcNotice::Change {
+                    ifindex: u32::try_from(tc.header.index).ok()?,
+                    change: TcChange::Ahead(point),
+                });
+            }
             if !(priority && handle) {
                 return None;
             }
@@ -97,10 +116,16 @@ pub fn notice_of(message: &RouteNetlinkMessage) -> Option<TcNotice> {
         RouteNetlinkMessage::NewTrafficFilter(tc) => {
             let point = point_of(Direction::of_parent(tc.header.parent)?);
             let filter = Filter::from_message(tc);
-            if filter.is_ipq() || !filter.at_ipq_place() {
+            if filter.is_ipq() {
                 return None;
             }
-            (tc, TcChange::ForeignFilter(point))
+            if is_ahead(&filter) {
+                (tc, TcChange::Ahead(point))
+            } else if filter.at_ipq_place() {
+                (tc, TcChange::ForeignFilter(point))
+            } else {
+                return None;
+            }
         }
         _ => return None,
     };

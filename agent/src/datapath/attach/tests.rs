@@ -43,6 +43,7 @@ fn report_by(job: &Job, ok: bool, by: Mechanism) -> JobReport {
             })
             .collect(),
         found_missing: Vec::new(),
+        bypassed: Vec::new(),
     }
 }
 

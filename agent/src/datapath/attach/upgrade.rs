@@ -36,7 +36,10 @@ impl Upgrade {
 /// under way, or waiting for its retry.
 pub(super) fn wanted(target: &Target) -> bool {
     target.role == Role::Workload
-        && target.protection == Protection::Protected
+        && matches!(
+            target.protection,
+            Protection::Protected | Protection::Bypassed
+        )
         && target.attached.values().any(|m| *m == Mechanism::Netlink)
 }
 
@@ -53,6 +56,12 @@ pub(super) fn on_report(
         match result {
             Ok(hooked) => {
                 target.attached.insert(point, hooked.by);
+                // A TCX link runs before every clsact filter: nothing bypasses it.
+                if target.bypassed.remove(&point) && target.bypassed.is_empty() {
+                    info!("{name} (if{ifindex}): on TCX now, no filter runs before ipq's");
+                    target.protection = Protection::Protected;
+                    target.last_error = None;
+                }
             }
             Err(e) => {
                 all_gone &= e.interface_gone();

@@ -49,7 +49,8 @@ pub fn run(
             jobs: &jobs,
             job: job.clone(),
         };
-        let report = run_one(&mut programs, &layout, mode, job);
+        let mut report = run_one(&mut programs, &layout, mode, job);
+        report.bypassed = super::bypass::find(&report);
         let _ = reports.send(report);
     }
 }
@@ -91,6 +92,7 @@ fn run_one(
                     job,
                     hooks,
                     found_missing: Vec::new(),
+                    bypassed: Vec::new(),
                 };
             }
         },
@@ -129,6 +131,7 @@ fn run_one(
         job,
         hooks,
         found_missing: Vec::new(),
+        bypassed: Vec::new(),
     }
 }
 

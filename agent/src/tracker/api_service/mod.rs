@@ -87,8 +87,8 @@ impl ApiService<'_> {
                 name: target.name.clone(),
                 hooks: target
                     .attached
-                    .keys()
-                    .map(|p| p.as_str().to_owned())
+                    .iter()
+                    .map(|(p, by)| by.hook_name(*p).to_owned())
                     .collect(),
                 protection: target.protection.as_str().to_owned(),
                 attachment: target.attachment(),
@@ -123,7 +123,22 @@ impl ApiService<'_> {
                 took_us: u64::try_from(v.took.as_micros()).unwrap_or(u64::MAX),
                 pins: v.pins as u64,
                 found: v.found.clone(),
+                last_found_at: self
+                    .attacher
+                    .last_found()
+                    .map(|l| humantime::format_rfc3339_millis(l.finished_at).to_string()),
+                last_found: self
+                    .attacher
+                    .last_found()
+                    .map_or_else(Vec::new, |l| l.found.clone()),
             }),
+            // No watcher reports these changes as they happen (no netlink group announces
+            // them): say what finds them, and how late.
+            unannounced: format!(
+                "periodic verification only, every {}: a detached link, a program put ahead \
+                 of ipq's TCX link and a map written by another process are found within it",
+                humantime::format_duration(self.config.verify_interval)
+            ),
             recovery: self.recovered.cloned(),
             started: self.started.cloned(),
         };

@@ -30,9 +30,13 @@ pub(super) struct ColdStart {
     /// The agent's RSS once the registry holds `populated` addresses on these veths: what a
     /// node with many pods costs, not a node with a few interfaces.
     pub(super) rss_populated_mb: f64,
-    /// The last verification pass (pins, links and their place on each hook, against the
-    /// kernel) once every veth is on its TCX link and the node is filled: O(interfaces).
+    /// The last verification pass (pins, links and their place on each hook, and the maps
+    /// read whole, against the kernel) once every veth is on its TCX link and the node is
+    /// filled: O(interfaces + addresses), off the owner loop.
     pub(super) verify_pass_ms: f64,
+    /// That pass's comparison of the maps with what the agent wrote, on its owner loop
+    /// (the maps were read in the pass, off the loop): O(addresses).
+    pub(super) verify_compare_ms: f64,
 }
 
 /// A first start on a node with `veths` workload veths; then `populated` host routes over them.
@@ -78,6 +82,7 @@ pub(super) fn cold_start(veths: u32, populated: u32) -> Result<ColdStart> {
     let (_, rss_populated_mb) = idle_cost(&node, 3.0)?;
     // Filling the node took several verification intervals: the gauge is a pass over them all.
     let verify_pass_ms = node.metric("ipq_datapath_verify_seconds")? * 1e3;
+    let verify_compare_ms = node.metric("ipq_datapath_verify_maps_compare_seconds")? * 1e3;
     Ok(ColdStart {
         ready_ms,
         protected,
@@ -88,6 +93,7 @@ pub(super) fn cold_start(veths: u32, populated: u32) -> Result<ColdStart> {
         burst_after_p99,
         rss_populated_mb,
         verify_pass_ms,
+        verify_compare_ms,
     })
 }
 

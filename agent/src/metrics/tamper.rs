@@ -1,0 +1,116 @@
+//! The metrics of what other processes do to ipq's datapath beyond taking an attachment away
+//! (that is `ipq_datapath_attachments_lost_total`): writes to its maps, and filters put ahead
+//! of its own.
+
+use std::collections::BTreeMap;
+
+use ipq_common::{counters::Hook, names};
+use prometheus::{Gauge, IntCounterVec, IntGaugeVec, Opts, Registry};
+
+use crate::{paths::AttachPoint, series::registered};
+
+pub struct TamperMetrics {
+    /// Map entries another process changed, found and written back by the verification.
+    pub map_entries_rewritten: IntCounterVec,
+    /// How long the last comparison of the maps took on the owner loop.
+    pub verify_maps_compare_seconds: Gauge,
+    /// Hooks where another tool's filter runs before ipq's, by hook.
+    pub bypassed_interfaces: IntGaugeVec,
+    /// Times a hook was found bypassed; follows the attacher's count.
+    pub bypasses: IntCounterVec,
+}
+
+impl TamperMetrics {
+    pub fn register(registry: &Registry) -> prometheus::Result<Self> {
+        let map_entries_rewritten = registered(
+            registry,
+            IntCounterVec::new(
+                Opts::new(
+                    "ipq_datapath_map_entries_rewritten_total",
+                    "Entries of ipq's maps (IPQ_ADDRS, IPQ_SLOTS, IPQ_IFACES slots, IPQ_QBLOOM \
+                     words) the verification found different from what ipq wrote (another \
+                     process wrote the map) and wrote back, by map.",
+                ),
+                &["map"],
+            )?,
+        )?;
+        for map in [
+            names::MAP_ADDRS,
+            names::MAP_SLOTS,
+            names::MAP_IFACES,
+            names::MAP_QFILTER,
+        ] {
+            map_entries_rewritten.with_label_values(&[map]).inc_by(0);
+        }
+        let verify_maps_compare_seconds = registered(
+            registry,
+            Gauge::new(
+                "ipq_datapath_verify_maps_compare_seconds",
+                "How long the last verification's comparison of the maps with what ipq wrote \
+                 took on the owner loop (the maps are read off it; O(addresses)).",
+            )?,
+        )?;
+        let bypassed_interfaces = registered(
+            registry,
+            IntGaugeVec::new(
+                Opts::new(
+                    "ipq_datapath_bypassed_interfaces",
+                    "Interfaces whose hook holds ipq's netlink filter with another tool's \
+                     filter at a lower priority running first (it can end classification: \
+                     what it classifies never reaches ipq), by hook. Counted as unprotected too.",
+                ),
+                &["hook"],
+            )?,
+        )?;
+        let bypasses = registered(
+            registry,
+            IntCounterVec::new(
+                Opts::new(
+                    "ipq_datapath_bypasses_total",
+                    "Times a hook of ipq's was found bypassed by a filter ahead of its own, by \
+                     hook.",
+                ),
+                &["hook"],
+            )?,
+        )?;
+        for hook in Hook::ALL {
+            bypassed_interfaces
+                .with_label_values(&[hook.as_str()])
+                .set(0);
+            bypasses.with_label_values(&[hook.as_str()]).inc_by(0);
+        }
+        Ok(Self {
+            map_entries_rewritten,
+            verify_maps_compare_seconds,
+            bypassed_interfaces,
+            bypasses,
+        })
+    }
+
+    /// Sets the bypassed gauge from the hooks bypassed now, and carries the attacher's counts
+    /// into the counter.
+    pub fn observe_bypassed(
+        &self,
+        points: impl Iterator<Item = AttachPoint>,
+        counts: &BTreeMap<AttachPoint, u64>,
+    ) {
+        let mut now = [0i64; Hook::ALL.len()];
+        for point in points {
+            now[point.hook() as usize] += 1;
+        }
+        let mut seen = [0u64; Hook::ALL.len()];
+        for (point, n) in counts {
+            seen[point.hook() as usize] += n;
+        }
+        for hook in Hook::ALL {
+            let label = [hook.as_str()];
+            self.bypassed_interfaces
+                .with_label_values(&label)
+                .set(now[hook as usize]);
+            let counter = self.bypasses.with_label_values(&label);
+            if seen[hook as usize] > counter.get() {
+                counter.inc_by(seen[hook as usize] - counter.get());
+            }
+        }
+    }
+}

@@ -1,0 +1,115 @@
+//! The pins' filesystem taken from under the agent: `bpffs_dir` on a bpf mount of its own
+//! under /tmp, lazily unmounted while the agent runs. The pins cannot be restored there any
+//! more and enforcement would end with the agent: `/readyz` fails and says why at the next
+//! verification; at TERM the agent says enforcement ends (and it does: the fenced pod's
+//! packets flow once it is gone); a new agent mounts a bpf filesystem at `bpffs_dir` itself
+//! and enforces again.
+//!
+//! Needs root (mount), bpffs and `target/debug/ipq-agent`; `cargo xtask test` provides them.
+
+use std::{
+    net::IpAddr,
+    path::{Path, PathBuf},
+    process::Command,
+    time::Duration,
+};
+
+use ipq_tests::lab::{poll, udp_burst, Lab, PEER_V4};
+
+/// A directory of the test's own under /tmp; whatever is mounted there is lazily unmounted
+/// and the directory removed on drop, also when the test fails.
+struct TmpMount(PathBuf);
+
+impl Drop for TmpMount {
+    fn drop(&mut self) {
+        for dir in [self.0.join("ipq"), self.0.clone()] {
+            while Command::new("umount")
+                .arg("-l")
+                .arg(&dir)
+                .status()
+                .is_ok_and(|s| s.success())
+            {}
+        }
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn run(cmd: &mut Command) {
+    let out = cmd.output().expect("running a command");
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn args(bpffs_dir: &Path) -> Vec<String> {
+    [
+        "--workload",
+        "vethp*",
+        "--uplink",
+        "up0",
+        "--verify-interval",
+        "200ms",
+        "--bpffs-dir",
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .chain([bpffs_dir.display().to_string()])
+    .collect()
+}
+
+#[test]
+fn a_bpffs_dir_unmounted_from_under_the_agent_fails_readyz_and_term_says_enforcement_ends() {
+    let lab = Lab::new().expect("building the lab");
+    let mount = TmpMount(PathBuf::from(format!(
+        "/tmp/ipq-bpffs-lost-{}",
+        std::process::id()
+    )));
+    std::fs::create_dir_all(&mount.0).expect("mkdir");
+    run(Command::new("mount")
+        .args(["-t", "bpf", "bpf"])
+        .arg(&mount.0));
+    let bpffs_dir = mount.0.join("ipq");
+    let args = args(&bpffs_dir);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut agent = lab.start_agent(&args).expect("starting ipq-agent");
+    lab.fence_pod_a().expect("fencing pod a");
+    let peer = IpAddr::from(PEER_V4);
+    assert_eq!(udp_burst(&lab.pod_a, &lab.peer, peer, 10), 0, "fenced");
+
+    run(Command::new("umount").arg("-l").arg(&mount.0));
+    poll(
+        "/readyz failing on the lost pins",
+        Duration::from_secs(10),
+        || {
+            let (code, body) = agent.readyz()?;
+            Ok((code == 503 && body.contains("no longer on a bpf filesystem")).then_some(body))
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", agent.log()));
+
+    agent.terminate().expect("TERM");
+    let log = agent.log();
+    assert!(log.contains("ENFORCEMENT ENDS"), "{log}");
+    assert!(!log.contains("enforcement continues"), "{log}");
+    // What it said is what the kernel does: nothing holds the pins any more.
+    poll(
+        "the fence gone with the agent",
+        Duration::from_secs(10),
+        || Ok((udp_burst(&lab.pod_a, &lab.peer, peer, 10) > 0).then_some(())),
+    )
+    .expect("the fenced pod's packets flow once the agent is gone");
+
+    // A new agent: bpffs_dir is on /tmp's filesystem now; it mounts a bpf filesystem there.
+    let agent = lab.start_agent(&args).expect("restarting ipq-agent");
+    assert!(agent.log().contains("mounted one at"), "{}", agent.log());
+    lab.fence_pod_a().expect("fencing pod a again");
+    assert_eq!(
+        udp_burst(&lab.pod_a, &lab.peer, peer, 10),
+        0,
+        "fenced again"
+    );
+    assert_eq!(agent.readyz().expect("readyz").0, 200);
+    drop(agent);
+}
