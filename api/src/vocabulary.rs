@@ -177,3 +177,52 @@ pub enum OnExhausted {
 impl OnExhausted {
     pub const ALL: [OnExhausted; 2] = [Self::Wait, Self::ReleaseQuietest];
 }
+
+/// Where a configured interface stands with ipq's programs (`protection` in `/v1/status` and in
+/// an address's view): the one spelling the agent sets, the CLI shows and compares, and tools
+/// match. A state a newer agent adds reads as [`Protection::Unknown`] in an older client, never
+/// as a failure to read the whole answer.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    Serialize,
+    Deserialize,
+    strum::IntoStaticStr,
+    strum::Display,
+)]
+#[serde(rename_all = "lowercase")]
+#[strum(serialize_all = "lowercase")]
+#[cfg_attr(test, derive(strum::VariantArray))]
+pub enum Protection {
+    /// Not yet attached (a new interface, or one being retried).
+    #[default]
+    Attaching,
+    /// ipq's programs are in place on every hook the interface needs.
+    Protected,
+    /// Another tool took ipq's program off a hook (the kernel announced it, or a verification
+    /// found it): unprotected until the repair already queued puts it back.
+    Repairing,
+    /// Another tool's filter or program runs before ipq's on a hook and can end processing:
+    /// packets it decides never reach ipq's program.
+    Bypassed,
+    /// Attaching failed; retried with backoff.
+    Failed,
+    /// A state this build does not know (an answer of a newer agent).
+    #[serde(other)]
+    Unknown,
+}
+
+impl Protection {
+    pub fn as_str(self) -> &'static str {
+        self.into()
+    }
+
+    /// Whether ipq's programs decide this interface's packets now.
+    pub fn is_protected(self) -> bool {
+        self == Self::Protected
+    }
+}

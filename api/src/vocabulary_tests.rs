@@ -3,7 +3,7 @@
 
 use strum::VariantArray;
 
-use crate::{ConflictKind, EarlyReusePolicy, StateName};
+use crate::{ConflictKind, EarlyReusePolicy, Protection, StateName};
 
 #[test]
 fn state_names() {
@@ -40,4 +40,36 @@ fn early_reuse_policies() {
         assert_eq!(policy.as_str().parse(), Ok(policy));
     }
     assert!("fence_old".parse::<EarlyReusePolicy>().is_err());
+}
+
+/// What the agent says of an interface is spelled as before on the wire, and a state of a newer
+/// agent reads as `unknown` rather than failing the whole answer.
+#[test]
+fn protections() {
+    let spelled: Vec<&str> = Protection::VARIANTS.iter().map(|p| p.as_str()).collect();
+    assert_eq!(
+        spelled,
+        [
+            "attaching",
+            "protected",
+            "repairing",
+            "bypassed",
+            "failed",
+            "unknown"
+        ]
+    );
+    for protection in Protection::VARIANTS {
+        let json = serde_json::to_string(protection).unwrap();
+        assert_eq!(json, format!("\"{}\"", protection.as_str()));
+        assert_eq!(
+            serde_json::from_str::<Protection>(&json).unwrap(),
+            *protection
+        );
+    }
+    assert_eq!(
+        serde_json::from_str::<Protection>("\"shielded\"").unwrap(),
+        Protection::Unknown
+    );
+    assert!(Protection::Protected.is_protected());
+    assert!(!Protection::Bypassed.is_protected());
 }

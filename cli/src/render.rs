@@ -9,7 +9,7 @@ use super::{
 };
 use ipq_api::{
     model::{AddressView, ConflictView, Event, EventBody, HygieneView},
-    Holder,
+    Holder, Protection,
 };
 
 mod status;
@@ -44,7 +44,7 @@ pub fn addresses(views: &[AddressView], now: SystemTime) -> String {
     // Shown only when some holder's interface is not protected: the usual table stays narrow.
     let any_unprotected = views
         .iter()
-        .any(|v| v.protection.as_deref().is_some_and(|p| p != "protected"));
+        .any(|v| v.protection.is_some_and(|p| !p.is_protected()));
     let any_held = views.iter().any(|v| v.ipam_hold.is_some());
     let mut header = vec!["ADDRESS", "STATE", "HOLDER", "SINCE", "UNTIL", "CONFLICTS"];
     if any_fenced {
@@ -84,7 +84,7 @@ pub fn addresses(views: &[AddressView], now: SystemTime) -> String {
             );
         }
         if any_unprotected {
-            row.push(view.protection.clone().unwrap_or_else(|| NONE.to_owned()));
+            row.push(view.protection.map_or(NONE, Protection::as_str).to_owned());
         }
         table.row(row);
     }
@@ -108,7 +108,7 @@ pub fn address_detail(view: &AddressView, now: SystemTime) -> String {
     if let Some(protection) = &view.protection {
         let text = match &view.attachment {
             Some(attachment) => format!("{protection} ({attachment})"),
-            None => protection.clone(),
+            None => protection.to_string(),
         };
         pairs.push(("Protection".to_owned(), text));
     }

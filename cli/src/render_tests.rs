@@ -8,7 +8,7 @@ use ipq_api::{
         AddressView, ClaimFlushView, ConflictView, Event, EventBody, InterfaceStatus, IpamHoldView,
         RecoveryView, RegistryCounts, Status, VerificationView,
     },
-    ConflictKind, EarlyReusePolicy, Holder, PodRef, StateName,
+    ConflictKind, EarlyReusePolicy, Holder, PodRef, Protection, StateName,
 };
 
 const NOW: &str = "2026-11-22T10:01:00Z";
@@ -93,12 +93,12 @@ ADDRESS    STATE     HOLDER  SINCE   UNTIL  CONFLICTS  FENCED
 fn list_adds_the_protection_column_only_when_a_holder_is_unprotected() {
     let attaching = AddressView {
         holder: Some(Holder::new(6, "vethpb")),
-        protection: Some("attaching".into()),
+        protection: Some(Protection::Attaching),
         ..view("10.77.0.2", StateName::Active, "2026-11-22T10:00:59Z")
     };
     let protected = AddressView {
         holder: Some(Holder::new(5, "vethpa")),
-        protection: Some("protected".into()),
+        protection: Some(Protection::Protected),
         attachment: Some("netlink".into()),
         ..view("10.77.0.3", StateName::Active, "2026-11-22T10:00:59Z")
     };
@@ -188,7 +188,7 @@ fn status_shows_readiness_counts_and_hooks() {
                 ifindex: 5,
                 name: "vethpa".into(),
                 hooks: vec!["tc-ingress".into(), "tc-egress".into()],
-                protection: "protected".into(),
+                protection: Protection::Protected,
                 attachment: Some("netlink".into()),
                 error: None,
                 failed_attempts: 0,
@@ -197,7 +197,7 @@ fn status_shows_readiness_counts_and_hooks() {
                 ifindex: 12,
                 name: "up0".into(),
                 hooks: vec!["xdp".into()],
-                protection: "protected".into(),
+                protection: Protection::Protected,
                 attachment: Some("xdp".into()),
                 error: None,
                 failed_attempts: 0,
@@ -279,7 +279,7 @@ Recovered:       from the journal, 3 addresses
     failing.not_ready = Some("1 interface(s) unprotected: vethpa (if5) failed: boom".into());
     failing.unprotected = 1;
     failing.interfaces[0].hooks = vec!["tcx-egress".into()];
-    failing.interfaces[0].protection = "failed".into();
+    failing.interfaces[0].protection = Protection::Failed;
     failing.interfaces[0].error = Some("tcx-ingress: boom".into());
     failing.interfaces[0].failed_attempts = 3;
     let text = render::status(&failing, now());

@@ -267,7 +267,7 @@ pub fn status_view<C: Clock>(
     let count = |state| registry.count(state) as u64;
     let unprotected = interfaces
         .iter()
-        .filter(|i| i.protection != "protected")
+        .filter(|i| !i.protection.is_protected())
         .count() as u64;
     Status {
         ready: facts.ready,

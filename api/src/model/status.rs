@@ -4,7 +4,7 @@ use serde::{Deserialize, Serialize};
 
 use ipq_common::config::Mode;
 
-use crate::EarlyReusePolicy;
+use crate::{EarlyReusePolicy, Protection};
 
 /// `GET /v1/status`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -122,9 +122,10 @@ pub struct InterfaceStatus {
     /// link), `xdp`.
     pub hooks: Vec<String>,
     /// `attaching`, `protected`, `repairing` (another tool took ipq's program off a hook; put
-    /// back at once) or `failed` (retried with backoff).
+    /// back at once), `bypassed` (another tool's filter or program runs first) or `failed`
+    /// (retried with backoff).
     #[serde(default)]
-    pub protection: String,
+    pub protection: Protection,
     /// What holds ipq's programs on the hooks: `tcx`, `netlink` (ipq's cls_bpf filter; under
     /// `tc_attach = "auto"` on a TCX kernel, until its TCX link is in), `xdp`, or
     /// `tcx+netlink` halfway through that move. Absent while nothing is attached.

@@ -4,7 +4,7 @@ use std::net::IpAddr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{ConflictKind, EarlyReusePolicy, Holder, StateName};
+use crate::{ConflictKind, EarlyReusePolicy, Holder, Protection, StateName};
 
 /// The answer to a claim: the addresses as they are now, and the conflicts the claim caused
 /// (under `fence-old` or `observe` a claim over a live holder succeeds *and* conflicts).
@@ -57,10 +57,10 @@ pub struct AddressView {
     pub last_stale: Option<String>,
     /// Conflicts recorded on it since it left Free.
     pub conflicts: u32,
-    /// Whether ipq's programs are in place on the holder's interface: `attaching`, `protected`
-    /// or `failed` (left out when there is no live holder on a workload interface).
+    /// Whether ipq's programs are in place on the holder's interface, as `/v1/status` says of
+    /// it (left out when there is no live holder on a workload interface).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub protection: Option<String>,
+    pub protection: Option<Protection>,
     /// What holds ipq's programs on that interface: `tcx`, `netlink`, `tcx+netlink` (as in
     /// `/v1/status`); left out when nothing is attached there.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -81,7 +81,7 @@ pub fn status(status: &Status, now: SystemTime) -> String {
                     iface.hooks.join(",")
                 },
                 iface.attachment.clone().unwrap_or_else(|| NONE.to_owned()),
-                iface.protection.clone(),
+                iface.protection.to_string(),
             ];
             if any_error {
                 row.push(match &iface.error {

@@ -323,7 +323,12 @@ impl Attacher {
             .iter()
             .filter(|(_, t)| match t.protection {
                 Protection::Protected => false,
-                Protection::Failed | Protection::Repairing | Protection::Bypassed => true,
+                // The agent never sets `Unknown` (it is how an older client reads a newer
+                // agent's state); were it set, it would not be protected.
+                Protection::Failed
+                | Protection::Repairing
+                | Protection::Bypassed
+                | Protection::Unknown => true,
                 Protection::Attaching => now.duration_since(t.since) > ATTACHING_GRACE,
             })
             .map(|(ifindex, t)| {

@@ -171,29 +171,10 @@ pub struct LostAttachment {
     pub error: Option<String>,
 }
 
-/// Where an interface stands.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, strum::IntoStaticStr)]
-#[strum(serialize_all = "lowercase")]
-pub enum Protection {
-    Attaching,
-    Protected,
-    /// Another tool took ipq's program off a hook (the kernel announced it, or a verification
-    /// found it): unprotected until the repair already queued puts it back, so no answer
-    /// says `protected` in between.
-    Repairing,
-    /// ipq's netlink filter is in place, but another tool's filter at a lower priority runs
-    /// before it on a hook and can end classification: packets it classifies never reach
-    /// ipq's program. ipq does not touch that filter; the interface is unprotected until it
-    /// goes.
-    Bypassed,
-    Failed,
-}
-
-impl Protection {
-    pub fn as_str(self) -> &'static str {
-        self.into()
-    }
-}
+/// Where an interface stands: the API's one vocabulary (`bypassed`: ipq's netlink filter or
+/// TCX link is in place, but another tool's runs before it on a hook and can end processing;
+/// ipq does not touch it, and the interface is unprotected until it goes).
+pub use ipq_api::Protection;
 
 /// One wanted interface.
 #[derive(Clone, Debug)]

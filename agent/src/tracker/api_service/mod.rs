@@ -90,7 +90,7 @@ impl ApiService<'_> {
                     .iter()
                     .map(|(p, by)| by.hook_name(*p).to_owned())
                     .collect(),
-                protection: target.protection.as_str().to_owned(),
+                protection: target.protection,
                 attachment: target.attachment(),
                 error: target.last_error.clone(),
                 failed_attempts: target.failures,
@@ -209,7 +209,7 @@ impl ApiService<'_> {
             .holder()
             .and_then(|h| self.attacher.target(h.ifindex))
         {
-            view.protection = Some(target.protection.as_str().to_owned());
+            view.protection = Some(target.protection);
             view.attachment = target.attachment();
         }
         view.last_flush = self
