@@ -17,6 +17,10 @@ use anyhow::{ensure, Context as _};
 
 #[path = "cluster/agent_lifecycle.rs"]
 mod agent_lifecycle;
+#[path = "cluster/drain.rs"]
+mod drain;
+#[path = "cluster/prometheus.rs"]
+mod prometheus;
 use ipq_tests::cluster::{
     deploy::{self, ipq},
     host::NODE_IP,
@@ -26,7 +30,6 @@ use ipq_tests::cluster::{
     workloads::sender_deployment,
     Cluster,
 };
-use ipq_tests::{netns::NetNs, prometheus::Prometheus};
 use serde_json::Value;
 
 /// Prints how long a phase took, for the tier's timings.
@@ -52,13 +55,13 @@ fn ipq_deployed_from_the_manifests_fences_a_rollouts_old_pod() -> anyhow::Result
     let peer = Arc::clone(&cluster.host.peer);
     let prometheus = phase(
         "Prometheus scrapes the agent with the shipped rules",
-        || prometheus_scrapes_the_agent(&peer),
+        || prometheus::scrapes_the_agent(&peer),
     )?;
     let rollout = phase("rollout with an old pod ignoring SIGTERM", || {
         rollout_fences_the_old_pod(&mut cluster)
     })?;
     phase("the shipped early-reuse alert", || {
-        early_reuse_alert_fires(&prometheus)
+        prometheus::early_reuse_alert_fires(&prometheus)
     })?;
     phase("force delete of the fenced old pod", || {
         force_delete_leaves_no_stale_holder_reachable(&mut cluster, &rollout)
@@ -69,47 +72,10 @@ fn ipq_deployed_from_the_manifests_fences_a_rollouts_old_pod() -> anyhow::Result
     phase("observe, then enforce, through the ConfigMap", || {
         agent_lifecycle::observe_then_enforce(&mut cluster, &rollout)
     })?;
+    phase("kubectl drain of the node", || {
+        drain::drain_quarantines_every_pod_address(&mut cluster, &rollout)
+    })?;
     Ok(())
-}
-
-/// Debian's Prometheus, elsewhere on the network (the peer), scrapes the agent where the
-/// pod's `prometheus.io/port` annotation says, as job `ipq` (what the rules expect), with
-/// `deploy/prometheus/ipq-rules.yaml` loaded.
-fn prometheus_scrapes_the_agent(peer: &NetNs) -> anyhow::Result<Prometheus<'_>> {
-    let rules = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../deploy/prometheus/ipq-rules.yaml");
-    let prometheus = Prometheus::start_with_rules(
-        peer,
-        "127.0.0.1:9090",
-        "ipq",
-        &format!("{NODE_IP}:9740"),
-        &[&rules],
-    )?;
-    ipq_tests::lab::poll(
-        "Prometheus to scrape the agent",
-        Duration::from_secs(60),
-        || {
-            let up = prometheus.query("up{job=\"ipq\"} == 1")?;
-            let info = prometheus.query("ipq_build_info{job=\"ipq\"}")?;
-            Ok((!up.is_empty() && !info.is_empty()).then_some(()))
-        },
-    )
-    .with_context(|| prometheus.log())?;
-    let groups = prometheus.rule_groups()?;
-    ensure!(
-        groups.iter().any(|g| g == "ipq-conflicts"),
-        "Prometheus loaded the rule groups {groups:?}"
-    );
-    Ok(prometheus)
-}
-
-/// After the rollout's early reuse, the shipped `IpqEarlyReuse` alert goes off.
-fn early_reuse_alert_fires(prometheus: &Prometheus<'_>) -> anyhow::Result<()> {
-    ipq_tests::lab::poll("the IpqEarlyReuse alert", Duration::from_secs(60), || {
-        let alerts = prometheus.query("ALERTS{alertname=\"IpqEarlyReuse\"}")?;
-        Ok((!alerts.is_empty()).then_some(()))
-    })
-    .with_context(|| prometheus.log())
 }
 
 fn installed_as_the_readme_says(cluster: &mut Cluster) -> anyhow::Result<()> {
