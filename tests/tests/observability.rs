@@ -155,7 +155,7 @@ fn agent_metrics_have_every_series_from_the_first_scrape_and_pass_promtool_after
     for (name, want) in [
         (
             "ipq_events_lost_total",
-            set(["source=api", "source=kernel", "source=log"]),
+            set(["source=api", "source=kernel", "source=log", "source=queue"]),
         ),
         (
             "ipq_conflicts_total",
@@ -296,7 +296,7 @@ fn a_prometheus_server_scraping_the_agent_sees_exactly_the_conflicts_the_inciden
             .expect("query")
             .into_keys()
             .collect::<BTreeSet<_>>(),
-        set(["api", "kernel", "log"]),
+        set(["api", "kernel", "log", "queue"]),
         "Prometheus's ipq_events_lost_total sources"
     );
     assert_eq!(
