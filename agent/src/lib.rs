@@ -1,5 +1,7 @@
-//! The ipq agent library: configuration, the kernel datapath (loading, pinning, attaching and
-//! the typed maps), and metrics. The binaries in `src/bin` are thin edges over it.
+//! The ipq agent library: configuration, the registry and its owner (the tracker), the kernel
+//! datapath (loading, pinning, attaching, verifying, the maps' one writer), netlink, the
+//! journal, the local API, reuse hygiene, ipq-ipam's releaser and records, and metrics. The
+//! binary in `src/bin` is a thin edge over it.
 
 pub mod addr_class;
 pub mod agent;

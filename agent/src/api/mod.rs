@@ -13,6 +13,10 @@
 //! | POST | `/v1/gc` | [`GcRequest`](model::GcRequest) | [`ChangedResponse`](model::ChangedResponse) |
 //! | GET | `/v1/conflicts[?limit=N]` | | [`ConflictList`](model::ConflictList) |
 //! | GET | `/v1/events[?follow=true]` | | newline-delimited [`Event`](model::Event)s |
+//! | POST | `/v1/ipam/allocations` (root only) | [`AllocationRecord`](model::AllocationRecord) | the record as kept |
+//! | POST | `/v1/ipam/releases` (root only) | [`HeldRelease`](model::HeldRelease) | the release as held (its record's) |
+//! | POST | `/v1/ipam/exhausted` (root only) | [`ExhaustedRequest`](model::ExhaustedRequest) | [`ExhaustedAnswer`](model::ExhaustedAnswer) |
+//! | PUT, DELETE | `/v1/datapath/{ip}` (break-glass) | [`DatapathEntryRequest`](model::DatapathEntryRequest) (PUT) | [`DatapathEntryView`](model::DatapathEntryView) |
 //!
 //! Errors are [`ErrorResponse`](model::ErrorResponse)s with a stable
 //! [`ErrorCode`](model::ErrorCode); a request that fails changes nothing.
