@@ -14,7 +14,7 @@ use anyhow::{Context, Result};
 
 use super::fetch::Tree;
 use super::initramfs::MARKER;
-use super::{cache_dir, Config, Kernel};
+use super::{cache_dir, Config, Kernel, TestSet};
 use crate::test::{add_result_line, Totals};
 
 /// What a boot produced.
@@ -37,6 +37,9 @@ struct Console {
     insmod_failed: Vec<String>,
     /// `test <name> ... FAILED` lines.
     failed_tests: Vec<String>,
+    /// How many tests each target ran (`test <name> ... ok|FAILED` lines while it ran): a
+    /// name in `kernels.toml` that matches no test runs nothing, and must not pass unseen.
+    ran: std::collections::HashMap<String, usize>,
     /// What the failures said, deduplicated: each failed test's first message line, the
     /// agent's ERROR lines and the verifier's verdicts.
     errors: Vec<String>,
@@ -57,6 +60,12 @@ impl Console {
             self.tail.remove(0);
         }
         add_result_line(&mut self.totals, line);
+        if line.starts_with("test ") && (line.ends_with(" ... ok") || line.ends_with(" ... FAILED"))
+        {
+            if let Some((target, _)) = &self.running {
+                *self.ran.entry(target.clone()).or_default() += 1;
+            }
+        }
         if let Some(name) = line
             .strip_prefix("test ")
             .and_then(|rest| rest.strip_suffix(" ... FAILED"))
@@ -123,7 +132,7 @@ impl Console {
     }
 
     /// Why this boot failed, or None.
-    fn failure(&self, expected: &[String], timed_out: Option<Duration>) -> Option<String> {
+    fn failure(&self, expected: &[TestSet], timed_out: Option<Duration>) -> Option<String> {
         let mut why = Vec::new();
         if let Some(limit) = timed_out {
             why.push(format!("did not power off within {limit:?}"));
@@ -134,7 +143,16 @@ impl Console {
         if !self.insmod_failed.is_empty() {
             why.push(format!("insmod failed: {}", self.insmod_failed.join(" ")));
         }
-        for target in expected {
+        for set in expected {
+            let target = &set.target;
+            let ran = self.ran.get(target).copied().unwrap_or(0);
+            if !set.names.is_empty() && ran < set.names.len() {
+                why.push(format!(
+                    "{target} ran {ran} of its {} named tests: a name in xtask/kernels.toml \
+                     matches no test (renamed?)",
+                    set.names.len()
+                ));
+            }
             match self.exits.iter().find(|(t, _, _)| t == target) {
                 Some((_, 0, _)) => {}
                 Some((_, status, _)) => why.push(format!("{target} exited {status}")),
@@ -230,8 +248,7 @@ pub fn boot(config: &Config, kernel: &Kernel, tree: &Tree, initrd: &Path) -> Res
         }
     }
     let status = child.wait().context("waiting for qemu")?;
-    let expected: Vec<String> = config.tests.iter().map(|t| t.target.clone()).collect();
-    let mut failure = console.failure(&expected, timed_out);
+    let mut failure = console.failure(&config.tests, timed_out);
     if !status.success() && timed_out.is_none() {
         let why = format!("qemu exited with {status}");
         failure = Some(failure.map_or(why.clone(), |f| format!("{why}; {f}")));
@@ -321,8 +338,12 @@ mod tests {
         }
         assert_eq!(console.booted.as_deref(), Some("6.12.100"));
         assert_eq!((console.totals.passed, console.totals.failed), (2, 1));
+        let set = |target: &str| TestSet {
+            target: target.into(),
+            names: Vec::new(),
+        };
         let why = console
-            .failure(&["verdicts".into(), "traffic".into()], None)
+            .failure(&[set("verdicts"), set("traffic")], None)
             .expect("a failure");
         assert!(why.contains("verdicts exited 101"), "{why}");
         assert!(why.contains("traffic did not run"), "{why}");
@@ -336,5 +357,31 @@ mod tests {
                 "agent: ipq::tracker] vethpa: `bpf_mprog_attach` failed",
             ]
         );
+    }
+
+    /// A named test that no longer exists (renamed in its file, not in kernels.toml) runs
+    /// nothing under `--exact`: the boot fails, naming the target, instead of passing short.
+    #[test]
+    fn a_named_test_that_ran_nothing_fails_the_kernel() {
+        let mut console = Console::default();
+        for text in [
+            "IPQ-TIER: booted 6.1.0",
+            "IPQ-TIER: run slots",
+            "test every_address_of_a_full_registry_is_judged_from_the_copy ... ok",
+            "test result: ok. 1 passed; 0 failed; 0 ignored; 0 measured; 3 filtered out",
+            "IPQ-TIER: exit slots 0",
+            "IPQ-TIER: done",
+        ] {
+            console.read(text);
+        }
+        let slots = TestSet {
+            target: "slots".into(),
+            names: vec![
+                "every_address_of_a_full_registry_is_judged_from_the_copy".into(),
+                "a_test_since_renamed".into(),
+            ],
+        };
+        let why = console.failure(&[slots], None).expect("a failure");
+        assert!(why.contains("slots ran 1 of its 2 named tests"), "{why}");
     }
 }
