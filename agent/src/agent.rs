@@ -178,6 +178,7 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
     // Made the agent's before any ipq-cni can: nobody else may plant or remove spooled DELs.
     safe_fs::ensure_private_dir(&spool_dir)?;
     safe_fs::ensure_private_dir(&ipam_release_dir)?;
+    safe_fs::ensure_private_dir(&ipq_cni::paths::ipam_allocation_dir(&config.state_dir))?;
     let metrics_addr = config.metrics_addr;
     let max_cooldown = config.max_cooldown;
     let ipam_bins = Arc::new(crate::ipam::trust::TrustedBins::new(
@@ -243,12 +244,9 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
         bins: ipam_bins.clone(),
         records: tracker.ipam_records(),
     };
-    // ipq-ipam's records of allocations made while the agent was away, before any release of
-    // them is asked for.
-    let adopted = tracker.ipam_records().adopt();
-    if adopted > 0 {
-        info!("ipam: adopted {adopted} allocation records ipq-ipam wrote while the agent was away");
-    }
+    // ipq-ipam's records are not listed here: a release looks its record up by its file name
+    // (`Records::get`), and the releaser's scans adopt the rest off the loop, so start-up
+    // costs nothing per record.
     let releaser = tokio::spawn(crate::ipam::releaser::run(
         releaser_settings,
         command_tx.clone(),

@@ -81,21 +81,29 @@ impl Records {
         Ok(())
     }
 
-    /// The record of (network, container id, ifname), if there is one.
+    /// The record of (network, container id, ifname), if there is one: from memory, else from
+    /// its own file (one small read: the file is named after the attachment), which is then
+    /// kept. So a restarted agent needs no listing of every record before it answers a DEL.
     pub fn get(
         &self,
         network: Option<&str>,
         container_id: &str,
         ifname: &str,
     ) -> Option<AllocationRecord> {
-        self.table()
-            .get(&file_name(network, container_id, ifname))
-            .filter(|r| {
-                r.network.as_deref() == network
-                    && r.container_id == container_id
-                    && r.ifname == ifname
-            })
-            .cloned()
+        let name = file_name(network, container_id, ifname);
+        let known = self.table().get(&name).cloned();
+        let record = match known {
+            Some(record) => record,
+            None => {
+                let record = records::read_one(&self.dir, &name)?;
+                self.table().insert(name, record.clone());
+                record
+            }
+        };
+        (record.network.as_deref() == network
+            && record.container_id == container_id
+            && record.ifname == ifname)
+            .then_some(record)
     }
 
     /// The allocation was released: its record goes, file and all.
@@ -195,7 +203,10 @@ mod tests {
         // Another agent (after a restart) finds them on disk; ipq-ipam's own is adopted.
         let restarted = Records::new(dir.clone(), 2);
         records::write(&dir, &record("away")).unwrap();
-        assert_eq!(restarted.adopt(), 3);
+        // Looked up by its file, before any listing (a restarted agent answers a DEL at once).
+        assert!(restarted.get(Some("net"), "away", "eth0").is_some());
+        assert!(restarted.get(Some("net"), "never", "eth0").is_none());
+        assert_eq!(restarted.adopt(), 2, "the two the agent wrote");
         assert_eq!(restarted.adopt(), 0, "adopted once");
         assert!(restarted.get(Some("net"), "away", "eth0").is_some());
         restarted.forget(Some("net"), "away", "eth0");

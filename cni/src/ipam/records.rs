@@ -54,22 +54,37 @@ pub fn read_new(
         if !name.starts_with("alloc-") || !name.ends_with(".json") || known(&name) {
             continue;
         }
-        let path = dir.join(&name);
-        let parsed = safe_fs::read_regular(&path)
-            .map_err(|e| e.to_string())
-            .and_then(|bytes| {
-                serde_json::from_slice::<AllocationRecord>(&bytes).map_err(|e| e.to_string())
-            });
-        match parsed {
-            Ok(record) if record.file_name() == name && record.validate().is_ok() => {
-                out.push((name, record));
-            }
-            Ok(_) => log::warn!(
-                "ipam allocations: {} is not the valid record its name says; skipped",
-                path.display()
-            ),
-            Err(e) => log::warn!("ipam allocations: {}: {e}; skipped", path.display()),
+        if let Some(record) = read_one(dir, &name) {
+            out.push((name, record));
         }
     }
     Ok(out)
+}
+
+/// The record in `dir` named `name`, if there is a valid one: None when there is no such file,
+/// and None with a warning when the file is not the valid record its name says (never trusted).
+pub fn read_one(dir: &Path, name: &str) -> Option<AllocationRecord> {
+    let path = dir.join(name);
+    let bytes = match safe_fs::read_regular(&path) {
+        Ok(bytes) => bytes,
+        Err(safe_fs::OpenError::Missing) => return None,
+        Err(e) => {
+            log::warn!("ipam allocations: {}: {e}; skipped", path.display());
+            return None;
+        }
+    };
+    match serde_json::from_slice::<AllocationRecord>(&bytes) {
+        Ok(record) if record.file_name() == name && record.validate().is_ok() => Some(record),
+        Ok(_) => {
+            log::warn!(
+                "ipam allocations: {} is not the valid record its name says; skipped",
+                path.display()
+            );
+            None
+        }
+        Err(e) => {
+            log::warn!("ipam allocations: {}: {e}; skipped", path.display());
+            None
+        }
+    }
 }
