@@ -292,7 +292,7 @@ fn command(config: &Config, tree: &Tree, initrd: &Path) -> Command {
     // panic=-1 with -no-reboot: a kernel panic ends QEMU at once instead of hanging.
     // random.trust_cpu: TCG's `max` CPU has RDRAND; the agent's getrandom must not block.
     let append = "console=ttyS0 quiet noapic panic=-1 random.trust_cpu=on";
-    qemu.args(["-accel", "tcg,thread=multi", "-cpu", "max"])
+    qemu.args(["-accel", "tcg,thread=single", "-cpu", "max"])
         .args(["-m", &config.qemu.memory_mib.to_string()])
         .args(["-smp", &config.qemu.cpus.to_string()])
         .args([
