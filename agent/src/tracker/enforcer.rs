@@ -100,8 +100,15 @@ impl Enforcer {
 
     /// Makes the map hold exactly `wanted`: what it holds and `wanted` lacks is removed, what
     /// differs is written, what it holds as wanted (an agent restart: nearly everything) is
-    /// not written again.
+    /// not written again. A pending write is replaced by what `wanted` says of its address.
     pub fn sync(&mut self, wanted: BTreeMap<IpAddr, AddrEntry>) {
+        // A refused write of an address the table never held, which the registry no longer
+        // wants: its pending update must not be retried.
+        for (addr, _) in self.pending.wanted() {
+            if !wanted.contains_key(&addr) {
+                self.remove(addr);
+            }
+        }
         let mut written = std::collections::HashMap::new();
         for (key, entry) in self.as_written() {
             let addr = key.to_ip();
@@ -112,7 +119,9 @@ impl Enforcer {
             }
         }
         for (addr, entry) in wanted {
-            if !written.get(&addr).is_some_and(|e| e.written_as(&entry)) {
+            if written.get(&addr).is_some_and(|e| e.written_as(&entry)) {
+                self.settled(addr);
+            } else {
                 self.put(addr, entry);
             }
         }
@@ -189,5 +198,76 @@ impl Enforcer {
             )
         });
         self.metrics.readiness.set_writes_pending(blocker);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use ipq_common::addr::{AddrEntry, AddrState};
+
+    use super::Enforcer;
+    use crate::{
+        datapath::{MemDatapath, MemTable},
+        metrics::Metrics,
+    };
+
+    fn entry(holder: u32) -> AddrEntry {
+        AddrEntry {
+            state: AddrState::Active as u32,
+            holder_ifindex: holder,
+            ..AddrEntry::default()
+        }
+    }
+
+    /// A writer over a map with room for one entry, holding 10.0.0.1, with the write of
+    /// 10.0.0.2 refused.
+    fn one_refused() -> Enforcer {
+        let table = MemTable {
+            capacity: Some(1),
+            ..MemTable::default()
+        };
+        let mut enforcer = Enforcer::new(MemDatapath { table }, Metrics::for_tests());
+        enforcer.write("10.0.0.1".parse().unwrap(), entry(5));
+        enforcer.write("10.0.0.2".parse().unwrap(), entry(6));
+        assert_eq!(enforcer.pending().len(), 1);
+        enforcer
+    }
+
+    #[test]
+    fn a_sync_that_no_longer_wants_a_refused_address_drops_its_pending_write() {
+        let mut enforcer = one_refused();
+        enforcer.sync(BTreeMap::from([("10.0.0.1".parse().unwrap(), entry(5))]));
+        assert_eq!(enforcer.pending().len(), 0);
+        enforcer.retry_pending();
+        assert_eq!(
+            enforcer.len(),
+            1,
+            "nothing the registry does not want is written"
+        );
+        assert_eq!(enforcer.metrics.writes.pending.get(), 0);
+    }
+
+    #[test]
+    fn a_sync_that_still_wants_it_keeps_it_pending_until_there_is_room() {
+        let mut enforcer = one_refused();
+        enforcer.sync(BTreeMap::from([
+            ("10.0.0.1".parse().unwrap(), entry(5)),
+            ("10.0.0.2".parse().unwrap(), entry(6)),
+        ]));
+        assert_eq!(enforcer.pending().len(), 1);
+        // The registry freed 10.0.0.1: room, and the retry writes 10.0.0.2.
+        enforcer.sync(BTreeMap::from([("10.0.0.2".parse().unwrap(), entry(6))]));
+        assert_eq!(enforcer.pending().len(), 0);
+        assert_eq!(enforcer.metrics.writes.pending.get(), 0);
+        assert_eq!(
+            enforcer
+                .as_written()
+                .iter()
+                .map(|(k, _)| k.to_ip().to_string())
+                .collect::<Vec<_>>(),
+            ["10.0.0.2"]
+        );
     }
 }
