@@ -14,6 +14,7 @@ mod server;
 mod tamper;
 #[cfg(test)]
 mod tests;
+mod writes;
 
 use std::{
     collections::BTreeMap,
@@ -39,6 +40,7 @@ use crate::readiness::Readiness;
 use crate::registry::{Clock, Registry as AddressRegistry, StateName};
 use datapath::{LostCounts, ReadCounters};
 pub use tamper::TamperMetrics;
+pub use writes::WriteMetrics;
 
 #[derive(Debug, Error)]
 pub enum MetricsError {
@@ -107,6 +109,8 @@ pub struct Metrics {
     pub attachments_lost: IntCounterVec,
     /// What other processes did to ipq's maps and hooks beyond taking attachments away.
     pub tamper: TamperMetrics,
+    /// The datapath writer's refused writes, pending and retried.
+    pub writes: WriteMetrics,
     /// `ipq_connections_refused_total{listener, reason}`, counted by the listeners' guards.
     pub connections_refused: IntCounterVec,
     /// How long the last verification of the datapath took.

@@ -1,6 +1,7 @@
 //! Whether the agent is ready: what `/readyz` answers, `ipq status` shows and `ipq_ready`
 //! exports, decided in one place. Ready means started (datapath loaded, registry recovered and
-//! reconciled, every configured interface attached once) and nothing blocking since.
+//! reconciled, every configured interface attached once) and nothing blocking since: no
+//! interface left unprotected, the pins kept, every datapath write through.
 
 use std::sync::{
     atomic::{AtomicBool, Ordering},
@@ -20,6 +21,10 @@ pub enum NotReady {
     /// The pins under `bpffs_dir` cannot be kept: enforcement would end with this agent.
     #[error("{0}")]
     Pins(String),
+    /// Datapath entries the kernel refused to write: the kernel does not enforce what the
+    /// registry says for those addresses until a retry goes through.
+    #[error("{0}")]
+    DatapathWrites(String),
 }
 
 /// The agent's readiness, shared by the owner loop (which sets it) and the listeners.
@@ -30,6 +35,8 @@ pub struct Readiness {
     blocker: Mutex<Option<String>>,
     /// Why the pins under `bpffs_dir` cannot be kept, when they cannot (the verification says).
     pins: Mutex<Option<String>>,
+    /// Which datapath writes are pending, while any is.
+    writes: Mutex<Option<String>>,
     /// `ipq_ready`, kept equal to [`Readiness::check`] being `Ok`.
     gauge: IntGauge,
 }
@@ -42,6 +49,7 @@ impl Readiness {
             started: AtomicBool::new(false),
             blocker: Mutex::new(None),
             pins: Mutex::new(None),
+            writes: Mutex::new(None),
             gauge,
         }
     }
@@ -64,6 +72,12 @@ impl Readiness {
         self.update();
     }
 
+    /// Sets (or clears) which datapath writes the kernel refused and are retried.
+    pub fn set_writes_pending(&self, pending: Option<String>) {
+        *self.writes.lock().unwrap_or_else(|p| p.into_inner()) = pending;
+        self.update();
+    }
+
     /// `Ok` when ready, else why not.
     pub fn check(&self) -> Result<(), NotReady> {
         if !self.started.load(Ordering::SeqCst) {
@@ -71,6 +85,9 @@ impl Readiness {
         }
         if let Some(problem) = &*self.pins.lock().unwrap_or_else(|p| p.into_inner()) {
             return Err(NotReady::Pins(problem.clone()));
+        }
+        if let Some(pending) = &*self.writes.lock().unwrap_or_else(|p| p.into_inner()) {
+            return Err(NotReady::DatapathWrites(pending.clone()));
         }
         match &*self.blocker.lock().unwrap_or_else(|p| p.into_inner()) {
             Some(blocker) => Err(NotReady::Unprotected(blocker.clone())),
@@ -108,6 +125,17 @@ mod tests {
         assert_eq!(gauge.get(), 0);
         readiness.set_blocker(None);
         assert!(readiness.is_ready());
+        readiness.set_writes_pending(Some("datapath writes pending for 1 address".into()));
+        assert_eq!(
+            readiness.check(),
+            Err(NotReady::DatapathWrites(
+                "datapath writes pending for 1 address".into()
+            ))
+        );
+        assert_eq!(gauge.get(), 0);
+        readiness.set_writes_pending(None);
+        assert!(readiness.is_ready());
+        assert_eq!(gauge.get(), 1);
         readiness.set_started(false);
         assert!(readiness
             .check()

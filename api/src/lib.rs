@@ -17,4 +17,6 @@ pub use holder::{Holder, PodRef};
 pub const DEFAULT_SOCKET: &str = "/run/ipq/ipq.sock";
 /// The agent's `state_dir` unless told otherwise; the CNI plugins spool under it.
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/ipq";
-pub use vocabulary::{ConflictKind, EarlyReusePolicy, OnExhausted, Protection, StateName};
+pub use vocabulary::{
+    ConflictKind, EarlyReusePolicy, MapWrite, OnExhausted, Protection, StateName,
+};

@@ -226,3 +226,37 @@ impl Protection {
         self == Self::Protected
     }
 }
+
+/// A write of an address's datapath entry (`IPQ_ADDRS` and its copies): the `op` label of
+/// `ipq_datapath_write_failures_total` and the kind of a pending write in `/v1/status` and an
+/// address's view. An operation a newer agent adds reads as [`MapWrite::Unknown`].
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    Serialize,
+    Deserialize,
+    strum::IntoStaticStr,
+    strum::Display,
+)]
+#[serde(rename_all = "lowercase")]
+#[strum(serialize_all = "lowercase")]
+#[cfg_attr(test, derive(strum::VariantArray))]
+pub enum MapWrite {
+    /// The entry written: a new address, or its state or holders changed.
+    Update,
+    /// The entry removed: the address is free.
+    Delete,
+    /// An operation this build does not know (an answer of a newer agent).
+    #[serde(other)]
+    Unknown,
+}
+
+impl MapWrite {
+    pub fn as_str(self) -> &'static str {
+        self.into()
+    }
+}

@@ -3,7 +3,7 @@
 
 use strum::VariantArray;
 
-use crate::{ConflictKind, EarlyReusePolicy, Protection, StateName};
+use crate::{ConflictKind, EarlyReusePolicy, MapWrite, Protection, StateName};
 
 #[test]
 fn state_names() {
@@ -72,4 +72,21 @@ fn protections() {
     );
     assert!(Protection::Protected.is_protected());
     assert!(!Protection::Bypassed.is_protected());
+}
+
+/// A pending write's operation: its spelling is its serde form and the metric's label; a newer
+/// agent's operation reads as `unknown`.
+#[test]
+fn map_writes() {
+    let spelled: Vec<&str> = MapWrite::VARIANTS.iter().map(|w| w.as_str()).collect();
+    assert_eq!(spelled, ["update", "delete", "unknown"]);
+    for write in MapWrite::VARIANTS {
+        let json = serde_json::to_string(write).unwrap();
+        assert_eq!(json, format!("\"{}\"", write.as_str()));
+        assert_eq!(serde_json::from_str::<MapWrite>(&json).unwrap(), *write);
+    }
+    assert_eq!(
+        serde_json::from_str::<MapWrite>("\"truncate\"").unwrap(),
+        MapWrite::Unknown
+    );
 }

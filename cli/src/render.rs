@@ -8,7 +8,7 @@ use super::{
     table::{key_values, Table},
 };
 use ipq_api::{
-    model::{AddressView, ConflictView, Event, EventBody, HygieneView},
+    model::{AddressView, ConflictView, Event, EventBody, HygieneView, PendingWriteView},
     Holder, Protection,
 };
 
@@ -91,6 +91,17 @@ pub fn addresses(views: &[AddressView], now: SystemTime) -> String {
     table.render("")
 }
 
+/// A datapath write the kernel refused: what, how often, since when, why.
+pub fn pending_write(pending: &PendingWriteView, now: SystemTime) -> String {
+    format!(
+        "{} refused {} times since {} ({}); retried every tick",
+        pending.op,
+        pending.failures,
+        absolute_and_relative(&pending.since, now),
+        pending.error
+    )
+}
+
 /// `ipq get`: every field of one address, holders expanded.
 pub fn address_detail(view: &AddressView, now: SystemTime) -> String {
     let time = |t: &Option<String>| {
@@ -111,6 +122,12 @@ pub fn address_detail(view: &AddressView, now: SystemTime) -> String {
             None => protection.to_string(),
         };
         pairs.push(("Protection".to_owned(), text));
+    }
+    if let Some(pending) = &view.pending_write {
+        pairs.push((
+            "Datapath".to_owned(),
+            format!("NOT WRITTEN: {}", pending_write(pending, now)),
+        ));
     }
     if view.observe_only {
         pairs.push((

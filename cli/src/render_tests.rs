@@ -6,9 +6,9 @@ use super::render::{self, holder_short};
 use ipq_api::{
     model::{
         AddressView, ClaimFlushView, ConflictView, Event, EventBody, InterfaceStatus, IpamHoldView,
-        RecoveryView, RegistryCounts, Status, VerificationView,
+        PendingWriteView, RecoveryView, RegistryCounts, Status, VerificationView,
     },
-    ConflictKind, EarlyReusePolicy, Holder, PodRef, Protection, StateName,
+    ConflictKind, EarlyReusePolicy, Holder, MapWrite, PodRef, Protection, StateName,
 };
 
 const NOW: &str = "2026-11-22T10:01:00Z";
@@ -214,6 +214,8 @@ fn status_shows_readiness_counts_and_hooks() {
         }),
         started: None,
         started_at: "2026-11-22T09:56:00Z".into(),
+        datapath_writes_pending: 0,
+        pending_writes: Vec::new(),
     };
     assert_eq!(
         render::status(&status, now()),
@@ -229,6 +231,7 @@ Interfaces:      2
 TC attach:       netlink-then-tcx
 Conntrack:       claims flushed by: IPv4 kernel; IPv6 dump (the kernel did not honour the filter)
 Verified:        not yet
+Datapath:        every write through
 Recovered:       from the journal, 3 addresses
   IFINDEX  NAME    HOOKS                 ATTACHMENT  PROTECTION
   5        vethpa  tc-ingress,tc-egress  netlink     protected
@@ -294,6 +297,25 @@ Recovered:       from the journal, 3 addresses
     assert!(
         text.contains(
             "5        vethpa  tcx-egress  netlink     failed      tcx-ingress: boom (3 attempts)"
+        ),
+        "{text}"
+    );
+    let mut unwritten = status.clone();
+    unwritten.ready = false;
+    unwritten.datapath_writes_pending = 1;
+    unwritten.pending_writes = vec![PendingWriteView {
+        address: "10.77.0.60".parse().unwrap(),
+        op: MapWrite::Update,
+        error: "the address map is full: 10.77.0.60 was not stored".into(),
+        failures: 3,
+        since: "2026-11-22T10:00:57Z".into(),
+    }];
+    let text = render::status(&unwritten, now());
+    assert!(
+        text.contains(
+            "Datapath:        1 addresses NOT WRITTEN; 10.77.0.60: update refused 3 times since \
+             2026-11-22T10:00:57Z (3s ago) (the address map is full: 10.77.0.60 was not \
+             stored); retried every tick\n"
         ),
         "{text}"
     );

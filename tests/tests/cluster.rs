@@ -17,6 +17,8 @@ use anyhow::{ensure, Context as _};
 
 #[path = "cluster/agent_lifecycle.rs"]
 mod agent_lifecycle;
+#[path = "cluster/churn.rs"]
+mod churn;
 #[path = "cluster/drain.rs"]
 mod drain;
 #[path = "cluster/prometheus.rs"]
@@ -71,6 +73,9 @@ fn ipq_deployed_from_the_manifests_fences_a_rollouts_old_pod() -> anyhow::Result
     })?;
     phase("observe, then enforce, through the ConfigMap", || {
         agent_lifecycle::observe_then_enforce(&mut cluster, &rollout)
+    })?;
+    phase("rollout restart of the agent while pods churn", || {
+        churn::agent_restart_while_pods_churn(&mut cluster, &rollout)
     })?;
     phase("kubectl drain of the node", || {
         drain::drain_quarantines_every_pod_address(&mut cluster, &rollout)

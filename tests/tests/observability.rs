@@ -167,6 +167,11 @@ fn agent_metrics_have_every_series_from_the_first_scrape_and_pass_promtool_after
         ),
         ("ipq_datapath_interfaces", hooks.clone()),
         ("ipq_ready", set([""])),
+        (
+            "ipq_datapath_write_failures_total",
+            set(["op=delete", "op=update"]),
+        ),
+        ("ipq_datapath_writes_pending", set([""])),
         ("ipq_stale_traffic_age_seconds_count", set([""])),
         ("ipq_quarantine_duration_seconds_count", set([""])),
     ] {

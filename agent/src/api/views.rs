@@ -19,7 +19,7 @@ use ipq_common::{
 
 use super::model::{
     AddressView, ApiErrorBody, ClaimFlushView, ConflictView, ErrorCode, EventBody, InterfaceStatus,
-    RecoveryView, RegistryCounts, StartedView, Status, VerificationView,
+    PendingWriteView, RecoveryView, RegistryCounts, StartedView, Status, VerificationView,
 };
 use crate::{
     config::{EarlyReusePolicy, Mode},
@@ -97,6 +97,7 @@ pub fn address_view(record: &AddrRecord, time: &TimeBase) -> AddressView {
         observe_only: record.observe_only,
         last_flush: None,
         ipam_hold: None,
+        pending_write: None,
     }
 }
 
@@ -255,6 +256,10 @@ pub struct StatusFacts {
     pub unannounced: String,
     pub recovery: Option<RecoveryView>,
     pub started: Option<StartedView>,
+    /// Addresses whose datapath write the kernel refused (retried every tick).
+    pub writes_pending: u64,
+    /// The first of them, in address order.
+    pub pending_writes: Vec<PendingWriteView>,
 }
 
 /// The agent's status: readiness, policy, registry counts (O(1): the registry keeps them) and
@@ -293,6 +298,8 @@ pub fn status_view<C: Clock>(
         unannounced: facts.unannounced,
         recovery: facts.recovery,
         started: facts.started,
+        datapath_writes_pending: facts.writes_pending,
+        pending_writes: facts.pending_writes,
     }
 }
 

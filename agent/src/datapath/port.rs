@@ -98,6 +98,9 @@ impl DatapathPort for Datapath {
 #[derive(Debug, Default)]
 pub struct MemTable {
     pub entries: BTreeMap<AddrKey, AddrEntry>,
+    /// The map's size, when a test gives one: a new address beyond it is refused as the
+    /// kernel's hash map refuses it (`Full`, nothing stored).
+    pub capacity: Option<usize>,
 }
 
 impl AddrTable for MemTable {
@@ -109,6 +112,8 @@ impl AddrTable for MemTable {
         if let Some(current) = self.entries.get(&addr) {
             entry.last_stale_ns = current.last_stale_ns;
             entry.last_sample_ns = current.last_sample_ns;
+        } else if self.capacity.is_some_and(|size| self.entries.len() >= size) {
+            return Err(DatapathError::Full { addr: addr.to_ip() });
         }
         self.entries.insert(addr, entry);
         Ok(())

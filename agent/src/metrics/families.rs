@@ -10,11 +10,11 @@ use prometheus::{
     Registry,
 };
 
-use super::tamper::TamperMetrics;
 use super::{
     datapath::{DatapathCollector, LostCounts, ReadCounters},
     registered, Metrics, DURATION_BUCKETS, PROFILE, STATES,
 };
+use super::{tamper::TamperMetrics, writes::WriteMetrics};
 use crate::{hygiene::HygieneCounters, readiness::Readiness, registry::ConflictKind};
 
 impl Metrics {
@@ -115,6 +115,7 @@ impl Metrics {
             )?,
         )?;
         let tamper = TamperMetrics::register(&registry)?;
+        let writes = WriteMetrics::register(&registry)?;
         let verify_seconds = registered(
             &registry,
             Gauge::new(
@@ -345,6 +346,7 @@ impl Metrics {
             attach_failures,
             attachments_lost,
             tamper,
+            writes,
             connections_refused,
             verify_seconds,
             tc_upgrades_pending,

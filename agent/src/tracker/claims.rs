@@ -3,10 +3,12 @@
 //! new holder's reuse hygiene is done. (The request's checks and the answer are the API
 //! service's.)
 
+use std::net::IpAddr;
+
 use super::{api_service, Role, Tracker};
 use crate::{
     api::{
-        model::{ClaimRequest, ClaimResponse},
+        model::{ClaimRequest, ClaimResponse, ErrorCode},
         views::{ApiError, Outcome},
     },
     netdev,
@@ -31,6 +33,9 @@ impl Tracker {
                     })
                     .collect();
                 self.apply_effects(effects);
+                if let Some(unwritten) = self.unwritten(&request.addresses) {
+                    return Err(unwritten);
+                }
                 Ok(self.api().claimed(&request.addresses, &conflicts))
             }
             Err(error) => {
@@ -38,6 +43,28 @@ impl Tracker {
                 Err(api_service::refusal(&error))
             }
         }
+    }
+
+    /// A claim whose own entry the kernel refused is not enforced: it is answered
+    /// `unavailable` (the claim stays in the registry, the write is retried every tick, and
+    /// the same claim is answered `ok` once it went through), never `ok`.
+    fn unwritten(&self, addresses: &[IpAddr]) -> Option<ApiError> {
+        addresses.iter().find_map(|addr| {
+            let pending = self.enforcer.pending_for(*addr)?;
+            Some(
+                ApiError::new(
+                    ErrorCode::Unavailable,
+                    format!(
+                        "{addr}: claimed, but the kernel refused its datapath entry ({}, {} \
+                         attempts: {}); the agent retries it every tick: retry the claim later",
+                        pending.wanted.kind(),
+                        pending.failures,
+                        pending.error
+                    ),
+                )
+                .with_address(*addr),
+            )
+        })
     }
 
     /// CNI can be faster than the netlink event of the veth it just created: the attacher is

@@ -3,23 +3,48 @@
 //! costs no syscall. It also takes the registry as the whole truth after a netlink dump
 //! ([`Enforcer::sync`]), from the table's own view of what it wrote, without reading the map
 //! again.
+//!
+//! A write the kernel refuses (a full map, a failing syscall) is never only logged: it is kept
+//! pending for its address ([`PendingWrites`]), counted, retried on every tick
+//! ([`Enforcer::retry_pending`]) until it goes through or the registry wants something else,
+//! and while any is pending the agent is not ready and says which in `/readyz`, `ipq status`
+//! and the address's view.
 
-use std::{collections::BTreeMap, net::IpAddr};
+use std::{collections::BTreeMap, net::IpAddr, sync::Arc};
 
 use ipq_common::addr::{AddrEntry, AddrKey};
-use log::error;
+use log::{error, info};
 
-use crate::datapath::{map_check::MapsReading, DatapathError, DatapathPort, MapsCheck};
+use super::pending_writes::{PendingWrite, PendingWrites, WantedWrite};
+use crate::{
+    datapath::{map_check::MapsReading, DatapathError, DatapathPort, MapsCheck},
+    metrics::Metrics,
+};
 
 pub struct Enforcer {
     datapath: Box<dyn DatapathPort>,
+    /// Writes the kernel refused, retried every tick.
+    pending: PendingWrites,
+    metrics: Arc<Metrics>,
 }
 
 impl Enforcer {
-    pub fn new(datapath: impl DatapathPort + 'static) -> Self {
+    pub fn new(datapath: impl DatapathPort + 'static, metrics: Arc<Metrics>) -> Self {
         Self {
             datapath: Box::new(datapath),
+            pending: PendingWrites::default(),
+            metrics,
         }
+    }
+
+    /// The writes the kernel refused, still pending.
+    pub fn pending(&self) -> &PendingWrites {
+        &self.pending
+    }
+
+    /// The write of `addr`'s entry the kernel refused, while it is pending.
+    pub fn pending_for(&self, addr: IpAddr) -> Option<&PendingWrite> {
+        self.pending.get(addr)
     }
 
     pub fn port(&self) -> &dyn DatapathPort {
@@ -45,33 +70,58 @@ impl Enforcer {
     /// written (O(1), no syscall).
     pub fn write(&mut self, addr: IpAddr, entry: AddrEntry) {
         let current = self.datapath.table().get(&AddrKey::from(addr));
-        if !current.is_some_and(|current| current.written_as(&entry)) {
+        if current.is_some_and(|current| current.written_as(&entry)) {
+            // The map has it (a failed write the registry then changed back): nothing pends.
+            self.settled(addr);
+        } else {
             self.put(addr, entry);
         }
     }
 
     /// Removes the entry of `addr` (the address is free).
     pub fn remove(&mut self, addr: IpAddr) {
-        if let Err(e) = self.datapath.table_mut().remove(&AddrKey::from(addr)) {
-            error!("{addr}: datapath remove failed, enforcement may lag the registry: {e}");
+        match self.datapath.table_mut().remove(&AddrKey::from(addr)) {
+            Ok(_) => self.settled(addr),
+            Err(e) => self.failed(addr, WantedWrite::Delete, &e),
+        }
+    }
+
+    /// Tries every pending write again (the owner's tick): O(pending). A put is tried again
+    /// whole, even where the table's copy already shows the entry: a put can fail after its
+    /// authoritative write (a fast-path slot), and putting an entry again is harmless.
+    pub fn retry_pending(&mut self) {
+        for (addr, wanted) in self.pending.wanted() {
+            match wanted {
+                WantedWrite::Update(entry) => self.put(addr, entry),
+                WantedWrite::Delete => self.remove(addr),
+            }
         }
     }
 
     /// Makes the map hold exactly `wanted`: what it holds and `wanted` lacks is removed, what
     /// differs is written, what it holds as wanted (an agent restart: nearly everything) is
-    /// not written again.
+    /// not written again. A pending write is replaced by what `wanted` says of its address.
     pub fn sync(&mut self, wanted: BTreeMap<IpAddr, AddrEntry>) {
+        // A refused write of an address the table never held, which the registry no longer
+        // wants: its pending update must not be retried.
+        for (addr, _) in self.pending.wanted() {
+            if !wanted.contains_key(&addr) {
+                self.remove(addr);
+            }
+        }
         let mut written = std::collections::HashMap::new();
         for (key, entry) in self.as_written() {
             let addr = key.to_ip();
             if wanted.contains_key(&addr) {
                 written.insert(addr, entry);
-            } else if let Err(e) = self.datapath.table_mut().remove(&key) {
-                error!("{addr}: removing a stale datapath entry: {e}");
+            } else {
+                self.remove(addr);
             }
         }
         for (addr, entry) in wanted {
-            if !written.get(&addr).is_some_and(|e| e.written_as(&entry)) {
+            if written.get(&addr).is_some_and(|e| e.written_as(&entry)) {
+                self.settled(addr);
+            } else {
                 self.put(addr, entry);
             }
         }
@@ -99,8 +149,125 @@ impl Enforcer {
     }
 
     fn put(&mut self, addr: IpAddr, entry: AddrEntry) {
-        if let Err(e) = self.datapath.table_mut().put(AddrKey::from(addr), entry) {
-            error!("{addr}: datapath write failed, enforcement may lag the registry: {e}");
+        match self.datapath.table_mut().put(AddrKey::from(addr), entry) {
+            Ok(()) => self.settled(addr),
+            Err(e) => self.failed(addr, WantedWrite::Update(entry), &e),
         }
+    }
+
+    /// A write refused: counted every time, logged when the address had nothing pending (the
+    /// retries are counted, not logged), kept for the next tick.
+    fn failed(&mut self, addr: IpAddr, wanted: WantedWrite, e: &DatapathError) {
+        let op = wanted.kind();
+        self.metrics
+            .writes
+            .failures
+            .with_label_values(&[op.as_str()])
+            .inc();
+        if self.pending.failed(addr, wanted, e.to_string()) {
+            error!(
+                "{addr}: datapath {op} refused, retried every tick; the kernel enforces the \
+                 entry it had until then: {e}"
+            );
+            self.observe_pending();
+        }
+    }
+
+    /// The map holds what the registry wants for `addr`.
+    fn settled(&mut self, addr: IpAddr) {
+        if let Some(pending) = self.pending.settled(addr) {
+            info!(
+                "{addr}: datapath {} went through after {} refused attempts",
+                pending.wanted.kind(),
+                pending.failures
+            );
+            self.observe_pending();
+        }
+    }
+
+    /// The gauge and readiness, where the set of pending addresses changed: O(1).
+    fn observe_pending(&self) {
+        self.metrics.writes.pending.set(self.pending.len() as i64);
+        let blocker = self.pending.any().map(|(addr, pending)| {
+            format!(
+                "datapath writes refused by the kernel for {} addresses (retried every tick), \
+                 e.g. {} of {addr}: {}",
+                self.pending.len(),
+                pending.wanted.kind(),
+                pending.error
+            )
+        });
+        self.metrics.readiness.set_writes_pending(blocker);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use ipq_common::addr::{AddrEntry, AddrState};
+
+    use super::Enforcer;
+    use crate::{
+        datapath::{MemDatapath, MemTable},
+        metrics::Metrics,
+    };
+
+    fn entry(holder: u32) -> AddrEntry {
+        AddrEntry {
+            state: AddrState::Active as u32,
+            holder_ifindex: holder,
+            ..AddrEntry::default()
+        }
+    }
+
+    /// A writer over a map with room for one entry, holding 10.0.0.1, with the write of
+    /// 10.0.0.2 refused.
+    fn one_refused() -> Enforcer {
+        let table = MemTable {
+            capacity: Some(1),
+            ..MemTable::default()
+        };
+        let mut enforcer = Enforcer::new(MemDatapath { table }, Metrics::for_tests());
+        enforcer.write("10.0.0.1".parse().unwrap(), entry(5));
+        enforcer.write("10.0.0.2".parse().unwrap(), entry(6));
+        assert_eq!(enforcer.pending().len(), 1);
+        enforcer
+    }
+
+    #[test]
+    fn a_sync_that_no_longer_wants_a_refused_address_drops_its_pending_write() {
+        let mut enforcer = one_refused();
+        enforcer.sync(BTreeMap::from([("10.0.0.1".parse().unwrap(), entry(5))]));
+        assert_eq!(enforcer.pending().len(), 0);
+        enforcer.retry_pending();
+        assert_eq!(
+            enforcer.len(),
+            1,
+            "nothing the registry does not want is written"
+        );
+        assert_eq!(enforcer.metrics.writes.pending.get(), 0);
+    }
+
+    #[test]
+    fn a_sync_that_still_wants_it_keeps_it_pending_until_there_is_room() {
+        let mut enforcer = one_refused();
+        enforcer.sync(BTreeMap::from([
+            ("10.0.0.1".parse().unwrap(), entry(5)),
+            ("10.0.0.2".parse().unwrap(), entry(6)),
+        ]));
+        assert_eq!(enforcer.pending().len(), 1);
+        // The registry freed 10.0.0.1: room, and the retry writes 10.0.0.2.
+        enforcer.sync(BTreeMap::from([("10.0.0.2".parse().unwrap(), entry(6))]));
+        assert_eq!(enforcer.pending().len(), 0);
+        assert_eq!(enforcer.metrics.writes.pending.get(), 0);
+        assert_eq!(
+            enforcer
+                .as_written()
+                .iter()
+                .map(|(k, _)| k.to_ip().to_string())
+                .collect::<Vec<_>>(),
+            ["10.0.0.2"]
+        );
     }
 }

@@ -214,6 +214,9 @@ impl Tracker {
     /// Ends the quarantines that are due.
     pub fn tick(&mut self) {
         self.attacher.retry_due(std::time::Instant::now());
+        // Writes the kernel refused before the registry's own tick, whose effects may replace
+        // them.
+        self.enforcer.retry_pending();
         self.refresh_stale();
         let result = self.registry.tick();
         self.apply(result, "cool-down over");

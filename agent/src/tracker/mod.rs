@@ -9,7 +9,8 @@
 //! - `api_service`: the API's answers: every view, read from the owner's state, and the
 //!   registry's refusals as API errors;
 //! - `effects`: each effect handed to its owner;
-//! - `enforcer`: the datapath's one writer;
+//! - `enforcer` (with `pending_writes`): the datapath's one writer, and the writes the kernel
+//!   refused, retried every tick;
 //! - `observer` (with `feed`): counters, event-feed entries and log lines;
 //! - `durable`: the journal and how saving it goes;
 //! - `protection`: the attach workers' reports, retries and readiness;
@@ -34,10 +35,13 @@ mod ipam;
 mod ipam_pressure;
 mod map_drift;
 mod observer;
+mod pending_writes;
 mod protection;
 mod recovery;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod write_retry_tests;
 
 pub use api_service::answer::Answer;
 pub use recovery::Recovery;
@@ -121,7 +125,7 @@ impl Tracker {
             observer: observer::Observer::new(metrics.clone()),
             registry: Registry::new(settings, SystemClock),
             config,
-            enforcer: enforcer::Enforcer::new(datapath),
+            enforcer: enforcer::Enforcer::new(datapath, metrics.clone()),
             attacher,
             net: NetState::default(),
             durable: durable::Durable::new(journal),

@@ -31,7 +31,7 @@ pub(super) fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
 }
 
-fn config(policy: EarlyReusePolicy) -> Config {
+pub(super) fn config(policy: EarlyReusePolicy) -> Config {
     let mut config = Config {
         on_early_reuse: policy,
         ..Config::default()
@@ -40,7 +40,7 @@ fn config(policy: EarlyReusePolicy) -> Config {
     config
 }
 
-fn tracker_with(config: Config, state_dir: &Path, table: MemTable) -> Tracker {
+pub(super) fn tracker_with(config: Config, state_dir: &Path, table: MemTable) -> Tracker {
     tracker_clocked(config, state_dir, table, FakeClock::new(0))
 }
 
@@ -106,6 +106,7 @@ fn flags(t: &Tracker, addr: &str) -> u32 {
 /// The table as a restarted agent finds it in the pins.
 fn pinned(t: &Tracker) -> MemTable {
     MemTable {
+        capacity: None,
         entries: t
             .datapath()
             .table()

@@ -4,6 +4,7 @@ use serde::{Deserialize, Serialize};
 
 use ipq_common::config::Mode;
 
+use super::PendingWriteView;
 use crate::{EarlyReusePolicy, Protection};
 
 /// `GET /v1/status`.
@@ -49,6 +50,13 @@ pub struct Status {
     /// before it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started: Option<StartedView>,
+    /// Addresses whose datapath entry the kernel refused to write, each retried every tick;
+    /// the agent is not ready while any is.
+    #[serde(default)]
+    pub datapath_writes_pending: u64,
+    /// The first 16 of them, in address order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pending_writes: Vec<PendingWriteView>,
 }
 
 /// The datapath as the agent found it at the moment it became ready (what its `started:` log

@@ -4,7 +4,7 @@ use std::net::IpAddr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{ConflictKind, EarlyReusePolicy, Holder, Protection, StateName};
+use crate::{ConflictKind, EarlyReusePolicy, Holder, MapWrite, Protection, StateName};
 
 /// The answer to a claim: the addresses as they are now, and the conflicts the claim caused
 /// (under `fence-old` or `observe` a claim over a live holder succeeds *and* conflicts).
@@ -77,6 +77,25 @@ pub struct AddressView {
     /// until ipq runs the delegate's DEL.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ipam_hold: Option<IpamHoldView>,
+    /// The kernel refused the last write of its datapath entry: the kernel enforces what it
+    /// had before (or nothing) until the retry on every tick goes through.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending_write: Option<PendingWriteView>,
+}
+
+/// A write of an address's datapath entry the kernel refused, kept and retried every tick
+/// until it goes through (or the registry no longer wants it).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PendingWriteView {
+    pub address: IpAddr,
+    /// What the registry wants done: `update` the entry or `delete` it.
+    pub op: MapWrite,
+    /// The kernel's answer to the last attempt.
+    pub error: String,
+    /// Attempts that failed since the first.
+    pub failures: u32,
+    /// When the first attempt failed.
+    pub since: String,
 }
 
 impl AddressView {
@@ -101,6 +120,7 @@ impl AddressView {
             observe_only: false,
             last_flush: None,
             ipam_hold: None,
+            pending_write: None,
         }
     }
 }

@@ -58,6 +58,7 @@ pub fn status(status: &Status, now: SystemTime) -> String {
             ),
         ),
         ("Verified".to_owned(), verification(status, now)),
+        ("Datapath".to_owned(), datapath_writes(status, now)),
         ("Recovered".to_owned(), recovery(status)),
     ];
     if !status.unannounced.is_empty() {
@@ -94,6 +95,22 @@ pub fn status(status: &Status, now: SystemTime) -> String {
         out.push_str(&table.render("  "));
     }
     out
+}
+
+/// Whether every datapath write went through; else how many are pending and the first ones.
+fn datapath_writes(status: &Status, now: SystemTime) -> String {
+    if status.datapath_writes_pending == 0 {
+        return "every write through".to_owned();
+    }
+    let mut text = format!("{} addresses NOT WRITTEN", status.datapath_writes_pending);
+    for pending in &status.pending_writes {
+        text.push_str(&format!(
+            "; {}: {}",
+            pending.address,
+            super::pending_write(pending, now)
+        ));
+    }
+    text
 }
 
 /// Where the registry came back from at start, and what was wrong with what it found.

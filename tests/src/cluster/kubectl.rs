@@ -23,7 +23,8 @@ impl<'h> Kubectl<'h> {
         })
     }
 
-    fn command(&self, args: &[&str]) -> Command {
+    /// `kubectl <args>` as a command, for one that runs beside the test (a `--follow`).
+    pub fn command(&self, args: &[&str]) -> Command {
         let mut cmd = self.host.command(&self.binary);
         cmd.arg(format!("--kubeconfig={}", self.kubeconfig.display()))
             .args(args);

@@ -21,9 +21,17 @@ pub const BUSYBOX_IMAGE: &str = "ipq.test/busybox:cluster-tier";
 
 const CONTAINERD_SOCKET: &str = "/run/containerd/containerd.sock";
 const DEBIAN_PLUGIN_DIR: &str = "/usr/lib/cni";
-/// The one address the node's IPAM hands out: a pod's address goes to the next pod as soon as
-/// the IPAM frees it, which is what the incidents need.
+/// The node's range is [`POD_ADDRESS`] to `10.88.0.<RANGE_LAST_OCTET>`, but every address after
+/// the first is reserved in host-local's directory at start for [`RESERVED_ID`], so the IPAM
+/// hands out this one address: a pod's address goes to the next pod as soon as the IPAM frees
+/// it, which is what the incidents need. [`open_range`] gives the rest back, for scenarios
+/// that need many pods.
 pub const POD_ADDRESS: &str = "10.88.0.10";
+/// The last octet of the node's range (10.88.0.10-10.88.0.90: 81 addresses).
+pub const RANGE_LAST_OCTET: u8 = 90;
+/// The container id host-local's reservations of the closed range are made for (a file in
+/// host-local's directory holds the id and the interface of what reserved the address).
+pub const RESERVED_ID: &str = "ipq-test-range-closed";
 pub const POD_GATEWAY: &str = "10.88.0.1";
 /// Where host-local keeps the node's allocations (one file per address).
 pub const HOST_LOCAL_DIR: &str = "/var/lib/cni/networks/ipq-cluster";
@@ -165,8 +173,8 @@ fn import_busybox_images(host: &Host) -> anyhow::Result<()> {
 }
 
 /// The reference plugins in the node's `/opt/cni/bin` (links to Debian's), and the node's
-/// conflist: a bridge with host-local addresses (one, see [`POD_ADDRESS`]), no masquerade (a peer sees pods' own
-/// addresses). ipq's init step appends ipq-cni to it.
+/// conflist: a bridge with host-local addresses (one free, see [`POD_ADDRESS`]), no masquerade
+/// (a peer sees pods' own addresses). ipq's init step appends ipq-cni to it.
 fn install_cni(host: &Host) -> anyhow::Result<()> {
     let conflist = serde_json::json!({
         "cniVersion": "1.0.0",
@@ -183,7 +191,7 @@ fn install_cni(host: &Host) -> anyhow::Result<()> {
                     "ranges": [[{
                         "subnet": POD_SUBNET,
                         "rangeStart": POD_ADDRESS,
-                        "rangeEnd": POD_ADDRESS,
+                        "rangeEnd": format!("10.88.0.{RANGE_LAST_OCTET}"),
                         "gateway": POD_GATEWAY
                     }]],
                     "routes": [{"dst": "0.0.0.0/0"}]
@@ -197,7 +205,11 @@ fn install_cni(host: &Host) -> anyhow::Result<()> {
     let script = format!(
         "set -e
         for plugin in {DEBIAN_PLUGIN_DIR}/*; do ln -sf \"$plugin\" /opt/cni/bin/; done
-        cp {} /etc/cni/net.d/10-{NETWORK_NAME}.conflist",
+        cp {} /etc/cni/net.d/10-{NETWORK_NAME}.conflist
+        mkdir -p {HOST_LOCAL_DIR}
+        for octet in $(seq 11 {RANGE_LAST_OCTET}); do
+            printf '%s\\r\\neth0' {RESERVED_ID} > {HOST_LOCAL_DIR}/10.88.0.$octet
+        done",
         written.display()
     );
     let mut cmd = host.command("sh");
@@ -206,6 +218,28 @@ fn install_cni(host: &Host) -> anyhow::Result<()> {
     if !out.status.success() {
         bail!(
             "installing the node's CNI plugins and conflist: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(())
+}
+
+/// Gives the node's range back to host-local: the reservations made at start for
+/// [`RESERVED_ID`] are removed, so the next pods get the addresses after the last one handed
+/// out (host-local goes on from its `last_reserved_ip.0`).
+pub fn open_range(host: &Host) -> anyhow::Result<()> {
+    let script = format!(
+        "set -e
+        for file in {HOST_LOCAL_DIR}/10.88.0.*; do
+            if grep -q {RESERVED_ID} \"$file\"; then rm \"$file\"; fi
+        done"
+    );
+    let mut cmd = host.command("sh");
+    cmd.args(["-c", &script]);
+    let out = crate::podman::run_bounded(&mut cmd, Duration::from_secs(30))?;
+    if !out.status.success() {
+        bail!(
+            "giving the node's range back to host-local: {}",
             String::from_utf8_lossy(&out.stderr)
         );
     }

@@ -42,3 +42,31 @@ spec:
 "#
     )
 }
+
+/// The churn's pods: bare pods (named, so each one's fate can be followed) on the pod network
+/// that sleep and leave at once on SIGTERM, so that a delete reaches the CNI DEL within a
+/// second.
+pub fn churn_pods(names: &[String]) -> String {
+    names
+        .iter()
+        .map(|name| {
+            format!(
+                r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+  namespace: default
+  labels: {{app: churn}}
+spec:
+  automountServiceAccountToken: false
+  terminationGracePeriodSeconds: 1
+  containers:
+    - name: sleeper
+      image: {BUSYBOX_IMAGE}
+      command: [/bin/sh, -c, "trap 'exit 0' TERM; sleep 2147483647 & wait"]
+"#
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("---\n")
+}

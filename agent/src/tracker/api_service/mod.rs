@@ -23,7 +23,7 @@ pub use refusal::refusal;
 
 use std::{net::IpAddr, time::SystemTime};
 
-use super::{feed::EventHub, hygiene::hygiene_view, Tracker};
+use super::{feed::EventHub, hygiene::hygiene_view, pending_writes::PendingWrites, Tracker};
 use crate::{
     api::{
         model::{
@@ -41,6 +41,9 @@ use crate::{
     registry::{AddrRecord, Registry, StateName},
 };
 
+/// Pending datapath writes `/v1/status` lists (all are counted).
+const PENDING_WRITES_SHOWN: usize = 16;
+
 /// The registry owner's state as the API reads it: borrowed for one answer, never changed.
 pub struct ApiService<'a> {
     registry: &'a Registry,
@@ -51,6 +54,8 @@ pub struct ApiService<'a> {
     hygiene: &'a Hygiene,
     ipam_holds: &'a Holds,
     feed: &'a EventHub,
+    /// The datapath writes the kernel refused.
+    writes: &'a PendingWrites,
     started_at: SystemTime,
     recovered: Option<&'a RecoveryView>,
     started: Option<&'a StartedView>,
@@ -68,6 +73,7 @@ impl Tracker {
             hygiene: &self.hygiene,
             ipam_holds: &self.ipam_holds,
             feed: self.observer.feed(),
+            writes: self.enforcer.pending(),
             started_at: self.started_at,
             recovered: self.recovered.as_ref(),
             started: self.started.as_ref(),
@@ -141,6 +147,8 @@ impl ApiService<'_> {
             ),
             recovery: self.recovered.cloned(),
             started: self.started.cloned(),
+            writes_pending: self.writes.len() as u64,
+            pending_writes: self.writes.views(PENDING_WRITES_SHOWN),
         };
         status_view(facts, self.registry, interfaces)
     }
@@ -168,6 +176,7 @@ impl ApiService<'_> {
             .get(addr)
             .map(|r| self.view_of(r, &time))
             .or_else(|| self.held_free_view(addr))
+            .or_else(|| self.unwritten_free_view(addr))
             .ok_or_else(|| {
                 ApiError::new(
                     ErrorCode::NotFound,
@@ -216,6 +225,17 @@ impl ApiService<'_> {
             .hygiene
             .last(view.address)
             .map(|r| hygiene_view(&r, Some(time)));
+        view.pending_write = self.writes.get(view.address).map(|p| p.view(view.address));
         view
+    }
+
+    /// A free address whose entry the kernel refused to delete: the datapath still enforces
+    /// its old entry, and its view says so rather than 404.
+    fn unwritten_free_view(&self, addr: IpAddr) -> Option<AddressView> {
+        let pending = self.writes.get(addr)?;
+        Some(AddressView {
+            pending_write: Some(pending.view(addr)),
+            ..AddressView::free(addr)
+        })
     }
 }
