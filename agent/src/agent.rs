@@ -202,6 +202,7 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
         pins_root.clone(),
         attacher.netlink_hooks(),
         config.verify_interval,
+        datapath.take_maps_mirror(),
         verify_tx,
         verifier_stop,
     ));

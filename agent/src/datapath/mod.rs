@@ -7,6 +7,7 @@ mod bpf_call;
 pub mod bpffs;
 mod error;
 pub mod held_pins;
+pub mod intent;
 pub mod lock;
 pub mod map_check;
 pub mod maps;
@@ -191,6 +192,11 @@ impl Datapath {
 
     pub fn layout(&self) -> &PinLayout {
         &self.layout
+    }
+
+    /// The mirror of what the address table wrote, for the verification (once).
+    pub fn take_maps_mirror(&mut self) -> Option<intent::IntentMirror> {
+        self.maps.table.take_mirror()
     }
 
     pub fn capacity(&self) -> u32 {

@@ -14,12 +14,14 @@
 //!
 //! 3. dumps the filters of every hook ipq's netlink filter should hold (the TC notifications
 //!    announce every change there; this catches what a lost notification would hide);
-//! 4. reads `IPQ_ADDRS`, `IPQ_IFACES` and `IPQ_QBLOOM` whole ([`map_check`]), for the owner
-//!    loop to compare with what its one writer wrote (no notification announces a map write).
+//! 4. compares `IPQ_ADDRS`, `IPQ_SLOTS`, `IPQ_IFACES` and `IPQ_QBLOOM` with the mirror of what
+//!    their one writer wrote ([`map_check`]; no notification announces a map write), for the
+//!    owner loop to look again at what differs, and only that.
 //!
 //! O(pins + hooks + addresses): a few syscalls per pin, one dump per netlink hook, a batched
 //! read of the maps; the pass's duration is a gauge (`ipq_datapath_verify_seconds`) and is
-//! shown in `ipq status`.
+//! shown in `ipq status`. Between passes the mirror takes in the table's writes every
+//! [`ABSORB_EVERY`], so that what the owner loop queues for it stays small.
 
 use std::{
     collections::BTreeMap,
@@ -33,7 +35,8 @@ use tokio::sync::{mpsc, watch};
 use super::{
     attach::tc_filter::{self, Direction},
     held_pins::{self, LinkState, Restored, TcxPlace},
-    map_check::{self, MapsReading},
+    intent::IntentMirror,
+    map_check::{self, MapSuspects},
     MapDrift,
 };
 use crate::paths::{AttachPoint, PinLayout};
@@ -67,8 +70,10 @@ pub struct Verification {
     /// Whether the pins will outlive the agent (`bpffs_dir` still on its bpf filesystem), or
     /// why not.
     pub bpffs: Result<(), String>,
-    /// The maps as read, for the owner loop to compare (or why they could not be read).
-    pub maps: Result<MapsReading, String>,
+    /// What in the maps differs from what their writer wrote, for the owner loop to look at
+    /// again (or why they could not be compared); `None` for a pass the watcher asked for the
+    /// links only.
+    pub maps: Option<Result<MapSuspects, String>>,
 }
 
 /// What the last pass found, as `ipq status` shows it.
@@ -162,7 +167,7 @@ impl Verification {
         if let Some(problem) = self.pins_problem() {
             found.push(problem);
         }
-        if let Err(e) = &self.maps {
+        if let Some(Err(e)) = &self.maps {
             found.push(format!("maps not verified: {e}"));
         }
         found.extend(drift.iter().take(DRIFT_SHOWN).map(|d| {
@@ -222,8 +227,14 @@ pub fn look_at_filters(hooks: &BTreeMap<u32, Vec<AttachPoint>>) -> (Vec<Hook>, V
     (missing, ahead)
 }
 
-/// One pass over the pins under `root` (one `bpffs_dir`) and the hooks of `netlink_hooks`.
-pub fn verify(root: &Path, netlink_hooks: &NetlinkHooks) -> Verification {
+/// One pass over the pins under `root` (one `bpffs_dir`) and the hooks of `netlink_hooks`, and
+/// the maps compared with `mirror` when `compare_maps`.
+pub fn verify(
+    root: &Path,
+    netlink_hooks: &NetlinkHooks,
+    compare_maps: bool,
+    mirror: Option<&mut IntentMirror>,
+) -> Verification {
     let started = Instant::now();
     let restored = held_pins::restore(root);
     held_pins::report(&restored);
@@ -264,7 +275,12 @@ pub fn verify(root: &Path, netlink_hooks: &NetlinkHooks) -> Verification {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
         .clone();
     let (filters_missing, filters_ahead) = look_at_filters(&hooks);
-    let maps = map_check::read(&PinLayout::new(root)).map_err(|e| e.to_string());
+    let maps = compare_maps.then(|| match mirror {
+        Some(mirror) => {
+            map_check::compare(&PinLayout::new(root), mirror).map_err(|e| e.to_string())
+        }
+        None => Err("no mirror of the address table to compare with".to_owned()),
+    });
     let bpffs = super::bpffs::outlives_agent(root);
     Verification {
         finished_at: SystemTime::now(),
@@ -281,6 +297,9 @@ pub fn verify(root: &Path, netlink_hooks: &NetlinkHooks) -> Verification {
     }
 }
 
+/// How often the mirror takes in the table's writes between passes.
+pub const ABSORB_EVERY: Duration = Duration::from_millis(250);
+
 /// Verifies every `every` until `stop` says so, each pass's findings sent to the owner loop (a
 /// pass is skipped while the loop has not taken the last one). A pass under way when `stop`
 /// comes runs to its end first: the shutdown's own look at the pins must not race it.
@@ -288,18 +307,32 @@ pub async fn run(
     root: PathBuf,
     netlink_hooks: NetlinkHooks,
     every: Duration,
+    mirror: Option<IntentMirror>,
     findings: mpsc::Sender<Verification>,
     mut stop: watch::Receiver<bool>,
 ) {
+    let mirror = Arc::new(Mutex::new(mirror));
     let mut ticks = tokio::time::interval(every);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut absorbs = tokio::time::interval(ABSORB_EVERY);
+    absorbs.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = ticks.tick() => {}
+            _ = absorbs.tick() => {
+                absorb(&mirror).await;
+                continue;
+            }
             _ = stop.changed() => return,
         }
-        let (root, hooks) = (root.clone(), netlink_hooks.clone());
-        match tokio::task::spawn_blocking(move || verify(&root, &hooks)).await {
+        let (root, hooks, mirror) = (root.clone(), netlink_hooks.clone(), mirror.clone());
+        let pass = move || {
+            let mut mirror = mirror
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            verify(&root, &hooks, true, mirror.as_mut())
+        };
+        match tokio::task::spawn_blocking(pass).await {
             Ok(verification) => {
                 if findings.try_send(verification).is_err() && findings.is_closed() {
                     return;
@@ -307,5 +340,31 @@ pub async fn run(
             }
             Err(e) => log::error!("verifying the datapath: {e}"),
         }
+    }
+}
+
+/// Takes the table's writes into the mirror, off the async workers (a merge of the mirror is
+/// O(addresses)); nothing to do costs a lock.
+async fn absorb(mirror: &Arc<Mutex<Option<IntentMirror>>>) {
+    let behind = mirror
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .as_ref()
+        .is_some_and(IntentMirror::behind);
+    if !behind {
+        return;
+    }
+    let mirror = mirror.clone();
+    let merge = move || {
+        if let Some(mirror) = mirror
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .as_mut()
+        {
+            mirror.absorb();
+        }
+    };
+    if let Err(e) = tokio::task::spawn_blocking(merge).await {
+        log::error!("taking the table's writes into its mirror: {e}");
     }
 }

@@ -12,8 +12,10 @@ use crate::{paths::AttachPoint, series::registered};
 pub struct TamperMetrics {
     /// Map entries another process changed, found and written back by the verification.
     pub map_entries_rewritten: IntCounterVec,
-    /// How long the last comparison of the maps took on the owner loop.
+    /// How long the owner loop took to look again at the last comparison's suspects.
     pub verify_maps_compare_seconds: Gauge,
+    /// How long the last comparison of the maps took, off the owner loop.
+    pub verify_maps_seconds: Gauge,
     /// Hooks where another tool's filter runs before ipq's, by hook.
     pub bypassed_interfaces: IntGaugeVec,
     /// Times a hook was found bypassed; follows the attacher's count.
@@ -46,8 +48,17 @@ impl TamperMetrics {
             registry,
             Gauge::new(
                 "ipq_datapath_verify_maps_compare_seconds",
-                "How long the last verification's comparison of the maps with what ipq wrote \
-                 took on the owner loop (the maps are read off it; O(addresses)).",
+                "How long the owner loop took to look again at what the last comparison of \
+                 the maps found differing from what ipq wrote (O(differences); the comparison \
+                 runs off it).",
+            )?,
+        )?;
+        let verify_maps_seconds = registered(
+            registry,
+            Gauge::new(
+                "ipq_datapath_verify_maps_seconds",
+                "How long the last comparison of the maps with what ipq wrote took, their \
+                 batched reads included, off the owner loop (O(addresses)).",
             )?,
         )?;
         let bypassed_interfaces = registered(
@@ -82,6 +93,7 @@ impl TamperMetrics {
         Ok(Self {
             map_entries_rewritten,
             verify_maps_compare_seconds,
+            verify_maps_seconds,
             bypassed_interfaces,
             bypasses,
         })

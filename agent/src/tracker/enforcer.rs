@@ -9,7 +9,7 @@ use std::{collections::BTreeMap, net::IpAddr};
 use ipq_common::addr::{AddrEntry, AddrKey};
 use log::error;
 
-use crate::datapath::{map_check::MapsReading, DatapathError, DatapathPort, MapsCheck};
+use crate::datapath::{map_check::MapSuspects, DatapathError, DatapathPort, MapsCheck};
 
 pub struct Enforcer {
     datapath: Box<dyn DatapathPort>,
@@ -77,10 +77,14 @@ impl Enforcer {
         }
     }
 
-    /// Compares the kernel's maps with what this writer wrote, and writes its own back where
-    /// another process changed them.
-    pub fn verify_maps(&mut self, reading: &MapsReading) -> MapsCheck {
-        self.datapath.table_mut().verify(reading)
+    /// Looks again at what the off-loop comparison of the maps found differing, and writes
+    /// `wanted`'s entry back where another process changed them.
+    pub fn recheck_maps(
+        &mut self,
+        suspects: &MapSuspects,
+        wanted: &dyn Fn(&AddrKey) -> Option<AddrEntry>,
+    ) -> MapsCheck {
+        self.datapath.table_mut().recheck(suspects, wanted)
     }
 
     /// Where the pinned copies disagreed when the table opened.

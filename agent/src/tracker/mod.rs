@@ -89,6 +89,9 @@ pub struct Tracker {
     recovered: Option<crate::api::model::RecoveryView>,
     /// Why the pins under `bpffs_dir` cannot be kept, as the last verification found.
     pins_problem: Option<String>,
+    /// Datapath entries written (`Some`) or removed (`None`) by hand, behind the registry's
+    /// back, until the registry next changes the address: what the verification keeps there.
+    hand_written: std::collections::HashMap<std::net::IpAddr, Option<ipq_common::addr::AddrEntry>>,
     /// What was in place when the agent became ready ([`Tracker::mark_started`]).
     started: Option<crate::api::model::StartedView>,
     /// Reuse hygiene's jobs and last reports (inert until started).
@@ -129,6 +132,7 @@ impl Tracker {
             started_at: SystemTime::now(),
             recovered: None,
             pins_problem: None,
+            hand_written: std::collections::HashMap::new(),
             started: None,
             hygiene: crate::hygiene::Hygiene::disabled(),
             ipam_holds: Default::default(),
