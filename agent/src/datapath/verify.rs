@@ -34,6 +34,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::{
     attach::tc_filter::{self, Direction},
+    bpf_watch::{Pokes, POKE_MAPS},
     held_pins::{self, LinkState, Restored, TcxPlace},
     intent::IntentMirror,
     map_check::{self, MapSuspects},
@@ -300,14 +301,27 @@ pub fn verify(
 /// How often the mirror takes in the table's writes between passes.
 pub const ABSORB_EVERY: Duration = Duration::from_millis(250);
 
-/// Verifies every `every` until `stop` says so, each pass's findings sent to the owner loop (a
-/// pass is skipped while the loop has not taken the last one). A pass under way when `stop`
-/// comes runs to its end first: the shutdown's own look at the pins must not race it.
+/// How long a pass the watcher asks for waits after the call it reported: the watcher sees a
+/// call as it starts, and the pass must find what it did. Pokes meanwhile join the same pass.
+pub const WATCH_SETTLE: Duration = Duration::from_millis(2);
+
+/// The least time between the starts of two passes the watcher asks for: a tool that opens
+/// ipq's pins or detaches links in a loop gets a pass every this often, not one after another
+/// (a comparison of 64k addresses takes milliseconds of a CPU). The first poke after a quiet
+/// spell waits only [`WATCH_SETTLE`].
+pub const POKED_GAP: Duration = Duration::from_millis(50);
+
+/// Verifies every `every`, and at once (after [`WATCH_SETTLE`]) when `pokes` (the watcher of
+/// other processes' bpf() calls) says so, until `stop` says so. Each pass's findings are sent
+/// to the owner loop (a periodic pass is skipped while the loop has not taken the last one; a
+/// poked one waits for it). A pass under way when `stop` comes runs to its end first: the
+/// shutdown's own look at the pins must not race it.
 pub async fn run(
     root: PathBuf,
     netlink_hooks: NetlinkHooks,
     every: Duration,
     mirror: Option<IntentMirror>,
+    pokes: Option<Arc<Pokes>>,
     findings: mpsc::Sender<Verification>,
     mut stop: watch::Receiver<bool>,
 ) {
@@ -316,23 +330,33 @@ pub async fn run(
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut absorbs = tokio::time::interval(ABSORB_EVERY);
     absorbs.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_poked: Option<tokio::time::Instant> = None;
     loop {
-        tokio::select! {
-            _ = ticks.tick() => {}
+        let (compare_maps, poked) = tokio::select! {
+            _ = ticks.tick() => (true, false),
             _ = absorbs.tick() => {
                 absorb(&mirror).await;
                 continue;
             }
+            scope = poked(pokes.as_deref(), last_poked) => (scope & POKE_MAPS != 0, true),
             _ = stop.changed() => return,
+        };
+        if poked {
+            last_poked = Some(tokio::time::Instant::now());
         }
         let (root, hooks, mirror) = (root.clone(), netlink_hooks.clone(), mirror.clone());
         let pass = move || {
             let mut mirror = mirror
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
-            verify(&root, &hooks, true, mirror.as_mut())
+            verify(&root, &hooks, compare_maps, mirror.as_mut())
         };
         match tokio::task::spawn_blocking(pass).await {
+            Ok(verification) if poked => {
+                if findings.send(verification).await.is_err() {
+                    return;
+                }
+            }
             Ok(verification) => {
                 if findings.try_send(verification).is_err() && findings.is_closed() {
                     return;
@@ -341,6 +365,20 @@ pub async fn run(
             Err(e) => log::error!("verifying the datapath: {e}"),
         }
     }
+}
+
+/// The scope of the next poke, once [`WATCH_SETTLE`] has passed since it and [`POKED_GAP`]
+/// since the last poked pass began; never without a watcher.
+async fn poked(pokes: Option<&Pokes>, last: Option<tokio::time::Instant>) -> u8 {
+    let Some(pokes) = pokes else {
+        return std::future::pending().await;
+    };
+    pokes.poked().await;
+    tokio::time::sleep(WATCH_SETTLE).await;
+    if let Some(last) = last {
+        tokio::time::sleep_until(last + POKED_GAP).await;
+    }
+    pokes.take()
 }
 
 /// Takes the table's writes into the mirror, off the async workers (a merge of the mirror is

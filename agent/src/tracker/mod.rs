@@ -92,6 +92,8 @@ pub struct Tracker {
     /// Datapath entries written (`Some`) or removed (`None`) by hand, behind the registry's
     /// back, until the registry next changes the address: what the verification keeps there.
     hand_written: std::collections::HashMap<std::net::IpAddr, Option<ipq_common::addr::AddrEntry>>,
+    /// Whether the watcher of other processes' bpf() calls is attached, or why not.
+    bpf_watcher: Result<(), String>,
     /// What was in place when the agent became ready ([`Tracker::mark_started`]).
     started: Option<crate::api::model::StartedView>,
     /// Reuse hygiene's jobs and last reports (inert until started).
@@ -108,6 +110,11 @@ pub struct Tracker {
 }
 
 impl Tracker {
+    /// Whether the bpf() watcher runs (`ipq status` says what finds unannounced changes).
+    pub fn set_bpf_watcher(&mut self, watcher: Result<(), String>) {
+        self.bpf_watcher = watcher;
+    }
+
     pub fn new(
         config: Config,
         datapath: impl DatapathPort + 'static,
@@ -133,6 +140,7 @@ impl Tracker {
             recovered: None,
             pins_problem: None,
             hand_written: std::collections::HashMap::new(),
+            bpf_watcher: Err("not started".to_owned()),
             started: None,
             hygiene: crate::hygiene::Hygiene::disabled(),
             ipam_holds: Default::default(),
