@@ -29,7 +29,7 @@ use ipq_common::{
 use tokio::sync::Notify;
 
 use super::{program, DatapathError};
-use crate::paths::PinLayout;
+use crate::paths::{AttachPoint, PinLayout};
 
 /// What the verification should look at, as the watcher pokes it.
 #[derive(Default)]
@@ -73,6 +73,8 @@ pub struct Classifier {
     /// ipq's pinned maps' ids, and the directory of their pins.
     map_ids: Vec<u32>,
     maps_dir: PathBuf,
+    /// Where ipq's links are pinned, by interface and hook.
+    layout: PinLayout,
 }
 
 /// Loads and attaches the watcher of the loaded object `ebpf`, its maps pinned under `layout`.
@@ -120,6 +122,7 @@ pub fn attach(ebpf: &mut Ebpf, layout: &PinLayout) -> Result<BpfWatch, DatapathE
             watched,
             map_ids,
             maps_dir: layout.maps_dir(),
+            layout: layout.clone(),
         },
     })
 }
@@ -143,6 +146,14 @@ impl Classifier {
         let call = decode(record)?;
         let cmd = BpfCmd::from_repr(call.cmd)?;
         let seen = match cmd {
+            // Another tool's attachment to an interface ipq holds no link on (a pod's veth of
+            // another CNI, a cgroup) cannot displace ipq's: no pass for it. (The ifindex is the
+            // caller's namespace's: one of another namespace may cost a needless pass.)
+            BpfCmd::LinkCreate | BpfCmd::ProgAttach | BpfCmd::ProgDetach
+                if call.target != 0 && !self.holds_links_on(call.target) =>
+            {
+                Seen::Elsewhere
+            }
             BpfCmd::LinkDetach
             | BpfCmd::LinkUpdate
             | BpfCmd::LinkCreate
@@ -175,6 +186,13 @@ impl Classifier {
             );
         }
         Seen::Maps { cmd, tgid }
+    }
+
+    /// Whether ipq holds a link on `ifindex` (its pin is there): three lookups.
+    fn holds_links_on(&self, ifindex: u32) -> bool {
+        AttachPoint::ALL
+            .iter()
+            .any(|point| self.layout.link(ifindex, *point).exists())
     }
 
     /// Whether `path` (NUL-terminated) names a pin under ipq's maps directory.

@@ -52,6 +52,8 @@ pub type NetlinkHooks = Arc<Mutex<BTreeMap<u32, Vec<AttachPoint>>>>;
 /// One pass's findings.
 #[derive(Debug)]
 pub struct Verification {
+    /// When the pass began: what it found of a hook ipq has looked at since is stale.
+    pub started: Instant,
     pub finished_at: SystemTime,
     pub took: Duration,
     /// Pins the agent holds, all checked.
@@ -284,6 +286,7 @@ pub fn verify(
     });
     let bpffs = super::bpffs::outlives_agent(root);
     Verification {
+        started,
         finished_at: SystemTime::now(),
         took: started.elapsed(),
         pins: held.len(),
