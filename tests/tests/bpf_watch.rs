@@ -61,6 +61,12 @@ fn fenced_and_watching(lab: &Lab) -> Agent<'_> {
         "the watcher attached: {unannounced}\n{}",
         agent.log()
     );
+    assert_eq!(
+        agent
+            .metric("ipq_datapath_bpf_watcher", &[])
+            .unwrap_or_else(|e| panic!("{e:#}")),
+        1.0
+    );
     agent
 }
 

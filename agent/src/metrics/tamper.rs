@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use ipq_common::{counters::Hook, names};
-use prometheus::{Gauge, IntCounterVec, IntGaugeVec, Opts, Registry};
+use prometheus::{Gauge, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 
 use crate::{paths::AttachPoint, series::registered};
 
@@ -16,6 +16,9 @@ pub struct TamperMetrics {
     pub verify_maps_compare_seconds: Gauge,
     /// How long the last comparison of the maps took, off the owner loop.
     pub verify_maps_seconds: Gauge,
+    /// 1 while the bpf() watcher reports other processes' calls, 0 where the periodic
+    /// verification alone finds them.
+    pub bpf_watcher: IntGauge,
     /// Hooks where another tool's filter runs before ipq's, by hook.
     pub bypassed_interfaces: IntGaugeVec,
     /// Times a hook was found bypassed; follows the attacher's count.
@@ -61,6 +64,15 @@ impl TamperMetrics {
                  batched reads included, off the owner loop (O(addresses)).",
             )?,
         )?;
+        let bpf_watcher = registered(
+            registry,
+            IntGauge::new(
+                "ipq_datapath_bpf_watcher",
+                "1 while the bpf() watcher reports other processes' link detaches, program \
+                 attaches and writes to ipq's maps as they happen; 0 where only the periodic \
+                 verification finds them (every verify_interval).",
+            )?,
+        )?;
         let bypassed_interfaces = registered(
             registry,
             IntGaugeVec::new(
@@ -94,6 +106,7 @@ impl TamperMetrics {
             map_entries_rewritten,
             verify_maps_compare_seconds,
             verify_maps_seconds,
+            bpf_watcher,
             bypassed_interfaces,
             bypasses,
         })
