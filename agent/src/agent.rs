@@ -198,10 +198,27 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
     let (attacher, mut attach_reports) = datapath.start_attacher(tc_mode)?;
     let (verify_tx, mut verifications) = mpsc::channel(1);
     let (stop_verifier, verifier_stop) = tokio::sync::watch::channel(false);
+    let bpf_watch = datapath.take_bpf_watch();
+    let watcher = bpf_watch.as_ref().map(|_| ()).map_err(Clone::clone);
+    metrics.tamper.bpf_watcher.set(i64::from(watcher.is_ok()));
+    let pokes = bpf_watch.ok().map(|watch| {
+        let pokes = Arc::new(crate::datapath::bpf_watch::Pokes::default());
+        let reader = pokes.clone();
+        let metrics = metrics.clone();
+        tokio::spawn(async move {
+            if let Err(e) = kernel_rings::read_bpf_calls(watch, reader).await {
+                metrics.tamper.bpf_watcher.set(0);
+                error!("bpf() watcher stopped: {e}; periodic verification only");
+            }
+        });
+        pokes
+    });
     let verifier = tokio::spawn(verify::run(
         pins_root.clone(),
         attacher.netlink_hooks(),
         config.verify_interval,
+        datapath.take_maps_mirror(),
+        pokes,
         verify_tx,
         verifier_stop,
     ));
@@ -210,6 +227,7 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
         source: e,
     })??;
     let mut tracker = Tracker::new(config, datapath, attacher, journal, metrics.clone());
+    tracker.set_bpf_watcher(watcher);
     let recovery = tracker.recover(loaded);
     // DELs spooled while no agent ran drain their holders before the dump says which are gone,
     // so they end up exactly where a live DEL would have put them.

@@ -16,6 +16,7 @@ pub mod names;
 pub mod sample;
 pub mod slots;
 pub mod verdict;
+pub mod watch;
 
 #[cfg(feature = "user")]
 mod pod;

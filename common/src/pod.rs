@@ -8,6 +8,7 @@ use crate::{
     iface::IfaceEntry,
     sample::ConflictSample,
     slots::{AddrSlot, SlotsMeta},
+    watch::BpfCall,
 };
 
 unsafe impl aya::Pod for AddrKey {}
@@ -18,3 +19,4 @@ unsafe impl aya::Pod for Counter {}
 unsafe impl aya::Pod for ConflictSample {}
 unsafe impl aya::Pod for AddrSlot {}
 unsafe impl aya::Pod for SlotsMeta {}
+unsafe impl aya::Pod for BpfCall {}

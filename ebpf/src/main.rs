@@ -9,12 +9,13 @@ mod maps;
 mod parse;
 mod slots;
 mod tc;
+mod watch;
 mod xdp;
 
 use aya_ebpf::{
     bindings::{xdp_action, TC_ACT_SHOT},
-    macros::{classifier, xdp},
-    programs::{TcContext, XdpContext},
+    macros::{classifier, raw_tracepoint, xdp},
+    programs::{RawTracePointContext, TcContext, XdpContext},
 };
 use ipq_common::counters::Hook;
 
@@ -62,6 +63,14 @@ pub fn ipq_tc_egress(ctx: TcContext) -> i32 {
 #[xdp]
 pub fn ipq_xdp_uplink(ctx: XdpContext) -> u32 {
     xdp_code(xdp::try_uplink(&ctx))
+}
+
+/// The watcher: `bpf()` calls of other processes that can undo ipq's attachments or write its
+/// maps, reported to the agent (a raw tracepoint on `sys_enter`, leaving all but `bpf()`).
+#[raw_tracepoint(tracepoint = "sys_enter")]
+pub fn ipq_watch_bpf(ctx: RawTracePointContext) -> i32 {
+    let _ = watch::watch(&ctx);
+    0
 }
 
 /// The floor of the TC hook for tests and benchmarks: does nothing.

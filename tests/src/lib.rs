@@ -15,4 +15,5 @@ pub mod oci;
 pub mod packets;
 pub mod podman;
 pub mod prometheus;
+pub mod raw_bpf;
 pub mod time;

@@ -13,7 +13,10 @@ use tokio::{
 
 use super::AgentError;
 use crate::{
-    datapath::{decode_sample, KernelLogger, Samples},
+    datapath::{
+        bpf_watch::{BpfWatch, Pokes, Seen, POKE_LINKS, POKE_MAPS},
+        decode_sample, KernelLogger, Samples,
+    },
     metrics::{LostAt, Metrics},
 };
 
@@ -73,6 +76,50 @@ pub(super) async fn forward_kernel_logs(logger: KernelLogger) -> Result<(), Agen
                 source,
             })?;
         guard.get_inner_mut().flush();
+        guard.clear_ready();
+    }
+}
+
+/// Reads the watcher's ring until the agent stops: each reported `bpf()` call of another
+/// process that may have touched ipq's links or maps pokes the verification, which looks at
+/// once (one pass for a burst of calls).
+pub(super) async fn read_bpf_calls(watch: BpfWatch, pokes: Arc<Pokes>) -> Result<(), AgentError> {
+    let BpfWatch {
+        calls,
+        mut classifier,
+    } = watch;
+    // SAFETY: as for the samples: the ring owns its map fd for as long as the AsyncFd owns it.
+    let mut ring =
+        unsafe { AsyncFd::register_with_interest(calls, Interest::READABLE) }.map_err(|e| {
+            AgentError::Io {
+                what: "polling the bpf() watcher's ring buffer",
+                source: e.into_parts().1,
+            }
+        })?;
+    loop {
+        let mut guard = ring.readable_mut().await.map_err(|source| AgentError::Io {
+            what: "polling the bpf() watcher's ring buffer",
+            source,
+        })?;
+        let ring = guard.get_inner_mut();
+        let mut scope = 0;
+        while let Some(item) = ring.next() {
+            match classifier.classify(&item) {
+                Some(Seen::Attachment { cmd, tgid, target }) => {
+                    log::debug!("process {tgid}: bpf({cmd:?}) on target {target}: verifying");
+                    scope |= POKE_LINKS;
+                }
+                Some(Seen::Maps { cmd, tgid }) => {
+                    log::debug!("process {tgid}: bpf({cmd:?}) of ipq's maps: comparing them");
+                    scope |= POKE_LINKS | POKE_MAPS;
+                }
+                Some(Seen::Elsewhere) => {}
+                None => warn!("bpf() watcher: record of {} bytes ignored", item.len()),
+            }
+        }
+        if scope != 0 {
+            pokes.poke(scope);
+        }
         guard.clear_ready();
     }
 }

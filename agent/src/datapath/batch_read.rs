@@ -25,6 +25,19 @@ const ENOTSUPP: i32 = 524;
 /// with an iteration.
 pub(crate) fn lookup_all<K: Pod, V: Pod>(map: BorrowedFd<'_>) -> io::Result<Option<Vec<(K, V)>>> {
     let mut entries = Vec::new();
+    let read = for_each_batch::<K, V>(map, |batch| entries.extend_from_slice(batch))?;
+    Ok(read.then_some(entries))
+}
+
+/// Hands every entry of the hash map `map` to `visit`, a batch of at most [`CHUNK`] at a time
+/// (memory for one batch, whatever the map holds). `false` when this kernel cannot read it in
+/// batches (then the caller iterates); a walk abandoned after some batches is `false` too, and
+/// those batches were visited.
+pub(crate) fn for_each_batch<K: Pod, V: Pod>(
+    map: BorrowedFd<'_>,
+    mut visit: impl FnMut(&[(K, V)]),
+) -> io::Result<bool> {
+    let mut batch: Vec<(K, V)> = Vec::with_capacity(CHUNK as usize);
     let mut keys = vec![0u8; CHUNK as usize * size_of::<K>()];
     let mut values = vec![0u8; CHUNK as usize * size_of::<V>()];
     // The position to go on from: a bucket index (4 bytes) for hash maps, room for more.
@@ -46,12 +59,13 @@ pub(crate) fn lookup_all<K: Pod, V: Pod>(map: BorrowedFd<'_>) -> io::Result<Opti
         let done = match result {
             // A batch that neither filled anything nor ended the walk would be asked again
             // for ever: iterate instead.
-            Ok(_) if count == 0 => return Ok(None),
+            Ok(_) if count == 0 => return Ok(false),
             Ok(_) => false,
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => true,
-            Err(e) if is_unsupported(&e, first) => return Ok(None),
+            Err(e) if is_unsupported(&e, first) => return Ok(false),
             Err(e) => return Err(e),
         };
+        batch.clear();
         for i in 0..count as usize {
             // SAFETY: the kernel wrote `count` keys and values of these sizes; Pod types are
             // valid for any bytes, and the reads are unaligned.
@@ -61,10 +75,11 @@ pub(crate) fn lookup_all<K: Pod, V: Pod>(map: BorrowedFd<'_>) -> io::Result<Opti
                     std::ptr::read_unaligned(values.as_ptr().add(i * size_of::<V>()).cast::<V>()),
                 )
             };
-            entries.push((key, value));
+            batch.push((key, value));
         }
+        visit(&batch);
         if done {
-            return Ok(Some(entries));
+            return Ok(true);
         }
         token = next;
         first = false;

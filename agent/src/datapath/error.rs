@@ -44,6 +44,8 @@ pub enum DatapathError {
     MissingProgram { name: &'static str },
     #[error("map {name} is missing from the eBPF object")]
     MissingMap { name: &'static str },
+    #[error("the bpf() watcher reads x86-64's system call registers: not on this architecture")]
+    WatcherArch,
     #[error("program {name}: {source}")]
     Program {
         name: &'static str,

@@ -1,11 +1,16 @@
-//! The kernel's address maps read whole, off the owner loop, for the verification to compare
-//! with what the one writer wrote ([`super::AddressTable::verify`]).
+//! The kernel's address maps compared with what their one writer wrote, off the owner loop
+//! ([`IntentMirror`]): only what differs goes to the owner loop, which looks again at each
+//! suspect and writes its own back ([`super::AddressTable::recheck`]).
 //!
 //! Nothing announces a write to a map: any process with `CAP_BPF` can open a pin and unfence
 //! an address with one `bpf()` call. `IPQ_ADDRS` is read in batches (`BPF_MAP_LOOKUP_BATCH`,
-//! a few calls at 64k addresses), `IPQ_IFACES` and `IPQ_QBLOOM` likewise where the kernel
-//! can; `IPQ_SLOTS` is the table's own shared mapping, read where it is compared. The reading
-//! runs on its own descriptors (opened from the pins), so the owner loop only compares.
+//! a batch in memory at a time) and each batch compared as it comes; `IPQ_SLOTS` is read
+//! through the table's own mapping, slot by slot under the programs' counter protocol;
+//! `IPQ_IFACES` and `IPQ_QBLOOM` (a few hundred KiB) are read whole. The reading runs on its
+//! own descriptors (opened from the pins). A write the owner loop makes while the maps are read
+//! may make its address a suspect: the mirror takes in the table's writes again after the
+//! reads, and a suspect the kernel held as the table has written it since is dropped; the owner
+//! loop finds the rest that agree and drops them too.
 
 use std::{
     os::fd::AsFd as _,
@@ -22,53 +27,184 @@ use ipq_common::{
     names,
 };
 
-use super::{batch_read, DatapathError};
+use super::{
+    batch_read,
+    intent::IntentMirror,
+    slots::{CellRead, SlotsReader},
+    DatapathError,
+};
 use crate::paths::PinLayout;
 
-/// The kernel's `IPQ_ADDRS`, `IPQ_IFACES` and `IPQ_QBLOOM` as one pass read them.
-#[derive(Clone, Debug, Default)]
-pub struct MapsReading {
-    pub addrs: Vec<(AddrKey, AddrEntry)>,
-    /// By slot.
-    pub ifaces: Vec<IfaceEntry>,
-    /// By word.
-    pub filter: Vec<u64>,
-    /// How long the reads took.
+/// What one comparison found differing, for the owner loop to look at again.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MapSuspects {
+    /// Addresses whose `IPQ_ADDRS` or `IPQ_SLOTS` entry (or lack of one) is not what the table
+    /// wrote, in address order, each once.
+    pub addrs: Vec<AddrKey>,
+    /// `IPQ_SLOTS` slots found mid-write (a counter odd): settled by the owner loop if still so.
+    pub unsettled: Vec<usize>,
+    /// `IPQ_IFACES` slots not as written.
+    pub slots: Vec<u32>,
+    /// `IPQ_QBLOOM` words not as written.
+    pub words: Vec<u32>,
+    /// Addresses the table holds.
+    pub addresses: usize,
+    /// The reads and the comparison, off the owner loop.
     pub took: Duration,
 }
 
-/// Reads the three maps pinned under `layout`.
-pub fn read(layout: &PinLayout) -> Result<MapsReading, DatapathError> {
+impl MapSuspects {
+    pub fn is_empty(&self) -> bool {
+        self.addrs.is_empty()
+            && self.unsettled.is_empty()
+            && self.slots.is_empty()
+            && self.words.is_empty()
+    }
+}
+
+/// Which of the mirror's addresses a walk of one map met: one bit each.
+struct Seen(Vec<u64>);
+
+impl Seen {
+    fn new(len: usize) -> Self {
+        Self(vec![0; len.div_ceil(64)])
+    }
+
+    fn mark(&mut self, index: usize) {
+        self.0[index / 64] |= 1 << (index % 64);
+    }
+
+    fn unmarked(&self, len: usize) -> impl Iterator<Item = usize> + '_ {
+        (0..len).filter(|i| self.0[i / 64] & (1 << (i % 64)) == 0)
+    }
+}
+
+/// Compares the maps pinned under `layout` with `mirror` (after taking in what the table wrote
+/// since the last time).
+pub fn compare(
+    layout: &PinLayout,
+    mirror: &mut IntentMirror,
+) -> Result<MapSuspects, DatapathError> {
     let started = Instant::now();
-    let addrs = {
-        let map = open(layout, names::MAP_ADDRS)?;
-        match batch_read::lookup_all::<AddrKey, AddrEntry>(map.fd().as_fd()) {
-            Ok(Some(entries)) => entries,
-            Ok(None) => {
-                let map = aya::maps::HashMap::<_, AddrKey, AddrEntry>::try_from(
-                    aya::maps::Map::HashMap(map),
-                )
-                .map_err(map_error(names::MAP_ADDRS))?;
-                map.iter()
-                    .collect::<Result<_, _>>()
-                    .map_err(map_error(names::MAP_ADDRS))?
+    mirror.absorb();
+    // (address, its digest as read, `None` where the map lacked it)
+    let mut addrs: Vec<(AddrKey, Option<u32>)> = Vec::new();
+    {
+        let mut seen = Seen::new(mirror.len());
+        let mut visit = |batch: &[(AddrKey, AddrEntry)]| {
+            for (addr, entry) in batch {
+                check_addr(mirror, &mut seen, &mut addrs, addr, entry);
             }
-            Err(source) => {
-                return Err(DatapathError::BatchRead {
+        };
+        let map = open(layout, names::MAP_ADDRS)?;
+        let batched =
+            batch_read::for_each_batch::<AddrKey, AddrEntry>(map.fd().as_fd(), &mut visit)
+                .map_err(|source| DatapathError::BatchRead {
                     name: names::MAP_ADDRS,
                     source,
-                })
+                })?;
+        if !batched {
+            // A kernel without batch reads: two calls an entry, still one entry in memory.
+            seen = Seen::new(mirror.len());
+            addrs.clear();
+            let map =
+                aya::maps::HashMap::<_, AddrKey, AddrEntry>::try_from(aya::maps::Map::HashMap(map))
+                    .map_err(map_error(names::MAP_ADDRS))?;
+            for item in map.iter() {
+                let (addr, entry) = item.map_err(map_error(names::MAP_ADDRS))?;
+                check_addr(mirror, &mut seen, &mut addrs, &addr, &entry);
             }
         }
-    };
-    let ifaces = read_array::<IfaceEntry>(layout, names::MAP_IFACES)?;
-    let filter = read_array::<u64>(layout, names::MAP_QFILTER)?;
-    Ok(MapsReading {
+        addrs.extend(
+            seen.unmarked(mirror.len())
+                .map(|i| (mirror.addr_at(i), None)),
+        );
+    }
+    let (unsettled, mut torn) = compare_slots(mirror, &mirror.cells, &mut addrs);
+    // What the owner loop wrote while the maps were read is no suspect.
+    mirror.absorb();
+    addrs.retain(|(addr, read)| mirror.find(addr).map(|(_, digest)| digest) != *read);
+    torn.extend(addrs.into_iter().map(|(addr, _)| addr));
+    let mut addrs = torn;
+    addrs.sort_unstable();
+    addrs.dedup();
+    let digests = mirror.digests();
+    let slots = differing(
+        &read_array::<IfaceEntry>(layout, names::MAP_IFACES)?,
+        &mirror.slots,
+        |slot| digests.slot(slot),
+    );
+    let words = differing(
+        &read_array::<u64>(layout, names::MAP_QFILTER)?,
+        &mirror.words,
+        |word| digests.word(*word),
+    );
+    Ok(MapSuspects {
         addrs,
-        ifaces,
-        filter,
+        unsettled,
+        slots,
+        words,
+        addresses: mirror.len(),
         took: started.elapsed(),
     })
+}
+
+fn check_addr(
+    mirror: &IntentMirror,
+    seen: &mut Seen,
+    suspects: &mut Vec<(AddrKey, Option<u32>)>,
+    addr: &AddrKey,
+    entry: &AddrEntry,
+) {
+    let read = mirror.digests().entry(entry);
+    match mirror.find(addr) {
+        Some((index, digest)) => {
+            seen.mark(index);
+            if digest != read {
+                suspects.push((*addr, Some(read)));
+            }
+        }
+        None => suspects.push((*addr, Some(read))),
+    }
+}
+
+/// `IPQ_SLOTS` against the mirror: what differs into `suspects`. Returns the slots found
+/// mid-write and their addresses (as read, possibly torn).
+fn compare_slots(
+    mirror: &IntentMirror,
+    cells: &SlotsReader,
+    suspects: &mut Vec<(AddrKey, Option<u32>)>,
+) -> (Vec<usize>, Vec<AddrKey>) {
+    let mut seen = Seen::new(mirror.len());
+    let (mut unsettled, mut torn) = (Vec::new(), Vec::new());
+    for index in 0..cells.len() {
+        match cells.read(index) {
+            CellRead::Empty => {}
+            CellRead::Held(addr, entry) => check_addr(mirror, &mut seen, suspects, &addr, &entry),
+            CellRead::Unsettled(addr) => {
+                unsettled.push(index);
+                if let Some((i, _)) = mirror.find(&addr) {
+                    seen.mark(i);
+                }
+                torn.push(addr);
+            }
+        }
+    }
+    suspects.extend(
+        seen.unmarked(mirror.len())
+            .map(|i| (mirror.addr_at(i), None)),
+    );
+    (unsettled, torn)
+}
+
+/// The indexes whose value in `read` does not digest as `wanted` says.
+fn differing<V>(read: &[V], wanted: &[u32], digest: impl Fn(&V) -> u32) -> Vec<u32> {
+    read.iter()
+        .zip(wanted)
+        .enumerate()
+        .filter(|(_, (value, want))| digest(value) != **want)
+        .map(|(index, _)| index as u32)
+        .collect()
 }
 
 fn open(layout: &PinLayout, name: &'static str) -> Result<MapData, DatapathError> {

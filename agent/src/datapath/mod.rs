@@ -4,9 +4,11 @@
 pub mod attach;
 mod batch_read;
 mod bpf_call;
+pub mod bpf_watch;
 pub mod bpffs;
 mod error;
 pub mod held_pins;
+pub mod intent;
 pub mod lock;
 pub mod map_check;
 pub mod maps;
@@ -35,6 +37,7 @@ use ipq_common::{
     names,
     sample::ConflictSample,
     slots::{slot_entries, SLOTS_MASK_GLOBAL, SLOTS_SEED_GLOBAL},
+    watch::{GLOBAL_WATCH_TGID, WATCHED_TRACEPOINT},
 };
 use log::{info, warn};
 
@@ -67,6 +70,8 @@ pub struct Datapath {
     layout: PinLayout,
     pub maps: DatapathMaps,
     samples: Option<Samples>,
+    /// The watcher of other processes' bpf() calls, or why it is not attached.
+    bpf_watch: Option<Result<bpf_watch::BpfWatch, String>>,
     logger: Option<KernelLogger>,
     capacity: u32,
     features: KernelFeatures,
@@ -124,6 +129,7 @@ impl Datapath {
 
         let log_level = kernel_log_level();
         let filter_mask = filter_words - 1;
+        let own_pid = std::process::id();
         let mut loader = EbpfLoader::new();
         loader
             .default_map_pin_directory(layout.maps_dir())
@@ -137,7 +143,9 @@ impl Datapath {
             .override_global(SLOTS_MASK_GLOBAL, &slot_mask, true)
             .override_global(SLOTS_SEED_GLOBAL, &slot_seed, true)
             // The kernel skips log records the agent's logger would discard anyway.
-            .override_global("AYA_LOG_LEVEL", &log_level, false);
+            .override_global("AYA_LOG_LEVEL", &log_level, false)
+            // The watcher reports every process's bpf() calls but this one's.
+            .override_global(GLOBAL_WATCH_TGID, &own_pid, true);
         let mut ebpf = loader
             .load(OBJECT)
             .map_err(|e| DatapathError::Load(Box::new(e)))?;
@@ -158,6 +166,17 @@ impl Datapath {
         // Every map and program pin is held from here on: removing one detaches nothing.
         for dir in [layout.maps_dir(), layout.programs_dir()] {
             held_pins::hold_dir(&dir).map_err(|source| DatapathError::Io { path: dir, source })?;
+        }
+        let bpf_watch = bpf_watch::attach(&mut ebpf, &layout).map_err(|e| e.to_string());
+        match &bpf_watch {
+            Ok(_) => info!(
+                "bpf() watcher attached (raw tracepoint {WATCHED_TRACEPOINT}): another process's link \
+                 detach, program attach or write to ipq's maps is verified at once"
+            ),
+            Err(e) => warn!(
+                "bpf() watcher not attached ({e}): another process's link detach, program \
+                 attach or map write is found by the periodic verification only"
+            ),
         }
         let samples = Samples::open(&mut maps::Source::Loaded(&mut ebpf))?;
         let logger = aya_log::EbpfLogger::init(&mut ebpf)
@@ -183,6 +202,7 @@ impl Datapath {
             layout,
             maps,
             samples: Some(samples),
+            bpf_watch: Some(bpf_watch),
             logger,
             capacity,
             features,
@@ -191,6 +211,18 @@ impl Datapath {
 
     pub fn layout(&self) -> &PinLayout {
         &self.layout
+    }
+
+    /// The watcher of other processes' bpf() calls, or why there is none (once).
+    pub fn take_bpf_watch(&mut self) -> Result<bpf_watch::BpfWatch, String> {
+        self.bpf_watch
+            .take()
+            .unwrap_or_else(|| Err("already taken".to_owned()))
+    }
+
+    /// The mirror of what the address table wrote, for the verification (once).
+    pub fn take_maps_mirror(&mut self) -> Option<intent::IntentMirror> {
+        self.maps.table.take_mirror()
     }
 
     pub fn capacity(&self) -> u32 {

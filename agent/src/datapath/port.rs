@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use ipq_common::addr::{AddrEntry, AddrKey};
 
-use super::{map_check::MapsReading, AddressTable, Datapath, DatapathError, MapsCheck};
+use super::{map_check::MapSuspects, AddressTable, Datapath, DatapathError, MapsCheck};
 
 /// The address table's public face: one entry per registered address.
 pub trait AddrTable {
@@ -24,10 +24,14 @@ pub trait AddrTable {
     fn kernel_entry(&self, addr: &AddrKey) -> Result<Option<AddrEntry>, DatapathError>;
     /// How many entries the table holds.
     fn len(&self) -> usize;
-    /// Compares the kernel's maps (`reading`, read off the owner loop) with what the table
-    /// wrote, and writes its own back where they differ. A table in memory has nothing to
-    /// compare.
-    fn verify(&mut self, _reading: &MapsReading) -> MapsCheck {
+    /// Looks again at what the off-loop comparison found differing from what the table wrote
+    /// (`suspects`), and writes `wanted`'s entry back where the kernel still differs. A table
+    /// in memory has nothing to compare.
+    fn recheck(
+        &mut self,
+        _suspects: &MapSuspects,
+        _wanted: &dyn Fn(&AddrKey) -> Option<AddrEntry>,
+    ) -> MapsCheck {
         MapsCheck::default()
     }
     /// Where the pinned copies disagreed when the table opened (the stricter was kept).
@@ -68,8 +72,12 @@ impl AddrTable for AddressTable {
         AddressTable::len(self)
     }
 
-    fn verify(&mut self, reading: &MapsReading) -> MapsCheck {
-        AddressTable::verify(self, reading)
+    fn recheck(
+        &mut self,
+        suspects: &MapSuspects,
+        wanted: &dyn Fn(&AddrKey) -> Option<AddrEntry>,
+    ) -> MapsCheck {
+        AddressTable::recheck(self, suspects, wanted)
     }
 
     fn opened_disagreeing(&self) -> &[String] {

@@ -10,7 +10,10 @@
 
 use std::{
     os::fd::{AsFd, AsRawFd},
-    sync::atomic::{AtomicU32, Ordering},
+    sync::{
+        atomic::{fence, AtomicU32, Ordering},
+        Arc,
+    },
 };
 
 use aya::maps::MapData;
@@ -35,8 +38,11 @@ struct Mapping {
     len: usize,
 }
 
-// SAFETY: the mapping is owned by the table and only touched through atomics.
+// SAFETY: the mapping is owned by the table (and shared with its reader) and only touched
+// through atomics.
 unsafe impl Send for Mapping {}
+// SAFETY: as above: every access to the mapped cells is atomic.
+unsafe impl Sync for Mapping {}
 
 impl Drop for Mapping {
     fn drop(&mut self) {
@@ -49,8 +55,9 @@ impl Drop for Mapping {
 const MOVE_SEARCH_SLOTS: usize = 512;
 
 pub struct SlotTable {
-    /// Owns what `cells` points into; `None` for a test table on leaked heap memory.
-    _mapping: Option<Mapping>,
+    /// Owns what `cells` points into (shared with [`SlotsReader`]s); `None` for a test table on
+    /// leaked heap memory.
+    mapping: Option<Arc<Mapping>>,
     /// Every cell: `buckets * SLOT_WAYS` slots, then the meta element.
     cells: &'static [SlotCell],
     buckets: u32,
@@ -106,11 +113,11 @@ impl SlotTable {
         // SAFETY: `entries` cells of the layout asserted above, alive as long as `mapping`,
         // which the table owns and drops after its last use of `cells`.
         let cells = unsafe { std::slice::from_raw_parts(ptr.cast::<SlotCell>(), entries as usize) };
-        Self::adopt(Some(mapping), cells, buckets, expected, Some(map))
+        Self::adopt(Some(Arc::new(mapping)), cells, buckets, expected, Some(map))
     }
 
     fn adopt(
-        mapping: Option<Mapping>,
+        mapping: Option<Arc<Mapping>>,
         cells: &'static [SlotCell],
         buckets: u32,
         expected: Option<u64>,
@@ -141,7 +148,7 @@ impl SlotTable {
             .filter(|c| c.occupied())
             .count();
         Ok(Self {
-            _mapping: mapping,
+            mapping,
             cells,
             buckets,
             seed,
@@ -263,6 +270,28 @@ impl SlotTable {
             .map(|c| (c.key(), c.entry()))
     }
 
+    /// A reader of the same cells for another thread (the verification), keeping the mapping
+    /// alive as long as it lives.
+    pub fn reader(&self) -> SlotsReader {
+        SlotsReader {
+            _mapping: self.mapping.clone(),
+            cells: &self.cells[..(self.buckets * SLOT_WAYS) as usize],
+        }
+    }
+
+    /// Ends a write another process left half done in slot `index` (a counter still odd): the
+    /// owner loop calls it between its own writes, when no counter of its own is odd.
+    pub fn settle_cell(&mut self, index: usize) {
+        if let Some(cell) = self.cells[..(self.buckets * SLOT_WAYS) as usize].get(index) {
+            for counter in [&cell.seq, &cell.version] {
+                let now = counter.load(Ordering::Relaxed);
+                if now & 1 != 0 {
+                    counter.store(now.wrapping_add(1), Ordering::Release);
+                }
+            }
+        }
+    }
+
     /// Counts the occupied slots again: another process writing the map adds or clears slots
     /// behind this table's count.
     pub fn recount(&mut self) {
@@ -332,6 +361,54 @@ impl SlotTable {
             next += 1;
         }
         None
+    }
+}
+
+/// What one slot held when a [`SlotsReader`] read it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CellRead {
+    Empty,
+    Held(AddrKey, AddrEntry),
+    /// A counter was odd or moved while it was read: a write under way (the owner's, or one
+    /// another process left half done). The key as read, possibly torn.
+    Unsettled(AddrKey),
+}
+
+/// `IPQ_SLOTS` read from another thread than its writer's, through the writer's mapping (a
+/// second mapping would make the whole map resident twice).
+pub struct SlotsReader {
+    _mapping: Option<Arc<Mapping>>,
+    cells: &'static [SlotCell],
+}
+
+impl SlotsReader {
+    /// Slots, the meta element aside.
+    pub fn len(&self) -> usize {
+        self.cells.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.cells.is_empty()
+    }
+
+    /// Slot `index` as the programs' readers would take it: between two equal even counters.
+    pub fn read(&self, index: usize) -> CellRead {
+        let cell = &self.cells[index];
+        let seq = cell.seq.load(Ordering::Acquire);
+        let version = cell.version.load(Ordering::Acquire);
+        let occupied = cell.occupied();
+        let key = cell.key();
+        let entry = cell.entry();
+        fence(Ordering::Acquire);
+        let settled = seq & 1 == 0
+            && version & 1 == 0
+            && cell.seq.load(Ordering::Relaxed) == seq
+            && cell.version.load(Ordering::Relaxed) == version;
+        match (settled, occupied) {
+            (false, _) => CellRead::Unsettled(key),
+            (true, true) => CellRead::Held(key, entry),
+            (true, false) => CellRead::Empty,
+        }
     }
 }
 

@@ -28,10 +28,10 @@ mod drift;
 mod opening;
 
 use accelerators::affected_interfaces;
-use drift::Written;
 pub use drift::{MapDrift, MapsCheck};
 
 use super::{
+    intent::{IntentFeed, IntentMirror},
     maps::{AddrMap, IfaceSlots, QuarantineFilter},
     slots::SlotTable,
     DatapathError,
@@ -67,10 +67,12 @@ pub struct AddressTable {
     filter_words: Vec<u64>,
     /// Words of the filter minus one: the map's size, fixed at load.
     filter_mask: u32,
-    /// What this table last wrote for each address (the kernel's stamps aside), on the heap:
-    /// the maps themselves can be written by any process holding a pin, so the verification
-    /// compares them with this ([`Self::verify`]).
-    intent: HashMap<AddrKey, Written>,
+    /// Every write this table makes, for the verification's mirror: the maps themselves can
+    /// be written by any process holding a pin, so the verification compares them (off the
+    /// owner loop) with what was written here ([`super::map_check`]).
+    feed: IntentFeed,
+    /// That mirror until the verification takes it ([`Self::take_mirror`]).
+    mirror: Option<IntentMirror>,
     /// Where `IPQ_ADDRS` and `IPQ_SLOTS` disagreed when the table opened (the stricter copy
     /// was kept), for the start-up report.
     opened_disagreeing: Vec<String>,
@@ -89,10 +91,6 @@ impl AddressTable {
         let mut entries: BTreeMap<_, _> = addrs.entries()?.into_iter().collect();
         copy.settle();
         let opened_disagreeing = opening::keep_stricter(&mut addrs, &copy, &mut entries)?;
-        let intent = entries
-            .iter()
-            .map(|(addr, entry)| (*addr, Written::of(entry)))
-            .collect();
         let mut eligible: HashMap<u32, BTreeSet<AddrKey>> = HashMap::new();
         for (addr, entry) in &entries {
             if fast_path_eligible(entry.holder_ifindex, entry) {
@@ -113,11 +111,21 @@ impl AddressTable {
             filter_refs: HashMap::new(),
             filter_words: vec![0; words as usize],
             filter_mask: words.saturating_sub(1),
-            intent,
+            feed: IntentFeed::new(),
+            mirror: None,
             opened_disagreeing,
         };
         table.rebuild_copy(&entries)?;
         table.rebuild_accelerators()?;
+        let slots: Vec<IfaceEntry> = (0..table.slots.len())
+            .map(|slot| table.expected_slot(slot))
+            .collect();
+        table.mirror = Some(table.feed.mirror(
+            entries.iter(),
+            slots.into_iter(),
+            &table.filter_words,
+            table.copy.reader(),
+        ));
         Ok(table)
     }
 
@@ -174,6 +182,12 @@ impl AddressTable {
             self.write_slot(ifindex, None)?;
         }
         Ok(())
+    }
+
+    /// The mirror of what this table wrote, for the verification to own off the owner loop
+    /// (once; `None` after).
+    pub fn take_mirror(&mut self) -> Option<IntentMirror> {
+        self.mirror.take()
     }
 
     /// The entry of `addr` as written (with the stamps of its slot): O(1), no syscall.
@@ -272,14 +286,14 @@ impl AddressTable {
     pub fn remove(&mut self, addr: &AddrKey) -> Result<Option<AddrEntry>, DatapathError> {
         let Some(old) = self.copy.get(addr) else {
             self.addrs.remove(addr)?;
-            self.intent.remove(addr);
+            self.feed.addr(*addr, None);
             return Ok(None);
         };
         let affected = affected_interfaces(Some(&old), None);
         // A free address passes everywhere, so the slots may follow the map.
         self.copy.remove(addr);
         self.addrs.remove(addr)?;
-        self.intent.remove(addr);
+        self.feed.addr(*addr, None);
         self.record(*addr, Some(&old), None);
         if is_quarantined(&old) {
             self.filter_unref(addr)?;
@@ -320,7 +334,7 @@ impl AddressTable {
             }
         }
         if let Some(entry) = new {
-            self.intent.insert(addr, Written::of(&entry));
+            self.feed.addr(addr, Some(&entry));
             if fast_path_eligible(entry.holder_ifindex, &entry) {
                 self.eligible
                     .entry(entry.holder_ifindex)

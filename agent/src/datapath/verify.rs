@@ -14,12 +14,14 @@
 //!
 //! 3. dumps the filters of every hook ipq's netlink filter should hold (the TC notifications
 //!    announce every change there; this catches what a lost notification would hide);
-//! 4. reads `IPQ_ADDRS`, `IPQ_IFACES` and `IPQ_QBLOOM` whole ([`map_check`]), for the owner
-//!    loop to compare with what its one writer wrote (no notification announces a map write).
+//! 4. compares `IPQ_ADDRS`, `IPQ_SLOTS`, `IPQ_IFACES` and `IPQ_QBLOOM` with the mirror of what
+//!    their one writer wrote ([`map_check`]; no notification announces a map write), for the
+//!    owner loop to look again at what differs, and only that.
 //!
 //! O(pins + hooks + addresses): a few syscalls per pin, one dump per netlink hook, a batched
 //! read of the maps; the pass's duration is a gauge (`ipq_datapath_verify_seconds`) and is
-//! shown in `ipq status`.
+//! shown in `ipq status`. Between passes the mirror takes in the table's writes every
+//! [`ABSORB_EVERY`], so that what the owner loop queues for it stays small.
 
 use std::{
     collections::BTreeMap,
@@ -32,8 +34,10 @@ use tokio::sync::{mpsc, watch};
 
 use super::{
     attach::tc_filter::{self, Direction},
+    bpf_watch::{Pokes, POKE_MAPS},
     held_pins::{self, LinkState, Restored, TcxPlace},
-    map_check::{self, MapsReading},
+    intent::IntentMirror,
+    map_check::{self, MapSuspects},
     MapDrift,
 };
 use crate::paths::{AttachPoint, PinLayout};
@@ -48,6 +52,8 @@ pub type NetlinkHooks = Arc<Mutex<BTreeMap<u32, Vec<AttachPoint>>>>;
 /// One pass's findings.
 #[derive(Debug)]
 pub struct Verification {
+    /// When the pass began: what it found of a hook ipq has looked at since is stale.
+    pub started: Instant,
     pub finished_at: SystemTime,
     pub took: Duration,
     /// Pins the agent holds, all checked.
@@ -67,8 +73,10 @@ pub struct Verification {
     /// Whether the pins will outlive the agent (`bpffs_dir` still on its bpf filesystem), or
     /// why not.
     pub bpffs: Result<(), String>,
-    /// The maps as read, for the owner loop to compare (or why they could not be read).
-    pub maps: Result<MapsReading, String>,
+    /// What in the maps differs from what their writer wrote, for the owner loop to look at
+    /// again (or why they could not be compared); `None` for a pass the watcher asked for the
+    /// links only.
+    pub maps: Option<Result<MapSuspects, String>>,
 }
 
 /// What the last pass found, as `ipq status` shows it.
@@ -162,7 +170,7 @@ impl Verification {
         if let Some(problem) = self.pins_problem() {
             found.push(problem);
         }
-        if let Err(e) = &self.maps {
+        if let Some(Err(e)) = &self.maps {
             found.push(format!("maps not verified: {e}"));
         }
         found.extend(drift.iter().take(DRIFT_SHOWN).map(|d| {
@@ -222,8 +230,14 @@ pub fn look_at_filters(hooks: &BTreeMap<u32, Vec<AttachPoint>>) -> (Vec<Hook>, V
     (missing, ahead)
 }
 
-/// One pass over the pins under `root` (one `bpffs_dir`) and the hooks of `netlink_hooks`.
-pub fn verify(root: &Path, netlink_hooks: &NetlinkHooks) -> Verification {
+/// One pass over the pins under `root` (one `bpffs_dir`) and the hooks of `netlink_hooks`, and
+/// the maps compared with `mirror` when `compare_maps`.
+pub fn verify(
+    root: &Path,
+    netlink_hooks: &NetlinkHooks,
+    compare_maps: bool,
+    mirror: Option<&mut IntentMirror>,
+) -> Verification {
     let started = Instant::now();
     let restored = held_pins::restore(root);
     held_pins::report(&restored);
@@ -264,9 +278,15 @@ pub fn verify(root: &Path, netlink_hooks: &NetlinkHooks) -> Verification {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
         .clone();
     let (filters_missing, filters_ahead) = look_at_filters(&hooks);
-    let maps = map_check::read(&PinLayout::new(root)).map_err(|e| e.to_string());
+    let maps = compare_maps.then(|| match mirror {
+        Some(mirror) => {
+            map_check::compare(&PinLayout::new(root), mirror).map_err(|e| e.to_string())
+        }
+        None => Err("no mirror of the address table to compare with".to_owned()),
+    });
     let bpffs = super::bpffs::outlives_agent(root);
     Verification {
+        started,
         finished_at: SystemTime::now(),
         took: started.elapsed(),
         pins: held.len(),
@@ -281,25 +301,65 @@ pub fn verify(root: &Path, netlink_hooks: &NetlinkHooks) -> Verification {
     }
 }
 
-/// Verifies every `every` until `stop` says so, each pass's findings sent to the owner loop (a
-/// pass is skipped while the loop has not taken the last one). A pass under way when `stop`
-/// comes runs to its end first: the shutdown's own look at the pins must not race it.
+/// How often the mirror takes in the table's writes between passes.
+pub const ABSORB_EVERY: Duration = Duration::from_millis(250);
+
+/// How long a pass the watcher asks for waits after the call it reported: the watcher sees a
+/// call as it starts, and the pass must find what it did. Pokes meanwhile join the same pass.
+pub const WATCH_SETTLE: Duration = Duration::from_millis(2);
+
+/// The least time between the starts of two passes the watcher asks for: a tool that opens
+/// ipq's pins or detaches links in a loop gets a pass every this often, not one after another
+/// (a comparison of 64k addresses takes milliseconds of a CPU). The first poke after a quiet
+/// spell waits only [`WATCH_SETTLE`].
+pub const POKED_GAP: Duration = Duration::from_millis(50);
+
+/// Verifies every `every`, and at once (after [`WATCH_SETTLE`]) when `pokes` (the watcher of
+/// other processes' bpf() calls) says so, until `stop` says so. Each pass's findings are sent
+/// to the owner loop (a periodic pass is skipped while the loop has not taken the last one; a
+/// poked one waits for it). A pass under way when `stop` comes runs to its end first: the
+/// shutdown's own look at the pins must not race it.
 pub async fn run(
     root: PathBuf,
     netlink_hooks: NetlinkHooks,
     every: Duration,
+    mirror: Option<IntentMirror>,
+    pokes: Option<Arc<Pokes>>,
     findings: mpsc::Sender<Verification>,
     mut stop: watch::Receiver<bool>,
 ) {
+    let mirror = Arc::new(Mutex::new(mirror));
     let mut ticks = tokio::time::interval(every);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut absorbs = tokio::time::interval(ABSORB_EVERY);
+    absorbs.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_poked: Option<tokio::time::Instant> = None;
     loop {
-        tokio::select! {
-            _ = ticks.tick() => {}
+        let (compare_maps, poked) = tokio::select! {
+            _ = ticks.tick() => (true, false),
+            _ = absorbs.tick() => {
+                absorb(&mirror).await;
+                continue;
+            }
+            scope = poked(pokes.as_deref(), last_poked) => (scope & POKE_MAPS != 0, true),
             _ = stop.changed() => return,
+        };
+        if poked {
+            last_poked = Some(tokio::time::Instant::now());
         }
-        let (root, hooks) = (root.clone(), netlink_hooks.clone());
-        match tokio::task::spawn_blocking(move || verify(&root, &hooks)).await {
+        let (root, hooks, mirror) = (root.clone(), netlink_hooks.clone(), mirror.clone());
+        let pass = move || {
+            let mut mirror = mirror
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            verify(&root, &hooks, compare_maps, mirror.as_mut())
+        };
+        match tokio::task::spawn_blocking(pass).await {
+            Ok(verification) if poked => {
+                if findings.send(verification).await.is_err() {
+                    return;
+                }
+            }
             Ok(verification) => {
                 if findings.try_send(verification).is_err() && findings.is_closed() {
                     return;
@@ -307,5 +367,45 @@ pub async fn run(
             }
             Err(e) => log::error!("verifying the datapath: {e}"),
         }
+    }
+}
+
+/// The scope of the next poke, once [`WATCH_SETTLE`] has passed since it and [`POKED_GAP`]
+/// since the last poked pass began; never without a watcher.
+async fn poked(pokes: Option<&Pokes>, last: Option<tokio::time::Instant>) -> u8 {
+    let Some(pokes) = pokes else {
+        return std::future::pending().await;
+    };
+    pokes.poked().await;
+    tokio::time::sleep(WATCH_SETTLE).await;
+    if let Some(last) = last {
+        tokio::time::sleep_until(last + POKED_GAP).await;
+    }
+    pokes.take()
+}
+
+/// Takes the table's writes into the mirror, off the async workers (a merge of the mirror is
+/// O(addresses)); nothing to do costs a lock.
+async fn absorb(mirror: &Arc<Mutex<Option<IntentMirror>>>) {
+    let behind = mirror
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .as_ref()
+        .is_some_and(IntentMirror::behind);
+    if !behind {
+        return;
+    }
+    let mirror = mirror.clone();
+    let merge = move || {
+        if let Some(mirror) = mirror
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .as_mut()
+        {
+            mirror.absorb();
+        }
+    };
+    if let Err(e) = tokio::task::spawn_blocking(merge).await {
+        log::error!("taking the table's writes into its mirror: {e}");
     }
 }

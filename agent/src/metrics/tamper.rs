@@ -5,15 +5,20 @@
 use std::collections::BTreeMap;
 
 use ipq_common::{counters::Hook, names};
-use prometheus::{Gauge, IntCounterVec, IntGaugeVec, Opts, Registry};
+use prometheus::{Gauge, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 
 use crate::{paths::AttachPoint, series::registered};
 
 pub struct TamperMetrics {
     /// Map entries another process changed, found and written back by the verification.
     pub map_entries_rewritten: IntCounterVec,
-    /// How long the last comparison of the maps took on the owner loop.
+    /// How long the owner loop took to look again at the last comparison's suspects.
     pub verify_maps_compare_seconds: Gauge,
+    /// How long the last comparison of the maps took, off the owner loop.
+    pub verify_maps_seconds: Gauge,
+    /// 1 while the bpf() watcher reports other processes' calls, 0 where the periodic
+    /// verification alone finds them.
+    pub bpf_watcher: IntGauge,
     /// Hooks where another tool's filter runs before ipq's, by hook.
     pub bypassed_interfaces: IntGaugeVec,
     /// Times a hook was found bypassed; follows the attacher's count.
@@ -46,8 +51,26 @@ impl TamperMetrics {
             registry,
             Gauge::new(
                 "ipq_datapath_verify_maps_compare_seconds",
-                "How long the last verification's comparison of the maps with what ipq wrote \
-                 took on the owner loop (the maps are read off it; O(addresses)).",
+                "How long the owner loop took to look again at what the last comparison of \
+                 the maps found differing from what ipq wrote (O(differences); the comparison \
+                 runs off it).",
+            )?,
+        )?;
+        let verify_maps_seconds = registered(
+            registry,
+            Gauge::new(
+                "ipq_datapath_verify_maps_seconds",
+                "How long the last comparison of the maps with what ipq wrote took, their \
+                 batched reads included, off the owner loop (O(addresses)).",
+            )?,
+        )?;
+        let bpf_watcher = registered(
+            registry,
+            IntGauge::new(
+                "ipq_datapath_bpf_watcher",
+                "1 while the bpf() watcher reports other processes' link detaches, program \
+                 attaches and writes to ipq's maps as they happen; 0 where only the periodic \
+                 verification finds them (every verify_interval).",
             )?,
         )?;
         let bypassed_interfaces = registered(
@@ -82,6 +105,8 @@ impl TamperMetrics {
         Ok(Self {
             map_entries_rewritten,
             verify_maps_compare_seconds,
+            verify_maps_seconds,
+            bpf_watcher,
             bypassed_interfaces,
             bypasses,
         })

@@ -20,6 +20,7 @@ impl Tracker {
         entry: AddrEntry,
     ) -> Result<(), DatapathError> {
         self.enforcer.put_unchecked(addr, entry)?;
+        self.hand_written.insert(addr.to_canonical(), Some(entry));
         warn!(
             "{addr}: datapath entry written by hand ({} holder if{} fenced if{}); the registry \
              does not know",
@@ -36,6 +37,7 @@ impl Tracker {
         addr: IpAddr,
     ) -> Result<Option<AddrEntry>, DatapathError> {
         let removed = self.enforcer.remove_unchecked(addr)?;
+        self.hand_written.insert(addr.to_canonical(), None);
         if removed.is_some() {
             warn!("{addr}: datapath entry removed by hand; the registry does not know");
         }

@@ -26,9 +26,13 @@ impl Tracker {
         let mut freed = 0;
         for effect in effects {
             match effect {
-                Effect::Upsert { addr, entry } => self.enforcer.write(addr, entry),
+                Effect::Upsert { addr, entry } => {
+                    self.forget_hand_written(addr);
+                    self.enforcer.write(addr, entry);
+                }
                 Effect::Remove { addr } => {
                     freed += 1;
+                    self.forget_hand_written(addr);
                     self.enforcer.remove(addr);
                 }
                 Effect::Conflict(conflict) => {
@@ -53,6 +57,14 @@ impl Tracker {
         }
         if freed > 0 {
             self.retry_waiting(freed);
+        }
+    }
+
+    /// The registry writes over an entry written by hand (O(1); nothing to do in the common
+    /// case of none).
+    fn forget_hand_written(&mut self, addr: std::net::IpAddr) {
+        if !self.hand_written.is_empty() {
+            self.hand_written.remove(&addr.to_canonical());
         }
     }
 

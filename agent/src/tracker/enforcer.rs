@@ -17,7 +17,7 @@ use log::{error, info};
 
 use super::pending_writes::{PendingWrite, PendingWrites, WantedWrite};
 use crate::{
-    datapath::{map_check::MapsReading, DatapathError, DatapathPort, MapsCheck},
+    datapath::{map_check::MapSuspects, DatapathError, DatapathPort, MapsCheck},
     metrics::Metrics,
 };
 
@@ -127,10 +127,14 @@ impl Enforcer {
         }
     }
 
-    /// Compares the kernel's maps with what this writer wrote, and writes its own back where
-    /// another process changed them.
-    pub fn verify_maps(&mut self, reading: &MapsReading) -> MapsCheck {
-        self.datapath.table_mut().verify(reading)
+    /// Looks again at what the off-loop comparison of the maps found differing, and writes
+    /// `wanted`'s entry back where another process changed them.
+    pub fn recheck_maps(
+        &mut self,
+        suspects: &MapSuspects,
+        wanted: &dyn Fn(&AddrKey) -> Option<AddrEntry>,
+    ) -> MapsCheck {
+        self.datapath.table_mut().recheck(suspects, wanted)
     }
 
     /// Where the pinned copies disagreed when the table opened.

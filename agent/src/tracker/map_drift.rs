@@ -1,40 +1,58 @@
-//! What the verification found written into ipq's maps by another process: compared on the
-//! owner loop with what the one writer wrote (the maps were read off it), written back,
-//! counted (`ipq_datapath_map_entries_rewritten_total{map}`), published as events, and logged
-//! at WARN once per map and pass (never a line per address: a tool rewriting a 64k map would
-//! flood the log).
+//! What the verification found written into ipq's maps by another process: the suspects its
+//! comparison (off the owner loop) found looked at again here, against what the registry wants
+//! (or what was written by hand behind its back), written back, counted
+//! (`ipq_datapath_map_entries_rewritten_total{map}`), published as events, and logged at WARN
+//! once per map and pass (never a line per address: a tool rewriting a 64k map would flood
+//! the log). O(suspects) on the loop.
 
 use std::collections::BTreeMap;
 
+use ipq_common::addr::{AddrEntry, AddrKey};
 use log::warn;
 
 use super::Tracker;
 use crate::{
     api::model::EventBody,
     datapath::{verify::Verification, MapDrift},
+    registry::datapath_entry,
 };
 
 /// Addresses named in a map's WARN line; the rest are counted.
 const NAMED: usize = 4;
 
 impl Tracker {
-    /// Compares the maps the pass read with what ipq wrote, writes ipq's back where they
-    /// differ, and reports it. Returns the differences, for `ipq status`.
+    /// Looks again at what the pass found differing from what ipq wrote, writes ipq's back
+    /// where the kernel still differs, and reports it. Returns the differences, for `ipq
+    /// status`.
     pub(super) fn verify_maps(&mut self, verification: &Verification) -> Vec<MapDrift> {
-        let Ok(reading) = &verification.maps else {
+        let Some(Ok(suspects)) = &verification.maps else {
             return Vec::new();
         };
-        let check = self.enforcer.verify_maps(reading);
+        let (registry, hand_written) = (&self.registry, &self.hand_written);
+        let wanted = |addr: &AddrKey| -> Option<AddrEntry> {
+            let ip = addr.to_ip();
+            match hand_written.get(&ip) {
+                Some(by_hand) => *by_hand,
+                None => registry.get(ip).map(datapath_entry),
+            }
+        };
+        let check = self.enforcer.recheck_maps(suspects, &wanted);
         log::debug!(
-            "maps verified: {} addresses, read in {:?} off the loop, compared in {:?}",
+            "maps verified: {} addresses compared off the loop in {:?}, {} suspects, looked at \
+             again in {:?}",
             check.addresses,
-            reading.took,
+            suspects.took,
+            suspects.addrs.len() + suspects.slots.len() + suspects.words.len(),
             check.took
         );
         self.metrics
             .tamper
             .verify_maps_compare_seconds
             .set(check.took.as_secs_f64());
+        self.metrics
+            .tamper
+            .verify_maps_seconds
+            .set(suspects.took.as_secs_f64());
         let at = humantime::format_rfc3339_millis(verification.finished_at).to_string();
         let mut by_map: BTreeMap<&'static str, Vec<&MapDrift>> = BTreeMap::new();
         for drift in &check.drift {

@@ -93,6 +93,11 @@ pub struct Tracker {
     recovered: Option<crate::api::model::RecoveryView>,
     /// Why the pins under `bpffs_dir` cannot be kept, as the last verification found.
     pins_problem: Option<String>,
+    /// Datapath entries written (`Some`) or removed (`None`) by hand, behind the registry's
+    /// back, until the registry next changes the address: what the verification keeps there.
+    hand_written: std::collections::HashMap<std::net::IpAddr, Option<ipq_common::addr::AddrEntry>>,
+    /// Whether the watcher of other processes' bpf() calls is attached, or why not.
+    bpf_watcher: Result<(), String>,
     /// What was in place when the agent became ready ([`Tracker::mark_started`]).
     started: Option<crate::api::model::StartedView>,
     /// Reuse hygiene's jobs and last reports (inert until started).
@@ -109,6 +114,11 @@ pub struct Tracker {
 }
 
 impl Tracker {
+    /// Whether the bpf() watcher runs (`ipq status` says what finds unannounced changes).
+    pub fn set_bpf_watcher(&mut self, watcher: Result<(), String>) {
+        self.bpf_watcher = watcher;
+    }
+
     pub fn new(
         config: Config,
         datapath: impl DatapathPort + 'static,
@@ -133,6 +143,8 @@ impl Tracker {
             started_at: SystemTime::now(),
             recovered: None,
             pins_problem: None,
+            hand_written: std::collections::HashMap::new(),
+            bpf_watcher: Err("not started".to_owned()),
             started: None,
             hygiene: crate::hygiene::Hygiene::disabled(),
             ipam_holds: Default::default(),

@@ -75,9 +75,13 @@ impl Tracker {
         }
         let mut marked = false;
         for &(ifindex, point) in verification.detached.iter().chain(&verification.replaced) {
-            marked |= self.attacher.on_link_lost(ifindex, point);
+            marked |= self
+                .attacher
+                .on_link_lost(ifindex, point, verification.started);
         }
-        marked |= self.attacher.on_links_behind(&verification.behind);
+        marked |= self
+            .attacher
+            .on_links_behind(&verification.behind, verification.started);
         for &(ifindex, point) in &verification.filters_missing {
             marked |= self.attacher.on_filter_missing(ifindex, point);
         }

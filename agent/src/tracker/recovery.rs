@@ -189,6 +189,7 @@ impl Tracker {
             }
         }
         // The datapath mirrors the registry exactly, whatever an earlier agent left.
+        self.hand_written.clear();
         self.enforcer.sync(self.registry.datapath_entries());
         self.update_gauges();
         self.observe_protection();

@@ -13,6 +13,7 @@ mod control;
 mod datapath;
 mod repair;
 mod svg;
+mod watcher;
 
 use std::{fs, path::PathBuf};
 
@@ -61,6 +62,7 @@ const SECTIONS: &[Section] = &[
     ("control", control::run),
     ("conntrack", conntrack::run),
     ("repair", repair::run),
+    ("watcher", watcher::run),
 ];
 
 pub const DEFAULT_SIZES: [u32; 4] = [1, 1000, 16384, 65536];

@@ -121,7 +121,11 @@ impl Attacher {
     /// [`DISPLACED_WINDOW`]; past that the hook is `bypassed` (unprotected, `/readyz` 503) and
     /// reported until the window allows the next move. A TCX hook bypassed before and not
     /// behind any more is protected again. True when a protection changed.
-    pub fn on_links_behind(&mut self, behind: &[(u32, AttachPoint)]) -> bool {
+    pub fn on_links_behind(
+        &mut self,
+        behind: &[(u32, AttachPoint)],
+        seen: std::time::Instant,
+    ) -> bool {
         let now = std::time::Instant::now();
         let mut changed = false;
         let cleared: Vec<(u32, AttachPoint)> = self
@@ -154,7 +158,9 @@ impl Attacher {
             // A hook whose move is already queued (a pass found it, the repair has not
             // reported yet) is not a second displacement.
             let by_tcx = self.targets.get(&ifindex).is_some_and(|t| {
-                t.attached.get(&point) == Some(&Mechanism::Tcx) && !t.lost.contains(&point)
+                t.attached.get(&point) == Some(&Mechanism::Tcx)
+                    && !t.lost.contains(&point)
+                    && t.looked_at.is_none_or(|at| at < seen)
             });
             if !by_tcx {
                 continue;
@@ -164,7 +170,7 @@ impl Attacher {
             if history.len() < DISPLACED_LIMIT {
                 history.push(now);
                 *self.bypasses.entry(point).or_default() += 1;
-                changed |= self.on_link_lost(ifindex, point);
+                changed |= self.on_link_lost(ifindex, point, seen);
                 continue;
             }
             let next = history[0] + DISPLACED_WINDOW;

@@ -91,12 +91,21 @@ impl Attacher {
     /// A verification found the link of `point` on `ifindex` detached, or behind another
     /// program: a repair is queued if ipq's program was there by that link.
     /// True when it made the interface unprotected.
-    pub fn on_link_lost(&mut self, ifindex: u32, point: AttachPoint) -> bool {
+    pub fn on_link_lost(
+        &mut self,
+        ifindex: u32,
+        point: AttachPoint,
+        seen: std::time::Instant,
+    ) -> bool {
+        // A hook whose repair is already queued, or was looked at after the pass began, is not
+        // lost again: a pass (the watcher's come right after a call) can find ipq's own move
+        // first half done.
         let by_link = self.targets.get(&ifindex).is_some_and(|t| {
             matches!(
                 t.attached.get(&point),
                 Some(Mechanism::Tcx | Mechanism::Xdp)
-            )
+            ) && !t.lost.contains(&point)
+                && t.looked_at.is_none_or(|at| at < seen)
         });
         if !by_link {
             return false;

@@ -200,6 +200,7 @@ impl Attacher {
             retry_at: None,
             upgrade: upgrade::Upgrade::default(),
             lost: BTreeSet::new(),
+            looked_at: None,
             bypassed: BTreeSet::new(),
         };
         self.queue(ifindex, &target, JobKind::Protect);

@@ -196,6 +196,10 @@ pub struct Target {
     pub(super) upgrade: Upgrade,
     /// Hooks known to have lost ipq's program, until a repair's report says how they are.
     pub(super) lost: BTreeSet<AttachPoint>,
+    /// When a report last said how every hook is: a verification that began before it saw
+    /// the hooks as they were then (perhaps ipq's own move first half done), and its findings
+    /// of them are stale.
+    pub(super) looked_at: Option<Instant>,
     /// Hooks where another filter runs before ipq's ([`Protection::Bypassed`]).
     pub(super) bypassed: BTreeSet<AttachPoint>,
 }

@@ -29,6 +29,7 @@ impl Attacher {
         }
         // Every hook of the interface was looked at (or attached): what it found decides.
         target.lost.clear();
+        target.looked_at = Some(std::time::Instant::now());
         let name = target.name.clone();
         let mut errors = Vec::new();
         // The kernel said the interface is gone on every failed hook: churn, decided on the

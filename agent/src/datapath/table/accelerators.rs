@@ -39,6 +39,7 @@ impl AddressTable {
         if self.slots.get(slot)? != value {
             self.slots.set(slot, &value)?;
         }
+        self.feed.slot(slot, &value);
         Ok(())
     }
 
@@ -70,6 +71,7 @@ impl AddressTable {
             self.filter_words[word as usize] |= mask;
             self.filter
                 .set_word(word, self.filter_words[word as usize])?;
+            self.feed.word(word, self.filter_words[word as usize]);
         }
         Ok(())
     }
@@ -83,6 +85,7 @@ impl AddressTable {
                 self.filter_words[word as usize] &= !mask;
                 self.filter
                     .set_word(word, self.filter_words[word as usize])?;
+                self.feed.word(word, self.filter_words[word as usize]);
             }
         }
         Ok(())

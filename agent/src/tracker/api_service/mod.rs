@@ -59,6 +59,7 @@ pub struct ApiService<'a> {
     started_at: SystemTime,
     recovered: Option<&'a RecoveryView>,
     started: Option<&'a StartedView>,
+    bpf_watcher: &'a Result<(), String>,
 }
 
 impl Tracker {
@@ -77,6 +78,7 @@ impl Tracker {
             started_at: self.started_at,
             recovered: self.recovered.as_ref(),
             started: self.started.as_ref(),
+            bpf_watcher: &self.bpf_watcher,
         }
     }
 }
@@ -138,13 +140,23 @@ impl ApiService<'_> {
                     .last_found()
                     .map_or_else(Vec::new, |l| l.found.clone()),
             }),
-            // No watcher reports these changes as they happen (no netlink group announces
-            // them): say what finds them, and how late.
-            unannounced: format!(
-                "periodic verification only, every {}: a detached link, a program put ahead \
-                 of ipq's TCX link and a map written by another process are found within it",
-                humantime::format_duration(self.config.verify_interval)
-            ),
+            // No netlink group announces these changes: say what finds them, and how late.
+            unannounced: match self.bpf_watcher {
+                Ok(()) => format!(
+                    "bpf() watcher (raw tracepoint {}): another process's link detach, program \
+                     attach or write to ipq's maps is verified within milliseconds; periodic \
+                     verification every {} as the backstop (a map written through a mapping \
+                     or a descriptor opened before the agent started)",
+                    ipq_common::watch::WATCHED_TRACEPOINT,
+                    humantime::format_duration(self.config.verify_interval)
+                ),
+                Err(why) => format!(
+                    "periodic verification only, every {} (the bpf() watcher is not attached: \
+                     {why}): a detached link, a program put ahead of ipq's TCX link and a map \
+                     written by another process are found within it",
+                    humantime::format_duration(self.config.verify_interval)
+                ),
+            },
             recovery: self.recovered.cloned(),
             started: self.started.cloned(),
             writes_pending: self.writes.len() as u64,

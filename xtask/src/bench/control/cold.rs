@@ -37,6 +37,7 @@ pub(super) struct ColdStart {
     /// That pass's comparison of the maps with what the agent wrote, on its owner loop
     /// (the maps were read in the pass, off the loop): O(addresses).
     pub(super) verify_compare_ms: f64,
+    pub(super) verify_maps_ms: f64,
 }
 
 /// A first start on a node with `veths` workload veths; then `populated` host routes over them.
@@ -83,6 +84,7 @@ pub(super) fn cold_start(veths: u32, populated: u32) -> Result<ColdStart> {
     // Filling the node took several verification intervals: the gauge is a pass over them all.
     let verify_pass_ms = node.metric("ipq_datapath_verify_seconds")? * 1e3;
     let verify_compare_ms = node.metric("ipq_datapath_verify_maps_compare_seconds")? * 1e3;
+    let verify_maps_ms = node.metric("ipq_datapath_verify_maps_seconds")? * 1e3;
     Ok(ColdStart {
         ready_ms,
         protected,
@@ -94,6 +96,7 @@ pub(super) fn cold_start(veths: u32, populated: u32) -> Result<ColdStart> {
         rss_populated_mb,
         verify_pass_ms,
         verify_compare_ms,
+        verify_maps_ms,
     })
 }
 

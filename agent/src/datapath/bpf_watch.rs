@@ -1,0 +1,214 @@
+//! The watcher's user side: its raw tracepoint attached at load, its ring read as it becomes readable,
+//! and each reported `bpf()` call of another process turned into a poke of the verification
+//! ([`Pokes`]), which then looks at once at what the call may have changed.
+//!
+//! What is reported (`ipq_common::watch`): every link detach, update and create and every
+//! program attach and detach (anything may have been ipq's: its links are verified); every
+//! open of one of ipq's pinned maps by its path or by its id (its maps are compared: a one-shot
+//! tool writes right after it opens), after which the process's map writes are reported too
+//! (this side puts it in `IPQ_WATCHED`).
+//!
+//! Where the program cannot be attached (another architecture than x86-64, a kernel or a policy
+//! that refuses tracing programs), the periodic verification is all there is, and `ipq status`
+//! says so.
+
+use std::{
+    path::{Path, PathBuf},
+    sync::atomic::{AtomicU8, Ordering},
+};
+
+use aya::{
+    maps::{HashMap, MapData, RingBuf},
+    programs::RawTracePoint,
+    Ebpf,
+};
+use ipq_common::{
+    names,
+    watch::{BpfCall, BpfCmd, MAP_BPF_CALLS, MAP_WATCHED, PROG_WATCH_BPF, WATCHED_TRACEPOINT},
+};
+use tokio::sync::Notify;
+
+use super::{program, DatapathError};
+use crate::paths::{AttachPoint, PinLayout};
+
+/// What the verification should look at, as the watcher pokes it.
+#[derive(Default)]
+pub struct Pokes {
+    pending: AtomicU8,
+    notify: Notify,
+}
+
+/// A poke's scope: bits of [`Pokes::pending`].
+pub const POKE_LINKS: u8 = 1;
+pub const POKE_MAPS: u8 = 2;
+
+impl Pokes {
+    pub fn poke(&self, scope: u8) {
+        self.pending.fetch_or(scope, Ordering::AcqRel);
+        self.notify.notify_one();
+    }
+
+    /// Waits for a poke (one made since the last [`Self::take`] returns at once).
+    pub async fn poked(&self) {
+        if self.pending.load(Ordering::Acquire) == 0 {
+            self.notify.notified().await;
+        }
+    }
+
+    /// The scope poked since the last call.
+    pub fn take(&self) -> u8 {
+        self.pending.swap(0, Ordering::AcqRel)
+    }
+}
+
+/// The attached watcher: its ring, and what makes sense of the ring's records.
+pub struct BpfWatch {
+    pub calls: RingBuf<MapData>,
+    pub classifier: Classifier,
+}
+
+/// What a record means for ipq: the processes whose map writes are reported, ipq's maps.
+pub struct Classifier {
+    watched: HashMap<MapData, u32, u32>,
+    /// ipq's pinned maps' ids, and the directory of their pins.
+    map_ids: Vec<u32>,
+    maps_dir: PathBuf,
+    /// Where ipq's links are pinned, by interface and hook.
+    layout: PinLayout,
+}
+
+/// Loads and attaches the watcher of the loaded object `ebpf`, its maps pinned under `layout`.
+pub fn attach(ebpf: &mut Ebpf, layout: &PinLayout) -> Result<BpfWatch, DatapathError> {
+    if !cfg!(target_arch = "x86_64") {
+        return Err(DatapathError::WatcherArch);
+    }
+    let prog: &mut RawTracePoint = program(ebpf, PROG_WATCH_BPF)?;
+    let program_error = |source| DatapathError::Program {
+        name: PROG_WATCH_BPF,
+        source,
+    };
+    prog.load().map_err(program_error)?;
+    prog.attach(WATCHED_TRACEPOINT).map_err(program_error)?;
+    let take = |ebpf: &mut Ebpf, name: &'static str| {
+        ebpf.take_map(name)
+            .ok_or(DatapathError::MissingMap { name })
+    };
+    let calls =
+        RingBuf::try_from(take(ebpf, MAP_BPF_CALLS)?).map_err(|source| DatapathError::Map {
+            name: MAP_BPF_CALLS,
+            source,
+        })?;
+    let watched =
+        HashMap::try_from(take(ebpf, MAP_WATCHED)?).map_err(|source| DatapathError::Map {
+            name: MAP_WATCHED,
+            source,
+        })?;
+    let mut map_ids = Vec::new();
+    for name in names::PINNED_MAPS {
+        let path = layout.map(name);
+        let map = MapData::from_pin(&path).map_err(|source| DatapathError::OpenPin {
+            path: path.clone(),
+            source,
+        })?;
+        map_ids.push(
+            map.info()
+                .map_err(|source| DatapathError::Map { name, source })?
+                .id(),
+        );
+    }
+    Ok(BpfWatch {
+        calls,
+        classifier: Classifier {
+            watched,
+            map_ids,
+            maps_dir: layout.maps_dir(),
+            layout: layout.clone(),
+        },
+    })
+}
+
+/// One reported call, as the verification sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Seen {
+    /// A link or program attachment changed somewhere: ipq's links are looked at.
+    Attachment { cmd: BpfCmd, tgid: u32, target: u32 },
+    /// One of ipq's maps opened (the process is watched from now on) or written by a watched
+    /// process: the maps are compared.
+    Maps { cmd: BpfCmd, tgid: u32 },
+    /// Something of no concern to ipq (another tool's pin or map opened).
+    Elsewhere,
+}
+
+impl Classifier {
+    /// What a record of the ring means for ipq; a process that opened one of its maps is
+    /// watched from now on.
+    pub fn classify(&mut self, record: &[u8]) -> Option<Seen> {
+        let call = decode(record)?;
+        let cmd = BpfCmd::from_repr(call.cmd)?;
+        let seen = match cmd {
+            // Another tool's attachment to an interface ipq holds no link on (a pod's veth of
+            // another CNI, a cgroup) cannot displace ipq's: no pass for it. (The ifindex is the
+            // caller's namespace's: one of another namespace may cost a needless pass.)
+            BpfCmd::LinkCreate | BpfCmd::ProgAttach | BpfCmd::ProgDetach
+                if call.target != 0 && !self.holds_links_on(call.target) =>
+            {
+                Seen::Elsewhere
+            }
+            BpfCmd::LinkDetach
+            | BpfCmd::LinkUpdate
+            | BpfCmd::LinkCreate
+            | BpfCmd::ProgAttach
+            | BpfCmd::ProgDetach => Seen::Attachment {
+                cmd,
+                tgid: call.tgid,
+                target: call.target,
+            },
+            BpfCmd::ObjGet if self.is_ipq_pin(&call.path) => self.watch(cmd, call.tgid),
+            BpfCmd::MapGetFdById if self.map_ids.contains(&call.target) => {
+                self.watch(cmd, call.tgid)
+            }
+            BpfCmd::ObjGet | BpfCmd::MapGetFdById => Seen::Elsewhere,
+            BpfCmd::MapUpdateElem
+            | BpfCmd::MapDeleteElem
+            | BpfCmd::MapUpdateBatch
+            | BpfCmd::MapDeleteBatch => Seen::Maps {
+                cmd,
+                tgid: call.tgid,
+            },
+        };
+        Some(seen)
+    }
+
+    fn watch(&mut self, cmd: BpfCmd, tgid: u32) -> Seen {
+        if let Err(e) = self.watched.insert(tgid, 1, 0) {
+            log::warn!(
+                "process {tgid} opened one of ipq's maps; its writes will not be announced: {e}"
+            );
+        }
+        Seen::Maps { cmd, tgid }
+    }
+
+    /// Whether ipq holds a link on `ifindex` (its pin is there): three lookups.
+    fn holds_links_on(&self, ifindex: u32) -> bool {
+        AttachPoint::ALL
+            .iter()
+            .any(|point| self.layout.link(ifindex, *point).exists())
+    }
+
+    /// Whether `path` (NUL-terminated) names a pin under ipq's maps directory.
+    fn is_ipq_pin(&self, path: &[u8]) -> bool {
+        let end = path.iter().position(|b| *b == 0).unwrap_or(path.len());
+        let Ok(path) = std::str::from_utf8(&path[..end]) else {
+            return false;
+        };
+        Path::new(path).starts_with(&self.maps_dir)
+    }
+}
+
+fn decode(bytes: &[u8]) -> Option<BpfCall> {
+    if bytes.len() != std::mem::size_of::<BpfCall>() {
+        return None;
+    }
+    // SAFETY: the length is checked; BpfCall is Pod (valid for any bytes).
+    Some(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<BpfCall>()) })
+}

@@ -1,0 +1,95 @@
+//! The watcher: every `bpf()` call of another process that can take an attachment from ipq or
+//! write its maps, reported to the agent through `IPQ_BPF_CALLS` (see `ipq_common::watch`).
+//!
+//! A raw tracepoint on `sys_enter`: it needs neither kprobes, BPF trampolines (fentry), nor
+//! tracefs, which many nodes lack or forbid, only Linux 4.17. It runs for every system call of
+//! the node, so the first thing it does is leave every one but `bpf()` (one compare); the
+//! tracepoint itself sends system calls through the kernel's tracing entry path while it is
+//! attached (measured in `cargo xtask bench`). It runs before the call does its work; the agent
+//! waits a moment before it looks. The system call's number and registers are x86-64's: the
+//! agent attaches it only there. The agent's own calls (`IPQ_WATCH_TGID`) are skipped first, then every command but
+//! the few that matter; map writes only of the processes the agent put in `IPQ_WATCHED`.
+
+use aya_ebpf::{
+    helpers::{
+        bpf_get_current_pid_tgid, bpf_probe_read_kernel, bpf_probe_read_user,
+        bpf_probe_read_user_str_bytes,
+    },
+    macros::map,
+    maps::{LruHashMap, RingBuf},
+    programs::RawTracePointContext,
+};
+use ipq_common::watch::{BpfCall, BpfCmd, BPF_CALLS_RING_BYTES, WATCHED_TGIDS};
+
+/// What the watcher reports; read by the agent that loaded it (not pinned).
+#[map]
+static IPQ_BPF_CALLS: RingBuf = RingBuf::with_byte_size(BPF_CALLS_RING_BYTES, 0);
+
+/// Processes that opened one of ipq's maps, whose map writes are reported. Written by the
+/// agent only.
+#[map]
+static IPQ_WATCHED: LruHashMap<u32, u32> = LruHashMap::with_max_entries(WATCHED_TGIDS, 0);
+
+/// The agent's process id, set at load: its own calls are not reported.
+#[unsafe(no_mangle)]
+static IPQ_WATCH_TGID: u32 = 0;
+
+/// `__NR_bpf` on x86-64.
+const NR_BPF: u64 = 321;
+/// Offsets in x86-64's `struct pt_regs` of the first two arguments (`di`, `si`).
+const PT_REGS_DI: usize = 112;
+const PT_REGS_SI: usize = 104;
+
+pub fn watch(ctx: &RawTracePointContext) -> Option<()> {
+    // `sys_enter(struct pt_regs *regs, long id)`.
+    if ctx.arg::<u64>(1) != NR_BPF {
+        return None;
+    }
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    // SAFETY: a plain read of a constant the loader sets; volatile so that the default is not
+    // folded into the code.
+    if tgid == unsafe { core::ptr::read_volatile(&IPQ_WATCH_TGID) } {
+        return None;
+    }
+    let regs = ctx.arg::<u64>(0) as *const u8;
+    // SAFETY: the registers the system call was entered with, read by the helper.
+    let cmd = unsafe { bpf_probe_read_kernel(regs.add(PT_REGS_DI).cast::<u64>()) }.ok()? as u32;
+    if !BpfCmd::watched(cmd) {
+        return None;
+    }
+    // SAFETY: a lookup whose value is not kept.
+    if BpfCmd::writes_map(cmd) && unsafe { IPQ_WATCHED.get(&tgid) }.is_none() {
+        return None;
+    }
+    // SAFETY: as above: `uattr`, a user pointer.
+    let attr = unsafe { bpf_probe_read_kernel(regs.add(PT_REGS_SI).cast::<u64>()) }.ok()?;
+    let attr = attr as *const u32;
+    let mut entry = IPQ_BPF_CALLS.reserve::<BpfCall>(0)?;
+    let call = entry.as_mut_ptr();
+    // SAFETY: the reserved record, written field by field before it is submitted; user memory
+    // only through the probe-read helpers (a failed read leaves the field zero).
+    unsafe {
+        (*call).cmd = cmd;
+        (*call).tgid = tgid;
+        (*call).target = 0;
+        (*call)._reserved = 0;
+        (*call).path[0] = 0;
+        if cmd == BpfCmd::ObjGet as u32 {
+            // `pathname`, a user pointer, first in the attribute.
+            if let Ok(path) = bpf_probe_read_user(attr as *const u64) {
+                let _ = bpf_probe_read_user_str_bytes(path as *const u8, &mut (*call).path);
+            }
+        } else if cmd == BpfCmd::LinkCreate as u32 {
+            // `link_create.target_ifindex`, after `prog_fd`.
+            (*call).target = bpf_probe_read_user(attr.add(1)).unwrap_or(0);
+        } else if cmd == BpfCmd::ProgAttach as u32
+            || cmd == BpfCmd::ProgDetach as u32
+            || cmd == BpfCmd::MapGetFdById as u32
+        {
+            // `target_ifindex` (attach, detach) or `map_id`, first.
+            (*call).target = bpf_probe_read_user(attr).unwrap_or(0);
+        }
+    }
+    entry.submit(0);
+    Some(())
+}

@@ -1,0 +1,249 @@
+//! The bpf() watcher: another process's link detach, program put ahead of ipq's, or write to
+//! ipq's maps reaches the agent as it happens, and is undone long before the periodic
+//! verification would find it. Each agent here verifies every 60 s (its first pass is at
+//! start): only the watcher can repair within the tests' deadlines. Without it, each test
+//! fails at its first deadline.
+//!
+//! Needs root, bpffs, kprobes and `target/debug/ipq-agent` on a kernel with TCX and XDP links
+//! and `__sys_bpf` (Linux 6.6+; this host); `cargo xtask test` provides them.
+
+use std::{net::IpAddr, time::Duration};
+
+use aya::{
+    maps::{Array, HashMap, MapData},
+    programs::TcAttachType,
+};
+use ipq_common::{
+    addr::{AddrEntry, AddrKey, NO_IFINDEX},
+    names,
+    slots::AddrSlot,
+};
+use ipq_tests::{
+    api,
+    attach::wait_tc_upgrades,
+    attachments::{self, Attachment},
+    lab::{ifindex, poll, udp_burst, Agent, Lab, PEER_V4, POD_A_V4},
+    raw_bpf::{detach_through_pin, foreign_program_first},
+};
+
+/// Far below the 60 s between the agent's periodic passes, far above the watcher's few
+/// milliseconds (a loaded test machine included).
+const WATCHER_DEADLINE: Duration = Duration::from_secs(2);
+
+/// `lab`'s agent, holding pod a's veth by TCX links and verifying every 60 s, pod a fenced and
+/// its traffic to the peer dropped; its status says the watcher is attached.
+fn fenced_and_watching(lab: &Lab) -> Agent<'_> {
+    let args = [
+        "--workload",
+        "vethp*",
+        "--uplink",
+        "up0",
+        "--tc-attach",
+        "tcx",
+        "--verify-interval",
+        "60s",
+    ];
+    let agent = lab.start_agent(&args).expect("starting ipq-agent");
+    lab.fence_pod_a().expect("fencing pod a");
+    wait_tc_upgrades(&agent);
+    assert_eq!(
+        udp_burst(&lab.pod_a, &lab.peer, IpAddr::from(PEER_V4), 10),
+        0,
+        "fenced"
+    );
+    let status = api::request(&agent.api_socket(), "GET", "/v1/status", None)
+        .expect("status")
+        .json()
+        .expect("status json");
+    let unannounced = status["unannounced"].as_str().unwrap_or_default();
+    assert!(
+        unannounced.starts_with("bpf() watcher"),
+        "the watcher attached: {unannounced}\n{}",
+        agent.log()
+    );
+    assert_eq!(
+        agent
+            .metric("ipq_datapath_bpf_watcher", &[])
+            .unwrap_or_else(|e| panic!("{e:#}")),
+        1.0
+    );
+    agent
+}
+
+fn lost(agent: &Agent, hook: &str) -> f64 {
+    agent
+        .metric(
+            "ipq_datapath_attachments_lost_total",
+            &[("hook", hook), ("what", "link")],
+        )
+        .unwrap_or_else(|e| panic!("{e:#}"))
+}
+
+fn ipq_tcx_first_on_ingress(lab: &Lab) -> bool {
+    attachments::tc(&lab.node, "vethpa", TcAttachType::Ingress)
+        .expect("vethpa ingress")
+        .iter()
+        .find(|a| matches!(a, Attachment::Tcx { .. }))
+        .is_some_and(Attachment::is_ipq)
+}
+
+fn ipq_xdp_on_uplink(lab: &Lab) -> bool {
+    attachments::xdp(&lab.node, "up0")
+        .expect("up0 xdp")
+        .is_some_and(|a| a.is_ipq())
+}
+
+/// Waits (at most [`WATCHER_DEADLINE`]) until `lost{hook}` reached `count` and `back` holds.
+fn repaired(agent: &Agent, what: &str, hook: &str, count: f64, back: impl Fn() -> bool) {
+    poll(what, WATCHER_DEADLINE, || {
+        Ok((lost(agent, hook) == count && back()).then_some(()))
+    })
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", agent.log()));
+}
+
+#[test]
+fn links_detached_by_another_process_are_repaired_at_once_and_again() {
+    let lab = Lab::new().expect("building the lab");
+    let agent = fenced_and_watching(&lab);
+    let links = lab.bpffs.path().join("links");
+    let vethpa = ifindex(&lab.node, "vethpa").expect("ifindex");
+    let up0 = ifindex(&lab.node, "up0").expect("ifindex");
+    let tcx_pin = links.join(format!("if{vethpa}-tcx-ingress"));
+
+    let before = lost(&agent, "tc_ingress");
+    detach_through_pin(&tcx_pin);
+    repaired(
+        &agent,
+        "the TCX link repaired",
+        "tc_ingress",
+        before + 1.0,
+        || ipq_tcx_first_on_ingress(&lab),
+    );
+    assert_eq!(
+        udp_burst(&lab.pod_a, &lab.peer, IpAddr::from(PEER_V4), 10),
+        0,
+        "fenced again"
+    );
+    // The same tool again, half a second after the repair (the scenario's own pause, not a
+    // wait for anything): the repaired link is watched like the first.
+    std::thread::sleep(Duration::from_millis(500));
+    detach_through_pin(&tcx_pin);
+    repaired(
+        &agent,
+        "the TCX link repaired a second time",
+        "tc_ingress",
+        before + 2.0,
+        || ipq_tcx_first_on_ingress(&lab),
+    );
+
+    let before = lost(&agent, "xdp");
+    detach_through_pin(&links.join(format!("if{up0}-xdp")));
+    repaired(&agent, "the XDP link repaired", "xdp", before + 1.0, || {
+        ipq_xdp_on_uplink(&lab)
+    });
+    let _ = POD_A_V4;
+}
+
+#[test]
+fn a_program_put_ahead_by_another_process_is_moved_behind_at_once() {
+    let lab = Lab::new().expect("building the lab");
+    let agent = fenced_and_watching(&lab);
+    let vethpa = ifindex(&lab.node, "vethpa").expect("ifindex");
+    let before = lost(&agent, "tc_ingress");
+    let (prog, link) = lab.node.run(|| foreign_program_first(vethpa));
+    repaired(
+        &agent,
+        "ipq's TCX program first again",
+        "tc_ingress",
+        before + 1.0,
+        || ipq_tcx_first_on_ingress(&lab),
+    );
+    assert_eq!(
+        udp_burst(&lab.pod_a, &lab.peer, IpAddr::from(PEER_V4), 10),
+        0,
+        "fenced again"
+    );
+    // SAFETY: the descriptors foreign_program_first returned, closed once.
+    unsafe {
+        libc::close(link);
+        libc::close(prog);
+    }
+}
+
+fn map_path(lab: &Lab, name: &str) -> std::path::PathBuf {
+    lab.bpffs.path().join("maps").join(name)
+}
+
+fn addrs(lab: &Lab) -> HashMap<MapData, AddrKey, AddrEntry> {
+    HashMap::try_from(aya::maps::Map::HashMap(
+        MapData::from_pin(map_path(lab, names::MAP_ADDRS)).expect("opening IPQ_ADDRS"),
+    ))
+    .expect("IPQ_ADDRS as a hash map")
+}
+
+fn rewritten(agent: &Agent, map: &str) -> f64 {
+    agent
+        .metric("ipq_datapath_map_entries_rewritten_total", &[("map", map)])
+        .unwrap_or(0.0)
+}
+
+#[test]
+fn map_writes_by_another_process_are_undone_at_once() {
+    let lab = Lab::new().expect("building the lab");
+    let agent = fenced_and_watching(&lab);
+    let pod_a = AddrKey::from(IpAddr::from(POD_A_V4));
+
+    // IPQ_ADDRS: pod a's entry unfenced (the pin opened, one write: what bpftool does).
+    let before = rewritten(&agent, names::MAP_ADDRS);
+    {
+        let mut map = addrs(&lab);
+        let mut entry = map.get(&pod_a, 0).expect("pod a's entry");
+        assert_ne!(entry.fenced_ifindex, NO_IFINDEX, "fenced to begin with");
+        entry.fenced_ifindex = NO_IFINDEX;
+        map.insert(pod_a, entry, 0).expect("writing IPQ_ADDRS");
+    }
+    poll("IPQ_ADDRS written back", WATCHER_DEADLINE, || {
+        let fenced = addrs(&lab)
+            .get(&pod_a, 0)
+            .is_ok_and(|e| e.fenced_ifindex != NO_IFINDEX);
+        Ok((fenced && rewritten(&agent, names::MAP_ADDRS) == before + 1.0).then_some(()))
+    })
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", agent.log()));
+
+    // IPQ_SLOTS, the copy the programs read first: the slot of pod a unfenced.
+    let before = rewritten(&agent, names::MAP_SLOTS);
+    let open_slots = || -> Array<MapData, AddrSlot> {
+        Array::try_from(aya::maps::Map::Array(
+            MapData::from_pin(map_path(&lab, names::MAP_SLOTS)).expect("opening IPQ_SLOTS"),
+        ))
+        .expect("IPQ_SLOTS as an array")
+    };
+    let slot_of_a = {
+        let table = open_slots();
+        (0..table.len())
+            .find(|i| {
+                table
+                    .get(i, 0)
+                    .is_ok_and(|s| s.entry.state != 0 && s.key == pod_a)
+            })
+            .expect("pod a in a slot")
+    };
+    {
+        let mut table = open_slots();
+        let mut slot = table.get(&slot_of_a, 0).expect("reading the slot");
+        slot.entry.fenced_ifindex = NO_IFINDEX;
+        table.set(slot_of_a, slot, 0).expect("writing IPQ_SLOTS");
+    }
+    poll("IPQ_SLOTS written back", WATCHER_DEADLINE, || {
+        let fenced = open_slots()
+            .get(&slot_of_a, 0)
+            .is_ok_and(|s| s.key == pod_a && s.entry.fenced_ifindex != NO_IFINDEX);
+        Ok((fenced && rewritten(&agent, names::MAP_SLOTS) == before + 1.0).then_some(()))
+    })
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", agent.log()));
+    assert_eq!(
+        udp_burst(&lab.pod_a, &lab.peer, IpAddr::from(PEER_V4), 10),
+        0,
+        "fenced again"
+    );
+}
