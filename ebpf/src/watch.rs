@@ -58,7 +58,7 @@ pub fn watch(ctx: &RawTracePointContext) -> Option<()> {
         return None;
     }
     // SAFETY: a lookup whose value is not kept.
-    if BpfCmd::writes_map(cmd) && unsafe { IPQ_WATCHED.get(&tgid) }.is_none() {
+    if BpfCmd::writes_map(cmd) && unsafe { IPQ_WATCHED.get(tgid) }.is_none() {
         return None;
     }
     // SAFETY: as above: `uattr`, a user pointer.
