@@ -107,6 +107,8 @@ pub struct Metrics {
     pub attachments_lost: IntCounterVec,
     /// What other processes did to ipq's maps and hooks beyond taking attachments away.
     pub tamper: TamperMetrics,
+    /// How writing the node's NodeQuarantine goes (`ipq_publish_*`).
+    pub publish: crate::publish::PublishMetrics,
     /// `ipq_connections_refused_total{listener, reason}`, counted by the listeners' guards.
     pub connections_refused: IntCounterVec,
     /// How long the last verification of the datapath took.

@@ -6,7 +6,7 @@ use super::render::{self, holder_short};
 use ipq_api::{
     model::{
         AddressView, ClaimFlushView, ConflictView, Event, EventBody, InterfaceStatus, IpamHoldView,
-        RecoveryView, RegistryCounts, Status, VerificationView,
+        PublishView, RecoveryView, RegistryCounts, Status, VerificationView,
     },
     ConflictKind, EarlyReusePolicy, Holder, PodRef, Protection, StateName,
 };
@@ -214,6 +214,7 @@ fn status_shows_readiness_counts_and_hooks() {
         }),
         started: None,
         started_at: "2026-11-22T09:56:00Z".into(),
+        publish: None,
     };
     assert_eq!(
         render::status(&status, now()),
@@ -294,6 +295,27 @@ Recovered:       from the journal, 3 addresses
     assert!(
         text.contains(
             "5        vethpa  tcx-egress  netlink     failed      tcx-ingress: boom (3 attempts)"
+        ),
+        "{text}"
+    );
+    let mut publishing = status.clone();
+    publishing.publish = Some(PublishView {
+        node: "node-a".into(),
+        state: "failing".into(),
+        last_published_at: Some("2026-11-22T10:00:58Z".into()),
+        entries: 2,
+        omitted: 0,
+        writes_total: 7,
+        failures_total: 3,
+        last_error: Some("connecting to the API server: connection refused".into()),
+        failing_since: Some("2026-11-22T10:00:59Z".into()),
+    });
+    let text = render::status(&publishing, now());
+    assert!(
+        text.contains(
+            "NodeQuarantine:  node-a (failing), written 2026-11-22T10:00:58Z (2s ago), 2 \
+             entries; 7 writes, 3 failed; FAILING since 2026-11-22T10:00:59Z (1s ago): \
+             connecting to the API server: connection refused\n"
         ),
         "{text}"
     );

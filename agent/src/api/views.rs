@@ -255,6 +255,7 @@ pub struct StatusFacts {
     pub unannounced: String,
     pub recovery: Option<RecoveryView>,
     pub started: Option<StartedView>,
+    pub publish: Option<super::model::PublishView>,
 }
 
 /// The agent's status: readiness, policy, registry counts (O(1): the registry keeps them) and
@@ -293,6 +294,7 @@ pub fn status_view<C: Clock>(
         unannounced: facts.unannounced,
         recovery: facts.recovery,
         started: facts.started,
+        publish: facts.publish,
     }
 }
 

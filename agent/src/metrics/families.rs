@@ -115,6 +115,7 @@ impl Metrics {
             )?,
         )?;
         let tamper = TamperMetrics::register(&registry)?;
+        let publish = crate::publish::PublishMetrics::register(&registry)?;
         let verify_seconds = registered(
             &registry,
             Gauge::new(
@@ -345,6 +346,7 @@ impl Metrics {
             attach_failures,
             attachments_lost,
             tamper,
+            publish,
             connections_refused,
             verify_seconds,
             tc_upgrades_pending,

@@ -54,6 +54,7 @@ pub struct ApiService<'a> {
     started_at: SystemTime,
     recovered: Option<&'a RecoveryView>,
     started: Option<&'a StartedView>,
+    publish: Option<&'a crate::publish::Feed>,
 }
 
 impl Tracker {
@@ -71,6 +72,7 @@ impl Tracker {
             started_at: self.started_at,
             recovered: self.recovered.as_ref(),
             started: self.started.as_ref(),
+            publish: self.publish.as_ref(),
         }
     }
 }
@@ -141,6 +143,7 @@ impl ApiService<'_> {
             ),
             recovery: self.recovered.cloned(),
             started: self.started.cloned(),
+            publish: self.publish.map(crate::publish::Feed::view),
         };
         status_view(facts, self.registry, interfaces)
     }
