@@ -65,6 +65,15 @@ impl PublishedEntry {
         }
     }
 
+    /// Whether `self` is `old` with only its quarantine's end moved later (stale traffic):
+    /// the one change the writer may hold back for a while.
+    pub fn only_ends_later_than(&self, old: &PublishedEntry) -> bool {
+        self.state == old.state
+            && self.since == old.since
+            && self.holder == old.holder
+            && matches!((self.until, old.until), (Some(new), Some(old)) if new >= old)
+    }
+
     /// The entry as the CRD's schema has it (deploy/kubernetes/05-nodequarantine-crd.yaml).
     pub fn to_json(&self, addr: IpAddr, time: &TimeBase) -> Value {
         let mut entry = Map::new();

@@ -16,7 +16,7 @@
 mod entry;
 mod kube_sink;
 mod metrics;
-mod writer;
+pub mod writer;
 
 use std::{
     net::IpAddr,

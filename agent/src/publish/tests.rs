@@ -220,3 +220,41 @@ async fn the_real_client_against_a_closed_port_fails_as_unreachable_naming_the_o
     assert_eq!(error.reason, FailureReason::Config, "{error}");
     assert!(error.message.contains("absent"), "{error}");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_quarantine_ending_later_waits_for_a_lazy_write_but_any_other_change_does_not() {
+    let metrics = crate::metrics::Metrics::for_tests();
+    let sink = Recorder::default();
+    let feed = start_with("node-a".into(), sink.clone(), Timing::default(), metrics);
+    feed.send(addr(1), Some(quarantined(1)));
+    tokio::time::advance(Duration::from_secs(1)).await;
+    settle().await;
+    let writes = || sink.writes.lock().unwrap().len();
+    let before = writes();
+
+    // Stale traffic moves the end later, every 100 ms for 4 s: no write until LAZY_DELAY.
+    let moved_at = Instant::now();
+    for step in 1..=40u64 {
+        let mut later = quarantined(1);
+        later.until = Some(1 + step);
+        feed.send(addr(1), Some(later));
+        tokio::time::advance(Duration::from_millis(100)).await;
+        settle().await;
+    }
+    assert_eq!(writes(), before, "an end moved later is written lazily");
+    while writes() == before && moved_at.elapsed() < writer::LAZY_DELAY * 2 {
+        tokio::time::advance(Duration::from_millis(50)).await;
+        settle().await;
+    }
+    let all = sink.writes.lock().unwrap().clone();
+    assert_eq!(all.len(), before + 1, "one write for all the moves");
+    let (at, last) = all.last().unwrap();
+    assert!(*at <= moved_at + writer::LAZY_DELAY + Timing::default().min_interval);
+    assert_eq!(listed(last), 1);
+
+    // A new entry is written at once (within the interval).
+    feed.send(addr(2), Some(quarantined(2)));
+    tokio::time::advance(Timing::default().min_interval).await;
+    settle().await;
+    assert_eq!(sink.writes.lock().unwrap().len(), before + 2);
+}

@@ -18,6 +18,10 @@ use crate::{api::model::PublishView, api::views::TimeBase, metrics::Metrics};
 
 /// How often a failure that keeps happening is logged (every one is counted).
 const FAILURE_LOG_EVERY: Duration = Duration::from_secs(60);
+/// How long a change that only moves a quarantine's end later (stale traffic arriving) may
+/// wait for a write: on a node with stale traffic on many addresses such moves would otherwise
+/// be a write every `min_interval` for as long as it lasts.
+pub const LAZY_DELAY: Duration = Duration::from_secs(5);
 /// How often `ipq_publish_pending_milliseconds` is refreshed while a change waits.
 const PENDING_REFRESH: Duration = Duration::from_secs(1);
 
@@ -55,6 +59,8 @@ struct Writer {
     /// Since when the object lacks a change (the start counts: the object is written once
     /// whatever it held, so a previous run's entries go).
     pending_since: Option<Instant>,
+    /// Since when the object lacks a later end of a quarantine it lists (and nothing else).
+    lazy_since: Option<Instant>,
     last_attempt: Option<Instant>,
     retry_at: Option<Instant>,
     retry_delay: Duration,
@@ -78,6 +84,7 @@ pub async fn run<S: Sink>(
         timing,
         entries: BTreeMap::new(),
         pending_since: Some(Instant::now()),
+        lazy_since: None,
         last_attempt: None,
         retry_at: None,
         retry_delay: timing.first_retry,
@@ -114,7 +121,11 @@ async fn sleep_until(at: Option<Instant>) {
 impl Writer {
     /// When the next write is due: none while the object holds everything.
     fn due(&self) -> Option<Instant> {
-        let pending = self.pending_since?;
+        let lazy = self.lazy_since.map(|since| since + LAZY_DELAY);
+        let pending = match (self.pending_since, lazy) {
+            (Some(a), Some(b)) => a.min(b),
+            (a, b) => a.or(b)?,
+        };
         let paced = self
             .last_attempt
             .map_or(pending, |at| (at + self.timing.min_interval).max(pending));
@@ -122,29 +133,42 @@ impl Writer {
     }
 
     fn apply(&mut self, change: Change) {
-        let changed = match change.entry {
-            Some(entry) => {
-                self.entries.get(&change.addr) != Some(&entry) && {
-                    self.entries.insert(change.addr, entry);
-                    true
-                }
-            }
-            None => self.entries.remove(&change.addr).is_some(),
+        let listed = self.entries.get(&change.addr);
+        let urgent = match (&change.entry, listed) {
+            (Some(new), Some(old)) if new == old => return,
+            (Some(new), Some(old)) => !new.only_ends_later_than(old),
+            (None, None) => return,
+            _ => true,
         };
-        if changed {
-            self.pending_since.get_or_insert_with(Instant::now);
+        match change.entry {
+            Some(entry) => self.entries.insert(change.addr, entry),
+            None => self.entries.remove(&change.addr),
+        };
+        let since = if urgent {
+            &mut self.pending_since
+        } else {
+            &mut self.lazy_since
+        };
+        since.get_or_insert_with(Instant::now);
+    }
+
+    /// Since when the object lacks a change, urgent or lazy.
+    fn waiting_since(&self) -> Option<Instant> {
+        match (self.pending_since, self.lazy_since) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
         }
     }
 
     fn observe_pending(&self) {
         let waited = self
-            .pending_since
+            .waiting_since()
             .map_or(0, |since| since.elapsed().as_millis());
         self.metrics
             .publish
             .pending_ms
             .set(i64::try_from(waited).unwrap_or(i64::MAX));
-        if self.pending_since.is_some() && self.failing_since.is_none() {
+        if self.waiting_since().is_some() && self.failing_since.is_none() {
             let mut view = lock(&self.view);
             if view.state == "published" {
                 view.state = "pending".to_owned();
@@ -155,7 +179,7 @@ impl Writer {
     async fn attempt<S: Sink>(&mut self, sink: &mut S) {
         let now = Instant::now();
         self.last_attempt = Some(now);
-        let carried_since = self.pending_since;
+        let carried_since = self.waiting_since();
         let body = status_body(
             &self.node,
             &self.entries,
@@ -174,6 +198,7 @@ impl Writer {
                 m.omitted_entries.set(body.omitted as i64);
                 // Changes received during the write set it again when they are applied.
                 self.pending_since = None;
+                self.lazy_since = None;
                 self.retry_at = None;
                 self.retry_delay = self.timing.first_retry;
                 if let Some(since) = self.failing_since.take() {
