@@ -5,7 +5,6 @@
 
 use std::{path::PathBuf, time::Duration};
 
-use k8s_openapi::api::core::v1::Node;
 use kube::{
     api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams},
     config::{KubeConfigOptions, Kubeconfig},
@@ -86,12 +85,19 @@ impl KubeSink {
         Api::all_with(client, &ApiResource::from_gvk_with_plural(&gvk, PLURAL))
     }
 
+    /// Nodes read as dynamic objects: only their uid is wanted, and k8s-openapi's typed Node
+    /// (its whole status) would be code the agent carries and never needs.
+    fn nodes(client: Client) -> Api<DynamicObject> {
+        let gvk = GroupVersionKind::gvk("", "v1", "Node");
+        Api::all_with(client, &ApiResource::from_gvk_with_plural(&gvk, "nodes"))
+    }
+
     /// Makes (or takes back) the object, owned by the Node.
     async fn apply_object(&mut self, client: &Client) -> Result<(), WriteError> {
         let uid = match &self.node_uid {
             Some(uid) => uid.clone(),
             None => {
-                let node = Api::<Node>::all(client.clone())
+                let node = Self::nodes(client.clone())
                     .get(&self.node)
                     .await
                     .map_err(|e| failure(&format!("getting Node {}", self.node), e))?;
