@@ -19,8 +19,10 @@ mod metrics;
 pub mod writer;
 
 use std::{
+    future::Future,
     net::IpAddr,
     path::PathBuf,
+    pin::Pin,
     sync::{Arc, Mutex},
     time::Duration,
 };
@@ -70,6 +72,8 @@ pub struct Change {
 pub struct Feed {
     changes: mpsc::UnboundedSender<Change>,
     view: Arc<Mutex<PublishView>>,
+    /// The writer, until [`Feed::launch`] spawns it.
+    writer: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
 }
 
 impl Feed {
@@ -79,13 +83,22 @@ impl Feed {
         let _ = self.changes.send(Change { addr, entry });
     }
 
+    /// Spawns the writer on the current runtime. Called once the registry's whole state has
+    /// been sent: the writer's first write must not be an empty list (that would tell every
+    /// reader, for a moment, that a restarted node has nothing in quarantine).
+    pub fn launch(&mut self) {
+        if let Some(writer) = self.writer.take() {
+            tokio::spawn(writer);
+        }
+    }
+
     /// How publishing stands, for `ipq status`.
     pub fn view(&self) -> PublishView {
         lock(&self.view).clone()
     }
 }
 
-/// Starts the writer task on the current runtime, writing through `sink`.
+/// The publisher, writing through `sink` once [`Feed::launch`]ed.
 pub fn start_with<S: Sink + Send + 'static>(
     node: String,
     sink: S,
@@ -98,11 +111,15 @@ pub fn start_with<S: Sink + Send + 'static>(
         state: "starting".to_owned(),
         ..PublishView::default()
     }));
-    tokio::spawn(run(node, sink, received, timing, view.clone(), metrics));
-    Feed { changes, view }
+    let writer = run(node, sink, received, timing, view.clone(), metrics);
+    Feed {
+        changes,
+        view,
+        writer: Some(Box::pin(writer)),
+    }
 }
 
-/// Starts publishing to the API server `settings` name.
+/// The publisher to the API server `settings` name, once [`Feed::launch`]ed.
 pub fn start(settings: Settings, metrics: Arc<Metrics>) -> Feed {
     let sink = KubeSink::new(settings.node.clone(), settings.kubeconfig);
     start_with(settings.node, sink, Timing::default(), metrics)

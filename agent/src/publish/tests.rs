@@ -66,7 +66,8 @@ async fn a_burst_of_changes_is_a_few_writes_and_each_change_is_written_within_th
     let metrics = crate::metrics::Metrics::for_tests();
     let sink = Recorder::default();
     let timing = Timing::default();
-    let feed = start_with("node-a".into(), sink.clone(), timing, metrics.clone());
+    let mut feed = start_with("node-a".into(), sink.clone(), timing, metrics.clone());
+    feed.launch();
     settle().await;
     // The first write at once: the object as this agent has it (empty).
     assert_eq!(sink.writes.lock().unwrap().len(), 1);
@@ -122,10 +123,11 @@ async fn an_unreachable_api_server_is_retried_with_backoff_counted_shown_and_cau
     let sink = Recorder::default();
     *sink.failing.lock().unwrap() = Some(FailureReason::Unreachable);
     let timing = Timing::default();
-    let feed = start_with("node-a".into(), sink.clone(), timing, metrics.clone());
+    let mut feed = start_with("node-a".into(), sink.clone(), timing, metrics.clone());
     for i in 0..10 {
         feed.send(addr(i), Some(quarantined(i)));
     }
+    feed.launch();
     // 20 s of outage, with changes arriving.
     for step in 0..200 {
         tokio::time::advance(Duration::from_millis(100)).await;
@@ -225,7 +227,8 @@ async fn the_real_client_against_a_closed_port_fails_as_unreachable_naming_the_o
 async fn a_quarantine_ending_later_waits_for_a_lazy_write_but_any_other_change_does_not() {
     let metrics = crate::metrics::Metrics::for_tests();
     let sink = Recorder::default();
-    let feed = start_with("node-a".into(), sink.clone(), Timing::default(), metrics);
+    let mut feed = start_with("node-a".into(), sink.clone(), Timing::default(), metrics);
+    feed.launch();
     feed.send(addr(1), Some(quarantined(1)));
     tokio::time::advance(Duration::from_secs(1)).await;
     settle().await;
@@ -257,4 +260,29 @@ async fn a_quarantine_ending_later_waits_for_a_lazy_write_but_any_other_change_d
     tokio::time::advance(Timing::default().min_interval).await;
     settle().await;
     assert_eq!(sink.writes.lock().unwrap().len(), before + 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_first_write_after_a_start_is_the_whole_state_never_an_empty_list() {
+    let metrics = crate::metrics::Metrics::for_tests();
+    let sink = Recorder::default();
+    let mut feed = start_with("node-a".into(), sink.clone(), Timing::default(), metrics);
+    // What the registry holds at start, sent before the writer runs (Tracker::start_publishing).
+    for i in 0..3 {
+        feed.send(addr(i), Some(quarantined(i)));
+    }
+    settle().await;
+    assert!(
+        sink.attempts.lock().unwrap().is_empty(),
+        "no write before launch"
+    );
+    feed.launch();
+    settle().await;
+    let writes = sink.writes.lock().unwrap();
+    assert_eq!(writes.len(), 1);
+    assert_eq!(
+        listed(&writes[0].1),
+        3,
+        "the first write lists what the node has"
+    );
 }

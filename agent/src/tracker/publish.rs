@@ -6,11 +6,15 @@ use super::Tracker;
 use crate::publish::{Feed, PublishedEntry};
 
 impl Tracker {
-    /// From now on the registry's changes go to `feed`, starting with every address it holds.
+    /// From now on the registry's changes go to `feed`, starting with every address it holds;
+    /// its writer starts once those are all sent, so that its first write is the whole state.
     pub fn start_publishing(&mut self, feed: Feed) {
         self.registry.track_published_changes();
         self.publish = Some(feed);
         self.publish_changes();
+        if let Some(feed) = &mut self.publish {
+            feed.launch();
+        }
     }
 
     /// Hands the addresses changed since the last call to the publisher (the agent's loop calls
