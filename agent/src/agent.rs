@@ -181,6 +181,7 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
     safe_fs::ensure_private_dir(&ipq_cni::paths::ipam_allocation_dir(&config.state_dir))?;
     let metrics_addr = config.metrics_addr;
     let max_cooldown = config.max_cooldown;
+    let publish = crate::publish::Settings::from_config(&config.kubernetes);
     let ipam_bins = Arc::new(crate::ipam::trust::TrustedBins::new(
         config.ipam_cni_bin_dirs.clone(),
     ));
@@ -255,6 +256,21 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
     // Only now, with the registry recovered and the spool replayed: "free" is then the truth.
     let (urgent_tx, urgent_rx) = mpsc::channel(64);
     tracker.set_ipam_releaser(urgent_tx);
+    // With the registry recovered and reconciled: the object's first write is the node's truth.
+    match publish {
+        Some(settings) => {
+            info!(
+                "publishing NodeQuarantine {} ({})",
+                settings.node,
+                settings.kubeconfig.as_ref().map_or_else(
+                    || "in-cluster service account".to_owned(),
+                    |path| format!("kubeconfig {}", path.display())
+                )
+            );
+            tracker.start_publishing(crate::publish::start(settings, metrics.clone()));
+        }
+        None => info!("no Kubernetes node name (NODE_NAME): no NodeQuarantine is published"),
+    }
     let releaser_settings = crate::ipam::releaser::Settings {
         dir: ipam_release_dir,
         max_cooldown,
@@ -386,6 +402,7 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
         }
         // Also the retry of a failed save: this runs at least once a second.
         waiting.after_quiet_save(&tracker.persist_deferred());
+        tracker.publish_changes();
     }
     api.abort();
     let _ = api.await;

@@ -96,6 +96,18 @@ impl Default for HygieneConfig {
     }
 }
 
+/// Publishing this node's quarantine as a `NodeQuarantine` object (`[kubernetes]`,
+/// docs/kubernetes.md). With no node name (neither `node_name` nor the `NODE_NAME` variable
+/// the DaemonSet sets from the downward API) nothing is published and nothing is attempted.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KubernetesConfig {
+    /// The node's name; `None`: the `NODE_NAME` environment variable at start.
+    pub node_name: Option<String>,
+    /// A kubeconfig file to reach the API server with; `None`: the pod's service account
+    /// (in-cluster).
+    pub kubeconfig: Option<PathBuf>,
+}
+
 /// Upper bound of `hygiene.announce_per_second`.
 pub const MAX_ANNOUNCE_PER_SECOND: u32 = 10_000;
 
@@ -125,6 +137,7 @@ pub struct Config {
     /// release whose `cniPath` names none of them is refused.
     pub ipam_cni_bin_dirs: Vec<PathBuf>,
     pub hygiene: HygieneConfig,
+    pub kubernetes: KubernetesConfig,
 }
 
 /// Largest registry the datapath map is created with (16 Mi entries, ~1 GiB of kernel memory).
@@ -158,6 +171,7 @@ impl Default for Config {
             // dir (Debian's /usr/lib/cni) is trusted only when the operator says so.
             ipam_cni_bin_dirs: vec![PathBuf::from("/opt/cni/bin")],
             hygiene: HygieneConfig::default(),
+            kubernetes: KubernetesConfig::default(),
         }
     }
 }

@@ -19,6 +19,7 @@ pub mod metrics;
 pub mod netdev;
 pub mod netlink;
 pub mod paths;
+pub mod publish;
 pub mod readiness;
 pub mod registry;
 pub mod series;

@@ -6,7 +6,7 @@ use super::render::{self, holder_short};
 use ipq_api::{
     model::{
         AddressView, ClaimFlushView, ConflictView, Event, EventBody, InterfaceStatus, IpamHoldView,
-        PendingWriteView, RecoveryView, RegistryCounts, Status, VerificationView,
+        PendingWriteView, PublishView, RecoveryView, RegistryCounts, Status, VerificationView,
     },
     ConflictKind, EarlyReusePolicy, Holder, MapWrite, PodRef, Protection, StateName,
 };
@@ -216,6 +216,7 @@ fn status_shows_readiness_counts_and_hooks() {
         started_at: "2026-11-22T09:56:00Z".into(),
         datapath_writes_pending: 0,
         pending_writes: Vec::new(),
+        publish: None,
     };
     assert_eq!(
         render::status(&status, now()),
@@ -316,6 +317,27 @@ Recovered:       from the journal, 3 addresses
             "Datapath:        1 addresses NOT WRITTEN; 10.77.0.60: update refused 3 times since \
              2026-11-22T10:00:57Z (3s ago) (the address map is full: 10.77.0.60 was not \
              stored); retried every tick\n"
+        ),
+        "{text}"
+    );
+    let mut publishing = status.clone();
+    publishing.publish = Some(PublishView {
+        node: "node-a".into(),
+        state: "failing".into(),
+        last_published_at: Some("2026-11-22T10:00:58Z".into()),
+        entries: 2,
+        omitted: 0,
+        writes_total: 7,
+        failures_total: 3,
+        last_error: Some("connecting to the API server: connection refused".into()),
+        failing_since: Some("2026-11-22T10:00:59Z".into()),
+    });
+    let text = render::status(&publishing, now());
+    assert!(
+        text.contains(
+            "NodeQuarantine:  node-a (failing), written 2026-11-22T10:00:58Z (2s ago), 2 \
+             entries; 7 writes, 3 failed; FAILING since 2026-11-22T10:00:59Z (1s ago): \
+             connecting to the API server: connection refused\n"
         ),
         "{text}"
     );

@@ -23,6 +23,8 @@ mod churn;
 mod drain;
 #[path = "cluster/prometheus.rs"]
 mod prometheus;
+#[path = "cluster/publish.rs"]
+mod publish;
 use ipq_tests::cluster::{
     deploy::{self, ipq},
     host::NODE_IP,
@@ -54,6 +56,9 @@ fn ipq_deployed_from_the_manifests_fences_a_rollouts_old_pod() -> anyhow::Result
         cluster.started_in
     );
     phase("install ipq", || installed_as_the_readme_says(&mut cluster))?;
+    phase("the node's NodeQuarantine, owned by its Node", || {
+        publish::published_and_owned_by_its_node(&mut cluster)
+    })?;
     let peer = Arc::clone(&cluster.host.peer);
     let prometheus = phase(
         "Prometheus scrapes the agent with the shipped rules",
@@ -68,6 +73,10 @@ fn ipq_deployed_from_the_manifests_fences_a_rollouts_old_pod() -> anyhow::Result
     phase("force delete of the fenced old pod", || {
         force_delete_leaves_no_stale_holder_reachable(&mut cluster, &rollout)
     })?;
+    phase(
+        "NodeQuarantine lists the force-deleted pod as fenced",
+        || publish::lists_the_force_deleted_pod_as_fenced(&mut cluster, &rollout),
+    )?;
     phase("rollout restart of the agent", || {
         agent_lifecycle::agent_restart_keeps_the_fence(&mut cluster, &rollout)
     })?;
@@ -79,6 +88,13 @@ fn ipq_deployed_from_the_manifests_fences_a_rollouts_old_pod() -> anyhow::Result
     })?;
     phase("kubectl drain of the node", || {
         drain::drain_quarantines_every_pod_address(&mut cluster, &rollout)
+    })?;
+    phase(
+        "NodeQuarantine lists the drained address as quarantined",
+        || publish::drained_address_listed_as_quarantined(&mut cluster, &rollout),
+    )?;
+    phase("NodeQuarantine entry gone once the quarantine ends", || {
+        publish::entry_goes_when_the_quarantine_ends(&mut cluster, &rollout)
     })?;
     Ok(())
 }

@@ -23,6 +23,7 @@
 //! | datapath | a fenced pod's NA behind a hop-by-hop header [M4] | every one dropped at TC ingress and counted; an unfenced pod's pass |
 //! | datapath | a fenced pod's 5 KB NA behind a 64-byte destination-options header, skb head not linear [M4] | pulled linear, found and dropped |
 //! | hygiene | a new holder on a bridge whose MAC nobody knows | the announce failure counted and alerted on, the claim answered with what failed, conntrack and neighbours still flushed |
+//! | publish | the NodeQuarantine's API server on a closed port, then an early reuse | fenced as ever; failures counted as `unreachable`, backed off, shown in `ipq status` |
 //!
 //! Each area keeps its rows in `faults/<area>.rs`; every test there starts with a doc line
 //! of the form `Injected: ... / Holds: ...`.
@@ -44,6 +45,10 @@ mod kernel;
 // datapath: crafted frames from a fenced pod
 #[path = "faults/datapath.rs"]
 mod datapath;
+
+// publish: the NodeQuarantine's API server unreachable (#30)
+#[path = "faults/publish.rs"]
+mod publish;
 
 // hygiene: conntrack and neighbour clean-up under fault
 #[path = "faults/hygiene.rs"]

@@ -260,6 +260,7 @@ pub struct StatusFacts {
     pub writes_pending: u64,
     /// The first of them, in address order.
     pub pending_writes: Vec<PendingWriteView>,
+    pub publish: Option<super::model::PublishView>,
 }
 
 /// The agent's status: readiness, policy, registry counts (O(1): the registry keeps them) and
@@ -300,6 +301,7 @@ pub fn status_view<C: Clock>(
         started: facts.started,
         datapath_writes_pending: facts.writes_pending,
         pending_writes: facts.pending_writes,
+        publish: facts.publish,
     }
 }
 

@@ -358,6 +358,34 @@ pub const KEYS: &[Key] = &[
         },
     },
     Key {
+        name: "kubernetes.node_name",
+        flag: "kubernetes-node-name",
+        alias: None,
+        help: "This node's name in Kubernetes, which its NodeQuarantine is named after \
+               (default: the NODE_NAME environment variable; neither: nothing is published)",
+        kind: Kind::Text,
+        set: |c, p, k, v| {
+            let name = p.string(k, v)?;
+            if name.is_empty() {
+                return Err(p.invalid(k, v, "must not be empty"));
+            }
+            c.kubernetes.node_name = Some(name.to_owned());
+            Ok(())
+        },
+    },
+    Key {
+        name: "kubernetes.kubeconfig",
+        flag: "kubernetes-kubeconfig",
+        alias: None,
+        help: "A kubeconfig file the NodeQuarantine is published with (default: the pod's \
+               service account)",
+        kind: Kind::Text,
+        set: |c, p, k, v| {
+            c.kubernetes.kubeconfig = Some(p.abs_path(k, v)?);
+            Ok(())
+        },
+    },
+    Key {
         name: "tc_attach",
         flag: "tc-attach",
         alias: None,

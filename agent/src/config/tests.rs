@@ -233,8 +233,14 @@ fn the_key_table_is_the_one_list_of_keys() {
         let e = err(&format!("{} = [1]", key.name));
         assert!(e.contains(&format!("`{}`", key.name)), "{e}");
     }
-    assert!(known.ends_with("[interfaces], [hygiene]"), "{known}");
-    assert_eq!(super::keys::tables(), ["interfaces", "hygiene"]);
+    assert!(
+        known.ends_with("[interfaces], [hygiene], [kubernetes]"),
+        "{known}"
+    );
+    assert_eq!(
+        super::keys::tables(),
+        ["interfaces", "hygiene", "kubernetes"]
+    );
     // A flag of a key not in the table is an error, not a panic.
     let bad = Overrides {
         values: vec![("colour", "blue".into())],
@@ -330,4 +336,27 @@ fn hygiene_keys_have_flags_and_a_bad_flag_value_is_named() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("hygiene.flush"), "{e}");
+}
+
+#[test]
+fn the_kubernetes_table_names_the_node_and_the_kubeconfig() {
+    let config = Config::from_toml(
+        "[kubernetes]\nnode_name = \"node-a\"\nkubeconfig = \"/etc/ipq/kubeconfig\"\n",
+        "test",
+    )
+    .unwrap();
+    assert_eq!(config.kubernetes.node_name.as_deref(), Some("node-a"));
+    assert_eq!(
+        config.kubernetes.kubeconfig.as_deref(),
+        Some(Path::new("/etc/ipq/kubeconfig"))
+    );
+    let e = err("[kubernetes]\nnode_name = \"\"");
+    assert!(
+        e.contains("`kubernetes.node_name`") && e.contains("empty"),
+        "{e}"
+    );
+    let e = err("[kubernetes]\nkubeconfig = \"relative\"");
+    assert!(e.contains("`kubernetes.kubeconfig`"), "{e}");
+    // Nothing configured: no publisher unless NODE_NAME is set.
+    assert_eq!(Config::default().kubernetes, Default::default());
 }

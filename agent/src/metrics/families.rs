@@ -116,6 +116,7 @@ impl Metrics {
         )?;
         let tamper = TamperMetrics::register(&registry)?;
         let writes = WriteMetrics::register(&registry)?;
+        let publish = crate::publish::PublishMetrics::register(&registry)?;
         let verify_seconds = registered(
             &registry,
             Gauge::new(
@@ -347,6 +348,7 @@ impl Metrics {
             attachments_lost,
             tamper,
             writes,
+            publish,
             connections_refused,
             verify_seconds,
             tc_upgrades_pending,

@@ -90,6 +90,9 @@ pub struct Registry<C: Clock = SystemClock> {
     /// Addresses whose record changed since the journal last took them: what the next commit
     /// appends, O(changes) instead of the whole registry.
     changed: HashSet<IpAddr>,
+    /// The same for the NodeQuarantine publisher, kept only while one runs
+    /// ([`Registry::track_published_changes`]).
+    published_changed: Option<HashSet<IpAddr>>,
     refused_claims: u64,
     full_rejections: u64,
     /// Claims refused for a full registry, tried again as space frees.
@@ -139,6 +142,7 @@ impl<C: Clock> Registry<C> {
             generation: 0,
             by_container: HashMap::new(),
             changed: HashSet::new(),
+            published_changed: None,
             refused_claims: 0,
             full_rejections: 0,
             waitlist: waitlist::Waitlist::default(),
@@ -222,6 +226,22 @@ impl<C: Clock> Registry<C> {
         std::mem::take(&mut self.changed).into_iter().collect()
     }
 
+    /// From now on, every address whose record changes is kept for
+    /// [`take_published_changed`](Self::take_published_changed); every address the registry
+    /// holds now counts as changed (O(records), once).
+    pub fn track_published_changes(&mut self) {
+        self.published_changed = Some(self.records.keys().copied().collect());
+    }
+
+    /// The addresses whose record changed (or went) since the last call, forgetting them;
+    /// none unless tracked.
+    pub fn take_published_changed(&mut self) -> Vec<IpAddr> {
+        match &mut self.published_changed {
+            Some(set) if !set.is_empty() => std::mem::take(set).into_iter().collect(),
+            _ => Vec::new(),
+        }
+    }
+
     /// The records whose live holder (Active or Draining) names container `id`, in address
     /// order: O(its addresses), not O(registry).
     pub fn held_by_container<'a>(&'a self, id: &str) -> impl Iterator<Item = &'a AddrRecord> + 'a {
@@ -255,6 +275,9 @@ impl<C: Clock> Registry<C> {
             record.refill_fence_slot();
         }
         self.changed.insert(addr);
+        if let Some(published) = &mut self.published_changed {
+            published.insert(addr);
+        }
         let before = self.records.remove(&addr);
         if before != after {
             self.generation += 1;

@@ -15,7 +15,8 @@
 //! - `durable`: the journal and how saving it goes;
 //! - `protection`: the attach workers' reports, retries and readiness;
 //! - `hygiene`: conntrack/neighbour flushes and announcements handed to the hygiene worker;
-//! - `ipam_pressure`: exhausted ranges of ipq-ipam.
+//! - `ipam_pressure`: exhausted ranges of ipq-ipam;
+//! - `publish`: what changed, handed to the NodeQuarantine publisher.
 //!
 //! Durability: the registry counts its changes (its generation); [`Tracker::persist`] saves
 //! when the journal is behind, and nothing that changed the registry is answered before a save
@@ -37,6 +38,7 @@ mod map_drift;
 mod observer;
 mod pending_writes;
 mod protection;
+mod publish;
 mod recovery;
 #[cfg(test)]
 mod tests;
@@ -108,6 +110,8 @@ pub struct Tracker {
     ipam_records: crate::ipam::records::Records,
     /// The releaser's queue of releases wanted now (pool pressure); none in tests.
     ipam_urgent: Option<tokio::sync::mpsc::Sender<crate::ipam::releaser::Urgent>>,
+    /// The NodeQuarantine publisher's end, when the agent publishes (`publish`).
+    publish: Option<crate::publish::Feed>,
     /// How often the O(interfaces) protection gauges were recomputed; for tests.
     #[cfg(test)]
     protection_observed: std::cell::Cell<u64>,
@@ -150,6 +154,7 @@ impl Tracker {
             ipam_holds: Default::default(),
             ipam_records,
             ipam_urgent: None,
+            publish: None,
             #[cfg(test)]
             protection_observed: std::cell::Cell::new(0),
         }

@@ -57,6 +57,33 @@ pub struct Status {
     /// The first 16 of them, in address order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pending_writes: Vec<PendingWriteView>,
+    /// The node's NodeQuarantine object and how writing it goes; absent when the agent
+    /// publishes nothing (no Kubernetes node name) and from agents before it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub publish: Option<PublishView>,
+}
+
+/// How the agent's NodeQuarantine object (docs/kubernetes.md) stands.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PublishView {
+    /// The node, which the object is named after.
+    pub node: String,
+    /// `starting`, `published` (the object holds what the agent has), `pending` (a change
+    /// waits for the next write) or `failing` (writes fail; retried with backoff).
+    pub state: String,
+    /// When a write last succeeded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_published_at: Option<String>,
+    /// Entries the last written object listed, and those left out of it (it has a cap).
+    pub entries: u64,
+    pub omitted: u64,
+    pub writes_total: u64,
+    pub failures_total: u64,
+    /// While failing: why the last attempt failed, since when, and when the next one is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failing_since: Option<String>,
 }
 
 /// The datapath as the agent found it at the moment it became ready (what its `started:` log

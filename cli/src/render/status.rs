@@ -3,7 +3,7 @@
 
 use std::time::SystemTime;
 
-use ipq_api::model::Status;
+use ipq_api::model::{PublishView, Status};
 
 use super::{absolute_and_relative, key_values, Table, NONE};
 
@@ -61,6 +61,9 @@ pub fn status(status: &Status, now: SystemTime) -> String {
         ("Datapath".to_owned(), datapath_writes(status, now)),
         ("Recovered".to_owned(), recovery(status)),
     ];
+    if let Some(publish) = &status.publish {
+        pairs.push(("NodeQuarantine".to_owned(), published(publish, now)));
+    }
     if !status.unannounced.is_empty() {
         pairs.push(("Unannounced".to_owned(), status.unannounced.clone()));
     }
@@ -154,4 +157,30 @@ fn verification(status: &Status, now: SystemTime) -> String {
             v.found.join("; ")
         )
     }
+}
+
+/// The node's NodeQuarantine object: how writing it goes, what it lists, and why it fails.
+fn published(p: &PublishView, now: SystemTime) -> String {
+    let mut text = format!("{} ({})", p.node, p.state);
+    match &p.last_published_at {
+        Some(at) => text.push_str(&format!(", written {}", absolute_and_relative(at, now))),
+        None => text.push_str(", never written"),
+    }
+    text.push_str(&format!(", {} entries", p.entries));
+    if p.omitted > 0 {
+        text.push_str(&format!(" ({} LEFT OUT: over the object's cap)", p.omitted));
+    }
+    text.push_str(&format!(
+        "; {} writes, {} failed",
+        p.writes_total, p.failures_total
+    ));
+    if let Some(error) = &p.last_error {
+        let since = p
+            .failing_since
+            .as_deref()
+            .map(|at| format!(" since {}", absolute_and_relative(at, now)))
+            .unwrap_or_default();
+        text.push_str(&format!("; FAILING{since}: {error}"));
+    }
+    text
 }

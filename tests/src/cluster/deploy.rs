@@ -25,10 +25,36 @@ pub fn install_ipq(cluster: &mut Cluster) -> anyhow::Result<Value> {
     node::import_image(&cluster.host, &archive)?;
     let manifests = cluster.host.dir().join("manifests");
     image::manifests_with_test_image(&manifests_dir(), &manifests)?;
+    api_server_without_kube_proxy(&manifests)?;
     cluster
         .kubectl()
         .run(&["apply", "-f", &manifests.to_string_lossy()])?;
     wait_daemonset_ready(cluster)
+}
+
+/// The tier runs no kube-proxy, so the `kubernetes` Service's address (what a pod's
+/// KUBERNETES_SERVICE_HOST names) leads nowhere: the agent's container is told the API
+/// server's own address instead, as clusters without kube-proxy (Cilium's replacement) do for
+/// host-network pods. Nothing else of the manifest changes.
+fn api_server_without_kube_proxy(manifests: &Path) -> anyhow::Result<()> {
+    let path = manifests.join("30-daemonset.yaml");
+    let text = std::fs::read_to_string(&path)?;
+    let env = "          env:\n";
+    anyhow::ensure!(
+        text.matches(env).count() == 1,
+        "{} has not the one `env:` of the agent's container",
+        path.display()
+    );
+    let (host, port) = super::control_plane::APISERVER_URL
+        .trim_start_matches("https://")
+        .split_once(':')
+        .context("the API server's URL has a port")?;
+    let added = format!(
+        "{env}            - name: KUBERNETES_SERVICE_HOST\n              value: \"{host}\"\n            \
+         - name: KUBERNETES_SERVICE_PORT\n              value: \"{port}\"\n"
+    );
+    std::fs::write(&path, text.replacen(env, &added, 1))?;
+    Ok(())
 }
 
 /// Waits until the DaemonSet has its one pod scheduled, updated and ready; that pod.

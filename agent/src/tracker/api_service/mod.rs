@@ -60,6 +60,7 @@ pub struct ApiService<'a> {
     recovered: Option<&'a RecoveryView>,
     started: Option<&'a StartedView>,
     bpf_watcher: &'a Result<(), String>,
+    publish: Option<&'a crate::publish::Feed>,
 }
 
 impl Tracker {
@@ -79,6 +80,7 @@ impl Tracker {
             recovered: self.recovered.as_ref(),
             started: self.started.as_ref(),
             bpf_watcher: &self.bpf_watcher,
+            publish: self.publish.as_ref(),
         }
     }
 }
@@ -161,6 +163,7 @@ impl ApiService<'_> {
             started: self.started.cloned(),
             writes_pending: self.writes.len() as u64,
             pending_writes: self.writes.views(PENDING_WRITES_SHOWN),
+            publish: self.publish.map(crate::publish::Feed::view),
         };
         status_view(facts, self.registry, interfaces)
     }

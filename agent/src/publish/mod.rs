@@ -1,0 +1,149 @@
+//! This node's quarantine, published in the Kubernetes API as its `NodeQuarantine` object
+//! (cluster-scoped, `ipq.dev/v1alpha1`, named after the node and owned by its Node; the CRD is
+//! deploy/kubernetes/05-nodequarantine-crd.yaml, the reader's side docs/kubernetes.md).
+//!
+//! The owner loop only hands over what changed: one [`Change`] per changed address on an
+//! unbounded channel ([`Feed::send`], O(1)). The writer task keeps its own map of the listed
+//! addresses, and writes the whole status by server-side apply on the status subresource
+//! (field manager `ipq-agent`), coalesced: the first change after a quiet spell at once, then
+//! at most one write per [`Timing::min_interval`], whatever the churn. A write that fails is
+//! counted (`ipq_publish_failures_total`), shown in `ipq status`, and retried with backoff
+//! carrying everything that changed meanwhile; enforcement never waits for it.
+//!
+//! With no node name (neither `kubernetes.node_name` nor `NODE_NAME`) the agent starts no
+//! publisher and makes no client: nothing is attempted.
+
+mod entry;
+mod kube_sink;
+mod metrics;
+pub mod writer;
+
+use std::{
+    future::Future,
+    net::IpAddr,
+    path::PathBuf,
+    pin::Pin,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use tokio::sync::mpsc;
+
+pub use entry::{status_body, EntryState, PublishedEntry};
+pub use kube_sink::{KubeSink, FIELD_MANAGER, GROUP, KIND, PLURAL, VERSION};
+pub use metrics::{FailureReason, PublishMetrics};
+pub use writer::{run, Sink, Timing, WriteError};
+
+use crate::{api::model::PublishView, config::KubernetesConfig, metrics::Metrics};
+
+/// The environment variable the DaemonSet sets to the node's name (downward API).
+pub const NODE_NAME_ENV: &str = "NODE_NAME";
+
+/// What the publisher needs from the configuration.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Settings {
+    pub node: String,
+    pub kubeconfig: Option<PathBuf>,
+}
+
+impl Settings {
+    /// `None` when no node name is configured: the agent then publishes nothing.
+    pub fn from_config(config: &KubernetesConfig) -> Option<Self> {
+        let node = config.node_name.clone().or_else(|| {
+            std::env::var(NODE_NAME_ENV)
+                .ok()
+                .filter(|name| !name.is_empty())
+        })?;
+        Some(Self {
+            node,
+            kubeconfig: config.kubeconfig.clone(),
+        })
+    }
+}
+
+/// One address's entry as it is now; `None`: the object no longer lists it.
+#[derive(Debug)]
+pub struct Change {
+    pub addr: IpAddr,
+    pub entry: Option<PublishedEntry>,
+}
+
+/// The owner loop's end of the publisher.
+pub struct Feed {
+    changes: mpsc::UnboundedSender<Change>,
+    view: Arc<Mutex<PublishView>>,
+    /// The writer, until [`Feed::launch`] spawns it.
+    writer: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
+}
+
+impl Feed {
+    /// Hands one changed address over; O(1), never waits.
+    pub fn send(&self, addr: IpAddr, entry: Option<PublishedEntry>) {
+        // A writer that stopped (it does not, short of a panic) leaves the view saying so.
+        let _ = self.changes.send(Change { addr, entry });
+    }
+
+    /// Spawns the writer on the current runtime. Called once the registry's whole state has
+    /// been sent: the writer's first write must not be an empty list (that would tell every
+    /// reader, for a moment, that a restarted node has nothing in quarantine).
+    pub fn launch(&mut self) {
+        if let Some(writer) = self.writer.take() {
+            tokio::spawn(writer);
+        }
+    }
+
+    /// How publishing stands, for `ipq status`.
+    pub fn view(&self) -> PublishView {
+        lock(&self.view).clone()
+    }
+}
+
+/// The publisher, writing through `sink` once [`Feed::launch`]ed.
+pub fn start_with<S: Sink + Send + 'static>(
+    node: String,
+    sink: S,
+    timing: Timing,
+    metrics: Arc<Metrics>,
+) -> Feed {
+    let (changes, received) = mpsc::unbounded_channel();
+    let view = Arc::new(Mutex::new(PublishView {
+        node: node.clone(),
+        state: "starting".to_owned(),
+        ..PublishView::default()
+    }));
+    let writer = run(node, sink, received, timing, view.clone(), metrics);
+    Feed {
+        changes,
+        view,
+        writer: Some(Box::pin(writer)),
+    }
+}
+
+/// The publisher to the API server `settings` name, once [`Feed::launch`]ed.
+pub fn start(settings: Settings, metrics: Arc<Metrics>) -> Feed {
+    let sink = KubeSink::new(settings.node.clone(), settings.kubeconfig);
+    start_with(settings.node, sink, Timing::default(), metrics)
+}
+
+fn lock(view: &Mutex<PublishView>) -> std::sync::MutexGuard<'_, PublishView> {
+    view.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The cap on listed entries: an entry is about 250 bytes of JSON, and the API server refuses
+/// objects over 1.5 MiB (etcd's request limit).
+pub const MAX_ENTRIES: usize = 4096;
+
+/// How long a publisher waits between writes at least, and how it backs off.
+impl Default for Timing {
+    fn default() -> Self {
+        Self {
+            min_interval: Duration::from_millis(250),
+            first_retry: Duration::from_millis(500),
+            max_retry: Duration::from_secs(30),
+            max_entries: MAX_ENTRIES,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

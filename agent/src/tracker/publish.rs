@@ -1,0 +1,29 @@
+//! What changed in the registry, handed to the NodeQuarantine publisher (`crate::publish`):
+//! each changed address's entry as it is now, O(1) per address; the publisher does the rest
+//! off this loop.
+
+use super::Tracker;
+use crate::publish::{Feed, PublishedEntry};
+
+impl Tracker {
+    /// From now on the registry's changes go to `feed`, starting with every address it holds;
+    /// its writer starts once those are all sent, so that its first write is the whole state.
+    pub fn start_publishing(&mut self, feed: Feed) {
+        self.registry.track_published_changes();
+        self.publish = Some(feed);
+        self.publish_changes();
+        if let Some(feed) = &mut self.publish {
+            feed.launch();
+        }
+    }
+
+    /// Hands the addresses changed since the last call to the publisher (the agent's loop calls
+    /// it after every event it handled).
+    pub fn publish_changes(&mut self) {
+        let Some(feed) = &self.publish else { return };
+        for addr in self.registry.take_published_changed() {
+            let entry = self.registry.get(addr).and_then(PublishedEntry::of);
+            feed.send(addr, entry);
+        }
+    }
+}
