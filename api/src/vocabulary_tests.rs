@@ -3,7 +3,10 @@
 
 use strum::VariantArray;
 
-use crate::{ConflictKind, EarlyReusePolicy, MapWrite, Protection, StateName};
+use crate::{
+    Attachment, ConflictKind, ConflictOutcome, ConntrackFlush, EarlyReusePolicy, HoldRelease,
+    HygieneTrigger, MapWrite, Protection, RecoveredFrom, StateName, TcAttachMode,
+};
 
 #[test]
 fn state_names() {
@@ -88,5 +91,72 @@ fn map_writes() {
     assert_eq!(
         serde_json::from_str::<MapWrite>("\"truncate\"").unwrap(),
         MapWrite::Unknown
+    );
+}
+
+/// Every variant of `T` is written as its strum spelling, reads back as itself, and a value a
+/// newer agent may send reads as `unknown`.
+fn assert_wire_names<T>(newer: &str, unknown: T, spelled: &[&str])
+where
+    T: VariantArray + Copy + PartialEq + std::fmt::Debug + serde::Serialize,
+    T: serde::de::DeserializeOwned + Into<&'static str> + std::fmt::Display,
+{
+    let derived: Vec<&str> = T::VARIANTS.iter().map(|v| (*v).into()).collect();
+    assert_eq!(derived, spelled);
+    for variant in T::VARIANTS {
+        let json = serde_json::to_string(variant).unwrap();
+        assert_eq!(json, format!("\"{variant}\""), "{variant:?}");
+        assert_eq!(serde_json::from_str::<T>(&json).unwrap(), *variant);
+    }
+    let newer = serde_json::to_string(newer).unwrap();
+    assert_eq!(serde_json::from_str::<T>(&newer).unwrap(), unknown);
+}
+
+/// The names the agent reports its own doings in keep the spellings they had as strings.
+#[test]
+fn agent_names() {
+    assert_wire_names(
+        "ebpf-magic",
+        TcAttachMode::Unknown,
+        &["tcx", "netlink", "netlink-then-tcx", "unknown"],
+    );
+    assert_wire_names(
+        "xdp+tcx",
+        Attachment::Unknown,
+        &["tcx", "netlink", "xdp", "tcx+netlink", "unknown"],
+    );
+    assert_wire_names(
+        "backup",
+        RecoveredFrom::Unknown,
+        &["journal", "pinned_maps", "unknown"],
+    );
+    assert_wire_names(
+        "operator",
+        HygieneTrigger::Unknown,
+        &["holder_gone", "new_holder", "unknown"],
+    );
+    assert_wire_names(
+        "zone",
+        ConntrackFlush::Unknown,
+        &["dump", "kernel", "unknown"],
+    );
+    assert_wire_names(
+        "fenced_both",
+        ConflictOutcome::Unknown,
+        &[
+            "fenced_old",
+            "claimed",
+            "refused_new",
+            "blocked_new",
+            "observed",
+            "dropped",
+            "reported",
+            "unknown",
+        ],
+    );
+    assert_wire_names(
+        "never",
+        HoldRelease::Unknown,
+        &["after the quarantine", "now", "failing", "unknown"],
     );
 }

@@ -386,7 +386,7 @@ fn released_after_the_quarantine(
     ensure!(
         hold.network == chain.name
             && hold.container_id == a.attachment.container_id
-            && hold.release == "after the quarantine",
+            && hold.release == ipq_api::HoldRelease::AfterQuarantine,
         "{hold:?}"
     );
     let network = [("network", chain.name.as_str())];

@@ -482,7 +482,8 @@ fn swarmkit_on_a_node(hold_ipam: bool) -> anyhow::Result<()> {
                 format!("an early_reuse of {addr} from old to new in {conflicts:#?}")
             })?;
         ensure!(
-            conflict.policy.as_str() == "fence-old" && conflict.outcome == "fenced_old",
+            conflict.policy.as_str() == "fence-old"
+                && conflict.outcome == ipq_api::ConflictOutcome::FencedOld,
             "{conflict:?}"
         );
         // The fence is in the map: from here on, nothing of the old pod may pass.

@@ -65,6 +65,16 @@ impl Trigger {
     }
 }
 
+/// The one place a trigger becomes the API's name for it (the journal keeps this type).
+impl From<Trigger> for ipq_api::HygieneTrigger {
+    fn from(trigger: Trigger) -> Self {
+        match trigger {
+            Trigger::HolderGone => Self::HolderGone,
+            Trigger::NewHolder => Self::NewHolder,
+        }
+    }
+}
+
 /// One address to clean.
 #[derive(Debug)]
 pub struct Job {
@@ -95,6 +105,16 @@ pub enum FlushMethod {
 impl FlushMethod {
     pub fn as_str(self) -> &'static str {
         self.into()
+    }
+}
+
+/// The one place a flush method becomes the API's name for it (the journal keeps this type).
+impl From<FlushMethod> for ipq_api::ConntrackFlush {
+    fn from(method: FlushMethod) -> Self {
+        match method {
+            FlushMethod::Dump => Self::Dump,
+            FlushMethod::Kernel => Self::Kernel,
+        }
     }
 }
 

@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use ipq_common::config::Mode;
 
 use super::PendingWriteView;
-use crate::{EarlyReusePolicy, Protection};
+use crate::{Attachment, EarlyReusePolicy, Protection, RecoveredFrom, TcAttachMode};
 
 /// `GET /v1/status`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -16,8 +16,9 @@ pub struct Status {
     pub not_ready: Option<String>,
     /// How TC programs attach on this node: `tcx`, `netlink`, or `netlink-then-tcx` (`auto` on
     /// a kernel with TCX: the netlink filter at once, a TCX link in the background).
+    /// `unknown` from an agent before the field.
     #[serde(default)]
-    pub tc_attach: String,
+    pub tc_attach: TcAttachMode,
     /// Interfaces the configuration names that are not protected (attaching or failed).
     #[serde(default)]
     pub unprotected: u64,
@@ -77,7 +78,7 @@ pub struct StartedView {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RecoveryView {
     /// `journal` or `pinned_maps`.
-    pub from: String,
+    pub from: RecoveredFrom,
     /// Addresses in the registry once recovered.
     pub addresses: u64,
     /// What recovery found wrong or set aside: a torn tail dropped, a corrupt journal kept
@@ -138,7 +139,7 @@ pub struct InterfaceStatus {
     /// `tc_attach = "auto"` on a TCX kernel, until its TCX link is in), `xdp`, or
     /// `tcx+netlink` halfway through that move. Absent while nothing is attached.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub attachment: Option<String>,
+    pub attachment: Option<Attachment>,
     /// The last attach error while not protected.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,

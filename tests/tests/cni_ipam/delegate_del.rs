@@ -199,7 +199,7 @@ fn a_failing_delegate_del_is_retried_and_the_allocation_stays_held() -> anyhow::
             Ok(api
                 .get(a.v4)?
                 .and_then(|v| v.ipam_hold)
-                .filter(|hold| hold.release == "failing"))
+                .filter(|hold| hold.release == ipq_api::HoldRelease::Failing))
         },
     )?;
     let error = hold.error.unwrap_or_default();

@@ -16,20 +16,18 @@ use crate::{
     registry::StateName,
 };
 
-/// The entry `request` asks to write, stamped now; refused for an unknown state or interface,
-/// or a held state without a holder.
+/// The entry `request` asks to write, stamped now; refused for `free` (a name the request's
+/// type knows but no entry has), an unknown interface, or a held state without a holder.
 pub fn datapath_entry(request: &DatapathEntryRequest) -> Result<AddrEntry, ApiError> {
-    let state = StateName::parse_held(&request.state)
-        .and_then(StateName::entry)
-        .ok_or_else(|| {
-            ApiError::new(
-                ErrorCode::InvalidArgument,
-                format!(
-                    "state {:?}: give active, draining or quarantined",
-                    request.state
-                ),
-            )
-        })?;
+    let state = request.state.entry().ok_or_else(|| {
+        ApiError::new(
+            ErrorCode::InvalidArgument,
+            format!(
+                "state \"{}\": give active, draining or quarantined",
+                request.state
+            ),
+        )
+    })?;
     let holder = ifindex(request.holder.as_deref(), "holder")?;
     let fenced = ifindex(request.fenced.as_deref(), "fenced")?;
     if state != AddrState::Quarantined && holder == NO_IFINDEX {

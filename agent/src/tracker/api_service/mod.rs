@@ -114,7 +114,7 @@ impl ApiService<'_> {
         let facts = StatusFacts {
             ready: self.metrics.readiness.is_ready(),
             not_ready: self.metrics.readiness.check().err().map(|e| e.to_string()),
-            tc_attach: self.attacher.mode().as_str(),
+            tc_attach: self.attacher.mode().into(),
             conntrack_claim_flush: self.hygiene.claim_flush().map(|f| ClaimFlushView {
                 ipv4: f.ipv4,
                 ipv6: f.ipv6,
