@@ -5,6 +5,7 @@ use ipq_api::{
     model::{ClaimRequest, ClaimSource, DrainAttachmentRequest, ErrorCode, GcRequest, HolderSpec},
     Holder, StateName,
 };
+use ipq_fs::{paths, spool};
 use serde_json::Value;
 
 use super::{
@@ -14,9 +15,7 @@ use super::{
     error::{code, CniError},
     host_if,
     result::{pass_on, PrevResult},
-    spool,
 };
-use crate::paths;
 
 /// One invocation: the runtime's environment and the plugin's config.
 #[derive(Clone, Debug)]

@@ -21,7 +21,8 @@ use std::{
 
 use anyhow::{ensure, Context as _};
 use ipq::registry::StateName;
-use ipq_cni::{ipam::release::HeldRelease, paths, spool};
+use ipq_cni::ipam::release::HeldRelease;
+use ipq_fs::{paths, spool};
 use ipq_tests::{
     cni::{addresses, host_local_allocations, ipq_ipam, AgentApi, Attachment, Chain},
     lab::{poll, Lab},

@@ -258,8 +258,8 @@ fn the_agent_restarted_while_pods_come_and_go_loses_no_del_and_leaves_no_pod_unp
     api.wait_state(b.ip, StateName::Active)?;
     let state_dir = lab.work_dir().join("state");
     let (cni_spool, ipam_releases) = (
-        ipq_cni::paths::cni_spool_dir(&state_dir),
-        ipq_cni::paths::ipam_release_dir(&state_dir),
+        ipq_fs::paths::cni_spool_dir(&state_dir),
+        ipq_fs::paths::ipam_release_dir(&state_dir),
     );
     ensure!(
         spooled(&cni_spool)?.is_empty(),

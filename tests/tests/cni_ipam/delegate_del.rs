@@ -90,7 +90,7 @@ fn a_release_whose_delegate_is_outside_the_trusted_dirs_is_refused() -> anyhow::
     }
     let releases = held_releases(&lab)?;
     ensure!(releases.is_empty(), "nothing held or spooled: {releases:?}");
-    let records = ipq_cni::paths::ipam_allocation_dir(&state_dir(&lab));
+    let records = ipq_fs::paths::ipam_allocation_dir(&state_dir(&lab));
     ensure!(
         std::fs::read_dir(&records).map_or(true, |mut d| d.next().is_none()),
         "nothing recorded in {}",
