@@ -17,7 +17,6 @@ use std::{
     fs,
     io::{ErrorKind, Read as _, Write as _},
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream, UdpSocket},
-    os::unix::process::CommandExt as _,
     path::{Path, PathBuf},
     process::{Child, Stdio},
     time::{Duration, Instant},
@@ -27,6 +26,9 @@ use anyhow::{anyhow, bail, Context as _};
 
 use crate::netns::{agent_binary, require_root, unique, BpffsDir, NetNs};
 use crate::time::scaled;
+/// The one bounded poll, here where the lab's users have always found it.
+pub use crate::wait::poll;
+use crate::wait::{die_with_parent, exit_within};
 
 pub const GATEWAY_V4: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 1);
 pub const GATEWAY_LL: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 1);
@@ -428,18 +430,9 @@ impl<'l> Agent<'l> {
             .stdin(Stdio::null())
             .stdout(out.try_clone()?)
             .stderr(out);
-        // If the test process dies without unwinding (SIGKILL, a harness timeout), the agent
-        // must not live on holding pins and attachments. The signal comes when the spawning
-        // thread exits, which is the test's own thread: the Agent guard never outlives it.
-        // SAFETY: prctl is async-signal-safe.
-        unsafe {
-            cmd.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+        // If the test process dies without unwinding, the agent must not live on holding
+        // pins and attachments.
+        die_with_parent(&mut cmd);
         let child = cmd.spawn().with_context(|| format!("starting {cmd:?}"))?;
         let mut agent = Agent {
             lab,
@@ -545,20 +538,11 @@ impl<'l> Agent<'l> {
         // SAFETY: signals our own child, which has not been reaped yet.
         unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
         let timeout = scaled(Duration::from_secs(10));
-        let deadline = Instant::now() + timeout;
-        let status = loop {
-            if let Some(status) = child.try_wait()? {
-                break status;
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                bail!(
-                    "ipq-agent ignored SIGTERM for {timeout:?}; log:\n{}",
-                    self.log()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(20));
+        let Some(status) = exit_within(&mut child, timeout)? else {
+            bail!(
+                "ipq-agent ignored SIGTERM for {timeout:?}; log:\n{}",
+                self.log()
+            );
         };
         if !status.success() {
             bail!("ipq-agent exited {status} on SIGTERM; log:\n{}", self.log());
@@ -1031,28 +1015,6 @@ pub struct MapEntry {
     pub state: String,
     pub holder: u32,
     pub fenced: u32,
-}
-
-/// Calls `probe` every 20 ms until it returns `Some`, for at most `timeout` (times the time
-/// scale); the error names `what` and the last thing the probe said.
-pub fn poll<T>(
-    what: &str,
-    timeout: Duration,
-    mut probe: impl FnMut() -> anyhow::Result<Option<T>>,
-) -> anyhow::Result<T> {
-    let timeout = scaled(timeout);
-    let deadline = Instant::now() + timeout;
-    loop {
-        let last = match probe() {
-            Ok(Some(value)) => return Ok(value),
-            Ok(None) => "not yet".to_owned(),
-            Err(e) => format!("{e:#}"),
-        };
-        if Instant::now() > deadline {
-            bail!("timed out after {timeout:?} waiting for {what} (last: {last})");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// How the sender of [`udp_burst_with`] is set up.

@@ -16,3 +16,4 @@ pub mod packets;
 pub mod podman;
 pub mod prometheus;
 pub mod time;
+pub mod wait;
