@@ -91,7 +91,7 @@ impl From<AddrState> for StateName {
 )]
 #[strum(serialize_all = "snake_case")]
 #[serde(rename_all = "snake_case")]
-#[cfg_attr(test, derive(strum::VariantArray))]
+#[derive(strum::VariantArray)]
 pub enum ConflictKind {
     /// A claim while another live holder (Active or Draining) still has the address.
     EarlyReuse,
@@ -104,13 +104,6 @@ pub enum ConflictKind {
 }
 
 impl ConflictKind {
-    pub const ALL: [ConflictKind; 4] = [
-        Self::EarlyReuse,
-        Self::ReuseInCooldown,
-        Self::DuplicateSource,
-        Self::RemoteClaim,
-    ];
-
     pub fn as_str(self) -> &'static str {
         self.into()
     }
@@ -132,7 +125,7 @@ impl ConflictKind {
 )]
 #[strum(serialize_all = "kebab-case")]
 #[serde(rename_all = "kebab-case")]
-#[cfg_attr(test, derive(strum::VariantArray))]
+#[derive(strum::VariantArray)]
 pub enum EarlyReusePolicy {
     FenceOld,
     RefuseNew,
@@ -140,8 +133,6 @@ pub enum EarlyReusePolicy {
 }
 
 impl EarlyReusePolicy {
-    pub const ALL: [EarlyReusePolicy; 3] = [Self::FenceOld, Self::RefuseNew, Self::Observe];
-
     /// The policy's name as the configuration and the API spell it; `str::parse` reads it back.
     pub fn as_str(self) -> &'static str {
         self.into()
@@ -166,16 +157,13 @@ impl EarlyReusePolicy {
 )]
 #[strum(serialize_all = "kebab-case")]
 #[serde(rename_all = "kebab-case")]
+#[derive(strum::VariantArray)]
 pub enum OnExhausted {
     /// The ADD fails with "try again later" until the first held address is released.
     #[default]
     Wait,
     /// The allocation quiet longest is released at once and the delegate asked again.
     ReleaseQuietest,
-}
-
-impl OnExhausted {
-    pub const ALL: [OnExhausted; 2] = [Self::Wait, Self::ReleaseQuietest];
 }
 
 /// Where a configured interface stands with ipq's programs (`protection` in `/v1/status` and in

@@ -193,10 +193,7 @@ impl ApiError {
 /// A kernel sample as an event: `seen_on` names the interface it came through, `holder` is the
 /// address's holder as the registry knows it.
 pub fn sample_body(sample: &ConflictSample, seen_on: String, holder: Option<Holder>) -> EventBody {
-    let hook = Hook::ALL
-        .into_iter()
-        .find(|h| *h as u32 == sample.hook)
-        .map_or("unknown", Hook::as_str);
+    let hook = Hook::from_repr(sample.hook).map_or("unknown", Hook::as_str);
     let m = sample.src_mac;
     EventBody::Sample {
         address: sample.addr.to_ip(),

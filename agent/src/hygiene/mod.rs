@@ -130,6 +130,7 @@ pub struct ClaimFlush {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, strum::IntoStaticStr)]
 #[strum(serialize_all = "snake_case")]
 #[serde(rename_all = "snake_case")]
+#[derive(strum::VariantArray)]
 pub enum Step {
     Conntrack,
     Neighbours,
@@ -137,8 +138,6 @@ pub enum Step {
 }
 
 impl Step {
-    pub const ALL: [Step; 3] = [Self::Conntrack, Self::Neighbours, Self::Announce];
-
     pub fn as_str(self) -> &'static str {
         self.into()
     }

@@ -113,6 +113,7 @@ pub enum JobKind {
 /// labels it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, strum::IntoStaticStr)]
 #[strum(serialize_all = "lowercase")]
+#[derive(strum::VariantArray)]
 pub enum Lost {
     /// The clsact qdisc under ipq's netlink filters.
     Qdisc,
@@ -125,8 +126,6 @@ pub enum Lost {
 }
 
 impl Lost {
-    pub const ALL: [Lost; 4] = [Self::Qdisc, Self::Filter, Self::Link, Self::Pin];
-
     pub fn as_str(self) -> &'static str {
         self.into()
     }

@@ -1,6 +1,7 @@
 //! Snapshot and restore (the journal's view), and the vocabulary shared with metrics and API.
 
 use super::*;
+use strum::VariantArray as _;
 
 // ---- snapshot / restore --------------------------------------------------------------------
 
@@ -200,7 +201,7 @@ fn garbage_journals_do_not_parse() {
 
 #[test]
 fn names_match_the_metric_labels() {
-    let kinds: Vec<_> = ConflictKind::ALL.iter().map(|k| k.as_str()).collect();
+    let kinds: Vec<_> = ConflictKind::VARIANTS.iter().map(|k| k.as_str()).collect();
     assert_eq!(
         kinds,
         [

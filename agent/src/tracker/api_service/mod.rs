@@ -9,6 +9,7 @@
 //! (the feed, its start-up facts); `api` keeps the wire types and the conversions that need
 //! none of them (`api::views`).
 
+use strum::VariantArray as _;
 pub mod answer;
 mod break_glass;
 mod claims;
@@ -102,7 +103,7 @@ impl ApiService<'_> {
                 failed_attempts: target.failures,
             })
             .collect();
-        let conflicts_total = crate::registry::ConflictKind::ALL
+        let conflicts_total = crate::registry::ConflictKind::VARIANTS
             .iter()
             .map(|k| {
                 self.metrics
