@@ -72,3 +72,32 @@ fn ifindex(name: Option<&str>, what: &str) -> Result<u32, ApiError> {
         }),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(json: &str) -> Result<DatapathEntryRequest, serde_json::Error> {
+        serde_json::from_str(json)
+    }
+
+    /// The state is read as the API's state name: an unknown one fails the body naming the
+    /// names it may be, `free` (a name with no entry) is refused naming the input, and a held
+    /// state needs its holder but for `quarantined`.
+    #[test]
+    fn a_break_glass_state_is_a_held_state_name() {
+        let unknown = request(r#"{"state": "fenced"}"#).unwrap_err().to_string();
+        assert!(
+            unknown.contains("fenced") && unknown.contains("quarantined"),
+            "{unknown}"
+        );
+        let free = datapath_entry(&request(r#"{"state": "free"}"#).unwrap()).unwrap_err();
+        assert_eq!(free.0.code, ErrorCode::InvalidArgument);
+        assert!(free.0.message.contains("\"free\""), "{}", free.0.message);
+        let held = datapath_entry(&request(r#"{"state": "active"}"#).unwrap()).unwrap_err();
+        assert!(held.0.message.contains("holder"), "{}", held.0.message);
+        let entry = datapath_entry(&request(r#"{"state": "quarantined"}"#).unwrap()).unwrap();
+        assert_eq!(entry.state(), Some(AddrState::Quarantined));
+        assert_eq!(entry.holder_ifindex, NO_IFINDEX);
+    }
+}
