@@ -185,7 +185,7 @@ impl Metrics {
     pub fn observe_registry<C: Clock>(&self, registry: &AddressRegistry<C>) {
         for state in STATES {
             self.addresses
-                .with_label_values(&[state.as_str()])
+                .with_label_values(&[state.as_ref()])
                 .set(registry.count(state) as i64);
         }
         let counted = self.registry_full_rejections.get();

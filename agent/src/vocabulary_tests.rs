@@ -56,14 +56,14 @@ fn derived_string_forms_are_the_wire_forms() {
 fn names_parse_back_and_free_is_never_a_held_state() {
     for name in ["active", "draining", "quarantined"] {
         let state = StateName::parse_held(name).expect(name);
-        assert_eq!(state.as_str(), name);
+        assert_eq!(state.as_ref(), name);
         assert_eq!(state.entry().map(StateName::from), Some(state));
     }
     assert_eq!(StateName::parse_held("free"), None);
     assert_eq!(StateName::parse_held("Active"), None);
     assert_eq!(StateName::Free.entry(), None);
     for &policy in EarlyReusePolicy::VARIANTS {
-        assert_eq!(policy.as_str().parse(), Ok(policy));
+        assert_eq!(policy.as_ref().parse(), Ok(policy));
     }
     assert!("fence_old".parse::<EarlyReusePolicy>().is_err());
     for &policy in OnExhausted::VARIANTS {

@@ -21,6 +21,7 @@ use serde::{Deserialize, Serialize};
     Serialize,
     Deserialize,
     strum::IntoStaticStr,
+    strum::AsRefStr,
     strum::EnumString,
     strum::Display,
     clap::ValueEnum,
@@ -38,10 +39,6 @@ pub enum StateName {
 }
 
 impl StateName {
-    pub fn as_str(self) -> &'static str {
-        self.into()
-    }
-
     /// The state of a held address named `raw` (`active`, `draining`, `quarantined`): what a
     /// listing filters on and what a datapath entry is written with. `free` is not one.
     pub fn parse_held(raw: &str) -> Option<Self> {
@@ -60,7 +57,7 @@ impl StateName {
 
     /// The name of a datapath entry's raw state, `unknown` for a value this build does not know.
     pub fn of_raw_entry(raw: Option<AddrState>) -> &'static str {
-        raw.map_or("unknown", |s| Self::from(s).as_str())
+        raw.map_or("unknown", |s| Self::from(s).into())
     }
 }
 
@@ -87,6 +84,7 @@ impl From<AddrState> for StateName {
     Serialize,
     Deserialize,
     strum::IntoStaticStr,
+    strum::AsRefStr,
     strum::Display,
 )]
 #[strum(serialize_all = "snake_case")]
@@ -103,12 +101,6 @@ pub enum ConflictKind {
     RemoteClaim,
 }
 
-impl ConflictKind {
-    pub fn as_str(self) -> &'static str {
-        self.into()
-    }
-}
-
 /// What happens when a new holder claims an address another live holder still has: the one
 /// policy type from the configuration through the registry and the journal to the API, where
 /// it is spelled as in the configuration (`fence-old`, `refuse-new`, `observe`).
@@ -121,7 +113,9 @@ impl ConflictKind {
     Serialize,
     Deserialize,
     strum::IntoStaticStr,
+    strum::AsRefStr,
     strum::EnumString,
+    strum::Display,
 )]
 #[strum(serialize_all = "kebab-case")]
 #[serde(rename_all = "kebab-case")]
@@ -130,13 +124,6 @@ pub enum EarlyReusePolicy {
     FenceOld,
     RefuseNew,
     Observe,
-}
-
-impl EarlyReusePolicy {
-    /// The policy's name as the configuration and the API spell it; `str::parse` reads it back.
-    pub fn as_str(self) -> &'static str {
-        self.into()
-    }
 }
 
 /// What the agent does when ipq-ipam's delegate finds a network's range exhausted while ipq
@@ -180,6 +167,7 @@ pub enum OnExhausted {
     Serialize,
     Deserialize,
     strum::IntoStaticStr,
+    strum::AsRefStr,
     strum::Display,
 )]
 #[serde(rename_all = "lowercase")]
@@ -205,10 +193,6 @@ pub enum Protection {
 }
 
 impl Protection {
-    pub fn as_str(self) -> &'static str {
-        self.into()
-    }
-
     /// Whether ipq's programs decide this interface's packets now.
     pub fn is_protected(self) -> bool {
         self == Self::Protected
@@ -228,6 +212,7 @@ impl Protection {
     Serialize,
     Deserialize,
     strum::IntoStaticStr,
+    strum::AsRefStr,
     strum::Display,
 )]
 #[serde(rename_all = "lowercase")]
@@ -241,10 +226,4 @@ pub enum MapWrite {
     /// An operation this build does not know (an answer of a newer agent).
     #[serde(other)]
     Unknown,
-}
-
-impl MapWrite {
-    pub fn as_str(self) -> &'static str {
-        self.into()
-    }
 }

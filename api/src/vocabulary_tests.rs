@@ -10,18 +10,18 @@ use crate::{
 
 #[test]
 fn state_names() {
-    let spelled: Vec<&str> = StateName::VARIANTS.iter().map(|s| s.as_str()).collect();
+    let spelled: Vec<&str> = StateName::VARIANTS.iter().map(|s| s.as_ref()).collect();
     assert_eq!(spelled, ["free", "active", "draining", "quarantined"]);
     for state in StateName::VARIANTS {
-        assert_eq!(state.as_str().parse(), Ok(*state));
-        assert_eq!(state.to_string(), state.as_str());
+        assert_eq!(state.as_ref().parse(), Ok(*state));
+        assert_eq!(state.to_string(), state.as_ref());
     }
     assert!("Active".parse::<StateName>().is_err());
 }
 
 #[test]
 fn conflict_kinds() {
-    let spelled: Vec<&str> = ConflictKind::VARIANTS.iter().map(|k| k.as_str()).collect();
+    let spelled: Vec<&str> = ConflictKind::VARIANTS.iter().map(|k| k.as_ref()).collect();
     assert_eq!(
         spelled,
         [
@@ -37,11 +37,11 @@ fn conflict_kinds() {
 fn early_reuse_policies() {
     let spelled: Vec<&str> = EarlyReusePolicy::VARIANTS
         .iter()
-        .map(|p| p.as_str())
+        .map(|p| p.as_ref())
         .collect();
     assert_eq!(spelled, ["fence-old", "refuse-new", "observe"]);
     for &policy in EarlyReusePolicy::VARIANTS {
-        assert_eq!(policy.as_str().parse(), Ok(policy));
+        assert_eq!(policy.as_ref().parse(), Ok(policy));
     }
     assert!("fence_old".parse::<EarlyReusePolicy>().is_err());
 }
@@ -50,7 +50,7 @@ fn early_reuse_policies() {
 /// agent reads as `unknown` rather than failing the whole answer.
 #[test]
 fn protections() {
-    let spelled: Vec<&str> = Protection::VARIANTS.iter().map(|p| p.as_str()).collect();
+    let spelled: Vec<&str> = Protection::VARIANTS.iter().map(|p| p.as_ref()).collect();
     assert_eq!(
         spelled,
         [
@@ -64,7 +64,7 @@ fn protections() {
     );
     for protection in Protection::VARIANTS {
         let json = serde_json::to_string(protection).unwrap();
-        assert_eq!(json, format!("\"{}\"", protection.as_str()));
+        assert_eq!(json, format!("\"{}\"", protection.as_ref()));
         assert_eq!(
             serde_json::from_str::<Protection>(&json).unwrap(),
             *protection
@@ -82,11 +82,11 @@ fn protections() {
 /// agent's operation reads as `unknown`.
 #[test]
 fn map_writes() {
-    let spelled: Vec<&str> = MapWrite::VARIANTS.iter().map(|w| w.as_str()).collect();
+    let spelled: Vec<&str> = MapWrite::VARIANTS.iter().map(|w| w.as_ref()).collect();
     assert_eq!(spelled, ["update", "delete", "unknown"]);
     for write in MapWrite::VARIANTS {
         let json = serde_json::to_string(write).unwrap();
-        assert_eq!(json, format!("\"{}\"", write.as_str()));
+        assert_eq!(json, format!("\"{}\"", write.as_ref()));
         assert_eq!(serde_json::from_str::<MapWrite>(&json).unwrap(), *write);
     }
     assert_eq!(

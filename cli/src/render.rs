@@ -84,7 +84,7 @@ pub fn addresses(views: &[AddressView], now: SystemTime) -> String {
             );
         }
         if any_unprotected {
-            row.push(view.protection.map_or(NONE, Protection::as_str).to_owned());
+            row.push(view.protection.map_or(NONE, Protection::into).to_owned());
         }
         table.row(row);
     }
@@ -287,7 +287,7 @@ pub fn conflicts(list: &[ConflictView], now: SystemTime) -> String {
             c.address.to_string(),
             holder_cell(c.old_holder.as_ref()),
             holder_cell(c.new_holder.as_ref()),
-            c.policy.as_str().to_owned(),
+            c.policy.to_string(),
             c.outcome.to_string(),
         ]);
     }
@@ -315,7 +315,7 @@ pub fn event_line(event: &Event) -> String {
             c.address,
             holder_cell(c.old_holder.as_ref()),
             holder_cell(c.new_holder.as_ref()),
-            c.policy.as_str(),
+            c.policy,
             c.outcome
         ),
         EventBody::Sample {

@@ -223,7 +223,7 @@ impl Invocation {
             (StateName::Active | StateName::Draining, Some(h)) => {
                 Some(format!("is held by {}", describe(h)))
             }
-            (state, _) => Some(format!("is {}", state.as_str())),
+            (state, _) => Some(format!("is {state}")),
         }
     }
 
@@ -242,7 +242,7 @@ impl Invocation {
         match self.client().gc(&request).await {
             Ok(changed) => {
                 for view in &changed.addresses {
-                    log::info!("GC drained {} ({})", view.address, view.state.as_str());
+                    log::info!("GC drained {} ({})", view.address, view.state);
                 }
                 Ok(())
             }

@@ -482,7 +482,7 @@ fn swarmkit_on_a_node(hold_ipam: bool) -> anyhow::Result<()> {
                 format!("an early_reuse of {addr} from old to new in {conflicts:#?}")
             })?;
         ensure!(
-            conflict.policy.as_str() == "fence-old"
+            conflict.policy == ipq_api::EarlyReusePolicy::FenceOld
                 && conflict.outcome == ipq_api::ConflictOutcome::FencedOld,
             "{conflict:?}"
         );

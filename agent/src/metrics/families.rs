@@ -245,7 +245,7 @@ impl Metrics {
             )?,
         )?;
         for state in STATES {
-            addresses.with_label_values(&[state.as_str()]).set(0);
+            addresses.with_label_values(&[state.as_ref()]).set(0);
         }
         let conflicts = registered(
             &registry,
@@ -262,7 +262,7 @@ impl Metrics {
             )?,
         )?;
         for &kind in ConflictKind::VARIANTS {
-            conflicts.with_label_values(&[kind.as_str()]).inc_by(0);
+            conflicts.with_label_values(&[kind.as_ref()]).inc_by(0);
         }
         let refused_claims = registered(
             &registry,

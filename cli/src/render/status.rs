@@ -21,7 +21,7 @@ pub fn status(status: &Status, now: SystemTime) -> String {
         ("Mode".to_owned(), status.mode.as_str().to_owned()),
         (
             "On early reuse".to_owned(),
-            status.on_early_reuse.as_str().to_owned(),
+            status.on_early_reuse.to_string(),
         ),
         (
             "Started".to_owned(),

@@ -336,7 +336,7 @@ impl Attacher {
                 format!(
                     "{} (if{ifindex}) {}{}",
                     t.name,
-                    t.protection.as_str(),
+                    t.protection.as_ref(),
                     t.last_error
                         .as_deref()
                         .map(|e| format!(": {e}"))

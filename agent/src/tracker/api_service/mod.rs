@@ -108,7 +108,7 @@ impl ApiService<'_> {
             .map(|k| {
                 self.metrics
                     .conflicts
-                    .with_label_values(&[k.as_str()])
+                    .with_label_values(&[k.as_ref()])
                     .get()
             })
             .sum();
