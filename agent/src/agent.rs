@@ -4,7 +4,7 @@
 
 use std::{sync::Arc, time::Duration};
 
-use ipq_cni::safe_fs::{self, DirError};
+use ipq_fs::safe_fs::{self, DirError};
 use log::{error, info, warn};
 use thiserror::Error;
 use tokio::{
@@ -173,12 +173,12 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
 
     let access = Access::from_config(config.api_group.as_deref())?;
     let api_socket = config.api_socket.clone();
-    let spool_dir = ipq_cni::paths::cni_spool_dir(&config.state_dir);
-    let ipam_release_dir = ipq_cni::paths::ipam_release_dir(&config.state_dir);
+    let spool_dir = ipq_fs::paths::cni_spool_dir(&config.state_dir);
+    let ipam_release_dir = ipq_fs::paths::ipam_release_dir(&config.state_dir);
     // Made the agent's before any ipq-cni can: nobody else may plant or remove spooled DELs.
     safe_fs::ensure_private_dir(&spool_dir)?;
     safe_fs::ensure_private_dir(&ipam_release_dir)?;
-    safe_fs::ensure_private_dir(&ipq_cni::paths::ipam_allocation_dir(&config.state_dir))?;
+    safe_fs::ensure_private_dir(&ipq_fs::paths::ipam_allocation_dir(&config.state_dir))?;
     let metrics_addr = config.metrics_addr;
     let max_cooldown = config.max_cooldown;
     let publish = crate::publish::Settings::from_config(&config.kubernetes);

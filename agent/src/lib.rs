@@ -16,6 +16,8 @@ pub mod ipam;
 pub mod journal;
 pub mod listen;
 pub mod metrics;
+#[cfg(test)]
+mod needs_root;
 pub mod netdev;
 pub mod netlink;
 pub mod paths;

@@ -7,6 +7,7 @@
 //! values are small closed sets (hooks, reasons, kinds, states, sources): never an address,
 //! an interface or a pod.
 
+use strum::VariantArray as _;
 mod datapath;
 mod families;
 mod ipam;
@@ -186,7 +187,7 @@ impl Metrics {
     pub fn observe_registry<C: Clock>(&self, registry: &AddressRegistry<C>) {
         for state in STATES {
             self.addresses
-                .with_label_values(&[state.as_str()])
+                .with_label_values(&[state.as_ref()])
                 .set(registry.count(state) as i64);
         }
         let counted = self.registry_full_rejections.get();
@@ -198,11 +199,11 @@ impl Metrics {
 
     /// Sets the attached-interface gauge from the attach points in use.
     pub fn observe_attachments(&self, points: impl Iterator<Item = AttachPoint>) {
-        let mut counts = [0i64; Hook::ALL.len()];
+        let mut counts = [0i64; Hook::VARIANTS.len()];
         for point in points {
             counts[point.hook() as usize] += 1;
         }
-        for hook in Hook::ALL {
+        for &hook in Hook::VARIANTS {
             self.datapath_interfaces
                 .with_label_values(&[hook.as_str()])
                 .set(counts[hook as usize]);
@@ -216,15 +217,15 @@ impl Metrics {
         points: impl Iterator<Item = AttachPoint>,
         failures: &BTreeMap<AttachPoint, u64>,
     ) {
-        let mut counts = [0i64; Hook::ALL.len()];
+        let mut counts = [0i64; Hook::VARIANTS.len()];
         for point in points {
             counts[point.hook() as usize] += 1;
         }
-        let mut failed = [0u64; Hook::ALL.len()];
+        let mut failed = [0u64; Hook::VARIANTS.len()];
         for (point, n) in failures {
             failed[point.hook() as usize] += n;
         }
-        for hook in Hook::ALL {
+        for &hook in Hook::VARIANTS {
             let label = [hook.as_str()];
             self.unprotected_interfaces
                 .with_label_values(&label)

@@ -24,6 +24,7 @@ pub const BPFFS_MOUNT: &str = "/sys/fs/bpf";
     strum::EnumString,
 )]
 #[strum(serialize_all = "kebab-case")]
+#[derive(strum::VariantArray)]
 pub enum AttachPoint {
     TcxIngress,
     TcxEgress,
@@ -31,8 +32,6 @@ pub enum AttachPoint {
 }
 
 impl AttachPoint {
-    pub const ALL: [AttachPoint; 3] = [Self::TcxIngress, Self::TcxEgress, Self::Xdp];
-
     /// The attach point's name as its link pin has it (`tcx-ingress`, `tcx-egress`, `xdp`):
     /// part of the pins' layout, which restarts and upgrades rely on, so it never changes.
     /// What users read names the attachment a hook actually has instead
@@ -125,12 +124,14 @@ impl PinLayout {
 
 #[cfg(test)]
 mod tests {
+    use strum::VariantArray as _;
+
     use super::*;
 
     #[test]
     fn link_names_round_trip() {
         let layout = PinLayout::new("/sys/fs/bpf/ipq");
-        for point in AttachPoint::ALL {
+        for &point in AttachPoint::VARIANTS {
             let path = layout.link(42, point);
             let name = path.file_name().unwrap().to_str().unwrap();
             assert_eq!(PinLayout::parse_link_name(name), Some((42, point)));

@@ -3,6 +3,7 @@
 
 use ipq_api::OnExhausted;
 use serde::Serialize;
+use strum::VariantArray as _;
 
 use crate::{
     api::model::ErrorCode,
@@ -28,12 +29,12 @@ fn derived_string_forms_are_the_wire_forms() {
         StateName::Quarantined,
     ]);
     assert_one_spelling(&[Source::Cni, Source::Api, Source::Netlink]);
-    assert_one_spelling(&ConflictKind::ALL);
-    assert_one_spelling(&EarlyReusePolicy::ALL);
-    assert_one_spelling(&OnExhausted::ALL);
+    assert_one_spelling(ConflictKind::VARIANTS);
+    assert_one_spelling(EarlyReusePolicy::VARIANTS);
+    assert_one_spelling(OnExhausted::VARIANTS);
     assert_one_spelling(&[Trigger::HolderGone, Trigger::NewHolder]);
     assert_one_spelling(&[FlushMethod::Dump, FlushMethod::Kernel]);
-    assert_one_spelling(&Step::ALL);
+    assert_one_spelling(Step::VARIANTS);
     assert_one_spelling(&[
         ErrorCode::BadRequest,
         ErrorCode::InvalidArgument,
@@ -55,17 +56,17 @@ fn derived_string_forms_are_the_wire_forms() {
 fn names_parse_back_and_free_is_never_a_held_state() {
     for name in ["active", "draining", "quarantined"] {
         let state = StateName::parse_held(name).expect(name);
-        assert_eq!(state.as_str(), name);
+        assert_eq!(state.as_ref(), name);
         assert_eq!(state.entry().map(StateName::from), Some(state));
     }
     assert_eq!(StateName::parse_held("free"), None);
     assert_eq!(StateName::parse_held("Active"), None);
     assert_eq!(StateName::Free.entry(), None);
-    for policy in EarlyReusePolicy::ALL {
-        assert_eq!(policy.as_str().parse(), Ok(policy));
+    for &policy in EarlyReusePolicy::VARIANTS {
+        assert_eq!(policy.as_ref().parse(), Ok(policy));
     }
     assert!("fence_old".parse::<EarlyReusePolicy>().is_err());
-    for policy in OnExhausted::ALL {
+    for &policy in OnExhausted::VARIANTS {
         assert_eq!(policy.to_string().parse(), Ok(policy));
     }
     assert!("release_quietest".parse::<OnExhausted>().is_err());

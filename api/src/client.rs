@@ -75,7 +75,7 @@ impl Client {
 
     pub async fn list(&self, state: Option<StateName>) -> Result<AddressList, ClientError> {
         let path = match state {
-            Some(state) => format!("/addresses?state={}", state.as_str()),
+            Some(state) => format!("/addresses?state={state}"),
             None => "/addresses".to_owned(),
         };
         self.call(Method::GET, &path, None::<&()>).await

@@ -2,6 +2,7 @@
 //! speaks in, and a client. The agent serves these types; the `ipq` CLI, `ipq-cni` and
 //! `ipq-ipam` send them. Nothing here knows about eBPF or the registry.
 
+mod agent_names;
 pub mod client;
 pub mod echo;
 mod holder;
@@ -11,6 +12,10 @@ mod vocabulary;
 #[cfg(test)]
 mod vocabulary_tests;
 
+pub use agent_names::{
+    Attachment, ConflictOutcome, ConntrackFlush, HoldRelease, HygieneTrigger, PublishState,
+    RecoveredFrom, TcAttachMode,
+};
 pub use holder::{Holder, PodRef};
 
 /// Where the agent serves the API unless told otherwise (`api_socket`).

@@ -21,6 +21,7 @@ use serde::{Deserialize, Serialize};
     Serialize,
     Deserialize,
     strum::IntoStaticStr,
+    strum::AsRefStr,
     strum::EnumString,
     strum::Display,
     clap::ValueEnum,
@@ -38,10 +39,6 @@ pub enum StateName {
 }
 
 impl StateName {
-    pub fn as_str(self) -> &'static str {
-        self.into()
-    }
-
     /// The state of a held address named `raw` (`active`, `draining`, `quarantined`): what a
     /// listing filters on and what a datapath entry is written with. `free` is not one.
     pub fn parse_held(raw: &str) -> Option<Self> {
@@ -60,7 +57,7 @@ impl StateName {
 
     /// The name of a datapath entry's raw state, `unknown` for a value this build does not know.
     pub fn of_raw_entry(raw: Option<AddrState>) -> &'static str {
-        raw.map_or("unknown", |s| Self::from(s).as_str())
+        raw.map_or("unknown", |s| Self::from(s).into())
     }
 }
 
@@ -87,11 +84,12 @@ impl From<AddrState> for StateName {
     Serialize,
     Deserialize,
     strum::IntoStaticStr,
+    strum::AsRefStr,
     strum::Display,
 )]
 #[strum(serialize_all = "snake_case")]
 #[serde(rename_all = "snake_case")]
-#[cfg_attr(test, derive(strum::VariantArray))]
+#[derive(strum::VariantArray)]
 pub enum ConflictKind {
     /// A claim while another live holder (Active or Draining) still has the address.
     EarlyReuse,
@@ -101,19 +99,6 @@ pub enum ConflictKind {
     DuplicateSource,
     /// Another machine announced (ARP/NDP) an address that is Active/Draining here.
     RemoteClaim,
-}
-
-impl ConflictKind {
-    pub const ALL: [ConflictKind; 4] = [
-        Self::EarlyReuse,
-        Self::ReuseInCooldown,
-        Self::DuplicateSource,
-        Self::RemoteClaim,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        self.into()
-    }
 }
 
 /// What happens when a new holder claims an address another live holder still has: the one
@@ -128,24 +113,17 @@ impl ConflictKind {
     Serialize,
     Deserialize,
     strum::IntoStaticStr,
+    strum::AsRefStr,
     strum::EnumString,
+    strum::Display,
 )]
 #[strum(serialize_all = "kebab-case")]
 #[serde(rename_all = "kebab-case")]
-#[cfg_attr(test, derive(strum::VariantArray))]
+#[derive(strum::VariantArray)]
 pub enum EarlyReusePolicy {
     FenceOld,
     RefuseNew,
     Observe,
-}
-
-impl EarlyReusePolicy {
-    pub const ALL: [EarlyReusePolicy; 3] = [Self::FenceOld, Self::RefuseNew, Self::Observe];
-
-    /// The policy's name as the configuration and the API spell it; `str::parse` reads it back.
-    pub fn as_str(self) -> &'static str {
-        self.into()
-    }
 }
 
 /// What the agent does when ipq-ipam's delegate finds a network's range exhausted while ipq
@@ -166,16 +144,13 @@ impl EarlyReusePolicy {
 )]
 #[strum(serialize_all = "kebab-case")]
 #[serde(rename_all = "kebab-case")]
+#[derive(strum::VariantArray)]
 pub enum OnExhausted {
     /// The ADD fails with "try again later" until the first held address is released.
     #[default]
     Wait,
     /// The allocation quiet longest is released at once and the delegate asked again.
     ReleaseQuietest,
-}
-
-impl OnExhausted {
-    pub const ALL: [OnExhausted; 2] = [Self::Wait, Self::ReleaseQuietest];
 }
 
 /// Where a configured interface stands with ipq's programs (`protection` in `/v1/status` and in
@@ -192,6 +167,7 @@ impl OnExhausted {
     Serialize,
     Deserialize,
     strum::IntoStaticStr,
+    strum::AsRefStr,
     strum::Display,
 )]
 #[serde(rename_all = "lowercase")]
@@ -217,10 +193,6 @@ pub enum Protection {
 }
 
 impl Protection {
-    pub fn as_str(self) -> &'static str {
-        self.into()
-    }
-
     /// Whether ipq's programs decide this interface's packets now.
     pub fn is_protected(self) -> bool {
         self == Self::Protected
@@ -240,6 +212,7 @@ impl Protection {
     Serialize,
     Deserialize,
     strum::IntoStaticStr,
+    strum::AsRefStr,
     strum::Display,
 )]
 #[serde(rename_all = "lowercase")]
@@ -253,10 +226,4 @@ pub enum MapWrite {
     /// An operation this build does not know (an answer of a newer agent).
     #[serde(other)]
     Unknown,
-}
-
-impl MapWrite {
-    pub fn as_str(self) -> &'static str {
-        self.into()
-    }
 }

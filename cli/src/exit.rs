@@ -6,6 +6,7 @@ use ipq_api::model::ErrorCode;
 /// What `ipq` exits with. The values are a stable interface: never renumber.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(u8)]
+#[derive(strum::VariantArray)]
 pub enum Exit {
     /// The command did what it was asked.
     Success = 0,
@@ -37,16 +38,6 @@ Exit codes:
   6  forbidden (this user is not allowed on the agent's socket)";
 
 impl Exit {
-    pub const ALL: [Exit; 7] = [
-        Self::Success,
-        Self::Failure,
-        Self::Usage,
-        Self::NotFound,
-        Self::Refused,
-        Self::Unavailable,
-        Self::Forbidden,
-    ];
-
     pub const fn code(self) -> u8 {
         self as u8
     }
@@ -79,6 +70,8 @@ impl From<Exit> for std::process::ExitCode {
 
 #[cfg(test)]
 mod tests {
+    use strum::VariantArray as _;
+
     use super::*;
 
     #[test]
@@ -105,9 +98,9 @@ mod tests {
 
     #[test]
     fn values_are_stable_and_the_help_lists_each_once() {
-        let values: Vec<u8> = Exit::ALL.iter().map(|e| e.code()).collect();
+        let values: Vec<u8> = Exit::VARIANTS.iter().map(|e| e.code()).collect();
         assert_eq!(values, [0, 1, 2, 3, 4, 5, 6]);
-        for exit in Exit::ALL {
+        for &exit in Exit::VARIANTS {
             let line = format!("\n  {}  ", exit.code());
             assert_eq!(
                 EXIT_CODES_HELP.matches(&line).count(),

@@ -9,7 +9,7 @@ use super::{
 };
 use ipq_api::{
     model::{AddressView, ConflictView, Event, EventBody, HygieneView, PendingWriteView},
-    Holder, Protection,
+    ConntrackFlush, HoldRelease, Holder, Protection,
 };
 
 mod status;
@@ -84,7 +84,7 @@ pub fn addresses(views: &[AddressView], now: SystemTime) -> String {
             );
         }
         if any_unprotected {
-            row.push(view.protection.map_or(NONE, Protection::as_str).to_owned());
+            row.push(view.protection.map_or(NONE, Protection::into).to_owned());
         }
         table.row(row);
     }
@@ -136,14 +136,14 @@ pub fn address_detail(view: &AddressView, now: SystemTime) -> String {
         ));
     }
     if let Some(hold) = &view.ipam_hold {
-        let when = match (hold.release.as_str(), &view.until) {
-            ("after the quarantine", Some(until)) => {
+        let when = match (hold.release, &view.until) {
+            (HoldRelease::AfterQuarantine, Some(until)) => {
                 format!(
                     "after the quarantine, {}",
                     absolute_and_relative(until, now)
                 )
             }
-            (release, _) => release.to_owned(),
+            (release, _) => release.to_string(),
         };
         pairs.push((
             "Held by IPAM".to_owned(),
@@ -212,8 +212,8 @@ fn hygiene_fields(pairs: &mut Vec<(String, String)>, flush: Option<&HygieneView>
 
 /// The conntrack count and, for the kernel's filtered flush, what it means.
 fn conntrack_count(f: &HygieneView) -> String {
-    match f.conntrack_flush.as_str() {
-        "kernel" => format!(
+    match f.conntrack_flush {
+        Some(ConntrackFlush::Kernel) => format!(
             "{} (reported by the kernel's filtered flush: a lower bound)",
             f.conntrack_entries
         ),
@@ -287,8 +287,8 @@ pub fn conflicts(list: &[ConflictView], now: SystemTime) -> String {
             c.address.to_string(),
             holder_cell(c.old_holder.as_ref()),
             holder_cell(c.new_holder.as_ref()),
-            c.policy.as_str().to_owned(),
-            c.outcome.clone(),
+            c.policy.to_string(),
+            c.outcome.to_string(),
         ]);
     }
     table.render("")
@@ -315,7 +315,7 @@ pub fn event_line(event: &Event) -> String {
             c.address,
             holder_cell(c.old_holder.as_ref()),
             holder_cell(c.new_holder.as_ref()),
-            c.policy.as_str(),
+            c.policy,
             c.outcome
         ),
         EventBody::Sample {

@@ -8,7 +8,8 @@ use ipq_api::{
         AddressView, ClaimFlushView, ConflictView, Event, EventBody, InterfaceStatus, IpamHoldView,
         PendingWriteView, PublishView, RecoveryView, RegistryCounts, Status, VerificationView,
     },
-    ConflictKind, EarlyReusePolicy, Holder, MapWrite, PodRef, Protection, StateName,
+    Attachment, ConflictKind, ConflictOutcome, ConntrackFlush, EarlyReusePolicy, HoldRelease,
+    Holder, HygieneTrigger, MapWrite, PodRef, Protection, RecoveredFrom, StateName, TcAttachMode,
 };
 
 const NOW: &str = "2026-11-22T10:01:00Z";
@@ -99,7 +100,7 @@ fn list_adds_the_protection_column_only_when_a_holder_is_unprotected() {
     let protected = AddressView {
         holder: Some(Holder::new(5, "vethpa")),
         protection: Some(Protection::Protected),
-        attachment: Some("netlink".into()),
+        attachment: Some(Attachment::Netlink),
         ..view("10.77.0.3", StateName::Active, "2026-11-22T10:00:59Z")
     };
     assert_eq!(
@@ -167,7 +168,7 @@ fn status_shows_readiness_counts_and_hooks() {
     let status = Status {
         ready: true,
         not_ready: None,
-        tc_attach: "netlink-then-tcx".into(),
+        tc_attach: TcAttachMode::NetlinkThenTcx,
         unprotected: 0,
         conntrack_claim_flush: Some(ClaimFlushView {
             ipv4: "kernel".into(),
@@ -189,7 +190,7 @@ fn status_shows_readiness_counts_and_hooks() {
                 name: "vethpa".into(),
                 hooks: vec!["tc-ingress".into(), "tc-egress".into()],
                 protection: Protection::Protected,
-                attachment: Some("netlink".into()),
+                attachment: Some(Attachment::Netlink),
                 error: None,
                 failed_attempts: 0,
             },
@@ -198,7 +199,7 @@ fn status_shows_readiness_counts_and_hooks() {
                 name: "up0".into(),
                 hooks: vec!["xdp".into()],
                 protection: Protection::Protected,
-                attachment: Some("xdp".into()),
+                attachment: Some(Attachment::Xdp),
                 error: None,
                 failed_attempts: 0,
             },
@@ -208,7 +209,7 @@ fn status_shows_readiness_counts_and_hooks() {
         verification: None,
         unannounced: String::new(),
         recovery: Some(RecoveryView {
-            from: "journal".into(),
+            from: RecoveredFrom::Journal,
             addresses: 3,
             problems: Vec::new(),
         }),
@@ -241,7 +242,7 @@ Recovered:       from the journal, 3 addresses
     );
     let mut rebuilt = status.clone();
     rebuilt.recovery = Some(RecoveryView {
-        from: "pinned_maps".into(),
+        from: RecoveredFrom::PinnedMaps,
         addresses: 3,
         problems: vec![
             "journal /s/registry.journal is corrupt (checksum mismatch); kept as /s/x".into(),
@@ -323,7 +324,7 @@ Recovered:       from the journal, 3 addresses
     let mut publishing = status.clone();
     publishing.publish = Some(PublishView {
         node: "node-a".into(),
-        state: "failing".into(),
+        state: ipq_api::PublishState::Failing,
         last_published_at: Some("2026-11-22T10:00:58Z".into()),
         entries: 2,
         omitted: 0,
@@ -358,7 +359,7 @@ fn conflict() -> ConflictView {
         old_holder: Some(pod_holder()),
         new_holder: Some(Holder::new(6, "vethpb")),
         policy: EarlyReusePolicy::FenceOld,
-        outcome: "fenced_old".into(),
+        outcome: ConflictOutcome::FencedOld,
         at: "2026-11-22T10:00:30Z".into(),
     }
 }
@@ -371,7 +372,7 @@ fn conflicts_show_both_holders_policy_and_outcome() {
         old_holder: Some(Holder::new(5, "vethpa")),
         new_holder: None,
         policy: EarlyReusePolicy::FenceOld,
-        outcome: "reported".into(),
+        outcome: ConflictOutcome::Reported,
         at: "2026-11-22T10:00:59Z".into(),
     };
     assert_eq!(
@@ -431,10 +432,10 @@ fn events_are_one_line_each() {
         (
             EventBody::Hygiene(Box::new(ipq_api::model::HygieneView {
                 address: "10.77.0.2".parse().unwrap(),
-                trigger: "holder_gone".into(),
+                trigger: HygieneTrigger::HolderGone,
                 at: String::new(),
                 conntrack_entries: 4,
-                conntrack_flush: "dump".into(),
+                conntrack_flush: Some(ConntrackFlush::Dump),
                 neighbours: 1,
                 announcements: 0,
                 announce_skipped: None,
@@ -448,10 +449,10 @@ fn events_are_one_line_each() {
         (
             EventBody::Hygiene(Box::new(ipq_api::model::HygieneView {
                 address: "10.77.0.3".parse().unwrap(),
-                trigger: "new_holder".into(),
+                trigger: HygieneTrigger::NewHolder,
                 at: String::new(),
                 conntrack_entries: 0,
-                conntrack_flush: "kernel".into(),
+                conntrack_flush: Some(ConntrackFlush::Kernel),
                 neighbours: 0,
                 announcements: 0,
                 announce_skipped: Some("rate-limited (announce_per_second = 50)".into()),
@@ -501,10 +502,10 @@ fn get_says_why_a_new_holder_was_not_announced() {
     let detail = AddressView {
         last_flush: Some(ipq_api::model::HygieneView {
             address: "10.77.0.2".parse().unwrap(),
-            trigger: "new_holder".into(),
+            trigger: HygieneTrigger::NewHolder,
             at: "2026-11-22T10:00:58Z".into(),
             conntrack_entries: 0,
-            conntrack_flush: "kernel".into(),
+            conntrack_flush: Some(ConntrackFlush::Kernel),
             neighbours: 0,
             announcements: 0,
             announce_skipped: Some("rate-limited (announce_per_second = 50)".into()),
@@ -524,10 +525,10 @@ fn get_shows_the_last_flush_and_what_failed() {
     let detail = AddressView {
         last_flush: Some(ipq_api::model::HygieneView {
             address: "10.77.0.2".parse().unwrap(),
-            trigger: "new_holder".into(),
+            trigger: HygieneTrigger::NewHolder,
             at: "2026-11-22T10:00:58Z".into(),
             conntrack_entries: 3,
-            conntrack_flush: "kernel".into(),
+            conntrack_flush: Some(ConntrackFlush::Kernel),
             neighbours: 1,
             announcements: 2,
             announce_skipped: None,
@@ -552,16 +553,16 @@ fn get_shows_the_last_flush_and_what_failed() {
 
 #[test]
 fn an_address_the_ipam_holds_says_for_whom_and_when_it_goes() {
-    let hold = |release: &str, error: Option<&str>| IpamHoldView {
+    let hold = |release: HoldRelease, error: Option<&str>| IpamHoldView {
         network: "pods".into(),
         container_id: "c1".into(),
         ifname: "eth0".into(),
-        release: release.into(),
+        release,
         error: error.map(Into::into),
     };
     let quarantined = AddressView {
         until: Some("2026-11-22T10:02:00Z".into()),
-        ipam_hold: Some(hold("after the quarantine", None)),
+        ipam_hold: Some(hold(HoldRelease::AfterQuarantine, None)),
         ..view("10.77.0.2", StateName::Quarantined, "2026-11-22T10:00:59Z")
     };
     let detail = render::address_detail(&quarantined, now());
@@ -574,7 +575,7 @@ fn an_address_the_ipam_holds_says_for_whom_and_when_it_goes() {
     );
     let failing = AddressView {
         ipam_hold: Some(hold(
-            "failing",
+            HoldRelease::Failing,
             Some("host-local: no such file (3 attempts)"),
         )),
         ..view("10.77.0.3", StateName::Free, "")

@@ -5,6 +5,7 @@ use ipq_api::{
     model::{ClaimRequest, ClaimSource, DrainAttachmentRequest, ErrorCode, GcRequest, HolderSpec},
     Holder, StateName,
 };
+use ipq_fs::{paths, spool};
 use serde_json::Value;
 
 use super::{
@@ -14,9 +15,7 @@ use super::{
     error::{code, CniError},
     host_if,
     result::{pass_on, PrevResult},
-    spool,
 };
-use crate::paths;
 
 /// One invocation: the runtime's environment and the plugin's config.
 #[derive(Clone, Debug)]
@@ -224,7 +223,7 @@ impl Invocation {
             (StateName::Active | StateName::Draining, Some(h)) => {
                 Some(format!("is held by {}", describe(h)))
             }
-            (state, _) => Some(format!("is {}", state.as_str())),
+            (state, _) => Some(format!("is {state}")),
         }
     }
 
@@ -243,7 +242,7 @@ impl Invocation {
         match self.client().gc(&request).await {
             Ok(changed) => {
                 for view in &changed.addresses {
-                    log::info!("GC drained {} ({})", view.address, view.state.as_str());
+                    log::info!("GC drained {} ({})", view.address, view.state);
                 }
                 Ok(())
             }

@@ -12,11 +12,12 @@
 //!  "onUnavailable": "fail", "timeoutMs": 2000}
 //! ```
 //!
-//! This crate is everything the plugins run, and the formats they share with the agent (the
-//! spool, the release directory, [`safe_fs`]); it links `ipq-api` for the wire and no eBPF,
-//! registry or netlink crate, so a runtime's plugin binary stays small and its trust narrow.
-//! The agent's side of ipq-ipam (the releaser, the trust in delegate binaries) lives in the
-//! agent, which uses this crate for the formats.
+//! This crate is everything the plugins run; it links `ipq-api` for the wire, `ipq-fs` for the
+//! files it shares with the agent (the spools, ipq-ipam's records, their directories) and no
+//! eBPF, registry or netlink crate, so a runtime's plugin binary stays small and its trust
+//! narrow. The agent's side of ipq-ipam (the releaser, the trust in delegate binaries) lives
+//! in the agent, which uses this crate only to run a delegate as a runtime would
+//! ([`ipam::delegate`]).
 
 pub mod agent_error;
 pub mod commands;
@@ -27,8 +28,5 @@ pub mod error;
 pub mod host_if;
 pub mod ifname;
 pub mod ipam;
-pub mod paths;
 pub mod plugin;
 pub mod result;
-pub mod safe_fs;
-pub mod spool;

@@ -104,7 +104,7 @@ impl core::fmt::Debug for AddrKey {
     derive(strum::IntoStaticStr, strum::EnumString),
     strum(serialize_all = "lowercase")
 )]
-#[cfg_attr(test, derive(strum::VariantArray))]
+#[derive(strum::VariantArray)]
 pub enum AddrState {
     /// Held by a live holder.
     Active = 1,
@@ -115,8 +115,6 @@ pub enum AddrState {
 }
 
 impl AddrState {
-    pub const ALL: [AddrState; 3] = [Self::Active, Self::Draining, Self::Quarantined];
-
     /// The name the API and the metrics use (derived).
     #[cfg(feature = "names")]
     pub fn as_str(self) -> &'static str {

@@ -15,7 +15,7 @@
     derive(strum::IntoStaticStr, strum::EnumString),
     strum(serialize_all = "lowercase")
 )]
-#[cfg_attr(test, derive(strum::VariantArray))]
+#[derive(strum::VariantArray)]
 pub enum Mode {
     /// Drop what conflicts.
     Enforce = 0,
@@ -24,8 +24,6 @@ pub enum Mode {
 }
 
 impl Mode {
-    pub const ALL: [Mode; 2] = [Self::Enforce, Self::Observe];
-
     /// The mode of the config map's raw value. Unlike the derived `from_repr`, never `None`:
     /// anything unknown enforces, because ipq is a safety net and fails closed on its own config.
     #[inline(always)]

@@ -1,5 +1,6 @@
 //! Layout of the per-CPU `IPQ_COUNTERS` array: packets and bytes by action, hook and reason.
 
+use strum::VariantArray as _;
 /// Where a packet was seen.
 #[repr(u32)]
 #[derive(Clone, Copy, PartialEq, Eq, Debug, strum::FromRepr)]
@@ -8,7 +9,7 @@
     derive(strum::IntoStaticStr, strum::EnumString),
     strum(serialize_all = "snake_case")
 )]
-#[cfg_attr(test, derive(strum::VariantArray))]
+#[derive(strum::VariantArray)]
 pub enum Hook {
     /// TC ingress of a workload interface: what the workload sends.
     TcIngress = 0,
@@ -19,9 +20,8 @@ pub enum Hook {
 }
 
 impl Hook {
-    pub const ALL: [Hook; 3] = [Self::TcIngress, Self::TcEgress, Self::Xdp];
-    /// Tied to `ALL`: a hook added to one and not the other does not compile.
-    pub const COUNT: u32 = Self::ALL.len() as u32;
+    /// Derived from the variants (strum): a hook added is a slot more.
+    pub const COUNT: u32 = Self::VARIANTS.len() as u32;
 
     /// The hook's name as the metrics label it (derived).
     #[cfg(feature = "names")]
@@ -38,7 +38,7 @@ impl Hook {
     derive(strum::IntoStaticStr, strum::EnumString),
     strum(serialize_all = "snake_case")
 )]
-#[cfg_attr(test, derive(strum::VariantArray))]
+#[derive(strum::VariantArray)]
 pub enum Reason {
     /// The address is fenced on this interface (the old holder of an early reuse, or the new
     /// holder refused).
@@ -54,14 +54,7 @@ pub enum Reason {
 }
 
 impl Reason {
-    pub const ALL: [Reason; 5] = [
-        Self::Fenced,
-        Self::DuplicateSource,
-        Self::StaleTraffic,
-        Self::Quarantined,
-        Self::RemoteClaim,
-    ];
-    pub const COUNT: u32 = Self::ALL.len() as u32;
+    pub const COUNT: u32 = Self::VARIANTS.len() as u32;
 
     /// The reason's name as the metrics label it (derived).
     #[cfg(feature = "names")]
@@ -78,7 +71,7 @@ impl Reason {
     derive(strum::IntoStaticStr, strum::EnumString),
     strum(serialize_all = "snake_case")
 )]
-#[cfg_attr(test, derive(strum::VariantArray))]
+#[derive(strum::VariantArray)]
 pub enum Action {
     /// Dropped (`enforce` mode).
     Dropped = 0,
@@ -89,8 +82,7 @@ pub enum Action {
 }
 
 impl Action {
-    pub const ALL: [Action; 3] = [Self::Dropped, Self::Observed, Self::Reported];
-    pub const COUNT: u32 = Self::ALL.len() as u32;
+    pub const COUNT: u32 = Self::VARIANTS.len() as u32;
 
     /// The action's name as the metrics label it (derived).
     #[cfg(feature = "names")]
@@ -124,26 +116,26 @@ crate::assert_offsets!(Counter {
     bytes: 8
 });
 
-/// Every `from_repr` must invert the discriminant of every value in `ALL`, in order: the kernel
+/// Every `from_repr` must invert the discriminant of every variant (strum's `VARIANTS`), in order: the kernel
 /// writes discriminants, user space reads them back through `from_repr`.
 const _: () = {
     let mut i = 0;
-    while i < Hook::ALL.len() {
-        assert!(Hook::ALL[i] as u32 == i as u32);
+    while i < Hook::VARIANTS.len() {
+        assert!(Hook::VARIANTS[i] as u32 == i as u32);
         assert!(matches!(Hook::from_repr(i as u32), Some(h) if h as u32 == i as u32));
         i += 1;
     }
     assert!(Hook::from_repr(Hook::COUNT).is_none());
     let mut i = 0;
-    while i < Reason::ALL.len() {
-        assert!(Reason::ALL[i] as u32 == i as u32);
+    while i < Reason::VARIANTS.len() {
+        assert!(Reason::VARIANTS[i] as u32 == i as u32);
         assert!(matches!(Reason::from_repr(i as u32), Some(r) if r as u32 == i as u32));
         i += 1;
     }
     assert!(Reason::from_repr(Reason::COUNT).is_none());
     let mut i = 0;
-    while i < Action::ALL.len() {
-        assert!(Action::ALL[i] as u32 == i as u32);
+    while i < Action::VARIANTS.len() {
+        assert!(Action::VARIANTS[i] as u32 == i as u32);
         assert!(matches!(Action::from_repr(i as u32), Some(a) if a as u32 == i as u32));
         i += 1;
     }

@@ -95,6 +95,8 @@ pub fn action_for_address(mode: Mode, reason: Reason, observe_only: bool) -> Act
 
 #[cfg(test)]
 mod tests {
+    use strum::VariantArray as _;
+
     use super::*;
 
     const A: u32 = 10;
@@ -178,7 +180,7 @@ mod tests {
     #[test]
     fn the_agents_judgment_is_the_programs() {
         for mode in [Mode::Enforce, Mode::Observe] {
-            for reason in Reason::ALL {
+            for &reason in Reason::VARIANTS {
                 for observe_only in [false, true] {
                     let mut e = entry(AddrState::Active, A, B);
                     e.flags = if observe_only { FLAG_OBSERVE_ONLY } else { 0 };
@@ -194,7 +196,7 @@ mod tests {
 
     #[test]
     fn observe_mode_never_drops() {
-        for reason in Reason::ALL {
+        for &reason in Reason::VARIANTS {
             assert_ne!(action_for(Mode::Observe, reason), Action::Dropped);
         }
         assert_eq!(action_for(Mode::Enforce, Reason::Fenced), Action::Dropped);

@@ -1,4 +1,4 @@
-//! The vocabulary's derived forms: every variant, listed in `ALL`, keeps its spelling byte for
+//! The vocabulary's derived forms: every variant, as strum lists it, keeps its spelling byte for
 //! byte (metric label values, config values and API strings) and reads back from that spelling
 //! and from its discriminant.
 
@@ -21,7 +21,6 @@ fn assert_vocabulary<T>(all: &[T], spellings: &[&str], from_repr: fn(u32) -> Opt
 where
     T: VariantArray + Copy + PartialEq + Debug + Into<&'static str> + FromStr + Into<u32>,
 {
-    assert_eq!(all, T::VARIANTS, "ALL lists every variant, in order");
     let spelled: Vec<&'static str> = all.iter().map(|v| (*v).into()).collect();
     assert_eq!(spelled, spellings);
     for (variant, name) in all.iter().zip(spellings) {
@@ -49,7 +48,7 @@ discriminant_into_u32!(AddrState, Mode, Hook, Reason, Action);
 #[test]
 fn addr_states() {
     assert_vocabulary(
-        &AddrState::ALL,
+        AddrState::VARIANTS,
         &["active", "draining", "quarantined"],
         AddrState::from_repr,
     );
@@ -58,8 +57,8 @@ fn addr_states() {
 
 #[test]
 fn modes() {
-    assert_vocabulary(&Mode::ALL, &["enforce", "observe"], Mode::from_repr);
-    for mode in Mode::ALL {
+    assert_vocabulary(Mode::VARIANTS, &["enforce", "observe"], Mode::from_repr);
+    for &mode in Mode::VARIANTS {
         assert_eq!(Mode::from_raw(mode as u32), mode);
         let wire = serde_json::to_value(mode).expect("serializes");
         assert_eq!(wire, mode.as_str(), "serde and strum spell {mode:?} alike");
@@ -74,7 +73,7 @@ fn modes() {
 #[test]
 fn hooks() {
     assert_vocabulary(
-        &Hook::ALL,
+        Hook::VARIANTS,
         &["tc_ingress", "tc_egress", "xdp"],
         Hook::from_repr,
     );
@@ -83,7 +82,7 @@ fn hooks() {
 #[test]
 fn reasons() {
     assert_vocabulary(
-        &Reason::ALL,
+        Reason::VARIANTS,
         &[
             "fenced",
             "duplicate_source",
@@ -98,7 +97,7 @@ fn reasons() {
 #[test]
 fn actions() {
     assert_vocabulary(
-        &Action::ALL,
+        Action::VARIANTS,
         &["dropped", "observed", "reported"],
         Action::from_repr,
     );

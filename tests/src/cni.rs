@@ -431,7 +431,7 @@ impl AgentApi {
         addr: std::net::IpAddr,
         state: ipq::registry::StateName,
     ) -> anyhow::Result<ipq::api::model::AddressView> {
-        crate::lab::poll(&format!("{addr} {}", state.as_str()), AGENT_SETTLE, || {
+        crate::lab::poll(&format!("{addr} {state}"), AGENT_SETTLE, || {
             Ok(self.get(addr)?.filter(|v| v.state == state))
         })
     }

@@ -19,9 +19,10 @@ use std::{
 use anyhow::{bail, Context as _};
 
 use crate::{
-    mountns::{die_with_parent, private_mount_namespace},
+    mountns::private_mount_namespace,
     netns::NetNs,
     podman::{run_bounded, which_in_path},
+    wait::die_with_parent,
 };
 
 /// The images the CRI tier runs.

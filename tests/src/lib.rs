@@ -17,3 +17,4 @@ pub mod podman;
 pub mod prometheus;
 pub mod raw_bpf;
 pub mod time;
+pub mod wait;

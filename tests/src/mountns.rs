@@ -5,26 +5,12 @@
 
 use std::{
     io::{BufRead as _, BufReader, Read as _},
-    os::unix::process::CommandExt as _,
-    process::{Child, Command, Stdio},
+    process::{Child, Stdio},
 };
 
 use anyhow::{bail, Context as _};
 
-use crate::netns::NetNs;
-
-/// Makes `cmd` die with the test process, even one that dies without unwinding.
-pub fn die_with_parent(cmd: &mut Command) {
-    // SAFETY: prctl is async-signal-safe.
-    unsafe {
-        cmd.pre_exec(|| {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-}
+use crate::{netns::NetNs, wait::die_with_parent};
 
 /// The holder of a private mount namespace in `node`'s network namespace; `tag` names its
 /// tmpfs mounts (`<tag>-run`, `<tag>-varlib`) for whoever reads `/proc/mounts`.

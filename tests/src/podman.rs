@@ -120,17 +120,8 @@ pub fn run_bounded(cmd: &mut Command, timeout: Duration) -> anyhow::Result<Outpu
     };
     let stdout = drain(Box::new(child.stdout.take().expect("piped")));
     let stderr = drain(Box::new(child.stderr.take().expect("piped")));
-    let deadline = Instant::now() + timeout;
-    let status = loop {
-        if let Some(status) = child.try_wait()? {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            bail!("{line} did not finish in {timeout:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
+    let Some(status) = crate::wait::exit_within(&mut child, timeout)? else {
+        bail!("{line} did not finish in {timeout:?}");
     };
     Ok(Output {
         status,

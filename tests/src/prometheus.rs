@@ -6,7 +6,6 @@ use std::{
     collections::BTreeMap,
     fs,
     io::Write as _,
-    os::unix::process::CommandExt as _,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     time::Duration,
@@ -157,15 +156,7 @@ impl<'n> Prometheus<'n> {
             .stdout(out.try_clone()?)
             .stderr(out);
         // As for the agent: if the test process dies without unwinding, Prometheus dies too.
-        // SAFETY: prctl is async-signal-safe.
-        unsafe {
-            cmd.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+        crate::wait::die_with_parent(&mut cmd);
         let child = cmd.spawn().with_context(|| format!("starting {cmd:?}"))?;
         let mut prometheus = Prometheus {
             ns,

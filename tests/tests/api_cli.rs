@@ -159,7 +159,7 @@ fn claims_drains_releases_and_gc_through_the_api_and_the_cli() {
     assert!(typed.ready);
     assert_eq!(typed.version, env!("CARGO_PKG_VERSION"));
     assert_eq!(typed.mode.as_str(), "enforce");
-    assert_eq!(typed.on_early_reuse.as_str(), "fence-old");
+    assert_eq!(typed.on_early_reuse.as_ref(), "fence-old");
     assert_eq!(typed.registry.active, 4, "{status}");
     assert!(typed.registry.capacity >= 4, "{status}");
     for name in ["vethpa", "vethpb"] {
@@ -429,7 +429,7 @@ fn claims_drains_releases_and_gc_through_the_api_and_the_cli() {
     let count = |state: &str| {
         list.addresses
             .iter()
-            .filter(|v| v.state.as_str() == state)
+            .filter(|v| v.state.as_ref() == state)
             .count() as u64
     };
     assert_eq!(

@@ -21,7 +21,8 @@ use std::{
 
 use anyhow::{ensure, Context as _};
 use ipq::registry::StateName;
-use ipq_cni::{ipam::release::HeldRelease, paths, spool};
+use ipq_cni::ipam::release::HeldRelease;
+use ipq_fs::{paths, spool};
 use ipq_tests::{
     cni::{addresses, host_local_allocations, ipq_ipam, AgentApi, Attachment, Chain},
     lab::{poll, Lab},
@@ -386,7 +387,7 @@ fn released_after_the_quarantine(
     ensure!(
         hold.network == chain.name
             && hold.container_id == a.attachment.container_id
-            && hold.release == "after the quarantine",
+            && hold.release == ipq_api::HoldRelease::AfterQuarantine,
         "{hold:?}"
     );
     let network = [("network", chain.name.as_str())];

@@ -15,7 +15,7 @@ use ipq::{
     api::{client::ClientError, model::AddressView},
     registry::StateName,
 };
-use ipq_cni::paths;
+use ipq_fs::paths;
 use ipq_tests::{
     cni::{addresses, host_interface, AgentApi as Api, Attachment, Chain, PluginError},
     lab::{ifindex, map_entry, udp_burst, wait_for_entry, Lab},

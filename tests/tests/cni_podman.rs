@@ -345,7 +345,8 @@ fn refuse_new_fails_the_start_of_a_container_given_a_terminating_ones_address() 
     let conflict = early_reuse_between(&conflicts, addr, (&a, &veth_a), &b_id)
         .with_context(|| format!("an early_reuse of {addr} from A to B in {conflicts:#?}"))?;
     ensure!(
-        conflict.policy.as_str() == "refuse-new" && conflict.outcome == "refused_new",
+        conflict.policy == ipq_api::EarlyReusePolicy::RefuseNew
+            && conflict.outcome == ipq_api::ConflictOutcome::RefusedNew,
         "{conflict:?}"
     );
     ensure!(
@@ -447,7 +448,8 @@ fn fence_old_gives_the_address_to_the_new_container_and_cuts_the_old_one_off() -
     let conflict = early_reuse_between(&conflicts, addr, (&a, &veth_a), &b.id)
         .with_context(|| format!("an early_reuse of {addr} from A to B in {conflicts:#?}"))?;
     ensure!(
-        conflict.policy.as_str() == "fence-old" && conflict.outcome == "fenced_old",
+        conflict.policy == ipq_api::EarlyReusePolicy::FenceOld
+            && conflict.outcome == ipq_api::ConflictOutcome::FencedOld,
         "{conflict:?}"
     );
 

@@ -258,8 +258,8 @@ fn the_agent_restarted_while_pods_come_and_go_loses_no_del_and_leaves_no_pod_unp
     api.wait_state(b.ip, StateName::Active)?;
     let state_dir = lab.work_dir().join("state");
     let (cni_spool, ipam_releases) = (
-        ipq_cni::paths::cni_spool_dir(&state_dir),
-        ipq_cni::paths::ipam_release_dir(&state_dir),
+        ipq_fs::paths::cni_spool_dir(&state_dir),
+        ipq_fs::paths::ipam_release_dir(&state_dir),
     );
     ensure!(
         spooled(&cni_spool)?.is_empty(),
@@ -482,7 +482,8 @@ fn swarmkit_on_a_node(hold_ipam: bool) -> anyhow::Result<()> {
                 format!("an early_reuse of {addr} from old to new in {conflicts:#?}")
             })?;
         ensure!(
-            conflict.policy.as_str() == "fence-old" && conflict.outcome == "fenced_old",
+            conflict.policy == ipq_api::EarlyReusePolicy::FenceOld
+                && conflict.outcome == ipq_api::ConflictOutcome::FencedOld,
             "{conflict:?}"
         );
         // The fence is in the map: from here on, nothing of the old pod may pass.

@@ -28,9 +28,6 @@ const N: usize = 20;
 const PING_COUNT: u32 = 5;
 const SETTLE: Duration = Duration::from_secs(5);
 
-fn wait_for(lab: &Lab, addr: IpAddr, want: &MapEntry) {
-    wait_for_entry(lab, addr, want, SETTLE);
-}
 /// How late a release may be observed after it is due, on a loaded machine.
 const SLACK: Duration = Duration::from_millis(1500);
 /// How much earlier than the userspace clock the kernel's coarse clock may stamp a packet.
@@ -59,7 +56,7 @@ fn agent_args<'a>(cooldown: &'a str, quiet: &'a str) -> Vec<&'a str> {
 fn wait_pod_a_claimed(lab: &Lab) -> u32 {
     let vethpa = ifindex(&lab.node, "vethpa").expect("vethpa");
     for addr in pod_a() {
-        wait_for(lab, addr, &entry("active", vethpa, 0));
+        wait_for_entry(lab, addr, &entry("active", vethpa, 0), SETTLE);
     }
     vethpa
 }
@@ -72,7 +69,7 @@ fn delete_pod_a(lab: &Lab) -> Instant {
         .ip(&["link", "del", "vethpa"])
         .expect("deleting vethpa");
     for addr in pod_a() {
-        wait_for(lab, addr, &entry("quarantined", 0, 0));
+        wait_for_entry(lab, addr, &entry("quarantined", 0, 0), SETTLE);
     }
     t0
 }
@@ -314,7 +311,7 @@ fn graceful_termination_keeps_a_draining_pod_connected_until_it_is_gone() {
     for addr in pod_a() {
         lab.del_host_route("vethpa", addr)
             .expect("withdrawing pod a's route");
-        wait_for(&lab, addr, &entry("draining", vethpa, 0));
+        wait_for_entry(&lab, addr, &entry("draining", vethpa, 0), SETTLE);
     }
 
     let before = agent.scrape().expect("scrape");
@@ -357,14 +354,14 @@ fn graceful_termination_keeps_a_draining_pod_connected_until_it_is_gone() {
         );
     }
     for addr in pod_a() {
-        wait_for(&lab, addr, &entry("draining", vethpa, 0));
+        wait_for_entry(&lab, addr, &entry("draining", vethpa, 0), SETTLE);
     }
 
     lab.node
         .ip(&["link", "del", "vethpa"])
         .expect("deleting vethpa");
     for addr in pod_a() {
-        wait_for(&lab, addr, &entry("quarantined", 0, 0));
+        wait_for_entry(&lab, addr, &entry("quarantined", 0, 0), SETTLE);
     }
     let scrape = agent.scrape().expect("scrape");
     for (state, want) in [("quarantined", 2.0), ("draining", 0.0)] {
@@ -405,7 +402,7 @@ fn restart_mid_quarantine_keeps_the_quarantine_and_its_original_deadline() {
     let second = lab.start_agent(&args).expect("restarting ipq-agent");
     let restarted = Instant::now();
     for addr in pod_a() {
-        wait_for(&lab, addr, &entry("quarantined", 0, 0));
+        wait_for_entry(&lab, addr, &entry("quarantined", 0, 0), SETTLE);
         let got = udp_burst(&lab.peer, &lab.pod_a, addr, N);
         assert_eq!(got, 0, "{addr} after the restart: {got} of {N} delivered");
     }

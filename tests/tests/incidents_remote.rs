@@ -18,18 +18,14 @@ use std::{
 use ipq_tests::{
     lab::{
         ifindex, mac_bytes, map_entry as entry, poll, send_frames, udp_burst, udp_burst_with,
-        wait_for_entry, Agent, Lab, MapEntry, UdpSender, PEER_LLADDR, PEER_V4, PEER_V6, POD_A_V4,
-        POD_A_V6, POD_B_V4, POD_B_V6,
+        wait_for_entry, Agent, Lab, UdpSender, PEER_LLADDR, PEER_V4, PEER_V6, POD_A_V4, POD_A_V6,
+        POD_B_V4, POD_B_V6,
     },
     netns::NetNs,
 };
 
 const N: usize = 20;
 const SETTLE: Duration = Duration::from_secs(5);
-
-fn wait_for(lab: &Lab, addr: IpAddr, want: &MapEntry) {
-    wait_for_entry(lab, addr, want, SETTLE);
-}
 
 /// A gratuitous ARP from `mac`: a broadcast request whose sender and target are both `addr`.
 fn gratuitous_arp(mac: [u8; 6], addr: Ipv4Addr) -> Vec<u8> {
@@ -137,10 +133,10 @@ fn swarm_1488_remote_claim_fences_a_draining_holder_and_only_reports_an_active_o
     let pod_a = [IpAddr::from(POD_A_V4), POD_A_V6.into()];
     let pod_b = [IpAddr::from(POD_B_V4), POD_B_V6.into()];
     for addr in pod_a {
-        wait_for(&lab, addr, &entry("active", vethpa, 0));
+        wait_for_entry(&lab, addr, &entry("active", vethpa, 0), SETTLE);
     }
     for addr in pod_b {
-        wait_for(&lab, addr, &entry("active", vethpb, 0));
+        wait_for_entry(&lab, addr, &entry("active", vethpb, 0), SETTLE);
     }
     let peers = [IpAddr::from(PEER_V4), PEER_V6.into()];
 
@@ -155,7 +151,7 @@ fn swarm_1488_remote_claim_fences_a_draining_holder_and_only_reports_an_active_o
             "remote_claim conflicts logged for {addr}; log:\n{}",
             agent.log()
         );
-        wait_for(&lab, addr, &entry("active", vethpb, 0));
+        wait_for_entry(&lab, addr, &entry("active", vethpb, 0), SETTLE);
     }
     for (addr, peer) in pod_b.into_iter().zip(peers) {
         assert_eq!(
@@ -186,7 +182,7 @@ fn swarm_1488_remote_claim_fences_a_draining_holder_and_only_reports_an_active_o
         .expect("policy routes to pod a");
     for addr in pod_a {
         lab.del_host_route("vethpa", addr).expect("withdrawing");
-        wait_for(&lab, addr, &entry("draining", vethpa, 0));
+        wait_for_entry(&lab, addr, &entry("draining", vethpa, 0), SETTLE);
     }
     for (addr, peer) in pod_a.into_iter().zip(peers) {
         assert_eq!(
@@ -201,7 +197,7 @@ fn swarm_1488_remote_claim_fences_a_draining_holder_and_only_reports_an_active_o
     announce(&lab.peer, &pod_a);
     wait_conflicts(&agent, "remote_claim", 4.0);
     for addr in pod_a {
-        wait_for(&lab, addr, &entry("draining", vethpa, vethpa));
+        wait_for_entry(&lab, addr, &entry("draining", vethpa, vethpa), SETTLE);
         assert_eq!(
             agent.conflicts_logged("remote_claim", addr),
             1,

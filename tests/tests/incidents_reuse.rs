@@ -15,17 +15,13 @@ use std::{collections::BTreeMap, net::IpAddr, time::Duration};
 
 use ipq_tests::lab::{
     map_entry as entry, pod_a_and_peer, poll, udp_burst, udp_burst_with, wait_claimed_at_start,
-    wait_for_entry, Agent, Lab, MapEntry, UdpSender, POD_A_V4, POD_A_V6, POD_B_LLADDR,
+    wait_for_entry, Agent, Lab, UdpSender, POD_A_V4, POD_A_V6, POD_B_LLADDR,
 };
 
 /// Datagrams per burst.
 const N: usize = 20;
 /// How long the agent may take to act on a netlink event.
 const SETTLE: Duration = Duration::from_secs(5);
-
-fn wait_for(lab: &Lab, addr: IpAddr, want: &MapEntry) {
-    wait_for_entry(lab, addr, want, SETTLE);
-}
 
 /// Routing tables of the node sockets bound to vethpa / vethpb.
 const TABLE_VIA_A: u32 = 101;
@@ -123,7 +119,7 @@ fn swarmkit_2407_early_reuse_fences_the_terminating_pod_both_ways_and_the_new_po
     for (addr, peer) in pod_a_and_peer() {
         // Pod a terminates: its route is withdrawn while its process still runs.
         lab.del_host_route("vethpa", addr).expect("withdrawing");
-        wait_for(&lab, addr, &entry("draining", vethpa, 0));
+        wait_for_entry(&lab, addr, &entry("draining", vethpa, 0), SETTLE);
         let before = agent.scrape().expect("scrape");
         assert_eq!(
             udp_burst_with(
@@ -154,7 +150,7 @@ fn swarmkit_2407_early_reuse_fences_the_terminating_pod_both_ways_and_the_new_po
             .expect("giving pod b the address");
         lab.add_host_route("vethpb", addr, None)
             .expect("pod b's host route");
-        wait_for(&lab, addr, &entry("active", vethpb, vethpa));
+        wait_for_entry(&lab, addr, &entry("active", vethpb, vethpa), SETTLE);
 
         let (a_out, a_in) = pod_traffic(&lab, "a", addr, peer);
         let b_out = udp_burst_with(
@@ -256,8 +252,8 @@ fn whereabouts_duplicate(policy: &str, a_through: bool, b_through: bool) {
     for (addr, _) in pod_a_and_peer() {
         assert_conflicts_logged(&agent, "early_reuse", addr, 1);
         match policy {
-            "fence-old" => wait_for(&lab, addr, &entry("active", vethpb, vethpa)),
-            "refuse-new" => wait_for(&lab, addr, &entry("active", vethpa, vethpb)),
+            "fence-old" => wait_for_entry(&lab, addr, &entry("active", vethpb, vethpa), SETTLE),
+            "refuse-new" => wait_for_entry(&lab, addr, &entry("active", vethpa, vethpb), SETTLE),
             _ => {}
         }
     }
@@ -330,7 +326,7 @@ fn refuse_new_blocks_a_netlink_claimant_until_the_old_holder_is_gone_then_lets_i
             .expect("giving pod b the address");
         lab.add_host_route("vethpb", addr, Some(2000))
             .expect("pod b's host route");
-        wait_for(&lab, addr, &entry("active", vethpa, vethpb));
+        wait_for_entry(&lab, addr, &entry("active", vethpa, vethpb), SETTLE);
     }
     for (addr, peer) in pod_a_and_peer() {
         let a_out = udp_burst_with(
@@ -366,7 +362,7 @@ fn refuse_new_blocks_a_netlink_claimant_until_the_old_holder_is_gone_then_lets_i
         .ip(&["link", "del", "vethpa"])
         .expect("deleting vethpa");
     for (addr, _) in pod_a_and_peer() {
-        wait_for(&lab, addr, &entry("active", vethpb, 0));
+        wait_for_entry(&lab, addr, &entry("active", vethpb, 0), SETTLE);
     }
     let before = agent.scrape().expect("scrape");
     for (addr, peer) in pod_a_and_peer() {

@@ -6,6 +6,7 @@ use std::{
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
     path::Path,
 };
+use strum::VariantArray as _;
 
 use anyhow::{anyhow, bail, Context as _};
 use aya::programs::{SchedClassifier, TestRun, TestRunOptions, Xdp};
@@ -558,7 +559,7 @@ fn cases() -> Vec<Case> {
     }
     extension_header_cases(&mut add);
     // Frames no program parses, for every hook.
-    for hook in Hook::ALL {
+    for &hook in Hook::VARIANTS {
         let lldp = ethernet(Vlan::Untagged, ETH_P_LLDP, &[0u8; 40]);
         add(
             "non-ip (lldp)".into(),

@@ -1,7 +1,7 @@
 //! The CNI spool: DELs that `ipq-cni` could not hand to an agent, replayed at start and on
 //! every tick.
 
-use ipq_cni::spool;
+use ipq_fs::spool;
 use log::{error, info, warn};
 
 use crate::tracker::Tracker;

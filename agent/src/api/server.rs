@@ -15,7 +15,7 @@ use std::{
 
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
-use ipq_cni::safe_fs::{self, DirAccess, DirError};
+use ipq_fs::safe_fs::{self, DirAccess, DirError};
 use log::{debug, info, warn};
 use thiserror::Error;
 use tokio::{

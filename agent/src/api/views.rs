@@ -21,6 +21,10 @@ use super::model::{
     AddressView, ApiErrorBody, ClaimFlushView, ConflictView, ErrorCode, EventBody, InterfaceStatus,
     PendingWriteView, RecoveryView, RegistryCounts, StartedView, Status, VerificationView,
 };
+/// What a policy did about a conflict, as `ConflictView::outcome` says it: the API's type.
+pub use ipq_api::ConflictOutcome as Outcome;
+use ipq_api::TcAttachMode;
+
 use crate::{
     config::{EarlyReusePolicy, Mode},
     netdev,
@@ -101,54 +105,33 @@ pub fn address_view(record: &AddrRecord, time: &TimeBase) -> AddressView {
     }
 }
 
-/// What a policy did about a conflict, as `ConflictView::outcome` says it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, strum::Display)]
-#[strum(serialize_all = "snake_case")]
-pub enum Outcome {
-    /// The old holder's traffic with the address is dropped; the claimant has it.
-    FencedOld,
-    /// The address had no live holder: the claimant simply has it.
-    Claimed,
-    /// An explicit claim was refused (`refuse-new`).
-    RefusedNew,
-    /// A claimant seen on netlink is kept out until the address is free (`refuse-new`).
-    BlockedNew,
-    /// Let through and counted only (`observe`).
-    Observed,
-    /// The offending packets are dropped (duplicate source).
-    Dropped,
-    /// Reported only (a remote claim over an Active holder).
-    Reported,
-}
-
-impl Outcome {
-    /// What the policy did about `conflict`, judged from its address's record after it (none
-    /// once the address is free) under the agent's `mode`.
-    pub fn of(conflict: &Conflict, record: Option<&AddrRecord>, mode: Mode) -> Self {
-        let old_fenced = match (record, &conflict.old) {
-            (Some(record), Some(old)) => record.is_fenced(old),
-            _ => false,
-        };
-        let duplicate = verdict::action_for_address(
-            mode,
-            Reason::DuplicateSource,
-            record.is_some_and(|r| r.observe_only),
-        );
-        match conflict.kind {
-            ConflictKind::EarlyReuse | ConflictKind::ReuseInCooldown => match conflict.policy {
-                EarlyReusePolicy::Observe => Self::Observed,
-                EarlyReusePolicy::RefuseNew => Self::BlockedNew,
-                EarlyReusePolicy::FenceOld if old_fenced => Self::FencedOld,
-                EarlyReusePolicy::FenceOld => Self::Claimed,
-            },
-            ConflictKind::DuplicateSource => match duplicate {
-                Action::Dropped => Self::Dropped,
-                Action::Observed => Self::Observed,
-                Action::Reported => Self::Reported,
-            },
-            ConflictKind::RemoteClaim if old_fenced => Self::FencedOld,
-            ConflictKind::RemoteClaim => Self::Reported,
-        }
+/// What a policy did about a conflict, as `ConflictView::outcome` says it: the API's type.
+/// What the policy did about `conflict`, judged from its address's record after it (none once
+/// the address is free) under the agent's `mode`.
+pub fn outcome_of(conflict: &Conflict, record: Option<&AddrRecord>, mode: Mode) -> Outcome {
+    let old_fenced = match (record, &conflict.old) {
+        (Some(record), Some(old)) => record.is_fenced(old),
+        _ => false,
+    };
+    let duplicate = verdict::action_for_address(
+        mode,
+        Reason::DuplicateSource,
+        record.is_some_and(|r| r.observe_only),
+    );
+    match conflict.kind {
+        ConflictKind::EarlyReuse | ConflictKind::ReuseInCooldown => match conflict.policy {
+            EarlyReusePolicy::Observe => Outcome::Observed,
+            EarlyReusePolicy::RefuseNew => Outcome::BlockedNew,
+            EarlyReusePolicy::FenceOld if old_fenced => Outcome::FencedOld,
+            EarlyReusePolicy::FenceOld => Outcome::Claimed,
+        },
+        ConflictKind::DuplicateSource => match duplicate {
+            Action::Dropped => Outcome::Dropped,
+            Action::Observed => Outcome::Observed,
+            Action::Reported => Outcome::Reported,
+        },
+        ConflictKind::RemoteClaim if old_fenced => Outcome::FencedOld,
+        ConflictKind::RemoteClaim => Outcome::Reported,
     }
 }
 
@@ -159,7 +142,7 @@ pub fn conflict_view(conflict: &Conflict, outcome: Outcome, time: &TimeBase) -> 
         old_holder: conflict.old.clone(),
         new_holder: conflict.new.clone(),
         policy: conflict.policy,
-        outcome: outcome.to_string(),
+        outcome,
         at: time.rfc3339(conflict.at),
     }
 }
@@ -210,10 +193,7 @@ impl ApiError {
 /// A kernel sample as an event: `seen_on` names the interface it came through, `holder` is the
 /// address's holder as the registry knows it.
 pub fn sample_body(sample: &ConflictSample, seen_on: String, holder: Option<Holder>) -> EventBody {
-    let hook = Hook::ALL
-        .into_iter()
-        .find(|h| *h as u32 == sample.hook)
-        .map_or("unknown", Hook::as_str);
+    let hook = Hook::from_repr(sample.hook).map_or("unknown", Hook::as_str);
     let m = sample.src_mac;
     EventBody::Sample {
         address: sample.addr.to_ip(),
@@ -243,7 +223,7 @@ pub struct StatusFacts {
     /// Why not ready: starting, or the unprotected interfaces with their errors.
     pub not_ready: Option<String>,
     /// How TC programs attach: `tcx` or `netlink`.
-    pub tc_attach: &'static str,
+    pub tc_attach: TcAttachMode,
     /// How a claim's conntrack entries are flushed, once the probe decided.
     pub conntrack_claim_flush: Option<ClaimFlushView>,
     pub mode: Mode,
@@ -278,7 +258,7 @@ pub fn status_view<C: Clock>(
     Status {
         ready: facts.ready,
         not_ready: facts.not_ready,
-        tc_attach: facts.tc_attach.to_owned(),
+        tc_attach: facts.tc_attach,
         unprotected,
         conntrack_claim_flush: facts.conntrack_claim_flush,
         version: env!("CARGO_PKG_VERSION").to_owned(),

@@ -2,6 +2,7 @@
 //! inspects or repairs the pinned datapath directly (break-glass, works with no agent running).
 
 use std::{net::IpAddr, path::PathBuf, process::ExitCode};
+use strum::VariantArray as _;
 
 use anyhow::{bail, Context as _};
 use clap::{Args, Parser, Subcommand};
@@ -173,9 +174,9 @@ fn datapath_command(command: DatapathCommand) -> anyhow::Result<()> {
                     entry.fenced_ifindex
                 );
             }
-            for action in Action::ALL {
-                for hook in Hook::ALL {
-                    for reason in Reason::ALL {
+            for &action in Action::VARIANTS {
+                for &hook in Hook::VARIANTS {
+                    for &reason in Reason::VARIANTS {
                         let c = counters[counter_index(action, hook, reason) as usize];
                         if c.packets > 0 {
                             println!(

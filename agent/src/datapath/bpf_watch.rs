@@ -26,6 +26,7 @@ use ipq_common::{
     names,
     watch::{BpfCall, BpfCmd, MAP_BPF_CALLS, MAP_WATCHED, PROG_WATCH_BPF, WATCHED_TRACEPOINT},
 };
+use strum::VariantArray as _;
 use tokio::sync::Notify;
 
 use super::{program, DatapathError};
@@ -190,7 +191,7 @@ impl Classifier {
 
     /// Whether ipq holds a link on `ifindex` (its pin is there): three lookups.
     fn holds_links_on(&self, ifindex: u32) -> bool {
-        AttachPoint::ALL
+        AttachPoint::VARIANTS
             .iter()
             .any(|point| self.layout.link(ifindex, *point).exists())
     }

@@ -27,7 +27,7 @@ pub enum DatapathError {
     #[error(transparent)]
     Locked(#[from] lock::LockError),
     #[error("bpffs_dir: {0}")]
-    Dir(#[from] ipq_cni::safe_fs::DirError),
+    Dir(#[from] ipq_fs::safe_fs::DirError),
     #[error(
         "pinned map {path} does not fit this agent ({what}: pinned {pinned}, needed {needed}); \
          it was made by an incompatible ipq version: drain the node, remove {path} and restart"

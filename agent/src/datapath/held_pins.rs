@@ -255,7 +255,7 @@ impl fmt::Display for PinLoss {
 /// bpffs_dir/links`), the way the agent makes it.
 fn repin(fd: &OwnedFd, path: &Path) -> io::Result<()> {
     if let Some(dir) = path.parent().filter(|dir| !dir.exists()) {
-        ipq_cni::safe_fs::ensure_dir(dir, ipq_cni::safe_fs::DirAccess::Traversable)
+        ipq_fs::safe_fs::ensure_dir(dir, ipq_fs::safe_fs::DirAccess::Traversable)
             .map_err(|e| io::Error::other(e.to_string()))?;
     }
     obj_pin(fd, path)

@@ -73,9 +73,9 @@ pub(super) fn check_bpffs(path: &Path) -> Result<(), DatapathError> {
 /// Creates or checks a directory of pins: owned by the agent's user and writable by nobody
 /// else, who could otherwise unlink the link pins and so detach enforcement.
 pub(super) fn create_dir(path: &Path) -> Result<(), DatapathError> {
-    Ok(ipq_cni::safe_fs::ensure_dir(
+    Ok(ipq_fs::safe_fs::ensure_dir(
         path,
-        ipq_cni::safe_fs::DirAccess::Traversable,
+        ipq_fs::safe_fs::DirAccess::Traversable,
     )?)
 }
 

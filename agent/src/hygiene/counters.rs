@@ -3,6 +3,7 @@
 //! the rest of the agent's metrics.
 
 use prometheus::{IntCounter, IntCounterVec, Opts, Registry};
+use strum::VariantArray as _;
 
 use super::Step;
 use crate::series::registered;
@@ -31,7 +32,7 @@ impl HygieneCounters {
                 &["step"],
             )?,
         )?;
-        for step in Step::ALL {
+        for &step in Step::VARIANTS {
             failures.with_label_values(&[step.as_str()]).inc_by(0);
         }
         Ok(Self {

@@ -17,6 +17,7 @@
 //! after the start-up probe (`flush_probe`) has seen the kernel honour the filter.
 
 use std::net::IpAddr;
+use strum::VariantArray as _;
 
 use netlink_packet_core::{DefaultNla, NetlinkDeserializable, NetlinkHeader, NetlinkSerializable};
 use netlink_packet_netfilter::{
@@ -37,17 +38,12 @@ const FILTER_IP_DST: u32 = 1 << 1;
 const NFNETLINK_V1: u8 = 1;
 
 /// Which tuple, and which side of it, one deletion matches the address in.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, strum::VariantArray)]
 pub(super) enum Place {
     OrigSrc,
     OrigDst,
     ReplySrc,
     ReplyDst,
-}
-
-impl Place {
-    pub(super) const ALL: [Place; 4] =
-        [Self::OrigSrc, Self::OrigDst, Self::ReplySrc, Self::ReplyDst];
 }
 
 pub(super) fn family_of(addr: IpAddr) -> NetfilterProtoFamily {
@@ -124,7 +120,7 @@ fn message(addr: IpAddr, place: Place) -> NetfilterMessage {
 
 /// The four deletions that together take every entry carrying `addr` in either tuple.
 pub(super) fn deletions(addr: IpAddr) -> Vec<FilteredDeletion> {
-    Place::ALL.iter().map(|p| deletion(addr, *p)).collect()
+    Place::VARIANTS.iter().map(|p| deletion(addr, *p)).collect()
 }
 
 /// Is `message` the kernel's notice that it deleted an entry (echoed with `NLM_F_ECHO`)?

@@ -65,6 +65,16 @@ impl Trigger {
     }
 }
 
+/// The one place a trigger becomes the API's name for it (the journal keeps this type).
+impl From<Trigger> for ipq_api::HygieneTrigger {
+    fn from(trigger: Trigger) -> Self {
+        match trigger {
+            Trigger::HolderGone => Self::HolderGone,
+            Trigger::NewHolder => Self::NewHolder,
+        }
+    }
+}
+
 /// One address to clean.
 #[derive(Debug)]
 pub struct Job {
@@ -98,6 +108,16 @@ impl FlushMethod {
     }
 }
 
+/// The one place a flush method becomes the API's name for it (the journal keeps this type).
+impl From<FlushMethod> for ipq_api::ConntrackFlush {
+    fn from(method: FlushMethod) -> Self {
+        match method {
+            FlushMethod::Dump => Self::Dump,
+            FlushMethod::Kernel => Self::Kernel,
+        }
+    }
+}
+
 /// How a claim's conntrack entries are flushed, per family: `kernel` (the kernel's filtered
 /// flush) or `dump (<why>)`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -110,6 +130,7 @@ pub struct ClaimFlush {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, strum::IntoStaticStr)]
 #[strum(serialize_all = "snake_case")]
 #[serde(rename_all = "snake_case")]
+#[derive(strum::VariantArray)]
 pub enum Step {
     Conntrack,
     Neighbours,
@@ -117,8 +138,6 @@ pub enum Step {
 }
 
 impl Step {
-    pub const ALL: [Step; 3] = [Self::Conntrack, Self::Neighbours, Self::Announce];
-
     pub fn as_str(self) -> &'static str {
         self.into()
     }

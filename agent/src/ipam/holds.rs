@@ -11,7 +11,7 @@ use std::{
 };
 
 use ipq_api::model::HeldRelease;
-use ipq_cni::spool::Spooled;
+use ipq_fs::spool::Spooled;
 
 /// One held allocation's address.
 #[derive(Clone, Debug, PartialEq, Eq)]

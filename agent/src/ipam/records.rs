@@ -13,7 +13,7 @@ use std::{
 };
 
 use ipq_api::model::{file_name, AllocationRecord};
-use ipq_cni::{ipam::records, spool::SpoolError};
+use ipq_fs::{records, spool::SpoolError};
 
 /// Why a record was not kept.
 #[derive(Debug, thiserror::Error)]

@@ -79,7 +79,7 @@ pub enum JournalError {
     #[error("journal {path}: {source}")]
     Io { path: PathBuf, source: io::Error },
     #[error("state_dir: {0}")]
-    Dir(#[from] ipq_cni::safe_fs::DirError),
+    Dir(#[from] ipq_fs::safe_fs::DirError),
     #[error("journal {path} is corrupt ({reason}); moved to {moved_to}")]
     Corrupt {
         path: PathBuf,
@@ -201,7 +201,7 @@ fn invalid_data(e: impl std::fmt::Display) -> io::Error {
 impl<E: Entry> Journal<E> {
     /// Opens (creating, mode 0700) the state directory.
     pub fn open(state_dir: &Path) -> Result<Self, JournalError> {
-        ipq_cni::safe_fs::ensure_private_dir(state_dir)?;
+        ipq_fs::safe_fs::ensure_private_dir(state_dir)?;
         Ok(Self {
             dir: state_dir.to_owned(),
             file: JOURNAL_FILE.to_owned(),

@@ -9,6 +9,7 @@ use std::sync::{
     atomic::{AtomicU64, Ordering},
     Arc,
 };
+use strum::VariantArray as _;
 
 use ipq_common::counters::{counter_index, Action, Counter, Hook, Reason, SAMPLES_LOST_INDEX};
 use log::warn;
@@ -93,7 +94,7 @@ pub(super) struct DatapathCollector {
 impl DatapathCollector {
     pub(super) fn new(read: ReadCounters, lost: LostCounts) -> Result<Self, prometheus::Error> {
         let mut descs = Vec::new();
-        for action in Action::ALL {
+        for &action in Action::VARIANTS {
             let (packets, bytes) = packet_families(action)?;
             descs.extend(packets.desc().into_iter().cloned());
             descs.extend(bytes.desc().into_iter().cloned());
@@ -123,10 +124,10 @@ impl DatapathCollector {
         // Without the kernel's numbers the packet families are left out rather than shown as
         // zeros: a counter dropping to zero would read as a reset to rate().
         if let Some(values) = &values {
-            for action in Action::ALL {
+            for &action in Action::VARIANTS {
                 let (packets, bytes) = packet_families(action)?;
-                for hook in Hook::ALL {
-                    for reason in Reason::ALL {
+                for &hook in Hook::VARIANTS {
+                    for &reason in Reason::VARIANTS {
                         let c = values[counter_index(action, hook, reason) as usize];
                         let labels = [hook.as_str(), reason.as_str()];
                         packets.with_label_values(&labels).inc_by(c.packets);

@@ -3,6 +3,7 @@
 //! work from the first scrape.
 
 use std::sync::{atomic::AtomicU64, Arc};
+use strum::VariantArray as _;
 
 use ipq_common::counters::Hook;
 use prometheus::{
@@ -62,7 +63,7 @@ impl Metrics {
                 &["hook"],
             )?,
         )?;
-        for hook in Hook::ALL {
+        for &hook in Hook::VARIANTS {
             datapath_interfaces
                 .with_label_values(&[hook.as_str()])
                 .set(0);
@@ -126,8 +127,8 @@ impl Metrics {
                  addresses)).",
             )?,
         )?;
-        for hook in Hook::ALL {
-            for what in crate::datapath::attach::Lost::ALL {
+        for &hook in Hook::VARIANTS {
+            for what in crate::datapath::attach::Lost::VARIANTS {
                 attachments_lost
                     .with_label_values(&[hook.as_str(), what.as_str()])
                     .inc_by(0);
@@ -245,7 +246,7 @@ impl Metrics {
             )?,
         )?;
         for state in STATES {
-            addresses.with_label_values(&[state.as_str()]).set(0);
+            addresses.with_label_values(&[state.as_ref()]).set(0);
         }
         let conflicts = registered(
             &registry,
@@ -261,8 +262,8 @@ impl Metrics {
                 &["kind"],
             )?,
         )?;
-        for kind in ConflictKind::ALL {
-            conflicts.with_label_values(&[kind.as_str()]).inc_by(0);
+        for &kind in ConflictKind::VARIANTS {
+            conflicts.with_label_values(&[kind.as_ref()]).inc_by(0);
         }
         let refused_claims = registered(
             &registry,

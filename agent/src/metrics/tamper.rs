@@ -3,6 +3,7 @@
 //! of its own.
 
 use std::collections::BTreeMap;
+use strum::VariantArray as _;
 
 use ipq_common::{counters::Hook, names};
 use prometheus::{Gauge, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
@@ -96,7 +97,7 @@ impl TamperMetrics {
                 &["hook"],
             )?,
         )?;
-        for hook in Hook::ALL {
+        for &hook in Hook::VARIANTS {
             bypassed_interfaces
                 .with_label_values(&[hook.as_str()])
                 .set(0);
@@ -119,15 +120,15 @@ impl TamperMetrics {
         points: impl Iterator<Item = AttachPoint>,
         counts: &BTreeMap<AttachPoint, u64>,
     ) {
-        let mut now = [0i64; Hook::ALL.len()];
+        let mut now = [0i64; Hook::VARIANTS.len()];
         for point in points {
             now[point.hook() as usize] += 1;
         }
-        let mut seen = [0u64; Hook::ALL.len()];
+        let mut seen = [0u64; Hook::VARIANTS.len()];
         for (point, n) in counts {
             seen[point.hook() as usize] += n;
         }
-        for hook in Hook::ALL {
+        for &hook in Hook::VARIANTS {
             let label = [hook.as_str()];
             self.bypassed_interfaces
                 .with_label_values(&label)

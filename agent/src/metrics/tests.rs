@@ -8,6 +8,7 @@ use std::{
         Arc,
     },
 };
+use strum::VariantArray as _;
 
 use ipq_common::counters::{
     counter_index, Action, Counter, Hook, Reason, COUNTER_SLOTS, SAMPLES_LOST_INDEX,
@@ -83,8 +84,8 @@ fn every_labelled_family_has_all_its_series_at_the_first_scrape() {
         Counter::default();
         COUNTER_SLOTS as usize
     ]));
-    let hook_reasons = set(Hook::ALL.iter().flat_map(|h| {
-        Reason::ALL
+    let hook_reasons = set(Hook::VARIANTS.iter().flat_map(|h| {
+        Reason::VARIANTS
             .iter()
             .map(move |r| format!("hook={},reason={}", h.as_str(), r.as_str()))
     }));
@@ -233,11 +234,11 @@ fn every_family_follows_the_naming_conventions() {
 #[test]
 fn packet_counters_carry_the_kernel_slot_of_their_action_hook_and_reason() {
     let families = gather(&metrics_reading(distinct_counters()));
-    for action in Action::ALL {
+    for &action in Action::VARIANTS {
         let packets = series(&families, &format!("ipq_{}_packets_total", action.as_str()));
         let bytes = series(&families, &format!("ipq_{}_bytes_total", action.as_str()));
-        for hook in Hook::ALL {
-            for reason in Reason::ALL {
+        for &hook in Hook::VARIANTS {
+            for &reason in Reason::VARIANTS {
                 let key = format!("hook={},reason={}", hook.as_str(), reason.as_str());
                 let slot = f64::from(counter_index(action, hook, reason));
                 assert_eq!(packets[&key], slot, "{action:?} packets {key}");

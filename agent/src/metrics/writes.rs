@@ -30,7 +30,7 @@ impl WriteMetrics {
             )?,
         )?;
         for op in [MapWrite::Update, MapWrite::Delete] {
-            failures.with_label_values(&[op.as_str()]).inc_by(0);
+            failures.with_label_values(&[op.as_ref()]).inc_by(0);
         }
         let pending = registered(
             registry,

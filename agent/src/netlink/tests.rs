@@ -425,6 +425,7 @@ fn a_link_recreated_under_its_index_keeps_its_routes_after_a_resync() {
 #[test]
 fn the_event_socket_buffer_outgrows_rmem_max() {
     use std::os::fd::AsRawFd;
+    crate::needs_root::needs_root("set a netlink socket's buffer past net.core.rmem_max");
     let socket = netlink_sys::Socket::new(netlink_sys::protocols::NETLINK_ROUTE).unwrap();
     widen_receive_buffer(&socket);
     let mut size: libc::c_int = 0;

@@ -27,6 +27,7 @@ use std::{
     time::Duration,
 };
 
+use ipq_api::PublishState;
 use tokio::sync::mpsc;
 
 pub use entry::{status_body, EntryState, PublishedEntry};
@@ -108,7 +109,7 @@ pub fn start_with<S: Sink + Send + 'static>(
     let (changes, received) = mpsc::unbounded_channel();
     let view = Arc::new(Mutex::new(PublishView {
         node: node.clone(),
-        state: "starting".to_owned(),
+        state: PublishState::Starting,
         ..PublishView::default()
     }));
     let writer = run(node, sink, received, timing, view.clone(), metrics);

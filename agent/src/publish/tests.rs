@@ -114,7 +114,7 @@ async fn a_burst_of_changes_is_a_few_writes_and_each_change_is_written_within_th
         .unwrap()
         .iter()
         .any(|e| e["address"] == addr(7).to_string()));
-    assert_eq!(feed.view().state, "published");
+    assert_eq!(feed.view().state, PublishState::Published);
 }
 
 #[tokio::test(start_paused = true)]
@@ -158,7 +158,7 @@ async fn an_unreachable_api_server_is_retried_with_backoff_counted_shown_and_cau
     assert_eq!(metrics.publish.writes.get(), 0);
     assert!(metrics.publish.pending_ms.get() >= 19_000);
     let view = feed.view();
-    assert_eq!(view.state, "failing");
+    assert_eq!(view.state, PublishState::Failing);
     assert_eq!(view.failures_total as usize, attempts.len());
     assert!(
         view.last_error
@@ -176,7 +176,7 @@ async fn an_unreachable_api_server_is_retried_with_backoff_counted_shown_and_cau
     assert_eq!(writes.len(), 1, "one write catches up");
     assert_eq!(listed(&writes[0].1), 20);
     let view = feed.view();
-    assert_eq!(view.state, "published");
+    assert_eq!(view.state, PublishState::Published);
     assert_eq!(view.last_error, None);
     assert_eq!(metrics.publish.pending_ms.get(), 0);
 }

@@ -8,6 +8,7 @@ use std::{
     time::{Duration, SystemTime},
 };
 
+use ipq_api::PublishState;
 use log::{info, warn};
 use serde_json::Value;
 use thiserror::Error;
@@ -170,8 +171,8 @@ impl Writer {
             .set(i64::try_from(waited).unwrap_or(i64::MAX));
         if self.waiting_since().is_some() && self.failing_since.is_none() {
             let mut view = lock(&self.view);
-            if view.state == "published" {
-                view.state = "pending".to_owned();
+            if view.state == PublishState::Published {
+                view.state = PublishState::Pending;
             }
         }
     }
@@ -213,7 +214,7 @@ impl Writer {
                 }
                 self.last_logged = None;
                 let mut view = lock(&self.view);
-                view.state = "published".to_owned();
+                view.state = PublishState::Published;
                 view.last_published_at =
                     Some(humantime::format_rfc3339_millis(SystemTime::now()).to_string());
                 view.entries = body.listed as u64;
@@ -229,7 +230,7 @@ impl Writer {
                 self.log_failure(&e);
                 self.retry_delay = (self.retry_delay * 2).min(self.timing.max_retry);
                 let mut view = lock(&self.view);
-                view.state = "failing".to_owned();
+                view.state = PublishState::Failing;
                 view.failures_total += 1;
                 view.last_error = Some(format!("{}: {e}", <&str>::from(e.reason)));
                 view.failing_since = Some(humantime::format_rfc3339_millis(since).to_string());

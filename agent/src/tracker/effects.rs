@@ -8,7 +8,7 @@ use log::warn;
 
 use super::Tracker;
 use crate::{
-    api::views::Outcome,
+    api::views::outcome_of,
     registry::{AddrStatus, Effect, RegistryError},
 };
 
@@ -37,7 +37,7 @@ impl Tracker {
                 }
                 Effect::Conflict(conflict) => {
                     let record = self.registry.get(conflict.addr);
-                    let outcome = Outcome::of(&conflict, record, self.config.mode);
+                    let outcome = outcome_of(&conflict, record, self.config.mode);
                     self.observer.conflict(&conflict, outcome);
                 }
                 Effect::Transition {

@@ -166,7 +166,7 @@ impl Enforcer {
         self.metrics
             .writes
             .failures
-            .with_label_values(&[op.as_str()])
+            .with_label_values(&[op.as_ref()])
             .inc();
         if self.pending.failed(addr, wanted, e.to_string()) {
             error!(

@@ -143,7 +143,7 @@ mod tests {
             old_holder: Some(Holder::new(2, "veth0")),
             new_holder: Some(Holder::new(3, "veth1")),
             policy: crate::config::EarlyReusePolicy::FenceOld,
-            outcome: "fenced_old".into(),
+            outcome: ipq_api::ConflictOutcome::FencedOld,
             at: "2026-11-22T10:00:00Z".into(),
         };
         hub.conflict(view.clone());

@@ -25,10 +25,10 @@ use crate::{
 pub fn hygiene_view(report: &Report, time: Option<&TimeBase>) -> HygieneView {
     HygieneView {
         address: report.address,
-        trigger: report.trigger.as_str().to_owned(),
+        trigger: report.trigger.into(),
         at: time.map_or_else(String::new, |t| t.rfc3339(report.finished_ns)),
         conntrack_entries: report.conntrack_entries,
-        conntrack_flush: report.conntrack_flush.as_str().to_owned(),
+        conntrack_flush: Some(report.conntrack_flush.into()),
         neighbours: report.neighbours,
         announcements: report.announcements,
         announce_skipped: report.announce_skipped.clone(),

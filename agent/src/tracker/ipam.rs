@@ -5,7 +5,7 @@
 use std::{collections::BTreeSet, net::IpAddr};
 
 use ipq_api::model::{AllocationRecord, HeldRelease};
-use ipq_cni::{paths, spool};
+use ipq_fs::{paths, spool};
 use log::{debug, warn};
 
 use super::Tracker;
@@ -172,7 +172,7 @@ fn release_file_name(record: &AllocationRecord) -> String {
 
 /// The release stored at `path`, if there is one that reads.
 fn read_stored(path: &std::path::Path) -> Option<HeldRelease> {
-    let bytes = ipq_cni::safe_fs::read_regular(path).ok()?;
+    let bytes = ipq_fs::safe_fs::read_regular(path).ok()?;
     serde_json::from_slice(&bytes).ok()
 }
 

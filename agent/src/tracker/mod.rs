@@ -132,7 +132,7 @@ impl Tracker {
     ) -> Self {
         let settings = RegistrySettings::from(&config);
         let ipam_records = crate::ipam::records::Records::new(
-            ipq_cni::paths::ipam_allocation_dir(&config.state_dir),
+            ipq_fs::paths::ipam_allocation_dir(&config.state_dir),
             config.capacity as usize,
         );
         Self {

@@ -46,7 +46,7 @@ impl Observer {
     pub fn conflict(&mut self, conflict: &Conflict, outcome: Outcome) {
         self.metrics
             .conflicts
-            .with_label_values(&[conflict.kind.as_str()])
+            .with_label_values(&[conflict.kind.as_ref()])
             .inc();
         let view: ConflictView = conflict_view(conflict, outcome, &TimeBase::now());
         if self.feed.may_log() {
@@ -68,7 +68,7 @@ impl Observer {
     ) {
         let shown = holder.as_ref().map(|h| h.to_string()).unwrap_or_default();
         // Per address: the event feed has every one; the log only when asked.
-        debug!(target: "ipq::transition", "{addr}: {} -> {} {shown}", from.as_str(), to.as_str());
+        debug!(target: "ipq::transition", "{addr}: {from} -> {to} {shown}");
         let at = TimeBase::now().rfc3339(netdev::monotonic_ns());
         self.feed.publish(
             at,

@@ -13,14 +13,9 @@ use crate::{
     registry::{entry, AddrRecord, Snapshot, SNAPSHOT_VERSION},
 };
 
-/// How the registry came back at start.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Recovery {
-    /// From the journal.
-    Journal,
-    /// The journal was missing or unusable: rebuilt from the pinned maps.
-    PinnedMaps,
-}
+/// How the registry came back at start: from the journal, or (the journal missing or unusable)
+/// rebuilt from the pinned maps; the API's name for it, which `ipq status` shows.
+pub use ipq_api::RecoveredFrom as Recovery;
 
 impl Tracker {
     /// Brings the registry back from the journal as loaded (`Journal::load`'s answer: the
@@ -136,11 +131,7 @@ impl Tracker {
             }
         }
         self.recovered = Some(RecoveryView {
-            from: match recovery {
-                Recovery::Journal => "journal",
-                Recovery::PinnedMaps => "pinned_maps",
-            }
-            .to_owned(),
+            from: recovery,
             addresses: self.registry.len() as u64,
             problems,
         });

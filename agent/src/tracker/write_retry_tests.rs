@@ -49,7 +49,7 @@ fn failures(t: &Tracker, op: MapWrite) -> u64 {
     t.metrics
         .writes
         .failures
-        .with_label_values(&[op.as_str()])
+        .with_label_values(&[op.as_ref()])
         .get()
 }
 

@@ -4,7 +4,7 @@ use std::net::IpAddr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::PodRef;
+use crate::{PodRef, StateName};
 
 /// `POST /v1/claims`: `holder` claims every address in `addresses`, all or none.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -111,8 +111,8 @@ pub struct ExhaustedRequest {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DatapathEntryRequest {
-    /// `active`, `draining` or `quarantined`.
-    pub state: String,
+    /// `active`, `draining` or `quarantined` (the agent refuses `free`).
+    pub state: StateName,
     /// The interface of the holder whose traffic flows (required but for `quarantined`).
     #[serde(default)]
     pub holder: Option<String>,

@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use ipq_common::config::Mode;
 
 use super::PendingWriteView;
-use crate::{EarlyReusePolicy, Protection};
+use crate::{Attachment, EarlyReusePolicy, Protection, RecoveredFrom, TcAttachMode};
 
 /// `GET /v1/status`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -16,8 +16,9 @@ pub struct Status {
     pub not_ready: Option<String>,
     /// How TC programs attach on this node: `tcx`, `netlink`, or `netlink-then-tcx` (`auto` on
     /// a kernel with TCX: the netlink filter at once, a TCX link in the background).
+    /// `unknown` from an agent before the field.
     #[serde(default)]
-    pub tc_attach: String,
+    pub tc_attach: TcAttachMode,
     /// Interfaces the configuration names that are not protected (attaching or failed).
     #[serde(default)]
     pub unprotected: u64,
@@ -69,8 +70,9 @@ pub struct PublishView {
     /// The node, which the object is named after.
     pub node: String,
     /// `starting`, `published` (the object holds what the agent has), `pending` (a change
-    /// waits for the next write) or `failing` (writes fail; retried with backoff).
-    pub state: String,
+    /// waits for the next write) or `failing` (writes fail; retried with backoff); `unknown`
+    /// for a state of a newer agent.
+    pub state: crate::PublishState,
     /// When a write last succeeded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_published_at: Option<String>,
@@ -104,7 +106,7 @@ pub struct StartedView {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RecoveryView {
     /// `journal` or `pinned_maps`.
-    pub from: String,
+    pub from: RecoveredFrom,
     /// Addresses in the registry once recovered.
     pub addresses: u64,
     /// What recovery found wrong or set aside: a torn tail dropped, a corrupt journal kept
@@ -165,7 +167,7 @@ pub struct InterfaceStatus {
     /// `tc_attach = "auto"` on a TCX kernel, until its TCX link is in), `xdp`, or
     /// `tcx+netlink` halfway through that move. Absent while nothing is attached.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub attachment: Option<String>,
+    pub attachment: Option<Attachment>,
     /// The last attach error while not protected.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,

@@ -4,7 +4,10 @@ use std::net::IpAddr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{ConflictKind, EarlyReusePolicy, Holder, MapWrite, Protection, StateName};
+use crate::{
+    Attachment, ConflictKind, ConflictOutcome, ConntrackFlush, EarlyReusePolicy, HoldRelease,
+    Holder, HygieneTrigger, MapWrite, Protection, StateName,
+};
 
 /// The answer to a claim: the addresses as they are now, and the conflicts the claim caused
 /// (under `fence-old` or `observe` a claim over a live holder succeeds *and* conflicts).
@@ -64,7 +67,7 @@ pub struct AddressView {
     /// What holds ipq's programs on that interface: `tcx`, `netlink`, `tcx+netlink` (as in
     /// `/v1/status`); left out when nothing is attached there.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub attachment: Option<String>,
+    pub attachment: Option<Attachment>,
     /// An early reuse of it was let through (`on_early_reuse = observe`): conflicts between its
     /// holders are counted, never dropped, until it is Free again.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -133,7 +136,7 @@ pub struct IpamHoldView {
     pub ifname: String,
     /// When it is given back: `after the quarantine` (until the address's `until`), `now`
     /// (free: the delegate's DEL runs within a second), or `failing` (retried with backoff).
-    pub release: String,
+    pub release: HoldRelease,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
 }
@@ -161,17 +164,17 @@ pub struct ExhaustedAnswer {
 pub struct HygieneView {
     pub address: IpAddr,
     /// `holder_gone` (its quarantine began) or `new_holder`.
-    pub trigger: String,
+    pub trigger: HygieneTrigger,
     /// When it finished. Empty (and left out) inside an [`Event`], whose own `at` it is.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub at: String,
     /// Conntrack entries deleted (original or reply tuple carrying the address).
     pub conntrack_entries: u64,
     /// How: `dump` (the count is exact) or `kernel` (the kernel's filtered flush on a claim;
-    /// the count is what the kernel reported, a lower bound). Empty (and left out) when the
-    /// flush did not finish.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub conntrack_flush: String,
+    /// the count is what the kernel reported, a lower bound). Absent when the flush did not
+    /// finish.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conntrack_flush: Option<ConntrackFlush>,
     /// The node's neighbour entries deleted.
     pub neighbours: u64,
     /// Announcements sent (one per interface).
@@ -206,7 +209,7 @@ pub struct ConflictView {
     pub policy: EarlyReusePolicy,
     /// What the policy did: `fenced_old`, `refused_new`, `blocked_new`, `observed`,
     /// `dropped` (duplicate source), `reported`.
-    pub outcome: String,
+    pub outcome: ConflictOutcome,
     /// Empty (and left out) inside an [`Event`], whose own `at` is the same instant: the
     /// event's fields and the conflict's share one JSON object, where a key may appear once.
     #[serde(default, skip_serializing_if = "String::is_empty")]

@@ -3,7 +3,10 @@
 
 use std::time::SystemTime;
 
-use ipq_api::model::{PublishView, Status};
+use ipq_api::{
+    model::{PublishView, Status},
+    RecoveredFrom,
+};
 
 use super::{absolute_and_relative, key_values, Table, NONE};
 
@@ -21,7 +24,7 @@ pub fn status(status: &Status, now: SystemTime) -> String {
         ("Mode".to_owned(), status.mode.as_str().to_owned()),
         (
             "On early reuse".to_owned(),
-            status.on_early_reuse.as_str().to_owned(),
+            status.on_early_reuse.to_string(),
         ),
         (
             "Started".to_owned(),
@@ -49,7 +52,7 @@ pub fn status(status: &Status, now: SystemTime) -> String {
                 (n, u) => format!("{n}, {u} NOT PROTECTED"),
             },
         ),
-        ("TC attach".to_owned(), status.tc_attach.clone()),
+        ("TC attach".to_owned(), status.tc_attach.to_string()),
         (
             "Conntrack".to_owned(),
             status.conntrack_claim_flush.as_ref().map_or_else(
@@ -84,7 +87,9 @@ pub fn status(status: &Status, now: SystemTime) -> String {
                 } else {
                     iface.hooks.join(",")
                 },
-                iface.attachment.clone().unwrap_or_else(|| NONE.to_owned()),
+                iface
+                    .attachment
+                    .map_or_else(|| NONE.to_owned(), |a| a.to_string()),
                 iface.protection.to_string(),
             ];
             if any_error {
@@ -121,10 +126,10 @@ fn recovery(status: &Status) -> String {
     let Some(r) = &status.recovery else {
         return NONE.to_owned();
     };
-    let from = match r.from.as_str() {
-        "journal" => "from the journal",
-        "pinned_maps" => "from the pinned maps",
-        other => other,
+    let from = match r.from {
+        RecoveredFrom::Journal => "from the journal",
+        RecoveredFrom::PinnedMaps => "from the pinned maps",
+        RecoveredFrom::Unknown => "from a source this ipq does not know",
     };
     let mut text = format!("{from}, {} addresses", r.addresses);
     if !r.problems.is_empty() {

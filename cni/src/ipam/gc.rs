@@ -14,20 +14,19 @@
 use std::collections::BTreeSet;
 
 use ipq_api::client::Client;
+use ipq_fs::{paths, spool};
 use serde_json::{json, Value};
 
 use super::{
     super::{
         env::Env,
         error::{code, CniError},
-        spool,
     },
     config::IpamConf,
     delegate,
     plugin::{cni_path, runtime},
     release::HeldRelease,
 };
-use crate::paths;
 
 /// The spec version that has GC and STATUS.
 const GC_VERSION: &str = "1.1.0";

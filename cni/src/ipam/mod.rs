@@ -30,6 +30,5 @@ pub mod gc;
 pub mod plugin;
 pub mod pressure;
 pub mod recording;
-pub mod records;
 pub mod release;
 pub mod requested;

@@ -3,6 +3,7 @@
 use std::ffi::OsString;
 
 use ipq_api::client::{Client, ClientError};
+use ipq_fs::{paths, spool};
 
 use super::{
     super::{
@@ -12,14 +13,12 @@ use super::{
         error::{code, CniError},
         plugin::{version, Outcome},
         result::PrevResult,
-        spool,
     },
     add,
     config::IpamConf,
     delegate, gc,
     release::HeldRelease,
 };
-use crate::paths;
 
 /// Runs the command `var` names with config `stdin`.
 pub fn run(var: impl Fn(&str) -> Option<OsString>, stdin: &[u8]) -> Outcome {

@@ -9,6 +9,8 @@ use ipq_api::{
     model::{AllocationRecord, ErrorCode},
 };
 
+use ipq_fs::{paths, records};
+
 use super::{
     super::{
         agent_error::{self, is_worth_spooling},
@@ -17,9 +19,7 @@ use super::{
     },
     config::IpamConf,
     plugin::{cni_path, runtime},
-    records,
 };
-use crate::paths;
 
 /// The record of the allocation of `addresses` that the delegate's ADD made for
 /// `container_id` (the pod's, or a parking id) with `cni_args`.

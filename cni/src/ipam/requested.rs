@@ -118,8 +118,7 @@ fn held_for_another(view: &AddressView, container_id: &str) -> Option<CniError> 
         format!(
             "address {} is held by ipq ({}, {who}) {until}: ipq-ipam does not ask the \
              delegate for it",
-            view.address,
-            view.state.as_str()
+            view.address, view.state
         ),
     ))
 }

@@ -30,7 +30,7 @@ use std::{
 
 use anyhow::{bail, Context as _};
 
-use crate::{mountns::die_with_parent, netns::NetNs};
+use crate::{netns::NetNs, wait::die_with_parent};
 
 /// The node's address on its uplink, the peer's, and the pods' range (a bridge on the node).
 pub const NODE_IP: &str = "10.99.0.1";

@@ -15,10 +15,8 @@ use std::{
 
 use anyhow::ensure;
 use ipq::{api::client::ClientError, registry::StateName};
-use ipq_cni::{
-    ipam::release::{now_unix_ms, HeldRelease},
-    paths,
-};
+use ipq_cni::ipam::release::{now_unix_ms, HeldRelease};
+use ipq_fs::paths;
 use ipq_tests::{
     cni::{host_local_allocations, AgentApi, Chain},
     lab::{poll, Lab},

@@ -90,7 +90,7 @@ fn a_release_whose_delegate_is_outside_the_trusted_dirs_is_refused() -> anyhow::
     }
     let releases = held_releases(&lab)?;
     ensure!(releases.is_empty(), "nothing held or spooled: {releases:?}");
-    let records = ipq_cni::paths::ipam_allocation_dir(&state_dir(&lab));
+    let records = ipq_fs::paths::ipam_allocation_dir(&state_dir(&lab));
     ensure!(
         std::fs::read_dir(&records).map_or(true, |mut d| d.next().is_none()),
         "nothing recorded in {}",
@@ -199,7 +199,7 @@ fn a_failing_delegate_del_is_retried_and_the_allocation_stays_held() -> anyhow::
             Ok(api
                 .get(a.v4)?
                 .and_then(|v| v.ipam_hold)
-                .filter(|hold| hold.release == "failing"))
+                .filter(|hold| hold.release == ipq_api::HoldRelease::Failing))
         },
     )?;
     let error = hold.error.unwrap_or_default();

@@ -5,7 +5,7 @@
 
 use anyhow::ensure;
 use ipq::registry::StateName;
-use ipq_cni::paths;
+use ipq_fs::paths;
 use ipq_tests::cni::AgentApi;
 use ipq_tests::lab::Lab;
 use serde_json::json;

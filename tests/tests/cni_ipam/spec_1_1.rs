@@ -232,7 +232,7 @@ fn a_1_1_0_delegate_gets_add_check_and_the_agents_del_after_the_quarantine() -> 
     ensure!(
         hold.network == chain.name
             && hold.container_id == a.attachment.container_id
-            && hold.release == "after the quarantine",
+            && hold.release == ipq_api::HoldRelease::AfterQuarantine,
         "{hold:?}"
     );
 

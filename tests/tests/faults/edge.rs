@@ -615,7 +615,7 @@ fn fifos_at_the_journal_and_in_the_spool_never_block_the_agent() {
         .collect();
     assert_eq!(aside.len(), 1, "the FIFO set aside: {aside:?}");
 
-    let spool = ipq_cni::paths::cni_spool_dir(&state);
+    let spool = ipq_fs::paths::cni_spool_dir(&state);
     fs::create_dir_all(&spool).unwrap();
     let fifo = spool.join("del-00000000000000000001-1-0.json");
     mkfifo(&fifo);

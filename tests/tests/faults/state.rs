@@ -11,7 +11,7 @@ use std::{
 
 use anyhow::{ensure, Context as _};
 use ipq::{api::model::DrainAttachmentRequest, journal::JOURNAL_FILE};
-use ipq_cni::{paths, spool};
+use ipq_fs::{paths, spool};
 use ipq_tests::{
     api::{request, HttpResponse},
     cni::{host_interface, Attachment, Chain},

@@ -29,6 +29,7 @@
 //! "tcx"` and `"netlink"` force one mechanism. Each attach also removes what the other
 //! mechanism left on that hook, after its own program is in place.
 
+use strum::VariantArray as _;
 mod bypass;
 pub mod error;
 mod lost;
@@ -232,7 +233,7 @@ impl Attacher {
     }
 
     fn remove_pins(&self, ifindex: u32) {
-        for point in AttachPoint::ALL {
+        for &point in AttachPoint::VARIANTS {
             if let Err(e) = pins::remove_pin_of(&self.layout, ifindex, point) {
                 warn!("if{ifindex}: removing its {} pin: {e}", point.as_str());
             }
@@ -336,7 +337,7 @@ impl Attacher {
                 format!(
                     "{} (if{ifindex}) {}{}",
                     t.name,
-                    t.protection.as_str(),
+                    t.protection.as_ref(),
                     t.last_error
                         .as_deref()
                         .map(|e| format!(": {e}"))

@@ -6,6 +6,8 @@ use std::{
     time::Instant,
 };
 
+use ipq_api::Attachment;
+
 use super::{error::AttachError, pins::Attached, retry::Backoff, upgrade::Upgrade};
 use crate::paths::AttachPoint;
 
@@ -21,6 +23,17 @@ pub enum TcMode {
     /// `tc_attach = "auto"` on a kernel with TCX: an interface with a usable TCX link pin keeps
     /// it; any other gets the netlink filter at once and a TCX link later, in the background.
     NetlinkThenTcx,
+}
+
+/// The one place a mode becomes the API's name for it (`tc_attach` in `/v1/status`).
+impl From<TcMode> for ipq_api::TcAttachMode {
+    fn from(mode: TcMode) -> Self {
+        match mode {
+            TcMode::Tcx => Self::Tcx,
+            TcMode::Netlink => Self::Netlink,
+            TcMode::NetlinkThenTcx => Self::NetlinkThenTcx,
+        }
+    }
 }
 
 impl TcMode {
@@ -100,6 +113,7 @@ pub enum JobKind {
 /// labels it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, strum::IntoStaticStr)]
 #[strum(serialize_all = "lowercase")]
+#[derive(strum::VariantArray)]
 pub enum Lost {
     /// The clsact qdisc under ipq's netlink filters.
     Qdisc,
@@ -112,8 +126,6 @@ pub enum Lost {
 }
 
 impl Lost {
-    pub const ALL: [Lost; 4] = [Self::Qdisc, Self::Filter, Self::Link, Self::Pin];
-
     pub fn as_str(self) -> &'static str {
         self.into()
     }
@@ -206,15 +218,23 @@ pub struct Target {
 
 impl Target {
     /// How ipq's programs are held on this interface's hooks: `tcx`, `netlink`, `xdp`, or
-    /// `tcx+netlink` while an upgrade is half done; None when nothing is attached.
-    pub fn attachment(&self) -> Option<String> {
+    /// `tcx+netlink` while an upgrade is half done; None when nothing is attached. The one
+    /// place the hooks' mechanisms become the API's name for them.
+    pub fn attachment(&self) -> Option<Attachment> {
         let kinds: BTreeSet<Mechanism> = self.attached.values().copied().collect();
-        (!kinds.is_empty()).then(|| {
-            kinds
-                .iter()
-                .map(|m| m.as_str())
-                .collect::<Vec<_>>()
-                .join("+")
-        })
+        let has = |m| kinds.contains(&m);
+        match (
+            has(Mechanism::Tcx),
+            has(Mechanism::Netlink),
+            has(Mechanism::Xdp),
+        ) {
+            (false, false, false) => None,
+            (true, false, false) => Some(Attachment::Tcx),
+            (false, true, false) => Some(Attachment::Netlink),
+            (false, false, true) => Some(Attachment::Xdp),
+            (true, true, false) => Some(Attachment::TcxAndNetlink),
+            // XDP is an uplink's only hook, TC a workload's: no interface has both.
+            _ => Some(Attachment::Unknown),
+        }
     }
 }

@@ -3,6 +3,8 @@
 
 use std::time::{Duration, Instant};
 
+use ipq_api::Attachment;
+
 use super::*;
 
 mod lost;
@@ -154,7 +156,7 @@ fn netlink_first_protects_at_once_then_upgrades_to_tcx_after_start_up() {
     assert!(attacher.on_report(report_by(&job, true, Mechanism::Netlink)));
     let target = attacher.target(4).unwrap();
     assert_eq!(target.protection, Protection::Protected);
-    assert_eq!(target.attachment().as_deref(), Some("netlink"));
+    assert_eq!(target.attachment(), Some(Attachment::Netlink));
     assert_eq!(attacher.readiness_blocker(Instant::now()), None);
     assert_eq!(attacher.unprotected_points().count(), 0);
     assert_eq!(attacher.pending_upgrades(), 1);
@@ -173,7 +175,7 @@ fn netlink_first_protects_at_once_then_upgrades_to_tcx_after_start_up() {
     assert!(attacher.on_report(half));
     let target = attacher.target(4).unwrap();
     assert_eq!(target.protection, Protection::Protected);
-    assert_eq!(target.attachment().as_deref(), Some("tcx+netlink"));
+    assert_eq!(target.attachment(), Some(Attachment::TcxAndNetlink));
     assert_eq!(attacher.unprotected_points().count(), 0);
     assert!(attacher.failures().is_empty(), "{:?}", attacher.failures());
     assert_eq!(attacher.readiness_blocker(Instant::now()), None);
@@ -186,7 +188,7 @@ fn netlink_first_protects_at_once_then_upgrades_to_tcx_after_start_up() {
     assert_eq!(again.kind, JobKind::Upgrade);
     assert!(attacher.on_report(report_by(&again, true, Mechanism::Tcx)));
     let target = attacher.target(4).unwrap();
-    assert_eq!(target.attachment().as_deref(), Some("tcx"));
+    assert_eq!(target.attachment(), Some(Attachment::Tcx));
     assert_eq!(attacher.pending_upgrades(), 0);
     assert_eq!(attacher.next_retry(), None);
     assert!(take(&queue).is_none());

@@ -10,6 +10,7 @@ const BPF_MAP_TYPE_HASH: u32 = 1;
 
 /// A hash map of u64 → u64 with room for `max` entries.
 fn hash_map(max: u32) -> OwnedFd {
+    crate::needs_root::needs_root("create a BPF hash map");
     let mut attr = [0u8; 20];
     attr[0..4].copy_from_slice(&BPF_MAP_TYPE_HASH.to_ne_bytes());
     attr[4..8].copy_from_slice(&8u32.to_ne_bytes());

@@ -10,7 +10,7 @@ use std::{
 };
 
 use ipq_api::model::HeldRelease;
-use ipq_cni::spool::Spooled;
+use ipq_fs::spool::Spooled;
 
 /// Which allocation a release gives back: network, container id and ifname.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]

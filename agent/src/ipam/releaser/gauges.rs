@@ -7,7 +7,7 @@ use std::{
 };
 
 use ipq_api::model::HeldRelease;
-use ipq_cni::spool::Spooled;
+use ipq_fs::spool::Spooled;
 
 use super::Retry;
 use crate::metrics::Metrics;

@@ -14,7 +14,7 @@ use std::{
 };
 
 use ipq_api::model::HeldRelease;
-use ipq_cni::spool::{self, SpoolError, Spooled};
+use ipq_fs::spool::{self, SpoolError, Spooled};
 use log::{error, warn};
 
 use crate::{ipam::records::Records, metrics::Metrics};

@@ -147,7 +147,7 @@ fn check_file(st: &libc::stat, path: &Path) -> Result<(), ResolveError> {
     if mode & libc::S_IFMT != libc::S_IFREG {
         return Err(unsafe_because(format!(
             "not a regular file but a {}",
-            ipq_cni::safe_fs::kind_of(mode)
+            ipq_fs::safe_fs::kind_of(mode)
         )));
     }
     if mode & 0o022 != 0 {

@@ -1,6 +1,7 @@
 //! Snapshot and restore (the journal's view), and the vocabulary shared with metrics and API.
 
 use super::*;
+use strum::VariantArray as _;
 
 // ---- snapshot / restore --------------------------------------------------------------------
 
@@ -200,7 +201,7 @@ fn garbage_journals_do_not_parse() {
 
 #[test]
 fn names_match_the_metric_labels() {
-    let kinds: Vec<_> = ConflictKind::ALL.iter().map(|k| k.as_str()).collect();
+    let kinds: Vec<_> = ConflictKind::VARIANTS.iter().map(|k| k.as_ref()).collect();
     assert_eq!(
         kinds,
         [
@@ -210,9 +211,9 @@ fn names_match_the_metric_labels() {
             "remote_claim"
         ]
     );
-    assert_eq!(StateName::Quarantined.as_str(), "quarantined");
+    assert_eq!(StateName::Quarantined.as_ref(), "quarantined");
     assert_eq!(Source::Netlink.as_str(), "netlink");
-    assert_eq!(EarlyReusePolicy::RefuseNew.as_str(), "refuse-new");
+    assert_eq!(EarlyReusePolicy::RefuseNew.as_ref(), "refuse-new");
     let conflict = Conflict {
         kind: ConflictKind::EarlyReuse,
         addr: ip("10.0.0.1"),

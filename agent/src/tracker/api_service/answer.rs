@@ -94,10 +94,10 @@ fn note_flush(response: &mut ClaimResponse, addr: IpAddr, report: Result<Report,
             log::error!("{addr}: claim answered before its reuse hygiene finished: {why}");
             HygieneView {
                 address: addr,
-                trigger: Trigger::NewHolder.as_str().to_owned(),
+                trigger: Trigger::NewHolder.into(),
                 at: String::new(),
                 conntrack_entries: 0,
-                conntrack_flush: String::new(),
+                conntrack_flush: None,
                 neighbours: 0,
                 announcements: 0,
                 announce_skipped: None,

@@ -16,20 +16,18 @@ use crate::{
     registry::StateName,
 };
 
-/// The entry `request` asks to write, stamped now; refused for an unknown state or interface,
-/// or a held state without a holder.
+/// The entry `request` asks to write, stamped now; refused for `free` (a name the request's
+/// type knows but no entry has), an unknown interface, or a held state without a holder.
 pub fn datapath_entry(request: &DatapathEntryRequest) -> Result<AddrEntry, ApiError> {
-    let state = StateName::parse_held(&request.state)
-        .and_then(StateName::entry)
-        .ok_or_else(|| {
-            ApiError::new(
-                ErrorCode::InvalidArgument,
-                format!(
-                    "state {:?}: give active, draining or quarantined",
-                    request.state
-                ),
-            )
-        })?;
+    let state = request.state.entry().ok_or_else(|| {
+        ApiError::new(
+            ErrorCode::InvalidArgument,
+            format!(
+                "state \"{}\": give active, draining or quarantined",
+                request.state
+            ),
+        )
+    })?;
     let holder = ifindex(request.holder.as_deref(), "holder")?;
     let fenced = ifindex(request.fenced.as_deref(), "fenced")?;
     if state != AddrState::Quarantined && holder == NO_IFINDEX {
@@ -72,5 +70,34 @@ fn ifindex(name: Option<&str>, what: &str) -> Result<u32, ApiError> {
                 format!("{what} interface {name:?} does not exist on this node"),
             )
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(json: &str) -> Result<DatapathEntryRequest, serde_json::Error> {
+        serde_json::from_str(json)
+    }
+
+    /// The state is read as the API's state name: an unknown one fails the body naming the
+    /// names it may be, `free` (a name with no entry) is refused naming the input, and a held
+    /// state needs its holder but for `quarantined`.
+    #[test]
+    fn a_break_glass_state_is_a_held_state_name() {
+        let unknown = request(r#"{"state": "fenced"}"#).unwrap_err().to_string();
+        assert!(
+            unknown.contains("fenced") && unknown.contains("quarantined"),
+            "{unknown}"
+        );
+        let free = datapath_entry(&request(r#"{"state": "free"}"#).unwrap()).unwrap_err();
+        assert_eq!(free.0.code, ErrorCode::InvalidArgument);
+        assert!(free.0.message.contains("\"free\""), "{}", free.0.message);
+        let held = datapath_entry(&request(r#"{"state": "active"}"#).unwrap()).unwrap_err();
+        assert!(held.0.message.contains("holder"), "{}", held.0.message);
+        let entry = datapath_entry(&request(r#"{"state": "quarantined"}"#).unwrap()).unwrap();
+        assert_eq!(entry.state(), Some(AddrState::Quarantined));
+        assert_eq!(entry.holder_ifindex, NO_IFINDEX);
     }
 }

@@ -8,7 +8,7 @@ use super::ApiService;
 use crate::{
     api::{
         model::{ClaimRequest, ClaimResponse, ClaimSource, ErrorCode},
-        views::{conflict_view, ApiError, Outcome, TimeBase},
+        views::{conflict_view, outcome_of, ApiError, TimeBase},
     },
     datapath::attach::Role,
     netdev,
@@ -83,7 +83,7 @@ impl ApiService<'_> {
         let conflicts = conflicts
             .iter()
             .map(|c| {
-                let outcome = Outcome::of(c, self.registry.get(c.addr), self.config.mode);
+                let outcome = outcome_of(c, self.registry.get(c.addr), self.config.mode);
                 conflict_view(c, outcome, &time)
             })
             .collect();

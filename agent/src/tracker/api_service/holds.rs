@@ -5,6 +5,8 @@
 use std::{collections::BTreeSet, net::IpAddr};
 
 use super::ApiService;
+use ipq_api::HoldRelease;
+
 use crate::{
     api::{
         command::AllocationQuery,
@@ -87,17 +89,17 @@ impl<'a> ApiService<'a> {
 /// How `hold` of an address in `state` is given back.
 fn hold_view(hold: Hold, state: StateName) -> IpamHoldView {
     let release = if hold.failures > 0 {
-        "failing"
+        HoldRelease::Failing
     } else if state == StateName::Free {
-        "now"
+        HoldRelease::Now
     } else {
-        "after the quarantine"
+        HoldRelease::AfterQuarantine
     };
     IpamHoldView {
         network: hold.network,
         container_id: hold.container_id,
         ifname: hold.ifname,
-        release: release.to_owned(),
+        release,
         error: hold
             .last_error
             .map(|e| format!("{e} ({} attempts)", hold.failures)),

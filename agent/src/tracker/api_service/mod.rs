@@ -9,6 +9,7 @@
 //! (the feed, its start-up facts); `api` keeps the wire types and the conversions that need
 //! none of them (`api::views`).
 
+use strum::VariantArray as _;
 pub mod answer;
 mod break_glass;
 mod claims;
@@ -106,19 +107,19 @@ impl ApiService<'_> {
                 failed_attempts: target.failures,
             })
             .collect();
-        let conflicts_total = crate::registry::ConflictKind::ALL
+        let conflicts_total = crate::registry::ConflictKind::VARIANTS
             .iter()
             .map(|k| {
                 self.metrics
                     .conflicts
-                    .with_label_values(&[k.as_str()])
+                    .with_label_values(&[k.as_ref()])
                     .get()
             })
             .sum();
         let facts = StatusFacts {
             ready: self.metrics.readiness.is_ready(),
             not_ready: self.metrics.readiness.check().err().map(|e| e.to_string()),
-            tc_attach: self.attacher.mode().as_str(),
+            tc_attach: self.attacher.mode().into(),
             conntrack_claim_flush: self.hygiene.claim_flush().map(|f| ClaimFlushView {
                 ipv4: f.ipv4,
                 ipv6: f.ipv6,

@@ -43,3 +43,47 @@ fn a_free_view_on_the_wire_is_address_state_since_and_conflicts() {
         })
     );
 }
+
+/// The fields that became enums are written as the strings they were: an address's
+/// attachment, its IPAM hold's release, its last hygiene pass's trigger and flush (left out
+/// when the flush did not finish, as the empty string was).
+#[test]
+fn typed_names_are_written_as_the_strings_they_were() {
+    use super::{HygieneView, IpamHoldView};
+    use crate::{Attachment, ConntrackFlush, HoldRelease, HygieneTrigger};
+    let address: IpAddr = "10.77.0.9".parse().unwrap();
+    let flush = |conntrack_flush| HygieneView {
+        address,
+        trigger: HygieneTrigger::HolderGone,
+        at: String::new(),
+        conntrack_entries: 2,
+        conntrack_flush,
+        neighbours: 0,
+        announcements: 0,
+        announce_skipped: None,
+        skipped: None,
+        permanent_neighbours: Vec::new(),
+        errors: Vec::new(),
+    };
+    let view = AddressView {
+        attachment: Some(Attachment::TcxAndNetlink),
+        last_flush: Some(flush(Some(ConntrackFlush::Kernel))),
+        ipam_hold: Some(IpamHoldView {
+            network: "pods".into(),
+            container_id: "c1".into(),
+            ifname: "eth0".into(),
+            release: HoldRelease::AfterQuarantine,
+            error: None,
+        }),
+        ..AddressView::free(address)
+    };
+    let json = serde_json::to_value(&view).unwrap();
+    assert_eq!(json["attachment"], "tcx+netlink");
+    assert_eq!(json["ipam_hold"]["release"], "after the quarantine");
+    assert_eq!(json["last_flush"]["trigger"], "holder_gone");
+    assert_eq!(json["last_flush"]["conntrack_flush"], "kernel");
+    let unfinished = serde_json::to_value(flush(None)).unwrap();
+    assert!(unfinished.get("conntrack_flush").is_none(), "{unfinished}");
+    let back: HygieneView = serde_json::from_value(unfinished).unwrap();
+    assert_eq!(back.conntrack_flush, None);
+}

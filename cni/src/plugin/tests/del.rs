@@ -4,7 +4,7 @@
 use ipq_api::model::DrainAttachmentRequest;
 
 use super::{fake_agent::FakeAgent, *};
-use crate::{paths, spool};
+use ipq_fs::{paths, spool};
 
 #[test]
 fn del_drains_and_spools_when_the_agent_is_away() {

@@ -61,7 +61,7 @@ fn a_link_loop_is_refused_after_the_bound() {
 /// Whoever owns a link or a directory on the way could point it elsewhere.
 #[test]
 fn foreign_links_and_directories_are_refused() {
-    // Giving a file away needs root (as the agent runs): this test fails otherwise.
+    crate::needs_root::needs_root("give a link and a directory away to another user");
     let tmp = tempfile::tempdir().unwrap();
     let real = executable(&tmp.path().join("plugin"));
     let link = tmp.path().join("foreign-link");

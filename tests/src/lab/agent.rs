@@ -1,0 +1,250 @@
+//! The real `ipq-agent` running in a lab: started, waited for, read (log, metrics, readiness),
+//! stopped.
+
+use std::{
+    fs,
+    io::{Read as _, Write as _},
+    net::{IpAddr, SocketAddr, TcpStream},
+    path::PathBuf,
+    process::{Child, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{anyhow, bail, Context as _};
+
+use crate::netns::{agent_binary, NetNs};
+use crate::time::scaled;
+use crate::wait::{die_with_parent, exit_within};
+
+use super::*;
+
+/// `GET path` over HTTP/1.0 to the agent, from inside `ns`: (status, body).
+fn http_get(ns: &NetNs, path: &str) -> anyhow::Result<(u16, String)> {
+    ns.run(|| {
+        let addr: SocketAddr = METRICS_ADDR.parse().expect("valid");
+        let mut stream = TcpStream::connect_timeout(&addr, scaled(Duration::from_secs(1)))?;
+        stream.set_read_timeout(Some(scaled(Duration::from_secs(5))))?;
+        write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
+        // HTTP/1.0 without keep-alive: the server closes when the response is complete.
+        let mut response = String::new();
+        stream.read_to_string(&mut response)?;
+        let (head, body) = response
+            .split_once("\r\n\r\n")
+            .ok_or_else(|| anyhow!("no end of headers in {response:?}"))?;
+        let status = head
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| anyhow!("bad status line in {head:?}"))?;
+        Ok((status, body.to_owned()))
+    })
+}
+
+/// A running `ipq-agent`, killed on drop if still running.
+pub struct Agent<'l> {
+    lab: &'l Lab,
+    child: Option<Child>,
+    pid: u32,
+    log: PathBuf,
+}
+
+impl<'l> Agent<'l> {
+    /// Starts the agent in `lab`'s node namespace on `lab`'s bpffs dir, with its own state dir,
+    /// API socket and an empty config file (so nothing on the host leaks in), plus `extra`.
+    pub fn start(lab: &'l Lab, extra: &[&str]) -> anyhow::Result<Agent<'l>> {
+        Self::start_with(lab, &[], extra)
+    }
+
+    /// [`start`](Self::start) through `wrapper` (see [`Lab::start_agent_wrapped`]).
+    pub fn start_with(lab: &'l Lab, wrapper: &[&str], extra: &[&str]) -> anyhow::Result<Agent<'l>> {
+        Self::start_configured(lab, "# every key from the command line\n", wrapper, extra)
+    }
+
+    /// [`start_with`](Self::start_with), with `config_text` as the config file.
+    pub fn start_configured(
+        lab: &'l Lab,
+        config_text: &str,
+        wrapper: &[&str],
+        extra: &[&str],
+    ) -> anyhow::Result<Agent<'l>> {
+        let work = lab.work_dir();
+        let config = work.join("agent.toml");
+        fs::write(&config, config_text)?;
+        let runs = fs::read_dir(work)?
+            .flatten()
+            .filter(|e| e.path().extension().is_some_and(|x| x == "log"))
+            .count();
+        let log = work.join(format!("agent-{}.log", runs + 1));
+        let out = fs::File::create(&log)?;
+        let mut cmd = match wrapper {
+            [] => lab.node.command(agent_binary()),
+            [program, args @ ..] => {
+                let mut cmd = lab.node.command(program);
+                cmd.args(args).arg(agent_binary());
+                cmd
+            }
+        };
+        cmd.arg("--config").arg(&config);
+        // A test may put the pins elsewhere (a bpf mount of its own): its flag, given once.
+        if !extra.contains(&"--bpffs-dir") {
+            cmd.arg("--bpffs-dir").arg(lab.bpffs.path());
+        }
+        cmd.arg("--state-dir")
+            .arg(work.join("state"))
+            .arg("--api-socket")
+            .arg(work.join("ipq.sock"))
+            .args(["--metrics-addr", METRICS_ADDR]);
+        for dir in lab.trusted_cni_bin_dirs() {
+            cmd.arg("--ipam-cni-bin-dirs").arg(dir);
+        }
+        cmd.args(extra)
+            // The per-address lines an operator's INFO log leaves out (transitions, hygiene
+            // passes) are what a failed test's agent log is read for.
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG")
+                    .unwrap_or_else(|_| "info,ipq::transition=debug,ipq::hygiene=debug".into()),
+            )
+            .stdin(Stdio::null())
+            .stdout(out.try_clone()?)
+            .stderr(out);
+        // If the test process dies without unwinding, the agent must not live on holding
+        // pins and attachments.
+        die_with_parent(&mut cmd);
+        let child = cmd.spawn().with_context(|| format!("starting {cmd:?}"))?;
+        let mut agent = Agent {
+            lab,
+            pid: child.id(),
+            child: Some(child),
+            log,
+        };
+        agent.wait_ready()?;
+        Ok(agent)
+    }
+
+    fn wait_ready(&mut self) -> anyhow::Result<()> {
+        let timeout = scaled(READY_TIMEOUT);
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().transpose()) {
+                self.child = None;
+                bail!(
+                    "ipq-agent exited ({}) before it was ready; log {}:\n{}",
+                    status?,
+                    self.log.display(),
+                    self.log()
+                );
+            }
+            let last = match http_get(&self.lab.node, "/readyz") {
+                Ok((200, _)) => return Ok(()),
+                Ok((status, body)) => format!("{status} {body}"),
+                Err(e) => format!("{e:#}"),
+            };
+            if Instant::now() > deadline {
+                bail!(
+                    "ipq-agent not ready in {timeout:?} (last /readyz: {last}); log {}:\n{}",
+                    self.log.display(),
+                    self.log()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// Everything the agent logged so far.
+    pub fn log(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_else(|e| format!("(unreadable: {e})"))
+    }
+
+    /// `/readyz`: status and body.
+    pub fn readyz(&self) -> anyhow::Result<(u16, String)> {
+        http_get(&self.lab.node, "/readyz")
+    }
+
+    /// The agent's API socket.
+    pub fn api_socket(&self) -> PathBuf {
+        self.lab.work_dir().join("ipq.sock")
+    }
+
+    /// `/metrics`, as text.
+    pub fn metrics(&self) -> anyhow::Result<String> {
+        match http_get(&self.lab.node, "/metrics")? {
+            (200, body) => Ok(body),
+            (status, body) => bail!("/metrics answered {status}: {body}"),
+        }
+    }
+
+    /// One scrape, parsed.
+    pub fn scrape(&self) -> anyhow::Result<Scrape> {
+        Scrape::parse(&self.metrics()?)
+    }
+
+    /// The value of `name` with `labels` (summed over the series carrying them all); an error
+    /// if no such series exists, so a renamed metric cannot make a test pass by reading 0.
+    pub fn metric(&self, name: &str, labels: &[(&str, &str)]) -> anyhow::Result<f64> {
+        self.scrape()?.get(name, labels)
+    }
+
+    /// Pod a's fenced drops so far: (tc_ingress, tc_egress).
+    pub fn fenced_drops(&self) -> (f64, f64) {
+        let get = |hook| {
+            self.metric(
+                "ipq_dropped_packets_total",
+                &[("hook", hook), ("reason", "fenced")],
+            )
+            .unwrap_or_else(|e| panic!("{e:#}"))
+        };
+        (get("tc_ingress"), get("tc_egress"))
+    }
+
+    /// SIGKILL, as an OOM kill or a node crash would: no clean-up code runs.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            // SAFETY: signals our own child, which has not been reaped yet.
+            unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGTERM, then waits (bounded); the agent must exit 0.
+    pub fn terminate(&mut self) -> anyhow::Result<()> {
+        let mut child = self.child.take().context("the agent is not running")?;
+        // SAFETY: signals our own child, which has not been reaped yet.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let timeout = scaled(Duration::from_secs(10));
+        let Some(status) = exit_within(&mut child, timeout)? else {
+            bail!(
+                "ipq-agent ignored SIGTERM for {timeout:?}; log:\n{}",
+                self.log()
+            );
+        };
+        if !status.success() {
+            bail!("ipq-agent exited {status} on SIGTERM; log:\n{}", self.log());
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Agent<'_> {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+impl Agent<'_> {
+    /// How many `conflict` records of `kind` for `addr` the agent logged so far (JSON lines of
+    /// target `ipq::conflict`; the kernel's raw `conflict_sample` lines are not counted).
+    pub fn conflicts_logged(&self, kind: &str, addr: IpAddr) -> usize {
+        let kind = format!("\"kind\":\"{kind}\"");
+        let addr = format!("\"address\":\"{addr}\"");
+        self.log()
+            .lines()
+            .filter(|l| l.contains("ipq::conflict") && l.contains("\"event\":\"conflict\""))
+            .filter(|l| l.contains(&kind) && l.contains(&addr))
+            .count()
+    }
+}
