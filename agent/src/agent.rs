@@ -200,20 +200,23 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
     let (verify_tx, mut verifications) = mpsc::channel(1);
     let (stop_verifier, verifier_stop) = tokio::sync::watch::channel(false);
     let bpf_watch = datapath.take_bpf_watch();
-    let watcher = bpf_watch.as_ref().map(|_| ()).map_err(Clone::clone);
-    metrics.tamper.bpf_watcher.set(i64::from(watcher.is_ok()));
-    let pokes = bpf_watch.ok().map(|watch| {
+    metrics.tamper.bpf_watcher.set(i64::from(bpf_watch.is_ok()));
+    let watcher = bpf_watch.map(|watch| {
         let pokes = Arc::new(crate::datapath::bpf_watch::Pokes::default());
         let reader = pokes.clone();
         let metrics = metrics.clone();
         tokio::spawn(async move {
-            if let Err(e) = kernel_rings::read_bpf_calls(watch, reader).await {
-                metrics.tamper.bpf_watcher.set(0);
-                error!("bpf() watcher stopped: {e}; periodic verification only");
-            }
+            let why = match kernel_rings::read_bpf_calls(watch, reader.clone()).await {
+                Ok(()) => "its ring reader ended".to_owned(),
+                Err(e) => e.to_string(),
+            };
+            metrics.tamper.bpf_watcher.set(0);
+            error!("bpf() watcher stopped: {why}; periodic verification only");
+            reader.stop(why);
         });
         pokes
     });
+    let pokes = watcher.as_ref().ok().cloned();
     let verifier = tokio::spawn(verify::run(
         pins_root.clone(),
         attacher.netlink_hooks(),

@@ -32,11 +32,14 @@ use tokio::sync::Notify;
 use super::{program, DatapathError};
 use crate::paths::{AttachPoint, PinLayout};
 
-/// What the verification should look at, as the watcher pokes it.
+/// What the verification should look at, as the watcher pokes it; and whether the watcher
+/// still reads its ring, so that `ipq status` says what finds another tool's changes as it is
+/// now, not as it was at start.
 #[derive(Default)]
 pub struct Pokes {
     pending: AtomicU8,
     notify: Notify,
+    stopped: std::sync::OnceLock<String>,
 }
 
 /// A poke's scope: bits of [`Pokes::pending`].
@@ -59,6 +62,18 @@ impl Pokes {
     /// The scope poked since the last call.
     pub fn take(&self) -> u8 {
         self.pending.swap(0, Ordering::AcqRel)
+    }
+
+    /// The reader stopped for `why`: nothing pokes any more, the periodic pass alone finds
+    /// another tool's changes.
+    pub fn stop(&self, why: String) {
+        // The first reason is the one that stopped it; there is no second reader.
+        let _ = self.stopped.set(why);
+    }
+
+    /// Why the reader stopped, if it did.
+    pub fn stopped(&self) -> Option<&str> {
+        self.stopped.get().map(String::as_str)
     }
 }
 

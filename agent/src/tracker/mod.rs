@@ -99,7 +99,7 @@ pub struct Tracker {
     /// back, until the registry next changes the address: what the verification keeps there.
     hand_written: std::collections::HashMap<std::net::IpAddr, Option<ipq_common::addr::AddrEntry>>,
     /// Whether the watcher of other processes' bpf() calls is attached, or why not.
-    bpf_watcher: Result<(), String>,
+    bpf_watcher: Result<Arc<crate::datapath::bpf_watch::Pokes>, String>,
     /// What was in place when the agent became ready ([`Tracker::mark_started`]).
     started: Option<crate::api::model::StartedView>,
     /// Reuse hygiene's jobs and last reports (inert until started).
@@ -119,7 +119,10 @@ pub struct Tracker {
 
 impl Tracker {
     /// Whether the bpf() watcher runs (`ipq status` says what finds unannounced changes).
-    pub fn set_bpf_watcher(&mut self, watcher: Result<(), String>) {
+    pub fn set_bpf_watcher(
+        &mut self,
+        watcher: Result<Arc<crate::datapath::bpf_watch::Pokes>, String>,
+    ) {
         self.bpf_watcher = watcher;
     }
 

@@ -419,3 +419,22 @@ impl crate::journal::Contents<crate::registry::AddrRecord> for OlderJournal {
         self.0.clone()
     }
 }
+
+/// `ipq status` says what finds another tool's changes as it is now: a watcher whose ring
+/// reader stopped after start is reported as stopped, not as attached.
+#[test]
+fn a_bpf_watcher_that_stopped_is_reported_as_stopped() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut t = tracker(EarlyReusePolicy::FenceOld, dir.path());
+    let pokes = std::sync::Arc::new(crate::datapath::bpf_watch::Pokes::default());
+    t.set_bpf_watcher(Ok(pokes.clone()));
+    let attached = t.api().status().unannounced;
+    assert!(attached.starts_with("bpf() watcher"), "{attached}");
+    pokes.stop("polling the bpf() watcher's ring buffer: EBADF".to_owned());
+    let stopped = t.api().status().unannounced;
+    assert!(
+        stopped.starts_with("periodic verification only")
+            && stopped.contains("STOPPED: polling the bpf() watcher's ring buffer: EBADF"),
+        "{stopped}"
+    );
+}

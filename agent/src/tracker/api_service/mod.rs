@@ -22,7 +22,7 @@ pub use break_glass::{datapath_entry, datapath_view};
 pub use claims::{claim_mac, claim_source};
 pub use refusal::refusal;
 
-use std::{net::IpAddr, time::SystemTime};
+use std::{net::IpAddr, sync::Arc, time::SystemTime};
 
 use super::{feed::EventHub, hygiene::hygiene_view, pending_writes::PendingWrites, Tracker};
 use crate::{
@@ -60,7 +60,7 @@ pub struct ApiService<'a> {
     started_at: SystemTime,
     recovered: Option<&'a RecoveryView>,
     started: Option<&'a StartedView>,
-    bpf_watcher: &'a Result<(), String>,
+    bpf_watcher: &'a Result<Arc<crate::datapath::bpf_watch::Pokes>, String>,
     publish: Option<&'a crate::publish::Feed>,
 }
 
@@ -144,8 +144,14 @@ impl ApiService<'_> {
                     .map_or_else(Vec::new, |l| l.found.clone()),
             }),
             // No netlink group announces these changes: say what finds them, and how late.
-            unannounced: match self.bpf_watcher {
-                Ok(()) => format!(
+            unannounced: match self.bpf_watcher.as_ref().map(|pokes| pokes.stopped()) {
+                Ok(Some(why)) => format!(
+                    "periodic verification only, every {} (the bpf() watcher STOPPED: {why}): a \
+                     detached link, a program put ahead of ipq's TCX link and a map written by \
+                     another process are found within it",
+                    humantime::format_duration(self.config.verify_interval)
+                ),
+                Ok(None) => format!(
                     "bpf() watcher (raw tracepoint {}): another process's link detach, program \
                      attach or write to ipq's maps is verified within milliseconds; periodic \
                      verification every {} as the backstop (a map written through a mapping \
