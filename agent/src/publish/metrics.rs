@@ -1,7 +1,9 @@
 //! `ipq_publish_*`: how writing the node's NodeQuarantine goes. Registered whether or not the
 //! agent publishes (all zeros then), so dashboards and alerts see the same series everywhere.
 
-use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry};
+use prometheus::{
+    Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+};
 
 use crate::series::registered;
 
@@ -21,7 +23,7 @@ pub struct PublishMetrics {
     pub writes: IntCounter,
     pub failures: IntCounterVec,
     /// Milliseconds since the oldest change the object lacks; 0 when it holds everything.
-    pub pending_ms: IntGauge,
+    pub pending_seconds: Gauge,
     pub entries: IntGauge,
     pub omitted_entries: IntGauge,
     /// From the first change a write carries to the API server's answer.
@@ -56,10 +58,10 @@ impl PublishMetrics {
                 .with_label_values(&[<&str>::from(reason)])
                 .inc_by(0);
         }
-        let pending_ms = registered(
+        let pending_seconds = registered(
             registry,
-            IntGauge::new(
-                "ipq_publish_pending_milliseconds",
+            Gauge::new(
+                "ipq_publish_pending_seconds",
                 "How long the oldest change to this node's quarantine has waited to reach its \
                  NodeQuarantine object; 0 when the object holds everything.",
             )?,
@@ -95,7 +97,7 @@ impl PublishMetrics {
         Ok(Self {
             writes,
             failures,
-            pending_ms,
+            pending_seconds,
             entries,
             omitted_entries,
             latency,

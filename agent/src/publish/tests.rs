@@ -156,7 +156,7 @@ async fn an_unreachable_api_server_is_retried_with_backoff_counted_shown_and_cau
         .get();
     assert_eq!(failures as usize, attempts.len());
     assert_eq!(metrics.publish.writes.get(), 0);
-    assert!(metrics.publish.pending_ms.get() >= 19_000);
+    assert!(metrics.publish.pending_seconds.get() >= 19.0);
     let view = feed.view();
     assert_eq!(view.state, PublishState::Failing);
     assert_eq!(view.failures_total as usize, attempts.len());
@@ -178,7 +178,7 @@ async fn an_unreachable_api_server_is_retried_with_backoff_counted_shown_and_cau
     let view = feed.view();
     assert_eq!(view.state, PublishState::Published);
     assert_eq!(view.last_error, None);
-    assert_eq!(metrics.publish.pending_ms.get(), 0);
+    assert_eq!(metrics.publish.pending_seconds.get(), 0.0);
 }
 
 /// A kubeconfig naming `server`, with a token (nothing checks it: nothing answers).

@@ -23,7 +23,7 @@ const FAILURE_LOG_EVERY: Duration = Duration::from_secs(60);
 /// wait for a write: on a node with stale traffic on many addresses such moves would otherwise
 /// be a write every `min_interval` for as long as it lasts.
 pub const LAZY_DELAY: Duration = Duration::from_secs(5);
-/// How often `ipq_publish_pending_milliseconds` is refreshed while a change waits.
+/// How often `ipq_publish_pending_seconds` is refreshed while a change waits.
 const PENDING_REFRESH: Duration = Duration::from_secs(1);
 
 /// A write that did not happen, and why.
@@ -164,11 +164,8 @@ impl Writer {
     fn observe_pending(&self) {
         let waited = self
             .waiting_since()
-            .map_or(0, |since| since.elapsed().as_millis());
-        self.metrics
-            .publish
-            .pending_ms
-            .set(i64::try_from(waited).unwrap_or(i64::MAX));
+            .map_or(0.0, |since| since.elapsed().as_secs_f64());
+        self.metrics.publish.pending_seconds.set(waited);
         if self.waiting_since().is_some() && self.failing_since.is_none() {
             let mut view = lock(&self.view);
             if view.state == PublishState::Published {
