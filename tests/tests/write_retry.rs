@@ -106,7 +106,9 @@ fn a_write_refused_by_a_full_map_is_retried_until_it_goes_through() {
         "--verify-interval",
         "1h",
     ];
-    let mut earlier = lab.start_agent(&args).expect("starting the earlier ipq-agent");
+    let mut earlier = lab
+        .start_agent(&args)
+        .expect("starting the earlier ipq-agent");
     let mut opened_before = addrs_map(&lab);
     earlier.terminate().expect("stopping the earlier ipq-agent");
     let agent = lab.start_agent(&args).expect("starting ipq-agent");

@@ -104,7 +104,15 @@ pub async fn run<S: Sink>(
                     writer.apply(change);
                 }
             }
-            () = sleep_until(due), if due.is_some() => writer.attempt(&mut sink).await,
+            () = sleep_until(due), if due.is_some() => {
+                // Everything sent before the write is in it: `select!` picks among ready
+                // branches at random, and a write chosen over waiting changes (at start: the
+                // registry's whole state) would publish a list that lacks them.
+                while let Ok(change) = changes.try_recv() {
+                    writer.apply(change);
+                }
+                writer.attempt(&mut sink).await;
+            }
             // While a change waits (a failing API server backs off up to `max_retry`), the
             // pending gauge still moves every second.
             () = tokio::time::sleep(PENDING_REFRESH), if due.is_some() => {}
