@@ -209,7 +209,8 @@ pub fn blind_legacy_filter(layout: &PinLayout) -> Result<(), DatapathError> {
         legacy.set(word, u64::MAX, 0).map_err(map_err(name))?;
     }
     log::info!(
-        "{}: the previous agent's quarantine bitmap now matches everything until its programs          are replaced",
+        "{}: the previous agent's quarantine bitmap now matches everything until its programs \
+         are replaced",
         path.display()
     );
     Ok(())

@@ -33,7 +33,9 @@ pub enum AttachError {
     /// after a clsact was deleted). The kernel would take both of ipq's filters into that
     /// qdisc's one block, so the egress hook would be reported attached and never run.
     #[error(
-        "a foreign `{kind}` qdisc holds the clsact qdisc's place (ffff:); ipq's filters need          clsact's two hooks and ipq does not delete qdiscs it does not own: delete it (`tc          qdisc del dev <dev> {kind}`)"
+        "a foreign `{kind}` qdisc holds the clsact qdisc's place (ffff:); ipq's filters need \
+         clsact's two hooks and ipq does not delete qdiscs it does not own: delete it (`tc \
+         qdisc del dev <dev> {kind}`)"
     )]
     ForeignQdisc { kind: String },
     /// Protect-first could attach neither the netlink filter nor the TCX link.
