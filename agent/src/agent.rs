@@ -211,6 +211,7 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
                 Err(e) => e.to_string(),
             };
             metrics.tamper.bpf_watcher.set(0);
+            metrics.tamper.bpf_watcher_stops.inc();
             error!("bpf() watcher stopped: {why}; periodic verification only");
             reader.stop(why);
         });

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use strum::VariantArray as _;
 
 use ipq_common::{counters::Hook, names};
-use prometheus::{Gauge, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
+use prometheus::{Gauge, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 
 use crate::{paths::AttachPoint, series::registered};
 
@@ -20,6 +20,8 @@ pub struct TamperMetrics {
     /// 1 while the bpf() watcher reports other processes' calls, 0 where the periodic
     /// verification alone finds them.
     pub bpf_watcher: IntGauge,
+    /// Times the watcher stopped reporting after it was attached (its ring reader ended).
+    pub bpf_watcher_stops: IntCounter,
     /// Hooks where another tool's filter runs before ipq's, by hook.
     pub bypassed_interfaces: IntGaugeVec,
     /// Times a hook was found bypassed; follows the attacher's count.
@@ -74,6 +76,15 @@ impl TamperMetrics {
                  verification finds them (every verify_interval).",
             )?,
         )?;
+        let bpf_watcher_stops = registered(
+            registry,
+            IntCounter::new(
+                "ipq_datapath_bpf_watcher_stops_total",
+                "Times the bpf() watcher stopped reporting after it was attached (its ring \
+                 reader ended); from then until the agent restarts, only the periodic \
+                 verification finds other processes' changes.",
+            )?,
+        )?;
         let bypassed_interfaces = registered(
             registry,
             IntGaugeVec::new(
@@ -108,6 +119,7 @@ impl TamperMetrics {
             verify_maps_compare_seconds,
             verify_maps_seconds,
             bpf_watcher,
+            bpf_watcher_stops,
             bypassed_interfaces,
             bypasses,
         })
