@@ -13,7 +13,7 @@
 use std::{collections::BTreeMap, net::IpAddr, sync::Arc};
 
 use ipq_common::addr::{AddrEntry, AddrKey};
-use log::{error, info};
+use log::{debug, error, info};
 
 use super::pending_writes::{PendingWrite, PendingWrites, WantedWrite};
 use crate::{
@@ -180,11 +180,16 @@ impl Enforcer {
     /// The map holds what the registry wants for `addr`.
     fn settled(&mut self, addr: IpAddr) {
         if let Some(pending) = self.pending.settled(addr) {
-            info!(
+            // Per address at debug: a full map that frees can settle thousands at once; the
+            // INFO line says when none is left.
+            debug!(
                 "{addr}: datapath {} went through after {} refused attempts",
                 pending.wanted.kind(),
                 pending.failures
             );
+            if self.pending.len() == 0 {
+                info!("datapath writes: every refused write has gone through");
+            }
             self.observe_pending();
         }
     }
