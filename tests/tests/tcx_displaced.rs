@@ -13,47 +13,8 @@ use ipq_tests::{
     api,
     attach::wait_tc_upgrades,
     lab::{ifindex, poll, udp_burst, Agent, Lab, PEER_V4},
+    raw_bpf::foreign_program_first,
 };
-
-const BPF_PROG_LOAD: libc::c_long = 5;
-const BPF_LINK_CREATE: libc::c_long = 28;
-const BPF_PROG_TYPE_SCHED_CLS: u32 = 3;
-const BPF_TCX_INGRESS: u32 = 46;
-const BPF_F_BEFORE: u32 = 1 << 3;
-
-fn bpf(cmd: libc::c_long, attr: &[u8; 64]) -> std::io::Result<i32> {
-    // SAFETY: `attr` outlives the call and the pointers in it point to live buffers.
-    let rc = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr.as_ptr(), attr.len()) };
-    if rc < 0 {
-        Err(std::io::Error::last_os_error())
-    } else {
-        Ok(rc as i32)
-    }
-}
-
-/// A program that returns `TCX_PASS` (ends processing: ipq's behind it sees nothing).
-fn foreign_program() -> i32 {
-    let insns: [[u8; 8]; 2] = [[0xb7, 0, 0, 0, 0, 0, 0, 0], [0x95, 0, 0, 0, 0, 0, 0, 0]];
-    let code: Vec<u8> = insns.iter().flatten().copied().collect();
-    let license = b"GPL\0";
-    let mut attr = [0u8; 64];
-    attr[0..4].copy_from_slice(&BPF_PROG_TYPE_SCHED_CLS.to_ne_bytes());
-    attr[4..8].copy_from_slice(&(insns.len() as u32).to_ne_bytes());
-    attr[8..16].copy_from_slice(&(code.as_ptr() as u64).to_ne_bytes());
-    attr[16..24].copy_from_slice(&(license.as_ptr() as u64).to_ne_bytes());
-    attr[48..55].copy_from_slice(b"foreign");
-    bpf(BPF_PROG_LOAD, &attr).expect("loading the foreign program")
-}
-
-/// A new link of `prog` at the head of `ifindex`'s TCX ingress: its descriptor.
-fn attach_first(prog: i32, ifindex: u32) -> i32 {
-    let mut attr = [0u8; 64];
-    attr[0..4].copy_from_slice(&(prog as u32).to_ne_bytes());
-    attr[4..8].copy_from_slice(&ifindex.to_ne_bytes());
-    attr[8..12].copy_from_slice(&BPF_TCX_INGRESS.to_ne_bytes());
-    attr[12..16].copy_from_slice(&BPF_F_BEFORE.to_ne_bytes());
-    bpf(BPF_LINK_CREATE, &attr).expect("attaching the foreign program first")
-}
 
 /// Whether ipq's program runs first on vethpa's TCX ingress (the kernel lists the chain in
 /// the order it runs).
@@ -101,9 +62,9 @@ fn a_tool_that_keeps_displacing_ipqs_link_is_rate_limited_reported_and_then_let_
     // A hook takes a program once: each displacement is a program (and link) of its own.
     let mut progs = Vec::new();
     let mut displace = || {
-        let prog = foreign_program();
+        let (prog, link) = lab.node.run(|| foreign_program_first(vethpa_index));
         progs.push(prog);
-        lab.node.run(|| attach_first(prog, vethpa_index))
+        link
     };
 
     // Three displacements: each is undone (ipq first again), none with EEXIST.
@@ -150,7 +111,7 @@ fn a_tool_that_keeps_displacing_ipqs_link_is_rate_limited_reported_and_then_let_
 
     // The tool stops: its links go, ipq's is first, the interface protected.
     for link in links {
-        // SAFETY: descriptors attach_first returned, closed once.
+        // SAFETY: link descriptors foreign_program_first returned, closed once.
         unsafe { libc::close(link) };
     }
     poll("vethpa protected again", Duration::from_secs(10), || {
@@ -161,7 +122,7 @@ fn a_tool_that_keeps_displacing_ipqs_link_is_rate_limited_reported_and_then_let_
     assert_eq!(udp_burst(&lab.pod_a, &lab.peer, peer, 10), 0, "fenced");
     assert_eq!(agent.readyz().expect("readyz").0, 200);
     for prog in progs {
-        // SAFETY: descriptors foreign_program returned, closed once.
+        // SAFETY: program descriptors foreign_program_first returned, closed once.
         unsafe { libc::close(prog) };
     }
 }
