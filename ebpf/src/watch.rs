@@ -7,8 +7,9 @@
 //! tracepoint itself sends system calls through the kernel's tracing entry path while it is
 //! attached (measured in `cargo xtask bench`). It runs before the call does its work; the agent
 //! waits a moment before it looks. The system call's number and registers are x86-64's: the
-//! agent attaches it only there. The agent's own calls (`IPQ_WATCH_TGID`) are skipped first, then every command but
-//! the few that matter; map writes only of the processes the agent put in `IPQ_WATCHED`.
+//! agent attaches it only there. The agent's own calls (`IPQ_WATCH_TGID`) are left out first,
+//! then every command but the few that matter; map writes only of the processes the agent put
+//! in `IPQ_WATCHED`.
 
 use aya_ebpf::{
     helpers::{
