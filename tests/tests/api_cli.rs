@@ -217,6 +217,18 @@ fn claims_drains_releases_and_gc_through_the_api_and_the_cli() {
     let again = post_ok(&sock, "/v1/claims", &body);
     assert_eq!(again["conflicts"], json!([]), "{again}");
 
+    // A new holder's flush finishes after the claim is answered (the v6 one dumps conntrack):
+    // the list is compared with the API once both flushes are on record, or the two reads
+    // could straddle one.
+    poll("both new holders' flushes on record", SETTLE, || {
+        let list = request(&sock, "GET", "/v1/addresses", None)?.json()?;
+        Ok(["10.77.0.50", "fd77::50"]
+            .iter()
+            .all(|a| find(&list["addresses"], a).is_some_and(|v| v["last_flush"].is_object()))
+            .then_some(()))
+    })
+    .unwrap_or_else(|e| panic!("{e:#}"));
+
     // list
     let list = ipq(&sock, &["list", "-o", "json"]).unwrap().json();
     assert_eq!(list, get_json(&sock, "/v1/addresses"), "ipq list -o json");
