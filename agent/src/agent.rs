@@ -206,7 +206,8 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
         let reader = pokes.clone();
         let metrics = metrics.clone();
         tokio::spawn(async move {
-            let why = match kernel_rings::read_bpf_calls(watch, reader.clone()).await {
+            let lost_calls = metrics.tamper.bpf_watcher_lost_calls.clone();
+            let why = match kernel_rings::read_bpf_calls(watch, reader.clone(), lost_calls).await {
                 Ok(()) => "its ring reader ended".to_owned(),
                 Err(e) => e.to_string(),
             };

@@ -98,6 +98,8 @@ pub const WATCHED_TGIDS: u32 = 256;
 pub const PROG_WATCH_BPF: &str = "ipq_watch_bpf";
 pub const MAP_BPF_CALLS: &str = "IPQ_BPF_CALLS";
 pub const MAP_WATCHED: &str = "IPQ_WATCHED";
+/// Per CPU, the calls the watcher could not report because its ring was full.
+pub const MAP_BPF_CALLS_LOST: &str = "IPQ_BPF_CALLS_LOST";
 /// The raw tracepoint the watcher is attached to: every system call's entry (x86-64 only:
 /// the program reads x86-64's system call number and registers).
 pub const WATCHED_TRACEPOINT: &str = "sys_enter";

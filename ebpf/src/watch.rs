@@ -17,7 +17,7 @@ use aya_ebpf::{
         bpf_probe_read_user_str_bytes,
     },
     macros::map,
-    maps::{LruHashMap, RingBuf},
+    maps::{LruHashMap, PerCpuArray, RingBuf},
     programs::RawTracePointContext,
 };
 use ipq_common::watch::{BpfCall, BpfCmd, BPF_CALLS_RING_BYTES, WATCHED_TGIDS};
@@ -25,6 +25,11 @@ use ipq_common::watch::{BpfCall, BpfCmd, BPF_CALLS_RING_BYTES, WATCHED_TGIDS};
 /// What the watcher reports; read by the agent that loaded it (not pinned).
 #[map]
 static IPQ_BPF_CALLS: RingBuf = RingBuf::with_byte_size(BPF_CALLS_RING_BYTES, 0);
+
+/// Calls not reported because `IPQ_BPF_CALLS` was full: the agent, which cannot know what
+/// they were, verifies everything when this grows (per CPU; read by the agent that loaded it).
+#[map]
+static IPQ_BPF_CALLS_LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
 /// Processes that opened one of ipq's maps, whose map writes are reported. Written by the
 /// agent only.
@@ -65,7 +70,15 @@ pub fn watch(ctx: &RawTracePointContext) -> Option<()> {
     // SAFETY: as above: `uattr`, a user pointer.
     let attr = unsafe { bpf_probe_read_kernel(regs.add(PT_REGS_SI).cast::<u64>()) }.ok()?;
     let attr = attr as *const u32;
-    let mut entry = IPQ_BPF_CALLS.reserve::<BpfCall>(0)?;
+    let Some(mut entry) = IPQ_BPF_CALLS.reserve::<BpfCall>(0) else {
+        if let Some(lost) = IPQ_BPF_CALLS_LOST.get_ptr_mut(0) {
+            // SAFETY: this CPU's slot. A task preempted on this CPU between the load and the
+            // store may lose an increment of another: the agent needs to know that calls were
+            // lost, not exactly how many.
+            unsafe { *lost += 1 };
+        }
+        return None;
+    };
     let call = entry.as_mut_ptr();
     // SAFETY: the reserved record, written field by field before it is submitted; user memory
     // only through the probe-read helpers (a failed read leaves the field zero).

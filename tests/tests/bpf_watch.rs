@@ -23,7 +23,7 @@ use ipq_tests::{
     attach::wait_tc_upgrades,
     attachments::{self, Attachment},
     lab::{ifindex, poll, udp_burst, Agent, Lab, PEER_V4, POD_A_V4},
-    raw_bpf::{detach_through_pin, foreign_program_first},
+    raw_bpf::{detach_through_pin, foreign_program_first, obj_get},
 };
 
 /// Far below the 60 s between the agent's periodic passes, far above the watcher's few
@@ -241,6 +241,85 @@ fn map_writes_by_another_process_are_undone_at_once() {
         Ok((fenced && rewritten(&agent, names::MAP_SLOTS) == before + 1.0).then_some(()))
     })
     .unwrap_or_else(|e| panic!("{e:#}\n{}", agent.log()));
+    assert_eq!(
+        udp_burst(&lab.pod_a, &lab.peer, IpAddr::from(PEER_V4), 10),
+        0,
+        "fenced again"
+    );
+}
+
+/// Calls the watcher's ring (64 KiB: under 500 records) cannot hold while its reader is
+/// stopped: `BPF_OBJ_GET`s of a path that does not exist, each reported and each failing.
+const RING_FLOOD: usize = 5000;
+
+#[test]
+fn calls_lost_to_a_full_ring_are_answered_by_verifying_everything() {
+    let lab = Lab::new().expect("building the lab");
+    let agent = fenced_and_watching(&lab);
+    let pod_a = AddrKey::from(IpAddr::from(POD_A_V4));
+    let before = rewritten(&agent, names::MAP_ADDRS);
+    assert_eq!(
+        agent
+            .metric("ipq_datapath_bpf_watcher_lost_calls_total", &[])
+            .unwrap_or_else(|e| panic!("{e:#}")),
+        0.0,
+        "nothing lost yet"
+    );
+
+    // The agent stopped, its ring is filled past its size; what comes after is lost: the open
+    // of IPQ_ADDRS's pin and the write that unfences pod a. Only the count of lost calls can
+    // tell the agent to look before its periodic pass, 60 s away. (A SIGKILL at the end of the
+    // test ends a stopped agent too.)
+    let pid = agent.pid() as i32;
+    // SAFETY: signals the test's own child.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0, "SIGSTOP");
+    let missing = lab.bpffs.path().join("no-such-pin");
+    for _ in 0..RING_FLOOD {
+        let e = obj_get(&missing).expect_err("no such pin");
+        assert_eq!(e.raw_os_error(), Some(libc::ENOENT), "{e}");
+    }
+    // Read through this descriptor from now on: opening the pin again would be a call the
+    // watcher reports, and would make the agent look for that reason.
+    let mut map = addrs(&lab);
+    let mut entry = map.get(&pod_a, 0).expect("pod a's entry");
+    assert_ne!(entry.fenced_ifindex, NO_IFINDEX, "fenced to begin with");
+    entry.fenced_ifindex = NO_IFINDEX;
+    map.insert(pod_a, entry, 0).expect("writing IPQ_ADDRS");
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0, "SIGCONT");
+
+    poll(
+        "IPQ_ADDRS written back after the lost calls",
+        WATCHER_DEADLINE,
+        || {
+            let fenced = map
+                .get(&pod_a, 0)
+                .is_ok_and(|e| e.fenced_ifindex != NO_IFINDEX);
+            Ok((fenced && rewritten(&agent, names::MAP_ADDRS) == before + 1.0).then_some(()))
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", agent.log()));
+    let lost = agent
+        .metric("ipq_datapath_bpf_watcher_lost_calls_total", &[])
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    assert!(
+        lost > 0.0 && lost <= RING_FLOOD as f64 + 2.0,
+        "the lost calls counted: {lost}"
+    );
+    let status = api::request(&agent.api_socket(), "GET", "/v1/status", None)
+        .expect("status")
+        .json()
+        .expect("status json");
+    let unannounced = status["unannounced"].as_str().unwrap_or_default();
+    assert!(
+        unannounced.contains(&format!("{lost} calls lost to its full ring")),
+        "status says calls were lost: {unannounced}"
+    );
+    assert!(
+        agent.log().contains("calls lost to a full ring"),
+        "logged:\n{}",
+        agent.log()
+    );
     assert_eq!(
         udp_burst(&lab.pod_a, &lab.peer, IpAddr::from(PEER_V4), 10),
         0,

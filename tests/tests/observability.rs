@@ -173,6 +173,7 @@ fn agent_metrics_have_every_series_from_the_first_scrape_and_pass_promtool_after
         ),
         ("ipq_datapath_writes_pending", set([""])),
         ("ipq_datapath_bpf_watcher_stops_total", set([""])),
+        ("ipq_datapath_bpf_watcher_lost_calls_total", set([""])),
         ("ipq_stale_traffic_age_seconds_count", set([""])),
         ("ipq_quarantine_duration_seconds_count", set([""])),
     ] {

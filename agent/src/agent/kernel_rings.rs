@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use ipq_common::sample::ConflictSample;
 use log::warn;
+use prometheus::IntCounter;
 use tokio::{
     io::{unix::AsyncFd, Interest},
     sync::mpsc::{self, error::TrySendError},
@@ -83,9 +84,14 @@ pub(super) async fn forward_kernel_logs(logger: KernelLogger) -> Result<(), Agen
 /// Reads the watcher's ring until the agent stops: each reported `bpf()` call of another
 /// process that may have touched ipq's links or maps pokes the verification, which looks at
 /// once (one pass for a burst of calls).
-pub(super) async fn read_bpf_calls(watch: BpfWatch, pokes: Arc<Pokes>) -> Result<(), AgentError> {
+pub(super) async fn read_bpf_calls(
+    watch: BpfWatch,
+    pokes: Arc<Pokes>,
+    lost_calls: IntCounter,
+) -> Result<(), AgentError> {
     let BpfWatch {
         calls,
+        lost,
         mut classifier,
     } = watch;
     // SAFETY: as for the samples: the ring owns its map fd for as long as the AsyncFd owns it.
@@ -119,6 +125,24 @@ pub(super) async fn read_bpf_calls(watch: BpfWatch, pokes: Arc<Pokes>) -> Result
         }
         if scope != 0 {
             pokes.poke(scope);
+        }
+        // A call the kernel could not report may have been anything: everything is verified.
+        // One lookup a wakeup; wakeups come only with calls that concern ipq.
+        match lost.total() {
+            Ok(total) => {
+                let new = pokes.lost(total);
+                if new > 0 {
+                    lost_calls.inc_by(new);
+                    warn!(
+                        "bpf() watcher: {new} calls lost to a full ring ({total} in all); \
+                         verifying every link and map"
+                    );
+                }
+            }
+            Err(e) => {
+                pokes.poke(POKE_LINKS | POKE_MAPS);
+                warn!("bpf() watcher: reading its lost-call count: {e}; verifying everything");
+            }
         }
         guard.clear_ready();
     }

@@ -14,17 +14,20 @@
 
 use std::{
     path::{Path, PathBuf},
-    sync::atomic::{AtomicU8, Ordering},
+    sync::atomic::{AtomicU64, AtomicU8, Ordering},
 };
 
 use aya::{
-    maps::{HashMap, MapData, RingBuf},
+    maps::{HashMap, MapData, PerCpuArray, RingBuf},
     programs::RawTracePoint,
     Ebpf,
 };
 use ipq_common::{
     names,
-    watch::{BpfCall, BpfCmd, MAP_BPF_CALLS, MAP_WATCHED, PROG_WATCH_BPF, WATCHED_TRACEPOINT},
+    watch::{
+        BpfCall, BpfCmd, MAP_BPF_CALLS, MAP_BPF_CALLS_LOST, MAP_WATCHED, PROG_WATCH_BPF,
+        WATCHED_TRACEPOINT,
+    },
 };
 use strum::VariantArray as _;
 use tokio::sync::Notify;
@@ -40,6 +43,8 @@ pub struct Pokes {
     pending: AtomicU8,
     notify: Notify,
     stopped: std::sync::OnceLock<String>,
+    /// Calls the kernel could not report (its ring was full), as last read.
+    lost: AtomicU64,
 }
 
 /// A poke's scope: bits of [`Pokes::pending`].
@@ -71,6 +76,23 @@ impl Pokes {
         let _ = self.stopped.set(why);
     }
 
+    /// Records that the kernel has lost `total` calls in all (a full ring) and, when that is
+    /// more than before, pokes everything: a lost call may have been anything. Returns how many
+    /// are new.
+    pub fn lost(&self, total: u64) -> u64 {
+        let before = self.lost.fetch_max(total, Ordering::AcqRel);
+        let new = total.saturating_sub(before);
+        if new > 0 {
+            self.poke(POKE_LINKS | POKE_MAPS);
+        }
+        new
+    }
+
+    /// Calls lost to a full ring since the watcher was attached.
+    pub fn lost_total(&self) -> u64 {
+        self.lost.load(Ordering::Acquire)
+    }
+
     /// Why the reader stopped, if it did.
     pub fn stopped(&self) -> Option<&str> {
         self.stopped.get().map(String::as_str)
@@ -80,7 +102,18 @@ impl Pokes {
 /// The attached watcher: its ring, and what makes sense of the ring's records.
 pub struct BpfWatch {
     pub calls: RingBuf<MapData>,
+    pub lost: LostCalls,
     pub classifier: Classifier,
+}
+
+/// The kernel's per-CPU count of calls it could not report because the ring was full.
+pub struct LostCalls(PerCpuArray<MapData, u64>);
+
+impl LostCalls {
+    /// The count summed over the CPUs.
+    pub fn total(&self) -> Result<u64, aya::maps::MapError> {
+        Ok(self.0.get(&0, 0)?.iter().sum())
+    }
 }
 
 /// What a record means for ipq: the processes whose map writes are reported, ipq's maps.
@@ -114,6 +147,12 @@ pub fn attach(ebpf: &mut Ebpf, layout: &PinLayout) -> Result<BpfWatch, DatapathE
             name: MAP_BPF_CALLS,
             source,
         })?;
+    let lost = PerCpuArray::try_from(take(ebpf, MAP_BPF_CALLS_LOST)?).map_err(|source| {
+        DatapathError::Map {
+            name: MAP_BPF_CALLS_LOST,
+            source,
+        }
+    })?;
     let watched =
         HashMap::try_from(take(ebpf, MAP_WATCHED)?).map_err(|source| DatapathError::Map {
             name: MAP_WATCHED,
@@ -134,6 +173,7 @@ pub fn attach(ebpf: &mut Ebpf, layout: &PinLayout) -> Result<BpfWatch, DatapathE
     }
     Ok(BpfWatch {
         calls,
+        lost: LostCalls(lost),
         classifier: Classifier {
             watched,
             map_ids,

@@ -22,6 +22,9 @@ pub struct TamperMetrics {
     pub bpf_watcher: IntGauge,
     /// Times the watcher stopped reporting after it was attached (its ring reader ended).
     pub bpf_watcher_stops: IntCounter,
+    /// Calls the watcher could not report (its ring was full), each answered by verifying
+    /// everything.
+    pub bpf_watcher_lost_calls: IntCounter,
     /// Hooks where another tool's filter runs before ipq's, by hook.
     pub bypassed_interfaces: IntGaugeVec,
     /// Times a hook was found bypassed; follows the attacher's count.
@@ -85,6 +88,15 @@ impl TamperMetrics {
                  verification finds other processes' changes.",
             )?,
         )?;
+        let bpf_watcher_lost_calls = registered(
+            registry,
+            IntCounter::new(
+                "ipq_datapath_bpf_watcher_lost_calls_total",
+                "bpf() calls the watcher could not report because its ring buffer was full \
+                 (another process made them faster than the agent read them); each time, the \
+                 agent verifies every link and map at once instead of what the calls touched.",
+            )?,
+        )?;
         let bypassed_interfaces = registered(
             registry,
             IntGaugeVec::new(
@@ -120,6 +132,7 @@ impl TamperMetrics {
             verify_maps_seconds,
             bpf_watcher,
             bpf_watcher_stops,
+            bpf_watcher_lost_calls,
             bypassed_interfaces,
             bypasses,
         })

@@ -116,62 +116,70 @@ impl ApiService<'_> {
                     .get()
             })
             .sum();
-        let facts = StatusFacts {
-            ready: self.metrics.readiness.is_ready(),
-            not_ready: self.metrics.readiness.check().err().map(|e| e.to_string()),
-            tc_attach: self.attacher.mode().into(),
-            conntrack_claim_flush: self.hygiene.claim_flush().map(|f| ClaimFlushView {
-                ipv4: f.ipv4,
-                ipv6: f.ipv6,
-            }),
-            mode: self.config.mode,
-            on_early_reuse: self.config.on_early_reuse,
-            conflicts_total,
-            refused_claims_total: self.metrics.refused_claims.get(),
-            started_at: self.started_at,
-            verification: self.attacher.verified().map(|v| VerificationView {
-                at: humantime::format_rfc3339_millis(v.finished_at).to_string(),
-                took_us: u64::try_from(v.took.as_micros()).unwrap_or(u64::MAX),
-                pins: v.pins as u64,
-                found: v.found.clone(),
-                last_found_at: self
-                    .attacher
-                    .last_found()
-                    .map(|l| humantime::format_rfc3339_millis(l.finished_at).to_string()),
-                last_found: self
-                    .attacher
-                    .last_found()
-                    .map_or_else(Vec::new, |l| l.found.clone()),
-            }),
-            // No netlink group announces these changes: say what finds them, and how late.
-            unannounced: match self.bpf_watcher.as_ref().map(|pokes| pokes.stopped()) {
-                Ok(Some(why)) => format!(
+        let facts =
+            StatusFacts {
+                ready: self.metrics.readiness.is_ready(),
+                not_ready: self.metrics.readiness.check().err().map(|e| e.to_string()),
+                tc_attach: self.attacher.mode().into(),
+                conntrack_claim_flush: self.hygiene.claim_flush().map(|f| ClaimFlushView {
+                    ipv4: f.ipv4,
+                    ipv6: f.ipv6,
+                }),
+                mode: self.config.mode,
+                on_early_reuse: self.config.on_early_reuse,
+                conflicts_total,
+                refused_claims_total: self.metrics.refused_claims.get(),
+                started_at: self.started_at,
+                verification: self.attacher.verified().map(|v| VerificationView {
+                    at: humantime::format_rfc3339_millis(v.finished_at).to_string(),
+                    took_us: u64::try_from(v.took.as_micros()).unwrap_or(u64::MAX),
+                    pins: v.pins as u64,
+                    found: v.found.clone(),
+                    last_found_at: self
+                        .attacher
+                        .last_found()
+                        .map(|l| humantime::format_rfc3339_millis(l.finished_at).to_string()),
+                    last_found: self
+                        .attacher
+                        .last_found()
+                        .map_or_else(Vec::new, |l| l.found.clone()),
+                }),
+                // No netlink group announces these changes: say what finds them, and how late.
+                unannounced: match self.bpf_watcher.as_ref().map(|pokes| pokes.stopped()) {
+                    Ok(Some(why)) => format!(
                     "periodic verification only, every {} (the bpf() watcher STOPPED: {why}): a \
                      detached link, a program put ahead of ipq's TCX link and a map written by \
                      another process are found within it",
                     humantime::format_duration(self.config.verify_interval)
                 ),
-                Ok(None) => format!(
+                    Ok(None) => format!(
                     "bpf() watcher (raw tracepoint {}): another process's link detach, program \
                      attach or write to ipq's maps is verified within milliseconds; periodic \
                      verification every {} as the backstop (a map written through a mapping \
-                     or a descriptor opened before the agent started)",
+                     or a descriptor opened before the agent started){}",
                     ipq_common::watch::WATCHED_TRACEPOINT,
-                    humantime::format_duration(self.config.verify_interval)
+                    humantime::format_duration(self.config.verify_interval),
+                    match self.bpf_watcher.as_ref().map_or(0, |pokes| pokes.lost_total()) {
+                        0 => String::new(),
+                        lost => format!(
+                            "; {lost} calls lost to its full ring, each time answered by \
+                             verifying everything"
+                        ),
+                    }
                 ),
-                Err(why) => format!(
-                    "periodic verification only, every {} (the bpf() watcher is not attached: \
+                    Err(why) => format!(
+                        "periodic verification only, every {} (the bpf() watcher is not attached: \
                      {why}): a detached link, a program put ahead of ipq's TCX link and a map \
                      written by another process are found within it",
-                    humantime::format_duration(self.config.verify_interval)
-                ),
-            },
-            recovery: self.recovered.cloned(),
-            started: self.started.cloned(),
-            writes_pending: self.writes.len() as u64,
-            pending_writes: self.writes.views(PENDING_WRITES_SHOWN),
-            publish: self.publish.map(crate::publish::Feed::view),
-        };
+                        humantime::format_duration(self.config.verify_interval)
+                    ),
+                },
+                recovery: self.recovered.cloned(),
+                started: self.started.cloned(),
+                writes_pending: self.writes.len() as u64,
+                pending_writes: self.writes.views(PENDING_WRITES_SHOWN),
+                publish: self.publish.map(crate::publish::Feed::view),
+            };
         status_view(facts, self.registry, interfaces)
     }
 
