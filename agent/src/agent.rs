@@ -201,13 +201,23 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
     let (stop_verifier, verifier_stop) = tokio::sync::watch::channel(false);
     let bpf_watch = datapath.take_bpf_watch();
     metrics.tamper.bpf_watcher.set(i64::from(bpf_watch.is_ok()));
+    // Map writes' keys the watcher reported, for the owner loop to look at each at once; the
+    // sender goes with the watcher, so without one this input never fires.
+    let (settled_keys_tx, mut reported_keys) = mpsc::channel(kernel_rings::REPORTED_KEY_BATCHES);
     let watcher = bpf_watch.map(|watch| {
         let pokes = Arc::new(crate::datapath::bpf_watch::Pokes::default());
         let reader = pokes.clone();
         let metrics = metrics.clone();
+        let (keys_tx, keys_rx) = mpsc::channel(kernel_rings::REPORTED_KEY_BATCHES);
+        tokio::spawn(kernel_rings::settle_reported_keys(
+            keys_rx,
+            settled_keys_tx,
+            pokes.clone(),
+        ));
         tokio::spawn(async move {
             let lost_calls = metrics.tamper.bpf_watcher_lost_calls.clone();
-            let why = match kernel_rings::read_bpf_calls(watch, reader.clone(), lost_calls).await {
+            let reading = kernel_rings::read_bpf_calls(watch, reader.clone(), lost_calls, keys_tx);
+            let why = match reading.await {
                 Ok(()) => "its ring reader ended".to_owned(),
                 Err(e) => e.to_string(),
             };
@@ -359,6 +369,9 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
             }
             Some(verification) = verifications.recv() => {
                 tracker.on_verification(verification);
+            }
+            Some(keys) = reported_keys.recv() => {
+                tracker.recheck_reported(&keys);
             }
             Some(report) = attach_reports.recv() => {
                 tracker.on_attach_report(report);

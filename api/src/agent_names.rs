@@ -194,3 +194,22 @@ pub enum PublishState {
     #[serde(other)]
     Unknown,
 }
+
+/// What found an entry of ipq's maps written by another process (`found_by` of a
+/// `map_rewritten` event).
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, strum::IntoStaticStr, strum::Display,
+)]
+#[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
+#[cfg_attr(test, derive(strum::VariantArray))]
+pub enum DriftFoundBy {
+    /// The bpf() watcher reported the write with its key, and that entry was looked at at once.
+    ReportedWrite,
+    /// The comparison of the whole maps with what ipq wrote (a pass the watcher asked for, or
+    /// the periodic one).
+    Comparison,
+    /// A finder this build does not know (an event of a newer agent).
+    #[serde(other)]
+    Unknown,
+}

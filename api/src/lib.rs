@@ -13,8 +13,8 @@ mod vocabulary;
 mod vocabulary_tests;
 
 pub use agent_names::{
-    Attachment, ConflictOutcome, ConntrackFlush, HoldRelease, HygieneTrigger, PublishState,
-    RecoveredFrom, TcAttachMode,
+    Attachment, ConflictOutcome, ConntrackFlush, DriftFoundBy, HoldRelease, HygieneTrigger,
+    PublishState, RecoveredFrom, TcAttachMode,
 };
 pub use holder::{Holder, PodRef};
 

@@ -4,8 +4,9 @@
 use strum::VariantArray;
 
 use crate::{
-    Attachment, ConflictKind, ConflictOutcome, ConntrackFlush, EarlyReusePolicy, HoldRelease,
-    HygieneTrigger, MapWrite, Protection, PublishState, RecoveredFrom, StateName, TcAttachMode,
+    Attachment, ConflictKind, ConflictOutcome, ConntrackFlush, DriftFoundBy, EarlyReusePolicy,
+    HoldRelease, HygieneTrigger, MapWrite, Protection, PublishState, RecoveredFrom, StateName,
+    TcAttachMode,
 };
 
 #[test]
@@ -159,6 +160,11 @@ fn agent_names() {
         "never",
         HoldRelease::Unknown,
         &["after the quarantine", "now", "failing", "unknown"],
+    );
+    assert_wire_names(
+        "guessed",
+        DriftFoundBy::Unknown,
+        &["reported_write", "comparison", "unknown"],
     );
     assert_wire_names(
         "throttled",

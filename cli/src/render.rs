@@ -9,7 +9,7 @@ use super::{
 };
 use ipq_api::{
     model::{AddressView, ConflictView, Event, EventBody, HygieneView, PendingWriteView},
-    ConntrackFlush, HoldRelease, Holder, Protection,
+    ConntrackFlush, DriftFoundBy, HoldRelease, Holder, Protection,
 };
 
 mod status;
@@ -367,12 +367,18 @@ pub fn event_line(event: &Event) -> String {
             wanted,
             repaired,
             error,
+            found_by,
         } => format!(
-            "TAMPERED {map} {key}: held {found}, ipq wrote {wanted}; {}",
+            "TAMPERED {map} {key}: held {found}, ipq wrote {wanted}; {}{}",
             match (repaired, error) {
                 (true, _) => "written back".to_owned(),
                 (false, Some(e)) => format!("NOT WRITTEN BACK: {e}"),
                 (false, None) => "NOT WRITTEN BACK".to_owned(),
+            },
+            match found_by {
+                Some(DriftFoundBy::ReportedWrite) => " (the write was reported as it happened)",
+                Some(DriftFoundBy::Comparison) => " (found by comparing the maps)",
+                Some(DriftFoundBy::Unknown) | None => "",
             }
         ),
         EventBody::IpamExhausted {

@@ -58,13 +58,14 @@ pub struct BpfCall {
     /// The calling process (thread group id).
     pub tgid: u32,
     /// `BPF_LINK_CREATE`'s and `BPF_PROG_ATTACH`'s target (an ifindex for TCX and XDP),
-    /// `BPF_MAP_GET_FD_BY_ID`'s map id; 0 for the other commands, whose attribute names only
-    /// the caller's descriptors.
+    /// `BPF_MAP_GET_FD_BY_ID`'s map id; for `BPF_MAP_UPDATE_ELEM` and `BPF_MAP_DELETE_ELEM`, how
+    /// many bytes of the key are in `path` ([`WATCH_KEY_BYTES`], 4, or 0 where none could be
+    /// read); 0 for the other commands, whose attribute names only the caller's descriptors.
     pub target: u32,
     /// Reserved; zero.
     pub _reserved: u32,
-    /// `BPF_OBJ_GET`'s path, NUL-terminated (cut at [`WATCH_PATH_BYTES`] - 1 bytes); zero for
-    /// the other commands.
+    /// `BPF_OBJ_GET`'s path, NUL-terminated (cut at [`WATCH_PATH_BYTES`] - 1 bytes); the key
+    /// of a map update or delete, in its first `target` bytes; zero for the other commands.
     pub path: [u8; WATCH_PATH_BYTES],
 }
 crate::assert_layout!(BpfCall, size = 128, align = 4);
@@ -78,6 +79,10 @@ crate::assert_offsets!(BpfCall {
 
 /// Bytes of a reported `BPF_OBJ_GET` path, its NUL included.
 pub const WATCH_PATH_BYTES: usize = 112;
+
+/// Bytes of a map write's key the watcher reports: an `IPQ_ADDRS` key (an address); the
+/// agent reads the first 4 as an index of `IPQ_SLOTS` or `IPQ_IFACES` too.
+pub const WATCH_KEY_BYTES: usize = 16;
 
 impl Default for BpfCall {
     fn default() -> Self {

@@ -20,7 +20,7 @@ use aya_ebpf::{
     maps::{LruHashMap, PerCpuArray, RingBuf},
     programs::RawTracePointContext,
 };
-use ipq_common::watch::{BpfCall, BpfCmd, BPF_CALLS_RING_BYTES, WATCHED_TGIDS};
+use ipq_common::watch::{BpfCall, BpfCmd, BPF_CALLS_RING_BYTES, WATCHED_TGIDS, WATCH_KEY_BYTES};
 
 /// What the watcher reports; read by the agent that loaded it (not pinned).
 #[map]
@@ -92,6 +92,23 @@ pub fn watch(ctx: &RawTracePointContext) -> Option<()> {
             // `pathname`, a user pointer, first in the attribute.
             if let Ok(path) = bpf_probe_read_user(attr as *const u64) {
                 let _ = bpf_probe_read_user_str_bytes(path as *const u8, &mut (*call).path);
+            }
+        } else if cmd == BpfCmd::MapUpdateElem as u32 || cmd == BpfCmd::MapDeleteElem as u32 {
+            // `key`, a user pointer after `map_fd` and its padding: the key written, so that
+            // the agent looks at that entry at once. 16 bytes (an address of `IPQ_ADDRS`), or
+            // 4 (an index of `IPQ_SLOTS` or `IPQ_IFACES`) where 16 cannot be read.
+            if let Ok(key) = bpf_probe_read_user(attr.add(2) as *const u64) {
+                if let Ok(bytes) = bpf_probe_read_user(key as *const [u8; WATCH_KEY_BYTES]) {
+                    core::ptr::addr_of_mut!((*call).path)
+                        .cast::<[u8; WATCH_KEY_BYTES]>()
+                        .write(bytes);
+                    (*call).target = WATCH_KEY_BYTES as u32;
+                } else if let Ok(bytes) = bpf_probe_read_user(key as *const [u8; 4]) {
+                    core::ptr::addr_of_mut!((*call).path)
+                        .cast::<[u8; 4]>()
+                        .write(bytes);
+                    (*call).target = 4;
+                }
             }
         } else if cmd == BpfCmd::LinkCreate as u32 {
             // `link_create.target_ifindex`, after `prog_fd`.

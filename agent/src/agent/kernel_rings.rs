@@ -15,8 +15,13 @@ use tokio::{
 use super::AgentError;
 use crate::{
     datapath::{
-        bpf_watch::{BpfWatch, Pokes, Seen, POKE_LINKS, POKE_MAPS},
-        decode_sample, KernelLogger, Samples,
+        bpf_watch::{
+            BpfWatch, Pokes, ReportedKey, ReportedKeys, Seen, POKE_LINKS, POKE_MAPS,
+            REPORTED_KEYS_AT_ONCE,
+        },
+        decode_sample,
+        verify::{POKED_GAP, WATCH_SETTLE},
+        KernelLogger, Samples,
     },
     metrics::{LostAt, Metrics},
 };
@@ -81,6 +86,35 @@ pub(super) async fn forward_kernel_logs(logger: KernelLogger) -> Result<(), Agen
     }
 }
 
+/// Batches of reported keys waiting to be looked at: a burst beyond them is found by the
+/// comparison of the whole maps, which every reported write pokes too.
+pub(super) const REPORTED_KEY_BATCHES: usize = 16;
+
+/// Hands each batch of reported map writes' keys to the owner loop once the calls are done
+/// (the watcher sees a call as it starts): [`WATCH_SETTLE`] after it was seen. The whole maps
+/// are compared [`POKED_GAP`] later, as the backstop for what a key cannot show (an address
+/// moved out of its `IPQ_SLOTS` cell by a write to that cell), so that the look at the keys,
+/// O(keys), is what repairs a single write, not the O(addresses) comparison.
+pub(super) async fn settle_reported_keys(
+    mut reported: mpsc::Receiver<ReportedKeys>,
+    settled: mpsc::Sender<Vec<ReportedKey>>,
+    pokes: Arc<Pokes>,
+) {
+    while let Some(ReportedKeys { seen_at, mut keys }) = reported.recv().await {
+        tokio::time::sleep_until(seen_at + WATCH_SETTLE).await;
+        keys.sort_unstable();
+        keys.dedup();
+        if settled.send(keys).await.is_err() {
+            return;
+        }
+        let pokes = pokes.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep_until(seen_at + POKED_GAP).await;
+            pokes.poke(POKE_MAPS);
+        });
+    }
+}
+
 /// Reads the watcher's ring until the agent stops: each reported `bpf()` call of another
 /// process that may have touched ipq's links or maps pokes the verification, which looks at
 /// once (one pass for a burst of calls).
@@ -88,6 +122,7 @@ pub(super) async fn read_bpf_calls(
     watch: BpfWatch,
     pokes: Arc<Pokes>,
     lost_calls: IntCounter,
+    reported_keys: mpsc::Sender<ReportedKeys>,
 ) -> Result<(), AgentError> {
     let BpfWatch {
         calls,
@@ -109,22 +144,42 @@ pub(super) async fn read_bpf_calls(
         })?;
         let ring = guard.get_inner_mut();
         let mut scope = 0;
+        let mut keys = Vec::new();
         while let Some(item) = ring.next() {
             match classifier.classify(&item) {
                 Some(Seen::Attachment { cmd, tgid, target }) => {
                     log::debug!("process {tgid}: bpf({cmd:?}) on target {target}: verifying");
                     scope |= POKE_LINKS;
                 }
-                Some(Seen::Maps { cmd, tgid }) => {
-                    log::debug!("process {tgid}: bpf({cmd:?}) of ipq's maps: comparing them");
-                    scope |= POKE_LINKS | POKE_MAPS;
-                }
+                Some(Seen::Maps { cmd, tgid, key }) => match key {
+                    // One entry written, with its key: looked at by its key first, then the
+                    // whole maps compared (`settle_reported_keys`).
+                    Some(key) if keys.len() < REPORTED_KEYS_AT_ONCE => {
+                        log::debug!("process {tgid}: bpf({cmd:?}) of ipq's maps: its key first");
+                        keys.push(key);
+                    }
+                    _ => {
+                        log::debug!("process {tgid}: bpf({cmd:?}) of ipq's maps: comparing them");
+                        scope |= POKE_MAPS;
+                    }
+                },
                 Some(Seen::Elsewhere) => {}
                 None => warn!("bpf() watcher: record of {} bytes ignored", item.len()),
             }
         }
         if scope != 0 {
             pokes.poke(scope);
+        }
+        if !keys.is_empty() {
+            let seen_at = tokio::time::Instant::now();
+            // Full (or gone): the owner has keys enough to look at; the comparison of the
+            // whole maps finds these writes instead.
+            if reported_keys
+                .try_send(ReportedKeys { seen_at, keys })
+                .is_err()
+            {
+                pokes.poke(POKE_MAPS);
+            }
         }
         // A call the kernel could not report may have been anything: everything is verified.
         // One lookup a wakeup; wakeups come only with calls that concern ipq.

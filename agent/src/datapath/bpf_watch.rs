@@ -26,7 +26,7 @@ use ipq_common::{
     names,
     watch::{
         BpfCall, BpfCmd, MAP_BPF_CALLS, MAP_BPF_CALLS_LOST, MAP_WATCHED, PROG_WATCH_BPF,
-        WATCHED_TRACEPOINT,
+        WATCHED_TRACEPOINT, WATCH_KEY_BYTES,
     },
 };
 use strum::VariantArray as _;
@@ -189,8 +189,13 @@ pub enum Seen {
     /// A link or program attachment changed somewhere: ipq's links are looked at.
     Attachment { cmd: BpfCmd, tgid: u32, target: u32 },
     /// One of ipq's maps opened (the process is watched from now on) or written by a watched
-    /// process: the maps are compared.
-    Maps { cmd: BpfCmd, tgid: u32 },
+    /// process: the maps are compared, and the entry a single-entry write names is looked at
+    /// at once (`key`: its 16 bytes, or its 4 zero-padded).
+    Maps {
+        cmd: BpfCmd,
+        tgid: u32,
+        key: Option<ReportedKey>,
+    },
     /// Something of no concern to ipq (another tool's pin or map opened).
     Elsewhere,
 }
@@ -224,12 +229,15 @@ impl Classifier {
                 self.watch(cmd, call.tgid)
             }
             BpfCmd::ObjGet | BpfCmd::MapGetFdById => Seen::Elsewhere,
-            BpfCmd::MapUpdateElem
-            | BpfCmd::MapDeleteElem
-            | BpfCmd::MapUpdateBatch
-            | BpfCmd::MapDeleteBatch => Seen::Maps {
+            BpfCmd::MapUpdateElem | BpfCmd::MapDeleteElem => Seen::Maps {
                 cmd,
                 tgid: call.tgid,
+                key: reported_key(&call),
+            },
+            BpfCmd::MapUpdateBatch | BpfCmd::MapDeleteBatch => Seen::Maps {
+                cmd,
+                tgid: call.tgid,
+                key: None,
             },
         };
         Some(seen)
@@ -241,7 +249,11 @@ impl Classifier {
                 "process {tgid} opened one of ipq's maps; its writes will not be announced: {e}"
             );
         }
-        Seen::Maps { cmd, tgid }
+        Seen::Maps {
+            cmd,
+            tgid,
+            key: None,
+        }
     }
 
     /// Whether ipq holds a link on `ifindex` (its pin is there): three lookups.
@@ -259,6 +271,33 @@ impl Classifier {
         };
         Path::new(path).starts_with(&self.maps_dir)
     }
+}
+
+/// The key of a map write, as the watcher read it: 16 bytes of an `IPQ_ADDRS` address, whose
+/// first 4 are also read as an index of `IPQ_SLOTS` or `IPQ_IFACES` (the watcher cannot tell
+/// which of ipq's maps a descriptor is: each meaning is looked at, one lookup each).
+pub type ReportedKey = [u8; WATCH_KEY_BYTES];
+
+/// Keys of one wakeup's map writes, as the ring reader hands them on: at most this many (the
+/// comparison of the whole maps, poked as well, finds whatever a longer burst wrote).
+pub const REPORTED_KEYS_AT_ONCE: usize = 64;
+
+/// Map writes' keys reported together, and when: they are looked at once the calls are done
+/// ([`super::verify::WATCH_SETTLE`] later).
+#[derive(Debug)]
+pub struct ReportedKeys {
+    pub seen_at: tokio::time::Instant,
+    pub keys: Vec<ReportedKey>,
+}
+
+fn reported_key(call: &BpfCall) -> Option<ReportedKey> {
+    let len = (call.target as usize).min(WATCH_KEY_BYTES);
+    if len == 0 {
+        return None;
+    }
+    let mut key = [0u8; WATCH_KEY_BYTES];
+    key[..len].copy_from_slice(&call.path[..len]);
+    Some(key)
 }
 
 fn decode(bytes: &[u8]) -> Option<BpfCall> {

@@ -6,7 +6,10 @@ use std::collections::BTreeMap;
 
 use ipq_common::addr::{AddrEntry, AddrKey};
 
-use super::{map_check::MapSuspects, AddressTable, Datapath, DatapathError, MapsCheck};
+use super::{
+    bpf_watch::ReportedKey, map_check::MapSuspects, AddressTable, Datapath, DatapathError,
+    MapsCheck,
+};
 
 /// The address table's public face: one entry per registered address.
 pub trait AddrTable {
@@ -33,6 +36,11 @@ pub trait AddrTable {
         _wanted: &dyn Fn(&AddrKey) -> Option<AddrEntry>,
     ) -> MapsCheck {
         MapsCheck::default()
+    }
+    /// What to look at for map writes another process made, by the keys the bpf() watcher
+    /// reported. A table in memory has nothing another process could write.
+    fn reported_suspects(&self, _keys: &[ReportedKey]) -> MapSuspects {
+        MapSuspects::default()
     }
     /// Where the pinned copies disagreed when the table opened (the stricter was kept).
     fn opened_disagreeing(&self) -> &[String] {
@@ -78,6 +86,10 @@ impl AddrTable for AddressTable {
         wanted: &dyn Fn(&AddrKey) -> Option<AddrEntry>,
     ) -> MapsCheck {
         AddressTable::recheck(self, suspects, wanted)
+    }
+
+    fn reported_suspects(&self, keys: &[ReportedKey]) -> MapSuspects {
+        AddressTable::reported_suspects(self, keys)
     }
 
     fn opened_disagreeing(&self) -> &[String] {

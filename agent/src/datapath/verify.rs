@@ -79,6 +79,35 @@ pub struct Verification {
     pub maps: Option<Result<MapSuspects, String>>,
 }
 
+/// The lines of `ipq status` for map entries found written by another process: the first
+/// [`DRIFT_SHOWN`], then how many more.
+pub fn drift_lines(drift: &[MapDrift]) -> Vec<String> {
+    let mut lines: Vec<String> = drift
+        .iter()
+        .take(DRIFT_SHOWN)
+        .map(|d| {
+            format!(
+                "{} {}: held {}, ipq wrote {}: {}",
+                d.map,
+                d.key,
+                d.found,
+                d.wanted,
+                d.error.as_ref().map_or_else(
+                    || "written back".to_owned(),
+                    |e| format!("NOT written back ({e})")
+                )
+            )
+        })
+        .collect();
+    if drift.len() > DRIFT_SHOWN {
+        lines.push(format!(
+            "... and {} more map entries written back",
+            drift.len() - DRIFT_SHOWN
+        ));
+    }
+    lines
+}
+
 /// What the last pass found, as `ipq status` shows it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Summary {
@@ -173,25 +202,7 @@ impl Verification {
         if let Some(Err(e)) = &self.maps {
             found.push(format!("maps not verified: {e}"));
         }
-        found.extend(drift.iter().take(DRIFT_SHOWN).map(|d| {
-            format!(
-                "{} {}: held {}, ipq wrote {}: {}",
-                d.map,
-                d.key,
-                d.found,
-                d.wanted,
-                d.error.as_ref().map_or_else(
-                    || "written back".to_owned(),
-                    |e| format!("NOT written back ({e})")
-                )
-            )
-        }));
-        if drift.len() > DRIFT_SHOWN {
-            found.push(format!(
-                "... and {} more map entries written back",
-                drift.len() - DRIFT_SHOWN
-            ));
-        }
+        found.extend(drift_lines(drift));
         Summary {
             finished_at: self.finished_at,
             took: self.took,

@@ -17,7 +17,9 @@ use log::{debug, error, info};
 
 use super::pending_writes::{PendingWrite, PendingWrites, WantedWrite};
 use crate::{
-    datapath::{map_check::MapSuspects, DatapathError, DatapathPort, MapsCheck},
+    datapath::{
+        bpf_watch::ReportedKey, map_check::MapSuspects, DatapathError, DatapathPort, MapsCheck,
+    },
     metrics::Metrics,
 };
 
@@ -135,6 +137,11 @@ impl Enforcer {
         wanted: &dyn Fn(&AddrKey) -> Option<AddrEntry>,
     ) -> MapsCheck {
         self.datapath.table_mut().recheck(suspects, wanted)
+    }
+
+    /// What to look at for map writes the bpf() watcher reported by their keys.
+    pub fn reported_suspects(&self, keys: &[ReportedKey]) -> MapSuspects {
+        self.datapath.table().reported_suspects(keys)
     }
 
     /// Where the pinned copies disagreed when the table opened.

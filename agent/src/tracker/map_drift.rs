@@ -5,15 +5,24 @@
 //! once per map and pass (never a line per address: a tool rewriting a 64k map would flood
 //! the log). O(suspects) on the loop.
 
-use std::collections::BTreeMap;
+use std::{
+    collections::BTreeMap,
+    time::{Instant, SystemTime},
+};
 
+use ipq_api::DriftFoundBy;
 use ipq_common::addr::{AddrEntry, AddrKey};
 use log::warn;
 
 use super::Tracker;
 use crate::{
     api::model::EventBody,
-    datapath::{verify::Verification, MapDrift},
+    datapath::{
+        bpf_watch::ReportedKey,
+        map_check::MapSuspects,
+        verify::{drift_lines, Summary, Verification},
+        MapDrift,
+    },
     registry::datapath_entry,
 };
 
@@ -28,6 +37,40 @@ impl Tracker {
         let Some(Ok(suspects)) = &verification.maps else {
             return Vec::new();
         };
+        self.metrics
+            .tamper
+            .verify_maps_seconds
+            .set(suspects.took.as_secs_f64());
+        self.recheck_suspects(suspects, verification.finished_at, DriftFoundBy::Comparison)
+    }
+
+    /// Looks at once at the entries the bpf() watcher saw another process write (their keys,
+    /// each read as an address and as an index of `IPQ_SLOTS` and `IPQ_IFACES`: O(keys)),
+    /// without waiting for the comparison of the whole maps, which follows.
+    pub fn recheck_reported(&mut self, keys: &[ReportedKey]) {
+        let started = Instant::now();
+        let suspects = self.enforcer.reported_suspects(keys);
+        let found_at = SystemTime::now();
+        let drift = self.recheck_suspects(&suspects, found_at, DriftFoundBy::ReportedWrite);
+        if !drift.is_empty() {
+            // `ipq status` shows what was found last, whichever look found it.
+            self.attacher.set_found(Summary {
+                finished_at: found_at,
+                took: started.elapsed(),
+                pins: self.attacher.verified().map_or(0, |v| v.pins),
+                found: drift_lines(&drift),
+            });
+        }
+    }
+
+    /// Looks again at `suspects` against what the registry wants, writes ipq's entries back
+    /// where the kernel still differs, and counts, publishes and logs what it found.
+    fn recheck_suspects(
+        &mut self,
+        suspects: &MapSuspects,
+        found_at: SystemTime,
+        found_by: DriftFoundBy,
+    ) -> Vec<MapDrift> {
         let (registry, hand_written) = (&self.registry, &self.hand_written);
         let wanted = |addr: &AddrKey| -> Option<AddrEntry> {
             let ip = addr.to_ip();
@@ -49,11 +92,7 @@ impl Tracker {
             .tamper
             .verify_maps_compare_seconds
             .set(check.took.as_secs_f64());
-        self.metrics
-            .tamper
-            .verify_maps_seconds
-            .set(suspects.took.as_secs_f64());
-        let at = humantime::format_rfc3339_millis(verification.finished_at).to_string();
+        let at = humantime::format_rfc3339_millis(found_at).to_string();
         let mut by_map: BTreeMap<&'static str, Vec<&MapDrift>> = BTreeMap::new();
         for drift in &check.drift {
             by_map.entry(drift.map).or_default().push(drift);
@@ -71,6 +110,7 @@ impl Tracker {
                     wanted: drift.wanted.clone(),
                     repaired: drift.error.is_none(),
                     error: drift.error.clone(),
+                    found_by: Some(found_by),
                 },
             );
         }

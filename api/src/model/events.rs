@@ -80,6 +80,9 @@ pub enum EventBody {
         repaired: bool,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         error: Option<String>,
+        /// What found it (absent from an older agent's events).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        found_by: Option<crate::DriftFoundBy>,
     },
     /// ipq-ipam's delegate found its range exhausted while ipq held addresses of it.
     IpamExhausted {

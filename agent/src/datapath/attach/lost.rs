@@ -185,6 +185,14 @@ impl Attacher {
         self.verified = Some(summary);
     }
 
+    /// Keeps what a look outside the passes found (the entries the bpf() watcher reported
+    /// written), as the last thing found, for `ipq status`.
+    pub fn set_found(&mut self, summary: Summary) {
+        if !summary.found.is_empty() {
+            self.last_found = Some(summary);
+        }
+    }
+
     pub fn verified(&self) -> Option<&Summary> {
         self.verified.as_ref()
     }

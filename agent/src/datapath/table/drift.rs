@@ -13,12 +13,14 @@ use std::time::{Duration, Instant};
 
 use ipq_common::{
     addr::{AddrEntry, AddrKey},
-    iface::IfaceEntry,
+    iface::{IfaceEntry, IFACE_SLOTS},
     names,
 };
 
 use super::AddressTable;
-use crate::datapath::{map_check::MapSuspects, strict::describe};
+use crate::datapath::{
+    bpf_watch::ReportedKey, map_check::MapSuspects, slots::CellRead, strict::describe,
+};
 
 /// One thing a map held that the table did not write, and what became of it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -94,6 +96,48 @@ impl AddressTable {
             addresses: suspects.addresses,
             took: started.elapsed(),
         }
+    }
+
+    /// The entries another process's single-entry writes may have changed, by the keys the
+    /// bpf() watcher reported: each key as an address (of `IPQ_ADDRS`; an address the
+    /// registry does not want is removed), and its first 4 bytes as an `IPQ_SLOTS` cell (the
+    /// address held there now, or the cell to settle) and an `IPQ_IFACES` slot. O(keys).
+    pub fn reported_suspects(&self, keys: &[ReportedKey]) -> MapSuspects {
+        let mut suspects = MapSuspects {
+            addresses: self.len(),
+            ..MapSuspects::default()
+        };
+        let cells = self.copy.reader();
+        for key in keys {
+            let words = std::array::from_fn(|i| {
+                u32::from_ne_bytes([key[4 * i], key[4 * i + 1], key[4 * i + 2], key[4 * i + 3]])
+            });
+            suspects.addrs.push(AddrKey { words });
+            let index = words[0];
+            if (index as usize) < cells.len() {
+                match cells.read(index as usize) {
+                    CellRead::Empty => {}
+                    CellRead::Held(addr, _) => suspects.addrs.push(addr),
+                    CellRead::Unsettled(addr) => {
+                        suspects.unsettled.push(index as usize);
+                        suspects.addrs.push(addr);
+                    }
+                }
+            }
+            if index < IFACE_SLOTS {
+                suspects.slots.push(index);
+            }
+            if (index as usize) < self.filter_words.len() {
+                suspects.words.push(index);
+            }
+        }
+        suspects.addrs.sort_unstable();
+        suspects.addrs.dedup();
+        suspects.slots.sort_unstable();
+        suspects.slots.dedup();
+        suspects.words.sort_unstable();
+        suspects.words.dedup();
+        suspects
     }
 
     /// Where `IPQ_ADDRS` and `IPQ_SLOTS` disagreed when the table opened.
