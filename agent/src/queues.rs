@@ -11,6 +11,8 @@
 //!   looks after every dropped item happened.
 //! - **Wait** ([`send_or_wait`]): a worker thread's reports (attach, hygiene) wait for room;
 //!   the worker pauses, never the owner loop, and nothing is lost.
+//! - **Merge**: journal commits waiting for a flush that hangs merge into the newest one
+//!   (a flush covers every commit before it).
 //! - **Drop** (reuse hygiene's jobs, the kernel's conflict samples): what cannot wait and has
 //!   nothing to resync from is dropped and counted, and whoever waits for it is told.
 //!   (Conflict samples are counted as the kernel's ring counts its own,
@@ -38,6 +40,9 @@ pub enum Queue {
     /// Reuse hygiene's jobs: dropped, the address not cleaned (alerted on; a claim waiting for
     /// it is told).
     HygieneJobs,
+    /// Journal commits waiting for their flush (a hung disk): a new one takes the newest's
+    /// place, so the generation known saved lags until the flush reports.
+    JournalCommits,
 }
 
 impl Queue {
@@ -61,7 +66,8 @@ impl Overflows {
                  folded into one resync (a netlink dump; a look at every hook), so nothing was \
                  missed; attach_reports and hygiene_reports waited (their worker paused); \
                  hygiene_jobs were dropped, leaving an address's old conntrack and neighbour \
-                 state in place (a claim waiting for it is told).",
+                 state in place (a claim waiting for it is told); journal_commits waiting for \
+                 a hung flush were merged into the newest (saved later, nothing lost).",
             ),
             &["queue"],
         )?;

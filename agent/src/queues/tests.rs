@@ -122,6 +122,7 @@ fn every_queue_has_its_series_from_the_start() {
             "attach_reports",
             "hygiene_jobs",
             "hygiene_reports",
+            "journal_commits",
             "netlink_events",
             "tc_notices"
         ]
