@@ -173,6 +173,17 @@ fn agent_metrics_have_every_series_from_the_first_scrape_and_pass_promtool_after
         ),
         ("ipq_datapath_writes_pending", set([""])),
         ("ipq_datapath_bpf_watcher_stops_total", set([""])),
+        (
+            "ipq_queue_overflows_total",
+            set([
+                "queue=attach_reports",
+                "queue=hygiene_jobs",
+                "queue=hygiene_reports",
+                "queue=journal_commits",
+                "queue=netlink_events",
+                "queue=tc_notices",
+            ]),
+        ),
         ("ipq_stale_traffic_age_seconds_count", set([""])),
         ("ipq_quarantine_duration_seconds_count", set([""])),
     ] {
