@@ -359,9 +359,9 @@ impl Hygiene {
             Err(NotQueued::Dropped(report, job)) => {
                 // A claim waiting for it is answered with the report that says so.
                 if let Some(done) = job.done {
-                    let _ = done.send(report.clone());
+                    let _ = done.send((*report).clone());
                 }
-                Some(report)
+                Some(*report)
             }
         };
         if let (Some(claim), Some(wait)) = (claim, wait) {

@@ -29,7 +29,7 @@ pub const REPORT_QUEUE: usize = super::worker::MAX_BATCH;
 #[derive(Debug)]
 pub(super) enum NotQueued {
     /// The queue was full: the job is dropped, and here is its report saying so.
-    Dropped(Report, Job),
+    Dropped(Box<Report>, Job),
     /// The worker is gone (it panicked, or the agent is stopping).
     WorkerGone,
 }
@@ -89,7 +89,7 @@ impl JobSender {
                     "not done: reuse hygiene's queue was full ({} jobs waiting)",
                     self.capacity
                 ));
-                Err(NotQueued::Dropped(report, job))
+                Err(NotQueued::Dropped(Box::new(report), job))
             }
         }
     }
