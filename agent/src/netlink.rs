@@ -90,7 +90,8 @@ pub enum NetEvent {
         mac: Mac,
         port: u32,
     },
-    /// Events were lost (the socket overran): the state must be rebuilt from a fresh dump.
+    /// Events were lost (the socket overran, or the queue to the owner loop was full): the
+    /// state must be rebuilt from a fresh dump.
     Overrun,
 }
 

@@ -67,7 +67,8 @@ pub enum TcNotice {
         ifindex: u32,
         change: TcChange,
     },
-    /// The socket's buffer overflowed: notifications were lost, every hook must be looked at.
+    /// Notifications were lost (the socket's buffer overflowed, or the queue to the owner loop
+    /// was full): every hook must be looked at.
     Overrun,
 }
 
@@ -134,9 +135,10 @@ pub fn notice_of(message: &RouteNetlinkMessage) -> Option<TcNotice> {
     Some(TcNotice::Change { ifindex, change })
 }
 
-/// TC notices waiting for the owner loop. ipq's own attaches announce nothing that reaches this
-/// queue (its own filters are filtered out above), so it holds what others do: 1024 is a
-/// whole node's clsact qdiscs deleted at once by a script, and beyond it the notices are
+/// TC notices waiting for the owner loop. ipq's own new filters make none (filtered out above)
+/// and its own deletions (a hook moved to TCX) come one per link create, paced by `rtnl_lock`;
+/// the loop takes each burst whole. 1024 holds a few hundred workload interfaces losing their
+/// clsact qdiscs (and the filters under them) at once to a script; beyond it the notices are
 /// folded into one [`TcNotice::Overrun`], a look at every hook, which finds whatever they said.
 pub const NOTICE_QUEUE: usize = 1024;
 
