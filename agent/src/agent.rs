@@ -230,7 +230,9 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
         pins_root.clone(),
         attacher.netlink_hooks(),
         config.verify_interval,
-        datapath.take_maps_mirror(),
+        datapath
+            .take_maps_mirror()
+            .map(|mirror| mirror.counting_overflows(metrics.queues.of(Queue::MapWrites))),
         pokes,
         verify_tx,
         verifier_stop,

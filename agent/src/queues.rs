@@ -12,7 +12,8 @@
 //! - **Wait** ([`send_or_wait`]): a worker thread's reports (attach, hygiene) wait for room;
 //!   the worker pauses, never the owner loop, and nothing is lost.
 //! - **Merge**: journal commits waiting for a flush that hangs merge into the newest one
-//!   (a flush covers every commit before it).
+//!   (a flush covers every commit before it); the address table's writes on their way to the
+//!   verification's mirror keep the last of each key.
 //! - **Drop** (reuse hygiene's jobs, the kernel's conflict samples): what cannot wait and has
 //!   nothing to resync from is dropped and counted, and whoever waits for it is told.
 //!   (Conflict samples are counted as the kernel's ring counts its own,
@@ -43,6 +44,9 @@ pub enum Queue {
     /// Journal commits waiting for their flush (a hung disk): a new one takes the newest's
     /// place, so the generation known saved lags until the flush reports.
     JournalCommits,
+    /// The address table's writes on their way to the verification's mirror: past the bound
+    /// each takes the place of the last of its key (the mirror ends up the same).
+    MapWrites,
 }
 
 impl Queue {
@@ -67,7 +71,9 @@ impl Overflows {
                  missed; attach_reports and hygiene_reports waited (their worker paused); \
                  hygiene_jobs were dropped, leaving an address's old conntrack and neighbour \
                  state in place (a claim waiting for it is told); journal_commits waiting for \
-                 a hung flush were merged into the newest (saved later, nothing lost).",
+                 a hung flush were merged into the newest (saved later, nothing lost); \
+                 map_writes on their way to the verification's mirror took the place of the \
+                 last of their key (nothing lost).",
             ),
             &["queue"],
         )?;

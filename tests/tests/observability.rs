@@ -180,6 +180,7 @@ fn agent_metrics_have_every_series_from_the_first_scrape_and_pass_promtool_after
                 "queue=hygiene_jobs",
                 "queue=hygiene_reports",
                 "queue=journal_commits",
+                "queue=map_writes",
                 "queue=netlink_events",
                 "queue=tc_notices",
             ]),

@@ -123,6 +123,7 @@ fn every_queue_has_its_series_from_the_start() {
             "hygiene_jobs",
             "hygiene_reports",
             "journal_commits",
+            "map_writes",
             "netlink_events",
             "tc_notices"
         ]
