@@ -3,7 +3,7 @@
 //! (`ipq_queue_overflows_total{queue}`).
 //!
 //! Every queue is bounded: a flood (the kernel's notifications, a worker faster than the loop)
-//! costs counted items or a resync, never the agent's heap. Three rules, chosen per queue:
+//! costs counted items or a resync, never the agent's heap. Four rules, chosen per queue:
 //!
 //! - **Resync** ([`forward_or_resync`]): items that only say where to look (netlink events, TC
 //!   notices) are dropped while the queue is full and folded into one resync item (a netlink
@@ -103,11 +103,11 @@ pub enum Ended {
     Loop,
 }
 
-/// Forwards `items` into `tx` until either side ends, and says which. An item that finds `tx` full is dropped
-/// and counted in `overflows`, and `resync()` is owed: it is sent as soon as a slot frees,
-/// while the items that arrive meanwhile are read (so the kernel's socket does not overrun
-/// for the loop's slowness) and dropped too, each counted, since the resync covers them. Once
-/// `items` ends, an owed resync is still delivered.
+/// Forwards `items` into `tx` until either side ends, and says which. An item that finds `tx`
+/// full is dropped and counted in `overflows`, and `resync()` is owed: it is sent as soon as a
+/// slot frees, while the items that arrive meanwhile are read (so the kernel's socket does not
+/// overrun for the loop's slowness) and dropped too, each counted, since the resync covers
+/// them. Once `items` ends, an owed resync is still delivered.
 pub async fn forward_or_resync<T>(
     items: impl Stream<Item = T>,
     tx: mpsc::Sender<T>,
