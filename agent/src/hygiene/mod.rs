@@ -250,7 +250,8 @@ impl Hygiene {
     }
 
     /// Starts the worker thread; its reports arrive on the returned channel. The job queue
-    /// holds [`JOBS_PER_ADDRESS`] per address of a registry of `capacity`; `queues` counts
+    /// holds [`JOBS_PER_ADDRESS`] per address of a registry of `capacity` (one batch of the
+    /// worker's at least); `queues` counts
     /// the jobs it drops and the times the worker waits for room for its reports.
     pub fn start(
         &mut self,
@@ -260,7 +261,7 @@ impl Hygiene {
         capacity: usize,
         queues: QueueCounters,
     ) -> Result<mpsc::Receiver<Report>, HygieneError> {
-        let (job_tx, job_rx) = JobSender::new(JOBS_PER_ADDRESS * capacity.max(1), queues.jobs);
+        let (job_tx, job_rx) = JobSender::new(queue::job_queue(capacity), queues.jobs);
         let (report_tx, report_rx) = mpsc::channel(REPORT_QUEUE);
         let reports = worker::Reports {
             tx: report_tx,

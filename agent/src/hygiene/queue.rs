@@ -5,9 +5,10 @@
 //! dropped and counted (`ipq_queue_overflows_total{queue="hygiene_jobs"}`, alerted on by
 //! `IpqHygieneJobsDropped`): the address keeps its old holder's conntrack and neighbour state
 //! until its next change of holder. Its report says so, for `ipq get` and for a claim waiting
-//! for it. The queue holds [`JOBS_PER_ADDRESS`] jobs per address the registry can hold: every
-//! address of a full registry losing its holder and getting a new one before the worker takes
-//! any, so a drop means a worker stuck, not a busy node.
+//! for it. The queue holds [`JOBS_PER_ADDRESS`] jobs per address the registry can hold (and one
+//! batch of the worker's at least): every address of a full registry losing its holder and
+//! getting a new one before the worker takes any, so a drop means a worker stuck, not a busy
+//! node.
 //!
 //! Reports: the worker waits for room (`queue="hygiene_reports"`); a report may answer a
 //! claim's `ipq get` and feed, and the worker pausing holds up only later jobs.
@@ -24,6 +25,13 @@ pub const JOBS_PER_ADDRESS: usize = 2;
 
 /// Reports waiting for the owner loop: one batch of the worker's (it reports a batch at once).
 pub const REPORT_QUEUE: usize = super::worker::MAX_BATCH;
+
+/// The job queue's bound for a registry of `capacity` addresses: [`JOBS_PER_ADDRESS`] each,
+/// and never less than one batch of the worker's (a small registry's addresses can change
+/// holder several times while a pass runs). Nothing is allocated until jobs queue.
+pub(super) fn job_queue(capacity: usize) -> usize {
+    (JOBS_PER_ADDRESS * capacity).max(super::worker::MAX_BATCH)
+}
 
 /// Why a job was not queued.
 #[derive(Debug)]

@@ -246,3 +246,13 @@ fn a_full_job_queue_drops_counts_and_tells_whoever_waits() {
     );
     assert_eq!(dropped.get(), 2);
 }
+
+#[test]
+fn the_job_queue_holds_two_per_address_and_one_batch_at_least() {
+    assert_eq!(queue::job_queue(65_536), 131_072);
+    assert_eq!(
+        queue::job_queue(4),
+        1024,
+        "a small registry still gets a whole batch"
+    );
+}
