@@ -21,6 +21,7 @@ use crate::{
     metrics::{self, Metrics, MetricsError},
     netdev,
     netlink::{self, NetEvent, NetlinkError},
+    queues::{Overflows, Queue},
     tracker::{Answer, Recovery, Tracker},
 };
 
@@ -137,7 +138,10 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
     });
     // Subscribed before the dump, so nothing that happens in between is missed; what happens
     // meanwhile waits in the subscription (an overflow takes the resync path).
-    let mut events = netlink::subscribe()?;
+    // The queue counters exist before the registry they are served from (the datapath's load
+    // comes between): the netlink queue counts its overflows from here.
+    let queues = Overflows::new().map_err(MetricsError::from)?;
+    let mut events = netlink::subscribe(queues.of(Queue::NetlinkEvents))?;
     let dump = tokio::spawn(netlink::dump());
     let mut datapath = Datapath::load_in(
         bpffs_dir,
@@ -148,7 +152,7 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
         },
     )?;
     let pins_root = config.bpffs_dir.clone();
-    let metrics = Metrics::new(&config.bpffs_dir)?;
+    let metrics = Metrics::new(&config.bpffs_dir, queues.clone())?;
     metrics
         .registry_capacity
         .set(i64::from(datapath.capacity()));
@@ -192,11 +196,15 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
         tc_mode.as_str()
     );
     // Before the first attach: a deletion of ipq's netlink filter is never missed.
-    let mut tc_notices = attach::tc_watch::subscribe().map_err(|source| AgentError::Io {
-        what: "subscribing to TC notifications",
-        source,
-    })?;
-    let (attacher, mut attach_reports) = datapath.start_attacher(tc_mode)?;
+    let mut tc_notices =
+        attach::tc_watch::subscribe(queues.of(Queue::TcNotices)).map_err(|source| {
+            AgentError::Io {
+                what: "subscribing to TC notifications",
+                source,
+            }
+        })?;
+    let (attacher, mut attach_reports) =
+        datapath.start_attacher(tc_mode, queues.of(Queue::AttachReports))?;
     let (verify_tx, mut verifications) = mpsc::channel(1);
     let (stop_verifier, verifier_stop) = tokio::sync::watch::channel(false);
     let bpf_watch = datapath.take_bpf_watch();
@@ -233,7 +241,9 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
         pins_root.clone(),
         attacher.netlink_hooks(),
         config.verify_interval,
-        datapath.take_maps_mirror(),
+        datapath
+            .take_maps_mirror()
+            .map(|mirror| mirror.counting_overflows(metrics.queues.of(Queue::MapWrites))),
         pokes,
         verify_tx,
         verifier_stop,

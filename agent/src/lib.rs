@@ -22,6 +22,7 @@ pub mod netdev;
 pub mod netlink;
 pub mod paths;
 pub mod publish;
+pub mod queues;
 pub mod readiness;
 pub mod registry;
 pub mod series;

@@ -37,6 +37,7 @@ pub use server::serve;
 use crate::datapath::{maps::Source, Counters, DatapathError};
 use crate::hygiene::HygieneCounters;
 use crate::paths::{AttachPoint, PinLayout};
+use crate::queues::Overflows;
 use crate::readiness::Readiness;
 use crate::registry::{Clock, Registry as AddressRegistry, StateName};
 use datapath::{LostCounts, ReadCounters};
@@ -140,6 +141,8 @@ pub struct Metrics {
     pub quarantine_duration_seconds: Histogram,
     /// Reuse hygiene (written by its worker thread).
     pub hygiene: HygieneCounters,
+    /// `ipq_queue_overflows_total{queue}`: items that found a bounded queue full.
+    pub queues: Overflows,
     /// ipq-ipam: delegate DELs the agent ran for held allocations, by network and outcome
     /// (`released`, `failed`).
     pub ipam_releases: IntCounterVec,
@@ -163,9 +166,9 @@ pub struct Metrics {
 use crate::series::registered;
 
 impl Metrics {
-    /// Registers every metric; the datapath counters come from the maps pinned under
-    /// `bpffs_dir`.
-    pub fn new(bpffs_dir: &Path) -> Result<Arc<Self>, MetricsError> {
+    /// Registers every metric, `queues` among them; the datapath counters come from the maps
+    /// pinned under `bpffs_dir`.
+    pub fn new(bpffs_dir: &Path, queues: Overflows) -> Result<Arc<Self>, MetricsError> {
         let layout = PinLayout::new(bpffs_dir);
         let counters = Mutex::new(Counters::open(&mut Source::Pinned(&layout))?);
         let read: ReadCounters = Box::new(move || {
@@ -174,7 +177,7 @@ impl Metrics {
                 .unwrap_or_else(|poisoned| poisoned.into_inner())
                 .read()
         });
-        Ok(Arc::new(Self::with_counters(read)?))
+        Ok(Arc::new(Self::with_queues(read, queues)?))
     }
 
     /// Counts `n` events lost at `at` (`ipq_events_lost_total{source}`).

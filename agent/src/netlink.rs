@@ -12,6 +12,7 @@ use std::net::IpAddr;
 
 use futures::{StreamExt, TryStreamExt};
 use netlink_packet_route::AddressFamily;
+use prometheus::IntCounter;
 use rtnetlink::{
     packet_core::NetlinkPayload, Handle, IpVersion, MulticastGroup, RouteMessageBuilder,
 };
@@ -89,7 +90,8 @@ pub enum NetEvent {
         mac: Mac,
         port: u32,
     },
-    /// Events were lost (the socket overran): the state must be rebuilt from a fresh dump.
+    /// Events were lost (the socket overran, or the queue to the owner loop was full): the
+    /// state must be rebuilt from a fresh dump.
     Overrun,
 }
 
@@ -179,14 +181,16 @@ async fn dump_on(handle: &Handle) -> Result<NetState, NetlinkError> {
 
 /// How many events wait for the owner loop at most. A queue that fills (a loop slower than a
 /// burst) drops events exactly as an overrun socket does, and says so the same way, so the
-/// loop resyncs from a dump instead of memory growing without bound. 64 Ki events (a few MB)
-/// hold the 48k-route bursts seen when a node fills up.
+/// loop resyncs from a dump instead of memory growing without bound (counted in
+/// `ipq_queue_overflows_total{queue="netlink_events"}`). 64 Ki events (a few MB) hold the
+/// 48k-route bursts seen when a node fills up.
 const EVENT_QUEUE: usize = 64 * 1024;
 
 /// Subscribes to link, route and neighbour changes. Events arrive on the returned channel in
-/// kernel order; `NetEvent::Overrun` means some were lost (by the socket or by a full queue).
-pub fn subscribe() -> Result<mpsc::Receiver<NetEvent>, NetlinkError> {
-    let (connection, _handle, mut messages) = rtnetlink::new_multicast_connection(&[
+/// kernel order; `NetEvent::Overrun` means some were lost (by the socket or by a full queue,
+/// each of the latter counted in `overflows`).
+pub fn subscribe(overflows: IntCounter) -> Result<mpsc::Receiver<NetEvent>, NetlinkError> {
+    let (connection, _handle, messages) = rtnetlink::new_multicast_connection(&[
         MulticastGroup::Link,
         MulticastGroup::Ipv4Route,
         MulticastGroup::Ipv6Route,
@@ -201,57 +205,17 @@ pub fn subscribe() -> Result<mpsc::Receiver<NetEvent>, NetlinkError> {
     ));
     tokio::spawn(connection);
     let (tx, rx) = mpsc::channel(EVENT_QUEUE);
+    let events = messages.filter_map(|(message, _)| {
+        futures::future::ready(match message.payload {
+            NetlinkPayload::InnerMessage(inner) => event_of(inner),
+            NetlinkPayload::Overrun(_) => Some(NetEvent::Overrun),
+            _ => None,
+        })
+    });
     tokio::spawn(async move {
-        let mut queue = BoundedQueue::new(tx);
-        while let Some((message, _)) = messages.next().await {
-            let event = match message.payload {
-                NetlinkPayload::InnerMessage(inner) => event_of(inner),
-                NetlinkPayload::Overrun(_) => Some(NetEvent::Overrun),
-                _ => None,
-            };
-            if let Some(event) = event {
-                if queue.push(event).is_err() {
-                    break;
-                }
-            }
-        }
+        crate::queues::forward_or_resync(events, tx, || NetEvent::Overrun, overflows).await;
     });
     Ok(rx)
-}
-
-/// The loop's side is gone.
-struct Closed;
-
-/// The sending side of the event queue: an event that does not fit is dropped, and the next
-/// one that fits is preceded by `NetEvent::Overrun`.
-struct BoundedQueue {
-    tx: mpsc::Sender<NetEvent>,
-    lost: bool,
-}
-
-impl BoundedQueue {
-    fn new(tx: mpsc::Sender<NetEvent>) -> Self {
-        Self { tx, lost: false }
-    }
-
-    fn push(&mut self, event: NetEvent) -> Result<(), Closed> {
-        use mpsc::error::TrySendError;
-        if self.lost {
-            match self.tx.try_send(NetEvent::Overrun) {
-                Ok(()) => self.lost = false,
-                Err(TrySendError::Full(_)) => return Ok(()),
-                Err(TrySendError::Closed(_)) => return Err(Closed),
-            }
-        }
-        match self.tx.try_send(event) {
-            Ok(()) => Ok(()),
-            Err(TrySendError::Full(_)) => {
-                self.lost = true;
-                Ok(())
-            }
-            Err(TrySendError::Closed(_)) => Err(Closed),
-        }
-    }
 }
 
 /// The event socket's receive buffer. A burst of 48k host routes (a node filling up, a

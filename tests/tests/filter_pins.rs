@@ -108,7 +108,8 @@ fn an_older_agents_bitmap_matches_everything_until_it_is_unpinned() -> anyhow::R
     );
     // The agent's prune after its first attach pass: with nothing configured, nothing to keep.
     // It looks for ipq's filters on every interface, so it runs in a namespace of its own.
-    let (attacher, _reports) = dp.start_attacher(ipq::datapath::attach::TcMode::Tcx)?;
+    let overflows = ipq::queues::Overflows::new()?.of(ipq::queues::Queue::AttachReports);
+    let (attacher, _reports) = dp.start_attacher(ipq::datapath::attach::TcMode::Tcx, overflows)?;
     let ns = NetNs::new("prune")?;
     ns.run(|| attacher.prune())?;
     assert!(!legacy.exists(), "the legacy pin outlives the upgrade");

@@ -8,7 +8,9 @@ use crate::{
     tracker::Answer,
 };
 
-/// Bursts of answers in commit order, each with the ticket of its commit.
+/// Bursts of answers in commit order, each with the ticket of its commit. Bounded by the
+/// requests in flight (each answer is a request the API's listeners admitted under their
+/// connection caps, through a command queue of 1024), however long a flush takes.
 #[derive(Default)]
 pub struct WaitingAnswers {
     waiting: VecDeque<(u64, Vec<Answer>)>,

@@ -12,9 +12,12 @@
 //! should be is not the mirror's to say: the owner loop derives it again for each suspect.
 
 use std::{
+    collections::HashMap,
     hash::{BuildHasher, RandomState},
     sync::{Arc, Mutex},
 };
+
+use prometheus::IntCounter;
 
 use ipq_common::{
     addr::{AddrEntry, AddrKey},
@@ -22,6 +25,14 @@ use ipq_common::{
 };
 
 use super::slots::SlotsReader;
+
+/// Writes kept in the order made before the mirror takes them in (every 250 ms, or after a
+/// verification pass, which holds the mirror while it reads the maps). A pass that takes long
+/// (a slow `bpf()` read) would otherwise let the feed grow by every write meanwhile; past this
+/// (2 MiB of writes, a full 64k registry written over) each later write takes the place of the
+/// last one of its key instead, so the feed holds at most one per address, slot and word. The
+/// mirror ends up the same: only the last write of a key counts.
+const FEED_IN_ORDER: usize = 64 * 1024;
 
 /// One write the table made, as the mirror keeps it.
 #[derive(Clone, Copy, Debug)]
@@ -32,6 +43,35 @@ enum Change {
     Slot(u32, u32),
     /// An `IPQ_QBLOOM` word written.
     Word(u32, u32),
+}
+
+/// What a [`Change`] writes to: its last write is what the mirror keeps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Written {
+    Addr(AddrKey),
+    Slot(u32),
+    Word(u32),
+}
+
+impl Change {
+    fn written(&self) -> Written {
+        match *self {
+            Self::Addr(addr, _) => Written::Addr(addr),
+            Self::Slot(slot, _) => Written::Slot(slot),
+            Self::Word(word, _) => Written::Word(word),
+        }
+    }
+}
+
+/// The writes waiting for the mirror.
+#[derive(Debug, Default)]
+struct Pending {
+    /// In the order made, up to the feed's bound.
+    in_order: Vec<Change>,
+    /// Past the bound: the last write of each key (all of them newer than `in_order`).
+    last_of_key: HashMap<Written, Change>,
+    /// Writes that went to `last_of_key` since the mirror last took the feed.
+    coalesced: u64,
 }
 
 /// The keyed digest of what the table writes (the programs' stamps left out): three multiplies
@@ -86,26 +126,43 @@ impl Digests {
     }
 }
 
-/// The table's side: every write it made, appended for the mirror.
+/// The table's side: every write it made, appended for the mirror (bounded: see
+/// [`FEED_IN_ORDER`]).
 #[derive(Clone, Debug)]
 pub struct IntentFeed {
-    pending: Arc<Mutex<Vec<Change>>>,
+    pending: Arc<Mutex<Pending>>,
     digests: Digests,
+    in_order_max: usize,
 }
 
 impl IntentFeed {
     pub fn new() -> Self {
+        Self::with_bound(FEED_IN_ORDER)
+    }
+
+    fn with_bound(in_order_max: usize) -> Self {
         Self {
             pending: Arc::default(),
             digests: Digests::new(),
+            in_order_max,
         }
     }
 
-    fn push(&self, change: Change) {
+    fn pending(&self) -> std::sync::MutexGuard<'_, Pending> {
         self.pending
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .push(change);
+    }
+
+    /// O(1): an append, or past the bound one hash map insert.
+    fn push(&self, change: Change) {
+        let mut pending = self.pending();
+        if pending.last_of_key.is_empty() && pending.in_order.len() < self.in_order_max {
+            pending.in_order.push(change);
+        } else {
+            pending.last_of_key.insert(change.written(), change);
+            pending.coalesced += 1;
+        }
     }
 
     pub fn addr(&self, addr: AddrKey, entry: Option<&AddrEntry>) {
@@ -144,26 +201,28 @@ impl IntentFeed {
             slots: slots.map(|s| self.digests.slot(&s)).collect(),
             words: words.iter().map(|w| self.digests.word(*w)).collect(),
             cells,
+            overflows: None,
         };
         // Anything the feed held before is in what the mirror was built from.
         mirror.feed.take();
         mirror
     }
 
-    fn take(&self) -> Vec<Change> {
-        std::mem::take(
-            &mut *self
-                .pending
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner()),
-        )
+    /// The writes since the last take, in an order where the last of each key comes last,
+    /// and how many of them were coalesced past the bound.
+    fn take(&self) -> (Vec<Change>, u64) {
+        let Pending {
+            mut in_order,
+            last_of_key,
+            coalesced,
+        } = std::mem::take(&mut *self.pending());
+        in_order.extend(last_of_key.into_values());
+        (in_order, coalesced)
     }
 
     fn is_empty(&self) -> bool {
-        self.pending
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .is_empty()
+        let pending = self.pending();
+        pending.in_order.is_empty() && pending.last_of_key.is_empty()
     }
 }
 
@@ -265,13 +324,26 @@ pub struct IntentMirror {
     pub(crate) words: Vec<u32>,
     /// `IPQ_SLOTS`, read through the table's own mapping.
     pub(crate) cells: SlotsReader,
+    /// Counts the writes the feed coalesced past its bound
+    /// (`ipq_queue_overflows_total{queue="map_writes"}`), once the agent says where.
+    overflows: Option<IntCounter>,
 }
 
 impl IntentMirror {
+    /// Counts the writes its feed coalesces past the bound in `overflows`.
+    pub fn counting_overflows(mut self, overflows: IntCounter) -> Self {
+        self.overflows = Some(overflows);
+        self
+    }
+
     /// Takes in what the table wrote since the last call.
     pub fn absorb(&mut self) {
         let (mut v4, mut v6) = (Vec::new(), Vec::new());
-        for change in self.feed.take() {
+        let (changes, coalesced) = self.feed.take();
+        if let (Some(overflows), 1..) = (&self.overflows, coalesced) {
+            overflows.inc_by(coalesced);
+        }
+        for change in changes {
             match change {
                 Change::Addr(addr, digest) => match v4_word(&addr) {
                     Some(word) => v4.push((word, digest)),

@@ -258,8 +258,9 @@ impl Datapath {
     pub fn start_attacher(
         &self,
         mode: TcMode,
-    ) -> Result<(Attacher, tokio::sync::mpsc::UnboundedReceiver<JobReport>), DatapathError> {
-        Attacher::start(self.layout.clone(), mode)
+        overflows: prometheus::IntCounter,
+    ) -> Result<(Attacher, tokio::sync::mpsc::Receiver<JobReport>), DatapathError> {
+        Attacher::start(self.layout.clone(), mode, overflows)
     }
 
     /// A program of the loaded object, by name: tests and benchmarks run programs through

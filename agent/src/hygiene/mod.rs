@@ -18,6 +18,7 @@ mod kept;
 mod kernel_flush;
 mod link_query;
 mod neighbour;
+mod queue;
 mod socket;
 mod worker;
 
@@ -27,17 +28,20 @@ pub use flush_probe::{child_main as conntrack_probe_main, PROBE_ARG as CONNTRACK
 use std::{
     collections::BTreeMap,
     net::IpAddr,
-    sync::{mpsc as std_mpsc, Arc, Mutex},
+    sync::{Arc, Mutex},
     time::Duration,
 };
 
 use log::{debug, error};
+use prometheus::IntCounter;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 use tokio::sync::{mpsc, oneshot};
 
+pub use self::queue::{JOBS_PER_ADDRESS, REPORT_QUEUE};
 use self::{
     kept::{AddressHygiene, KeptReport},
+    queue::{JobSender, NotQueued},
     worker::Worker,
 };
 use crate::config::HygieneConfig;
@@ -143,6 +147,15 @@ impl Step {
     }
 }
 
+/// The counters of hygiene's two queues (`ipq_queue_overflows_total`).
+#[derive(Clone, Debug)]
+pub struct QueueCounters {
+    /// Jobs dropped because their queue was full (`queue="hygiene_jobs"`).
+    pub jobs: IntCounter,
+    /// Times the worker waited for room for a report (`queue="hygiene_reports"`).
+    pub reports: IntCounter,
+}
+
 /// What cleaning one address did.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Report {
@@ -191,7 +204,8 @@ impl Report {
 
 /// The owner loop's side: hands jobs to the worker and keeps the last report per address.
 pub struct Hygiene {
-    jobs: Option<std_mpsc::Sender<Job>>,
+    /// The bounded queue to the worker (see [`queue`]).
+    jobs: Option<JobSender>,
     /// Per address in the registry: its live holder at its last transition (to tell a new
     /// holder from the same one coming back, Draining → Active) and its last report (for `ipq
     /// get`). One map of compact entries: at 64k addresses each byte here is ~120 KB resident.
@@ -235,22 +249,25 @@ impl Hygiene {
             .clone()
     }
 
-    /// Starts the worker thread; its reports arrive on the returned channel.
+    /// Starts the worker thread; its reports arrive on the returned channel. The job queue
+    /// holds [`JOBS_PER_ADDRESS`] per address of a registry of `capacity` (one batch of the
+    /// worker's at least); `queues` counts
+    /// the jobs it drops and the times the worker waits for room for its reports.
     pub fn start(
         &mut self,
         config: HygieneConfig,
         uplinks: Vec<String>,
         metrics: HygieneCounters,
-    ) -> Result<mpsc::UnboundedReceiver<Report>, HygieneError> {
-        let (job_tx, job_rx) = std_mpsc::channel();
-        let (report_tx, report_rx) = mpsc::unbounded_channel();
-        let worker = Worker::new(
-            config,
-            uplinks,
-            metrics,
-            report_tx,
-            self.claim_flush.clone(),
-        );
+        capacity: usize,
+        queues: QueueCounters,
+    ) -> Result<mpsc::Receiver<Report>, HygieneError> {
+        let (job_tx, job_rx) = JobSender::new(queue::job_queue(capacity), queues.jobs);
+        let (report_tx, report_rx) = mpsc::channel(REPORT_QUEUE);
+        let reports = worker::Reports {
+            tx: report_tx,
+            overflows: queues.reports,
+        };
+        let worker = Worker::new(config, uplinks, metrics, reports, self.claim_flush.clone());
         std::thread::Builder::new()
             .name("ipq-hygiene".into())
             .spawn(move || worker.run(job_rx))
@@ -313,7 +330,7 @@ impl Hygiene {
             );
             return;
         }
-        let Some(jobs) = &self.jobs else {
+        let Some(jobs) = self.jobs.as_mut() else {
             return;
         };
         let claim = self
@@ -334,12 +351,26 @@ impl Hygiene {
             holder_mac: claim.as_ref().and_then(|c| c.mac),
             done,
         };
-        if jobs.send(job).is_err() {
-            error!("{addr}: the hygiene worker is gone; nothing flushed");
-            return;
-        }
+        let dropped = match jobs.send(job) {
+            Ok(()) => None,
+            Err(NotQueued::WorkerGone) => {
+                error!("{addr}: the hygiene worker is gone; nothing flushed");
+                return;
+            }
+            Err(NotQueued::Dropped(report, job)) => {
+                // A claim waiting for it is answered with the report that says so.
+                if let Some(done) = job.done {
+                    let _ = done.send((*report).clone());
+                }
+                Some(*report)
+            }
+        };
         if let (Some(claim), Some(wait)) = (claim, wait) {
             claim.waits.push((addr, wait));
+        }
+        // `ipq get` shows it until the address is cleaned again.
+        if let Some(report) = dropped {
+            self.record(report, true);
         }
     }
 

@@ -1,28 +1,41 @@
-use std::sync::mpsc as std_mpsc;
-
 use super::*;
+use crate::queues::{Overflows, Queue};
 
 fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
 }
 
 /// A hygiene handle whose jobs land in the returned receiver instead of a worker.
-fn hygiene() -> (Hygiene, std_mpsc::Receiver<Job>) {
-    let (tx, rx) = std_mpsc::channel();
+fn hygiene() -> (Hygiene, mpsc::Receiver<Job>) {
+    with_queue(1024, dropped_counter())
+}
+
+fn dropped_counter() -> IntCounter {
+    Overflows::new().unwrap().of(Queue::HygieneJobs)
+}
+
+/// The same, with a job queue of `capacity` whose drops `dropped` counts.
+fn with_queue(capacity: usize, dropped: IntCounter) -> (Hygiene, mpsc::Receiver<Job>) {
+    let (tx, rx) = JobSender::new(capacity, dropped);
     let mut h = Hygiene::disabled();
     h.jobs = Some(tx);
     (h, rx)
 }
 
-fn triggers(rx: &std_mpsc::Receiver<Job>) -> Vec<(IpAddr, Trigger, Option<u32>)> {
-    rx.try_iter()
+fn queued(rx: &mut mpsc::Receiver<Job>) -> Vec<Job> {
+    std::iter::from_fn(|| rx.try_recv().ok()).collect()
+}
+
+fn triggers(rx: &mut mpsc::Receiver<Job>) -> Vec<(IpAddr, Trigger, Option<u32>)> {
+    queued(rx)
+        .into_iter()
         .map(|j| (j.addr, j.trigger, j.holder_ifindex))
         .collect()
 }
 
 #[test]
 fn a_new_holder_and_a_gone_one_are_cleaned_the_same_one_coming_back_is_not() {
-    let (mut h, rx) = hygiene();
+    let (mut h, mut rx) = hygiene();
     let a = ip("10.0.0.5");
     h.on_transition(a, false, Some(5), true); // Free -> Active(5)
     h.on_transition(a, false, Some(5), true); // Active(5) -> Draining(5)
@@ -31,7 +44,7 @@ fn a_new_holder_and_a_gone_one_are_cleaned_the_same_one_coming_back_is_not() {
     h.on_transition(a, true, None, true); // holder gone: quarantined
     h.on_transition(a, false, Some(7), true); // claimed during the quarantine
     assert_eq!(
-        triggers(&rx),
+        triggers(&mut rx),
         [
             (a, Trigger::NewHolder, Some(5)),
             (a, Trigger::NewHolder, Some(6)),
@@ -43,10 +56,10 @@ fn a_new_holder_and_a_gone_one_are_cleaned_the_same_one_coming_back_is_not() {
 
 #[test]
 fn under_observe_and_before_start_nothing_is_cleaned() {
-    let (mut h, rx) = hygiene();
+    let (mut h, mut rx) = hygiene();
     h.on_transition(ip("10.0.0.5"), false, Some(5), false);
     h.on_transition(ip("10.0.0.5"), true, None, false);
-    assert!(triggers(&rx).is_empty());
+    assert!(triggers(&mut rx).is_empty());
     // Disabled (recovery at start): remembered, not cleaned.
     let mut idle = Hygiene::disabled();
     idle.on_transition(ip("10.0.0.6"), false, Some(5), true);
@@ -72,7 +85,7 @@ fn an_address_with_no_holder_and_no_report_is_forgotten() {
 
 #[test]
 fn a_claim_waits_for_its_own_holders_jobs_only() {
-    let (mut h, rx) = hygiene();
+    let (mut h, mut rx) = hygiene();
     h.begin_claim(6, Some([2, 0, 0, 0, 0, 6]));
     h.on_transition(ip("10.0.0.5"), false, Some(6), true);
     h.on_transition(ip("fd00::5"), false, Some(6), true);
@@ -83,7 +96,7 @@ fn a_claim_waits_for_its_own_holders_jobs_only() {
         waits.iter().map(|(a, _)| *a).collect::<Vec<_>>(),
         [ip("10.0.0.5"), ip("fd00::5")]
     );
-    let jobs: Vec<Job> = rx.try_iter().collect();
+    let jobs: Vec<Job> = queued(&mut rx);
     assert_eq!(jobs.len(), 3);
     assert_eq!(jobs[0].holder_mac, Some([2, 0, 0, 0, 0, 6]));
     assert!(jobs[0].done.is_some() && jobs[1].done.is_some());
@@ -183,5 +196,63 @@ fn claims_are_cleaned_before_holder_gone_jobs_unless_they_share_an_address() {
     assert_eq!(
         groups[0].iter().map(|j| j.trigger).collect::<Vec<_>>(),
         [Trigger::HolderGone, Trigger::NewHolder]
+    );
+}
+
+/// The job queue is bounded: a job that finds it full is dropped and counted, `ipq get` shows
+/// the address was not cleaned, and a claim waiting for it is answered with that report
+/// instead of waiting out its bound; the next job that fits is queued again.
+#[test]
+fn a_full_job_queue_drops_counts_and_tells_whoever_waits() {
+    let dropped = dropped_counter();
+    let (mut h, mut rx) = with_queue(2, dropped.clone());
+    h.on_transition(ip("10.0.0.1"), true, None, true);
+    h.on_transition(ip("10.0.0.2"), true, None, true);
+    assert_eq!(dropped.get(), 0);
+    // Full: the next holder-gone job is dropped.
+    h.on_transition(ip("10.0.0.3"), true, None, true);
+    assert_eq!(dropped.get(), 1);
+    let shown = h
+        .last(ip("10.0.0.3"))
+        .expect("the dropped job's report is kept");
+    assert_eq!(shown.trigger, Trigger::HolderGone);
+    assert!(
+        shown.errors[0].contains("queue was full"),
+        "{:?}",
+        shown.errors
+    );
+    // A claim's job dropped: its wait is answered at once with the same report.
+    h.begin_claim(7, None);
+    h.on_transition(ip("10.0.0.4"), false, Some(7), true);
+    let mut waits = h.end_claim();
+    assert_eq!(dropped.get(), 2);
+    assert_eq!(waits.len(), 1, "the claim still hears about its address");
+    let (addr, wait) = waits.pop().unwrap();
+    assert_eq!(addr, ip("10.0.0.4"));
+    let told = wait
+        .blocking_recv()
+        .expect("answered, not left to time out");
+    assert_eq!(told.trigger, Trigger::NewHolder);
+    assert!(told.errors[0].contains("queue was full"));
+    // Only what fitted was queued; with room again, jobs are queued again.
+    assert_eq!(
+        queued(&mut rx).iter().map(|j| j.addr).collect::<Vec<_>>(),
+        [ip("10.0.0.1"), ip("10.0.0.2")]
+    );
+    h.on_transition(ip("10.0.0.5"), true, None, true);
+    assert_eq!(
+        triggers(&mut rx),
+        [(ip("10.0.0.5"), Trigger::HolderGone, None)]
+    );
+    assert_eq!(dropped.get(), 2);
+}
+
+#[test]
+fn the_job_queue_holds_two_per_address_and_one_batch_at_least() {
+    assert_eq!(queue::job_queue(65_536), 131_072);
+    assert_eq!(
+        queue::job_queue(4),
+        1024,
+        "a small registry still gets a whole batch"
     );
 }

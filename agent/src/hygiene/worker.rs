@@ -6,7 +6,6 @@
 use std::{
     collections::BTreeSet,
     net::IpAddr,
-    sync::mpsc as std_mpsc,
     sync::{Arc, Mutex},
 };
 
@@ -33,7 +32,14 @@ use crate::{config::HygieneConfig, netdev};
 const WORKER_NICE: libc::c_int = 10;
 
 /// Jobs taken together in one pass (one conntrack dump for all of them).
-const MAX_BATCH: usize = 1024;
+pub(super) const MAX_BATCH: usize = 1024;
+
+/// Where the worker reports: the bounded queue to the owner loop, and the count of the times a
+/// report found it full and the worker waited.
+pub(super) struct Reports {
+    pub(super) tx: mpsc::Sender<Report>,
+    pub(super) overflows: prometheus::IntCounter,
+}
 
 /// Why the worker could not do a step: its socket's own error, kept whole so that a caller can
 /// still tell a socket that would not open from a request the kernel refused.
@@ -50,7 +56,7 @@ pub(super) struct Worker {
     config: HygieneConfig,
     uplinks: Vec<String>,
     metrics: HygieneCounters,
-    reports: mpsc::UnboundedSender<Report>,
+    reports: Reports,
     sockets: Option<(Conntrack, Neighbours)>,
     announcer: Option<Announcer>,
     /// A new holder's entries go by the kernel's filtered flush, per family, where the probe
@@ -65,7 +71,7 @@ impl Worker {
         config: HygieneConfig,
         uplinks: Vec<String>,
         metrics: HygieneCounters,
-        reports: mpsc::UnboundedSender<Report>,
+        reports: Reports,
         shown: Arc<Mutex<Option<ClaimFlush>>>,
     ) -> Self {
         Self {
@@ -80,7 +86,7 @@ impl Worker {
         }
     }
 
-    pub(super) fn run(mut self, jobs: std_mpsc::Receiver<Job>) {
+    pub(super) fn run(mut self, mut jobs: mpsc::Receiver<Job>) {
         // Background work: on a busy node the owner loop, which answers the API and follows
         // netlink, gets the CPU first. (Linux: the nice value of a thread is its own.)
         // SAFETY: plain syscalls on this thread's own id.
@@ -101,7 +107,7 @@ impl Worker {
         // creating and deleting namespaces can make wait for seconds; claims meanwhile flush
         // by the dump.
         claim_flush::start(&self.config, self.shown.clone(), self.kernel_flush.clone());
-        while let Ok(first) = jobs.recv() {
+        while let Some(first) = jobs.blocking_recv() {
             let mut batch = vec![first];
             while batch.len() < MAX_BATCH {
                 match jobs.try_recv() {
@@ -115,7 +121,9 @@ impl Worker {
                     if let Some(done) = job.done {
                         let _ = done.send(report.clone());
                     }
-                    if self.reports.send(report).is_err() {
+                    let reports = &self.reports;
+                    if crate::queues::send_or_wait(&reports.tx, report, &reports.overflows).is_err()
+                    {
                         return;
                     }
                 }

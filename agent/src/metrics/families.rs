@@ -16,12 +16,25 @@ use super::{
     registered, Metrics, DURATION_BUCKETS, PROFILE, STATES,
 };
 use super::{tamper::TamperMetrics, writes::WriteMetrics};
-use crate::{hygiene::HygieneCounters, readiness::Readiness, registry::ConflictKind};
+use crate::{
+    hygiene::HygieneCounters, queues::Overflows, readiness::Readiness, registry::ConflictKind,
+};
 
 impl Metrics {
-    /// Every metric, with the packet counters read by `read`.
+    /// Every metric, with the packet counters read by `read` and queue overflows of their own.
+    #[cfg(test)]
     pub(super) fn with_counters(read: ReadCounters) -> Result<Self, prometheus::Error> {
+        Self::with_queues(read, Overflows::new()?)
+    }
+
+    /// Every metric, with the packet counters read by `read` and the queue overflows `queues`
+    /// (made before the registry: the netlink subscription precedes the datapath's load).
+    pub(super) fn with_queues(
+        read: ReadCounters,
+        queues: Overflows,
+    ) -> Result<Self, prometheus::Error> {
         let registry = Registry::new();
+        queues.register(&registry)?;
         let lost: LostCounts = Arc::new(std::array::from_fn(|_| AtomicU64::new(0)));
         registry.register(Box::new(DatapathCollector::new(read, lost.clone())?))?;
         // The standard process_* series (CPU, memory, fds, threads, start time) of the agent.
@@ -336,6 +349,7 @@ impl Metrics {
 
         Ok(Self {
             registry,
+            queues,
             hygiene,
             ipam_releases,
             ipam_held_addresses,

@@ -184,6 +184,7 @@ fn every_family_follows_the_naming_conventions() {
         "ipq_announcements_total",
         "ipq_announcements_rate_limited_total",
         "ipq_hygiene_failures_total",
+        "ipq_queue_overflows_total",
         "process_start_time_seconds",
         "process_resident_memory_bytes",
         "process_cpu_seconds_total",

@@ -12,8 +12,15 @@ use log::{error, info};
 use crate::{
     journal::{Commit, Journal, JournalError, SyncOutcome, Synced},
     metrics::Metrics,
+    queues::Queue,
     registry::Registry,
 };
+
+/// Commits kept waiting for their flush, each with the registry generation it holds. A disk
+/// whose flushes hang would otherwise add one per commit for as long as it hangs; beyond the
+/// bound, a new commit takes the place of the newest one waiting (a flush through it covers
+/// every commit before it), so the generation known saved can only lag, never run ahead.
+const SYNCING_MAX: usize = 1024;
 
 /// How often a journal save that keeps failing is logged (every failure is counted).
 const SAVE_FAILURE_LOG_EVERY: Duration = Duration::from_secs(30);
@@ -30,6 +37,25 @@ pub(super) struct JournalState {
     last_logged: Option<Instant>,
     /// Commits written and waiting for their flush: (ticket, the registry generation it holds).
     syncing: VecDeque<(u64, u64)>,
+}
+
+impl JournalState {
+    /// Keeps commit `ticket` (holding `generation`) until its flush reports; true when the
+    /// queue was at `bound` and it took the newest waiting commit's place.
+    fn wait_for_flush(&mut self, ticket: u64, generation: u64, bound: usize) -> bool {
+        let full = self.syncing.len() >= bound;
+        match self.syncing.back_mut() {
+            Some(&mut (t, _)) if t == ticket => false,
+            Some(newest) if full => {
+                *newest = (ticket, generation);
+                true
+            }
+            _ => {
+                self.syncing.push_back((ticket, generation));
+                false
+            }
+        }
+    }
 }
 
 /// The journal and its standing.
@@ -136,8 +162,8 @@ impl Durable {
                 Ok(Commit::Durable)
             }
             Ok(Commit::Syncing(ticket)) => {
-                if self.state.syncing.back().is_none_or(|&(t, _)| t != ticket) {
-                    self.state.syncing.push_back((ticket, generation));
+                if self.state.wait_for_flush(ticket, generation, SYNCING_MAX) {
+                    metrics.queues.of(Queue::JournalCommits).inc();
                 }
                 Ok(Commit::Syncing(ticket))
             }
@@ -184,5 +210,30 @@ impl Durable {
             state.last_logged = Some(now);
         }
         state.failing = Some(reason);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::JournalState;
+
+    /// A full queue of commits waiting for their flush takes a new one in its newest's place:
+    /// a flush through the newest then says everything before it is saved, and one through an
+    /// older commit never claims a generation it did not flush.
+    #[test]
+    fn commits_waiting_for_a_hung_flush_are_bounded_and_never_run_ahead() {
+        let mut state = JournalState::default();
+        assert!(!state.wait_for_flush(1, 10, 2));
+        assert!(
+            !state.wait_for_flush(1, 10, 2),
+            "the same commit is kept once"
+        );
+        assert!(!state.wait_for_flush(2, 20, 2));
+        assert!(
+            state.wait_for_flush(3, 30, 2),
+            "full: the newest is replaced"
+        );
+        assert!(state.wait_for_flush(4, 40, 2));
+        assert_eq!(Vec::from(state.syncing.clone()), [(1, 10), (4, 40)]);
     }
 }

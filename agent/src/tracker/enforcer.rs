@@ -27,6 +27,9 @@ pub struct Enforcer {
     datapath: Box<dyn DatapathPort>,
     /// Writes the kernel refused, retried every tick.
     pending: PendingWrites,
+    /// Addresses refused since none was pending: one ERROR line per burst, each address at
+    /// debug (a map that fills refuses thousands at once), and the count when the burst ends.
+    refused_in_burst: u64,
     metrics: Arc<Metrics>,
 }
 
@@ -35,6 +38,7 @@ impl Enforcer {
         Self {
             datapath: Box::new(datapath),
             pending: PendingWrites::default(),
+            refused_in_burst: 0,
             metrics,
         }
     }
@@ -166,8 +170,9 @@ impl Enforcer {
         }
     }
 
-    /// A write refused: counted every time, logged when the address had nothing pending (the
-    /// retries are counted, not logged), kept for the next tick.
+    /// A write refused: counted every time, kept for the next tick. The first address of a
+    /// burst is an ERROR line; the others, refused while it pends, are at debug (the retries
+    /// are counted, not logged), and the burst's end says how many there were.
     fn failed(&mut self, addr: IpAddr, wanted: WantedWrite, e: &DatapathError) {
         let op = wanted.kind();
         self.metrics
@@ -176,10 +181,16 @@ impl Enforcer {
             .with_label_values(&[op.as_ref()])
             .inc();
         if self.pending.failed(addr, wanted, e.to_string()) {
-            error!(
-                "{addr}: datapath {op} refused, retried every tick; the kernel enforces the \
-                 entry it had until then: {e}"
-            );
+            self.refused_in_burst += 1;
+            if self.refused_in_burst == 1 {
+                error!(
+                    "{addr}: datapath {op} refused, retried every tick; the kernel enforces the \
+                     entry it had until then: {e} (other addresses refused before every \
+                     pending write goes through are logged at debug; `ipq status` lists them)"
+                );
+            } else {
+                debug!("{addr}: datapath {op} refused, retried every tick: {e}");
+            }
             self.observe_pending();
         }
     }
@@ -195,7 +206,12 @@ impl Enforcer {
                 pending.failures
             );
             if self.pending.len() == 0 {
-                info!("datapath writes: every refused write has gone through");
+                info!(
+                    "datapath writes: every refused write has gone through ({} addresses were \
+                     refused)",
+                    self.refused_in_burst
+                );
+                self.refused_in_burst = 0;
             }
             self.observe_pending();
         }
@@ -249,6 +265,23 @@ mod tests {
         enforcer.write("10.0.0.2".parse().unwrap(), entry(6));
         assert_eq!(enforcer.pending().len(), 1);
         enforcer
+    }
+
+    /// A map that fills refuses many addresses at once: one burst, counted once per address
+    /// (each logged at debug after the first's ERROR), over when none is pending.
+    #[test]
+    fn refused_addresses_are_one_burst_until_none_is_pending() {
+        let mut enforcer = one_refused();
+        enforcer.write("10.0.0.3".parse().unwrap(), entry(7));
+        enforcer.write("10.0.0.4".parse().unwrap(), entry(8));
+        enforcer.retry_pending();
+        assert_eq!(enforcer.pending().len(), 3);
+        assert_eq!(enforcer.refused_in_burst, 3, "retries are not new refusals");
+        enforcer.sync(BTreeMap::from([("10.0.0.1".parse().unwrap(), entry(5))]));
+        assert_eq!(enforcer.pending().len(), 0);
+        assert_eq!(enforcer.refused_in_burst, 0, "the burst ended");
+        enforcer.write("10.0.0.2".parse().unwrap(), entry(6));
+        assert_eq!(enforcer.refused_in_burst, 1, "a new burst");
     }
 
     #[test]

@@ -17,7 +17,8 @@ use crate::{
         views::TimeBase,
     },
     config::EarlyReusePolicy,
-    hygiene::{HygieneError, Report},
+    hygiene::{HygieneError, QueueCounters, Report},
+    queues::Queue,
     registry::{Holder, StateName},
 };
 
@@ -41,11 +42,17 @@ pub fn hygiene_view(report: &Report, time: Option<&TimeBase>) -> HygieneView {
 impl Tracker {
     /// Starts reuse hygiene: from now on a holder gone or new hands the worker a job. Started
     /// after recovery, which replays the registry rather than changing any holder.
-    pub fn start_hygiene(&mut self) -> Result<mpsc::UnboundedReceiver<Report>, HygieneError> {
+    pub fn start_hygiene(&mut self) -> Result<mpsc::Receiver<Report>, HygieneError> {
+        let queues = QueueCounters {
+            jobs: self.metrics.queues.of(Queue::HygieneJobs),
+            reports: self.metrics.queues.of(Queue::HygieneReports),
+        };
         self.hygiene.start(
             self.config.hygiene.clone(),
             self.config.interfaces.uplink.clone(),
             self.metrics.hygiene.clone(),
+            self.config.capacity as usize,
+            queues,
         )
     }
 

@@ -44,7 +44,10 @@ impl Attacher {
                 }
             }
             TcNotice::Overrun => {
-                warn!("TC notifications were lost (socket overrun): looking at every hook again");
+                warn!(
+                    "TC notifications were lost (the socket overran, or the queue to the loop \
+                     was full): looking at every hook again"
+                );
                 let workloads: Vec<u32> = self
                     .targets
                     .iter()

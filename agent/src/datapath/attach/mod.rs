@@ -72,6 +72,13 @@ use crate::paths::{AttachPoint, PinLayout};
 /// program fds and sleeps while idle.
 const WORKERS: usize = 4;
 
+/// Reports waiting for the owner loop. A worker whose report finds the queue full waits for
+/// room (counted in `ipq_queue_overflows_total{queue="attach_reports"}`): a report may be the
+/// only news of a lost attachment, so none is dropped, and a waiting worker holds up only its
+/// own next job, never the loop. 256 is a burst of new pods' attaches several times over (each
+/// worker reports one job at a time).
+pub const REPORT_QUEUE: usize = 256;
+
 /// How long an interface may stay `attaching` before `/readyz` counts it as unprotected (a
 /// normal attach takes milliseconds; this only keeps pod churn from flapping readiness).
 pub const ATTACHING_GRACE: Duration = Duration::from_secs(5);
@@ -115,15 +122,21 @@ pub struct Attacher {
 }
 
 impl Attacher {
-    /// Starts the workers; their reports arrive on the returned receiver.
+    /// Starts the workers; their reports arrive on the returned receiver, a worker waiting
+    /// (counted in `overflows`) while it is full.
     pub fn start(
         layout: PinLayout,
         mode: TcMode,
-    ) -> Result<(Self, tokio::sync::mpsc::UnboundedReceiver<JobReport>), DatapathError> {
+        overflows: prometheus::IntCounter,
+    ) -> Result<(Self, tokio::sync::mpsc::Receiver<JobReport>), DatapathError> {
         let queue = Arc::new(JobQueue::default());
-        let (reports, receiver) = tokio::sync::mpsc::unbounded_channel();
+        let (reports, receiver) = tokio::sync::mpsc::channel(REPORT_QUEUE);
         for n in 0..WORKERS {
-            let (layout, queue, reports) = (layout.clone(), queue.clone(), reports.clone());
+            let (layout, queue) = (layout.clone(), queue.clone());
+            let reports = worker::Reports {
+                tx: reports.clone(),
+                overflows: overflows.clone(),
+            };
             std::thread::Builder::new()
                 .name(format!("ipq-attach-{n}"))
                 .spawn(move || worker::run(layout, mode, queue, reports))

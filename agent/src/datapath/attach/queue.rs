@@ -110,7 +110,10 @@ impl JobQueue {
 
     /// Queues `job` in the lane of its kind. A repair or an upgrade of an interface that has
     /// one waiting already refreshes that one instead (it looks at the hooks when it runs,
-    /// after this change too), keeping the newest generation so its report is not outdated.
+    /// after this change too), keeping the newest generation so its report is not outdated. A
+    /// protect job replaces a waiting one of its interface whole (a rename, a retry: the older
+    /// one's report would be outdated), so each lane holds at most one job per interface: the
+    /// queue is bounded by the interfaces wanted, however fast netlink renames them.
     pub fn push(&self, job: Job) {
         let mut lanes = self.lanes();
         let same = |queued: &Job| {
@@ -127,7 +130,10 @@ impl JobQueue {
                 Some(queued) => queued.generation = job.generation,
                 None => lanes.upgrade.push_back(job),
             },
-            JobKind::Protect => lanes.protect.push_back(job),
+            JobKind::Protect => match lanes.protect.iter_mut().find(|q| same(q)) {
+                Some(queued) => *queued = job,
+                None => lanes.protect.push_back(job),
+            },
         }
         drop(lanes);
         self.ready.notify_all();
@@ -332,6 +338,31 @@ mod tests {
         assert_eq!(upgrade.generation, 7);
         queue.done(&upgrade);
         assert!(queue.try_take().is_none(), "no second one");
+    }
+
+    /// An interface renamed over and over while the workers are busy waits as one protect job,
+    /// the newest: the queue does not grow with the renames.
+    #[test]
+    fn a_newer_protect_job_of_an_interface_replaces_the_waiting_one() {
+        let queue = JobQueue::default();
+        for generation in 1..=1000 {
+            queue.push(Job {
+                name: format!("rename{generation}"),
+                generation,
+                ..job(1, JobKind::Protect)
+            });
+        }
+        queue.push(job(2, JobKind::Protect));
+        let first = queue.try_take().expect("interface 1's job");
+        assert_eq!(
+            (first.name.as_str(), first.generation),
+            ("rename1000", 1000)
+        );
+        let second = queue.try_take().expect("interface 2's job");
+        assert_eq!(second.ifindex, 2);
+        queue.done(&first);
+        queue.done(&second);
+        assert!(queue.try_take().is_none(), "one job per interface");
     }
 
     #[test]

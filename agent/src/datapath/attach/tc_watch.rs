@@ -16,6 +16,7 @@
 use futures::StreamExt as _;
 use ipq_common::names::{TC_FILTER_HANDLE, TC_FILTER_PRIORITY};
 use log::warn;
+use prometheus::IntCounter;
 use rtnetlink::{
     packet_core::NetlinkPayload,
     packet_route::{
@@ -66,7 +67,8 @@ pub enum TcNotice {
         ifindex: u32,
         change: TcChange,
     },
-    /// The socket's buffer overflowed: notifications were lost, every hook must be looked at.
+    /// Notifications were lost (the socket's buffer overflowed, or the queue to the owner loop
+    /// was full): every hook must be looked at.
     Overrun,
 }
 
@@ -133,10 +135,19 @@ pub fn notice_of(message: &RouteNetlinkMessage) -> Option<TcNotice> {
     Some(TcNotice::Change { ifindex, change })
 }
 
+/// TC notices waiting for the owner loop. ipq's own new filters make none (filtered out above)
+/// and its own deletions (a hook moved to TCX) come one per link create, paced by `rtnl_lock`;
+/// the loop takes each burst whole. 1024 holds a few hundred workload interfaces losing their
+/// clsact qdiscs (and the filters under them) at once to a script; beyond it the notices are
+/// folded into one [`TcNotice::Overrun`], a look at every hook, which finds whatever they said.
+pub const NOTICE_QUEUE: usize = 1024;
+
 /// Subscribes to `RTNLGRP_TC`; the notices arrive on the returned receiver. Subscribe before
-/// the first attach, so that nothing done in between is missed.
-pub fn subscribe() -> std::io::Result<mpsc::UnboundedReceiver<TcNotice>> {
-    let (mut connection, _handle, mut messages) =
+/// the first attach, so that nothing done in between is missed. A notice that finds the queue
+/// full is dropped and counted in `overflows`, and an [`TcNotice::Overrun`] takes the next free
+/// slot (see [`crate::queues::forward_or_resync`]).
+pub fn subscribe(overflows: IntCounter) -> std::io::Result<mpsc::Receiver<TcNotice>> {
+    let (mut connection, _handle, messages) =
         rtnetlink::new_multicast_connection(&[MulticastGroup::Tc])?;
     // ipq's own attaches announce themselves here too (2 per workload interface at a cold
     // start): a wide buffer keeps them from overrunning it, which would mean a look at every hook.
@@ -144,21 +155,22 @@ pub fn subscribe() -> std::io::Result<mpsc::UnboundedReceiver<TcNotice>> {
         connection.socket_mut(),
     ));
     tokio::spawn(connection);
-    let (tx, rx) = mpsc::unbounded_channel();
+    let (tx, rx) = mpsc::channel(NOTICE_QUEUE);
+    let notices = messages.filter_map(|(message, _)| {
+        futures::future::ready(match &message.payload {
+            NetlinkPayload::InnerMessage(inner) => notice_of(inner),
+            NetlinkPayload::Overrun(_) => Some(TcNotice::Overrun),
+            _ => None,
+        })
+    });
     tokio::spawn(async move {
-        while let Some((message, _)) = messages.next().await {
-            let notice = match &message.payload {
-                NetlinkPayload::InnerMessage(inner) => notice_of(inner),
-                NetlinkPayload::Overrun(_) => Some(TcNotice::Overrun),
-                _ => None,
-            };
-            if let Some(notice) = notice {
-                if tx.send(notice).is_err() {
-                    return;
-                }
-            }
+        let ended =
+            crate::queues::forward_or_resync(notices, tx, || TcNotice::Overrun, overflows).await;
+        if ended == crate::queues::Ended::Source {
+            warn!(
+                "the TC notification socket closed: deletions of ipq's filters are no longer seen"
+            );
         }
-        warn!("the TC notification socket closed: deletions of ipq's filters are no longer seen");
     });
     Ok(rx)
 }

@@ -139,10 +139,14 @@ fn a_forgotten_interface_ignores_its_report_and_a_new_role_queues_again() {
 
     attacher.want(9, "vethpb", Role::Workload);
     attacher.want(9, "up9", Role::Uplink);
+    let queued: Vec<Job> = std::iter::from_fn(|| take(&queue)).collect();
     assert_eq!(
-        std::iter::from_fn(|| take(&queue)).count(),
-        2,
-        "a rename or new role is a new attach"
+        queued
+            .iter()
+            .map(|j| (j.name.as_str(), j.role))
+            .collect::<Vec<_>>(),
+        [("up9", Role::Uplink)],
+        "a rename or new role is a new attach, in place of the one still waiting"
     );
     assert_eq!(attacher.target(9).unwrap().role, Role::Uplink);
 }

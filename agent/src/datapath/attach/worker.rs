@@ -36,13 +36,16 @@ impl Programs {
     }
 }
 
-/// Runs jobs from `jobs` until it is closed, reporting each on `reports`.
-pub fn run(
-    layout: PinLayout,
-    mode: TcMode,
-    jobs: Arc<JobQueue>,
-    reports: tokio::sync::mpsc::UnboundedSender<JobReport>,
-) {
+/// Where a worker reports: the bounded queue to the owner loop, and the count of the times a
+/// report found it full and the worker waited.
+pub struct Reports {
+    pub tx: tokio::sync::mpsc::Sender<JobReport>,
+    pub overflows: prometheus::IntCounter,
+}
+
+/// Runs jobs from `jobs` until it is closed, reporting each on `reports` (waiting for room
+/// while the queue is full: a report may be the only news of a lost attachment).
+pub fn run(layout: PinLayout, mode: TcMode, jobs: Arc<JobQueue>, reports: Reports) {
     let mut programs: Option<Programs> = None;
     while let Some(job) = jobs.take() {
         let _done = Done {
@@ -51,7 +54,8 @@ pub fn run(
         };
         let mut report = run_one(&mut programs, &layout, mode, job);
         report.bypassed = super::bypass::find(&report);
-        let _ = reports.send(report);
+        // The loop gone means the agent is stopping: the job is handed back all the same.
+        let _ = crate::queues::send_or_wait(&reports.tx, report, &reports.overflows);
     }
 }
 

@@ -49,3 +49,50 @@ fn a_digest_changed_in_place_needs_no_merge() {
     assert_eq!(sorted.find(&10), Some((5, 7)));
     assert_eq!(sorted.len(), 1000);
 }
+
+/// Past its bound the feed keeps the last write of each key instead of every write: it stops
+/// growing, counts what it coalesced, and what the mirror takes in ends up the same.
+#[test]
+fn past_its_bound_the_feed_keeps_the_last_write_of_each_key() {
+    use super::{Change, IntentFeed};
+    use ipq_common::addr::AddrKey;
+
+    let feed = IntentFeed::with_bound(4);
+    let addr = |n: u8| AddrKey::from(std::net::IpAddr::from([10, 0, 0, n]));
+    let writes = [
+        (1, Some(1)),
+        (2, Some(2)),
+        (1, Some(3)),
+        (3, Some(4)),
+        // Past the bound: three writes, two keys.
+        (1, Some(5)),
+        (2, None),
+        (1, Some(6)),
+    ];
+    let mut model = BTreeMap::new();
+    for (n, digest) in writes {
+        feed.push(Change::Addr(addr(n), digest));
+        match digest {
+            Some(d) => model.insert(addr(n).words[3], d),
+            None => model.remove(&addr(n).words[3]),
+        };
+    }
+    let (changes, coalesced) = feed.take();
+    assert_eq!(coalesced, 3);
+    assert_eq!(changes.len(), 6, "four in order, then one per key");
+    assert!(feed.is_empty());
+    let mut mirror = Sorted::from(Vec::new());
+    mirror.apply(
+        changes
+            .into_iter()
+            .map(|change| match change {
+                Change::Addr(addr, digest) => (addr.words[3], digest),
+                other => panic!("{other:?}"),
+            })
+            .collect(),
+    );
+    assert_eq!(as_map(&mirror), model, "the same as every write in order");
+    // Taken: the feed keeps writes in order again.
+    feed.push(Change::Addr(addr(9), Some(9)));
+    assert_eq!(feed.take().1, 0);
+}

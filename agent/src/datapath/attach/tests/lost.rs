@@ -264,3 +264,54 @@ fn a_deleted_filter_under_auto_waits_for_the_repairs_look_before_saying_lost() {
         Some(Protection::Repairing)
     );
 }
+
+/// TC notices through a queue too small for them: the notice of the second interface is
+/// dropped, and the overrun that takes its place still has that interface repaired. A full
+/// notice queue costs a look at every hook, never a lost repair.
+#[tokio::test]
+async fn a_notice_dropped_by_a_full_queue_is_repaired_through_the_overrun() {
+    let (mut attacher, queue) = protected();
+    const OTHER: u32 = 8;
+    attacher.want(OTHER, "veth8", Role::Workload);
+    let job = queue.try_take().expect("the first attach");
+    queue.done(&job);
+    attacher.on_report(report_by(&job, true, Mechanism::Netlink));
+
+    let (input, notices) = futures::channel::mpsc::unbounded();
+    let (tx, mut rx) = tokio::sync::mpsc::channel(1);
+    let overflows = crate::queues::Overflows::new()
+        .unwrap()
+        .of(crate::queues::Queue::TcNotices);
+    let forwarder = tokio::spawn(crate::queues::forward_or_resync(
+        notices,
+        tx,
+        || TcNotice::Overrun,
+        overflows.clone(),
+    ));
+    input.unbounded_send(clsact_deleted(VETH)).unwrap();
+    input.unbounded_send(clsact_deleted(OTHER)).unwrap();
+    drop(input);
+    // The loop reads only once the second notice has met the full queue.
+    for _ in 0..100_000 {
+        if overflows.get() == 1 {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(overflows.get(), 1, "the second notice did not fit");
+    let mut received = Vec::new();
+    while let Some(notice) = rx.recv().await {
+        received.push(notice);
+        attacher.on_tc_notice(notice);
+    }
+    forwarder.await.unwrap();
+    assert_eq!(received, [clsact_deleted(VETH), TcNotice::Overrun]);
+    let mut repaired = Vec::new();
+    while let Some(job) = queue.try_take() {
+        queue.done(&job);
+        assert!(matches!(job.kind, JobKind::Repair(_)), "{job:?}");
+        repaired.push(job.ifindex);
+    }
+    repaired.sort_unstable();
+    assert_eq!(repaired, [VETH, OTHER], "both interfaces are looked at");
+}
