@@ -224,7 +224,14 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
         ));
         tokio::spawn(async move {
             let lost_calls = metrics.tamper.bpf_watcher_lost_calls.clone();
-            let reading = kernel_rings::read_bpf_calls(watch, reader.clone(), lost_calls, keys_tx);
+            let keys_overflow = metrics.queues.of(crate::queues::Queue::ReportedKeys);
+            let reading = kernel_rings::read_bpf_calls(
+                watch,
+                reader.clone(),
+                lost_calls,
+                keys_tx,
+                keys_overflow,
+            );
             let why = match reading.await {
                 Ok(()) => "its ring reader ended".to_owned(),
                 Err(e) => e.to_string(),

@@ -47,6 +47,9 @@ pub enum Queue {
     /// The address table's writes on their way to the verification's mirror: past the bound
     /// each takes the place of the last of its key (the mirror ends up the same).
     MapWrites,
+    /// Keys of map writes the bpf() watcher reported, on their way to the owner loop's look
+    /// at each: dropped, and the whole maps compared instead (a few tens of ms later).
+    ReportedKeys,
 }
 
 impl Queue {
@@ -73,7 +76,9 @@ impl Overflows {
                  state in place (a claim waiting for it is told); journal_commits waiting for \
                  a hung flush were merged into the newest (saved later, nothing lost); \
                  map_writes on their way to the verification's mirror took the place of the \
-                 last of their key (nothing lost).",
+                 last of their key (nothing lost); reported_keys of other processes' map \
+                 writes were dropped and the whole maps compared instead (found later, not \
+                 missed).",
             ),
             &["queue"],
         )?;

@@ -183,6 +183,7 @@ fn agent_metrics_have_every_series_from_the_first_scrape_and_pass_promtool_after
                 "queue=journal_commits",
                 "queue=map_writes",
                 "queue=netlink_events",
+                "queue=reported_keys",
                 "queue=tc_notices",
             ]),
         ),

@@ -123,6 +123,7 @@ pub(super) async fn read_bpf_calls(
     pokes: Arc<Pokes>,
     lost_calls: IntCounter,
     reported_keys: mpsc::Sender<ReportedKeys>,
+    keys_overflow: IntCounter,
 ) -> Result<(), AgentError> {
     let BpfWatch {
         calls,
@@ -174,10 +175,10 @@ pub(super) async fn read_bpf_calls(
             let seen_at = tokio::time::Instant::now();
             // Full (or gone): the owner has keys enough to look at; the comparison of the
             // whole maps finds these writes instead.
-            if reported_keys
-                .try_send(ReportedKeys { seen_at, keys })
-                .is_err()
-            {
+            if let Err(e) = reported_keys.try_send(ReportedKeys { seen_at, keys }) {
+                if let TrySendError::Full(_) = e {
+                    keys_overflow.inc();
+                }
                 pokes.poke(POKE_MAPS);
             }
         }
