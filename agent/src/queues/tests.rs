@@ -125,6 +125,7 @@ fn every_queue_has_its_series_from_the_start() {
             "journal_commits",
             "map_writes",
             "netlink_events",
+            "reported_keys",
             "tc_notices"
         ]
     );
