@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use ipq_common::sample::ConflictSample;
+use ipq_common::{sample::ConflictSample, watch::BpfCmd};
 use log::warn;
 use prometheus::IntCounter;
 use tokio::{
@@ -16,7 +16,7 @@ use super::AgentError;
 use crate::{
     datapath::{
         bpf_watch::{
-            BpfWatch, Pokes, ReportedKey, ReportedKeys, Seen, POKE_LINKS, POKE_MAPS,
+            BpfWatch, Pokes, ReportedKey, ReportedKeys, Seen, POKE_DETACH, POKE_LINKS, POKE_MAPS,
             REPORTED_KEYS_AT_ONCE,
         },
         decode_sample,
@@ -150,7 +150,10 @@ pub(super) async fn read_bpf_calls(
             match classifier.classify(&item) {
                 Some(Seen::Attachment { cmd, tgid, target }) => {
                     log::debug!("process {tgid}: bpf({cmd:?}) on target {target}: verifying");
-                    scope |= POKE_LINKS;
+                    scope |= match cmd {
+                        BpfCmd::LinkDetach => POKE_DETACH,
+                        _ => POKE_LINKS,
+                    };
                 }
                 Some(Seen::Maps { cmd, tgid, key }) => match key {
                     // One entry written, with its key: looked at by its key first, then the

@@ -50,6 +50,9 @@ pub struct Pokes {
 /// A poke's scope: bits of [`Pokes::pending`].
 pub const POKE_LINKS: u8 = 1;
 pub const POKE_MAPS: u8 = 2;
+/// A link detached: a look at the held links' state alone (one question each, no `rtnl_lock`)
+/// finds it, if it was one of ipq's; nothing else can have changed.
+pub const POKE_DETACH: u8 = 4;
 
 impl Pokes {
     pub fn poke(&self, scope: u8) {

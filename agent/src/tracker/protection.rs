@@ -38,6 +38,21 @@ impl Tracker {
     /// WARN lines are the verification's); detached links are repaired by a worker, which
     /// counts them like any lost attachment.
     pub fn on_verification(&mut self, verification: Verification) {
+        if verification.links_state_only {
+            // The links' state alone: a lost one is repaired; nothing else was looked at, so
+            // nothing else (places on hooks, filters, pins, maps, the status' last pass) is
+            // taken from it.
+            let mut marked = false;
+            for &(ifindex, point) in verification.detached.iter().chain(&verification.replaced) {
+                marked |= self
+                    .attacher
+                    .on_link_lost(ifindex, point, verification.started);
+            }
+            if marked {
+                self.observe_protection();
+            }
+            return;
+        }
         let layout = PinLayout::new(&self.config.bpffs_dir);
         for restored in &verification.restored {
             let link = restored
