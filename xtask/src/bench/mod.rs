@@ -11,6 +11,7 @@
 mod conntrack;
 mod control;
 mod datapath;
+mod publish;
 mod repair;
 mod svg;
 mod watcher;
@@ -30,7 +31,22 @@ pub struct BenchOptions {
     pub sizes: Vec<u32>,
     /// Interleaved trials per figure (min and median are taken over them).
     pub trials: u32,
+    /// The sections `--only` named; empty: every section.
+    pub only: Vec<String>,
 }
+
+/// A section that cannot run on this machine, and why: a run of every section reports it as
+/// not run (never as measured); a run that named it with `--only` fails with it.
+#[derive(Debug)]
+pub struct NotRun(pub String);
+
+impl std::fmt::Display for NotRun {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for NotRun {}
 
 /// One measured figure.
 #[derive(Clone, Debug, serde::Serialize)]
@@ -63,6 +79,7 @@ const SECTIONS: &[Section] = &[
     ("conntrack", conntrack::run),
     ("repair", repair::run),
     ("watcher", watcher::run),
+    (publish::SECTION, publish::run),
 ];
 
 pub const DEFAULT_SIZES: [u32; 4] = [1, 1000, 16384, 65536];
@@ -110,15 +127,24 @@ pub fn run(
         quick,
         sizes,
         trials,
+        only: only.to_vec(),
     };
 
     let mut rows = Vec::new();
+    let mut not_run = Vec::new();
     for (name, section) in SECTIONS {
         if !only.is_empty() && !only.iter().any(|o| o == name) {
             continue;
         }
         eprintln!("bench: {name} ...");
-        rows.extend(section(&opts).with_context(|| format!("bench section {name}"))?);
+        match section(&opts) {
+            Ok(section_rows) => rows.extend(section_rows),
+            Err(e) if only.is_empty() && e.downcast_ref::<NotRun>().is_some() => {
+                eprintln!("bench: {name}: NOT RUN: {e}");
+                not_run.push(serde_json::json!({ "section": name, "why": e.to_string() }));
+            }
+            Err(e) => return Err(e.context(format!("bench section {name}"))),
+        }
     }
 
     print!("{}", table(&rows));
@@ -129,6 +155,7 @@ pub fn run(
         "options": { "quick": opts.quick, "sizes": opts.sizes, "trials": opts.trials },
         "machine": machine(),
         "rows": rows,
+        "not_run": not_run,
     });
     write(&json, &serde_json::to_string_pretty(&report)?)?;
     let plot = dir.join("latency.svg");
@@ -140,6 +167,13 @@ pub fn run(
         .count();
     if missed > 0 {
         println!("{missed} figure(s) missed their target (marked MISSED above)");
+    }
+    for section in &not_run {
+        println!(
+            "section {} NOT RUN, its figures are missing: {}",
+            section["section"].as_str().unwrap_or_default(),
+            section["why"].as_str().unwrap_or_default()
+        );
     }
     Ok(())
 }
