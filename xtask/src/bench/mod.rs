@@ -137,13 +137,12 @@ pub fn run(
             continue;
         }
         eprintln!("bench: {name} ...");
-        match section(&opts) {
+        match outcome(name, section(&opts), only)? {
             Ok(section_rows) => rows.extend(section_rows),
-            Err(e) if only.is_empty() && e.downcast_ref::<NotRun>().is_some() => {
-                eprintln!("bench: {name}: NOT RUN: {e}");
-                not_run.push(serde_json::json!({ "section": name, "why": e.to_string() }));
+            Err(why) => {
+                eprintln!("bench: {name}: NOT RUN: {why}");
+                not_run.push(serde_json::json!({ "section": name, "why": why }));
             }
-            Err(e) => return Err(e.context(format!("bench section {name}"))),
         }
     }
 
@@ -176,6 +175,20 @@ pub fn run(
         );
     }
     Ok(())
+}
+
+/// A section's rows; or why it did not run, when it could not on this machine and the run is of
+/// every section; any other error (or one of a section `--only` named) ends the run.
+fn outcome(
+    name: &str,
+    result: Result<Vec<Row>>,
+    only: &[String],
+) -> Result<std::result::Result<Vec<Row>, String>> {
+    match result {
+        Ok(rows) => Ok(Ok(rows)),
+        Err(e) if only.is_empty() && e.downcast_ref::<NotRun>().is_some() => Ok(Err(e.to_string())),
+        Err(e) => Err(e.context(format!("bench section {name}"))),
+    }
 }
 
 fn write(path: &PathBuf, text: &str) -> Result<()> {
@@ -302,6 +315,20 @@ mod tests {
         assert_eq!(min_and_median(&[4.0, 1.0, 3.0, 2.0]), Some((1.0, 2.5)));
         assert_eq!(min_and_median(&[]), None);
         assert_eq!(min_and_median(&[1.0, f64::NAN]), None);
+    }
+
+    #[test]
+    fn a_section_that_cannot_run_is_not_run_in_a_whole_run_and_an_error_when_named() {
+        let not_run = || Err(anyhow::Error::new(NotRun("no cluster build".into())));
+        let why = outcome("publish", not_run(), &[]).unwrap().unwrap_err();
+        assert_eq!(why, "no cluster build");
+        let named = outcome("publish", not_run(), &["publish".into()]).unwrap_err();
+        assert!(
+            format!("{named:#}").contains("no cluster build"),
+            "{named:#}"
+        );
+        let failed = outcome("publish", Err(anyhow::anyhow!("probe crashed")), &[]);
+        assert!(failed.is_err(), "a failure is never reported as not run");
     }
 
     #[test]
