@@ -234,7 +234,7 @@ fn trial(
     let writes_before = agent.metric("ipq_publish_writes_total", &[])?;
     let failures_before = agent.scrape()?.count("ipq_publish_failures_total", &[]);
     let began = Instant::now() + Duration::from_millis(200);
-    let (events, ended, writes_at_end) = thread::scope(|scope| -> anyhow::Result<_> {
+    let (events, writes_at_end) = thread::scope(|scope| -> anyhow::Result<_> {
         let watcher = scope.spawn(|| record_watch(&mut watch, &stop));
         let drivers: Vec<_> = (0..DRIVERS)
             .map(|d| {
@@ -247,8 +247,10 @@ fn trial(
             let result = driver.join().expect("a driver panicked");
             driven = driven.and(result);
         }
-        let ended = Instant::now();
-        let writes_at_end = agent.metric("ipq_publish_writes_total", &[]);
+        // (The scrape's answer counts the writes done until the agent read its counter.)
+        let writes_at_end = agent
+            .metric("ipq_publish_writes_total", &[])
+            .map(|n| (n, Instant::now()));
         let expect: HashSet<String> = if driven.is_ok() {
             (slots.saturating_sub(LAG)..slots)
                 .map(|j| slot_addr(first_slot + j))
@@ -259,17 +261,18 @@ fn trial(
         *stop.lock().unwrap() = Some((Instant::now(), expect));
         let events = watcher.join().expect("the watch reader panicked");
         driven?;
-        Ok((events?, ended, writes_at_end?))
+        Ok((events?, writes_at_end?))
     })?;
     // The writes while the changes were being made, per second of that window plus one of the
     // writer's intervals: a window of T seconds holds T / 250 ms + 1 writes at the pace, which
     // is then exactly 4 a second.
-    let churn = ended.duration_since(began).as_secs_f64() + PACE.as_secs_f64();
+    let (writes_at_end, counted_until) = writes_at_end;
+    let churn = counted_until.duration_since(began).as_secs_f64() + PACE.as_secs_f64();
     let writes = writes_at_end - writes_before;
     let failures = agent.scrape()?.count("ipq_publish_failures_total", &[]) - failures_before;
     let watch_events = events
         .iter()
-        .filter(|(at, _)| *at >= began && *at <= ended)
+        .filter(|(at, _)| *at >= began && *at <= counted_until)
         .count();
 
     let changes = changes.into_inner().unwrap();
