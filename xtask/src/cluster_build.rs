@@ -179,25 +179,6 @@ fn is_current(binary: &Path, args: &[&str], expected: &str) -> bool {
     })
 }
 
-/// The components that are missing or not at their pinned version: what [`ensure`] would build.
-pub fn not_built() -> Result<Vec<&'static str>> {
-    let root = util::workspace_root();
-    let bin_dir = root.join(BIN_DIR);
-    let mut stale = Vec::new();
-    for component in COMPONENTS {
-        let version = pinned_version(&root.join(component.module), component.versioned_by)?;
-        let expected = component.expected_version(&version);
-        if !is_current(
-            &bin_dir.join(component.binary),
-            component.version_args,
-            &expected,
-        ) {
-            stale.push(component.binary);
-        }
-    }
-    Ok(stale)
-}
-
 /// `cargo xtask setup --for cluster`'s step: builds what is missing or stale, one at a time.
 pub fn ensure() -> Result<Outcome> {
     let root = util::workspace_root();

@@ -31,22 +31,7 @@ pub struct BenchOptions {
     pub sizes: Vec<u32>,
     /// Interleaved trials per figure (min and median are taken over them).
     pub trials: u32,
-    /// The sections `--only` named; empty: every section.
-    pub only: Vec<String>,
 }
-
-/// A section that cannot run on this machine, and why: a run of every section reports it as
-/// not run (never as measured); a run that named it with `--only` fails with it.
-#[derive(Debug)]
-pub struct NotRun(pub String);
-
-impl std::fmt::Display for NotRun {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for NotRun {}
 
 /// One measured figure.
 #[derive(Clone, Debug, serde::Serialize)]
@@ -79,7 +64,7 @@ const SECTIONS: &[Section] = &[
     ("conntrack", conntrack::run),
     ("repair", repair::run),
     ("watcher", watcher::run),
-    (publish::SECTION, publish::run),
+    ("publish", publish::run),
 ];
 
 pub const DEFAULT_SIZES: [u32; 4] = [1, 1000, 16384, 65536];
@@ -127,23 +112,15 @@ pub fn run(
         quick,
         sizes,
         trials,
-        only: only.to_vec(),
     };
 
     let mut rows = Vec::new();
-    let mut not_run = Vec::new();
     for (name, section) in SECTIONS {
         if !only.is_empty() && !only.iter().any(|o| o == name) {
             continue;
         }
         eprintln!("bench: {name} ...");
-        match outcome(name, section(&opts), only)? {
-            Ok(section_rows) => rows.extend(section_rows),
-            Err(why) => {
-                eprintln!("bench: {name}: NOT RUN: {why}");
-                not_run.push(serde_json::json!({ "section": name, "why": why }));
-            }
-        }
+        rows.extend(section(&opts).with_context(|| format!("bench section {name}"))?);
     }
 
     print!("{}", table(&rows));
@@ -154,7 +131,6 @@ pub fn run(
         "options": { "quick": opts.quick, "sizes": opts.sizes, "trials": opts.trials },
         "machine": machine(),
         "rows": rows,
-        "not_run": not_run,
     });
     write(&json, &serde_json::to_string_pretty(&report)?)?;
     let plot = dir.join("latency.svg");
@@ -167,28 +143,7 @@ pub fn run(
     if missed > 0 {
         println!("{missed} figure(s) missed their target (marked MISSED above)");
     }
-    for section in &not_run {
-        println!(
-            "section {} NOT RUN, its figures are missing: {}",
-            section["section"].as_str().unwrap_or_default(),
-            section["why"].as_str().unwrap_or_default()
-        );
-    }
     Ok(())
-}
-
-/// A section's rows; or why it did not run, when it could not on this machine and the run is of
-/// every section; any other error (or one of a section `--only` named) ends the run.
-fn outcome(
-    name: &str,
-    result: Result<Vec<Row>>,
-    only: &[String],
-) -> Result<std::result::Result<Vec<Row>, String>> {
-    match result {
-        Ok(rows) => Ok(Ok(rows)),
-        Err(e) if only.is_empty() && e.downcast_ref::<NotRun>().is_some() => Ok(Err(e.to_string())),
-        Err(e) => Err(e.context(format!("bench section {name}"))),
-    }
 }
 
 fn write(path: &PathBuf, text: &str) -> Result<()> {
@@ -315,20 +270,6 @@ mod tests {
         assert_eq!(min_and_median(&[4.0, 1.0, 3.0, 2.0]), Some((1.0, 2.5)));
         assert_eq!(min_and_median(&[]), None);
         assert_eq!(min_and_median(&[1.0, f64::NAN]), None);
-    }
-
-    #[test]
-    fn a_section_that_cannot_run_is_not_run_in_a_whole_run_and_an_error_when_named() {
-        let not_run = || Err(anyhow::Error::new(NotRun("no cluster build".into())));
-        let why = outcome("publish", not_run(), &[]).unwrap().unwrap_err();
-        assert_eq!(why, "no cluster build");
-        let named = outcome("publish", not_run(), &["publish".into()]).unwrap_err();
-        assert!(
-            format!("{named:#}").contains("no cluster build"),
-            "{named:#}"
-        );
-        let failed = outcome("publish", Err(anyhow::anyhow!("probe crashed")), &[]);
-        assert!(failed.is_err(), "a failure is never reported as not run");
     }
 
     #[test]
