@@ -57,9 +57,24 @@ pub fn workspace_binary(name: &str) -> PathBuf {
     path
 }
 
-/// `target/<profile>/ipq-agent`.
+/// The variable naming another `ipq-agent` for the labs to run: the cluster tier and the
+/// publish bench run the release build their binaries are built in, not the dev one.
+pub const AGENT_BINARY_ENV: &str = "IPQ_AGENT_BINARY";
+
+/// `target/<profile>/ipq-agent`, or the one [`AGENT_BINARY_ENV`] names.
 pub fn agent_binary() -> PathBuf {
-    workspace_binary("ipq-agent")
+    match std::env::var_os(AGENT_BINARY_ENV) {
+        Some(path) => {
+            let path = PathBuf::from(path);
+            assert!(
+                path.is_file(),
+                "{AGENT_BINARY_ENV}={} is no file",
+                path.display()
+            );
+            path
+        }
+        None => workspace_binary("ipq-agent"),
+    }
 }
 
 /// Runs `cmd` and returns its stdout; the error names the command line and quotes stderr.

@@ -25,6 +25,8 @@ mod drain;
 mod prometheus;
 #[path = "cluster/publish.rs"]
 mod publish;
+#[path = "cluster/publish_refused.rs"]
+mod publish_refused;
 use ipq_tests::cluster::{
     deploy::{self, ipq},
     host::NODE_IP,

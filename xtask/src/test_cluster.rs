@@ -56,8 +56,16 @@ pub fn tier() -> Result<Totals> {
         "--",
         // The tier prints each phase's duration.
         "--nocapture",
+        // One control plane at a time: two on 2 cores make every bound of the tier a race.
+        "--test-threads=1",
     ]);
     test.env("RUST_BACKTRACE", "1");
+    // The labs' agents (the tests with a control plane and no node) run the release build
+    // just made, as the image does: the dev build is not made by this tier.
+    test.env(
+        "IPQ_AGENT_BINARY",
+        util::workspace_root().join("target/release/ipq-agent"),
+    );
     let results = run_tests(test, false).context("the cluster tier did not run")?;
     Ok(results.all)
 }

@@ -22,12 +22,14 @@ pub enum FailureReason {
 pub struct PublishMetrics {
     pub writes: IntCounter,
     pub failures: IntCounterVec,
-    /// Milliseconds since the oldest change the object lacks; 0 when it holds everything.
+    /// Seconds since the oldest change the object lacks; 0 when it holds everything.
     pub pending_seconds: Gauge,
     pub entries: IntGauge,
     pub omitted_entries: IntGauge,
     /// From the first change a write carries to the API server's answer.
     pub latency: Histogram,
+    /// Passes of the owner loop that found the writer's feed full and kept their changes.
+    pub feed_full: IntCounter,
 }
 
 impl PublishMetrics {
@@ -94,7 +96,17 @@ impl PublishMetrics {
                 ]),
             )?,
         )?;
+        let feed_full = registered(
+            registry,
+            IntCounter::new(
+                "ipq_publish_feed_full_total",
+                "Times the agent's loop found the NodeQuarantine writer too far behind to take \
+                 more changes (a write hanging on a slow API server); the changes were kept, \
+                 coalesced per address, and handed over on a later pass.",
+            )?,
+        )?;
         Ok(Self {
+            feed_full,
             writes,
             failures,
             pending_seconds,

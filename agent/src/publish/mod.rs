@@ -2,8 +2,13 @@
 //! (cluster-scoped, `ipq.dev/v1alpha1`, named after the node and owned by its Node; the CRD is
 //! deploy/kubernetes/05-nodequarantine-crd.yaml, the reader's side docs/kubernetes.md).
 //!
-//! The owner loop only hands over what changed: one [`Change`] per changed address on an
-//! unbounded channel ([`Feed::send`], O(1)). The writer task keeps its own map of the listed
+//! The owner loop only hands over what changed: one batch of [`Change`]s per pass (one per
+//! changed address) on a channel bounded to [`FEED_BATCHES`] ([`Feed::send_with`], O(1) to
+//! refuse). When the writer is that far behind (a write hanging on a slow API server while
+//! changes pour in), the pass's changes stay in the registry, coalesced per address, counted
+//! (`ipq_publish_feed_full_total`), and are offered again on a later pass (one runs at least
+//! once a second): the queue never grows past the bound, and no change is lost (what is sent
+//! later is the address's entry as it is then). The writer task keeps its own map of the listed
 //! addresses, and writes the whole status by server-side apply on the status subresource
 //! (field manager `ipq-agent`), coalesced: the first change after a quiet spell at once, then
 //! at most one write per [`Timing::min_interval`], whatever the churn. A write that fails is
@@ -69,19 +74,47 @@ pub struct Change {
     pub entry: Option<PublishedEntry>,
 }
 
+/// Batches handed over and not yet taken by the writer, at most. The owner loop makes one per
+/// pass, and the writer takes every waiting one whenever it is not inside a write: only a write
+/// that hangs (up to the client's timeout) while the loop keeps passing fills it.
+pub const FEED_BATCHES: usize = 64;
+
 /// The owner loop's end of the publisher.
 pub struct Feed {
-    changes: mpsc::UnboundedSender<Change>,
+    changes: mpsc::Sender<Vec<Change>>,
     view: Arc<Mutex<PublishView>>,
+    metrics: Arc<Metrics>,
     /// The writer, until [`Feed::launch`] spawns it.
     writer: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
 }
 
 impl Feed {
-    /// Hands one changed address over; O(1), never waits.
-    pub fn send(&self, addr: IpAddr, entry: Option<PublishedEntry>) {
-        // A writer that stopped (it does not, short of a panic) leaves the view saying so.
-        let _ = self.changes.send(Change { addr, entry });
+    /// Hands over the batch `take` makes, when the writer has room for one more; never waits.
+    /// When it has not ([`FEED_BATCHES`] wait), `take` is not called, the refusal is counted
+    /// (`ipq_publish_feed_full_total`) and `false` returned: the caller keeps its changes and
+    /// offers them again later.
+    pub fn send_with(&self, take: impl FnOnce() -> Vec<Change>) -> bool {
+        match self.changes.try_reserve() {
+            Ok(permit) => {
+                let batch = take();
+                if !batch.is_empty() {
+                    permit.send(batch);
+                }
+                true
+            }
+            Err(mpsc::error::TrySendError::Full(())) => {
+                self.metrics.publish.feed_full.inc();
+                false
+            }
+            // A writer that stopped (it does not, short of a panic) leaves the view saying so;
+            // keeping changes for it would only grow.
+            Err(mpsc::error::TrySendError::Closed(())) => true,
+        }
+    }
+
+    /// One changed address as a batch of its own; `false` when the feed is full.
+    pub fn send(&self, addr: IpAddr, entry: Option<PublishedEntry>) -> bool {
+        self.send_with(|| vec![Change { addr, entry }])
     }
 
     /// Spawns the writer on the current runtime. Called once the registry's whole state has
@@ -106,16 +139,17 @@ pub fn start_with<S: Sink + Send + 'static>(
     timing: Timing,
     metrics: Arc<Metrics>,
 ) -> Feed {
-    let (changes, received) = mpsc::unbounded_channel();
+    let (changes, received) = mpsc::channel(FEED_BATCHES);
     let view = Arc::new(Mutex::new(PublishView {
         node: node.clone(),
         state: PublishState::Starting,
         ..PublishView::default()
     }));
-    let writer = run(node, sink, received, timing, view.clone(), metrics);
+    let writer = run(node, sink, received, timing, view.clone(), metrics.clone());
     Feed {
         changes,
         view,
+        metrics,
         writer: Some(Box::pin(writer)),
     }
 }

@@ -286,3 +286,32 @@ async fn the_first_write_after_a_start_is_the_whole_state_never_an_empty_list() 
         "the first write lists what the node has"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_full_feed_refuses_a_batch_without_taking_it_counts_it_and_takes_it_once_drained() {
+    let metrics = crate::metrics::Metrics::for_tests();
+    let sink = Recorder::default();
+    let timing = Timing::default();
+    let mut feed = start_with("node-a".into(), sink.clone(), timing, metrics.clone());
+    // The writer is not running: nothing takes the batches.
+    for i in 0..FEED_BATCHES as u32 {
+        assert!(
+            feed.send(addr(i), Some(quarantined(i))),
+            "batch {i} refused"
+        );
+    }
+    let refused = feed.send_with(|| panic!("a full feed must not take the caller's changes"));
+    assert!(!refused, "a full feed took one more batch: the queue grows");
+    assert_eq!(metrics.publish.feed_full.get(), 1);
+
+    // The writer takes every waiting batch at once; the kept change goes on the next offer.
+    feed.launch();
+    settle().await;
+    let extra = FEED_BATCHES as u32;
+    assert!(feed.send(addr(extra), Some(quarantined(extra))));
+    tokio::time::advance(timing.min_interval).await;
+    settle().await;
+    let writes = sink.writes.lock().unwrap();
+    assert_eq!(listed(&writes.last().unwrap().1), FEED_BATCHES + 1);
+    assert_eq!(metrics.publish.feed_full.get(), 1);
+}

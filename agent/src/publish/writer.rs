@@ -75,7 +75,7 @@ struct Writer {
 pub async fn run<S: Sink>(
     node: String,
     mut sink: S,
-    mut changes: mpsc::UnboundedReceiver<Change>,
+    mut changes: mpsc::Receiver<Vec<Change>>,
     timing: Timing,
     view: Arc<Mutex<PublishView>>,
     metrics: Arc<Metrics>,
@@ -97,19 +97,19 @@ pub async fn run<S: Sink>(
     loop {
         let due = writer.due();
         tokio::select! {
-            change = changes.recv() => {
-                let Some(change) = change else { break };
-                writer.apply(change);
-                while let Ok(change) = changes.try_recv() {
-                    writer.apply(change);
+            batch = changes.recv() => {
+                let Some(batch) = batch else { break };
+                writer.apply_all(batch);
+                while let Ok(batch) = changes.try_recv() {
+                    writer.apply_all(batch);
                 }
             }
             () = sleep_until(due), if due.is_some() => {
                 // Everything sent before the write is in it: `select!` picks among ready
                 // branches at random, and a write chosen over waiting changes (at start: the
                 // registry's whole state) would publish a list that lacks them.
-                while let Ok(change) = changes.try_recv() {
-                    writer.apply(change);
+                while let Ok(batch) = changes.try_recv() {
+                    writer.apply_all(batch);
                 }
                 writer.attempt(&mut sink).await;
             }
@@ -139,6 +139,12 @@ impl Writer {
             .last_attempt
             .map_or(pending, |at| (at + self.timing.min_interval).max(pending));
         Some(self.retry_at.map_or(paced, |retry| retry.max(paced)))
+    }
+
+    fn apply_all(&mut self, batch: Vec<Change>) {
+        for change in batch {
+            self.apply(change);
+        }
     }
 
     fn apply(&mut self, change: Change) {

@@ -233,6 +233,13 @@ impl<C: Clock> Registry<C> {
         self.published_changed = Some(self.records.keys().copied().collect());
     }
 
+    /// Whether [`take_published_changed`](Self::take_published_changed) would return any.
+    pub fn has_published_changes(&self) -> bool {
+        self.published_changed
+            .as_ref()
+            .is_some_and(|set| !set.is_empty())
+    }
+
     /// The addresses whose record changed (or went) since the last call, forgetting them;
     /// none unless tracked.
     pub fn take_published_changed(&mut self) -> Vec<IpAddr> {

@@ -39,6 +39,8 @@ mod observer;
 mod pending_writes;
 mod protection;
 mod publish;
+#[cfg(test)]
+mod publish_tests;
 mod recovery;
 #[cfg(test)]
 mod tests;

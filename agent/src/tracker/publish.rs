@@ -3,7 +3,7 @@
 //! off this loop.
 
 use super::Tracker;
-use crate::publish::{Feed, PublishedEntry};
+use crate::publish::{Change, Feed, PublishedEntry};
 
 impl Tracker {
     /// From now on the registry's changes go to `feed`, starting with every address it holds;
@@ -17,13 +17,25 @@ impl Tracker {
         }
     }
 
-    /// Hands the addresses changed since the last call to the publisher (the agent's loop calls
-    /// it after every event it handled).
+    /// Hands the addresses changed since the last call to the publisher, as one batch (the
+    /// agent's loop calls it after every event it handled, and at least once a second). When
+    /// the publisher's feed is full they stay in the registry's set of changed addresses
+    /// (coalesced: an address changed again is still one) for the next call.
     pub fn publish_changes(&mut self) {
         let Some(feed) = &self.publish else { return };
-        for addr in self.registry.take_published_changed() {
-            let entry = self.registry.get(addr).and_then(PublishedEntry::of);
-            feed.send(addr, entry);
+        let registry = &mut self.registry;
+        if !registry.has_published_changes() {
+            return;
         }
+        feed.send_with(|| {
+            registry
+                .take_published_changed()
+                .into_iter()
+                .map(|addr| Change {
+                    addr,
+                    entry: registry.get(addr).and_then(PublishedEntry::of),
+                })
+                .collect()
+        });
     }
 }

@@ -4,6 +4,7 @@
 //! ([`host`]). Dropping the [`Cluster`] stops everything and removes it; a run killed hard is
 //! swept by the next.
 
+pub mod api_server;
 pub mod control_plane;
 pub mod daemon;
 pub mod deploy;

@@ -11,6 +11,7 @@
 mod conntrack;
 mod control;
 mod datapath;
+mod publish;
 mod repair;
 mod svg;
 mod watcher;
@@ -63,6 +64,7 @@ const SECTIONS: &[Section] = &[
     ("conntrack", conntrack::run),
     ("repair", repair::run),
     ("watcher", watcher::run),
+    ("publish", publish::run),
 ];
 
 pub const DEFAULT_SIZES: [u32; 4] = [1, 1000, 16384, 65536];
