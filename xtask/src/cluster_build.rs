@@ -1,10 +1,12 @@
 //! The cluster tier's Go components, built from source into `target/cluster/bin/`.
 //!
-//! Two Go modules committed under `xtask/cluster/` pin them, each with its `go.sum`:
+//! Three Go modules committed under `xtask/cluster/` pin them, each with its `go.sum`:
 //! `kubernetes/` (kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kubectl, and
-//! the etcd server Kubernetes itself is tested with) and `containerd/` (containerd 2.x, its runc
-//! shim, ctr). Two modules, not one: containerd's dependency graph (its own `k8s.io/cri-api`,
-//! gRPC, OpenTelemetry) would otherwise move Kubernetes' under minimal version selection.
+//! the etcd server Kubernetes itself is tested with), `containerd/` (containerd 2.x, its runc
+//! shim, ctr) and `whereabouts/` (the whereabouts IPAM plugin and its `ip-control-loop`, the
+//! cluster IPAM ipq's projection is tested against). Separate modules: containerd's dependency
+//! graph (its own `k8s.io/cri-api`, gRPC, OpenTelemetry) and whereabouts' (client-go 0.31)
+//! would otherwise move Kubernetes' under minimal version selection.
 //!
 //! A binary is rebuilt only when it is missing or does not report the pinned version, so a
 //! second run builds nothing. Builds run one at a time (kube-apiserver needs about 4 GB to link)
@@ -27,6 +29,7 @@ pub const BIN_DIR: &str = "target/cluster/bin";
 /// The two modules, below the workspace root.
 const KUBERNETES_MODULE: &str = "xtask/cluster/kubernetes";
 const CONTAINERD_MODULE: &str = "xtask/cluster/containerd";
+const WHEREABOUTS_MODULE: &str = "xtask/cluster/whereabouts";
 
 /// One binary: its Go package, the module that pins it, and how it reports its version.
 struct Component {
@@ -35,6 +38,8 @@ struct Component {
     /// The module path whose pinned version is this binary's version.
     versioned_by: &'static str,
     package: &'static str,
+    /// The arguments that make it print its version; empty: it has none (whereabouts'
+    /// control loop), and the module versions Go embeds in every binary are read instead.
     version_args: &'static [&'static str],
 }
 
@@ -57,6 +62,21 @@ const COMPONENTS: &[Component] = &[
     containerd("containerd", &["--version"]),
     containerd("containerd-shim-runc-v2", &["-v"]),
     containerd("ctr", &["--version"]),
+    Component {
+        binary: "whereabouts",
+        module: WHEREABOUTS_MODULE,
+        versioned_by: "github.com/k8snetworkplumbingwg/whereabouts",
+        // The CNI plugin is the module's `cmd` package itself.
+        package: "github.com/k8snetworkplumbingwg/whereabouts/cmd",
+        version_args: &[],
+    },
+    Component {
+        binary: "ip-control-loop",
+        module: WHEREABOUTS_MODULE,
+        versioned_by: "github.com/k8snetworkplumbingwg/whereabouts",
+        package: "github.com/k8snetworkplumbingwg/whereabouts/cmd/controlloop",
+        version_args: &[],
+    },
 ];
 
 const fn kubernetes(binary: &'static str) -> Component {
@@ -115,6 +135,12 @@ impl Component {
                 let package = "github.com/containerd/containerd/v2/version";
                 flags.push(format!("-X {package}.Version={version}"));
             }
+            "github.com/k8snetworkplumbingwg/whereabouts" => {
+                // Where its Makefile's hack/build-go.sh puts it (the plugin's `about` string).
+                let package = "github.com/k8snetworkplumbingwg/whereabouts/pkg/version";
+                flags.push(format!("-X {package}.Version={version}"));
+                flags.push(format!("-X {package}.ReleaseStatus=released"));
+            }
             // etcd's version is a constant of its source, right as it is.
             _ => {}
         }
@@ -172,9 +198,22 @@ fn go_binary() -> Result<PathBuf> {
         )
 }
 
-/// Whether `binary` is there and reports `expected`.
-fn is_current(binary: &Path, args: &[&str], expected: &str) -> bool {
-    util::probe(&mut cmd(binary, args)).is_ok_and(|out| {
+/// Whether `binary` is there and reports `expected`: by its version flag, or, for one without
+/// (`args` empty), by the module versions Go embeds (`go version -m`: `dep <path> <version>`).
+fn is_current(component: &Component, binary: &Path, expected: &str) -> bool {
+    if component.version_args.is_empty() {
+        let Ok(go) = go_binary() else { return false };
+        let mut probe = cmd(&go, ["version", "-m"]);
+        probe.arg(binary);
+        return util::probe(&mut probe).is_ok_and(|out| {
+            out.status.success()
+                && String::from_utf8_lossy(&out.stdout).lines().any(|line| {
+                    let words: Vec<&str> = line.split_whitespace().collect();
+                    words.get(1) == Some(&component.versioned_by) && words.get(2) == Some(&expected)
+                })
+        });
+    }
+    util::probe(&mut cmd(binary, component.version_args)).is_ok_and(|out| {
         out.status.success() && String::from_utf8_lossy(&out.stdout).contains(expected)
     })
 }
@@ -189,7 +228,7 @@ pub fn ensure() -> Result<Outcome> {
         let version = pinned_version(&module, component.versioned_by)?;
         let binary = bin_dir.join(component.binary);
         let expected = component.expected_version(&version);
-        if !is_current(&binary, component.version_args, &expected) {
+        if !is_current(component, &binary, &expected) {
             stale.push((component, module, version, binary, expected));
         }
     }
@@ -222,12 +261,15 @@ pub fn ensure() -> Result<Outcome> {
                 util::free_space_of(&root.join("target"))
             )
         })?;
-        if !is_current(&binary, component.version_args, &expected) {
+        if !is_current(component, &binary, &expected) {
             bail!(
-                "built {} but `{} {}` does not report {expected}",
+                "built {} but `{}` does not report {expected}",
                 binary.display(),
-                component.binary,
-                component.version_args.join(" ")
+                if component.version_args.is_empty() {
+                    format!("go version -m {}", component.binary)
+                } else {
+                    format!("{} {}", component.binary, component.version_args.join(" "))
+                }
             );
         }
         println!(
@@ -236,10 +278,7 @@ pub fn ensure() -> Result<Outcome> {
             started.elapsed()
         );
     }
-    println!(
-        "setup: kubernetes components built in {:.0?}",
-        all.elapsed()
-    );
+    println!("setup: cluster components built in {:.0?}", all.elapsed());
     Ok(Outcome::Installed)
 }
 
