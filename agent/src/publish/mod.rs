@@ -16,6 +16,7 @@
 mod entry;
 mod kube_sink;
 mod metrics;
+pub mod whereabouts;
 pub mod writer;
 
 use std::{

@@ -1,6 +1,6 @@
-//! What changed in the registry, handed to the NodeQuarantine publisher (`crate::publish`):
-//! each changed address's entry as it is now, O(1) per address; the publisher does the rest
-//! off this loop.
+//! What changed in the registry, handed to the NodeQuarantine publisher (`crate::publish`)
+//! and, when enabled, to its projection into whereabouts' reservations: each changed address's
+//! entry as it is now, O(1) per address; they do the rest off this loop.
 
 use super::Tracker;
 use crate::publish::{Feed, PublishedEntry};
@@ -15,6 +15,15 @@ impl Tracker {
         if let Some(feed) = &mut self.publish {
             feed.launch();
         }
+        if let Some(projection) = &mut self.whereabouts {
+            projection.launch();
+        }
+    }
+
+    /// The whereabouts projection gets what the publisher gets; called before
+    /// [`Tracker::start_publishing`], so that it starts from the whole state too.
+    pub fn start_projecting(&mut self, feed: crate::publish::whereabouts::Feed) {
+        self.whereabouts = Some(feed);
     }
 
     /// Hands the addresses changed since the last call to the publisher (the agent's loop calls
@@ -23,6 +32,9 @@ impl Tracker {
         let Some(feed) = &self.publish else { return };
         for addr in self.registry.take_published_changed() {
             let entry = self.registry.get(addr).and_then(PublishedEntry::of);
+            if let Some(projection) = &self.whereabouts {
+                projection.send(addr, entry.clone());
+            }
             feed.send(addr, entry);
         }
     }
