@@ -25,6 +25,34 @@ use crate::util::{self, cmd};
 
 /// Where the binaries go, below the workspace root; `tests/src/cluster` looks there.
 pub const BIN_DIR: &str = "target/cluster/bin";
+/// Where the CRDs the tier installs for whereabouts go, copied from the pinned modules.
+pub const CRD_DIR: &str = "target/cluster/crds";
+
+/// The CRDs whereabouts needs: its own (doc/crds of its module) and the
+/// NetworkAttachmentDefinition its control loop watches (the client module's artifacts): the
+/// module, the file in it, and the name it is copied to.
+const CRDS: &[(&str, &str, &str)] = &[
+    (
+        "github.com/k8snetworkplumbingwg/whereabouts",
+        "doc/crds/whereabouts.cni.cncf.io_ippools.yaml",
+        "whereabouts.cni.cncf.io_ippools.yaml",
+    ),
+    (
+        "github.com/k8snetworkplumbingwg/whereabouts",
+        "doc/crds/whereabouts.cni.cncf.io_overlappingrangeipreservations.yaml",
+        "whereabouts.cni.cncf.io_overlappingrangeipreservations.yaml",
+    ),
+    (
+        "github.com/k8snetworkplumbingwg/whereabouts",
+        "doc/crds/whereabouts.cni.cncf.io_nodeslicepools.yaml",
+        "whereabouts.cni.cncf.io_nodeslicepools.yaml",
+    ),
+    (
+        "github.com/k8snetworkplumbingwg/network-attachment-definition-client",
+        "artifacts/networks-crd.yaml",
+        "k8s.cni.cncf.io_network-attachment-definitions.yaml",
+    ),
+];
 
 /// The two modules, below the workspace root.
 const KUBERNETES_MODULE: &str = "xtask/cluster/kubernetes";
@@ -157,6 +185,34 @@ impl Component {
     }
 }
 
+/// Copies [`CRDS`] from the module cache (`go mod download`, checked against the committed
+/// go.sum) into [`CRD_DIR`].
+fn copy_crds(go: &Path, root: &Path) -> Result<()> {
+    let out_dir = root.join(CRD_DIR);
+    fs::create_dir_all(&out_dir).with_context(|| format!("cannot create {}", out_dir.display()))?;
+    for (module, file, name) in CRDS {
+        let mut download = cmd(go, ["mod", "download", "-json", module]);
+        download
+            .current_dir(root.join(WHEREABOUTS_MODULE))
+            .env("GOFLAGS", "-mod=readonly")
+            .env("GOTOOLCHAIN", "local");
+        let out = util::probe(&mut download)?;
+        let info: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .with_context(|| format!("`go mod download -json {module}` printed no JSON"))?;
+        let dir = info["Dir"].as_str().with_context(|| {
+            format!(
+                "`go mod download -json {module}` gave no directory: {}",
+                info["Error"]
+            )
+        })?;
+        let from = Path::new(dir).join(file);
+        fs::copy(&from, out_dir.join(name))
+            .with_context(|| format!("copying {}", from.display()))?;
+    }
+    println!("setup: whereabouts' CRDs copied into {CRD_DIR}");
+    Ok(())
+}
+
 /// `v1.35.4` -> ("1", "35").
 fn major_minor(version: &str) -> Result<(&str, &str)> {
     let mut parts = version.trim_start_matches('v').split('.');
@@ -232,12 +288,19 @@ pub fn ensure() -> Result<Outcome> {
             stale.push((component, module, version, binary, expected));
         }
     }
-    if stale.is_empty() {
+    let crds_present = CRDS
+        .iter()
+        .all(|(_, _, name)| root.join(CRD_DIR).join(name).is_file());
+    if stale.is_empty() && crds_present {
         return Ok(Outcome::Present);
     }
     let go = go_binary()?;
+    if !crds_present {
+        copy_crds(&go, &root)?;
+    }
     fs::create_dir_all(&bin_dir).with_context(|| format!("cannot create {}", bin_dir.display()))?;
     let all = Instant::now();
+    let built = stale.len();
     for (component, module, version, binary, expected) in stale {
         let started = Instant::now();
         let mut build = cmd(&go, ["build", "-trimpath"]);
