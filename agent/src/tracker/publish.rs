@@ -3,7 +3,7 @@
 //! entry as it is now, O(1) per address; they do the rest off this loop.
 
 use super::Tracker;
-use crate::publish::{Feed, PublishedEntry};
+use crate::publish::{whereabouts::Want, Feed, PublishedEntry};
 
 impl Tracker {
     /// From now on the registry's changes go to `feed`, starting with every address it holds;
@@ -31,11 +31,11 @@ impl Tracker {
     pub fn publish_changes(&mut self) {
         let Some(feed) = &self.publish else { return };
         for addr in self.registry.take_published_changed() {
-            let entry = self.registry.get(addr).and_then(PublishedEntry::of);
+            let record = self.registry.get(addr);
             if let Some(projection) = &self.whereabouts {
-                projection.send(addr, entry.clone());
+                projection.send(addr, record.and_then(Want::of));
             }
-            feed.send(addr, entry);
+            feed.send(addr, record.and_then(PublishedEntry::of));
         }
     }
 }

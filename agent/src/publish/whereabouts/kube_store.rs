@@ -1,14 +1,16 @@
-//! whereabouts' OverlappingRangeIPReservations in the API server: ipq's made, adopted, deleted
-//! (only by uid), listed and watched by the label naming this node, and the node's
-//! NodeQuarantine read once for the owner reference that has them collected with it.
+//! whereabouts' OverlappingRangeIPReservations in the API server: ipq's own made and deleted
+//! (only by uid), whereabouts' own of a live pod labelled (a merge patch of metadata, refused
+//! if the object changed since it was read), all of them listed and watched by the label naming
+//! this node, and the node's NodeQuarantine read once for the owner reference that has ipq's
+//! own collected with it.
 
 use std::{net::IpAddr, path::PathBuf, time::Duration};
 
 use futures::StreamExt as _;
 use kube::{
     api::{
-        ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, PostParams,
-        Preconditions, WatchEvent, WatchParams,
+        ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
+        PostParams, Preconditions, WatchEvent, WatchParams,
     },
     Api, Client,
 };
@@ -18,7 +20,7 @@ use tokio::sync::mpsc;
 use super::{
     super::kube_sink::{self, client_for, failure, not_found, REQUEST_TIMEOUT},
     projection::reservation_name,
-    Created, Store, StoreEvent, Target,
+    Hold, Reserved, Store, StoreEvent, Target,
 };
 use crate::publish::{FailureReason, WriteError};
 
@@ -162,14 +164,68 @@ impl KubeStore {
         })
     }
 
-    /// Whether `object` is ipq's reservation of this node.
-    fn is_ours(&self, object: &DynamicObject) -> bool {
-        object
+    /// How ipq holds `object`: `None` when this node's agent does not watch it.
+    fn hold_of(&self, object: &DynamicObject) -> Option<Hold> {
+        let watched = object
             .metadata
             .labels
             .as_ref()
             .and_then(|labels| labels.get(NODE_LABEL))
-            .is_some_and(|value| *value == node_label_value(&self.target.node))
+            .is_some_and(|value| *value == node_label_value(&self.target.node));
+        let own = object.data["spec"]["podref"].as_str()
+            == Some(quarantine_pod_ref(&self.target.node).as_str());
+        watched.then(|| Hold {
+            uid: object.metadata.uid.clone().unwrap_or_default(),
+            own,
+        })
+    }
+
+    /// `addr`'s reservation, if there is one.
+    async fn get(
+        &self,
+        api: &Api<DynamicObject>,
+        name: &str,
+    ) -> Result<Option<DynamicObject>, WriteError> {
+        api.get_opt(name)
+            .await
+            .map_err(|e| failure(&format!("getting {KIND} {name}"), e))
+    }
+
+    /// Labels `existing` (whereabouts' reservation for `pod_ref`) so that this node's watch
+    /// sees it; what that makes of it.
+    async fn label(
+        &self,
+        api: &Api<DynamicObject>,
+        addr: IpAddr,
+        existing: &DynamicObject,
+        pod_ref: Option<&str>,
+    ) -> Result<Reserved, WriteError> {
+        if let Some(hold) = self.hold_of(existing) {
+            return Ok(Reserved::AlreadyHeld(hold));
+        }
+        let its_pod_ref = existing.data["spec"]["podref"].as_str();
+        if pod_ref.is_none() || its_pod_ref != pod_ref {
+            // Another pod's (or another node's agent's): not ipq's to touch.
+            return Ok(Reserved::NotHeld);
+        }
+        let name = self.name(addr);
+        let patch = json!({
+            "metadata": {
+                // A precondition: refused (409) if whereabouts changed or re-made it since.
+                "resourceVersion": existing.metadata.resource_version,
+                "labels": {NODE_LABEL: node_label_value(&self.target.node)},
+                "annotations": {ADDRESS_ANNOTATION: addr.to_string()},
+            }
+        });
+        match api
+            .patch(&name, &PatchParams::default(), &Patch::Merge(patch))
+            .await
+        {
+            Ok(labelled) => Ok(Reserved::Labelled(
+                labelled.metadata.uid.unwrap_or_default(),
+            )),
+            Err(e) => Err(failure(&format!("labelling {KIND} {name}"), e)),
+        }
     }
 
     fn start_watch(&mut self, client: Client, resource_version: String) {
@@ -245,7 +301,7 @@ async fn watch_ours(
 }
 
 impl Store for KubeStore {
-    async fn sync(&mut self) -> Result<Vec<(IpAddr, String)>, WriteError> {
+    async fn sync(&mut self) -> Result<Vec<(IpAddr, Hold)>, WriteError> {
         let client = self.client().await?;
         self.owner_uid(&client).await?;
         let api = self.reservations(client);
@@ -264,7 +320,7 @@ impl Store for KubeStore {
                     .get(ADDRESS_ANNOTATION)?
                     .parse()
                     .ok()?;
-                Some((addr, object.metadata.uid.clone()?))
+                Some((addr, self.hold_of(object)?))
             })
             .collect();
         let version = listed.metadata.resource_version.unwrap_or_default();
@@ -274,45 +330,43 @@ impl Store for KubeStore {
         Ok(held)
     }
 
-    async fn create(
+    async fn reserve(
         &mut self,
         addr: IpAddr,
-        holder_pod_ref: Option<&str>,
-    ) -> Result<Created, WriteError> {
+        pod_ref: Option<&str>,
+    ) -> Result<Reserved, WriteError> {
         let client = self.client().await?;
         let owner_uid = self.owner_uid(&client).await?;
         let api = self.reservations(client);
         let name = self.name(addr);
-        let body = self.body(addr, holder_pod_ref, &owner_uid);
-        let object: DynamicObject =
-            serde_json::from_value(body.clone()).map_err(|e| WriteError {
-                reason: FailureReason::Refused,
-                message: format!("{KIND} {name}: {e}"),
-            })?;
-        let existing = match api.create(&PostParams::default(), &object).await {
-            Ok(made) => return Ok(Created::Made(made.metadata.uid.unwrap_or_default())),
-            Err(kube::Error::Api(status)) if status.code == 409 => api
-                .get(&name)
-                .await
-                .map_err(|e| failure(&format!("getting {KIND} {name}"), e))?,
-            Err(e) => return Err(failure(&format!("creating {KIND} {name}"), e)),
-        };
-        if self.is_ours(&existing) {
-            return Ok(Created::Found(existing.metadata.uid.unwrap_or_default()));
+        let body = self.body(addr, pod_ref, &owner_uid);
+        let object: DynamicObject = serde_json::from_value(body).map_err(|e| WriteError {
+            reason: FailureReason::Refused,
+            message: format!("{KIND} {name}: {e}"),
+        })?;
+        match api.create(&PostParams::default(), &object).await {
+            Ok(made) => Ok(Reserved::Made(made.metadata.uid.unwrap_or_default())),
+            Err(kube::Error::Api(status)) if status.code == 409 => {
+                match self.get(&api, &name).await? {
+                    Some(existing) => self.label(&api, addr, &existing, pod_ref).await,
+                    // Deleted since: made on the next round.
+                    None => Err(WriteError {
+                        reason: FailureReason::Refused,
+                        message: format!("{KIND} {name} went while it was being made"),
+                    }),
+                }
+            }
+            Err(e) => Err(failure(&format!("creating {KIND} {name}"), e)),
         }
-        let its_pod_ref = existing.data["spec"]["podref"].as_str();
-        if holder_pod_ref.is_none() || its_pod_ref != holder_pod_ref {
-            // Another pod's (or another node's agent's): whereabouts skips the address while
-            // it exists, and it is not ipq's to take.
-            return Ok(Created::Foreign);
-        }
-        // The departed holder's own reservation, not yet freed: taken over in place, so that
-        // the address is never without one (a replace, refused if it changed meanwhile).
-        let mut adopted = object;
-        adopted.metadata.resource_version = existing.metadata.resource_version.clone();
-        match api.replace(&name, &PostParams::default(), &adopted).await {
-            Ok(made) => Ok(Created::Adopted(made.metadata.uid.unwrap_or_default())),
-            Err(e) => Err(failure(&format!("adopting {KIND} {name}"), e)),
+    }
+
+    async fn watch(&mut self, addr: IpAddr, pod_ref: &str) -> Result<Reserved, WriteError> {
+        let client = self.client().await?;
+        let api = self.reservations(client);
+        let name = self.name(addr);
+        match self.get(&api, &name).await? {
+            Some(existing) => self.label(&api, addr, &existing, Some(pod_ref)).await,
+            None => Ok(Reserved::NotHeld),
         }
     }
 

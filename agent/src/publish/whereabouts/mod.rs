@@ -1,20 +1,24 @@
 //! The quarantine projected into whereabouts (`kubernetes.whereabouts = true`; off by default;
-//! docs/kubernetes.md): for each address this node's NodeQuarantine lists, an
-//! `OverlappingRangeIPReservation` (whereabouts.cni.cncf.io/v1alpha1) named as whereabouts
-//! names the address's reservation, in whereabouts' namespace. whereabouts' allocation skips an
-//! address whose reservation names another pod (pkg/storage/kubernetes/ipam.go, v0.9), so the
-//! next pod is given another address until the quarantine ends.
+//! docs/kubernetes.md). whereabouts' allocation skips an address whose
+//! `OverlappingRangeIPReservation` (whereabouts.cni.cncf.io/v1alpha1, named after the address:
+//! [`reservation_name`]) names another pod (pkg/storage/kubernetes/ipam.go, v0.9); it deletes
+//! that reservation by name when it frees the address: on the CNI DEL, on the Pod's DELETE (its
+//! control loop, even while a force-deleted pod's container still runs), and in its reconciler
+//! (whose podRef is no live pod).
 //!
-//! Each reservation names a podRef no pod can have (`ipq.dev:quarantine/<node>`), carries the
-//! label `ipq.dev/node=<node>` and the address in an annotation, and is owned by the node's
-//! NodeQuarantine, so it is collected with it (and with the Node). whereabouts deletes
-//! reservations by name on a CNI DEL and on a Pod's DELETE (its control loop), and its
-//! reconciler deletes those whose podRef is no live pod: ipq watches its own (by the label) and
-//! makes again at once any that goes while the address is still listed. When the departed
-//! holder's own reservation is still there, ipq takes it over in place (a replace, refused if
-//! it changed meanwhile) rather than waiting for whereabouts to delete it. A reservation naming
-//! any other pod is never touched: it already keeps the address from the next pod. ipq deletes
-//! its own, by uid, when the address leaves the list.
+//! So ipq keeps a reservation for every address that must not be handed out: one the
+//! NodeQuarantine lists, and one whose reservation whereabouts deleted while its holder still
+//! runs on this node. It watches (by the label `ipq.dev/node=<node>`, one watch per node):
+//! - whereabouts' own reservation of each live pod's address on this node, labelled (a metadata
+//!   patch: its spec stays whereabouts'), so that its deletion is seen at once;
+//! - its own reservations, which name a podRef no pod can have (`ipq.dev:quarantine/<node>`),
+//!   carry the address in an annotation, and are owned by the node's NodeQuarantine (so they are
+//!   collected with it, and with the Node).
+//!
+//! A watched reservation deleted while its address is still wanted is made again at once as
+//! ipq's own. A reservation naming another pod is never touched: it already keeps the address
+//! from the next pod. ipq deletes its own, by uid, when its address is wanted no more (the
+//! quarantine ended).
 //!
 //! Writes are coalesced like the NodeQuarantine's: one round of calls at most every
 //! `min_interval`, an address that comes and goes within it costing none; failures are counted
@@ -41,9 +45,9 @@ pub use kube_store::{
     node_label_value, quarantine_pod_ref, KubeStore, ADDRESS_ANNOTATION, NODE_LABEL,
 };
 pub use metrics::ProjectionMetrics;
-pub use projection::{reservation_name, Op, Projection};
+pub use projection::{pod_ref, reservation_name, Hold, Op, Projection, Want};
 
-use super::{Change, PublishedEntry, Timing, WriteError};
+use super::{Timing, WriteError};
 use crate::metrics::Metrics;
 
 /// The namespace whereabouts keeps its objects in when installed from its manifests.
@@ -64,17 +68,17 @@ pub struct Target {
     pub network_name: String,
 }
 
-/// What a create found.
+/// What a reserve or a watch found, or did.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Created {
-    /// Made, of this uid.
+pub enum Reserved {
+    /// ipq's own made, of this uid.
     Made(String),
-    /// Already ipq's (an earlier run's), of this uid.
-    Found(String),
-    /// The departed holder's own, taken over; of this uid.
-    Adopted(String),
-    /// Another pod's: left alone.
-    Foreign,
+    /// The pod's own (whereabouts') labelled, of this uid.
+    Labelled(String),
+    /// Watched by ipq already (an earlier run's).
+    AlreadyHeld(Hold),
+    /// Another pod's (or, for a watch, none): left alone.
+    NotHeld,
 }
 
 /// What the store saw happen to ipq's reservations.
@@ -88,13 +92,20 @@ pub enum StoreEvent {
 
 /// The API server, or a test's double.
 pub trait Store {
-    /// Lists ipq's reservations (address and uid) and starts watching them.
-    fn sync(&mut self) -> impl Future<Output = Result<Vec<(IpAddr, String)>, WriteError>> + Send;
-    fn create(
+    /// Lists the reservations ipq watches and starts watching them.
+    fn sync(&mut self) -> impl Future<Output = Result<Vec<(IpAddr, Hold)>, WriteError>> + Send;
+    /// [`Op::Reserve`]: makes ipq's own, or labels `pod_ref`'s own if it is there.
+    fn reserve(
         &mut self,
         addr: IpAddr,
-        holder_pod_ref: Option<&str>,
-    ) -> impl Future<Output = Result<Created, WriteError>> + Send;
+        pod_ref: Option<&str>,
+    ) -> impl Future<Output = Result<Reserved, WriteError>> + Send;
+    /// [`Op::Watch`]: labels `pod_ref`'s own if it is there.
+    fn watch(
+        &mut self,
+        addr: IpAddr,
+        pod_ref: &str,
+    ) -> impl Future<Output = Result<Reserved, WriteError>> + Send;
     /// Deletes `addr`'s reservation if it is still the one of `uid` (else leaves it).
     fn delete(
         &mut self,
@@ -105,6 +116,13 @@ pub trait Store {
     fn event(&mut self) -> impl Future<Output = StoreEvent> + Send;
 }
 
+/// One address as the registry now has it.
+#[derive(Debug)]
+pub struct Change {
+    pub addr: IpAddr,
+    pub want: Option<Want>,
+}
+
 /// The owner loop's end of the projection.
 pub struct Feed {
     changes: mpsc::UnboundedSender<Change>,
@@ -113,8 +131,8 @@ pub struct Feed {
 
 impl Feed {
     /// Hands one changed address over; O(1), never waits.
-    pub fn send(&self, addr: IpAddr, entry: Option<PublishedEntry>) {
-        let _ = self.changes.send(Change { addr, entry });
+    pub fn send(&self, addr: IpAddr, want: Option<Want>) {
+        let _ = self.changes.send(Change { addr, want });
     }
 
     /// Spawns the task, once the registry's whole state has been sent: its first round must
@@ -185,15 +203,15 @@ pub async fn run<S: Store>(
         tokio::select! {
             change = changes.recv() => {
                 let Some(change) = change else { break };
-                task.projection.want(change.addr, change.entry.as_ref());
+                task.projection.want(change.addr, change.want);
                 while let Ok(change) = changes.try_recv() {
-                    task.projection.want(change.addr, change.entry.as_ref());
+                    task.projection.want(change.addr, change.want);
                 }
             }
             event = task.store.event() => task.saw(event),
             () = sleep_until(due), if due.is_some() => {
                 while let Ok(change) = changes.try_recv() {
-                    task.projection.want(change.addr, change.entry.as_ref());
+                    task.projection.want(change.addr, change.want);
                 }
                 task.round().await;
             }
@@ -202,9 +220,6 @@ pub async fn run<S: Store>(
                 task.projection.recheck_foreign();
             }
         }
-        let m = &task.metrics.whereabouts;
-        m.reservations.set(task.projection.held_count() as i64);
-        m.foreign.set(task.projection.foreign_count() as i64);
     }
 }
 
@@ -258,6 +273,10 @@ impl<S: Store> Task<S> {
         if self.projection.foreign_count() > 0 && self.foreign_recheck_at.is_none() {
             self.foreign_recheck_at = Some(now + FOREIGN_RECHECK);
         }
+        // O(reservations), after a round only (a few a second at most), off the owner loop.
+        let m = &self.metrics.whereabouts;
+        m.reservations.set(self.projection.own_count() as i64);
+        m.foreign.set(self.projection.foreign_count() as i64);
     }
 
     async fn calls(&mut self) -> Result<(), WriteError> {
@@ -274,7 +293,7 @@ impl<S: Store> Task<S> {
         while let Some(op) = ops.next() {
             if let Err(e) = self.call(&op).await {
                 for left in std::iter::once(op).chain(ops) {
-                    self.projection.failed(op_addr(&left));
+                    self.projection.failed(left.addr());
                 }
                 return Err(e);
             }
@@ -283,24 +302,28 @@ impl<S: Store> Task<S> {
     }
 
     async fn call(&mut self, op: &Op) -> Result<(), WriteError> {
-        let m = &self.metrics.whereabouts;
-        match op {
-            Op::Create {
-                addr,
-                holder_pod_ref,
-            } => match self.store.create(*addr, holder_pod_ref.as_deref()).await? {
-                Created::Made(uid) | Created::Adopted(uid) => {
-                    m.writes.inc();
-                    self.projection.held(*addr, uid);
-                }
-                Created::Found(uid) => self.projection.held(*addr, uid),
-                Created::Foreign => self.projection.held_by_another(*addr),
-            },
+        let reserved = match op {
+            Op::Reserve { addr, pod_ref } => self.store.reserve(*addr, pod_ref.as_deref()).await?,
+            Op::Watch { addr, pod_ref } => self.store.watch(*addr, pod_ref).await?,
             Op::Delete { addr, uid } => {
                 self.store.delete(*addr, uid).await?;
-                m.writes.inc();
+                self.metrics.whereabouts.writes.inc();
                 self.projection.released(*addr);
+                return Ok(());
             }
+        };
+        let addr = op.addr();
+        match reserved {
+            Reserved::Made(uid) => {
+                self.metrics.whereabouts.writes.inc();
+                self.projection.held(addr, Hold { uid, own: true });
+            }
+            Reserved::Labelled(uid) => {
+                self.metrics.whereabouts.writes.inc();
+                self.projection.held(addr, Hold { uid, own: false });
+            }
+            Reserved::AlreadyHeld(hold) => self.projection.held(addr, hold),
+            Reserved::NotHeld => self.projection.not_held(addr),
         }
         Ok(())
     }
@@ -320,12 +343,6 @@ impl<S: Store> Task<S> {
             );
             self.last_logged = Some((Instant::now(), text));
         }
-    }
-}
-
-fn op_addr(op: &Op) -> IpAddr {
-    match op {
-        Op::Create { addr, .. } | Op::Delete { addr, .. } => *addr,
     }
 }
 

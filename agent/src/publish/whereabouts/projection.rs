@@ -9,6 +9,7 @@ use std::{
 };
 
 use super::super::PublishedEntry;
+use crate::registry::{AddrRecord, AddrStatus, Holder};
 
 /// whereabouts' name for `addr`'s OverlappingRangeIPReservation: `NormalizeIP` of its
 /// pkg/storage/kubernetes/ipam.go (v0.9): the address as Go prints it, `:` made `-` (an IPv6
@@ -33,77 +34,153 @@ pub fn reservation_name(addr: IpAddr, network_name: &str) -> String {
     }
 }
 
-/// The `namespace/name` of the pod an entry's holder belonged to, as whereabouts writes a
-/// `podRef`; `None` when the CNI did not say.
-pub fn holder_pod_ref(entry: &PublishedEntry) -> Option<String> {
-    entry
-        .holder
+/// The `namespace/name` of `holder`'s pod, as whereabouts writes a `podRef`; `None` when the
+/// CNI did not say.
+pub fn pod_ref(holder: &Holder) -> Option<String> {
+    holder
         .pod()
         .map(|pod| format!("{}/{}", pod.namespace, pod.name))
+}
+
+/// What the projection wants for one address the registry holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Want {
+    /// The NodeQuarantine lists it: a reservation must keep it from the next pod.
+    pub listed: bool,
+    /// The pod of its live holder (Active or Draining), else of the holder that went: the
+    /// podRef of the reservation whereabouts made for it.
+    pub pod_ref: Option<String>,
+}
+
+impl Want {
+    /// What `record` asks for; `None` when nothing: no listed entry, and no pod whose
+    /// reservation could be freed under a live holder.
+    pub fn of(record: &AddrRecord) -> Option<Self> {
+        let listed = PublishedEntry::of(record).is_some();
+        let holder = match &record.status {
+            AddrStatus::Active { holder, .. } | AddrStatus::Draining { holder, .. } => holder,
+            AddrStatus::Quarantined { previous, .. } => previous,
+        };
+        let pod_ref = pod_ref(holder);
+        (listed || pod_ref.is_some()).then_some(Self { listed, pod_ref })
+    }
 }
 
 /// One API call the task is to make.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Op {
-    /// Make ipq's reservation of `addr` (or adopt the departed holder's own).
-    Create {
+    /// Make sure a reservation ipq watches keeps `addr`: ipq's own, or the one whereabouts made
+    /// for `pod_ref` (labelled, so that its deletion is seen).
+    Reserve {
         addr: IpAddr,
-        holder_pod_ref: Option<String>,
+        pod_ref: Option<String>,
     },
-    /// Delete ipq's reservation of `addr`, only if it is still the one of `uid`.
+    /// Label the reservation whereabouts made for `pod_ref`, the live holder, if there is one:
+    /// whereabouts may free it (a force delete) while the holder still runs.
+    Watch { addr: IpAddr, pod_ref: String },
+    /// Delete ipq's own reservation of `addr`, only if it is still the one of `uid`.
     Delete { addr: IpAddr, uid: String },
+}
+
+impl Op {
+    pub fn addr(&self) -> IpAddr {
+        match self {
+            Op::Reserve { addr, .. } | Op::Watch { addr, .. } | Op::Delete { addr, .. } => *addr,
+        }
+    }
+}
+
+/// A reservation ipq watches.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Hold {
+    pub uid: String,
+    /// ipq's own (made by ipq, deleted by ipq); else whereabouts' own, only labelled.
+    pub own: bool,
 }
 
 #[derive(Default)]
 pub struct Projection {
-    /// Each listed address, with its holder's podRef.
-    wanted: BTreeMap<IpAddr, Option<String>>,
-    /// ipq's reservations, by address: their uids.
-    ours: BTreeMap<IpAddr, String>,
-    /// Listed addresses whose reservation names another pod.
+    wanted: BTreeMap<IpAddr, Want>,
+    held: BTreeMap<IpAddr, Hold>,
+    /// Live-held addresses whose reservation whereabouts deleted: ipq's own keeps them now.
+    needs_own: BTreeSet<IpAddr>,
+    /// Live-held addresses with no reservation of their pod's to watch (not whereabouts'):
+    /// left alone until their holder changes.
+    unmanaged: BTreeSet<IpAddr>,
+    /// Addresses that need a reservation and whose reservation names another pod.
     foreign: BTreeSet<IpAddr>,
     /// Addresses whose reservation may not be what is wanted.
     dirty: BTreeSet<IpAddr>,
 }
 
 impl Projection {
-    /// `addr` as the NodeQuarantine now lists it (`None`: not listed).
-    pub fn want(&mut self, addr: IpAddr, entry: Option<&PublishedEntry>) {
-        match entry {
-            Some(entry) => {
-                let pod_ref = holder_pod_ref(entry);
-                if self.wanted.insert(addr, pod_ref).is_none() {
-                    self.dirty.insert(addr);
-                }
-            }
-            None => {
-                if self.wanted.remove(&addr).is_some() {
-                    self.foreign.remove(&addr);
-                    self.dirty.insert(addr);
-                }
-            }
+    /// `addr` as the registry now has it (`None`: nothing wanted).
+    pub fn want(&mut self, addr: IpAddr, want: Option<Want>) {
+        let old = self.wanted.get(&addr);
+        if old == want.as_ref() {
+            return;
         }
+        let holder_changed = old.map(|w| &w.pod_ref) != want.as_ref().map(|w| &w.pod_ref);
+        if holder_changed {
+            self.needs_own.remove(&addr);
+            self.unmanaged.remove(&addr);
+        }
+        match want {
+            Some(want) => self.wanted.insert(addr, want),
+            None => {
+                self.foreign.remove(&addr);
+                self.wanted.remove(&addr)
+            }
+        };
+        self.dirty.insert(addr);
+    }
+
+    fn needs_reservation(&self, addr: IpAddr, want: &Want) -> bool {
+        want.listed || self.needs_own.contains(&addr)
     }
 
     /// The calls that bring every dirty address to what is wanted; they are no longer dirty.
     pub fn take_ops(&mut self) -> Vec<Op> {
         let dirty = std::mem::take(&mut self.dirty);
-        dirty
-            .into_iter()
-            .filter_map(
-                |addr| match (self.wanted.get(&addr), self.ours.get(&addr)) {
-                    (Some(holder_pod_ref), None) => Some(Op::Create {
+        let mut ops = Vec::new();
+        for addr in dirty {
+            let want = self.wanted.get(&addr);
+            let hold = self.held.get(&addr);
+            match (want, hold) {
+                (Some(want), None) if self.needs_reservation(addr, want) => {
+                    ops.push(Op::Reserve {
                         addr,
-                        holder_pod_ref: holder_pod_ref.clone(),
+                        pod_ref: want.pod_ref.clone(),
+                    });
+                }
+                (
+                    Some(Want {
+                        pod_ref: Some(pod_ref),
+                        ..
                     }),
-                    (None, Some(uid)) => Some(Op::Delete {
+                    None,
+                ) if !self.unmanaged.contains(&addr) => ops.push(Op::Watch {
+                    addr,
+                    pod_ref: pod_ref.clone(),
+                }),
+                (Some(want), Some(hold)) if hold.own && !self.needs_reservation(addr, want) => {
+                    ops.push(Op::Delete {
                         addr,
-                        uid: uid.clone(),
-                    }),
-                    _ => None,
-                },
-            )
-            .collect()
+                        uid: hold.uid.clone(),
+                    });
+                }
+                (None, Some(hold)) if hold.own => ops.push(Op::Delete {
+                    addr,
+                    uid: hold.uid.clone(),
+                }),
+                // whereabouts' own, no longer of interest: forgotten, left as it is.
+                (None, Some(_)) => {
+                    self.held.remove(&addr);
+                }
+                _ => {}
+            }
+        }
+        ops
     }
 
     /// Whether anything waits for a call.
@@ -111,26 +188,32 @@ impl Projection {
         !self.dirty.is_empty()
     }
 
-    /// ipq holds `addr`'s reservation, of `uid` (made, adopted, or found at a relist).
-    pub fn held(&mut self, addr: IpAddr, uid: String) {
+    /// ipq watches `addr`'s reservation now (made, labelled, or found at a relist).
+    pub fn held(&mut self, addr: IpAddr, hold: Hold) {
         self.foreign.remove(&addr);
-        self.ours.insert(addr, uid);
-        // Unlisted meanwhile: it goes again.
-        if !self.wanted.contains_key(&addr) {
-            self.dirty.insert(addr);
-        }
+        self.held.insert(addr, hold);
+        // Changed meanwhile: looked at again.
+        self.dirty.insert(addr);
     }
 
-    /// `addr`'s reservation names another pod: left alone until [`Projection::recheck_foreign`].
-    pub fn held_by_another(&mut self, addr: IpAddr) {
-        if self.wanted.contains_key(&addr) {
-            self.foreign.insert(addr);
+    /// `addr`'s reservation names another pod (or, for a live-held address, there is none of
+    /// its pod's): left alone; one that needs a reservation is looked at again by
+    /// [`Projection::recheck_foreign`].
+    pub fn not_held(&mut self, addr: IpAddr) {
+        match self.wanted.get(&addr) {
+            Some(want) if self.needs_reservation(addr, want) => {
+                self.foreign.insert(addr);
+            }
+            Some(_) => {
+                self.unmanaged.insert(addr);
+            }
+            None => {}
         }
     }
 
     /// ipq's reservation of `addr` is gone (deleted by ipq, or found not to be ipq's).
     pub fn released(&mut self, addr: IpAddr) {
-        self.ours.remove(&addr);
+        self.held.remove(&addr);
         if self.wanted.contains_key(&addr) {
             self.dirty.insert(addr);
         }
@@ -141,27 +224,29 @@ impl Projection {
         self.dirty.insert(addr);
     }
 
-    /// Someone deleted ipq's reservation of `uid`. The address it was for, when it is still
-    /// listed (it is then made again).
+    /// Someone deleted the reservation of `uid` ipq watched. The address it kept, when that is
+    /// still wanted (ipq's own then keeps it).
     pub fn deleted(&mut self, uid: &str) -> Option<IpAddr> {
         let addr = self
-            .ours
+            .held
             .iter()
-            .find_map(|(addr, held)| (held == uid).then_some(*addr))?;
-        self.ours.remove(&addr);
+            .find_map(|(addr, hold)| (hold.uid == uid).then_some(*addr))?;
+        self.held.remove(&addr);
         self.wanted.contains_key(&addr).then(|| {
+            self.needs_own.insert(addr);
             self.dirty.insert(addr);
             addr
         })
     }
 
-    /// What a fresh list of ipq's reservations found: it replaces what was held, and every
-    /// address, listed or held, is looked at again.
-    pub fn relisted(&mut self, listed: impl IntoIterator<Item = (IpAddr, String)>) {
-        self.ours = listed.into_iter().collect();
+    /// What a fresh list of the reservations ipq watches found: it replaces what was held, and
+    /// every address, wanted or held, is looked at again.
+    pub fn relisted(&mut self, listed: impl IntoIterator<Item = (IpAddr, Hold)>) {
+        self.held = listed.into_iter().collect();
         self.foreign.clear();
+        self.unmanaged.clear();
         self.dirty.extend(self.wanted.keys().copied());
-        self.dirty.extend(self.ours.keys().copied());
+        self.dirty.extend(self.held.keys().copied());
     }
 
     /// The addresses held by another pod are looked at again (it may have gone).
@@ -169,8 +254,9 @@ impl Projection {
         self.dirty.extend(std::mem::take(&mut self.foreign));
     }
 
-    pub fn held_count(&self) -> usize {
-        self.ours.len()
+    /// ipq's own reservations.
+    pub fn own_count(&self) -> usize {
+        self.held.values().filter(|hold| hold.own).count()
     }
 
     pub fn foreign_count(&self) -> usize {
@@ -181,27 +267,32 @@ impl Projection {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{
-        publish::EntryState,
-        registry::{Holder, PodRef},
-    };
 
-    fn entry(pod: &str) -> PublishedEntry {
-        PublishedEntry {
-            state: EntryState::Quarantined,
-            since: 1,
-            until: Some(2),
-            holder: Holder::new(3, "veth3").with_identity(
-                None,
-                Some("eth0".into()),
-                None,
-                None,
-                Some(PodRef {
-                    namespace: "default".into(),
-                    name: pod.into(),
-                    uid: None,
-                }),
-            ),
+    fn listed(pod: &str) -> Option<Want> {
+        Some(Want {
+            listed: true,
+            pod_ref: Some(format!("default/{pod}")),
+        })
+    }
+
+    fn live(pod: &str) -> Option<Want> {
+        Some(Want {
+            listed: false,
+            pod_ref: Some(format!("default/{pod}")),
+        })
+    }
+
+    fn own(uid: &str) -> Hold {
+        Hold {
+            uid: uid.into(),
+            own: true,
+        }
+    }
+
+    fn labelled(uid: &str) -> Hold {
+        Hold {
+            uid: uid.into(),
+            own: false,
         }
     }
 
@@ -223,22 +314,21 @@ mod tests {
     }
 
     #[test]
-    fn a_listed_address_is_reserved_and_released_when_unlisted() {
+    fn a_quarantine_is_reserved_and_released_when_it_ends() {
         let mut p = Projection::default();
         let a = addr("10.88.0.10");
-        p.want(a, Some(&entry("web-1")));
+        p.want(a, listed("web-1"));
         assert_eq!(
             p.take_ops(),
-            [Op::Create {
+            [Op::Reserve {
                 addr: a,
-                holder_pod_ref: Some("default/web-1".into())
+                pod_ref: Some("default/web-1".into())
             }]
         );
-        p.held(a, "uid-1".into());
+        p.held(a, own("uid-1"));
         assert!(p.take_ops().is_empty(), "held: nothing to do");
-        // A change of the entry (fenced -> quarantined) is no new call.
-        p.want(a, Some(&entry("web-1")));
-        assert!(!p.has_work());
+        p.want(a, listed("web-1"));
+        assert!(!p.has_work(), "the same want is no new call");
         p.want(a, None);
         assert_eq!(
             p.take_ops(),
@@ -249,21 +339,71 @@ mod tests {
         );
         p.released(a);
         assert!(p.take_ops().is_empty());
-        assert_eq!(p.held_count(), 0);
+        assert_eq!(p.own_count(), 0);
     }
 
     #[test]
-    fn a_reservation_deleted_by_someone_else_is_made_again_while_listed_only() {
+    fn a_live_holders_reservation_is_watched_and_replaced_when_whereabouts_frees_it() {
+        let mut p = Projection::default();
+        let a = addr("10.88.0.10");
+        p.want(a, live("web-1"));
+        assert_eq!(
+            p.take_ops(),
+            [Op::Watch {
+                addr: a,
+                pod_ref: "default/web-1".into()
+            }]
+        );
+        p.held(a, labelled("wb-uid"));
+        assert!(p.take_ops().is_empty());
+        // The Pod's DELETE: whereabouts' control loop frees the address while the holder runs.
+        assert_eq!(p.deleted("wb-uid"), Some(a));
+        assert_eq!(
+            p.take_ops(),
+            [Op::Reserve {
+                addr: a,
+                pod_ref: Some("default/web-1".into())
+            }]
+        );
+        p.held(a, own("uid-1"));
+        // The holder goes: the quarantine keeps ipq's reservation; when it ends, it goes.
+        p.want(a, listed("web-1"));
+        assert!(p.take_ops().is_empty());
+        p.want(a, None);
+        assert!(matches!(&p.take_ops()[..], [Op::Delete { uid, .. }] if uid == "uid-1"));
+    }
+
+    #[test]
+    fn an_address_not_whereabouts_manages_costs_one_look_per_holder() {
+        let mut p = Projection::default();
+        let a = addr("10.88.0.10");
+        p.want(a, live("web-1"));
+        assert_eq!(p.take_ops().len(), 1);
+        p.not_held(a);
+        p.recheck_foreign();
+        assert!(p.take_ops().is_empty(), "not looked at again");
+        p.want(a, live("web-2"));
+        assert_eq!(p.take_ops().len(), 1, "a new holder is looked at");
+        // Unwanted while labelled: forgotten, never deleted (it is whereabouts').
+        p.held(a, labelled("wb"));
+        p.take_ops();
+        p.want(a, None);
+        assert!(p.take_ops().is_empty());
+    }
+
+    #[test]
+    fn a_reservation_deleted_by_someone_else_is_made_again_while_wanted_only() {
         let mut p = Projection::default();
         let (a, b) = (addr("10.88.0.10"), addr("10.88.0.11"));
-        p.want(a, Some(&entry("web-1")));
-        p.want(b, Some(&entry("web-2")));
+        p.want(a, listed("web-1"));
+        p.want(b, listed("web-2"));
         p.take_ops();
-        p.held(a, "uid-a".into());
-        p.held(b, "uid-b".into());
+        p.held(a, own("uid-a"));
+        p.held(b, own("uid-b"));
+        p.take_ops();
         assert_eq!(p.deleted("uid-a"), Some(a));
-        assert!(matches!(&p.take_ops()[..], [Op::Create { addr, .. }] if *addr == a));
-        // Unlisted, then deleted by whereabouts before ipq's delete: nothing to make.
+        assert!(matches!(&p.take_ops()[..], [Op::Reserve { addr, .. }] if *addr == a));
+        // Unwanted, then deleted by whereabouts before ipq's delete: nothing to make.
         p.want(b, None);
         assert_eq!(p.deleted("uid-b"), None);
         assert!(p.take_ops().is_empty());
@@ -274,28 +414,28 @@ mod tests {
     fn another_pods_reservation_is_left_alone_until_rechecked() {
         let mut p = Projection::default();
         let a = addr("10.88.0.10");
-        p.want(a, Some(&entry("web-1")));
+        p.want(a, listed("web-1"));
         p.take_ops();
-        p.held_by_another(a);
+        p.not_held(a);
         assert_eq!(p.foreign_count(), 1);
         assert!(!p.has_work());
         p.recheck_foreign();
-        assert!(matches!(&p.take_ops()[..], [Op::Create { .. }]));
-        // Unlisted while held by another: forgotten, no delete (it is not ipq's).
-        p.held_by_another(a);
+        assert!(matches!(&p.take_ops()[..], [Op::Reserve { .. }]));
+        // Unwanted while held by another: forgotten, no delete (it is not ipq's).
+        p.not_held(a);
         p.want(a, None);
         assert_eq!(p.foreign_count(), 0);
         assert!(p.take_ops().is_empty());
     }
 
     #[test]
-    fn a_reservation_made_after_its_address_was_unlisted_goes_again() {
+    fn a_reservation_made_after_its_address_was_unwanted_goes_again() {
         let mut p = Projection::default();
         let a = addr("10.88.0.10");
-        p.want(a, Some(&entry("web-1")));
+        p.want(a, listed("web-1"));
         p.take_ops();
         p.want(a, None);
-        p.held(a, "uid-1".into());
+        p.held(a, own("uid-1"));
         assert_eq!(
             p.take_ops(),
             [Op::Delete {
@@ -308,16 +448,21 @@ mod tests {
     #[test]
     fn a_relist_takes_over_what_a_previous_run_left() {
         let mut p = Projection::default();
-        let (kept, stale) = (addr("10.88.0.10"), addr("10.88.0.12"));
-        p.want(kept, Some(&entry("web-1")));
-        p.relisted([(kept, "uid-k".into()), (stale, "uid-s".into())]);
+        let (kept, stale, theirs) = (addr("10.88.0.10"), addr("10.88.0.12"), addr("10.88.0.13"));
+        p.want(kept, listed("web-1"));
+        p.relisted([
+            (kept, own("uid-k")),
+            (stale, own("uid-s")),
+            (theirs, labelled("uid-t")),
+        ]);
         assert_eq!(
             p.take_ops(),
             [Op::Delete {
                 addr: stale,
                 uid: "uid-s".into()
-            }]
+            }],
+            "a stale own one goes; whereabouts' labelled one is only forgotten"
         );
-        assert_eq!(p.held_count(), 2);
+        assert_eq!(p.own_count(), 2);
     }
 }

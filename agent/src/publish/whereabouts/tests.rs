@@ -11,15 +11,13 @@ use std::{
 use tokio::sync::mpsc;
 
 use super::*;
-use crate::{
-    publish::{EntryState, FailureReason},
-    registry::{Holder, PodRef},
-};
+use crate::publish::FailureReason;
 
-/// One reservation in the double: whose it is, and its uid.
+/// One reservation in the double: whether ipq watches it (labelled or its own), its podRef
+/// and its uid.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Reservation {
-    ours: bool,
+    watched: bool,
     pod_ref: String,
     uid: String,
 }
@@ -45,8 +43,27 @@ fn refused() -> WriteError {
     }
 }
 
+const OWN_POD_REF: &str = "ipq.dev:quarantine/node-a";
+
+impl FakeStore {
+    fn reserved(world: &mut World, addr: IpAddr, pod_ref: Option<&str>) -> Reserved {
+        match world.reservations.get_mut(&addr) {
+            None => Reserved::NotHeld,
+            Some(r) if r.watched => Reserved::AlreadyHeld(Hold {
+                uid: r.uid.clone(),
+                own: r.pod_ref == OWN_POD_REF,
+            }),
+            Some(r) if Some(r.pod_ref.as_str()) == pod_ref => {
+                r.watched = true;
+                Reserved::Labelled(r.uid.clone())
+            }
+            Some(_) => Reserved::NotHeld,
+        }
+    }
+}
+
 impl Store for FakeStore {
-    async fn sync(&mut self) -> Result<Vec<(IpAddr, String)>, WriteError> {
+    async fn sync(&mut self) -> Result<Vec<(IpAddr, Hold)>, WriteError> {
         let mut world = self.world.lock().unwrap();
         world.calls.push("sync".into());
         if world.refusing {
@@ -55,41 +72,50 @@ impl Store for FakeStore {
         Ok(world
             .reservations
             .iter()
-            .filter(|(_, r)| r.ours)
-            .map(|(addr, r)| (*addr, r.uid.clone()))
+            .filter(|(_, r)| r.watched)
+            .map(|(addr, r)| {
+                let hold = Hold {
+                    uid: r.uid.clone(),
+                    own: r.pod_ref == OWN_POD_REF,
+                };
+                (*addr, hold)
+            })
             .collect())
     }
 
-    async fn create(
+    async fn reserve(
         &mut self,
         addr: IpAddr,
-        holder_pod_ref: Option<&str>,
-    ) -> Result<Created, WriteError> {
+        pod_ref: Option<&str>,
+    ) -> Result<Reserved, WriteError> {
         let mut world = self.world.lock().unwrap();
-        world.calls.push(format!("create {addr}"));
+        world.calls.push(format!("reserve {addr}"));
         if world.refusing {
             return Err(refused());
         }
+        if world.reservations.contains_key(&addr) {
+            return Ok(Self::reserved(&mut world, addr, pod_ref));
+        }
         world.next_uid += 1;
         let uid = format!("uid-{}", world.next_uid);
-        let ours = Reservation {
-            ours: true,
-            pod_ref: "ipq.dev:quarantine/node-a".into(),
-            uid: uid.clone(),
-        };
-        match world.reservations.get(&addr).cloned() {
-            None => {
-                world.reservations.insert(addr, ours);
-                Ok(Created::Made(uid))
-            }
-            Some(r) if r.ours => Ok(Created::Found(r.uid)),
-            Some(r) if Some(r.pod_ref.as_str()) == holder_pod_ref => {
-                let adopted = Reservation { uid: r.uid, ..ours };
-                world.reservations.insert(addr, adopted.clone());
-                Ok(Created::Adopted(adopted.uid))
-            }
-            Some(_) => Ok(Created::Foreign),
+        world.reservations.insert(
+            addr,
+            Reservation {
+                watched: true,
+                pod_ref: OWN_POD_REF.into(),
+                uid: uid.clone(),
+            },
+        );
+        Ok(Reserved::Made(uid))
+    }
+
+    async fn watch(&mut self, addr: IpAddr, pod_ref: &str) -> Result<Reserved, WriteError> {
+        let mut world = self.world.lock().unwrap();
+        world.calls.push(format!("watch {addr}"));
+        if world.refusing {
+            return Err(refused());
         }
+        Ok(Self::reserved(&mut world, addr, Some(pod_ref)))
     }
 
     async fn delete(&mut self, addr: IpAddr, uid: &str) -> Result<(), WriteError> {
@@ -136,22 +162,26 @@ fn harness() -> Harness {
     }
 }
 
-fn entry(pod: &str) -> PublishedEntry {
-    PublishedEntry {
-        state: EntryState::Quarantined,
-        since: 1,
-        until: Some(2),
-        holder: Holder::new(3, "veth3").with_identity(
-            None,
-            Some("eth0".into()),
-            None,
-            None,
-            Some(PodRef {
-                namespace: "default".into(),
-                name: pod.into(),
-                uid: None,
-            }),
-        ),
+fn listed(pod: &str) -> Option<Want> {
+    Some(Want {
+        listed: true,
+        pod_ref: Some(format!("default/{pod}")),
+    })
+}
+
+fn live(pod: &str) -> Option<Want> {
+    Some(Want {
+        listed: false,
+        pod_ref: Some(format!("default/{pod}")),
+    })
+}
+
+/// whereabouts' own reservation of a pod's address.
+fn whereabouts_own(pod: &str, uid: &str) -> Reservation {
+    Reservation {
+        watched: false,
+        pod_ref: format!("default/{pod}"),
+        uid: uid.into(),
     }
 }
 
@@ -177,14 +207,14 @@ impl Harness {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_listed_address_is_reserved_made_again_when_deleted_and_released_when_unlisted() {
+async fn a_quarantine_is_reserved_made_again_when_deleted_and_released_when_it_ends() {
     let mut h = harness();
-    h.feed.send(addr(10), Some(entry("web-1")));
+    h.feed.send(addr(10), listed("web-1"));
     h.feed.launch();
     h.until("reserved", |w| w.reservations.contains_key(&addr(10)))
         .await;
     let made = h.reservation(addr(10)).unwrap();
-    assert!(made.ours);
+    assert_eq!(made.pod_ref, OWN_POD_REF);
 
     // whereabouts deletes it (its control loop, DEL or reconciler) while it is still listed.
     h.world.lock().unwrap().reservations.remove(&addr(10));
@@ -202,67 +232,86 @@ async fn a_listed_address_is_reserved_made_again_when_deleted_and_released_when_
 }
 
 #[tokio::test(start_paused = true)]
-async fn another_pods_reservation_is_never_touched_and_the_holders_own_is_adopted() {
+async fn a_force_deleted_pods_address_is_kept_when_whereabouts_frees_it_under_the_live_holder() {
     let mut h = harness();
-    let other = Reservation {
-        ours: false,
-        pod_ref: "default/someone-else".into(),
-        uid: "theirs".into(),
-    };
-    let departed = Reservation {
-        ours: false,
-        pod_ref: "default/web-2".into(),
-        uid: "departed".into(),
-    };
-    {
-        let mut world = h.world.lock().unwrap();
-        world.reservations.insert(addr(10), other.clone());
-        world.reservations.insert(addr(11), departed);
-    }
-    h.feed.send(addr(10), Some(entry("web-1")));
-    h.feed.send(addr(11), Some(entry("web-2")));
+    h.world
+        .lock()
+        .unwrap()
+        .reservations
+        .insert(addr(10), whereabouts_own("web-1", "wb-1"));
+    h.feed.send(addr(10), live("web-1"));
     h.feed.launch();
-    h.until("adopted", |w| w.reservations[&addr(11)].ours).await;
+    h.until("whereabouts' own labelled", |w| {
+        w.reservations[&addr(10)].watched
+    })
+    .await;
     assert_eq!(
-        h.reservation(addr(11)).unwrap().uid,
-        "departed",
-        "taken over in place"
+        h.reservation(addr(10)).unwrap().uid,
+        "wb-1",
+        "its own, only labelled"
     );
-    // Unlisted: ipq deletes its own, and still leaves the other pod's alone.
+    // The Pod's DELETE: whereabouts' control loop frees the address; the holder still runs.
+    h.world.lock().unwrap().reservations.remove(&addr(10));
+    h.events.send(StoreEvent::Deleted("wb-1".into())).unwrap();
+    h.until("ipq's own made", |w| {
+        w.reservations
+            .get(&addr(10))
+            .is_some_and(|r| r.pod_ref == OWN_POD_REF)
+    })
+    .await;
+    // The holder dies, the quarantine runs and ends: ipq's goes.
+    h.feed.send(addr(10), listed("web-1"));
     h.feed.send(addr(10), None);
-    h.feed.send(addr(11), None);
-    h.until("released", |w| !w.reservations.contains_key(&addr(11)))
-        .await;
+    h.until("released", |w| w.reservations.is_empty()).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn another_pods_reservation_is_never_touched() {
+    let mut h = harness();
+    let other = whereabouts_own("someone-else", "theirs");
+    h.world
+        .lock()
+        .unwrap()
+        .reservations
+        .insert(addr(10), other.clone());
+    h.feed.send(addr(10), listed("web-1"));
+    h.feed.launch();
+    h.until("looked at", |w| {
+        w.calls.iter().any(|c| c.starts_with("reserve"))
+    })
+    .await;
+    h.feed.send(addr(10), None);
+    tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(h.reservation(addr(10)), Some(other));
     assert!(!h
         .world
         .lock()
         .unwrap()
         .calls
-        .contains(&format!("delete {}", addr(10))));
+        .iter()
+        .any(|c| c.starts_with("delete")));
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_foreign_reservation_that_goes_is_replaced_by_ipqs() {
     let mut h = harness();
-    h.world.lock().unwrap().reservations.insert(
-        addr(10),
-        Reservation {
-            ours: false,
-            pod_ref: "default/someone-else".into(),
-            uid: "theirs".into(),
-        },
-    );
-    h.feed.send(addr(10), Some(entry("web-1")));
+    h.world
+        .lock()
+        .unwrap()
+        .reservations
+        .insert(addr(10), whereabouts_own("someone-else", "theirs"));
+    h.feed.send(addr(10), listed("web-1"));
     h.feed.launch();
-    h.until("seen as foreign", |w| {
-        w.calls.iter().any(|c| c.starts_with("create"))
+    h.until("seen as another pod's", |w| {
+        w.calls.iter().any(|c| c.starts_with("reserve"))
     })
     .await;
     // whereabouts frees it: ipq's follows within the recheck.
     h.world.lock().unwrap().reservations.remove(&addr(10));
     h.until("ipq's made", |w| {
-        w.reservations.get(&addr(10)).is_some_and(|r| r.ours)
+        w.reservations
+            .get(&addr(10))
+            .is_some_and(|r| r.pod_ref == OWN_POD_REF)
     })
     .await;
 }
@@ -271,11 +320,11 @@ async fn a_foreign_reservation_that_goes_is_replaced_by_ipqs() {
 async fn a_refusing_api_server_is_retried_with_backoff_and_counted() {
     let mut h = harness();
     h.world.lock().unwrap().refusing = true;
-    h.feed.send(addr(10), Some(entry("web-1")));
+    h.feed.send(addr(10), listed("web-1"));
     h.feed.launch();
     tokio::time::sleep(Duration::from_secs(3)).await;
     let tries = h.world.lock().unwrap().calls.len();
-    // 0.5 + 1 + 2 s of backoff: at most 3 attempts in 3 s, whatever the churn.
+    // 0.5 + 1 + 2 s of backoff: at most 3 attempts in 3 s.
     assert!((1..=3).contains(&tries), "{tries} attempts in 3 s");
     let refused = h
         .metrics
@@ -300,14 +349,14 @@ async fn a_previous_runs_reservations_are_kept_or_deleted_by_the_first_round() {
             world.reservations.insert(
                 addr(last),
                 Reservation {
-                    ours: true,
-                    pod_ref: "ipq.dev:quarantine/node-a".into(),
+                    watched: true,
+                    pod_ref: OWN_POD_REF.into(),
                     uid: uid.into(),
                 },
             );
         }
     }
-    h.feed.send(addr(10), Some(entry("web-1")));
+    h.feed.send(addr(10), listed("web-1"));
     h.feed.launch();
     h.until("the stale one deleted", |w| {
         !w.reservations.contains_key(&addr(12))
