@@ -56,6 +56,8 @@ pub fn tier() -> Result<Totals> {
         "--",
         // The tier prints each phase's duration.
         "--nocapture",
+        // One cluster at a time: each is a control plane and a node on the machine's 2 cores.
+        "--test-threads=1",
     ]);
     test.env("RUST_BACKTRACE", "1");
     let results = run_tests(test, false).context("the cluster tier did not run")?;
