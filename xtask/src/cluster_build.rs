@@ -341,7 +341,9 @@ pub fn ensure() -> Result<Outcome> {
             started.elapsed()
         );
     }
-    println!("setup: cluster components built in {:.0?}", all.elapsed());
+    if built > 0 {
+        println!("setup: cluster components built in {:.0?}", all.elapsed());
+    }
     Ok(Outcome::Installed)
 }
 
