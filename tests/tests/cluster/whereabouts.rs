@@ -292,6 +292,15 @@ pub fn with_the_projection_the_address_waits_for_the_quarantine(
         failures == 0.0,
         "ipq_publish_whereabouts_failures_total is {failures}"
     );
+    let status: Value = serde_json::from_str(&deploy::ipq(cluster, &["-o", "json", "status"])?)?;
+    let view = &status["whereabouts"];
+    ensure!(
+        view["namespace"] == whereabouts::NAMESPACE
+            && view["recreated_total"].as_u64() >= Some(2)
+            && view["failures_total"] == 0
+            && view.get("last_error").is_none(),
+        "ipq status: {view}"
+    );
     Ok(())
 }
 

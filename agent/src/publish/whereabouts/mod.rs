@@ -34,7 +34,7 @@ use std::{
     net::IpAddr,
     path::PathBuf,
     pin::Pin,
-    sync::Arc,
+    sync::{Arc, Mutex},
     time::{Duration, SystemTime},
 };
 
@@ -48,7 +48,7 @@ pub use metrics::ProjectionMetrics;
 pub use projection::{pod_ref, reservation_name, Hold, Op, Projection, Want};
 
 use super::{Timing, WriteError};
-use crate::metrics::Metrics;
+use crate::{api::model::WhereaboutsView, metrics::Metrics};
 
 /// The namespace whereabouts keeps its objects in when installed from its manifests.
 pub const DEFAULT_NAMESPACE: &str = "kube-system";
@@ -126,6 +126,7 @@ pub struct Change {
 /// The owner loop's end of the projection.
 pub struct Feed {
     changes: mpsc::UnboundedSender<Change>,
+    view: Arc<Mutex<WhereaboutsView>>,
     task: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
 }
 
@@ -133,6 +134,11 @@ impl Feed {
     /// Hands one changed address over; O(1), never waits.
     pub fn send(&self, addr: IpAddr, want: Option<Want>) {
         let _ = self.changes.send(Change { addr, want });
+    }
+
+    /// How the projection stands, for `ipq status`.
+    pub fn view(&self) -> WhereaboutsView {
+        lock(&self.view).clone()
     }
 
     /// Spawns the task, once the registry's whole state has been sent: its first round must
@@ -144,23 +150,35 @@ impl Feed {
     }
 }
 
-/// The projection through `store`, once [`Feed::launch`]ed.
+fn lock(view: &Mutex<WhereaboutsView>) -> std::sync::MutexGuard<'_, WhereaboutsView> {
+    view.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The projection through `store` into `target`, once [`Feed::launch`]ed.
 pub fn start_with<S: Store + Send + 'static>(
     store: S,
+    target: &Target,
     timing: Timing,
     metrics: Arc<Metrics>,
 ) -> Feed {
     let (changes, received) = mpsc::unbounded_channel();
+    let view = Arc::new(Mutex::new(WhereaboutsView {
+        namespace: target.namespace.clone(),
+        network_name: target.network_name.clone(),
+        ..WhereaboutsView::default()
+    }));
     Feed {
         changes,
-        task: Some(Box::pin(run(store, received, timing, metrics))),
+        view: view.clone(),
+        task: Some(Box::pin(run(store, received, timing, view, metrics))),
     }
 }
 
 /// The projection to the API server of `kubeconfig`.
 pub fn start(target: Target, kubeconfig: Option<PathBuf>, metrics: Arc<Metrics>) -> Feed {
     start_with(
-        KubeStore::new(target, kubeconfig),
+        KubeStore::new(target.clone(), kubeconfig),
+        &target,
         Timing::default(),
         metrics,
     )
@@ -176,6 +194,7 @@ struct Task<S> {
     foreign_recheck_at: Option<Instant>,
     failing_since: Option<SystemTime>,
     last_logged: Option<(Instant, String)>,
+    view: Arc<Mutex<WhereaboutsView>>,
     metrics: Arc<Metrics>,
 }
 
@@ -184,6 +203,7 @@ pub async fn run<S: Store>(
     store: S,
     mut changes: mpsc::UnboundedReceiver<Change>,
     timing: Timing,
+    view: Arc<Mutex<WhereaboutsView>>,
     metrics: Arc<Metrics>,
 ) {
     let mut task = Task {
@@ -196,6 +216,7 @@ pub async fn run<S: Store>(
         foreign_recheck_at: None,
         failing_since: None,
         last_logged: None,
+        view,
         metrics,
     };
     loop {
@@ -236,6 +257,7 @@ impl<S: Store> Task<S> {
                 if let Some(addr) = self.projection.deleted(&uid) {
                     debug!("whereabouts reservation of {addr} deleted by someone else: made again");
                     self.metrics.whereabouts.recreated.inc();
+                    lock(&self.view).recreated_total += 1;
                     // At once: the address has no reservation now.
                     self.next_round = Instant::now();
                 }
@@ -261,10 +283,19 @@ impl<S: Store> Task<S> {
                     info!("whereabouts reservations: written again after {for_s:.1}s of failures");
                 }
                 self.last_logged = None;
+                let mut view = lock(&self.view);
+                view.last_error = None;
+                view.failing_since = None;
             }
             Err(e) => {
                 self.metrics.whereabouts.failed(e.reason);
-                self.failing_since.get_or_insert_with(SystemTime::now);
+                let since = *self.failing_since.get_or_insert_with(SystemTime::now);
+                {
+                    let mut view = lock(&self.view);
+                    view.failures_total += 1;
+                    view.last_error = Some(format!("{}: {e}", <&str>::from(e.reason)));
+                    view.failing_since = Some(humantime::format_rfc3339_millis(since).to_string());
+                }
                 self.next_round = now + self.retry_delay;
                 self.log_failure(&e);
                 self.retry_delay = (self.retry_delay * 2).min(self.timing.max_retry);
@@ -277,6 +308,10 @@ impl<S: Store> Task<S> {
         let m = &self.metrics.whereabouts;
         m.reservations.set(self.projection.own_count() as i64);
         m.foreign.set(self.projection.foreign_count() as i64);
+        let mut view = lock(&self.view);
+        view.reservations = self.projection.own_count() as u64;
+        view.foreign = self.projection.foreign_count() as u64;
+        view.writes_total = m.writes.get();
     }
 
     async fn calls(&mut self) -> Result<(), WriteError> {

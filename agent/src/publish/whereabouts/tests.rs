@@ -153,7 +153,12 @@ fn harness() -> Harness {
         world: world.clone(),
         events: received,
     };
-    let feed = start_with(store, Timing::default(), metrics.clone());
+    let target = Target {
+        node: "node-a".into(),
+        namespace: "kube-system".into(),
+        network_name: String::new(),
+    };
+    let feed = start_with(store, &target, Timing::default(), metrics.clone());
     Harness {
         world,
         events,
@@ -333,11 +338,26 @@ async fn a_refusing_api_server_is_retried_with_backoff_and_counted() {
         .with_label_values(&["refused"])
         .get();
     assert_eq!(refused, tries as u64);
+    let view = h.feed.view();
+    assert_eq!(view.failures_total, tries as u64);
+    assert!(
+        view.last_error
+            .as_deref()
+            .is_some_and(|e| e.starts_with("refused: forbidden")),
+        "{view:?}"
+    );
     h.world.lock().unwrap().refusing = false;
     h.until("reserved once the API server accepts", |w| {
         w.reservations.contains_key(&addr(10))
     })
     .await;
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let view = h.feed.view();
+    assert_eq!(
+        (view.reservations, view.last_error),
+        (1, None),
+        "ipq status after it"
+    );
 }
 
 #[tokio::test(start_paused = true)]
