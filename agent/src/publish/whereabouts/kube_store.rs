@@ -252,8 +252,8 @@ impl Drop for KubeStore {
     }
 }
 
-/// Reports each deletion of a reservation ipq holds; `Lost` when the watch cannot go on (the
-/// store then lists again).
+/// Reports each deletion of a reservation ipq watches; `Lost` when the watch cannot go on
+/// (the store then lists again; with the error when it failed rather than expired).
 async fn watch_ours(
     api: Api<DynamicObject>,
     selector: String,
@@ -266,8 +266,11 @@ async fn watch_ours(
     loop {
         let stream = match api.watch(&params, &resource_version).await {
             Ok(stream) => stream,
-            Err(_) => {
-                let _ = events.send(StoreEvent::Lost);
+            Err(e) => {
+                let _ = events.send(StoreEvent::Lost(Some(failure(
+                    &format!("watching ipq's {KIND}s"),
+                    e,
+                ))));
                 return;
             }
         };
@@ -290,9 +293,23 @@ async fn watch_ours(
                 Ok(WatchEvent::Bookmark(bookmark)) => {
                     resource_version = bookmark.metadata.resource_version;
                 }
-                // Expired (410) or broken: a fresh list tells what was missed.
-                Ok(WatchEvent::Error(_)) | Err(_) => {
-                    let _ = events.send(StoreEvent::Lost);
+                // Expired: a fresh list tells what was missed.
+                Ok(WatchEvent::Error(status)) if status.code == 410 => {
+                    let _ = events.send(StoreEvent::Lost(None));
+                    return;
+                }
+                Ok(WatchEvent::Error(status)) => {
+                    let _ = events.send(StoreEvent::Lost(Some(WriteError {
+                        reason: FailureReason::Refused,
+                        message: format!("watching ipq's {KIND}s: {}", status.message),
+                    })));
+                    return;
+                }
+                Err(e) => {
+                    let _ = events.send(StoreEvent::Lost(Some(failure(
+                        &format!("watching ipq's {KIND}s"),
+                        e,
+                    ))));
                     return;
                 }
             }
@@ -393,7 +410,7 @@ impl Store for KubeStore {
 
     async fn event(&mut self) -> StoreEvent {
         // The store keeps a sender: this never ends.
-        self.events.recv().await.unwrap_or(StoreEvent::Lost)
+        self.events.recv().await.unwrap_or(StoreEvent::Lost(None))
     }
 }
 

@@ -82,12 +82,13 @@ pub enum Reserved {
 }
 
 /// What the store saw happen to ipq's reservations.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub enum StoreEvent {
     /// The reservation of this uid was deleted.
     Deleted(String),
-    /// The watch ended: what is held is to be listed again.
-    Lost,
+    /// The watch ended: what is held is to be listed again; with why, when it failed (a watch
+    /// that keeps failing backs off like any call, rather than listing again at once).
+    Lost(Option<WriteError>),
 }
 
 /// The API server, or a test's double.
@@ -262,7 +263,14 @@ impl<S: Store> Task<S> {
                     self.next_round = Instant::now();
                 }
             }
-            StoreEvent::Lost => self.synced = false,
+            StoreEvent::Lost(None) => {
+                self.synced = false;
+                self.next_round = Instant::now();
+            }
+            StoreEvent::Lost(Some(e)) => {
+                self.synced = false;
+                self.failed(&e, Instant::now());
+            }
         }
     }
 
@@ -272,9 +280,13 @@ impl<S: Store> Task<S> {
         let outcome = self.calls().await;
         let now = Instant::now();
         match outcome {
-            Ok(()) => {
+            Ok(listed) => {
                 self.next_round = now + self.timing.min_interval;
-                self.retry_delay = self.timing.first_retry;
+                // Not after a list: the watch it starts may fail at once, again and again, and
+                // must back off as a failing call does.
+                if !listed {
+                    self.retry_delay = self.timing.first_retry;
+                }
                 if let Some(since) = self.failing_since.take() {
                     let for_s = SystemTime::now()
                         .duration_since(since)
@@ -287,19 +299,7 @@ impl<S: Store> Task<S> {
                 view.last_error = None;
                 view.failing_since = None;
             }
-            Err(e) => {
-                self.metrics.whereabouts.failed(e.reason);
-                let since = *self.failing_since.get_or_insert_with(SystemTime::now);
-                {
-                    let mut view = lock(&self.view);
-                    view.failures_total += 1;
-                    view.last_error = Some(format!("{}: {e}", <&str>::from(e.reason)));
-                    view.failing_since = Some(humantime::format_rfc3339_millis(since).to_string());
-                }
-                self.next_round = now + self.retry_delay;
-                self.log_failure(&e);
-                self.retry_delay = (self.retry_delay * 2).min(self.timing.max_retry);
-            }
+            Err(e) => self.failed(&e, now),
         }
         if self.projection.foreign_count() > 0 && self.foreign_recheck_at.is_none() {
             self.foreign_recheck_at = Some(now + FOREIGN_RECHECK);
@@ -314,8 +314,25 @@ impl<S: Store> Task<S> {
         view.writes_total = m.writes.get();
     }
 
-    async fn calls(&mut self) -> Result<(), WriteError> {
-        if !self.synced {
+    /// A call (or the watch) failed: counted, shown, logged, and the next round backed off.
+    fn failed(&mut self, e: &WriteError, now: Instant) {
+        self.metrics.whereabouts.failed(e.reason);
+        let since = *self.failing_since.get_or_insert_with(SystemTime::now);
+        {
+            let mut view = lock(&self.view);
+            view.failures_total += 1;
+            view.last_error = Some(format!("{}: {e}", <&str>::from(e.reason)));
+            view.failing_since = Some(humantime::format_rfc3339_millis(since).to_string());
+        }
+        self.next_round = now + self.retry_delay;
+        self.log_failure(e);
+        self.retry_delay = (self.retry_delay * 2).min(self.timing.max_retry);
+    }
+
+    /// The calls of a round; whether it listed.
+    async fn calls(&mut self) -> Result<bool, WriteError> {
+        let listed = !self.synced;
+        if listed {
             let held = self.store.sync().await?;
             info!(
                 "whereabouts reservations: {} of this node's found, watching them",
@@ -333,7 +350,7 @@ impl<S: Store> Task<S> {
                 return Err(e);
             }
         }
-        Ok(())
+        Ok(listed)
     }
 
     async fn call(&mut self, op: &Op) -> Result<(), WriteError> {

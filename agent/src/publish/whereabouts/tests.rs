@@ -28,12 +28,16 @@ struct World {
     next_uid: u32,
     /// Calls refused while set.
     refusing: bool,
+    /// Each watch a list starts fails at once while set.
+    failing_watch: bool,
     calls: Vec<String>,
 }
 
 struct FakeStore {
     world: Arc<Mutex<World>>,
     events: mpsc::UnboundedReceiver<StoreEvent>,
+    /// The watch's end of `events`.
+    watch: mpsc::UnboundedSender<StoreEvent>,
 }
 
 fn refused() -> WriteError {
@@ -68,6 +72,9 @@ impl Store for FakeStore {
         world.calls.push("sync".into());
         if world.refusing {
             return Err(refused());
+        }
+        if world.failing_watch {
+            self.watch.send(StoreEvent::Lost(Some(refused()))).unwrap();
         }
         Ok(world
             .reservations
@@ -152,6 +159,7 @@ fn harness() -> Harness {
     let store = FakeStore {
         world: world.clone(),
         events: received,
+        watch: events.clone(),
     };
     let target = Target {
         node: "node-a".into(),
@@ -384,4 +392,32 @@ async fn a_previous_runs_reservations_are_kept_or_deleted_by_the_first_round() {
     .await;
     assert_eq!(h.reservation(addr(10)).unwrap().uid, "kept");
     assert_eq!(h.metrics.whereabouts.reservations.get(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_watch_that_keeps_failing_backs_off_and_is_counted() {
+    let mut h = harness();
+    // Every watch a list starts fails at once (RBAC without `watch`, say).
+    h.world.lock().unwrap().failing_watch = true;
+    h.feed.send(addr(10), listed("web-1"));
+    h.feed.launch();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let syncs = h
+        .world
+        .lock()
+        .unwrap()
+        .calls
+        .iter()
+        .filter(|c| *c == "sync")
+        .count();
+    // The first list, then lists after 0.5 + 1 + 2 s of backoff: not one every round.
+    assert!((2..=4).contains(&syncs), "{syncs} lists in 4 s");
+    assert!(h.feed.view().last_error.is_some());
+    let refused = h
+        .metrics
+        .whereabouts
+        .failures
+        .with_label_values(&["refused"])
+        .get();
+    assert_eq!(refused, syncs as u64);
 }
