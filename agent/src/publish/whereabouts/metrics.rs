@@ -7,7 +7,7 @@ use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts, Registry};
 use crate::{publish::FailureReason, series::registered};
 
 pub struct ProjectionMetrics {
-    /// Creations, adoptions and deletions of reservations the API server accepted.
+    /// Reservations made, labelled and deleted that the API server accepted.
     pub writes: IntCounter,
     pub failures: IntCounterVec,
     /// Reservations of ipq's that someone else (whereabouts' DEL, control loop or reconciler)
@@ -26,8 +26,8 @@ impl ProjectionMetrics {
             IntCounter::new(
                 "ipq_publish_whereabouts_writes_total",
                 "Writes of whereabouts OverlappingRangeIPReservations for this node's \
-                 quarantined or fenced addresses (create, adopt, delete) the API server \
-                 accepted.",
+                 addresses (ipq's own made or deleted, whereabouts' own of a live pod labelled) \
+                 the API server accepted.",
             )?,
         )?;
         let failures = registered(
@@ -60,8 +60,8 @@ impl ProjectionMetrics {
             registry,
             IntGauge::new(
                 "ipq_publish_whereabouts_reservations",
-                "whereabouts OverlappingRangeIPReservations ipq holds for this node's \
-                 quarantined or fenced addresses.",
+                "whereabouts OverlappingRangeIPReservations of ipq's own for this node's \
+                 addresses (quarantined, fenced, or freed by whereabouts under a live holder).",
             )?,
         )?;
         let foreign = registered(
