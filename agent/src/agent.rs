@@ -186,6 +186,19 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
     let metrics_addr = config.metrics_addr;
     let max_cooldown = config.max_cooldown;
     let publish = crate::publish::Settings::from_config(&config.kubernetes);
+    let whereabouts_wanted = config.kubernetes.whereabouts;
+    let whereabouts_target = publish
+        .as_ref()
+        .filter(|_| config.kubernetes.whereabouts)
+        .map(|settings| crate::publish::whereabouts::Target {
+            node: settings.node.clone(),
+            namespace: config
+                .kubernetes
+                .whereabouts_namespace
+                .clone()
+                .unwrap_or_else(|| crate::publish::whereabouts::DEFAULT_NAMESPACE.to_owned()),
+            network_name: config.kubernetes.whereabouts_network_name.clone(),
+        });
     let ipam_bins = Arc::new(crate::ipam::trust::TrustedBins::new(
         config.ipam_cni_bin_dirs.clone(),
     ));
@@ -299,8 +312,24 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
                     |path| format!("kubeconfig {}", path.display())
                 )
             );
+            if let Some(target) = whereabouts_target {
+                info!(
+                    "projecting it into whereabouts' reservations in namespace {} (network \
+                     name {:?})",
+                    target.namespace, target.network_name
+                );
+                tracker.start_projecting(crate::publish::whereabouts::start(
+                    target,
+                    settings.kubeconfig.clone(),
+                    metrics.clone(),
+                ));
+            }
             tracker.start_publishing(crate::publish::start(settings, metrics.clone()));
         }
+        None if whereabouts_wanted => warn!(
+            "kubernetes.whereabouts is set but there is no Kubernetes node name (NODE_NAME): \
+             no NodeQuarantine is published, and no address is kept from whereabouts"
+        ),
         None => info!("no Kubernetes node name (NODE_NAME): no NodeQuarantine is published"),
     }
     let releaser_settings = crate::ipam::releaser::Settings {

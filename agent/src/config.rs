@@ -106,6 +106,13 @@ pub struct KubernetesConfig {
     /// A kubeconfig file to reach the API server with; `None`: the pod's service account
     /// (in-cluster).
     pub kubeconfig: Option<PathBuf>,
+    /// Project each listed address into whereabouts' OverlappingRangeIPReservations
+    /// (`crate::publish::whereabouts`); off by default.
+    pub whereabouts: bool,
+    /// whereabouts' namespace; `None`: `kube-system`, where its manifests install it.
+    pub whereabouts_namespace: Option<String>,
+    /// The whereabouts IPAM config's `network_name` (empty: the unnamed network).
+    pub whereabouts_network_name: String,
 }
 
 /// Upper bound of `hygiene.announce_per_second`.

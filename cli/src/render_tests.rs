@@ -218,6 +218,7 @@ fn status_shows_readiness_counts_and_hooks() {
         datapath_writes_pending: 0,
         pending_writes: Vec::new(),
         publish: None,
+        whereabouts: None,
     };
     assert_eq!(
         render::status(&status, now()),
@@ -339,6 +340,30 @@ Recovered:       from the journal, 3 addresses
             "NodeQuarantine:  node-a (failing), written 2026-11-22T10:00:58Z (2s ago), 2 \
              entries; 7 writes, 3 failed; FAILING since 2026-11-22T10:00:59Z (1s ago): \
              connecting to the API server: connection refused\n"
+        ),
+        "{text}"
+    );
+    let mut projecting = publishing.clone();
+    projecting.whereabouts = Some(ipq_api::model::WhereaboutsView {
+        namespace: "kube-system".into(),
+        network_name: String::new(),
+        reservations: 2,
+        foreign: 1,
+        writes_total: 9,
+        recreated_total: 3,
+        failures_total: 1,
+        last_error: Some(
+            "refused: creating OverlappingRangeIPReservation 10.0.0.5: forbidden".into(),
+        ),
+        failing_since: Some("2026-11-22T10:00:59Z".into()),
+    });
+    let text = render::status(&projecting, now());
+    assert!(
+        text.contains(
+            "whereabouts:     reservations in kube-system: 2 of ipq's, 1 held by other pods; 9 \
+             writes (3 made again after whereabouts deleted them), 1 failed; FAILING since \
+             2026-11-22T10:00:59Z (1s ago): refused: creating OverlappingRangeIPReservation \
+             10.0.0.5: forbidden\n"
         ),
         "{text}"
     );

@@ -27,6 +27,8 @@ mod prometheus;
 mod publish;
 #[path = "cluster/publish_refused.rs"]
 mod publish_refused;
+#[path = "cluster/whereabouts.rs"]
+mod whereabouts;
 use ipq_tests::cluster::{
     deploy::{self, ipq},
     host::NODE_IP,
@@ -97,6 +99,45 @@ fn ipq_deployed_from_the_manifests_fences_a_rollouts_old_pod() -> anyhow::Result
     )?;
     phase("NodeQuarantine entry gone once the quarantine ends", || {
         publish::entry_goes_when_the_quarantine_ends(&mut cluster, &rollout)
+    })?;
+    Ok(())
+}
+
+/// whereabouts as the cluster IPAM (its CRDs, its plugin in the node's conflist with ipq-cni
+/// chained, its control loop): a force-deleted pod's address is handed out at once without
+/// ipq's projection, and kept until ipq's quarantine of it ends with it.
+#[test]
+fn ipq_keeps_whereabouts_from_handing_out_a_quarantined_address() -> anyhow::Result<()> {
+    let mut cluster = phase("cluster start", Cluster::start)?;
+    phase("install whereabouts", || {
+        ipq_tests::cluster::whereabouts::install(&mut cluster)
+    })?;
+    phase("install ipq", || {
+        deploy::install_ipq(&mut cluster)?;
+        let conflist = cluster
+            .host
+            .read("/etc/cni/net.d/05-whereabouts.conflist")?;
+        let conflist: Value = serde_json::from_str(&conflist)?;
+        let types: Vec<&str> = conflist["plugins"]
+            .as_array()
+            .context("plugins")?
+            .iter()
+            .filter_map(|p| p["type"].as_str())
+            .collect();
+        ensure!(
+            types == ["bridge", "ipq-cni"],
+            "whereabouts' conflist after ipq's install step: {types:?}"
+        );
+        Ok(())
+    })?;
+    phase("whereabouts without ipq's projection", || {
+        whereabouts::without_the_projection_the_address_is_handed_out_at_once(&mut cluster)
+    })?;
+    phase("kubernetes.whereabouts = true", || {
+        whereabouts::enable_the_projection(&mut cluster)
+    })?;
+    phase("whereabouts with ipq's projection", || {
+        whereabouts::with_the_projection_the_address_waits_for_the_quarantine(&mut cluster)
     })?;
     Ok(())
 }

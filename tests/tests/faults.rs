@@ -50,6 +50,10 @@ mod datapath;
 #[path = "faults/publish.rs"]
 mod publish;
 
+// publish: the whereabouts projection's API server unreachable (#30)
+#[path = "faults/whereabouts.rs"]
+mod whereabouts;
+
 // hygiene: conntrack and neighbour clean-up under fault
 #[path = "faults/hygiene.rs"]
 mod hygiene;

@@ -1,10 +1,12 @@
 //! The cluster tier's Go components, built from source into `target/cluster/bin/`.
 //!
-//! Two Go modules committed under `xtask/cluster/` pin them, each with its `go.sum`:
+//! Three Go modules committed under `xtask/cluster/` pin them, each with its `go.sum`:
 //! `kubernetes/` (kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kubectl, and
-//! the etcd server Kubernetes itself is tested with) and `containerd/` (containerd 2.x, its runc
-//! shim, ctr). Two modules, not one: containerd's dependency graph (its own `k8s.io/cri-api`,
-//! gRPC, OpenTelemetry) would otherwise move Kubernetes' under minimal version selection.
+//! the etcd server Kubernetes itself is tested with), `containerd/` (containerd 2.x, its runc
+//! shim, ctr) and `whereabouts/` (the whereabouts IPAM plugin and its `ip-control-loop`, the
+//! cluster IPAM ipq's projection is tested against). Separate modules: containerd's dependency
+//! graph (its own `k8s.io/cri-api`, gRPC, OpenTelemetry) and whereabouts' (client-go 0.31)
+//! would otherwise move Kubernetes' under minimal version selection.
 //!
 //! A binary is rebuilt only when it is missing or does not report the pinned version, so a
 //! second run builds nothing. Builds run one at a time (kube-apiserver needs about 4 GB to link)
@@ -23,10 +25,39 @@ use crate::util::{self, cmd};
 
 /// Where the binaries go, below the workspace root; `tests/src/cluster` looks there.
 pub const BIN_DIR: &str = "target/cluster/bin";
+/// Where the CRDs the tier installs for whereabouts go, copied from the pinned modules.
+pub const CRD_DIR: &str = "target/cluster/crds";
+
+/// The CRDs whereabouts needs: its own (doc/crds of its module) and the
+/// NetworkAttachmentDefinition its control loop watches (the client module's artifacts): the
+/// module, the file in it, and the name it is copied to.
+const CRDS: &[(&str, &str, &str)] = &[
+    (
+        "github.com/k8snetworkplumbingwg/whereabouts",
+        "doc/crds/whereabouts.cni.cncf.io_ippools.yaml",
+        "whereabouts.cni.cncf.io_ippools.yaml",
+    ),
+    (
+        "github.com/k8snetworkplumbingwg/whereabouts",
+        "doc/crds/whereabouts.cni.cncf.io_overlappingrangeipreservations.yaml",
+        "whereabouts.cni.cncf.io_overlappingrangeipreservations.yaml",
+    ),
+    (
+        "github.com/k8snetworkplumbingwg/whereabouts",
+        "doc/crds/whereabouts.cni.cncf.io_nodeslicepools.yaml",
+        "whereabouts.cni.cncf.io_nodeslicepools.yaml",
+    ),
+    (
+        "github.com/k8snetworkplumbingwg/network-attachment-definition-client",
+        "artifacts/networks-crd.yaml",
+        "k8s.cni.cncf.io_network-attachment-definitions.yaml",
+    ),
+];
 
 /// The two modules, below the workspace root.
 const KUBERNETES_MODULE: &str = "xtask/cluster/kubernetes";
 const CONTAINERD_MODULE: &str = "xtask/cluster/containerd";
+const WHEREABOUTS_MODULE: &str = "xtask/cluster/whereabouts";
 
 /// One binary: its Go package, the module that pins it, and how it reports its version.
 struct Component {
@@ -35,6 +66,8 @@ struct Component {
     /// The module path whose pinned version is this binary's version.
     versioned_by: &'static str,
     package: &'static str,
+    /// The arguments that make it print its version; empty: it has none (whereabouts'
+    /// control loop), and the module versions Go embeds in every binary are read instead.
     version_args: &'static [&'static str],
 }
 
@@ -57,6 +90,21 @@ const COMPONENTS: &[Component] = &[
     containerd("containerd", &["--version"]),
     containerd("containerd-shim-runc-v2", &["-v"]),
     containerd("ctr", &["--version"]),
+    Component {
+        binary: "whereabouts",
+        module: WHEREABOUTS_MODULE,
+        versioned_by: "github.com/k8snetworkplumbingwg/whereabouts",
+        // The CNI plugin is the module's `cmd` package itself.
+        package: "github.com/k8snetworkplumbingwg/whereabouts/cmd",
+        version_args: &[],
+    },
+    Component {
+        binary: "ip-control-loop",
+        module: WHEREABOUTS_MODULE,
+        versioned_by: "github.com/k8snetworkplumbingwg/whereabouts",
+        package: "github.com/k8snetworkplumbingwg/whereabouts/cmd/controlloop",
+        version_args: &[],
+    },
 ];
 
 const fn kubernetes(binary: &'static str) -> Component {
@@ -115,6 +163,12 @@ impl Component {
                 let package = "github.com/containerd/containerd/v2/version";
                 flags.push(format!("-X {package}.Version={version}"));
             }
+            "github.com/k8snetworkplumbingwg/whereabouts" => {
+                // Where its Makefile's hack/build-go.sh puts it (the plugin's `about` string).
+                let package = "github.com/k8snetworkplumbingwg/whereabouts/pkg/version";
+                flags.push(format!("-X {package}.Version={version}"));
+                flags.push(format!("-X {package}.ReleaseStatus=released"));
+            }
             // etcd's version is a constant of its source, right as it is.
             _ => {}
         }
@@ -129,6 +183,34 @@ impl Component {
             _ => version.to_string(),
         }
     }
+}
+
+/// Copies [`CRDS`] from the module cache (`go mod download`, checked against the committed
+/// go.sum) into [`CRD_DIR`].
+fn copy_crds(go: &Path, root: &Path) -> Result<()> {
+    let out_dir = root.join(CRD_DIR);
+    fs::create_dir_all(&out_dir).with_context(|| format!("cannot create {}", out_dir.display()))?;
+    for (module, file, name) in CRDS {
+        let mut download = cmd(go, ["mod", "download", "-json", module]);
+        download
+            .current_dir(root.join(WHEREABOUTS_MODULE))
+            .env("GOFLAGS", "-mod=readonly")
+            .env("GOTOOLCHAIN", "local");
+        let out = util::probe(&mut download)?;
+        let info: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .with_context(|| format!("`go mod download -json {module}` printed no JSON"))?;
+        let dir = info["Dir"].as_str().with_context(|| {
+            format!(
+                "`go mod download -json {module}` gave no directory: {}",
+                info["Error"]
+            )
+        })?;
+        let from = Path::new(dir).join(file);
+        fs::copy(&from, out_dir.join(name))
+            .with_context(|| format!("copying {}", from.display()))?;
+    }
+    println!("setup: whereabouts' CRDs copied into {CRD_DIR}");
+    Ok(())
 }
 
 /// `v1.35.4` -> ("1", "35").
@@ -172,9 +254,22 @@ fn go_binary() -> Result<PathBuf> {
         )
 }
 
-/// Whether `binary` is there and reports `expected`.
-fn is_current(binary: &Path, args: &[&str], expected: &str) -> bool {
-    util::probe(&mut cmd(binary, args)).is_ok_and(|out| {
+/// Whether `binary` is there and reports `expected`: by its version flag, or, for one without
+/// (`args` empty), by the module versions Go embeds (`go version -m`: `dep <path> <version>`).
+fn is_current(component: &Component, binary: &Path, expected: &str) -> bool {
+    if component.version_args.is_empty() {
+        let Ok(go) = go_binary() else { return false };
+        let mut probe = cmd(&go, ["version", "-m"]);
+        probe.arg(binary);
+        return util::probe(&mut probe).is_ok_and(|out| {
+            out.status.success()
+                && String::from_utf8_lossy(&out.stdout).lines().any(|line| {
+                    let words: Vec<&str> = line.split_whitespace().collect();
+                    words.get(1) == Some(&component.versioned_by) && words.get(2) == Some(&expected)
+                })
+        });
+    }
+    util::probe(&mut cmd(binary, component.version_args)).is_ok_and(|out| {
         out.status.success() && String::from_utf8_lossy(&out.stdout).contains(expected)
     })
 }
@@ -189,16 +284,23 @@ pub fn ensure() -> Result<Outcome> {
         let version = pinned_version(&module, component.versioned_by)?;
         let binary = bin_dir.join(component.binary);
         let expected = component.expected_version(&version);
-        if !is_current(&binary, component.version_args, &expected) {
+        if !is_current(component, &binary, &expected) {
             stale.push((component, module, version, binary, expected));
         }
     }
-    if stale.is_empty() {
+    let crds_present = CRDS
+        .iter()
+        .all(|(_, _, name)| root.join(CRD_DIR).join(name).is_file());
+    if stale.is_empty() && crds_present {
         return Ok(Outcome::Present);
     }
     let go = go_binary()?;
+    if !crds_present {
+        copy_crds(&go, &root)?;
+    }
     fs::create_dir_all(&bin_dir).with_context(|| format!("cannot create {}", bin_dir.display()))?;
     let all = Instant::now();
+    let built = stale.len();
     for (component, module, version, binary, expected) in stale {
         let started = Instant::now();
         let mut build = cmd(&go, ["build", "-trimpath"]);
@@ -222,12 +324,15 @@ pub fn ensure() -> Result<Outcome> {
                 util::free_space_of(&root.join("target"))
             )
         })?;
-        if !is_current(&binary, component.version_args, &expected) {
+        if !is_current(component, &binary, &expected) {
             bail!(
-                "built {} but `{} {}` does not report {expected}",
+                "built {} but `{}` does not report {expected}",
                 binary.display(),
-                component.binary,
-                component.version_args.join(" ")
+                if component.version_args.is_empty() {
+                    format!("go version -m {}", component.binary)
+                } else {
+                    format!("{} {}", component.binary, component.version_args.join(" "))
+                }
             );
         }
         println!(
@@ -236,10 +341,9 @@ pub fn ensure() -> Result<Outcome> {
             started.elapsed()
         );
     }
-    println!(
-        "setup: kubernetes components built in {:.0?}",
-        all.elapsed()
-    );
+    if built > 0 {
+        println!("setup: cluster components built in {:.0?}", all.elapsed());
+    }
     Ok(Outcome::Installed)
 }
 

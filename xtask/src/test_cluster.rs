@@ -56,7 +56,7 @@ pub fn tier() -> Result<Totals> {
         "--",
         // The tier prints each phase's duration.
         "--nocapture",
-        // One control plane at a time: two on 2 cores make every bound of the tier a race.
+        // One cluster at a time: each is a control plane and a node on the machine's 2 cores.
         "--test-threads=1",
     ]);
     test.env("RUST_BACKTRACE", "1");

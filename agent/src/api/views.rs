@@ -241,6 +241,7 @@ pub struct StatusFacts {
     /// The first of them, in address order.
     pub pending_writes: Vec<PendingWriteView>,
     pub publish: Option<super::model::PublishView>,
+    pub whereabouts: Option<super::model::WhereaboutsView>,
 }
 
 /// The agent's status: readiness, policy, registry counts (O(1): the registry keeps them) and
@@ -282,6 +283,7 @@ pub fn status_view<C: Clock>(
         datapath_writes_pending: facts.writes_pending,
         pending_writes: facts.pending_writes,
         publish: facts.publish,
+        whereabouts: facts.whereabouts,
     }
 }
 

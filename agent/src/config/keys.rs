@@ -386,6 +386,45 @@ pub const KEYS: &[Key] = &[
         },
     },
     Key {
+        name: "kubernetes.whereabouts",
+        flag: "kubernetes-whereabouts",
+        alias: None,
+        help: "true | false: keep whereabouts from handing out a quarantined address (an \
+               OverlappingRangeIPReservation per listed address; needs the NodeQuarantine)",
+        kind: Kind::Boolean,
+        set: |c, p, k, v| {
+            c.kubernetes.whereabouts = p.boolean(k, v)?;
+            Ok(())
+        },
+    },
+    Key {
+        name: "kubernetes.whereabouts_namespace",
+        flag: "kubernetes-whereabouts-namespace",
+        alias: None,
+        help: "The namespace whereabouts keeps its reservations in (default: kube-system)",
+        kind: Kind::Text,
+        set: |c, p, k, v| {
+            let namespace = p.string(k, v)?;
+            if namespace.is_empty() {
+                return Err(p.invalid(k, v, "must not be empty"));
+            }
+            c.kubernetes.whereabouts_namespace = Some(namespace.to_owned());
+            Ok(())
+        },
+    },
+    Key {
+        name: "kubernetes.whereabouts_network_name",
+        flag: "kubernetes-whereabouts-network-name",
+        alias: None,
+        help: "The network_name of the whereabouts IPAM config (default: empty, the unnamed \
+               network), which whereabouts prefixes its reservations' names with",
+        kind: Kind::Text,
+        set: |c, p, k, v| {
+            c.kubernetes.whereabouts_network_name = p.string(k, v)?.to_owned();
+            Ok(())
+        },
+    },
+    Key {
         name: "tc_attach",
         flag: "tc-attach",
         alias: None,

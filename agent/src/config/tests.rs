@@ -360,3 +360,27 @@ fn the_kubernetes_table_names_the_node_and_the_kubeconfig() {
     // Nothing configured: no publisher unless NODE_NAME is set.
     assert_eq!(Config::default().kubernetes, Default::default());
 }
+
+#[test]
+fn the_whereabouts_projection_is_off_unless_asked_for() {
+    assert!(!Config::default().kubernetes.whereabouts);
+    let config = Config::from_toml(
+        "[kubernetes]\nwhereabouts = true\nwhereabouts_namespace = \"wb\"\n\
+         whereabouts_network_name = \"net-a\"\n",
+        "test",
+    )
+    .unwrap();
+    assert!(config.kubernetes.whereabouts);
+    assert_eq!(
+        config.kubernetes.whereabouts_namespace.as_deref(),
+        Some("wb")
+    );
+    assert_eq!(config.kubernetes.whereabouts_network_name, "net-a");
+    let e = err("[kubernetes]\nwhereabouts = \"yes\"");
+    assert!(e.contains("`kubernetes.whereabouts`"), "{e}");
+    let e = err("[kubernetes]\nwhereabouts_namespace = \"\"");
+    assert!(
+        e.contains("`kubernetes.whereabouts_namespace`") && e.contains("empty"),
+        "{e}"
+    );
+}

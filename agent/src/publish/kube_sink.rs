@@ -3,7 +3,10 @@
 //! by its Node so that it is collected with it), then each status by server-side apply on the
 //! status subresource.
 
-use std::{path::PathBuf, time::Duration};
+use std::{
+    path::{Path, PathBuf},
+    time::Duration,
+};
 
 use kube::{
     api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams},
@@ -24,7 +27,7 @@ pub const FIELD_MANAGER: &str = "ipq-agent";
 /// Short: a node's agent must not sit on a dead API server while changes pile up (they are
 /// carried by the retry anyway).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+pub(super) const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The API server as the publisher's sink.
 pub struct KubeSink {
@@ -52,30 +55,7 @@ impl KubeSink {
         if let Some(client) = &self.client {
             return Ok(client.clone());
         }
-        let config_error = |message: String| WriteError {
-            reason: FailureReason::Config,
-            message,
-        };
-        let mut config = match &self.kubeconfig {
-            Some(path) => {
-                let file = Kubeconfig::read_from(path)
-                    .map_err(|e| config_error(format!("kubeconfig {}: {e}", path.display())))?;
-                Config::from_custom_kubeconfig(file, &KubeConfigOptions::default())
-                    .await
-                    .map_err(|e| config_error(format!("kubeconfig {}: {e}", path.display())))?
-            }
-            None => Config::incluster().map_err(|e| {
-                config_error(format!(
-                    "no in-cluster service account ({e}); set kubernetes.kubeconfig or run \
-                     in the DaemonSet"
-                ))
-            })?,
-        };
-        config.connect_timeout = Some(CONNECT_TIMEOUT);
-        config.read_timeout = Some(REQUEST_TIMEOUT);
-        config.write_timeout = Some(REQUEST_TIMEOUT);
-        let client = Client::try_from(config)
-            .map_err(|e| config_error(format!("making the API client: {e}")))?;
+        let client = client_for(self.kubeconfig.as_deref(), REQUEST_TIMEOUT).await?;
         self.client = Some(client.clone());
         Ok(client)
     }
@@ -133,6 +113,37 @@ impl KubeSink {
     }
 }
 
+/// A client for the API server of `kubeconfig`, or of the pod's service account, that waits
+/// `read_timeout` at most for an answer (a watch's client waits longer than its watch lasts).
+pub(super) async fn client_for(
+    kubeconfig: Option<&Path>,
+    read_timeout: Duration,
+) -> Result<Client, WriteError> {
+    let config_error = |message: String| WriteError {
+        reason: FailureReason::Config,
+        message,
+    };
+    let mut config = match kubeconfig {
+        Some(path) => {
+            let file = Kubeconfig::read_from(path)
+                .map_err(|e| config_error(format!("kubeconfig {}: {e}", path.display())))?;
+            Config::from_custom_kubeconfig(file, &KubeConfigOptions::default())
+                .await
+                .map_err(|e| config_error(format!("kubeconfig {}: {e}", path.display())))?
+        }
+        None => Config::incluster().map_err(|e| {
+            config_error(format!(
+                "no in-cluster service account ({e}); set kubernetes.kubeconfig or run in the \
+                 DaemonSet"
+            ))
+        })?,
+    };
+    config.connect_timeout = Some(CONNECT_TIMEOUT);
+    config.read_timeout = Some(read_timeout);
+    config.write_timeout = Some(REQUEST_TIMEOUT);
+    Client::try_from(config).map_err(|e| config_error(format!("making the API client: {e}")))
+}
+
 fn apply_params() -> PatchParams {
     // Forced: this node's agent is the object's one writer; a field another manager took
     // (an operator's kubectl edit) is taken back.
@@ -141,7 +152,7 @@ fn apply_params() -> PatchParams {
 
 /// A client error as a failure: an answer from the API server is `refused`, anything else
 /// (connect, TLS, timeout) `unreachable`.
-fn failure(what: &str, e: kube::Error) -> WriteError {
+pub(super) fn failure(what: &str, e: kube::Error) -> WriteError {
     let reason = match &e {
         kube::Error::Api(_) => FailureReason::Refused,
         _ => FailureReason::Unreachable,
@@ -152,7 +163,7 @@ fn failure(what: &str, e: kube::Error) -> WriteError {
     }
 }
 
-fn not_found(e: &kube::Error) -> bool {
+pub(super) fn not_found(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(status) if status.code == 404)
 }
 

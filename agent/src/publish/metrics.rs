@@ -100,9 +100,10 @@ impl PublishMetrics {
             registry,
             IntCounter::new(
                 "ipq_publish_feed_full_total",
-                "Times the agent's loop found the NodeQuarantine writer too far behind to take \
-                 more changes (a write hanging on a slow API server); the changes were kept, \
-                 coalesced per address, and handed over on a later pass.",
+                "Times the agent's loop found the NodeQuarantine writer (or the whereabouts \
+                 projection, where enabled) too far behind to take more changes (a write \
+                 hanging on a slow API server); the changes were kept, coalesced per address, \
+                 and handed over on a later pass.",
             )?,
         )?;
         Ok(Self {

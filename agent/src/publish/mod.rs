@@ -21,6 +21,7 @@
 mod entry;
 mod kube_sink;
 mod metrics;
+pub mod whereabouts;
 pub mod writer;
 
 use std::{

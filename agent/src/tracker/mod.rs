@@ -114,6 +114,8 @@ pub struct Tracker {
     ipam_urgent: Option<tokio::sync::mpsc::Sender<crate::ipam::releaser::Urgent>>,
     /// The NodeQuarantine publisher's end, when the agent publishes (`publish`).
     publish: Option<crate::publish::Feed>,
+    /// The whereabouts projection's end, when enabled (`publish`).
+    whereabouts: Option<crate::publish::whereabouts::Feed>,
     /// How often the O(interfaces) protection gauges were recomputed; for tests.
     #[cfg(test)]
     protection_observed: std::cell::Cell<u64>,
@@ -160,6 +162,7 @@ impl Tracker {
             ipam_records,
             ipam_urgent: None,
             publish: None,
+            whereabouts: None,
             #[cfg(test)]
             protection_observed: std::cell::Cell::new(0),
         }

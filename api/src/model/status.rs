@@ -62,6 +62,32 @@ pub struct Status {
     /// publishes nothing (no Kubernetes node name) and from agents before it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub publish: Option<PublishView>,
+    /// The projection of the quarantine into whereabouts' reservations and how writing them
+    /// goes; absent unless `kubernetes.whereabouts` is on, and from agents before it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub whereabouts: Option<WhereaboutsView>,
+}
+
+/// How the projection into whereabouts' OverlappingRangeIPReservations (docs/kubernetes.md)
+/// stands.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WhereaboutsView {
+    /// whereabouts' namespace, and the network name its reservations' names carry.
+    pub namespace: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub network_name: String,
+    /// Reservations of ipq's own; listed addresses another pod's reservation holds.
+    pub reservations: u64,
+    pub foreign: u64,
+    pub writes_total: u64,
+    /// Reservations whereabouts deleted while still needed, made again.
+    pub recreated_total: u64,
+    pub failures_total: u64,
+    /// While failing: why the last attempt failed, and since when.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failing_since: Option<String>,
 }
 
 /// How the agent's NodeQuarantine object (docs/kubernetes.md) stands.

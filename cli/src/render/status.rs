@@ -4,7 +4,7 @@
 use std::time::SystemTime;
 
 use ipq_api::{
-    model::{PublishView, Status},
+    model::{PublishView, Status, WhereaboutsView},
     RecoveredFrom,
 };
 
@@ -66,6 +66,9 @@ pub fn status(status: &Status, now: SystemTime) -> String {
     ];
     if let Some(publish) = &status.publish {
         pairs.push(("NodeQuarantine".to_owned(), published(publish, now)));
+    }
+    if let Some(whereabouts) = &status.whereabouts {
+        pairs.push(("whereabouts".to_owned(), projected(whereabouts, now)));
     }
     if !status.unannounced.is_empty() {
         pairs.push(("Unannounced".to_owned(), status.unannounced.clone()));
@@ -162,6 +165,28 @@ fn verification(status: &Status, now: SystemTime) -> String {
             v.found.join("; ")
         )
     }
+}
+
+/// The projection into whereabouts' reservations: what ipq holds, and why writing fails.
+fn projected(w: &WhereaboutsView, now: SystemTime) -> String {
+    let mut text = format!("reservations in {}", w.namespace);
+    if !w.network_name.is_empty() {
+        text.push_str(&format!(" (network {})", w.network_name));
+    }
+    text.push_str(&format!(
+        ": {} of ipq's, {} held by other pods; {} writes ({} made again after whereabouts \
+         deleted them), {} failed",
+        w.reservations, w.foreign, w.writes_total, w.recreated_total, w.failures_total
+    ));
+    if let Some(error) = &w.last_error {
+        let since = w
+            .failing_since
+            .as_deref()
+            .map(|at| format!(" since {}", absolute_and_relative(at, now)))
+            .unwrap_or_default();
+        text.push_str(&format!("; FAILING{since}: {error}"));
+    }
+    text
 }
 
 /// The node's NodeQuarantine object: how writing it goes, what it lists, and why it fails.

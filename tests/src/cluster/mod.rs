@@ -14,6 +14,7 @@ pub mod kubectl;
 pub mod node;
 pub mod peer;
 pub mod pki;
+pub mod whereabouts;
 pub mod workloads;
 
 use std::time::{Duration, Instant};
@@ -63,6 +64,11 @@ impl Cluster {
     pub fn kubectl(&self) -> Kubectl<'_> {
         Kubectl::new(&self.host, self.control_plane.admin_kubeconfig.clone())
             .expect("kubectl was there when the cluster started")
+    }
+
+    /// The cluster admin's kubeconfig.
+    pub fn admin_kubeconfig(&self) -> &std::path::Path {
+        &self.control_plane.admin_kubeconfig
     }
 
     /// Fails naming the first component that has exited.

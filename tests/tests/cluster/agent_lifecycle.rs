@@ -19,7 +19,7 @@ use super::{address_view, fenced_drops, metric, Rollout, OLD};
 
 /// `kubectl -n ipq-system rollout restart daemonset/ipq-agent`, waited for with `kubectl
 /// rollout status`; the agent pod that replaced `previous`.
-fn restart_agent(cluster: &mut Cluster, previous: &str) -> anyhow::Result<Value> {
+pub fn restart_agent(cluster: &mut Cluster, previous: &str) -> anyhow::Result<Value> {
     let kubectl = cluster.kubectl();
     kubectl.run(&["-n", NAMESPACE, "rollout", "restart", "daemonset/ipq-agent"])?;
     kubectl.run(&[

@@ -19,7 +19,7 @@ const SETTLE: Duration = Duration::from_secs(10);
 const NODE: &str = "lab-node";
 
 /// A kubeconfig naming an API server on a port nobody listens on (bound, then closed).
-fn kubeconfig_to_a_closed_port(lab: &Lab) -> anyhow::Result<PathBuf> {
+pub fn kubeconfig_to_a_closed_port(lab: &Lab) -> anyhow::Result<PathBuf> {
     let port = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port();
@@ -37,7 +37,7 @@ fn kubeconfig_to_a_closed_port(lab: &Lab) -> anyhow::Result<PathBuf> {
 }
 
 /// What pod a gets through with `addr`: (to the peer, from the node through vethpa).
-fn pod_a_traffic(lab: &Lab, addr: IpAddr, peer: IpAddr) -> (usize, usize) {
+pub fn pod_a_traffic(lab: &Lab, addr: IpAddr, peer: IpAddr) -> (usize, usize) {
     let out = udp_burst_with(
         &lab.pod_a,
         UdpSender {

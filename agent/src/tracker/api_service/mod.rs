@@ -62,6 +62,7 @@ pub struct ApiService<'a> {
     started: Option<&'a StartedView>,
     bpf_watcher: &'a Result<Arc<crate::datapath::bpf_watch::Pokes>, String>,
     publish: Option<&'a crate::publish::Feed>,
+    whereabouts: Option<&'a crate::publish::whereabouts::Feed>,
 }
 
 impl Tracker {
@@ -82,6 +83,7 @@ impl Tracker {
             started: self.started.as_ref(),
             bpf_watcher: &self.bpf_watcher,
             publish: self.publish.as_ref(),
+            whereabouts: self.whereabouts.as_ref(),
         }
     }
 }
@@ -179,6 +181,9 @@ impl ApiService<'_> {
                 writes_pending: self.writes.len() as u64,
                 pending_writes: self.writes.views(PENDING_WRITES_SHOWN),
                 publish: self.publish.map(crate::publish::Feed::view),
+                whereabouts: self
+                    .whereabouts
+                    .map(crate::publish::whereabouts::Feed::view),
             };
         status_view(facts, self.registry, interfaces)
     }

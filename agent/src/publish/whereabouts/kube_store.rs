@@ -1,0 +1,436 @@
+//! whereabouts' OverlappingRangeIPReservations in the API server: ipq's own made and deleted
+//! (only by uid), whereabouts' own of a live pod labelled (a merge patch of metadata, refused
+//! if the object changed since it was read), all of them listed and watched by the label naming
+//! this node, and the node's NodeQuarantine read once for the owner reference that has ipq's
+//! own collected with it.
+
+use std::{net::IpAddr, path::PathBuf, time::Duration};
+
+use futures::StreamExt as _;
+use kube::{
+    api::{
+        ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
+        PostParams, Preconditions, WatchEvent, WatchParams,
+    },
+    Api, Client,
+};
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+
+use super::{
+    super::kube_sink::{self, client_for, failure, not_found, REQUEST_TIMEOUT},
+    projection::reservation_name,
+    Hold, Reserved, Store, StoreEvent, Target,
+};
+use crate::publish::{FailureReason, WriteError};
+
+pub const GROUP: &str = "whereabouts.cni.cncf.io";
+pub const VERSION: &str = "v1alpha1";
+pub const KIND: &str = "OverlappingRangeIPReservation";
+pub const PLURAL: &str = "overlappingrangeipreservations";
+/// The label that says which node's agent holds a reservation.
+pub const NODE_LABEL: &str = "ipq.dev/node";
+/// The annotation that carries the address (the name is whereabouts' normalized form).
+pub const ADDRESS_ANNOTATION: &str = "ipq.dev/address";
+/// The annotation naming the holder the address is kept from the next pod for.
+pub const HOLDER_ANNOTATION: &str = "ipq.dev/holder";
+
+/// How long a watch lasts before the API server ends it (and it is started again); its
+/// client waits a little longer for a word, so that a dead connection is noticed.
+const WATCH_SECONDS: u32 = 290;
+const WATCH_READ_TIMEOUT: Duration = Duration::from_secs(WATCH_SECONDS as u64 + 40);
+
+/// The podRef of ipq's reservations: not a pod that can exist (`:` is in no namespace's
+/// name), so whereabouts never takes it for the pod asking for the address.
+pub fn quarantine_pod_ref(node: &str) -> String {
+    format!("ipq.dev:quarantine/{node}")
+}
+
+/// [`NODE_LABEL`]'s value: the node's name, or, over a label value's 63 characters, a digest.
+pub fn node_label_value(node: &str) -> String {
+    if node.len() <= 63 {
+        return node.to_owned();
+    }
+    // FNV-1a: stable across runs and builds, which std's hasher is not.
+    let digest = node.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
+    });
+    format!("node-{digest:016x}")
+}
+
+pub struct KubeStore {
+    target: Target,
+    kubeconfig: Option<PathBuf>,
+    client: Option<Client>,
+    /// The NodeQuarantine's uid, for the owner reference.
+    owner_uid: Option<String>,
+    events_tx: mpsc::UnboundedSender<StoreEvent>,
+    events: mpsc::UnboundedReceiver<StoreEvent>,
+    watch: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl KubeStore {
+    pub fn new(target: Target, kubeconfig: Option<PathBuf>) -> Self {
+        let (events_tx, events) = mpsc::unbounded_channel();
+        Self {
+            target,
+            kubeconfig,
+            client: None,
+            owner_uid: None,
+            events_tx,
+            events,
+            watch: None,
+        }
+    }
+
+    async fn client(&mut self) -> Result<Client, WriteError> {
+        if let Some(client) = &self.client {
+            return Ok(client.clone());
+        }
+        let client = client_for(self.kubeconfig.as_deref(), REQUEST_TIMEOUT).await?;
+        self.client = Some(client.clone());
+        Ok(client)
+    }
+
+    fn reservations(&self, client: Client) -> Api<DynamicObject> {
+        let gvk = GroupVersionKind::gvk(GROUP, VERSION, KIND);
+        Api::namespaced_with(
+            client,
+            &self.target.namespace,
+            &ApiResource::from_gvk_with_plural(&gvk, PLURAL),
+        )
+    }
+
+    fn selector(&self) -> String {
+        format!("{NODE_LABEL}={}", node_label_value(&self.target.node))
+    }
+
+    fn name(&self, addr: IpAddr) -> String {
+        reservation_name(addr, &self.target.network_name)
+    }
+
+    async fn owner_uid(&mut self, client: &Client) -> Result<String, WriteError> {
+        if let Some(uid) = &self.owner_uid {
+            return Ok(uid.clone());
+        }
+        let gvk = GroupVersionKind::gvk(kube_sink::GROUP, kube_sink::VERSION, kube_sink::KIND);
+        let objects: Api<DynamicObject> = Api::all_with(
+            client.clone(),
+            &ApiResource::from_gvk_with_plural(&gvk, kube_sink::PLURAL),
+        );
+        let node = &self.target.node;
+        let object = objects.get(node).await.map_err(|e| {
+            failure(
+                &format!("getting NodeQuarantine {node} (the reservations' owner)"),
+                e,
+            )
+        })?;
+        let uid = object.metadata.uid.ok_or_else(|| WriteError {
+            reason: FailureReason::Refused,
+            message: format!("NodeQuarantine {node} has no uid"),
+        })?;
+        self.owner_uid = Some(uid.clone());
+        Ok(uid)
+    }
+
+    /// The reservation ipq makes for `addr`.
+    fn body(&self, addr: IpAddr, holder_pod_ref: Option<&str>, owner_uid: &str) -> Value {
+        let node = &self.target.node;
+        json!({
+            "apiVersion": format!("{GROUP}/{VERSION}"),
+            "kind": KIND,
+            "metadata": {
+                "name": self.name(addr),
+                "namespace": self.target.namespace,
+                "labels": {
+                    "app.kubernetes.io/managed-by": "ipq",
+                    NODE_LABEL: node_label_value(node),
+                },
+                "annotations": {
+                    ADDRESS_ANNOTATION: addr.to_string(),
+                    HOLDER_ANNOTATION: holder_pod_ref.unwrap_or_default(),
+                },
+                "ownerReferences": [{
+                    "apiVersion": format!("{}/{}", kube_sink::GROUP, kube_sink::VERSION),
+                    "kind": kube_sink::KIND,
+                    "name": node,
+                    "uid": owner_uid,
+                }],
+            },
+            "spec": {
+                "podref": quarantine_pod_ref(node),
+                "ifname": "ipq-quarantine",
+            },
+        })
+    }
+
+    /// How ipq holds `object`: `None` when this node's agent does not watch it.
+    fn hold_of(&self, object: &DynamicObject) -> Option<Hold> {
+        let watched = object
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|labels| labels.get(NODE_LABEL))
+            .is_some_and(|value| *value == node_label_value(&self.target.node));
+        let own = object.data["spec"]["podref"].as_str()
+            == Some(quarantine_pod_ref(&self.target.node).as_str());
+        watched.then(|| Hold {
+            uid: object.metadata.uid.clone().unwrap_or_default(),
+            own,
+        })
+    }
+
+    /// `addr`'s reservation, if there is one.
+    async fn get(
+        &self,
+        api: &Api<DynamicObject>,
+        name: &str,
+    ) -> Result<Option<DynamicObject>, WriteError> {
+        api.get_opt(name)
+            .await
+            .map_err(|e| failure(&format!("getting {KIND} {name}"), e))
+    }
+
+    /// Labels `existing` (whereabouts' reservation for `pod_ref`) so that this node's watch
+    /// sees it; what that makes of it.
+    async fn label(
+        &self,
+        api: &Api<DynamicObject>,
+        addr: IpAddr,
+        existing: &DynamicObject,
+        pod_ref: Option<&str>,
+    ) -> Result<Reserved, WriteError> {
+        if let Some(hold) = self.hold_of(existing) {
+            return Ok(Reserved::AlreadyHeld(hold));
+        }
+        let its_pod_ref = existing.data["spec"]["podref"].as_str();
+        if pod_ref.is_none() || its_pod_ref != pod_ref {
+            // Another pod's (or another node's agent's): not ipq's to touch.
+            return Ok(Reserved::NotHeld);
+        }
+        let name = self.name(addr);
+        let patch = json!({
+            "metadata": {
+                // A precondition: refused (409) if whereabouts changed or re-made it since.
+                "resourceVersion": existing.metadata.resource_version,
+                "labels": {NODE_LABEL: node_label_value(&self.target.node)},
+                "annotations": {ADDRESS_ANNOTATION: addr.to_string()},
+            }
+        });
+        match api
+            .patch(&name, &PatchParams::default(), &Patch::Merge(patch))
+            .await
+        {
+            Ok(labelled) => Ok(Reserved::Labelled(
+                labelled.metadata.uid.unwrap_or_default(),
+            )),
+            Err(e) => Err(failure(&format!("labelling {KIND} {name}"), e)),
+        }
+    }
+
+    fn start_watch(&mut self, client: Client, resource_version: String) {
+        if let Some(old) = self.watch.take() {
+            old.abort();
+        }
+        let api = self.reservations(client);
+        let selector = self.selector();
+        let events = self.events_tx.clone();
+        self.watch = Some(tokio::spawn(watch_ours(
+            api,
+            selector,
+            resource_version,
+            events,
+        )));
+    }
+}
+
+impl Drop for KubeStore {
+    fn drop(&mut self) {
+        if let Some(watch) = self.watch.take() {
+            watch.abort();
+        }
+    }
+}
+
+/// Reports each deletion of a reservation ipq watches; `Lost` when the watch cannot go on
+/// (the store then lists again; with the error when it failed rather than expired).
+async fn watch_ours(
+    api: Api<DynamicObject>,
+    selector: String,
+    mut resource_version: String,
+    events: mpsc::UnboundedSender<StoreEvent>,
+) {
+    let params = WatchParams::default()
+        .labels(&selector)
+        .timeout(WATCH_SECONDS);
+    loop {
+        let stream = match api.watch(&params, &resource_version).await {
+            Ok(stream) => stream,
+            Err(e) => {
+                let _ = events.send(StoreEvent::Lost(Some(failure(
+                    &format!("watching ipq's {KIND}s"),
+                    e,
+                ))));
+                return;
+            }
+        };
+        let mut stream = std::pin::pin!(stream);
+        while let Some(event) = stream.next().await {
+            match event {
+                Ok(WatchEvent::Deleted(object)) => {
+                    if let Some(version) = object.metadata.resource_version {
+                        resource_version = version;
+                    }
+                    if let Some(uid) = object.metadata.uid {
+                        let _ = events.send(StoreEvent::Deleted(uid));
+                    }
+                }
+                Ok(WatchEvent::Added(object) | WatchEvent::Modified(object)) => {
+                    if let Some(version) = object.metadata.resource_version {
+                        resource_version = version;
+                    }
+                }
+                Ok(WatchEvent::Bookmark(bookmark)) => {
+                    resource_version = bookmark.metadata.resource_version;
+                }
+                // Expired: a fresh list tells what was missed.
+                Ok(WatchEvent::Error(status)) if status.code == 410 => {
+                    let _ = events.send(StoreEvent::Lost(None));
+                    return;
+                }
+                Ok(WatchEvent::Error(status)) => {
+                    let _ = events.send(StoreEvent::Lost(Some(WriteError {
+                        reason: FailureReason::Refused,
+                        message: format!("watching ipq's {KIND}s: {}", status.message),
+                    })));
+                    return;
+                }
+                Err(e) => {
+                    let _ = events.send(StoreEvent::Lost(Some(failure(
+                        &format!("watching ipq's {KIND}s"),
+                        e,
+                    ))));
+                    return;
+                }
+            }
+        }
+    }
+}
+
+impl Store for KubeStore {
+    async fn sync(&mut self) -> Result<Vec<(IpAddr, Hold)>, WriteError> {
+        let client = self.client().await?;
+        self.owner_uid(&client).await?;
+        let api = self.reservations(client);
+        let listed = api
+            .list(&ListParams::default().labels(&self.selector()))
+            .await
+            .map_err(|e| failure(&format!("listing ipq's {KIND}s"), e))?;
+        let held = listed
+            .items
+            .iter()
+            .filter_map(|object| {
+                let addr = object
+                    .metadata
+                    .annotations
+                    .as_ref()?
+                    .get(ADDRESS_ANNOTATION)?
+                    .parse()
+                    .ok()?;
+                Some((addr, self.hold_of(object)?))
+            })
+            .collect();
+        let version = listed.metadata.resource_version.unwrap_or_default();
+        // A client of its own: a watch is quiet for minutes, longer than a request may be.
+        let watch_client = client_for(self.kubeconfig.as_deref(), WATCH_READ_TIMEOUT).await?;
+        self.start_watch(watch_client, version);
+        Ok(held)
+    }
+
+    async fn reserve(
+        &mut self,
+        addr: IpAddr,
+        pod_ref: Option<&str>,
+    ) -> Result<Reserved, WriteError> {
+        let client = self.client().await?;
+        let owner_uid = self.owner_uid(&client).await?;
+        let api = self.reservations(client);
+        let name = self.name(addr);
+        let body = self.body(addr, pod_ref, &owner_uid);
+        let object: DynamicObject = serde_json::from_value(body).map_err(|e| WriteError {
+            reason: FailureReason::Refused,
+            message: format!("{KIND} {name}: {e}"),
+        })?;
+        match api.create(&PostParams::default(), &object).await {
+            Ok(made) => Ok(Reserved::Made(made.metadata.uid.unwrap_or_default())),
+            Err(kube::Error::Api(status)) if status.code == 409 => {
+                match self.get(&api, &name).await? {
+                    Some(existing) => self.label(&api, addr, &existing, pod_ref).await,
+                    // Deleted since: made on the next round.
+                    None => Err(WriteError {
+                        reason: FailureReason::Refused,
+                        message: format!("{KIND} {name} went while it was being made"),
+                    }),
+                }
+            }
+            Err(e) => Err(failure(&format!("creating {KIND} {name}"), e)),
+        }
+    }
+
+    async fn watch(&mut self, addr: IpAddr, pod_ref: &str) -> Result<Reserved, WriteError> {
+        let client = self.client().await?;
+        let api = self.reservations(client);
+        let name = self.name(addr);
+        match self.get(&api, &name).await? {
+            Some(existing) => self.label(&api, addr, &existing, Some(pod_ref)).await,
+            None => Ok(Reserved::NotHeld),
+        }
+    }
+
+    async fn delete(&mut self, addr: IpAddr, uid: &str) -> Result<(), WriteError> {
+        let client = self.client().await?;
+        let api = self.reservations(client);
+        let name = self.name(addr);
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: Some(uid.to_owned()),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        match api.delete(&name, &params).await {
+            Ok(_) => Ok(()),
+            // Gone already, or no longer the one ipq made (a uid precondition that fails is a
+            // 409): either way not ipq's to delete.
+            Err(e) if not_found(&e) => Ok(()),
+            Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
+            Err(e) => Err(failure(&format!("deleting {KIND} {name}"), e)),
+        }
+    }
+
+    async fn event(&mut self) -> StoreEvent {
+        // The store keeps a sender: this never ends.
+        self.events.recv().await.unwrap_or(StoreEvent::Lost(None))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_long_node_name_is_labelled_by_a_stable_digest() {
+        assert_eq!(node_label_value("ipq-node"), "ipq-node");
+        let long = "n".repeat(100);
+        let label = node_label_value(&long);
+        assert!(label.len() <= 63 && label.starts_with("node-"), "{label}");
+        assert_eq!(label, node_label_value(&long));
+    }
+
+    #[test]
+    fn the_pod_ref_names_no_pod_that_can_exist() {
+        let pod_ref = quarantine_pod_ref("ipq-node");
+        let (namespace, name) = pod_ref.split_once('/').unwrap();
+        assert!(namespace.contains(':') && name == "ipq-node");
+    }
+}

@@ -1,0 +1,468 @@
+//! What the projection wants and what it holds, without I/O: the addresses the NodeQuarantine
+//! lists (each wants a reservation of ipq's), the reservations ipq holds (by uid), and the
+//! addresses to look at again. The task turns [`Projection::take_ops`] into API calls and
+//! reports their outcome back; a test drives it directly.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+};
+
+use super::super::PublishedEntry;
+use crate::registry::{AddrRecord, AddrStatus, Holder};
+
+/// whereabouts' name for `addr`'s OverlappingRangeIPReservation: `NormalizeIP` of its
+/// pkg/storage/kubernetes/ipam.go (v0.9): the address as Go prints it, `:` made `-` (an IPv6
+/// address ending in `::` gets a `0` first), prefixed with `<network_name>-` on a named network.
+pub fn reservation_name(addr: IpAddr, network_name: &str) -> String {
+    let mut text = match addr {
+        // Go prints an IPv4-mapped IPv6 address as the IPv4 address.
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => v4.to_string(),
+            None => v6.to_string(),
+        },
+        IpAddr::V4(v4) => v4.to_string(),
+    };
+    if text.ends_with(':') {
+        text.push('0');
+    }
+    let normalized = text.replace(':', "-");
+    if network_name.is_empty() {
+        normalized
+    } else {
+        format!("{network_name}-{normalized}")
+    }
+}
+
+/// The `namespace/name` of `holder`'s pod, as whereabouts writes a `podRef`; `None` when the
+/// CNI did not say.
+pub fn pod_ref(holder: &Holder) -> Option<String> {
+    holder
+        .pod()
+        .map(|pod| format!("{}/{}", pod.namespace, pod.name))
+}
+
+/// What the projection wants for one address the registry holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Want {
+    /// The NodeQuarantine lists it: a reservation must keep it from the next pod.
+    pub listed: bool,
+    /// The pod of its live holder (Active or Draining), else of the holder that went: the
+    /// podRef of the reservation whereabouts made for it.
+    pub pod_ref: Option<String>,
+}
+
+impl Want {
+    /// What `record` asks for; `None` when nothing: no listed entry, and no pod whose
+    /// reservation could be freed under a live holder.
+    pub fn of(record: &AddrRecord) -> Option<Self> {
+        let listed = PublishedEntry::of(record).is_some();
+        let holder = match &record.status {
+            AddrStatus::Active { holder, .. } | AddrStatus::Draining { holder, .. } => holder,
+            AddrStatus::Quarantined { previous, .. } => previous,
+        };
+        let pod_ref = pod_ref(holder);
+        (listed || pod_ref.is_some()).then_some(Self { listed, pod_ref })
+    }
+}
+
+/// One API call the task is to make.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// Make sure a reservation ipq watches keeps `addr`: ipq's own, or the one whereabouts made
+    /// for `pod_ref` (labelled, so that its deletion is seen).
+    Reserve {
+        addr: IpAddr,
+        pod_ref: Option<String>,
+    },
+    /// Label the reservation whereabouts made for `pod_ref`, the live holder, if there is one:
+    /// whereabouts may free it (a force delete) while the holder still runs.
+    Watch { addr: IpAddr, pod_ref: String },
+    /// Delete ipq's own reservation of `addr`, only if it is still the one of `uid`.
+    Delete { addr: IpAddr, uid: String },
+}
+
+impl Op {
+    pub fn addr(&self) -> IpAddr {
+        match self {
+            Op::Reserve { addr, .. } | Op::Watch { addr, .. } | Op::Delete { addr, .. } => *addr,
+        }
+    }
+}
+
+/// A reservation ipq watches.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Hold {
+    pub uid: String,
+    /// ipq's own (made by ipq, deleted by ipq); else whereabouts' own, only labelled.
+    pub own: bool,
+}
+
+#[derive(Default)]
+pub struct Projection {
+    wanted: BTreeMap<IpAddr, Want>,
+    held: BTreeMap<IpAddr, Hold>,
+    /// Live-held addresses whose reservation whereabouts deleted: ipq's own keeps them now.
+    needs_own: BTreeSet<IpAddr>,
+    /// Live-held addresses with no reservation of their pod's to watch (not whereabouts'):
+    /// left alone until their holder changes.
+    unmanaged: BTreeSet<IpAddr>,
+    /// Addresses that need a reservation and whose reservation names another pod.
+    foreign: BTreeSet<IpAddr>,
+    /// Addresses whose reservation may not be what is wanted.
+    dirty: BTreeSet<IpAddr>,
+}
+
+impl Projection {
+    /// `addr` as the registry now has it (`None`: nothing wanted).
+    pub fn want(&mut self, addr: IpAddr, want: Option<Want>) {
+        let old = self.wanted.get(&addr);
+        if old == want.as_ref() {
+            return;
+        }
+        let holder_changed = old.map(|w| &w.pod_ref) != want.as_ref().map(|w| &w.pod_ref);
+        if holder_changed {
+            self.needs_own.remove(&addr);
+            self.unmanaged.remove(&addr);
+        }
+        match want {
+            Some(want) => self.wanted.insert(addr, want),
+            None => {
+                self.foreign.remove(&addr);
+                self.wanted.remove(&addr)
+            }
+        };
+        self.dirty.insert(addr);
+    }
+
+    fn needs_reservation(&self, addr: IpAddr, want: &Want) -> bool {
+        want.listed || self.needs_own.contains(&addr)
+    }
+
+    /// The calls that bring every dirty address to what is wanted; they are no longer dirty.
+    pub fn take_ops(&mut self) -> Vec<Op> {
+        let dirty = std::mem::take(&mut self.dirty);
+        let mut ops = Vec::new();
+        for addr in dirty {
+            let want = self.wanted.get(&addr);
+            let hold = self.held.get(&addr);
+            match (want, hold) {
+                (Some(want), None) if self.needs_reservation(addr, want) => {
+                    ops.push(Op::Reserve {
+                        addr,
+                        pod_ref: want.pod_ref.clone(),
+                    });
+                }
+                (
+                    Some(Want {
+                        pod_ref: Some(pod_ref),
+                        ..
+                    }),
+                    None,
+                ) if !self.unmanaged.contains(&addr) => ops.push(Op::Watch {
+                    addr,
+                    pod_ref: pod_ref.clone(),
+                }),
+                (Some(want), Some(hold)) if hold.own && !self.needs_reservation(addr, want) => {
+                    ops.push(Op::Delete {
+                        addr,
+                        uid: hold.uid.clone(),
+                    });
+                }
+                (None, Some(hold)) if hold.own => ops.push(Op::Delete {
+                    addr,
+                    uid: hold.uid.clone(),
+                }),
+                // whereabouts' own, no longer of interest: forgotten, left as it is.
+                (None, Some(_)) => {
+                    self.held.remove(&addr);
+                }
+                _ => {}
+            }
+        }
+        ops
+    }
+
+    /// Whether anything waits for a call.
+    pub fn has_work(&self) -> bool {
+        !self.dirty.is_empty()
+    }
+
+    /// ipq watches `addr`'s reservation now (made, labelled, or found at a relist).
+    pub fn held(&mut self, addr: IpAddr, hold: Hold) {
+        self.foreign.remove(&addr);
+        self.held.insert(addr, hold);
+        // Changed meanwhile: looked at again.
+        self.dirty.insert(addr);
+    }
+
+    /// `addr`'s reservation names another pod (or, for a live-held address, there is none of
+    /// its pod's): left alone; one that needs a reservation is looked at again by
+    /// [`Projection::recheck_foreign`].
+    pub fn not_held(&mut self, addr: IpAddr) {
+        match self.wanted.get(&addr) {
+            Some(want) if self.needs_reservation(addr, want) => {
+                self.foreign.insert(addr);
+            }
+            Some(_) => {
+                self.unmanaged.insert(addr);
+            }
+            None => {}
+        }
+    }
+
+    /// ipq's reservation of `addr` is gone (deleted by ipq, or found not to be ipq's).
+    pub fn released(&mut self, addr: IpAddr) {
+        self.held.remove(&addr);
+        if self.wanted.contains_key(&addr) {
+            self.dirty.insert(addr);
+        }
+    }
+
+    /// A call for `addr` failed: it is tried again.
+    pub fn failed(&mut self, addr: IpAddr) {
+        self.dirty.insert(addr);
+    }
+
+    /// Someone deleted the reservation of `uid` ipq watched. The address it kept, when that is
+    /// still wanted (ipq's own then keeps it).
+    pub fn deleted(&mut self, uid: &str) -> Option<IpAddr> {
+        let addr = self
+            .held
+            .iter()
+            .find_map(|(addr, hold)| (hold.uid == uid).then_some(*addr))?;
+        self.held.remove(&addr);
+        self.wanted.contains_key(&addr).then(|| {
+            self.needs_own.insert(addr);
+            self.dirty.insert(addr);
+            addr
+        })
+    }
+
+    /// What a fresh list of the reservations ipq watches found: it replaces what was held, and
+    /// every address, wanted or held, is looked at again.
+    pub fn relisted(&mut self, listed: impl IntoIterator<Item = (IpAddr, Hold)>) {
+        self.held = listed.into_iter().collect();
+        self.foreign.clear();
+        self.unmanaged.clear();
+        self.dirty.extend(self.wanted.keys().copied());
+        self.dirty.extend(self.held.keys().copied());
+    }
+
+    /// The addresses held by another pod are looked at again (it may have gone).
+    pub fn recheck_foreign(&mut self) {
+        self.dirty.extend(std::mem::take(&mut self.foreign));
+    }
+
+    /// ipq's own reservations.
+    pub fn own_count(&self) -> usize {
+        self.held.values().filter(|hold| hold.own).count()
+    }
+
+    pub fn foreign_count(&self) -> usize {
+        self.foreign.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn listed(pod: &str) -> Option<Want> {
+        Some(Want {
+            listed: true,
+            pod_ref: Some(format!("default/{pod}")),
+        })
+    }
+
+    fn live(pod: &str) -> Option<Want> {
+        Some(Want {
+            listed: false,
+            pod_ref: Some(format!("default/{pod}")),
+        })
+    }
+
+    fn own(uid: &str) -> Hold {
+        Hold {
+            uid: uid.into(),
+            own: true,
+        }
+    }
+
+    fn labelled(uid: &str) -> Hold {
+        Hold {
+            uid: uid.into(),
+            own: false,
+        }
+    }
+
+    fn addr(text: &str) -> IpAddr {
+        text.parse().unwrap()
+    }
+
+    #[test]
+    fn names_are_whereabouts_normalized_ips() {
+        assert_eq!(reservation_name(addr("10.88.0.10"), ""), "10.88.0.10");
+        assert_eq!(
+            reservation_name(addr("10.88.0.10"), "wb-net"),
+            "wb-net-10.88.0.10"
+        );
+        assert_eq!(reservation_name(addr("fd00:10::5"), ""), "fd00-10--5");
+        // Go's `net.IP.String()` ends such an address in `::`; whereabouts adds a 0.
+        assert_eq!(reservation_name(addr("fd00:10::"), ""), "fd00-10--0");
+        assert_eq!(reservation_name(addr("::ffff:10.0.0.1"), ""), "10.0.0.1");
+    }
+
+    #[test]
+    fn a_quarantine_is_reserved_and_released_when_it_ends() {
+        let mut p = Projection::default();
+        let a = addr("10.88.0.10");
+        p.want(a, listed("web-1"));
+        assert_eq!(
+            p.take_ops(),
+            [Op::Reserve {
+                addr: a,
+                pod_ref: Some("default/web-1".into())
+            }]
+        );
+        p.held(a, own("uid-1"));
+        assert!(p.take_ops().is_empty(), "held: nothing to do");
+        p.want(a, listed("web-1"));
+        assert!(!p.has_work(), "the same want is no new call");
+        p.want(a, None);
+        assert_eq!(
+            p.take_ops(),
+            [Op::Delete {
+                addr: a,
+                uid: "uid-1".into()
+            }]
+        );
+        p.released(a);
+        assert!(p.take_ops().is_empty());
+        assert_eq!(p.own_count(), 0);
+    }
+
+    #[test]
+    fn a_live_holders_reservation_is_watched_and_replaced_when_whereabouts_frees_it() {
+        let mut p = Projection::default();
+        let a = addr("10.88.0.10");
+        p.want(a, live("web-1"));
+        assert_eq!(
+            p.take_ops(),
+            [Op::Watch {
+                addr: a,
+                pod_ref: "default/web-1".into()
+            }]
+        );
+        p.held(a, labelled("wb-uid"));
+        assert!(p.take_ops().is_empty());
+        // The Pod's DELETE: whereabouts' control loop frees the address while the holder runs.
+        assert_eq!(p.deleted("wb-uid"), Some(a));
+        assert_eq!(
+            p.take_ops(),
+            [Op::Reserve {
+                addr: a,
+                pod_ref: Some("default/web-1".into())
+            }]
+        );
+        p.held(a, own("uid-1"));
+        // The holder goes: the quarantine keeps ipq's reservation; when it ends, it goes.
+        p.want(a, listed("web-1"));
+        assert!(p.take_ops().is_empty());
+        p.want(a, None);
+        assert!(matches!(&p.take_ops()[..], [Op::Delete { uid, .. }] if uid == "uid-1"));
+    }
+
+    #[test]
+    fn an_address_not_whereabouts_manages_costs_one_look_per_holder() {
+        let mut p = Projection::default();
+        let a = addr("10.88.0.10");
+        p.want(a, live("web-1"));
+        assert_eq!(p.take_ops().len(), 1);
+        p.not_held(a);
+        p.recheck_foreign();
+        assert!(p.take_ops().is_empty(), "not looked at again");
+        p.want(a, live("web-2"));
+        assert_eq!(p.take_ops().len(), 1, "a new holder is looked at");
+        // Unwanted while labelled: forgotten, never deleted (it is whereabouts').
+        p.held(a, labelled("wb"));
+        p.take_ops();
+        p.want(a, None);
+        assert!(p.take_ops().is_empty());
+    }
+
+    #[test]
+    fn a_reservation_deleted_by_someone_else_is_made_again_while_wanted_only() {
+        let mut p = Projection::default();
+        let (a, b) = (addr("10.88.0.10"), addr("10.88.0.11"));
+        p.want(a, listed("web-1"));
+        p.want(b, listed("web-2"));
+        p.take_ops();
+        p.held(a, own("uid-a"));
+        p.held(b, own("uid-b"));
+        p.take_ops();
+        assert_eq!(p.deleted("uid-a"), Some(a));
+        assert!(matches!(&p.take_ops()[..], [Op::Reserve { addr, .. }] if *addr == a));
+        // Unwanted, then deleted by whereabouts before ipq's delete: nothing to make.
+        p.want(b, None);
+        assert_eq!(p.deleted("uid-b"), None);
+        assert!(p.take_ops().is_empty());
+        assert_eq!(p.deleted("unknown"), None);
+    }
+
+    #[test]
+    fn another_pods_reservation_is_left_alone_until_rechecked() {
+        let mut p = Projection::default();
+        let a = addr("10.88.0.10");
+        p.want(a, listed("web-1"));
+        p.take_ops();
+        p.not_held(a);
+        assert_eq!(p.foreign_count(), 1);
+        assert!(!p.has_work());
+        p.recheck_foreign();
+        assert!(matches!(&p.take_ops()[..], [Op::Reserve { .. }]));
+        // Unwanted while held by another: forgotten, no delete (it is not ipq's).
+        p.not_held(a);
+        p.want(a, None);
+        assert_eq!(p.foreign_count(), 0);
+        assert!(p.take_ops().is_empty());
+    }
+
+    #[test]
+    fn a_reservation_made_after_its_address_was_unwanted_goes_again() {
+        let mut p = Projection::default();
+        let a = addr("10.88.0.10");
+        p.want(a, listed("web-1"));
+        p.take_ops();
+        p.want(a, None);
+        p.held(a, own("uid-1"));
+        assert_eq!(
+            p.take_ops(),
+            [Op::Delete {
+                addr: a,
+                uid: "uid-1".into()
+            }]
+        );
+    }
+
+    #[test]
+    fn a_relist_takes_over_what_a_previous_run_left() {
+        let mut p = Projection::default();
+        let (kept, stale, theirs) = (addr("10.88.0.10"), addr("10.88.0.12"), addr("10.88.0.13"));
+        p.want(kept, listed("web-1"));
+        p.relisted([
+            (kept, own("uid-k")),
+            (stale, own("uid-s")),
+            (theirs, labelled("uid-t")),
+        ]);
+        assert_eq!(
+            p.take_ops(),
+            [Op::Delete {
+                addr: stale,
+                uid: "uid-s".into()
+            }],
+            "a stale own one goes; whereabouts' labelled one is only forgotten"
+        );
+        assert_eq!(p.own_count(), 2);
+    }
+}

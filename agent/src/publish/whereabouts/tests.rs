@@ -1,0 +1,423 @@
+//! The projection's task against a store double: what it writes, what it makes again, what it
+//! never touches, and that a refusing API server is retried with backoff and counted.
+
+use std::{
+    collections::BTreeMap,
+    net::IpAddr,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use tokio::sync::mpsc;
+
+use super::*;
+use crate::publish::FailureReason;
+
+/// One reservation in the double: whether ipq watches it (labelled or its own), its podRef
+/// and its uid.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Reservation {
+    watched: bool,
+    pod_ref: String,
+    uid: String,
+}
+
+#[derive(Default)]
+struct World {
+    reservations: BTreeMap<IpAddr, Reservation>,
+    next_uid: u32,
+    /// Calls refused while set.
+    refusing: bool,
+    /// Each watch a list starts fails at once while set.
+    failing_watch: bool,
+    calls: Vec<String>,
+}
+
+struct FakeStore {
+    world: Arc<Mutex<World>>,
+    events: mpsc::UnboundedReceiver<StoreEvent>,
+    /// The watch's end of `events`.
+    watch: mpsc::UnboundedSender<StoreEvent>,
+}
+
+fn refused() -> WriteError {
+    WriteError {
+        reason: FailureReason::Refused,
+        message: "forbidden".into(),
+    }
+}
+
+const OWN_POD_REF: &str = "ipq.dev:quarantine/node-a";
+
+impl FakeStore {
+    fn reserved(world: &mut World, addr: IpAddr, pod_ref: Option<&str>) -> Reserved {
+        match world.reservations.get_mut(&addr) {
+            None => Reserved::NotHeld,
+            Some(r) if r.watched => Reserved::AlreadyHeld(Hold {
+                uid: r.uid.clone(),
+                own: r.pod_ref == OWN_POD_REF,
+            }),
+            Some(r) if Some(r.pod_ref.as_str()) == pod_ref => {
+                r.watched = true;
+                Reserved::Labelled(r.uid.clone())
+            }
+            Some(_) => Reserved::NotHeld,
+        }
+    }
+}
+
+impl Store for FakeStore {
+    async fn sync(&mut self) -> Result<Vec<(IpAddr, Hold)>, WriteError> {
+        let mut world = self.world.lock().unwrap();
+        world.calls.push("sync".into());
+        if world.refusing {
+            return Err(refused());
+        }
+        if world.failing_watch {
+            self.watch.send(StoreEvent::Lost(Some(refused()))).unwrap();
+        }
+        Ok(world
+            .reservations
+            .iter()
+            .filter(|(_, r)| r.watched)
+            .map(|(addr, r)| {
+                let hold = Hold {
+                    uid: r.uid.clone(),
+                    own: r.pod_ref == OWN_POD_REF,
+                };
+                (*addr, hold)
+            })
+            .collect())
+    }
+
+    async fn reserve(
+        &mut self,
+        addr: IpAddr,
+        pod_ref: Option<&str>,
+    ) -> Result<Reserved, WriteError> {
+        let mut world = self.world.lock().unwrap();
+        world.calls.push(format!("reserve {addr}"));
+        if world.refusing {
+            return Err(refused());
+        }
+        if world.reservations.contains_key(&addr) {
+            return Ok(Self::reserved(&mut world, addr, pod_ref));
+        }
+        world.next_uid += 1;
+        let uid = format!("uid-{}", world.next_uid);
+        world.reservations.insert(
+            addr,
+            Reservation {
+                watched: true,
+                pod_ref: OWN_POD_REF.into(),
+                uid: uid.clone(),
+            },
+        );
+        Ok(Reserved::Made(uid))
+    }
+
+    async fn watch(&mut self, addr: IpAddr, pod_ref: &str) -> Result<Reserved, WriteError> {
+        let mut world = self.world.lock().unwrap();
+        world.calls.push(format!("watch {addr}"));
+        if world.refusing {
+            return Err(refused());
+        }
+        Ok(Self::reserved(&mut world, addr, Some(pod_ref)))
+    }
+
+    async fn delete(&mut self, addr: IpAddr, uid: &str) -> Result<(), WriteError> {
+        let mut world = self.world.lock().unwrap();
+        world.calls.push(format!("delete {addr}"));
+        if world.refusing {
+            return Err(refused());
+        }
+        if world.reservations.get(&addr).is_some_and(|r| r.uid == uid) {
+            world.reservations.remove(&addr);
+        }
+        Ok(())
+    }
+
+    async fn event(&mut self) -> StoreEvent {
+        match self.events.recv().await {
+            Some(event) => event,
+            None => std::future::pending().await,
+        }
+    }
+}
+
+struct Harness {
+    world: Arc<Mutex<World>>,
+    events: mpsc::UnboundedSender<StoreEvent>,
+    feed: Feed,
+    metrics: Arc<Metrics>,
+}
+
+fn harness() -> Harness {
+    let world = Arc::new(Mutex::new(World::default()));
+    let (events, received) = mpsc::unbounded_channel();
+    let metrics = Metrics::for_tests();
+    let store = FakeStore {
+        world: world.clone(),
+        events: received,
+        watch: events.clone(),
+    };
+    let target = Target {
+        node: "node-a".into(),
+        namespace: "kube-system".into(),
+        network_name: String::new(),
+    };
+    let feed = start_with(store, &target, Timing::default(), metrics.clone());
+    Harness {
+        world,
+        events,
+        feed,
+        metrics,
+    }
+}
+
+fn listed(pod: &str) -> Option<Want> {
+    Some(Want {
+        listed: true,
+        pod_ref: Some(format!("default/{pod}")),
+    })
+}
+
+fn live(pod: &str) -> Option<Want> {
+    Some(Want {
+        listed: false,
+        pod_ref: Some(format!("default/{pod}")),
+    })
+}
+
+/// whereabouts' own reservation of a pod's address.
+fn whereabouts_own(pod: &str, uid: &str) -> Reservation {
+    Reservation {
+        watched: false,
+        pod_ref: format!("default/{pod}"),
+        uid: uid.into(),
+    }
+}
+
+fn addr(last: u8) -> IpAddr {
+    IpAddr::from([10, 88, 0, last])
+}
+
+impl Harness {
+    fn reservation(&self, addr: IpAddr) -> Option<Reservation> {
+        self.world.lock().unwrap().reservations.get(&addr).cloned()
+    }
+
+    /// Lets the task run until `done` holds (paused time: the task's timers fire at once).
+    async fn until(&self, what: &str, done: impl Fn(&World) -> bool) {
+        for _ in 0..200 {
+            if done(&self.world.lock().unwrap()) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("{what}: calls {:?}", self.world.lock().unwrap().calls);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_quarantine_is_reserved_made_again_when_deleted_and_released_when_it_ends() {
+    let mut h = harness();
+    h.feed.send(addr(10), listed("web-1"));
+    h.feed.launch();
+    h.until("reserved", |w| w.reservations.contains_key(&addr(10)))
+        .await;
+    let made = h.reservation(addr(10)).unwrap();
+    assert_eq!(made.pod_ref, OWN_POD_REF);
+
+    // whereabouts deletes it (its control loop, DEL or reconciler) while it is still listed.
+    h.world.lock().unwrap().reservations.remove(&addr(10));
+    h.events
+        .send(StoreEvent::Deleted(made.uid.clone()))
+        .unwrap();
+    h.until("made again", |w| w.reservations.contains_key(&addr(10)))
+        .await;
+    assert_ne!(h.reservation(addr(10)).unwrap().uid, made.uid);
+    assert_eq!(h.metrics.whereabouts.recreated.get(), 1);
+
+    h.feed.send(addr(10), None);
+    h.until("released", |w| w.reservations.is_empty()).await;
+    assert_eq!(h.metrics.whereabouts.writes.get(), 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_force_deleted_pods_address_is_kept_when_whereabouts_frees_it_under_the_live_holder() {
+    let mut h = harness();
+    h.world
+        .lock()
+        .unwrap()
+        .reservations
+        .insert(addr(10), whereabouts_own("web-1", "wb-1"));
+    h.feed.send(addr(10), live("web-1"));
+    h.feed.launch();
+    h.until("whereabouts' own labelled", |w| {
+        w.reservations[&addr(10)].watched
+    })
+    .await;
+    assert_eq!(
+        h.reservation(addr(10)).unwrap().uid,
+        "wb-1",
+        "its own, only labelled"
+    );
+    // The Pod's DELETE: whereabouts' control loop frees the address; the holder still runs.
+    h.world.lock().unwrap().reservations.remove(&addr(10));
+    h.events.send(StoreEvent::Deleted("wb-1".into())).unwrap();
+    h.until("ipq's own made", |w| {
+        w.reservations
+            .get(&addr(10))
+            .is_some_and(|r| r.pod_ref == OWN_POD_REF)
+    })
+    .await;
+    // The holder dies, the quarantine runs and ends: ipq's goes.
+    h.feed.send(addr(10), listed("web-1"));
+    h.feed.send(addr(10), None);
+    h.until("released", |w| w.reservations.is_empty()).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn another_pods_reservation_is_never_touched() {
+    let mut h = harness();
+    let other = whereabouts_own("someone-else", "theirs");
+    h.world
+        .lock()
+        .unwrap()
+        .reservations
+        .insert(addr(10), other.clone());
+    h.feed.send(addr(10), listed("web-1"));
+    h.feed.launch();
+    h.until("looked at", |w| {
+        w.calls.iter().any(|c| c.starts_with("reserve"))
+    })
+    .await;
+    h.feed.send(addr(10), None);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(h.reservation(addr(10)), Some(other));
+    assert!(!h
+        .world
+        .lock()
+        .unwrap()
+        .calls
+        .iter()
+        .any(|c| c.starts_with("delete")));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_foreign_reservation_that_goes_is_replaced_by_ipqs() {
+    let mut h = harness();
+    h.world
+        .lock()
+        .unwrap()
+        .reservations
+        .insert(addr(10), whereabouts_own("someone-else", "theirs"));
+    h.feed.send(addr(10), listed("web-1"));
+    h.feed.launch();
+    h.until("seen as another pod's", |w| {
+        w.calls.iter().any(|c| c.starts_with("reserve"))
+    })
+    .await;
+    // whereabouts frees it: ipq's follows within the recheck.
+    h.world.lock().unwrap().reservations.remove(&addr(10));
+    h.until("ipq's made", |w| {
+        w.reservations
+            .get(&addr(10))
+            .is_some_and(|r| r.pod_ref == OWN_POD_REF)
+    })
+    .await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_refusing_api_server_is_retried_with_backoff_and_counted() {
+    let mut h = harness();
+    h.world.lock().unwrap().refusing = true;
+    h.feed.send(addr(10), listed("web-1"));
+    h.feed.launch();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let tries = h.world.lock().unwrap().calls.len();
+    // 0.5 + 1 + 2 s of backoff: at most 3 attempts in 3 s.
+    assert!((1..=3).contains(&tries), "{tries} attempts in 3 s");
+    let refused = h
+        .metrics
+        .whereabouts
+        .failures
+        .with_label_values(&["refused"])
+        .get();
+    assert_eq!(refused, tries as u64);
+    let view = h.feed.view();
+    assert_eq!(view.failures_total, tries as u64);
+    assert!(
+        view.last_error
+            .as_deref()
+            .is_some_and(|e| e.starts_with("refused: forbidden")),
+        "{view:?}"
+    );
+    h.world.lock().unwrap().refusing = false;
+    h.until("reserved once the API server accepts", |w| {
+        w.reservations.contains_key(&addr(10))
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let view = h.feed.view();
+    assert_eq!(
+        (view.reservations, view.last_error),
+        (1, None),
+        "ipq status after it"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_previous_runs_reservations_are_kept_or_deleted_by_the_first_round() {
+    let mut h = harness();
+    {
+        let mut world = h.world.lock().unwrap();
+        for (last, uid) in [(10, "kept"), (12, "stale")] {
+            world.reservations.insert(
+                addr(last),
+                Reservation {
+                    watched: true,
+                    pod_ref: OWN_POD_REF.into(),
+                    uid: uid.into(),
+                },
+            );
+        }
+    }
+    h.feed.send(addr(10), listed("web-1"));
+    h.feed.launch();
+    h.until("the stale one deleted", |w| {
+        !w.reservations.contains_key(&addr(12))
+    })
+    .await;
+    assert_eq!(h.reservation(addr(10)).unwrap().uid, "kept");
+    assert_eq!(h.metrics.whereabouts.reservations.get(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_watch_that_keeps_failing_backs_off_and_is_counted() {
+    let mut h = harness();
+    // Every watch a list starts fails at once (RBAC without `watch`, say).
+    h.world.lock().unwrap().failing_watch = true;
+    h.feed.send(addr(10), listed("web-1"));
+    h.feed.launch();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let syncs = h
+        .world
+        .lock()
+        .unwrap()
+        .calls
+        .iter()
+        .filter(|c| *c == "sync")
+        .count();
+    // The first list, then lists after 0.5 + 1 + 2 s of backoff: not one every round.
+    assert!((2..=4).contains(&syncs), "{syncs} lists in 4 s");
+    assert!(h.feed.view().last_error.is_some());
+    let refused = h
+        .metrics
+        .whereabouts
+        .failures
+        .with_label_values(&["refused"])
+        .get();
+    assert_eq!(refused, syncs as u64);
+}
