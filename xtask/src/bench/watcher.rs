@@ -21,7 +21,7 @@
 //! All of these twice: on a node of 20 veths and 20 addresses, and at scale, 1000 veths and
 //! 64k addresses (`_1000_veths`; `--quick`: 100 veths and 1000 addresses), where a pass over
 //! the links and the comparison of the maps have the most to do. The costs per call are taken
-//! on the small node only: the program's work does not depend on the node's size.
+//! on both: the program's work should not depend on the node's size, and the rows show it.
 //!
 //! Each repair is timed from the call's return, polling (≤ 0.2 ms between looks, except XDP).
 //! The undoings are [`APART`] apart: one tool's call at a time. (The agent serves a storm of
@@ -358,49 +358,31 @@ pub fn run(opts: &BenchOptions) -> Result<Vec<Row>> {
         "bench watcher: {} veths, {} addresses",
         small.veths, small.addresses
     );
-    let figures = measure(opts, small, true)?;
-    let mut rows = vec![
-        row(
-            "watcher_syscall_ns_off",
-            None,
-            "ns",
-            &figures.syscall_off,
-            None,
-        ),
-        row(
-            "watcher_syscall_ns_on",
-            None,
-            "ns",
-            &figures.syscall_on,
-            None,
-        ),
-        row(
-            "watcher_map_update_ns_off",
-            None,
-            "ns",
-            &figures.update_off,
-            None,
-        ),
-        row(
-            "watcher_map_update_ns_on",
-            None,
-            "ns",
-            &figures.update_on,
-            None,
-        ),
-    ];
+    let figures = measure(opts, small)?;
+    let mut rows = cost_rows(&figures, "");
     rows.extend(repair_rows(&figures, "", Some(small.addresses)));
     eprintln!(
         "bench watcher: {} veths, {} addresses",
         large.veths, large.addresses
     );
-    let figures = measure(opts, large, false)?;
-    rows.extend(repair_rows(
-        &figures,
-        &format!("_{}_veths", large.veths),
-        Some(large.addresses),
-    ));
+    let figures = measure(opts, large)?;
+    let suffix = format!("_{}_veths", large.veths);
+    rows.extend(cost_rows(&figures, &suffix));
+    rows.extend(repair_rows(&figures, &suffix, Some(large.addresses)));
     Ok(rows)
+}
+
+/// What the watcher costs every other process of the node, per call: its work should not
+/// depend on the node's size, and is measured on both nodes to show it.
+fn cost_rows(figures: &Figures, suffix: &str) -> Vec<Row> {
+    let cost =
+        |name: &str, values: &[f64]| row(&format!("{name}{suffix}"), None, "ns", values, None);
+    vec![
+        cost("watcher_syscall_ns_off", &figures.syscall_off),
+        cost("watcher_syscall_ns_on", &figures.syscall_on),
+        cost("watcher_map_update_ns_off", &figures.update_off),
+        cost("watcher_map_update_ns_on", &figures.update_on),
+    ]
 }
 
 fn repair_rows(figures: &Figures, suffix: &str, size: Option<u32>) -> Vec<Row> {
@@ -469,9 +451,9 @@ fn wait_entries(node: &Node, want: u32) -> Result<()> {
     }
 }
 
-/// One node of `scale`, its agent verifying every 60 s: the costs per call (when `costs`), then
+/// One node of `scale`, its agent verifying every 60 s: the costs per call, then
 /// `opts.trials` trials of undoings, each timed until the agent has repaired it.
-fn measure(opts: &BenchOptions, scale: Scale, costs_too: bool) -> Result<Figures> {
+fn measure(opts: &BenchOptions, scale: Scale) -> Result<Figures> {
     let capacity = (scale.addresses + 16_384).to_string();
     let args = [
         "--workload",
@@ -503,12 +485,10 @@ fn measure(opts: &BenchOptions, scale: Scale, costs_too: bool) -> Result<Figures
     node.ip_batch(&batch)?;
     let map = own_map()?;
     let mut figures = Figures::default();
-    if costs_too {
-        for _ in 0..opts.trials {
-            let (syscall, update) = costs(map);
-            figures.syscall_off.push(syscall);
-            figures.update_off.push(update);
-        }
+    for _ in 0..opts.trials {
+        let (syscall, update) = costs(map);
+        figures.syscall_off.push(syscall);
+        figures.update_off.push(update);
     }
     node.start_agent()?;
     let links = node.bpffs.join("links");
@@ -527,12 +507,10 @@ fn measure(opts: &BenchOptions, scale: Scale, costs_too: bool) -> Result<Figures
         .map_err(|e| e.context(node.log()))?;
     }
     wait_entries(&node, scale.addresses)?;
-    if costs_too {
-        for _ in 0..opts.trials {
-            let (syscall, update) = costs(map);
-            figures.syscall_on.push(syscall);
-            figures.update_on.push(update);
-        }
+    for _ in 0..opts.trials {
+        let (syscall, update) = costs(map);
+        figures.syscall_on.push(syscall);
+        figures.update_on.push(update);
     }
     let addrs = obj_get(&node.bpffs.join("maps/IPQ_ADDRS"))?;
     let slots = obj_get(&node.bpffs.join("maps/IPQ_SLOTS"))?;

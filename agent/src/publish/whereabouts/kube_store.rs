@@ -38,6 +38,8 @@ pub const HOLDER_ANNOTATION: &str = "ipq.dev/holder";
 /// How long a watch lasts before the API server ends it (and it is started again); its
 /// client waits a little longer for a word, so that a dead connection is noticed.
 const WATCH_SECONDS: u32 = 290;
+/// Watch events waiting for the projection (one per deletion seen): past them the watch waits.
+const WATCH_EVENTS: usize = 256;
 const WATCH_READ_TIMEOUT: Duration = Duration::from_secs(WATCH_SECONDS as u64 + 40);
 
 /// The podRef of ipq's reservations: not a pod that can exist (`:` is in no namespace's
@@ -64,14 +66,17 @@ pub struct KubeStore {
     client: Option<Client>,
     /// The NodeQuarantine's uid, for the owner reference.
     owner_uid: Option<String>,
-    events_tx: mpsc::UnboundedSender<StoreEvent>,
-    events: mpsc::UnboundedReceiver<StoreEvent>,
+    events_tx: mpsc::Sender<StoreEvent>,
+    events: mpsc::Receiver<StoreEvent>,
     watch: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl KubeStore {
     pub fn new(target: Target, kubeconfig: Option<PathBuf>) -> Self {
-        let (events_tx, events) = mpsc::unbounded_channel();
+        // Bounded: a watch whose deletions are not taken waits (and the API server's stream
+        // with it, which ends the watch if it waits too long: a fresh list then says what was
+        // missed), so a flood of deletions never grows the agent's heap.
+        let (events_tx, events) = mpsc::channel(WATCH_EVENTS);
         Self {
             target,
             kubeconfig,
@@ -258,7 +263,7 @@ async fn watch_ours(
     api: Api<DynamicObject>,
     selector: String,
     mut resource_version: String,
-    events: mpsc::UnboundedSender<StoreEvent>,
+    events: mpsc::Sender<StoreEvent>,
 ) {
     let params = WatchParams::default()
         .labels(&selector)
@@ -267,10 +272,12 @@ async fn watch_ours(
         let stream = match api.watch(&params, &resource_version).await {
             Ok(stream) => stream,
             Err(e) => {
-                let _ = events.send(StoreEvent::Lost(Some(failure(
-                    &format!("watching ipq's {KIND}s"),
-                    e,
-                ))));
+                let _ = events
+                    .send(StoreEvent::Lost(Some(failure(
+                        &format!("watching ipq's {KIND}s"),
+                        e,
+                    ))))
+                    .await;
                 return;
             }
         };
@@ -282,7 +289,7 @@ async fn watch_ours(
                         resource_version = version;
                     }
                     if let Some(uid) = object.metadata.uid {
-                        let _ = events.send(StoreEvent::Deleted(uid));
+                        let _ = events.send(StoreEvent::Deleted(uid)).await;
                     }
                 }
                 Ok(WatchEvent::Added(object) | WatchEvent::Modified(object)) => {
@@ -295,21 +302,25 @@ async fn watch_ours(
                 }
                 // Expired: a fresh list tells what was missed.
                 Ok(WatchEvent::Error(status)) if status.code == 410 => {
-                    let _ = events.send(StoreEvent::Lost(None));
+                    let _ = events.send(StoreEvent::Lost(None)).await;
                     return;
                 }
                 Ok(WatchEvent::Error(status)) => {
-                    let _ = events.send(StoreEvent::Lost(Some(WriteError {
-                        reason: FailureReason::Refused,
-                        message: format!("watching ipq's {KIND}s: {}", status.message),
-                    })));
+                    let _ = events
+                        .send(StoreEvent::Lost(Some(WriteError {
+                            reason: FailureReason::Refused,
+                            message: format!("watching ipq's {KIND}s: {}", status.message),
+                        })))
+                        .await;
                     return;
                 }
                 Err(e) => {
-                    let _ = events.send(StoreEvent::Lost(Some(failure(
-                        &format!("watching ipq's {KIND}s"),
-                        e,
-                    ))));
+                    let _ = events
+                        .send(StoreEvent::Lost(Some(failure(
+                            &format!("watching ipq's {KIND}s"),
+                            e,
+                        ))))
+                        .await;
                     return;
                 }
             }
