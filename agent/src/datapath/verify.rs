@@ -256,19 +256,9 @@ pub fn verify(
     let started = Instant::now();
     let restored = held_pins::restore(root);
     held_pins::report(&restored);
-    let links_dir = PinLayout::new(root).links_dir();
     let held = held_pins::held_under(root);
     let (mut detached, mut behind, mut replaced) = (Vec::new(), Vec::new(), Vec::new());
-    for path in held
-        .iter()
-        .filter(|path| path.parent() == Some(links_dir.as_path()))
-    {
-        let Some(link) = path
-            .file_name()
-            .and_then(|name| PinLayout::parse_link_name(name.to_str()?))
-        else {
-            continue;
-        };
+    for (path, link) in held_links(root, &held) {
         let (ifindex, point) = link;
         // One question to the kernel per link: each takes rtnl_lock, which every pod
         // creation on the node needs too.
@@ -317,24 +307,26 @@ pub fn verify(
     }
 }
 
+/// The held pins of `held` that are links, with the hook each names.
+fn held_links<'a>(root: &Path, held: &'a [PathBuf]) -> impl Iterator<Item = (&'a Path, Hook)> {
+    let links_dir = PinLayout::new(root).links_dir();
+    held.iter().filter_map(move |path| {
+        if path.parent() != Some(links_dir.as_path()) {
+            return None;
+        }
+        let name = path.file_name()?.to_str()?;
+        Some((path.as_path(), PinLayout::parse_link_name(name)?))
+    })
+}
+
 /// The state of each held link alone (attached, detached, running another program): one
 /// question per link about its own descriptor, none of the `rtnl_lock` the place on a hook
 /// needs, so a link detached through its pin is found in milliseconds at 1000 interfaces.
 pub fn links_state(root: &Path) -> Verification {
     let started = Instant::now();
-    let links_dir = PinLayout::new(root).links_dir();
     let held = held_pins::held_under(root);
     let (mut detached, mut replaced) = (Vec::new(), Vec::new());
-    for path in held
-        .iter()
-        .filter(|path| path.parent() == Some(links_dir.as_path()))
-    {
-        let Some(link) = path
-            .file_name()
-            .and_then(|name| PinLayout::parse_link_name(name.to_str()?))
-        else {
-            continue;
-        };
+    for (path, link) in held_links(root, &held) {
         match held_pins::link_state(path) {
             Some(LinkState::Detached) => detached.push(link),
             Some(LinkState::Replaced) => replaced.push(link),
