@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use ipq_common::{sample::ConflictSample, watch::BpfCmd};
-use log::warn;
+use log::{error, warn};
 use prometheus::IntCounter;
 use tokio::{
     io::{unix::AsyncFd, Interest},
@@ -84,6 +84,36 @@ pub(super) async fn forward_kernel_logs(logger: KernelLogger) -> Result<(), Agen
         guard.get_inner_mut().flush();
         guard.clear_ready();
     }
+}
+
+/// Starts the bpf() watcher: its ring's reader, and the task that hands the reported map
+/// writes' keys to the owner loop through `settled` once their calls are done. Returns the
+/// pokes the verification reads; when the reader stops, the watcher is reported gone
+/// (metrics, log, `ipq status`) and the periodic verification is what is left.
+pub(super) fn start_bpf_watch(
+    watch: BpfWatch,
+    settled: mpsc::Sender<Vec<ReportedKey>>,
+    metrics: &Arc<Metrics>,
+) -> Arc<Pokes> {
+    let pokes = Arc::new(Pokes::default());
+    let (keys_tx, keys_rx) = mpsc::channel(REPORTED_KEY_BATCHES);
+    tokio::spawn(settle_reported_keys(keys_rx, settled, pokes.clone()));
+    let reader = pokes.clone();
+    let metrics = metrics.clone();
+    tokio::spawn(async move {
+        let lost_calls = metrics.tamper.bpf_watcher_lost_calls.clone();
+        let keys_overflow = metrics.queues.of(crate::queues::Queue::ReportedKeys);
+        let reading = read_bpf_calls(watch, reader.clone(), lost_calls, keys_tx, keys_overflow);
+        let why = match reading.await {
+            Ok(()) => "its ring reader ended".to_owned(),
+            Err(e) => e.to_string(),
+        };
+        metrics.tamper.bpf_watcher.set(0);
+        metrics.tamper.bpf_watcher_stops.inc();
+        error!("bpf() watcher stopped: {why}; periodic verification only");
+        reader.stop(why);
+    });
+    pokes
 }
 
 /// Batches of reported keys waiting to be looked at: a burst beyond them is found by the

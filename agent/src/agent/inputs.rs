@@ -1,0 +1,161 @@
+//! Everything the owner loop reacts to, as one type: each source's queue is read here, a burst
+//! taken whole (one journal save and one gauge update per burst, not per item), and handed to
+//! the loop as one [`Input`].
+
+use std::time::Duration;
+
+use ipq_common::sample::ConflictSample;
+use tokio::{
+    signal::unix::{signal, Signal, SignalKind},
+    sync::mpsc,
+};
+
+use super::AgentError;
+use crate::{
+    api::command::Command,
+    datapath::{
+        attach::{tc_watch::TcNotice, JobReport},
+        bpf_watch::ReportedKey,
+        verify::Verification,
+    },
+    hygiene,
+    journal::Synced,
+    netlink::NetEvent,
+};
+
+/// API requests answered per journal save at most: a burst of CNI ADDs shares one fsync.
+pub(super) const MAX_REQUEST_BURST: usize = 256;
+
+/// Items of any other source taken in one input at most: a source that never runs dry must
+/// not keep the loop from its tick or from the other sources.
+const MAX_BURST: usize = 4096;
+
+/// Why the owner loop ends: SIGTERM or SIGINT, or the netlink subscription closed.
+#[derive(Debug)]
+pub(super) struct Stop(pub(super) &'static str);
+
+/// One thing the owner loop reacts to.
+pub(super) enum Input {
+    /// Netlink events in arrival order; `overrun` when some were lost (the socket's buffer or
+    /// the queue overflowed) and a fresh dump must follow them.
+    Net {
+        events: Vec<NetEvent>,
+        overrun: bool,
+    },
+    TcNotices(Vec<TcNotice>),
+    Verification(Box<Verification>),
+    /// Map writes another process made, reported by the bpf() watcher.
+    ReportedKeys(Vec<ReportedKey>),
+    AttachReports(Vec<JobReport>),
+    HygieneReports(Vec<hygiene::Report>),
+    Samples(Vec<ConflictSample>),
+    /// API requests, answered once what they changed is saved.
+    Commands(Vec<Command>),
+    /// Journal flushes that finished off the loop.
+    Synced(Vec<Synced>),
+    /// Time passed: cool-downs, retries, the spool, readiness.
+    Tick,
+}
+
+/// The queues the owner loop reads. A source that has no sender left (the bpf() watcher on a
+/// kernel without it) never fires.
+pub(super) struct Inputs {
+    pub(super) sigterm: Signal,
+    pub(super) sigint: Signal,
+    pub(super) net: mpsc::Receiver<NetEvent>,
+    pub(super) tc_notices: mpsc::Receiver<TcNotice>,
+    pub(super) verifications: mpsc::Receiver<Verification>,
+    pub(super) reported_keys: mpsc::Receiver<Vec<ReportedKey>>,
+    pub(super) attach_reports: mpsc::Receiver<JobReport>,
+    pub(super) hygiene_reports: mpsc::Receiver<hygiene::Report>,
+    pub(super) samples: mpsc::Receiver<ConflictSample>,
+    pub(super) commands: mpsc::Receiver<Command>,
+    pub(super) synced: mpsc::Receiver<Synced>,
+}
+
+/// The signals the agent stops on, installed before the loop starts.
+pub(super) fn stop_signals() -> Result<(Signal, Signal), AgentError> {
+    let installed = |kind| {
+        signal(kind).map_err(|source| AgentError::Io {
+            what: "installing signal handlers",
+            source,
+        })
+    };
+    Ok((
+        installed(SignalKind::terminate())?,
+        installed(SignalKind::interrupt())?,
+    ))
+}
+
+/// `first` and whatever else `queue` holds now, at most `limit` in all.
+fn burst<T>(first: T, queue: &mut mpsc::Receiver<T>, limit: usize) -> Vec<T> {
+    let mut items = vec![first];
+    while items.len() < limit {
+        match queue.try_recv() {
+            Ok(item) => items.push(item),
+            Err(_) => break,
+        }
+    }
+    items
+}
+
+impl Inputs {
+    /// The next input, or [`Input::Tick`] once `delay` passed with none; `Err` when the agent
+    /// is to stop.
+    pub(super) async fn next(&mut self, delay: Duration) -> Result<Input, Stop> {
+        let input = tokio::select! {
+            _ = self.sigterm.recv() => return Err(Stop("SIGTERM")),
+            _ = self.sigint.recv() => return Err(Stop("SIGINT")),
+            event = self.net.recv() => match event {
+                None => return Err(Stop("the netlink subscription closed")),
+                Some(first) => {
+                    let mut events = burst(first, &mut self.net, MAX_BURST);
+                    let before = events.len();
+                    events.retain(|e| *e != NetEvent::Overrun);
+                    Input::Net { overrun: events.len() != before, events }
+                }
+            },
+            Some(notice) = self.tc_notices.recv() => {
+                Input::TcNotices(burst(notice, &mut self.tc_notices, MAX_BURST))
+            }
+            Some(verification) = self.verifications.recv() => {
+                Input::Verification(Box::new(verification))
+            }
+            Some(keys) = self.reported_keys.recv() => Input::ReportedKeys(keys),
+            Some(report) = self.attach_reports.recv() => {
+                Input::AttachReports(burst(report, &mut self.attach_reports, MAX_BURST))
+            }
+            Some(report) = self.hygiene_reports.recv() => {
+                Input::HygieneReports(burst(report, &mut self.hygiene_reports, MAX_BURST))
+            }
+            Some(sample) = self.samples.recv() => {
+                Input::Samples(burst(sample, &mut self.samples, MAX_BURST))
+            }
+            Some(command) = self.commands.recv() => {
+                Input::Commands(burst(command, &mut self.commands, MAX_REQUEST_BURST))
+            }
+            Some(report) = self.synced.recv() => {
+                Input::Synced(burst(report, &mut self.synced, MAX_BURST))
+            }
+            _ = tokio::time::sleep(delay) => Input::Tick,
+        };
+        Ok(input)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_burst_takes_what_is_queued_up_to_its_limit_and_leaves_the_rest() {
+        let (tx, mut rx) = mpsc::channel(16);
+        for n in 1..=5 {
+            tx.send(n).await.unwrap();
+        }
+        let first = rx.recv().await.unwrap();
+        assert_eq!(burst(first, &mut rx, 3), vec![1, 2, 3]);
+        let first = rx.recv().await.unwrap();
+        assert_eq!(burst(first, &mut rx, 3), vec![4, 5]);
+    }
+}

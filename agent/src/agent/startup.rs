@@ -1,0 +1,471 @@
+//! The agent's start-up, as phases whose types say what each has in hand: the datapath loaded
+//! beside the journal's read and the netlink dump ([`Loaded`]); the threads that watch the
+//! datapath started ([`Watching`]); the registry recovered and reconciled with the node
+//! ([`Recovered`]); and the surfaces that change it started, the loop's inputs gathered
+//! ([`Serving`]). The order is the contract: each phase's comment says what must come before.
+
+use std::{path::PathBuf, sync::Arc};
+
+use ipq_fs::safe_fs;
+use log::{error, info, warn};
+use tokio::{
+    sync::{mpsc, watch},
+    task::JoinHandle,
+};
+
+use super::{
+    inputs::{self, Inputs},
+    kernel_rings::{self, forward_kernel_logs, read_samples},
+    owner_loop::OwnerLoop,
+    spool_replay::replay_spool,
+    waiting::WaitingAnswers,
+    AgentError,
+};
+use crate::{
+    api::server::{Access, ApiServer},
+    config::Config,
+    datapath::{
+        attach::{self, tc_watch::TcNotice, Attacher, JobReport},
+        bpf_watch::{Pokes, ReportedKey},
+        verify::{self, Verification},
+        ClaimedDir, Datapath, LoadOptions,
+    },
+    heap::Trimmer,
+    journal::{self, Journal, JournalError},
+    listen,
+    metrics::{self, Metrics, MetricsError},
+    netlink::{self, NetEvent, NetState, NetlinkError},
+    queues::{Overflows, Queue},
+    registry::AddrRecord,
+    tracker::{Recovery, Tracker},
+};
+
+/// Refuses what ipq cannot run on, raises the descriptors' limit and claims the pins'
+/// directory: nothing is loaded yet.
+pub(super) fn preflight(config: &Config) -> Result<ClaimedDir, AgentError> {
+    // Refused before anything is loaded: a datapath that is right only most of the time is
+    // not one to leave attached.
+    if !cfg!(target_arch = "x86_64") {
+        return Err(AgentError::UnsupportedCpu(std::env::consts::ARCH));
+    }
+    info!(
+        "ipq-agent {} starting: mode {:?}, on_early_reuse {:?}, bpffs_dir {}",
+        env!("CARGO_PKG_VERSION"),
+        config.mode,
+        config.on_early_reuse,
+        config.bpffs_dir.display()
+    );
+    // Before anything opens descriptors: the listeners' caps, not a soft limit of 1024, are
+    // what bound the connections.
+    match listen::raise_fd_limit() {
+        Ok((old, new)) if old != new => info!("open files limit raised from {old} to {new}"),
+        Ok(_) => {}
+        Err(e) => warn!("raising the open files limit: {e}"),
+    }
+    Ok(ClaimedDir::claim(&config.bpffs_dir)?)
+}
+
+/// The datapath loaded, its metrics served and its rings read; the journal's read and the
+/// node's netlink dump still under way beside it.
+pub(super) struct Loaded {
+    config: Config,
+    access: Access,
+    datapath: Datapath,
+    metrics: Arc<Metrics>,
+    journal_read: JoinHandle<Result<(Journal, JournalLoad), JournalError>>,
+    dump: JoinHandle<Result<NetState, NetlinkError>>,
+    net_events: mpsc::Receiver<NetEvent>,
+    samples: mpsc::Receiver<ipq_common::sample::ConflictSample>,
+}
+
+type JournalLoad = Result<Option<journal::Loaded<AddrRecord>>, JournalError>;
+
+pub(super) async fn load(config: Config, bpffs_dir: ClaimedDir) -> Result<Loaded, AgentError> {
+    // A group that does not resolve stops the agent before anything is loaded.
+    let access = Access::from_config(config.api_group.as_deref())?;
+    // Read beside the programs' load (the kernel's verifier) from here: neither the journal nor
+    // the node's netlink state depends on the datapath, and at 64k addresses each takes about
+    // as long as the load; in turn they made restart-to-ready about 850 ms. Their results are
+    // used in the same order as before: the journal, then spooled DELs, then the dump.
+    let state_dir = config.state_dir.clone();
+    let journal_read = tokio::task::spawn_blocking(move || {
+        let mut journal = Journal::open(&state_dir)?;
+        let loaded = journal.load();
+        Ok::<_, JournalError>((journal, loaded))
+    });
+    // Subscribed before the dump, so nothing that happens in between is missed; what happens
+    // meanwhile waits in the subscription (an overflow takes the resync path).
+    // The queue counters exist before the registry they are served from (the datapath's load
+    // comes between): the netlink queue counts its overflows from here.
+    let queues = Overflows::new().map_err(MetricsError::from)?;
+    let net_events = netlink::subscribe(queues.of(Queue::NetlinkEvents))?;
+    let dump = tokio::spawn(netlink::dump());
+    let mut datapath = Datapath::load_in(
+        bpffs_dir,
+        &LoadOptions {
+            bpffs_dir: config.bpffs_dir.clone(),
+            capacity: config.capacity,
+            mode: config.mode,
+        },
+    )?;
+    let metrics = Metrics::new(&config.bpffs_dir, queues)?;
+    metrics
+        .registry_capacity
+        .set(i64::from(datapath.capacity()));
+    tokio::spawn(metrics::serve(config.metrics_addr, metrics.clone()).await?);
+    let (sample_tx, samples) = mpsc::channel(kernel_rings::SAMPLE_QUEUE);
+    if let Some(ring) = datapath.take_samples() {
+        let metrics = metrics.clone();
+        tokio::spawn(async move {
+            if let Err(e) = read_samples(ring, sample_tx, metrics).await {
+                error!("sample reader stopped: {e}");
+            }
+        });
+    }
+    if let Some(logger) = datapath.take_logger() {
+        tokio::spawn(async move {
+            if let Err(e) = forward_kernel_logs(logger).await {
+                warn!("kernel log reader stopped: {e}");
+            }
+        });
+    }
+    Ok(Loaded {
+        config,
+        access,
+        datapath,
+        metrics,
+        journal_read,
+        dump,
+        net_events,
+        samples,
+    })
+}
+
+/// The threads that keep the datapath ipq's: the attach workers, TC notices, the bpf() watcher
+/// and the verification; the registry not yet back.
+pub(super) struct Watching {
+    loaded: Loaded,
+    attacher: Attacher,
+    attach_reports: mpsc::Receiver<JobReport>,
+    tc_notices: mpsc::Receiver<TcNotice>,
+    verifications: mpsc::Receiver<Verification>,
+    reported_keys: mpsc::Receiver<Vec<ReportedKey>>,
+    watcher: Result<Arc<Pokes>, String>,
+    verifier: Verifier,
+}
+
+/// The verification's task, and how to stop it.
+pub(super) struct Verifier {
+    pub(super) task: JoinHandle<()>,
+    pub(super) stop: watch::Sender<bool>,
+}
+
+impl Loaded {
+    pub(super) fn watch(mut self) -> Result<Watching, AgentError> {
+        let tc_mode = self.datapath.tc_mode(self.config.tc_attach)?;
+        info!(
+            "tc_attach {:?}: TC programs attach as {}",
+            self.config.tc_attach,
+            tc_mode.as_str()
+        );
+        let queues = &self.metrics.queues;
+        // Before the first attach: a deletion of ipq's netlink filter is never missed.
+        let tc_notices =
+            attach::tc_watch::subscribe(queues.of(Queue::TcNotices)).map_err(|source| {
+                AgentError::Io {
+                    what: "subscribing to TC notifications",
+                    source,
+                }
+            })?;
+        let (attacher, attach_reports) = self
+            .datapath
+            .start_attacher(tc_mode, queues.of(Queue::AttachReports))?;
+        // Map writes' keys the watcher reported, for the owner loop to look at each at once;
+        // the sender goes with the watcher, so without one this input never fires.
+        let (settled_keys, reported_keys) = mpsc::channel(kernel_rings::REPORTED_KEY_BATCHES);
+        let watcher = self
+            .datapath
+            .take_bpf_watch()
+            .map(|watch| kernel_rings::start_bpf_watch(watch, settled_keys, &self.metrics));
+        self.metrics
+            .tamper
+            .bpf_watcher
+            .set(i64::from(watcher.is_ok()));
+        let (findings, verifications) = mpsc::channel(1);
+        let (stop, stopped) = watch::channel(false);
+        let mirror = self
+            .datapath
+            .take_maps_mirror()
+            .map(|mirror| mirror.counting_overflows(self.metrics.queues.of(Queue::MapWrites)));
+        let task = tokio::spawn(verify::run(
+            self.config.bpffs_dir.clone(),
+            attacher.netlink_hooks(),
+            self.config.verify_interval,
+            mirror,
+            watcher.as_ref().ok().cloned(),
+            findings,
+            stopped,
+        ));
+        Ok(Watching {
+            loaded: self,
+            attacher,
+            attach_reports,
+            tc_notices,
+            verifications,
+            reported_keys,
+            watcher,
+            verifier: Verifier { task, stop },
+        })
+    }
+}
+
+/// The registry recovered, the spooled DELs replayed, the node's state reconciled, every
+/// configured interface attached (or failed) once and the journal saved.
+pub(super) struct Recovered {
+    config: Config,
+    access: Access,
+    tracker: Tracker,
+    recovery: Recovery,
+    metrics: Arc<Metrics>,
+    spool_dir: PathBuf,
+    net_events: mpsc::Receiver<NetEvent>,
+    samples: mpsc::Receiver<ipq_common::sample::ConflictSample>,
+    tc_notices: mpsc::Receiver<TcNotice>,
+    attach_reports: mpsc::Receiver<JobReport>,
+    verifications: mpsc::Receiver<Verification>,
+    reported_keys: mpsc::Receiver<Vec<ReportedKey>>,
+    verifier: Verifier,
+}
+
+impl Watching {
+    pub(super) async fn recover(self) -> Result<Recovered, AgentError> {
+        let Watching {
+            loaded:
+                Loaded {
+                    config,
+                    access,
+                    datapath,
+                    metrics,
+                    journal_read,
+                    dump,
+                    net_events,
+                    samples,
+                },
+            attacher,
+            mut attach_reports,
+            tc_notices,
+            verifications,
+            reported_keys,
+            watcher,
+            verifier,
+        } = self;
+        let (journal, journal_load) = journal_read.await.map_err(|source| AgentError::Task {
+            what: "reading the journal",
+            source,
+        })??;
+        let spool_dir = ipq_fs::paths::cni_spool_dir(&config.state_dir);
+        // Made the agent's before any ipq-cni can: nobody else may plant or remove spooled
+        // DELs or ipq-ipam's releases and records.
+        safe_fs::ensure_private_dir(&spool_dir)?;
+        safe_fs::ensure_private_dir(&ipq_fs::paths::ipam_release_dir(&config.state_dir))?;
+        safe_fs::ensure_private_dir(&ipq_fs::paths::ipam_allocation_dir(&config.state_dir))?;
+        let mut tracker =
+            Tracker::new(config.clone(), datapath, attacher, journal, metrics.clone());
+        tracker.set_bpf_watcher(watcher);
+        let recovery = tracker.recover(journal_load);
+        // DELs spooled while no agent ran drain their holders before the dump says which are
+        // gone, so they end up exactly where a live DEL would have put them.
+        replay_spool(&mut tracker, &spool_dir);
+        let dump = dump.await.map_err(|source| AgentError::Task {
+            what: "dumping the node's netlink state",
+            source,
+        })??;
+        tracker.reconcile(dump);
+        // Every configured interface attached (or failed) once before pruning: the pins of an
+        // interface still being attached are its enforcement until its new program is in.
+        while tracker.attaching() {
+            match attach_reports.recv().await {
+                Some(report) => tracker.on_attach_report(report),
+                None => break,
+            }
+        }
+        tracker.prune_links();
+        // A failure is logged and counted by persist; the loop retries every tick.
+        let _ = tracker.persist();
+        Ok(Recovered {
+            config,
+            access,
+            tracker,
+            recovery,
+            metrics,
+            spool_dir,
+            net_events,
+            samples,
+            tc_notices,
+            attach_reports,
+            verifications,
+            reported_keys,
+            verifier,
+        })
+    }
+}
+
+/// The agent serving: hygiene, the publisher, the IPAM releaser and the API started, the
+/// owner loop ready to run over its inputs.
+pub(super) struct Serving {
+    pub(super) owner: OwnerLoop,
+    pub(super) api: JoinHandle<()>,
+    pub(super) releaser: JoinHandle<()>,
+    pub(super) verifier: Verifier,
+    pub(super) metrics: Arc<Metrics>,
+    pub(super) pins_root: PathBuf,
+}
+
+impl Recovered {
+    pub(super) fn serve(self) -> Result<Serving, AgentError> {
+        let Recovered {
+            config,
+            access,
+            mut tracker,
+            recovery,
+            metrics,
+            spool_dir,
+            net_events,
+            samples,
+            tc_notices,
+            attach_reports,
+            verifications,
+            reported_keys,
+            verifier,
+        } = self;
+        // After recovery and the first reconcile: from here on a holder gone or new is a
+        // change on the node, and its address is cleaned.
+        let hygiene_reports = tracker.start_hygiene()?;
+        let (command_tx, commands) = mpsc::channel(1024);
+        // Only now, with the registry recovered and the spool replayed: "free" is then the
+        // truth.
+        let (urgent_tx, urgent_rx) = mpsc::channel(64);
+        tracker.set_ipam_releaser(urgent_tx);
+        // With the registry recovered and reconciled: the object's first write is the node's
+        // truth.
+        start_publishing(&config, &mut tracker, &metrics);
+        let ipam_bins = Arc::new(crate::ipam::trust::TrustedBins::new(
+            config.ipam_cni_bin_dirs.clone(),
+        ));
+        let releaser_settings = crate::ipam::releaser::Settings {
+            dir: ipq_fs::paths::ipam_release_dir(&config.state_dir),
+            max_cooldown: config.max_cooldown,
+            registry_lost_at: (recovery == Recovery::PinnedMaps).then(ipq_api::model::now_unix_ms),
+            bins: ipam_bins.clone(),
+            records: tracker.ipam_records(),
+        };
+        // ipq-ipam's records are not listed here: a release looks its record up by its file
+        // name (`Records::get`), and the releaser's scans adopt the rest off the loop, so
+        // start-up costs nothing per record.
+        let releaser = tokio::spawn(crate::ipam::releaser::run(
+            releaser_settings,
+            command_tx.clone(),
+            urgent_rx,
+            metrics.clone(),
+            tracker.ipam_holds(),
+        ));
+        let api = tokio::spawn(ApiServer::bind(&config.api_socket, access)?.serve(
+            command_tx,
+            metrics.clone(),
+            ipam_bins,
+            tracker.ipam_records(),
+        ));
+        let (sigterm, sigint) = inputs::stop_signals()?;
+        metrics.readiness.set_started(true);
+        // Only now: a TCX link create holds rtnl_lock for a grace period, and start-up's
+        // netlink requests (the prune above) would wait behind every one.
+        let started = tracker.mark_started();
+        info!(
+            "started: registry recovered from {recovery:?} with {} addresses, {} attachments, \
+             {} unprotected, {} interfaces to move from netlink filters to TCX; metrics on \
+             http://{}/metrics",
+            tracker.registry().len(),
+            started.attachments,
+            started.unprotected,
+            started.tc_upgrades_pending,
+            config.metrics_addr,
+        );
+        // From here on a save's fdatasync runs off the loop; answers wait for it.
+        let synced = tracker.defer_journal_syncs();
+        let inputs = Inputs {
+            sigterm,
+            sigint,
+            net: net_events,
+            tc_notices,
+            verifications,
+            reported_keys,
+            attach_reports,
+            hygiene_reports,
+            samples,
+            commands,
+            synced,
+        };
+        Ok(Serving {
+            owner: OwnerLoop {
+                tracker,
+                inputs,
+                metrics: metrics.clone(),
+                spool_dir,
+                waiting: WaitingAnswers::default(),
+                trimmer: Trimmer::new(),
+                last_tick: std::time::Instant::now(),
+            },
+            api,
+            releaser,
+            verifier,
+            metrics,
+            pins_root: config.bpffs_dir.clone(),
+        })
+    }
+}
+
+/// Starts the NodeQuarantine publisher and, when asked, the whereabouts projection, when the
+/// agent knows its Kubernetes node.
+fn start_publishing(config: &Config, tracker: &mut Tracker, metrics: &Arc<Metrics>) {
+    let Some(settings) = crate::publish::Settings::from_config(&config.kubernetes) else {
+        if config.kubernetes.whereabouts {
+            warn!(
+                "kubernetes.whereabouts is set but there is no Kubernetes node name \
+                 (NODE_NAME): no NodeQuarantine is published, and no address is kept from \
+                 whereabouts"
+            );
+        } else {
+            info!("no Kubernetes node name (NODE_NAME): no NodeQuarantine is published");
+        }
+        return;
+    };
+    info!(
+        "publishing NodeQuarantine {} ({})",
+        settings.node,
+        settings.kubeconfig.as_ref().map_or_else(
+            || "in-cluster service account".to_owned(),
+            |path| format!("kubeconfig {}", path.display())
+        )
+    );
+    if config.kubernetes.whereabouts {
+        let target = crate::publish::whereabouts::Target {
+            node: settings.node.clone(),
+            namespace: config
+                .kubernetes
+                .whereabouts_namespace
+                .clone()
+                .unwrap_or_else(|| crate::publish::whereabouts::DEFAULT_NAMESPACE.to_owned()),
+            network_name: config.kubernetes.whereabouts_network_name.clone(),
+        };
+        info!(
+            "projecting it into whereabouts' reservations in namespace {} (network name {:?})",
+            target.namespace, target.network_name
+        );
+        tracker.start_projecting(crate::publish::whereabouts::start(
+            target,
+            settings.kubeconfig.clone(),
+            metrics.clone(),
+        ));
+    }
+    tracker.start_publishing(crate::publish::start(settings, metrics.clone()));
+}
