@@ -23,7 +23,11 @@ impl Tracker {
         let mac = api_service::claim_mac(request)?;
         self.hygiene.begin_claim(holder.ifindex, mac);
         let source = api_service::claim_source(request);
-        match self.registry.claim_all(&request.addresses, &holder, source) {
+        match self
+            .core
+            .registry
+            .claim_all(&request.addresses, &holder, source)
+        {
             Ok(effects) => {
                 let conflicts: Vec<Conflict> = effects
                     .iter()
@@ -73,7 +77,7 @@ impl Tracker {
     /// resync that no longer finds it forgets it; its own netlink event changes nothing.
     fn watch_claimant(&mut self, holder: &Holder) {
         if self.attacher.target(holder.ifindex).is_none() {
-            self.net.apply(&NetEvent::Link {
+            self.core.net.apply(&NetEvent::Link {
                 ifindex: holder.ifindex,
                 name: holder.ifname.clone(),
             });
@@ -99,7 +103,7 @@ impl Tracker {
                 addr: *addr,
                 old: Some((**old).clone()),
                 new: Some(claimant.clone()),
-                policy: self.config.on_early_reuse,
+                policy: self.core.config.on_early_reuse,
                 at: netdev::monotonic_ns(),
             };
             self.observer.conflict(&conflict, Outcome::RefusedNew);

@@ -96,13 +96,13 @@ impl Tracker {
     }
 
     fn drain(&mut self, addr: IpAddr) -> Result<(), RegistryError> {
-        let effects = self.registry.drain(addr, None)?;
+        let effects = self.core.registry.drain(addr, None)?;
         self.apply_effects(effects);
         Ok(())
     }
 
     fn release(&mut self, addr: IpAddr, force: bool) -> Result<(), RegistryError> {
-        let effects = self.registry.release(addr, force)?;
+        let effects = self.core.registry.release(addr, force)?;
         self.apply_effects(effects);
         info!("{addr}: released through the API (force: {force})");
         Ok(())
@@ -119,6 +119,7 @@ impl Tracker {
                 }
         };
         let targets: Vec<(IpAddr, Holder)> = self
+            .core
             .registry
             .held_by_container(&request.container_id)
             .filter_map(|r| {
@@ -157,6 +158,7 @@ impl Tracker {
                 .is_some_and(|ifnames| h.cni_ifname().is_none_or(|i| ifnames.contains(i)))
         };
         let targets: Vec<(IpAddr, Holder)> = self
+            .core
             .registry
             .iter()
             .filter(|r| r.state() == StateName::Active)
@@ -172,7 +174,7 @@ impl Tracker {
     fn drain_all(&mut self, targets: Vec<(IpAddr, Holder)>, why: &str) -> BTreeSet<IpAddr> {
         let mut drained = BTreeSet::new();
         for (addr, holder) in targets {
-            let result = self.registry.drain(addr, Some(&holder));
+            let result = self.core.registry.drain(addr, Some(&holder));
             if result.is_ok() {
                 drained.insert(addr);
             }

@@ -36,8 +36,8 @@ impl Tracker {
                     self.enforcer.remove(addr);
                 }
                 Effect::Conflict(conflict) => {
-                    let record = self.registry.get(conflict.addr);
-                    let outcome = outcome_of(&conflict, record, self.config.mode);
+                    let record = self.core.registry.get(conflict.addr);
+                    let outcome = outcome_of(&conflict, record, self.core.config.mode);
                     self.observer.conflict(&conflict, outcome);
                 }
                 Effect::Transition {
@@ -56,7 +56,10 @@ impl Tracker {
             }
         }
         if freed > 0 {
-            self.retry_waiting(freed);
+            let claimed = self.core.retry_waiting(freed);
+            if !claimed.is_empty() {
+                self.apply_effects(claimed);
+            }
         }
     }
 
@@ -71,7 +74,7 @@ impl Tracker {
     /// Logs (rate-limited) and publishes one kernel sample.
     pub(super) fn publish_sample(&mut self, sample: &ConflictSample) {
         let addr = sample.addr.to_ip();
-        let holder = self.registry.get(addr).map(|r| match &r.status {
+        let holder = self.core.registry.get(addr).map(|r| match &r.status {
             AddrStatus::Quarantined { previous, .. } => previous.clone(),
             AddrStatus::Active { holder, .. } | AddrStatus::Draining { holder, .. } => {
                 holder.clone()
@@ -84,7 +87,8 @@ impl Tracker {
     /// The name of interface `ifindex` as an event shows it: the node's, else the attacher's
     /// last known, else `if<index>`.
     fn interface_name(&self, ifindex: u32) -> String {
-        self.net
+        self.core
+            .net
             .link_name(ifindex)
             .map(str::to_owned)
             .or_else(|| self.attacher.target(ifindex).map(|t| t.name.clone()))

@@ -48,10 +48,10 @@ impl Tracker {
             reports: self.metrics.queues.of(Queue::HygieneReports),
         };
         self.hygiene.start(
-            self.config.hygiene.clone(),
-            self.config.interfaces.uplink.clone(),
+            self.core.config.hygiene.clone(),
+            self.core.config.interfaces.uplink.clone(),
             self.metrics.hygiene.clone(),
-            self.config.capacity as usize,
+            self.core.config.capacity as usize,
             queues,
         )
     }
@@ -68,12 +68,13 @@ impl Tracker {
         to: StateName,
         holder: Option<&Holder>,
     ) {
-        let observed_reuse = self.registry.get(addr).is_some_and(|r| r.observe_only)
-            || (self.config.on_early_reuse == EarlyReusePolicy::Observe
+        let observed_reuse = self.core.registry.get(addr).is_some_and(|r| r.observe_only)
+            || (self.core.config.on_early_reuse == EarlyReusePolicy::Observe
                 && matches!(from, StateName::Active | StateName::Draining));
         // Cleaned exactly when the datapath drops a workload conflict on this address.
-        let act = verdict::action_for_address(self.config.mode, Reason::Fenced, observed_reuse)
-            == Action::Dropped;
+        let act =
+            verdict::action_for_address(self.core.config.mode, Reason::Fenced, observed_reuse)
+                == Action::Dropped;
         let live = holder
             .filter(|_| matches!(to, StateName::Active | StateName::Draining))
             .map(|h| h.ifindex);
@@ -92,7 +93,7 @@ impl Tracker {
             time.rfc3339(report.finished_ns),
             EventBody::Hygiene(Box::new(view)),
         );
-        let in_registry = self.registry.get(report.address).is_some();
+        let in_registry = self.core.registry.get(report.address).is_some();
         self.hygiene.record(report, in_registry);
     }
 }

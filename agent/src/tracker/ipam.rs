@@ -34,7 +34,7 @@ impl Tracker {
         let known: BTreeSet<IpAddr> = api
             .attachment_addresses(&release.container_id, &release.ifname)
             .collect();
-        let dir = paths::ipam_release_dir(&self.config.state_dir);
+        let dir = paths::ipam_release_dir(&self.core.config.state_dir);
         // A recorded allocation's release has one file, named after the record: a runtime
         // repeating its DEL gets the release stored first (its time, and so its wait, kept).
         let stored_at = record.as_ref().map(|r| dir.join(release_file_name(r)));

@@ -43,7 +43,7 @@ impl Tracker {
         request: ExhaustedRequest,
         reply: Reply<ExhaustedAnswer>,
     ) {
-        let policy = self.config.ipam_on_exhausted;
+        let policy = self.core.config.ipam_on_exhausted;
         let mut answer = ExhaustedAnswer {
             policy: policy.to_string(),
             quarantined: 0,
@@ -61,7 +61,7 @@ impl Tracker {
                 .entry((hold.container_id, hold.ifname))
                 .or_default();
             allocation.addresses.push(addr);
-            match self.registry.get(addr).map(|r| &r.status) {
+            match self.core.registry.get(addr).map(|r| &r.status) {
                 // Free already: the releaser gives it back within a second.
                 None => {}
                 Some(AddrStatus::Quarantined {

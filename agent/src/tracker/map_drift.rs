@@ -71,7 +71,7 @@ impl Tracker {
         found_at: SystemTime,
         found_by: DriftFoundBy,
     ) -> Vec<MapDrift> {
-        let (registry, hand_written) = (&self.registry, &self.hand_written);
+        let (registry, hand_written) = (&self.core.registry, &self.hand_written);
         let wanted = |addr: &AddrKey| -> Option<AddrEntry> {
             let ip = addr.to_ip();
             match hand_written.get(&ip) {

@@ -2,6 +2,8 @@
 //! what the API asks and what time does become registry operations, whose effects it hands to
 //! the part that owns each.
 //!
+//! - `decide`: the registry, the netlink mirror and the configuration behind handlers that take
+//!   an input and return the registry's effects, with no I/O;
 //! - `recovery`: bringing the registry back at start and reconciling it with a netlink dump;
 //! - `events`: netlink events, kernel samples and ticks as registry operations;
 //! - `commands` (with `claims`, `break_glass`, `ipam`): the API's requests dispatched, and the
@@ -26,6 +28,7 @@ mod api_service;
 mod break_glass;
 mod claims;
 mod commands;
+mod decide;
 mod durable;
 mod effects;
 mod enforcer;
@@ -59,34 +62,20 @@ use crate::{
     datapath::{attach::Attacher, DatapathPort},
     journal::{Commit, Journal, JournalError, Synced},
     metrics::Metrics,
-    netlink::NetState,
-    registry::{Holder, Registry, RegistrySettings, SystemClock},
+    registry::{Registry, RegistrySettings, SystemClock},
 };
 
 // The role of an interface under the configuration is the attacher's own type: one concept,
 // one type.
 use crate::datapath::attach::Role;
 
-/// What interface `ifname` is to ipq under `config`: the uplink's role wins over a workload
-/// glob that also matches it.
-fn role(config: &Config, ifname: &str) -> Option<Role> {
-    if config.is_uplink(ifname) {
-        Some(Role::Uplink)
-    } else if config.workload_glob_matching(ifname).is_some() {
-        Some(Role::Workload)
-    } else {
-        None
-    }
-}
-
 pub struct Tracker {
-    config: Config,
-    registry: Registry,
+    /// The registry, the node's netlink mirror and the configuration: the decisions.
+    core: decide::Core,
     /// The datapath's one writer.
     enforcer: enforcer::Enforcer,
     /// Attaches programs off this loop; the tracker only says what it wants.
     attacher: Attacher,
-    net: NetState,
     /// The registry's durable copy, and how saving it goes.
     durable: durable::Durable,
     metrics: Arc<Metrics>,
@@ -144,11 +133,9 @@ impl Tracker {
         );
         Self {
             observer: observer::Observer::new(metrics.clone()),
-            registry: Registry::new(settings, SystemClock),
-            config,
+            core: decide::Core::new(config, Registry::new(settings, SystemClock)),
             enforcer: enforcer::Enforcer::new(datapath, metrics.clone()),
             attacher,
-            net: NetState::default(),
             durable: durable::Durable::new(journal),
             metrics,
             started_at: SystemTime::now(),
@@ -169,44 +156,35 @@ impl Tracker {
     }
 
     pub fn registry(&self) -> &Registry {
-        &self.registry
+        &self.core.registry
     }
 
     pub fn datapath(&self) -> &dyn DatapathPort {
         self.enforcer.port()
     }
 
-    fn role(&self, ifname: &str) -> Option<Role> {
-        role(&self.config, ifname)
-    }
-
-    fn workload_holder(&self, ifindex: u32) -> Option<Holder> {
-        let name = self.net.link_name(ifindex)?;
-        (self.role(name) == Some(Role::Workload)).then(|| Holder::new(ifindex, name.to_owned()))
-    }
-
     /// When `tick` has work next (monotonic ns).
     pub fn next_deadline(&self) -> Option<u64> {
-        self.registry.next_deadline()
+        self.core.registry.next_deadline()
     }
 
     /// Whether everything the registry changed so far is in the journal.
     pub fn is_saved(&self) -> bool {
-        self.durable.is_saved(self.registry.generation())
+        self.durable.is_saved(self.core.registry.generation())
     }
 
     /// Saves the registry if the journal is behind it. `Err` names why the save failed: what
     /// changed since the last save is then not durable, must not be reported as done, and is
     /// saved by a later call (the agent's loop calls this at least once a second).
     pub fn persist(&mut self) -> Result<(), JournalError> {
-        self.durable.persist(&mut self.registry, &self.metrics)
+        self.durable.persist(&mut self.core.registry, &self.metrics)
     }
 
     /// [`Tracker::persist`] with the flush left to the journal's threads (see
     /// [`Tracker::defer_journal_syncs`]): `Syncing` until [`Tracker::on_synced`] reports it.
     pub fn persist_deferred(&mut self) -> Result<Commit, JournalError> {
         self.durable
-            .persist_deferred(&mut self.registry, &self.metrics)
+            .persist_deferred(&mut self.core.registry, &self.metrics)
     }
 
     /// Moves the journal's flushes off the owner loop; their reports come out of the returned
@@ -228,13 +206,13 @@ impl Tracker {
     /// (The protection gauges walk the attacher's interfaces: they are updated only where the
     /// attacher changes and on every tick, see [`Tracker::observe_protection`].)
     fn update_gauges(&self) {
-        self.metrics.observe_registry(&self.registry);
+        self.metrics.observe_registry(&self.core.registry);
         self.metrics
             .registry_entries
             .set(self.enforcer.len() as i64);
         self.metrics
             .addresses_unprotected
-            .set(self.registry.waiting() as i64);
+            .set(self.core.registry.waiting() as i64);
     }
 
     /// Writes what is still unsaved; the datapath keeps enforcing through its pins.

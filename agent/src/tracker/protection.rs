@@ -53,7 +53,7 @@ impl Tracker {
             }
             return;
         }
-        let layout = PinLayout::new(&self.config.bpffs_dir);
+        let layout = PinLayout::new(&self.core.config.bpffs_dir);
         for restored in &verification.restored {
             let link = restored
                 .path

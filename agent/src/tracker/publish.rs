@@ -9,7 +9,7 @@ impl Tracker {
     /// From now on the registry's changes go to `feed`, starting with every address it holds;
     /// its writer starts once those are all sent, so that its first write is the whole state.
     pub fn start_publishing(&mut self, feed: Feed) {
-        self.registry.track_published_changes();
+        self.core.registry.track_published_changes();
         self.publish = Some(feed);
         self.publish_changes();
         if let Some(feed) = &mut self.publish {
@@ -32,7 +32,7 @@ impl Tracker {
     /// (coalesced: an address changed again is still one) for the next call.
     pub fn publish_changes(&mut self) {
         let Some(feed) = &self.publish else { return };
-        let registry = &mut self.registry;
+        let registry = &mut self.core.registry;
         if !registry.has_published_changes() {
             return;
         }

@@ -114,13 +114,13 @@ impl Tracker {
             taken_at: netdev::monotonic_ns(),
             records: merged,
         };
-        match self.registry.restore(snapshot) {
+        match self.core.registry.restore(snapshot) {
             Ok(effects) => {
                 info!("registry recovered ({recovery:?}): {count} addresses");
                 self.apply_effects(effects);
                 // The journal already holds what it gave; only what the maps changed is new
                 // (when the journal is rewritten anyway, it takes everything).
-                self.registry.take_changed();
+                self.core.registry.take_changed();
                 self.durable.journal_mut().stage(adopted);
             }
             Err(e) => {
@@ -132,7 +132,7 @@ impl Tracker {
         }
         self.recovered = Some(RecoveryView {
             from: recovery,
-            addresses: self.registry.len() as u64,
+            addresses: self.core.registry.len() as u64,
             problems,
         });
         crate::heap::release_freed_memory();
@@ -154,7 +154,7 @@ impl Tracker {
             journal,
             self.enforcer.as_written(),
             netdev::monotonic_ns(),
-            self.registry.settings(),
+            self.core.registry.settings(),
             &names,
         )
     }
@@ -162,26 +162,27 @@ impl Tracker {
     /// Takes a full netlink dump as the truth: attaches, claims what the routes say, and
     /// quarantines the addresses of holders whose interfaces went away while no agent ran.
     pub fn reconcile(&mut self, state: NetState) {
-        let events = self.net.diff(&state);
+        let events = self.core.net.diff(&state);
         // The gauges once at the end: per event they would make a cold start with n links
         // O(n²).
         for event in events {
             self.apply_event(event);
         }
         let holders: Vec<u32> = self
+            .core
             .registry
             .iter()
             .flat_map(|r| r.live_holders().map(|h| h.ifindex).collect::<Vec<_>>())
             .collect();
         for ifindex in holders {
-            if !self.net.has_link(ifindex) {
-                let result = self.registry.holder_gone(ifindex);
+            if !self.core.net.has_link(ifindex) {
+                let result = self.core.registry.holder_gone(ifindex);
                 self.apply(result, "holder gone while the agent was down");
             }
         }
         // The datapath mirrors the registry exactly, whatever an earlier agent left.
         self.hand_written.clear();
-        self.enforcer.sync(self.registry.datapath_entries());
+        self.enforcer.sync(self.core.registry.datapath_entries());
         self.update_gauges();
         self.observe_protection();
     }

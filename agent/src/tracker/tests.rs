@@ -55,10 +55,9 @@ fn tracker_clocked(
         .expect("journal")
         .with_clock(journal_clock);
     let datapath = MemDatapath { table };
-    let (attacher, jobs) = Attacher::without_workers(TcMode::Tcx);
-    // No workers: the attach jobs the tracker queues are never run, and the queue stays open so
-    // queueing them is no error.
-    std::mem::forget(jobs);
+    // No workers: the attach jobs the tracker queues wait in the attacher's own queue, never
+    // run.
+    let (attacher, _jobs) = Attacher::without_workers(TcMode::Tcx);
     Tracker::new(config, datapath, attacher, journal, Metrics::for_tests())
 }
 
@@ -150,7 +149,7 @@ fn observe_only_survives_a_restart_and_a_lost_journal() {
     // A restart: the journal and the pins.
     let mut restarted = tracker_with(config(EarlyReusePolicy::Observe), dir.path(), table);
     recover(&mut restarted);
-    restarted.reconcile(restarted.net.clone());
+    restarted.reconcile(restarted.core.net.clone());
     for addr in ["10.0.0.5", "fd00::5"] {
         assert_eq!(
             flags(&restarted, addr) & FLAG_OBSERVE_ONLY,
@@ -163,7 +162,7 @@ fn observe_only_survives_a_restart_and_a_lost_journal() {
     std::fs::remove_file(dir.path().join(JOURNAL_FILE)).unwrap();
     let mut rebuilt = tracker_with(config(EarlyReusePolicy::Observe), dir.path(), table);
     assert_eq!(recover(&mut rebuilt), super::Recovery::PinnedMaps);
-    rebuilt.reconcile(rebuilt.net.clone());
+    rebuilt.reconcile(rebuilt.core.net.clone());
     for addr in ["10.0.0.5", "fd00::5"] {
         assert!(
             rebuilt.registry().get(ip(addr)).unwrap().observe_only,
@@ -212,7 +211,7 @@ fn every_change_to_a_record_needs_a_save() {
     assert!(t.is_saved());
     // A duplicate source changes no state and no map entry, only the conflict count.
     let before = t.registry().generation();
-    let result = t.registry.duplicate_source(ip("10.0.0.7"), VETH_B);
+    let result = t.core.registry.duplicate_source(ip("10.0.0.7"), VETH_B);
     t.apply(result, "test");
     assert!(t.registry().generation() > before);
     assert!(!t.is_saved(), "a conflict count is a change to save");

@@ -56,7 +56,7 @@ impl ApiService<'_> {
                 ),
             ));
         };
-        if tracker::role(self.config, &spec.interface) != Some(Role::Workload) {
+        if tracker::decide::role(self.config, &spec.interface) != Some(Role::Workload) {
             return Err(ApiError::new(
                 ErrorCode::InvalidArgument,
                 format!(

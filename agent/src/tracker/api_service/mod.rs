@@ -69,11 +69,11 @@ impl Tracker {
     /// The API's reading of this owner's state, for one answer.
     pub(super) fn api(&self) -> ApiService<'_> {
         ApiService {
-            registry: &self.registry,
-            config: &self.config,
+            registry: &self.core.registry,
+            config: &self.core.config,
             metrics: &self.metrics,
             attacher: &self.attacher,
-            net: &self.net,
+            net: &self.core.net,
             hygiene: &self.hygiene,
             ipam_holds: &self.ipam_holds,
             feed: self.observer.feed(),

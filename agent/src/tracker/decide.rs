@@ -1,0 +1,316 @@
+//! The registry's decisions, without I/O: the registry, the node's netlink mirror and the
+//! configuration, behind handlers that take what netlink observed, what the kernel sampled or
+//! what time it is, and return the registry's effects (and what an interface's change asks of
+//! the attacher). The [`super::Tracker`] hands those to the parts that own each sink: the
+//! datapath writer, the observer, hygiene, the attacher, the journal.
+
+use std::net::IpAddr;
+
+use ipq_common::{counters::Reason, sample::ConflictSample};
+use log::warn;
+
+use crate::{
+    config::Config,
+    datapath::attach::Role,
+    netlink::{NetEvent, NetState},
+    registry::{AddrStatus, Effect, Holder, Registry, RegistryError, Source},
+};
+
+pub(super) struct Core {
+    pub(super) config: Config,
+    pub(super) registry: Registry,
+    /// The node's links, routes, addresses and neighbours, as netlink last said.
+    pub(super) net: NetState,
+}
+
+/// What a netlink event asks of the attacher, beside the registry's effects.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum InterfaceChange {
+    /// Nothing about interfaces.
+    Unchanged,
+    /// An interface seen (new, renamed or changed): its role under the configuration, `None`
+    /// when its name matches none.
+    Seen {
+        ifindex: u32,
+        name: String,
+        role: Option<Role>,
+    },
+    /// A known interface deleted.
+    Gone(u32),
+}
+
+/// What one input decided.
+#[derive(Debug, PartialEq)]
+pub(super) struct Decision {
+    pub(super) effects: Vec<Effect>,
+    pub(super) interface: InterfaceChange,
+}
+
+impl Decision {
+    fn effects(effects: Vec<Effect>) -> Self {
+        Self {
+            effects,
+            interface: InterfaceChange::Unchanged,
+        }
+    }
+}
+
+/// What interface `ifname` is to ipq under `config`: the uplink's role wins over a workload
+/// glob that also matches it.
+pub(super) fn role(config: &Config, ifname: &str) -> Option<Role> {
+    if config.is_uplink(ifname) {
+        Some(Role::Uplink)
+    } else if config.workload_glob_matching(ifname).is_some() {
+        Some(Role::Workload)
+    } else {
+        None
+    }
+}
+
+/// A registry operation's effects, or nothing, with the reason logged, when it refused.
+fn settled(result: Result<Vec<Effect>, RegistryError>, why: &str) -> Vec<Effect> {
+    // Only explicit claims (the API) answer a refusal; they record their conflict there.
+    result.unwrap_or_else(|e| {
+        warn!("{why}: {e}");
+        Vec::new()
+    })
+}
+
+impl Core {
+    pub(super) fn new(config: Config, registry: Registry) -> Self {
+        Self {
+            config,
+            registry,
+            net: NetState::default(),
+        }
+    }
+
+    /// What interface `ifname` is to ipq under the configuration.
+    pub(super) fn role(&self, ifname: &str) -> Option<Role> {
+        role(&self.config, ifname)
+    }
+
+    /// The holder of an address behind `ifindex`, when it is a workload's interface.
+    pub(super) fn workload_holder(&self, ifindex: u32) -> Option<Holder> {
+        let name = self.net.link_name(ifindex)?;
+        (self.role(name) == Some(Role::Workload)).then(|| Holder::new(ifindex, name.to_owned()))
+    }
+
+    /// One netlink event: the mirror follows it, and the registry what it says of holders.
+    pub(super) fn on_net_event(&mut self, event: NetEvent) -> Decision {
+        match &event {
+            NetEvent::Link { ifindex, name } => {
+                self.net.apply(&event);
+                // Also on a rename: a veth renamed into (or out of) a workload glob changes
+                // role.
+                let role = self.role(name);
+                return Decision {
+                    effects: Vec::new(),
+                    interface: InterfaceChange::Seen {
+                        ifindex: *ifindex,
+                        name: name.clone(),
+                        role,
+                    },
+                };
+            }
+            NetEvent::LinkGone { ifindex } => {
+                let known = self.net.has_link(*ifindex);
+                self.net.apply(&event);
+                self.registry.stop_waiting_on(*ifindex);
+                if known {
+                    let result = self.registry.holder_gone(*ifindex);
+                    return Decision {
+                        effects: settled(result, "interface deleted"),
+                        interface: InterfaceChange::Gone(*ifindex),
+                    };
+                }
+            }
+            NetEvent::HostRoute { addr, ifindex } => {
+                self.net.apply(&event);
+                if let Some(holder) = self.workload_holder(*ifindex) {
+                    return Decision::effects(self.observed_claim(
+                        *addr,
+                        holder,
+                        "host route added",
+                    ));
+                }
+            }
+            NetEvent::HostRouteGone { addr, ifindex } => {
+                self.net.apply(&event);
+                self.registry.stop_waiting(*addr, *ifindex);
+                // A route withdrawn while its interface lives: the holder is terminating.
+                if let Some(holder) = self.workload_holder(*ifindex) {
+                    if self.holder_of(*addr).is_some_and(|h| h.same_as(&holder)) {
+                        let result = self.registry.drain(*addr, Some(&holder));
+                        return Decision::effects(settled(result, "host route withdrawn"));
+                    }
+                }
+            }
+            NetEvent::NodeAddress { addr, .. } => {
+                self.net.apply(&event);
+                return Decision::effects(self.node_took(*addr));
+            }
+            NetEvent::Neighbour { addr, .. } => {
+                self.net.apply(&event);
+                return Decision::effects(self.claim_behind_bridge_port(*addr));
+            }
+            NetEvent::Fdb { mac, .. } => {
+                self.net.apply(&event);
+                // The addresses resolved to this MAC, from the MAC index: not a scan.
+                let mut effects = Vec::new();
+                for addr in self.net.addresses_with_mac(mac) {
+                    effects.extend(self.claim_behind_bridge_port(addr));
+                }
+                return Decision::effects(effects);
+            }
+            // A neighbour or FDB entry expiring says nothing about the holder's life: only its
+            // interface going away does.
+            NetEvent::NodeAddressGone { .. }
+            | NetEvent::NeighbourGone { .. }
+            | NetEvent::FdbGone { .. } => {
+                self.net.apply(&event);
+            }
+            NetEvent::Overrun => {}
+        }
+        Decision::effects(Vec::new())
+    }
+
+    fn holder_of(&self, addr: IpAddr) -> Option<&Holder> {
+        self.registry.get(addr).and_then(|r| r.status.holder())
+    }
+
+    /// A claim seen on netlink. An address the node itself holds is never a workload's; a
+    /// claim the full registry refuses waits for space.
+    fn observed_claim(&mut self, addr: IpAddr, holder: Holder, why: &str) -> Vec<Effect> {
+        if self.net.is_node_address(addr) {
+            return Vec::new();
+        }
+        match self.registry.claim(addr, holder.clone(), Source::Netlink) {
+            Err(RegistryError::Full { capacity, .. }) => {
+                if self.registry.wait_for_room(addr, holder) {
+                    warn!(
+                        "{addr}: not protected: the registry is full ({capacity} addresses); \
+                         claimed as soon as space frees"
+                    );
+                }
+                Vec::new()
+            }
+            result => settled(result, why),
+        }
+    }
+
+    /// An address turned out to be the node's own: whatever record a workload had on it goes
+    /// (an agent before this one may have taken a gateway on a veth for a pod's address).
+    fn node_took(&mut self, addr: IpAddr) -> Vec<Effect> {
+        if self.registry.get(addr).is_none() {
+            return Vec::new();
+        }
+        warn!("{addr}: configured on the node itself; no workload holds it, its record goes");
+        settled(self.registry.forget(addr), "address of the node")
+    }
+
+    /// Space freed in the registry: claims it refused for being full are tried again, oldest
+    /// first, as long as their holders still show them (at most `freed` claims).
+    pub(super) fn retry_waiting(&mut self, freed: usize) -> Vec<Effect> {
+        let net = &self.net;
+        let run = self.registry.claim_waiting(freed, |addr, ifindex| {
+            (net.has_host_route(addr, ifindex) || net.port_of(addr) == Some(ifindex))
+                && !net.is_node_address(addr)
+        });
+        let mut effects = run.effects;
+        if run.rescan {
+            effects.extend(self.rescan_unclaimed_routes());
+        }
+        effects
+    }
+
+    /// Claims every workload host route the registry lacks: once, after the pending queue's
+    /// bound left claimants out and the queue ran dry.
+    fn rescan_unclaimed_routes(&mut self) -> Vec<Effect> {
+        let unclaimed: Vec<(IpAddr, u32)> = self
+            .net
+            .host_routes()
+            .filter(|(addr, _)| self.registry.get(*addr).is_none())
+            .collect();
+        let mut effects = Vec::new();
+        for (addr, ifindex) in unclaimed {
+            if let Some(holder) = self.workload_holder(ifindex) {
+                effects.extend(self.observed_claim(
+                    addr,
+                    holder,
+                    "host route seen while the registry was full",
+                ));
+            }
+        }
+        effects
+    }
+
+    /// On bridge-plugin nodes a pod's address has no host route: the bridge resolved it to a
+    /// MAC, and the forwarding database says which port (the pod's veth) that MAC is behind.
+    fn claim_behind_bridge_port(&mut self, addr: IpAddr) -> Vec<Effect> {
+        let Some(port) = self.net.port_of(addr) else {
+            return Vec::new();
+        };
+        let Some(holder) = self.workload_holder(port) else {
+            return Vec::new();
+        };
+        let current = self.holder_of(addr);
+        if current.is_some_and(|h| h.same_as(&holder)) {
+            return Vec::new();
+        }
+        // A neighbour entry follows whoever last sent with the address; it is weaker evidence
+        // than an explicit claim (CNI, API), which names a container. Letting it contest one
+        // would hand the address back to an old holder whose early reuse was only observed,
+        // losing the claimant's identity; the datapath sees that old holder's packets anyway.
+        if current.is_some_and(|h| h.container_id().is_some()) {
+            return Vec::new();
+        }
+        self.observed_claim(addr, holder, "neighbour behind a bridge port")
+    }
+
+    /// What a conflict sample from the kernel means for the registry.
+    pub(super) fn on_sample(&mut self, sample: &ConflictSample) -> Vec<Effect> {
+        let addr = sample.addr.to_ip();
+        let observe_only = self.registry.get(addr).is_some_and(|r| r.observe_only);
+        match Reason::from_repr(sample.reason) {
+            Some(Reason::StaleTraffic) => settled(
+                self.registry.stale_seen(addr, sample.ts_ns),
+                "stale traffic",
+            ),
+            Some(Reason::RemoteClaim) => settled(self.registry.remote_claim(addr), "remote claim"),
+            // On an address whose early reuse was let through, the old holder's packets are the
+            // evidence of the conflict already recorded, not a new one.
+            Some(Reason::DuplicateSource) if observe_only => Vec::new(),
+            Some(Reason::DuplicateSource) => settled(
+                self.registry.duplicate_source(addr, sample.ifindex),
+                "duplicate source",
+            ),
+            _ => Vec::new(),
+        }
+    }
+
+    /// The kernel's stale-traffic stamp of a quarantine due now (`last_stale_ns`, from its
+    /// datapath entry): newer than what the registry knows, it may push the release back.
+    pub(super) fn on_stale_stamp(&mut self, addr: IpAddr, last_stale_ns: u64) -> Vec<Effect> {
+        let known = match self.registry.get(addr).map(|r| &r.status) {
+            Some(AddrStatus::Quarantined { last_stale, .. }) => *last_stale,
+            _ => return Vec::new(),
+        };
+        if last_stale_ns == 0 || known.is_some_and(|k| last_stale_ns <= k) {
+            return Vec::new();
+        }
+        settled(
+            self.registry.stale_seen(addr, last_stale_ns),
+            "stale traffic",
+        )
+    }
+
+    /// The cool-downs that are over.
+    pub(super) fn tick(&mut self) -> Vec<Effect> {
+        settled(self.registry.tick(), "cool-down over")
+    }
+}
+
+#[cfg(test)]
+#[path = "decide_tests.rs"]
+mod tests;

@@ -1,0 +1,228 @@
+//! The core's handlers alone: a registry, a netlink mirror and a configuration, inputs in and
+//! effects out; no journal, no datapath, no attacher, no channel.
+
+use std::net::IpAddr;
+
+use super::{Core, Decision, InterfaceChange};
+use crate::{
+    config::{Config, Globs},
+    datapath::attach::Role,
+    netlink::NetEvent,
+    registry::{AddrStatus, Effect, Registry, RegistrySettings, StateName, SystemClock},
+};
+
+const VETH_A: u32 = 11;
+const VETH_B: u32 = 12;
+const ETH0: u32 = 2;
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+fn core_with_capacity(capacity: u32) -> Core {
+    let mut config = Config {
+        capacity,
+        ..Config::default()
+    };
+    config.interfaces.workload = Globs::parse(&["veth*"]).unwrap();
+    config.interfaces.uplink = vec!["eth0".to_owned()];
+    let registry = Registry::new(RegistrySettings::from(&config), SystemClock);
+    let mut core = Core::new(config, registry);
+    for (ifindex, name) in [(VETH_A, "vethA"), (VETH_B, "vethB"), (ETH0, "eth0")] {
+        core.on_net_event(NetEvent::Link {
+            ifindex,
+            name: name.to_owned(),
+        });
+    }
+    core
+}
+
+fn core() -> Core {
+    core_with_capacity(1024)
+}
+
+fn route(addr: &str, ifindex: u32) -> NetEvent {
+    NetEvent::HostRoute {
+        addr: ip(addr),
+        ifindex,
+    }
+}
+
+/// The transitions among `effects`, as (address, from, to).
+fn transitions(effects: &[Effect]) -> Vec<(IpAddr, StateName, StateName)> {
+    effects
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Transition { addr, from, to, .. } => Some((*addr, *from, *to)),
+            _ => None,
+        })
+        .collect()
+}
+
+fn writes(effects: &[Effect]) -> Vec<IpAddr> {
+    effects
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Upsert { addr, .. } => Some(*addr),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_link_is_seen_with_the_role_its_name_gives_it() {
+    let mut core = core();
+    let seen = |core: &mut Core, name: &str| {
+        core.on_net_event(NetEvent::Link {
+            ifindex: 40,
+            name: name.to_owned(),
+        })
+        .interface
+    };
+    let role_of = |change| match change {
+        InterfaceChange::Seen { role, .. } => role,
+        other => panic!("a link event is an interface seen, not {other:?}"),
+    };
+    assert_eq!(role_of(seen(&mut core, "veth9")), Some(Role::Workload));
+    assert_eq!(role_of(seen(&mut core, "eth0")), Some(Role::Uplink));
+    assert_eq!(
+        role_of(seen(&mut core, "docker0")),
+        None,
+        "renamed out of every glob: the attacher is to release it"
+    );
+}
+
+#[test]
+fn a_host_route_on_a_workload_veth_claims_its_address_and_nowhere_else() {
+    let mut core = core();
+    let Decision { effects, interface } = core.on_net_event(route("10.0.0.5", VETH_A));
+    assert_eq!(interface, InterfaceChange::Unchanged);
+    assert_eq!(writes(&effects), vec![ip("10.0.0.5")]);
+    assert_eq!(
+        transitions(&effects),
+        vec![(ip("10.0.0.5"), StateName::Free, StateName::Active)]
+    );
+    let on_uplink = core.on_net_event(route("10.0.0.6", ETH0));
+    assert!(on_uplink.effects.is_empty(), "{on_uplink:?}");
+    assert!(core.registry.get(ip("10.0.0.6")).is_none());
+}
+
+#[test]
+fn a_route_withdrawn_drains_its_holder_and_the_interface_gone_quarantines() {
+    let mut core = core();
+    core.on_net_event(route("10.0.0.5", VETH_A));
+    let withdrawn = core.on_net_event(NetEvent::HostRouteGone {
+        addr: ip("10.0.0.5"),
+        ifindex: VETH_A,
+    });
+    assert_eq!(
+        transitions(&withdrawn.effects),
+        vec![(ip("10.0.0.5"), StateName::Active, StateName::Draining)]
+    );
+    let gone = core.on_net_event(NetEvent::LinkGone { ifindex: VETH_A });
+    assert_eq!(gone.interface, InterfaceChange::Gone(VETH_A));
+    assert_eq!(
+        transitions(&gone.effects),
+        vec![(ip("10.0.0.5"), StateName::Draining, StateName::Quarantined)]
+    );
+    // A link nobody knew is no interface change.
+    let unknown = core.on_net_event(NetEvent::LinkGone { ifindex: 99 });
+    assert_eq!(unknown.interface, InterfaceChange::Unchanged);
+}
+
+#[test]
+fn a_route_withdrawn_on_another_interface_leaves_the_holder_alone() {
+    let mut core = core();
+    core.on_net_event(route("10.0.0.5", VETH_A));
+    let elsewhere = core.on_net_event(NetEvent::HostRouteGone {
+        addr: ip("10.0.0.5"),
+        ifindex: VETH_B,
+    });
+    assert!(elsewhere.effects.is_empty(), "{elsewhere:?}");
+}
+
+#[test]
+fn an_address_the_node_takes_is_never_a_workloads() {
+    let mut core = core();
+    core.on_net_event(route("10.0.0.1", VETH_A));
+    let taken = core.on_net_event(NetEvent::NodeAddress {
+        addr: ip("10.0.0.1"),
+        ifindex: VETH_A,
+    });
+    assert!(
+        taken
+            .effects
+            .iter()
+            .any(|e| matches!(e, Effect::Remove { addr } if *addr == ip("10.0.0.1"))),
+        "{taken:?}"
+    );
+    assert!(core.registry.get(ip("10.0.0.1")).is_none());
+    let again = core.on_net_event(route("10.0.0.1", VETH_B));
+    assert!(again.effects.is_empty(), "{again:?}");
+}
+
+#[test]
+fn a_claim_the_full_registry_refused_is_made_when_room_frees() {
+    let mut core = core_with_capacity(1);
+    core.on_net_event(route("10.0.0.1", VETH_A));
+    let refused = core.on_net_event(route("10.0.0.2", VETH_B));
+    assert!(refused.effects.is_empty(), "full: {refused:?}");
+    assert!(core.registry.get(ip("10.0.0.2")).is_none());
+    // The node takes the first address: one record freed, and the waiting claim is made.
+    core.on_net_event(NetEvent::NodeAddress {
+        addr: ip("10.0.0.1"),
+        ifindex: VETH_A,
+    });
+    let retried = core.retry_waiting(1);
+    assert_eq!(writes(&retried), vec![ip("10.0.0.2")]);
+    assert!(core.registry.get(ip("10.0.0.2")).is_some());
+}
+
+#[test]
+fn a_neighbour_behind_a_bridge_port_claims_its_address() {
+    let mut core = core();
+    let mac = [2, 0, 0, 0, 0, 5];
+    let before_fdb = core.on_net_event(NetEvent::Neighbour {
+        addr: ip("10.0.0.5"),
+        ifindex: 3,
+        mac: Some(mac),
+    });
+    assert!(
+        before_fdb.effects.is_empty(),
+        "no port known for the MAC yet"
+    );
+    let fdb = core.on_net_event(NetEvent::Fdb { mac, port: VETH_A });
+    assert_eq!(writes(&fdb.effects), vec![ip("10.0.0.5")]);
+    let holder = core
+        .registry
+        .get(ip("10.0.0.5"))
+        .and_then(|r| r.status.holder().cloned());
+    assert_eq!(holder.map(|h| h.ifindex), Some(VETH_A));
+}
+
+#[test]
+fn only_a_newer_stale_stamp_of_a_quarantined_address_reaches_the_registry() {
+    let mut core = core();
+    core.on_net_event(route("10.0.0.5", VETH_A));
+    assert!(
+        core.on_stale_stamp(ip("10.0.0.5"), 7).is_empty(),
+        "an active address has no stale traffic"
+    );
+    core.on_net_event(NetEvent::LinkGone { ifindex: VETH_A });
+    let last_stale = |core: &Core| match core.registry.get(ip("10.0.0.5")).map(|r| &r.status) {
+        Some(AddrStatus::Quarantined { last_stale, .. }) => *last_stale,
+        other => panic!("quarantined, not {other:?}"),
+    };
+    assert_eq!(last_stale(&core), None);
+    core.on_stale_stamp(ip("10.0.0.5"), 0);
+    assert_eq!(last_stale(&core), None, "0 is no stamp");
+    let now = crate::netdev::monotonic_ns();
+    core.on_stale_stamp(ip("10.0.0.5"), now);
+    assert_eq!(last_stale(&core), Some(now));
+    core.on_stale_stamp(ip("10.0.0.5"), now - 1);
+    assert_eq!(
+        last_stale(&core),
+        Some(now),
+        "an older stamp changes nothing"
+    );
+}
