@@ -4,48 +4,30 @@
 
 use std::{
     net::{IpAddr, Ipv4Addr},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
-use anyhow::{bail, Context as _};
+use anyhow::Context as _;
 use ipq::netdev;
 use ipq_tests::lab::{ping, Agent, Lab};
 
 const BRIDGE_V4: Ipv4Addr = Ipv4Addr::new(10, 88, 0, 1);
 const POD_A: Ipv4Addr = Ipv4Addr::new(10, 88, 0, 5);
 const POD_B: Ipv4Addr = Ipv4Addr::new(10, 88, 0, 6);
+/// How long the agent gets to follow what the test did.
+const SETTLE: Duration = Duration::from_secs(10);
 
-/// Waits until `metric{labels}` satisfies `ok` (e.g. equals or reaches a value).
-fn wait_metric_until(
-    agent: &Agent,
-    name: &str,
-    labels: &[(&str, &str)],
-    what: &str,
-    ok: impl Fn(f64) -> bool,
-) -> anyhow::Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let got = agent.metric(name, labels)?;
-        if ok(got) {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            bail!(
-                "{name}{labels:?} is {got}, expected {what}; agent log:\n{}",
-                agent.log()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
+/// Waits until `metric{labels}` is `want`.
 fn wait_metric(
     agent: &Agent,
     name: &str,
     labels: &[(&str, &str)],
     want: f64,
 ) -> anyhow::Result<()> {
-    wait_metric_until(agent, name, labels, &want.to_string(), |got| got == want)
+    agent.wait_metric(name, labels, SETTLE, &format!("= {want}"), |got| {
+        got == want
+    })?;
+    Ok(())
 }
 
 /// Pings `dst` from `src` in `ns`; returns the replies.
@@ -126,9 +108,7 @@ fn bridge_ports_hold_addresses_and_a_duplicate_is_dropped() -> anyhow::Result<()
         "pod B's ARP from {POD_A} must be dropped, counted {dropped}"
     );
     let kind = [("kind", "duplicate_source")];
-    wait_metric_until(&agent, "ipq_conflicts_total", &kind, "at least 1", |n| {
-        n >= 1.0
-    })?;
+    agent.wait_metric("ipq_conflicts_total", &kind, SETTLE, ">= 1", |n| n >= 1.0)?;
     assert_eq!(
         ping_from(&lab.pod_a, POD_A, BRIDGE_V4)?,
         3,

@@ -189,6 +189,23 @@ impl<'l> Agent<'l> {
         self.scrape()?.get(name, labels)
     }
 
+    /// Waits up to `timeout` until `name{labels}` satisfies `ok` (`what` says what it should
+    /// be, for the failure); returns the value, or an error with the last value and the
+    /// agent's log.
+    pub fn wait_metric(
+        &self,
+        name: &str,
+        labels: &[(&str, &str)],
+        timeout: Duration,
+        what: &str,
+        ok: impl Fn(f64) -> bool,
+    ) -> anyhow::Result<f64> {
+        crate::wait::poll(&format!("{name}{labels:?} {what}"), timeout, || {
+            Ok(Some(self.metric(name, labels)?).filter(|v| ok(*v)))
+        })
+        .with_context(|| format!("agent log:\n{}", self.log()))
+    }
+
     /// Pod a's fenced drops so far: (tc_ingress, tc_egress).
     pub fn fenced_drops(&self) -> (f64, f64) {
         let get = |hook| {

@@ -64,10 +64,9 @@ fn pod_a_traffic(lab: &Lab, addr: IpAddr, peer: IpAddr) -> (usize, usize) {
 }
 
 fn wait_metric(agent: &Agent, name: &str, labels: &[(&str, &str)], ok: impl Fn(f64) -> bool) {
-    poll(&format!("{name} {labels:?}"), SETTLE, || {
-        Ok(agent.metric(name, labels).ok().filter(|v| ok(*v)))
-    })
-    .unwrap_or_else(|e| panic!("{e:#}\nlog:\n{}", agent.log()));
+    agent
+        .wait_metric(name, labels, SETTLE, "as expected", ok)
+        .unwrap_or_else(|e| panic!("{e:#}"));
 }
 
 /// Injected: `on_early_reuse = observe`, an early reuse of pod a's addresses (v4, v6) by pod
