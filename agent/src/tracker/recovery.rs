@@ -1,13 +1,13 @@
 //! Bringing the registry back at start, and taking a netlink dump as the truth.
 
-use std::{collections::BTreeMap, net::IpAddr};
+use std::{collections::BTreeMap, net::IpAddr, path::Path};
 
 use log::{error, info, warn};
 
 use super::Tracker;
 use crate::{
     api::model::RecoveryView,
-    journal::{JournalError, Loaded},
+    journal::{JournalError, Loaded, NewerJournal},
     netdev,
     netlink::NetState,
     registry::{entry, AddrRecord, Snapshot, SNAPSHOT_VERSION},
@@ -16,6 +16,103 @@ use crate::{
 /// How the registry came back at start: from the journal, or (the journal missing or unusable)
 /// rebuilt from the pinned maps; the API's name for it, which `ipq status` shows.
 pub use ipq_api::RecoveredFrom as Recovery;
+
+/// What the journal gave at start: its records (rebased onto this boot's clock), where they
+/// came from, and what went wrong reading it, each a line of `ipq status`.
+#[derive(Debug)]
+pub(super) struct JournalReading {
+    pub(super) records: Vec<AddrRecord>,
+    pub(super) from: Recovery,
+    pub(super) problems: Vec<String>,
+}
+
+/// Reads `Journal::load`'s answer (`path`: the journal's file; `newer`: a newer agent's journal
+/// left beside) into the records to recover, with no I/O: a journal missing, corrupt or
+/// unreadable leaves the pinned maps to rebuild from.
+pub(super) fn read_journal(
+    loaded: Result<Option<Loaded<AddrRecord>>, JournalError>,
+    path: &Path,
+    newer: Option<&NewerJournal>,
+    now_mono_ns: u64,
+    now_unix_ms: u64,
+) -> JournalReading {
+    let mut problems = Vec::new();
+    let (records, from) = match loaded {
+        Ok(Some(loaded)) => {
+            if let Some(torn) = &loaded.torn_tail {
+                let problem = format!(
+                    "journal {}: dropped a torn tail of {} bytes at byte {} (a write cut short \
+                     by a crash, never acknowledged)",
+                    path.display(),
+                    torn.dropped,
+                    torn.at
+                );
+                warn!("{problem}");
+                problems.push(problem);
+            }
+            let mut snapshot = Snapshot {
+                version: SNAPSHOT_VERSION,
+                taken_at: loaded.written_mono_ns,
+                records: loaded.records,
+            };
+            if !loaded.same_boot {
+                // Monotonic stamps of another boot: carry them over by wall-clock time.
+                let elapsed_ns = now_unix_ms.saturating_sub(loaded.written_unix_ms) * 1_000_000;
+                let written_now = now_mono_ns.saturating_sub(elapsed_ns);
+                snapshot.rebase(loaded.written_mono_ns, written_now);
+            }
+            (snapshot.records, Recovery::Journal)
+        }
+        Ok(None) => {
+            info!("journal: none yet in {}", path.display());
+            (Vec::new(), Recovery::PinnedMaps)
+        }
+        Err(JournalError::Corrupt {
+            path,
+            reason,
+            moved_to,
+        }) => {
+            let problem = format!(
+                "journal {} is corrupt ({reason}); kept as {}",
+                path.display(),
+                moved_to.display()
+            );
+            error!("{problem}; rebuilding from the pinned maps");
+            problems.push(problem);
+            (Vec::new(), Recovery::PinnedMaps)
+        }
+        Err(e) => {
+            error!("journal: {e}; rebuilding from the pinned maps");
+            problems.push(format!("journal: {e}"));
+            (Vec::new(), Recovery::PinnedMaps)
+        }
+    };
+    if let Some(newer) = newer {
+        let problem = format!(
+            "journal {} was written by a newer ipq (format version {}; this agent writes {}): \
+             left untouched for its return; this agent journals to {} meanwhile{}, and its \
+             registry comes from there and the pinned maps",
+            newer.path.display(),
+            newer.version,
+            crate::journal::VERSION,
+            newer.beside.display(),
+            newer
+                .stale_set_aside
+                .as_ref()
+                .map_or(String::new(), |stale| format!(
+                    " (its older copy there predates the newer agent's last write: kept as {})",
+                    stale.display()
+                )),
+        );
+        warn!("{problem}");
+        problems.push(problem);
+    }
+    JournalReading {
+        records,
+        from,
+        problems,
+    }
+}
 
 impl Tracker {
     /// Brings the registry back from the journal as loaded (`Journal::load`'s answer: the
@@ -26,83 +123,21 @@ impl Tracker {
         &mut self,
         loaded: Result<Option<Loaded<AddrRecord>>, JournalError>,
     ) -> Recovery {
-        let mut problems = Vec::new();
-        let (journal, recovery) = match loaded {
-            Ok(Some(loaded)) => {
-                if let Some(torn) = &loaded.torn_tail {
-                    let problem = format!(
-                        "journal {}: dropped a torn tail of {} bytes at byte {} (a write cut \
-                         short by a crash, never acknowledged)",
-                        self.durable.journal().path().display(),
-                        torn.dropped,
-                        torn.at
-                    );
-                    warn!("{problem}");
-                    problems.push(problem);
-                }
-                let mut snapshot = Snapshot {
-                    version: SNAPSHOT_VERSION,
-                    taken_at: loaded.written_mono_ns,
-                    records: loaded.records,
-                };
-                if !loaded.same_boot {
-                    // Monotonic stamps of another boot: carry them over by wall-clock time.
-                    let now_unix_ms = std::time::SystemTime::now()
-                        .duration_since(std::time::UNIX_EPOCH)
-                        .map_or(0, |d| d.as_millis() as u64);
-                    let elapsed_ns = now_unix_ms.saturating_sub(loaded.written_unix_ms) * 1_000_000;
-                    let written_now = netdev::monotonic_ns().saturating_sub(elapsed_ns);
-                    snapshot.rebase(loaded.written_mono_ns, written_now);
-                }
-                (snapshot.records, Recovery::Journal)
-            }
-            Ok(None) => {
-                info!(
-                    "journal: none yet in {}",
-                    self.durable.journal().path().display()
-                );
-                (Vec::new(), Recovery::PinnedMaps)
-            }
-            Err(JournalError::Corrupt {
-                path,
-                reason,
-                moved_to,
-            }) => {
-                let problem = format!(
-                    "journal {} is corrupt ({reason}); kept as {}",
-                    path.display(),
-                    moved_to.display()
-                );
-                error!("{problem}; rebuilding from the pinned maps");
-                problems.push(problem);
-                (Vec::new(), Recovery::PinnedMaps)
-            }
-            Err(e) => {
-                error!("journal: {e}; rebuilding from the pinned maps");
-                problems.push(format!("journal: {e}"));
-                (Vec::new(), Recovery::PinnedMaps)
-            }
-        };
-        if let Some(newer) = self.durable.journal().newer() {
-            let problem = format!(
-                "journal {} was written by a newer ipq (format version {}; this agent writes \
-                 {}): left untouched for its return; this agent journals to {} meanwhile{}, \
-                 and its registry comes from there and the pinned maps",
-                newer.path.display(),
-                newer.version,
-                crate::journal::VERSION,
-                newer.beside.display(),
-                newer
-                    .stale_set_aside
-                    .as_ref()
-                    .map_or(String::new(), |stale| format!(
-                        " (its older copy there predates the newer agent's last write: kept as {})",
-                        stale.display()
-                    )),
-            );
-            warn!("{problem}");
-            problems.push(problem);
-        }
+        let journal = self.durable.journal();
+        let now_unix_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let JournalReading {
+            records: journal,
+            from: recovery,
+            mut problems,
+        } = read_journal(
+            loaded,
+            &journal.path(),
+            journal.newer(),
+            netdev::monotonic_ns(),
+            now_unix_ms,
+        );
         for line in self.enforcer.opened_disagreeing() {
             problems.push(format!("pinned maps at start: {line}"));
         }
@@ -187,3 +222,7 @@ impl Tracker {
         self.observe_protection();
     }
 }
+
+#[cfg(test)]
+#[path = "recovery_tests.rs"]
+mod tests;
