@@ -349,6 +349,7 @@ impl Recovered {
         // With the registry recovered and reconciled: the object's first write is the node's
         // truth.
         start_publishing(&config, &mut tracker, &metrics);
+        let (ipam_holds, ipam_records) = tracker.ipam_tables();
         let ipam_bins = Arc::new(crate::ipam::trust::TrustedBins::new(
             config.ipam_cni_bin_dirs.clone(),
         ));
@@ -357,7 +358,7 @@ impl Recovered {
             max_cooldown: config.max_cooldown,
             registry_lost_at: (recovery == Recovery::PinnedMaps).then(ipq_api::model::now_unix_ms),
             bins: ipam_bins.clone(),
-            records: tracker.ipam_records(),
+            records: ipam_records.clone(),
         };
         // ipq-ipam's records are not listed here: a release looks its record up by its file
         // name (`Records::get`), and the releaser's scans adopt the rest off the loop, so
@@ -367,13 +368,13 @@ impl Recovered {
             command_tx.clone(),
             urgent_rx,
             metrics.clone(),
-            tracker.ipam_holds(),
+            ipam_holds,
         ));
         let api = tokio::spawn(ApiServer::bind(&config.api_socket, access)?.serve(
             command_tx,
             metrics.clone(),
             ipam_bins,
-            tracker.ipam_records(),
+            ipam_records,
         ));
         let (sigterm, sigint) = inputs::stop_signals()?;
         metrics.readiness.set_started(true);

@@ -46,7 +46,10 @@ impl Tracker {
                 return Box::new(|_| {});
             }
             Command::HoldRelease { release, reply } => {
-                return answer(reply, self.hold_release(*release))
+                return answer(
+                    reply,
+                    self.ipam.hold_release(*release, &self.api(), &self.metrics),
+                )
             }
             Command::DatapathPut {
                 addr,

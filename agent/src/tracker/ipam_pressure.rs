@@ -7,7 +7,6 @@ use std::{collections::BTreeMap, net::IpAddr};
 
 use ipq_api::OnExhausted;
 use log::warn;
-use tokio::sync::mpsc;
 
 use super::Tracker;
 use crate::{
@@ -32,11 +31,6 @@ struct Allocation {
 }
 
 impl Tracker {
-    /// The releaser's queue for pool pressure.
-    pub fn set_ipam_releaser(&mut self, urgent: mpsc::Sender<Urgent>) {
-        self.ipam_urgent = Some(urgent);
-    }
-
     /// Answers `request` now (wait, nothing held) or through the releaser (release-quietest).
     pub(super) fn ipam_exhausted(
         &mut self,
@@ -53,7 +47,7 @@ impl Tracker {
         };
         let mut allocations: BTreeMap<(String, String), Allocation> = BTreeMap::new();
         let mut next: Option<MonoNs> = None;
-        for (addr, hold) in self.ipam_holds.all() {
+        for (addr, hold) in self.ipam.holds.all() {
             if hold.network != request.network {
                 continue;
             }
@@ -119,7 +113,7 @@ impl Tracker {
             answer,
             reply,
         };
-        let Some(queue) = &self.ipam_urgent else {
+        let Some(queue) = self.ipam.urgent() else {
             warn!(
                 "ipam: no releaser runs; the exhausted range of {:?} waits",
                 request.network

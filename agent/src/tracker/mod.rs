@@ -95,12 +95,8 @@ pub struct Tracker {
     started: Option<crate::api::model::StartedView>,
     /// Reuse hygiene's jobs and last reports (inert until started).
     hygiene: crate::hygiene::Hygiene,
-    /// The allocations ipq-ipam holds, as its releaser last saw them.
-    ipam_holds: crate::ipam::holds::Holds,
-    /// The records of ipq-ipam's allocations: what a release may run.
-    ipam_records: crate::ipam::records::Records,
-    /// The releaser's queue of releases wanted now (pool pressure); none in tests.
-    ipam_urgent: Option<tokio::sync::mpsc::Sender<crate::ipam::releaser::Urgent>>,
+    /// ipq-ipam's records, held releases, holds and releaser.
+    ipam: ipam::IpamSide,
     /// The NodeQuarantine publisher's end, when the agent publishes (`publish`).
     publish: Option<crate::publish::Feed>,
     /// The whereabouts projection's end, when enabled (`publish`).
@@ -127,10 +123,7 @@ impl Tracker {
         metrics: Arc<Metrics>,
     ) -> Self {
         let settings = RegistrySettings::from(&config);
-        let ipam_records = crate::ipam::records::Records::new(
-            ipq_fs::paths::ipam_allocation_dir(&config.state_dir),
-            config.capacity as usize,
-        );
+        let ipam = ipam::IpamSide::new(&config.state_dir, config.capacity as usize);
         Self {
             observer: observer::Observer::new(metrics.clone()),
             core: decide::Core::new(config, Registry::new(settings, SystemClock)),
@@ -145,9 +138,7 @@ impl Tracker {
             bpf_watcher: Err("not started".to_owned()),
             started: None,
             hygiene: crate::hygiene::Hygiene::disabled(),
-            ipam_holds: Default::default(),
-            ipam_records,
-            ipam_urgent: None,
+            ipam,
             publish: None,
             whereabouts: None,
             #[cfg(test)]
@@ -213,6 +204,20 @@ impl Tracker {
         self.metrics
             .addresses_unprotected
             .set(self.core.registry.waiting() as i64);
+    }
+
+    /// The releaser's queue for pool pressure.
+    pub fn set_ipam_releaser(
+        &mut self,
+        urgent: tokio::sync::mpsc::Sender<crate::ipam::releaser::Urgent>,
+    ) {
+        self.ipam.set_releaser(urgent);
+    }
+
+    /// The shared table of ipq-ipam's holds and the records of its allocations, for the
+    /// releaser and the API.
+    pub fn ipam_tables(&self) -> (crate::ipam::holds::Holds, crate::ipam::records::Records) {
+        (self.ipam.holds(), self.ipam.records())
     }
 
     /// Writes what is still unsaved; the datapath keeps enforcing through its pins.

@@ -75,7 +75,7 @@ impl Tracker {
             attacher: &self.attacher,
             net: &self.core.net,
             hygiene: &self.hygiene,
-            ipam_holds: &self.ipam_holds,
+            ipam_holds: &self.ipam.holds,
             feed: self.observer.feed(),
             writes: self.enforcer.pending(),
             started_at: self.started_at,
