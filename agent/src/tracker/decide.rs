@@ -6,14 +6,18 @@
 
 use std::net::IpAddr;
 
-use ipq_common::{counters::Reason, sample::ConflictSample};
+use ipq_common::{
+    counters::{Action, Reason},
+    sample::ConflictSample,
+    verdict,
+};
 use log::warn;
 
 use crate::{
-    config::Config,
+    config::{Config, EarlyReusePolicy},
     datapath::attach::Role,
     netlink::{NetEvent, NetState},
-    registry::{AddrStatus, Effect, Holder, Registry, RegistryError, Source},
+    registry::{AddrStatus, Effect, Holder, Registry, RegistryError, Source, StateName},
 };
 
 pub(super) struct Core {
@@ -303,6 +307,19 @@ impl Core {
             self.registry.stale_seen(addr, last_stale_ns),
             "stale traffic",
         )
+    }
+
+    /// Whether reuse hygiene cleans `addr` as it leaves `from`: exactly when the datapath
+    /// drops a workload conflict on it. Under `observe` (the mode, or an early reuse only
+    /// observed) every holder keeps flowing, and so must their state. (The transition comes
+    /// before its conflict, so an observed early reuse is recognised here by the policy and the
+    /// live old holder.)
+    pub(super) fn cleans(&self, addr: IpAddr, from: StateName) -> bool {
+        let observed_reuse = self.registry.get(addr).is_some_and(|r| r.observe_only)
+            || (self.config.on_early_reuse == EarlyReusePolicy::Observe
+                && matches!(from, StateName::Active | StateName::Draining));
+        verdict::action_for_address(self.config.mode, Reason::Fenced, observed_reuse)
+            == Action::Dropped
     }
 
     /// The cool-downs that are over.

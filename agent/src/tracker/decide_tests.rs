@@ -5,7 +5,7 @@ use std::net::IpAddr;
 
 use super::{Core, Decision, InterfaceChange};
 use crate::{
-    config::{Config, Globs},
+    config::{Config, EarlyReusePolicy, Globs, Mode},
     datapath::attach::Role,
     netlink::NetEvent,
     registry::{AddrStatus, Effect, Registry, RegistrySettings, StateName, SystemClock},
@@ -225,4 +225,58 @@ fn only_a_newer_stale_stamp_of_a_quarantined_address_reaches_the_registry() {
         Some(now),
         "an older stamp changes nothing"
     );
+}
+
+#[test]
+fn hygiene_cleans_where_the_datapath_drops_and_never_under_observe() {
+    let cases = [
+        (
+            Mode::Enforce,
+            EarlyReusePolicy::FenceOld,
+            StateName::Active,
+            true,
+        ),
+        (
+            Mode::Enforce,
+            EarlyReusePolicy::FenceOld,
+            StateName::Quarantined,
+            true,
+        ),
+        // An early reuse only observed: both holders keep flowing.
+        (
+            Mode::Enforce,
+            EarlyReusePolicy::Observe,
+            StateName::Active,
+            false,
+        ),
+        (
+            Mode::Enforce,
+            EarlyReusePolicy::Observe,
+            StateName::Draining,
+            false,
+        ),
+        // A reuse after the quarantine is no early reuse: the old holder is gone.
+        (
+            Mode::Enforce,
+            EarlyReusePolicy::Observe,
+            StateName::Quarantined,
+            true,
+        ),
+        (
+            Mode::Observe,
+            EarlyReusePolicy::FenceOld,
+            StateName::Active,
+            false,
+        ),
+    ];
+    for (mode, policy, from, cleans) in cases {
+        let mut core = core();
+        core.config.mode = mode;
+        core.config.on_early_reuse = policy;
+        assert_eq!(
+            core.cleans(ip("10.0.0.5"), from),
+            cleans,
+            "{mode:?}, {policy:?}, from {from:?}"
+        );
+    }
 }

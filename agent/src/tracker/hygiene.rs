@@ -4,10 +4,6 @@
 
 use std::net::IpAddr;
 
-use ipq_common::{
-    counters::{Action, Reason},
-    verdict,
-};
 use tokio::sync::mpsc;
 
 use super::Tracker;
@@ -16,7 +12,6 @@ use crate::{
         model::{EventBody, HygieneView},
         views::TimeBase,
     },
-    config::EarlyReusePolicy,
     hygiene::{HygieneError, QueueCounters, Report},
     queues::Queue,
     registry::{Holder, StateName},
@@ -68,13 +63,7 @@ impl Tracker {
         to: StateName,
         holder: Option<&Holder>,
     ) {
-        let observed_reuse = self.core.registry.get(addr).is_some_and(|r| r.observe_only)
-            || (self.core.config.on_early_reuse == EarlyReusePolicy::Observe
-                && matches!(from, StateName::Active | StateName::Draining));
-        // Cleaned exactly when the datapath drops a workload conflict on this address.
-        let act =
-            verdict::action_for_address(self.core.config.mode, Reason::Fenced, observed_reuse)
-                == Action::Dropped;
+        let act = self.core.cleans(addr, from);
         let live = holder
             .filter(|_| matches!(to, StateName::Active | StateName::Draining))
             .map(|h| h.ifindex);
