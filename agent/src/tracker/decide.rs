@@ -328,6 +328,8 @@ impl Core {
     }
 }
 
+mod drains;
+
 #[cfg(test)]
 #[path = "decide_tests.rs"]
 mod tests;

@@ -5,10 +5,13 @@ use std::net::IpAddr;
 
 use super::{Core, Decision, InterfaceChange};
 use crate::{
+    api::model::{Attachment, DrainAttachmentRequest, GcRequest},
     config::{Config, EarlyReusePolicy, Globs, Mode},
     datapath::attach::Role,
     netlink::NetEvent,
-    registry::{AddrStatus, Effect, Registry, RegistrySettings, StateName, SystemClock},
+    registry::{
+        AddrStatus, Effect, Holder, Registry, RegistrySettings, Source, StateName, SystemClock,
+    },
 };
 
 const VETH_A: u32 = 11;
@@ -279,4 +282,47 @@ fn hygiene_cleans_where_the_datapath_drops_and_never_under_observe() {
             "{mode:?}, {policy:?}, from {from:?}"
         );
     }
+}
+
+#[test]
+fn a_cni_gc_drains_only_the_cni_made_holders_the_runtime_no_longer_lists() {
+    let mut core = core();
+    let cni = |id: &str, ifindex: u32, name: &str| {
+        Holder::new(ifindex, name)
+            .with_container_id(id)
+            .with_cni_ifname("eth0")
+    };
+    for (addr, holder) in [
+        ("10.0.0.1", cni("c-listed", VETH_A, "vethA")),
+        ("10.0.0.2", cni("c-gone", VETH_B, "vethB")),
+    ] {
+        core.registry.claim(ip(addr), holder, Source::Cni).unwrap();
+    }
+    // Seen on netlink only: no container, not the runtime's to collect.
+    core.on_net_event(route("10.0.0.3", VETH_A));
+    let request = GcRequest {
+        valid_attachments: vec![Attachment {
+            container_id: "c-listed".to_owned(),
+            ifname: "eth0".to_owned(),
+        }],
+        network: None,
+    };
+    let drained = core.gc(&request);
+    assert_eq!(
+        drained.addresses.into_iter().collect::<Vec<_>>(),
+        vec![ip("10.0.0.2")]
+    );
+    assert_eq!(
+        transitions(&drained.effects),
+        vec![(ip("10.0.0.2"), StateName::Active, StateName::Draining)]
+    );
+    let del = core.drain_attachment(&DrainAttachmentRequest {
+        container_id: "c-listed".to_owned(),
+        cni_ifname: Some("eth0".to_owned()),
+        addresses: Vec::new(),
+    });
+    assert_eq!(
+        del.addresses.into_iter().collect::<Vec<_>>(),
+        vec![ip("10.0.0.1")]
+    );
 }
