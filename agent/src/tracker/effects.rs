@@ -27,12 +27,12 @@ impl Tracker {
         for effect in effects {
             match effect {
                 Effect::Upsert { addr, entry } => {
-                    self.forget_hand_written(addr);
+                    self.hand_written.forget(addr);
                     self.enforcer.write(addr, entry);
                 }
                 Effect::Remove { addr } => {
                     freed += 1;
-                    self.forget_hand_written(addr);
+                    self.hand_written.forget(addr);
                     self.enforcer.remove(addr);
                 }
                 Effect::Conflict(conflict) => {
@@ -60,14 +60,6 @@ impl Tracker {
             if !claimed.is_empty() {
                 self.apply_effects(claimed);
             }
-        }
-    }
-
-    /// The registry writes over an entry written by hand (O(1); nothing to do in the common
-    /// case of none).
-    fn forget_hand_written(&mut self, addr: std::net::IpAddr) {
-        if !self.hand_written.is_empty() {
-            self.hand_written.remove(&addr.to_canonical());
         }
     }
 

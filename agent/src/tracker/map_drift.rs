@@ -11,7 +11,7 @@ use std::{
 };
 
 use ipq_api::DriftFoundBy;
-use ipq_common::addr::{AddrEntry, AddrKey};
+use ipq_common::addr::AddrKey;
 use log::warn;
 
 use super::Tracker;
@@ -23,7 +23,6 @@ use crate::{
         verify::{drift_lines, Summary, Verification},
         MapDrift,
     },
-    registry::datapath_entry,
 };
 
 /// Addresses named in a map's WARN line; the rest are counted.
@@ -72,13 +71,7 @@ impl Tracker {
         found_by: DriftFoundBy,
     ) -> Vec<MapDrift> {
         let (registry, hand_written) = (&self.core.registry, &self.hand_written);
-        let wanted = |addr: &AddrKey| -> Option<AddrEntry> {
-            let ip = addr.to_ip();
-            match hand_written.get(&ip) {
-                Some(by_hand) => *by_hand,
-                None => registry.get(ip).map(datapath_entry),
-            }
-        };
+        let wanted = |addr: &AddrKey| hand_written.wanted(registry, addr.to_ip());
         let check = self.enforcer.recheck_maps(suspects, &wanted);
         log::debug!(
             "maps verified: {} addresses compared off the loop in {:?}, {} suspects, looked at \

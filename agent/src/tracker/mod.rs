@@ -88,7 +88,7 @@ pub struct Tracker {
     pins_problem: Option<String>,
     /// Datapath entries written (`Some`) or removed (`None`) by hand, behind the registry's
     /// back, until the registry next changes the address: what the verification keeps there.
-    hand_written: std::collections::HashMap<std::net::IpAddr, Option<ipq_common::addr::AddrEntry>>,
+    hand_written: break_glass::HandWritten,
     /// Whether the watcher of other processes' bpf() calls is attached, or why not.
     bpf_watcher: Result<Arc<crate::datapath::bpf_watch::Pokes>, String>,
     /// What was in place when the agent became ready ([`Tracker::mark_started`]).
@@ -134,7 +134,7 @@ impl Tracker {
             started_at: SystemTime::now(),
             recovered: None,
             pins_problem: None,
-            hand_written: std::collections::HashMap::new(),
+            hand_written: Default::default(),
             bpf_watcher: Err("not started".to_owned()),
             started: None,
             hygiene: crate::hygiene::Hygiene::disabled(),
