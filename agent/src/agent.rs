@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use ipq_fs::safe_fs::DirError;
-use log::warn;
+use log::{error, warn};
 use thiserror::Error;
 
 use crate::{
@@ -83,7 +83,7 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
         metrics,
         pins_root,
     } = serving;
-    let tracker = owner.run().await;
+    let (mut tracker, mut durable) = owner.run().await;
 
     api.abort();
     let _ = api.await;
@@ -107,7 +107,10 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
     }
     let restored = held_pins::restore(&pins_root);
     held_pins::report(&restored);
-    tracker.shutdown();
+    // What is still unsaved; the datapath keeps enforcing through its pins.
+    if let Err(reason) = durable.persist(tracker.journaled()) {
+        error!("journal: the last changes were not saved at shutdown ({reason})");
+    }
     let unrestored = restored.iter().filter(|r| r.outcome.is_err()).count();
     crate::datapath::bpffs::say_at_stop(&pins_root, unrestored);
     Ok(())

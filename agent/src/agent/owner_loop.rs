@@ -14,13 +14,20 @@ use super::{
     spool_replay::replay_spool,
     waiting::WaitingAnswers,
 };
-use crate::{heap::Trimmer, metrics::Metrics, netdev, netlink, tracker::Tracker};
+use crate::{
+    heap::Trimmer,
+    metrics::Metrics,
+    netdev, netlink,
+    tracker::{Durable, Tracker},
+};
 
 /// Longest sleep between two ticks: the CNI spool is replayed on each.
 const MAX_TICK: Duration = Duration::from_secs(1);
 
 pub(super) struct OwnerLoop {
     pub(super) tracker: Tracker,
+    /// The registry's durable copy: saved after every input, answers waiting for it.
+    pub(super) durable: Durable,
     pub(super) inputs: Inputs,
     pub(super) metrics: Arc<Metrics>,
     pub(super) spool_dir: PathBuf,
@@ -30,8 +37,8 @@ pub(super) struct OwnerLoop {
 }
 
 impl OwnerLoop {
-    /// Runs until told to stop; returns the tracker for the shutdown.
-    pub(super) async fn run(mut self) -> Tracker {
+    /// Runs until told to stop; returns the tracker and its journal for the shutdown.
+    pub(super) async fn run(mut self) -> (Tracker, Durable) {
         loop {
             let delay = tick_delay(&self.tracker, self.last_tick);
             match self.inputs.next(delay).await {
@@ -43,10 +50,10 @@ impl OwnerLoop {
             }
             // Also the retry of a failed save: this runs at least once a second.
             self.waiting
-                .after_quiet_save(&self.tracker.persist_deferred());
+                .after_quiet_save(&self.durable.persist_deferred(self.tracker.journaled()));
             self.tracker.publish_changes();
         }
-        self.tracker
+        (self.tracker, self.durable)
     }
 
     /// One input, handed to the tracker.
@@ -84,17 +91,18 @@ impl OwnerLoop {
                 let answers = commands.into_iter().map(|c| tracker.handle(c)).collect();
                 // Answered only once what they changed is on disk (the flush runs off this
                 // loop); `unavailable`, with the journal's error, when it cannot be.
-                self.waiting.after_save(answers, tracker.persist_deferred());
+                let saved = self.durable.persist_deferred(tracker.journaled());
+                self.waiting.after_save(answers, saved);
             }
             Input::Synced(reports) => {
                 for report in reports {
-                    self.waiting.on_synced(tracker.on_synced(report));
+                    self.waiting.on_synced(self.durable.on_synced(report));
                 }
             }
             Input::Tick => {
                 self.last_tick = Instant::now();
                 tracker.tick();
-                replay_spool(tracker, &self.spool_dir);
+                replay_spool(tracker, &mut self.durable, &self.spool_dir);
             }
         }
     }

@@ -4,10 +4,10 @@
 use ipq_fs::spool;
 use log::{error, info, warn};
 
-use crate::tracker::Tracker;
+use crate::tracker::{Durable, Tracker};
 
 /// Drains what `ipq-cni` spooled when it could not reach an agent.
-pub(super) fn replay_spool(tracker: &mut Tracker, dir: &std::path::Path) {
+pub(super) fn replay_spool(tracker: &mut Tracker, durable: &mut Durable, dir: &std::path::Path) {
     let pending = match spool::pending(dir) {
         Ok(pending) => pending,
         Err(e) => {
@@ -25,7 +25,7 @@ pub(super) fn replay_spool(tracker: &mut Tracker, dir: &std::path::Path) {
         // Saved before the spool file goes, so a crash in between replays it again (harmless:
         // draining is idempotent) rather than losing it. A failed save keeps every file left:
         // the next tick replays them.
-        if let Err(reason) = tracker.persist() {
+        if let Err(reason) = durable.persist(tracker.journaled()) {
             warn!(
                 "CNI spool: the DEL of container {} is kept for a later replay: the journal \
                  could not be saved ({reason})",

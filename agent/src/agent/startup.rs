@@ -37,7 +37,7 @@ use crate::{
     netlink::{self, NetEvent, NetState, NetlinkError},
     queues::{Overflows, Queue},
     registry::AddrRecord,
-    tracker::{Recovery, Tracker},
+    tracker::{Durable, Recovery, Tracker},
 };
 
 /// Refuses what ipq cannot run on, raises the descriptors' limit and claims the pins'
@@ -225,6 +225,7 @@ pub(super) struct Recovered {
     config: Config,
     access: Access,
     tracker: Tracker,
+    durable: Durable,
     recovery: Recovery,
     metrics: Arc<Metrics>,
     spool_dir: PathBuf,
@@ -269,13 +270,13 @@ impl Watching {
         safe_fs::ensure_private_dir(&spool_dir)?;
         safe_fs::ensure_private_dir(&ipq_fs::paths::ipam_release_dir(&config.state_dir))?;
         safe_fs::ensure_private_dir(&ipq_fs::paths::ipam_allocation_dir(&config.state_dir))?;
-        let mut tracker =
-            Tracker::new(config.clone(), datapath, attacher, journal, metrics.clone());
+        let mut tracker = Tracker::new(config.clone(), datapath, attacher, metrics.clone());
+        let mut durable = Durable::new(journal, metrics.clone());
         tracker.set_bpf_watcher(watcher);
-        let recovery = tracker.recover(journal_load);
+        let recovery = tracker.recover(journal_load, durable.journal_mut());
         // DELs spooled while no agent ran drain their holders before the dump says which are
         // gone, so they end up exactly where a live DEL would have put them.
-        replay_spool(&mut tracker, &spool_dir);
+        replay_spool(&mut tracker, &mut durable, &spool_dir);
         let dump = dump.await.map_err(|source| AgentError::Task {
             what: "dumping the node's netlink state",
             source,
@@ -291,11 +292,12 @@ impl Watching {
         }
         tracker.prune_links();
         // A failure is logged and counted by persist; the loop retries every tick.
-        let _ = tracker.persist();
+        let _ = durable.persist(tracker.journaled());
         Ok(Recovered {
             config,
             access,
             tracker,
+            durable,
             recovery,
             metrics,
             spool_dir,
@@ -327,6 +329,7 @@ impl Recovered {
             config,
             access,
             mut tracker,
+            mut durable,
             recovery,
             metrics,
             spool_dir,
@@ -392,7 +395,7 @@ impl Recovered {
             config.metrics_addr,
         );
         // From here on a save's fdatasync runs off the loop; answers wait for it.
-        let synced = tracker.defer_journal_syncs();
+        let synced = durable.defer_syncs();
         let inputs = Inputs {
             sigterm,
             sigint,
@@ -409,6 +412,7 @@ impl Recovered {
         Ok(Serving {
             owner: OwnerLoop {
                 tracker,
+                durable,
                 inputs,
                 metrics: metrics.clone(),
                 spool_dir,

@@ -4,17 +4,41 @@
 
 use std::{
     collections::VecDeque,
+    net::IpAddr,
+    sync::Arc,
     time::{Duration, Instant},
 };
 
 use log::{error, info};
 
 use crate::{
-    journal::{Commit, Journal, JournalError, SyncOutcome, Synced},
+    journal::{Commit, Contents, Journal, JournalError, SyncOutcome, Synced},
     metrics::Metrics,
     queues::Queue,
-    registry::Registry,
+    registry::{AddrRecord, Registry},
 };
+
+/// The registry as the journal reads it: its changes, its records and its generation, which is
+/// all a save needs; nothing that changes a record goes through it.
+pub struct Journaled<'a>(pub(super) &'a mut Registry);
+
+impl Journaled<'_> {
+    fn generation(&self) -> u64 {
+        self.0.generation()
+    }
+}
+
+impl Contents<AddrRecord> for Journaled<'_> {
+    fn take_changed(&mut self) -> Vec<IpAddr> {
+        self.0.take_changed()
+    }
+    fn get(&self, key: &IpAddr) -> Option<&AddrRecord> {
+        self.0.get(*key)
+    }
+    fn all(&self) -> Vec<AddrRecord> {
+        Contents::all(&*self.0)
+    }
+}
 
 /// Commits kept waiting for their flush, each with the registry generation it holds. A disk
 /// whose flushes hang would otherwise add one per commit for as long as it hangs; beyond the
@@ -58,18 +82,29 @@ impl JournalState {
     }
 }
 
-/// The journal and its standing.
+/// The journal and its standing: the registry's durable copy, a sink the owner loop saves to
+/// once per burst of changes (and that recovery reads at start).
 pub struct Durable {
     journal: Journal,
     state: JournalState,
+    metrics: Arc<Metrics>,
 }
 
 impl Durable {
-    pub fn new(journal: Journal) -> Self {
+    pub fn new(journal: Journal, metrics: Arc<Metrics>) -> Self {
         Self {
             journal,
             state: JournalState::default(),
+            metrics,
         }
+    }
+
+    /// Moves the journal's flushes off the owner loop; their reports come out of the returned
+    /// receiver, for [`Durable::on_synced`].
+    pub fn defer_syncs(&mut self) -> tokio::sync::mpsc::Receiver<Synced> {
+        let (reports, receiver) = tokio::sync::mpsc::channel(crate::journal::REPORT_QUEUE);
+        self.journal.defer_syncs(reports);
+        receiver
     }
 
     /// The journal itself, which recovery reads, stages and sets aside.
@@ -89,31 +124,20 @@ impl Durable {
     /// Saves the registry if the journal is behind it. `Err` names why the save failed: what
     /// changed since the last save is then not durable, must not be reported as done, and is
     /// saved by a later call (the agent's loop calls this at least once a second).
-    pub fn persist(
-        &mut self,
-        registry: &mut Registry,
-        metrics: &Metrics,
-    ) -> Result<(), JournalError> {
-        self.save(registry, metrics, false).map(|_| ())
+    pub fn persist(&mut self, registry: Journaled<'_>) -> Result<(), JournalError> {
+        self.save(registry, false).map(|_| ())
     }
 
     /// Like [`Durable::persist`], with the flush left to the journal's threads: `Syncing`
     /// until [`Durable::on_synced`] reports it.
-    pub fn persist_deferred(
-        &mut self,
-        registry: &mut Registry,
-        metrics: &Metrics,
-    ) -> Result<Commit, JournalError> {
-        self.save(registry, metrics, true)
+    pub fn persist_deferred(&mut self, registry: Journaled<'_>) -> Result<Commit, JournalError> {
+        self.save(registry, true)
     }
 
     /// A flush's report: `Some(Ok(ticket))`, every commit up to it is durable; `Some(Err)`,
     /// none waiting is; `None`, it changes nothing.
-    pub fn on_synced(
-        &mut self,
-        synced: Synced,
-        metrics: &Metrics,
-    ) -> Option<Result<u64, JournalError>> {
+    pub fn on_synced(&mut self, synced: Synced) -> Option<Result<u64, JournalError>> {
+        let metrics = &self.metrics.clone();
         match self.journal.on_synced(synced) {
             SyncOutcome::Stale => None,
             SyncOutcome::DurableThrough(ticket) => {
@@ -137,12 +161,8 @@ impl Durable {
         }
     }
 
-    fn save(
-        &mut self,
-        registry: &mut Registry,
-        metrics: &Metrics,
-        defer: bool,
-    ) -> Result<Commit, JournalError> {
+    fn save(&mut self, mut registry: Journaled<'_>, defer: bool) -> Result<Commit, JournalError> {
+        let metrics = &self.metrics.clone();
         let generation = registry.generation();
         if self.state.saved == Some(generation) {
             metrics.journal_unsaved_seconds.set(0.0);
@@ -150,9 +170,9 @@ impl Durable {
         }
         self.state.unsaved_since.get_or_insert_with(Instant::now);
         let committed = if defer {
-            self.journal.commit_deferred(registry)
+            self.journal.commit_deferred(&mut registry)
         } else {
-            self.journal.commit(registry).map(|()| Commit::Durable)
+            self.journal.commit(&mut registry).map(|()| Commit::Durable)
         };
         match committed {
             Ok(Commit::Durable) => {

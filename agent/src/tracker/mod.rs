@@ -51,16 +51,14 @@ mod tests;
 mod write_retry_tests;
 
 pub use api_service::answer::Answer;
+pub use durable::{Durable, Journaled};
 pub use recovery::Recovery;
 
 use std::{sync::Arc, time::SystemTime};
 
-use log::error;
-
 use crate::{
     config::Config,
     datapath::{attach::Attacher, DatapathPort},
-    journal::{Commit, Journal, JournalError, Synced},
     metrics::Metrics,
     registry::{Registry, RegistrySettings, SystemClock},
 };
@@ -76,8 +74,6 @@ pub struct Tracker {
     enforcer: enforcer::Enforcer,
     /// Attaches programs off this loop; the tracker only says what it wants.
     attacher: Attacher,
-    /// The registry's durable copy, and how saving it goes.
-    durable: durable::Durable,
     metrics: Arc<Metrics>,
     /// Effects and samples made counters, feed entries and log lines.
     observer: observer::Observer,
@@ -119,7 +115,6 @@ impl Tracker {
         config: Config,
         datapath: impl DatapathPort + 'static,
         attacher: Attacher,
-        journal: Journal,
         metrics: Arc<Metrics>,
     ) -> Self {
         let settings = RegistrySettings::from(&config);
@@ -129,7 +124,6 @@ impl Tracker {
             core: decide::Core::new(config, Registry::new(settings, SystemClock)),
             enforcer: enforcer::Enforcer::new(datapath, metrics.clone()),
             attacher,
-            durable: durable::Durable::new(journal),
             metrics,
             started_at: SystemTime::now(),
             recovered: None,
@@ -159,37 +153,9 @@ impl Tracker {
         self.core.registry.next_deadline()
     }
 
-    /// Whether everything the registry changed so far is in the journal.
-    pub fn is_saved(&self) -> bool {
-        self.durable.is_saved(self.core.registry.generation())
-    }
-
-    /// Saves the registry if the journal is behind it. `Err` names why the save failed: what
-    /// changed since the last save is then not durable, must not be reported as done, and is
-    /// saved by a later call (the agent's loop calls this at least once a second).
-    pub fn persist(&mut self) -> Result<(), JournalError> {
-        self.durable.persist(&mut self.core.registry, &self.metrics)
-    }
-
-    /// [`Tracker::persist`] with the flush left to the journal's threads (see
-    /// [`Tracker::defer_journal_syncs`]): `Syncing` until [`Tracker::on_synced`] reports it.
-    pub fn persist_deferred(&mut self) -> Result<Commit, JournalError> {
-        self.durable
-            .persist_deferred(&mut self.core.registry, &self.metrics)
-    }
-
-    /// Moves the journal's flushes off the owner loop; their reports come out of the returned
-    /// receiver, for [`Tracker::on_synced`].
-    pub fn defer_journal_syncs(&mut self) -> tokio::sync::mpsc::Receiver<Synced> {
-        let (reports, receiver) = tokio::sync::mpsc::channel(crate::journal::REPORT_QUEUE);
-        self.durable.journal_mut().defer_syncs(reports);
-        receiver
-    }
-
-    /// A flush's report: `Some(Ok(ticket))`, every commit up to it is durable; `Some(Err)`,
-    /// none waiting is; `None`, nothing changes.
-    pub fn on_synced(&mut self, synced: Synced) -> Option<Result<u64, JournalError>> {
-        self.durable.on_synced(synced, &self.metrics)
+    /// The registry as the journal reads it, for a save ([`Durable`]).
+    pub fn journaled(&mut self) -> Journaled<'_> {
+        Journaled(&mut self.core.registry)
     }
 
     /// The gauges that follow the registry and the datapath, after every event and request.
@@ -218,12 +184,5 @@ impl Tracker {
     /// releaser and the API.
     pub fn ipam_tables(&self) -> (crate::ipam::holds::Holds, crate::ipam::records::Records) {
         (self.ipam.holds(), self.ipam.records())
-    }
-
-    /// Writes what is still unsaved; the datapath keeps enforcing through its pins.
-    pub fn shutdown(mut self) {
-        if let Err(reason) = self.persist() {
-            error!("journal: the last changes were not saved at shutdown ({reason})");
-        }
     }
 }

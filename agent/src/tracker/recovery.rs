@@ -7,7 +7,7 @@ use log::{error, info, warn};
 use super::Tracker;
 use crate::{
     api::model::RecoveryView,
-    journal::{JournalError, Loaded, NewerJournal},
+    journal::{Journal, JournalError, Loaded, NewerJournal},
     netdev,
     netlink::NetState,
     registry::{entry, AddrRecord, Snapshot, SNAPSHOT_VERSION},
@@ -119,16 +119,18 @@ impl Tracker {
     /// agent reads it beside the datapath's load), merged with the pinned maps (see
     /// [`entry::merge`]: where they disagree, the stricter wins, and the disagreement is one
     /// of the recovery's problems in `ipq status`).
+    /// `journal` is the one `loaded` came from: what the maps added to its records is staged
+    /// in it, or it is set aside to be rewritten whole when the registry could not be restored.
     pub fn recover(
         &mut self,
         loaded: Result<Option<Loaded<AddrRecord>>, JournalError>,
+        journal: &mut Journal,
     ) -> Recovery {
-        let journal = self.durable.journal();
         let now_unix_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
         let JournalReading {
-            records: journal,
+            records,
             from: recovery,
             mut problems,
         } = read_journal(
@@ -141,7 +143,7 @@ impl Tracker {
         for line in self.enforcer.opened_disagreeing() {
             problems.push(format!("pinned maps at start: {line}"));
         }
-        let (merged, adopted, disagreeing) = self.merge_with_maps(journal);
+        let (merged, adopted, disagreeing) = self.merge_with_maps(records);
         problems.extend(disagreeing);
         let count = merged.len();
         let snapshot = Snapshot {
@@ -156,13 +158,13 @@ impl Tracker {
                 // The journal already holds what it gave; only what the maps changed is new
                 // (when the journal is rewritten anyway, it takes everything).
                 self.core.registry.take_changed();
-                self.durable.journal_mut().stage(adopted);
+                journal.stage(adopted);
             }
             Err(e) => {
                 let problem = format!("recovering the registry failed ({e}); started empty");
                 error!("{problem}");
                 problems.push(problem);
-                self.durable.journal_mut().invalidate();
+                journal.invalidate();
             }
         }
         self.recovered = Some(RecoveryView {

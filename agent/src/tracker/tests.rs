@@ -6,7 +6,7 @@ use std::{net::IpAddr, path::Path};
 use ipq_common::addr::{AddrKey, FLAG_OBSERVE_ONLY};
 use tokio::sync::oneshot;
 
-use super::Tracker;
+use super::{Durable, Tracker};
 use crate::{
     api::{
         command::Command,
@@ -40,44 +40,44 @@ pub(super) fn config(policy: EarlyReusePolicy) -> Config {
     config
 }
 
-pub(super) fn tracker_with(config: Config, state_dir: &Path, table: MemTable) -> Tracker {
-    tracker_clocked(config, state_dir, table, FakeClock::new(0))
-}
-
-/// A tracker whose journal reads its retry timer against `journal_clock`.
-fn tracker_clocked(
-    config: Config,
-    state_dir: &Path,
-    table: MemTable,
-    journal_clock: FakeClock,
-) -> Tracker {
-    let journal = Journal::open(state_dir)
-        .expect("journal")
-        .with_clock(journal_clock);
+/// A tracker over `table`, with `state_dir` its configuration's (ipq-ipam's files); no journal:
+/// the agent's loop owns that beside it ([`durable`]).
+pub(super) fn tracker_with(mut config: Config, state_dir: &Path, table: MemTable) -> Tracker {
+    config.state_dir = state_dir.to_owned();
     let datapath = MemDatapath { table };
     // No workers: the attach jobs the tracker queues wait in the attacher's own queue, never
     // run.
     let (attacher, _jobs) = Attacher::without_workers(TcMode::Tcx);
-    Tracker::new(config, datapath, attacher, journal, Metrics::for_tests())
+    Tracker::new(config, datapath, attacher, Metrics::for_tests())
+}
+
+/// The journal in `state_dir`, counted in `t`'s metrics, its retry timer reading
+/// `journal_clock`.
+pub(super) fn durable_clocked(state_dir: &Path, t: &Tracker, journal_clock: FakeClock) -> Durable {
+    let journal = Journal::open(state_dir)
+        .expect("journal")
+        .with_clock(journal_clock);
+    Durable::new(journal, t.metrics.clone())
+}
+
+/// The journal in `state_dir`, as the agent's loop keeps it beside `t`.
+pub(super) fn durable(state_dir: &Path, t: &Tracker) -> Durable {
+    durable_clocked(state_dir, t, FakeClock::new(0))
 }
 
 pub(super) fn tracker(policy: EarlyReusePolicy, state_dir: &Path) -> Tracker {
     tracker_with(config(policy), state_dir, MemTable::default())
 }
 
-/// [`tracker`], and the clock its journal's retry timer reads.
+/// [`tracker`], its journal, and the clock its journal's retry timer reads.
 pub(super) fn tracker_with_journal_clock(
     policy: EarlyReusePolicy,
     state_dir: &Path,
-) -> (Tracker, FakeClock) {
+) -> (Tracker, Durable, FakeClock) {
     let clock = FakeClock::new(0);
-    let t = tracker_clocked(
-        config(policy),
-        state_dir,
-        MemTable::default(),
-        clock.clone(),
-    );
-    (t, clock)
+    let t = tracker(policy, state_dir);
+    let durable = durable_clocked(state_dir, &t, clock.clone());
+    (t, durable, clock)
 }
 
 fn link(t: &mut Tracker, ifindex: u32, name: &str) {
@@ -143,12 +143,12 @@ fn observe_only_survives_a_restart_and_a_lost_journal() {
         );
         assert!(t.registry().get(ip(addr)).unwrap().observe_only);
     }
-    t.persist().unwrap();
+    durable(dir.path(), &t).persist(t.journaled()).unwrap();
     let table = pinned(&t);
 
     // A restart: the journal and the pins.
     let mut restarted = tracker_with(config(EarlyReusePolicy::Observe), dir.path(), table);
-    recover(&mut restarted);
+    recover(&mut restarted, dir.path());
     restarted.reconcile(restarted.core.net.clone());
     for addr in ["10.0.0.5", "fd00::5"] {
         assert_eq!(
@@ -161,7 +161,10 @@ fn observe_only_survives_a_restart_and_a_lost_journal() {
     // The journal lost: the pins alone say observe.
     std::fs::remove_file(dir.path().join(JOURNAL_FILE)).unwrap();
     let mut rebuilt = tracker_with(config(EarlyReusePolicy::Observe), dir.path(), table);
-    assert_eq!(recover(&mut rebuilt), super::Recovery::PinnedMaps);
+    assert_eq!(
+        recover(&mut rebuilt, dir.path()),
+        super::Recovery::PinnedMaps
+    );
     rebuilt.reconcile(rebuilt.core.net.clone());
     for addr in ["10.0.0.5", "fd00::5"] {
         assert!(
@@ -187,7 +190,7 @@ fn a_journal_without_the_flag_takes_it_from_the_pins() {
         .commit(&mut OlderJournal(snapshot.records))
         .unwrap();
     let mut upgraded = tracker_with(config(EarlyReusePolicy::Observe), dir.path(), pinned(&t));
-    assert_eq!(recover(&mut upgraded), super::Recovery::Journal);
+    assert_eq!(recover(&mut upgraded, dir.path()), super::Recovery::Journal);
     assert!(
         upgraded
             .registry()
@@ -207,28 +210,42 @@ fn every_change_to_a_record_needs_a_save() {
     let mut t = tracker(EarlyReusePolicy::FenceOld, dir.path());
     link(&mut t, VETH_A, "vetha");
     route(&mut t, "10.0.0.7", VETH_A);
-    t.persist().unwrap();
-    assert!(t.is_saved());
+    let mut journal = durable(dir.path(), &t);
+    journal.persist(t.journaled()).unwrap();
+    assert!(journal.is_saved(t.registry().generation()));
     // A duplicate source changes no state and no map entry, only the conflict count.
     let before = t.registry().generation();
     let result = t.core.registry.duplicate_source(ip("10.0.0.7"), VETH_B);
     t.apply(result, "test");
     assert!(t.registry().generation() > before);
-    assert!(!t.is_saved(), "a conflict count is a change to save");
-    t.persist().unwrap();
-    assert!(t.is_saved());
+    assert!(
+        !journal.is_saved(t.registry().generation()),
+        "a conflict count is a change to save"
+    );
+    journal.persist(t.journaled()).unwrap();
+    assert!(journal.is_saved(t.registry().generation()));
 }
 
-/// Recovery as the agent runs it, with the tracker's own journal loaded first.
-fn recover(t: &mut Tracker) -> super::Recovery {
-    let loaded = t.durable.journal_mut().load();
-    t.recover(loaded)
+/// Recovery as the agent runs it, with the journal of `state_dir` loaded first.
+fn recover(t: &mut Tracker, state_dir: &Path) -> super::Recovery {
+    let mut journal = durable(state_dir, t);
+    let loaded = journal.journal_mut().load();
+    t.recover(loaded, journal.journal_mut())
 }
 
 /// A claim through the API for `lo` (the one interface a test's namespace surely has), as
-/// answered (these trackers start no flush a claim would wait for).
+/// answered once saved (these trackers start no flush a claim would wait for).
 pub(super) fn claim(
     t: &mut Tracker,
+    addr: &str,
+) -> Result<crate::api::model::ClaimResponse, ApiError> {
+    claim_saved_by(t, None, addr)
+}
+
+/// [`claim`], saved by `journal` (none: a save that succeeds).
+pub(super) fn claim_saved_by(
+    t: &mut Tracker,
+    journal: Option<&mut Durable>,
     addr: &str,
 ) -> Result<crate::api::model::ClaimResponse, ApiError> {
     let (reply, mut answer) = oneshot::channel();
@@ -242,7 +259,10 @@ pub(super) fn claim(
         source: ClaimSource::Api,
     };
     let answer_fn = t.handle(Command::Claim { request, reply });
-    let saved = t.persist().map_err(|e| e.to_string());
+    let saved = match journal {
+        Some(journal) => journal.persist(t.journaled()).map_err(|e| e.to_string()),
+        None => Ok(()),
+    };
     answer_fn(saved.as_ref().map(|_| ()).map_err(String::as_str));
     futures::FutureExt::now_or_never(answer.try_recv().expect("answered"))
         .expect("answered without waiting for a flush")

@@ -18,7 +18,7 @@ use crate::{
     config::EarlyReusePolicy,
     registry::{Holder, RegistryError, StateName},
     tracker::{
-        tests::{claim, ip, tracker, tracker_with_journal_clock},
+        tests::{claim_saved_by, ip, tracker, tracker_with_journal_clock},
         Tracker,
     },
 };
@@ -100,29 +100,31 @@ fn gc_drains_exactly_the_attachments_the_runtime_no_longer_lists() {
 fn a_claim_is_answered_unavailable_until_it_is_saved() {
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("state");
-    let (mut t, journal_clock) = tracker_with_journal_clock(EarlyReusePolicy::FenceOld, &state);
+    let (mut t, mut journal, journal_clock) =
+        tracker_with_journal_clock(EarlyReusePolicy::FenceOld, &state);
     // The state directory vanishes: every save fails.
     std::fs::remove_dir_all(&state).unwrap();
-    let error = claim(&mut t, "10.0.0.9").unwrap_err();
+    let error = claim_saved_by(&mut t, Some(&mut journal), "10.0.0.9").unwrap_err();
     assert_eq!(error.code(), ErrorCode::Unavailable);
     assert!(error.0.message.contains("journal"), "{}", error.0.message);
     assert_eq!(t.metrics.journal_write_failures.get(), 1);
-    assert!(!t.is_saved());
+    assert!(!journal.is_saved(t.registry().generation()));
 
     // Once the directory is back, the retry saves it and the same claim is answered. (The
     // journal tries a failed rewrite again at most once a second, so a failing disk is not
     // hammered by every request.)
     std::fs::create_dir_all(&state).unwrap();
-    let error = claim(&mut t, "10.0.0.9").unwrap_err();
+    let error = claim_saved_by(&mut t, Some(&mut journal), "10.0.0.9").unwrap_err();
     assert_eq!(
         error.code(),
         ErrorCode::Unavailable,
         "retried before the journal's retry time"
     );
     journal_clock.advance(crate::journal::RETRY_AFTER);
-    let response = claim(&mut t, "10.0.0.9").expect("the claim, now durable");
+    let response =
+        claim_saved_by(&mut t, Some(&mut journal), "10.0.0.9").expect("the claim, now durable");
     assert_eq!(response.addresses[0].state, StateName::Active);
-    assert!(t.is_saved());
+    assert!(journal.is_saved(t.registry().generation()));
     assert_eq!(t.metrics.journal_unsaved_seconds.get(), 0.0);
 }
 
