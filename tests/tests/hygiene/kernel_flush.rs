@@ -200,7 +200,8 @@ pub(crate) fn claim_takes_only_the_claimed_entries(
 }
 
 /// Opens `n` UDP flows from the peer to pod A's v4 address (one per destination port) through
-/// the node, whose conntrack is on (the Service's rules); returns the node's entry count.
+/// the node, whose conntrack is on (the Service's rules); returns the node's entry count once
+/// it tracks them all (the datagrams cross the node after `send_to` returns).
 pub(crate) fn open_flows_to_pod_a(lab: &Lab, n: u16) -> anyhow::Result<u32> {
     add_service(&lab.node)?;
     lab.peer.run(|| -> anyhow::Result<()> {
@@ -210,8 +211,11 @@ pub(crate) fn open_flows_to_pod_a(lab: &Lab, n: u16) -> anyhow::Result<u32> {
         }
         Ok(())
     })?;
-    std::thread::sleep(Duration::from_millis(100));
-    entry_count(&lab.node)
+    poll(
+        &format!("the node tracking the {n} flows"),
+        Duration::from_secs(10),
+        || Ok(Some(entry_count(&lab.node)?).filter(|count| *count >= u32::from(n))),
+    )
 }
 
 /// The node's conntrack entries (`conntrack -C`).
