@@ -145,7 +145,83 @@ impl Inputs {
 
 #[cfg(test)]
 mod tests {
+    use std::net::IpAddr;
+
     use super::*;
+
+    /// Inputs whose every queue is empty, with the senders of the netlink and command queues.
+    fn inputs() -> (Inputs, mpsc::Sender<NetEvent>, mpsc::Sender<Command>) {
+        let (sigterm, sigint) = stop_signals().unwrap();
+        let (net_tx, net) = mpsc::channel(64);
+        let (command_tx, commands) = mpsc::channel(1024);
+        let inputs = Inputs {
+            sigterm,
+            sigint,
+            net,
+            tc_notices: mpsc::channel(1).1,
+            verifications: mpsc::channel(1).1,
+            reported_keys: mpsc::channel(1).1,
+            attach_reports: mpsc::channel(1).1,
+            hygiene_reports: mpsc::channel(1).1,
+            samples: mpsc::channel(1).1,
+            commands,
+            synced: mpsc::channel(1).1,
+        };
+        (inputs, net_tx, command_tx)
+    }
+
+    fn route(n: u8) -> NetEvent {
+        NetEvent::HostRoute {
+            addr: IpAddr::from([10, 0, 0, n]),
+            ifindex: 7,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_netlink_burst_is_one_input_and_an_overrun_in_it_asks_for_a_resync() {
+        let (mut inputs, net, _commands) = inputs();
+        for event in [route(1), NetEvent::Overrun, route(2)] {
+            net.send(event).await.unwrap();
+        }
+        match inputs.next(Duration::from_secs(1)).await {
+            Ok(Input::Net { events, overrun }) => {
+                assert_eq!(events, vec![route(1), route(2)]);
+                assert!(overrun);
+            }
+            _ => panic!("the queued events, as one input"),
+        }
+        assert!(
+            matches!(inputs.next(Duration::from_secs(1)).await, Ok(Input::Tick)),
+            "nothing queued: the tick"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn requests_are_taken_at_most_a_bursts_worth_at_a_time() {
+        let (mut inputs, _net, commands) = inputs();
+        for _ in 0..MAX_REQUEST_BURST + 1 {
+            commands
+                .send(Command::Subscribe(tokio::sync::oneshot::channel().0))
+                .await
+                .unwrap();
+        }
+        let taken = |input| match input {
+            Ok(Input::Commands(commands)) => commands.len(),
+            _ => panic!("the queued requests"),
+        };
+        assert_eq!(taken(inputs.next(Duration::ZERO).await), MAX_REQUEST_BURST);
+        assert_eq!(taken(inputs.next(Duration::ZERO).await), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_closed_netlink_subscription_stops_the_loop() {
+        let (mut inputs, net, _commands) = inputs();
+        drop(net);
+        assert!(matches!(
+            inputs.next(Duration::from_secs(1)).await,
+            Err(Stop(_))
+        ));
+    }
 
     #[tokio::test]
     async fn a_burst_takes_what_is_queued_up_to_its_limit_and_leaves_the_rest() {
