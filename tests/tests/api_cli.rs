@@ -152,9 +152,21 @@ fn claims_drains_releases_and_gc_through_the_api_and_the_cli() {
     wait_lab_claimed(&sock);
     let vethpa = ifindex(&lab.node, "vethpa").expect("vethpa");
 
-    // status
-    let status = ipq(&sock, &["status", "-o", "json"]).unwrap().json();
-    assert_eq!(status, get_json(&sock, "/v1/status"), "ipq status -o json");
+    status_phase(&sock);
+    claim_phase(&sock, vethpa);
+    list_phase(&sock);
+    get_phase(&sock, vethpa);
+    drain_phase(&sock);
+    release_phase(&sock);
+    cni_del_phase(&sock);
+    gc_phase(&sock);
+    counts_phase(&sock);
+}
+
+/// `ipq status` against `/v1/status`, as JSON, typed and as a table.
+fn status_phase(sock: &Path) {
+    let status = ipq(sock, &["status", "-o", "json"]).unwrap().json();
+    assert_eq!(status, get_json(sock, "/v1/status"), "ipq status -o json");
     let typed: Status = serde_json::from_value(status.clone()).expect("a Status");
     assert!(typed.ready);
     assert_eq!(typed.version, env!("CARGO_PKG_VERSION"));
@@ -170,7 +182,7 @@ fn claims_drains_releases_and_gc_through_the_api_and_the_cli() {
             .unwrap_or_else(|| panic!("{name} not among the attached interfaces: {status}"));
         assert!(!iface.hooks.is_empty(), "{name} has no hooks: {status}");
     }
-    let table = ipq(&sock, &["status"]).unwrap();
+    let table = ipq(sock, &["status"]).unwrap();
     let table = table.ok();
     assert!(
         table
@@ -190,7 +202,10 @@ fn claims_drains_releases_and_gc_through_the_api_and_the_cli() {
             && l.contains(&vethpa_row.ifindex.to_string())),
         "the status table lists vethpa and its hooks:\n{table}"
     );
+}
 
+/// A claim of two addresses with the whole identity ipq-cni knows, and again (a no-op).
+fn claim_phase(sock: &Path, vethpa: u32) {
     // claim: two addresses with the whole identity ipq-cni knows.
     let body = json!({
         "addresses": ["10.77.0.50", "fd77::50"],
@@ -203,7 +218,7 @@ fn claims_drains_releases_and_gc_through_the_api_and_the_cli() {
         },
         "source": "cni",
     });
-    let claimed = post_ok(&sock, "/v1/claims", &body);
+    let claimed = post_ok(sock, "/v1/claims", &body);
     assert_eq!(claimed["conflicts"], json!([]), "{claimed}");
     for addr in ["10.77.0.50", "fd77::50"] {
         let view = find(&claimed["addresses"], addr)
@@ -214,31 +229,33 @@ fn claims_drains_releases_and_gc_through_the_api_and_the_cli() {
         assert_eq!(view["holder"]["pod"]["name"], "web-1", "{view}");
     }
     // The same holder again is a no-op, not a conflict.
-    let again = post_ok(&sock, "/v1/claims", &body);
+    let again = post_ok(sock, "/v1/claims", &body);
     assert_eq!(again["conflicts"], json!([]), "{again}");
 
     // A new holder's flush finishes after the claim is answered (the v6 one dumps conntrack):
     // the list is compared with the API once both flushes are on record, or the two reads
     // could straddle one.
     poll("both new holders' flushes on record", SETTLE, || {
-        let list = request(&sock, "GET", "/v1/addresses", None)?.json()?;
+        let list = request(sock, "GET", "/v1/addresses", None)?.json()?;
         Ok(["10.77.0.50", "fd77::50"]
             .iter()
             .all(|a| find(&list["addresses"], a).is_some_and(|v| v["last_flush"].is_object()))
             .then_some(()))
     })
     .unwrap_or_else(|e| panic!("{e:#}"));
+}
 
-    // list
-    let list = ipq(&sock, &["list", "-o", "json"]).unwrap().json();
-    assert_eq!(list, get_json(&sock, "/v1/addresses"), "ipq list -o json");
+/// `ipq list` against `/v1/addresses`, as JSON and as a table.
+fn list_phase(sock: &Path) {
+    let list = ipq(sock, &["list", "-o", "json"]).unwrap().json();
+    assert_eq!(list, get_json(sock, "/v1/addresses"), "ipq list -o json");
     let typed: AddressList = serde_json::from_value(list.clone()).expect("an AddressList");
     assert_eq!(typed.addresses.len(), 6, "{list}");
-    let active = ipq(&sock, &["list", "--state", "active", "-o", "json"])
+    let active = ipq(sock, &["list", "--state", "active", "-o", "json"])
         .unwrap()
         .json();
     assert_eq!(active["addresses"].as_array().unwrap().len(), 6, "{active}");
-    let table = ipq(&sock, &["list"]).unwrap();
+    let table = ipq(sock, &["list"]).unwrap();
     let table = table.ok();
     let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
     assert_eq!(
@@ -254,12 +271,14 @@ fn claims_drains_releases_and_gc_through_the_api_and_the_cli() {
         assert!(row.contains(cell), "{cell:?} in {row:?}");
     }
     assert_eq!(table.lines().count(), 7, "a header and six rows:\n{table}");
+}
 
-    // get
-    let view = ipq(&sock, &["get", "10.77.0.50", "-o", "json"])
+/// `ipq get` of a claimed address, as JSON and as a table.
+fn get_phase(sock: &Path, vethpa: u32) {
+    let view = ipq(sock, &["get", "10.77.0.50", "-o", "json"])
         .unwrap()
         .json();
-    assert_eq!(view, get_json(&sock, "/v1/addresses/10.77.0.50"));
+    assert_eq!(view, get_json(sock, "/v1/addresses/10.77.0.50"));
     let typed: AddressView = serde_json::from_value(view.clone()).expect("an AddressView");
     let holder = typed.holder.expect("a holder");
     assert_eq!(
@@ -271,7 +290,7 @@ fn claims_drains_releases_and_gc_through_the_api_and_the_cli() {
         )
     );
     assert_eq!(typed.conflicts, 0);
-    let table = ipq(&sock, &["get", "10.77.0.50"]).unwrap();
+    let table = ipq(sock, &["get", "10.77.0.50"]).unwrap();
     let table = table.ok();
     for line in [
         "Address:",
@@ -292,9 +311,12 @@ fn claims_drains_releases_and_gc_through_the_api_and_the_cli() {
         table.contains(&format!("vethpa (ifindex {vethpa})")),
         "{table}"
     );
+}
 
+/// `ipq drain`, as a table then as JSON; an unknown address fails.
+fn drain_phase(sock: &Path) {
     // drain, table then JSON
-    let table = ipq(&sock, &["drain", "10.77.0.50"]).unwrap();
+    let table = ipq(sock, &["drain", "10.77.0.50"]).unwrap();
     let table = table.ok();
     assert!(
         table
@@ -302,14 +324,14 @@ fn claims_drains_releases_and_gc_through_the_api_and_the_cli() {
             .any(|l| l.starts_with("10.77.0.50 ") && l.contains("draining")),
         "{table}"
     );
-    let drained = ipq(&sock, &["drain", "fd77::50", "-o", "json"])
+    let drained = ipq(sock, &["drain", "fd77::50", "-o", "json"])
         .unwrap()
         .json();
     assert_eq!(
         find(&drained["addresses"], "fd77::50").unwrap()["state"],
         "draining"
     );
-    let draining = ipq(&sock, &["list", "--state", "draining", "-o", "json"])
+    let draining = ipq(sock, &["list", "--state", "draining", "-o", "json"])
         .unwrap()
         .json();
     let names: BTreeSet<&str> = draining["addresses"]
@@ -319,16 +341,19 @@ fn claims_drains_releases_and_gc_through_the_api_and_the_cli() {
         .map(|v| v["address"].as_str().unwrap())
         .collect();
     assert_eq!(names, BTreeSet::from(["10.77.0.50", "fd77::50"]));
-    ipq(&sock, &["drain", "10.77.0.51"])
+    ipq(sock, &["drain", "10.77.0.51"])
         .unwrap()
         .assert_fails(3, &["10.77.0.51"]);
+}
 
+/// `ipq release`: a live (draining) holder needs `--force`.
+fn release_phase(sock: &Path) {
     // release: a live (draining) holder needs --force.
-    ipq(&sock, &["release", "10.77.0.50"])
+    ipq(sock, &["release", "10.77.0.50"])
         .unwrap()
         .assert_fails(4, &["10.77.0.50"]);
     post(
-        &sock,
+        sock,
         "/v1/addresses/fd77::50/release",
         &json!({"force": false}),
     )
@@ -339,7 +364,7 @@ fn claims_drains_releases_and_gc_through_the_api_and_the_cli() {
         &["fd77::50"],
     );
     // The body is optional: none means no force.
-    request(&sock, "POST", "/v1/addresses/fd77::50/release", None)
+    request(sock, "POST", "/v1/addresses/fd77::50/release", None)
         .unwrap()
         .assert_error(
             "release without a body",
@@ -348,35 +373,36 @@ fn claims_drains_releases_and_gc_through_the_api_and_the_cli() {
             &["fd77::50"],
         );
     assert_eq!(
-        find(&get_json(&sock, "/v1/addresses")["addresses"], "10.77.0.50").unwrap()["state"],
+        find(&get_json(sock, "/v1/addresses")["addresses"], "10.77.0.50").unwrap()["state"],
         "draining",
         "a refused release changes nothing"
     );
-    let released = ipq(&sock, &["release", "10.77.0.50", "--force", "-o", "json"])
+    let released = ipq(sock, &["release", "10.77.0.50", "--force", "-o", "json"])
         .unwrap()
         .json();
     assert!(
         released["addresses"].is_array(),
         "a ChangedResponse: {released}"
     );
-    ipq(&sock, &["release", "fd77::50", "--force"])
-        .unwrap()
-        .ok();
+    ipq(sock, &["release", "fd77::50", "--force"]).unwrap().ok();
     for addr in ["10.77.0.50", "fd77::50"] {
-        ipq(&sock, &["get", addr]).unwrap().assert_fails(3, &[addr]);
-        request(&sock, "GET", &format!("/v1/addresses/{addr}"), None)
+        ipq(sock, &["get", addr]).unwrap().assert_fails(3, &[addr]);
+        request(sock, "GET", &format!("/v1/addresses/{addr}"), None)
             .unwrap()
             .assert_error("get a released address", 404, "not_found", &[addr]);
     }
+}
 
+/// CNI DEL (`/v1/drains`): everything the attachment holds drains; again is still success.
+fn cni_del_phase(sock: &Path) {
     // CNI DEL: everything the attachment holds drains; again is still success.
     post_ok(
-        &sock,
+        sock,
         "/v1/claims",
         &claim(&["10.77.0.60"], "vethpb", "c-drain"),
     );
     let drained = post_ok(
-        &sock,
+        sock,
         "/v1/drains",
         &json!({"container_id": "c-drain", "cni_ifname": "eth0"}),
     );
@@ -386,22 +412,25 @@ fn claims_drains_releases_and_gc_through_the_api_and_the_cli() {
         "{drained}"
     );
     post_ok(
-        &sock,
+        sock,
         "/v1/drains",
         &json!({"container_id": "c-drain", "cni_ifname": "eth0"}),
     );
-    let nothing = post_ok(&sock, "/v1/drains", &json!({"container_id": "c-unknown"}));
+    let nothing = post_ok(sock, "/v1/drains", &json!({"container_id": "c-unknown"}));
     assert_eq!(nothing["addresses"], json!([]), "{nothing}");
+}
 
+/// CNI GC (`/v1/gc`): attachments not listed as valid are drained.
+fn gc_phase(sock: &Path) {
     // GC: attachments not listed as valid are drained; holders without a container id (the
     // pods' own addresses, seen on netlink) are not the runtime's to collect.
     post_ok(
-        &sock,
+        sock,
         "/v1/claims",
         &claim(&["10.77.0.70"], "vethpa", "c-keep"),
     );
     post_ok(
-        &sock,
+        sock,
         "/v1/claims",
         &claim(&["10.77.0.71"], "vethpa", "c-stale"),
     );
@@ -412,7 +441,7 @@ fn claims_drains_releases_and_gc_through_the_api_and_the_cli() {
         json!({"container_id": "c-drain", "ifname": "eth0"}),
     ];
     valid.extend((0..2000).map(|i| json!({"container_id": format!("{i:064x}"), "ifname": "eth0"})));
-    let collected = post_ok(&sock, "/v1/gc", &json!({ "valid_attachments": valid }));
+    let collected = post_ok(sock, "/v1/gc", &json!({ "valid_attachments": valid }));
     assert_eq!(
         find(&collected["addresses"], "10.77.0.71").map(|v| &v["state"]),
         Some(&json!("draining")),
@@ -422,7 +451,7 @@ fn claims_drains_releases_and_gc_through_the_api_and_the_cli() {
         find(&collected["addresses"], "10.77.0.70").is_none(),
         "{collected}"
     );
-    let list = get_json(&sock, "/v1/addresses");
+    let list = get_json(sock, "/v1/addresses");
     assert_eq!(
         find(&list["addresses"], "10.77.0.70").unwrap()["state"],
         "active"
@@ -434,9 +463,12 @@ fn claims_drains_releases_and_gc_through_the_api_and_the_cli() {
             "{addr} after GC: {list}"
         );
     }
+}
 
-    // The counts in status agree with the list.
-    let status: Status = serde_json::from_value(get_json(&sock, "/v1/status")).expect("a Status");
+/// The counts in `/v1/status` agree with the list.
+fn counts_phase(sock: &Path) {
+    let list = get_json(sock, "/v1/addresses");
+    let status: Status = serde_json::from_value(get_json(sock, "/v1/status")).expect("a Status");
     let list: AddressList = serde_json::from_value(list).expect("an AddressList");
     let count = |state: &str| {
         list.addresses
