@@ -1,7 +1,9 @@
-//! The ipq agent library: configuration, the registry and its owner (the tracker), the kernel
+//! The ipq agent library: the agent's start-up phases and owner loop (`agent`), configuration,
+//! the registry and its owner (the tracker, whose core decides without I/O), the kernel
 //! datapath (loading, pinning, attaching, verifying, the maps' one writer), netlink, the
-//! journal, the local API, reuse hygiene, ipq-ipam's releaser and records, and metrics. The
-//! binary in `src/bin` is a thin edge over it.
+//! journal, the local API, reuse hygiene, ipq-ipam's releaser and records, the NodeQuarantine
+//! publisher and its whereabouts projection, bounded queues, and metrics. The binary in
+//! `src/bin` is a thin edge over it.
 
 pub mod addr_class;
 pub mod agent;
