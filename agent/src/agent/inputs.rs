@@ -60,17 +60,55 @@ pub(super) enum Input {
 /// The queues the owner loop reads. A source that has no sender left (the bpf() watcher on a
 /// kernel without it) never fires.
 pub(super) struct Inputs {
-    pub(super) sigterm: Signal,
-    pub(super) sigint: Signal,
+    sigterm: Signal,
+    sigint: Signal,
+    net: mpsc::Receiver<NetEvent>,
+    tc_notices: mpsc::Receiver<TcNotice>,
+    verifications: mpsc::Receiver<Verification>,
+    reported_keys: mpsc::Receiver<Vec<ReportedKey>>,
+    attach_reports: mpsc::Receiver<JobReport>,
+    hygiene_reports: mpsc::Receiver<hygiene::Report>,
+    samples: mpsc::Receiver<ConflictSample>,
+    commands: mpsc::Receiver<Command>,
+    synced: mpsc::Receiver<Synced>,
+}
+
+/// The queues of the node and the datapath, gathered through start-up (the netlink
+/// subscription before the dump, the rings when the programs load, the attach workers' and the
+/// verification's when they start) until the loop reads them with the rest ([`Inputs`]).
+pub(super) struct DatapathInputs {
     pub(super) net: mpsc::Receiver<NetEvent>,
+    pub(super) samples: mpsc::Receiver<ConflictSample>,
     pub(super) tc_notices: mpsc::Receiver<TcNotice>,
+    pub(super) attach_reports: mpsc::Receiver<JobReport>,
     pub(super) verifications: mpsc::Receiver<Verification>,
     pub(super) reported_keys: mpsc::Receiver<Vec<ReportedKey>>,
-    pub(super) attach_reports: mpsc::Receiver<JobReport>,
-    pub(super) hygiene_reports: mpsc::Receiver<hygiene::Report>,
-    pub(super) samples: mpsc::Receiver<ConflictSample>,
-    pub(super) commands: mpsc::Receiver<Command>,
-    pub(super) synced: mpsc::Receiver<Synced>,
+}
+
+impl DatapathInputs {
+    /// Everything the loop reads: these, the stop signals, hygiene's reports, the API's
+    /// requests and the journal's flushes.
+    pub(super) fn with(
+        self,
+        (sigterm, sigint): (Signal, Signal),
+        hygiene_reports: mpsc::Receiver<hygiene::Report>,
+        commands: mpsc::Receiver<Command>,
+        synced: mpsc::Receiver<Synced>,
+    ) -> Inputs {
+        Inputs {
+            sigterm,
+            sigint,
+            net: self.net,
+            tc_notices: self.tc_notices,
+            verifications: self.verifications,
+            reported_keys: self.reported_keys,
+            attach_reports: self.attach_reports,
+            hygiene_reports,
+            samples: self.samples,
+            commands,
+            synced,
+        }
+    }
 }
 
 /// The signals the agent stops on, installed before the loop starts.
@@ -151,22 +189,22 @@ mod tests {
 
     /// Inputs whose every queue is empty, with the senders of the netlink and command queues.
     fn inputs() -> (Inputs, mpsc::Sender<NetEvent>, mpsc::Sender<Command>) {
-        let (sigterm, sigint) = stop_signals().unwrap();
         let (net_tx, net) = mpsc::channel(64);
         let (command_tx, commands) = mpsc::channel(1024);
-        let inputs = Inputs {
-            sigterm,
-            sigint,
+        let datapath = DatapathInputs {
             net,
+            samples: mpsc::channel(1).1,
             tc_notices: mpsc::channel(1).1,
+            attach_reports: mpsc::channel(1).1,
             verifications: mpsc::channel(1).1,
             reported_keys: mpsc::channel(1).1,
-            attach_reports: mpsc::channel(1).1,
-            hygiene_reports: mpsc::channel(1).1,
-            samples: mpsc::channel(1).1,
-            commands,
-            synced: mpsc::channel(1).1,
         };
+        let inputs = datapath.with(
+            stop_signals().unwrap(),
+            mpsc::channel(1).1,
+            commands,
+            mpsc::channel(1).1,
+        );
         (inputs, net_tx, command_tx)
     }
 

@@ -14,7 +14,7 @@ use tokio::{
 };
 
 use super::{
-    inputs::{self, Inputs},
+    inputs::{self, DatapathInputs},
     kernel_rings::{self, forward_kernel_logs, read_samples},
     owner_loop::OwnerLoop,
     spool_replay::replay_spool,
@@ -146,8 +146,8 @@ pub(super) async fn load(config: Config, bpffs_dir: ClaimedDir) -> Result<Loaded
 pub(super) struct Watching {
     loaded: Loaded,
     attacher: Attacher,
-    attach_reports: mpsc::Receiver<JobReport>,
     tc_notices: mpsc::Receiver<TcNotice>,
+    attach_reports: mpsc::Receiver<JobReport>,
     verifications: mpsc::Receiver<Verification>,
     reported_keys: mpsc::Receiver<Vec<ReportedKey>>,
     watcher: Result<Arc<Pokes>, String>,
@@ -209,8 +209,8 @@ impl Loaded {
         Ok(Watching {
             loaded: self,
             attacher,
-            attach_reports,
             tc_notices,
+            attach_reports,
             verifications,
             reported_keys,
             watcher,
@@ -229,55 +229,50 @@ pub(super) struct Recovered {
     recovery: Recovery,
     metrics: Arc<Metrics>,
     spool_dir: PathBuf,
-    net_events: mpsc::Receiver<NetEvent>,
-    samples: mpsc::Receiver<ipq_common::sample::ConflictSample>,
-    tc_notices: mpsc::Receiver<TcNotice>,
-    attach_reports: mpsc::Receiver<JobReport>,
-    verifications: mpsc::Receiver<Verification>,
-    reported_keys: mpsc::Receiver<Vec<ReportedKey>>,
+    inputs: DatapathInputs,
     verifier: Verifier,
 }
 
 impl Watching {
     pub(super) async fn recover(self) -> Result<Recovered, AgentError> {
-        let Watching {
-            loaded:
-                Loaded {
-                    config,
-                    access,
-                    datapath,
-                    metrics,
-                    journal_read,
-                    dump,
-                    net_events,
-                    samples,
-                },
-            attacher,
-            mut attach_reports,
-            tc_notices,
-            verifications,
-            reported_keys,
-            watcher,
-            verifier,
-        } = self;
-        let (journal, journal_load) = journal_read.await.map_err(|source| AgentError::Task {
-            what: "reading the journal",
-            source,
-        })??;
+        let loaded = self.loaded;
+        let mut inputs = DatapathInputs {
+            net: loaded.net_events,
+            samples: loaded.samples,
+            tc_notices: self.tc_notices,
+            attach_reports: self.attach_reports,
+            verifications: self.verifications,
+            reported_keys: self.reported_keys,
+        };
+        let (journal, journal_load) =
+            loaded
+                .journal_read
+                .await
+                .map_err(|source| AgentError::Task {
+                    what: "reading the journal",
+                    source,
+                })??;
+        let config = loaded.config;
         let spool_dir = ipq_fs::paths::cni_spool_dir(&config.state_dir);
         // Made the agent's before any ipq-cni can: nobody else may plant or remove spooled
         // DELs or ipq-ipam's releases and records.
         safe_fs::ensure_private_dir(&spool_dir)?;
         safe_fs::ensure_private_dir(&ipq_fs::paths::ipam_release_dir(&config.state_dir))?;
         safe_fs::ensure_private_dir(&ipq_fs::paths::ipam_allocation_dir(&config.state_dir))?;
-        let mut tracker = Tracker::new(config.clone(), datapath, attacher, metrics.clone());
+        let metrics = loaded.metrics;
+        let mut tracker = Tracker::new(
+            config.clone(),
+            loaded.datapath,
+            self.attacher,
+            metrics.clone(),
+        );
         let mut durable = Durable::new(journal, metrics.clone());
-        tracker.set_bpf_watcher(watcher);
+        tracker.set_bpf_watcher(self.watcher);
         let recovery = tracker.recover(journal_load, durable.journal_mut());
         // DELs spooled while no agent ran drain their holders before the dump says which are
         // gone, so they end up exactly where a live DEL would have put them.
         replay_spool(&mut tracker, &mut durable, &spool_dir);
-        let dump = dump.await.map_err(|source| AgentError::Task {
+        let dump = loaded.dump.await.map_err(|source| AgentError::Task {
             what: "dumping the node's netlink state",
             source,
         })??;
@@ -285,7 +280,7 @@ impl Watching {
         // Every configured interface attached (or failed) once before pruning: the pins of an
         // interface still being attached are its enforcement until its new program is in.
         while tracker.attaching() {
-            match attach_reports.recv().await {
+            match inputs.attach_reports.recv().await {
                 Some(report) => tracker.on_attach_report(report),
                 None => break,
             }
@@ -295,19 +290,14 @@ impl Watching {
         let _ = durable.persist(tracker.journaled());
         Ok(Recovered {
             config,
-            access,
+            access: loaded.access,
             tracker,
             durable,
             recovery,
             metrics,
             spool_dir,
-            net_events,
-            samples,
-            tc_notices,
-            attach_reports,
-            verifications,
-            reported_keys,
-            verifier,
+            inputs,
+            verifier: self.verifier,
         })
     }
 }
@@ -325,22 +315,8 @@ pub(super) struct Serving {
 
 impl Recovered {
     pub(super) fn serve(self) -> Result<Serving, AgentError> {
-        let Recovered {
-            config,
-            access,
-            mut tracker,
-            mut durable,
-            recovery,
-            metrics,
-            spool_dir,
-            net_events,
-            samples,
-            tc_notices,
-            attach_reports,
-            verifications,
-            reported_keys,
-            verifier,
-        } = self;
+        let (config, metrics, recovery) = (self.config, self.metrics, self.recovery);
+        let (mut tracker, mut durable) = (self.tracker, self.durable);
         // After recovery and the first reconcile: from here on a holder gone or new is a
         // change on the node, and its address is cleaned.
         let hygiene_reports = tracker.start_hygiene()?;
@@ -373,13 +349,13 @@ impl Recovered {
             metrics.clone(),
             ipam_holds,
         ));
-        let api = tokio::spawn(ApiServer::bind(&config.api_socket, access)?.serve(
+        let api = tokio::spawn(ApiServer::bind(&config.api_socket, self.access)?.serve(
             command_tx,
             metrics.clone(),
             ipam_bins,
             ipam_records,
         ));
-        let (sigterm, sigint) = inputs::stop_signals()?;
+        let stop_signals = inputs::stop_signals()?;
         metrics.readiness.set_started(true);
         // Only now: a TCX link create holds rtnl_lock for a grace period, and start-up's
         // netlink requests (the prune above) would wait behind every one.
@@ -396,33 +372,23 @@ impl Recovered {
         );
         // From here on a save's fdatasync runs off the loop; answers wait for it.
         let synced = durable.defer_syncs();
-        let inputs = Inputs {
-            sigterm,
-            sigint,
-            net: net_events,
-            tc_notices,
-            verifications,
-            reported_keys,
-            attach_reports,
-            hygiene_reports,
-            samples,
-            commands,
-            synced,
-        };
+        let inputs = self
+            .inputs
+            .with(stop_signals, hygiene_reports, commands, synced);
         Ok(Serving {
             owner: OwnerLoop {
                 tracker,
                 durable,
                 inputs,
                 metrics: metrics.clone(),
-                spool_dir,
+                spool_dir: self.spool_dir,
                 waiting: WaitingAnswers::default(),
                 trimmer: Trimmer::new(),
                 last_tick: std::time::Instant::now(),
             },
             api,
             releaser,
-            verifier,
+            verifier: self.verifier,
             metrics,
             pins_root: config.bpffs_dir.clone(),
         })
