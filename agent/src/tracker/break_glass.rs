@@ -54,8 +54,8 @@ impl Tracker {
         addr: IpAddr,
         entry: AddrEntry,
     ) -> Result<(), DatapathError> {
-        self.enforcer.put_unchecked(addr, entry)?;
-        self.hand_written.record(addr, Some(entry));
+        self.sinks.enforcer.put_unchecked(addr, entry)?;
+        self.sinks.hand_written.record(addr, Some(entry));
         warn!(
             "{addr}: datapath entry written by hand ({} holder if{} fenced if{}); the registry \
              does not know",
@@ -71,8 +71,8 @@ impl Tracker {
         &mut self,
         addr: IpAddr,
     ) -> Result<Option<AddrEntry>, DatapathError> {
-        let removed = self.enforcer.remove_unchecked(addr)?;
-        self.hand_written.record(addr, None);
+        let removed = self.sinks.enforcer.remove_unchecked(addr)?;
+        self.sinks.hand_written.record(addr, None);
         if removed.is_some() {
             warn!("{addr}: datapath entry removed by hand; the registry does not know");
         }

@@ -21,7 +21,7 @@ impl Tracker {
         let holder = self.api().claimant(request)?;
         self.watch_claimant(&holder);
         let mac = api_service::claim_mac(request)?;
-        self.hygiene.begin_claim(holder.ifindex, mac);
+        self.sinks.hygiene.begin_claim(holder.ifindex, mac);
         let source = api_service::claim_source(request);
         match self
             .core
@@ -36,7 +36,7 @@ impl Tracker {
                         _ => None,
                     })
                     .collect();
-                self.apply_effects(effects);
+                self.sinks.apply(&mut self.core, effects);
                 if let Some(unwritten) = self.unwritten(&request.addresses) {
                     return Err(unwritten);
                 }
@@ -54,7 +54,7 @@ impl Tracker {
     /// the same claim is answered `ok` once it went through), never `ok`.
     fn unwritten(&self, addresses: &[IpAddr]) -> Option<ApiError> {
         addresses.iter().find_map(|addr| {
-            let pending = self.enforcer.pending_for(*addr)?;
+            let pending = self.sinks.enforcer.pending_for(*addr)?;
             Some(
                 ApiError::new(
                     ErrorCode::Unavailable,
@@ -106,7 +106,7 @@ impl Tracker {
                 policy: self.core.config.on_early_reuse,
                 at: netdev::monotonic_ns(),
             };
-            self.observer.conflict(&conflict, Outcome::RefusedNew);
+            self.sinks.observer.conflict(&conflict, Outcome::RefusedNew);
         }
     }
 }

@@ -33,7 +33,7 @@ impl Tracker {
                 return answer(reply, Ok(self.api().allocation_busy(&query)))
             }
             Command::Subscribe(reply) => {
-                let _ = reply.send(self.observer.feed().subscribe());
+                let _ = reply.send(self.sinks.observer.feed().subscribe());
                 return Box::new(|_| {});
             }
             Command::HoldRelease { release, reply } => {
@@ -63,12 +63,12 @@ impl Tracker {
             }
             Command::Claim { request, reply } => {
                 let result = self.claim(&request);
-                let waits = self.hygiene.end_claim();
+                let waits = self.sinks.hygiene.end_claim();
                 claim_answer(reply, result, waits)
             }
             Command::Drain { addr, reply } => {
                 let drained = self.core.registry.drain(addr, None).map(|effects| {
-                    self.apply_effects(effects);
+                    self.sinks.apply(&mut self.core, effects);
                     self.api().changed([addr])
                 });
                 durable_answer(reply, drained.map_err(|e| api_service::refusal(&e)))
@@ -79,7 +79,7 @@ impl Tracker {
             }
             Command::Release { addr, force, reply } => {
                 let released = self.core.registry.release(addr, force).map(|effects| {
-                    self.apply_effects(effects);
+                    self.sinks.apply(&mut self.core, effects);
                     info!("{addr}: released through the API (force: {force})");
                     self.api().changed([addr])
                 });
@@ -87,7 +87,7 @@ impl Tracker {
             }
             Command::Gc { request, reply } => {
                 let drained = self.core.gc(&request);
-                self.apply_effects(drained.effects);
+                self.sinks.apply(&mut self.core, drained.effects);
                 durable_answer(reply, Ok(self.api().changed(drained.addresses)))
             }
         };
@@ -99,7 +99,7 @@ impl Tracker {
     /// replay spooled DELs.
     pub fn drain_attachment(&mut self, request: &DrainAttachmentRequest) -> BTreeSet<IpAddr> {
         let drained = self.core.drain_attachment(request);
-        self.apply_effects(drained.effects);
+        self.sinks.apply(&mut self.core, drained.effects);
         drained.addresses
     }
 }

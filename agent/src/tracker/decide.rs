@@ -72,7 +72,7 @@ pub(super) fn role(config: &Config, ifname: &str) -> Option<Role> {
 }
 
 /// A registry operation's effects, or nothing, with the reason logged, when it refused.
-fn settled(result: Result<Vec<Effect>, RegistryError>, why: &str) -> Vec<Effect> {
+pub(super) fn settled(result: Result<Vec<Effect>, RegistryError>, why: &str) -> Vec<Effect> {
     // Only explicit claims (the API) answer a refusal; they record their conflict there.
     result.unwrap_or_else(|e| {
         warn!("{why}: {e}");

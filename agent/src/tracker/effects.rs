@@ -1,28 +1,38 @@
-//! Carrying out what the registry asks: datapath writes, conflicts (counted, logged,
-//! published), transitions for the event feed, and the quarantine-duration histogram. The
-//! datapath entry of an address, its observe-only flag included, is always the registry's own
-//! derivation ([`crate::registry::datapath_entry`]): nothing here adds to it.
+//! Where the registry's effects go ([`Sinks`]): datapath writes (the datapath writer, and the
+//! entries written by hand that a registry write replaces), conflicts (counted, logged,
+//! published), transitions for the event feed and for reuse hygiene, and the
+//! quarantine-duration histogram. Each sink owns its state; the tracker hands them the core's
+//! effects. The datapath entry of an address, its observe-only flag included, is always the
+//! registry's own derivation ([`crate::registry::datapath_entry`]): nothing here adds to it.
+
+use std::net::IpAddr;
 
 use ipq_common::sample::ConflictSample;
-use log::warn;
 
-use super::Tracker;
+use super::{break_glass::HandWritten, decide::Core, enforcer::Enforcer, observer::Observer};
 use crate::{
     api::views::outcome_of,
-    registry::{AddrStatus, Effect, RegistryError},
+    datapath::attach::Attacher,
+    hygiene::Hygiene,
+    registry::{AddrStatus, Effect, Holder, StateName},
 };
 
-impl Tracker {
-    /// Applies a transition's effects, or reports why there was none.
-    pub(super) fn apply(&mut self, result: Result<Vec<Effect>, RegistryError>, why: &str) {
-        // Only explicit claims (the API) can be refused; they record their conflict there.
-        match result {
-            Ok(effects) => self.apply_effects(effects),
-            Err(e) => warn!("{why}: {e}"),
-        }
-    }
+/// The parts the registry's effects change, each the owner of its state.
+pub(super) struct Sinks {
+    /// The datapath's one writer.
+    pub(super) enforcer: Enforcer,
+    /// Entries written by hand behind the registry's back, until it changes them.
+    pub(super) hand_written: HandWritten,
+    /// Effects and samples made counters, feed entries and log lines.
+    pub(super) observer: Observer,
+    /// Reuse hygiene's jobs and last reports (inert until started).
+    pub(super) hygiene: Hygiene,
+}
 
-    pub(super) fn apply_effects(&mut self, effects: Vec<Effect>) {
+impl Sinks {
+    /// Hands each of `effects` to its sink; the claims that waited for room the removals freed
+    /// are made (by the core) and handed on in turn.
+    pub(super) fn apply(&mut self, core: &mut Core, effects: Vec<Effect>) {
         let mut freed = 0;
         for effect in effects {
             match effect {
@@ -36,8 +46,8 @@ impl Tracker {
                     self.enforcer.remove(addr);
                 }
                 Effect::Conflict(conflict) => {
-                    let record = self.core.registry.get(conflict.addr);
-                    let outcome = outcome_of(&conflict, record, self.core.config.mode);
+                    let record = core.registry.get(conflict.addr);
+                    let outcome = outcome_of(&conflict, record, core.config.mode);
                     self.observer.conflict(&conflict, outcome);
                 }
                 Effect::Transition {
@@ -46,7 +56,7 @@ impl Tracker {
                     to,
                     holder,
                 } => {
-                    self.hygiene_on_transition(addr, from, to, holder.as_ref());
+                    self.hygiene_on_transition(core, addr, from, to, holder.as_ref());
                     self.observer.transition(addr, from, to, holder);
                 }
                 Effect::Released {
@@ -56,34 +66,61 @@ impl Tracker {
             }
         }
         if freed > 0 {
-            let claimed = self.core.retry_waiting(freed);
+            let claimed = core.retry_waiting(freed);
             if !claimed.is_empty() {
-                self.apply_effects(claimed);
+                self.apply(core, claimed);
             }
         }
     }
 
-    /// Logs (rate-limited) and publishes one kernel sample.
-    pub(super) fn publish_sample(&mut self, sample: &ConflictSample) {
+    /// A transition of `addr` from `from` into `to` with `holder` live after it: when the holder
+    /// is gone or new, the hygiene worker gets a job; it cleans only where the core says the
+    /// datapath drops a conflict ([`Core::cleans`]).
+    fn hygiene_on_transition(
+        &mut self,
+        core: &Core,
+        addr: IpAddr,
+        from: StateName,
+        to: StateName,
+        holder: Option<&Holder>,
+    ) {
+        let act = core.cleans(addr, from);
+        let live = holder
+            .filter(|_| matches!(to, StateName::Active | StateName::Draining))
+            .map(|h| h.ifindex);
+        self.hygiene
+            .on_transition(addr, to == StateName::Quarantined, live, act);
+        if to == StateName::Free {
+            self.hygiene.forget(addr);
+        }
+    }
+
+    /// Logs (rate-limited) and publishes one kernel sample, named by who the registry says
+    /// holds (or held) its address and the interface it was seen on.
+    pub(super) fn publish_sample(
+        &mut self,
+        core: &Core,
+        attacher: &Attacher,
+        sample: &ConflictSample,
+    ) {
         let addr = sample.addr.to_ip();
-        let holder = self.core.registry.get(addr).map(|r| match &r.status {
+        let holder = core.registry.get(addr).map(|r| match &r.status {
             AddrStatus::Quarantined { previous, .. } => previous.clone(),
             AddrStatus::Active { holder, .. } | AddrStatus::Draining { holder, .. } => {
                 holder.clone()
             }
         });
-        let seen_on = self.interface_name(sample.ifindex);
+        let seen_on = interface_name(core, attacher, sample.ifindex);
         self.observer.sample(sample, seen_on, holder);
     }
+}
 
-    /// The name of interface `ifindex` as an event shows it: the node's, else the attacher's
-    /// last known, else `if<index>`.
-    fn interface_name(&self, ifindex: u32) -> String {
-        self.core
-            .net
-            .link_name(ifindex)
-            .map(str::to_owned)
-            .or_else(|| self.attacher.target(ifindex).map(|t| t.name.clone()))
-            .unwrap_or_else(|| format!("if{ifindex}"))
-    }
+/// The name of interface `ifindex` as an event shows it: the node's, else the attacher's last
+/// known, else `if<index>`.
+fn interface_name(core: &Core, attacher: &Attacher, ifindex: u32) -> String {
+    core.net
+        .link_name(ifindex)
+        .map(str::to_owned)
+        .or_else(|| attacher.target(ifindex).map(|t| t.name.clone()))
+        .unwrap_or_else(|| format!("if{ifindex}"))
 }

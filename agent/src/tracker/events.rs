@@ -35,7 +35,7 @@ impl Tracker {
                 true
             }
         };
-        self.apply_effects(decision.effects);
+        self.sinks.apply(&mut self.core, decision.effects);
         attacher_changed
     }
 
@@ -77,10 +77,10 @@ impl Tracker {
         self.attacher.retry_due(std::time::Instant::now());
         // Writes the kernel refused before the registry's own tick, whose effects may replace
         // them.
-        self.enforcer.retry_pending();
+        self.sinks.enforcer.retry_pending();
         self.refresh_stale();
         let effects = self.core.tick();
-        self.apply_effects(effects);
+        self.sinks.apply(&mut self.core, effects);
         self.update_gauges();
         self.observe_protection();
     }
@@ -93,7 +93,7 @@ impl Tracker {
     fn refresh_stale(&mut self) {
         let due: Vec<IpAddr> = self.core.registry.due(netdev::monotonic_ns()).collect();
         for addr in due {
-            let entry = match self.enforcer.kernel_entry(addr) {
+            let entry = match self.sinks.enforcer.kernel_entry(addr) {
                 Ok(Some(entry)) => entry,
                 Ok(None) => continue,
                 Err(e) => {
@@ -105,14 +105,15 @@ impl Tracker {
                 continue;
             }
             let effects = self.core.on_stale_stamp(addr, entry.last_stale_ns);
-            self.apply_effects(effects);
+            self.sinks.apply(&mut self.core, effects);
         }
     }
 
     /// One conflict sample from the kernel: logged and published, the age of stale traffic
     /// observed, and what it means for the registry carried out.
     pub fn on_sample(&mut self, sample: &ConflictSample) {
-        self.publish_sample(sample);
+        self.sinks
+            .publish_sample(&self.core, &self.attacher, sample);
         if Reason::from_repr(sample.reason) == Some(Reason::StaleTraffic) {
             if let Some(AddrStatus::Quarantined { since, .. }) = self
                 .core
@@ -125,6 +126,6 @@ impl Tracker {
             }
         }
         let effects = self.core.on_sample(sample);
-        self.apply_effects(effects);
+        self.sinks.apply(&mut self.core, effects);
     }
 }

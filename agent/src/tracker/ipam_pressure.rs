@@ -131,7 +131,7 @@ impl Tracker {
 
     fn publish_exhausted(&mut self, request: &ExhaustedRequest, answer: &ExhaustedAnswer) {
         let at = TimeBase::now().rfc3339(netdev::monotonic_ns());
-        self.observer.publish(
+        self.sinks.observer.publish(
             at,
             EventBody::IpamExhausted {
                 network: request.network.clone(),

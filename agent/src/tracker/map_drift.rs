@@ -48,7 +48,7 @@ impl Tracker {
     /// without waiting for the comparison of the whole maps, which follows.
     pub fn recheck_reported(&mut self, keys: &[ReportedKey]) {
         let started = Instant::now();
-        let suspects = self.enforcer.reported_suspects(keys);
+        let suspects = self.sinks.enforcer.reported_suspects(keys);
         let found_at = SystemTime::now();
         let drift = self.recheck_suspects(&suspects, found_at, DriftFoundBy::ReportedWrite);
         if !drift.is_empty() {
@@ -70,9 +70,9 @@ impl Tracker {
         found_at: SystemTime,
         found_by: DriftFoundBy,
     ) -> Vec<MapDrift> {
-        let (registry, hand_written) = (&self.core.registry, &self.hand_written);
+        let (registry, hand_written) = (&self.core.registry, &self.sinks.hand_written);
         let wanted = |addr: &AddrKey| hand_written.wanted(registry, addr.to_ip());
-        let check = self.enforcer.recheck_maps(suspects, &wanted);
+        let check = self.sinks.enforcer.recheck_maps(suspects, &wanted);
         log::debug!(
             "maps verified: {} addresses compared off the loop in {:?}, {} suspects, looked at \
              again in {:?}",
@@ -94,7 +94,7 @@ impl Tracker {
                 .map_entries_rewritten
                 .with_label_values(&[drift.map])
                 .inc();
-            self.observer.publish(
+            self.sinks.observer.publish(
                 at.clone(),
                 EventBody::MapRewritten {
                     map: drift.map.to_owned(),

@@ -70,27 +70,20 @@ use crate::datapath::attach::Role;
 pub struct Tracker {
     /// The registry, the node's netlink mirror and the configuration: the decisions.
     core: decide::Core,
-    /// The datapath's one writer.
-    enforcer: enforcer::Enforcer,
+    /// Where the core's effects go: the datapath writer, the observer, reuse hygiene.
+    sinks: effects::Sinks,
     /// Attaches programs off this loop; the tracker only says what it wants.
     attacher: Attacher,
     metrics: Arc<Metrics>,
-    /// Effects and samples made counters, feed entries and log lines.
-    observer: observer::Observer,
     started_at: SystemTime,
     /// How the registry came back at start (`/v1/status`).
     recovered: Option<crate::api::model::RecoveryView>,
     /// Why the pins under `bpffs_dir` cannot be kept, as the last verification found.
     pins_problem: Option<String>,
-    /// Datapath entries written (`Some`) or removed (`None`) by hand, behind the registry's
-    /// back, until the registry next changes the address: what the verification keeps there.
-    hand_written: break_glass::HandWritten,
     /// Whether the watcher of other processes' bpf() calls is attached, or why not.
     bpf_watcher: Result<Arc<crate::datapath::bpf_watch::Pokes>, String>,
     /// What was in place when the agent became ready ([`Tracker::mark_started`]).
     started: Option<crate::api::model::StartedView>,
-    /// Reuse hygiene's jobs and last reports (inert until started).
-    hygiene: crate::hygiene::Hygiene,
     /// ipq-ipam's records, held releases, holds and releaser.
     ipam: ipam::IpamSide,
     /// The NodeQuarantine publisher's end, when the agent publishes (`publish`).
@@ -120,18 +113,20 @@ impl Tracker {
         let settings = RegistrySettings::from(&config);
         let ipam = ipam::IpamSide::new(&config.state_dir, config.capacity as usize);
         Self {
-            observer: observer::Observer::new(metrics.clone()),
             core: decide::Core::new(config, Registry::new(settings, SystemClock)),
-            enforcer: enforcer::Enforcer::new(datapath, metrics.clone()),
+            sinks: effects::Sinks {
+                enforcer: enforcer::Enforcer::new(datapath, metrics.clone()),
+                hand_written: Default::default(),
+                observer: observer::Observer::new(metrics.clone()),
+                hygiene: crate::hygiene::Hygiene::disabled(),
+            },
             attacher,
             metrics,
             started_at: SystemTime::now(),
             recovered: None,
             pins_problem: None,
-            hand_written: Default::default(),
             bpf_watcher: Err("not started".to_owned()),
             started: None,
-            hygiene: crate::hygiene::Hygiene::disabled(),
             ipam,
             publish: None,
             whereabouts: None,
@@ -145,7 +140,7 @@ impl Tracker {
     }
 
     pub fn datapath(&self) -> &dyn DatapathPort {
-        self.enforcer.port()
+        self.sinks.enforcer.port()
     }
 
     /// When `tick` has work next (monotonic ns).
@@ -166,7 +161,7 @@ impl Tracker {
         self.metrics.observe_registry(&self.core.registry);
         self.metrics
             .registry_entries
-            .set(self.enforcer.len() as i64);
+            .set(self.sinks.enforcer.len() as i64);
         self.metrics
             .addresses_unprotected
             .set(self.core.registry.waiting() as i64);

@@ -76,7 +76,7 @@ impl Tracker {
                 .attachments_lost
                 .with_label_values(&[hook, Lost::Pin.as_str()])
                 .inc();
-            self.observer.publish(
+            self.sinks.observer.publish(
                 humantime::format_rfc3339_millis(verification.finished_at).to_string(),
                 EventBody::AttachmentLost {
                     interface,
@@ -126,7 +126,7 @@ impl Tracker {
             .with_label_values(&[hook, lost.what.as_str()])
             .inc();
         let at = TimeBase::now().rfc3339(netdev::monotonic_ns());
-        self.observer.publish(
+        self.sinks.observer.publish(
             at,
             EventBody::AttachmentLost {
                 interface: lost.name,

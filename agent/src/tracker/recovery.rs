@@ -4,7 +4,7 @@ use std::{collections::BTreeMap, net::IpAddr, path::Path};
 
 use log::{error, info, warn};
 
-use super::Tracker;
+use super::{decide, Tracker};
 use crate::{
     api::model::RecoveryView,
     journal::{Journal, JournalError, Loaded, NewerJournal},
@@ -140,7 +140,7 @@ impl Tracker {
             netdev::monotonic_ns(),
             now_unix_ms,
         );
-        for line in self.enforcer.opened_disagreeing() {
+        for line in self.sinks.enforcer.opened_disagreeing() {
             problems.push(format!("pinned maps at start: {line}"));
         }
         let (merged, adopted, disagreeing) = self.merge_with_maps(records);
@@ -154,7 +154,7 @@ impl Tracker {
         match self.core.registry.restore(snapshot) {
             Ok(effects) => {
                 info!("registry recovered ({recovery:?}): {count} addresses");
-                self.apply_effects(effects);
+                self.sinks.apply(&mut self.core, effects);
                 // The journal already holds what it gave; only what the maps changed is new
                 // (when the journal is rewritten anyway, it takes everything).
                 self.core.registry.take_changed();
@@ -189,7 +189,7 @@ impl Tracker {
             .unwrap_or_default();
         entry::merge(
             journal,
-            self.enforcer.as_written(),
+            self.sinks.enforcer.as_written(),
             netdev::monotonic_ns(),
             self.core.registry.settings(),
             &names,
@@ -214,12 +214,15 @@ impl Tracker {
         for ifindex in holders {
             if !self.core.net.has_link(ifindex) {
                 let result = self.core.registry.holder_gone(ifindex);
-                self.apply(result, "holder gone while the agent was down");
+                let effects = decide::settled(result, "holder gone while the agent was down");
+                self.sinks.apply(&mut self.core, effects);
             }
         }
         // The datapath mirrors the registry exactly, whatever an earlier agent left.
-        self.hand_written.clear();
-        self.enforcer.sync(self.core.registry.datapath_entries());
+        self.sinks.hand_written.clear();
+        self.sinks
+            .enforcer
+            .sync(self.core.registry.datapath_entries());
         self.update_gauges();
         self.observe_protection();
     }

@@ -216,7 +216,7 @@ fn every_change_to_a_record_needs_a_save() {
     // A duplicate source changes no state and no map entry, only the conflict count.
     let before = t.registry().generation();
     let result = t.core.registry.duplicate_source(ip("10.0.0.7"), VETH_B);
-    t.apply(result, "test");
+    t.sinks.apply(&mut t.core, result.unwrap());
     assert!(t.registry().generation() > before);
     assert!(
         !journal.is_saved(t.registry().generation()),
