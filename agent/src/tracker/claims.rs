@@ -5,15 +5,14 @@
 
 use std::net::IpAddr;
 
-use super::{api_service, Role, Tracker};
+use super::{api_service, enforcer::Enforcer, Role, Tracker};
 use crate::{
     api::{
         model::{ClaimRequest, ClaimResponse, ErrorCode},
         views::{ApiError, Outcome},
     },
-    netdev,
     netlink::NetEvent,
-    registry::{Conflict, Effect, Holder, RegistryError},
+    registry::{Conflict, Effect, Holder},
 };
 
 impl Tracker {
@@ -37,38 +36,21 @@ impl Tracker {
                     })
                     .collect();
                 self.sinks.apply(&mut self.core, effects);
-                if let Some(unwritten) = self.unwritten(&request.addresses) {
+                if let Some(unwritten) = unwritten(&self.sinks.enforcer, &request.addresses) {
                     return Err(unwritten);
                 }
                 Ok(self.api().claimed(&request.addresses, &conflicts))
             }
             Err(error) => {
-                self.refused(&error, &holder);
+                // A claim the policy refused (`refuse-new`) is a conflict the registry did not
+                // record: counted and published here.
+                if let Some(conflict) = self.core.refusal(&error, &holder) {
+                    self.metrics.refused_claims.inc();
+                    self.sinks.observer.conflict(&conflict, Outcome::RefusedNew);
+                }
                 Err(api_service::refusal(&error))
             }
         }
-    }
-
-    /// A claim whose own entry the kernel refused is not enforced: it is answered
-    /// `unavailable` (the claim stays in the registry, the write is retried every tick, and
-    /// the same claim is answered `ok` once it went through), never `ok`.
-    fn unwritten(&self, addresses: &[IpAddr]) -> Option<ApiError> {
-        addresses.iter().find_map(|addr| {
-            let pending = self.sinks.enforcer.pending_for(*addr)?;
-            Some(
-                ApiError::new(
-                    ErrorCode::Unavailable,
-                    format!(
-                        "{addr}: claimed, but the kernel refused its datapath entry ({}, {} \
-                         attempts: {}); the agent retries it every tick: retry the claim later",
-                        pending.wanted.kind(),
-                        pending.failures,
-                        pending.error
-                    ),
-                )
-                .with_address(*addr),
-            )
-        })
     }
 
     /// CNI can be faster than the netlink event of the veth it just created: the attacher is
@@ -86,27 +68,26 @@ impl Tracker {
             self.observe_protection();
         }
     }
+}
 
-    /// A claim the policy refused (`refuse-new`) is a conflict the registry did not record:
-    /// counted and published here.
-    fn refused(&mut self, error: &RegistryError, claimant: &Holder) {
-        if let (
-            RegistryError::Refused {
-                addr, holder: old, ..
-            },
-            Some(kind),
-        ) = (error, error.conflict_kind())
-        {
-            self.metrics.refused_claims.inc();
-            let conflict = Conflict {
-                kind,
-                addr: *addr,
-                old: Some((**old).clone()),
-                new: Some(claimant.clone()),
-                policy: self.core.config.on_early_reuse,
-                at: netdev::monotonic_ns(),
-            };
-            self.sinks.observer.conflict(&conflict, Outcome::RefusedNew);
-        }
-    }
+/// A claim whose own entry the kernel refused is not enforced: it is answered
+/// `unavailable` (the claim stays in the registry, the write is retried every tick, and
+/// the same claim is answered `ok` once it went through), never `ok`.
+fn unwritten(enforcer: &Enforcer, addresses: &[IpAddr]) -> Option<ApiError> {
+    addresses.iter().find_map(|addr| {
+        let pending = enforcer.pending_for(*addr)?;
+        Some(
+            ApiError::new(
+                ErrorCode::Unavailable,
+                format!(
+                    "{addr}: claimed, but the kernel refused its datapath entry ({}, {} \
+                     attempts: {}); the agent retries it every tick: retry the claim later",
+                    pending.wanted.kind(),
+                    pending.failures,
+                    pending.error
+                ),
+            )
+            .with_address(*addr),
+        )
+    })
 }

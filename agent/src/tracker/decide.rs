@@ -17,7 +17,7 @@ use crate::{
     config::{Config, EarlyReusePolicy},
     datapath::attach::Role,
     netlink::{NetEvent, NetState},
-    registry::{AddrStatus, Effect, Holder, Registry, RegistryError, Source, StateName},
+    registry::{AddrStatus, Conflict, Effect, Holder, Registry, RegistryError, Source, StateName},
 };
 
 pub(super) struct Core {
@@ -320,6 +320,25 @@ impl Core {
                 && matches!(from, StateName::Active | StateName::Draining));
         verdict::action_for_address(self.config.mode, Reason::Fenced, observed_reuse)
             == Action::Dropped
+    }
+
+    /// The conflict a claim by `claimant` that the policy refused (`refuse-new`) is: the
+    /// registry records none for a refusal, so the API's side counts and publishes this one.
+    pub(super) fn refusal(&self, error: &RegistryError, claimant: &Holder) -> Option<Conflict> {
+        let RegistryError::Refused {
+            addr, holder: old, ..
+        } = error
+        else {
+            return None;
+        };
+        Some(Conflict {
+            kind: error.conflict_kind()?,
+            addr: *addr,
+            old: Some((**old).clone()),
+            new: Some(claimant.clone()),
+            policy: self.config.on_early_reuse,
+            at: crate::netdev::monotonic_ns(),
+        })
     }
 
     /// The cool-downs that are over.
