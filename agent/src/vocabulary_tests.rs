@@ -71,3 +71,21 @@ fn names_parse_back_and_free_is_never_a_held_state() {
     }
     assert!("release_quietest".parse::<OnExhausted>().is_err());
 }
+
+/// What of an attachment went is spelled in an `attachment_lost` event as the metric labels it,
+/// and its hook as the metric's `hook` label (`none` for a pin of a map or program).
+#[test]
+fn a_lost_attachment_is_spelled_as_its_metric_labels_it() {
+    use crate::{datapath::attach::Lost, metrics, paths::AttachPoint};
+    use ipq_api::{EventHook, LostPart};
+    for &lost in Lost::VARIANTS {
+        assert_eq!(<&str>::from(LostPart::from(lost)), lost.as_ref());
+    }
+    for &point in AttachPoint::VARIANTS {
+        assert_eq!(
+            EventHook::from(point.hook()).as_ref(),
+            metrics::hook_label(point)
+        );
+    }
+    assert_eq!(EventHook::NoHook.as_ref(), "none");
+}

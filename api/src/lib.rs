@@ -5,6 +5,7 @@
 mod agent_names;
 pub mod client;
 pub mod echo;
+mod event_names;
 mod holder;
 pub mod mac;
 pub mod model;
@@ -16,6 +17,7 @@ pub use agent_names::{
     Attachment, ConflictOutcome, ConntrackFlush, DriftFoundBy, HoldRelease, HygieneTrigger,
     PublishState, RecoveredFrom, TcAttachMode,
 };
+pub use event_names::{CheckedMap, EntryState, EventHook, LostPart, SampleAction, SampleReason};
 pub use holder::{Holder, PodRef};
 
 /// Where the agent serves the API unless told otherwise (`api_socket`).

@@ -12,6 +12,7 @@ use ipq::{
     hygiene, netdev, paths,
     registry::StateName,
 };
+use ipq_api::EntryState;
 use ipq_common::{
     addr::{AddrEntry, AddrKey, AddrState, NO_IFINDEX},
     counters::{counter_index, Action, Hook, Reason},
@@ -165,7 +166,7 @@ fn datapath_command(command: DatapathCommand) -> anyhow::Result<()> {
                 "ADDRESS", "STATE", "HOLDER", "FENCED"
             );
             for (addr, entry) in entries {
-                let state = StateName::of_raw_entry(entry.state());
+                let state = EntryState::of_raw(entry.state());
                 println!(
                     "{:<40} {:<12} {:>7} {:>7}",
                     addr.to_ip().to_string(),

@@ -144,7 +144,7 @@ impl Metrics {
         for &hook in Hook::VARIANTS {
             for what in crate::datapath::attach::Lost::VARIANTS {
                 attachments_lost
-                    .with_label_values(&[hook.as_str(), what.as_str()])
+                    .with_label_values(&[hook.as_str(), what.as_ref()])
                     .inc_by(0);
             }
             unprotected_interfaces

@@ -45,7 +45,7 @@ impl Tracker {
     ) {
         let policy = self.config.ipam_on_exhausted;
         let mut answer = ExhaustedAnswer {
-            policy: policy.to_string(),
+            policy,
             quarantined: 0,
             draining: 0,
             next_release: None,

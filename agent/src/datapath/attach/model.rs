@@ -111,7 +111,18 @@ pub enum JobKind {
 
 /// What of an attachment went ([`JobKind::Repair`]), as `ipq_datapath_attachments_lost_total`
 /// labels it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, strum::IntoStaticStr)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    strum::IntoStaticStr,
+    strum::AsRefStr,
+    strum::Display,
+)]
 #[strum(serialize_all = "lowercase")]
 #[derive(strum::VariantArray)]
 pub enum Lost {
@@ -125,11 +136,19 @@ pub enum Lost {
     Pin,
 }
 
-impl Lost {
-    pub fn as_str(self) -> &'static str {
-        self.into()
+/// The one place a part lost becomes the API's name for it (`what` of an `attachment_lost`).
+impl From<Lost> for ipq_api::LostPart {
+    fn from(lost: Lost) -> Self {
+        match lost {
+            Lost::Qdisc => Self::Qdisc,
+            Lost::Filter => Self::Filter,
+            Lost::Link => Self::Link,
+            Lost::Pin => Self::Pin,
+        }
     }
+}
 
+impl Lost {
     /// The name of `point` as the attachment that went had it: a qdisc or filter held a
     /// `tc-` hook, a link or its pin a `tcx-` hook (or `xdp`).
     pub fn hook_name(self, point: AttachPoint) -> &'static str {
