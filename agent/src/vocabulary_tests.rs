@@ -89,3 +89,14 @@ fn a_lost_attachment_is_spelled_as_its_metric_labels_it() {
     }
     assert_eq!(EventHook::NoHook.as_ref(), "none");
 }
+
+/// An interface's hooks in `/v1/status` are named as the log and `ipq status` name them.
+#[test]
+fn an_attached_hook_is_spelled_as_its_hook_name() {
+    use crate::{datapath::attach::Mechanism, paths::AttachPoint};
+    for by in [Mechanism::Tcx, Mechanism::Netlink, Mechanism::Xdp] {
+        for &point in AttachPoint::VARIANTS {
+            assert_eq!(by.attached_hook(point).as_ref(), by.hook_name(point));
+        }
+    }
+}

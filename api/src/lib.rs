@@ -14,8 +14,8 @@ mod vocabulary;
 mod vocabulary_tests;
 
 pub use agent_names::{
-    Attachment, ConflictOutcome, ConntrackFlush, DriftFoundBy, HoldRelease, HygieneTrigger,
-    PublishState, RecoveredFrom, TcAttachMode,
+    AttachedHook, Attachment, ConflictOutcome, ConntrackFlush, DriftFoundBy, HoldRelease,
+    HygieneTrigger, PublishState, RecoveredFrom, TcAttachMode,
 };
 pub use event_names::{CheckedMap, EntryState, EventHook, LostPart, SampleAction, SampleReason};
 pub use holder::{Holder, PodRef};

@@ -9,10 +9,10 @@ use ipq_common::{
 use strum::VariantArray;
 
 use crate::{
-    Attachment, CheckedMap, ConflictKind, ConflictOutcome, ConntrackFlush, DriftFoundBy,
-    EarlyReusePolicy, EntryState, EventHook, HoldRelease, HygieneTrigger, LostPart, MapWrite,
-    OnExhausted, Protection, PublishState, RecoveredFrom, SampleAction, SampleReason, StateName,
-    TcAttachMode,
+    AttachedHook, Attachment, CheckedMap, ConflictKind, ConflictOutcome, ConntrackFlush,
+    DriftFoundBy, EarlyReusePolicy, EntryState, EventHook, HoldRelease, HygieneTrigger, LostPart,
+    MapWrite, OnExhausted, Protection, PublishState, RecoveredFrom, SampleAction, SampleReason,
+    StateName, TcAttachMode,
 };
 
 #[test]
@@ -132,6 +132,18 @@ fn agent_names() {
         "xdp+tcx",
         Attachment::Unknown,
         &["tcx", "netlink", "xdp", "tcx+netlink", "unknown"],
+    );
+    assert_wire_names(
+        "netkit-primary",
+        AttachedHook::Unknown,
+        &[
+            "tc-ingress",
+            "tc-egress",
+            "tcx-ingress",
+            "tcx-egress",
+            "xdp",
+            "unknown",
+        ],
     );
     assert_wire_names(
         "backup",

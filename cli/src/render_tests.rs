@@ -9,9 +9,9 @@ use ipq_api::{
         InterfaceStatus, IpamHoldView, PendingWriteView, PublishView, RecoveryView, RegistryCounts,
         Status, VerificationView,
     },
-    Attachment, CheckedMap, ConflictKind, ConflictOutcome, ConntrackFlush, DriftFoundBy,
-    EarlyReusePolicy, EntryState, EventHook, HoldRelease, Holder, HygieneTrigger, LostPart,
-    MapWrite, OnExhausted, PodRef, Protection, RecoveredFrom, SampleAction, SampleReason,
+    AttachedHook, Attachment, CheckedMap, ConflictKind, ConflictOutcome, ConntrackFlush,
+    DriftFoundBy, EarlyReusePolicy, EntryState, EventHook, HoldRelease, Holder, HygieneTrigger,
+    LostPart, MapWrite, OnExhausted, PodRef, Protection, RecoveredFrom, SampleAction, SampleReason,
     StateName, TcAttachMode,
 };
 
@@ -191,7 +191,7 @@ fn status_shows_readiness_counts_and_hooks() {
             InterfaceStatus {
                 ifindex: 5,
                 name: "vethpa".into(),
-                hooks: vec!["tc-ingress".into(), "tc-egress".into()],
+                hooks: vec![AttachedHook::TcIngress, AttachedHook::TcEgress],
                 protection: Protection::Protected,
                 attachment: Some(Attachment::Netlink),
                 error: None,
@@ -200,7 +200,7 @@ fn status_shows_readiness_counts_and_hooks() {
             InterfaceStatus {
                 ifindex: 12,
                 name: "up0".into(),
-                hooks: vec!["xdp".into()],
+                hooks: vec![AttachedHook::Xdp],
                 protection: Protection::Protected,
                 attachment: Some(Attachment::Xdp),
                 error: None,
@@ -287,7 +287,7 @@ Recovered:       from the journal, 3 addresses
     failing.ready = false;
     failing.not_ready = Some("1 interface(s) unprotected: vethpa (if5) failed: boom".into());
     failing.unprotected = 1;
-    failing.interfaces[0].hooks = vec!["tcx-egress".into()];
+    failing.interfaces[0].hooks = vec![AttachedHook::TcxEgress];
     failing.interfaces[0].protection = Protection::Failed;
     failing.interfaces[0].error = Some("tcx-ingress: boom".into());
     failing.interfaces[0].failed_attempts = 3;

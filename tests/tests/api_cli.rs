@@ -158,8 +158,8 @@ fn claims_drains_releases_and_gc_through_the_api_and_the_cli() {
     let typed: Status = serde_json::from_value(status.clone()).expect("a Status");
     assert!(typed.ready);
     assert_eq!(typed.version, env!("CARGO_PKG_VERSION"));
-    assert_eq!(typed.mode.as_str(), "enforce");
-    assert_eq!(typed.on_early_reuse.as_ref(), "fence-old");
+    assert_eq!(typed.mode, ipq_common::config::Mode::Enforce);
+    assert_eq!(typed.on_early_reuse, ipq_api::EarlyReusePolicy::FenceOld);
     assert_eq!(typed.registry.active, 4, "{status}");
     assert!(typed.registry.capacity >= 4, "{status}");
     for name in ["vethpa", "vethpb"] {
@@ -186,7 +186,14 @@ fn claims_drains_releases_and_gc_through_the_api_and_the_cli() {
         .unwrap();
     assert!(
         table.lines().any(|l| l.contains(" vethpa ")
-            && l.contains(&vethpa_row.hooks.join(","))
+            && l.contains(
+                &vethpa_row
+                    .hooks
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(",")
+            )
             && l.contains(&vethpa_row.ifindex.to_string())),
         "the status table lists vethpa and its hooks:\n{table}"
     );

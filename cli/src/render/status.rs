@@ -88,7 +88,12 @@ pub fn status(status: &Status, now: SystemTime) -> String {
                 if iface.hooks.is_empty() {
                     NONE.to_owned()
                 } else {
-                    iface.hooks.join(",")
+                    iface
+                        .hooks
+                        .iter()
+                        .map(|h| h.as_ref())
+                        .collect::<Vec<_>>()
+                        .join(",")
                 },
                 iface
                     .attachment

@@ -77,6 +77,19 @@ impl Mechanism {
             Self::Tcx | Self::Xdp => point.as_str(),
         }
     }
+
+    /// The one place a hook held this way becomes the API's name for it (`hooks` of an
+    /// interface in `/v1/status`), spelled as [`Self::hook_name`] (`vocabulary_tests`).
+    pub fn attached_hook(self, point: AttachPoint) -> ipq_api::AttachedHook {
+        use ipq_api::AttachedHook as Api;
+        match (self, point) {
+            (Self::Netlink, AttachPoint::TcxIngress) => Api::TcIngress,
+            (Self::Netlink, AttachPoint::TcxEgress) => Api::TcEgress,
+            (Self::Tcx | Self::Xdp, AttachPoint::TcxIngress) => Api::TcxIngress,
+            (Self::Tcx | Self::Xdp, AttachPoint::TcxEgress) => Api::TcxEgress,
+            (_, AttachPoint::Xdp) => Api::Xdp,
+        }
+    }
 }
 
 /// What an interface is to ipq.
