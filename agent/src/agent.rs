@@ -206,7 +206,7 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
     info!(
         "tc_attach {:?}: TC programs attach as {}",
         config.tc_attach,
-        tc_mode.as_str()
+        tc_mode.as_ref()
     );
     // Before the first attach: a deletion of ipq's netlink filter is never missed.
     let mut tc_notices =

@@ -60,7 +60,16 @@ pub enum MetricsError {
 /// Where user space loses events (`source` label of `ipq_events_lost_total`; the kernel's
 /// losses are `source="kernel"`).
 #[derive(
-    Clone, Copy, Debug, PartialEq, Eq, strum::IntoStaticStr, strum::EnumCount, strum::EnumIter,
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    strum::IntoStaticStr,
+    strum::AsRefStr,
+    strum::Display,
+    strum::EnumCount,
+    strum::EnumIter,
 )]
 #[strum(serialize_all = "lowercase")]
 pub enum LostAt {
@@ -71,12 +80,6 @@ pub enum LostAt {
     /// A conflict sample read from the kernel's ring while the queue to the owner loop was
     /// full: dropped as the kernel drops what its full ring cannot take.
     Queue = 2,
-}
-
-impl LostAt {
-    pub fn as_str(self) -> &'static str {
-        self.into()
-    }
 }
 
 /// The states `ipq_addresses` reports (`Free` is the absence of a record).

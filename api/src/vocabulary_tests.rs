@@ -305,3 +305,33 @@ fn an_unknown_exhaustion_policy_is_not_a_setting() {
     assert_eq!(OnExhausted::parse_setting("unknown"), None);
     assert_eq!(OnExhausted::parse_setting("release_quietest"), None);
 }
+
+/// Error codes, which scripts and the CNI plugin branch on, keep their spellings whichever way
+/// they are read (the wire, a label, a message).
+#[test]
+fn error_codes() {
+    use crate::model::ErrorCode;
+    let spelled: Vec<&str> = ErrorCode::VARIANTS.iter().map(|c| c.as_ref()).collect();
+    assert_eq!(
+        spelled,
+        [
+            "bad_request",
+            "invalid_argument",
+            "not_found",
+            "unknown_interface",
+            "refused",
+            "not_holder",
+            "not_releasable",
+            "registry_full",
+            "forbidden",
+            "method_not_allowed",
+            "not_ready",
+            "unavailable",
+            "internal",
+        ]
+    );
+    for code in ErrorCode::VARIANTS {
+        assert_eq!(serde_json::to_string(code).unwrap(), format!("\"{code}\""));
+        assert_eq!(<&str>::from(*code), code.as_ref());
+    }
+}

@@ -145,7 +145,7 @@ impl DatapathCollector {
                 .inc_by(values[SAMPLES_LOST_INDEX as usize].packets);
         }
         for at in <LostAt as strum::IntoEnumIterator>::iter() {
-            lost.with_label_values(&[at.as_str()])
+            lost.with_label_values(&[at.as_ref()])
                 .inc_by(self.lost[at as usize].load(Ordering::Relaxed));
         }
         out.extend(lost.collect());

@@ -12,7 +12,9 @@ use super::{error::AttachError, pins::Attached, retry::Backoff, upgrade::Upgrade
 use crate::paths::AttachPoint;
 
 /// How TC programs are attached on this node.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, strum::IntoStaticStr)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, strum::IntoStaticStr, strum::AsRefStr, strum::Display,
+)]
 #[strum(serialize_all = "kebab-case")]
 pub enum TcMode {
     /// TCX links, pinned under `bpffs_dir/links` (`tc_attach = "tcx"`).
@@ -37,22 +39,29 @@ impl From<TcMode> for ipq_api::TcAttachMode {
 }
 
 impl TcMode {
-    pub fn as_str(self) -> &'static str {
-        self.into()
-    }
-
     /// The name of `point` as attached first in this mode (the netlink filter, except under
     /// `tc_attach = "tcx"`), for what is said before an attach has told its mechanism.
     pub fn hook_name(self, point: AttachPoint) -> &'static str {
         match self {
-            Self::Tcx => point.as_str(),
+            Self::Tcx => point.into(),
             Self::Netlink | Self::NetlinkThenTcx => point.name_under_filter(),
         }
     }
 }
 
 /// What holds ipq's program on a hook.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, strum::IntoStaticStr)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    strum::IntoStaticStr,
+    strum::AsRefStr,
+    strum::Display,
+)]
 #[strum(serialize_all = "lowercase")]
 pub enum Mechanism {
     /// A pinned TCX link, and no ipq filter left on the hook.
@@ -64,17 +73,13 @@ pub enum Mechanism {
 }
 
 impl Mechanism {
-    pub fn as_str(self) -> &'static str {
-        self.into()
-    }
-
     /// The name of `point` held this way, as `ipq status`, the API and the log say it:
     /// `tc-ingress`/`tc-egress` under a netlink filter, `tcx-ingress`/`tcx-egress` under a TCX
     /// link, `xdp`.
     pub fn hook_name(self, point: AttachPoint) -> &'static str {
         match self {
             Self::Netlink => point.name_under_filter(),
-            Self::Tcx | Self::Xdp => point.as_str(),
+            Self::Tcx | Self::Xdp => point.into(),
         }
     }
 
@@ -167,7 +172,7 @@ impl Lost {
     pub fn hook_name(self, point: AttachPoint) -> &'static str {
         match self {
             Self::Qdisc | Self::Filter => point.name_under_filter(),
-            Self::Link | Self::Pin => point.as_str(),
+            Self::Link | Self::Pin => point.into(),
         }
     }
 }
