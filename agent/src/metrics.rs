@@ -213,7 +213,7 @@ impl Metrics {
         }
         for &hook in Hook::VARIANTS {
             self.datapath_interfaces
-                .with_label_values(&[hook.as_str()])
+                .with_label_values(&[hook.as_ref()])
                 .set(counts[hook as usize]);
         }
     }
@@ -234,7 +234,7 @@ impl Metrics {
             failed[point.hook() as usize] += n;
         }
         for &hook in Hook::VARIANTS {
-            let label = [hook.as_str()];
+            let label = [hook.as_ref()];
             self.unprotected_interfaces
                 .with_label_values(&label)
                 .set(counts[hook as usize]);
@@ -258,5 +258,5 @@ impl Metrics {
 
 /// The `hook` label of an attach point.
 pub fn hook_label(point: AttachPoint) -> &'static str {
-    point.hook().as_str()
+    point.hook().into()
 }

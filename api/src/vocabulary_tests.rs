@@ -250,12 +250,12 @@ fn event_names() {
 #[test]
 fn the_kernels_names_become_the_apis_unchanged() {
     for &hook in Hook::VARIANTS {
-        assert_eq!(<&str>::from(EventHook::from(hook)), hook.as_str());
+        assert_eq!(<&str>::from(EventHook::from(hook)), hook.as_ref());
         assert_eq!(EventHook::of_raw(hook as u32), EventHook::from(hook));
     }
     assert_eq!(EventHook::of_raw(Hook::COUNT), EventHook::Unknown);
     for &reason in Reason::VARIANTS {
-        assert_eq!(<&str>::from(SampleReason::from(reason)), reason.as_str());
+        assert_eq!(<&str>::from(SampleReason::from(reason)), reason.as_ref());
         assert_eq!(
             SampleReason::of_raw(reason as u32),
             SampleReason::from(reason)
@@ -263,7 +263,7 @@ fn the_kernels_names_become_the_apis_unchanged() {
     }
     assert_eq!(SampleReason::of_raw(Reason::COUNT), SampleReason::Unknown);
     for &action in Action::VARIANTS {
-        assert_eq!(<&str>::from(SampleAction::from(action)), action.as_str());
+        assert_eq!(<&str>::from(SampleAction::from(action)), action.as_ref());
         assert_eq!(
             SampleAction::of_raw(action as u32),
             SampleAction::from(action)
@@ -271,7 +271,7 @@ fn the_kernels_names_become_the_apis_unchanged() {
     }
     assert_eq!(SampleAction::of_raw(Action::COUNT), SampleAction::Unknown);
     for &state in AddrState::VARIANTS {
-        assert_eq!(<&str>::from(EntryState::from(state)), state.as_str());
+        assert_eq!(<&str>::from(EntryState::from(state)), state.as_ref());
         assert_eq!(
             <&str>::from(EntryState::from(state)),
             <&str>::from(StateName::from(state))

@@ -33,7 +33,7 @@ pub fn datapath_entry(request: &DatapathEntryRequest) -> Result<AddrEntry, ApiEr
     if state != AddrState::Quarantined && holder == NO_IFINDEX {
         return Err(ApiError::new(
             ErrorCode::InvalidArgument,
-            format!("holder: required for an {} address", state.as_str()),
+            format!("holder: required for an {} address", state.as_ref()),
         ));
     }
     Ok(AddrEntry::new(state, holder, netdev::monotonic_ns()).with_fenced(fenced))
