@@ -4,7 +4,9 @@
 use std::net::IpAddr;
 
 /// Why an address can never be a workload's.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, strum::IntoStaticStr)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, strum::IntoStaticStr, strum::AsRefStr, strum::Display,
+)]
 #[strum(serialize_all = "kebab-case")]
 pub enum NotWorkload {
     Unspecified,
@@ -12,12 +14,6 @@ pub enum NotWorkload {
     Multicast,
     Broadcast,
     LinkLocal,
-}
-
-impl NotWorkload {
-    pub fn as_str(self) -> &'static str {
-        self.into()
-    }
 }
 
 /// `Ok` for an address a workload can hold (unicast, not loopback, not link-local), else the

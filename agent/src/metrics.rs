@@ -60,7 +60,16 @@ pub enum MetricsError {
 /// Where user space loses events (`source` label of `ipq_events_lost_total`; the kernel's
 /// losses are `source="kernel"`).
 #[derive(
-    Clone, Copy, Debug, PartialEq, Eq, strum::IntoStaticStr, strum::EnumCount, strum::EnumIter,
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    strum::IntoStaticStr,
+    strum::AsRefStr,
+    strum::Display,
+    strum::EnumCount,
+    strum::EnumIter,
 )]
 #[strum(serialize_all = "lowercase")]
 pub enum LostAt {
@@ -71,12 +80,6 @@ pub enum LostAt {
     /// A conflict sample read from the kernel's ring while the queue to the owner loop was
     /// full: dropped as the kernel drops what its full ring cannot take.
     Queue = 2,
-}
-
-impl LostAt {
-    pub fn as_str(self) -> &'static str {
-        self.into()
-    }
 }
 
 /// The states `ipq_addresses` reports (`Free` is the absence of a record).
@@ -210,7 +213,7 @@ impl Metrics {
         }
         for &hook in Hook::VARIANTS {
             self.datapath_interfaces
-                .with_label_values(&[hook.as_str()])
+                .with_label_values(&[hook.as_ref()])
                 .set(counts[hook as usize]);
         }
     }
@@ -231,7 +234,7 @@ impl Metrics {
             failed[point.hook() as usize] += n;
         }
         for &hook in Hook::VARIANTS {
-            let label = [hook.as_str()];
+            let label = [hook.as_ref()];
             self.unprotected_interfaces
                 .with_label_values(&label)
                 .set(counts[hook as usize]);
@@ -255,5 +258,5 @@ impl Metrics {
 
 /// The `hook` label of an attach point.
 pub fn hook_label(point: AttachPoint) -> &'static str {
-    point.hook().as_str()
+    point.hook().into()
 }

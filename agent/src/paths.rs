@@ -10,7 +10,10 @@ pub const DEFAULT_STATE_DIR: &str = ipq_api::DEFAULT_STATE_DIR;
 pub const DEFAULT_API_SOCKET: &str = ipq_api::DEFAULT_SOCKET;
 pub const BPFFS_MOUNT: &str = "/sys/fs/bpf";
 
-/// Where a hook is attached; part of a link's pin name.
+/// Where a hook is attached; part of a link's pin name. Its derived name (`tcx-ingress`,
+/// `tcx-egress`, `xdp`) is the pins' layout, which restarts and upgrades rely on, so it never
+/// changes (`vocabulary_tests`); what users read names the attachment a hook actually has
+/// instead ([`AttachPoint::name_under_filter`], `Mechanism::hook_name`).
 #[derive(
     Clone,
     Copy,
@@ -21,6 +24,8 @@ pub const BPFFS_MOUNT: &str = "/sys/fs/bpf";
     PartialOrd,
     Ord,
     strum::IntoStaticStr,
+    strum::AsRefStr,
+    strum::Display,
     strum::EnumString,
 )]
 #[strum(serialize_all = "kebab-case")]
@@ -32,14 +37,6 @@ pub enum AttachPoint {
 }
 
 impl AttachPoint {
-    /// The attach point's name as its link pin has it (`tcx-ingress`, `tcx-egress`, `xdp`):
-    /// part of the pins' layout, which restarts and upgrades rely on, so it never changes.
-    /// What users read names the attachment a hook actually has instead
-    /// ([`Self::name_under_filter`], `Mechanism::hook_name`).
-    pub fn as_str(self) -> &'static str {
-        self.into()
-    }
-
     /// The hook's name where ipq's program hangs on it by a netlink (clsact) filter:
     /// `tc-ingress`, `tc-egress` (`xdp` has no filter form; it keeps its name).
     pub const fn name_under_filter(self) -> &'static str {
@@ -110,8 +107,7 @@ impl PinLayout {
     }
 
     pub fn link(&self, ifindex: u32, point: AttachPoint) -> PathBuf {
-        self.links_dir()
-            .join(format!("if{ifindex}-{}", point.as_str()))
+        self.links_dir().join(format!("if{ifindex}-{}", point))
     }
 
     /// The interface and attach point a link pin stands for, from its file name.

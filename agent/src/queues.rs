@@ -27,7 +27,17 @@ use tokio::sync::mpsc::{self, error::TrySendError};
 use crate::series::registered;
 
 /// The bounded queues that count their overflows (the `queue` label).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, strum::IntoStaticStr, strum::VariantArray)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    strum::IntoStaticStr,
+    strum::AsRefStr,
+    strum::Display,
+    strum::VariantArray,
+)]
 #[strum(serialize_all = "snake_case")]
 pub enum Queue {
     /// Netlink link, route, address and neighbour events: resync (a fresh dump).
@@ -50,12 +60,6 @@ pub enum Queue {
     /// Keys of map writes the bpf() watcher reported, on their way to the owner loop's look
     /// at each: dropped, and the whole maps compared instead (a few tens of ms later).
     ReportedKeys,
-}
-
-impl Queue {
-    pub fn as_str(self) -> &'static str {
-        self.into()
-    }
 }
 
 /// `ipq_queue_overflows_total{queue}`. Made before the metrics registry exists (the netlink
@@ -83,7 +87,7 @@ impl Overflows {
             &["queue"],
         )?;
         for &queue in Queue::VARIANTS {
-            counter.with_label_values(&[queue.as_str()]).inc_by(0);
+            counter.with_label_values(&[queue.as_ref()]).inc_by(0);
         }
         Ok(Self(counter))
     }
@@ -95,7 +99,7 @@ impl Overflows {
 
     /// The counter of one queue, for its producer to keep.
     pub fn of(&self, queue: Queue) -> IntCounter {
-        self.0.with_label_values(&[queue.as_str()])
+        self.0.with_label_values(&[queue.as_ref()])
     }
 }
 

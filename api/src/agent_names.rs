@@ -61,6 +61,41 @@ pub enum Attachment {
     Unknown,
 }
 
+/// A hook with ipq's program in place, named by the attachment it has (`hooks` of an interface
+/// in `/v1/status`): `tc-` under ipq's netlink (cls_bpf) filter, `tcx-` under a TCX link.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    strum::IntoStaticStr,
+    strum::AsRefStr,
+    strum::Display,
+)]
+#[serde(rename_all = "kebab-case")]
+#[strum(serialize_all = "kebab-case")]
+#[cfg_attr(test, derive(strum::VariantArray))]
+pub enum AttachedHook {
+    /// TC ingress under ipq's netlink filter.
+    TcIngress,
+    /// TC egress under ipq's netlink filter.
+    TcEgress,
+    /// TC ingress under a TCX link.
+    TcxIngress,
+    /// TC egress under a TCX link.
+    TcxEgress,
+    /// XDP (an uplink's link).
+    Xdp,
+    /// A hook this build does not know (an answer of a newer agent).
+    #[serde(other)]
+    Unknown,
+}
+
 /// Where the registry came back from when the agent started (`recovery.from`).
 #[derive(
     Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, strum::IntoStaticStr, strum::Display,

@@ -5,6 +5,7 @@
 mod agent_names;
 pub mod client;
 pub mod echo;
+mod event_names;
 mod holder;
 pub mod mac;
 pub mod model;
@@ -13,9 +14,10 @@ mod vocabulary;
 mod vocabulary_tests;
 
 pub use agent_names::{
-    Attachment, ConflictOutcome, ConntrackFlush, DriftFoundBy, HoldRelease, HygieneTrigger,
-    PublishState, RecoveredFrom, TcAttachMode,
+    AttachedHook, Attachment, ConflictOutcome, ConntrackFlush, DriftFoundBy, HoldRelease,
+    HygieneTrigger, PublishState, RecoveredFrom, TcAttachMode,
 };
+pub use event_names::{CheckedMap, EntryState, EventHook, LostPart, SampleAction, SampleReason};
 pub use holder::{Holder, PodRef};
 
 /// Where the agent serves the API unless told otherwise (`api_socket`).

@@ -54,11 +54,6 @@ impl StateName {
             Self::Quarantined => Some(AddrState::Quarantined),
         }
     }
-
-    /// The name of a datapath entry's raw state, `unknown` for a value this build does not know.
-    pub fn of_raw_entry(raw: Option<AddrState>) -> &'static str {
-        raw.map_or("unknown", |s| Self::from(s).into())
-    }
 }
 
 impl From<AddrState> for StateName {
@@ -128,7 +123,9 @@ pub enum EarlyReusePolicy {
 
 /// What the agent does when ipq-ipam's delegate finds a network's range exhausted while ipq
 /// holds addresses of it (`ipam_on_exhausted`), spelled as in the configuration and in the
-/// `policy` of the API's answer (`wait`, `release-quietest`).
+/// `policy` of the API's answer (`wait`, `release-quietest`). [`OnExhausted::Unknown`] is what
+/// an answer of a newer agent's policy reads as; the configuration never accepts it
+/// ([`OnExhausted::parse_setting`]).
 #[derive(
     Clone,
     Copy,
@@ -151,6 +148,16 @@ pub enum OnExhausted {
     Wait,
     /// The allocation quiet longest is released at once and the delegate asked again.
     ReleaseQuietest,
+    /// A policy this build does not know (an answer of a newer agent).
+    #[serde(other)]
+    Unknown,
+}
+
+impl OnExhausted {
+    /// The policy a setting names (`wait`, `release-quietest`); `unknown` is not one.
+    pub fn parse_setting(raw: &str) -> Option<Self> {
+        raw.parse().ok().filter(|p| *p != Self::Unknown)
+    }
 }
 
 /// Where a configured interface stands with ipq's programs (`protection` in `/v1/status` and in

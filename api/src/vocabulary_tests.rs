@@ -1,12 +1,18 @@
 //! The API's names keep their spellings byte for byte, every variant of each (checked against
 //! what strum lists), and read back from them where the API parses them.
 
+use ipq_common::{
+    addr::AddrState,
+    counters::{Action, Hook, Reason},
+    names,
+};
 use strum::VariantArray;
 
 use crate::{
-    Attachment, ConflictKind, ConflictOutcome, ConntrackFlush, DriftFoundBy, EarlyReusePolicy,
-    HoldRelease, HygieneTrigger, MapWrite, Protection, PublishState, RecoveredFrom, StateName,
-    TcAttachMode,
+    AttachedHook, Attachment, CheckedMap, ConflictKind, ConflictOutcome, ConntrackFlush,
+    DriftFoundBy, EarlyReusePolicy, EntryState, EventHook, HoldRelease, HygieneTrigger, LostPart,
+    MapWrite, OnExhausted, Protection, PublishState, RecoveredFrom, SampleAction, SampleReason,
+    StateName, TcAttachMode,
 };
 
 #[test]
@@ -128,6 +134,18 @@ fn agent_names() {
         &["tcx", "netlink", "xdp", "tcx+netlink", "unknown"],
     );
     assert_wire_names(
+        "netkit-primary",
+        AttachedHook::Unknown,
+        &[
+            "tc-ingress",
+            "tc-egress",
+            "tcx-ingress",
+            "tcx-egress",
+            "xdp",
+            "unknown",
+        ],
+    );
+    assert_wire_names(
         "backup",
         RecoveredFrom::Unknown,
         &["journal", "pinned_maps", "unknown"],
@@ -171,4 +189,149 @@ fn agent_names() {
         PublishState::Unknown,
         &["starting", "published", "pending", "failing", "unknown"],
     );
+}
+
+/// The names of events and of the datapath's answers keep the spellings they had as strings.
+#[test]
+fn event_names() {
+    assert_wire_names(
+        "tcx_ingress",
+        EventHook::Unknown,
+        &["tc_ingress", "tc_egress", "xdp", "none", "unknown"],
+    );
+    assert_wire_names(
+        "spoofed",
+        SampleReason::Unknown,
+        &[
+            "fenced",
+            "duplicate_source",
+            "stale_traffic",
+            "quarantined",
+            "remote_claim",
+            "unknown",
+        ],
+    );
+    assert_wire_names(
+        "redirected",
+        SampleAction::Unknown,
+        &["dropped", "observed", "reported", "unknown"],
+    );
+    assert_wire_names(
+        "parked",
+        EntryState::Unknown,
+        &["active", "draining", "quarantined", "unknown"],
+    );
+    assert_wire_names(
+        "program",
+        LostPart::Unknown,
+        &["qdisc", "filter", "link", "pin", "unknown"],
+    );
+    assert_wire_names(
+        "IPQ_ROUTES",
+        CheckedMap::Unknown,
+        &[
+            "IPQ_ADDRS",
+            "IPQ_SLOTS",
+            "IPQ_IFACES",
+            "IPQ_QBLOOM",
+            "unknown",
+        ],
+    );
+    assert_wire_names(
+        "evict-oldest",
+        OnExhausted::Unknown,
+        &["wait", "release-quietest", "unknown"],
+    );
+}
+
+/// The kernel's names become the API's unchanged (a sample's hook, reason and action are
+/// spelled as the metrics label the same packet), a raw value this build does not know is
+/// `unknown`, and the maps are named as they are pinned.
+#[test]
+fn the_kernels_names_become_the_apis_unchanged() {
+    for &hook in Hook::VARIANTS {
+        assert_eq!(<&str>::from(EventHook::from(hook)), hook.as_ref());
+        assert_eq!(EventHook::of_raw(hook as u32), EventHook::from(hook));
+    }
+    assert_eq!(EventHook::of_raw(Hook::COUNT), EventHook::Unknown);
+    for &reason in Reason::VARIANTS {
+        assert_eq!(<&str>::from(SampleReason::from(reason)), reason.as_ref());
+        assert_eq!(
+            SampleReason::of_raw(reason as u32),
+            SampleReason::from(reason)
+        );
+    }
+    assert_eq!(SampleReason::of_raw(Reason::COUNT), SampleReason::Unknown);
+    for &action in Action::VARIANTS {
+        assert_eq!(<&str>::from(SampleAction::from(action)), action.as_ref());
+        assert_eq!(
+            SampleAction::of_raw(action as u32),
+            SampleAction::from(action)
+        );
+    }
+    assert_eq!(SampleAction::of_raw(Action::COUNT), SampleAction::Unknown);
+    for &state in AddrState::VARIANTS {
+        assert_eq!(<&str>::from(EntryState::from(state)), state.as_ref());
+        assert_eq!(
+            <&str>::from(EntryState::from(state)),
+            <&str>::from(StateName::from(state))
+        );
+    }
+    assert_eq!(EntryState::of_raw(None), EntryState::Unknown);
+    let maps: Vec<&str> = CheckedMap::VARIANTS
+        .iter()
+        .filter(|m| **m != CheckedMap::Unknown)
+        .map(|m| m.as_ref())
+        .collect();
+    assert_eq!(
+        maps,
+        [
+            names::MAP_ADDRS,
+            names::MAP_SLOTS,
+            names::MAP_IFACES,
+            names::MAP_QFILTER
+        ]
+    );
+}
+
+/// `unknown` is how a newer agent's policy reads, never a setting.
+#[test]
+fn an_unknown_exhaustion_policy_is_not_a_setting() {
+    assert_eq!(
+        OnExhausted::parse_setting("release-quietest"),
+        Some(OnExhausted::ReleaseQuietest)
+    );
+    assert_eq!(OnExhausted::parse_setting("wait"), Some(OnExhausted::Wait));
+    assert_eq!(OnExhausted::parse_setting("unknown"), None);
+    assert_eq!(OnExhausted::parse_setting("release_quietest"), None);
+}
+
+/// Error codes, which scripts and the CNI plugin branch on, keep their spellings whichever way
+/// they are read (the wire, a label, a message).
+#[test]
+fn error_codes() {
+    use crate::model::ErrorCode;
+    let spelled: Vec<&str> = ErrorCode::VARIANTS.iter().map(|c| c.as_ref()).collect();
+    assert_eq!(
+        spelled,
+        [
+            "bad_request",
+            "invalid_argument",
+            "not_found",
+            "unknown_interface",
+            "refused",
+            "not_holder",
+            "not_releasable",
+            "registry_full",
+            "forbidden",
+            "method_not_allowed",
+            "not_ready",
+            "unavailable",
+            "internal",
+        ]
+    );
+    for code in ErrorCode::VARIANTS {
+        assert_eq!(serde_json::to_string(code).unwrap(), format!("\"{code}\""));
+        assert_eq!(<&str>::from(*code), code.as_ref());
+    }
 }

@@ -48,7 +48,7 @@ mod tests {
             status: code.http_status(),
             error: Box::new(ApiErrorBody {
                 code,
-                message: format!("{} happened", code.as_str()),
+                message: format!("{} happened", code),
                 address: None,
                 holder: None,
                 until: None,

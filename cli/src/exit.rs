@@ -92,7 +92,7 @@ mod tests {
             (Internal, 1),
         ];
         for (code, exit) in expected {
-            assert_eq!(Exit::of_api(code).code(), exit, "{}", code.as_str());
+            assert_eq!(Exit::of_api(code).code(), exit, "{}", code);
         }
     }
 

@@ -5,11 +5,14 @@ use std::time::SystemTime;
 use super::render::{self, holder_short};
 use ipq_api::{
     model::{
-        AddressView, ClaimFlushView, ConflictView, Event, EventBody, InterfaceStatus, IpamHoldView,
-        PendingWriteView, PublishView, RecoveryView, RegistryCounts, Status, VerificationView,
+        AddressView, ClaimFlushView, ConflictView, Event, EventBody, ExhaustedAnswer,
+        InterfaceStatus, IpamHoldView, PendingWriteView, PublishView, RecoveryView, RegistryCounts,
+        Status, VerificationView,
     },
-    Attachment, ConflictKind, ConflictOutcome, ConntrackFlush, EarlyReusePolicy, HoldRelease,
-    Holder, HygieneTrigger, MapWrite, PodRef, Protection, RecoveredFrom, StateName, TcAttachMode,
+    AttachedHook, Attachment, CheckedMap, ConflictKind, ConflictOutcome, ConntrackFlush,
+    DriftFoundBy, EarlyReusePolicy, EntryState, EventHook, HoldRelease, Holder, HygieneTrigger,
+    LostPart, MapWrite, OnExhausted, PodRef, Protection, RecoveredFrom, SampleAction, SampleReason,
+    StateName, TcAttachMode,
 };
 
 const NOW: &str = "2026-11-22T10:01:00Z";
@@ -188,7 +191,7 @@ fn status_shows_readiness_counts_and_hooks() {
             InterfaceStatus {
                 ifindex: 5,
                 name: "vethpa".into(),
-                hooks: vec!["tc-ingress".into(), "tc-egress".into()],
+                hooks: vec![AttachedHook::TcIngress, AttachedHook::TcEgress],
                 protection: Protection::Protected,
                 attachment: Some(Attachment::Netlink),
                 error: None,
@@ -197,7 +200,7 @@ fn status_shows_readiness_counts_and_hooks() {
             InterfaceStatus {
                 ifindex: 12,
                 name: "up0".into(),
-                hooks: vec!["xdp".into()],
+                hooks: vec![AttachedHook::Xdp],
                 protection: Protection::Protected,
                 attachment: Some(Attachment::Xdp),
                 error: None,
@@ -284,7 +287,7 @@ Recovered:       from the journal, 3 addresses
     failing.ready = false;
     failing.not_ready = Some("1 interface(s) unprotected: vethpa (if5) failed: boom".into());
     failing.unprotected = 1;
-    failing.interfaces[0].hooks = vec!["tcx-egress".into()];
+    failing.interfaces[0].hooks = vec![AttachedHook::TcxEgress];
     failing.interfaces[0].protection = Protection::Failed;
     failing.interfaces[0].error = Some("tcx-ingress: boom".into());
     failing.interfaces[0].failed_attempts = 3;
@@ -440,10 +443,10 @@ fn events_are_one_line_each() {
         (
             EventBody::Sample {
                 address: "fd77::2".parse().unwrap(),
-                hook: "tc_ingress".into(),
-                reason: "fenced".into(),
-                action: "drop".into(),
-                state: "draining".into(),
+                hook: EventHook::TcIngress,
+                reason: SampleReason::Fenced,
+                action: SampleAction::Dropped,
+                state: EntryState::Draining,
                 ifindex: 5,
                 seen_on: "vethpa".into(),
                 holder_ifindex: 6,
@@ -451,7 +454,7 @@ fn events_are_one_line_each() {
                 src_mac: "02:77:00:00:0a:02".into(),
                 pkt_len: 98,
             },
-            "sample fd77::2 drop at tc_ingress reason fenced state draining on vethpa \
+            "sample fd77::2 dropped at tc_ingress reason fenced state draining on vethpa \
              holder ifindex 6 from 02:77:00:00:0a:02 98 bytes",
         ),
         (
@@ -487,6 +490,45 @@ fn events_are_one_line_each() {
             })),
             "hygiene 10.77.0.3 new_holder: 0 conntrack entries, 0 neighbours, 0 announcements \
              (announcement rate-limited (announce_per_second = 50))",
+        ),
+        (
+            EventBody::AttachmentLost {
+                interface: "vethpa".into(),
+                ifindex: 5,
+                hook: EventHook::TcEgress,
+                what: LostPart::Filter,
+                repaired: true,
+                error: None,
+            },
+            "LOST vethpa tc_egress: another tool took ipq's program off (filter); attached again",
+        ),
+        (
+            EventBody::MapRewritten {
+                map: CheckedMap::IpqAddrs,
+                key: "10.77.0.2".into(),
+                found: "active holder 9".into(),
+                wanted: "quarantined".into(),
+                repaired: false,
+                error: Some("EPERM".into()),
+                found_by: Some(DriftFoundBy::Comparison),
+            },
+            "TAMPERED IPQ_ADDRS 10.77.0.2: held active holder 9, ipq wrote quarantined; NOT \
+             WRITTEN BACK: EPERM (found by comparing the maps)",
+        ),
+        (
+            EventBody::IpamExhausted {
+                network: "pods".into(),
+                container_id: "c1".into(),
+                answer: ExhaustedAnswer {
+                    policy: OnExhausted::ReleaseQuietest,
+                    quarantined: 2,
+                    draining: 0,
+                    next_release: None,
+                    released: vec!["10.77.0.9".parse().unwrap()],
+                },
+            },
+            "ipam exhausted \"pods\" (ADD of c1): 2 quarantined, 0 draining held; \
+             release-quietest -> released [10.77.0.9]",
         ),
         (EventBody::Lost { n: 3 }, "lost 3 events"),
     ];

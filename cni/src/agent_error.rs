@@ -82,7 +82,7 @@ pub fn unavailable(err: &ClientError, command: &str) -> CniError {
 /// Any other error answer: the agent refused the request for a reason retrying will not fix.
 pub fn rejected(err: &ClientError, command: &str) -> CniError {
     let detail = match err {
-        ClientError::Api { error, .. } => format!("{}: {}", error.code.as_str(), error.message),
+        ClientError::Api { error, .. } => format!("{}: {}", error.code.as_ref(), error.message),
         other => other.to_string(),
     };
     CniError::new(

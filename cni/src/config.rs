@@ -188,7 +188,7 @@ impl NetConf {
                 code::INCOMPATIBLE_VERSION,
                 format!(
                     "config version {cni_version} does not allow {}: it needs cniVersion 1.1.0",
-                    command.as_str()
+                    command.as_ref()
                 ),
             ));
         }

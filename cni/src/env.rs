@@ -8,7 +8,17 @@ use ipq_api::PodRef;
 use super::error::{code, CniError};
 
 /// The CNI commands.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, strum::IntoStaticStr, strum::EnumString)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    strum::IntoStaticStr,
+    strum::AsRefStr,
+    strum::Display,
+    strum::EnumString,
+)]
 #[strum(serialize_all = "UPPERCASE")]
 pub enum Command {
     Add,
@@ -22,10 +32,6 @@ pub enum Command {
 impl Command {
     fn parse(s: &str) -> Option<Self> {
         s.parse().ok()
-    }
-
-    pub fn as_str(self) -> &'static str {
-        self.into()
     }
 
     /// ADD, CHECK and DEL act on one attachment (container id + interface name).
@@ -81,7 +87,7 @@ impl Env {
             if needed && value.is_none() {
                 return Err(invalid(
                     name,
-                    format!("is missing (required for {})", command.as_str()),
+                    format!("is missing (required for {})", command),
                 ));
             }
             Ok(value)
@@ -189,6 +195,26 @@ mod tests {
             .map(|(k, v)| (k.to_string(), OsString::from(v)))
             .collect();
         Env::from_lookup(|name| map.get(name).cloned())
+    }
+
+    /// A command is spelled as the spec's `CNI_COMMAND` has it, and read back from it.
+    #[test]
+    fn commands_are_spelled_as_the_spec_has_them() {
+        use Command::*;
+        for (command, spelled) in [
+            (Add, "ADD"),
+            (Del, "DEL"),
+            (Check, "CHECK"),
+            (Gc, "GC"),
+            (Status, "STATUS"),
+            (Version, "VERSION"),
+        ] {
+            assert_eq!(<&str>::from(command), spelled);
+            assert_eq!(command.as_ref(), spelled);
+            assert_eq!(command.to_string(), spelled);
+            assert_eq!(Command::parse(spelled), Some(command));
+        }
+        assert_eq!(Command::parse("add"), None);
     }
 
     const ADD: &[(&str, &str)] = &[

@@ -16,15 +16,16 @@
 //! files it shares with the agent (the spools, ipq-ipam's records, their directories) and no
 //! eBPF, registry or netlink crate, so a runtime's plugin binary stays small and its trust
 //! narrow. The agent's side of ipq-ipam (the releaser, the trust in delegate binaries) lives
-//! in the agent, which uses this crate only to run a delegate as a runtime would
-//! ([`ipam::delegate`]).
+//! in the agent, which does not link this crate: both run a delegate through `ipq-delegate`
+//! ([`ipam::delegate`]), which also holds the CNI error object ([`error`]).
 
 pub mod agent_error;
 pub mod commands;
 pub mod config;
 pub mod conflist;
 pub mod env;
-pub mod error;
+/// The CNI error object, shared with the delegate runner in `ipq-delegate`.
+pub use ipq_delegate::error;
 pub mod host_if;
 pub mod ifname;
 pub mod ipam;

@@ -101,7 +101,12 @@ impl core::fmt::Debug for AddrKey {
 #[derive(Clone, Copy, PartialEq, Eq, Debug, strum::FromRepr)]
 #[cfg_attr(
     feature = "names",
-    derive(strum::IntoStaticStr, strum::EnumString),
+    derive(
+        strum::IntoStaticStr,
+        strum::AsRefStr,
+        strum::Display,
+        strum::EnumString
+    ),
     strum(serialize_all = "lowercase")
 )]
 #[derive(strum::VariantArray)]
@@ -114,13 +119,7 @@ pub enum AddrState {
     Quarantined = 3,
 }
 
-impl AddrState {
-    /// The name the API and the metrics use (derived).
-    #[cfg(feature = "names")]
-    pub fn as_str(self) -> &'static str {
-        self.into()
-    }
-}
+impl AddrState {}
 
 /// No interface: the holder is gone, or nothing is fenced.
 pub const NO_IFINDEX: u32 = 0;

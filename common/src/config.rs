@@ -12,7 +12,12 @@
 )]
 #[cfg_attr(
     feature = "names",
-    derive(strum::IntoStaticStr, strum::EnumString),
+    derive(
+        strum::IntoStaticStr,
+        strum::AsRefStr,
+        strum::Display,
+        strum::EnumString
+    ),
     strum(serialize_all = "lowercase")
 )]
 #[derive(strum::VariantArray)]
@@ -32,12 +37,6 @@ impl Mode {
             Some(mode) => mode,
             None => Self::Enforce,
         }
-    }
-
-    /// The name the configuration and the API use (derived); `str::parse` reads it back.
-    #[cfg(feature = "names")]
-    pub fn as_str(self) -> &'static str {
-        self.into()
     }
 }
 

@@ -6,7 +6,12 @@ use strum::VariantArray as _;
 #[derive(Clone, Copy, PartialEq, Eq, Debug, strum::FromRepr)]
 #[cfg_attr(
     feature = "names",
-    derive(strum::IntoStaticStr, strum::EnumString),
+    derive(
+        strum::IntoStaticStr,
+        strum::AsRefStr,
+        strum::Display,
+        strum::EnumString
+    ),
     strum(serialize_all = "snake_case")
 )]
 #[derive(strum::VariantArray)]
@@ -22,12 +27,6 @@ pub enum Hook {
 impl Hook {
     /// Derived from the variants (strum): a hook added is a slot more.
     pub const COUNT: u32 = Self::VARIANTS.len() as u32;
-
-    /// The hook's name as the metrics label it (derived).
-    #[cfg(feature = "names")]
-    pub fn as_str(self) -> &'static str {
-        self.into()
-    }
 }
 
 /// Why a packet was (or, in `observe` mode, would have been) dropped or reported.
@@ -35,7 +34,12 @@ impl Hook {
 #[derive(Clone, Copy, PartialEq, Eq, Debug, strum::FromRepr)]
 #[cfg_attr(
     feature = "names",
-    derive(strum::IntoStaticStr, strum::EnumString),
+    derive(
+        strum::IntoStaticStr,
+        strum::AsRefStr,
+        strum::Display,
+        strum::EnumString
+    ),
     strum(serialize_all = "snake_case")
 )]
 #[derive(strum::VariantArray)]
@@ -55,12 +59,6 @@ pub enum Reason {
 
 impl Reason {
     pub const COUNT: u32 = Self::VARIANTS.len() as u32;
-
-    /// The reason's name as the metrics label it (derived).
-    #[cfg(feature = "names")]
-    pub fn as_str(self) -> &'static str {
-        self.into()
-    }
 }
 
 /// What the program did with a packet it counted.
@@ -68,7 +66,12 @@ impl Reason {
 #[derive(Clone, Copy, PartialEq, Eq, Debug, strum::FromRepr)]
 #[cfg_attr(
     feature = "names",
-    derive(strum::IntoStaticStr, strum::EnumString),
+    derive(
+        strum::IntoStaticStr,
+        strum::AsRefStr,
+        strum::Display,
+        strum::EnumString
+    ),
     strum(serialize_all = "snake_case")
 )]
 #[derive(strum::VariantArray)]
@@ -83,12 +86,6 @@ pub enum Action {
 
 impl Action {
     pub const COUNT: u32 = Self::VARIANTS.len() as u32;
-
-    /// The action's name as the metrics label it (derived).
-    #[cfg(feature = "names")]
-    pub fn as_str(self) -> &'static str {
-        self.into()
-    }
 }
 
 /// Index of the counter for one (action, hook, reason).

@@ -61,7 +61,7 @@ fn modes() {
     for &mode in Mode::VARIANTS {
         assert_eq!(Mode::from_raw(mode as u32), mode);
         let wire = serde_json::to_value(mode).expect("serializes");
-        assert_eq!(wire, mode.as_str(), "serde and strum spell {mode:?} alike");
+        assert_eq!(wire, mode.as_ref(), "serde and strum spell {mode:?} alike");
     }
     assert_eq!(
         Mode::from_raw(7),

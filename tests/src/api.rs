@@ -162,6 +162,23 @@ impl HttpResponse {
     }
 }
 
+/// The events the agent still has (`GET /v1/events`, not followed), each line read as the
+/// API's typed event: a line that is not one fails, naming it.
+pub fn events(socket: &Path) -> anyhow::Result<Vec<ipq_api::model::Event>> {
+    let answer = request(socket, "GET", "/v1/events", None)?;
+    if answer.status != 200 {
+        bail!("GET /v1/events: {} {}", answer.status, answer.body);
+    }
+    answer
+        .body
+        .lines()
+        .map(|line| {
+            serde_json::from_str(line)
+                .with_context(|| format!("an event line of /v1/events: {line}"))
+        })
+        .collect()
+}
+
 /// `method path` with an optional JSON body, over a fresh connection.
 pub fn request(
     socket: &Path,

@@ -170,8 +170,8 @@ fn status_phase(sock: &Path) {
     let typed: Status = serde_json::from_value(status.clone()).expect("a Status");
     assert!(typed.ready);
     assert_eq!(typed.version, env!("CARGO_PKG_VERSION"));
-    assert_eq!(typed.mode.as_str(), "enforce");
-    assert_eq!(typed.on_early_reuse.as_ref(), "fence-old");
+    assert_eq!(typed.mode, ipq_common::config::Mode::Enforce);
+    assert_eq!(typed.on_early_reuse, ipq_api::EarlyReusePolicy::FenceOld);
     assert_eq!(typed.registry.active, 4, "{status}");
     assert!(typed.registry.capacity >= 4, "{status}");
     for name in ["vethpa", "vethpb"] {
@@ -198,7 +198,14 @@ fn status_phase(sock: &Path) {
         .unwrap();
     assert!(
         table.lines().any(|l| l.contains(" vethpa ")
-            && l.contains(&vethpa_row.hooks.join(","))
+            && l.contains(
+                &vethpa_row
+                    .hooks
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(",")
+            )
             && l.contains(&vethpa_row.ifindex.to_string())),
         "the status table lists vethpa and its hooks:\n{table}"
     );

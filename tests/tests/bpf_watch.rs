@@ -13,6 +13,7 @@ use aya::{
     maps::{Array, HashMap, MapData},
     programs::TcAttachType,
 };
+use ipq_api::{model::EventBody, CheckedMap, DriftFoundBy};
 use ipq_common::{
     addr::{AddrEntry, AddrKey, NO_IFINDEX},
     names,
@@ -208,28 +209,33 @@ fn opened<T>(agent: &Agent, open: impl FnOnce() -> T) -> T {
     opened
 }
 
-/// The `map_rewritten` events of `map` so far, as JSON.
-fn rewrites(agent: &Agent, map: &str) -> Vec<serde_json::Value> {
-    let events = api::request(&agent.api_socket(), "GET", "/v1/events", None)
+/// What found each `map_rewritten` event of `map` so far.
+fn rewrites(agent: &Agent, map: CheckedMap) -> Vec<Option<DriftFoundBy>> {
+    api::events(&agent.api_socket())
         .expect("GET /v1/events")
-        .body;
-    events
-        .lines()
-        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
-        .filter(|e| e.to_string().contains("map_rewritten") && e.to_string().contains(map))
+        .into_iter()
+        .filter_map(|e| match e.body {
+            EventBody::MapRewritten {
+                map: rewritten,
+                found_by,
+                ..
+            } if rewritten == map => Some(found_by),
+            _ => None,
+        })
         .collect()
 }
 
 /// A write of one entry is looked at by the key the watcher reported, at once, before the
 /// comparison of the whole maps (50 ms later) would find it: what repaired it says so.
-fn repaired_by_its_key(agent: &Agent, map: &str) {
-    let events = rewrites(agent, map);
-    let last = events
+fn repaired_by_its_key(agent: &Agent, map: CheckedMap) {
+    let found_by = rewrites(agent, map);
+    let last = found_by
         .last()
         .unwrap_or_else(|| panic!("no map_rewritten event of {map}:\n{}", agent.log()));
-    assert!(
-        last.to_string().contains("\"found_by\":\"reported_write\""),
-        "{map} repaired by the write's reported key, not by the comparison: {last}"
+    assert_eq!(
+        *last,
+        Some(DriftFoundBy::ReportedWrite),
+        "{map} repaired by the write's reported key, not by the comparison: {found_by:?}"
     );
 }
 
@@ -253,7 +259,7 @@ fn map_writes_by_another_process_are_undone_at_once() {
         Ok((fenced && rewritten(&agent, names::MAP_ADDRS) == before + 1.0).then_some(()))
     })
     .unwrap_or_else(|e| panic!("{e:#}\n{}", agent.log()));
-    repaired_by_its_key(&agent, names::MAP_ADDRS);
+    repaired_by_its_key(&agent, CheckedMap::IpqAddrs);
 
     // IPQ_SLOTS, the copy the programs read first: the slot of pod a unfenced.
     let before = rewritten(&agent, names::MAP_SLOTS);
@@ -280,7 +286,7 @@ fn map_writes_by_another_process_are_undone_at_once() {
         Ok((fenced && rewritten(&agent, names::MAP_SLOTS) == before + 1.0).then_some(()))
     })
     .unwrap_or_else(|e| panic!("{e:#}\n{}", agent.log()));
-    repaired_by_its_key(&agent, names::MAP_SLOTS);
+    repaired_by_its_key(&agent, CheckedMap::IpqSlots);
     assert_eq!(
         udp_burst(&lab.pod_a, &lab.peer, IpAddr::from(PEER_V4), 10),
         0,

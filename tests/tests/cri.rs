@@ -559,7 +559,9 @@ fn swarmkit_on_a_node(hold_ipam: bool) -> anyhow::Result<()> {
                 ..
             } = &event.body
             {
-                sampled |= *address == addr && reason == "fenced" && *src_mac == old_mac;
+                sampled |= *address == addr
+                    && *reason == ipq_api::SampleReason::Fenced
+                    && *src_mac == old_mac;
             }
             !sampled
         }))?;

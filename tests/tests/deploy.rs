@@ -380,6 +380,7 @@ fn every_metric_the_dashboard_and_alerts_name_is_exported_by_the_agent() {
 fn dockerfile_copies_what_the_repository_has_and_ships_the_workspace_binaries() {
     let dockerfile = fs::read_to_string(deploy_path("docker/Dockerfile")).unwrap();
     let mut shipped = BTreeSet::new();
+    let mut copied = BTreeSet::new();
     for line in dockerfile
         .lines()
         .map(str::trim)
@@ -406,8 +407,24 @@ fn dockerfile_copies_what_the_repository_has_and_ships_the_workspace_binaries() 
                     repo().join(source).exists(),
                     "COPY {source}: not in the repository"
                 );
+                copied.insert(source.to_string());
             }
         }
+    }
+    // cargo reads every member's manifest to load the workspace: a crate added to it and not
+    // to the image fails the image's build.
+    let workspace = fs::read_to_string(repo().join("Cargo.toml")).unwrap();
+    let members = workspace
+        .lines()
+        .find_map(|l| l.strip_prefix("members = ["))
+        .expect("Cargo.toml lists the workspace's members on one line");
+    let members: Vec<&str> = members.split('"').skip(1).step_by(2).collect();
+    assert!(members.contains(&"agent"), "{members:?}");
+    for member in members {
+        assert!(
+            copied.contains(member),
+            "the Dockerfile does not COPY the workspace member {member}"
+        );
     }
     assert_eq!(
         shipped,

@@ -9,6 +9,7 @@
 use std::{net::IpAddr, path::Path, time::Duration};
 
 use aya::maps::{Array, HashMap, MapData};
+use ipq_api::{model::EventBody, CheckedMap};
 use ipq_common::{
     addr::{AddrEntry, AddrKey, NO_IFINDEX},
     iface::{iface_slot, IfaceEntry},
@@ -159,16 +160,24 @@ fn a_foreign_write_to_ipqs_maps_is_found_written_back_and_reported() {
         log.contains("IPQ_SLOTS: 1 entries differed from what ipq wrote"),
         "one WARN line per map:\n{log}"
     );
-    let events = api::request(&agent.api_socket(), "GET", "/v1/events", None)
+    let rewritten_maps: Vec<CheckedMap> = api::events(&agent.api_socket())
         .expect("GET /v1/events")
-        .body;
-    assert!(
-        events.contains("map_rewritten")
-            && ["IPQ_ADDRS", "IPQ_SLOTS", "IPQ_IFACES"]
-                .iter()
-                .all(|map| events.contains(map)),
-        "{events}"
-    );
+        .into_iter()
+        .filter_map(|e| match e.body {
+            EventBody::MapRewritten { map, .. } => Some(map),
+            _ => None,
+        })
+        .collect();
+    for map in [
+        CheckedMap::IpqAddrs,
+        CheckedMap::IpqSlots,
+        CheckedMap::IpqIfaces,
+    ] {
+        assert!(
+            rewritten_maps.contains(&map),
+            "a map_rewritten event of {map}: {rewritten_maps:?}"
+        );
+    }
     // Written back exactly: no further pass finds anything.
     let before = rewritten(&agent, names::MAP_SLOTS);
     poll("two more passes", Duration::from_secs(5), || {

@@ -11,6 +11,7 @@
 use std::{net::IpAddr, time::Duration};
 
 use ipq::datapath::attach::tc_filter::Direction;
+use ipq_api::{model::EventBody, EventHook, LostPart};
 use ipq_tests::{
     api,
     attach::ipq_tc_attachments,
@@ -113,34 +114,32 @@ fn a_deleted_clsact_or_filter_is_put_back_at_once_counted_and_published() {
     );
 
     // Each loss is an event naming the interface, the hook and what went, repaired.
-    let events =
-        api::request(&agent.api_socket(), "GET", "/v1/events", None).expect("GET /v1/events");
-    let lost: Vec<serde_json::Value> = events
-        .body
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|e| e["type"] == "attachment_lost")
-        .collect();
-    let seen: Vec<(String, String, bool)> = lost
+    let events = api::events(&agent.api_socket()).expect("GET /v1/events");
+    let seen: Vec<(EventHook, LostPart, bool)> = events
         .iter()
-        .map(|e| {
-            assert_eq!(e["interface"], "vethpa", "{e}");
-            (
-                e["hook"].as_str().unwrap_or_default().to_owned(),
-                e["what"].as_str().unwrap_or_default().to_owned(),
-                e["repaired"] == true,
-            )
+        .filter_map(|e| match &e.body {
+            EventBody::AttachmentLost {
+                interface,
+                hook,
+                what,
+                repaired,
+                ..
+            } => {
+                assert_eq!(interface, "vethpa", "{e:?}");
+                Some((*hook, *what, *repaired))
+            }
+            _ => None,
         })
         .collect();
     let want = [
-        ("tc_ingress", "qdisc"),
-        ("tc_egress", "qdisc"),
-        ("tc_ingress", "filter"),
-        ("tc_egress", "filter"),
+        (EventHook::TcIngress, LostPart::Qdisc),
+        (EventHook::TcEgress, LostPart::Qdisc),
+        (EventHook::TcIngress, LostPart::Filter),
+        (EventHook::TcEgress, LostPart::Filter),
     ];
     for (hook, what) in want {
         assert!(
-            seen.contains(&(hook.to_owned(), what.to_owned(), true)),
+            seen.contains(&(hook, what, true)),
             "no repaired {hook} {what} loss in {seen:?}"
         );
     }

@@ -10,6 +10,7 @@
 use std::{net::IpAddr, thread, time::Duration};
 
 use ipq::datapath::attach::tc_filter::{Direction, Filter};
+use ipq_api::AttachedHook;
 use ipq_common::names::{TC_FILTER_HANDLE, TC_FILTER_PRIORITY};
 use ipq_tests::{
     api,
@@ -84,19 +85,17 @@ fn assert_hook_names(agent: &ipq_tests::lab::Agent, mode: &str, when: &str) {
         .json()
         .expect("status JSON");
     let want = if mode == "netlink" {
-        ["tc-ingress", "tc-egress"]
+        [AttachedHook::TcIngress, AttachedHook::TcEgress]
     } else {
-        ["tcx-ingress", "tcx-egress"]
+        [AttachedHook::TcxIngress, AttachedHook::TcxEgress]
     };
     for ifname in PODS {
         let interface = status["interfaces"]
             .as_array()
             .and_then(|all| all.iter().find(|i| i["name"] == ifname))
             .unwrap_or_else(|| panic!("{when}: {ifname} not in {status}"));
-        let mut hooks: Vec<&str> = interface["hooks"]
-            .as_array()
-            .map(|h| h.iter().filter_map(|v| v.as_str()).collect())
-            .unwrap_or_default();
+        let mut hooks: Vec<AttachedHook> = serde_json::from_value(interface["hooks"].clone())
+            .unwrap_or_else(|e| panic!("{when}: {ifname}'s hooks in {interface}: {e}"));
         hooks.sort_unstable();
         let mut wanted = want.to_vec();
         wanted.sort_unstable();

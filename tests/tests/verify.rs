@@ -10,6 +10,7 @@
 use std::{ffi::CString, net::IpAddr, os::unix::ffi::OsStrExt as _, path::Path, time::Duration};
 
 use aya::programs::TcAttachType;
+use ipq_api::{model::EventBody, EventHook, LostPart};
 use ipq_tests::{
     api,
     attach::wait_tc_upgrades,
@@ -84,27 +85,27 @@ fn a_link_detached_through_its_pin_is_found_repaired_and_counted() {
     .unwrap_or_else(|e| panic!("{e:#}\n{}", agent.log()));
 
     // Published, and the status says when the last verification ran.
-    let events = api::request(&agent.api_socket(), "GET", "/v1/events", None).expect("events");
-    let links_lost: Vec<serde_json::Value> = events
-        .body
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|e| e["type"] == "attachment_lost" && e["what"] == "link")
-        .collect();
-    let hooks: Vec<(&str, &str, bool)> = links_lost
+    let events = api::events(&agent.api_socket()).expect("events");
+    let links_lost: Vec<(&str, EventHook, bool)> = events
         .iter()
-        .map(|e| {
-            (
-                e["interface"].as_str().unwrap_or_default(),
-                e["hook"].as_str().unwrap_or_default(),
-                e["repaired"] == true,
-            )
+        .filter_map(|e| match &e.body {
+            EventBody::AttachmentLost {
+                interface,
+                hook,
+                what: LostPart::Link,
+                repaired,
+                ..
+            } => Some((interface.as_str(), *hook, *repaired)),
+            _ => None,
         })
         .collect();
     assert_eq!(
-        hooks,
-        [("vethpa", "tc_ingress", true), ("up0", "xdp", true)],
-        "{links_lost:?}"
+        links_lost,
+        [
+            ("vethpa", EventHook::TcIngress, true),
+            ("up0", EventHook::Xdp, true)
+        ],
+        "{events:?}"
     );
     let status = api::request(&agent.api_socket(), "GET", "/v1/status", None)
         .expect("status")

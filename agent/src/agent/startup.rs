@@ -166,7 +166,7 @@ impl Loaded {
         info!(
             "tc_attach {:?}: TC programs attach as {}",
             self.config.tc_attach,
-            tc_mode.as_str()
+            tc_mode.as_ref()
         );
         let queues = &self.metrics.queues;
         // Before the first attach: a deletion of ipq's netlink filter is never missed.

@@ -12,7 +12,7 @@ use std::{
 
 use ipq_common::{
     addr::AddrState,
-    counters::{Action, Hook, Reason},
+    counters::{Action, Reason},
     sample::ConflictSample,
     verdict,
 };
@@ -23,7 +23,7 @@ use super::model::{
 };
 /// What a policy did about a conflict, as `ConflictView::outcome` says it: the API's type.
 pub use ipq_api::ConflictOutcome as Outcome;
-use ipq_api::TcAttachMode;
+use ipq_api::{EntryState, EventHook, SampleAction, SampleReason, TcAttachMode};
 
 use crate::{
     config::{EarlyReusePolicy, Mode},
@@ -193,18 +193,13 @@ impl ApiError {
 /// A kernel sample as an event: `seen_on` names the interface it came through, `holder` is the
 /// address's holder as the registry knows it.
 pub fn sample_body(sample: &ConflictSample, seen_on: String, holder: Option<Holder>) -> EventBody {
-    let hook = Hook::from_repr(sample.hook).map_or("unknown", Hook::as_str);
     let m = sample.src_mac;
     EventBody::Sample {
         address: sample.addr.to_ip(),
-        hook: hook.to_owned(),
-        reason: Reason::from_repr(sample.reason)
-            .map_or("unknown", Reason::as_str)
-            .to_owned(),
-        action: Action::from_repr(sample.action)
-            .map_or("unknown", Action::as_str)
-            .to_owned(),
-        state: StateName::of_raw_entry(AddrState::from_repr(sample.state)).to_owned(),
+        hook: EventHook::of_raw(sample.hook),
+        reason: SampleReason::of_raw(sample.reason),
+        action: SampleAction::of_raw(sample.action),
+        state: EntryState::of_raw(AddrState::from_repr(sample.state)),
         ifindex: sample.ifindex,
         seen_on,
         holder_ifindex: sample.holder_ifindex,

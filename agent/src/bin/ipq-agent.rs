@@ -12,6 +12,7 @@ use ipq::{
     hygiene, netdev, paths,
     registry::StateName,
 };
+use ipq_api::EntryState;
 use ipq_common::{
     addr::{AddrEntry, AddrKey, AddrState, NO_IFINDEX},
     counters::{counter_index, Action, Hook, Reason},
@@ -165,7 +166,7 @@ fn datapath_command(command: DatapathCommand) -> anyhow::Result<()> {
                 "ADDRESS", "STATE", "HOLDER", "FENCED"
             );
             for (addr, entry) in entries {
-                let state = StateName::of_raw_entry(entry.state());
+                let state = EntryState::of_raw(entry.state());
                 println!(
                     "{:<40} {:<12} {:>7} {:>7}",
                     addr.to_ip().to_string(),
@@ -181,11 +182,7 @@ fn datapath_command(command: DatapathCommand) -> anyhow::Result<()> {
                         if c.packets > 0 {
                             println!(
                                 "{} {} {}: {} packets, {} bytes",
-                                action.as_str(),
-                                hook.as_str(),
-                                reason.as_str(),
-                                c.packets,
-                                c.bytes
+                                action, hook, reason, c.packets, c.bytes
                             );
                         }
                     }
@@ -205,16 +202,13 @@ fn datapath_command(command: DatapathCommand) -> anyhow::Result<()> {
             let holder = ifindex_of(&holder, "holder")?;
             let fenced = ifindex_of(&fenced, "fenced")?;
             if state != AddrState::Quarantined && holder == NO_IFINDEX {
-                bail!("--holder is required for an {} address", state.as_str());
+                bail!("--holder is required for an {} address", state);
             }
             let _lock = write_lock(&bpffs_dir, &addr)?;
             let mut maps = DatapathMaps::open_pinned(&bpffs_dir)?;
             let entry = AddrEntry::new(state, holder, netdev::monotonic_ns()).with_fenced(fenced);
             maps.table.put(AddrKey::from(addr), entry)?;
-            println!(
-                "{addr}: {} holder if{holder} fenced if{fenced}",
-                state.as_str()
-            );
+            println!("{addr}: {} holder if{holder} fenced if{fenced}", state);
         }
         DatapathCommand::Delete { addr, bpffs_dir } => {
             let _lock = write_lock(&bpffs_dir, &addr)?;

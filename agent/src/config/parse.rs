@@ -59,9 +59,8 @@ impl Parser<'_> {
         key: &str,
         value: &Value,
     ) -> Result<ipq_api::OnExhausted, ConfigError> {
-        self.string(key, value)?
-            .parse()
-            .map_err(|_| self.invalid(key, value, "must be \"wait\" or \"release-quietest\""))
+        ipq_api::OnExhausted::parse_setting(self.string(key, value)?)
+            .ok_or_else(|| self.invalid(key, value, "must be \"wait\" or \"release-quietest\""))
     }
 
     pub(super) fn tc_attach(&self, key: &str, value: &Value) -> Result<TcAttach, ConfigError> {

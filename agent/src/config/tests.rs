@@ -128,6 +128,15 @@ fn errors_name_the_key_the_value_and_why() {
         "{e}"
     );
 
+    // `unknown` is how an answer of a newer agent's policy reads, never a setting.
+    for bad in ["unknown", "release_quietest"] {
+        let e = err(&format!("ipam_on_exhausted = \"{bad}\""));
+        assert!(
+            e.contains("`ipam_on_exhausted`") && e.contains(bad) && e.contains("release-quietest"),
+            "{e}"
+        );
+    }
+
     let e = err(r#"tc_attach = "tc""#);
     assert!(
         e.contains("`tc_attach`") && e.contains("\"tc\"") && e.contains("\"netlink\""),

@@ -40,7 +40,7 @@ pub fn describe(entry: Option<&AddrEntry>) -> String {
     let Some(entry) = entry else {
         return "free (no entry)".to_owned();
     };
-    let state = entry.state().map_or("unknown", |s| s.as_str());
+    let state = ipq_api::EntryState::of_raw(entry.state());
     let mut line = format!("{state} holder if{}", entry.holder_ifindex);
     if entry.fenced_ifindex != NO_IFINDEX {
         line.push_str(&format!(" fenced if{}", entry.fenced_ifindex));

@@ -173,13 +173,15 @@ impl Verification {
                 )
             })
             .collect();
-        found.extend(self.detached.iter().map(|(ifindex, point)| {
-            format!("if{ifindex} {} link detached: repairing", point.as_str())
-        }));
+        found.extend(
+            self.detached
+                .iter()
+                .map(|(ifindex, point)| format!("if{ifindex} {} link detached: repairing", point)),
+        );
         found.extend(self.replaced.iter().map(|(ifindex, point)| {
             format!(
                 "if{ifindex} {} link runs another program: putting ipq's back",
-                point.as_str()
+                point.as_ref()
             )
         }));
         found.extend(self.filters_missing.iter().map(|(ifindex, point)| {
@@ -191,7 +193,7 @@ impl Verification {
         found.extend(self.behind.iter().map(|(ifindex, point)| {
             format!(
                 "if{ifindex} {}: another program runs before ipq's: moving ipq's first",
-                point.as_str()
+                point.as_ref()
             )
         }));
         found.extend(self.filters_ahead.iter().map(|(ifindex, point)| {

@@ -33,7 +33,7 @@ impl HygieneCounters {
             )?,
         )?;
         for &step in Step::VARIANTS {
-            failures.with_label_values(&[step.as_str()]).inc_by(0);
+            failures.with_label_values(&[step.as_ref()]).inc_by(0);
         }
         Ok(Self {
             conntrack_entries_flushed: registered(

@@ -53,7 +53,18 @@ pub enum HygieneError {
 }
 
 /// Why an address is cleaned.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, strum::IntoStaticStr)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Serialize,
+    Deserialize,
+    strum::IntoStaticStr,
+    strum::AsRefStr,
+    strum::Display,
+)]
 #[strum(serialize_all = "snake_case")]
 #[serde(rename_all = "snake_case")]
 pub enum Trigger {
@@ -61,12 +72,6 @@ pub enum Trigger {
     HolderGone,
     /// It has a new holder.
     NewHolder,
-}
-
-impl Trigger {
-    pub fn as_str(self) -> &'static str {
-        self.into()
-    }
 }
 
 /// The one place a trigger becomes the API's name for it (the journal keeps this type).
@@ -93,7 +98,17 @@ pub struct Job {
 
 /// How an address's conntrack entries were flushed, which says what their count means.
 #[derive(
-    Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, strum::IntoStaticStr,
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    Serialize,
+    Deserialize,
+    strum::IntoStaticStr,
+    strum::AsRefStr,
+    strum::Display,
 )]
 #[strum(serialize_all = "snake_case")]
 #[serde(rename_all = "snake_case")]
@@ -104,12 +119,6 @@ pub enum FlushMethod {
     /// The kernel's filtered flush (a new holder's claim, where the start-up probe proved it):
     /// the count is what the kernel reported, a lower bound.
     Kernel,
-}
-
-impl FlushMethod {
-    pub fn as_str(self) -> &'static str {
-        self.into()
-    }
 }
 
 /// The one place a flush method becomes the API's name for it (the journal keeps this type).
@@ -131,7 +140,18 @@ pub struct ClaimFlush {
 }
 
 /// The hygiene steps, as the `step` label of `ipq_hygiene_failures_total`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, strum::IntoStaticStr)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Serialize,
+    Deserialize,
+    strum::IntoStaticStr,
+    strum::AsRefStr,
+    strum::Display,
+)]
 #[strum(serialize_all = "snake_case")]
 #[serde(rename_all = "snake_case")]
 #[derive(strum::VariantArray)]
@@ -139,12 +159,6 @@ pub enum Step {
     Conntrack,
     Neighbours,
     Announce,
-}
-
-impl Step {
-    pub fn as_str(self) -> &'static str {
-        self.into()
-    }
 }
 
 /// The counters of hygiene's two queues (`ipq_queue_overflows_total`).
@@ -326,7 +340,7 @@ impl Hygiene {
         if !act {
             debug!(
                 "{addr}: {} under observe: nothing flushed",
-                trigger.as_str()
+                trigger.as_ref()
             );
             return;
         }

@@ -144,14 +144,14 @@ impl Worker {
     fn fail(&self, report: &mut Report, step: Step, error: impl std::fmt::Display) {
         self.metrics
             .failures
-            .with_label_values(&[step.as_str()])
+            .with_label_values(&[step.as_ref()])
             .inc();
         error!(
             "{}: reuse hygiene, {}: {error}",
             report.address,
-            step.as_str()
+            step.as_ref()
         );
-        report.errors.push(format!("{}: {error}", step.as_str()));
+        report.errors.push(format!("{}: {error}", step));
     }
 
     fn clean(&mut self, batch: &[Job]) -> Vec<Report> {
@@ -228,7 +228,7 @@ impl Worker {
                 "{}: {} hygiene: {} conntrack entries, {} neighbour entries flushed, {} \
                  announcements{}{}{}",
                 report.address,
-                report.trigger.as_str(),
+                report.trigger.as_ref(),
                 report.conntrack_entries,
                 report.neighbours,
                 report.announcements,

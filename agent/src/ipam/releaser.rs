@@ -38,7 +38,7 @@ use std::{
 };
 
 use ipq_api::model::{now_unix_ms, HeldRelease, InvalidRelease};
-use ipq_cni::{error::CniError, ipam::delegate};
+use ipq_delegate::{self as delegate, error::CniError};
 use ipq_fs::spool::{self, Spooled};
 use log::{debug, error, warn};
 use tokio::sync::{mpsc, oneshot};

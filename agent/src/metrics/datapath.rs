@@ -52,7 +52,7 @@ fn action_help(action: Action) -> &'static str {
 
 /// `ipq_<action>_packets_total` and `ipq_<action>_bytes_total` for one action.
 fn packet_families(action: Action) -> Result<(IntCounterVec, IntCounterVec), prometheus::Error> {
-    let what = action.as_str();
+    let what = action.as_ref();
     let help = action_help(action);
     let packets = IntCounterVec::new(
         Opts::new(
@@ -129,7 +129,7 @@ impl DatapathCollector {
                 for &hook in Hook::VARIANTS {
                     for &reason in Reason::VARIANTS {
                         let c = values[counter_index(action, hook, reason) as usize];
-                        let labels = [hook.as_str(), reason.as_str()];
+                        let labels = [hook.as_ref(), reason.as_ref()];
                         packets.with_label_values(&labels).inc_by(c.packets);
                         bytes.with_label_values(&labels).inc_by(c.bytes);
                     }
@@ -145,7 +145,7 @@ impl DatapathCollector {
                 .inc_by(values[SAMPLES_LOST_INDEX as usize].packets);
         }
         for at in <LostAt as strum::IntoEnumIterator>::iter() {
-            lost.with_label_values(&[at.as_str()])
+            lost.with_label_values(&[at.as_ref()])
                 .inc_by(self.lost[at as usize].load(Ordering::Relaxed));
         }
         out.extend(lost.collect());

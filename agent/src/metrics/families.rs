@@ -78,7 +78,7 @@ impl Metrics {
         )?;
         for &hook in Hook::VARIANTS {
             datapath_interfaces
-                .with_label_values(&[hook.as_str()])
+                .with_label_values(&[hook.as_ref()])
                 .set(0);
         }
         let unprotected_interfaces = registered(
@@ -144,14 +144,14 @@ impl Metrics {
         for &hook in Hook::VARIANTS {
             for what in crate::datapath::attach::Lost::VARIANTS {
                 attachments_lost
-                    .with_label_values(&[hook.as_str(), what.as_str()])
+                    .with_label_values(&[hook.as_ref(), what.as_ref()])
                     .inc_by(0);
             }
             unprotected_interfaces
-                .with_label_values(&[hook.as_str()])
+                .with_label_values(&[hook.as_ref()])
                 .set(0);
             attach_failures
-                .with_label_values(&[hook.as_str()])
+                .with_label_values(&[hook.as_ref()])
                 .inc_by(0);
         }
         let ipam_releases = registered(

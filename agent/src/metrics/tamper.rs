@@ -122,9 +122,9 @@ impl TamperMetrics {
         )?;
         for &hook in Hook::VARIANTS {
             bypassed_interfaces
-                .with_label_values(&[hook.as_str()])
+                .with_label_values(&[hook.as_ref()])
                 .set(0);
-            bypasses.with_label_values(&[hook.as_str()]).inc_by(0);
+            bypasses.with_label_values(&[hook.as_ref()]).inc_by(0);
         }
         Ok(Self {
             map_entries_rewritten,
@@ -154,7 +154,7 @@ impl TamperMetrics {
             seen[point.hook() as usize] += n;
         }
         for &hook in Hook::VARIANTS {
-            let label = [hook.as_str()];
+            let label = [hook.as_ref()];
             self.bypassed_interfaces
                 .with_label_values(&label)
                 .set(now[hook as usize]);

@@ -87,7 +87,7 @@ fn every_labelled_family_has_all_its_series_at_the_first_scrape() {
     let hook_reasons = set(Hook::VARIANTS.iter().flat_map(|h| {
         Reason::VARIANTS
             .iter()
-            .map(move |r| format!("hook={},reason={}", h.as_str(), r.as_str()))
+            .map(move |r| format!("hook={},reason={}", h.as_ref(), r.as_ref()))
     }));
     for action in ["dropped", "observed", "reported"] {
         for unit in ["packets", "bytes"] {
@@ -236,11 +236,11 @@ fn every_family_follows_the_naming_conventions() {
 fn packet_counters_carry_the_kernel_slot_of_their_action_hook_and_reason() {
     let families = gather(&metrics_reading(distinct_counters()));
     for &action in Action::VARIANTS {
-        let packets = series(&families, &format!("ipq_{}_packets_total", action.as_str()));
-        let bytes = series(&families, &format!("ipq_{}_bytes_total", action.as_str()));
+        let packets = series(&families, &format!("ipq_{}_packets_total", action.as_ref()));
+        let bytes = series(&families, &format!("ipq_{}_bytes_total", action.as_ref()));
         for &hook in Hook::VARIANTS {
             for &reason in Reason::VARIANTS {
-                let key = format!("hook={},reason={}", hook.as_str(), reason.as_str());
+                let key = format!("hook={},reason={}", hook.as_ref(), reason.as_ref());
                 let slot = f64::from(counter_index(action, hook, reason));
                 assert_eq!(packets[&key], slot, "{action:?} packets {key}");
                 assert_eq!(bytes[&key], 100.0 * slot, "{action:?} bytes {key}");

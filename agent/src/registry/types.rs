@@ -17,7 +17,19 @@ pub fn duration_ns(d: Duration) -> u64 {
 
 /// Who made a claim. `refuse-new` can refuse an explicit claim (CNI, API) but only fence one it
 /// merely observed (netlink): the workload already exists.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, strum::IntoStaticStr)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    Serialize,
+    Deserialize,
+    strum::IntoStaticStr,
+    strum::AsRefStr,
+    strum::Display,
+)]
 #[strum(serialize_all = "lowercase")]
 #[serde(rename_all = "lowercase")]
 pub enum Source {
@@ -27,10 +39,6 @@ pub enum Source {
 }
 
 impl Source {
-    pub fn as_str(self) -> &'static str {
-        self.into()
-    }
-
     /// An explicit request (CNI ADD, API call), as opposed to an observation.
     pub const fn is_explicit(self) -> bool {
         !matches!(self, Self::Netlink)

@@ -59,7 +59,7 @@ impl Tracker {
         warn!(
             "{addr}: datapath entry written by hand ({} holder if{} fenced if{}); the registry \
              does not know",
-            entry.state().map_or("unknown", |s| s.as_str()),
+            ipq_api::EntryState::of_raw(entry.state()),
             entry.holder_ifindex,
             entry.fenced_ifindex,
         );

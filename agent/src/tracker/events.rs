@@ -64,7 +64,7 @@ impl Tracker {
                 for (ifindex, point) in removed {
                     info!(
                         "detached if{ifindex} {}: no longer configured or gone",
-                        point.as_str()
+                        point.as_ref()
                     );
                 }
             }

@@ -39,7 +39,7 @@ impl Tracker {
     ) {
         let policy = self.core.config.ipam_on_exhausted;
         let mut answer = ExhaustedAnswer {
-            policy: policy.to_string(),
+            policy,
             quarantined: 0,
             draining: 0,
             next_release: None,

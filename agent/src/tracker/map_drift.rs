@@ -86,18 +86,18 @@ impl Tracker {
             .verify_maps_compare_seconds
             .set(check.took.as_secs_f64());
         let at = humantime::format_rfc3339_millis(found_at).to_string();
-        let mut by_map: BTreeMap<&'static str, Vec<&MapDrift>> = BTreeMap::new();
+        let mut by_map: BTreeMap<ipq_api::CheckedMap, Vec<&MapDrift>> = BTreeMap::new();
         for drift in &check.drift {
             by_map.entry(drift.map).or_default().push(drift);
             self.metrics
                 .tamper
                 .map_entries_rewritten
-                .with_label_values(&[drift.map])
+                .with_label_values(&[drift.map.as_ref()])
                 .inc();
             self.sinks.observer.publish(
                 at.clone(),
                 EventBody::MapRewritten {
-                    map: drift.map.to_owned(),
+                    map: drift.map,
                     key: drift.key.clone(),
                     found: drift.found.clone(),
                     wanted: drift.wanted.clone(),

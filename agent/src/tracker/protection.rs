@@ -3,6 +3,8 @@
 
 use std::time::Instant;
 
+use ipq_api::EventHook;
+
 use super::Tracker;
 use crate::{
     api::{model::EventBody, views::TimeBase},
@@ -67,22 +69,22 @@ impl Tracker {
                         .target(ifindex)
                         .map_or_else(|| format!("if{ifindex}"), |t| t.name.clone()),
                     ifindex,
-                    metrics::hook_label(point),
+                    EventHook::from(point.hook()),
                 ),
                 // A map or program pin: no interface's, every hook's.
-                None => (restored.path.display().to_string(), 0, "none"),
+                None => (restored.path.display().to_string(), 0, EventHook::NoHook),
             };
             self.metrics
                 .attachments_lost
-                .with_label_values(&[hook, Lost::Pin.as_str()])
+                .with_label_values(&[hook.as_ref(), Lost::Pin.as_ref()])
                 .inc();
             self.sinks.observer.publish(
                 humantime::format_rfc3339_millis(verification.finished_at).to_string(),
                 EventBody::AttachmentLost {
                     interface,
                     ifindex,
-                    hook: hook.to_owned(),
-                    what: Lost::Pin.as_str().to_owned(),
+                    hook,
+                    what: Lost::Pin.into(),
                     repaired: restored.outcome.is_ok(),
                     error: restored.outcome.as_ref().err().map(ToString::to_string),
                 },
@@ -123,7 +125,7 @@ impl Tracker {
         let hook = metrics::hook_label(lost.point);
         self.metrics
             .attachments_lost
-            .with_label_values(&[hook, lost.what.as_str()])
+            .with_label_values(&[hook, lost.what.as_ref()])
             .inc();
         let at = TimeBase::now().rfc3339(netdev::monotonic_ns());
         self.sinks.observer.publish(
@@ -131,8 +133,8 @@ impl Tracker {
             EventBody::AttachmentLost {
                 interface: lost.name,
                 ifindex: lost.ifindex,
-                hook: hook.to_owned(),
-                what: lost.what.as_str().to_owned(),
+                hook: lost.point.hook().into(),
+                what: lost.what.into(),
                 repaired: lost.error.is_none(),
                 error: lost.error,
             },

@@ -28,9 +28,22 @@ pub struct ApiErrorBody {
 }
 
 /// Stable error codes. Scripts and the CNI plugin branch on these, never on messages.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, strum::IntoStaticStr)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    Serialize,
+    Deserialize,
+    strum::IntoStaticStr,
+    strum::AsRefStr,
+    strum::Display,
+)]
 #[strum(serialize_all = "snake_case")]
 #[serde(rename_all = "snake_case")]
+#[cfg_attr(test, derive(strum::VariantArray))]
 pub enum ErrorCode {
     /// The body is not JSON of the expected shape (400).
     BadRequest,
@@ -72,9 +85,5 @@ impl ErrorCode {
             Self::NotReady | Self::Unavailable => 503,
             Self::RegistryFull => 507,
         }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        self.into()
     }
 }

@@ -5,7 +5,9 @@ use std::net::IpAddr;
 use serde::{Deserialize, Serialize};
 
 use super::{ConflictView, ExhaustedAnswer, HygieneView};
-use crate::{Holder, StateName};
+use crate::{
+    CheckedMap, EntryState, EventHook, Holder, LostPart, SampleAction, SampleReason, StateName,
+};
 
 /// One line of `GET /v1/events` (newline-delimited JSON).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -34,11 +36,11 @@ pub enum EventBody {
     /// A packet the kernel dropped, observed or reported, sampled (rate-limited per address).
     Sample {
         address: IpAddr,
-        hook: String,
-        reason: String,
-        action: String,
+        hook: EventHook,
+        reason: SampleReason,
+        action: SampleAction,
         /// The address's state in the datapath when the packet was seen.
-        state: String,
+        state: EntryState,
         /// The interface the packet was seen on, by index and name.
         ifindex: u32,
         #[serde(default)]
@@ -57,10 +59,10 @@ pub enum EventBody {
     AttachmentLost {
         interface: String,
         ifindex: u32,
-        /// `tc_ingress`, `tc_egress` or `xdp`.
-        hook: String,
+        /// `tc_ingress`, `tc_egress`, `xdp`, or `none` for a map's or a program's pin.
+        hook: EventHook,
         /// `qdisc`, `filter`, `link` or `pin`.
-        what: String,
+        what: LostPart,
         /// Whether ipq's program is back on the hook.
         repaired: bool,
         /// Why it is not (yet): retried with backoff, the interface unprotected meanwhile.
@@ -71,7 +73,7 @@ pub enum EventBody {
     /// (another process wrote the map) and wrote ipq's back.
     MapRewritten {
         /// `IPQ_ADDRS`, `IPQ_SLOTS`, `IPQ_IFACES` or `IPQ_QBLOOM`.
-        map: String,
+        map: CheckedMap,
         /// The address, or `slot N`, `word N`.
         key: String,
         found: String,
@@ -94,3 +96,7 @@ pub enum EventBody {
     /// `n` events were dropped before this subscriber could read them.
     Lost { n: u64 },
 }
+
+#[cfg(test)]
+#[path = "events_tests.rs"]
+mod tests;

@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use ipq_common::config::Mode;
 
 use super::PendingWriteView;
-use crate::{Attachment, EarlyReusePolicy, Protection, RecoveredFrom, TcAttachMode};
+use crate::{AttachedHook, Attachment, EarlyReusePolicy, Protection, RecoveredFrom, TcAttachMode};
 
 /// `GET /v1/status`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -183,7 +183,7 @@ pub struct InterfaceStatus {
     /// The hooks with ipq's program in place, named by the attachment each has: `tc-ingress`,
     /// `tc-egress` (ipq's netlink filter under clsact), `tcx-ingress`, `tcx-egress` (a TCX
     /// link), `xdp`.
-    pub hooks: Vec<String>,
+    pub hooks: Vec<AttachedHook>,
     /// `attaching`, `protected`, `repairing` (another tool took ipq's program off a hook; put
     /// back at once), `bypassed` (another tool's filter or program runs first) or `failed`
     /// (retried with backoff).

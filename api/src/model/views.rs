@@ -5,8 +5,8 @@ use std::net::IpAddr;
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    Attachment, ConflictKind, ConflictOutcome, ConntrackFlush, EarlyReusePolicy, HoldRelease,
-    Holder, HygieneTrigger, MapWrite, Protection, StateName,
+    Attachment, ConflictKind, ConflictOutcome, ConntrackFlush, EarlyReusePolicy, EntryState,
+    HoldRelease, Holder, HygieneTrigger, MapWrite, OnExhausted, Protection, StateName,
 };
 
 /// The answer to a claim: the addresses as they are now, and the conflicts the claim caused
@@ -145,7 +145,7 @@ pub struct IpamHoldView {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ExhaustedAnswer {
     /// `wait` or `release-quietest`.
-    pub policy: String,
+    pub policy: OnExhausted,
     /// Held addresses of the network still quarantined.
     pub quarantined: usize,
     /// Held addresses of the network whose holder is still draining (never released early).
@@ -226,7 +226,9 @@ pub struct ConflictList {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DatapathEntryView {
     pub address: IpAddr,
-    pub state: String,
+    /// `active`, `draining`, `quarantined`, or `unknown` for a raw state this build does not
+    /// know.
+    pub state: EntryState,
     pub holder_ifindex: u32,
     pub fenced_ifindex: u32,
 }

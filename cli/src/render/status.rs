@@ -21,7 +21,7 @@ pub fn status(status: &Status, now: SystemTime) -> String {
     let mut pairs = vec![
         ("Ready".to_owned(), ready),
         ("Version".to_owned(), status.version.clone()),
-        ("Mode".to_owned(), status.mode.as_str().to_owned()),
+        ("Mode".to_owned(), status.mode.as_ref().to_owned()),
         (
             "On early reuse".to_owned(),
             status.on_early_reuse.to_string(),
@@ -88,7 +88,12 @@ pub fn status(status: &Status, now: SystemTime) -> String {
                 if iface.hooks.is_empty() {
                     NONE.to_owned()
                 } else {
-                    iface.hooks.join(",")
+                    iface
+                        .hooks
+                        .iter()
+                        .map(|h| h.as_ref())
+                        .collect::<Vec<_>>()
+                        .join(",")
                 },
                 iface
                     .attachment

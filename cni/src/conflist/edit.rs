@@ -15,19 +15,23 @@ use super::scan::{plugins_layout, PluginsLayout};
 pub const PLUGIN_TYPE: &str = "ipq-cni";
 
 /// What `ipq-cni` does on ADD when the agent cannot be reached.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, strum::IntoStaticStr)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    clap::ValueEnum,
+    strum::IntoStaticStr,
+    strum::AsRefStr,
+    strum::Display,
+)]
 #[strum(serialize_all = "lowercase")]
 pub enum OnUnavailable {
     /// Fail the ADD with CNI error 11 ("try again later"): the runtime retries the sandbox.
     Fail,
     /// Pass `prevResult` on unclaimed: the agent still learns the address from netlink later.
     Allow,
-}
-
-impl OnUnavailable {
-    pub fn as_str(self) -> &'static str {
-        self.into()
-    }
 }
 
 /// ipq-cni's entry in `plugins`.
@@ -46,7 +50,7 @@ impl Entry {
         let mut fields = vec![
             ("type", Value::from(PLUGIN_TYPE)),
             ("socket", Value::from(self.socket.as_str())),
-            ("onUnavailable", Value::from(self.on_unavailable.as_str())),
+            ("onUnavailable", Value::from(self.on_unavailable.as_ref())),
         ];
         if let Some(dir) = &self.state_dir {
             fields.push(("stateDir", Value::from(dir.as_str())));

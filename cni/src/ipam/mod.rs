@@ -25,7 +25,8 @@
 
 pub mod add;
 pub mod config;
-pub mod delegate;
+/// Running the delegate as a runtime would: `ipq-delegate`, which the agent links too.
+pub use ipq_delegate as delegate;
 pub mod gc;
 pub mod plugin;
 pub mod pressure;

@@ -62,7 +62,7 @@ pub(super) fn cni_path(env: &Env) -> Result<&str, CniError> {
             code::INVALID_ENVIRONMENT,
             format!(
                 "CNI_PATH is missing: {} needs it to find the delegate",
-                env.command.as_str()
+                env.command.as_ref()
             ),
         )
     })

@@ -114,7 +114,7 @@ mod tests {
     #[test]
     fn the_wait_message_names_the_holds_the_policy_and_the_first_release() {
         let answer = ExhaustedAnswer {
-            policy: "wait".into(),
+            policy: ipq_api::OnExhausted::Wait,
             quarantined: 2,
             draining: 1,
             next_release: Some("2026-11-25T02:00:00Z".into()),

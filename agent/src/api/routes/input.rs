@@ -38,7 +38,7 @@ pub(super) fn claimable(addresses: &[IpAddr]) -> Result<(), ApiError> {
             return Err(invalid(format!(
                 "addresses[{i}] `{addr}`: a {} address, which no workload holds; claim unicast \
                  addresses only",
-                class.as_str()
+                class.as_ref()
             )));
         }
     }

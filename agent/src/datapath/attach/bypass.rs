@@ -145,7 +145,7 @@ impl Attacher {
                     info!(
                         "{} (if{ifindex}): ipq's {} link is first: protected",
                         target.name,
-                        point.as_str()
+                        point.as_ref()
                     );
                     target.protection = Protection::Protected;
                     target.last_error = None;
@@ -180,7 +180,7 @@ impl Attacher {
             let why = format!(
                 "bypassed: {}: another program was put before ipq's link {} times in {}s; \
                  moving ipq's first again is rate-limited (next in {}s)",
-                point.as_str(),
+                point.as_ref(),
                 history.len() + 1,
                 DISPLACED_WINDOW.as_secs(),
                 next.saturating_duration_since(now).as_secs()

@@ -235,14 +235,14 @@ pub(super) fn found(
                  deleted or replaced); attached again",
                 target.name,
                 what.hook_name(*point),
-                what.as_str()
+                what
             ),
             Some(e) => warn!(
                 "{} (if{ifindex}): ipq's {} program was taken off by another tool ({} \
                  deleted or replaced) and cannot be attached again yet: {e}",
                 target.name,
                 what.hook_name(*point),
-                what.as_str()
+                what
             ),
         }
         lost.push(LostAttachment {

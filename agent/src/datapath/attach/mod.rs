@@ -248,7 +248,7 @@ impl Attacher {
     fn remove_pins(&self, ifindex: u32) {
         for &point in AttachPoint::VARIANTS {
             if let Err(e) = pins::remove_pin_of(&self.layout, ifindex, point) {
-                warn!("if{ifindex}: removing its {} pin: {e}", point.as_str());
+                warn!("if{ifindex}: removing its {} pin: {e}", point);
             }
         }
     }
@@ -392,7 +392,7 @@ impl Attacher {
                 match tc_filter::remove_ipq(ifindex, dir) {
                     Ok(true) => removed.push((ifindex, point)),
                     Ok(false) => {}
-                    Err(e) => warn!("if{ifindex}: removing ipq's {} filter: {e}", dir.as_str()),
+                    Err(e) => warn!("if{ifindex}: removing ipq's {} filter: {e}", dir),
                 }
             }
         }

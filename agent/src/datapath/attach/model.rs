@@ -12,7 +12,9 @@ use super::{error::AttachError, pins::Attached, retry::Backoff, upgrade::Upgrade
 use crate::paths::AttachPoint;
 
 /// How TC programs are attached on this node.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, strum::IntoStaticStr)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, strum::IntoStaticStr, strum::AsRefStr, strum::Display,
+)]
 #[strum(serialize_all = "kebab-case")]
 pub enum TcMode {
     /// TCX links, pinned under `bpffs_dir/links` (`tc_attach = "tcx"`).
@@ -37,22 +39,29 @@ impl From<TcMode> for ipq_api::TcAttachMode {
 }
 
 impl TcMode {
-    pub fn as_str(self) -> &'static str {
-        self.into()
-    }
-
     /// The name of `point` as attached first in this mode (the netlink filter, except under
     /// `tc_attach = "tcx"`), for what is said before an attach has told its mechanism.
     pub fn hook_name(self, point: AttachPoint) -> &'static str {
         match self {
-            Self::Tcx => point.as_str(),
+            Self::Tcx => point.into(),
             Self::Netlink | Self::NetlinkThenTcx => point.name_under_filter(),
         }
     }
 }
 
 /// What holds ipq's program on a hook.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, strum::IntoStaticStr)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    strum::IntoStaticStr,
+    strum::AsRefStr,
+    strum::Display,
+)]
 #[strum(serialize_all = "lowercase")]
 pub enum Mechanism {
     /// A pinned TCX link, and no ipq filter left on the hook.
@@ -64,17 +73,26 @@ pub enum Mechanism {
 }
 
 impl Mechanism {
-    pub fn as_str(self) -> &'static str {
-        self.into()
-    }
-
     /// The name of `point` held this way, as `ipq status`, the API and the log say it:
     /// `tc-ingress`/`tc-egress` under a netlink filter, `tcx-ingress`/`tcx-egress` under a TCX
     /// link, `xdp`.
     pub fn hook_name(self, point: AttachPoint) -> &'static str {
         match self {
             Self::Netlink => point.name_under_filter(),
-            Self::Tcx | Self::Xdp => point.as_str(),
+            Self::Tcx | Self::Xdp => point.into(),
+        }
+    }
+
+    /// The one place a hook held this way becomes the API's name for it (`hooks` of an
+    /// interface in `/v1/status`), spelled as [`Self::hook_name`] (`vocabulary_tests`).
+    pub fn attached_hook(self, point: AttachPoint) -> ipq_api::AttachedHook {
+        use ipq_api::AttachedHook as Api;
+        match (self, point) {
+            (Self::Netlink, AttachPoint::TcxIngress) => Api::TcIngress,
+            (Self::Netlink, AttachPoint::TcxEgress) => Api::TcEgress,
+            (Self::Tcx | Self::Xdp, AttachPoint::TcxIngress) => Api::TcxIngress,
+            (Self::Tcx | Self::Xdp, AttachPoint::TcxEgress) => Api::TcxEgress,
+            (_, AttachPoint::Xdp) => Api::Xdp,
         }
     }
 }
@@ -111,7 +129,18 @@ pub enum JobKind {
 
 /// What of an attachment went ([`JobKind::Repair`]), as `ipq_datapath_attachments_lost_total`
 /// labels it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, strum::IntoStaticStr)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    strum::IntoStaticStr,
+    strum::AsRefStr,
+    strum::Display,
+)]
 #[strum(serialize_all = "lowercase")]
 #[derive(strum::VariantArray)]
 pub enum Lost {
@@ -125,17 +154,25 @@ pub enum Lost {
     Pin,
 }
 
-impl Lost {
-    pub fn as_str(self) -> &'static str {
-        self.into()
+/// The one place a part lost becomes the API's name for it (`what` of an `attachment_lost`).
+impl From<Lost> for ipq_api::LostPart {
+    fn from(lost: Lost) -> Self {
+        match lost {
+            Lost::Qdisc => Self::Qdisc,
+            Lost::Filter => Self::Filter,
+            Lost::Link => Self::Link,
+            Lost::Pin => Self::Pin,
+        }
     }
+}
 
+impl Lost {
     /// The name of `point` as the attachment that went had it: a qdisc or filter held a
     /// `tc-` hook, a link or its pin a `tcx-` hook (or `xdp`).
     pub fn hook_name(self, point: AttachPoint) -> &'static str {
         match self {
             Self::Qdisc | Self::Filter => point.name_under_filter(),
-            Self::Link | Self::Pin => point.as_str(),
+            Self::Link | Self::Pin => point.into(),
         }
     }
 }

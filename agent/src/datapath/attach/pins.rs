@@ -155,11 +155,11 @@ pub fn move_tc_first(
     let path = layout.link(ifindex, point);
     if let Err(e) = held_pins::detach(&path) {
         // Already detached (the device went, or another tool detached it): nothing to wait for.
-        debug!("{ifname}: detaching ipq's {} link: {e}", point.as_str());
+        debug!("{ifname}: detaching ipq's {} link: {e}", point);
     }
     remove_pin(&path)?;
     let attached = new_tcx_link_first(prog, ifname, point, &path)?;
-    info!("{ifname}: ipq's {} link is first again", point.as_str());
+    info!("{ifname}: ipq's {} link is first again", point);
     Ok(attached)
 }
 
@@ -188,12 +188,12 @@ pub fn reuse_tc(
                 })?;
                 drop(taken);
                 hold(&path)?;
-                debug!("{ifname}: reused pinned {} link", point.as_str());
+                debug!("{ifname}: reused pinned {} link", point);
                 return Ok(true);
             }
             Err(e) => info!(
                 "{ifname}: pinned {} link is no longer usable ({e}); replacing it",
-                point.as_str()
+                point.as_ref()
             ),
         },
         Err(e) => warn!(

@@ -42,7 +42,7 @@ impl Attacher {
                         "{name} (if{ifindex}): {} attached ({:?}, {})",
                         hooked.by.hook_name(point),
                         hooked.how,
-                        hooked.by.as_str()
+                        hooked.by.as_ref()
                     );
                     target.attached.insert(point, hooked.by);
                 }
@@ -78,7 +78,7 @@ impl Attacher {
                 } else {
                     // Per pod interface: `ipq status` and the metrics say it; the log only when
                     // asked (a failure, and the recovery from one, stay at INFO and above).
-                    debug!("{name} (if{ifindex}): protected ({})", self.mode.as_str());
+                    debug!("{name} (if{ifindex}): protected ({})", self.mode);
                 }
                 target.since = now;
             }
@@ -149,7 +149,7 @@ impl Attacher {
 pub(super) fn remove_filters(ifindex: u32) {
     for dir in [tc_filter::Direction::Ingress, tc_filter::Direction::Egress] {
         if let Err(e) = tc_filter::remove_ipq(ifindex, dir) {
-            warn!("if{ifindex}: removing ipq's {} filter: {e}", dir.as_str());
+            warn!("if{ifindex}: removing ipq's {} filter: {e}", dir);
         }
     }
 }

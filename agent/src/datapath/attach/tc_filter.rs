@@ -29,7 +29,9 @@ const IPQ_PROGRAM_PREFIX: &str = "ipq_";
 const ETH_P_ALL_BE: u16 = 0x0003u16.to_be();
 
 /// Which clsact hook.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, strum::IntoStaticStr)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, strum::IntoStaticStr, strum::AsRefStr, strum::Display,
+)]
 #[strum(serialize_all = "lowercase")]
 pub enum Direction {
     Ingress,
@@ -61,10 +63,6 @@ impl Direction {
                 Self::Egress => TcHandle::MIN_EGRESS,
             },
         }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        self.into()
     }
 }
 

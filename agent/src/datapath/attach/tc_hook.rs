@@ -89,7 +89,7 @@ impl Tc<'_> {
             debug!(
                 "{}: removed ipq's netlink {} filter: the TCX link holds the hook",
                 self.ifname,
-                self.dir().as_str()
+                self.dir().as_ref()
             );
         }
         Ok(removed)
@@ -111,7 +111,7 @@ impl Tc<'_> {
             warn!(
                 "{}: removing ipq's old netlink {} filter: {e}",
                 self.ifname,
-                self.dir().as_str()
+                self.dir().as_ref()
             );
         }
         Ok(Hooked {
@@ -144,7 +144,7 @@ impl Tc<'_> {
             debug!(
                 "{}: no netlink filter on {} ({netlink_error}); creating the TCX link now",
                 self.ifname,
-                self.dir().as_str()
+                self.dir().as_ref()
             );
             return self
                 .tcx_replacing_filter()
@@ -162,7 +162,7 @@ impl Tc<'_> {
                 warn!(
                     "{}: removing ipq's {} filter beside its TCX link: {e}; retried",
                     self.ifname,
-                    self.dir().as_str()
+                    self.dir().as_ref()
                 );
                 Ok(Hooked {
                     how: Attached::Reused,
@@ -198,7 +198,7 @@ impl Tc<'_> {
             AttachError::io(
                 format!(
                     "the TCX link is in, but removing ipq's {} filter failed",
-                    self.dir().as_str()
+                    self.dir().as_ref()
                 ),
                 &e,
             )
@@ -230,13 +230,13 @@ impl Tc<'_> {
             check_clsact(ifindex)?;
         }
         let place = tc_filter::place(ifindex, dir)
-            .map_err(|e| AttachError::io(format!("listing {} filters", dir.as_str()), &e))?;
+            .map_err(|e| AttachError::io(format!("listing {} filters", dir), &e))?;
         let handle = TcHandle::from(TC_FILTER_HANDLE);
         let how = match place {
             Place::Foreign(filter) => {
                 return Err(AttachError::ForeignFilter {
                     filter: filter.describe(),
-                    direction: dir.as_str(),
+                    direction: dir.into(),
                 });
             }
             Place::Ipq => {
@@ -249,10 +249,7 @@ impl Tc<'_> {
                 )
                 .map_err(|e| AttachError::kernel(Some(ifname.to_owned()), &e))?;
                 let id = prog.attach_to_link(link).map_err(|e| {
-                    AttachError::kernel(
-                        Some(format!("replacing ipq's {} filter", dir.as_str())),
-                        &e,
-                    )
+                    AttachError::kernel(Some(format!("replacing ipq's {} filter", dir)), &e)
                 })?;
                 keep_attached(prog.take_link(id))?;
                 Attached::Reused
@@ -269,10 +266,7 @@ impl Tc<'_> {
                         }),
                     )
                     .map_err(|e| {
-                        AttachError::kernel(
-                            Some(format!("adding ipq's {} filter", dir.as_str())),
-                            &e,
-                        )
+                        AttachError::kernel(Some(format!("adding ipq's {} filter", dir)), &e)
                     })?;
                 keep_attached(prog.take_link(id))?;
                 Attached::Created

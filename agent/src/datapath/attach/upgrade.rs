@@ -65,7 +65,7 @@ pub(super) fn on_report(
             }
             Err(e) => {
                 all_gone &= e.interface_gone();
-                errors.push(format!("{}: {e}", point.as_str()));
+                errors.push(format!("{}: {e}", point));
             }
         }
     }

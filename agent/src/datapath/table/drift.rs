@@ -11,10 +11,10 @@
 
 use std::time::{Duration, Instant};
 
+use ipq_api::CheckedMap;
 use ipq_common::{
     addr::{AddrEntry, AddrKey},
     iface::{IfaceEntry, IFACE_SLOTS},
-    names,
 };
 
 use super::AddressTable;
@@ -25,8 +25,9 @@ use crate::datapath::{
 /// One thing a map held that the table did not write, and what became of it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MapDrift {
-    /// `IPQ_ADDRS`, `IPQ_SLOTS`, `IPQ_IFACES` or `IPQ_QBLOOM`.
-    pub map: &'static str,
+    /// `IPQ_ADDRS`, `IPQ_SLOTS`, `IPQ_IFACES` or `IPQ_QBLOOM`, spelled as `ipq_common::names`
+    /// names them (`vocabulary_tests` holds the two equal).
+    pub map: CheckedMap,
     /// The address, or `slot N` (`IPQ_IFACES`), `word N` (`IPQ_QBLOOM`).
     pub key: String,
     pub found: String,
@@ -155,7 +156,7 @@ impl AddressTable {
             Ok(now) => now,
             Err(e) => {
                 drift.push(MapDrift {
-                    map: names::MAP_ADDRS,
+                    map: CheckedMap::IpqAddrs,
                     key: addr.to_ip().to_string(),
                     found: "unreadable".to_owned(),
                     wanted: describe(want),
@@ -180,7 +181,7 @@ impl AddressTable {
             None => self.addrs.remove(addr),
         };
         drift.push(MapDrift {
-            map: names::MAP_ADDRS,
+            map: CheckedMap::IpqAddrs,
             key: addr.to_ip().to_string(),
             found: describe(now.as_ref()),
             wanted: describe(want),
@@ -208,7 +209,7 @@ impl AddressTable {
             }
         };
         drift.push(MapDrift {
-            map: names::MAP_SLOTS,
+            map: CheckedMap::IpqSlots,
             key: addr.to_ip().to_string(),
             found: describe(held.as_ref()),
             wanted: describe(want),
@@ -239,7 +240,7 @@ impl AddressTable {
             Err(e) => format!("unreadable ({e})"),
         };
         drift.push(MapDrift {
-            map: names::MAP_IFACES,
+            map: CheckedMap::IpqIfaces,
             key: format!("slot {slot}"),
             found: now,
             wanted: describe_iface(&want),
@@ -258,7 +259,7 @@ impl AddressTable {
             Err(e) => format!("unreadable ({e})"),
         };
         drift.push(MapDrift {
-            map: names::MAP_QFILTER,
+            map: CheckedMap::IpqQbloom,
             key: format!("word {word}"),
             found,
             wanted: format!("{want:#018x}"),

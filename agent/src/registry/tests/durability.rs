@@ -212,7 +212,7 @@ fn names_match_the_metric_labels() {
         ]
     );
     assert_eq!(StateName::Quarantined.as_ref(), "quarantined");
-    assert_eq!(Source::Netlink.as_str(), "netlink");
+    assert_eq!(Source::Netlink.as_ref(), "netlink");
     assert_eq!(EarlyReusePolicy::RefuseNew.as_ref(), "refuse-new");
     let conflict = Conflict {
         kind: ConflictKind::EarlyReuse,

@@ -4,6 +4,7 @@
 
 use std::net::IpAddr;
 
+use ipq_api::EntryState;
 use ipq_common::addr::{AddrEntry, AddrState, NO_IFINDEX};
 
 use crate::{
@@ -13,7 +14,6 @@ use crate::{
     },
     datapath::DatapathError,
     netdev,
-    registry::StateName,
 };
 
 /// The entry `request` asks to write, stamped now; refused for `free` (a name the request's
@@ -33,7 +33,7 @@ pub fn datapath_entry(request: &DatapathEntryRequest) -> Result<AddrEntry, ApiEr
     if state != AddrState::Quarantined && holder == NO_IFINDEX {
         return Err(ApiError::new(
             ErrorCode::InvalidArgument,
-            format!("holder: required for an {} address", state.as_str()),
+            format!("holder: required for an {} address", state.as_ref()),
         ));
     }
     Ok(AddrEntry::new(state, holder, netdev::monotonic_ns()).with_fenced(fenced))
@@ -55,7 +55,7 @@ pub fn datapath_view(
         })?;
     Ok(DatapathEntryView {
         address: addr,
-        state: StateName::of_raw_entry(entry.state()).to_owned(),
+        state: EntryState::of_raw(entry.state()),
         holder_ifindex: entry.holder_ifindex,
         fenced_ifindex: entry.fenced_ifindex,
     })

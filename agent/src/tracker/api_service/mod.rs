@@ -101,7 +101,7 @@ impl ApiService<'_> {
                 hooks: target
                     .attached
                     .iter()
-                    .map(|(p, by)| by.hook_name(*p).to_owned())
+                    .map(|(p, by)| by.attached_hook(*p))
                     .collect(),
                 protection: target.protection,
                 attachment: target.attachment(),

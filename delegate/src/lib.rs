@@ -1,6 +1,13 @@
-//! Runs the delegate IPAM plugin as a runtime would: its binary found on `CNI_PATH` (the first
+//! Runs a delegate CNI plugin as a runtime would: its binary found on `CNI_PATH` (the first
 //! directory that has a file of that name, as libcni's `FindInPath`), the caller's environment
 //! with `CNI_*` set, its config on stdin, its result or CNI error on stdout.
+//!
+//! Both sides of ipq-ipam run a delegate: the plugin its ADD, CHECK, GC and STATUS, the agent
+//! the DEL it defers until a quarantine ends. This crate is what they share, with the CNI error
+//! object a delegate answers in ([`error::CniError`]), so the agent does not link the plugins'
+//! crate and the plugins link nothing of the agent's.
+
+pub mod error;
 
 use std::{
     io::Write as _,
@@ -9,10 +16,7 @@ use std::{
     process::{Command, Stdio},
 };
 
-use super::super::{
-    config::config_error,
-    error::{code, CniError},
-};
+use error::{code, CniError};
 
 /// The first `CNI_PATH` directory holding an executable named `kind`.
 pub fn find(cni_path: &str, kind: &str) -> Result<PathBuf, CniError> {
@@ -21,9 +25,13 @@ pub fn find(cni_path: &str, kind: &str) -> Result<PathBuf, CniError> {
         .map(|dir| dir.join(kind))
         .find(|candidate| is_executable(candidate))
         .ok_or_else(|| {
-            config_error(
-                "ipam.delegate.type",
-                format!("plugin {kind:?} is not on CNI_PATH {cni_path:?}"),
+            // Worded as ipq-cni words every config error, naming the key.
+            CniError::new(
+                code::INVALID_NETWORK_CONFIG,
+                format!(
+                    "network config key \"ipam.delegate.type\": plugin {kind:?} is not on \
+                     CNI_PATH {cni_path:?}"
+                ),
             )
         })
 }
