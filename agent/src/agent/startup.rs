@@ -264,10 +264,10 @@ impl Watching {
             config.clone(),
             loaded.datapath,
             self.attacher,
+            self.watcher,
             metrics.clone(),
         );
         let mut durable = Durable::new(journal, metrics.clone());
-        tracker.set_bpf_watcher(self.watcher);
         let recovery = tracker.recover(journal_load, durable.journal_mut());
         // DELs spooled while no agent ran drain their holders before the dump says which are
         // gone, so they end up exactly where a live DEL would have put them.

@@ -15,7 +15,7 @@ impl Tracker {
         let attacher_changed = self.apply_event(event);
         self.update_gauges();
         if attacher_changed {
-            self.observe_protection();
+            self.protection.observe();
         }
     }
 
@@ -31,7 +31,7 @@ impl Tracker {
                 role,
             } => self.attach(ifindex, &name, role),
             InterfaceChange::Gone(ifindex) => {
-                self.attacher.forget(ifindex);
+                self.protection.attacher.forget(ifindex);
                 true
             }
         };
@@ -45,21 +45,22 @@ impl Tracker {
     /// or carrier change, do not).
     fn attach(&mut self, ifindex: u32, name: &str, role: Option<Role>) -> bool {
         let wanted = |t: &Tracker| {
-            t.attacher
+            t.protection
+                .attacher
                 .target(ifindex)
                 .map(|target| (target.name.clone(), target.role))
         };
         let before = wanted(self);
         match role {
-            Some(role) => self.attacher.want(ifindex, name, role),
-            None => self.attacher.release(ifindex),
+            Some(role) => self.protection.attacher.want(ifindex, name, role),
+            None => self.protection.attacher.release(ifindex),
         }
         wanted(self) != before
     }
 
     /// Detaches what earlier agents attached and no configured interface needs now.
     pub fn prune_links(&self) {
-        match self.attacher.prune() {
+        match self.protection.attacher.prune() {
             Ok(removed) => {
                 for (ifindex, point) in removed {
                     info!(
@@ -74,7 +75,9 @@ impl Tracker {
 
     /// Ends the quarantines that are due.
     pub fn tick(&mut self) {
-        self.attacher.retry_due(std::time::Instant::now());
+        self.protection
+            .attacher
+            .retry_due(std::time::Instant::now());
         // Writes the kernel refused before the registry's own tick, whose effects may replace
         // them.
         self.sinks.enforcer.retry_pending();
@@ -82,7 +85,7 @@ impl Tracker {
         let effects = self.core.tick();
         self.sinks.apply(&mut self.core, effects);
         self.update_gauges();
-        self.observe_protection();
+        self.protection.observe();
     }
 
     /// Carries the kernel's stale-traffic stamps of the quarantines due now into the registry,
@@ -113,7 +116,7 @@ impl Tracker {
     /// observed, and what it means for the registry carried out.
     pub fn on_sample(&mut self, sample: &ConflictSample) {
         self.sinks
-            .publish_sample(&self.core, &self.attacher, sample);
+            .publish_sample(&self.core, &self.protection.attacher, sample);
         if Reason::from_repr(sample.reason) == Some(Reason::StaleTraffic) {
             if let Some(AddrStatus::Quarantined { since, .. }) = self
                 .core

@@ -53,10 +53,10 @@ impl Tracker {
         let drift = self.recheck_suspects(&suspects, found_at, DriftFoundBy::ReportedWrite);
         if !drift.is_empty() {
             // `ipq status` shows what was found last, whichever look found it.
-            self.attacher.set_found(Summary {
+            self.protection.attacher.set_found(Summary {
                 finished_at: found_at,
                 took: started.elapsed(),
-                pins: self.attacher.verified().map_or(0, |v| v.pins),
+                pins: self.protection.attacher.verified().map_or(0, |v| v.pins),
                 found: drift_lines(&drift),
             });
         }

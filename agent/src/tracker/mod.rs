@@ -72,42 +72,28 @@ pub struct Tracker {
     core: decide::Core,
     /// Where the core's effects go: the datapath writer, the observer, reuse hygiene.
     sinks: effects::Sinks,
-    /// Attaches programs off this loop; the tracker only says what it wants.
-    attacher: Attacher,
+    /// The attacher and what is known of the interfaces' protection.
+    protection: protection::Protection,
     metrics: Arc<Metrics>,
     started_at: SystemTime,
     /// How the registry came back at start (`/v1/status`).
     recovered: Option<crate::api::model::RecoveryView>,
-    /// Why the pins under `bpffs_dir` cannot be kept, as the last verification found.
-    pins_problem: Option<String>,
-    /// Whether the watcher of other processes' bpf() calls is attached, or why not.
-    bpf_watcher: Result<Arc<crate::datapath::bpf_watch::Pokes>, String>,
-    /// What was in place when the agent became ready ([`Tracker::mark_started`]).
-    started: Option<crate::api::model::StartedView>,
     /// ipq-ipam's records, held releases, holds and releaser.
     ipam: ipam::IpamSide,
     /// The NodeQuarantine publisher's end, when the agent publishes (`publish`).
     publish: Option<crate::publish::Feed>,
     /// The whereabouts projection's end, when enabled (`publish`).
     whereabouts: Option<crate::publish::whereabouts::Feed>,
-    /// How often the O(interfaces) protection gauges were recomputed; for tests.
-    #[cfg(test)]
-    protection_observed: std::cell::Cell<u64>,
 }
 
 impl Tracker {
-    /// Whether the bpf() watcher runs (`ipq status` says what finds unannounced changes).
-    pub fn set_bpf_watcher(
-        &mut self,
-        watcher: Result<Arc<crate::datapath::bpf_watch::Pokes>, String>,
-    ) {
-        self.bpf_watcher = watcher;
-    }
-
+    /// `bpf_watcher`: whether the watcher of other processes' bpf() calls runs, or why not
+    /// (`ipq status` says what finds unannounced changes).
     pub fn new(
         config: Config,
         datapath: impl DatapathPort + 'static,
         attacher: Attacher,
+        bpf_watcher: Result<Arc<crate::datapath::bpf_watch::Pokes>, String>,
         metrics: Arc<Metrics>,
     ) -> Self {
         let settings = RegistrySettings::from(&config);
@@ -120,18 +106,13 @@ impl Tracker {
                 observer: observer::Observer::new(metrics.clone()),
                 hygiene: crate::hygiene::Hygiene::disabled(),
             },
-            attacher,
+            protection: protection::Protection::new(attacher, bpf_watcher, metrics.clone()),
             metrics,
             started_at: SystemTime::now(),
             recovered: None,
-            pins_problem: None,
-            bpf_watcher: Err("not started".to_owned()),
-            started: None,
             ipam,
             publish: None,
             whereabouts: None,
-            #[cfg(test)]
-            protection_observed: std::cell::Cell::new(0),
         }
     }
 

@@ -1,61 +1,139 @@
-//! Where the tracker meets the attach machinery: the workers' reports, retries, and what the
-//! metrics, `/readyz` and the API say about interfaces that are not (yet) protected.
+//! Where the tracker meets the attach machinery ([`Protection`]): the attacher and what it
+//! reports, the verification's findings about links, filters and pins, and what the metrics,
+//! `/readyz` and the API say about interfaces that are not (yet) protected.
 
-use std::time::Instant;
+use std::{path::Path, sync::Arc, time::Instant};
 
 use ipq_api::EventHook;
 
-use super::Tracker;
+use super::{observer::Observer, Tracker};
 use crate::{
-    api::{model::EventBody, views::TimeBase},
+    api::{
+        model::{EventBody, StartedView},
+        views::TimeBase,
+    },
     datapath::{
         attach::{tc_watch::TcNotice, Attacher, JobReport, Lost, LostAttachment},
+        bpf_watch::Pokes,
         verify::Verification,
     },
-    metrics, netdev,
+    metrics::{self, Metrics},
+    netdev,
     paths::PinLayout,
 };
 
-impl Tracker {
-    /// One attach worker's report.
-    pub fn on_attach_report(&mut self, report: JobReport) {
+/// The attacher and what the agent knows of its interfaces' protection.
+pub(super) struct Protection {
+    /// Attaches programs off the owner loop; the tracker only says what it wants.
+    pub(super) attacher: Attacher,
+    /// Why the pins under `bpffs_dir` cannot be kept, as the last verification found.
+    pins_problem: Option<String>,
+    /// Whether the watcher of other processes' bpf() calls is attached, or why not.
+    pub(super) bpf_watcher: Result<Arc<Pokes>, String>,
+    /// What was in place when the agent became ready ([`Protection::mark_started`]).
+    pub(super) started: Option<StartedView>,
+    metrics: Arc<Metrics>,
+    /// How often the O(interfaces) protection gauges were recomputed; for tests.
+    #[cfg(test)]
+    pub(super) observed: std::cell::Cell<u64>,
+}
+
+impl Protection {
+    pub(super) fn new(
+        attacher: Attacher,
+        bpf_watcher: Result<Arc<Pokes>, String>,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        Self {
+            attacher,
+            pins_problem: None,
+            bpf_watcher,
+            started: None,
+            metrics,
+            #[cfg(test)]
+            observed: std::cell::Cell::new(0),
+        }
+    }
+
+    /// One attach worker's report; the attachments it found lost are counted and published.
+    pub(super) fn on_report(&mut self, report: JobReport, observer: &mut Observer) {
         if self.attacher.on_report(report) {
-            self.observe_protection();
+            self.observe();
         }
         for lost in self.attacher.take_lost() {
-            self.publish_lost(lost);
+            publish_lost(&self.metrics, observer, lost);
         }
     }
 
     /// A TC notification: a repair of the interface it names is queued if it concerns ipq.
     /// A notice that proves a loss makes the interface unprotected at once (O(interfaces) then,
     /// which only another tool's deletion costs).
-    pub fn on_tc_notice(&mut self, notice: TcNotice) {
+    pub(super) fn on_tc_notice(&mut self, notice: TcNotice) {
         if self.attacher.on_tc_notice(notice) {
-            self.observe_protection();
+            self.observe();
         }
     }
 
-    /// A verification pass's findings: pins put back are counted and published here (their
-    /// WARN lines are the verification's); detached links are repaired by a worker, which
-    /// counts them like any lost attachment.
-    pub fn on_verification(&mut self, verification: Verification) {
+    /// A verification pass's findings about links, filters and pins: pins put back are counted
+    /// and published here (their WARN lines are the verification's); detached links are
+    /// repaired by a worker, which counts them like any lost attachment. Returns whether the
+    /// pass looked at everything (and so at the maps too), not only at the links' state.
+    pub(super) fn on_verified(
+        &mut self,
+        verification: &Verification,
+        bpffs_dir: &Path,
+        observer: &mut Observer,
+    ) -> bool {
         if verification.links_state_only {
             // The links' state alone: a lost one is repaired; nothing else was looked at, so
             // nothing else (places on hooks, filters, pins, maps, the status' last pass) is
             // taken from it.
-            let mut marked = false;
-            for &(ifindex, point) in verification.detached.iter().chain(&verification.replaced) {
-                marked |= self
-                    .attacher
-                    .on_link_lost(ifindex, point, verification.started);
+            if self.links_lost(verification) {
+                self.observe();
             }
-            if marked {
-                self.observe_protection();
-            }
-            return;
+            return false;
         }
-        let layout = PinLayout::new(&self.core.config.bpffs_dir);
+        self.publish_restored(verification, bpffs_dir, observer);
+        let mut marked = self.links_lost(verification);
+        marked |= self
+            .attacher
+            .on_links_behind(&verification.behind, verification.started);
+        for &(ifindex, point) in &verification.filters_missing {
+            marked |= self.attacher.on_filter_missing(ifindex, point);
+        }
+        self.attacher.on_filters_ahead(&verification.filters_ahead);
+        if marked {
+            self.observe();
+        }
+        let problem = verification.pins_problem();
+        if problem.is_some() && problem != self.pins_problem {
+            log::error!("NOT READY: {}", problem.as_deref().unwrap_or_default());
+        }
+        self.metrics.readiness.set_pins_problem(problem.clone());
+        self.pins_problem = problem;
+        true
+    }
+
+    /// The links the pass found detached or replaced, each marked lost for a worker to
+    /// repair; whether any changed what the attacher holds.
+    fn links_lost(&mut self, verification: &Verification) -> bool {
+        let mut marked = false;
+        for &(ifindex, point) in verification.detached.iter().chain(&verification.replaced) {
+            marked |= self
+                .attacher
+                .on_link_lost(ifindex, point, verification.started);
+        }
+        marked
+    }
+
+    /// Counts and publishes each pin the pass put back.
+    fn publish_restored(
+        &self,
+        verification: &Verification,
+        bpffs_dir: &Path,
+        observer: &mut Observer,
+    ) {
+        let layout = PinLayout::new(bpffs_dir);
         for restored in &verification.restored {
             let link = restored
                 .path
@@ -78,7 +156,7 @@ impl Tracker {
                 .attachments_lost
                 .with_label_values(&[hook.as_ref(), Lost::Pin.as_ref()])
                 .inc();
-            self.sinks.observer.publish(
+            observer.publish(
                 humantime::format_rfc3339_millis(verification.finished_at).to_string(),
                 EventBody::AttachmentLost {
                     interface,
@@ -90,96 +168,37 @@ impl Tracker {
                 },
             );
         }
-        let mut marked = false;
-        for &(ifindex, point) in verification.detached.iter().chain(&verification.replaced) {
-            marked |= self
-                .attacher
-                .on_link_lost(ifindex, point, verification.started);
-        }
-        marked |= self
-            .attacher
-            .on_links_behind(&verification.behind, verification.started);
-        for &(ifindex, point) in &verification.filters_missing {
-            marked |= self.attacher.on_filter_missing(ifindex, point);
-        }
-        self.attacher.on_filters_ahead(&verification.filters_ahead);
-        if marked {
-            self.observe_protection();
-        }
-        let problem = verification.pins_problem();
-        if problem.is_some() && problem != self.pins_problem {
-            log::error!("NOT READY: {}", problem.as_deref().unwrap_or_default());
-        }
-        self.metrics.readiness.set_pins_problem(problem.clone());
-        self.pins_problem = problem;
-        let drift = self.verify_maps(&verification);
-        self.metrics
-            .verify_seconds
-            .set(verification.took.as_secs_f64());
-        self.attacher.set_verified(verification.summary(&drift));
-    }
-
-    /// Counts and publishes an attachment another tool took away (its WARN line is the
-    /// attacher's).
-    fn publish_lost(&mut self, lost: LostAttachment) {
-        let hook = metrics::hook_label(lost.point);
-        self.metrics
-            .attachments_lost
-            .with_label_values(&[hook, lost.what.as_ref()])
-            .inc();
-        let at = TimeBase::now().rfc3339(netdev::monotonic_ns());
-        self.sinks.observer.publish(
-            at,
-            EventBody::AttachmentLost {
-                interface: lost.name,
-                ifindex: lost.ifindex,
-                hook: lost.point.hook().into(),
-                what: lost.what.into(),
-                repaired: lost.error.is_none(),
-                error: lost.error,
-            },
-        );
-    }
-
-    /// Whether an interface's first attach is still under way.
-    pub fn attaching(&self) -> bool {
-        self.attacher.attaching()
-    }
-
-    pub fn attacher(&self) -> &Attacher {
-        &self.attacher
     }
 
     /// The attach gauges, counters and readiness, from the attacher's state: O(interfaces),
     /// so called where the attacher changes (a link added, renamed or gone, a worker's report,
     /// a retry) and once per tick for the readiness grace period, never per route, neighbour or
     /// request.
-    pub(super) fn observe_protection(&self) {
+    pub(super) fn observe(&self) {
         #[cfg(test)]
-        self.protection_observed
-            .set(self.protection_observed.get() + 1);
-        let attacher = &self.attacher;
-        self.metrics.observe_attachments(attacher.attached_points());
-        self.metrics.observe_unprotected(
+        self.observed.set(self.observed.get() + 1);
+        let (attacher, metrics) = (&self.attacher, &self.metrics);
+        metrics.observe_attachments(attacher.attached_points());
+        metrics.observe_unprotected(
             attacher.unprotected_points().map(|(_, _, point)| point),
             attacher.failures(),
         );
-        self.metrics.tamper.observe_bypassed(
+        metrics.tamper.observe_bypassed(
             attacher.bypassed_points().map(|(_, point)| point),
             attacher.bypasses(),
         );
-        self.metrics
+        metrics
             .tc_upgrades_pending
             .set(attacher.pending_upgrades() as i64);
-        self.metrics
+        metrics
             .readiness
             .set_blocker(attacher.readiness_blocker(Instant::now()));
     }
 
     /// Start-up is done: records what is in place (for `/v1/status` and the `started:` line),
     /// then lets the attach workers move netlink-protected interfaces to TCX.
-    pub fn mark_started(&mut self) -> crate::api::model::StartedView {
-        let started = crate::api::model::StartedView {
+    pub(super) fn mark_started(&mut self) -> StartedView {
+        let started = StartedView {
             attachments: self.attacher.attached_points().count() as u64,
             unprotected: self.attacher.unprotected_points().count() as u64,
             tc_upgrades_pending: self.attacher.pending_upgrades() as u64,
@@ -187,5 +206,72 @@ impl Tracker {
         self.started = Some(started.clone());
         self.attacher.start_upgrades();
         started
+    }
+}
+
+/// Counts and publishes an attachment another tool took away (its WARN line is the
+/// attacher's).
+fn publish_lost(metrics: &Metrics, observer: &mut Observer, lost: LostAttachment) {
+    let hook = metrics::hook_label(lost.point);
+    metrics
+        .attachments_lost
+        .with_label_values(&[hook, lost.what.as_ref()])
+        .inc();
+    let at = TimeBase::now().rfc3339(netdev::monotonic_ns());
+    observer.publish(
+        at,
+        EventBody::AttachmentLost {
+            interface: lost.name,
+            ifindex: lost.ifindex,
+            hook: lost.point.hook().into(),
+            what: lost.what.into(),
+            repaired: lost.error.is_none(),
+            error: lost.error,
+        },
+    );
+}
+
+impl Tracker {
+    /// One attach worker's report.
+    pub fn on_attach_report(&mut self, report: JobReport) {
+        self.protection.on_report(report, &mut self.sinks.observer);
+    }
+
+    /// A TC notification (see [`Protection::on_tc_notice`]).
+    pub fn on_tc_notice(&mut self, notice: TcNotice) {
+        self.protection.on_tc_notice(notice);
+    }
+
+    /// A verification pass's findings: links, filters and pins (see
+    /// [`Protection::on_verified`]), then the maps' entries another process wrote.
+    pub fn on_verification(&mut self, verification: Verification) {
+        let bpffs_dir = &self.core.config.bpffs_dir;
+        if !self
+            .protection
+            .on_verified(&verification, bpffs_dir, &mut self.sinks.observer)
+        {
+            return;
+        }
+        let drift = self.verify_maps(&verification);
+        self.metrics
+            .verify_seconds
+            .set(verification.took.as_secs_f64());
+        self.protection
+            .attacher
+            .set_verified(verification.summary(&drift));
+    }
+
+    /// Whether an interface's first attach is still under way.
+    pub fn attaching(&self) -> bool {
+        self.protection.attacher.attaching()
+    }
+
+    pub fn attacher(&self) -> &Attacher {
+        &self.protection.attacher
+    }
+
+    /// Start-up is done (see [`Protection::mark_started`]).
+    pub fn mark_started(&mut self) -> StartedView {
+        self.protection.mark_started()
     }
 }

@@ -224,7 +224,7 @@ impl Tracker {
             .enforcer
             .sync(self.core.registry.datapath_entries());
         self.update_gauges();
-        self.observe_protection();
+        self.protection.observe();
     }
 }
 

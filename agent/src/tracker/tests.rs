@@ -48,7 +48,8 @@ pub(super) fn tracker_with(mut config: Config, state_dir: &Path, table: MemTable
     // No workers: the attach jobs the tracker queues wait in the attacher's own queue, never
     // run.
     let (attacher, _jobs) = Attacher::without_workers(TcMode::Tcx);
-    Tracker::new(config, datapath, attacher, Metrics::for_tests())
+    let watcher = Err("not started in tests".to_owned());
+    Tracker::new(config, datapath, attacher, watcher, Metrics::for_tests())
 }
 
 /// The journal in `state_dir`, counted in `t`'s metrics, its retry timer reading
@@ -391,7 +392,7 @@ fn protection_gauges_follow_links_but_routes_and_requests_never_walk_the_interfa
     // The first claim for `lo` attaches it (a new interface to protect).
     claim(&mut t, "10.8.0.1").expect("claimed");
     assert_eq!(unprotected(&t, "tc_ingress"), 201);
-    let observed = t.protection_observed.get();
+    let observed = t.protection.observed.get();
     // A link event that changes nothing ipq wants (carrier, operstate) is not a change.
     link(&mut t, 100, "veth0");
     for n in 0..200u32 {
@@ -403,14 +404,14 @@ fn protection_gauges_follow_links_but_routes_and_requests_never_walk_the_interfa
     }
     claim(&mut t, "10.8.0.2").expect("claimed");
     assert_eq!(
-        t.protection_observed.get(),
+        t.protection.observed.get(),
         observed,
         "a route event or a request walked every interface"
     );
     t.on_event(NetEvent::LinkGone { ifindex: 100 });
     assert_eq!(unprotected(&t, "tc_ingress"), 200);
     t.tick();
-    assert_eq!(t.protection_observed.get(), observed + 2);
+    assert_eq!(t.protection.observed.get(), observed + 2);
     // A resync that brings 300 new links walks the interfaces once, not once per link.
     let mut dump = crate::netlink::NetState::default();
     for n in 0..300 {
@@ -420,7 +421,7 @@ fn protection_gauges_follow_links_but_routes_and_requests_never_walk_the_interfa
         });
     }
     t.reconcile(dump);
-    assert_eq!(t.protection_observed.get(), observed + 3);
+    assert_eq!(t.protection.observed.get(), observed + 3);
     assert_eq!(unprotected(&t, "tc_ingress"), 300);
 }
 
@@ -446,7 +447,7 @@ fn a_bpf_watcher_that_stopped_is_reported_as_stopped() {
     let dir = tempfile::tempdir().unwrap();
     let mut t = tracker(EarlyReusePolicy::FenceOld, dir.path());
     let pokes = std::sync::Arc::new(crate::datapath::bpf_watch::Pokes::default());
-    t.set_bpf_watcher(Ok(pokes.clone()));
+    t.protection.bpf_watcher = Ok(pokes.clone());
     let attached = t.api().status().unannounced;
     assert!(attached.starts_with("bpf() watcher"), "{attached}");
     pokes.stop("polling the bpf() watcher's ring buffer: EBADF".to_owned());
