@@ -247,8 +247,11 @@ mod tests {
             Ok(Input::Commands(commands)) => commands.len(),
             _ => panic!("the queued requests"),
         };
-        assert_eq!(taken(inputs.next(Duration::ZERO).await), MAX_REQUEST_BURST);
-        assert_eq!(taken(inputs.next(Duration::ZERO).await), 1);
+        assert_eq!(
+            taken(inputs.next(Duration::from_secs(1)).await),
+            MAX_REQUEST_BURST
+        );
+        assert_eq!(taken(inputs.next(Duration::from_secs(1)).await), 1);
     }
 
     #[tokio::test(start_paused = true)]

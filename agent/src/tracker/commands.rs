@@ -58,7 +58,13 @@ impl Tracker {
                 return answer(reply, api_service::datapath_view(addr, removed));
             }
             Command::IpamExhausted { request, reply } => {
-                self.ipam_exhausted(request, reply);
+                self.ipam.exhausted(
+                    request,
+                    reply,
+                    self.core.config.ipam_on_exhausted,
+                    &self.core.registry,
+                    (&self.metrics, &mut self.sinks.observer),
+                );
                 return Box::new(|_| {});
             }
             Command::Claim { request, reply } => {

@@ -8,7 +8,7 @@ use std::{collections::BTreeMap, net::IpAddr};
 use ipq_api::OnExhausted;
 use log::warn;
 
-use super::Tracker;
+use super::{ipam::IpamSide, observer::Observer};
 use crate::{
     api::{
         command::Reply,
@@ -16,8 +16,9 @@ use crate::{
         views::TimeBase,
     },
     ipam::releaser::Urgent,
+    metrics::Metrics,
     netdev,
-    registry::{AddrStatus, MonoNs},
+    registry::{AddrStatus, MonoNs, Registry},
 };
 
 /// One held allocation of the network, as the registry has its addresses.
@@ -30,14 +31,18 @@ struct Allocation {
     quiet_since: MonoNs,
 }
 
-impl Tracker {
-    /// Answers `request` now (wait, nothing held) or through the releaser (release-quietest).
-    pub(super) fn ipam_exhausted(
-        &mut self,
+impl IpamSide {
+    /// Answers `request` now (wait, nothing held) or through the releaser (release-quietest),
+    /// by `policy`, from what `registry` has of the network's held addresses; published as an
+    /// event and counted.
+    pub(super) fn exhausted(
+        &self,
         request: ExhaustedRequest,
         reply: Reply<ExhaustedAnswer>,
+        policy: OnExhausted,
+        registry: &Registry,
+        (metrics, observer): (&Metrics, &mut Observer),
     ) {
-        let policy = self.core.config.ipam_on_exhausted;
         let mut answer = ExhaustedAnswer {
             policy,
             quarantined: 0,
@@ -47,7 +52,7 @@ impl Tracker {
         };
         let mut allocations: BTreeMap<(String, String), Allocation> = BTreeMap::new();
         let mut next: Option<MonoNs> = None;
-        for (addr, hold) in self.ipam.holds.all() {
+        for (addr, hold) in self.holds.all() {
             if hold.network != request.network {
                 continue;
             }
@@ -55,7 +60,7 @@ impl Tracker {
                 .entry((hold.container_id, hold.ifname))
                 .or_default();
             allocation.addresses.push(addr);
-            match self.core.registry.get(addr).map(|r| &r.status) {
+            match registry.get(addr).map(|r| &r.status) {
                 // Free already: the releaser gives it back within a second.
                 None => {}
                 Some(AddrStatus::Quarantined {
@@ -95,17 +100,17 @@ impl Tracker {
             } else {
                 "none_releasable"
             };
-            let label = self.metrics.ipam.event_network_label(Some(&network));
-            self.metrics
+            let label = metrics.ipam.event_network_label(Some(&network));
+            metrics
                 .ipam_exhausted
                 .with_label_values(&[label.as_str(), outcome])
                 .inc();
-            self.publish_exhausted(&request, &answer);
+            publish_exhausted(observer, &request, &answer);
             let _ = reply.send(Ok(answer));
             return;
         };
         answer.released = addresses;
-        self.publish_exhausted(&request, &answer);
+        publish_exhausted(observer, &request, &answer);
         let urgent = Urgent {
             network,
             container_id,
@@ -113,7 +118,7 @@ impl Tracker {
             answer,
             reply,
         };
-        let Some(queue) = self.ipam.urgent() else {
+        let Some(queue) = self.urgent() else {
             warn!(
                 "ipam: no releaser runs; the exhausted range of {:?} waits",
                 request.network
@@ -128,18 +133,23 @@ impl Tracker {
             answer_unreleased(e.into_inner());
         }
     }
+}
 
-    fn publish_exhausted(&mut self, request: &ExhaustedRequest, answer: &ExhaustedAnswer) {
-        let at = TimeBase::now().rfc3339(netdev::monotonic_ns());
-        self.sinks.observer.publish(
-            at,
-            EventBody::IpamExhausted {
-                network: request.network.clone(),
-                container_id: request.container_id.clone(),
-                answer: answer.clone(),
-            },
-        );
-    }
+/// The exhausted range as an event.
+fn publish_exhausted(
+    observer: &mut Observer,
+    request: &ExhaustedRequest,
+    answer: &ExhaustedAnswer,
+) {
+    let at = TimeBase::now().rfc3339(netdev::monotonic_ns());
+    observer.publish(
+        at,
+        EventBody::IpamExhausted {
+            network: request.network.clone(),
+            container_id: request.container_id.clone(),
+            answer: answer.clone(),
+        },
+    );
 }
 
 /// The release could not be asked for: ipq-ipam hears "wait".

@@ -14,7 +14,7 @@ use ipq_api::DriftFoundBy;
 use ipq_common::addr::AddrKey;
 use log::warn;
 
-use super::Tracker;
+use super::{effects::Sinks, Tracker};
 use crate::{
     api::model::EventBody,
     datapath::{
@@ -23,43 +23,38 @@ use crate::{
         verify::{drift_lines, Summary, Verification},
         MapDrift,
     },
+    metrics::Metrics,
+    registry::Registry,
 };
 
 /// Addresses named in a map's WARN line; the rest are counted.
 const NAMED: usize = 4;
 
-impl Tracker {
+impl Sinks {
     /// Looks again at what the pass found differing from what ipq wrote, writes ipq's back
     /// where the kernel still differs, and reports it. Returns the differences, for `ipq
     /// status`.
-    pub(super) fn verify_maps(&mut self, verification: &Verification) -> Vec<MapDrift> {
+    pub(super) fn verify_maps(
+        &mut self,
+        verification: &Verification,
+        registry: &Registry,
+        metrics: &Metrics,
+    ) -> Vec<MapDrift> {
         let Some(Ok(suspects)) = &verification.maps else {
             return Vec::new();
         };
-        self.metrics
+        metrics
             .tamper
             .verify_maps_seconds
             .set(suspects.took.as_secs_f64());
-        self.recheck_suspects(suspects, verification.finished_at, DriftFoundBy::Comparison)
-    }
-
-    /// Looks at once at the entries the bpf() watcher saw another process write (their keys,
-    /// each read as an address and as an index of `IPQ_SLOTS` and `IPQ_IFACES`: O(keys)),
-    /// without waiting for the comparison of the whole maps, which follows.
-    pub fn recheck_reported(&mut self, keys: &[ReportedKey]) {
-        let started = Instant::now();
-        let suspects = self.sinks.enforcer.reported_suspects(keys);
-        let found_at = SystemTime::now();
-        let drift = self.recheck_suspects(&suspects, found_at, DriftFoundBy::ReportedWrite);
-        if !drift.is_empty() {
-            // `ipq status` shows what was found last, whichever look found it.
-            self.protection.attacher.set_found(Summary {
-                finished_at: found_at,
-                took: started.elapsed(),
-                pins: self.protection.attacher.verified().map_or(0, |v| v.pins),
-                found: drift_lines(&drift),
-            });
-        }
+        let found_by = DriftFoundBy::Comparison;
+        self.recheck_suspects(
+            suspects,
+            verification.finished_at,
+            found_by,
+            registry,
+            metrics,
+        )
     }
 
     /// Looks again at `suspects` against what the registry wants, writes ipq's entries back
@@ -69,10 +64,12 @@ impl Tracker {
         suspects: &MapSuspects,
         found_at: SystemTime,
         found_by: DriftFoundBy,
+        registry: &Registry,
+        metrics: &Metrics,
     ) -> Vec<MapDrift> {
-        let (registry, hand_written) = (&self.core.registry, &self.sinks.hand_written);
+        let hand_written = &self.hand_written;
         let wanted = |addr: &AddrKey| hand_written.wanted(registry, addr.to_ip());
-        let check = self.sinks.enforcer.recheck_maps(suspects, &wanted);
+        let check = self.enforcer.recheck_maps(suspects, &wanted);
         log::debug!(
             "maps verified: {} addresses compared off the loop in {:?}, {} suspects, looked at \
              again in {:?}",
@@ -81,7 +78,7 @@ impl Tracker {
             suspects.addrs.len() + suspects.slots.len() + suspects.words.len(),
             check.took
         );
-        self.metrics
+        metrics
             .tamper
             .verify_maps_compare_seconds
             .set(check.took.as_secs_f64());
@@ -89,12 +86,12 @@ impl Tracker {
         let mut by_map: BTreeMap<ipq_api::CheckedMap, Vec<&MapDrift>> = BTreeMap::new();
         for drift in &check.drift {
             by_map.entry(drift.map).or_default().push(drift);
-            self.metrics
+            metrics
                 .tamper
                 .map_entries_rewritten
                 .with_label_values(&[drift.map.as_ref()])
                 .inc();
-            self.sinks.observer.publish(
+            self.observer.publish(
                 at.clone(),
                 EventBody::MapRewritten {
                     map: drift.map,
@@ -128,5 +125,32 @@ impl Tracker {
             );
         }
         check.drift
+    }
+}
+
+impl Tracker {
+    /// Looks at once at the entries the bpf() watcher saw another process write (their keys,
+    /// each read as an address and as an index of `IPQ_SLOTS` and `IPQ_IFACES`: O(keys)),
+    /// without waiting for the comparison of the whole maps, which follows.
+    pub fn recheck_reported(&mut self, keys: &[ReportedKey]) {
+        let started = Instant::now();
+        let suspects = self.sinks.enforcer.reported_suspects(keys);
+        let found_at = SystemTime::now();
+        let drift = self.sinks.recheck_suspects(
+            &suspects,
+            found_at,
+            DriftFoundBy::ReportedWrite,
+            &self.core.registry,
+            &self.metrics,
+        );
+        if !drift.is_empty() {
+            // `ipq status` shows what was found last, whichever look found it.
+            self.protection.attacher.set_found(Summary {
+                finished_at: found_at,
+                took: started.elapsed(),
+                pins: self.protection.attacher.verified().map_or(0, |v| v.pins),
+                found: drift_lines(&drift),
+            });
+        }
     }
 }

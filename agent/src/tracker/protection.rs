@@ -252,7 +252,9 @@ impl Tracker {
         {
             return;
         }
-        let drift = self.verify_maps(&verification);
+        let drift = self
+            .sinks
+            .verify_maps(&verification, &self.core.registry, &self.metrics);
         self.metrics
             .verify_seconds
             .set(verification.took.as_secs_f64());
