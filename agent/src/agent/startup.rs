@@ -418,7 +418,7 @@ fn start_publishing(config: &Config, tracker: &mut Tracker, metrics: &Arc<Metric
             |path| format!("kubeconfig {}", path.display())
         )
     );
-    if config.kubernetes.whereabouts {
+    let projection = config.kubernetes.whereabouts.then(|| {
         let target = crate::publish::whereabouts::Target {
             node: settings.node.clone(),
             namespace: config
@@ -432,11 +432,7 @@ fn start_publishing(config: &Config, tracker: &mut Tracker, metrics: &Arc<Metric
             "projecting it into whereabouts' reservations in namespace {} (network name {:?})",
             target.namespace, target.network_name
         );
-        tracker.start_projecting(crate::publish::whereabouts::start(
-            target,
-            settings.kubeconfig.clone(),
-            metrics.clone(),
-        ));
-    }
-    tracker.start_publishing(crate::publish::start(settings, metrics.clone()));
+        crate::publish::whereabouts::start(target, settings.kubeconfig.clone(), metrics.clone())
+    });
+    tracker.start_publishing(crate::publish::start(settings, metrics.clone()), projection);
 }

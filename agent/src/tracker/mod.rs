@@ -80,10 +80,9 @@ pub struct Tracker {
     recovered: Option<crate::api::model::RecoveryView>,
     /// ipq-ipam's records, held releases, holds and releaser.
     ipam: ipam::IpamSide,
-    /// The NodeQuarantine publisher's end, when the agent publishes (`publish`).
-    publish: Option<crate::publish::Feed>,
-    /// The whereabouts projection's end, when enabled (`publish`).
-    whereabouts: Option<crate::publish::whereabouts::Feed>,
+    /// The NodeQuarantine publisher's and the whereabouts projection's ends, when the agent
+    /// publishes.
+    publishing: publish::Publishing,
 }
 
 impl Tracker {
@@ -111,8 +110,7 @@ impl Tracker {
             started_at: SystemTime::now(),
             recovered: None,
             ipam,
-            publish: None,
-            whereabouts: None,
+            publishing: Default::default(),
         }
     }
 

@@ -1,38 +1,28 @@
 //! What changed in the registry, handed to the NodeQuarantine publisher (`crate::publish`)
-//! and, when enabled, to its projection into whereabouts' reservations: each changed address's
-//! entry as it is now, O(1) per address; they do the rest off this loop.
+//! and, when enabled, to its projection into whereabouts' reservations ([`Publishing`]): each
+//! changed address's entry as it is now, O(1) per address; they do the rest off this loop.
 
 use super::Tracker;
-use crate::publish::{whereabouts, Change, Feed, PublishedEntry};
+use crate::{
+    publish::{whereabouts, Change, Feed, PublishedEntry},
+    registry::Registry,
+};
 
-impl Tracker {
-    /// From now on the registry's changes go to `feed`, starting with every address it holds;
-    /// its writer starts once those are all sent, so that its first write is the whole state.
-    pub fn start_publishing(&mut self, feed: Feed) {
-        self.core.registry.track_published_changes();
-        self.publish = Some(feed);
-        self.publish_changes();
-        if let Some(feed) = &mut self.publish {
-            feed.launch();
-        }
-        if let Some(projection) = &mut self.whereabouts {
-            projection.launch();
-        }
-    }
+/// The publisher's end and the whereabouts projection's, when the agent publishes.
+#[derive(Default)]
+pub(super) struct Publishing {
+    /// The NodeQuarantine publisher's end.
+    pub(super) publish: Option<Feed>,
+    /// The whereabouts projection's end, when enabled.
+    pub(super) whereabouts: Option<whereabouts::Feed>,
+}
 
-    /// The whereabouts projection gets what the publisher gets; called before
-    /// [`Tracker::start_publishing`], so that it starts from the whole state too.
-    pub fn start_projecting(&mut self, feed: crate::publish::whereabouts::Feed) {
-        self.whereabouts = Some(feed);
-    }
-
-    /// Hands the addresses changed since the last call to the publisher, as one batch (the
-    /// agent's loop calls it after every event it handled, and at least once a second). When
-    /// the publisher's feed is full they stay in the registry's set of changed addresses
-    /// (coalesced: an address changed again is still one) for the next call.
-    pub fn publish_changes(&mut self) {
+impl Publishing {
+    /// Hands the addresses of `registry` changed since the last call to the publisher and the
+    /// projection, as one batch. When either feed is full they stay in the registry's set of
+    /// changed addresses (coalesced: an address changed again is still one) for the next call.
+    fn send_changes(&self, registry: &mut Registry) {
         let Some(feed) = &self.publish else { return };
-        let registry = &mut self.core.registry;
         if !registry.has_published_changes() {
             return;
         }
@@ -63,5 +53,31 @@ impl Tracker {
                 })
                 .collect()
         });
+    }
+}
+
+impl Tracker {
+    /// From now on the registry's changes go to `feed` (and to `projection`, whereabouts'),
+    /// starting with every address it holds; their writers start once those are all sent, so
+    /// that their first write is the whole state.
+    pub fn start_publishing(&mut self, feed: Feed, projection: Option<whereabouts::Feed>) {
+        self.core.registry.track_published_changes();
+        self.publishing = Publishing {
+            publish: Some(feed),
+            whereabouts: projection,
+        };
+        self.publish_changes();
+        if let Some(feed) = &mut self.publishing.publish {
+            feed.launch();
+        }
+        if let Some(projection) = &mut self.publishing.whereabouts {
+            projection.launch();
+        }
+    }
+
+    /// Hands the addresses changed since the last call to the publisher (the agent's loop
+    /// calls it after every input it handled, and at least once a second).
+    pub fn publish_changes(&mut self) {
+        self.publishing.send_changes(&mut self.core.registry);
     }
 }

@@ -82,8 +82,8 @@ impl Tracker {
             recovered: self.recovered.as_ref(),
             started: self.protection.started.as_ref(),
             bpf_watcher: &self.protection.bpf_watcher,
-            publish: self.publish.as_ref(),
-            whereabouts: self.whereabouts.as_ref(),
+            publish: self.publishing.publish.as_ref(),
+            whereabouts: self.publishing.whereabouts.as_ref(),
         }
     }
 }
