@@ -9,7 +9,7 @@ use std::{collections::HashMap, net::IpAddr};
 use ipq_common::addr::AddrEntry;
 use log::warn;
 
-use super::Tracker;
+use super::effects::Sinks;
 use crate::{
     datapath::DatapathError,
     registry::{datapath_entry, Registry},
@@ -47,15 +47,15 @@ impl HandWritten {
     }
 }
 
-impl Tracker {
+impl Sinks {
     /// Writes `entry` for `addr` behind the registry's back.
     pub(super) fn datapath_put(
         &mut self,
         addr: IpAddr,
         entry: AddrEntry,
     ) -> Result<(), DatapathError> {
-        self.sinks.enforcer.put_unchecked(addr, entry)?;
-        self.sinks.hand_written.record(addr, Some(entry));
+        self.enforcer.put_unchecked(addr, entry)?;
+        self.hand_written.record(addr, Some(entry));
         warn!(
             "{addr}: datapath entry written by hand ({} holder if{} fenced if{}); the registry \
              does not know",
@@ -71,8 +71,8 @@ impl Tracker {
         &mut self,
         addr: IpAddr,
     ) -> Result<Option<AddrEntry>, DatapathError> {
-        let removed = self.sinks.enforcer.remove_unchecked(addr)?;
-        self.sinks.hand_written.record(addr, None);
+        let removed = self.enforcer.remove_unchecked(addr)?;
+        self.hand_written.record(addr, None);
         if removed.is_some() {
             warn!("{addr}: datapath entry removed by hand; the registry does not know");
         }

@@ -48,13 +48,13 @@ impl Tracker {
                 reply,
             } => {
                 let written = api_service::datapath_entry(&request).and_then(|entry| {
-                    let put = self.datapath_put(addr, entry).map(|()| Some(entry));
+                    let put = self.sinks.datapath_put(addr, entry).map(|()| Some(entry));
                     api_service::datapath_view(addr, put)
                 });
                 return answer(reply, written);
             }
             Command::DatapathDelete { addr, reply } => {
-                let removed = self.datapath_delete(addr);
+                let removed = self.sinks.datapath_delete(addr);
                 return answer(reply, api_service::datapath_view(addr, removed));
             }
             Command::IpamExhausted { request, reply } => {

@@ -6,7 +6,7 @@ use std::net::IpAddr;
 use ipq_common::{addr::AddrState, counters::Reason, sample::ConflictSample};
 use log::{info, warn};
 
-use super::{decide::InterfaceChange, Role, Tracker};
+use super::{decide::InterfaceChange, Tracker};
 use crate::{netdev, netlink::NetEvent, registry::AddrStatus};
 
 impl Tracker {
@@ -29,7 +29,7 @@ impl Tracker {
                 ifindex,
                 name,
                 role,
-            } => self.attach(ifindex, &name, role),
+            } => self.protection.want(ifindex, &name, role),
             InterfaceChange::Gone(ifindex) => {
                 self.protection.attacher.forget(ifindex);
                 true
@@ -37,25 +37,6 @@ impl Tracker {
         };
         self.sinks.apply(&mut self.core, decision.effects);
         attacher_changed
-    }
-
-    /// Asks for `ifindex` to be protected in the role its name gives it (or forgotten, when
-    /// its name no longer matches the configuration); the attach itself runs off this loop.
-    /// Returns whether that changed what the attacher wants (most link events, an operstate
-    /// or carrier change, do not).
-    fn attach(&mut self, ifindex: u32, name: &str, role: Option<Role>) -> bool {
-        let wanted = |t: &Tracker| {
-            t.protection
-                .attacher
-                .target(ifindex)
-                .map(|target| (target.name.clone(), target.role))
-        };
-        let before = wanted(self);
-        match role {
-            Some(role) => self.protection.attacher.want(ifindex, name, role),
-            None => self.protection.attacher.release(ifindex),
-        }
-        wanted(self) != before
     }
 
     /// Detaches what earlier agents attached and no configured interface needs now.

@@ -6,7 +6,7 @@ use std::{path::Path, sync::Arc, time::Instant};
 
 use ipq_api::EventHook;
 
-use super::{observer::Observer, Tracker};
+use super::{observer::Observer, Role, Tracker};
 use crate::{
     api::{
         model::{EventBody, StartedView},
@@ -53,6 +53,24 @@ impl Protection {
             #[cfg(test)]
             observed: std::cell::Cell::new(0),
         }
+    }
+
+    /// Asks for `ifindex` to be protected in `role` (or forgotten: `None`, its name no longer
+    /// matches the configuration); the attach itself runs off the owner loop. Returns whether
+    /// that changed what the attacher wants (most link events, an operstate or carrier change,
+    /// do not).
+    pub(super) fn want(&mut self, ifindex: u32, name: &str, role: Option<Role>) -> bool {
+        let wanted = |attacher: &Attacher| {
+            attacher
+                .target(ifindex)
+                .map(|target| (target.name.clone(), target.role))
+        };
+        let before = wanted(&self.attacher);
+        match role {
+            Some(role) => self.attacher.want(ifindex, name, role),
+            None => self.attacher.release(ifindex),
+        }
+        wanted(&self.attacher) != before
     }
 
     /// One attach worker's report; the attachments it found lost are counted and published.

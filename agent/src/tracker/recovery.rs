@@ -114,6 +114,21 @@ pub(super) fn read_journal(
     }
 }
 
+/// The journal's records merged with what the pinned maps hold (`written`, as the table read
+/// them when it opened: a second full read of the map, two syscalls per entry, would tell
+/// nothing more): the merged records, the addresses where the maps changed what the journal
+/// said, and where the two disagreed.
+fn merge_with_maps(
+    journal: Vec<AddrRecord>,
+    written: Vec<(ipq_common::addr::AddrKey, ipq_common::addr::AddrEntry)>,
+    settings: &crate::registry::RegistrySettings,
+) -> (Vec<AddrRecord>, Vec<IpAddr>, Vec<String>) {
+    let names: BTreeMap<u32, String> = netdev::interfaces()
+        .map(|list| list.into_iter().collect())
+        .unwrap_or_default();
+    entry::merge(journal, written, netdev::monotonic_ns(), settings, &names)
+}
+
 impl Tracker {
     /// Brings the registry back from the journal as loaded (`Journal::load`'s answer: the
     /// agent reads it beside the datapath's load), merged with the pinned maps (see
@@ -143,7 +158,11 @@ impl Tracker {
         for line in self.sinks.enforcer.opened_disagreeing() {
             problems.push(format!("pinned maps at start: {line}"));
         }
-        let (merged, adopted, disagreeing) = self.merge_with_maps(records);
+        let (merged, adopted, disagreeing) = merge_with_maps(
+            records,
+            self.sinks.enforcer.as_written(),
+            self.core.registry.settings(),
+        );
         problems.extend(disagreeing);
         let count = merged.len();
         let snapshot = Snapshot {
@@ -174,26 +193,6 @@ impl Tracker {
         });
         crate::heap::release_freed_memory();
         recovery
-    }
-
-    /// The merged records, the addresses where the maps changed what the journal said, and
-    /// where the two disagreed.
-    fn merge_with_maps(
-        &self,
-        journal: Vec<AddrRecord>,
-    ) -> (Vec<AddrRecord>, Vec<IpAddr>, Vec<String>) {
-        // As the table holds them, read from the pinned map when it opened: a second full
-        // read of the map (two syscalls per entry) would tell nothing more.
-        let names: BTreeMap<u32, String> = netdev::interfaces()
-            .map(|list| list.into_iter().collect())
-            .unwrap_or_default();
-        entry::merge(
-            journal,
-            self.sinks.enforcer.as_written(),
-            netdev::monotonic_ns(),
-            self.core.registry.settings(),
-            &names,
-        )
     }
 
     /// Takes a full netlink dump as the truth: attaches, claims what the routes say, and
