@@ -2,25 +2,25 @@
 //! what the API asks and what time does become registry operations, whose effects it hands to
 //! the part that owns each.
 //!
-//! - `decide`: the registry, the netlink mirror and the configuration behind handlers that take
-//!   an input and return the registry's effects, with no I/O;
+//! - `decide` (the [`decide::Core`]): the registry, the netlink mirror and the configuration
+//!   behind handlers that take an input and return the registry's effects, with no I/O;
+//! - `effects` (the `Sinks`): where the effects go, each part owning its state: `enforcer`
+//!   (with `pending_writes`: the datapath's one writer, the writes the kernel refused retried
+//!   every tick), `break_glass` (entries written by hand), `observer` (with `feed`: counters,
+//!   event-feed entries and log lines), reuse hygiene, and `map_drift` (what another process
+//!   wrote into the maps, written back);
+//! - `protection`: the attacher, the workers' reports, TC notices, the verification's findings
+//!   about links and pins, and readiness;
+//! - `ipam` (with `ipam_pressure`): ipq-ipam's records, held releases, holds and exhausted
+//!   ranges;
+//! - `publish`: what changed, handed to the NodeQuarantine publisher and whereabouts;
 //! - `recovery`: bringing the registry back at start and reconciling it with a netlink dump;
-//! - `events`: netlink events, kernel samples and ticks as registry operations;
-//! - `commands` (with `claims`, `break_glass`, `ipam`): the API's requests dispatched, and the
-//!   changes they ask for made;
-//! - `api_service`: the API's answers: every view, read from the owner's state, and the
+//! - `events`, `commands` (with `claims`), `hygiene`: the inputs dispatched;
+//! - `api_service`: the API's answers: every view, read from the parts' state, and the
 //!   registry's refusals as API errors;
-//! - `effects`: each effect handed to its owner;
-//! - `enforcer` (with `pending_writes`): the datapath's one writer, and the writes the kernel
-//!   refused, retried every tick;
-//! - `observer` (with `feed`): counters, event-feed entries and log lines;
-//! - `durable`: the journal and how saving it goes;
-//! - `protection`: the attach workers' reports, retries and readiness;
-//! - `hygiene`: conntrack/neighbour flushes and announcements handed to the hygiene worker;
-//! - `ipam_pressure`: exhausted ranges of ipq-ipam;
-//! - `publish`: what changed, handed to the NodeQuarantine publisher.
+//! - `durable`: the journal, a sink the agent's loop owns beside the tracker.
 //!
-//! Durability: the registry counts its changes (its generation); [`Tracker::persist`] saves
+//! Durability: the registry counts its changes (its generation); [`Durable::persist`] saves
 //! when the journal is behind, and nothing that changed the registry is answered before a save
 //! reached its generation.
 
