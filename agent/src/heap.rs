@@ -17,11 +17,7 @@
 //!   own; the agent's CPU per fresh claim fell by about a tenth, and the resident size at
 //!   65536 addresses, with and without 1000 veths, stayed where it was (62–63 MB).
 
-use std::{
-    collections::HashMap,
-    hash::{BuildHasher, Hash},
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
 /// Blocks from this size up get a mapping of their own (glibc's initial default, kept fixed).
 const MMAP_THRESHOLD: i32 = 128 * 1024;
@@ -47,20 +43,6 @@ pub fn release_freed_memory() {
     // SAFETY: malloc_trim only walks the allocator's own free lists.
     unsafe {
         libc::malloc_trim(0);
-    }
-}
-
-/// Gives back the table of a map that holds a quarter of its capacity or less, keeping room
-/// for twice what it holds. A `HashMap` never shrinks by itself: one indexed by what a burst
-/// brought (the containers of a round of new pods, the quarantined addresses after it) keeps
-/// the burst's table, touched and resident, for the rest of the agent's life (0.8 MB for the
-/// bench's rounds of 9600 pods). Amortized O(1) a removal: a shrink rehashes `len` entries,
-/// and the next needs `len / 2` removals more.
-pub fn shrink_when_sparse<K: Eq + Hash, V, S: BuildHasher>(map: &mut HashMap<K, V, S>) {
-    /// Below this a table is too small to be worth a rehash.
-    const SMALLEST: usize = 64;
-    if map.capacity() > SMALLEST && map.len() * 4 <= map.capacity() {
-        map.shrink_to(map.len() * 2);
     }
 }
 
@@ -123,26 +105,6 @@ impl Default for Trimmer {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_map_emptied_after_a_burst_gives_its_table_back_and_keeps_room_for_what_it_holds() {
-        let mut map: HashMap<u32, u32> = (0..10_000).map(|i| (i, i)).collect();
-        for i in 0..10_000 {
-            map.remove(&i);
-            shrink_when_sparse(&mut map);
-            assert!(
-                map.capacity() <= (4 * map.len()).max(64),
-                "{} entries in a table of {}",
-                map.len(),
-                map.capacity()
-            );
-        }
-        assert!(map.capacity() <= 64, "empty: {}", map.capacity());
-        let mut map: HashMap<u32, u32> = (0..1000).map(|i| (i, i)).collect();
-        let before = map.capacity();
-        shrink_when_sparse(&mut map);
-        assert_eq!(map.capacity(), before, "a full table is left alone");
-    }
 
     #[test]
     fn a_trim_comes_once_a_burst_is_over_never_during_it_nor_at_rest() {

@@ -337,7 +337,6 @@ impl<C: Clock> Registry<C> {
                 addrs.remove(&record.addr);
                 if addrs.is_empty() {
                     self.by_container.remove(id);
-                    crate::heap::shrink_when_sparse(&mut self.by_container);
                 }
             }
         }

@@ -82,7 +82,6 @@ impl AddressTable {
             *refs -= 1;
             if *refs == 0 {
                 self.filter_refs.remove(&(word, mask));
-                crate::heap::shrink_when_sparse(&mut self.filter_refs);
                 self.filter_words[word as usize] &= !mask;
                 self.filter
                     .set_word(word, self.filter_words[word as usize])?;
