@@ -9,9 +9,12 @@
 //! # Layout
 //! A bucketed cuckoo table: every address has two buckets of [`SLOT_WAYS`] slots, chosen by a
 //! keyed hash ([`slot_buckets`]), and lives in one slot of one of them. A lookup reads at most
-//! eight slots, whatever the table holds. The table has twice as many slots as the registry can
-//! hold addresses (load ≤ 50 %), where a 2×4 cuckoo insert practically never fails; if one does,
-//! the agent reports the address as not stored, exactly as a full hash map did.
+//! eight slots, whatever the table holds. The table has at least 8/5 as many slots as the
+//! registry can hold addresses (load ≤ 5/8 when full), rounded up to a power of two; a 2×4
+//! cuckoo table holds some 95 % before an insert fails, so at 5/8 an insert practically never
+//! fails; if one does, the agent reports the address as not stored, exactly as a full hash map
+//! did. (Two slots an address, rounded up, made the table of `capacity = 81920` four times its
+//! addresses, 16 MiB resident in the agent; at most 5/8 it is 8 MiB.)
 //!
 //! The seed of the hash is random per table, so no one who picks addresses can aim them at the
 //! same two buckets. It lives in the table's last element ([`SlotsMeta`]), after every bucket,
@@ -38,8 +41,9 @@ use crate::addr::{AddrEntry, AddrKey};
 
 /// Slots per bucket: one bucket's slots fill four cache lines and are probed in order.
 pub const SLOT_WAYS: u32 = 4;
-/// Slots per registry address: load at most one half.
-pub const SLOTS_PER_ADDRESS: u32 = 2;
+/// The most of the table's slots a full registry fills: 5/8 (numerator, denominator). The
+/// power of two above it leaves a load between 5/16 and 5/8.
+pub const SLOTS_MAX_LOAD: (u32, u32) = (5, 8);
 /// The fewest buckets a table has (a power of two, so two distinct buckets always exist).
 pub const SLOT_BUCKETS_MIN: u32 = 16;
 /// The `.rodata` globals the loader sets from the pinned (or new) table.
@@ -92,10 +96,11 @@ crate::assert_offsets!(SlotsMeta {
     _reserved: 16,
 });
 
-/// Buckets of a table for `capacity` addresses: a power of two holding
-/// [`SLOTS_PER_ADDRESS`] slots for each.
+/// Buckets of a table for `capacity` addresses: the fewest, a power of two, that `capacity`
+/// fills to at most [`SLOTS_MAX_LOAD`].
 pub const fn slot_buckets(capacity: u32) -> u32 {
-    let slots = (capacity as u64) * SLOTS_PER_ADDRESS as u64;
+    let (load, of) = SLOTS_MAX_LOAD;
+    let slots = (capacity as u64 * of as u64).div_ceil(load as u64);
     let buckets = slots.div_ceil(SLOT_WAYS as u64).next_power_of_two();
     if buckets < SLOT_BUCKETS_MIN as u64 {
         SLOT_BUCKETS_MIN
@@ -157,10 +162,25 @@ mod tests {
     use super::*;
 
     #[test]
-    fn sizes_give_each_address_two_slots_in_a_power_of_two_of_buckets() {
+    fn sizes_fill_a_power_of_two_of_buckets_to_at_most_five_eighths() {
         assert_eq!(slot_buckets(1), SLOT_BUCKETS_MIN);
         assert_eq!(slot_buckets(65536), 32768);
-        assert_eq!(slot_buckets(65537), 65536);
+        // The bench's `capacity = 81920` fills 131072 slots to exactly 5/8 (it took 65536
+        // buckets, 16 MiB, at two slots an address).
+        assert_eq!(slot_buckets(81920), 32768);
+        assert_eq!(slot_buckets(81921), 65536);
+        for capacity in [1, 100, 4096, 65536, 81920, 81921, 100_000, 1 << 20] {
+            let slots = u64::from(slot_buckets(capacity)) * u64::from(SLOT_WAYS);
+            assert!(
+                u64::from(capacity) * 8 <= slots * 5,
+                "{capacity} in {slots} slots"
+            );
+            assert!(
+                slots == u64::from(SLOT_BUCKETS_MIN * SLOT_WAYS)
+                    || u64::from(capacity) * 8 > slots / 2 * 5,
+                "{capacity}: {slots} slots, half would do"
+            );
+        }
         assert_eq!(slot_entries(32768), 131073);
         assert_eq!(buckets_of_entries(131073), Some(32768));
         assert_eq!(buckets_of_entries(131072), None);

@@ -4,7 +4,8 @@
 //! never of a miss; a copy left behind by an older or killed agent, or missing after an upgrade,
 //! is rebuilt from the hash map before any program reads it, except where the copy enforces
 //! more (the stricter of two disagreeing copies is kept: either may have been written by
-//! another process); and a pinned table this build cannot read is refused.
+//! another process); a pinned table of another size than this build would make is kept; and
+//! a pinned table this build cannot read is refused.
 //!
 //! Needs root and bpffs (`cargo xtask test` provides both); `bpftool` makes foreign pins.
 
@@ -204,6 +205,40 @@ fn every_address_of_a_full_registry_is_judged_from_the_copy() -> anyhow::Result<
                 want,
                 "{addr}"
             );
+        }
+        Ok(())
+    })
+}
+
+/// An upgrade over a table pinned at the size an older build chose (two slots an address,
+/// rounded up: 4096 buckets for capacity 5120, where this build makes 2048) keeps that table,
+/// and every address of a full registry is stored in it and judged from it.
+#[test]
+fn a_table_pinned_at_another_size_is_kept_and_holds_a_full_registry() -> anyhow::Result<()> {
+    with_lab("slsize", |bpffs, here, _other| {
+        const CAPACITY: u32 = 5120;
+        assert_eq!(ipq_common::slots::slot_buckets(CAPACITY), 2048);
+        // 10240 makes the 4096 buckets here that 5120 made before.
+        drop(load(bpffs, 2 * CAPACITY)?);
+        assert_eq!(meta_of(bpffs)?.buckets, 4096);
+        let mut dp = load(bpffs, CAPACITY)?;
+        assert_eq!(meta_of(bpffs)?.buckets, 4096, "the pinned table is kept");
+        let since = netdev::monotonic_ns();
+        let quarantined = AddrEntry::new(AddrState::Quarantined, NO_IFINDEX, since);
+        for i in 0..CAPACITY {
+            dp.maps
+                .table
+                .put(AddrKey::from(IpAddr::V4(filler(i))), quarantined)?;
+        }
+        assert_eq!(copied(bpffs)?.len(), CAPACITY as usize);
+        for i in (0..CAPACITY).step_by(7) {
+            let addr = filler(i);
+            assert_eq!(
+                tc_ingress(&mut dp, &frame(addr, PEER), here, 1)?,
+                TC_DROP,
+                "{addr}"
+            );
+            assert_eq!(xdp(&mut dp, &frame(PEER, addr))?, XDP_DROP, "{addr}");
         }
         Ok(())
     })

@@ -47,7 +47,7 @@ impl<C: Clock> Registry<C> {
         let mut by_ifindex: HashMap<u32, BTreeSet<IpAddr>> = HashMap::new();
         let mut deadlines = BTreeSet::new();
         let mut by_container: HashMap<String, BTreeSet<IpAddr>> = HashMap::new();
-        for (addr, record) in &self.records {
+        for (addr, record) in self.records.iter() {
             let addr = *addr;
             if let Some(id) = container_of(record) {
                 by_container.entry(id.to_owned()).or_default().insert(addr);

@@ -38,6 +38,7 @@ mod clock;
 mod effects;
 pub mod entry;
 mod error;
+mod records;
 mod settings;
 mod snapshot;
 mod transitions;
@@ -72,7 +73,7 @@ pub use waitlist::WaitlistRun;
 pub struct Registry<C: Clock = SystemClock> {
     settings: RegistrySettings,
     clock: C,
-    records: BTreeMap<IpAddr, AddrRecord>,
+    records: records::Records,
     /// Interface → addresses whose record names it alive (holder, fenced or blocked claimant):
     /// `holder_gone` touches only these.
     by_ifindex: HashMap<u32, BTreeSet<IpAddr>>,
@@ -135,7 +136,7 @@ impl<C: Clock> Registry<C> {
         Self {
             settings,
             clock,
-            records: BTreeMap::new(),
+            records: records::Records::default(),
             by_ifindex: HashMap::new(),
             deadlines: BTreeSet::new(),
             counts: StateCounts::default(),

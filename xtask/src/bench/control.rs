@@ -26,7 +26,10 @@
 //!   the maps compared with what the agent wrote (off the owner loop); `verify_maps_off_loop`:
 //!   that comparison alone; `verify_maps_compare`: the owner loop's look at what differed;
 //! - `rss_with_1000_veths`: then 64k host routes spread over those veths, the agent's resident
-//!   memory once they are all in the registry (a full node, not a node of 16 interfaces).
+//!   memory once they are all in the registry (a full node, not a node of 16 interfaces);
+//! - `rss_after_churn_1000_veths`: then 63 000 new pods' claims on that node, each drained,
+//!   until their addresses are released: the resident memory the node's past churn leaves
+//!   (`churn_1000_veths`: those claims and drains a second, reported).
 //!
 //! The agent runs with `cooldown = 1s` so that what one measurement adds (each on an interface
 //! of its own, deleted afterwards) is released before the next, keeping the registry at its
@@ -63,6 +66,9 @@ const FRESH_PER_CLIENT: u32 = 150;
 /// as it was of 40.
 const CNI_ADDS: u32 = 200;
 const GC_ATTACHMENTS: u32 = 1000;
+/// New pods' claims (each drained) on the filled 1000-veth node before its RSS is read again:
+/// about a node's population over again.
+const CHURN_CLAIMS: u32 = 63_000;
 /// The size the targets are stated at, and the one their ratio compares with.
 const AT: u32 = 65536;
 const BASE: u32 = 1000;
@@ -321,7 +327,7 @@ pub fn run(opts: &BenchOptions) -> Result<Vec<Row>> {
     eprintln!("bench control: cold start with 1000 veths");
     let veths = if opts.quick { 100 } else { 1000 };
     let populated = if opts.quick { 1000 } else { AT };
-    let cold = cold_start(veths, populated)?;
+    let cold = cold_start(veths, populated, opts.quick)?;
     rows.push(target(
         row(
             &format!("cold_start_{veths}_veths"),
@@ -388,6 +394,23 @@ pub fn run(opts: &BenchOptions) -> Result<Vec<Row>> {
             Some(populated),
             "MB",
             &[cold.rss_populated_mb],
+        ),
+        "≤ 64 MB",
+        |v| v <= 64.0,
+    ));
+    rows.push(row(
+        &format!("churn_{veths}_veths"),
+        Some(populated),
+        "claims/s",
+        &[cold.churn_per_second],
+    ));
+    rows.push(at_target(
+        populated,
+        row(
+            &format!("rss_after_churn_{veths}_veths"),
+            Some(populated),
+            "MB",
+            &[cold.rss_after_churn_mb],
         ),
         "≤ 64 MB",
         |v| v <= 64.0,

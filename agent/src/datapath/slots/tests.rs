@@ -115,6 +115,39 @@ fn a_table_at_half_load_takes_every_address_of_a_subnet() {
 }
 
 #[test]
+fn a_full_registry_at_the_most_load_the_sizing_allows_has_every_address_stored() {
+    // `capacity = 81920` fills its table to 5/8, the most `slot_buckets` allows: addresses of
+    // one subnet (neighbours in every bit a hash mixes), then every one of them released and
+    // as many others taken, as a node's churn does.
+    let capacity = 81920;
+    let buckets = ipq_common::slots::slot_buckets(capacity);
+    assert_eq!(
+        u64::from(buckets) * 4 * 5,
+        u64::from(capacity) * 8,
+        "5/8 full"
+    );
+    for seed in [0x5eed, 0xdead_beef, 1] {
+        let mut table = SlotTable::on_heap(buckets, seed);
+        for i in 0..capacity {
+            table.put(&key(i), &entry(i + 1)).expect("room at 5/8");
+        }
+        assert_eq!(table.len(), capacity as usize);
+        for i in (0..capacity).step_by(2) {
+            table.remove(&key(i));
+            let other = capacity + i;
+            table
+                .put(&key(other), &entry(other + 1))
+                .expect("room after churn");
+        }
+        for i in (0..2 * capacity).step_by(31) {
+            // The odd of the first, the even of the second (`capacity` is even).
+            let want = (i < capacity && i % 2 == 1 || i >= capacity && i % 2 == 0).then_some(i + 1);
+            assert_eq!(table.get(&key(i)).map(|e| e.holder_ifindex), want, "{i}");
+        }
+    }
+}
+
+#[test]
 fn an_update_keeps_the_stamps_the_programs_wrote() {
     let mut table = SlotTable::on_heap(16, 7);
     table.put(&key(1), &entry(1)).unwrap();

@@ -1,6 +1,6 @@
 //! A first start on a node with many workload veths: until ready, until every veth has moved
 //! to its TCX link, a route burst during and after the move, and the agent's memory once the
-//! node is filled with pods' addresses.
+//! node is filled with pods' addresses, and again after as many new pods came and went.
 
 use std::{
     thread,
@@ -9,7 +9,10 @@ use std::{
 
 use anyhow::{bail, Result};
 
-use super::{agent_args, idle_cost, node::api, population_addr, route_burst, wait_entries, Node};
+use super::{
+    agent_args, api_clients::churn, idle_cost, node::api, population_addr, route_burst,
+    wait_entries, workloads::rss_parts, Node, CHURN_CLAIMS,
+};
 
 /// What a cold start measured.
 pub(super) struct ColdStart {
@@ -38,10 +41,15 @@ pub(super) struct ColdStart {
     /// (the maps were read in the pass, off the loop): O(addresses).
     pub(super) verify_compare_ms: f64,
     pub(super) verify_maps_ms: f64,
+    /// The agent's RSS after `CHURN_CLAIMS` new pods' claims and their drains on that filled
+    /// node, once their addresses are released: what the node's past churn leaves resident.
+    pub(super) rss_after_churn_mb: f64,
+    /// Those claims (each with its drain) a second.
+    pub(super) churn_per_second: f64,
 }
 
 /// A first start on a node with `veths` workload veths; then `populated` host routes over them.
-pub(super) fn cold_start(veths: u32, populated: u32) -> Result<ColdStart> {
+pub(super) fn cold_start(veths: u32, populated: u32, quick: bool) -> Result<ColdStart> {
     let args = agent_args();
     let mut node = Node::new(&args.iter().map(String::as_str).collect::<Vec<_>>())?;
     let mut batch = String::new();
@@ -85,6 +93,16 @@ pub(super) fn cold_start(veths: u32, populated: u32) -> Result<ColdStart> {
     let verify_pass_ms = node.metric("ipq_datapath_verify_seconds")? * 1e3;
     let verify_compare_ms = node.metric("ipq_datapath_verify_maps_compare_seconds")? * 1e3;
     let verify_maps_ms = node.metric("ipq_datapath_verify_maps_seconds")? * 1e3;
+    eprintln!("bench control: filled: {}", rss_parts(&node)?);
+    let claims = if quick {
+        CHURN_CLAIMS / 10
+    } else {
+        CHURN_CLAIMS
+    };
+    eprintln!("bench control: {claims} new pods' claims and drains on the filled node");
+    let churn_per_second = churn(&node, claims)?;
+    let (_, rss_after_churn_mb) = idle_cost(&node, 3.0)?;
+    eprintln!("bench control: after the churn: {}", rss_parts(&node)?);
     Ok(ColdStart {
         ready_ms,
         protected,
@@ -97,6 +115,8 @@ pub(super) fn cold_start(veths: u32, populated: u32) -> Result<ColdStart> {
         verify_pass_ms,
         verify_compare_ms,
         verify_maps_ms,
+        rss_after_churn_mb,
+        churn_per_second,
     })
 }
 

@@ -176,6 +176,19 @@ pub(super) fn idle_cost(node: &Node, seconds: f64) -> Result<(f64, f64)> {
     Ok((cpu, rss_kb / 1024.0))
 }
 
+/// The agent's resident memory by kind (`/proc/<pid>/status`): anonymous (the heap, thread
+/// stacks), file-backed (code), shared (the mapped `IPQ_SLOTS`), for the log.
+pub(super) fn rss_parts(node: &Node) -> Result<String> {
+    let pid = node.agent_pid()?;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let parts: Vec<String> = status
+        .lines()
+        .filter(|l| l.starts_with("Rss") || l.starts_with("VmRSS"))
+        .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+        .collect();
+    Ok(parts.join(", "))
+}
+
 /// Polls `ipq_registry_entries` until it is `want`.
 pub(super) fn wait_entries(node: &Node, want: f64, timeout: Duration) -> Result<()> {
     let deadline = Instant::now() + timeout;
