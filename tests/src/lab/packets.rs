@@ -110,6 +110,33 @@ pub struct UdpSender<'a> {
     pub device: Option<&'a str>,
 }
 
+/// What pod a gets through with `addr`, `n` datagrams each way: (sent from `addr` to `peer` in
+/// the peer's namespace, sent from the node through vethpa to `addr` in pod a). A fenced
+/// address gets (0, 0).
+pub fn pod_a_traffic(lab: &Lab, addr: IpAddr, peer: IpAddr, n: usize) -> (usize, usize) {
+    let out = udp_burst_with(
+        &lab.pod_a,
+        UdpSender {
+            bind: Some(addr),
+            device: None,
+        },
+        &lab.peer,
+        peer,
+        n,
+    );
+    let inbound = udp_burst_with(
+        &lab.node,
+        UdpSender {
+            bind: None,
+            device: Some("vethpa"),
+        },
+        &lab.pod_a,
+        addr,
+        n,
+    );
+    (out, inbound)
+}
+
 /// Binds `socket` to interface `dev` (SO_BINDTODEVICE).
 pub fn bind_to_device(socket: &UdpSocket, dev: &str) -> std::io::Result<()> {
     use std::os::fd::AsRawFd as _;

@@ -17,8 +17,8 @@ use ipq_tests::{
     api::request,
     cluster::api_server::{ApiServer, CLUSTER_ROLE_BINDING, RBAC_MANIFEST},
     lab::{
-        ifindex, map_entry, pod_a_and_peer, poll, udp_burst_with, wait_for_entry, Agent, Lab,
-        UdpSender, POD_B_LLADDR,
+        ifindex, map_entry, pod_a_and_peer, pod_a_traffic, poll, wait_for_entry, Agent, Lab,
+        POD_B_LLADDR,
     },
 };
 use serde_json::Value;
@@ -30,31 +30,6 @@ const SETTLE: Duration = Duration::from_secs(10);
 /// The agent's retries back off from 0.5 s, doubling up to 30 s: the retry after the binding is
 /// back comes within 30 s, plus the write.
 const CATCH_UP: Duration = Duration::from_secs(60);
-
-/// What pod a gets through with `addr`: (to the peer, from the node through vethpa).
-fn pod_a_traffic(lab: &Lab, addr: IpAddr, peer: IpAddr) -> (usize, usize) {
-    let out = udp_burst_with(
-        &lab.pod_a,
-        UdpSender {
-            bind: Some(addr),
-            device: None,
-        },
-        &lab.peer,
-        peer,
-        N,
-    );
-    let inbound = udp_burst_with(
-        &lab.node,
-        UdpSender {
-            bind: None,
-            device: Some("vethpa"),
-        },
-        &lab.pod_a,
-        addr,
-        N,
-    );
-    (out, inbound)
-}
 
 fn status(agent: &Agent) -> anyhow::Result<Value> {
     request(&agent.api_socket(), "GET", "/v1/status", None)?.json()
@@ -129,7 +104,7 @@ fn a_refusing_api_server_is_counted_shown_backed_off_and_caught_up() -> anyhow::
     let changed_at = changed_at.context("a change")?;
     for (addr, peer) in pod_a_and_peer() {
         ensure!(
-            pod_a_traffic(&lab, addr, peer) == (0, 0),
+            pod_a_traffic(&lab, addr, peer, N) == (0, 0),
             "{addr}: the fenced old holder's traffic passed while the API server refused"
         );
     }
@@ -195,7 +170,7 @@ fn a_refusing_api_server_is_counted_shown_backed_off_and_caught_up() -> anyhow::
     );
     for (addr, peer) in pod_a_and_peer() {
         ensure!(
-            pod_a_traffic(&lab, addr, peer) == (0, 0),
+            pod_a_traffic(&lab, addr, peer, N) == (0, 0),
             "{addr}: the fence went with the catch-up"
         );
     }

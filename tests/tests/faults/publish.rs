@@ -1,20 +1,19 @@
 //! The NodeQuarantine publisher (#30) against an API server that does not answer: the node
 //! enforces exactly as without Kubernetes, and the failure is counted and shown.
 
-use std::{fs, net::IpAddr, path::PathBuf, time::Duration};
+use std::{fs, path::PathBuf, time::Duration};
 
 use anyhow::ensure;
 use ipq_tests::{
     api::request,
     lab::{
-        ifindex, map_entry, pod_a_and_peer, poll, udp_burst_with, wait_for_entry, Lab, UdpSender,
-        POD_B_LLADDR,
+        ifindex, map_entry, pod_a_and_peer, pod_a_traffic, poll, wait_for_entry, Lab, POD_B_LLADDR,
     },
 };
 use serde_json::Value;
 
 /// Datagrams per burst.
-const N: usize = 20;
+pub(crate) const N: usize = 20;
 const SETTLE: Duration = Duration::from_secs(10);
 const NODE: &str = "lab-node";
 
@@ -34,31 +33,6 @@ pub fn kubeconfig_to_a_closed_port(lab: &Lab) -> anyhow::Result<PathBuf> {
         ),
     )?;
     Ok(path)
-}
-
-/// What pod a gets through with `addr`: (to the peer, from the node through vethpa).
-pub fn pod_a_traffic(lab: &Lab, addr: IpAddr, peer: IpAddr) -> (usize, usize) {
-    let out = udp_burst_with(
-        &lab.pod_a,
-        UdpSender {
-            bind: Some(addr),
-            device: None,
-        },
-        &lab.peer,
-        peer,
-        N,
-    );
-    let inbound = udp_burst_with(
-        &lab.node,
-        UdpSender {
-            bind: None,
-            device: Some("vethpa"),
-        },
-        &lab.pod_a,
-        addr,
-        N,
-    );
-    (out, inbound)
 }
 
 /// Injected: the agent told to publish its NodeQuarantine (a node name, a kubeconfig) to an
@@ -103,7 +77,7 @@ fn an_unreachable_api_server_changes_nothing_on_the_node() -> anyhow::Result<()>
     }
     for (addr, peer) in pod_a_and_peer() {
         ensure!(
-            pod_a_traffic(&lab, addr, peer) == (0, 0),
+            pod_a_traffic(&lab, addr, peer, N) == (0, 0),
             "{addr}: the fenced old holder's traffic passed while the API server was down"
         );
     }

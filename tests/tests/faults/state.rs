@@ -16,8 +16,8 @@ use ipq_tests::{
     api::{request, HttpResponse},
     cni::{host_interface, Attachment, Chain},
     lab::{
-        ifindex, map_entry, pod_a_and_peer, poll, udp_burst_with, wait_for_entry, Agent, Lab,
-        UdpSender, POD_A_V4, POD_A_V6, POD_B_LLADDR,
+        ifindex, map_entry, pod_a_and_peer, pod_a_traffic, poll, wait_for_entry, Agent, Lab,
+        POD_A_V4, POD_A_V6, POD_B_LLADDR,
     },
     netns::NetNs,
 };
@@ -36,31 +36,6 @@ fn socket(lab: &Lab) -> PathBuf {
 
 fn state_dir(lab: &Lab) -> PathBuf {
     lab.work_dir().join("state")
-}
-
-/// What pod a gets through with `addr`: (to the peer, from the node through vethpa).
-fn pod_a_traffic(lab: &Lab, addr: IpAddr, peer: IpAddr) -> (usize, usize) {
-    let out = udp_burst_with(
-        &lab.pod_a,
-        UdpSender {
-            bind: Some(addr),
-            device: None,
-        },
-        &lab.peer,
-        peer,
-        N,
-    );
-    let inbound = udp_burst_with(
-        &lab.node,
-        UdpSender {
-            bind: None,
-            device: Some("vethpa"),
-        },
-        &lab.pod_a,
-        addr,
-        N,
-    );
-    (out, inbound)
 }
 
 fn wait_metric(agent: &Agent, name: &str, labels: &[(&str, &str)], ok: impl Fn(f64) -> bool) {
@@ -106,7 +81,7 @@ fn observe_stays_observe_across_restarts_and_a_lost_journal() -> anyhow::Result<
     let check = |when: &str| {
         for (addr, peer) in pod_a_and_peer() {
             assert_eq!(
-                pod_a_traffic(&lab, addr, peer),
+                pod_a_traffic(&lab, addr, peer, N),
                 (N, N),
                 "{addr}, {when}: the old holder's early reuse is only observed"
             );

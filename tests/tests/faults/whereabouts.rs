@@ -7,11 +7,13 @@ use std::time::Duration;
 use anyhow::ensure;
 use ipq_tests::{
     api::request,
-    lab::{ifindex, map_entry, pod_a_and_peer, poll, wait_for_entry, Lab, POD_B_LLADDR},
+    lab::{
+        ifindex, map_entry, pod_a_and_peer, pod_a_traffic, poll, wait_for_entry, Lab, POD_B_LLADDR,
+    },
 };
 use serde_json::Value;
 
-use super::publish::{kubeconfig_to_a_closed_port, pod_a_traffic};
+use super::publish::{kubeconfig_to_a_closed_port, N};
 
 const SETTLE: Duration = Duration::from_secs(10);
 
@@ -52,7 +54,7 @@ fn an_unreachable_api_server_leaves_the_node_enforcing_and_the_projection_retryi
     lab.add_host_route("vethpb", addr, None)?;
     wait_for_entry(&lab, addr, &map_entry("active", vethpb, vethpa), SETTLE);
     ensure!(
-        pod_a_traffic(&lab, addr, peer) == (0, 0),
+        pod_a_traffic(&lab, addr, peer, N) == (0, 0),
         "{addr}: the fenced old holder's traffic passed while the API server was down"
     );
 
