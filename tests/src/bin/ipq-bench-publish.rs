@@ -333,19 +333,7 @@ fn main() -> anyhow::Result<()> {
     api.reachable_from(&lab.node)?;
     let kubeconfig: PathBuf = lab.work_dir().join("kubeconfig");
     api.agent_kubeconfig(&kubeconfig, Duration::from_secs(6 * 3600))?;
-    let kubeconfig = kubeconfig.to_string_lossy();
-    let agent = lab.start_agent(&[
-        "--workload",
-        "vethp*",
-        "--uplink",
-        "up0",
-        "--on-early-reuse",
-        "fence-old",
-        "--kubernetes-node-name",
-        NODE,
-        "--kubernetes-kubeconfig",
-        &kubeconfig,
-    ])?;
+    let agent = lab.start_publishing_agent(NODE, &kubeconfig, &[])?;
     api.watch_node_quarantine()?
         .wait_for("the agent's first write", Duration::from_secs(30), |o| {
             o["status"]["publishedAt"].is_string()

@@ -240,6 +240,31 @@ impl Lab {
         Agent::start(self, extra)
     }
 
+    /// An agent on the lab's pods (`vethp*`, uplink `up0`, `fence-old`) that publishes the
+    /// NodeQuarantine of `node` through `kubeconfig`, with `extra` arguments after those.
+    pub fn start_publishing_agent(
+        &self,
+        node: &str,
+        kubeconfig: &std::path::Path,
+        extra: &[&str],
+    ) -> anyhow::Result<Agent<'_>> {
+        let kubeconfig = kubeconfig.to_string_lossy();
+        let mut args = vec![
+            "--workload",
+            "vethp*",
+            "--uplink",
+            "up0",
+            "--on-early-reuse",
+            "fence-old",
+            "--kubernetes-node-name",
+            node,
+            "--kubernetes-kubeconfig",
+            &kubeconfig,
+        ];
+        args.extend_from_slice(extra);
+        self.start_agent(&args)
+    }
+
     /// Like [`start_agent`](Self::start_agent), with the agent run through `wrapper` (a
     /// command line that ends by running its arguments: `unshare --pid --fork --kill-child`,
     /// `prlimit --nofile=1024:4096`).

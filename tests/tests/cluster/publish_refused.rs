@@ -60,19 +60,7 @@ fn a_refusing_api_server_is_counted_shown_backed_off_and_caught_up() -> anyhow::
     let kubeconfig = lab.work_dir().join("kubeconfig");
     api.agent_kubeconfig(&kubeconfig, Duration::from_secs(3600))?;
     let mut watch = api.watch_node_quarantine()?;
-    let kubeconfig = kubeconfig.to_string_lossy();
-    let agent = lab.start_agent(&[
-        "--workload",
-        "vethp*",
-        "--uplink",
-        "up0",
-        "--on-early-reuse",
-        "fence-old",
-        "--kubernetes-node-name",
-        NODE,
-        "--kubernetes-kubeconfig",
-        &kubeconfig,
-    ])?;
+    let agent = lab.start_publishing_agent(NODE, &kubeconfig, &[])?;
     watch
         .wait_for("the agent's first write", SETTLE, |o| {
             o["status"]["publishedAt"].is_string()

@@ -44,20 +44,7 @@ pub fn kubeconfig_to_a_closed_port(lab: &Lab) -> anyhow::Result<PathBuf> {
 fn an_unreachable_api_server_changes_nothing_on_the_node() -> anyhow::Result<()> {
     let lab = Lab::new()?;
     let kubeconfig = kubeconfig_to_a_closed_port(&lab)?;
-    let kubeconfig = kubeconfig.to_string_lossy();
-    let args = [
-        "--workload",
-        "vethp*",
-        "--uplink",
-        "up0",
-        "--on-early-reuse",
-        "fence-old",
-        "--kubernetes-node-name",
-        NODE,
-        "--kubernetes-kubeconfig",
-        &kubeconfig,
-    ];
-    let agent = lab.start_agent(&args)?;
+    let agent = lab.start_publishing_agent(NODE, &kubeconfig, &[])?;
     let vethpa = ifindex(&lab.node, "vethpa")?;
     let vethpb = ifindex(&lab.node, "vethpb")?;
     lab.route_by_oif(

@@ -27,22 +27,11 @@ fn an_unreachable_api_server_leaves_the_node_enforcing_and_the_projection_retryi
 ) -> anyhow::Result<()> {
     let lab = Lab::new()?;
     let kubeconfig = kubeconfig_to_a_closed_port(&lab)?;
-    let kubeconfig = kubeconfig.to_string_lossy();
-    let args = [
-        "--workload",
-        "vethp*",
-        "--uplink",
-        "up0",
-        "--on-early-reuse",
-        "fence-old",
-        "--kubernetes-node-name",
+    let agent = lab.start_publishing_agent(
         "lab-node",
-        "--kubernetes-kubeconfig",
         &kubeconfig,
-        "--kubernetes-whereabouts",
-        "true",
-    ];
-    let agent = lab.start_agent(&args)?;
+        &["--kubernetes-whereabouts", "true"],
+    )?;
     let vethpa = ifindex(&lab.node, "vethpa")?;
     let vethpb = ifindex(&lab.node, "vethpb")?;
     let (addr, peer) = pod_a_and_peer()[0];
