@@ -69,7 +69,7 @@ pub(super) fn preflight(config: &Config) -> Result<ClaimedDir, AgentError> {
 /// node's netlink dump still under way beside it.
 pub(super) struct Loaded {
     config: Config,
-    access: Access,
+    api: ApiServer,
     datapath: Datapath,
     metrics: Arc<Metrics>,
     journal_read: JoinHandle<Result<(Journal, JournalLoad), JournalError>>,
@@ -83,6 +83,11 @@ type JournalLoad = Result<Option<journal::Loaded<AddrRecord>>, JournalError>;
 pub(super) async fn load(config: Config, bpffs_dir: ClaimedDir) -> Result<Loaded, AgentError> {
     // A group that does not resolve stops the agent before anything is loaded.
     let access = Access::from_config(config.api_group.as_deref())?;
+    // Bound now, served once the registry is back: a CNI DEL sent during start-up waits in the
+    // socket's backlog for this agent instead of being spooled after the spool was replayed,
+    // where the netlink dump would see its pod's veth gone and quarantine the address before
+    // the DEL drained it. (Only after the bpffs_dir lock: the socket is the running agent's.)
+    let api = ApiServer::bind(&config.api_socket, access)?;
     // Read beside the programs' load (the kernel's verifier) from here: neither the journal nor
     // the node's netlink state depends on the datapath, and at 64k addresses each takes about
     // as long as the load; in turn they made restart-to-ready about 850 ms. Their results are
@@ -131,7 +136,7 @@ pub(super) async fn load(config: Config, bpffs_dir: ClaimedDir) -> Result<Loaded
     }
     Ok(Loaded {
         config,
-        access,
+        api,
         datapath,
         metrics,
         journal_read,
@@ -223,7 +228,7 @@ impl Loaded {
 /// configured interface attached (or failed) once and the journal saved.
 pub(super) struct Recovered {
     config: Config,
-    access: Access,
+    api: ApiServer,
     tracker: Tracker,
     durable: Durable,
     recovery: Recovery,
@@ -290,7 +295,7 @@ impl Watching {
         let _ = durable.persist(tracker.journaled());
         Ok(Recovered {
             config,
-            access: loaded.access,
+            api: loaded.api,
             tracker,
             durable,
             recovery,
@@ -349,12 +354,11 @@ impl Recovered {
             metrics.clone(),
             ipam_holds,
         ));
-        let api = tokio::spawn(ApiServer::bind(&config.api_socket, self.access)?.serve(
-            command_tx,
-            metrics.clone(),
-            ipam_bins,
-            ipam_records,
-        ));
+        let api =
+            tokio::spawn(
+                self.api
+                    .serve(command_tx, metrics.clone(), ipam_bins, ipam_records),
+            );
         let stop_signals = inputs::stop_signals()?;
         metrics.readiness.set_started(true);
         // Only now: a TCX link create holds rtnl_lock for a grace period, and start-up's
