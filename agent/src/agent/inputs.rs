@@ -21,6 +21,7 @@ use crate::{
     hygiene,
     journal::Synced,
     netlink::NetEvent,
+    tracker::Observed,
 };
 
 /// API requests answered per journal save at most: a burst of CNI ADDs shares one fsync.
@@ -36,25 +37,23 @@ pub(super) struct Stop(pub(super) &'static str);
 
 /// One thing the owner loop reacts to.
 pub(super) enum Input {
-    /// Netlink events in arrival order; `overrun` when some were lost (the socket's buffer or
-    /// the queue overflowed) and a fresh dump must follow them.
-    Net {
-        events: Vec<NetEvent>,
-        overrun: bool,
-    },
-    TcNotices(Vec<TcNotice>),
-    Verification(Box<Verification>),
-    /// Map writes another process made, reported by the bpf() watcher.
-    ReportedKeys(Vec<ReportedKey>),
-    AttachReports(Vec<JobReport>),
-    HygieneReports(Vec<hygiene::Report>),
-    Samples(Vec<ConflictSample>),
+    /// What the node, the kernel, the workers and time said: the tracker's. `resync` when
+    /// netlink lost events (the socket's buffer or the queue overflowed) and a fresh dump must
+    /// follow these.
+    Observed { what: Observed, resync: bool },
     /// API requests, answered once what they changed is saved.
     Commands(Vec<Command>),
     /// Journal flushes that finished off the loop.
     Synced(Vec<Synced>),
-    /// Time passed: cool-downs, retries, the spool, readiness.
-    Tick,
+}
+
+impl From<Observed> for Input {
+    fn from(what: Observed) -> Self {
+        Input::Observed {
+            what,
+            resync: false,
+        }
+    }
 }
 
 /// The queues the owner loop reads. A source that has no sender left (the bpf() watcher on a
@@ -138,7 +137,7 @@ fn burst<T>(first: T, queue: &mut mpsc::Receiver<T>, limit: usize) -> Vec<T> {
 }
 
 impl Inputs {
-    /// The next input, or [`Input::Tick`] once `delay` passed with none; `Err` when the agent
+    /// The next input, or [`Observed::Tick`] once `delay` passed with none; `Err` when the agent
     /// is to stop.
     pub(super) async fn next(&mut self, delay: Duration) -> Result<Input, Stop> {
         let input = tokio::select! {
@@ -150,24 +149,26 @@ impl Inputs {
                     let mut events = burst(first, &mut self.net, MAX_BURST);
                     let before = events.len();
                     events.retain(|e| *e != NetEvent::Overrun);
-                    Input::Net { overrun: events.len() != before, events }
+                    let resync = events.len() != before;
+                    Input::Observed { what: Observed::Net(events), resync }
                 }
             },
             Some(notice) = self.tc_notices.recv() => {
-                Input::TcNotices(burst(notice, &mut self.tc_notices, MAX_BURST))
+                Observed::TcNotices(burst(notice, &mut self.tc_notices, MAX_BURST)).into()
             }
             Some(verification) = self.verifications.recv() => {
-                Input::Verification(Box::new(verification))
+                Observed::Verification(Box::new(verification)).into()
             }
-            Some(keys) = self.reported_keys.recv() => Input::ReportedKeys(keys),
+            Some(keys) = self.reported_keys.recv() => Observed::ReportedKeys(keys).into(),
             Some(report) = self.attach_reports.recv() => {
-                Input::AttachReports(burst(report, &mut self.attach_reports, MAX_BURST))
+                Observed::AttachReports(burst(report, &mut self.attach_reports, MAX_BURST)).into()
             }
             Some(report) = self.hygiene_reports.recv() => {
-                Input::HygieneReports(burst(report, &mut self.hygiene_reports, MAX_BURST))
+                Observed::HygieneReports(burst(report, &mut self.hygiene_reports, MAX_BURST))
+                    .into()
             }
             Some(sample) = self.samples.recv() => {
-                Input::Samples(burst(sample, &mut self.samples, MAX_BURST))
+                Observed::Samples(burst(sample, &mut self.samples, MAX_BURST)).into()
             }
             Some(command) = self.commands.recv() => {
                 Input::Commands(burst(command, &mut self.commands, MAX_REQUEST_BURST))
@@ -175,7 +176,7 @@ impl Inputs {
             Some(report) = self.synced.recv() => {
                 Input::Synced(burst(report, &mut self.synced, MAX_BURST))
             }
-            _ = tokio::time::sleep(delay) => Input::Tick,
+            _ = tokio::time::sleep(delay) => Observed::Tick.into(),
         };
         Ok(input)
     }
@@ -222,14 +223,23 @@ mod tests {
             net.send(event).await.unwrap();
         }
         match inputs.next(Duration::from_secs(1)).await {
-            Ok(Input::Net { events, overrun }) => {
+            Ok(Input::Observed {
+                what: Observed::Net(events),
+                resync,
+            }) => {
                 assert_eq!(events, vec![route(1), route(2)]);
-                assert!(overrun);
+                assert!(resync);
             }
             _ => panic!("the queued events, as one input"),
         }
         assert!(
-            matches!(inputs.next(Duration::from_secs(1)).await, Ok(Input::Tick)),
+            matches!(
+                inputs.next(Duration::from_secs(1)).await,
+                Ok(Input::Observed {
+                    what: Observed::Tick,
+                    ..
+                })
+            ),
             "nothing queued: the tick"
         );
     }

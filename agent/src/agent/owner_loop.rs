@@ -17,8 +17,8 @@ use super::{
 use crate::{
     heap::Trimmer,
     metrics::Metrics,
-    netdev, netlink,
-    tracker::{Durable, Tracker},
+    netlink,
+    tracker::{Durable, Observed, Tracker},
 };
 
 /// Longest sleep between two ticks: the CNI spool is replayed on each.
@@ -56,38 +56,30 @@ impl OwnerLoop {
         (self.tracker, self.durable)
     }
 
-    /// One input, handed to the tracker.
+    /// One input: what the node and the kernel said handed to the tracker, API requests
+    /// answered once what they changed is saved, the journal's flushes to the answers waiting
+    /// for them.
     async fn handle(&mut self, input: Input) {
         let tracker = &mut self.tracker;
-        if matches!(input, Input::Tick) {
-            self.trimmer.on_tick();
-        } else {
-            self.trimmer.on_activity();
-        }
         match input {
-            Input::Net { events, overrun } => {
-                for event in events {
-                    tracker.on_event(event);
+            Input::Observed { what, resync } => {
+                let tick = matches!(what, Observed::Tick);
+                if tick {
+                    self.trimmer.on_tick();
+                    self.last_tick = Instant::now();
+                } else {
+                    self.trimmer.on_activity();
                 }
-                if overrun {
-                    resync(tracker, &self.metrics).await;
+                tracker.on_input(what);
+                if resync {
+                    self::resync(tracker, &self.metrics).await;
+                }
+                if tick {
+                    replay_spool(tracker, &mut self.durable, &self.spool_dir);
                 }
             }
-            Input::TcNotices(notices) => notices.into_iter().for_each(|n| tracker.on_tc_notice(n)),
-            Input::Verification(verification) => tracker.on_verification(*verification),
-            Input::ReportedKeys(keys) => tracker.recheck_reported(&keys),
-            Input::AttachReports(reports) => {
-                reports
-                    .into_iter()
-                    .for_each(|r| tracker.on_attach_report(r));
-            }
-            Input::HygieneReports(reports) => {
-                reports
-                    .into_iter()
-                    .for_each(|r| tracker.on_hygiene_report(r));
-            }
-            Input::Samples(samples) => samples.iter().for_each(|s| tracker.on_sample(s)),
             Input::Commands(commands) => {
+                self.trimmer.on_activity();
                 let answers = commands.into_iter().map(|c| tracker.handle(c)).collect();
                 // Answered only once what they changed is on disk (the flush runs off this
                 // loop); `unavailable`, with the journal's error, when it cannot be.
@@ -95,14 +87,10 @@ impl OwnerLoop {
                 self.waiting.after_save(answers, saved);
             }
             Input::Synced(reports) => {
+                self.trimmer.on_activity();
                 for report in reports {
                     self.waiting.on_synced(self.durable.on_synced(report));
                 }
-            }
-            Input::Tick => {
-                self.last_tick = Instant::now();
-                tracker.tick();
-                replay_spool(tracker, &mut self.durable, &self.spool_dir);
             }
         }
     }
@@ -113,16 +101,10 @@ impl OwnerLoop {
 /// inputs less than `MAX_TICK` apart must not put off the periodic work (spool replay,
 /// readiness) for ever.
 fn tick_delay(tracker: &Tracker, last_tick: Instant) -> Duration {
-    let now = netdev::monotonic_ns();
-    let retry = tracker
-        .attacher()
-        .next_retry()
-        .map_or(MAX_TICK, |at| at.saturating_duration_since(Instant::now()));
     tracker
-        .next_deadline()
-        .map_or(MAX_TICK, |at| Duration::from_nanos(at.saturating_sub(now)))
+        .until_next_work()
+        .unwrap_or(MAX_TICK)
         .min(MAX_TICK.saturating_sub(last_tick.elapsed()))
-        .min(retry)
 }
 
 /// Takes a fresh dump after lost events and feeds the difference to the tracker.

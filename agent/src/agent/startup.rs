@@ -37,7 +37,7 @@ use crate::{
     netlink::{self, NetEvent, NetState, NetlinkError},
     queues::{Overflows, Queue},
     registry::AddrRecord,
-    tracker::{Durable, Recovery, Tracker},
+    tracker::{Durable, Recovery, ServeWith, Tracker},
 };
 
 /// Refuses what ipq cannot run on, raises the descriptors' limit and claims the pins'
@@ -282,15 +282,7 @@ impl Watching {
             source,
         })??;
         tracker.reconcile(dump);
-        // Every configured interface attached (or failed) once before pruning: the pins of an
-        // interface still being attached are its enforcement until its new program is in.
-        while tracker.attaching() {
-            match inputs.attach_reports.recv().await {
-                Some(report) => tracker.on_attach_report(report),
-                None => break,
-            }
-        }
-        tracker.prune_links();
+        tracker.first_attach(&mut inputs.attach_reports).await;
         // A failure is logged and counted by persist; the loop retries every tick.
         let _ = durable.persist(tracker.journaled());
         Ok(Recovered {
@@ -322,18 +314,13 @@ impl Recovered {
     pub(super) fn serve(self) -> Result<Serving, AgentError> {
         let (config, metrics, recovery) = (self.config, self.metrics, self.recovery);
         let (mut tracker, mut durable) = (self.tracker, self.durable);
-        // After recovery and the first reconcile: from here on a holder gone or new is a
-        // change on the node, and its address is cleaned.
-        let hygiene_reports = tracker.start_hygiene()?;
         let (command_tx, commands) = mpsc::channel(1024);
-        // Only now, with the registry recovered and the spool replayed: "free" is then the
-        // truth.
         let (urgent_tx, urgent_rx) = mpsc::channel(64);
-        tracker.set_ipam_releaser(urgent_tx);
-        // With the registry recovered and reconciled: the object's first write is the node's
-        // truth.
-        start_publishing(&config, &mut tracker, &metrics);
-        let (ipam_holds, ipam_records) = tracker.ipam_tables();
+        let serving = tracker.serve(ServeWith {
+            urgent: urgent_tx,
+            publish: start_publishing(&config, &metrics),
+        })?;
+        let (ipam_holds, ipam_records) = (serving.ipam_holds, serving.ipam_records);
         let ipam_bins = Arc::new(crate::ipam::trust::TrustedBins::new(
             config.ipam_cni_bin_dirs.clone(),
         ));
@@ -361,14 +348,12 @@ impl Recovered {
             );
         let stop_signals = inputs::stop_signals()?;
         metrics.readiness.set_started(true);
-        // Only now: a TCX link create holds rtnl_lock for a grace period, and start-up's
-        // netlink requests (the prune above) would wait behind every one.
-        let started = tracker.mark_started();
+        let started = serving.started;
         info!(
             "started: registry recovered from {recovery:?} with {} addresses, {} attachments, \
              {} unprotected, {} interfaces to move from netlink filters to TCX; metrics on \
              http://{}/metrics",
-            tracker.registry().len(),
+            serving.addresses,
             started.attachments,
             started.unprotected,
             started.tc_upgrades_pending,
@@ -378,7 +363,7 @@ impl Recovered {
         let synced = durable.defer_syncs();
         let inputs = self
             .inputs
-            .with(stop_signals, hygiene_reports, commands, synced);
+            .with(stop_signals, serving.hygiene_reports, commands, synced);
         Ok(Serving {
             owner: OwnerLoop {
                 tracker,
@@ -400,8 +385,14 @@ impl Recovered {
 }
 
 /// Starts the NodeQuarantine publisher and, when asked, the whereabouts projection, when the
-/// agent knows its Kubernetes node.
-fn start_publishing(config: &Config, tracker: &mut Tracker, metrics: &Arc<Metrics>) {
+/// agent knows its Kubernetes node; their ends, for the tracker.
+fn start_publishing(
+    config: &Config,
+    metrics: &Arc<Metrics>,
+) -> Option<(
+    crate::publish::Feed,
+    Option<crate::publish::whereabouts::Feed>,
+)> {
     let Some(settings) = crate::publish::Settings::from_config(&config.kubernetes) else {
         if config.kubernetes.whereabouts {
             warn!(
@@ -412,7 +403,7 @@ fn start_publishing(config: &Config, tracker: &mut Tracker, metrics: &Arc<Metric
         } else {
             info!("no Kubernetes node name (NODE_NAME): no NodeQuarantine is published");
         }
-        return;
+        return None;
     };
     info!(
         "publishing NodeQuarantine {} ({})",
@@ -438,5 +429,5 @@ fn start_publishing(config: &Config, tracker: &mut Tracker, metrics: &Arc<Metric
         );
         crate::publish::whereabouts::start(target, settings.kubeconfig.clone(), metrics.clone())
     });
-    tracker.start_publishing(crate::publish::start(settings, metrics.clone()), projection);
+    Some((crate::publish::start(settings, metrics.clone()), projection))
 }

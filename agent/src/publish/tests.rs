@@ -267,7 +267,7 @@ async fn the_first_write_after_a_start_is_the_whole_state_never_an_empty_list() 
     let metrics = crate::metrics::Metrics::for_tests();
     let sink = Recorder::default();
     let mut feed = start_with("node-a".into(), sink.clone(), Timing::default(), metrics);
-    // What the registry holds at start, sent before the writer runs (Tracker::start_publishing).
+    // What the registry holds at start, sent before the writer runs (Publishing::start).
     for i in 0..3 {
         feed.send(addr(i), Some(quarantined(i)));
     }

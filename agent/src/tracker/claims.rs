@@ -5,20 +5,19 @@
 
 use std::net::IpAddr;
 
-use super::{api_service, enforcer::Enforcer, Role, Tracker};
+use super::{api_service, enforcer::Enforcer, Tracker};
 use crate::{
     api::{
         model::{ClaimRequest, ClaimResponse, ErrorCode},
         views::{ApiError, Outcome},
     },
-    netlink::NetEvent,
-    registry::{Conflict, Effect, Holder},
+    registry::{Conflict, Effect},
 };
 
 impl Tracker {
     pub(super) fn claim(&mut self, request: &ClaimRequest) -> Result<ClaimResponse, ApiError> {
         let holder = self.api().claimant(request)?;
-        self.watch_claimant(&holder);
+        self.protection.watch_claimant(&holder, &mut self.core.net);
         let mac = api_service::claim_mac(request)?;
         self.sinks.hygiene.begin_claim(holder.ifindex, mac);
         let source = api_service::claim_source(request);
@@ -50,23 +49,6 @@ impl Tracker {
                 }
                 Err(api_service::refusal(&error))
             }
-        }
-    }
-
-    /// CNI can be faster than the netlink event of the veth it just created: the attacher is
-    /// asked now (the API service checked the role), so the claim is enforced the moment it is
-    /// answered. The node's mirror learns the link too (the kernel just named it), so that a
-    /// resync that no longer finds it forgets it; its own netlink event changes nothing.
-    fn watch_claimant(&mut self, holder: &Holder) {
-        if self.protection.attacher.target(holder.ifindex).is_none() {
-            self.core.net.apply(&NetEvent::Link {
-                ifindex: holder.ifindex,
-                name: holder.ifname.clone(),
-            });
-            self.protection
-                .attacher
-                .want(holder.ifindex, &holder.ifname, Role::Workload);
-            self.protection.observe();
         }
     }
 }

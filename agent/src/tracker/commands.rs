@@ -97,7 +97,8 @@ impl Tracker {
                 durable_answer(reply, Ok(self.api().changed(drained.addresses)))
             }
         };
-        self.update_gauges();
+        self.sinks
+            .observe_gauges(&self.core.registry, &self.metrics);
         answer
     }
 

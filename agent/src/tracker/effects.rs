@@ -7,14 +7,17 @@
 
 use std::net::IpAddr;
 
-use ipq_common::sample::ConflictSample;
+use ipq_common::{addr::AddrState, counters::Reason, sample::ConflictSample};
+use log::warn;
 
 use super::{break_glass::HandWritten, decide::Core, enforcer::Enforcer, observer::Observer};
 use crate::{
     api::views::outcome_of,
     datapath::attach::Attacher,
     hygiene::Hygiene,
-    registry::{AddrStatus, Effect, Holder, StateName},
+    metrics::Metrics,
+    netdev,
+    registry::{AddrStatus, Effect, Holder, Registry, StateName},
 };
 
 /// The parts the registry's effects change, each the owner of its state.
@@ -95,23 +98,69 @@ impl Sinks {
         }
     }
 
-    /// Logs (rate-limited) and publishes one kernel sample, named by who the registry says
-    /// holds (or held) its address and the interface it was seen on.
-    pub(super) fn publish_sample(
+    /// One conflict sample from the kernel: logged (rate-limited) and published, named by who
+    /// the registry says holds (or held) its address and the interface it was seen on; the age
+    /// of stale traffic observed; and what the core decides it means for the registry carried
+    /// out.
+    pub(super) fn on_sample(
         &mut self,
-        core: &Core,
+        core: &mut Core,
         attacher: &Attacher,
+        metrics: &Metrics,
         sample: &ConflictSample,
     ) {
         let addr = sample.addr.to_ip();
-        let holder = core.registry.get(addr).map(|r| match &r.status {
+        let status = core.registry.get(addr).map(|r| &r.status);
+        let holder = status.map(|status| match status {
             AddrStatus::Quarantined { previous, .. } => previous.clone(),
             AddrStatus::Active { holder, .. } | AddrStatus::Draining { holder, .. } => {
                 holder.clone()
             }
         });
+        if let Some(AddrStatus::Quarantined { since, .. }) = status {
+            if Reason::from_repr(sample.reason) == Some(Reason::StaleTraffic) {
+                let age = sample.ts_ns.saturating_sub(*since) as f64 / 1e9;
+                metrics.stale_traffic_age_seconds.observe(age);
+            }
+        }
         let seen_on = interface_name(core, attacher, sample.ifindex);
         self.observer.sample(sample, seen_on, holder);
+        let effects = core.on_sample(sample);
+        self.apply(core, effects);
+    }
+
+    /// Carries the kernel's stale-traffic stamps of the quarantines due now into the registry,
+    /// where they may push the release back. Stale traffic reaches the registry as samples while
+    /// it happens, but at most one per address per sample interval, and none when the ring is
+    /// full: before a release, the map's own stamp (exact) has the last word. One lookup per
+    /// quarantine due, never a scan of the map.
+    pub(super) fn refresh_stale(&mut self, core: &mut Core) {
+        let due: Vec<IpAddr> = core.registry.due(netdev::monotonic_ns()).collect();
+        for addr in due {
+            let entry = match self.enforcer.kernel_entry(addr) {
+                Ok(Some(entry)) => entry,
+                Ok(None) => continue,
+                Err(e) => {
+                    warn!("{addr}: reading its stale-traffic stamp: {e}");
+                    continue;
+                }
+            };
+            if entry.state() != Some(AddrState::Quarantined) {
+                continue;
+            }
+            let effects = core.on_stale_stamp(addr, entry.last_stale_ns);
+            self.apply(core, effects);
+        }
+    }
+
+    /// The gauges that follow the registry and the datapath, after every burst of events and
+    /// of requests. O(1) in what is stored: the registry keeps its per-state counts, the table
+    /// its length. (The protection gauges walk the attacher's interfaces: they are updated only
+    /// where the attacher changes and on every tick, see `Protection::observe`.)
+    pub(super) fn observe_gauges(&self, registry: &Registry, metrics: &Metrics) {
+        metrics.observe_registry(registry);
+        metrics.registry_entries.set(self.enforcer.len() as i64);
+        metrics.addresses_unprotected.set(registry.waiting() as i64);
     }
 }
 

@@ -53,6 +53,7 @@ impl Enforcer {
         self.pending.get(addr)
     }
 
+    #[cfg(test)]
     pub fn port(&self) -> &dyn DatapathPort {
         self.datapath.as_ref()
     }

@@ -1,26 +1,90 @@
-//! Netlink events, kernel samples and time: the core decides what they mean for the registry,
-//! and the tracker carries out its decisions.
+//! What the node, the kernel, the workers and time said ([`Observed`]), dispatched to the part
+//! that owns each: the core decides what it means for the registry and the sinks carry out its
+//! decisions; the attacher's and hygiene's reports and the verification's findings go to the
+//! parts that own them.
 
-use std::net::IpAddr;
-
-use ipq_common::{addr::AddrState, counters::Reason, sample::ConflictSample};
-use log::{info, warn};
+use ipq_common::sample::ConflictSample;
 
 use super::{decide::InterfaceChange, Tracker};
-use crate::{netdev, netlink::NetEvent, registry::AddrStatus};
+use crate::{
+    datapath::{
+        attach::{tc_watch::TcNotice, JobReport},
+        bpf_watch::ReportedKey,
+        verify::Verification,
+    },
+    hygiene,
+    netlink::NetEvent,
+};
+
+/// One input of the registry's owner other than an API request: each a burst, taken whole
+/// (one gauge update per burst, not per item).
+pub enum Observed {
+    /// Netlink events, in arrival order.
+    Net(Vec<NetEvent>),
+    TcNotices(Vec<TcNotice>),
+    Verification(Box<Verification>),
+    /// Map writes another process made, reported by the bpf() watcher.
+    ReportedKeys(Vec<ReportedKey>),
+    AttachReports(Vec<JobReport>),
+    HygieneReports(Vec<hygiene::Report>),
+    Samples(Vec<ConflictSample>),
+    /// Time passed: cool-downs, retries, readiness.
+    Tick,
+}
 
 impl Tracker {
-    /// One netlink event, with the gauges it changes.
-    pub fn on_event(&mut self, event: NetEvent) {
-        let attacher_changed = self.apply_event(event);
-        self.update_gauges();
-        if attacher_changed {
-            self.protection.observe();
+    /// One input, handed to the part that owns what it says.
+    pub fn on_input(&mut self, input: Observed) {
+        match input {
+            Observed::Net(events) => {
+                let mut attacher_changed = false;
+                for event in events {
+                    attacher_changed |= self.apply_event(event);
+                }
+                self.sinks
+                    .observe_gauges(&self.core.registry, &self.metrics);
+                if attacher_changed {
+                    self.protection.observe();
+                }
+            }
+            Observed::TcNotices(notices) => {
+                for notice in notices {
+                    self.protection.on_tc_notice(notice);
+                }
+            }
+            Observed::Verification(verification) => {
+                self.protection
+                    .on_verification(&verification, &self.core, &mut self.sinks);
+            }
+            Observed::ReportedKeys(keys) => {
+                let found = self
+                    .sinks
+                    .recheck_reported(&keys, &self.core.registry, &self.metrics);
+                self.protection.found_drift(found);
+            }
+            Observed::AttachReports(reports) => {
+                for report in reports {
+                    self.protection.on_report(report, &mut self.sinks.observer);
+                }
+            }
+            Observed::HygieneReports(reports) => {
+                for report in reports {
+                    self.sinks.on_hygiene_report(report, &self.core.registry);
+                }
+            }
+            Observed::Samples(samples) => {
+                for sample in &samples {
+                    let attacher = &self.protection.attacher;
+                    self.sinks
+                        .on_sample(&mut self.core, attacher, &self.metrics, sample);
+                }
+            }
+            Observed::Tick => self.tick(),
         }
     }
 
-    /// One netlink event, without the gauges (a resync updates them once after all its
-    /// events); returns whether it changed what the attacher wants.
+    /// One netlink event, without the gauges (a burst or a resync updates them once after all
+    /// its events); returns whether it changed what the attacher wants.
     pub(super) fn apply_event(&mut self, event: NetEvent) -> bool {
         let decision = self.core.on_net_event(event);
         let attacher_changed = match decision.interface {
@@ -39,77 +103,19 @@ impl Tracker {
         attacher_changed
     }
 
-    /// Detaches what earlier agents attached and no configured interface needs now.
-    pub fn prune_links(&self) {
-        match self.protection.attacher.prune() {
-            Ok(removed) => {
-                for (ifindex, point) in removed {
-                    info!(
-                        "detached if{ifindex} {}: no longer configured or gone",
-                        point.as_ref()
-                    );
-                }
-            }
-            Err(e) => warn!("pruning stale link pins: {e}"),
-        }
-    }
-
-    /// Ends the quarantines that are due.
-    pub fn tick(&mut self) {
+    /// Retries what is due and ends the quarantines that are.
+    fn tick(&mut self) {
         self.protection
             .attacher
             .retry_due(std::time::Instant::now());
         // Writes the kernel refused before the registry's own tick, whose effects may replace
         // them.
         self.sinks.enforcer.retry_pending();
-        self.refresh_stale();
+        self.sinks.refresh_stale(&mut self.core);
         let effects = self.core.tick();
         self.sinks.apply(&mut self.core, effects);
-        self.update_gauges();
-        self.protection.observe();
-    }
-
-    /// Carries the kernel's stale-traffic stamps of the quarantines due now into the registry,
-    /// where they may push the release back. Stale traffic reaches the registry as samples while
-    /// it happens, but at most one per address per sample interval, and none when the ring is
-    /// full: before a release, the map's own stamp (exact) has the last word. One lookup per
-    /// quarantine due, never a scan of the map.
-    fn refresh_stale(&mut self) {
-        let due: Vec<IpAddr> = self.core.registry.due(netdev::monotonic_ns()).collect();
-        for addr in due {
-            let entry = match self.sinks.enforcer.kernel_entry(addr) {
-                Ok(Some(entry)) => entry,
-                Ok(None) => continue,
-                Err(e) => {
-                    warn!("{addr}: reading its stale-traffic stamp: {e}");
-                    continue;
-                }
-            };
-            if entry.state() != Some(AddrState::Quarantined) {
-                continue;
-            }
-            let effects = self.core.on_stale_stamp(addr, entry.last_stale_ns);
-            self.sinks.apply(&mut self.core, effects);
-        }
-    }
-
-    /// One conflict sample from the kernel: logged and published, the age of stale traffic
-    /// observed, and what it means for the registry carried out.
-    pub fn on_sample(&mut self, sample: &ConflictSample) {
         self.sinks
-            .publish_sample(&self.core, &self.protection.attacher, sample);
-        if Reason::from_repr(sample.reason) == Some(Reason::StaleTraffic) {
-            if let Some(AddrStatus::Quarantined { since, .. }) = self
-                .core
-                .registry
-                .get(sample.addr.to_ip())
-                .map(|r| &r.status)
-            {
-                let age = sample.ts_ns.saturating_sub(*since) as f64 / 1e9;
-                self.metrics.stale_traffic_age_seconds.observe(age);
-            }
-        }
-        let effects = self.core.on_sample(sample);
-        self.sinks.apply(&mut self.core, effects);
+            .observe_gauges(&self.core.registry, &self.metrics);
+        self.protection.observe();
     }
 }

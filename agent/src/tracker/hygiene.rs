@@ -4,14 +4,17 @@
 
 use tokio::sync::mpsc;
 
-use super::Tracker;
+use super::effects::Sinks;
 use crate::{
     api::{
         model::{EventBody, HygieneView},
         views::TimeBase,
     },
+    config::Config,
     hygiene::{HygieneError, QueueCounters, Report},
+    metrics::Metrics,
     queues::Queue,
+    registry::Registry,
 };
 
 /// A report as the API shows it; `at` empty while it is not known.
@@ -31,32 +34,36 @@ pub fn hygiene_view(report: &Report, time: Option<&TimeBase>) -> HygieneView {
     }
 }
 
-impl Tracker {
+impl Sinks {
     /// Starts reuse hygiene: from now on a holder gone or new hands the worker a job. Started
     /// after recovery, which replays the registry rather than changing any holder.
-    pub fn start_hygiene(&mut self) -> Result<mpsc::Receiver<Report>, HygieneError> {
+    pub(super) fn start_hygiene(
+        &mut self,
+        config: &Config,
+        metrics: &Metrics,
+    ) -> Result<mpsc::Receiver<Report>, HygieneError> {
         let queues = QueueCounters {
-            jobs: self.metrics.queues.of(Queue::HygieneJobs),
-            reports: self.metrics.queues.of(Queue::HygieneReports),
+            jobs: metrics.queues.of(Queue::HygieneJobs),
+            reports: metrics.queues.of(Queue::HygieneReports),
         };
-        self.sinks.hygiene.start(
-            self.core.config.hygiene.clone(),
-            self.core.config.interfaces.uplink.clone(),
-            self.metrics.hygiene.clone(),
-            self.core.config.capacity as usize,
+        self.hygiene.start(
+            config.hygiene.clone(),
+            config.interfaces.uplink.clone(),
+            metrics.hygiene.clone(),
+            config.capacity as usize,
             queues,
         )
     }
 
     /// A report from the hygiene worker: published, and kept for `ipq get`.
-    pub fn on_hygiene_report(&mut self, report: Report) {
+    pub(super) fn on_hygiene_report(&mut self, report: Report, registry: &Registry) {
         let time = TimeBase::now();
         let view = hygiene_view(&report, None);
-        self.sinks.observer.publish(
+        self.observer.publish(
             time.rfc3339(report.finished_ns),
             EventBody::Hygiene(Box::new(view)),
         );
-        let in_registry = self.core.registry.get(report.address).is_some();
-        self.sinks.hygiene.record(report, in_registry);
+        let in_registry = registry.get(report.address).is_some();
+        self.hygiene.record(report, in_registry);
     }
 }

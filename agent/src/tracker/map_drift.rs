@@ -14,7 +14,7 @@ use ipq_api::DriftFoundBy;
 use ipq_common::addr::AddrKey;
 use log::warn;
 
-use super::{effects::Sinks, Tracker};
+use super::effects::Sinks;
 use crate::{
     api::model::EventBody,
     datapath::{
@@ -128,29 +128,33 @@ impl Sinks {
     }
 }
 
-impl Tracker {
+impl Sinks {
     /// Looks at once at the entries the bpf() watcher saw another process write (their keys,
     /// each read as an address and as an index of `IPQ_SLOTS` and `IPQ_IFACES`: O(keys)),
-    /// without waiting for the comparison of the whole maps, which follows.
-    pub fn recheck_reported(&mut self, keys: &[ReportedKey]) {
+    /// without waiting for the comparison of the whole maps, which follows. Returns what it
+    /// found, when it found anything, for `ipq status` (its `pins` are the last pass's: the
+    /// attacher's to fill in).
+    pub(super) fn recheck_reported(
+        &mut self,
+        keys: &[ReportedKey],
+        registry: &Registry,
+        metrics: &Metrics,
+    ) -> Option<Summary> {
         let started = Instant::now();
-        let suspects = self.sinks.enforcer.reported_suspects(keys);
+        let suspects = self.enforcer.reported_suspects(keys);
         let found_at = SystemTime::now();
-        let drift = self.sinks.recheck_suspects(
+        let drift = self.recheck_suspects(
             &suspects,
             found_at,
             DriftFoundBy::ReportedWrite,
-            &self.core.registry,
-            &self.metrics,
+            registry,
+            metrics,
         );
-        if !drift.is_empty() {
-            // `ipq status` shows what was found last, whichever look found it.
-            self.protection.attacher.set_found(Summary {
-                finished_at: found_at,
-                took: started.elapsed(),
-                pins: self.protection.attacher.verified().map_or(0, |v| v.pins),
-                found: drift_lines(&drift),
-            });
-        }
+        (!drift.is_empty()).then(|| Summary {
+            finished_at: found_at,
+            took: started.elapsed(),
+            pins: 0,
+            found: drift_lines(&drift),
+        })
     }
 }

@@ -7,7 +7,7 @@
 //! - `effects` (the `Sinks`): where the effects go, each part owning its state: `enforcer`
 //!   (with `pending_writes`: the datapath's one writer, the writes the kernel refused retried
 //!   every tick), `break_glass` (entries written by hand), `observer` (with `feed`: counters,
-//!   event-feed entries and log lines), reuse hygiene, and `map_drift` (what another process
+//!   event-feed entries and log lines), reuse hygiene (`hygiene`: its start and reports), and `map_drift` (what another process
 //!   wrote into the maps, written back);
 //! - `protection`: the attacher, the workers' reports, TC notices, the verification's findings
 //!   about links and pins, and readiness;
@@ -15,7 +15,9 @@
 //!   ranges;
 //! - `publish`: what changed, handed to the NodeQuarantine publisher and whereabouts;
 //! - `recovery`: bringing the registry back at start and reconciling it with a netlink dump;
-//! - `events`, `commands` (with `claims`), `hygiene`: the inputs dispatched;
+//! - `events` ([`Observed`]: what the node, the kernel, the workers and time said),
+//!   `commands` (with `claims`: the API's requests): the inputs, dispatched to the parts;
+//! - `startup`: the owner's part in the agent's start-up after recovery;
 //! - `api_service`: the API's answers: every view, read from the parts' state, and the
 //!   registry's refusals as API errors;
 //! - `durable`: the journal, a sink the agent's loop owns beside the tracker.
@@ -45,6 +47,7 @@ mod publish;
 #[cfg(test)]
 mod publish_tests;
 mod recovery;
+mod startup;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
@@ -52,9 +55,14 @@ mod write_retry_tests;
 
 pub use api_service::answer::Answer;
 pub use durable::{Durable, Journaled};
+pub use events::Observed;
 pub use recovery::Recovery;
+pub use startup::{ServeWith, Served};
 
-use std::{sync::Arc, time::SystemTime};
+use std::{
+    sync::Arc,
+    time::{Duration, Instant, SystemTime},
+};
 
 use crate::{
     config::Config,
@@ -114,49 +122,27 @@ impl Tracker {
         }
     }
 
-    pub fn registry(&self) -> &Registry {
-        &self.core.registry
-    }
-
-    pub fn datapath(&self) -> &dyn DatapathPort {
-        self.sinks.enforcer.port()
-    }
-
-    /// When `tick` has work next (monotonic ns).
-    pub fn next_deadline(&self) -> Option<u64> {
-        self.core.registry.next_deadline()
+    /// How long until the registry's next deadline or the attacher's next retry, when either
+    /// has one: the owner loop ticks then at the latest.
+    pub fn until_next_work(&self) -> Option<Duration> {
+        let deadline = self
+            .core
+            .registry
+            .next_deadline()
+            .map(|at| Duration::from_nanos(at.saturating_sub(crate::netdev::monotonic_ns())));
+        let retry = self
+            .protection
+            .attacher
+            .next_retry()
+            .map(|at| at.saturating_duration_since(Instant::now()));
+        match (deadline, retry) {
+            (Some(d), Some(r)) => Some(d.min(r)),
+            (d, r) => d.or(r),
+        }
     }
 
     /// The registry as the journal reads it, for a save ([`Durable`]).
     pub fn journaled(&mut self) -> Journaled<'_> {
         Journaled(&mut self.core.registry)
-    }
-
-    /// The gauges that follow the registry and the datapath, after every event and request.
-    /// O(1) in what is stored: the registry keeps its per-state counts, the table its length.
-    /// (The protection gauges walk the attacher's interfaces: they are updated only where the
-    /// attacher changes and on every tick, see [`Tracker::observe_protection`].)
-    fn update_gauges(&self) {
-        self.metrics.observe_registry(&self.core.registry);
-        self.metrics
-            .registry_entries
-            .set(self.sinks.enforcer.len() as i64);
-        self.metrics
-            .addresses_unprotected
-            .set(self.core.registry.waiting() as i64);
-    }
-
-    /// The releaser's queue for pool pressure.
-    pub fn set_ipam_releaser(
-        &mut self,
-        urgent: tokio::sync::mpsc::Sender<crate::ipam::releaser::Urgent>,
-    ) {
-        self.ipam.set_releaser(urgent);
-    }
-
-    /// The shared table of ipq-ipam's holds and the records of its allocations, for the
-    /// releaser and the API.
-    pub fn ipam_tables(&self) -> (crate::ipam::holds::Holds, crate::ipam::records::Records) {
-        (self.ipam.holds(), self.ipam.records())
     }
 }

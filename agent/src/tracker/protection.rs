@@ -6,7 +6,9 @@ use std::{path::Path, sync::Arc, time::Instant};
 
 use ipq_api::EventHook;
 
-use super::{observer::Observer, Role, Tracker};
+use log::{info, warn};
+
+use super::{decide::Core, effects::Sinks, observer::Observer, Role};
 use crate::{
     api::{
         model::{EventBody, StartedView},
@@ -15,11 +17,13 @@ use crate::{
     datapath::{
         attach::{tc_watch::TcNotice, Attacher, JobReport, Lost, LostAttachment},
         bpf_watch::Pokes,
-        verify::Verification,
+        verify::{Summary, Verification},
     },
     metrics::{self, Metrics},
     netdev,
+    netlink::{NetEvent, NetState},
     paths::PinLayout,
+    registry::Holder,
 };
 
 /// The attacher and what the agent knows of its interfaces' protection.
@@ -96,7 +100,7 @@ impl Protection {
     /// and published here (their WARN lines are the verification's); detached links are
     /// repaired by a worker, which counts them like any lost attachment. Returns whether the
     /// pass looked at everything (and so at the maps too), not only at the links' state.
-    pub(super) fn on_verified(
+    fn on_verified(
         &mut self,
         verification: &Verification,
         bpffs_dir: &Path,
@@ -130,6 +134,35 @@ impl Protection {
         self.metrics.readiness.set_pins_problem(problem.clone());
         self.pins_problem = problem;
         true
+    }
+
+    /// A verification pass's findings: links, filters and pins (see [`Self::on_verified`]),
+    /// then the maps' entries another process wrote, looked at again against what `core`'s
+    /// registry wants and written back by `sinks`.
+    pub(super) fn on_verification(
+        &mut self,
+        verification: &Verification,
+        core: &Core,
+        sinks: &mut Sinks,
+    ) {
+        if !self.on_verified(verification, &core.config.bpffs_dir, &mut sinks.observer) {
+            return;
+        }
+        let drift = sinks.verify_maps(verification, &core.registry, &self.metrics);
+        self.metrics
+            .verify_seconds
+            .set(verification.took.as_secs_f64());
+        self.attacher.set_verified(verification.summary(&drift));
+    }
+
+    /// What a look at the entries another process wrote found (see
+    /// `Sinks::recheck_reported`): `ipq status` shows what was found last, whichever look
+    /// found it.
+    pub(super) fn found_drift(&mut self, found: Option<Summary>) {
+        if let Some(found) = found {
+            let pins = self.attacher.verified().map_or(0, |v| v.pins);
+            self.attacher.set_found(Summary { pins, ..found });
+        }
     }
 
     /// The links the pass found detached or replaced, each marked lost for a worker to
@@ -213,6 +246,37 @@ impl Protection {
             .set_blocker(attacher.readiness_blocker(Instant::now()));
     }
 
+    /// CNI can be faster than the netlink event of the veth it just created: the attacher is
+    /// asked now (the API service checked the role), so the claim is enforced the moment it is
+    /// answered. The node's mirror (`net`) learns the link too (the kernel just named it), so
+    /// that a resync that no longer finds it forgets it; its own netlink event changes nothing.
+    pub(super) fn watch_claimant(&mut self, holder: &Holder, net: &mut NetState) {
+        if self.attacher.target(holder.ifindex).is_none() {
+            net.apply(&NetEvent::Link {
+                ifindex: holder.ifindex,
+                name: holder.ifname.clone(),
+            });
+            self.attacher
+                .want(holder.ifindex, &holder.ifname, Role::Workload);
+            self.observe();
+        }
+    }
+
+    /// Detaches what earlier agents attached and no configured interface needs now.
+    pub(super) fn prune_links(&self) {
+        match self.attacher.prune() {
+            Ok(removed) => {
+                for (ifindex, point) in removed {
+                    info!(
+                        "detached if{ifindex} {}: no longer configured or gone",
+                        point.as_ref()
+                    );
+                }
+            }
+            Err(e) => warn!("pruning stale link pins: {e}"),
+        }
+    }
+
     /// Start-up is done: records what is in place (for `/v1/status` and the `started:` line),
     /// then lets the attach workers move netlink-protected interfaces to TCX.
     pub(super) fn mark_started(&mut self) -> StartedView {
@@ -247,51 +311,4 @@ fn publish_lost(metrics: &Metrics, observer: &mut Observer, lost: LostAttachment
             error: lost.error,
         },
     );
-}
-
-impl Tracker {
-    /// One attach worker's report.
-    pub fn on_attach_report(&mut self, report: JobReport) {
-        self.protection.on_report(report, &mut self.sinks.observer);
-    }
-
-    /// A TC notification (see [`Protection::on_tc_notice`]).
-    pub fn on_tc_notice(&mut self, notice: TcNotice) {
-        self.protection.on_tc_notice(notice);
-    }
-
-    /// A verification pass's findings: links, filters and pins (see
-    /// [`Protection::on_verified`]), then the maps' entries another process wrote.
-    pub fn on_verification(&mut self, verification: Verification) {
-        let bpffs_dir = &self.core.config.bpffs_dir;
-        if !self
-            .protection
-            .on_verified(&verification, bpffs_dir, &mut self.sinks.observer)
-        {
-            return;
-        }
-        let drift = self
-            .sinks
-            .verify_maps(&verification, &self.core.registry, &self.metrics);
-        self.metrics
-            .verify_seconds
-            .set(verification.took.as_secs_f64());
-        self.protection
-            .attacher
-            .set_verified(verification.summary(&drift));
-    }
-
-    /// Whether an interface's first attach is still under way.
-    pub fn attaching(&self) -> bool {
-        self.protection.attacher.attaching()
-    }
-
-    pub fn attacher(&self) -> &Attacher {
-        &self.protection.attacher
-    }
-
-    /// Start-up is done (see [`Protection::mark_started`]).
-    pub fn mark_started(&mut self) -> StartedView {
-        self.protection.mark_started()
-    }
 }

@@ -56,25 +56,32 @@ impl Publishing {
     }
 }
 
-impl Tracker {
-    /// From now on the registry's changes go to `feed` (and to `projection`, whereabouts'),
+impl Publishing {
+    /// From now on `registry`'s changes go to `feed` (and to `projection`, whereabouts'),
     /// starting with every address it holds; their writers start once those are all sent, so
     /// that their first write is the whole state.
-    pub fn start_publishing(&mut self, feed: Feed, projection: Option<whereabouts::Feed>) {
-        self.core.registry.track_published_changes();
-        self.publishing = Publishing {
+    pub(super) fn start(
+        &mut self,
+        registry: &mut Registry,
+        feed: Feed,
+        projection: Option<whereabouts::Feed>,
+    ) {
+        registry.track_published_changes();
+        *self = Publishing {
             publish: Some(feed),
             whereabouts: projection,
         };
-        self.publish_changes();
-        if let Some(feed) = &mut self.publishing.publish {
+        self.send_changes(registry);
+        if let Some(feed) = &mut self.publish {
             feed.launch();
         }
-        if let Some(projection) = &mut self.publishing.whereabouts {
+        if let Some(projection) = &mut self.whereabouts {
             projection.launch();
         }
     }
+}
 
+impl Tracker {
     /// Hands the addresses changed since the last call to the publisher (the agent's loop
     /// calls it after every input it handled, and at least once a second).
     pub fn publish_changes(&mut self) {

@@ -8,7 +8,10 @@ use std::{
 
 use serde_json::Value;
 
-use super::tests::{ip, tracker};
+use super::{
+    tests::{ip, tracker},
+    Observed,
+};
 use crate::{
     config::EarlyReusePolicy,
     netlink::NetEvent,
@@ -57,12 +60,13 @@ async fn changes_beyond_a_full_feed_stay_in_the_registry_and_are_published_later
     let timing = Timing::default();
     let metrics = t.metrics.clone();
     for (ifindex, name) in [(11, "vetha"), (12, "vethb")] {
-        t.on_event(NetEvent::Link {
+        t.on_input(Observed::Net(vec![NetEvent::Link {
             ifindex,
             name: name.into(),
-        });
+        }]));
     }
-    t.start_publishing(
+    t.publishing.start(
+        &mut t.core.registry,
         start_with("node-a".into(), written.clone(), timing, metrics),
         None,
     );
@@ -71,15 +75,15 @@ async fn changes_beyond_a_full_feed_stay_in_the_registry_and_are_published_later
     let mut expected = Vec::new();
     for i in 0..passes {
         let addr = format!("10.9.{}.{}", i / 200, i % 200 + 1);
-        t.on_event(NetEvent::HostRoute {
+        t.on_input(Observed::Net(vec![NetEvent::HostRoute {
             addr: ip(&addr),
             ifindex: 11,
-        });
+        }]));
         // Pod b is given the address while pod a still holds it: a fence, a listed entry.
-        t.on_event(NetEvent::HostRoute {
+        t.on_input(Observed::Net(vec![NetEvent::HostRoute {
             addr: ip(&addr),
             ifindex: 12,
-        });
+        }]));
         t.publish_changes();
         expected.push(addr);
     }

@@ -222,7 +222,8 @@ impl Tracker {
         self.sinks
             .enforcer
             .sync(self.core.registry.datapath_entries());
-        self.update_gauges();
+        self.sinks
+            .observe_gauges(&self.core.registry, &self.metrics);
         self.protection.observe();
     }
 }

@@ -6,7 +6,7 @@ use std::{net::IpAddr, path::Path};
 use ipq_common::addr::{AddrKey, FLAG_OBSERVE_ONLY};
 use tokio::sync::oneshot;
 
-use super::{Durable, Tracker};
+use super::{Durable, Observed, Tracker};
 use crate::{
     api::{
         command::Command,
@@ -82,21 +82,23 @@ pub(super) fn tracker_with_journal_clock(
 }
 
 fn link(t: &mut Tracker, ifindex: u32, name: &str) {
-    t.on_event(NetEvent::Link {
+    t.on_input(Observed::Net(vec![NetEvent::Link {
         ifindex,
         name: name.into(),
-    });
+    }]));
 }
 
 fn route(t: &mut Tracker, addr: &str, ifindex: u32) {
-    t.on_event(NetEvent::HostRoute {
+    t.on_input(Observed::Net(vec![NetEvent::HostRoute {
         addr: ip(addr),
         ifindex,
-    });
+    }]));
 }
 
 fn flags(t: &Tracker, addr: &str) -> u32 {
-    t.datapath()
+    t.sinks
+        .enforcer
+        .port()
         .table()
         .get(&AddrKey::from(ip(addr)))
         .map(|e| e.flags)
@@ -108,7 +110,9 @@ fn pinned(t: &Tracker) -> MemTable {
     MemTable {
         capacity: None,
         entries: t
-            .datapath()
+            .sinks
+            .enforcer
+            .port()
             .table()
             .entries()
             .unwrap()
@@ -142,7 +146,7 @@ fn observe_only_survives_a_restart_and_a_lost_journal() {
             FLAG_OBSERVE_ONLY,
             "{addr}"
         );
-        assert!(t.registry().get(ip(addr)).unwrap().observe_only);
+        assert!(t.core.registry.get(ip(addr)).unwrap().observe_only);
     }
     durable(dir.path(), &t).persist(t.journaled()).unwrap();
     let table = pinned(&t);
@@ -169,7 +173,7 @@ fn observe_only_survives_a_restart_and_a_lost_journal() {
     rebuilt.reconcile(rebuilt.core.net.clone());
     for addr in ["10.0.0.5", "fd00::5"] {
         assert!(
-            rebuilt.registry().get(ip(addr)).unwrap().observe_only,
+            rebuilt.core.registry.get(ip(addr)).unwrap().observe_only,
             "{addr}"
         );
         assert_eq!(flags(&rebuilt, addr) & FLAG_OBSERVE_ONLY, FLAG_OBSERVE_ONLY);
@@ -182,7 +186,7 @@ fn a_journal_without_the_flag_takes_it_from_the_pins() {
     let dir = tempfile::tempdir().unwrap();
     let mut t = tracker(EarlyReusePolicy::Observe, dir.path());
     observed_reuse(&mut t);
-    let mut snapshot = t.registry().snapshot();
+    let mut snapshot = t.core.registry.snapshot();
     for record in &mut snapshot.records {
         record.observe_only = false;
     }
@@ -194,7 +198,8 @@ fn a_journal_without_the_flag_takes_it_from_the_pins() {
     assert_eq!(recover(&mut upgraded, dir.path()), super::Recovery::Journal);
     assert!(
         upgraded
-            .registry()
+            .core
+            .registry
             .get(ip("10.0.0.5"))
             .unwrap()
             .observe_only
@@ -213,18 +218,18 @@ fn every_change_to_a_record_needs_a_save() {
     route(&mut t, "10.0.0.7", VETH_A);
     let mut journal = durable(dir.path(), &t);
     journal.persist(t.journaled()).unwrap();
-    assert!(journal.is_saved(t.registry().generation()));
+    assert!(journal.is_saved(t.core.registry.generation()));
     // A duplicate source changes no state and no map entry, only the conflict count.
-    let before = t.registry().generation();
+    let before = t.core.registry.generation();
     let result = t.core.registry.duplicate_source(ip("10.0.0.7"), VETH_B);
     t.sinks.apply(&mut t.core, result.unwrap());
-    assert!(t.registry().generation() > before);
+    assert!(t.core.registry.generation() > before);
     assert!(
-        !journal.is_saved(t.registry().generation()),
+        !journal.is_saved(t.core.registry.generation()),
         "a conflict count is a change to save"
     );
     journal.persist(t.journaled()).unwrap();
-    assert!(journal.is_saved(t.registry().generation()));
+    assert!(journal.is_saved(t.core.registry.generation()));
 }
 
 /// Recovery as the agent runs it, with the journal of `state_dir` loaded first.
@@ -277,16 +282,16 @@ fn addresses_of_the_node_are_never_a_workloads() {
     link(&mut t, VETH_B, "vethb");
     // An older agent took ptp's IPv6 gateway on veth a for a pod's address.
     route(&mut t, "fd92::1", VETH_A);
-    assert_eq!(t.registry().state(ip("fd92::1")), StateName::Active);
+    assert_eq!(t.core.registry.state(ip("fd92::1")), StateName::Active);
     for ifindex in [VETH_A, VETH_B] {
-        t.on_event(NetEvent::NodeAddress {
+        t.on_input(Observed::Net(vec![NetEvent::NodeAddress {
             addr: ip("fd92::1"),
             ifindex,
-        });
+        }]));
     }
-    assert_eq!(t.registry().state(ip("fd92::1")), StateName::Free);
+    assert_eq!(t.core.registry.state(ip("fd92::1")), StateName::Free);
     route(&mut t, "fd92::1", VETH_B);
-    assert_eq!(t.registry().state(ip("fd92::1")), StateName::Free);
+    assert_eq!(t.core.registry.state(ip("fd92::1")), StateName::Free);
     // Nor through the API.
     let error = claim(&mut t, "fd92::1").unwrap_err();
     assert_eq!(error.code(), ErrorCode::InvalidArgument);
@@ -312,7 +317,7 @@ fn a_claim_refused_for_a_full_registry_is_made_when_space_frees() {
     link(&mut t, VETH_B, "vethb");
     route(&mut t, "10.0.0.1", VETH_A);
     route(&mut t, "10.0.0.2", VETH_B);
-    assert_eq!(t.registry().state(ip("10.0.0.2")), StateName::Free);
+    assert_eq!(t.core.registry.state(ip("10.0.0.2")), StateName::Free);
     assert_eq!(t.metrics.addresses_unprotected.get(), 1);
 
     // 10.0.0.1 goes Free: the waiting claim takes the room.
@@ -323,16 +328,16 @@ fn a_claim_refused_for_a_full_registry_is_made_when_space_frees() {
         reply,
     });
     answer(Ok(()));
-    assert_eq!(t.registry().state(ip("10.0.0.2")), StateName::Active);
+    assert_eq!(t.core.registry.state(ip("10.0.0.2")), StateName::Active);
     assert_eq!(t.metrics.addresses_unprotected.get(), 0);
 
     // A waiting claim whose route went away is not made.
     route(&mut t, "10.0.0.3", VETH_A);
     assert_eq!(t.metrics.addresses_unprotected.get(), 1);
-    t.on_event(NetEvent::HostRouteGone {
+    t.on_input(Observed::Net(vec![NetEvent::HostRouteGone {
         addr: ip("10.0.0.3"),
         ifindex: VETH_A,
-    });
+    }]));
     assert_eq!(t.metrics.addresses_unprotected.get(), 0);
 }
 
@@ -347,27 +352,30 @@ fn bridge_and_link_events_never_scan_the_nodes_neighbours_or_routes() {
     // Many pods behind the bridge, resolved but not (yet) learned behind a port.
     for n in 0..2000u32 {
         let [_, _, hi, lo] = n.to_be_bytes();
-        t.on_event(NetEvent::Neighbour {
+        t.on_input(Observed::Net(vec![NetEvent::Neighbour {
             addr: IpAddr::from([10, 88, hi, lo]),
             ifindex: BRIDGE,
             mac: Some([2, 0x42, 0, 0, hi, lo]),
-        });
-        t.on_event(NetEvent::HostRoute {
+        }]));
+        t.on_input(Observed::Net(vec![NetEvent::HostRoute {
             addr: IpAddr::from([10, 99, hi, lo]),
             ifindex: VETH_B,
-        });
+        }]));
     }
     let scans = crate::netlink::full_scans();
     // The bridge learns one pod's MAC behind veth a: that pod is claimed for it.
-    t.on_event(NetEvent::Fdb {
+    t.on_input(Observed::Net(vec![NetEvent::Fdb {
         mac: [2, 0x42, 0, 0, 0, 7],
         port: VETH_A,
-    });
-    assert_eq!(t.registry().state(ip("10.88.0.7")), StateName::Active);
-    assert_eq!(t.registry().state(ip("10.88.0.8")), StateName::Free);
+    }]));
+    assert_eq!(t.core.registry.state(ip("10.88.0.7")), StateName::Active);
+    assert_eq!(t.core.registry.state(ip("10.88.0.8")), StateName::Free);
     // Veth a goes away with its entries, leaving veth b's 2000 routes alone.
-    t.on_event(NetEvent::LinkGone { ifindex: VETH_A });
-    assert_eq!(t.registry().state(ip("10.88.0.7")), StateName::Quarantined);
+    t.on_input(Observed::Net(vec![NetEvent::LinkGone { ifindex: VETH_A }]));
+    assert_eq!(
+        t.core.registry.state(ip("10.88.0.7")),
+        StateName::Quarantined
+    );
     assert_eq!(
         crate::netlink::full_scans(),
         scans,
@@ -397,10 +405,10 @@ fn protection_gauges_follow_links_but_routes_and_requests_never_walk_the_interfa
     link(&mut t, 100, "veth0");
     for n in 0..200u32 {
         let [_, _, hi, lo] = n.to_be_bytes();
-        t.on_event(NetEvent::HostRoute {
+        t.on_input(Observed::Net(vec![NetEvent::HostRoute {
             addr: IpAddr::from([10, 7, hi, lo]),
             ifindex: 100 + n,
-        });
+        }]));
     }
     claim(&mut t, "10.8.0.2").expect("claimed");
     assert_eq!(
@@ -408,9 +416,9 @@ fn protection_gauges_follow_links_but_routes_and_requests_never_walk_the_interfa
         observed,
         "a route event or a request walked every interface"
     );
-    t.on_event(NetEvent::LinkGone { ifindex: 100 });
+    t.on_input(Observed::Net(vec![NetEvent::LinkGone { ifindex: 100 }]));
     assert_eq!(unprotected(&t, "tc_ingress"), 200);
-    t.tick();
+    t.on_input(Observed::Tick);
     assert_eq!(t.protection.observed.get(), observed + 2);
     // A resync that brings 300 new links walks the interfaces once, not once per link.
     let mut dump = crate::netlink::NetState::default();

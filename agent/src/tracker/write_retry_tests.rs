@@ -8,7 +8,7 @@ use tokio::sync::oneshot;
 
 use super::{
     tests::{claim, config, ip, tracker_with},
-    Tracker,
+    Observed, Tracker,
 };
 use crate::{
     api::{command::Command, model::ErrorCode},
@@ -55,7 +55,12 @@ fn failures(t: &Tracker, op: MapWrite) -> u64 {
 }
 
 fn in_map(t: &Tracker, addr: &str) -> bool {
-    t.datapath().table().get(&AddrKey::from(ip(addr))).is_some()
+    t.sinks
+        .enforcer
+        .port()
+        .table()
+        .get(&AddrKey::from(ip(addr)))
+        .is_some()
 }
 
 #[test]
@@ -75,7 +80,7 @@ fn a_refused_write_is_retried_every_tick_and_blocks_readiness_and_its_claim_unti
         error.0.message
     );
     assert_eq!(error.0.address, Some(ip("10.0.0.2")));
-    assert_eq!(t.registry().state(ip("10.0.0.2")), StateName::Active);
+    assert_eq!(t.core.registry.state(ip("10.0.0.2")), StateName::Active);
     assert!(!in_map(&t, "10.0.0.2"));
     assert_eq!(failures(&t, MapWrite::Update), 1);
     assert_eq!(t.metrics.writes.pending.get(), 1);
@@ -98,8 +103,8 @@ fn a_refused_write_is_retried_every_tick_and_blocks_readiness_and_its_claim_unti
     assert!(t.api().get(ip("10.0.0.1")).unwrap().pending_write.is_none());
 
     // Every tick retries it; each refusal is counted; the same claim is still unavailable.
-    t.tick();
-    t.tick();
+    t.on_input(Observed::Tick);
+    t.on_input(Observed::Tick);
     assert_eq!(failures(&t, MapWrite::Update), 3);
     assert!(!in_map(&t, "10.0.0.2"));
     let error = claim(&mut t, "10.0.0.2").unwrap_err();
@@ -108,7 +113,7 @@ fn a_refused_write_is_retried_every_tick_and_blocks_readiness_and_its_claim_unti
     // Room again: the next tick writes it, and everything says so.
     release(&mut t, "10.0.0.1");
     assert!(!in_map(&t, "10.0.0.1"));
-    t.tick();
+    t.on_input(Observed::Tick);
     assert!(in_map(&t, "10.0.0.2"));
     assert_eq!(t.metrics.writes.pending.get(), 0);
     assert!(t.metrics.readiness.is_ready());
@@ -117,7 +122,7 @@ fn a_refused_write_is_retried_every_tick_and_blocks_readiness_and_its_claim_unti
     let answered = claim(&mut t, "10.0.0.2").expect("the claim, now enforced");
     assert_eq!(answered.addresses[0].state, StateName::Active);
     // Nothing left to retry: a tick counts nothing more.
-    t.tick();
+    t.on_input(Observed::Tick);
     assert_eq!(failures(&t, MapWrite::Update), 3);
 }
 
@@ -131,14 +136,14 @@ fn a_pending_write_the_registry_no_longer_wants_is_dropped() {
     // The refused address is released: its delete finds nothing to delete, and nothing of it
     // pends any more (a free address is what the map already says of it).
     release(&mut t, "10.0.0.2");
-    assert_eq!(t.registry().state(ip("10.0.0.2")), StateName::Free);
+    assert_eq!(t.core.registry.state(ip("10.0.0.2")), StateName::Free);
     assert_eq!(t.metrics.writes.pending.get(), 0);
     assert!(t.metrics.readiness.is_ready());
     assert!(
         t.api().get(ip("10.0.0.2")).is_err(),
         "free, and nothing pending"
     );
-    t.tick();
+    t.on_input(Observed::Tick);
     assert_eq!(failures(&t, MapWrite::Update), 1);
     assert_eq!(failures(&t, MapWrite::Delete), 0);
 }
