@@ -7,8 +7,8 @@
 //! - `effects` (the `Sinks`): where the effects go, each part owning its state: `enforcer`
 //!   (with `pending_writes`: the datapath's one writer, the writes the kernel refused retried
 //!   every tick), `break_glass` (entries written by hand), `observer` (with `feed`: counters,
-//!   event-feed entries and log lines), reuse hygiene (`hygiene`: its start and reports), and `map_drift` (what another process
-//!   wrote into the maps, written back);
+//!   event-feed entries and log lines), reuse hygiene (`hygiene`: its start and reports), and
+//!   `map_drift` (what another process wrote into the maps, written back);
 //! - `protection`: the attacher, the workers' reports, TC notices, the verification's findings
 //!   about links and pins, and readiness;
 //! - `ipam` (with `ipam_pressure`): ipq-ipam's records, held releases, holds and exhausted
