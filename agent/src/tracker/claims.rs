@@ -58,7 +58,7 @@ impl Tracker {
 /// the same claim is answered `ok` once it went through), never `ok`.
 fn unwritten(enforcer: &Enforcer, addresses: &[IpAddr]) -> Option<ApiError> {
     addresses.iter().find_map(|addr| {
-        let pending = enforcer.pending_for(*addr)?;
+        let pending = enforcer.pending().get(*addr)?;
         Some(
             ApiError::new(
                 ErrorCode::Unavailable,

@@ -71,6 +71,18 @@ pub(super) fn role(config: &Config, ifname: &str) -> Option<Role> {
     }
 }
 
+/// The holder of an address behind `ifindex` on the node `net` mirrors, when it is a workload's
+/// interface under `config`.
+fn workload_holder(config: &Config, net: &NetState, ifindex: u32) -> Option<Holder> {
+    let name = net.link_name(ifindex)?;
+    (role(config, name) == Some(Role::Workload)).then(|| Holder::new(ifindex, name.to_owned()))
+}
+
+/// Who holds `addr` now, as `registry` says.
+fn holder_of(registry: &Registry, addr: IpAddr) -> Option<&Holder> {
+    registry.get(addr).and_then(|r| r.status.holder())
+}
+
 /// A registry operation's effects, or nothing, with the reason logged, when it refused.
 pub(super) fn settled(result: Result<Vec<Effect>, RegistryError>, why: &str) -> Vec<Effect> {
     // Only explicit claims (the API) answer a refusal; they record their conflict there.
@@ -89,17 +101,6 @@ impl Core {
         }
     }
 
-    /// What interface `ifname` is to ipq under the configuration.
-    pub(super) fn role(&self, ifname: &str) -> Option<Role> {
-        role(&self.config, ifname)
-    }
-
-    /// The holder of an address behind `ifindex`, when it is a workload's interface.
-    pub(super) fn workload_holder(&self, ifindex: u32) -> Option<Holder> {
-        let name = self.net.link_name(ifindex)?;
-        (self.role(name) == Some(Role::Workload)).then(|| Holder::new(ifindex, name.to_owned()))
-    }
-
     /// One netlink event: the mirror follows it, and the registry what it says of holders.
     pub(super) fn on_net_event(&mut self, event: NetEvent) -> Decision {
         match &event {
@@ -107,7 +108,7 @@ impl Core {
                 self.net.apply(&event);
                 // Also on a rename: a veth renamed into (or out of) a workload glob changes
                 // role.
-                let role = self.role(name);
+                let role = role(&self.config, name);
                 return Decision {
                     effects: Vec::new(),
                     interface: InterfaceChange::Seen {
@@ -131,7 +132,7 @@ impl Core {
             }
             NetEvent::HostRoute { addr, ifindex } => {
                 self.net.apply(&event);
-                if let Some(holder) = self.workload_holder(*ifindex) {
+                if let Some(holder) = workload_holder(&self.config, &self.net, *ifindex) {
                     return Decision::effects(self.observed_claim(
                         *addr,
                         holder,
@@ -143,8 +144,8 @@ impl Core {
                 self.net.apply(&event);
                 self.registry.stop_waiting(*addr, *ifindex);
                 // A route withdrawn while its interface lives: the holder is terminating.
-                if let Some(holder) = self.workload_holder(*ifindex) {
-                    if self.holder_of(*addr).is_some_and(|h| h.same_as(&holder)) {
+                if let Some(holder) = workload_holder(&self.config, &self.net, *ifindex) {
+                    if holder_of(&self.registry, *addr).is_some_and(|h| h.same_as(&holder)) {
                         let result = self.registry.drain(*addr, Some(&holder));
                         return Decision::effects(settled(result, "host route withdrawn"));
                     }
@@ -177,10 +178,6 @@ impl Core {
             NetEvent::Overrun => {}
         }
         Decision::effects(Vec::new())
-    }
-
-    fn holder_of(&self, addr: IpAddr) -> Option<&Holder> {
-        self.registry.get(addr).and_then(|r| r.status.holder())
     }
 
     /// A claim seen on netlink. An address the node itself holds is never a workload's; a
@@ -238,7 +235,7 @@ impl Core {
             .collect();
         let mut effects = Vec::new();
         for (addr, ifindex) in unclaimed {
-            if let Some(holder) = self.workload_holder(ifindex) {
+            if let Some(holder) = workload_holder(&self.config, &self.net, ifindex) {
                 effects.extend(self.observed_claim(
                     addr,
                     holder,
@@ -255,10 +252,10 @@ impl Core {
         let Some(port) = self.net.port_of(addr) else {
             return Vec::new();
         };
-        let Some(holder) = self.workload_holder(port) else {
+        let Some(holder) = workload_holder(&self.config, &self.net, port) else {
             return Vec::new();
         };
-        let current = self.holder_of(addr);
+        let current = holder_of(&self.registry, addr);
         if current.is_some_and(|h| h.same_as(&holder)) {
             return Vec::new();
         }

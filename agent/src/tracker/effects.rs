@@ -7,7 +7,11 @@
 
 use std::net::IpAddr;
 
-use ipq_common::{addr::AddrState, counters::Reason, sample::ConflictSample};
+use ipq_common::{
+    addr::{AddrKey, AddrState},
+    counters::Reason,
+    sample::ConflictSample,
+};
 use log::warn;
 
 use super::{break_glass::HandWritten, decide::Core, enforcer::Enforcer, observer::Observer};
@@ -137,7 +141,7 @@ impl Sinks {
     pub(super) fn refresh_stale(&mut self, core: &mut Core) {
         let due: Vec<IpAddr> = core.registry.due(netdev::monotonic_ns()).collect();
         for addr in due {
-            let entry = match self.enforcer.kernel_entry(addr) {
+            let entry = match self.enforcer.table().kernel_entry(&AddrKey::from(addr)) {
                 Ok(Some(entry)) => entry,
                 Ok(None) => continue,
                 Err(e) => {
@@ -159,7 +163,9 @@ impl Sinks {
     /// where the attacher changes and on every tick, see `Protection::observe`.)
     pub(super) fn observe_gauges(&self, registry: &Registry, metrics: &Metrics) {
         metrics.observe_registry(registry);
-        metrics.registry_entries.set(self.enforcer.len() as i64);
+        metrics
+            .registry_entries
+            .set(self.enforcer.table().len() as i64);
         metrics.addresses_unprotected.set(registry.waiting() as i64);
     }
 }

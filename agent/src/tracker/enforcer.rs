@@ -12,34 +12,24 @@
 
 use std::{collections::BTreeMap, net::IpAddr, sync::Arc};
 
-use ipq_common::addr::{AddrEntry, AddrKey};
-use log::{debug, error, info};
-
-use super::pending_writes::{PendingWrite, PendingWrites, WantedWrite};
+use super::pending_writes::{PendingWrites, WantedWrite};
 use crate::{
-    datapath::{
-        bpf_watch::ReportedKey, map_check::MapSuspects, DatapathError, DatapathPort, MapsCheck,
-    },
+    datapath::{map_check::MapSuspects, AddrTable, DatapathError, DatapathPort, MapsCheck},
     metrics::Metrics,
 };
+use ipq_common::addr::{AddrEntry, AddrKey};
 
 pub struct Enforcer {
     datapath: Box<dyn DatapathPort>,
     /// Writes the kernel refused, retried every tick.
     pending: PendingWrites,
-    /// Addresses refused since none was pending: one ERROR line per burst, each address at
-    /// debug (a map that fills refuses thousands at once), and the count when the burst ends.
-    refused_in_burst: u64,
-    metrics: Arc<Metrics>,
 }
 
 impl Enforcer {
     pub fn new(datapath: impl DatapathPort + 'static, metrics: Arc<Metrics>) -> Self {
         Self {
             datapath: Box::new(datapath),
-            pending: PendingWrites::default(),
-            refused_in_burst: 0,
-            metrics,
+            pending: PendingWrites::new(metrics),
         }
     }
 
@@ -48,29 +38,15 @@ impl Enforcer {
         &self.pending
     }
 
-    /// The write of `addr`'s entry the kernel refused, while it is pending.
-    pub fn pending_for(&self, addr: IpAddr) -> Option<&PendingWrite> {
-        self.pending.get(addr)
-    }
-
     #[cfg(test)]
     pub fn port(&self) -> &dyn DatapathPort {
         self.datapath.as_ref()
     }
 
-    /// Entries in the address map.
-    pub fn len(&self) -> usize {
-        self.datapath.table().len()
-    }
-
-    /// Every entry as this agent's table holds it written (no syscall), in address order.
-    pub fn as_written(&self) -> Vec<(AddrKey, AddrEntry)> {
-        self.datapath.table().cached()
-    }
-
-    /// The entry of `addr` as the kernel has it now, with the stamps the programs wrote.
-    pub fn kernel_entry(&self, addr: IpAddr) -> Result<Option<AddrEntry>, DatapathError> {
-        self.datapath.table().kernel_entry(&AddrKey::from(addr))
+    /// The address table, to read: what this agent wrote (no syscall), and what the kernel
+    /// has now. Every write goes through this writer.
+    pub fn table(&self) -> &dyn AddrTable {
+        self.datapath.table()
     }
 
     /// Writes one entry, as the registry derived it, unless the table already holds it as
@@ -79,7 +55,7 @@ impl Enforcer {
         let current = self.datapath.table().get(&AddrKey::from(addr));
         if current.is_some_and(|current| current.written_as(&entry)) {
             // The map has it (a failed write the registry then changed back): nothing pends.
-            self.settled(addr);
+            self.pending.settled(addr);
         } else {
             self.put(addr, entry);
         }
@@ -88,8 +64,8 @@ impl Enforcer {
     /// Removes the entry of `addr` (the address is free).
     pub fn remove(&mut self, addr: IpAddr) {
         match self.datapath.table_mut().remove(&AddrKey::from(addr)) {
-            Ok(_) => self.settled(addr),
-            Err(e) => self.failed(addr, WantedWrite::Delete, &e),
+            Ok(_) => self.pending.settled(addr),
+            Err(e) => self.pending.failed(addr, WantedWrite::Delete, &e),
         }
     }
 
@@ -117,7 +93,7 @@ impl Enforcer {
             }
         }
         let mut written = std::collections::HashMap::new();
-        for (key, entry) in self.as_written() {
+        for (key, entry) in self.datapath.table().cached() {
             let addr = key.to_ip();
             if wanted.contains_key(&addr) {
                 written.insert(addr, entry);
@@ -127,7 +103,7 @@ impl Enforcer {
         }
         for (addr, entry) in wanted {
             if written.get(&addr).is_some_and(|e| e.written_as(&entry)) {
-                self.settled(addr);
+                self.pending.settled(addr);
             } else {
                 self.put(addr, entry);
             }
@@ -144,16 +120,6 @@ impl Enforcer {
         self.datapath.table_mut().recheck(suspects, wanted)
     }
 
-    /// What to look at for map writes the bpf() watcher reported by their keys.
-    pub fn reported_suspects(&self, keys: &[ReportedKey]) -> MapSuspects {
-        self.datapath.table().reported_suspects(keys)
-    }
-
-    /// Where the pinned copies disagreed when the table opened.
-    pub fn opened_disagreeing(&self) -> Vec<String> {
-        self.datapath.table().opened_disagreeing().to_vec()
-    }
-
     /// A break-glass write, behind the registry's back (`PUT /v1/datapath/{ip}`).
     pub fn put_unchecked(&mut self, addr: IpAddr, entry: AddrEntry) -> Result<(), DatapathError> {
         self.datapath.table_mut().put(AddrKey::from(addr), entry)
@@ -166,71 +132,9 @@ impl Enforcer {
 
     fn put(&mut self, addr: IpAddr, entry: AddrEntry) {
         match self.datapath.table_mut().put(AddrKey::from(addr), entry) {
-            Ok(()) => self.settled(addr),
-            Err(e) => self.failed(addr, WantedWrite::Update(entry), &e),
+            Ok(()) => self.pending.settled(addr),
+            Err(e) => self.pending.failed(addr, WantedWrite::Update(entry), &e),
         }
-    }
-
-    /// A write refused: counted every time, kept for the next tick. The first address of a
-    /// burst is an ERROR line; the others, refused while it pends, are at debug (the retries
-    /// are counted, not logged), and the burst's end says how many there were.
-    fn failed(&mut self, addr: IpAddr, wanted: WantedWrite, e: &DatapathError) {
-        let op = wanted.kind();
-        self.metrics
-            .writes
-            .failures
-            .with_label_values(&[op.as_ref()])
-            .inc();
-        if self.pending.failed(addr, wanted, e.to_string()) {
-            self.refused_in_burst += 1;
-            if self.refused_in_burst == 1 {
-                error!(
-                    "{addr}: datapath {op} refused, retried every tick; the kernel enforces the \
-                     entry it had until then: {e} (other addresses refused before every \
-                     pending write goes through are logged at debug; `ipq status` lists them)"
-                );
-            } else {
-                debug!("{addr}: datapath {op} refused, retried every tick: {e}");
-            }
-            self.observe_pending();
-        }
-    }
-
-    /// The map holds what the registry wants for `addr`.
-    fn settled(&mut self, addr: IpAddr) {
-        if let Some(pending) = self.pending.settled(addr) {
-            // Per address at debug: a full map that frees can settle thousands at once; the
-            // INFO line says when none is left.
-            debug!(
-                "{addr}: datapath {} went through after {} refused attempts",
-                pending.wanted.kind(),
-                pending.failures
-            );
-            if self.pending.len() == 0 {
-                info!(
-                    "datapath writes: every refused write has gone through ({} addresses were \
-                     refused)",
-                    self.refused_in_burst
-                );
-                self.refused_in_burst = 0;
-            }
-            self.observe_pending();
-        }
-    }
-
-    /// The gauge and readiness, where the set of pending addresses changed: O(1).
-    fn observe_pending(&self) {
-        self.metrics.writes.pending.set(self.pending.len() as i64);
-        let blocker = self.pending.any().map(|(addr, pending)| {
-            format!(
-                "datapath writes refused by the kernel for {} addresses (retried every tick), \
-                 e.g. {} of {addr}: {}",
-                self.pending.len(),
-                pending.wanted.kind(),
-                pending.error
-            )
-        });
-        self.metrics.readiness.set_writes_pending(blocker);
     }
 }
 
@@ -277,12 +181,15 @@ mod tests {
         enforcer.write("10.0.0.4".parse().unwrap(), entry(8));
         enforcer.retry_pending();
         assert_eq!(enforcer.pending().len(), 3);
-        assert_eq!(enforcer.refused_in_burst, 3, "retries are not new refusals");
+        assert_eq!(
+            enforcer.pending.refused_in_burst, 3,
+            "retries are not new refusals"
+        );
         enforcer.sync(BTreeMap::from([("10.0.0.1".parse().unwrap(), entry(5))]));
         assert_eq!(enforcer.pending().len(), 0);
-        assert_eq!(enforcer.refused_in_burst, 0, "the burst ended");
+        assert_eq!(enforcer.pending.refused_in_burst, 0, "the burst ended");
         enforcer.write("10.0.0.2".parse().unwrap(), entry(6));
-        assert_eq!(enforcer.refused_in_burst, 1, "a new burst");
+        assert_eq!(enforcer.pending.refused_in_burst, 1, "a new burst");
     }
 
     #[test]
@@ -292,11 +199,11 @@ mod tests {
         assert_eq!(enforcer.pending().len(), 0);
         enforcer.retry_pending();
         assert_eq!(
-            enforcer.len(),
+            enforcer.table().len(),
             1,
             "nothing the registry does not want is written"
         );
-        assert_eq!(enforcer.metrics.writes.pending.get(), 0);
+        assert_eq!(enforcer.pending.metrics.writes.pending.get(), 0);
     }
 
     #[test]
@@ -310,10 +217,11 @@ mod tests {
         // The registry freed 10.0.0.1: room, and the retry writes 10.0.0.2.
         enforcer.sync(BTreeMap::from([("10.0.0.2".parse().unwrap(), entry(6))]));
         assert_eq!(enforcer.pending().len(), 0);
-        assert_eq!(enforcer.metrics.writes.pending.get(), 0);
+        assert_eq!(enforcer.pending.metrics.writes.pending.get(), 0);
         assert_eq!(
             enforcer
-                .as_written()
+                .table()
+                .cached()
                 .iter()
                 .map(|(k, _)| k.to_ip().to_string())
                 .collect::<Vec<_>>(),

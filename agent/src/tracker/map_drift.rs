@@ -141,7 +141,7 @@ impl Sinks {
         metrics: &Metrics,
     ) -> Option<Summary> {
         let started = Instant::now();
-        let suspects = self.enforcer.reported_suspects(keys);
+        let suspects = self.enforcer.table().reported_suspects(keys);
         let found_at = SystemTime::now();
         let drift = self.recheck_suspects(
             &suspects,

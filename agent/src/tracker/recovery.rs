@@ -155,12 +155,12 @@ impl Tracker {
             netdev::monotonic_ns(),
             now_unix_ms,
         );
-        for line in self.sinks.enforcer.opened_disagreeing() {
+        for line in self.sinks.enforcer.table().opened_disagreeing() {
             problems.push(format!("pinned maps at start: {line}"));
         }
         let (merged, adopted, disagreeing) = merge_with_maps(
             records,
-            self.sinks.enforcer.as_written(),
+            self.sinks.enforcer.table().cached(),
             self.core.registry.settings(),
         );
         problems.extend(disagreeing);

@@ -9,7 +9,7 @@ use std::{
 use super::{settled, Core};
 use crate::{
     api::model::{DrainAttachmentRequest, GcRequest},
-    registry::{Effect, Holder, StateName},
+    registry::{Effect, Holder, Registry, StateName},
 };
 
 /// What a drain of several holders did: the addresses drained, and the registry's effects.
@@ -40,7 +40,7 @@ impl Core {
                 of_attachment(holder).then(|| (r.addr, holder.clone()))
             })
             .collect();
-        self.drain_all(targets, "CNI DEL")
+        drain_all(&mut self.registry, targets, "CNI DEL")
     }
 
     /// CNI GC: every CNI-made holder whose attachment the runtime no longer lists drains.
@@ -79,19 +79,19 @@ impl Core {
                 (!valid(holder)).then(|| (r.addr, holder.clone()))
             })
             .collect();
-        self.drain_all(targets, "CNI GC")
+        drain_all(&mut self.registry, targets, "CNI GC")
     }
+}
 
-    /// Drains each target from its holder.
-    fn drain_all(&mut self, targets: Vec<(IpAddr, Holder)>, why: &str) -> Drained {
-        let mut drained = Drained::default();
-        for (addr, holder) in targets {
-            let result = self.registry.drain(addr, Some(&holder));
-            if result.is_ok() {
-                drained.addresses.insert(addr);
-            }
-            drained.effects.extend(settled(result, why));
+/// Drains each target from its holder.
+fn drain_all(registry: &mut Registry, targets: Vec<(IpAddr, Holder)>, why: &str) -> Drained {
+    let mut drained = Drained::default();
+    for (addr, holder) in targets {
+        let result = registry.drain(addr, Some(&holder));
+        if result.is_ok() {
+            drained.addresses.insert(addr);
         }
-        drained
+        drained.effects.extend(settled(result, why));
     }
+    drained
 }
