@@ -43,10 +43,12 @@ mod map_drift;
 mod observer;
 mod pending_writes;
 mod protection;
+mod protection_view;
 mod publish;
 #[cfg(test)]
 mod publish_tests;
 mod recovery;
+mod sinks_view;
 mod startup;
 #[cfg(test)]
 mod tests;

@@ -37,7 +37,7 @@ impl ApiService<'_> {
         if let Some(own) = request
             .addresses
             .iter()
-            .find(|a| self.net.is_node_address(**a))
+            .find(|a| self.core.net.is_node_address(**a))
         {
             return Err(ApiError::new(
                 ErrorCode::InvalidArgument,
@@ -56,14 +56,14 @@ impl ApiService<'_> {
                 ),
             ));
         };
-        if tracker::decide::role(self.config, &spec.interface) != Some(Role::Workload) {
+        if tracker::decide::role(&self.core.config, &spec.interface) != Some(Role::Workload) {
             return Err(ApiError::new(
                 ErrorCode::InvalidArgument,
                 format!(
                     "holder.interface `{}`: not a workload interface (interfaces.workload = \
                      {:?}), so ipq could not enforce a claim on it",
                     spec.interface,
-                    self.config.interfaces.workload.as_strs()
+                    self.core.config.interfaces.workload.as_strs()
                 ),
             ));
         }
@@ -83,7 +83,7 @@ impl ApiService<'_> {
         let conflicts = conflicts
             .iter()
             .map(|c| {
-                let outcome = outcome_of(c, self.registry.get(c.addr), self.config.mode);
+                let outcome = outcome_of(c, self.core.registry.get(c.addr), self.core.config.mode);
                 conflict_view(c, outcome, &time)
             })
             .collect();

@@ -1,10 +1,10 @@
 //! What the API shows of ipq-ipam's holds: an address's hold in its view, the freed addresses
-//! the IPAM still holds, and which addresses of a held allocation are not free yet (its
-//! releaser's question). O(k) for the k addresses of one attachment.
+//! the IPAM still holds (both [`IpamSide`]'s), and which addresses of a held allocation are not
+//! free yet (its releaser's question). O(k) for the k addresses of one attachment.
 
 use std::{collections::BTreeSet, net::IpAddr};
 
-use super::ApiService;
+use super::{super::ipam::IpamSide, ApiService};
 use ipq_api::HoldRelease;
 
 use crate::{
@@ -13,7 +13,7 @@ use crate::{
         model::{AddressList, AddressView, IpamHoldView},
     },
     ipam::holds::Hold,
-    registry::StateName,
+    registry::{Registry, StateName},
 };
 
 impl<'a> ApiService<'a> {
@@ -26,7 +26,8 @@ impl<'a> ApiService<'a> {
     where
         'a: 'q,
     {
-        self.registry
+        self.core
+            .registry
             .held_by_container(container_id)
             .filter(move |r| {
                 r.status
@@ -56,31 +57,32 @@ impl<'a> ApiService<'a> {
                 .collect(),
         }
     }
+}
 
-    /// `view` with the IPAM's hold of its address, if there is one. O(log held).
-    pub(super) fn with_ipam_hold(&self, mut view: AddressView) -> AddressView {
+impl IpamSide {
+    /// The IPAM's hold of `view`'s address, if there is one, in its view. O(log held).
+    pub(in crate::tracker) fn annotate(&self, view: &mut AddressView) {
         view.ipam_hold = self
-            .ipam_holds
+            .holds
             .get(view.address)
             .map(|hold| hold_view(hold, view.state));
-        view
     }
 
     /// An address free in the registry that the IPAM still holds for ipq: its view says so.
-    pub(super) fn held_free_view(&self, addr: IpAddr) -> Option<AddressView> {
-        let hold = self.ipam_holds.get(addr)?;
+    pub(in crate::tracker) fn held_free_view(&self, addr: IpAddr) -> Option<AddressView> {
+        let hold = self.holds.get(addr)?;
         Some(AddressView {
             ipam_hold: Some(hold_view(hold, StateName::Free)),
             ..AddressView::free(addr)
         })
     }
 
-    /// Every address the IPAM holds that the registry has freed already: O(held).
-    pub(super) fn held_free_views(&self) -> Vec<AddressView> {
-        self.ipam_holds
+    /// Every address the IPAM holds that `registry` has freed already: O(held).
+    pub(in crate::tracker) fn held_free_views(&self, registry: &Registry) -> Vec<AddressView> {
+        self.holds
             .all()
             .into_iter()
-            .filter(|(addr, _)| self.registry.get(*addr).is_none())
+            .filter(|(addr, _)| registry.get(*addr).is_none())
             .filter_map(|(addr, _)| self.held_free_view(addr))
             .collect()
     }

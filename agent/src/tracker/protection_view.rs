@@ -1,0 +1,111 @@
+//! What the API shows of the interfaces' protection, from [`Protection`]'s own state: each
+//! interface's hooks and errors, how TC attaches, the last verification and what finds the
+//! changes nothing announces, what was in place at start, and the protection of an address's
+//! holder in its view.
+
+use std::{sync::Arc, time::Duration};
+
+use super::protection::Protection;
+use ipq_api::TcAttachMode;
+
+use crate::{
+    api::model::{AddressView, InterfaceStatus, StartedView, VerificationView},
+    datapath::bpf_watch::Pokes,
+    registry::AddrRecord,
+};
+
+/// What `/v1/status` says of protection.
+pub(super) struct ProtectionStatus {
+    pub(super) interfaces: Vec<InterfaceStatus>,
+    pub(super) tc_attach: TcAttachMode,
+    pub(super) verification: Option<VerificationView>,
+    /// What finds the changes nothing announces, and how late (`Status::unannounced`).
+    pub(super) unannounced: String,
+    pub(super) started: Option<StartedView>,
+}
+
+impl Protection {
+    /// `/v1/status`'s part: O(interfaces). `verify_interval`: the periodic verification's.
+    pub(super) fn status(&self, verify_interval: Duration) -> ProtectionStatus {
+        let attacher = &self.attacher;
+        let interfaces = attacher
+            .targets()
+            .iter()
+            .map(|(ifindex, target)| InterfaceStatus {
+                ifindex: *ifindex,
+                name: target.name.clone(),
+                hooks: target
+                    .attached
+                    .iter()
+                    .map(|(p, by)| by.attached_hook(*p))
+                    .collect(),
+                protection: target.protection,
+                attachment: target.attachment(),
+                error: target.last_error.clone(),
+                failed_attempts: target.failures,
+            })
+            .collect();
+        let rfc3339 = |at| humantime::format_rfc3339_millis(at).to_string();
+        let verification = attacher.verified().map(|v| VerificationView {
+            at: rfc3339(v.finished_at),
+            took_us: u64::try_from(v.took.as_micros()).unwrap_or(u64::MAX),
+            pins: v.pins as u64,
+            found: v.found.clone(),
+            last_found_at: attacher.last_found().map(|l| rfc3339(l.finished_at)),
+            last_found: attacher
+                .last_found()
+                .map_or_else(Vec::new, |l| l.found.clone()),
+        });
+        ProtectionStatus {
+            interfaces,
+            tc_attach: attacher.mode().into(),
+            verification,
+            unannounced: unannounced(&self.bpf_watcher, verify_interval),
+            started: self.started.clone(),
+        }
+    }
+
+    /// The protection of `record`'s live holder's interface, in its address's view.
+    pub(super) fn annotate(&self, view: &mut AddressView, record: &AddrRecord) {
+        if let Some(target) = record
+            .status
+            .holder()
+            .and_then(|h| self.attacher.target(h.ifindex))
+        {
+            view.protection = Some(target.protection);
+            view.attachment = target.attachment();
+        }
+    }
+}
+
+/// No netlink group announces a detached link, a program put ahead of ipq's or a map written
+/// by another process: what finds them (the bpf() watcher, `Err` why not), and how late.
+fn unannounced(bpf_watcher: &Result<Arc<Pokes>, String>, verify_interval: Duration) -> String {
+    let every = humantime::format_duration(verify_interval);
+    match bpf_watcher.as_ref().map(|pokes| pokes.stopped()) {
+        Ok(Some(why)) => format!(
+            "periodic verification only, every {every} (the bpf() watcher STOPPED: {why}): \
+            a detached link, a program put ahead of ipq's TCX link and a map written by \
+            another process are found within it"
+        ),
+        Ok(None) => format!(
+            "bpf() watcher (raw tracepoint {}): another process's link detach, program \
+            attach or write to ipq's maps is verified within milliseconds; periodic \
+            verification every {every} as the backstop (a map written through a mapping \
+            or a descriptor opened before the agent started){}",
+            ipq_common::watch::WATCHED_TRACEPOINT,
+            match bpf_watcher.as_ref().map_or(0, |pokes| pokes.lost_total()) {
+                0 => String::new(),
+                lost => format!(
+                    "; {lost} calls lost to its full ring, each time answered by \
+                    verifying everything"
+                ),
+            }
+        ),
+        Err(why) => format!(
+            "periodic verification only, every {every} (the bpf() watcher is not attached: \
+            {why}): a detached link, a program put ahead of ipq's TCX link and a map \
+            written by another process are found within it"
+        ),
+    }
+}
