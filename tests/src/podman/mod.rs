@@ -22,15 +22,19 @@ use std::{
     fs,
     io::Read as _,
     net::IpAddr,
-    os::unix::fs::symlink,
     path::{Path, PathBuf},
     process::{Child, Command, Output, Stdio},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use anyhow::{bail, Context as _};
 
 use crate::netns::{unique, NetNs};
+
+mod cgroups;
+mod config;
+
+use cgroups::Cgroups;
 
 /// How long one podman command may take before the test gives up on it.
 const PODMAN_TIMEOUT: Duration = Duration::from_secs(30);
@@ -231,7 +235,7 @@ pub struct Podman<'n> {
     /// The process keeping the private mount namespace alive; podman is run through
     /// `nsenter -t <holder> -m` (its network namespace comes from `node`).
     holder: Option<Child>,
-    cgroup_parent: String,
+    cgroups: Cgroups,
     /// Commands left running (e.g. a `podman stop` waiting for a slow container).
     background: Vec<Child>,
 }
@@ -251,14 +255,15 @@ impl<'n> Podman<'n> {
         fs::create_dir(&dir).with_context(|| format!("creating {}", dir.display()))?;
         let mut podman = Podman {
             node,
-            cgroup_parent: format!("/{}", unique("ipq-podman")),
+            cgroups: Cgroups::new(),
             dir,
             network,
             holder: None,
             background: Vec::new(),
         };
-        podman.write_config(extra_plugins)?;
-        podman.start_holder()?;
+        config::write(&podman.dir, &podman.network, extra_plugins)?;
+        // The private mount namespace podman runs in (see [`crate::mountns`]).
+        podman.holder = Some(crate::mountns::private_mount_namespace(node, "ipq-podman")?);
         Ok(podman)
     }
 
@@ -271,122 +276,13 @@ impl<'n> Podman<'n> {
         &self.network
     }
 
-    /// host-local's `dataDir`.
-    pub fn ipam_dir(&self) -> PathBuf {
-        self.dir.join("ipam")
-    }
-
     /// host-local's reservation file for `addr`: deleting it frees the address in the IPAM.
     pub fn ipam_reservation(&self, addr: IpAddr) -> PathBuf {
-        self.ipam_dir()
+        // host-local's `dataDir`, then one directory per network.
+        self.dir
+            .join("ipam")
             .join(&self.network.name)
             .join(addr.to_string())
-    }
-
-    fn write_config(&self, extra_plugins: &[(&str, &Path)]) -> anyhow::Result<()> {
-        let d = &self.dir;
-        for sub in [
-            "root", "runroot", "tmp", "net.d", "cni-bin", "ipam", "rootfs",
-        ] {
-            fs::create_dir(d.join(sub))?;
-        }
-        let bin = d.join("cni-bin");
-        for plugin in fs::read_dir(CNI_PLUGINS).with_context(|| format!("listing {CNI_PLUGINS}"))? {
-            let plugin = plugin?;
-            symlink(plugin.path(), bin.join(plugin.file_name()))?;
-        }
-        for (name, path) in extra_plugins {
-            if !path.is_file() {
-                bail!("CNI plugin {name}: {} is not a file", path.display());
-            }
-            symlink(path, bin.join(name))?;
-        }
-        let path = |sub: &str| d.join(sub).display().to_string();
-        fs::write(
-            d.join("containers.conf"),
-            format!(
-                r#"[containers]
-log_driver = "k8s-file"
-netns = "private"
-
-[network]
-network_backend = "cni"
-cni_plugin_dirs = ["{bin}"]
-network_config_dir = "{netd}"
-default_network = "{name}"
-
-[engine]
-cgroup_manager = "cgroupfs"
-events_logger = "none"
-lock_type = "file"
-runtime = "runc"
-tmp_dir = "{tmp}"
-static_dir = "{static_dir}"
-volume_path = "{volumes}"
-"#,
-                bin = path("cni-bin"),
-                netd = path("net.d"),
-                name = self.network.name,
-                tmp = path("tmp"),
-                static_dir = path("root/libpod"),
-                volumes = path("root/volumes"),
-            ),
-        )?;
-        fs::write(
-            d.join("storage.conf"),
-            format!(
-                "[storage]\ndriver = \"vfs\"\ngraphroot = \"{}\"\nrunroot = \"{}\"\n",
-                path("root"),
-                path("runroot")
-            ),
-        )?;
-        // No registries: nothing is ever pulled.
-        fs::write(
-            d.join("registries.conf"),
-            "unqualified-search-registries = []\n",
-        )?;
-        let net = &self.network;
-        let host_local = format!(
-            r#"{{"type":"host-local","dataDir":"{ipam}","ranges":[[{{"subnet":"{subnet}","gateway":"{gateway}"}}]],"routes":[{{"dst":"0.0.0.0/0"}}]}}"#,
-            ipam = path("ipam"),
-            subnet = net.subnet,
-            gateway = net.gateway,
-        );
-        let ipam = match &net.ipam_wrapper {
-            None => host_local,
-            Some(wrapper) => {
-                let mut wrapper = wrapper.clone();
-                wrapper["delegate"] = serde_json::from_str(&host_local)?;
-                wrapper.to_string()
-            }
-        };
-        let mut plugins = vec![format!(
-            r#"{{"type":"bridge","bridge":"{bridge}","isGateway":true,"ipMasq":false,"hairpinMode":false,"capabilities":{{"ips":true}},"ipam":{ipam}}}"#,
-            bridge = net.bridge,
-        )];
-        plugins.extend(net.chained.iter().cloned());
-        fs::write(
-            d.join("net.d").join(format!("{}.conflist", net.name)),
-            format!(
-                r#"{{"cniVersion":"1.0.0","name":"{}","plugins":[{}]}}"#,
-                net.name,
-                plugins.join(",")
-            ),
-        )?;
-        Ok(())
-    }
-
-    /// The private mount namespace podman runs in (see [`crate::mountns`]).
-    fn start_holder(&mut self) -> anyhow::Result<()> {
-        self.holder = Some(crate::mountns::private_mount_namespace(
-            self.node,
-            "ipq-podman",
-        )?);
-        Ok(())
-    }
-
-    fn holder_pid(&self) -> u32 {
-        self.holder.as_ref().expect("the holder runs").id()
     }
 
     /// `podman <global flags> <args>` in the node's network namespace and the private mount
@@ -395,7 +291,13 @@ volume_path = "{volumes}"
         let d = &self.dir;
         let mut cmd = self.node.command("nsenter");
         cmd.arg("-t")
-            .arg(self.holder_pid().to_string())
+            .arg(
+                self.holder
+                    .as_ref()
+                    .expect("the holder runs")
+                    .id()
+                    .to_string(),
+            )
             .args(["-m", "--", "podman"])
             .arg("--root")
             .arg(d.join("root"))
@@ -442,19 +344,6 @@ volume_path = "{volumes}"
         Ok(())
     }
 
-    /// A rootfs of its own for container `name`: the static busybox and its applet links.
-    pub fn rootfs(&self, name: &str) -> anyhow::Result<PathBuf> {
-        let root = self.dir.join("rootfs").join(name);
-        let bin = root.join("bin");
-        fs::create_dir_all(&bin)?;
-        fs::copy(BUSYBOX, bin.join("busybox"))
-            .with_context(|| format!("copying {BUSYBOX} (Debian busybox-static)"))?;
-        for applet in APPLETS {
-            symlink("busybox", bin.join(applet))?;
-        }
-        Ok(root)
-    }
-
     /// The `podman run -d` arguments of a busybox container `name` running `script` under
     /// `sh -c`, on the network, with `ip` if given.
     fn run_args(
@@ -463,7 +352,7 @@ volume_path = "{volumes}"
         ip: Option<IpAddr>,
         script: &str,
     ) -> anyhow::Result<Vec<String>> {
-        let rootfs = self.rootfs(name)?;
+        let rootfs = config::rootfs(&self.dir, name)?;
         let mut args: Vec<String> = ["run", "-d", "--name", name, "--network"]
             .map(String::from)
             .into();
@@ -474,7 +363,7 @@ volume_path = "{volumes}"
         args.extend(
             [
                 "--cgroup-parent",
-                &self.cgroup_parent,
+                self.cgroups.parent(),
                 // runc cannot raise these limits over the machine's hard limits, which are
                 // lower than podman's defaults here (DESIGN §8).
                 "--ulimit",
@@ -546,46 +435,6 @@ volume_path = "{volumes}"
             .with_context(|| format!("no link {peer} in {}:\n{links}", self.node.name()))
     }
 
-    /// Every cgroup directory this runtime's containers (and their conmon) live in.
-    fn cgroup_dirs(&self) -> Vec<PathBuf> {
-        let relative = self.cgroup_parent.trim_start_matches('/');
-        let root = Path::new("/sys/fs/cgroup");
-        // cgroup v2 (the root itself) and every v1 hierarchy mounted below it.
-        let mut bases = vec![root.to_path_buf()];
-        if let Ok(entries) = fs::read_dir(root) {
-            bases.extend(entries.flatten().map(|e| e.path()));
-        }
-        bases
-            .into_iter()
-            .map(|base| base.join(relative))
-            .filter(|dir| dir.is_dir())
-            .collect()
-    }
-
-    /// Every pid in the cgroup tree `dir`.
-    fn pids_below(dir: &Path, pids: &mut Vec<i32>) {
-        if let Ok(text) = fs::read_to_string(dir.join("cgroup.procs")) {
-            pids.extend(text.lines().filter_map(|l| l.trim().parse::<i32>().ok()));
-        }
-        if let Ok(entries) = fs::read_dir(dir) {
-            for entry in entries.flatten() {
-                if entry.file_type().is_ok_and(|t| t.is_dir()) {
-                    Self::pids_below(&entry.path(), pids);
-                }
-            }
-        }
-    }
-
-    /// Removes the cgroup tree `dir`, deepest first (cgroupfs directories go with rmdir).
-    fn remove_cgroup_tree(dir: &Path) -> std::io::Result<()> {
-        for entry in fs::read_dir(dir)?.flatten() {
-            if entry.file_type().is_ok_and(|t| t.is_dir()) {
-                Self::remove_cgroup_tree(&entry.path())?;
-            }
-        }
-        fs::remove_dir(dir)
-    }
-
     fn cleanup(&mut self) -> Vec<String> {
         let mut problems = Vec::new();
         if self.holder.is_some() {
@@ -606,34 +455,7 @@ volume_path = "{volumes}"
         }
         // Whatever survived (a container podman could not remove, a conmon) dies with its
         // cgroup.
-        let deadline = Instant::now() + Duration::from_secs(5);
-        loop {
-            let dirs = self.cgroup_dirs();
-            let mut pids = Vec::new();
-            for dir in &dirs {
-                Self::pids_below(dir, &mut pids);
-            }
-            for pid in &pids {
-                // SAFETY: kill has no memory preconditions; these are the test's own processes.
-                unsafe { libc::kill(*pid, libc::SIGKILL) };
-            }
-            let failed: Vec<String> = dirs
-                .iter()
-                .filter_map(|dir| {
-                    Self::remove_cgroup_tree(dir)
-                        .err()
-                        .map(|e| format!("{}: {e}", dir.display()))
-                })
-                .collect();
-            if failed.is_empty() {
-                break;
-            }
-            if Instant::now() > deadline {
-                problems.push(format!("removing cgroups: {}", failed.join(", ")));
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        problems.extend(self.cgroups.kill_and_remove());
         if let Some(mut holder) = self.holder.take() {
             let _ = holder.kill();
             let _ = holder.wait();
