@@ -57,6 +57,7 @@ fn cni_adds_during_a_burst_of_new_veths_succeed_and_every_veth_gets_protected() 
 
     // 100 veths in one `ip -batch`, as fast as the kernel makes them.
     let mut ip = lab
+        .routes()
         .spawn_veth_batch("vethq", "ipqq", BURST)
         .expect("adding the veths");
     // The burst has reached the agent once it knows some of the new veths.

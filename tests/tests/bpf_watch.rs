@@ -45,7 +45,7 @@ fn fenced_and_watching(lab: &Lab) -> Agent<'_> {
         "60s",
     ];
     let agent = lab.start_agent(&args).expect("starting ipq-agent");
-    lab.fence_pod_a().expect("fencing pod a");
+    lab.maps().fence_pod_a().expect("fencing pod a");
     wait_tc_upgrades(&agent);
     assert_eq!(
         udp_burst(&lab.pod_a, &lab.peer, IpAddr::from(PEER_V4), 10),

@@ -74,7 +74,7 @@ fn a_bpffs_dir_unmounted_from_under_the_agent_fails_readyz_and_term_says_enforce
     let args = args(&bpffs_dir);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut agent = lab.start_agent(&args).expect("starting ipq-agent");
-    lab.fence_pod_a().expect("fencing pod a");
+    lab.maps().fence_pod_a().expect("fencing pod a");
     let peer = IpAddr::from(PEER_V4);
     assert_eq!(udp_burst(&lab.pod_a, &lab.peer, peer, 10), 0, "fenced");
 
@@ -104,7 +104,7 @@ fn a_bpffs_dir_unmounted_from_under_the_agent_fails_readyz_and_term_says_enforce
     // A new agent: bpffs_dir is on /tmp's filesystem now; it mounts a bpf filesystem there.
     let agent = lab.start_agent(&args).expect("restarting ipq-agent");
     assert!(agent.log().contains("mounted one at"), "{}", agent.log());
-    lab.fence_pod_a().expect("fencing pod a again");
+    lab.maps().fence_pod_a().expect("fencing pod a again");
     assert_eq!(
         udp_burst(&lab.pod_a, &lab.peer, peer, 10),
         0,

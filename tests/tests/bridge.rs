@@ -84,7 +84,7 @@ fn bridge_ports_hold_addresses_and_a_duplicate_is_dropped() -> anyhow::Result<()
     assert_eq!(ping_from(&lab.pod_b, POD_B, BRIDGE_V4)?, 3);
     wait_metric(&agent, "ipq_addresses", &[("state", "active")], 2.0)?;
     let port_a = node.run(|| netdev::ifindex("vethba")).context("vethba")?;
-    let show = lab.datapath(&["show"])?;
+    let show = lab.maps().tool(&["show"])?;
     let line = show
         .lines()
         .find(|l| l.starts_with(&POD_A.to_string()))
@@ -119,7 +119,7 @@ fn bridge_ports_hold_addresses_and_a_duplicate_is_dropped() -> anyhow::Result<()
         3,
         "pod B's own address flows"
     );
-    let show = lab.datapath(&["show"])?;
+    let show = lab.maps().tool(&["show"])?;
     assert!(
         show.lines()
             .any(|l| l.split_whitespace().collect::<Vec<_>>()[..3]
@@ -130,7 +130,7 @@ fn bridge_ports_hold_addresses_and_a_duplicate_is_dropped() -> anyhow::Result<()
     // Pod A goes away: its port is deleted, its address is quarantined.
     node.ip(&["link", "del", "vethba"])?;
     wait_metric(&agent, "ipq_addresses", &[("state", "quarantined")], 1.0)?;
-    let show = lab.datapath(&["show"])?;
+    let show = lab.maps().tool(&["show"])?;
     assert!(
         show.lines()
             .any(|l| l.starts_with(&POD_A.to_string()) && l.contains("quarantined")),

@@ -437,7 +437,8 @@ fn fence_old_gives_the_address_to_the_new_container_and_cuts_the_old_one_off() -
     })?;
     ensure!(view.state == StateName::Active, "{view:?}");
     let entry = lab
-        .datapath_entry(addr)?
+        .maps()
+        .entry(addr)?
         .with_context(|| format!("{addr} in the datapath map"))?;
     ensure!(
         entry.holder == ifindex(&lab.node, &veth_b)?

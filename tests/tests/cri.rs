@@ -461,7 +461,7 @@ fn swarmkit_on_a_node(hold_ipam: bool) -> anyhow::Result<()> {
             view.holder.as_ref().context("a holder")?,
             view.fenced.as_ref().context("a fenced holder")?,
         );
-        lab.wait_entry(
+        lab.maps().wait_entry(
             addr,
             Duration::from_secs(10),
             "the map: the new pod holds it, the old one fenced",

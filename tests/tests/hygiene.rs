@@ -126,7 +126,8 @@ fn service_scenario(lab: &Lab, agent: Option<&Agent>, reuse: Reuse) -> anyhow::R
     let b_v4 = Listener::bind(&lab.pod_b, false, PORT_V4)?;
     let b_v6 = Listener::bind(&lab.pod_b, true, PORT_V6)?;
     for addr in addrs {
-        lab.add_pod_address(&lab.pod_b, "vethpb", POD_B_LLADDR, addr)?;
+        lab.routes()
+            .add_pod_address(&lab.pod_b, "vethpb", POD_B_LLADDR, addr)?;
     }
     let claim_answer = match agent {
         Some(_) => Some(claim(lab, &addrs, "vethpb", POD_B_LLADDR)?.0),
@@ -360,7 +361,8 @@ fn a_kernel_flush_whose_deletion_notices_overflow_the_socket_still_completes() -
         before >= u32::from(flows),
         "{before} entries for {flows} flows"
     );
-    lab.add_pod_address(&lab.pod_b, "vethpb", POD_B_LLADDR, POD_A_V4.into())?;
+    lab.routes()
+        .add_pod_address(&lab.pod_b, "vethpb", POD_B_LLADDR, POD_A_V4.into())?;
     let (answer, took) = claim(&lab, &[POD_A_V4.into()], "vethpb", POD_B_LLADDR)?;
     let flush = &answer["addresses"][0]["last_flush"];
     assert!(flush["errors"].is_null(), "{flush}; log:\n{}", agent.log());
@@ -593,7 +595,8 @@ fn fencing_under_observe_flushes_nothing() -> anyhow::Result<()> {
             a_v4.count(Duration::from_millis(300))? > 0,
             "A gets the stream"
         );
-        lab.add_pod_address(&lab.pod_b, "vethpb", POD_B_LLADDR, POD_A_V4.into())?;
+        lab.routes()
+            .add_pod_address(&lab.pod_b, "vethpb", POD_B_LLADDR, POD_A_V4.into())?;
         let (answer, _) = claim(&lab, &[POD_A_V4.into()], "vethpb", POD_B_LLADDR)?;
         assert!(
             answer["addresses"][0]["last_flush"].is_null(),

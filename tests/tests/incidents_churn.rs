@@ -296,7 +296,7 @@ fn churn_of_200_pod_lifecycles_leaves_registry_maps_and_kernel_in_agreement() {
         "the map to match the kernel with nothing quarantined",
         settled_by.saturating_duration_since(Instant::now()),
         || {
-            last_seen = lab.datapath_entries()?;
+            last_seen = lab.maps().entries()?;
             Ok((last_seen == want).then(Instant::now))
         },
     );

@@ -83,7 +83,7 @@ struct Observation {
 
 impl Observation {
     fn take(lab: &Lab) -> Observation {
-        let entries = lab.datapath_entries().expect("datapath show");
+        let entries = lab.maps().entries().expect("datapath show");
         Observation {
             at: Instant::now(),
             entries,
@@ -306,10 +306,12 @@ fn graceful_termination_keeps_a_draining_pod_connected_until_it_is_gone() {
         .start_agent(&["--workload", "vethp*", "--uplink", "up0"])
         .expect("starting ipq-agent");
     let vethpa = wait_pod_a_claimed(&lab);
-    lab.route_to_via_table("vethpa", 101, &pod_a())
+    lab.routes()
+        .route_to_via_table("vethpa", 101, &pod_a())
         .expect("policy routes to pod a");
     for addr in pod_a() {
-        lab.del_host_route("vethpa", addr)
+        lab.routes()
+            .del_host_route("vethpa", addr)
             .expect("withdrawing pod a's route");
         wait_for_entry(&lab, addr, &entry("draining", vethpa, 0), SETTLE);
     }

@@ -178,10 +178,13 @@ fn swarm_1488_remote_claim_fences_a_draining_holder_and_only_reports_an_active_o
     );
 
     // Pod a terminates; policy routes (outside the main table) keep it reachable.
-    lab.route_to_via_table("vethpa", 101, &pod_a)
+    lab.routes()
+        .route_to_via_table("vethpa", 101, &pod_a)
         .expect("policy routes to pod a");
     for addr in pod_a {
-        lab.del_host_route("vethpa", addr).expect("withdrawing");
+        lab.routes()
+            .del_host_route("vethpa", addr)
+            .expect("withdrawing");
         wait_for_entry(&lab, addr, &entry("draining", vethpa, 0), SETTLE);
     }
     for (addr, peer) in pod_a.into_iter().zip(peers) {

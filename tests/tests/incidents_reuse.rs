@@ -113,12 +113,15 @@ fn swarmkit_2407_early_reuse_fences_the_terminating_pod_both_ways_and_the_new_po
         .start_agent(&args("fence-old"))
         .expect("starting ipq-agent");
     let (vethpa, vethpb) = wait_claimed_at_start(&lab, SETTLE);
-    lab.route_by_oif("vethpa", TABLE_VIA_A, &[POD_A_V4.into(), POD_A_V6.into()])
+    lab.routes()
+        .route_by_oif("vethpa", TABLE_VIA_A, &[POD_A_V4.into(), POD_A_V6.into()])
         .expect("policy routes through vethpa");
 
     for (addr, peer) in pod_a_and_peer() {
         // Pod a terminates: its route is withdrawn while its process still runs.
-        lab.del_host_route("vethpa", addr).expect("withdrawing");
+        lab.routes()
+            .del_host_route("vethpa", addr)
+            .expect("withdrawing");
         wait_for_entry(&lab, addr, &entry("draining", vethpa, 0), SETTLE);
         let before = agent.scrape().expect("scrape");
         assert_eq!(
@@ -146,9 +149,11 @@ fn swarmkit_2407_early_reuse_fences_the_terminating_pod_both_ways_and_the_new_po
 
         // The orchestrator hands the address to pod b at once.
         let before = agent.scrape().expect("scrape");
-        lab.add_pod_address(&lab.pod_b, "vethpb", POD_B_LLADDR, addr)
+        lab.routes()
+            .add_pod_address(&lab.pod_b, "vethpb", POD_B_LLADDR, addr)
             .expect("giving pod b the address");
-        lab.add_host_route("vethpb", addr, None)
+        lab.routes()
+            .add_host_route("vethpb", addr, None)
             .expect("pod b's host route");
         wait_for_entry(&lab, addr, &entry("active", vethpb, vethpa), SETTLE);
 
@@ -200,14 +205,17 @@ fn whereabouts_duplicate(policy: &str, a_through: bool, b_through: bool) {
     let agent = lab.start_agent(&args(policy)).expect("starting ipq-agent");
     let (vethpa, vethpb) = wait_claimed_at_start(&lab, SETTLE);
     let all = [POD_A_V4.into(), POD_A_V6.into()];
-    lab.route_by_oif("vethpa", TABLE_VIA_A, &all)
+    lab.routes()
+        .route_by_oif("vethpa", TABLE_VIA_A, &all)
         .expect("policy routes through vethpa");
-    lab.route_by_oif("vethpb", TABLE_VIA_B, &all)
+    lab.routes()
+        .route_by_oif("vethpb", TABLE_VIA_B, &all)
         .expect("policy routes through vethpb");
 
     // The IPAM hands pod a's addresses to pod b too; pod b sends before its route exists.
     for (addr, peer) in pod_a_and_peer() {
-        lab.add_pod_address(&lab.pod_b, "vethpb", POD_B_LLADDR, addr)
+        lab.routes()
+            .add_pod_address(&lab.pod_b, "vethpb", POD_B_LLADDR, addr)
             .expect("giving pod b the address");
         let before = agent.scrape().expect("scrape");
         let got = udp_burst_with(
@@ -245,7 +253,8 @@ fn whereabouts_duplicate(policy: &str, a_through: bool, b_through: bool) {
     // Its CNI installs pod b's host route next to pod a's: a claim over a live holder.
     let before = agent.scrape().expect("scrape");
     for (addr, _) in pod_a_and_peer() {
-        lab.add_host_route("vethpb", addr, Some(2000))
+        lab.routes()
+            .add_host_route("vethpb", addr, Some(2000))
             .expect("pod b's host route");
     }
     wait_conflicts(&agent, "early_reuse", 2.0);
@@ -317,14 +326,17 @@ fn refuse_new_blocks_a_netlink_claimant_until_the_old_holder_is_gone_then_lets_i
         .expect("starting ipq-agent");
     let (vethpa, vethpb) = wait_claimed_at_start(&lab, SETTLE);
     let all = [POD_A_V4.into(), POD_A_V6.into()];
-    lab.route_by_oif("vethpb", TABLE_VIA_B, &all)
+    lab.routes()
+        .route_by_oif("vethpb", TABLE_VIA_B, &all)
         .expect("policy routes through vethpb");
 
     let before = agent.scrape().expect("scrape");
     for (addr, _) in pod_a_and_peer() {
-        lab.add_pod_address(&lab.pod_b, "vethpb", POD_B_LLADDR, addr)
+        lab.routes()
+            .add_pod_address(&lab.pod_b, "vethpb", POD_B_LLADDR, addr)
             .expect("giving pod b the address");
-        lab.add_host_route("vethpb", addr, Some(2000))
+        lab.routes()
+            .add_host_route("vethpb", addr, Some(2000))
             .expect("pod b's host route");
         wait_for_entry(&lab, addr, &entry("active", vethpa, vethpb), SETTLE);
     }

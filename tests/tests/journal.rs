@@ -39,14 +39,14 @@ fn a_corrupt_journal_is_set_aside_and_the_quarantine_rebuilt_from_the_maps() -> 
     let pod_b = IpAddr::V4(POD_B_V4);
     let mut agent = lab.start_agent(&ARGS)?;
     let timeout = Duration::from_secs(10);
-    lab.wait_entry(pod_a, timeout, "claimed", |e| {
+    lab.maps().wait_entry(pod_a, timeout, "claimed", |e| {
         e.is_some_and(|e| e.state == "active")
     })?;
-    lab.wait_entry(pod_b, timeout, "claimed", |e| {
+    lab.maps().wait_entry(pod_b, timeout, "claimed", |e| {
         e.is_some_and(|e| e.state == "active")
     })?;
     lab.node.ip(&["link", "del", "vethpa"])?;
-    lab.wait_entry(pod_a, timeout, "quarantined", |e| {
+    lab.maps().wait_entry(pod_a, timeout, "quarantined", |e| {
         e.is_some_and(|e| e.state == "quarantined")
     })?;
     agent.terminate()?;
@@ -82,7 +82,7 @@ fn a_corrupt_journal_is_set_aside_and_the_quarantine_rebuilt_from_the_maps() -> 
 
     // Rebuilt: the quarantine from the maps, pod b from its route; the datapath still drops
     // stale traffic for pod a's address and passes pod b's.
-    let entries = lab.datapath_entries()?;
+    let entries = lab.maps().entries()?;
     assert_eq!(
         entries.get(&pod_a).map(|e| e.state.as_str()),
         Some("quarantined")
@@ -237,12 +237,12 @@ fn a_rolled_back_agent_leaves_a_newer_journal_untouched_and_journals_beside_it(
     let mut agent = lab.start_agent(&ARGS)?;
     let timeout = Duration::from_secs(10);
     for pod in [pod_a, pod_b] {
-        lab.wait_entry(pod, timeout, "claimed", |e| {
+        lab.maps().wait_entry(pod, timeout, "claimed", |e| {
             e.is_some_and(|e| e.state == "active")
         })?;
     }
     lab.node.ip(&["link", "del", "vethpa"])?;
-    lab.wait_entry(pod_a, timeout, "quarantined", |e| {
+    lab.maps().wait_entry(pod_a, timeout, "quarantined", |e| {
         e.is_some_and(|e| e.state == "quarantined")
     })?;
     let view = |addr: IpAddr| -> anyhow::Result<serde_json::Value> {

@@ -98,7 +98,8 @@ fn a_duplicate_source_is_dropped_at_tc_ingress_while_the_holder_flows() {
     let agent = lab.start_agent(&args).expect("starting ipq-agent");
     wait_claimed_at_start(&lab, SETTLE);
     for (addr, peer) in pod_a_and_peer() {
-        lab.add_pod_address(&lab.pod_b, "vethpb", POD_B_LLADDR, addr)
+        lab.routes()
+            .add_pod_address(&lab.pod_b, "vethpb", POD_B_LLADDR, addr)
             .expect("giving pod b the address");
         let before = agent.scrape().expect("scrape");
         let from_b = send(&lab.pod_b, addr, &lab.peer, peer, N);
@@ -207,8 +208,8 @@ fn sigkill_under_traffic_delivers_no_fenced_packet_and_the_restart_readopts_each
     let lab = Lab::new().expect("building the lab");
     let args = ["--workload", "vethp*", "--uplink", "up0"];
     let mut first = lab.start_agent(&args).expect("starting ipq-agent");
-    lab.fence_pod_a().expect("fencing pod a");
-    lab.register_pod_b().expect("registering pod b");
+    lab.maps().fence_pod_a().expect("fencing pod a");
+    lab.maps().register_pod_b().expect("registering pod b");
     // Where the kernel has TCX, the filters that protected the pods at first have moved to
     // their TCX links: those are what the restart must take over.
     wait_tc_upgrades(&first);
@@ -335,7 +336,8 @@ fn the_conntrack_filter_probe_gives_this_kernels_answer_and_a_claim_is_flushed_i
     // without errors.
     let addrs: [IpAddr; 2] = [POD_A_V4.into(), POD_A_V6.into()];
     for addr in addrs {
-        lab.add_pod_address(&lab.pod_b, "vethpb", POD_B_LLADDR, addr)
+        lab.routes()
+            .add_pod_address(&lab.pod_b, "vethpb", POD_B_LLADDR, addr)
             .expect("B's address");
     }
     let body = serde_json::json!({

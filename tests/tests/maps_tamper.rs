@@ -112,8 +112,8 @@ fn a_foreign_write_to_ipqs_maps_is_found_written_back_and_reported() {
         "200ms",
     ];
     let agent = lab.start_agent(&args).expect("starting ipq-agent");
-    lab.fence_pod_a().expect("fencing pod a");
-    lab.register_pod_b().expect("registering pod b");
+    lab.maps().fence_pod_a().expect("fencing pod a");
+    lab.maps().register_pod_b().expect("registering pod b");
     let (v4, v6) = (IpAddr::from(POD_A_V4), IpAddr::from(POD_A_V6));
     assert_eq!(udp_burst(&lab.pod_a, &lab.peer, PEER_V4.into(), 10), 0);
     assert_eq!(udp_burst(&lab.pod_a, &lab.peer, PEER_V6.into(), 10), 0);
@@ -206,8 +206,8 @@ fn a_tampered_map_loosens_nothing_across_a_restart() {
         "1h",
     ];
     let mut first = lab.start_agent(&args).expect("starting ipq-agent");
-    lab.fence_pod_a().expect("fencing pod a");
-    lab.register_pod_b().expect("registering pod b");
+    lab.maps().fence_pod_a().expect("fencing pod a");
+    lab.maps().register_pod_b().expect("registering pod b");
     assert_eq!(udp_burst(&lab.pod_a, &lab.peer, PEER_V4.into(), 10), 0);
 
     let flows = Flows::start(&lab);

@@ -197,11 +197,15 @@ fn agent_metrics_have_every_series_from_the_first_scrape_and_pass_promtool_after
     // SwarmKit #2407: pod a terminates, its IPv4 address goes to pod b at once.
     let (vethpa, vethpb) = wait_claimed_at_start(&lab, SETTLE);
     let reused = IpAddr::from(POD_A_V4);
-    lab.del_host_route("vethpa", reused).expect("withdrawing");
+    lab.routes()
+        .del_host_route("vethpa", reused)
+        .expect("withdrawing");
     wait_for_entry(&lab, reused, &entry("draining", vethpa, 0), SETTLE);
-    lab.add_pod_address(&lab.pod_b, "vethpb", POD_B_LLADDR, reused)
+    lab.routes()
+        .add_pod_address(&lab.pod_b, "vethpb", POD_B_LLADDR, reused)
         .expect("giving pod b the address");
-    lab.add_host_route("vethpb", reused, None)
+    lab.routes()
+        .add_host_route("vethpb", reused, None)
         .expect("pod b's host route");
     wait_for_entry(&lab, reused, &entry("active", vethpb, vethpa), SETTLE);
     let sender = UdpSender {
@@ -226,7 +230,8 @@ fn agent_metrics_have_every_series_from_the_first_scrape_and_pass_promtool_after
         "stale traffic is dropped at the uplink"
     );
     // Released after its cool-down and a quiet period without stale traffic.
-    lab.wait_entry(quarantined, SETTLE, "released", |e| e.is_none())
+    lab.maps()
+        .wait_entry(quarantined, SETTLE, "released", |e| e.is_none())
         .unwrap_or_else(|e| panic!("{e:#}"));
     let after = poll("both histograms to have data", SETTLE, || {
         let scrape = agent.scrape()?;
@@ -327,7 +332,8 @@ fn a_prometheus_server_scraping_the_agent_sees_exactly_the_conflicts_the_inciden
 
     // whereabouts: pod b is given pod a's addresses and sends with them before its routes.
     for (addr, peer) in pod_a_and_peer() {
-        lab.add_pod_address(&lab.pod_b, "vethpb", POD_B_LLADDR, addr)
+        lab.routes()
+            .add_pod_address(&lab.pod_b, "vethpb", POD_B_LLADDR, addr)
             .expect("giving pod b the address");
         let sender = UdpSender {
             bind: Some(addr),
@@ -341,7 +347,8 @@ fn a_prometheus_server_scraping_the_agent_sees_exactly_the_conflicts_the_inciden
     }
     // Then its host routes: claims over a live holder, fenced under fence-old.
     for (addr, _) in pod_a_and_peer() {
-        lab.add_host_route("vethpb", addr, Some(2000))
+        lab.routes()
+            .add_host_route("vethpb", addr, Some(2000))
             .expect("pod b's host route");
         wait_for_entry(&lab, addr, &entry("active", vethpb, vethpa), SETTLE);
     }

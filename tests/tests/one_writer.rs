@@ -51,7 +51,9 @@ fn a_second_agent_and_a_break_glass_write_beside_a_running_agent_are_refused_nam
         "the refusal must name the running agent:\n{said}"
     );
 
-    let refused = lab.datapath(&["set", "10.99.9.9", "--state", "quarantined"]);
+    let refused = lab
+        .maps()
+        .tool(&["set", "10.99.9.9", "--state", "quarantined"]);
     let e = format!(
         "{:#}",
         refused.expect_err("datapath set beside a running agent")
@@ -60,16 +62,25 @@ fn a_second_agent_and_a_break_glass_write_beside_a_running_agent_are_refused_nam
         e.contains(&format!("pid {pid}")) && e.contains("/v1/datapath/10.99.9.9"),
         "the refusal must name the agent and the way through it: {e}"
     );
-    let refused = lab.datapath(&["delete", "10.99.9.9"]);
+    let refused = lab.maps().tool(&["delete", "10.99.9.9"]);
     assert!(refused.is_err(), "datapath delete beside a running agent");
     // Nothing was written: the address is in neither the maps nor the registry.
-    assert!(!lab.datapath(&["show"]).expect("show").contains("10.99.9.9"));
+    assert!(!lab
+        .maps()
+        .tool(&["show"])
+        .expect("show")
+        .contains("10.99.9.9"));
 
     // Once the agent is gone the break-glass tool writes (and holds the lock while it does).
     drop(agent);
-    lab.datapath(&["set", "10.99.9.9", "--state", "quarantined"])
+    lab.maps()
+        .tool(&["set", "10.99.9.9", "--state", "quarantined"])
         .expect("datapath set with no agent running");
-    assert!(lab.datapath(&["show"]).expect("show").contains("10.99.9.9"));
+    assert!(lab
+        .maps()
+        .tool(&["show"])
+        .expect("show")
+        .contains("10.99.9.9"));
 }
 
 /// Parses one `datapath show` listing: address → state. Every line must be whole.
@@ -97,8 +108,8 @@ fn listing(text: &str) -> BTreeMap<String, String> {
 fn datapath_show_in_a_tight_loop_beside_10000_writes_changes_no_verdict() {
     let lab = Lab::new().expect("building the lab");
     let agent = lab.start_agent(&ARGS).expect("starting ipq-agent");
-    lab.fence_pod_a().expect("fencing pod a");
-    lab.register_pod_b().expect("registering pod b");
+    lab.maps().fence_pod_a().expect("fencing pod a");
+    lab.maps().register_pod_b().expect("registering pod b");
     let socket = agent.api_socket();
     let flows = Flows::start(&lab);
     let writing = Arc::new(AtomicBool::new(true));
@@ -108,7 +119,7 @@ fn datapath_show_in_a_tight_loop_beside_10000_writes_changes_no_verdict() {
             scope.spawn(move || {
                 let mut shows = 0u32;
                 while writing.load(Ordering::Relaxed) {
-                    let text = lab.datapath(&["show"]).expect("datapath show");
+                    let text = lab.maps().tool(&["show"]).expect("datapath show");
                     listing(&text);
                     shows += 1;
                 }
@@ -146,7 +157,7 @@ fn datapath_show_in_a_tight_loop_beside_10000_writes_changes_no_verdict() {
     // Not one fenced datagram through, pod b's flowing: every verdict the old or the new one.
     flows.stop_and_check(100, "while datapath show looped beside 10000 writes");
     // The agent's own view and the maps agree at the end: pod a fenced, pod b active.
-    let last = listing(&lab.datapath(&["show"]).expect("show"));
+    let last = listing(&lab.maps().tool(&["show"]).expect("show"));
     assert_eq!(last.get("10.77.0.2").map(String::as_str), Some("draining"));
     assert_eq!(last.get("10.77.0.3").map(String::as_str), Some("active"));
     assert!(

@@ -74,8 +74,8 @@ fn removed_pins_detach_nothing_are_put_back_and_survive_a_sigterm_restart() {
         "200ms",
     ];
     let mut agent = lab.start_agent(&args).expect("starting ipq-agent");
-    lab.fence_pod_a().expect("fencing pod a");
-    lab.register_pod_b().expect("registering pod b");
+    lab.maps().fence_pod_a().expect("fencing pod a");
+    lab.maps().register_pod_b().expect("registering pod b");
     wait_tc_upgrades(&agent);
     let bpffs = lab.bpffs.path();
     let (links_dir, maps_dir) = (bpffs.join("links"), bpffs.join("maps"));

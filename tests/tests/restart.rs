@@ -72,8 +72,8 @@ fn agent_restarts_leave_no_gap_and_reuse_the_pins() {
     let lab = Lab::new().expect("building the lab");
     let args = ["--workload", "vethp*", "--uplink", "up0"];
     let mut first = lab.start_agent(&args).expect("starting ipq-agent");
-    lab.fence_pod_a().expect("fencing pod a");
-    lab.register_pod_b().expect("registering pod b");
+    lab.maps().fence_pod_a().expect("fencing pod a");
+    lab.maps().register_pod_b().expect("registering pod b");
     check_fenced(&lab, "first agent");
     // The pods were protected by netlink filters first; their TCX links come right after.
     wait_tc_upgrades(&first);

@@ -52,8 +52,8 @@ fn a_filter_ahead_of_ipqs_makes_the_interface_bypassed_at_once_and_protected_onc
         "netlink",
     ];
     let agent = lab.start_agent(&args).expect("starting ipq-agent");
-    lab.fence_pod_a().expect("fencing pod a");
-    lab.register_pod_b().expect("registering pod b");
+    lab.maps().fence_pod_a().expect("fencing pod a");
+    lab.maps().register_pod_b().expect("registering pod b");
     let peer = IpAddr::from(PEER_V4);
     assert_eq!(udp_burst(&lab.pod_a, &lab.peer, peer, 10), 0, "fenced");
     assert_eq!(vethpa(&agent)["protection"], "protected");

@@ -84,8 +84,8 @@ fn take_off_and_repair(lab: &Lab, agent: &Agent, args: &[&str], hooks: &[&str], 
 fn a_deleted_clsact_or_filter_is_put_back_at_once_counted_and_published() {
     let lab = Lab::new().expect("building the lab");
     let agent = lab.start_agent(&ARGS).expect("starting ipq-agent");
-    lab.fence_pod_a().expect("fencing pod a");
-    lab.register_pod_b().expect("registering pod b");
+    lab.maps().fence_pod_a().expect("fencing pod a");
+    lab.maps().register_pod_b().expect("registering pod b");
     poll("ipq's filters on pod a", Duration::from_secs(10), || {
         filters_back(&lab)
     })
@@ -177,7 +177,7 @@ fn vethpa_status(agent: &Agent) -> serde_json::Value {
 fn a_loss_that_cannot_be_put_back_is_unprotected_and_not_ready_until_it_can() {
     let lab = Lab::new().expect("building the lab");
     let agent = lab.start_agent(&ARGS).expect("starting ipq-agent");
-    lab.fence_pod_a().expect("fencing pod a");
+    lab.maps().fence_pod_a().expect("fencing pod a");
     poll("ipq's filters on pod a", Duration::from_secs(10), || {
         filters_back(&lab)
     })

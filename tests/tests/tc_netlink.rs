@@ -155,8 +155,8 @@ fn netlink_filters_enforce_and_a_sigkill_restart_replaces_them_in_place() {
     let mut first = lab
         .start_agent(&args("netlink"))
         .expect("starting ipq-agent");
-    lab.fence_pod_a().expect("fencing pod a");
-    lab.register_pod_b().expect("registering pod b");
+    lab.maps().fence_pod_a().expect("fencing pod a");
+    lab.maps().register_pod_b().expect("registering pod b");
     check_fenced(&lab, "netlink mode");
     assert_attached_as(&lab, "netlink", "first agent");
     for ifname in PODS {
@@ -207,8 +207,8 @@ fn switching_between_netlink_and_tcx_leaves_no_leftovers_and_no_foreign_filter_t
     let mut agent = lab
         .start_agent(&args("netlink"))
         .expect("starting ipq-agent");
-    lab.fence_pod_a().expect("fencing pod a");
-    lab.register_pod_b().expect("registering pod b");
+    lab.maps().fence_pod_a().expect("fencing pod a");
+    lab.maps().register_pod_b().expect("registering pod b");
     check_fenced(&lab, "netlink mode");
     assert_attached_as(&lab, "netlink", "netlink mode");
     assert_eq!(foreign_filters(&lab), foreign, "netlink mode");

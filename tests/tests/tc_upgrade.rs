@@ -42,6 +42,7 @@ fn args(mode: &'static str) -> Vec<&'static str> {
 /// two pods.
 fn add_veths(lab: &Lab, n: usize) -> Vec<String> {
     let mut ip = lab
+        .routes()
         .spawn_veth_batch("vethu", "ipqu", n)
         .expect("adding the veths");
     let done = ip.wait().expect("ip -batch");
@@ -212,8 +213,8 @@ fn fenced_traffic_is_dropped_while_netlink_filters_move_to_tcx_and_foreign_filte
     let mut first = lab
         .start_agent(&args("netlink"))
         .expect("starting ipq-agent in netlink mode");
-    lab.fence_pod_a().expect("fencing pod a");
-    lab.register_pod_b().expect("registering pod b");
+    lab.maps().fence_pod_a().expect("fencing pod a");
+    lab.maps().register_pod_b().expect("registering pod b");
     let (filters_before, links_before) = assert_each_hook_held(&lab, &names, "netlink mode");
     assert_eq!((filters_before, links_before), (2 * names.len(), 0));
 

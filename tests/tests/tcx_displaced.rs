@@ -54,7 +54,7 @@ fn a_tool_that_keeps_displacing_ipqs_link_is_rate_limited_reported_and_then_let_
         "100ms",
     ];
     let agent = lab.start_agent(&args).expect("starting ipq-agent");
-    lab.fence_pod_a().expect("fencing pod a");
+    lab.maps().fence_pod_a().expect("fencing pod a");
     wait_tc_upgrades(&agent);
     let peer = IpAddr::from(PEER_V4);
     assert_eq!(udp_burst(&lab.pod_a, &lab.peer, peer, 10), 0, "fenced");

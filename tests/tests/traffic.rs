@@ -172,8 +172,8 @@ fn run_all_flows(mode: Mode) {
     // Counted once per hook: while an interface moves from its netlink filter to its TCX link,
     // both run the program for a moment, and a packet they pass (observe) is judged twice.
     ipq_tests::attach::wait_tc_upgrades(&agent);
-    lab.fence_pod_a().expect("fencing pod a");
-    lab.register_pod_b().expect("registering pod b");
+    lab.maps().fence_pod_a().expect("fencing pod a");
+    lab.maps().register_pod_b().expect("registering pod b");
     for flow in flows(&lab) {
         check_flow(&agent, &flow, mode);
     }
@@ -198,7 +198,7 @@ struct Footprint {
 
 /// Builds a lab with a running, enforcing agent (so there are pins and attachments to clean).
 fn busy_lab_footprint(lab: &Lab, agent: &Agent) -> Footprint {
-    lab.fence_pod_a().expect("fencing pod a");
+    lab.maps().fence_pod_a().expect("fencing pod a");
     assert_eq!(lab::udp_burst(&lab.pod_a, &lab.peer, PEER_V4.into(), 3), 0);
     let footprint = Footprint {
         netns: lab.netns_names(),

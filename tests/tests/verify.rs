@@ -134,7 +134,7 @@ fn fenced_on_tcx(lab: &Lab) -> Agent<'_> {
         "200ms",
     ];
     let agent = lab.start_agent(&args).expect("starting ipq-agent");
-    lab.fence_pod_a().expect("fencing pod a");
+    lab.maps().fence_pod_a().expect("fencing pod a");
     wait_tc_upgrades(&agent);
     let peer = IpAddr::from(PEER_V4);
     assert_eq!(udp_burst(&lab.pod_a, &lab.peer, peer, 10), 0, "fenced");

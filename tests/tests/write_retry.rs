@@ -170,10 +170,11 @@ fn a_write_refused_by_a_full_map_is_retried_until_it_goes_through() {
 
     // The other process's entries gone: the next tick writes the entry.
     unfill(&lab, &foreign);
-    lab.wait_entry(addr, Duration::from_secs(10), "written by a retry", |e| {
-        e.is_some_and(|e| e.state == "active")
-    })
-    .unwrap();
+    lab.maps()
+        .wait_entry(addr, Duration::from_secs(10), "written by a retry", |e| {
+            e.is_some_and(|e| e.state == "active")
+        })
+        .unwrap();
     poll("the agent ready again", Duration::from_secs(10), || {
         Ok((agent.readyz()?.0 == 200).then_some(()))
     })

@@ -9,15 +9,27 @@ use crate::netns::agent_binary;
 
 use super::*;
 
+/// The lab's pinned address map ([`Lab::maps`]).
+pub struct Maps<'l> {
+    lab: &'l Lab,
+}
+
 impl Lab {
-    /// `ipq-agent datapath <args> --bpffs-dir <lab's>` inside the node namespace (interface
-    /// names resolve there). Returns stdout.
-    pub fn datapath(&self, args: &[&str]) -> anyhow::Result<String> {
-        let mut cmd = self.node.command(agent_binary());
+    /// The lab's pinned address map, to write and read.
+    pub fn maps(&self) -> Maps<'_> {
+        Maps { lab: self }
+    }
+}
+
+impl Maps<'_> {
+    /// `ipq-agent datapath <args> --bpffs-dir <lab's>` (the break-glass tool) inside the node
+    /// namespace (interface names resolve there). Returns stdout.
+    pub fn tool(&self, args: &[&str]) -> anyhow::Result<String> {
+        let mut cmd = self.lab.node.command(agent_binary());
         cmd.arg("datapath")
             .args(args)
             .arg("--bpffs-dir")
-            .arg(self.bpffs.path());
+            .arg(self.lab.bpffs.path());
         crate::netns::output_of(&mut cmd)
     }
 
@@ -47,7 +59,7 @@ impl Lab {
         holder: &str,
         fenced: Option<&str>,
     ) -> anyhow::Result<()> {
-        let socket = self.work_dir().join("ipq.sock");
+        let socket = self.lab.work_dir().join("ipq.sock");
         let body = serde_json::json!({ "state": state, "holder": holder, "fenced": fenced });
         match crate::api::request(
             &socket,
@@ -65,12 +77,12 @@ impl Lab {
         if let Some(fenced) = fenced {
             args.extend(["--fenced", fenced]);
         }
-        self.datapath(&args).map(drop)
+        self.tool(&args).map(drop)
     }
 
     /// Every entry of the pinned address map, as `ipq-agent datapath show` prints it.
-    pub fn datapath_entries(&self) -> anyhow::Result<BTreeMap<IpAddr, MapEntry>> {
-        let out = self.datapath(&["show"])?;
+    pub fn entries(&self) -> anyhow::Result<BTreeMap<IpAddr, MapEntry>> {
+        let out = self.tool(&["show"])?;
         let mut entries = BTreeMap::new();
         for line in out.lines().skip(1) {
             let fields: Vec<&str> = line.split_whitespace().collect();
@@ -95,8 +107,8 @@ impl Lab {
     }
 
     /// The map entry of `addr`, if any.
-    pub fn datapath_entry(&self, addr: IpAddr) -> anyhow::Result<Option<MapEntry>> {
-        Ok(self.datapath_entries()?.remove(&addr))
+    pub fn entry(&self, addr: IpAddr) -> anyhow::Result<Option<MapEntry>> {
+        Ok(self.entries()?.remove(&addr))
     }
 
     /// Polls the map until `addr`'s entry satisfies `want` (None: no entry), for `timeout`.
@@ -108,7 +120,7 @@ impl Lab {
         want: impl Fn(Option<&MapEntry>) -> bool,
     ) -> anyhow::Result<Option<MapEntry>> {
         poll(&format!("{addr}: {what}"), timeout, || {
-            let entry = self.datapath_entry(addr)?;
+            let entry = self.entry(addr)?;
             Ok(want(entry.as_ref()).then_some(entry))
         })
     }
@@ -125,10 +137,11 @@ pub fn map_entry(state: &str, holder: u32, fenced: u32) -> MapEntry {
 
 /// Waits up to `settle` until `addr`'s map entry is exactly `want`; panics with what it saw.
 pub fn wait_for_entry(lab: &Lab, addr: IpAddr, want: &MapEntry, settle: Duration) {
-    lab.wait_entry(addr, settle, &format!("map entry {want:?}"), |e| {
-        e == Some(want)
-    })
-    .unwrap_or_else(|e| panic!("{e:#}"));
+    lab.maps()
+        .wait_entry(addr, settle, &format!("map entry {want:?}"), |e| {
+            e == Some(want)
+        })
+        .unwrap_or_else(|e| panic!("{e:#}"));
 }
 
 /// Waits up to `settle` until the agent's start-up dump claimed pod a's and pod b's addresses

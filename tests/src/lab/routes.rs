@@ -32,7 +32,20 @@ pub fn ifindex(ns: &NetNs, name: &str) -> anyhow::Result<u32> {
     Ok(index)
 }
 
+/// The node's links and routes as a test changes them beyond the lab's start
+/// ([`Lab::routes`]).
+pub struct NodeRoutes<'l> {
+    node: &'l NetNs,
+}
+
 impl Lab {
+    /// The node's links and routes, to change.
+    pub fn routes(&self) -> NodeRoutes<'_> {
+        NodeRoutes { node: &self.node }
+    }
+}
+
+impl NodeRoutes<'_> {
     /// Starts `ip -batch` in the node making `n` veth pairs `{host}{i}` / `{peer}{i}`, host
     /// sides up: as fast as the kernel makes them. Returns the running `ip`, for the caller to
     /// act during the burst and then wait for it.

@@ -72,7 +72,7 @@ fn a_refusing_api_server_is_counted_shown_backed_off_and_caught_up() -> anyhow::
         .run(&["delete", "clusterrolebinding", CLUSTER_ROLE_BINDING])?;
     let vethpa = ifindex(&lab.node, "vethpa")?;
     let vethpb = ifindex(&lab.node, "vethpb")?;
-    lab.route_by_oif(
+    lab.routes().route_by_oif(
         "vethpa",
         101,
         &[pod_a_and_peer()[0].0, pod_a_and_peer()[1].0],
@@ -82,10 +82,11 @@ fn a_refusing_api_server_is_counted_shown_backed_off_and_caught_up() -> anyhow::
         wait_for_entry(&lab, addr, &map_entry("active", vethpa, 0), SETTLE);
         // Pod a terminates (its route withdrawn, its process still running) and its address
         // is handed to pod b at once.
-        lab.del_host_route("vethpa", addr)?;
+        lab.routes().del_host_route("vethpa", addr)?;
         wait_for_entry(&lab, addr, &map_entry("draining", vethpa, 0), SETTLE);
-        lab.add_pod_address(&lab.pod_b, "vethpb", POD_B_LLADDR, addr)?;
-        lab.add_host_route("vethpb", addr, None)?;
+        lab.routes()
+            .add_pod_address(&lab.pod_b, "vethpb", POD_B_LLADDR, addr)?;
+        lab.routes().add_host_route("vethpb", addr, None)?;
         changed_at.get_or_insert_with(Instant::now);
         wait_for_entry(&lab, addr, &map_entry("active", vethpb, vethpa), SETTLE);
     }

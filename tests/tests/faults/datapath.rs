@@ -156,8 +156,8 @@ fn advertisements_received(listener: &OwnedFd, target: Ipv6Addr) -> usize {
 fn a_fenced_pods_advertisement_behind_hop_by_hop_is_dropped() {
     let lab = Lab::new().expect("building the lab");
     let agent = lab.start_agent(AGENT_ARGS).expect("starting ipq-agent");
-    lab.fence_pod_a().expect("fencing pod a");
-    lab.register_pod_b().expect("registering pod b");
+    lab.maps().fence_pod_a().expect("fencing pod a");
+    lab.maps().register_pod_b().expect("registering pod b");
     let link_local: Ipv6Addr = "fe80::77:ff:fe00:a02".parse().expect("valid");
 
     let cases = [
@@ -206,7 +206,7 @@ fn a_fenced_pods_advertisement_behind_a_chain_in_a_short_head_is_dropped() {
         .ip(&["link", "set", "eth0", "mtu", "9000"])
         .expect("mtu");
     let agent = lab.start_agent(AGENT_ARGS).expect("starting ipq-agent");
-    lab.fence_pod_a().expect("fencing pod a");
+    lab.maps().fence_pod_a().expect("fencing pod a");
     let link_local: Ipv6Addr = "fe80::77:ff:fe00:a02".parse().expect("valid");
 
     let before = agent.scrape().expect("scraping /metrics");

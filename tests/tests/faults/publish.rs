@@ -47,7 +47,7 @@ fn an_unreachable_api_server_changes_nothing_on_the_node() -> anyhow::Result<()>
     let agent = lab.start_publishing_agent(NODE, &kubeconfig, &[])?;
     let vethpa = ifindex(&lab.node, "vethpa")?;
     let vethpb = ifindex(&lab.node, "vethpb")?;
-    lab.route_by_oif(
+    lab.routes().route_by_oif(
         "vethpa",
         101,
         &[pod_a_and_peer()[0].0, pod_a_and_peer()[1].0],
@@ -56,10 +56,11 @@ fn an_unreachable_api_server_changes_nothing_on_the_node() -> anyhow::Result<()>
         wait_for_entry(&lab, addr, &map_entry("active", vethpa, 0), SETTLE);
         // Pod a terminates (its route withdrawn, its process still running) and its address
         // is handed to pod b at once.
-        lab.del_host_route("vethpa", addr)?;
+        lab.routes().del_host_route("vethpa", addr)?;
         wait_for_entry(&lab, addr, &map_entry("draining", vethpa, 0), SETTLE);
-        lab.add_pod_address(&lab.pod_b, "vethpb", POD_B_LLADDR, addr)?;
-        lab.add_host_route("vethpb", addr, None)?;
+        lab.routes()
+            .add_pod_address(&lab.pod_b, "vethpb", POD_B_LLADDR, addr)?;
+        lab.routes().add_host_route("vethpb", addr, None)?;
         wait_for_entry(&lab, addr, &map_entry("active", vethpb, vethpa), SETTLE);
     }
     for (addr, peer) in pod_a_and_peer() {

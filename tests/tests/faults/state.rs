@@ -61,15 +61,17 @@ fn observe_stays_observe_across_restarts_and_a_lost_journal() -> anyhow::Result<
     let mut agent = lab.start_agent(&args)?;
     let vethpa = ifindex(&lab.node, "vethpa")?;
     let vethpb = ifindex(&lab.node, "vethpb")?;
-    lab.route_by_oif("vethpa", TABLE_VIA_A, &[POD_A_V4.into(), POD_A_V6.into()])?;
+    lab.routes()
+        .route_by_oif("vethpa", TABLE_VIA_A, &[POD_A_V4.into(), POD_A_V6.into()])?;
     for (addr, _) in pod_a_and_peer() {
         wait_for_entry(&lab, addr, &map_entry("active", vethpa, 0), SETTLE);
         // Pod a terminates (its route withdrawn, its process still running) and its address
         // is handed to pod b at once.
-        lab.del_host_route("vethpa", addr)?;
+        lab.routes().del_host_route("vethpa", addr)?;
         wait_for_entry(&lab, addr, &map_entry("draining", vethpa, 0), SETTLE);
-        lab.add_pod_address(&lab.pod_b, "vethpb", POD_B_LLADDR, addr)?;
-        lab.add_host_route("vethpb", addr, None)?;
+        lab.routes()
+            .add_pod_address(&lab.pod_b, "vethpb", POD_B_LLADDR, addr)?;
+        lab.routes().add_host_route("vethpb", addr, None)?;
         wait_for_entry(&lab, addr, &map_entry("active", vethpb, 0), SETTLE);
     }
     wait_metric(
@@ -407,11 +409,12 @@ fn a_claim_refused_for_a_full_registry_is_made_when_space_frees() -> anyhow::Res
     wait_metric(&agent, "ipq_registry_entries", &[], |v| v == 4.0);
 
     let fifth: IpAddr = "10.77.0.9".parse()?;
-    lab.add_pod_address(&lab.pod_b, "vethpb", POD_B_LLADDR, fifth)?;
-    lab.add_host_route("vethpb", fifth, None)?;
+    lab.routes()
+        .add_pod_address(&lab.pod_b, "vethpb", POD_B_LLADDR, fifth)?;
+    lab.routes().add_host_route("vethpb", fifth, None)?;
     wait_metric(&agent, "ipq_addresses_unprotected", &[], |v| v == 1.0);
     ensure!(
-        lab.datapath_entry(fifth)?.is_none(),
+        lab.maps().entry(fifth)?.is_none(),
         "the full registry took {fifth}"
     );
 

@@ -35,12 +35,13 @@ fn an_unreachable_api_server_leaves_the_node_enforcing_and_the_projection_retryi
     let vethpa = ifindex(&lab.node, "vethpa")?;
     let vethpb = ifindex(&lab.node, "vethpb")?;
     let (addr, peer) = pod_a_and_peer()[0];
-    lab.route_by_oif("vethpa", 101, &[addr])?;
+    lab.routes().route_by_oif("vethpa", 101, &[addr])?;
     wait_for_entry(&lab, addr, &map_entry("active", vethpa, 0), SETTLE);
-    lab.del_host_route("vethpa", addr)?;
+    lab.routes().del_host_route("vethpa", addr)?;
     wait_for_entry(&lab, addr, &map_entry("draining", vethpa, 0), SETTLE);
-    lab.add_pod_address(&lab.pod_b, "vethpb", POD_B_LLADDR, addr)?;
-    lab.add_host_route("vethpb", addr, None)?;
+    lab.routes()
+        .add_pod_address(&lab.pod_b, "vethpb", POD_B_LLADDR, addr)?;
+    lab.routes().add_host_route("vethpb", addr, None)?;
     wait_for_entry(&lab, addr, &map_entry("active", vethpb, vethpa), SETTLE);
     ensure!(
         pod_a_traffic(&lab, addr, peer, N) == (0, 0),

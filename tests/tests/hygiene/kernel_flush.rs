@@ -166,7 +166,8 @@ pub(crate) fn claim_takes_only_the_claimed_entries(
     }
     let addrs: [IpAddr; 2] = [POD_A_V4.into(), POD_A_V6.into()];
     for addr in addrs {
-        lab.add_pod_address(&lab.pod_b, "vethpb", POD_B_LLADDR, addr)?;
+        lab.routes()
+            .add_pod_address(&lab.pod_b, "vethpb", POD_B_LLADDR, addr)?;
     }
     let (answer, _) = claim(lab, &addrs, "vethpb", POD_B_LLADDR)?;
     for ((carrying, others), family) in families.iter().zip(["ipv4", "ipv6"]) {
