@@ -77,9 +77,9 @@ impl Containerd {
             daemon: None,
             cgroup,
         };
-        containerd.link_plugins()?;
+        link_plugins(&containerd.bin_dir())?;
         fs::create_dir_all(containerd.conf_dir())?;
-        fs::write(dir.join("config.toml"), containerd.config())?;
+        fs::write(dir.join("config.toml"), config_toml(dir))?;
         containerd.spawn_daemon()?;
         for (image, entrypoint) in [
             (PAUSE_IMAGE, vec!["/bin/sleep", "2147483647"]),
@@ -162,52 +162,6 @@ impl Containerd {
     /// containerd's log so far.
     pub fn log(&self) -> String {
         fs::read_to_string(self.dir.join("containerd.log")).unwrap_or_default()
-    }
-
-    fn link_plugins(&self) -> anyhow::Result<()> {
-        let bin = self.bin_dir();
-        fs::create_dir_all(&bin)?;
-        for entry in fs::read_dir(DEBIAN_PLUGIN_DIR)
-            .with_context(|| format!("{DEBIAN_PLUGIN_DIR}: install containernetworking-plugins"))?
-        {
-            let entry = entry?;
-            symlink(entry.path(), bin.join(entry.file_name()))?;
-        }
-        Ok(())
-    }
-
-    fn config(&self) -> String {
-        let d = self.dir.display();
-        format!(
-            r#"version = 2
-root = "{d}/root"
-state = "{d}/state"
-disabled_plugins = [
-  "io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
-  "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper",
-  "io.containerd.internal.v1.opt", "io.containerd.tracing.processor.v1.otlp",
-]
-[grpc]
-  address = "{d}/containerd.sock"
-[ttrpc]
-  address = "{d}/containerd.sock.ttrpc"
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "{PAUSE_IMAGE}"
-  # Lowering oom_score_adj needs CAP_SYS_RESOURCE, which a CI sandbox may not grant.
-  restrict_oom_score_adj = true
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "native"
-    default_runtime_name = "runc"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-        SystemdCgroup = false
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "{d}/cni-bin"
-    conf_dir = "{d}/net.d"
-    max_conf_num = 1
-"#
-        )
     }
 
     /// `nsenter` into the private mount namespace, in the node's network namespace.
@@ -460,4 +414,51 @@ pub fn build_oci_archive(work: &Path, image: &str, entrypoint: &[&str]) -> anyho
         fs::create_dir_all(rootfs.join(dir))?;
     }
     crate::oci::archive(&rootfs, work, image, entrypoint, &["PATH=/bin"])
+}
+
+/// Links the Debian CNI plugins into `bin`, the runtime's own plugin dir.
+fn link_plugins(bin: &Path) -> anyhow::Result<()> {
+    fs::create_dir_all(bin)?;
+    for entry in fs::read_dir(DEBIAN_PLUGIN_DIR)
+        .with_context(|| format!("{DEBIAN_PLUGIN_DIR}: install containernetworking-plugins"))?
+    {
+        let entry = entry?;
+        symlink(entry.path(), bin.join(entry.file_name()))?;
+    }
+    Ok(())
+}
+
+/// containerd's `config.toml` for a runtime whose every directory is under `dir`.
+fn config_toml(dir: &Path) -> String {
+    let d = dir.display();
+    format!(
+        r#"version = 2
+root = "{d}/root"
+state = "{d}/state"
+disabled_plugins = [
+  "io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
+  "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper",
+  "io.containerd.internal.v1.opt", "io.containerd.tracing.processor.v1.otlp",
+]
+[grpc]
+  address = "{d}/containerd.sock"
+[ttrpc]
+  address = "{d}/containerd.sock.ttrpc"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{PAUSE_IMAGE}"
+  # Lowering oom_score_adj needs CAP_SYS_RESOURCE, which a CI sandbox may not grant.
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+snapshotter = "native"
+default_runtime_name = "runc"
+[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+  [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+    SystemdCgroup = false
+  [plugins."io.containerd.grpc.v1.cri".cni]
+bin_dir = "{d}/cni-bin"
+conf_dir = "{d}/net.d"
+max_conf_num = 1
+"#
+    )
 }
