@@ -328,10 +328,23 @@ fn error_codes() {
             "not_ready",
             "unavailable",
             "internal",
+            "unknown",
         ]
     );
     for code in ErrorCode::VARIANTS {
         assert_eq!(serde_json::to_string(code).unwrap(), format!("\"{code}\""));
         assert_eq!(<&str>::from(*code), code.as_ref());
     }
+}
+
+/// An error answer carrying a code a newer agent added still parses, with its message: a
+/// client (the CLI, ipq-cni during a rolling upgrade) shows why instead of failing to read it.
+#[test]
+fn a_newer_agents_error_code_reads_as_unknown_with_its_message() {
+    use crate::model::{ErrorCode, ErrorResponse};
+    let body = r#"{"error":{"code":"quota_exceeded","message":"10.0.0.1: over quota"}}"#;
+    let answer: ErrorResponse = serde_json::from_str(body).unwrap();
+    assert_eq!(answer.error.code, ErrorCode::Unknown);
+    assert_eq!(answer.error.message, "10.0.0.1: over quota");
+    assert_eq!(ErrorCode::Unknown.http_status(), 500);
 }

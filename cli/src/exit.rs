@@ -57,7 +57,9 @@ impl Exit {
             ErrorCode::BadRequest
             | ErrorCode::InvalidArgument
             | ErrorCode::MethodNotAllowed
-            | ErrorCode::Internal => Self::Failure,
+            | ErrorCode::Internal
+            // A newer agent's code: not something this CLI can say more about.
+            | ErrorCode::Unknown => Self::Failure,
         }
     }
 }

@@ -27,7 +27,8 @@ pub struct ApiErrorBody {
     pub until: Option<String>,
 }
 
-/// Stable error codes. Scripts and the CNI plugin branch on these, never on messages.
+/// Stable error codes. Scripts and the CNI plugin branch on these, never on messages; a newer
+/// agent's code reads as [`ErrorCode::Unknown`].
 #[derive(
     Clone,
     Copy,
@@ -71,6 +72,11 @@ pub enum ErrorCode {
     Unavailable,
     /// Something failed inside the agent (500).
     Internal,
+    /// A code a newer agent answers with that this client does not know: the answer's message
+    /// still reaches the user, and callers treat it as a failure they cannot branch on (the
+    /// agent never sends it).
+    #[serde(other)]
+    Unknown,
 }
 
 impl ErrorCode {
@@ -81,7 +87,7 @@ impl ErrorCode {
             Self::NotFound | Self::UnknownInterface => 404,
             Self::MethodNotAllowed => 405,
             Self::Refused | Self::NotHolder | Self::NotReleasable => 409,
-            Self::Internal => 500,
+            Self::Internal | Self::Unknown => 500,
             Self::NotReady | Self::Unavailable => 503,
             Self::RegistryFull => 507,
         }
