@@ -30,6 +30,9 @@ mod waiting;
 /// one stuck in the kernel must not hold the exit up).
 const VERIFIER_STOP: Duration = Duration::from_secs(5);
 
+/// How long the stop waits for the event feed's followers to take the last events.
+const EVENT_STREAMS_STOP: Duration = Duration::from_secs(1);
+
 #[derive(Debug, Error)]
 pub enum AgentError {
     #[error(transparent)]
@@ -87,6 +90,18 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
 
     api.abort();
     let _ = api.await;
+    // No new connection now: whoever follows the event feed gets what was published before
+    // the stop (the last DELs' drains, say), then the end of its stream.
+    if !tracker
+        .close_event_streams()
+        .ended_within(EVENT_STREAMS_STOP)
+        .await
+    {
+        warn!(
+            "an event stream did not take the last events within {EVENT_STREAMS_STOP:?}; \
+             stopping without it"
+        );
+    }
     releaser.abort();
     let _ = releaser.await;
     metrics.readiness.set_started(false);

@@ -142,3 +142,70 @@ fn agent_restarts_leave_no_gap_and_reuse_the_pins() {
     second.terminate().expect("stopping ipq-agent with SIGTERM");
     check_fenced(&lab, "after SIGTERM");
 }
+
+/// An operator's `ipq events --follow` across a restart loses nothing of the old agent's last
+/// moments: a follower gets every event the agent published before its stop (here the drain
+/// made just before SIGTERM), then the end of its stream, not a cut connection.
+#[test]
+fn a_follower_gets_the_last_events_before_the_stop_then_the_end_of_its_stream() {
+    use std::{
+        io::{Read as _, Write as _},
+        os::unix::net::UnixStream,
+        time::Duration,
+    };
+
+    let lab = Lab::new().expect("lab");
+    let mut agent = lab.start_agent(&[]).expect("starting ipq-agent");
+    ipq_tests::lab::wait_claimed_at_start(&lab, Duration::from_secs(10));
+    let socket = agent.api_socket();
+
+    let mut follower = UnixStream::connect(&socket).expect("connecting to the API");
+    follower
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .expect("read timeout");
+    follower
+        .write_all(b"GET /v1/events?follow=true HTTP/1.1\r\nHost: ipq\r\nConnection: close\r\n\r\n")
+        .expect("asking to follow the events");
+    // The answer's head comes once the agent subscribed this stream: what follows is live.
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        follower.read_exact(&mut byte).expect("the answer's head");
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&head);
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(head.contains("transfer-encoding: chunked"), "{head}");
+
+    let pod_a = IpAddr::from(POD_A_V4);
+    let drained = ipq_tests::api::request(
+        &socket,
+        "POST",
+        &format!("/v1/addresses/{pod_a}/drain"),
+        None,
+    )
+    .expect("draining pod a");
+    assert_eq!(drained.status, 200, "{}", drained.body);
+    agent.terminate().expect("stopping ipq-agent with SIGTERM");
+
+    let mut rest = Vec::new();
+    follower
+        .read_to_end(&mut rest)
+        .expect("the stream, to its end");
+    let rest = String::from_utf8_lossy(&rest);
+    let drain_seen = rest.lines().any(|line| {
+        serde_json::from_str::<serde_json::Value>(line).is_ok_and(|event| {
+            event["type"] == "transition"
+                && event["address"] == pod_a.to_string()
+                && event["to"] == "draining"
+        })
+    });
+    assert!(
+        drain_seen,
+        "the drain made before the stop is not in the stream:\n{rest}"
+    );
+    assert!(
+        rest.ends_with("0\r\n\r\n"),
+        "the stream was cut instead of ended:\n{rest}"
+    );
+}

@@ -104,4 +104,7 @@ pub struct AllocationQuery {
 pub struct Subscription {
     pub backlog: Vec<Event>,
     pub live: broadcast::Receiver<Event>,
+    /// Held for as long as the stream is open: the agent's stop waits until every stream has
+    /// sent what was published before it ([`StreamsClosing`](crate::tracker::StreamsClosing)).
+    pub open: tokio::sync::mpsc::Sender<()>,
 }

@@ -283,15 +283,20 @@ async fn events(ctx: &Context, follow: bool) -> Result<Response<Body>, ApiError>
         .send(Command::Subscribe(reply))
         .await
         .map_err(|_| stopping())?;
-    let Subscription { backlog, live } = answer.await.map_err(|_| stopping())?;
+    let Subscription {
+        backlog,
+        live,
+        open,
+    } = answer.await.map_err(|_| stopping())?;
     let backlog = futures::stream::iter(backlog.into_iter().map(|e| ndjson_line(&e)));
     let body: Body = if follow {
         let metrics = ctx.metrics.clone();
-        let live = futures::stream::unfold(live, move |mut live| {
+        // `open` lives as long as the stream: the agent's stop waits for it to end.
+        let live = futures::stream::unfold((live, open), move |(mut live, open)| {
             let metrics = metrics.clone();
             async move {
                 match live.recv().await {
-                    Ok(event) => Some((ndjson_line(&event), live)),
+                    Ok(event) => Some((ndjson_line(&event), (live, open))),
                     Err(broadcast::error::RecvError::Lagged(n)) => {
                         metrics.events_lost(LostAt::Api, n);
                         let lost = Event {
@@ -299,7 +304,7 @@ async fn events(ctx: &Context, follow: bool) -> Result<Response<Body>, ApiError>
                             at: TimeBase::now().rfc3339(netdev::monotonic_ns()),
                             body: EventBody::Lost { n },
                         };
-                        Some((ndjson_line(&lost), live))
+                        Some((ndjson_line(&lost), (live, open)))
                     }
                     Err(broadcast::error::RecvError::Closed) => None,
                 }

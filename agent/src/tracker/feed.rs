@@ -2,9 +2,12 @@
 //! recent conflicts, and the rate limit on conflict log lines, whose excess is counted rather
 //! than written.
 
-use std::{collections::VecDeque, time::Instant};
+use std::{
+    collections::VecDeque,
+    time::{Duration, Instant},
+};
 
-use tokio::sync::broadcast;
+use tokio::sync::{broadcast, mpsc};
 
 use crate::api::{
     command::{Subscription, RECENT_CONFLICTS},
@@ -25,8 +28,23 @@ pub struct EventHub {
     backlog: VecDeque<Event>,
     conflicts: VecDeque<ConflictView>,
     live: broadcast::Sender<Event>,
+    /// Each open stream holds a clone ([`Subscription::open`]); the receiver learns when the
+    /// last one ended.
+    streams: (mpsc::Sender<()>, mpsc::Receiver<()>),
     log_tokens: f64,
     log_refilled: Instant,
+}
+
+/// The event streams of a stopping agent: each sends what was published before the stop, then
+/// ends ([`EventHub::close`]).
+pub struct StreamsClosing(mpsc::Receiver<()>);
+
+impl StreamsClosing {
+    /// Waits until every stream ended, at most `bound` (a follower that reads nothing must not
+    /// hold the stop); whether they all did.
+    pub async fn ended_within(mut self, bound: Duration) -> bool {
+        tokio::time::timeout(bound, self.0.recv()).await.is_ok()
+    }
 }
 
 impl Default for EventHub {
@@ -42,6 +60,7 @@ impl EventHub {
             backlog: VecDeque::with_capacity(BACKLOG),
             conflicts: VecDeque::with_capacity(RECENT_CONFLICTS),
             live: broadcast::channel(LIVE_BUFFER).0,
+            streams: mpsc::channel(1),
             log_tokens: LOG_BURST,
             log_refilled: Instant::now(),
         }
@@ -85,7 +104,20 @@ impl EventHub {
         Subscription {
             backlog: self.backlog.iter().cloned().collect(),
             live: self.live.subscribe(),
+            open: self.streams.0.clone(),
         }
+    }
+
+    /// The agent stops: every open stream is told the feed ends once it has sent what was
+    /// published (its live receiver closes), and the answer says when all have. Later
+    /// subscribers (none: the API stopped first) would get the backlog alone.
+    pub fn close(&mut self) -> StreamsClosing {
+        let (open, ended) = mpsc::channel(1);
+        self.live = broadcast::channel(LIVE_BUFFER).0;
+        let (own, ended_before) = std::mem::replace(&mut self.streams, (open, ended));
+        // Only the streams' tokens remain.
+        drop(own);
+        StreamsClosing(ended_before)
     }
 
     /// Whether one more conflict log line fits the rate limit now.
@@ -131,6 +163,48 @@ mod tests {
         hub.publish("t".into(), lost(2));
         assert_eq!(sub.backlog.len(), 1);
         assert_eq!(sub.live.try_recv().unwrap().seq, 2);
+    }
+
+    /// At the stop, a follower takes every event published before it, then its stream ends;
+    /// the stop learns that only once the stream let go of the feed, and not at all while a
+    /// stream stays open.
+    #[tokio::test(start_paused = true)]
+    async fn a_closed_feed_ends_each_stream_after_what_was_published() {
+        let mut hub = EventHub::new();
+        let mut follower = hub.subscribe();
+        let idle = hub.subscribe();
+        hub.publish("t".into(), lost(1));
+        hub.publish("t".into(), lost(2));
+        let mut closing = hub.close();
+        assert_eq!(follower.live.recv().await.unwrap().seq, 1);
+        assert_eq!(follower.live.recv().await.unwrap().seq, 2);
+        assert!(matches!(
+            follower.live.recv().await,
+            Err(broadcast::error::RecvError::Closed)
+        ));
+        drop(follower);
+        // A stream still open holds the stop to its bound.
+        assert!(
+            tokio::time::timeout(Duration::from_millis(100), closing.0.recv())
+                .await
+                .is_err(),
+            "a stream is still open"
+        );
+        drop(idle);
+        assert!(closing.ended_within(Duration::from_secs(1)).await);
+        // What the stop published after closing is still kept for the backlog.
+        hub.publish("t".into(), lost(3));
+        assert_eq!(hub.subscribe().backlog.len(), 3);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_closed_feed_without_streams_has_ended() {
+        let mut hub = EventHub::new();
+        drop(hub.subscribe());
+        assert!(hub.close().ended_within(Duration::from_secs(1)).await);
+        let open = hub.subscribe();
+        assert!(!hub.close().ended_within(Duration::from_millis(10)).await);
+        drop(open);
     }
 
     #[test]

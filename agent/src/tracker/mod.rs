@@ -58,6 +58,7 @@ mod write_retry_tests;
 pub use api_service::answer::Answer;
 pub use durable::{Durable, Journaled};
 pub use events::Observed;
+pub use feed::StreamsClosing;
 pub use recovery::Recovery;
 pub use startup::{ServeWith, Served};
 
@@ -141,6 +142,12 @@ impl Tracker {
             (Some(d), Some(r)) => Some(d.min(r)),
             (d, r) => d.or(r),
         }
+    }
+
+    /// The agent stops: the event feed's followers get every event published so far, then
+    /// their streams end (the answer says when).
+    pub fn close_event_streams(&mut self) -> StreamsClosing {
+        self.sinks.observer.close_feed()
     }
 
     /// The registry as the journal reads it, for a save ([`Durable`]).

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use ipq_common::sample::ConflictSample;
 use log::{debug, info, warn};
 
-use super::feed::EventHub;
+use super::feed::{EventHub, StreamsClosing};
 use crate::{
     api::{
         model::{ConflictView, EventBody},
@@ -35,6 +35,11 @@ impl Observer {
     /// The feed, for its subscribers and the recent conflicts.
     pub fn feed(&self) -> &EventHub {
         &self.feed
+    }
+
+    /// The agent stops: the feed's streams end once they sent what was published.
+    pub fn close_feed(&mut self) -> StreamsClosing {
+        self.feed.close()
     }
 
     /// Publishes one event stamped `at` (RFC 3339).
