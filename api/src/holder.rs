@@ -175,22 +175,19 @@ impl Holder {
         netns: Option<String>,
         pod: Option<PodRef>,
     ) -> Self {
-        self.set_identity(Identity {
+        let identity = Identity {
             container_id,
             cni_ifname,
             network,
             netns,
             pod,
-        });
+        };
+        self.identity = (!identity.is_empty()).then(|| Box::new(identity));
         self
     }
 
     fn identity_mut(&mut self) -> &mut Identity {
         self.identity.get_or_insert_with(Box::default)
-    }
-
-    fn set_identity(&mut self, identity: Identity) {
-        self.identity = (!identity.is_empty()).then(|| Box::new(identity));
     }
 
     /// Two holders are the same iff they have the same interface and, when both carry a

@@ -151,7 +151,7 @@ pub const KEYS: &[Key] = &[
         help: "enforce | observe",
         kind: Kind::Text,
         set: |c, p, k, v| {
-            c.mode = p.mode(k, v)?;
+            c.mode = p.choice(k, v)?;
             Ok(())
         },
     },
@@ -162,7 +162,7 @@ pub const KEYS: &[Key] = &[
         help: "fence-old | refuse-new | observe",
         kind: Kind::Text,
         set: |c, p, k, v| {
-            c.on_early_reuse = p.policy(k, v)?;
+            c.on_early_reuse = p.choice(k, v)?;
             Ok(())
         },
     },
@@ -285,7 +285,7 @@ pub const KEYS: &[Key] = &[
                while ipq holds quarantined addresses of it",
         kind: Kind::Text,
         set: |c, p, k, v| {
-            c.ipam_on_exhausted = p.on_exhausted(k, v)?;
+            c.ipam_on_exhausted = p.choice(k, v)?;
             Ok(())
         },
     },
@@ -432,7 +432,7 @@ pub const KEYS: &[Key] = &[
                then a TCX link where the kernel has it)",
         kind: Kind::Text,
         set: |c, p, k, v| {
-            c.tc_attach = p.tc_attach(k, v)?;
+            c.tc_attach = p.choice(k, v)?;
             Ok(())
         },
     },

@@ -1,5 +1,7 @@
 //! Reading one configuration value: each conversion names the key and the value it refuses,
-//! as the operator wrote them.
+//! as the operator wrote them. A setting that is one of a few words (`mode`, `on_early_reuse`,
+//! `ipam_on_exhausted`, `tc_attach`) is read by one conversion, [`Parser::choice`], from its
+//! type's [`Choice`]: the words it takes and how one is read.
 
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
@@ -8,6 +10,46 @@ use toml::Value;
 use super::{
     ConfigError, EarlyReusePolicy, Globs, Mode, TcAttach, MAX_ANNOUNCE_PER_SECOND, MAX_CAPACITY,
 };
+
+/// A setting written as one of a few words.
+pub(super) trait Choice: Sized {
+    /// The words, as an error that refuses any other lists them.
+    const WORDS: &'static str;
+    fn from_word(word: &str) -> Option<Self>;
+}
+
+impl Choice for Mode {
+    const WORDS: &'static str = "\"enforce\" or \"observe\"";
+    fn from_word(word: &str) -> Option<Self> {
+        word.parse().ok()
+    }
+}
+
+impl Choice for EarlyReusePolicy {
+    const WORDS: &'static str = "\"fence-old\", \"refuse-new\" or \"observe\"";
+    fn from_word(word: &str) -> Option<Self> {
+        word.parse().ok()
+    }
+}
+
+impl Choice for ipq_api::OnExhausted {
+    const WORDS: &'static str = "\"wait\" or \"release-quietest\"";
+    fn from_word(word: &str) -> Option<Self> {
+        Self::parse_setting(word)
+    }
+}
+
+impl Choice for TcAttach {
+    const WORDS: &'static str = "\"auto\", \"tcx\" or \"netlink\"";
+    fn from_word(word: &str) -> Option<Self> {
+        match word {
+            "auto" => Some(Self::Auto),
+            "tcx" => Some(Self::Tcx),
+            "netlink" => Some(Self::Netlink),
+            _ => None,
+        }
+    }
+}
 
 /// Converts one key's value, naming the key and the value in every error.
 pub(super) struct Parser<'a> {
@@ -38,38 +80,10 @@ impl Parser<'_> {
             .ok_or_else(|| self.invalid(key, value, "must be a string"))
     }
 
-    pub(super) fn mode(&self, key: &str, value: &Value) -> Result<Mode, ConfigError> {
-        self.string(key, value)?
-            .parse()
-            .map_err(|_| self.invalid(key, value, "must be \"enforce\" or \"observe\""))
-    }
-
-    pub(super) fn policy(&self, key: &str, value: &Value) -> Result<EarlyReusePolicy, ConfigError> {
-        self.string(key, value)?.parse().map_err(|_| {
-            self.invalid(
-                key,
-                value,
-                "must be \"fence-old\", \"refuse-new\" or \"observe\"",
-            )
-        })
-    }
-
-    pub(super) fn on_exhausted(
-        &self,
-        key: &str,
-        value: &Value,
-    ) -> Result<ipq_api::OnExhausted, ConfigError> {
-        ipq_api::OnExhausted::parse_setting(self.string(key, value)?)
-            .ok_or_else(|| self.invalid(key, value, "must be \"wait\" or \"release-quietest\""))
-    }
-
-    pub(super) fn tc_attach(&self, key: &str, value: &Value) -> Result<TcAttach, ConfigError> {
-        match self.string(key, value)? {
-            "auto" => Ok(TcAttach::Auto),
-            "tcx" => Ok(TcAttach::Tcx),
-            "netlink" => Ok(TcAttach::Netlink),
-            _ => Err(self.invalid(key, value, "must be \"auto\", \"tcx\" or \"netlink\"")),
-        }
+    /// One of the words `T` is spelled with.
+    pub(super) fn choice<T: Choice>(&self, key: &str, value: &Value) -> Result<T, ConfigError> {
+        T::from_word(self.string(key, value)?)
+            .ok_or_else(|| self.invalid(key, value, &format!("must be {}", T::WORDS)))
     }
 
     pub(super) fn duration(&self, key: &str, value: &Value) -> Result<Duration, ConfigError> {

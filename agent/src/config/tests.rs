@@ -147,6 +147,35 @@ fn errors_name_the_key_the_value_and_why() {
     assert!(e.contains("`interfaces`") && e.contains("table"), "{e}");
 }
 
+/// A setting that is one of a few words refuses any other naming the file, the key, the value
+/// and every word it takes.
+#[test]
+fn a_choice_refuses_another_word_listing_the_words() {
+    for (text, words) in [
+        (r#"mode = "drop""#, r#""enforce" or "observe""#),
+        (
+            r#"on_early_reuse = "drop""#,
+            r#""fence-old", "refuse-new" or "observe""#,
+        ),
+        (
+            r#"ipam_on_exhausted = "drop""#,
+            r#""wait" or "release-quietest""#,
+        ),
+        (r#"tc_attach = "drop""#, r#""auto", "tcx" or "netlink""#),
+    ] {
+        let key = text.split(' ').next().unwrap();
+        assert_eq!(
+            err(text),
+            format!("config test.toml: `{key}` = \"drop\": must be {words}")
+        );
+    }
+    // `unknown` is how an older client reads a newer agent's word, never a setting.
+    assert_eq!(
+        err(r#"ipam_on_exhausted = "unknown""#),
+        r#"config test.toml: `ipam_on_exhausted` = "unknown": must be "wait" or "release-quietest""#
+    );
+}
+
 #[test]
 fn unknown_keys_are_refused() {
     let e = err(r#"cooldwn = "30s""#);

@@ -21,22 +21,31 @@
 //! Each file belongs to one boot: its header names the boot id, and monotonic stamps are
 //! carried across a reboot by wall-clock time ([`Loaded::same_boot`]); the first commit after
 //! such a load rewrites the file for this boot.
+//!
+//! [`Journal`] composes parts that each own one concern and its state:
+//! - `location::Location`: the state directory, the file in it this agent journals to,
+//!   loading it and setting a bad one aside;
+//! - `staged::Staged`: the keys changed and not yet written, and their batch line;
+//! - `log_file::Log`: the file appended to, and its flushes (here or in the pool);
+//! - `tickets::Tickets`: which commits are durable;
+//! - `rewrite::Rewrites`: rewrites and compactions, and their retry timer on an injectable
+//!   clock.
 
 mod compact;
-mod deferred;
 mod files;
 mod format;
-mod newer;
+mod location;
+mod log_file;
 mod read;
 mod rewrite;
+mod staged;
 mod syncer;
 #[cfg(test)]
 mod tests;
+mod tickets;
 
 use std::{
-    collections::BTreeSet,
-    fs::{self, File},
-    io,
+    fs, io,
     net::IpAddr,
     path::{Path, PathBuf},
     sync::Arc,
@@ -45,22 +54,23 @@ use std::{
 
 use serde::{de::DeserializeOwned, Serialize};
 use thiserror::Error;
+use tokio::sync::mpsc;
 
 use self::{
-    compact::Compaction,
-    format::{frame, Line},
+    location::{Appendable, Location},
+    log_file::Log,
+    rewrite::Rewrites,
+    staged::Staged,
+    tickets::Tickets,
 };
-use crate::{
-    netdev,
-    registry::{duration_ns, AddrRecord, Clock, MonoNs, Registry, SystemClock},
-};
+use crate::registry::{AddrRecord, Clock, Registry, SystemClock};
 
 pub use self::{
-    deferred::{Commit, SyncOutcome},
     format::VERSION,
-    newer::NewerJournal,
+    location::NewerJournal,
     read::TornTail,
     syncer::{Synced, REPORT_QUEUE},
+    tickets::{Commit, SyncOutcome},
 };
 
 pub const JOURNAL_FILE: &str = "registry.journal";
@@ -139,46 +149,18 @@ pub struct Loaded<E> {
     pub torn_tail: Option<TornTail>,
 }
 
-/// The open log being appended to.
-struct LogFile {
-    file: File,
-    /// Which file this is, as flush reports name it (a new one after a rewrite or compaction).
-    id: u64,
-    /// The descriptors the pool flushes it through; `None`: flushed on the loop.
-    sync: Option<std::sync::Arc<syncer::SyncFiles>>,
-    /// Bytes written (durable once a flush that began after them reported).
-    len: u64,
-    /// Bytes of the header and base lines: compaction starts once the appended rest outgrows it.
-    base_len: u64,
-}
-
+/// The registry's durable copy: the composition of its parts, each owning its state.
 pub struct Journal<E: Entry = AddrRecord> {
-    dir: PathBuf,
-    /// The file journaled to: [`JOURNAL_FILE`], or the one beside a newer agent's journal.
-    file: String,
-    /// A newer agent's journal found at the last load, left untouched.
-    newer: Option<NewerJournal>,
-    log: Option<LogFile>,
-    /// Keys changed and not yet durable (a failed commit keeps them here).
-    staged: BTreeSet<E::Key>,
-    /// The next commit writes the whole state to a new file: nothing appendable is open (none
-    /// yet, another boot's, the old format, set aside), or a failure left the file in doubt.
-    rewrite: bool,
-    compaction: Option<Compaction>,
-    /// No rewrite or compaction is attempted before this, after one failed.
-    retry_at: Option<MonoNs>,
-    /// What `retry_at` is read against: the system's monotonic clock, a fake one in tests.
-    clock: Arc<dyn Clock + Send + Sync>,
-    last_failure: Option<String>,
-    /// Where deferred commits are flushed; `None`: every commit flushes on the caller.
-    syncer: Option<syncer::SyncPool>,
-    /// The id the next log file gets.
-    next_file_id: u64,
-    /// The last commit's ticket, and the last one known durable.
-    last_ticket: u64,
-    durable_through: u64,
-    /// A log file a flush of which failed: never appended to again, its later reports ignored.
-    poisoned: Option<u64>,
+    /// Where the file is, and loading it.
+    location: Location,
+    /// The file appended to, and how its appends are flushed.
+    log: Log,
+    /// Which commits are durable.
+    tickets: Tickets,
+    /// Keys changed and not yet written (a failed commit keeps them here).
+    staged: Staged<E>,
+    /// Whole-file replacements (rewrites, compactions) and their retry timer.
+    rewrites: Rewrites,
 }
 
 fn unix_ms() -> u64 {
@@ -201,42 +183,29 @@ fn invalid_data(e: impl std::fmt::Display) -> io::Error {
 impl<E: Entry> Journal<E> {
     /// Opens (creating, mode 0700) the state directory.
     pub fn open(state_dir: &Path) -> Result<Self, JournalError> {
-        ipq_fs::safe_fs::ensure_private_dir(state_dir)?;
         Ok(Self {
-            dir: state_dir.to_owned(),
-            file: JOURNAL_FILE.to_owned(),
-            newer: None,
-            log: None,
-            staged: BTreeSet::new(),
-            rewrite: true,
-            compaction: None,
-            retry_at: None,
-            clock: Arc::new(SystemClock),
-            last_failure: None,
-            syncer: None,
-            next_file_id: 0,
-            last_ticket: 0,
-            durable_through: 0,
-            poisoned: None,
+            location: Location::open(state_dir)?,
+            log: Log::new(),
+            tickets: Tickets::default(),
+            staged: Staged::new(),
+            rewrites: Rewrites::new(Arc::new(SystemClock)),
         })
     }
 
     /// The journal with its retry timer read against `clock` (a test's fake clock).
     pub fn with_clock(mut self, clock: impl Clock + Send + Sync + 'static) -> Self {
-        self.clock = Arc::new(clock);
+        self.rewrites.set_clock(Arc::new(clock));
         self
     }
 
     /// The file this agent journals to (see [`Journal::newer`]).
     pub fn path(&self) -> PathBuf {
-        self.dir.join(&self.file)
+        self.location.path()
     }
 
-    fn io_err(&self, source: io::Error) -> JournalError {
-        JournalError::Io {
-            path: self.path(),
-            source,
-        }
+    /// The newer agent's journal this agent found and left alone, if any.
+    pub fn newer(&self) -> Option<&NewerJournal> {
+        self.location.newer()
     }
 
     /// The journal's content; `None` when there is none yet. A torn tail is truncated (and
@@ -245,78 +214,25 @@ impl<E: Entry> Journal<E> {
     /// agent's journal is left untouched, and this agent's file beside it is loaded instead
     /// ([`Journal::newer`]).
     pub fn load(&mut self) -> Result<Option<Loaded<E>>, JournalError> {
-        self.file = JOURNAL_FILE.to_owned();
-        self.newer = None;
-        self.load_file()
-    }
-
-    fn load_file(&mut self) -> Result<Option<Loaded<E>>, JournalError> {
-        self.log = None;
-        self.rewrite = true;
-        let path = self.path();
-        let opened = match files::open_existing(&path) {
-            Ok(opened) => opened,
-            // A FIFO, a directory or a symlink where the journal belongs is no journal: set it
-            // aside like a corrupt one, so the agent starts and writes a real one.
-            Err(e) if e.kind() == io::ErrorKind::InvalidInput => {
-                return Err(self.set_aside(e.to_string()))
-            }
-            Err(e) => return Err(self.io_err(e)),
-        };
-        let Some(mut file) = opened else {
+        self.log.close();
+        let Some((loaded, appendable)) = self.location.load()? else {
             return Ok(None);
         };
-        let read = match read::read::<E>(&mut file) {
-            Ok(read) => read,
-            Err(read::ReadError::Io(e)) => return Err(self.io_err(e)),
-            Err(read::ReadError::Newer(version)) if self.newer.is_none() => {
-                drop(file);
-                return self.load_beside(version);
-            }
-            Err(read::ReadError::Newer(version)) => {
-                drop(file);
-                return Err(self.set_aside(format!(
-                    "this agent's own file claims format version {version}"
-                )));
-            }
-            Err(read::ReadError::Corrupt(reason)) => {
-                drop(file);
-                return Err(self.set_aside(reason));
-            }
-        };
-        let loaded = read.loaded;
-        if let Some(torn) = &loaded.torn_tail {
-            file.set_len(torn.at)
-                .and_then(|()| file.sync_data())
-                .map_err(|e| self.io_err(e))?;
-        }
-        if loaded.same_boot && loaded.version == format::VERSION {
-            self.log = Some(self.log_file(file, read.valid_len, read.base_len));
-            self.rewrite = false;
+        if let Some(Appendable {
+            file,
+            len,
+            base_len,
+        }) = appendable
+        {
+            self.log.start(file, len, base_len);
         }
         Ok(Some(loaded))
-    }
-
-    /// Moves a bad journal aside and says so.
-    fn set_aside(&self, reason: String) -> JournalError {
-        let path = self.path();
-        let moved_to = self
-            .dir
-            .join(format!("{}.corrupt-{}", self.file, unix_ms()));
-        if let Err(source) = fs::rename(&path, &moved_to) {
-            return JournalError::Io { path, source };
-        }
-        JournalError::Corrupt {
-            path,
-            reason,
-            moved_to,
-        }
     }
 
     /// Makes the next commit rewrite the whole journal: the state no longer follows from it
     /// (e.g. a recovery that could not use what it loaded).
     pub fn invalidate(&mut self) {
-        self.rewrite = true;
+        self.log.invalidate();
     }
 
     /// Also writes `keys` at the next commit (records a recovery changed without the registry
@@ -332,42 +248,90 @@ impl<E: Entry> Journal<E> {
         self.commit_as(state, false).map(|_| ())
     }
 
-    fn batch_line(&self, state: &impl Contents<E>) -> io::Result<Vec<u8>> {
-        let mut put = Vec::new();
-        let mut del = Vec::new();
-        for key in &self.staged {
-            match state.get(key) {
-                Some(record) => put.push(record),
-                None => del.push(key),
-            }
+    /// From now on [`Journal::commit_deferred`] leaves its flush to a pool of threads, whose
+    /// reports go to `reports` (to be handed to [`Journal::on_synced`]). Without the pool (it
+    /// could not start) every commit flushes on the caller, as before.
+    pub fn defer_syncs(&mut self, reports: mpsc::Sender<Synced>) {
+        self.log.defer_syncs(reports);
+    }
+
+    /// Like [`Journal::commit`], but the flush is left to the pool: `Syncing(ticket)` until
+    /// [`Journal::on_synced`] says so. `Durable` when nothing is waiting (nothing to write and
+    /// nothing unflushed, or a rewrite that flushed everything here).
+    pub fn commit_deferred(
+        &mut self,
+        state: &mut impl Contents<E>,
+    ) -> Result<Commit, JournalError> {
+        self.commit_as(state, true)
+    }
+
+    /// A flush's report: which commits it made durable, or that they are not.
+    pub fn on_synced(&mut self, synced: Synced) -> SyncOutcome {
+        match self.log.on_synced(synced) {
+            None => SyncOutcome::Stale,
+            Some(Ok(ticket)) => SyncOutcome::DurableThrough(self.tickets.durable_through(ticket)),
+            Some(Err(e)) => SyncOutcome::Failed(self.location.io_err(e)),
         }
-        let json = serde_json::to_vec(&Line {
-            m: Some(netdev::monotonic_ns()),
-            u: Some(unix_ms()),
-            put,
-            del,
-        })
-        .map_err(invalid_data)?;
-        let mut line = Vec::with_capacity(json.len() + 18);
-        frame(&json, &mut line);
-        Ok(line)
     }
 
-    fn may_retry(&self) -> bool {
-        self.retry_at.is_none_or(|at| self.clock.now() >= at)
+    /// Commits waiting for a flush.
+    pub fn unflushed(&self) -> u64 {
+        self.tickets.unflushed()
     }
 
-    fn failed(&mut self, what: &str, e: &io::Error) {
-        self.retry_at = Some(self.clock.now().saturating_add(duration_ns(RETRY_AFTER)));
-        self.last_failure = Some(format!("{what}: {e}"));
+    /// Waits for a running compaction and puts it in place (for shutdown and tests).
+    pub fn settle(&mut self) {
+        if self.rewrites.settle(&self.location, &mut self.log) {
+            self.tickets.all_durable();
+        }
     }
 
-    /// The size of the journal file as written (for tests and metrics).
-    pub fn len(&self) -> u64 {
-        self.log.as_ref().map_or(0, |log| log.len)
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
+    /// Writes what changed (a line appended, or the whole state to a new file), then makes it
+    /// durable: flushed here, or (`defer`) asked of the pool when there is one.
+    fn commit_as(
+        &mut self,
+        state: &mut impl Contents<E>,
+        defer: bool,
+    ) -> Result<Commit, JournalError> {
+        self.staged.extend(state.take_changed());
+        if self
+            .rewrites
+            .finish_compaction(&self.location, &mut self.log)
+        {
+            self.tickets.all_durable();
+        }
+        if self.log.needs_rewrite() {
+            self.log.invalidate();
+            self.rewrites
+                .rewrite_all(&self.location, &mut self.log, state)?;
+            self.staged.clear();
+            self.tickets.all_durable();
+            return Ok(Commit::Durable);
+        }
+        if !self.staged.is_empty() {
+            let line = self
+                .staged
+                .line(state)
+                .map_err(|e| self.location.io_err(e))?;
+            self.log
+                .append(&line)
+                .map_err(|e| self.location.io_err(e))?;
+            self.staged.clear();
+            self.tickets.issue();
+            let outgrown = self.log.outgrown();
+            self.rewrites
+                .appended(&self.location, line, outgrown, state);
+        }
+        let Some(ticket) = self.tickets.waiting() else {
+            return Ok(Commit::Durable);
+        };
+        let flushed = self
+            .log
+            .flush(ticket, defer)
+            .map_err(|e| self.location.io_err(e))?;
+        if flushed == Commit::Durable {
+            self.tickets.durable_through(ticket);
+        }
+        Ok(flushed)
     }
 }

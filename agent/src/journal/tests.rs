@@ -5,7 +5,7 @@ use std::{collections::BTreeMap, fs, io::Write as _, os::unix::fs::PermissionsEx
 
 use serde::{Deserialize, Serialize};
 
-use super::*;
+use super::{format::frame, *};
 
 mod deferred;
 mod format_errors;
@@ -337,7 +337,7 @@ fn compaction_keeps_exactly_the_state_and_what_was_committed_meanwhile() {
     let big = "y".repeat(4000);
     // The same 50 records rewritten over and over: the log grows, the state does not.
     let mut round = 0;
-    while journal.compaction.is_none() {
+    while !journal.rewrites.compacting() {
         round += 1;
         assert!(round < 1000, "no compaction started");
         for id in 0..50 {
@@ -346,15 +346,15 @@ fn compaction_keeps_exactly_the_state_and_what_was_committed_meanwhile() {
         mem.remove(round % 50);
         journal.commit(&mut mem).unwrap();
     }
-    let grown = journal.len();
+    let grown = journal.log.len();
     // Committed while it runs: must be in the compacted file too.
     mem.put(1000, "during");
     mem.remove(3);
     journal.commit(&mut mem).unwrap();
     journal.settle();
-    assert!(journal.compaction.is_none());
+    assert!(!journal.rewrites.compacting());
     let compacted = fs::metadata(journal.path()).unwrap().len();
-    assert_eq!(compacted, journal.len());
+    assert_eq!(compacted, journal.log.len());
     assert!(
         compacted * 3 < grown,
         "compacted {compacted} bytes from {grown}"

@@ -58,7 +58,7 @@ fn a_later_flush_covers_the_commits_before_it() {
     let mut mem = Mem::default();
     mem.put(1, "first");
     journal.commit_deferred(&mut mem).unwrap();
-    let file_id = journal.log.as_ref().unwrap().id;
+    let file_id = journal.log.file_id().unwrap();
     let mut tickets = Vec::new();
     for id in 2..=4 {
         mem.put(id, "more");
@@ -92,7 +92,7 @@ fn a_failed_flush_is_never_appended_over_and_its_files_later_reports_do_not_coun
     let mut mem = Mem::default();
     mem.put(1, "first");
     journal.commit_deferred(&mut mem).unwrap();
-    let failed_file = journal.log.as_ref().unwrap().id;
+    let failed_file = journal.log.file_id().unwrap();
     mem.put(2, "second");
     let Commit::Syncing(ticket) = journal.commit_deferred(&mut mem).unwrap() else {
         panic!("an appended commit waits for its flush");
@@ -118,7 +118,7 @@ fn a_failed_flush_is_never_appended_over_and_its_files_later_reports_do_not_coun
     // The next commit writes the whole state to a new file, flushed before it answers.
     mem.put(3, "third");
     assert_eq!(journal.commit_deferred(&mut mem).unwrap(), Commit::Durable);
-    assert_ne!(journal.log.as_ref().unwrap().id, failed_file);
+    assert_ne!(journal.log.file_id().unwrap(), failed_file);
     assert_eq!(journal.unflushed(), 0);
     let (_, loaded) = reopen(dir.path());
     assert_eq!(loaded.unwrap().records, mem.values());

@@ -11,7 +11,10 @@ use std::{
     time::SystemTime,
 };
 
-use super::{format, unix_ms, Entry, Journal, JournalError, Loaded, JOURNAL_FILE};
+use super::{
+    super::{format, unix_ms, Entry, JournalError, JOURNAL_FILE},
+    Found, Location,
+};
 
 /// What the agent says at start about a newer agent's journal.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -36,14 +39,17 @@ fn modified(path: &Path) -> io::Result<Option<SystemTime>> {
     }
 }
 
-impl<E: Entry> Journal<E> {
+impl Location {
     /// The newer agent's journal this agent found and left alone, if any.
-    pub fn newer(&self) -> Option<&NewerJournal> {
+    pub(in crate::journal) fn newer(&self) -> Option<&NewerJournal> {
         self.newer.as_ref()
     }
 
     /// Switches to the file beside the newer agent's `version` journal and loads it.
-    pub(super) fn load_beside(&mut self, version: u32) -> Result<Option<Loaded<E>>, JournalError> {
+    pub(super) fn load_beside<E: Entry>(
+        &mut self,
+        version: u32,
+    ) -> Result<Option<Found<E>>, JournalError> {
         let path = self.dir.join(JOURNAL_FILE);
         self.file = format::beside_file();
         let beside = self.path();
