@@ -116,6 +116,7 @@ fn tick_delay(tracker: &Tracker, last_tick: Instant) -> Duration {
     let now = netdev::monotonic_ns();
     let retry = tracker
         .attacher()
+        .workers()
         .next_retry()
         .map_or(MAX_TICK, |at| at.saturating_duration_since(Instant::now()));
     tracker

@@ -58,7 +58,13 @@ impl Tracker {
     /// answered. The node's mirror learns the link too (the kernel just named it), so that a
     /// resync that no longer finds it forgets it; its own netlink event changes nothing.
     fn watch_claimant(&mut self, holder: &Holder) {
-        if self.protection.attacher.target(holder.ifindex).is_none() {
+        if self
+            .protection
+            .attacher
+            .ledger()
+            .target(holder.ifindex)
+            .is_none()
+        {
             self.core.net.apply(&NetEvent::Link {
                 ifindex: holder.ifindex,
                 name: holder.ifname.clone(),

@@ -145,10 +145,12 @@ impl Tracker {
         );
         if !drift.is_empty() {
             // `ipq status` shows what was found last, whichever look found it.
-            self.protection.attacher.set_found(Summary {
+            let findings = self.protection.attacher.findings_mut();
+            let pins = findings.verified().map_or(0, |v| v.pins);
+            findings.set_found(Summary {
                 finished_at: found_at,
                 took: started.elapsed(),
-                pins: self.protection.attacher.verified().map_or(0, |v| v.pins),
+                pins,
                 found: drift_lines(&drift),
             });
         }

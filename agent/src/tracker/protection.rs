@@ -62,6 +62,7 @@ impl Protection {
     pub(super) fn want(&mut self, ifindex: u32, name: &str, role: Option<Role>) -> bool {
         let wanted = |attacher: &Attacher| {
             attacher
+                .ledger()
                 .target(ifindex)
                 .map(|target| (target.name.clone(), target.role))
         };
@@ -78,7 +79,7 @@ impl Protection {
         if self.attacher.on_report(report) {
             self.observe();
         }
-        for lost in self.attacher.take_lost() {
+        for lost in self.attacher.findings_mut().take_lost() {
             publish_lost(&self.metrics, observer, lost);
         }
     }
@@ -162,6 +163,7 @@ impl Protection {
             let (interface, ifindex, hook) = match link {
                 Some((ifindex, point)) => (
                     self.attacher
+                        .ledger()
                         .target(ifindex)
                         .map_or_else(|| format!("if{ifindex}"), |t| t.name.clone()),
                     ifindex,
@@ -196,33 +198,36 @@ impl Protection {
         #[cfg(test)]
         self.observed.set(self.observed.get() + 1);
         let (attacher, metrics) = (&self.attacher, &self.metrics);
-        metrics.observe_attachments(attacher.attached_points());
+        metrics.observe_attachments(attacher.ledger().attached_points());
         metrics.observe_unprotected(
-            attacher.unprotected_points().map(|(_, _, point)| point),
-            attacher.failures(),
+            attacher
+                .ledger()
+                .unprotected_points()
+                .map(|(_, _, point)| point),
+            attacher.findings().failures(),
         );
         metrics.tamper.observe_bypassed(
-            attacher.bypassed_points().map(|(_, point)| point),
-            attacher.bypasses(),
+            attacher.ledger().bypassed_points().map(|(_, point)| point),
+            attacher.findings().bypasses(),
         );
         metrics
             .tc_upgrades_pending
-            .set(attacher.pending_upgrades() as i64);
+            .set(attacher.ledger().pending_upgrades() as i64);
         metrics
             .readiness
-            .set_blocker(attacher.readiness_blocker(Instant::now()));
+            .set_blocker(attacher.ledger().readiness_blocker(Instant::now()));
     }
 
     /// Start-up is done: records what is in place (for `/v1/status` and the `started:` line),
     /// then lets the attach workers move netlink-protected interfaces to TCX.
     pub(super) fn mark_started(&mut self) -> StartedView {
         let started = StartedView {
-            attachments: self.attacher.attached_points().count() as u64,
-            unprotected: self.attacher.unprotected_points().count() as u64,
-            tc_upgrades_pending: self.attacher.pending_upgrades() as u64,
+            attachments: self.attacher.ledger().attached_points().count() as u64,
+            unprotected: self.attacher.ledger().unprotected_points().count() as u64,
+            tc_upgrades_pending: self.attacher.ledger().pending_upgrades() as u64,
         };
         self.started = Some(started.clone());
-        self.attacher.start_upgrades();
+        self.attacher.workers().start_upgrades();
         started
     }
 }
@@ -278,12 +283,13 @@ impl Tracker {
             .set(verification.took.as_secs_f64());
         self.protection
             .attacher
+            .findings_mut()
             .set_verified(verification.summary(&drift));
     }
 
     /// Whether an interface's first attach is still under way.
     pub fn attaching(&self) -> bool {
-        self.protection.attacher.attaching()
+        self.protection.attacher.ledger().attaching()
     }
 
     pub fn attacher(&self) -> &Attacher {

@@ -93,6 +93,7 @@ impl ApiService<'_> {
     pub fn status(&self) -> Status {
         let interfaces: Vec<InterfaceStatus> = self
             .attacher
+            .ledger()
             .targets()
             .iter()
             .map(|(ifindex, target)| InterfaceStatus {
@@ -122,7 +123,7 @@ impl ApiService<'_> {
             StatusFacts {
                 ready: self.metrics.readiness.is_ready(),
                 not_ready: self.metrics.readiness.check().err().map(|e| e.to_string()),
-                tc_attach: self.attacher.mode().into(),
+                tc_attach: self.attacher.workers().mode().into(),
                 conntrack_claim_flush: self.hygiene.claim_flush().map(|f| ClaimFlushView {
                     ipv4: f.ipv4,
                     ipv6: f.ipv6,
@@ -132,20 +133,26 @@ impl ApiService<'_> {
                 conflicts_total,
                 refused_claims_total: self.metrics.refused_claims.get(),
                 started_at: self.started_at,
-                verification: self.attacher.verified().map(|v| VerificationView {
-                    at: humantime::format_rfc3339_millis(v.finished_at).to_string(),
-                    took_us: u64::try_from(v.took.as_micros()).unwrap_or(u64::MAX),
-                    pins: v.pins as u64,
-                    found: v.found.clone(),
-                    last_found_at: self
-                        .attacher
-                        .last_found()
-                        .map(|l| humantime::format_rfc3339_millis(l.finished_at).to_string()),
-                    last_found: self
-                        .attacher
-                        .last_found()
-                        .map_or_else(Vec::new, |l| l.found.clone()),
-                }),
+                verification: self
+                    .attacher
+                    .findings()
+                    .verified()
+                    .map(|v| VerificationView {
+                        at: humantime::format_rfc3339_millis(v.finished_at).to_string(),
+                        took_us: u64::try_from(v.took.as_micros()).unwrap_or(u64::MAX),
+                        pins: v.pins as u64,
+                        found: v.found.clone(),
+                        last_found_at: self
+                            .attacher
+                            .findings()
+                            .last_found()
+                            .map(|l| humantime::format_rfc3339_millis(l.finished_at).to_string()),
+                        last_found: self
+                            .attacher
+                            .findings()
+                            .last_found()
+                            .map_or_else(Vec::new, |l| l.found.clone()),
+                    }),
                 // No netlink group announces these changes: say what finds them, and how late.
                 unannounced: match self.bpf_watcher.as_ref().map(|pokes| pokes.stopped()) {
                     Ok(Some(why)) => format!(
@@ -251,7 +258,7 @@ impl ApiService<'_> {
         if let Some(target) = record
             .status
             .holder()
-            .and_then(|h| self.attacher.target(h.ifindex))
+            .and_then(|h| self.attacher.ledger().target(h.ifindex))
         {
             view.protection = Some(target.protection);
             view.attachment = target.attachment();
