@@ -84,12 +84,12 @@ impl AddressTable {
     /// previous agent are rewritten, and no copy another tool loosened loosens the other.
     pub fn open(
         mut addrs: AddrMap,
-        mut copy: SlotTable,
+        copy: SlotTable,
         slots: IfaceSlots,
         filter: QuarantineFilter,
     ) -> Result<Self, DatapathError> {
         let mut entries: BTreeMap<_, _> = addrs.entries()?.into_iter().collect();
-        copy.settle();
+        copy.cells().settle();
         let opened_disagreeing = opening::keep_stricter(&mut addrs, &copy, &mut entries)?;
         let mut eligible: HashMap<u32, BTreeSet<AddrKey>> = HashMap::new();
         for (addr, entry) in &entries {
@@ -124,7 +124,7 @@ impl AddressTable {
             entries.iter(),
             slots.into_iter(),
             &table.filter_words,
-            table.copy.reader(),
+            table.copy.cells().reader(),
         ));
         Ok(table)
     }

@@ -73,7 +73,7 @@ impl AddressTable {
         for &index in &suspects.unsettled {
             // A foreign write may have left a counter odd: the programs would fall back to the
             // hash map for that address for ever.
-            self.copy.settle_cell(index);
+            self.copy.cells().settle_cell(index);
         }
         let mut copy_changed = false;
         for addr in &suspects.addrs {
@@ -108,7 +108,7 @@ impl AddressTable {
             addresses: self.len(),
             ..MapSuspects::default()
         };
-        let cells = self.copy.reader();
+        let cells = self.copy.cells().reader();
         for key in keys {
             let words = std::array::from_fn(|i| {
                 u32::from_ne_bytes([key[4 * i], key[4 * i + 1], key[4 * i + 2], key[4 * i + 3]])
