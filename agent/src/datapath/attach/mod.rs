@@ -9,10 +9,10 @@
 //!
 //! The [`Attacher`] is the composition root of its parts, each owning its own state: the
 //! [`WorkerPool`] (threads, job queue, job generations and the retry schedule,
-//! [`schedule::Retries`]), the [`Ledger`] (every wanted interface, what holds its hooks, and
+//! `schedule::Retries`), the [`Ledger`] (every wanted interface, what holds its hooks, and
 //! what the gauges, `ipq status` and `/readyz` derive from that), the [`Findings`] (failures and
 //! bypasses counted, attachments found lost, the verifications' summaries), and the
-//! displacement history of bypass detection ([`bypass`]). Loss tracking ([`lost`]) and bypass
+//! displacement history of bypass detection (`bypass`). Loss tracking (`lost`) and bypass
 //! detection turn the kernel's notices and the verification's findings into changes of the
 //! ledger and repair jobs.
 //!
