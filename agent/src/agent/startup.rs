@@ -204,7 +204,7 @@ impl Loaded {
             .map(|mirror| mirror.counting_overflows(self.metrics.queues.of(Queue::MapWrites)));
         let task = tokio::spawn(verify::run(
             self.config.bpffs_dir.clone(),
-            attacher.netlink_hooks(),
+            attacher.ledger().netlink_hooks(),
             self.config.verify_interval,
             mirror,
             watcher.as_ref().ok().cloned(),

@@ -116,7 +116,7 @@ impl AddrMap {
     }
 }
 
-/// `IPQ_SLOTS`, as the map data the table maps into memory (`slots::SlotTable`).
+/// `IPQ_SLOTS`, as the map data the table maps into memory (`slots::SlotCells`).
 pub fn slots_map(source: &mut Source) -> Result<MapData, DatapathError> {
     match source.take(names::MAP_SLOTS)? {
         Map::Array(data) => Ok(data),

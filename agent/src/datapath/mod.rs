@@ -41,7 +41,7 @@ use ipq_common::{
 };
 use log::{info, warn};
 
-use self::attach::{probe::KernelFeatures, Attacher, JobReport, TcMode};
+use self::attach::{probe::KernelFeatures, Attacher, JobReport, TcMode, WorkerPool};
 use crate::config::TcAttach;
 
 pub use attach::Attached;
@@ -260,7 +260,8 @@ impl Datapath {
         mode: TcMode,
         overflows: prometheus::IntCounter,
     ) -> Result<(Attacher, tokio::sync::mpsc::Receiver<JobReport>), DatapathError> {
-        Attacher::start(self.layout.clone(), mode, overflows)
+        let (workers, reports) = WorkerPool::start(self.layout.clone(), mode, overflows)?;
+        Ok((Attacher::new(workers), reports))
     }
 
     /// A program of the loaded object, by name: tests and benchmarks run programs through

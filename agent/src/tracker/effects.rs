@@ -176,6 +176,6 @@ fn interface_name(core: &Core, attacher: &Attacher, ifindex: u32) -> String {
     core.net
         .link_name(ifindex)
         .map(str::to_owned)
-        .or_else(|| attacher.target(ifindex).map(|t| t.name.clone()))
+        .or_else(|| attacher.ledger().target(ifindex).map(|t| t.name.clone()))
         .unwrap_or_else(|| format!("if{ifindex}"))
 }

@@ -136,6 +136,7 @@ impl Tracker {
         let retry = self
             .protection
             .attacher
+            .workers()
             .next_retry()
             .map(|at| at.saturating_duration_since(Instant::now()));
         match (deadline, retry) {

@@ -66,6 +66,7 @@ impl Protection {
     pub(super) fn want(&mut self, ifindex: u32, name: &str, role: Option<Role>) -> bool {
         let wanted = |attacher: &Attacher| {
             attacher
+                .ledger()
                 .target(ifindex)
                 .map(|target| (target.name.clone(), target.role))
         };
@@ -82,7 +83,7 @@ impl Protection {
         if self.attacher.on_report(report) {
             self.observe();
         }
-        for lost in self.attacher.take_lost() {
+        for lost in self.attacher.findings_mut().take_lost() {
             publish_lost(&self.metrics, observer, lost);
         }
     }
@@ -152,7 +153,9 @@ impl Protection {
         self.metrics
             .verify_seconds
             .set(verification.took.as_secs_f64());
-        self.attacher.set_verified(verification.summary(&drift));
+        self.attacher
+            .findings_mut()
+            .set_verified(verification.summary(&drift));
     }
 
     /// What a look at the entries another process wrote found (see
@@ -160,8 +163,10 @@ impl Protection {
     /// found it.
     pub(super) fn found_drift(&mut self, found: Option<Summary>) {
         if let Some(found) = found {
-            let pins = self.attacher.verified().map_or(0, |v| v.pins);
-            self.attacher.set_found(Summary { pins, ..found });
+            let pins = self.attacher.findings().verified().map_or(0, |v| v.pins);
+            self.attacher
+                .findings_mut()
+                .set_found(Summary { pins, ..found });
         }
     }
 
@@ -195,6 +200,7 @@ impl Protection {
             let (interface, ifindex, hook) = match link {
                 Some((ifindex, point)) => (
                     self.attacher
+                        .ledger()
                         .target(ifindex)
                         .map_or_else(|| format!("if{ifindex}"), |t| t.name.clone()),
                     ifindex,
@@ -229,21 +235,24 @@ impl Protection {
         #[cfg(test)]
         self.observed.set(self.observed.get() + 1);
         let (attacher, metrics) = (&self.attacher, &self.metrics);
-        metrics.observe_attachments(attacher.attached_points());
+        metrics.observe_attachments(attacher.ledger().attached_points());
         metrics.observe_unprotected(
-            attacher.unprotected_points().map(|(_, _, point)| point),
-            attacher.failures(),
+            attacher
+                .ledger()
+                .unprotected_points()
+                .map(|(_, _, point)| point),
+            attacher.findings().failures(),
         );
         metrics.tamper.observe_bypassed(
-            attacher.bypassed_points().map(|(_, point)| point),
-            attacher.bypasses(),
+            attacher.ledger().bypassed_points().map(|(_, point)| point),
+            attacher.findings().bypasses(),
         );
         metrics
             .tc_upgrades_pending
-            .set(attacher.pending_upgrades() as i64);
+            .set(attacher.ledger().pending_upgrades() as i64);
         metrics
             .readiness
-            .set_blocker(attacher.readiness_blocker(Instant::now()));
+            .set_blocker(attacher.ledger().readiness_blocker(Instant::now()));
     }
 
     /// CNI can be faster than the netlink event of the veth it just created: the attacher is
@@ -251,7 +260,7 @@ impl Protection {
     /// answered. The node's mirror (`net`) learns the link too (the kernel just named it), so
     /// that a resync that no longer finds it forgets it; its own netlink event changes nothing.
     pub(super) fn watch_claimant(&mut self, holder: &Holder, net: &mut NetState) {
-        if self.attacher.target(holder.ifindex).is_none() {
+        if self.attacher.ledger().target(holder.ifindex).is_none() {
             net.apply(&NetEvent::Link {
                 ifindex: holder.ifindex,
                 name: holder.ifname.clone(),
@@ -281,12 +290,12 @@ impl Protection {
     /// then lets the attach workers move netlink-protected interfaces to TCX.
     pub(super) fn mark_started(&mut self) -> StartedView {
         let started = StartedView {
-            attachments: self.attacher.attached_points().count() as u64,
-            unprotected: self.attacher.unprotected_points().count() as u64,
-            tc_upgrades_pending: self.attacher.pending_upgrades() as u64,
+            attachments: self.attacher.ledger().attached_points().count() as u64,
+            unprotected: self.attacher.ledger().unprotected_points().count() as u64,
+            tc_upgrades_pending: self.attacher.ledger().pending_upgrades() as u64,
         };
         self.started = Some(started.clone());
-        self.attacher.start_upgrades();
+        self.attacher.workers().start_upgrades();
         started
     }
 }

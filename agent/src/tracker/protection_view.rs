@@ -29,6 +29,7 @@ impl Protection {
     pub(super) fn status(&self, verify_interval: Duration) -> ProtectionStatus {
         let attacher = &self.attacher;
         let interfaces = attacher
+            .ledger()
             .targets()
             .iter()
             .map(|(ifindex, target)| InterfaceStatus {
@@ -46,19 +47,23 @@ impl Protection {
             })
             .collect();
         let rfc3339 = |at| humantime::format_rfc3339_millis(at).to_string();
-        let verification = attacher.verified().map(|v| VerificationView {
+        let verification = attacher.findings().verified().map(|v| VerificationView {
             at: rfc3339(v.finished_at),
             took_us: u64::try_from(v.took.as_micros()).unwrap_or(u64::MAX),
             pins: v.pins as u64,
             found: v.found.clone(),
-            last_found_at: attacher.last_found().map(|l| rfc3339(l.finished_at)),
+            last_found_at: attacher
+                .findings()
+                .last_found()
+                .map(|l| rfc3339(l.finished_at)),
             last_found: attacher
+                .findings()
                 .last_found()
                 .map_or_else(Vec::new, |l| l.found.clone()),
         });
         ProtectionStatus {
             interfaces,
-            tc_attach: attacher.mode().into(),
+            tc_attach: attacher.workers().mode().into(),
             verification,
             unannounced: unannounced(&self.bpf_watcher, verify_interval),
             started: self.started.clone(),
@@ -70,7 +75,7 @@ impl Protection {
         if let Some(target) = record
             .status
             .holder()
-            .and_then(|h| self.attacher.target(h.ifindex))
+            .and_then(|h| self.attacher.ledger().target(h.ifindex))
         {
             view.protection = Some(target.protection);
             view.attachment = target.attachment();

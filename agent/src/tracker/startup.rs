@@ -41,7 +41,7 @@ impl Tracker {
     /// needs now: the pins of an interface still being attached are its enforcement until its
     /// new program is in.
     pub async fn first_attach(&mut self, reports: &mut mpsc::Receiver<JobReport>) {
-        while self.protection.attacher.attaching() {
+        while self.protection.attacher.ledger().attaching() {
             match reports.recv().await {
                 Some(report) => self.protection.on_report(report, &mut self.sinks.observer),
                 None => break,

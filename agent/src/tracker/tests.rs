@@ -15,7 +15,7 @@ use crate::{
     },
     config::{Config, EarlyReusePolicy},
     datapath::{
-        attach::{Attacher, TcMode},
+        attach::{Attacher, TcMode, WorkerPool},
         MemDatapath, MemTable,
     },
     journal::{Journal, JOURNAL_FILE},
@@ -47,7 +47,8 @@ pub(super) fn tracker_with(mut config: Config, state_dir: &Path, table: MemTable
     let datapath = MemDatapath { table };
     // No workers: the attach jobs the tracker queues wait in the attacher's own queue, never
     // run.
-    let (attacher, _jobs) = Attacher::without_workers(TcMode::Tcx);
+    let (workers, _jobs) = WorkerPool::without_workers(TcMode::Tcx);
+    let attacher = Attacher::new(workers);
     let watcher = Err("not started in tests".to_owned());
     Tracker::new(config, datapath, attacher, watcher, Metrics::for_tests())
 }

@@ -8,14 +8,18 @@
 //! filter goes (announced the same way). Under TCX the hook's programs run before any
 //! clsact filter, so only netlink-held hooks are looked at.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    time::Instant,
+};
 
 use ipq_common::names::TC_FILTER_PRIORITY;
 use log::{info, warn};
 
 use super::{
+    lost,
     tc_filter::{self, Direction},
-    Attacher, JobReport, Mechanism, Protection, Target,
+    Attacher, JobKind, JobReport, Lost, Mechanism, Protection, Target,
 };
 use crate::paths::AttachPoint;
 
@@ -75,7 +79,7 @@ pub(super) fn apply(
              {TC_FILTER_PRIORITY} or delete it)",
             target.name
         );
-        target.since = std::time::Instant::now();
+        target.since = Instant::now();
     }
     target.protection = Protection::Bypassed;
     target.last_error = Some(why);
@@ -84,27 +88,20 @@ pub(super) fn apply(
 }
 
 impl Attacher {
-    /// Hooks bypassed by a filter ahead of ipq's, by interface.
-    pub fn bypassed_points(&self) -> impl Iterator<Item = (u32, AttachPoint)> + '_ {
-        self.targets
-            .iter()
-            .flat_map(|(ifindex, t)| t.bypassed.iter().map(move |p| (*ifindex, *p)))
-    }
-
-    /// Times a hook was found bypassed, per attach point, since start
-    /// (`ipq_datapath_bypasses_total`).
-    pub fn bypasses(&self) -> &BTreeMap<AttachPoint, u64> {
-        &self.bypasses
-    }
-
     /// A verification's dumps: `found` are the netlink hooks with a filter ahead of ipq's.
     /// Where they disagree with what the reports said (a notification lost), the hook is
     /// looked at again.
     pub fn on_filters_ahead(&mut self, found: &[(u32, AttachPoint)]) {
-        let known: BTreeSet<(u32, AttachPoint)> = self.bypassed_points().collect();
+        let known: BTreeSet<(u32, AttachPoint)> = self.ledger.bypassed_points().collect();
         let found: BTreeSet<(u32, AttachPoint)> = found.iter().copied().collect();
+        let mode = self.workers.mode();
         for (ifindex, point) in known.symmetric_difference(&found) {
-            self.look_again(*ifindex, &[*point]);
+            if let Some(target) = self.ledger.target(*ifindex) {
+                if lost::concerned(mode, target, &[*point]) {
+                    self.workers
+                        .queue(*ifindex, target, JobKind::Repair(Lost::Filter));
+                }
+            }
         }
     }
 }
@@ -115,31 +112,65 @@ impl Attacher {
 const DISPLACED_LIMIT: usize = 3;
 const DISPLACED_WINDOW: std::time::Duration = std::time::Duration::from_secs(60);
 
+/// When another program was last put before ipq's TCX link, per hook: the fight's rate, which
+/// decides whether ipq's link is moved first again.
+#[derive(Default)]
+pub(super) struct Displacements {
+    history: BTreeMap<(u32, AttachPoint), Vec<Instant>>,
+}
+
+/// A displacement past [`DISPLACED_LIMIT`] in the window: not moved back now.
+struct RateLimited {
+    /// Displacements in the window, this one included.
+    count: usize,
+    /// When the window allows the next move.
+    next: Instant,
+}
+
+impl Displacements {
+    /// Counts a displacement of `point` on `ifindex` seen `now`: fine to move ipq's link
+    /// first again, or rate-limited.
+    fn displaced(
+        &mut self,
+        ifindex: u32,
+        point: AttachPoint,
+        now: Instant,
+    ) -> Result<(), RateLimited> {
+        let history = self.history.entry((ifindex, point)).or_default();
+        history.retain(|at| now.duration_since(*at) < DISPLACED_WINDOW);
+        if history.len() < DISPLACED_LIMIT {
+            history.push(now);
+            return Ok(());
+        }
+        Err(RateLimited {
+            count: history.len() + 1,
+            next: history[0] + DISPLACED_WINDOW,
+        })
+    }
+}
+
 impl Attacher {
     /// A verification's queries: `behind` are the TCX hooks where another program runs before
     /// ipq's link. Each is counted and moved first again, at most [`DISPLACED_LIMIT`] times a
     /// [`DISPLACED_WINDOW`]; past that the hook is `bypassed` (unprotected, `/readyz` 503) and
     /// reported until the window allows the next move. A TCX hook bypassed before and not
     /// behind any more is protected again. True when a protection changed.
-    pub fn on_links_behind(
-        &mut self,
-        behind: &[(u32, AttachPoint)],
-        seen: std::time::Instant,
-    ) -> bool {
-        let now = std::time::Instant::now();
+    pub fn on_links_behind(&mut self, behind: &[(u32, AttachPoint)], seen: Instant) -> bool {
+        let now = Instant::now();
         let mut changed = false;
         let cleared: Vec<(u32, AttachPoint)> = self
+            .ledger
             .bypassed_points()
             .filter(|(ifindex, point)| {
-                self.targets
-                    .get(ifindex)
+                self.ledger
+                    .target(*ifindex)
                     .and_then(|t| t.attached.get(point))
                     == Some(&Mechanism::Tcx)
                     && !behind.contains(&(*ifindex, *point))
             })
             .collect();
         for (ifindex, point) in cleared {
-            if let Some(target) = self.targets.get_mut(&ifindex) {
+            if let Some(target) = self.ledger.get_mut(ifindex) {
                 target.bypassed.remove(&point);
                 if target.bypassed.is_empty() && target.protection == Protection::Bypassed {
                     info!(
@@ -157,7 +188,7 @@ impl Attacher {
         for &(ifindex, point) in behind {
             // A hook whose move is already queued (a pass found it, the repair has not
             // reported yet) is not a second displacement.
-            let by_tcx = self.targets.get(&ifindex).is_some_and(|t| {
+            let by_tcx = self.ledger.target(ifindex).is_some_and(|t| {
                 t.attached.get(&point) == Some(&Mechanism::Tcx)
                     && !t.lost.contains(&point)
                     && t.looked_at.is_none_or(|at| at < seen)
@@ -165,28 +196,27 @@ impl Attacher {
             if !by_tcx {
                 continue;
             }
-            let history = self.displaced.entry((ifindex, point)).or_default();
-            history.retain(|at| now.duration_since(*at) < DISPLACED_WINDOW);
-            if history.len() < DISPLACED_LIMIT {
-                history.push(now);
-                *self.bypasses.entry(point).or_default() += 1;
-                changed |= self.on_link_lost(ifindex, point, seen);
-                continue;
-            }
-            let next = history[0] + DISPLACED_WINDOW;
-            let Some(target) = self.targets.get_mut(&ifindex) else {
+            let limited = match self.displaced.displaced(ifindex, point, now) {
+                Ok(()) => {
+                    self.findings.count_bypass(point);
+                    changed |= self.on_link_lost(ifindex, point, seen);
+                    continue;
+                }
+                Err(limited) => limited,
+            };
+            let Some(target) = self.ledger.get_mut(ifindex) else {
                 continue;
             };
             let why = format!(
                 "bypassed: {}: another program was put before ipq's link {} times in {}s; \
                  moving ipq's first again is rate-limited (next in {}s)",
                 point.as_ref(),
-                history.len() + 1,
+                limited.count,
                 DISPLACED_WINDOW.as_secs(),
-                next.saturating_duration_since(now).as_secs()
+                limited.next.saturating_duration_since(now).as_secs()
             );
             if target.protection != Protection::Bypassed {
-                *self.bypasses.entry(point).or_default() += 1;
+                self.findings.count_bypass(point);
                 warn!(
                     "{} (if{ifindex}): NOT PROTECTED: {why}: find the tool that keeps \
                      attaching at the head of the hook",

@@ -2,10 +2,19 @@
 //!
 //! The tracker says which interfaces it wants protected ([`Attacher::want`]) and which went
 //! away ([`Attacher::forget`]); it never waits for the kernel. A small pool of worker threads
-//! does the attaching: each worker owns its own handles on the loaded programs (aya's program
-//! objects are not `Sync`), opened from their pins under `bpffs_dir/progs`, and attaches while
-//! the registry, the API and the CNI are answered. Each outcome comes back as a [`JobReport`]
-//! on a channel the agent's loop hands to [`Attacher::on_report`].
+//! ([`WorkerPool`]) does the attaching: each worker owns its own handles on the loaded programs
+//! (aya's program objects are not `Sync`), opened from their pins under `bpffs_dir/progs`, and
+//! attaches while the registry, the API and the CNI are answered. Each outcome comes back as a
+//! [`JobReport`] on a channel the agent's loop hands to [`Attacher::on_report`].
+//!
+//! The [`Attacher`] is the composition root of its parts, each owning its own state: the
+//! [`WorkerPool`] (threads, job queue, job generations and the retry schedule,
+//! `schedule::Retries`), the [`Ledger`] (every wanted interface, what holds its hooks, and
+//! what the gauges, `ipq status` and `/readyz` derive from that), the [`Findings`] (failures and
+//! bypasses counted, attachments found lost, the verifications' summaries), and the
+//! displacement history of bypass detection (`bypass`). Loss tracking (`lost`) and bypass
+//! detection turn the kernel's notices and the verification's findings into changes of the
+//! ledger and repair jobs.
 //!
 //! Why a pool rather than one thread: what the kernel lets run in parallel does (netlink
 //! requests, pin and program opens, a slow or failing interface does not hold up the others).
@@ -29,12 +38,14 @@
 //! "tcx"` and `"netlink"` force one mechanism. Each attach also removes what the other
 //! mechanism left on that hook, after its own program is in place.
 
-use strum::VariantArray as _;
 mod bypass;
 pub mod error;
+mod findings;
+mod ledger;
 mod lost;
 mod model;
 pub mod pins;
+mod pool;
 pub mod probe;
 pub mod queue;
 mod repair;
@@ -49,28 +60,26 @@ mod tests;
 mod upgrade;
 mod worker;
 
-use std::{
-    collections::{BTreeMap, BTreeSet},
-    sync::Arc,
-    time::{Duration, Instant},
-};
+use std::time::Instant;
 
-use log::{debug, warn};
+use log::debug;
 
 pub use error::AttachError;
+pub use findings::Findings;
+pub use ledger::{Ledger, ATTACHING_GRACE};
 pub use model::{
     Hooked, Job, JobKind, JobReport, Lost, LostAttachment, Mechanism, Protection, Role, Target,
     TcMode,
 };
 pub use pins::Attached;
+pub use pool::WorkerPool;
 
-use self::{queue::JobQueue, retry::Backoff};
+use self::{
+    bypass::Displacements,
+    schedule::{Retries, RetryKind},
+};
 use super::DatapathError;
-use crate::paths::{AttachPoint, PinLayout};
-
-/// Attach workers. Enough for the RCU waits of a burst of new pods to overlap; each holds three
-/// program fds and sleeps while idle.
-const WORKERS: usize = 4;
+use crate::paths::AttachPoint;
 
 /// Reports waiting for the owner loop. A worker whose report finds the queue full waits for
 /// room (counted in `ipq_queue_overflows_total{queue="attach_reports"}`): a report may be the
@@ -79,185 +88,81 @@ const WORKERS: usize = 4;
 /// worker reports one job at a time).
 pub const REPORT_QUEUE: usize = 256;
 
-/// How long an interface may stay `attaching` before `/readyz` counts it as unprotected (a
-/// normal attach takes milliseconds; this only keeps pod churn from flapping readiness).
-pub const ATTACHING_GRACE: Duration = Duration::from_secs(5);
-
-/// The attach machinery the tracker drives.
-/// What a waiting retry will do.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-enum RetryKind {
-    /// Attach again (the interface is `failed`).
-    Attach,
-    /// Move the netlink filters to TCX again.
-    Upgrade,
-}
-
+/// The attach machinery the tracker drives: what it wants, what the workers report, what the
+/// kernel's notices and the verification find, each applied to the parts it concerns.
 pub struct Attacher {
-    layout: PinLayout,
-    mode: TcMode,
-    jobs: Arc<JobQueue>,
-    targets: BTreeMap<u32, Target>,
-    /// Every retry that is waiting, by when it is due: (due, ifindex, [`RetryKind`]). The loop
-    /// asks for the next one after every event, so it must not walk every interface.
-    retries: BTreeSet<(Instant, u32, RetryKind)>,
-    next_generation: u64,
-    /// Failed attach attempts, per attach point, since start (`ipq_datapath_attach_failures_total`).
-    failures: BTreeMap<AttachPoint, u64>,
-    /// Hooks found bypassed by a filter ahead of ipq's, per attach point, since start.
-    bypasses: BTreeMap<AttachPoint, u64>,
-    /// When another program was last put before ipq's TCX link, per hook (the fight's rate).
-    displaced: BTreeMap<(u32, AttachPoint), Vec<Instant>>,
-    /// Whether workers attach on this node's kernel (false in unit tests, whose made-up
-    /// reports name no real interface: nothing is undone there).
-    workers: bool,
-    /// Attachments repairs found taken away, for the tracker to count and publish.
-    lost: Vec<LostAttachment>,
-    /// What the last verification of the datapath found.
-    verified: Option<crate::datapath::verify::Summary>,
-    /// The last verification that found something wrong.
-    last_found: Option<crate::datapath::verify::Summary>,
-    /// The hooks held by ipq's netlink filter, for the verification to look at off the loop.
-    netlink_hooks: crate::datapath::verify::NetlinkHooks,
+    workers: WorkerPool,
+    ledger: Ledger,
+    findings: Findings,
+    /// The displacement history of ipq's TCX links, for [`Attacher::on_links_behind`].
+    displaced: Displacements,
 }
 
 impl Attacher {
-    /// Starts the workers; their reports arrive on the returned receiver, a worker waiting
-    /// (counted in `overflows`) while it is full.
-    pub fn start(
-        layout: PinLayout,
-        mode: TcMode,
-        overflows: prometheus::IntCounter,
-    ) -> Result<(Self, tokio::sync::mpsc::Receiver<JobReport>), DatapathError> {
-        let queue = Arc::new(JobQueue::default());
-        let (reports, receiver) = tokio::sync::mpsc::channel(REPORT_QUEUE);
-        for n in 0..WORKERS {
-            let (layout, queue) = (layout.clone(), queue.clone());
-            let reports = worker::Reports {
-                tx: reports.clone(),
-                overflows: overflows.clone(),
-            };
-            std::thread::Builder::new()
-                .name(format!("ipq-attach-{n}"))
-                .spawn(move || worker::run(layout, mode, queue, reports))
-                .map_err(DatapathError::Workers)?;
+    /// An attacher driving `workers` (started with [`WorkerPool::start`]).
+    pub fn new(workers: WorkerPool) -> Self {
+        Self {
+            ledger: Ledger::new(workers.mode()),
+            workers,
+            findings: Findings::default(),
+            displaced: Displacements::default(),
         }
-        Ok((
-            Self {
-                layout,
-                mode,
-                jobs: queue,
-                targets: BTreeMap::new(),
-                retries: BTreeSet::new(),
-                next_generation: 0,
-                failures: BTreeMap::new(),
-                bypasses: BTreeMap::new(),
-                displaced: BTreeMap::new(),
-                workers: true,
-                lost: Vec::new(),
-                verified: None,
-                last_found: None,
-                netlink_hooks: Default::default(),
-            },
-            receiver,
-        ))
     }
 
-    /// An attacher without workers: the test takes the jobs, and makes up their reports.
-    #[cfg(test)]
-    pub(crate) fn without_workers(mode: TcMode) -> (Self, Arc<JobQueue>) {
-        let queue = Arc::new(JobQueue::default());
-        let attacher = Self {
-            layout: PinLayout::new("/nonexistent/ipq-test"),
-            mode,
-            jobs: queue.clone(),
-            targets: BTreeMap::new(),
-            retries: BTreeSet::new(),
-            next_generation: 0,
-            failures: BTreeMap::new(),
-            bypasses: BTreeMap::new(),
-            displaced: BTreeMap::new(),
-            workers: false,
-            lost: Vec::new(),
-            verified: None,
-            last_found: None,
-            netlink_hooks: Default::default(),
-        };
-        (attacher, queue)
+    /// The workers: the mode they attach in, the upgrades' start, the next retry.
+    pub fn workers(&self) -> &WorkerPool {
+        &self.workers
     }
 
-    pub fn mode(&self) -> TcMode {
-        self.mode
+    /// Every wanted interface and where its protection stands.
+    pub fn ledger(&self) -> &Ledger {
+        &self.ledger
+    }
+
+    /// Failures, bypasses and lost attachments found, and the verifications' summaries.
+    pub fn findings(&self) -> &Findings {
+        &self.findings
+    }
+
+    pub fn findings_mut(&mut self) -> &mut Findings {
+        &mut self.findings
     }
 
     /// Wants `ifindex` protected in `role`, under `name`. Nothing new is queued for an
     /// interface already wanted the same way: its attach is under way, done, or waiting for its
     /// retry.
     pub fn want(&mut self, ifindex: u32, name: &str, role: Role) {
-        if let Some(target) = self.targets.get(&ifindex) {
+        if let Some(target) = self.ledger.target(ifindex) {
             if target.name == name && target.role == role {
                 return;
             }
         }
-        let before = self.retry_times(ifindex);
-        self.next_generation += 1;
-        let target = Target {
-            name: name.to_owned(),
-            role,
-            protection: Protection::Attaching,
-            attached: BTreeMap::new(),
-            last_error: None,
-            failures: 0,
-            since: Instant::now(),
-            generation: self.next_generation,
-            backoff: Backoff::default(),
-            retry_at: None,
-            upgrade: upgrade::Upgrade::default(),
-            lost: BTreeSet::new(),
-            looked_at: None,
-            bypassed: BTreeSet::new(),
-        };
-        self.queue(ifindex, &target, JobKind::Protect);
-        self.targets.insert(ifindex, target);
-        self.reindex(ifindex, before);
-    }
-
-    fn queue(&self, ifindex: u32, target: &Target, kind: JobKind) {
-        self.jobs.push(Job {
-            ifindex,
-            name: target.name.clone(),
-            role: target.role,
-            kind,
-            generation: target.generation,
-        });
+        let before = Retries::times(self.ledger.target(ifindex));
+        let generation = self.workers.new_generation();
+        let target = self.ledger.want(ifindex, name, role, generation);
+        self.workers.queue(ifindex, target, JobKind::Protect);
+        self.workers
+            .retries_mut()
+            .reindex(ifindex, before, self.ledger.target(ifindex));
     }
 
     /// Forgets an interface that went away (or is no longer configured): drops its queued
     /// jobs and removes its link pins.
     pub fn forget(&mut self, ifindex: u32) {
-        let before = self.retry_times(ifindex);
-        if self.targets.remove(&ifindex).is_none() {
+        let before = Retries::times(self.ledger.target(ifindex));
+        if !self.ledger.remove(ifindex) {
             return;
         }
-        self.reindex(ifindex, before);
-        self.jobs.cancel(ifindex);
-        self.remove_pins(ifindex);
-        self.share_netlink_hooks(ifindex);
-    }
-
-    fn remove_pins(&self, ifindex: u32) {
-        for &point in AttachPoint::VARIANTS {
-            if let Err(e) = pins::remove_pin_of(&self.layout, ifindex, point) {
-                warn!("if{ifindex}: removing its {} pin: {e}", point);
-            }
-        }
+        self.workers.retries_mut().reindex(ifindex, before, None);
+        self.workers.cancel(ifindex);
+        self.ledger.share_netlink_hooks(ifindex);
     }
 
     /// Releases an interface whose new name no longer matches the configuration: forgets it
     /// and removes ipq's netlink filters from it too (the device lives on, unlike after
     /// [`forget`](Self::forget)'s usual case).
     pub fn release(&mut self, ifindex: u32) {
-        if !self.targets.contains_key(&ifindex) {
+        if self.ledger.target(ifindex).is_none() {
             return;
         }
         self.forget(ifindex);
@@ -269,143 +174,60 @@ impl Attacher {
     /// interface forgotten or wanted again since does not).
     pub fn on_report(&mut self, report: JobReport) -> bool {
         let ifindex = report.job.ifindex;
-        let before = self.retry_times(ifindex);
-        let changed = self.apply_report(report);
-        self.reindex(ifindex, before);
-        self.share_netlink_hooks(ifindex);
+        let before = Retries::times(self.ledger.target(ifindex));
+        let mode = self.workers.mode();
+        let changed = match self.ledger.get_mut(ifindex) {
+            None => {
+                self.workers.undo_unwanted(&report);
+                false
+            }
+            Some(target) if target.generation != report.job.generation => false,
+            Some(target) if report.job.kind == JobKind::Upgrade => {
+                upgrade::on_report(target, ifindex, report.hooks);
+                true
+            }
+            Some(target) => {
+                if let Some(next) = report::apply(target, mode, report, &mut self.findings) {
+                    self.workers.queue(ifindex, target, next);
+                }
+                true
+            }
+        };
+        self.workers
+            .retries_mut()
+            .reindex(ifindex, before, self.ledger.target(ifindex));
+        self.ledger.share_netlink_hooks(ifindex);
         changed
     }
 
-    /// Lets the queued TCX upgrades run (see [`queue`]): call once start-up is done.
-    pub fn start_upgrades(&self) {
-        self.jobs.start_upgrades();
-    }
-
-    /// Protected interfaces whose netlink filters still wait for their TCX links (always 0
-    /// outside [`TcMode::NetlinkThenTcx`]).
-    pub fn pending_upgrades(&self) -> usize {
-        if self.mode != TcMode::NetlinkThenTcx {
-            return 0;
+    /// Queues the retries that are due, of attaches and of upgrades. Returns how many.
+    pub fn retry_due(&mut self, now: Instant) -> usize {
+        let mut queued = 0;
+        while let Some((ifindex, kind)) = self.workers.retries_mut().take_due(now) {
+            let Some(target) = self.ledger.get_mut(ifindex) else {
+                continue;
+            };
+            let job = match kind {
+                RetryKind::Attach => {
+                    target.retry_at = None;
+                    target.generation = self.workers.new_generation();
+                    JobKind::Protect
+                }
+                RetryKind::Upgrade => {
+                    target.upgrade.queued();
+                    JobKind::Upgrade
+                }
+            };
+            self.workers.queue(ifindex, target, job);
+            queued += 1;
         }
-        self.targets.values().filter(|t| upgrade::wanted(t)).count()
-    }
-
-    /// Whether any interface's attach is still under way (not yet reported once).
-    pub fn attaching(&self) -> bool {
-        self.targets
-            .values()
-            .any(|t| t.protection == Protection::Attaching)
-    }
-
-    pub fn targets(&self) -> &BTreeMap<u32, Target> {
-        &self.targets
-    }
-
-    pub fn target(&self, ifindex: u32) -> Option<&Target> {
-        self.targets.get(&ifindex)
-    }
-
-    /// Every attach point in place, for the attached-interface gauge.
-    pub fn attached_points(&self) -> impl Iterator<Item = AttachPoint> + '_ {
-        self.targets
-            .values()
-            .flat_map(|t| t.attached.keys().copied())
-    }
-
-    /// Every wanted attach point not in place: (ifindex, target, point).
-    pub fn unprotected_points(&self) -> impl Iterator<Item = (u32, &Target, AttachPoint)> + '_ {
-        self.targets.iter().flat_map(|(ifindex, t)| {
-            t.role
-                .points()
-                .iter()
-                .filter(|p| {
-                    !t.attached.contains_key(p) || t.lost.contains(p) || t.bypassed.contains(p)
-                })
-                .map(move |p| (*ifindex, t, *p))
-        })
-    }
-
-    /// Failed attempts per attach point since start.
-    pub fn failures(&self) -> &BTreeMap<AttachPoint, u64> {
-        &self.failures
-    }
-
-    /// Why `/readyz` must say not ready, if it must: an interface failed, or attaching for
-    /// longer than [`ATTACHING_GRACE`].
-    pub fn readiness_blocker(&self, now: Instant) -> Option<String> {
-        let blocking: Vec<String> = self
-            .targets
-            .iter()
-            .filter(|(_, t)| match t.protection {
-                Protection::Protected => false,
-                // The agent never sets `Unknown` (it is how an older client reads a newer
-                // agent's state); were it set, it would not be protected.
-                Protection::Failed
-                | Protection::Repairing
-                | Protection::Bypassed
-                | Protection::Unknown => true,
-                Protection::Attaching => now.duration_since(t.since) > ATTACHING_GRACE,
-            })
-            .map(|(ifindex, t)| {
-                format!(
-                    "{} (if{ifindex}) {}{}",
-                    t.name,
-                    t.protection.as_ref(),
-                    t.last_error
-                        .as_deref()
-                        .map(|e| format!(": {e}"))
-                        .unwrap_or_default()
-                )
-            })
-            .collect();
-        (!blocking.is_empty()).then(|| {
-            format!(
-                "{} interface(s) unprotected: {}",
-                blocking.len(),
-                blocking.join("; ")
-            )
-        })
+        queued
     }
 
     /// Detaches what earlier agents attached to interfaces no longer wanted (gone, or no longer
     /// configured): link pins, and ipq's netlink filters on the node's other interfaces. Call
     /// once every configured interface has been attached once.
     pub fn prune(&self) -> Result<Vec<(u32, AttachPoint)>, DatapathError> {
-        let keep: BTreeSet<(u32, AttachPoint)> = self
-            .targets
-            .iter()
-            .flat_map(|(i, t)| t.role.points().iter().map(move |p| (*i, *p)))
-            .collect();
-        let mut removed = pins::prune(&self.layout, &keep)?;
-        let interfaces = crate::netdev::interfaces().map_err(|source| DatapathError::Io {
-            path: "/sys/class/net".into(),
-            source,
-        })?;
-        for (ifindex, _) in interfaces {
-            for (point, dir) in [
-                (AttachPoint::TcxIngress, tc_filter::Direction::Ingress),
-                (AttachPoint::TcxEgress, tc_filter::Direction::Egress),
-            ] {
-                if keep.contains(&(ifindex, point)) {
-                    continue;
-                }
-                match tc_filter::remove_ipq(ifindex, dir) {
-                    Ok(true) => removed.push((ifindex, point)),
-                    Ok(false) => {}
-                    Err(e) => warn!("if{ifindex}: removing ipq's {} filter: {e}", dir),
-                }
-            }
-        }
-        // Programs of an older agent that are still attached anywhere keep the legacy filter
-        // alive through their own reference; it is all ones, so they stay correct.
-        super::maps::unpin_legacy_filter(&self.layout)?;
-        Ok(removed)
-    }
-}
-
-impl Drop for Attacher {
-    /// The workers end with the attacher.
-    fn drop(&mut self) {
-        self.jobs.close();
+        self.workers.prune(&self.ledger.wanted_points())
     }
 }

@@ -1,83 +1,81 @@
 //! When each failed attach and each failed upgrade is tried again: one ordered index of due
-//! times, so the next retry is found in O(log n), never by a scan of every interface.
+//! times ([`Retries`]), so the next retry is found in O(log n), never by a scan of every
+//! interface. The due times themselves are the targets' (`retry_at`, the upgrade's); the index
+//! is brought in line with a target after each change ([`Retries::reindex`]).
 
+use std::{collections::BTreeSet, time::Instant};
+
+use super::Target;
 #[cfg(test)]
-use std::collections::BTreeSet;
-use std::time::Instant;
+use std::collections::BTreeMap;
 
-use super::{Attacher, JobKind, RetryKind};
+/// What a waiting retry will do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) enum RetryKind {
+    /// Attach again (the interface is `failed`).
+    Attach,
+    /// Move the netlink filters to TCX again.
+    Upgrade,
+}
 
-impl Attacher {
-    /// Queues the retries that are due, of attaches and of upgrades. Returns how many.
-    pub fn retry_due(&mut self, now: Instant) -> usize {
-        let mut queued = 0;
-        while let Some(&(at, ifindex, kind)) = self.retries.first() {
-            if at > now {
-                break;
-            }
-            self.retries.pop_first();
-            let generation = self.next_generation + 1;
-            let Some(target) = self.targets.get_mut(&ifindex) else {
-                continue;
-            };
-            let job = match kind {
-                RetryKind::Attach => {
-                    target.retry_at = None;
-                    target.generation = generation;
-                    JobKind::Protect
-                }
-                RetryKind::Upgrade => {
-                    target.upgrade.queued();
-                    JobKind::Upgrade
-                }
-            };
-            let target = target.clone();
-            if kind == RetryKind::Attach {
-                self.next_generation = generation;
-            }
-            self.queue(ifindex, &target, job);
-            queued += 1;
-        }
-        queued
-    }
+/// Every retry that is waiting, by when it is due: (due, ifindex, [`RetryKind`]). The loop
+/// asks for the next one after every event, so it must not walk every interface.
+#[derive(Debug, Default)]
+pub struct Retries {
+    due: BTreeSet<(Instant, u32, RetryKind)>,
+}
 
-    /// When the next retry (of an attach or an upgrade) is due: O(log n).
-    pub fn next_retry(&self) -> Option<Instant> {
-        self.retries.first().map(|(at, _, _)| *at)
-    }
-
-    /// The retry times of `ifindex`'s target (attach, upgrade), to [`reindex`](Self::reindex)
+impl Retries {
+    /// The retry times of `target` (attach, upgrade), to [`reindex`](Self::reindex) with
     /// after a change.
-    pub(super) fn retry_times(&self, ifindex: u32) -> [Option<Instant>; 2] {
-        self.targets
-            .get(&ifindex)
-            .map_or([None, None], |t| [t.retry_at, t.upgrade.retry_at()])
+    pub(super) fn times(target: Option<&Target>) -> [Option<Instant>; 2] {
+        target.map_or([None, None], |t| [t.retry_at, t.upgrade.retry_at()])
     }
 
-    /// Brings [`retries`](Self::retries) in line with `ifindex`'s target after a change; `before`
-    /// is what [`retry_times`](Self::retry_times) said before it.
-    pub(super) fn reindex(&mut self, ifindex: u32, before: [Option<Instant>; 2]) {
-        let after = self.retry_times(ifindex);
+    /// Brings the index in line with `ifindex`'s target after a change; `before` is what
+    /// [`times`](Self::times) said before it, `target` the target now (`None`: forgotten).
+    pub(super) fn reindex(
+        &mut self,
+        ifindex: u32,
+        before: [Option<Instant>; 2],
+        target: Option<&Target>,
+    ) {
+        let after = Self::times(target);
         for (kind, (was, is)) in [RetryKind::Attach, RetryKind::Upgrade]
             .into_iter()
             .zip(before.into_iter().zip(after))
         {
             if was != is {
                 if let Some(at) = was {
-                    self.retries.remove(&(at, ifindex, kind));
+                    self.due.remove(&(at, ifindex, kind));
                 }
                 if let Some(at) = is {
-                    self.retries.insert((at, ifindex, kind));
+                    self.due.insert((at, ifindex, kind));
                 }
             }
         }
     }
 
-    /// The retry index matches the targets (tests).
+    /// Takes the first retry due by `now` out of the index, if there is one. Whoever takes it
+    /// clears the target's own due time (the index and the targets then agree again).
+    pub(super) fn take_due(&mut self, now: Instant) -> Option<(u32, RetryKind)> {
+        let &(at, ifindex, kind) = self.due.first()?;
+        if at > now {
+            return None;
+        }
+        self.due.pop_first();
+        Some((ifindex, kind))
+    }
+
+    /// When the next retry (of an attach or an upgrade) is due: O(log n).
+    pub fn next_retry(&self) -> Option<Instant> {
+        self.due.first().map(|(at, _, _)| *at)
+    }
+
+    /// The index matches `targets` (tests).
     #[cfg(test)]
-    pub(crate) fn retry_index_is_consistent(&self) -> bool {
-        let derived: BTreeSet<(Instant, u32, RetryKind)> = self
-            .targets
+    pub(crate) fn is_consistent_with(&self, targets: &BTreeMap<u32, Target>) -> bool {
+        let derived: BTreeSet<(Instant, u32, RetryKind)> = targets
             .iter()
             .flat_map(|(ifindex, t)| {
                 [
@@ -89,6 +87,6 @@ impl Attacher {
             })
             .flatten()
             .collect();
-        derived == self.retries
+        derived == self.due
     }
 }

@@ -2,12 +2,15 @@ use std::{
     collections::BTreeMap,
     net::Ipv4Addr,
     sync::{
-        atomic::{fence, AtomicBool, AtomicU64},
+        atomic::{fence, AtomicBool, AtomicU64, Ordering},
         Arc,
     },
 };
 
-use ipq_common::addr::{AddrState, FLAG_OBSERVE_ONLY};
+use ipq_common::{
+    addr::{AddrState, FLAG_OBSERVE_ONLY},
+    slots::{slot_buckets_of, SLOTS_MAGIC},
+};
 use proptest::prelude::*;
 
 use super::*;
@@ -26,7 +29,7 @@ fn check(table: &SlotTable, model: &BTreeMap<AddrKey, AddrEntry>) {
     let stored: BTreeMap<AddrKey, AddrEntry> = table.iter().collect();
     assert_eq!(stored.len(), model.len(), "a key is stored twice");
     for (k, e) in model {
-        let (first, second) = table.buckets_of(k);
+        let (first, second) = table.layout().buckets_of(k);
         let slot = table.find(k).expect("a stored key is found");
         let bucket = (slot / SLOT_WAYS as usize) as u32;
         assert!(bucket == first || bucket == second);
@@ -36,7 +39,7 @@ fn check(table: &SlotTable, model: &BTreeMap<AddrKey, AddrEntry>) {
             Some(e.holder_ifindex)
         );
     }
-    for cell in &table.cells()[..(table.buckets() * SLOT_WAYS) as usize] {
+    for cell in table.cells().slots() {
         assert_eq!(
             cell.seq.load(Ordering::Relaxed) & 1,
             0,
@@ -152,7 +155,7 @@ fn an_update_keeps_the_stamps_the_programs_wrote() {
     let mut table = SlotTable::on_heap(16, 7);
     table.put(&key(1), &entry(1)).unwrap();
     let slot = table.find(&key(1)).unwrap();
-    table.cells()[slot]
+    table.cells().all()[slot]
         .last_stale_ns
         .store(42, Ordering::Relaxed);
     let mut next = entry(2);
@@ -165,18 +168,18 @@ fn an_update_keeps_the_stamps_the_programs_wrote() {
 #[test]
 fn a_table_is_set_up_once_and_reopened_with_its_seed() {
     let table = SlotTable::on_heap(16, 99);
-    let cells = table.cells();
+    let cells = table.cells().all();
     let meta = cells[16 * SLOT_WAYS as usize].meta();
     assert_eq!((meta.magic, meta.buckets, meta.seed), (SLOTS_MAGIC, 16, 99));
-    let again = SlotTable::adopt(None, cells, 16, None, None).unwrap();
+    let again = SlotCells::leaked(cells).adopt(16, None).unwrap();
     assert_eq!(again.seed(), 99);
     assert!(matches!(
-        SlotTable::adopt(None, cells, 16, Some(100), None),
+        SlotCells::leaked(cells).adopt(16, Some(100)),
         Err(DatapathError::SlotsSeed)
     ));
     let blank: &'static [SlotCell] = Box::leak((0..65).map(|_| SlotCell::default()).collect());
     assert!(matches!(
-        SlotTable::adopt(None, blank, 16, None, None),
+        SlotCells::leaked(blank).adopt(16, None),
         Err(DatapathError::SlotsNotSetUp)
     ));
 }
@@ -186,9 +189,11 @@ fn settle_ends_writes_a_killed_agent_left_half_done() {
     let mut table = SlotTable::on_heap(16, 3);
     table.put(&key(5), &entry(5)).unwrap();
     let slot = table.find(&key(5)).unwrap();
-    table.cells()[slot].seq.fetch_add(1, Ordering::Relaxed);
+    table.cells().all()[slot]
+        .seq
+        .fetch_add(1, Ordering::Relaxed);
     table.version_of(&key(5)).fetch_add(1, Ordering::Relaxed);
-    table.settle();
+    table.cells().settle();
     check(&table, &BTreeMap::from([(key(5), entry(5))]));
 }
 
@@ -205,7 +210,7 @@ fn probe(cells: &[SlotCell], buckets: u32, seed: u64, key: &AddrKey) -> Probe {
     let home = &cells[(first * SLOT_WAYS) as usize];
     let version = home.version.load(Ordering::Acquire);
     for bucket in [first, second] {
-        for cell in &cells[SlotTable::slot_range(bucket)] {
+        for cell in &cells[SlotLayout::slot_range(bucket)] {
             let seq = cell.seq.load(Ordering::Acquire);
             if cell.key() != *key {
                 continue;
@@ -237,8 +242,8 @@ fn probe(cells: &[SlotCell], buckets: u32, seed: u64, key: &AddrKey) -> Probe {
 fn readers_racing_the_writer_never_miss_a_stored_address_nor_see_a_torn_entry() {
     let buckets = 16;
     let mut table = SlotTable::on_heap(buckets, 0xfeed);
-    let cells = table.cells();
-    let seed = table.seed();
+    let cells = table.cells().all();
+    let seed = table.layout().seed();
     let steady: Vec<AddrKey> = (0..8).map(key).collect();
     let tagged = |tag: u32| AddrEntry {
         fenced_ifindex: tag,

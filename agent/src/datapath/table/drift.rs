@@ -14,13 +14,11 @@ use std::time::{Duration, Instant};
 use ipq_api::CheckedMap;
 use ipq_common::{
     addr::{AddrEntry, AddrKey},
-    iface::{IfaceEntry, IFACE_SLOTS},
+    iface::IFACE_SLOTS,
 };
 
 use super::AddressTable;
-use crate::datapath::{
-    bpf_watch::ReportedKey, map_check::MapSuspects, slots::CellRead, strict::describe,
-};
+use crate::datapath::{bpf_watch::ReportedKey, map_check::MapSuspects, slots::CellRead};
 
 /// One thing a map held that the table did not write, and what became of it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -46,19 +44,6 @@ pub struct MapsCheck {
     pub took: Duration,
 }
 
-fn describe_iface(entry: &IfaceEntry) -> String {
-    if entry.ifindex == 0 {
-        return "empty".to_owned();
-    }
-    let own: Vec<String> = entry
-        .own
-        .iter()
-        .filter(|a| **a != AddrKey::UNSPECIFIED)
-        .map(|a| a.to_ip().to_string())
-        .collect();
-    format!("if{} fast path for [{}]", entry.ifindex, own.join(", "))
-}
-
 impl AddressTable {
     /// Looks again at what the comparison found differing, and writes the table's own back
     /// where the kernel still differs. `wanted` is the entry the table should hold for an
@@ -73,24 +58,23 @@ impl AddressTable {
         for &index in &suspects.unsettled {
             // A foreign write may have left a counter odd: the programs would fall back to the
             // hash map for that address for ever.
-            self.copy.settle_cell(index);
+            self.entries.cells().settle_cell(index);
         }
         let mut copy_changed = false;
         for addr in &suspects.addrs {
             let want = wanted(addr);
-            self.recheck_addr(addr, want.as_ref(), &mut drift);
-            copy_changed |= self.recheck_copy(addr, want.as_ref(), &mut drift);
+            copy_changed |= self.entries.recheck(addr, want.as_ref(), &mut drift);
             self.feed.addr(*addr, want.as_ref());
         }
         if copy_changed {
             // A foreign write adds or clears slots behind the count (O(slots), only after one).
-            self.copy.recount();
+            self.entries.recount();
         }
         for &slot in &suspects.slots {
-            self.recheck_slot(slot, &mut drift);
+            self.fast_path.recheck(slot, &mut drift);
         }
         for &word in &suspects.words {
-            self.recheck_word(word, &mut drift);
+            self.bloom.recheck(word, &mut drift);
         }
         MapsCheck {
             drift,
@@ -108,7 +92,7 @@ impl AddressTable {
             addresses: self.len(),
             ..MapSuspects::default()
         };
-        let cells = self.copy.reader();
+        let cells = self.entries.cells().reader();
         for key in keys {
             let words = std::array::from_fn(|i| {
                 u32::from_ne_bytes([key[4 * i], key[4 * i + 1], key[4 * i + 2], key[4 * i + 3]])
@@ -128,7 +112,7 @@ impl AddressTable {
             if index < IFACE_SLOTS {
                 suspects.slots.push(index);
             }
-            if (index as usize) < self.filter_words.len() {
+            if (index as usize) < self.bloom.words().len() {
                 suspects.words.push(index);
             }
         }
@@ -144,139 +128,5 @@ impl AddressTable {
     /// Where `IPQ_ADDRS` and `IPQ_SLOTS` disagreed when the table opened.
     pub fn opened_disagreeing(&self) -> &[String] {
         &self.opened_disagreeing
-    }
-
-    fn recheck_addr(
-        &mut self,
-        addr: &AddrKey,
-        want: Option<&AddrEntry>,
-        drift: &mut Vec<MapDrift>,
-    ) {
-        let now = match self.addrs.get(addr) {
-            Ok(now) => now,
-            Err(e) => {
-                drift.push(MapDrift {
-                    map: CheckedMap::IpqAddrs,
-                    key: addr.to_ip().to_string(),
-                    found: "unreadable".to_owned(),
-                    wanted: describe(want),
-                    error: Some(e.to_string()),
-                });
-                return;
-            }
-        };
-        if agrees(want, now.as_ref()) {
-            // The reading predates one of the table's own writes.
-            return;
-        }
-        let result = match want {
-            Some(want) => {
-                let mut entry = *want;
-                if let Some(now) = &now {
-                    entry.last_stale_ns = now.last_stale_ns;
-                    entry.last_sample_ns = now.last_sample_ns;
-                }
-                self.addrs.insert(addr, &entry)
-            }
-            None => self.addrs.remove(addr),
-        };
-        drift.push(MapDrift {
-            map: CheckedMap::IpqAddrs,
-            key: addr.to_ip().to_string(),
-            found: describe(now.as_ref()),
-            wanted: describe(want),
-            error: result.err().map(|e| e.to_string()),
-        });
-    }
-
-    /// `IPQ_SLOTS`, probed through the table's own mapping (after `IPQ_ADDRS` is right again,
-    /// which the protocol needs while a slot is rewritten). Whether it wrote.
-    fn recheck_copy(
-        &mut self,
-        addr: &AddrKey,
-        want: Option<&AddrEntry>,
-        drift: &mut Vec<MapDrift>,
-    ) -> bool {
-        let held = self.copy.get(addr);
-        if agrees(want, held.as_ref()) {
-            return false;
-        }
-        let result = match want {
-            Some(want) => self.copy.put(addr, want),
-            None => {
-                self.copy.remove(addr);
-                Ok(())
-            }
-        };
-        drift.push(MapDrift {
-            map: CheckedMap::IpqSlots,
-            key: addr.to_ip().to_string(),
-            found: describe(held.as_ref()),
-            wanted: describe(want),
-            error: result.err().map(|e| e.to_string()),
-        });
-        true
-    }
-
-    /// What [`Self::write_slot`] keeps in `slot` when no write is under way.
-    pub(super) fn expected_slot(&self, slot: u32) -> IfaceEntry {
-        let mut value = IfaceEntry::default();
-        if let Some(&owner) = self.slot_owner.get(&slot) {
-            let own = self.listing(owner, None);
-            if !own.is_empty() {
-                value.ifindex = owner;
-                value.own[..own.len()].copy_from_slice(&own);
-            }
-        }
-        value
-    }
-
-    fn recheck_slot(&mut self, slot: u32, drift: &mut Vec<MapDrift>) {
-        let want = self.expected_slot(slot);
-        self.feed.slot(slot, &want);
-        let now = match self.slots.get(slot) {
-            Ok(now) if now == want => return,
-            Ok(now) => describe_iface(&now),
-            Err(e) => format!("unreadable ({e})"),
-        };
-        drift.push(MapDrift {
-            map: CheckedMap::IpqIfaces,
-            key: format!("slot {slot}"),
-            found: now,
-            wanted: describe_iface(&want),
-            error: self.slots.set(slot, &want).err().map(|e| e.to_string()),
-        });
-    }
-
-    fn recheck_word(&mut self, word: u32, drift: &mut Vec<MapDrift>) {
-        let Some(&want) = self.filter_words.get(word as usize) else {
-            return;
-        };
-        self.feed.word(word, want);
-        let found = match self.filter.word(word) {
-            Ok(now) if now == want => return,
-            Ok(now) => format!("{now:#018x}"),
-            Err(e) => format!("unreadable ({e})"),
-        };
-        drift.push(MapDrift {
-            map: CheckedMap::IpqQbloom,
-            key: format!("word {word}"),
-            found,
-            wanted: format!("{want:#018x}"),
-            error: self
-                .filter
-                .set_word(word, want)
-                .err()
-                .map(|e| e.to_string()),
-        });
-    }
-}
-
-/// Whether `held` is what the table writes as `want` (the programs' stamps aside).
-fn agrees(want: Option<&AddrEntry>, held: Option<&AddrEntry>) -> bool {
-    match (want, held) {
-        (Some(want), Some(held)) => want.written_as(held),
-        (None, None) => true,
-        _ => false,
     }
 }

@@ -1,20 +1,20 @@
 //! TC notices and repairs, without a kernel: which notices queue a repair, and what a repair's
 //! report makes of a hook found without ipq's program.
 
-use super::{report_by, *};
+use super::{report_by, without_workers, *};
 use crate::datapath::attach::tc_watch::{TcChange, TcNotice};
 
 const VETH: u32 = 7;
 
 /// A netlink-mode attacher with one workload interface protected by ipq's filters.
 fn protected() -> (Attacher, Arc<JobQueue>) {
-    let (mut attacher, queue) = Attacher::without_workers(TcMode::Netlink);
+    let (mut attacher, queue) = without_workers(TcMode::Netlink);
     attacher.want(VETH, "veth7", Role::Workload);
     let job = queue.try_take().expect("the first attach");
     queue.done(&job);
     attacher.on_report(report_by(&job, true, Mechanism::Netlink));
     assert_eq!(
-        attacher.target(VETH).map(|t| t.protection),
+        attacher.ledger().target(VETH).map(|t| t.protection),
         Some(Protection::Protected)
     );
     (attacher, queue)
@@ -75,7 +75,7 @@ fn notices_that_cannot_concern_ipq_queue_nothing() {
     attacher.on_tc_notice(clsact_deleted(VETH + 1));
     assert!(queue.try_take().is_none(), "not an interface ipq protects");
 
-    let (mut tcx, queue) = Attacher::without_workers(TcMode::Tcx);
+    let (mut tcx, queue) = without_workers(TcMode::Tcx);
     tcx.want(VETH, "veth7", Role::Workload);
     let job = queue.try_take().expect("the first attach");
     queue.done(&job);
@@ -92,7 +92,7 @@ fn a_repair_that_attached_again_reports_the_loss_and_stays_protected() {
     queue.done(&job);
     let all = [AttachPoint::TcxIngress, AttachPoint::TcxEgress];
     attacher.on_report(repair_report(&job, &all, true));
-    let lost = attacher.take_lost();
+    let lost = attacher.findings_mut().take_lost();
     assert_eq!(
         lost.iter()
             .map(|l| (l.point, l.what, l.error.is_none()))
@@ -102,12 +102,15 @@ fn a_repair_that_attached_again_reports_the_loss_and_stays_protected() {
             (AttachPoint::TcxEgress, Lost::Qdisc, true)
         ]
     );
-    assert!(attacher.take_lost().is_empty(), "taken once");
+    assert!(attacher.findings_mut().take_lost().is_empty(), "taken once");
     assert_eq!(
-        attacher.target(VETH).map(|t| t.protection),
+        attacher.ledger().target(VETH).map(|t| t.protection),
         Some(Protection::Protected)
     );
-    assert!(attacher.readiness_blocker(Instant::now()).is_none());
+    assert!(attacher
+        .ledger()
+        .readiness_blocker(Instant::now())
+        .is_none());
 }
 
 #[test]
@@ -118,7 +121,7 @@ fn a_repair_that_found_everything_in_place_reports_nothing() {
     let job = queue.try_take().expect("a repair");
     queue.done(&job);
     attacher.on_report(repair_report(&job, &[], true));
-    assert!(attacher.take_lost().is_empty());
+    assert!(attacher.findings_mut().take_lost().is_empty());
 }
 
 #[test]
@@ -132,24 +135,28 @@ fn a_repair_that_cannot_attach_again_leaves_the_interface_unprotected_and_not_re
     assert_eq!(job.kind, JobKind::Repair(Lost::Filter));
     queue.done(&job);
     attacher.on_report(repair_report(&job, &[AttachPoint::TcxIngress], false));
-    let lost = attacher.take_lost();
+    let lost = attacher.findings_mut().take_lost();
     assert_eq!(lost.len(), 1);
     assert!(lost[0]
         .error
         .as_deref()
         .is_some_and(|e| e.contains("foreign")));
-    let target = attacher.target(VETH).expect("still wanted");
+    let target = attacher.ledger().target(VETH).expect("still wanted");
     assert_eq!(target.protection, Protection::Failed);
     assert!(!target.attached.contains_key(&AttachPoint::TcxIngress));
     assert!(attacher
+        .ledger()
         .readiness_blocker(Instant::now())
         .is_some_and(|why| why.contains("veth7")));
-    assert!(attacher.next_retry().is_some(), "retried with backoff");
+    assert!(
+        attacher.workers().next_retry().is_some(),
+        "retried with backoff"
+    );
 }
 
 #[test]
 fn a_hook_that_never_had_ipqs_program_is_not_counted_lost() {
-    let (mut attacher, queue) = Attacher::without_workers(TcMode::Netlink);
+    let (mut attacher, queue) = without_workers(TcMode::Netlink);
     attacher.want(VETH, "veth7", Role::Workload);
     let first = queue.try_take().expect("the first attach");
     queue.done(&first);
@@ -162,7 +169,7 @@ fn a_hook_that_never_had_ipqs_program_is_not_counted_lost() {
     let all = [AttachPoint::TcxIngress, AttachPoint::TcxEgress];
     attacher.on_report(repair_report(&job, &all, false));
     assert!(
-        attacher.take_lost().is_empty(),
+        attacher.findings_mut().take_lost().is_empty(),
         "a failed attach, not a lost one"
     );
 }
@@ -170,7 +177,7 @@ fn a_hook_that_never_had_ipqs_program_is_not_counted_lost() {
 #[test]
 fn the_hooks_held_by_netlink_filters_are_shared_with_the_verification_as_they_change() {
     let (mut attacher, queue) = protected();
-    let hooks = attacher.netlink_hooks();
+    let hooks = attacher.ledger().netlink_hooks();
     let shared = || hooks.lock().unwrap().get(&VETH).cloned();
     assert_eq!(
         shared(),
@@ -188,14 +195,15 @@ fn the_hooks_held_by_netlink_filters_are_shared_with_the_verification_as_they_ch
 fn a_known_loss_is_unprotected_and_not_ready_until_its_repair_reports() {
     let (mut attacher, queue) = protected();
     attacher.on_tc_notice(clsact_deleted(VETH));
-    let target = attacher.target(VETH).expect("still wanted");
+    let target = attacher.ledger().target(VETH).expect("still wanted");
     assert_eq!(target.protection, Protection::Repairing);
     assert_eq!(
-        attacher.unprotected_points().count(),
+        attacher.ledger().unprotected_points().count(),
         2,
         "both hooks hung on the deleted clsact"
     );
     assert!(attacher
+        .ledger()
         .readiness_blocker(Instant::now())
         .is_some_and(|why| why.contains("veth7") && why.contains("repairing")));
 
@@ -204,11 +212,14 @@ fn a_known_loss_is_unprotected_and_not_ready_until_its_repair_reports() {
     let all = [AttachPoint::TcxIngress, AttachPoint::TcxEgress];
     attacher.on_report(repair_report(&job, &all, true));
     assert_eq!(
-        attacher.target(VETH).map(|t| t.protection),
+        attacher.ledger().target(VETH).map(|t| t.protection),
         Some(Protection::Protected)
     );
-    assert_eq!(attacher.unprotected_points().count(), 0);
-    assert!(attacher.readiness_blocker(Instant::now()).is_none());
+    assert_eq!(attacher.ledger().unprotected_points().count(), 0);
+    assert!(attacher
+        .ledger()
+        .readiness_blocker(Instant::now())
+        .is_none());
 }
 
 #[test]
@@ -216,11 +227,12 @@ fn a_filter_missing_at_verification_is_unprotected_until_repaired() {
     let (mut attacher, queue) = protected();
     attacher.on_filter_missing(VETH, AttachPoint::TcxEgress);
     assert_eq!(
-        attacher.target(VETH).map(|t| t.protection),
+        attacher.ledger().target(VETH).map(|t| t.protection),
         Some(Protection::Repairing)
     );
     assert_eq!(
         attacher
+            .ledger()
             .unprotected_points()
             .map(|(_, _, p)| p)
             .collect::<Vec<_>>(),
@@ -230,18 +242,18 @@ fn a_filter_missing_at_verification_is_unprotected_until_repaired() {
     queue.done(&job);
     attacher.on_report(repair_report(&job, &[AttachPoint::TcxEgress], false));
     assert_eq!(
-        attacher.target(VETH).map(|t| t.protection),
+        attacher.ledger().target(VETH).map(|t| t.protection),
         Some(Protection::Failed),
         "still lost: failed, and retried"
     );
-    assert_eq!(attacher.unprotected_points().count(), 1);
+    assert_eq!(attacher.ledger().unprotected_points().count(), 1);
 }
 
 #[test]
 fn a_deleted_filter_under_auto_waits_for_the_repairs_look_before_saying_lost() {
     // Under `tc_attach = auto` an upgrade deletes ipq's own filter once the TCX link holds
     // the hook: the notice alone proves nothing.
-    let (mut attacher, queue) = Attacher::without_workers(TcMode::NetlinkThenTcx);
+    let (mut attacher, queue) = without_workers(TcMode::NetlinkThenTcx);
     attacher.want(VETH, "veth7", Role::Workload);
     let job = queue.try_take().expect("the first attach");
     queue.done(&job);
@@ -251,7 +263,7 @@ fn a_deleted_filter_under_auto_waits_for_the_repairs_look_before_saying_lost() {
         change: TcChange::FilterDeleted(AttachPoint::TcxIngress),
     });
     assert_eq!(
-        attacher.target(VETH).map(|t| t.protection),
+        attacher.ledger().target(VETH).map(|t| t.protection),
         Some(Protection::Protected)
     );
     let repair =
@@ -260,7 +272,7 @@ fn a_deleted_filter_under_auto_waits_for_the_repairs_look_before_saying_lost() {
     // A deleted clsact is never ipq's doing, in any mode.
     attacher.on_tc_notice(clsact_deleted(VETH));
     assert_eq!(
-        attacher.target(VETH).map(|t| t.protection),
+        attacher.ledger().target(VETH).map(|t| t.protection),
         Some(Protection::Repairing)
     );
 }
