@@ -115,10 +115,11 @@ impl AddressTable {
         &mut self,
         held: &BTreeMap<AddrKey, AddrEntry>,
     ) -> Result<(), DatapathError> {
-        for (addr, _) in held.iter().filter(|(_, e)| is_quarantined(e)) {
-            self.bloom.add(addr)?;
-        }
-        self.bloom.write_all()?;
+        self.bloom.rebuild(
+            held.iter()
+                .filter(|(_, e)| is_quarantined(e))
+                .map(|(addr, _)| addr),
+        )?;
         let mut holders: Vec<u32> = held.values().map(|e| e.holder_ifindex).collect();
         holders.sort_unstable();
         holders.dedup();

@@ -23,7 +23,7 @@ pub(super) struct QuarantineBits {
 }
 
 impl QuarantineBits {
-    /// No bit set yet: [`Self::add`] each quarantined address, then [`Self::write_all`].
+    /// No bit set yet: [`Self::rebuild`] from what the entries hold.
     pub(super) fn new(filter: QuarantineFilter, feed: IntentFeed) -> Self {
         let words = filter.len();
         Self {
@@ -64,8 +64,25 @@ impl QuarantineBits {
         Ok(())
     }
 
-    /// Writes every word, clearing those no current entry sets (left by a previous agent).
-    pub(super) fn write_all(&mut self) -> Result<(), DatapathError> {
+    /// Sets the bits of every address of `quarantined` in memory, then writes each word once,
+    /// with its final value; words no current entry sets (left by a previous agent) are
+    /// cleared. The pinned programs enforce through the whole start-up: a word written as each
+    /// address is added would, at its first write, drop the bits the pinned word held for the
+    /// addresses not added yet, and the uplink program would skip their lookup until then.
+    pub(super) fn rebuild<'a>(
+        &mut self,
+        quarantined: impl Iterator<Item = &'a AddrKey>,
+    ) -> Result<(), DatapathError> {
+        for addr in quarantined {
+            let (word, mask) = filter_position(addr, self.mask);
+            *self.refs.entry((word, mask)).or_insert(0) += 1;
+            self.words[word as usize] |= mask;
+        }
+        self.write_all()
+    }
+
+    /// Writes every word as this table has it.
+    fn write_all(&mut self) -> Result<(), DatapathError> {
         for word in 0..self.filter.len() {
             self.filter.set_word(word, self.words[word as usize])?;
         }
