@@ -133,12 +133,17 @@ impl Sinks {
         self.apply(core, effects);
     }
 
-    /// Carries the kernel's stale-traffic stamps of the quarantines due now into the registry,
-    /// where they may push the release back. Stale traffic reaches the registry as samples while
-    /// it happens, but at most one per address per sample interval, and none when the ring is
-    /// full: before a release, the map's own stamp (exact) has the last word. One lookup per
+    /// Time passed: the writes the kernel refused are retried, then the cool-downs that are
+    /// over end, with the gauges after.
+    ///
+    /// The retries come before the registry's own tick, whose effects may replace them. Before
+    /// a release, the kernel's stale-traffic stamps of the quarantines due now are carried into
+    /// the registry, where they may push the release back: stale traffic reaches the registry
+    /// as samples while it happens, but at most one per address per sample interval, and none
+    /// when the ring is full, so the map's own stamp (exact) has the last word. One lookup per
     /// quarantine due, never a scan of the map.
-    pub(super) fn refresh_stale(&mut self, core: &mut Core) {
+    pub(super) fn tick(&mut self, core: &mut Core, metrics: &Metrics) {
+        self.enforcer.retry_pending();
         let due: Vec<IpAddr> = core.registry.due(netdev::monotonic_ns()).collect();
         for addr in due {
             let entry = match self.enforcer.table().kernel_entry(&AddrKey::from(addr)) {
@@ -155,6 +160,9 @@ impl Sinks {
             let effects = core.on_stale_stamp(addr, entry.last_stale_ns);
             self.apply(core, effects);
         }
+        let effects = core.tick();
+        self.apply(core, effects);
+        self.observe_gauges(&core.registry, metrics);
     }
 
     /// The gauges that follow the registry and the datapath, after every burst of events and

@@ -79,7 +79,13 @@ impl Tracker {
                         .on_sample(&mut self.core, attacher, &self.metrics, sample);
                 }
             }
-            Observed::Tick => self.tick(),
+            Observed::Tick => {
+                self.protection
+                    .attacher
+                    .retry_due(std::time::Instant::now());
+                self.sinks.tick(&mut self.core, &self.metrics);
+                self.protection.observe();
+            }
         }
     }
 
@@ -101,21 +107,5 @@ impl Tracker {
         };
         self.sinks.apply(&mut self.core, decision.effects);
         attacher_changed
-    }
-
-    /// Retries what is due and ends the quarantines that are.
-    fn tick(&mut self) {
-        self.protection
-            .attacher
-            .retry_due(std::time::Instant::now());
-        // Writes the kernel refused before the registry's own tick, whose effects may replace
-        // them.
-        self.sinks.enforcer.retry_pending();
-        self.sinks.refresh_stale(&mut self.core);
-        let effects = self.core.tick();
-        self.sinks.apply(&mut self.core, effects);
-        self.sinks
-            .observe_gauges(&self.core.registry, &self.metrics);
-        self.protection.observe();
     }
 }
