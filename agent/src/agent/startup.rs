@@ -368,7 +368,7 @@ impl Recovered {
             "started: registry recovered from {recovery:?} with {} addresses, {} attachments, \
              {} unprotected, {} interfaces to move from netlink filters to TCX; metrics on \
              http://{}/metrics",
-            tracker.registry().len(),
+            tracker.registry().records().len(),
             started.attachments,
             started.unprotected,
             started.tc_upgrades_pending,

@@ -46,7 +46,7 @@ impl Sinks {
                     self.enforcer.remove(addr);
                 }
                 Effect::Conflict(conflict) => {
-                    let record = core.registry.get(conflict.addr);
+                    let record = core.registry.records().get(conflict.addr);
                     let outcome = outcome_of(&conflict, record, core.config.mode);
                     self.observer.conflict(&conflict, outcome);
                 }
@@ -104,7 +104,7 @@ impl Sinks {
         sample: &ConflictSample,
     ) {
         let addr = sample.addr.to_ip();
-        let holder = core.registry.get(addr).map(|r| match &r.status {
+        let holder = core.registry.records().get(addr).map(|r| match &r.status {
             AddrStatus::Quarantined { previous, .. } => previous.clone(),
             AddrStatus::Active { holder, .. } | AddrStatus::Draining { holder, .. } => {
                 holder.clone()

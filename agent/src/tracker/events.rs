@@ -75,7 +75,13 @@ impl Tracker {
     /// full: before a release, the map's own stamp (exact) has the last word. One lookup per
     /// quarantine due, never a scan of the map.
     fn refresh_stale(&mut self) {
-        let due: Vec<IpAddr> = self.core.registry.due(netdev::monotonic_ns()).collect();
+        let due: Vec<IpAddr> = self
+            .core
+            .registry
+            .records()
+            .indexes()
+            .due(netdev::monotonic_ns())
+            .collect();
         for addr in due {
             let entry = match self.sinks.enforcer.kernel_entry(addr) {
                 Ok(Some(entry)) => entry,
@@ -102,6 +108,7 @@ impl Tracker {
             if let Some(AddrStatus::Quarantined { since, .. }) = self
                 .core
                 .registry
+                .records()
                 .get(sample.addr.to_ip())
                 .map(|r| &r.status)
             {

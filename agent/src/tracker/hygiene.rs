@@ -56,7 +56,7 @@ impl Tracker {
             time.rfc3339(report.finished_ns),
             EventBody::Hygiene(Box::new(view)),
         );
-        let in_registry = self.core.registry.get(report.address).is_some();
+        let in_registry = self.core.registry.records().get(report.address).is_some();
         self.sinks.hygiene.record(report, in_registry);
     }
 }

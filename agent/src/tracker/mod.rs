@@ -124,7 +124,7 @@ impl Tracker {
 
     /// When `tick` has work next (monotonic ns).
     pub fn next_deadline(&self) -> Option<u64> {
-        self.core.registry.next_deadline()
+        self.core.registry.records().indexes().next_deadline()
     }
 
     /// The registry as the journal reads it, for a save ([`Durable`]).
@@ -143,7 +143,7 @@ impl Tracker {
             .set(self.sinks.enforcer.len() as i64);
         self.metrics
             .addresses_unprotected
-            .set(self.core.registry.waiting() as i64);
+            .set(self.core.registry.waitlist().len() as i64);
     }
 
     /// The releaser's queue for pool pressure.

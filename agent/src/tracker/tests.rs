@@ -142,7 +142,7 @@ fn observe_only_survives_a_restart_and_a_lost_journal() {
             FLAG_OBSERVE_ONLY,
             "{addr}"
         );
-        assert!(t.registry().get(ip(addr)).unwrap().observe_only);
+        assert!(t.registry().records().get(ip(addr)).unwrap().observe_only);
     }
     durable(dir.path(), &t).persist(t.journaled()).unwrap();
     let table = pinned(&t);
@@ -169,7 +169,12 @@ fn observe_only_survives_a_restart_and_a_lost_journal() {
     rebuilt.reconcile(rebuilt.core.net.clone());
     for addr in ["10.0.0.5", "fd00::5"] {
         assert!(
-            rebuilt.registry().get(ip(addr)).unwrap().observe_only,
+            rebuilt
+                .registry()
+                .records()
+                .get(ip(addr))
+                .unwrap()
+                .observe_only,
             "{addr}"
         );
         assert_eq!(flags(&rebuilt, addr) & FLAG_OBSERVE_ONLY, FLAG_OBSERVE_ONLY);
@@ -182,7 +187,7 @@ fn a_journal_without_the_flag_takes_it_from_the_pins() {
     let dir = tempfile::tempdir().unwrap();
     let mut t = tracker(EarlyReusePolicy::Observe, dir.path());
     observed_reuse(&mut t);
-    let mut snapshot = t.registry().snapshot();
+    let mut snapshot = t.registry().lifecycle().snapshot();
     for record in &mut snapshot.records {
         record.observe_only = false;
     }
@@ -195,6 +200,7 @@ fn a_journal_without_the_flag_takes_it_from_the_pins() {
     assert!(
         upgraded
             .registry()
+            .records()
             .get(ip("10.0.0.5"))
             .unwrap()
             .observe_only
@@ -213,18 +219,22 @@ fn every_change_to_a_record_needs_a_save() {
     route(&mut t, "10.0.0.7", VETH_A);
     let mut journal = durable(dir.path(), &t);
     journal.persist(t.journaled()).unwrap();
-    assert!(journal.is_saved(t.registry().generation()));
+    assert!(journal.is_saved(t.registry().changes().generation()));
     // A duplicate source changes no state and no map entry, only the conflict count.
-    let before = t.registry().generation();
-    let result = t.core.registry.duplicate_source(ip("10.0.0.7"), VETH_B);
+    let before = t.registry().changes().generation();
+    let result = t
+        .core
+        .registry
+        .lifecycle_mut()
+        .duplicate_source(ip("10.0.0.7"), VETH_B);
     t.sinks.apply(&mut t.core, result.unwrap());
-    assert!(t.registry().generation() > before);
+    assert!(t.registry().changes().generation() > before);
     assert!(
-        !journal.is_saved(t.registry().generation()),
+        !journal.is_saved(t.registry().changes().generation()),
         "a conflict count is a change to save"
     );
     journal.persist(t.journaled()).unwrap();
-    assert!(journal.is_saved(t.registry().generation()));
+    assert!(journal.is_saved(t.registry().changes().generation()));
 }
 
 /// Recovery as the agent runs it, with the journal of `state_dir` loaded first.
@@ -277,16 +287,19 @@ fn addresses_of_the_node_are_never_a_workloads() {
     link(&mut t, VETH_B, "vethb");
     // An older agent took ptp's IPv6 gateway on veth a for a pod's address.
     route(&mut t, "fd92::1", VETH_A);
-    assert_eq!(t.registry().state(ip("fd92::1")), StateName::Active);
+    assert_eq!(
+        t.registry().records().state(ip("fd92::1")),
+        StateName::Active
+    );
     for ifindex in [VETH_A, VETH_B] {
         t.on_event(NetEvent::NodeAddress {
             addr: ip("fd92::1"),
             ifindex,
         });
     }
-    assert_eq!(t.registry().state(ip("fd92::1")), StateName::Free);
+    assert_eq!(t.registry().records().state(ip("fd92::1")), StateName::Free);
     route(&mut t, "fd92::1", VETH_B);
-    assert_eq!(t.registry().state(ip("fd92::1")), StateName::Free);
+    assert_eq!(t.registry().records().state(ip("fd92::1")), StateName::Free);
     // Nor through the API.
     let error = claim(&mut t, "fd92::1").unwrap_err();
     assert_eq!(error.code(), ErrorCode::InvalidArgument);
@@ -312,7 +325,10 @@ fn a_claim_refused_for_a_full_registry_is_made_when_space_frees() {
     link(&mut t, VETH_B, "vethb");
     route(&mut t, "10.0.0.1", VETH_A);
     route(&mut t, "10.0.0.2", VETH_B);
-    assert_eq!(t.registry().state(ip("10.0.0.2")), StateName::Free);
+    assert_eq!(
+        t.registry().records().state(ip("10.0.0.2")),
+        StateName::Free
+    );
     assert_eq!(t.metrics.addresses_unprotected.get(), 1);
 
     // 10.0.0.1 goes Free: the waiting claim takes the room.
@@ -323,7 +339,10 @@ fn a_claim_refused_for_a_full_registry_is_made_when_space_frees() {
         reply,
     });
     answer(Ok(()));
-    assert_eq!(t.registry().state(ip("10.0.0.2")), StateName::Active);
+    assert_eq!(
+        t.registry().records().state(ip("10.0.0.2")),
+        StateName::Active
+    );
     assert_eq!(t.metrics.addresses_unprotected.get(), 0);
 
     // A waiting claim whose route went away is not made.
@@ -363,11 +382,20 @@ fn bridge_and_link_events_never_scan_the_nodes_neighbours_or_routes() {
         mac: [2, 0x42, 0, 0, 0, 7],
         port: VETH_A,
     });
-    assert_eq!(t.registry().state(ip("10.88.0.7")), StateName::Active);
-    assert_eq!(t.registry().state(ip("10.88.0.8")), StateName::Free);
+    assert_eq!(
+        t.registry().records().state(ip("10.88.0.7")),
+        StateName::Active
+    );
+    assert_eq!(
+        t.registry().records().state(ip("10.88.0.8")),
+        StateName::Free
+    );
     // Veth a goes away with its entries, leaving veth b's 2000 routes alone.
     t.on_event(NetEvent::LinkGone { ifindex: VETH_A });
-    assert_eq!(t.registry().state(ip("10.88.0.7")), StateName::Quarantined);
+    assert_eq!(
+        t.registry().records().state(ip("10.88.0.7")),
+        StateName::Quarantined
+    );
     assert_eq!(
         crate::netlink::full_scans(),
         scans,

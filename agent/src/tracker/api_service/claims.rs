@@ -83,7 +83,7 @@ impl ApiService<'_> {
         let conflicts = conflicts
             .iter()
             .map(|c| {
-                let outcome = outcome_of(c, self.registry.get(c.addr), self.config.mode);
+                let outcome = outcome_of(c, self.registry.records().get(c.addr), self.config.mode);
                 conflict_view(c, outcome, &time)
             })
             .collect();

@@ -27,6 +27,7 @@ impl<'a> ApiService<'a> {
         'a: 'q,
     {
         self.registry
+            .records()
             .held_by_container(container_id)
             .filter(move |r| {
                 r.status
@@ -80,7 +81,7 @@ impl<'a> ApiService<'a> {
         self.ipam_holds
             .all()
             .into_iter()
-            .filter(|(addr, _)| self.registry.get(*addr).is_none())
+            .filter(|(addr, _)| self.registry.records().get(*addr).is_none())
             .filter_map(|(addr, _)| self.held_free_view(addr))
             .collect()
     }

@@ -194,6 +194,7 @@ impl ApiService<'_> {
         let time = TimeBase::now();
         let mut addresses: Vec<AddressView> = self
             .registry
+            .records()
             .iter()
             .filter(|r| state.is_none_or(|s| r.state() == s))
             .map(|r| self.view_of(r, &time))
@@ -208,6 +209,7 @@ impl ApiService<'_> {
     pub fn get(&self, addr: IpAddr) -> Result<AddressView, ApiError> {
         let time = TimeBase::now();
         self.registry
+            .records()
             .get(addr)
             .map(|r| self.view_of(r, &time))
             .or_else(|| self.held_free_view(addr))
@@ -240,7 +242,12 @@ impl ApiService<'_> {
         let time = TimeBase::now();
         addrs
             .into_iter()
-            .filter_map(|a| self.registry.get(a).map(|r| self.view_of(r, &time)))
+            .filter_map(|a| {
+                self.registry
+                    .records()
+                    .get(a)
+                    .map(|r| self.view_of(r, &time))
+            })
             .collect()
     }
 
