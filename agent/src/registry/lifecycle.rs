@@ -1,7 +1,7 @@
 //! The lifecycle of DESIGN §2: the transitions that move each address's record from one state
 //! to the next, at the time the injectable [`Clock`] says, committed through the record book.
-//! The transitions themselves are in `claim.rs` and `transitions.rs`, the durable form in
-//! `snapshot.rs`.
+//! The transitions themselves are in `lifecycle/claim.rs` and `lifecycle/transitions.rs`, the
+//! durable form in `lifecycle/snapshot.rs`.
 
 use super::{book::RecordBook, Clock, RegistrySettings, SystemClock};
 
