@@ -196,10 +196,10 @@ impl Metrics {
         for state in STATES {
             self.addresses
                 .with_label_values(&[state.as_ref()])
-                .set(registry.count(state) as i64);
+                .set(registry.records().indexes().count(state) as i64);
         }
         let counted = self.registry_full_rejections.get();
-        let seen = registry.full_rejections();
+        let seen = registry.refusals().full_rejections();
         if seen > counted {
             self.registry_full_rejections.inc_by(seen - counted);
         }

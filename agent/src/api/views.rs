@@ -246,7 +246,7 @@ pub fn status_view<C: Clock>(
     registry: &Registry<C>,
     interfaces: Vec<InterfaceStatus>,
 ) -> Status {
-    let count = |state| registry.count(state) as u64;
+    let count = |state| registry.records().indexes().count(state) as u64;
     let unprotected = interfaces
         .iter()
         .filter(|i| !i.protection.is_protected())
@@ -261,8 +261,8 @@ pub fn status_view<C: Clock>(
         mode: facts.mode,
         on_early_reuse: facts.on_early_reuse,
         registry: RegistryCounts {
-            entries: registry.len() as u64,
-            capacity: u64::from(registry.capacity()),
+            entries: registry.records().len() as u64,
+            capacity: u64::from(registry.records().capacity()),
             active: count(StateName::Active),
             draining: count(StateName::Draining),
             quarantined: count(StateName::Quarantined),

@@ -123,13 +123,13 @@ impl Entry for AddrRecord {
 
 impl<C: Clock> Contents<AddrRecord> for Registry<C> {
     fn take_changed(&mut self) -> Vec<IpAddr> {
-        Registry::take_changed(self)
+        self.changes_mut().take_changed()
     }
     fn get(&self, key: &IpAddr) -> Option<&AddrRecord> {
-        Registry::get(self, *key)
+        self.records().get(*key)
     }
     fn all(&self) -> Vec<AddrRecord> {
-        self.iter().cloned().collect()
+        self.records().iter().cloned().collect()
     }
 }
 

@@ -445,16 +445,22 @@ fn every_registry_change_reaches_the_journal_even_without_an_effect() {
     let record = records.iter().find(|r| r.addr == a).unwrap();
     assert_eq!(record.status.holder().unwrap().container_id(), Some("c1"));
 
-    registry.holder_gone(8).unwrap();
+    registry.lifecycle_mut().holder_gone(8).unwrap();
     clock.advance(Duration::from_secs(5));
-    registry.stale_seen(b, clock.now()).unwrap();
+    registry.lifecycle_mut().stale_seen(b, clock.now()).unwrap();
     journal.commit(&mut registry).unwrap();
     let records = reload();
-    assert_eq!(records, registry.iter().cloned().collect::<Vec<_>>());
+    assert_eq!(
+        records,
+        registry.records().iter().cloned().collect::<Vec<_>>()
+    );
 
-    registry.release(b, true).unwrap();
+    registry.lifecycle_mut().release(b, true).unwrap();
     journal.commit(&mut registry).unwrap();
     let records = reload();
     assert_eq!(records.len(), 1);
-    assert_eq!(records, registry.iter().cloned().collect::<Vec<_>>());
+    assert_eq!(
+        records,
+        registry.records().iter().cloned().collect::<Vec<_>>()
+    );
 }

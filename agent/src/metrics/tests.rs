@@ -423,7 +423,10 @@ fn registry_states_and_full_rejections_follow_the_registry() {
             )
             .expect("claim");
     }
-    registry.drain(addr(2), None).expect("drain");
+    registry
+        .lifecycle_mut()
+        .drain(addr(2), None)
+        .expect("drain");
     for _ in 0..3 {
         assert!(registry
             .claim(addr(3), Holder::new(20, "vethc"), Source::Netlink)

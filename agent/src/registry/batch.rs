@@ -9,7 +9,7 @@ impl<C: Clock> Registry<C> {
     /// `holder` claims every address in `addrs` as [`claim`](Self::claim) would, or none of
     /// them: when one fails, the records already changed are put back as they were and the
     /// error is returned. (The refusal itself still counts in
-    /// [`refused_claims`](Self::refused_claims): it happened.)
+    /// [`Refusals::refused_claims`](super::Refusals::refused_claims): it happened.)
     pub fn claim_all(
         &mut self,
         addrs: &[IpAddr],
@@ -24,7 +24,7 @@ impl<C: Clock> Registry<C> {
         for &addr in addrs {
             let key = addr.to_canonical();
             if seen.insert(key) {
-                saved.push((key, self.records.get(&key).cloned()));
+                saved.push((key, self.records().record(&key).cloned()));
             }
             match self.claim(addr, holder.clone(), source) {
                 Ok(effects) => out.extend(effects),
@@ -32,8 +32,9 @@ impl<C: Clock> Registry<C> {
                     // The effects of the earlier claims were never applied: putting the
                     // records back is enough, and what that emits is discarded with them.
                     let mut discarded = Vec::new();
+                    let book = self.lifecycle.records_mut();
                     for (addr, before) in saved.into_iter().rev() {
-                        self.put(addr, before, &mut discarded);
+                        book.put(addr, before, &mut discarded);
                     }
                     return Err(e);
                 }

@@ -121,7 +121,7 @@ fn keep_identities(adopted: &mut AddrRecord, known: &AddrRecord) {
         AddrStatus::Active { holder, .. } | AddrStatus::Draining { holder, .. } => restore(holder),
         AddrStatus::Quarantined { .. } => {}
     }
-    if let Some(fenced) = adopted.fenced_mut() {
+    if let Some(fenced) = adopted.contest.fenced_mut() {
         restore(fenced);
     }
 }
@@ -167,7 +167,7 @@ pub fn record_from_entry(
         _ => return None,
     };
     let mut record = AddrRecord::new(addr, status);
-    record.set_fenced(fenced);
+    record.contest.set_fenced(fenced);
     record.observe_only = entry.flags & FLAG_OBSERVE_ONLY != 0;
     Some(record)
 }

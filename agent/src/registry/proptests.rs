@@ -138,37 +138,42 @@ fn run(policy: EarlyReusePolicy, ops: &[Op]) -> Result<(), TestCaseError> {
     let mut world = World::default();
 
     for op in ops {
-        let before = reg.snapshot();
-        let generation_before = reg.generation();
+        let before = reg.lifecycle().snapshot();
+        let generation_before = reg.changes().generation();
         let now = clock.now();
         let result = match op {
             Op::Claim(a, h, s) => reg.claim(addr(*a), holder(*h), *s),
-            Op::Drain(a, h) => reg.drain(addr(*a), h.map(holder).as_ref()),
-            Op::Gone(i) => reg.holder_gone(*i),
-            Op::Stale(a, back) => reg.stale_seen(addr(*a), now.saturating_sub(back * 1_000_000)),
+            Op::Drain(a, h) => reg.lifecycle_mut().drain(addr(*a), h.map(holder).as_ref()),
+            Op::Gone(i) => reg.lifecycle_mut().holder_gone(*i),
+            Op::Stale(a, back) => reg
+                .lifecycle_mut()
+                .stale_seen(addr(*a), now.saturating_sub(back * 1_000_000)),
             Op::Advance(ms) => {
                 clock.advance(Duration::from_millis(*ms));
                 Ok(Vec::new())
             }
-            Op::Tick => reg.tick(),
-            Op::Release(a, force) => reg.release(addr(*a), *force),
-            Op::Forget(a) => reg.forget(addr(*a)),
-            Op::RemoteClaim(a) => reg.remote_claim(addr(*a)),
-            Op::DuplicateSource(a, i) => reg.duplicate_source(addr(*a), *i),
+            Op::Tick => reg.lifecycle_mut().tick(),
+            Op::Release(a, force) => reg.lifecycle_mut().release(addr(*a), *force),
+            Op::Forget(a) => reg.lifecycle_mut().forget(addr(*a)),
+            Op::RemoteClaim(a) => reg.lifecycle_mut().remote_claim(addr(*a)),
+            Op::DuplicateSource(a, i) => reg.lifecycle_mut().duplicate_source(addr(*a), *i),
             Op::SnapshotRestore => {
                 // Property 4: through the journal's encoding, into a fresh registry.
                 let json = serde_json::to_string(&before).unwrap();
                 let parsed: Snapshot = serde_json::from_str(&json).unwrap();
                 prop_assert_eq!(&parsed, &before);
                 let mut fresh = Registry::new(settings(policy), clock.clone());
-                let effects = fresh.restore(parsed.clone()).unwrap();
+                let effects = fresh.lifecycle_mut().restore(parsed.clone()).unwrap();
                 let mut fresh_mirror = BTreeMap::new();
                 apply_to_mirror(&mut fresh_mirror, &effects);
-                prop_assert_eq!(&fresh_mirror, &reg.datapath_entries());
-                prop_assert_eq!(fresh.snapshot().records, before.records.clone());
-                prop_assert_eq!(fresh.next_deadline(), reg.next_deadline());
+                prop_assert_eq!(&fresh_mirror, &reg.records().datapath_entries());
+                prop_assert_eq!(fresh.lifecycle().snapshot().records, before.records.clone());
+                prop_assert_eq!(
+                    fresh.records().indexes().next_deadline(),
+                    reg.records().indexes().next_deadline()
+                );
                 // And in place: the live registry restores its own snapshot.
-                reg.restore(parsed)
+                reg.lifecycle_mut().restore(parsed)
             }
         };
 
@@ -177,10 +182,15 @@ fn run(policy: EarlyReusePolicy, ops: &[Op]) -> Result<(), TestCaseError> {
             Ok(effects) => apply_to_mirror(&mut mirror, effects),
             Err(e) => {
                 // Property 2, and more: a refusal changes nothing at all.
-                prop_assert_eq!(&reg.snapshot().records, &before.records, "{} changed it", e);
+                prop_assert_eq!(
+                    &reg.lifecycle().snapshot().records,
+                    &before.records,
+                    "{} changed it",
+                    e
+                );
             }
         }
-        prop_assert_eq!(&mirror, &reg.datapath_entries(), "after {:?}", op);
+        prop_assert_eq!(&mirror, &reg.records().datapath_entries(), "after {:?}", op);
         // Property 5.
         for state in [
             StateName::Active,
@@ -188,28 +198,28 @@ fn run(policy: EarlyReusePolicy, ops: &[Op]) -> Result<(), TestCaseError> {
             StateName::Quarantined,
         ] {
             prop_assert_eq!(
-                reg.count(state),
-                reg.recount(state),
+                reg.records().indexes().count(state),
+                reg.records().iter().filter(|r| r.state() == state).count(),
                 "{} after {:?}",
                 state,
                 op
             );
         }
         // Property 6 (a restore to the same records may or may not count as a change).
-        if reg.snapshot().records != before.records {
+        if reg.lifecycle().snapshot().records != before.records {
             prop_assert!(
-                reg.generation() > generation_before,
+                reg.changes().generation() > generation_before,
                 "{:?} changed a record but not the generation",
                 op
             );
         }
-        if let Err(e) = reg.check_invariants() {
+        if let Err(e) = reg.records().check_invariants() {
             return Err(TestCaseError::fail(format!("after {op:?}: {e}")));
         }
 
         // Property 2: records disappear only when a quarantine ends or by forced release.
         for old in &before.records {
-            if reg.get(old.addr).is_some() {
+            if reg.records().get(old.addr).is_some() {
                 continue;
             }
             match (op, &old.status) {
@@ -221,7 +231,7 @@ fn run(policy: EarlyReusePolicy, ops: &[Op]) -> Result<(), TestCaseError> {
             }
         }
         if let Err(RegistryError::Full { .. }) = &result {
-            prop_assert_eq!(before.records.len(), reg.capacity() as usize);
+            prop_assert_eq!(before.records.len(), reg.records().capacity() as usize);
         }
 
         // The world model.
@@ -258,11 +268,11 @@ fn run(policy: EarlyReusePolicy, ops: &[Op]) -> Result<(), TestCaseError> {
 
         if policy == EarlyReusePolicy::FenceOld {
             // Property 1.
-            let entries = reg.datapath_entries();
+            let entries = reg.records().datapath_entries();
             for (a, live) in &world.live {
                 // No live claimant is ever forgotten (the datapath has one fence slot, so the
                 // registry must remember the others to keep the address from falling Free).
-                match reg.get(*a) {
+                match reg.records().get(*a) {
                     Some(record) => {
                         let known: BTreeSet<u32> = record.live_ifindexes().collect();
                         prop_assert!(
@@ -283,13 +293,13 @@ fn run(policy: EarlyReusePolicy, ops: &[Op]) -> Result<(), TestCaseError> {
                     a,
                     flowing,
                     op,
-                    reg.get(*a)
+                    reg.records().get(*a)
                 );
             }
             // An explicit claim that succeeded makes the claimant the holder.
             if let (Op::Claim(a, h, s), Ok(_)) = (op, &result) {
                 if s.is_explicit() {
-                    let record = reg.get(addr(*a)).unwrap();
+                    let record = reg.records().get(addr(*a)).unwrap();
                     prop_assert!(record.status.holder().unwrap().same_as(&holder(*h)));
                 }
             }
@@ -332,7 +342,7 @@ proptest! {
         for op in &ops {
             let _ = match op {
                 Op::Claim(a, h, s) => reg.claim(addr(*a), holder(*h), *s),
-                Op::Gone(i) => reg.holder_gone(*i),
+                Op::Gone(i) => reg.lifecycle_mut().holder_gone(*i),
                 Op::Advance(ms) => {
                     clock.advance(Duration::from_millis(*ms));
                     Ok(Vec::new())
@@ -340,15 +350,15 @@ proptest! {
                 _ => Ok(Vec::new()),
             };
         }
-        let mut snapshot = reg.snapshot();
+        let mut snapshot = reg.lifecycle().snapshot();
         snapshot.version = version;
         for (what, which, n, h) in mangles {
             let len = snapshot.records.len();
             match what {
                 0 if len > 0 => { let r = snapshot.records[which % len].clone(); snapshot.records.push(r) }
                 1 if len > 0 => snapshot.records[which % len].addr = addr(h),
-                2 if len > 0 => snapshot.records[which % len].set_fenced(Some(Holder::new(n as u32 % 3, "x"))),
-                3 if len > 0 => snapshot.records[which % len].set_blocked_claimant(Some(holder(h))),
+                2 if len > 0 => snapshot.records[which % len].contest.set_fenced(Some(Holder::new(n as u32 % 3, "x"))),
+                3 if len > 0 => { snapshot.records[which % len].contest.replace_blocked_claimant(holder(h)); }
                 4 if len > 0 => snapshot.records[which % len].status = AddrStatus::Quarantined {
                     since: n % 2_000_000_000_000,
                     until: n.rotate_left(7) % 2_000_000_000_000,
@@ -372,34 +382,34 @@ proptest! {
 
         let mut target = Registry::new(settings(EarlyReusePolicy::FenceOld), clock.clone());
         target.claim("10.9.9.9".parse().unwrap(), holder(0), Source::Cni).unwrap();
-        let before = target.snapshot();
-        let mut mirror = target.datapath_entries();
-        match target.restore(snapshot.clone()) {
+        let before = target.lifecycle().snapshot();
+        let mut mirror = target.records().datapath_entries();
+        match target.lifecycle_mut().restore(snapshot.clone()) {
             Ok(effects) => {
                 apply_to_mirror(&mut mirror, &effects);
-                prop_assert_eq!(mirror, target.datapath_entries());
-                prop_assert_eq!(target.len(), snapshot.records.len());
+                prop_assert_eq!(mirror, target.records().datapath_entries());
+                prop_assert_eq!(target.records().len(), snapshot.records.len());
                 // Restored whole: a second round trip is exact.
                 let mut again = Registry::new(settings(EarlyReusePolicy::FenceOld), clock.clone());
-                again.restore(target.snapshot()).unwrap();
-                prop_assert_eq!(again.snapshot().records, target.snapshot().records);
+                again.lifecycle_mut().restore(target.lifecycle().snapshot()).unwrap();
+                prop_assert_eq!(again.lifecycle().snapshot().records, target.lifecycle().snapshot().records);
             }
-            Err(_) => prop_assert_eq!(target.snapshot().records, before.records),
+            Err(_) => prop_assert_eq!(target.lifecycle().snapshot().records, before.records),
         }
-        if let Err(e) = target.check_invariants() {
+        if let Err(e) = target.records().check_invariants() {
             return Err(TestCaseError::fail(e.to_string()));
         }
         // Whatever was restored still takes every operation without panicking.
         for op in &ops {
             let _ = match op {
                 Op::Claim(a, h, s) => target.claim(addr(*a), holder(*h), *s),
-                Op::Drain(a, h) => target.drain(addr(*a), h.map(holder).as_ref()),
-                Op::Gone(i) => target.holder_gone(*i),
-                Op::Tick => target.tick(),
-                Op::Release(a, f) => target.release(addr(*a), *f),
+                Op::Drain(a, h) => target.lifecycle_mut().drain(addr(*a), h.map(holder).as_ref()),
+                Op::Gone(i) => target.lifecycle_mut().holder_gone(*i),
+                Op::Tick => target.lifecycle_mut().tick(),
+                Op::Release(a, f) => target.lifecycle_mut().release(addr(*a), *f),
                 _ => Ok(Vec::new()),
             };
-            if let Err(e) = target.check_invariants() {
+            if let Err(e) = target.records().check_invariants() {
                 return Err(TestCaseError::fail(e.to_string()));
             }
         }

@@ -13,15 +13,11 @@ use std::{collections::BTreeMap, net::IpAddr};
 use super::AddrRecord;
 
 #[derive(Debug, Default)]
-pub(super) struct Records(BTreeMap<IpAddr, Box<AddrRecord>>);
+pub(super) struct RecordMap(BTreeMap<IpAddr, Box<AddrRecord>>);
 
-impl Records {
+impl RecordMap {
     pub(super) fn get(&self, addr: &IpAddr) -> Option<&AddrRecord> {
         self.0.get(addr).map(|record| &**record)
-    }
-
-    pub(super) fn contains_key(&self, addr: &IpAddr) -> bool {
-        self.0.contains_key(addr)
     }
 
     pub(super) fn len(&self) -> usize {
@@ -35,11 +31,6 @@ impl Records {
     /// In address order.
     pub(super) fn iter(&self) -> impl Iterator<Item = (&IpAddr, &AddrRecord)> + '_ {
         self.0.iter().map(|(addr, record)| (addr, &**record))
-    }
-
-    /// In address order.
-    pub(super) fn keys(&self) -> impl Iterator<Item = &IpAddr> + '_ {
-        self.0.keys()
     }
 
     /// In address order.

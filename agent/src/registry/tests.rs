@@ -73,14 +73,22 @@ impl Harness {
         &mut self,
         op: impl FnOnce(&mut Registry<FakeClock>) -> Result<Vec<Effect>, RegistryError>,
     ) -> Result<Vec<Effect>, RegistryError> {
-        let before = self.reg.snapshot();
+        let before = self.reg.lifecycle().snapshot();
         let result = op(&mut self.reg);
         match &result {
             Ok(effects) => apply_to_mirror(&mut self.mirror, effects),
-            Err(_) => assert_eq!(self.reg.snapshot(), before, "an error changed the registry"),
+            Err(_) => assert_eq!(
+                self.reg.lifecycle().snapshot(),
+                before,
+                "an error changed the registry"
+            ),
         }
-        assert_eq!(self.mirror, self.reg.datapath_entries(), "mirror diverged");
-        self.reg.check_invariants().unwrap();
+        assert_eq!(
+            self.mirror,
+            self.reg.records().datapath_entries(),
+            "mirror diverged"
+        );
+        self.reg.records().check_invariants().unwrap();
         result
     }
 
@@ -97,11 +105,15 @@ impl Harness {
     }
 
     fn record(&self, addr: &str) -> AddrRecord {
-        self.reg.get(ip(addr)).cloned().expect("no record")
+        self.reg
+            .records()
+            .get(ip(addr))
+            .cloned()
+            .expect("no record")
     }
 
     fn entry(&self, addr: &str) -> AddrEntry {
-        self.reg.datapath_entries()[&ip(addr)]
+        self.reg.records().datapath_entries()[&ip(addr)]
     }
 }
 

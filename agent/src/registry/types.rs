@@ -7,6 +7,12 @@ pub use ipq_api::{Holder, PodRef, StateName};
 use ipq_common::addr::NO_IFINDEX;
 use serde::{Deserialize, Serialize};
 
+use super::{
+    contest::{Contest, Contestants},
+    effects::{Conflict, ConflictKind, Effect},
+};
+use crate::config::EarlyReusePolicy;
+
 /// CLOCK_MONOTONIC(_COARSE) nanoseconds: the time type of the registry and of the datapath.
 pub type MonoNs = u64;
 
@@ -54,7 +60,7 @@ pub enum AddrStatus {
     /// The holder is terminating but alive; its traffic flows unless it is fenced.
     Draining { holder: Holder, since: MonoNs },
     /// The holder is gone; the address cools down until `until` (adaptive: moved by stale
-    /// traffic, see [`RegistrySettings::release_at`]).
+    /// traffic, see [`RegistrySettings::release_at`](super::RegistrySettings::release_at)).
     Quarantined {
         since: MonoNs,
         until: MonoNs,
@@ -94,16 +100,16 @@ impl AddrStatus {
 /// Everything the registry knows about one address.
 ///
 /// Kept small, since a registry holds one per address (65536 by default): the holders that
-/// only contested addresses have (fenced, blocked claimant, displaced) live in one box that
-/// exists only while one of them does. Its JSON (journal, API) is the flat object it always was.
+/// only contested addresses have (fenced, blocked claimant, displaced) live in [`Contest`], one
+/// box that exists only while one of them does. Its JSON (journal, API) is the flat object it
+/// always was.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(from = "RecordWire")]
 pub struct AddrRecord {
     pub addr: IpAddr,
     pub status: AddrStatus,
-    /// `None` when no holder is fenced, blocked or displaced; never `Some` of an empty contest,
-    /// so that equality does not depend on the path a record took.
-    contest: Option<Box<Contest>>,
+    /// Who else lives on the address: fenced, blocked or displaced holders.
+    pub contest: Contest,
     /// Conflicts recorded for this address since it left Free.
     pub conflicts: u32,
     /// An early reuse of this address was let through (`on_early_reuse = observe`): what the
@@ -112,29 +118,6 @@ pub struct AddrRecord {
     /// restart, an upgrade or a lost journal never turns observation into enforcement.
     /// (Journals written before this field read as `false`; the pinned flag fills it in.)
     pub observe_only: bool,
-}
-
-/// The live holders of a contested address other than its holder.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-struct Contest {
-    /// A live holder whose traffic with this address is dropped both ways: the old holder under
-    /// `fence-old`, or a Draining holder another machine claims the address from.
-    fenced: Option<Holder>,
-    /// Under `refuse-new`: a claimant seen only on netlink, fenced until the live holder is gone
-    /// (or the quarantine is over), then promoted to Active holder without any action.
-    blocked_claimant: Option<Holder>,
-    /// Earlier holders displaced while `fenced` was already taken (three or more claimants on
-    /// one address). The datapath has one fence slot, so these rely on the duplicate-source
-    /// check for what they send; the registry keeps them so that the address does not fall
-    /// Free while one of them still lives (see [`Registry::tick`](super::Registry::tick)), and
-    /// moves the first of them into `fenced` whenever that slot empties.
-    displaced: Vec<Holder>,
-}
-
-impl Contest {
-    fn is_empty(&self) -> bool {
-        self.fenced.is_none() && self.blocked_claimant.is_none() && self.displaced.is_empty()
-    }
 }
 
 /// A record as JSON has it: the status flattened into one object with the other fields.
@@ -160,15 +143,11 @@ impl From<RecordWire> for AddrRecord {
         let mut record = AddrRecord::new(wire.addr, wire.status);
         record.conflicts = wire.conflicts;
         record.observe_only = wire.observe_only;
-        let contest = Contest {
+        record.contest = Contest::of(Contestants {
             fenced: wire.fenced,
             blocked_claimant: wire.blocked_claimant,
             displaced: wire.displaced,
-        };
-        // Nearly every record has none: no box to allocate (and free) for them on a load.
-        if !contest.is_empty() {
-            record.contest = Some(Box::new(contest));
-        }
+        });
         record
     }
 }
@@ -210,7 +189,7 @@ impl AddrRecord {
         Self {
             addr,
             status,
-            contest: None,
+            contest: Contest::default(),
             conflicts: 0,
             observe_only: false,
         }
@@ -220,63 +199,24 @@ impl AddrRecord {
         self.status.name()
     }
 
-    /// The fenced holder: a live holder whose traffic with this address is dropped both ways
-    /// (the old holder under `fence-old`, or a Draining holder another machine claims the
-    /// address from).
+    /// The fenced holder ([`Contest::fenced`]).
     pub fn fenced(&self) -> Option<&Holder> {
-        self.contest.as_ref()?.fenced.as_ref()
+        self.contest.fenced()
     }
 
-    /// Under `refuse-new`: a claimant seen only on netlink, fenced until the live holder is
-    /// gone (or the quarantine is over), then promoted to Active holder without any action.
+    /// The blocked claimant ([`Contest::blocked_claimant`]).
     pub fn blocked_claimant(&self) -> Option<&Holder> {
-        self.contest.as_ref()?.blocked_claimant.as_ref()
+        self.contest.blocked_claimant()
     }
 
-    /// Earlier holders displaced while the fence slot was already taken (three or more
-    /// claimants on one address): kept so that the address does not fall Free while one of
-    /// them still lives; the first moves into the fence slot whenever it empties.
+    /// The displaced holders ([`Contest::displaced`]).
     pub fn displaced(&self) -> &[Holder] {
-        self.contest.as_ref().map_or(&[], |c| &c.displaced)
+        self.contest.displaced()
     }
 
-    pub(crate) fn set_fenced(&mut self, holder: Option<Holder>) {
-        if holder.is_some() || self.contest.is_some() {
-            self.edit_contest(|c| c.fenced = holder);
-        }
-    }
-
-    #[cfg(test)]
-    pub(crate) fn set_blocked_claimant(&mut self, holder: Option<Holder>) {
-        if holder.is_some() || self.contest.is_some() {
-            self.edit_contest(|c| c.blocked_claimant = holder);
-        }
-    }
-
-    /// The blocked claimant becomes `holder`; returns the earlier one.
-    pub(crate) fn replace_blocked_claimant(&mut self, holder: Holder) -> Option<Holder> {
-        self.edit_contest(|c| c.blocked_claimant.replace(holder))
-    }
-
-    pub(crate) fn take_blocked_claimant(&mut self) -> Option<Holder> {
-        self.contest.as_ref()?;
-        self.edit_contest(|c| c.blocked_claimant.take())
-    }
-
-    /// The fenced holder, to edit in place (its identity; not who it is).
-    pub(crate) fn fenced_mut(&mut self) -> Option<&mut Holder> {
-        self.contest.as_mut()?.fenced.as_mut()
-    }
-
-    /// Changes the contest through `edit`, keeping the box only while it holds someone. (Callers
-    /// that may change nothing check first, so that no box is made and dropped for nothing.)
-    fn edit_contest<T>(&mut self, edit: impl FnOnce(&mut Contest) -> T) -> T {
-        let contest = self.contest.get_or_insert_with(Box::default);
-        let result = edit(contest);
-        if contest.is_empty() {
-            self.contest = None;
-        }
-        result
+    /// Whether `holder` is the fenced holder, the blocked claimant or a displaced holder.
+    pub fn is_fenced(&self, holder: &Holder) -> bool {
+        self.contest.is_fenced(holder)
     }
 
     /// The interface whose traffic with this address the datapath drops both ways: the blocked
@@ -287,74 +227,14 @@ impl AddrRecord {
             .map_or(NO_IFINDEX, |h| h.ifindex)
     }
 
-    /// Whether `holder` is the fenced holder, the blocked claimant or a displaced holder.
-    pub fn is_fenced(&self, holder: &Holder) -> bool {
-        self.fenced().is_some_and(|f| f.same_as(holder))
-            || self.blocked_claimant().is_some_and(|b| b.same_as(holder))
-            || self.displaced().iter().any(|d| d.same_as(holder))
-    }
-
     /// Puts `holder` in the fence slot; whoever held it, if still someone else, is displaced.
     pub(crate) fn fence(&mut self, holder: Holder) {
-        if let Some(previous) = self.edit_contest(|c| c.fenced.replace(holder)) {
-            self.displace(previous);
-        }
+        self.contest.fence(holder, self.status.holder());
     }
 
     /// Records a live holder that lost the address and the fence slot.
     pub(crate) fn displace(&mut self, holder: Holder) {
-        let current = self.status.holder();
-        let known = current.is_some_and(|h| h.same_as(&holder)) || self.is_fenced(&holder);
-        if !known {
-            self.edit_contest(|c| c.displaced.push(holder));
-        }
-    }
-
-    /// Forgets `holder` wherever it is fenced (it becomes the holder, or is refused).
-    pub(crate) fn unfence(&mut self, holder: &Holder) {
-        if self.contest.is_none() {
-            return;
-        }
-        self.edit_contest(|c| {
-            if c.fenced.as_ref().is_some_and(|f| f.same_as(holder)) {
-                c.fenced = None;
-            }
-            if c.blocked_claimant
-                .as_ref()
-                .is_some_and(|b| b.same_as(holder))
-            {
-                c.blocked_claimant = None;
-            }
-            c.displaced.retain(|d| !d.same_as(holder));
-        });
-    }
-
-    /// Forgets interface `ifindex` wherever it is fenced, blocked or displaced (it is gone).
-    pub(crate) fn forget_contestant(&mut self, ifindex: u32) {
-        if self.contest.is_none() {
-            return;
-        }
-        self.edit_contest(|c| {
-            if c.fenced.as_ref().is_some_and(|f| f.ifindex == ifindex) {
-                c.fenced = None;
-            }
-            if c.blocked_claimant
-                .as_ref()
-                .is_some_and(|b| b.ifindex == ifindex)
-            {
-                c.blocked_claimant = None;
-            }
-            c.displaced.retain(|d| d.ifindex != ifindex);
-        });
-    }
-
-    /// The fence slot never stays empty while a displaced holder lives: the first moves in.
-    pub(crate) fn refill_fence_slot(&mut self) {
-        if let Some(c) = self.contest.as_mut() {
-            if c.fenced.is_none() && !c.displaced.is_empty() {
-                c.fenced = Some(c.displaced.remove(0));
-            }
-        }
+        self.contest.displace(holder, self.status.holder());
     }
 
     /// Every holder this record names as alive: holder, fenced, blocked claimant, displaced.
@@ -369,5 +249,59 @@ impl AddrRecord {
 
     pub(crate) fn live_ifindexes(&self) -> impl Iterator<Item = u32> + '_ {
         self.live_holders().map(|h| h.ifindex)
+    }
+
+    /// Counts a conflict on this record and builds its effect.
+    pub(crate) fn conflict(
+        &mut self,
+        kind: ConflictKind,
+        old: Option<Holder>,
+        new: Option<Holder>,
+        policy: EarlyReusePolicy,
+        at: MonoNs,
+    ) -> Effect {
+        self.conflicts = self.conflicts.saturating_add(1);
+        Effect::Conflict(Box::new(Conflict {
+            kind,
+            addr: self.addr,
+            old,
+            new,
+            policy,
+            at,
+        }))
+    }
+
+    /// What a Quarantined record becomes when its quarantine ends at `now`, with the
+    /// [`Effect::Released`] that says so; `None` when it is not Quarantined. The address goes
+    /// to whoever still lives on it: the blocked claimant (`refuse-new`) becomes its Active
+    /// holder; a fenced holder that is still alive (a stuck, terminating workload) keeps it as
+    /// Draining and stays fenced, so it is neither reconnected nor forgotten; with neither, the
+    /// address is Free (the record `None`).
+    pub(crate) fn quarantine_over(&self, now: MonoNs) -> Option<(Option<AddrRecord>, Effect)> {
+        let AddrStatus::Quarantined { since, .. } = self.status else {
+            return None;
+        };
+        let mut next = self.clone();
+        let after = if let Some(claimant) = next.contest.take_blocked_claimant() {
+            next.status = AddrStatus::Active {
+                holder: claimant,
+                since: now,
+            };
+            Some(next)
+        } else if let Some(fenced) = next.fenced().cloned() {
+            // (`put` keeps the fence slot filled while any displaced holder lives.)
+            next.status = AddrStatus::Draining {
+                holder: fenced,
+                since: now,
+            };
+            Some(next)
+        } else {
+            None
+        };
+        let released = Effect::Released {
+            addr: self.addr,
+            quarantined_for_ns: now.saturating_sub(since),
+        };
+        Some((after, released))
     }
 }

@@ -52,7 +52,7 @@ impl Waitlist {
     }
 
     /// Nothing waits and nothing was left out.
-    pub fn is_idle(&self) -> bool {
+    pub fn is_empty(&self) -> bool {
         self.holders.is_empty() && self.overflowed == 0
     }
 
@@ -62,7 +62,7 @@ impl Waitlist {
     }
 
     /// Forgets the overflow count: the owner is rescanning.
-    pub fn clear_overflow(&mut self) {
+    pub(super) fn clear_overflow(&mut self) {
         self.overflowed = 0;
     }
 
@@ -84,7 +84,7 @@ impl Waitlist {
     }
 
     /// Puts back a claimant that still did not fit, at the front.
-    pub fn push_front(&mut self, addr: IpAddr, holder: Holder) {
+    pub(super) fn push_front(&mut self, addr: IpAddr, holder: Holder) {
         let key = (addr, holder.ifindex);
         if self.holders.insert(key, holder).is_none() {
             self.index(key);
@@ -93,7 +93,7 @@ impl Waitlist {
     }
 
     /// The oldest claimant still waiting.
-    pub fn pop(&mut self) -> Option<(IpAddr, Holder)> {
+    pub(super) fn pop(&mut self) -> Option<(IpAddr, Holder)> {
         while let Some(key) = self.order.pop_front() {
             if let Some(holder) = self.holders.remove(&key) {
                 self.unindex(key);
@@ -166,27 +166,6 @@ pub struct WaitlistRun {
 }
 
 impl<C: Clock> Registry<C> {
-    /// Puts `holder`'s claim of `addr`, refused for a full registry, on the waitlist; returns
-    /// whether it is new there.
-    pub fn wait_for_room(&mut self, addr: IpAddr, holder: Holder) -> bool {
-        self.waitlist.push(addr, holder)
-    }
-
-    /// `addr` is no longer shown on `ifindex`: its waiting claim goes.
-    pub fn stop_waiting(&mut self, addr: IpAddr, ifindex: u32) {
-        self.waitlist.forget(addr, ifindex);
-    }
-
-    /// Interface `ifindex` went away: every claim it waits with goes, O(its claims).
-    pub fn stop_waiting_on(&mut self, ifindex: u32) {
-        self.waitlist.forget_interface(ifindex);
-    }
-
-    /// Addresses seen but not protected: waiting, or left out by the waitlist's bound.
-    pub fn waiting(&self) -> usize {
-        self.waitlist.len()
-    }
-
     /// Space freed (`freed` records): the waiting claims are tried again, oldest first, those
     /// whose holder still shows the address (`still_shown`), at most `freed` of them.
     pub fn claim_waiting(
@@ -195,7 +174,7 @@ impl<C: Clock> Registry<C> {
         still_shown: impl Fn(IpAddr, u32) -> bool,
     ) -> WaitlistRun {
         let mut run = WaitlistRun::default();
-        if self.waitlist.is_idle() {
+        if self.waitlist.is_empty() {
             return run;
         }
         while run.claimed < freed {

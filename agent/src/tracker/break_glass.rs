@@ -42,7 +42,7 @@ impl HandWritten {
     pub(super) fn wanted(&self, registry: &Registry, addr: IpAddr) -> Option<AddrEntry> {
         match self.0.get(&addr.to_canonical()) {
             Some(by_hand) => *by_hand,
-            None => registry.get(addr).map(datapath_entry),
+            None => registry.records().get(addr).map(datapath_entry),
         }
     }
 }

@@ -73,10 +73,15 @@ impl Tracker {
                 claim_answer(reply, result, waits)
             }
             Command::Drain { addr, reply } => {
-                let drained = self.core.registry.drain(addr, None).map(|effects| {
-                    self.sinks.apply(&mut self.core, effects);
-                    self.api().changed([addr])
-                });
+                let drained = self
+                    .core
+                    .registry
+                    .lifecycle_mut()
+                    .drain(addr, None)
+                    .map(|effects| {
+                        self.sinks.apply(&mut self.core, effects);
+                        self.api().changed([addr])
+                    });
                 durable_answer(reply, drained.map_err(|e| api_service::refusal(&e)))
             }
             Command::DrainAttachment { request, reply } => {
@@ -84,11 +89,16 @@ impl Tracker {
                 durable_answer(reply, Ok(self.api().changed(drained)))
             }
             Command::Release { addr, force, reply } => {
-                let released = self.core.registry.release(addr, force).map(|effects| {
-                    self.sinks.apply(&mut self.core, effects);
-                    info!("{addr}: released through the API (force: {force})");
-                    self.api().changed([addr])
-                });
+                let released =
+                    self.core
+                        .registry
+                        .lifecycle_mut()
+                        .release(addr, force)
+                        .map(|effects| {
+                            self.sinks.apply(&mut self.core, effects);
+                            info!("{addr}: released through the API (force: {force})");
+                            self.api().changed([addr])
+                        });
                 durable_answer(reply, released.map_err(|e| api_service::refusal(&e)))
             }
             Command::Gc { request, reply } => {

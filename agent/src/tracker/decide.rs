@@ -80,7 +80,7 @@ fn workload_holder(config: &Config, net: &NetState, ifindex: u32) -> Option<Hold
 
 /// Who holds `addr` now, as `registry` says.
 fn holder_of(registry: &Registry, addr: IpAddr) -> Option<&Holder> {
-    registry.get(addr).and_then(|r| r.status.holder())
+    registry.records().get(addr).and_then(|r| r.status.holder())
 }
 
 /// A registry operation's effects, or nothing, with the reason logged, when it refused.
@@ -121,9 +121,9 @@ impl Core {
             NetEvent::LinkGone { ifindex } => {
                 let known = self.net.has_link(*ifindex);
                 self.net.apply(&event);
-                self.registry.stop_waiting_on(*ifindex);
+                self.registry.waitlist_mut().forget_interface(*ifindex);
                 if known {
-                    let result = self.registry.holder_gone(*ifindex);
+                    let result = self.registry.lifecycle_mut().holder_gone(*ifindex);
                     return Decision {
                         effects: settled(result, "interface deleted"),
                         interface: InterfaceChange::Gone(*ifindex),
@@ -142,11 +142,11 @@ impl Core {
             }
             NetEvent::HostRouteGone { addr, ifindex } => {
                 self.net.apply(&event);
-                self.registry.stop_waiting(*addr, *ifindex);
+                self.registry.waitlist_mut().forget(*addr, *ifindex);
                 // A route withdrawn while its interface lives: the holder is terminating.
                 if let Some(holder) = workload_holder(&self.config, &self.net, *ifindex) {
                     if holder_of(&self.registry, *addr).is_some_and(|h| h.same_as(&holder)) {
-                        let result = self.registry.drain(*addr, Some(&holder));
+                        let result = self.registry.lifecycle_mut().drain(*addr, Some(&holder));
                         return Decision::effects(settled(result, "host route withdrawn"));
                     }
                 }
@@ -188,7 +188,7 @@ impl Core {
         }
         match self.registry.claim(addr, holder.clone(), Source::Netlink) {
             Err(RegistryError::Full { capacity, .. }) => {
-                if self.registry.wait_for_room(addr, holder) {
+                if self.registry.waitlist_mut().push(addr, holder) {
                     warn!(
                         "{addr}: not protected: the registry is full ({capacity} addresses); \
                          claimed as soon as space frees"
@@ -203,11 +203,14 @@ impl Core {
     /// An address turned out to be the node's own: whatever record a workload had on it goes
     /// (an agent before this one may have taken a gateway on a veth for a pod's address).
     fn node_took(&mut self, addr: IpAddr) -> Vec<Effect> {
-        if self.registry.get(addr).is_none() {
+        if self.registry.records().get(addr).is_none() {
             return Vec::new();
         }
         warn!("{addr}: configured on the node itself; no workload holds it, its record goes");
-        settled(self.registry.forget(addr), "address of the node")
+        settled(
+            self.registry.lifecycle_mut().forget(addr),
+            "address of the node",
+        )
     }
 
     /// Space freed in the registry: claims it refused for being full are tried again, oldest
@@ -231,7 +234,7 @@ impl Core {
         let unclaimed: Vec<(IpAddr, u32)> = self
             .net
             .host_routes()
-            .filter(|(addr, _)| self.registry.get(*addr).is_none())
+            .filter(|(addr, _)| self.registry.records().get(*addr).is_none())
             .collect();
         let mut effects = Vec::new();
         for (addr, ifindex) in unclaimed {
@@ -272,18 +275,27 @@ impl Core {
     /// What a conflict sample from the kernel means for the registry.
     pub(super) fn on_sample(&mut self, sample: &ConflictSample) -> Vec<Effect> {
         let addr = sample.addr.to_ip();
-        let observe_only = self.registry.get(addr).is_some_and(|r| r.observe_only);
+        let observe_only = self
+            .registry
+            .records()
+            .get(addr)
+            .is_some_and(|r| r.observe_only);
         match Reason::from_repr(sample.reason) {
             Some(Reason::StaleTraffic) => settled(
-                self.registry.stale_seen(addr, sample.ts_ns),
+                self.registry.lifecycle_mut().stale_seen(addr, sample.ts_ns),
                 "stale traffic",
             ),
-            Some(Reason::RemoteClaim) => settled(self.registry.remote_claim(addr), "remote claim"),
+            Some(Reason::RemoteClaim) => settled(
+                self.registry.lifecycle_mut().remote_claim(addr),
+                "remote claim",
+            ),
             // On an address whose early reuse was let through, the old holder's packets are the
             // evidence of the conflict already recorded, not a new one.
             Some(Reason::DuplicateSource) if observe_only => Vec::new(),
             Some(Reason::DuplicateSource) => settled(
-                self.registry.duplicate_source(addr, sample.ifindex),
+                self.registry
+                    .lifecycle_mut()
+                    .duplicate_source(addr, sample.ifindex),
                 "duplicate source",
             ),
             _ => Vec::new(),
@@ -293,7 +305,7 @@ impl Core {
     /// The kernel's stale-traffic stamp of a quarantine due now (`last_stale_ns`, from its
     /// datapath entry): newer than what the registry knows, it may push the release back.
     pub(super) fn on_stale_stamp(&mut self, addr: IpAddr, last_stale_ns: u64) -> Vec<Effect> {
-        let known = match self.registry.get(addr).map(|r| &r.status) {
+        let known = match self.registry.records().get(addr).map(|r| &r.status) {
             Some(AddrStatus::Quarantined { last_stale, .. }) => *last_stale,
             _ => return Vec::new(),
         };
@@ -301,7 +313,9 @@ impl Core {
             return Vec::new();
         }
         settled(
-            self.registry.stale_seen(addr, last_stale_ns),
+            self.registry
+                .lifecycle_mut()
+                .stale_seen(addr, last_stale_ns),
             "stale traffic",
         )
     }
@@ -312,7 +326,11 @@ impl Core {
     /// before its conflict, so an observed early reuse is recognised here by the policy and the
     /// live old holder.)
     pub(super) fn cleans(&self, addr: IpAddr, from: StateName) -> bool {
-        let observed_reuse = self.registry.get(addr).is_some_and(|r| r.observe_only)
+        let observed_reuse = self
+            .registry
+            .records()
+            .get(addr)
+            .is_some_and(|r| r.observe_only)
             || (self.config.on_early_reuse == EarlyReusePolicy::Observe
                 && matches!(from, StateName::Active | StateName::Draining));
         verdict::action_for_address(self.config.mode, Reason::Fenced, observed_reuse)
@@ -340,7 +358,7 @@ impl Core {
 
     /// The cool-downs that are over.
     pub(super) fn tick(&mut self) -> Vec<Effect> {
-        settled(self.registry.tick(), "cool-down over")
+        settled(self.registry.lifecycle_mut().tick(), "cool-down over")
     }
 }
 

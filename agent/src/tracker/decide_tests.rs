@@ -107,7 +107,7 @@ fn a_host_route_on_a_workload_veth_claims_its_address_and_nowhere_else() {
     );
     let on_uplink = core.on_net_event(route("10.0.0.6", ETH0));
     assert!(on_uplink.effects.is_empty(), "{on_uplink:?}");
-    assert!(core.registry.get(ip("10.0.0.6")).is_none());
+    assert!(core.registry.records().get(ip("10.0.0.6")).is_none());
 }
 
 #[test]
@@ -159,7 +159,7 @@ fn an_address_the_node_takes_is_never_a_workloads() {
             .any(|e| matches!(e, Effect::Remove { addr } if *addr == ip("10.0.0.1"))),
         "{taken:?}"
     );
-    assert!(core.registry.get(ip("10.0.0.1")).is_none());
+    assert!(core.registry.records().get(ip("10.0.0.1")).is_none());
     let again = core.on_net_event(route("10.0.0.1", VETH_B));
     assert!(again.effects.is_empty(), "{again:?}");
 }
@@ -170,7 +170,7 @@ fn a_claim_the_full_registry_refused_is_made_when_room_frees() {
     core.on_net_event(route("10.0.0.1", VETH_A));
     let refused = core.on_net_event(route("10.0.0.2", VETH_B));
     assert!(refused.effects.is_empty(), "full: {refused:?}");
-    assert!(core.registry.get(ip("10.0.0.2")).is_none());
+    assert!(core.registry.records().get(ip("10.0.0.2")).is_none());
     // The node takes the first address: one record freed, and the waiting claim is made.
     core.on_net_event(NetEvent::NodeAddress {
         addr: ip("10.0.0.1"),
@@ -178,7 +178,7 @@ fn a_claim_the_full_registry_refused_is_made_when_room_frees() {
     });
     let retried = core.retry_waiting(1);
     assert_eq!(writes(&retried), vec![ip("10.0.0.2")]);
-    assert!(core.registry.get(ip("10.0.0.2")).is_some());
+    assert!(core.registry.records().get(ip("10.0.0.2")).is_some());
 }
 
 #[test]
@@ -198,6 +198,7 @@ fn a_neighbour_behind_a_bridge_port_claims_its_address() {
     assert_eq!(writes(&fdb.effects), vec![ip("10.0.0.5")]);
     let holder = core
         .registry
+        .records()
         .get(ip("10.0.0.5"))
         .and_then(|r| r.status.holder().cloned());
     assert_eq!(holder.map(|h| h.ifindex), Some(VETH_A));
@@ -212,7 +213,12 @@ fn only_a_newer_stale_stamp_of_a_quarantined_address_reaches_the_registry() {
         "an active address has no stale traffic"
     );
     core.on_net_event(NetEvent::LinkGone { ifindex: VETH_A });
-    let last_stale = |core: &Core| match core.registry.get(ip("10.0.0.5")).map(|r| &r.status) {
+    let last_stale = |core: &Core| match core
+        .registry
+        .records()
+        .get(ip("10.0.0.5"))
+        .map(|r| &r.status)
+    {
         Some(AddrStatus::Quarantined { last_stale, .. }) => *last_stale,
         other => panic!("quarantined, not {other:?}"),
     };

@@ -24,16 +24,16 @@ pub struct Journaled<'a>(pub(super) &'a mut Registry);
 
 impl Journaled<'_> {
     fn generation(&self) -> u64 {
-        self.0.generation()
+        self.0.changes().generation()
     }
 }
 
 impl Contents<AddrRecord> for Journaled<'_> {
     fn take_changed(&mut self) -> Vec<IpAddr> {
-        self.0.take_changed()
+        self.0.changes_mut().take_changed()
     }
     fn get(&self, key: &IpAddr) -> Option<&AddrRecord> {
-        self.0.get(*key)
+        self.0.records().get(*key)
     }
     fn all(&self) -> Vec<AddrRecord> {
         Contents::all(&*self.0)

@@ -53,7 +53,7 @@ impl Sinks {
                     self.enforcer.remove(addr);
                 }
                 Effect::Conflict(conflict) => {
-                    let record = core.registry.get(conflict.addr);
+                    let record = core.registry.records().get(conflict.addr);
                     let outcome = outcome_of(&conflict, record, core.config.mode);
                     self.observer.conflict(&conflict, outcome);
                 }
@@ -114,7 +114,7 @@ impl Sinks {
         sample: &ConflictSample,
     ) {
         let addr = sample.addr.to_ip();
-        let status = core.registry.get(addr).map(|r| &r.status);
+        let status = core.registry.records().get(addr).map(|r| &r.status);
         let holder = status.map(|status| match status {
             AddrStatus::Quarantined { previous, .. } => previous.clone(),
             AddrStatus::Active { holder, .. } | AddrStatus::Draining { holder, .. } => {
@@ -144,7 +144,12 @@ impl Sinks {
     /// quarantine due, never a scan of the map.
     pub(super) fn tick(&mut self, core: &mut Core, metrics: &Metrics) {
         self.enforcer.retry_pending();
-        let due: Vec<IpAddr> = core.registry.due(netdev::monotonic_ns()).collect();
+        let due: Vec<IpAddr> = core
+            .registry
+            .records()
+            .indexes()
+            .due(netdev::monotonic_ns())
+            .collect();
         for addr in due {
             let entry = match self.enforcer.table().kernel_entry(&AddrKey::from(addr)) {
                 Ok(Some(entry)) => entry,
@@ -174,7 +179,9 @@ impl Sinks {
         metrics
             .registry_entries
             .set(self.enforcer.table().len() as i64);
-        metrics.addresses_unprotected.set(registry.waiting() as i64);
+        metrics
+            .addresses_unprotected
+            .set(registry.waitlist().len() as i64);
     }
 }
 

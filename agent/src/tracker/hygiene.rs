@@ -63,7 +63,7 @@ impl Sinks {
             time.rfc3339(report.finished_ns),
             EventBody::Hygiene(Box::new(view)),
         );
-        let in_registry = registry.get(report.address).is_some();
+        let in_registry = registry.records().get(report.address).is_some();
         self.hygiene.record(report, in_registry);
     }
 }

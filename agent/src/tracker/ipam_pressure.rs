@@ -60,7 +60,7 @@ impl IpamSide {
                 .entry((hold.container_id, hold.ifname))
                 .or_default();
             allocation.addresses.push(addr);
-            match registry.get(addr).map(|r| &r.status) {
+            match registry.records().get(addr).map(|r| &r.status) {
                 // Free already: the releaser gives it back within a second.
                 None => {}
                 Some(AddrStatus::Quarantined {

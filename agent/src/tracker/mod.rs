@@ -131,6 +131,8 @@ impl Tracker {
         let deadline = self
             .core
             .registry
+            .records()
+            .indexes()
             .next_deadline()
             .map(|at| Duration::from_nanos(at.saturating_sub(crate::netdev::monotonic_ns())));
         let retry = self

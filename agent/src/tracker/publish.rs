@@ -23,7 +23,7 @@ impl Publishing {
     /// changed addresses (coalesced: an address changed again is still one) for the next call.
     fn send_changes(&self, registry: &mut Registry) {
         let Some(feed) = &self.publish else { return };
-        if !registry.has_published_changes() {
+        if !registry.changes().has_published_changes() {
             return;
         }
         // Both ends take the same batch: the changes leave the registry only when each has
@@ -33,14 +33,14 @@ impl Publishing {
             return;
         }
         feed.send_with(|| {
-            let changed = registry.take_published_changed();
+            let changed = registry.changes_mut().take_published_changed();
             if let Some(projection) = projection {
                 projection.send_batch(
                     changed
                         .iter()
                         .map(|&addr| whereabouts::Change {
                             addr,
-                            want: registry.get(addr).and_then(whereabouts::Want::of),
+                            want: registry.records().get(addr).and_then(whereabouts::Want::of),
                         })
                         .collect(),
                 );
@@ -49,7 +49,7 @@ impl Publishing {
                 .into_iter()
                 .map(|addr| Change {
                     addr,
-                    entry: registry.get(addr).and_then(PublishedEntry::of),
+                    entry: registry.records().get(addr).and_then(PublishedEntry::of),
                 })
                 .collect()
         });

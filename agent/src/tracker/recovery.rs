@@ -170,13 +170,13 @@ impl Tracker {
             taken_at: netdev::monotonic_ns(),
             records: merged,
         };
-        match self.core.registry.restore(snapshot) {
+        match self.core.registry.lifecycle_mut().restore(snapshot) {
             Ok(effects) => {
                 info!("registry recovered ({recovery:?}): {count} addresses");
                 self.sinks.apply(&mut self.core, effects);
                 // The journal already holds what it gave; only what the maps changed is new
                 // (when the journal is rewritten anyway, it takes everything).
-                self.core.registry.take_changed();
+                self.core.registry.changes_mut().take_changed();
                 journal.stage(adopted);
             }
             Err(e) => {
@@ -188,7 +188,7 @@ impl Tracker {
         }
         self.recovered = Some(RecoveryView {
             from: recovery,
-            addresses: self.core.registry.len() as u64,
+            addresses: self.core.registry.records().len() as u64,
             problems,
         });
         crate::heap::release_freed_memory();
@@ -207,12 +207,13 @@ impl Tracker {
         let holders: Vec<u32> = self
             .core
             .registry
+            .records()
             .iter()
             .flat_map(|r| r.live_holders().map(|h| h.ifindex).collect::<Vec<_>>())
             .collect();
         for ifindex in holders {
             if !self.core.net.has_link(ifindex) {
-                let result = self.core.registry.holder_gone(ifindex);
+                let result = self.core.registry.lifecycle_mut().holder_gone(ifindex);
                 let effects = decide::settled(result, "holder gone while the agent was down");
                 self.sinks.apply(&mut self.core, effects);
             }
@@ -221,7 +222,7 @@ impl Tracker {
         self.sinks.hand_written.clear();
         self.sinks
             .enforcer
-            .sync(self.core.registry.datapath_entries());
+            .sync(self.core.registry.records().datapath_entries());
         self.sinks
             .observe_gauges(&self.core.registry, &self.metrics);
         self.protection.observe();

@@ -69,7 +69,7 @@ impl Tracker {
             ipam_holds: self.ipam.holds(),
             ipam_records: self.ipam.records(),
             started: self.protection.mark_started(),
-            addresses: self.core.registry.len(),
+            addresses: self.core.registry.records().len(),
         })
     }
 }

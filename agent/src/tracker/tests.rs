@@ -147,7 +147,14 @@ fn observe_only_survives_a_restart_and_a_lost_journal() {
             FLAG_OBSERVE_ONLY,
             "{addr}"
         );
-        assert!(t.core.registry.get(ip(addr)).unwrap().observe_only);
+        assert!(
+            t.core
+                .registry
+                .records()
+                .get(ip(addr))
+                .unwrap()
+                .observe_only
+        );
     }
     durable(dir.path(), &t).persist(t.journaled()).unwrap();
     let table = pinned(&t);
@@ -174,7 +181,13 @@ fn observe_only_survives_a_restart_and_a_lost_journal() {
     rebuilt.reconcile(rebuilt.core.net.clone());
     for addr in ["10.0.0.5", "fd00::5"] {
         assert!(
-            rebuilt.core.registry.get(ip(addr)).unwrap().observe_only,
+            rebuilt
+                .core
+                .registry
+                .records()
+                .get(ip(addr))
+                .unwrap()
+                .observe_only,
             "{addr}"
         );
         assert_eq!(flags(&rebuilt, addr) & FLAG_OBSERVE_ONLY, FLAG_OBSERVE_ONLY);
@@ -187,7 +200,7 @@ fn a_journal_without_the_flag_takes_it_from_the_pins() {
     let dir = tempfile::tempdir().unwrap();
     let mut t = tracker(EarlyReusePolicy::Observe, dir.path());
     observed_reuse(&mut t);
-    let mut snapshot = t.core.registry.snapshot();
+    let mut snapshot = t.core.registry.lifecycle().snapshot();
     for record in &mut snapshot.records {
         record.observe_only = false;
     }
@@ -201,6 +214,7 @@ fn a_journal_without_the_flag_takes_it_from_the_pins() {
         upgraded
             .core
             .registry
+            .records()
             .get(ip("10.0.0.5"))
             .unwrap()
             .observe_only
@@ -219,18 +233,22 @@ fn every_change_to_a_record_needs_a_save() {
     route(&mut t, "10.0.0.7", VETH_A);
     let mut journal = durable(dir.path(), &t);
     journal.persist(t.journaled()).unwrap();
-    assert!(journal.is_saved(t.core.registry.generation()));
+    assert!(journal.is_saved(t.core.registry.changes().generation()));
     // A duplicate source changes no state and no map entry, only the conflict count.
-    let before = t.core.registry.generation();
-    let result = t.core.registry.duplicate_source(ip("10.0.0.7"), VETH_B);
+    let before = t.core.registry.changes().generation();
+    let result = t
+        .core
+        .registry
+        .lifecycle_mut()
+        .duplicate_source(ip("10.0.0.7"), VETH_B);
     t.sinks.apply(&mut t.core, result.unwrap());
-    assert!(t.core.registry.generation() > before);
+    assert!(t.core.registry.changes().generation() > before);
     assert!(
-        !journal.is_saved(t.core.registry.generation()),
+        !journal.is_saved(t.core.registry.changes().generation()),
         "a conflict count is a change to save"
     );
     journal.persist(t.journaled()).unwrap();
-    assert!(journal.is_saved(t.core.registry.generation()));
+    assert!(journal.is_saved(t.core.registry.changes().generation()));
 }
 
 /// Recovery as the agent runs it, with the journal of `state_dir` loaded first.
@@ -283,16 +301,25 @@ fn addresses_of_the_node_are_never_a_workloads() {
     link(&mut t, VETH_B, "vethb");
     // An older agent took ptp's IPv6 gateway on veth a for a pod's address.
     route(&mut t, "fd92::1", VETH_A);
-    assert_eq!(t.core.registry.state(ip("fd92::1")), StateName::Active);
+    assert_eq!(
+        t.core.registry.records().state(ip("fd92::1")),
+        StateName::Active
+    );
     for ifindex in [VETH_A, VETH_B] {
         t.on_input(Observed::Net(vec![NetEvent::NodeAddress {
             addr: ip("fd92::1"),
             ifindex,
         }]));
     }
-    assert_eq!(t.core.registry.state(ip("fd92::1")), StateName::Free);
+    assert_eq!(
+        t.core.registry.records().state(ip("fd92::1")),
+        StateName::Free
+    );
     route(&mut t, "fd92::1", VETH_B);
-    assert_eq!(t.core.registry.state(ip("fd92::1")), StateName::Free);
+    assert_eq!(
+        t.core.registry.records().state(ip("fd92::1")),
+        StateName::Free
+    );
     // Nor through the API.
     let error = claim(&mut t, "fd92::1").unwrap_err();
     assert_eq!(error.code(), ErrorCode::InvalidArgument);
@@ -318,7 +345,10 @@ fn a_claim_refused_for_a_full_registry_is_made_when_space_frees() {
     link(&mut t, VETH_B, "vethb");
     route(&mut t, "10.0.0.1", VETH_A);
     route(&mut t, "10.0.0.2", VETH_B);
-    assert_eq!(t.core.registry.state(ip("10.0.0.2")), StateName::Free);
+    assert_eq!(
+        t.core.registry.records().state(ip("10.0.0.2")),
+        StateName::Free
+    );
     assert_eq!(t.metrics.addresses_unprotected.get(), 1);
 
     // 10.0.0.1 goes Free: the waiting claim takes the room.
@@ -329,7 +359,10 @@ fn a_claim_refused_for_a_full_registry_is_made_when_space_frees() {
         reply,
     });
     answer(Ok(()));
-    assert_eq!(t.core.registry.state(ip("10.0.0.2")), StateName::Active);
+    assert_eq!(
+        t.core.registry.records().state(ip("10.0.0.2")),
+        StateName::Active
+    );
     assert_eq!(t.metrics.addresses_unprotected.get(), 0);
 
     // A waiting claim whose route went away is not made.
@@ -369,12 +402,18 @@ fn bridge_and_link_events_never_scan_the_nodes_neighbours_or_routes() {
         mac: [2, 0x42, 0, 0, 0, 7],
         port: VETH_A,
     }]));
-    assert_eq!(t.core.registry.state(ip("10.88.0.7")), StateName::Active);
-    assert_eq!(t.core.registry.state(ip("10.88.0.8")), StateName::Free);
+    assert_eq!(
+        t.core.registry.records().state(ip("10.88.0.7")),
+        StateName::Active
+    );
+    assert_eq!(
+        t.core.registry.records().state(ip("10.88.0.8")),
+        StateName::Free
+    );
     // Veth a goes away with its entries, leaving veth b's 2000 routes alone.
     t.on_input(Observed::Net(vec![NetEvent::LinkGone { ifindex: VETH_A }]));
     assert_eq!(
-        t.core.registry.state(ip("10.88.0.7")),
+        t.core.registry.records().state(ip("10.88.0.7")),
         StateName::Quarantined
     );
     assert_eq!(

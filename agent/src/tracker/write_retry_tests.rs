@@ -80,7 +80,10 @@ fn a_refused_write_is_retried_every_tick_and_blocks_readiness_and_its_claim_unti
         error.0.message
     );
     assert_eq!(error.0.address, Some(ip("10.0.0.2")));
-    assert_eq!(t.core.registry.state(ip("10.0.0.2")), StateName::Active);
+    assert_eq!(
+        t.core.registry.records().state(ip("10.0.0.2")),
+        StateName::Active
+    );
     assert!(!in_map(&t, "10.0.0.2"));
     assert_eq!(failures(&t, MapWrite::Update), 1);
     assert_eq!(t.metrics.writes.pending.get(), 1);
@@ -136,7 +139,10 @@ fn a_pending_write_the_registry_no_longer_wants_is_dropped() {
     // The refused address is released: its delete finds nothing to delete, and nothing of it
     // pends any more (a free address is what the map already says of it).
     release(&mut t, "10.0.0.2");
-    assert_eq!(t.core.registry.state(ip("10.0.0.2")), StateName::Free);
+    assert_eq!(
+        t.core.registry.records().state(ip("10.0.0.2")),
+        StateName::Free
+    );
     assert_eq!(t.metrics.writes.pending.get(), 0);
     assert!(t.metrics.readiness.is_ready());
     assert!(

@@ -68,7 +68,9 @@ fn the_stricter_wins_where_they_disagree_and_the_journal_keeps_what_the_maps_lac
     let only_journal = active("10.0.0.3", 8, "veth8");
     let fenced_in_journal = active("10.0.0.5", 7, "veth7");
     let mut fenced_in_journal_record = fenced_in_journal.clone();
-    fenced_in_journal_record.set_fenced(Some(Holder::new(8, "veth8")));
+    fenced_in_journal_record
+        .contest
+        .set_fenced(Some(Holder::new(8, "veth8")));
     let fenced_in_map = active("10.0.0.6", 7, "veth7");
     let mut agreed_flagged = datapath_entry(&agreed);
     agreed_flagged.flags |= FLAG_OBSERVE_ONLY;

@@ -23,8 +23,8 @@ fn a_refused_second_address_leaves_the_first_unclaimed() {
         .run(|r| r.claim_all(&addrs, &h(7), Source::Cni))
         .unwrap_err();
     assert!(matches!(err, RegistryError::Refused { .. }), "{err}");
-    assert_eq!(t.reg.state(ip("10.0.0.5")), StateName::Free);
-    assert_eq!(t.reg.refused_claims(), 1);
+    assert_eq!(t.reg.records().state(ip("10.0.0.5")), StateName::Free);
+    assert_eq!(t.reg.refusals().refused_claims(), 1);
 }
 
 #[test]
@@ -55,5 +55,5 @@ fn the_same_address_twice_is_claimed_once() {
     let addrs = [ip("10.0.0.5"), ip("::ffff:10.0.0.5")];
     let effects = t.ok(|r| r.claim_all(&addrs, &h(7), Source::Api));
     assert!(conflicts(&effects).is_empty());
-    assert_eq!(t.reg.len(), 1);
+    assert_eq!(t.reg.records().len(), 1);
 }

@@ -9,20 +9,20 @@ fn busy_registry() -> Harness {
     let mut t = Harness::new(EarlyReusePolicy::FenceOld);
     t.claim("10.0.0.1", h(5), Source::Cni);
     t.claim("10.0.0.2", h(6).with_netns("/var/run/netns/x"), Source::Cni);
-    t.ok(|r| r.drain(ip("10.0.0.2"), None));
+    t.ok(|r| r.lifecycle_mut().drain(ip("10.0.0.2"), None));
     t.claim("10.0.0.2", h(7), Source::Cni);
     t.claim("fd00::3", h(8), Source::Netlink);
-    t.ok(|r| r.holder_gone(8));
+    t.ok(|r| r.lifecycle_mut().holder_gone(8));
     t.advance(20);
     let now = t.now();
-    t.ok(|r| r.stale_seen(ip("fd00::3"), now));
+    t.ok(|r| r.lifecycle_mut().stale_seen(ip("fd00::3"), now));
     t
 }
 
 #[test]
 fn snapshot_round_trips_through_json_and_restore() {
     let t = busy_registry();
-    let snapshot = t.reg.snapshot();
+    let snapshot = t.reg.lifecycle().snapshot();
     assert_eq!(snapshot.version, SNAPSHOT_VERSION);
     let json = serde_json::to_string(&snapshot).unwrap();
     let parsed: Snapshot = serde_json::from_str(&json).unwrap();
@@ -30,35 +30,47 @@ fn snapshot_round_trips_through_json_and_restore() {
 
     let mut u = Harness::new(EarlyReusePolicy::FenceOld);
     u.clock.set(t.now());
-    let effects = u.ok(|r| r.restore(parsed));
+    let effects = u.ok(|r| r.lifecycle_mut().restore(parsed));
     assert!(effects
         .iter()
         .all(|e| matches!(e, Effect::Upsert { .. } | Effect::Remove { .. })));
-    assert_eq!(u.reg.snapshot().records, snapshot.records);
-    assert_eq!(u.reg.datapath_entries(), t.reg.datapath_entries());
-    assert_eq!(u.reg.next_deadline(), t.reg.next_deadline());
+    assert_eq!(u.reg.lifecycle().snapshot().records, snapshot.records);
+    assert_eq!(
+        u.reg.records().datapath_entries(),
+        t.reg.records().datapath_entries()
+    );
+    assert_eq!(
+        u.reg.records().indexes().next_deadline(),
+        t.reg.records().indexes().next_deadline()
+    );
 }
 
 #[test]
 fn a_quarantine_outlives_a_restart_with_its_original_deadline() {
     let mut t = Harness::new(EarlyReusePolicy::FenceOld);
     t.claim("10.0.0.1", h(5), Source::Cni);
-    t.ok(|r| r.holder_gone(5));
-    let deadline = t.reg.next_deadline().unwrap();
+    t.ok(|r| r.lifecycle_mut().holder_gone(5));
+    let deadline = t.reg.records().indexes().next_deadline().unwrap();
     t.advance(10);
-    let journal = serde_json::to_vec(&t.reg.snapshot()).unwrap();
+    let journal = serde_json::to_vec(&t.reg.lifecycle().snapshot()).unwrap();
     // The agent restarts 5 s later with a longer cooldown configured.
     let mut u = Harness::with(RegistrySettings {
         cooldown: Duration::from_secs(60),
         ..settings(EarlyReusePolicy::FenceOld)
     });
     u.clock.set(t.now() + 5 * SEC);
-    u.ok(|r| r.restore(serde_json::from_slice(&journal).unwrap()));
-    assert_eq!(u.reg.next_deadline(), Some(deadline));
+    u.ok(|r| {
+        r.lifecycle_mut()
+            .restore(serde_json::from_slice(&journal).unwrap())
+    });
+    assert_eq!(u.reg.records().indexes().next_deadline(), Some(deadline));
     u.clock.set(deadline - 1);
-    assert!(u.ok(|r| r.tick()).is_empty());
+    assert!(u.ok(|r| r.lifecycle_mut().tick()).is_empty());
     u.clock.set(deadline);
-    assert_eq!(released(&u.ok(|r| r.tick())), vec![30 * SEC]);
+    assert_eq!(
+        released(&u.ok(|r| r.lifecycle_mut().tick())),
+        vec![30 * SEC]
+    );
 }
 
 #[test]
@@ -66,24 +78,24 @@ fn restore_replaces_what_was_there() {
     let mut t = Harness::new(EarlyReusePolicy::FenceOld);
     t.claim("10.0.0.1", h(5), Source::Cni);
     t.claim("10.0.0.2", h(6), Source::Cni);
-    let mut snapshot = t.reg.snapshot();
+    let mut snapshot = t.reg.lifecycle().snapshot();
     snapshot.records.retain(|r| r.addr == ip("10.0.0.2"));
-    let effects = t.ok(|r| r.restore(snapshot));
+    let effects = t.ok(|r| r.lifecycle_mut().restore(snapshot));
     assert!(effects.contains(&Effect::Remove {
         addr: ip("10.0.0.1")
     }));
-    assert_eq!(t.reg.len(), 1);
+    assert_eq!(t.reg.records().len(), 1);
 }
 
 fn restore_err(t: &mut Harness, snapshot: Snapshot) -> RegistryError {
-    t.run(|r| r.restore(snapshot)).unwrap_err()
+    t.run(|r| r.lifecycle_mut().restore(snapshot)).unwrap_err()
 }
 
 #[test]
 fn restore_refuses_bad_snapshots_and_keeps_the_registry() {
     let mut t = busy_registry();
-    let good = t.reg.snapshot();
-    let before = t.reg.datapath_entries();
+    let good = t.reg.lifecycle().snapshot();
+    let before = t.reg.records().datapath_entries();
 
     let mut s = good.clone();
     s.version = 99;
@@ -126,7 +138,10 @@ fn restore_refuses_bad_snapshots_and_keeps_the_registry() {
     type Spoil = fn(&mut AddrRecord);
     let problems: Vec<(Spoil, RecordProblem)> = vec![
         (|r| r.addr = ip("::"), RecordProblem::UnspecifiedAddress),
-        (|r| r.set_fenced(Some(h(0))), RecordProblem::ZeroIfindex),
+        (
+            |r| r.contest.set_fenced(Some(h(0))),
+            RecordProblem::ZeroIfindex,
+        ),
         (
             |r| {
                 if let AddrStatus::Active { holder, .. } = &mut r.status {
@@ -136,7 +151,9 @@ fn restore_refuses_bad_snapshots_and_keeps_the_registry() {
             RecordProblem::ZeroIfindex,
         ),
         (
-            |r| r.set_blocked_claimant(Some(h(5))),
+            |r| {
+                r.contest.replace_blocked_claimant(h(5));
+            },
             RecordProblem::BlockedIsHolder,
         ),
         (
@@ -169,8 +186,8 @@ fn restore_refuses_bad_snapshots_and_keeps_the_registry() {
             other => panic!("{other:?} instead of {problem:?}"),
         }
     }
-    assert_eq!(t.reg.datapath_entries(), before);
-    assert_eq!(t.reg.snapshot().records, good.records);
+    assert_eq!(t.reg.records().datapath_entries(), before);
+    assert_eq!(t.reg.lifecycle().snapshot().records, good.records);
 }
 
 #[test]
@@ -193,8 +210,8 @@ fn garbage_journals_do_not_parse() {
     let ok = r#"{"version":1,"records":[{"addr":"10.0.0.1","state":"active","holder":{"ifindex":1,"ifname":"a"},"since":1}]}"#;
     let s: Snapshot = serde_json::from_str(ok).unwrap();
     let mut t = Harness::new(EarlyReusePolicy::FenceOld);
-    t.ok(|r| r.restore(s));
-    assert_eq!(t.reg.state(ip("10.0.0.1")), StateName::Active);
+    t.ok(|r| r.lifecycle_mut().restore(s));
+    assert_eq!(t.reg.records().state(ip("10.0.0.1")), StateName::Active);
 }
 
 // ---- vocabulary ---------------------------------------------------------------------------
@@ -263,10 +280,10 @@ fn fake_clock_is_shared_and_monotonic() {
 fn rebase_carries_the_remaining_quarantine_to_another_clock() {
     let mut t = Harness::new(EarlyReusePolicy::FenceOld);
     t.claim("10.0.0.1", h(5), Source::Cni);
-    t.ok(|r| r.holder_gone(5));
+    t.ok(|r| r.lifecycle_mut().holder_gone(5));
     t.advance(10);
     let written_at = t.now();
-    let mut snapshot = t.reg.snapshot();
+    let mut snapshot = t.reg.lifecycle().snapshot();
     // After a reboot the monotonic clock restarted; the journal was written at what now reads
     // 50 s (the caller works that out from wall-clock time); the agent starts at 52 s.
     let mut u = Harness::new(EarlyReusePolicy::FenceOld);
@@ -274,12 +291,12 @@ fn rebase_carries_the_remaining_quarantine_to_another_clock() {
     u.reg = Registry::new(settings(EarlyReusePolicy::FenceOld), u.clock.clone());
     snapshot.rebase(written_at, 50 * SEC);
     assert_eq!(snapshot.taken_at, 50 * SEC);
-    u.ok(|r| r.restore(snapshot.clone()));
+    u.ok(|r| r.lifecycle_mut().restore(snapshot.clone()));
     // 30 s cooldown, 10 s served before the journal was written: ends 20 s after it.
-    assert_eq!(u.reg.next_deadline(), Some(70 * SEC));
+    assert_eq!(u.reg.records().indexes().next_deadline(), Some(70 * SEC));
     // Rebasing back is exact; rebasing below zero clamps.
     snapshot.rebase(50 * SEC, written_at);
-    assert_eq!(snapshot.records, t.reg.snapshot().records);
+    assert_eq!(snapshot.records, t.reg.lifecycle().snapshot().records);
     snapshot.rebase(u64::MAX, 0);
     assert_eq!(snapshot.records[0].status.since(), 0);
 }

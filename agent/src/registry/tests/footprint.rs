@@ -35,7 +35,7 @@ fn contested() -> AddrRecord {
     r.fence(Holder::new(9, "veth9"));
     r.fence(Holder::new(8, "veth8"));
     r.displace(full_holder());
-    r.set_blocked_claimant(Some(full_holder()));
+    r.contest.replace_blocked_claimant(full_holder());
     r.conflicts = 3;
     r.observe_only = true;
     r
@@ -99,7 +99,7 @@ fn equal_records_are_equal_whatever_path_they_took() {
     );
     let fresh = record.clone();
     record.fence(h(4));
-    record.unfence(&h(4));
+    record.contest.unfence(&h(4));
     assert_eq!(record, fresh);
     let empty = Holder::new(3, "veth3").with_identity(None, None, None, None, None);
     assert_eq!(empty, h(3));

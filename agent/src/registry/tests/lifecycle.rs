@@ -40,8 +40,8 @@ fn claim_of_a_free_address_makes_it_active() {
         ),
         (None, None, 0)
     );
-    assert_eq!(t.reg.len(), 1);
-    assert_eq!(t.reg.state(ip("10.0.0.2")), StateName::Free);
+    assert_eq!(t.reg.records().len(), 1);
+    assert_eq!(t.reg.records().state(ip("10.0.0.2")), StateName::Free);
 }
 
 #[test]
@@ -90,8 +90,8 @@ fn ipv4_mapped_ipv6_is_the_same_address_as_ipv4() {
     let mut t = Harness::new(EarlyReusePolicy::FenceOld);
     t.claim("10.0.0.1", h(5), Source::Cni);
     assert!(t.claim("::ffff:10.0.0.1", h(5), Source::Netlink).is_empty());
-    assert_eq!(t.reg.len(), 1);
-    assert!(t.reg.get(ip("::ffff:10.0.0.1")).is_some());
+    assert_eq!(t.reg.records().len(), 1);
+    assert!(t.reg.records().get(ip("::ffff:10.0.0.1")).is_some());
 }
 
 #[test]
@@ -99,9 +99,9 @@ fn ipv6_addresses_are_tracked_like_ipv4() {
     let mut t = Harness::new(EarlyReusePolicy::FenceOld);
     t.claim("fd00::1", h(5), Source::Netlink);
     t.claim("10.0.0.1", h(5), Source::Netlink);
-    let effects = t.ok(|r| r.holder_gone(5));
+    let effects = t.ok(|r| r.lifecycle_mut().holder_gone(5));
     assert_eq!(transitions(&effects).len(), 2);
-    assert_eq!(t.reg.count(StateName::Quarantined), 2);
+    assert_eq!(t.reg.records().indexes().count(StateName::Quarantined), 2);
 }
 
 #[test]
@@ -120,7 +120,7 @@ fn claims_of_unusable_addresses_or_holders_are_refused() {
         t.run(|r| r.claim(ip("10.0.0.1"), h(NO_IFINDEX), Source::Cni)),
         Err(RegistryError::InvalidHolder { .. })
     ));
-    assert!(t.reg.is_empty());
+    assert!(t.reg.records().is_empty());
 }
 
 // ---- Active → Draining ------------------------------------------------------------------
@@ -130,7 +130,7 @@ fn drain_makes_an_active_address_draining_and_keeps_its_traffic() {
     let mut t = Harness::new(EarlyReusePolicy::FenceOld);
     t.claim("10.0.0.1", h(5), Source::Cni);
     t.advance(3);
-    let effects = t.ok(|r| r.drain(ip("10.0.0.1"), Some(&h(5))));
+    let effects = t.ok(|r| r.lifecycle_mut().drain(ip("10.0.0.1"), Some(&h(5))));
     assert_eq!(
         transitions(&effects),
         vec![(StateName::Active, StateName::Draining)]
@@ -142,8 +142,12 @@ fn drain_makes_an_active_address_draining_and_keeps_its_traffic() {
     );
     // Idempotent, with or without a holder.
     t.advance(1);
-    assert!(t.ok(|r| r.drain(ip("10.0.0.1"), None)).is_empty());
-    assert!(t.ok(|r| r.drain(ip("10.0.0.1"), Some(&h(5)))).is_empty());
+    assert!(t
+        .ok(|r| r.lifecycle_mut().drain(ip("10.0.0.1"), None))
+        .is_empty());
+    assert!(t
+        .ok(|r| r.lifecycle_mut().drain(ip("10.0.0.1"), Some(&h(5))))
+        .is_empty());
     assert_eq!(t.record("10.0.0.1").status.since(), START + 3 * SEC);
 }
 
@@ -151,7 +155,7 @@ fn drain_makes_an_active_address_draining_and_keeps_its_traffic() {
 fn drain_of_an_unknown_address_is_not_found() {
     let mut t = Harness::new(EarlyReusePolicy::FenceOld);
     assert_eq!(
-        t.run(|r| r.drain(ip("10.0.0.9"), None)),
+        t.run(|r| r.lifecycle_mut().drain(ip("10.0.0.9"), None)),
         Err(RegistryError::NotFound {
             addr: ip("10.0.0.9")
         })
@@ -162,13 +166,17 @@ fn drain_of_an_unknown_address_is_not_found() {
 fn drain_by_someone_else_is_not_holder() {
     let mut t = Harness::new(EarlyReusePolicy::FenceOld);
     t.claim("10.0.0.1", h(5), Source::Cni);
-    let err = t.run(|r| r.drain(ip("10.0.0.1"), Some(&h(6)))).unwrap_err();
+    let err = t
+        .run(|r| r.lifecycle_mut().drain(ip("10.0.0.1"), Some(&h(6))))
+        .unwrap_err();
     assert!(matches!(err, RegistryError::NotHolder { .. }), "{err}");
     assert!(err.to_string().contains("is not its holder"), "{err}");
     let other_container = h(5).with_container_id("x");
     t.claim("10.0.0.2", h(7).with_container_id("y"), Source::Cni);
     assert!(matches!(
-        t.run(|r| r.drain(ip("10.0.0.2"), Some(&other_container))),
+        t.run(|r| r
+            .lifecycle_mut()
+            .drain(ip("10.0.0.2"), Some(&other_container))),
         Err(RegistryError::NotHolder { .. })
     ));
     assert_eq!(t.record("10.0.0.1").state(), StateName::Active);
@@ -178,8 +186,10 @@ fn drain_by_someone_else_is_not_holder() {
 fn drain_of_a_quarantined_address_is_a_no_op() {
     let mut t = Harness::new(EarlyReusePolicy::FenceOld);
     t.claim("10.0.0.1", h(5), Source::Cni);
-    t.ok(|r| r.holder_gone(5));
-    assert!(t.ok(|r| r.drain(ip("10.0.0.1"), Some(&h(5)))).is_empty());
+    t.ok(|r| r.lifecycle_mut().holder_gone(5));
+    assert!(t
+        .ok(|r| r.lifecycle_mut().drain(ip("10.0.0.1"), Some(&h(5))))
+        .is_empty());
     assert_eq!(t.record("10.0.0.1").state(), StateName::Quarantined);
 }
 
@@ -187,7 +197,7 @@ fn drain_of_a_quarantined_address_is_a_no_op() {
 fn draining_holder_claiming_again_explicitly_is_active_but_not_on_netlink() {
     let mut t = Harness::new(EarlyReusePolicy::FenceOld);
     t.claim("10.0.0.1", h(5), Source::Cni);
-    t.ok(|r| r.drain(ip("10.0.0.1"), None));
+    t.ok(|r| r.lifecycle_mut().drain(ip("10.0.0.1"), None));
     // A netlink resync still listing its route changes nothing.
     assert!(t.claim("10.0.0.1", h(5), Source::Netlink).is_empty());
     assert_eq!(t.record("10.0.0.1").state(), StateName::Draining);
@@ -208,10 +218,10 @@ fn holder_gone_quarantines_every_address_it_held() {
     t.claim("10.0.0.1", h(5), Source::Cni);
     t.claim("fd00::1", h(5), Source::Cni);
     t.claim("10.0.0.2", h(6), Source::Cni);
-    t.ok(|r| r.drain(ip("fd00::1"), None));
+    t.ok(|r| r.lifecycle_mut().drain(ip("fd00::1"), None));
     t.advance(4);
     let gone_at = t.now();
-    let effects = t.ok(|r| r.holder_gone(5));
+    let effects = t.ok(|r| r.lifecycle_mut().holder_gone(5));
     let mut moves = transitions(&effects);
     moves.sort();
     assert_eq!(
@@ -237,23 +247,34 @@ fn holder_gone_quarantines_every_address_it_held() {
         );
     }
     assert_eq!(t.record("10.0.0.2").state(), StateName::Active);
-    assert_eq!(t.reg.next_deadline(), Some(gone_at + 30 * SEC));
+    assert_eq!(
+        t.reg.records().indexes().next_deadline(),
+        Some(gone_at + 30 * SEC)
+    );
     // Unknown and zero interfaces touch nothing.
-    assert!(t.ok(|r| r.holder_gone(99)).is_empty());
-    assert!(t.ok(|r| r.holder_gone(NO_IFINDEX)).is_empty());
-    assert!(t.ok(|r| r.holder_gone(5)).is_empty(), "gone twice");
+    assert!(t.ok(|r| r.lifecycle_mut().holder_gone(99)).is_empty());
+    assert!(t
+        .ok(|r| r.lifecycle_mut().holder_gone(NO_IFINDEX))
+        .is_empty());
+    assert!(
+        t.ok(|r| r.lifecycle_mut().holder_gone(5)).is_empty(),
+        "gone twice"
+    );
 }
 
 #[test]
 fn quarantine_ends_after_the_cooldown() {
     let mut t = Harness::new(EarlyReusePolicy::FenceOld);
     t.claim("10.0.0.1", h(5), Source::Cni);
-    t.ok(|r| r.holder_gone(5));
-    assert_eq!(t.reg.next_deadline(), Some(START + 30 * SEC));
+    t.ok(|r| r.lifecycle_mut().holder_gone(5));
+    assert_eq!(
+        t.reg.records().indexes().next_deadline(),
+        Some(START + 30 * SEC)
+    );
     t.advance(29);
-    assert!(t.ok(|r| r.tick()).is_empty());
+    assert!(t.ok(|r| r.lifecycle_mut().tick()).is_empty());
     t.advance(1);
-    let effects = t.ok(|r| r.tick());
+    let effects = t.ok(|r| r.lifecycle_mut().tick());
     assert!(effects.contains(&Effect::Remove {
         addr: ip("10.0.0.1")
     }));
@@ -262,18 +283,21 @@ fn quarantine_ends_after_the_cooldown() {
         vec![(StateName::Quarantined, StateName::Free)]
     );
     assert_eq!(released(&effects), vec![30 * SEC]);
-    assert!(t.reg.is_empty());
-    assert_eq!(t.reg.next_deadline(), None);
-    assert!(t.ok(|r| r.tick()).is_empty());
+    assert!(t.reg.records().is_empty());
+    assert_eq!(t.reg.records().indexes().next_deadline(), None);
+    assert!(t.ok(|r| r.lifecycle_mut().tick()).is_empty());
 }
 
 #[test]
 fn late_tick_reports_the_real_quarantine_duration() {
     let mut t = Harness::new(EarlyReusePolicy::FenceOld);
     t.claim("10.0.0.1", h(5), Source::Cni);
-    t.ok(|r| r.holder_gone(5));
+    t.ok(|r| r.lifecycle_mut().holder_gone(5));
     t.advance(45);
-    assert_eq!(released(&t.ok(|r| r.tick())), vec![45 * SEC]);
+    assert_eq!(
+        released(&t.ok(|r| r.lifecycle_mut().tick())),
+        vec![45 * SEC]
+    );
 }
 
 // ---- adaptive release -------------------------------------------------------------------
@@ -282,39 +306,59 @@ fn late_tick_reports_the_real_quarantine_duration() {
 fn stale_traffic_extends_the_quarantine_to_quiet_period_after_the_last_packet() {
     let mut t = Harness::new(EarlyReusePolicy::FenceOld);
     t.claim("10.0.0.1", h(5), Source::Cni);
-    t.ok(|r| r.holder_gone(5));
+    t.ok(|r| r.lifecycle_mut().holder_gone(5));
     let since = t.now();
     // Stale traffic early in the cooldown does not move its end.
     assert!(t
-        .ok(|r| r.stale_seen(ip("10.0.0.1"), since + 5 * SEC))
+        .ok(|r| r
+            .lifecycle_mut()
+            .stale_seen(ip("10.0.0.1"), since + 5 * SEC))
         .is_empty());
-    assert_eq!(t.reg.next_deadline(), Some(since + 30 * SEC));
+    assert_eq!(
+        t.reg.records().indexes().next_deadline(),
+        Some(since + 30 * SEC)
+    );
     // Stale traffic at 25 s: the quarantine ends 10 s (quiet_period) later.
-    t.ok(|r| r.stale_seen(ip("10.0.0.1"), since + 25 * SEC));
-    assert_eq!(t.reg.next_deadline(), Some(since + 35 * SEC));
+    t.ok(|r| {
+        r.lifecycle_mut()
+            .stale_seen(ip("10.0.0.1"), since + 25 * SEC)
+    });
+    assert_eq!(
+        t.reg.records().indexes().next_deadline(),
+        Some(since + 35 * SEC)
+    );
     let AddrStatus::Quarantined { last_stale, .. } = t.record("10.0.0.1").status else {
         panic!("not quarantined");
     };
     assert_eq!(last_stale, Some(since + 25 * SEC));
     // An older report (out of order) does not pull it back.
-    t.ok(|r| r.stale_seen(ip("10.0.0.1"), since + 20 * SEC));
-    assert_eq!(t.reg.next_deadline(), Some(since + 35 * SEC));
+    t.ok(|r| {
+        r.lifecycle_mut()
+            .stale_seen(ip("10.0.0.1"), since + 20 * SEC)
+    });
+    assert_eq!(
+        t.reg.records().indexes().next_deadline(),
+        Some(since + 35 * SEC)
+    );
     t.advance(30);
     assert!(
-        t.ok(|r| r.tick()).is_empty(),
+        t.ok(|r| r.lifecycle_mut().tick()).is_empty(),
         "not before last stale + quiet_period"
     );
     t.advance(4);
-    assert!(t.ok(|r| r.tick()).is_empty());
+    assert!(t.ok(|r| r.lifecycle_mut().tick()).is_empty());
     t.advance(1);
-    assert_eq!(released(&t.ok(|r| r.tick())), vec![35 * SEC]);
+    assert_eq!(
+        released(&t.ok(|r| r.lifecycle_mut().tick())),
+        vec![35 * SEC]
+    );
 }
 
 #[test]
 fn stale_traffic_never_holds_an_address_past_max_cooldown() {
     let mut t = Harness::new(EarlyReusePolicy::FenceOld);
     t.claim("10.0.0.1", h(5), Source::Cni);
-    t.ok(|r| r.holder_gone(5));
+    t.ok(|r| r.lifecycle_mut().holder_gone(5));
     let since = t.now();
     // Stale traffic every 9 s (< quiet_period), for ever: released at the first tick past
     // max_cooldown.
@@ -322,23 +366,32 @@ fn stale_traffic_never_holds_an_address_past_max_cooldown() {
     for _ in 0..40 {
         t.advance(9);
         let now = t.now();
-        t.ok(|r| r.stale_seen(ip("10.0.0.1"), now));
-        if let Some(d) = released(&t.ok(|r| r.tick())).first() {
+        t.ok(|r| r.lifecycle_mut().stale_seen(ip("10.0.0.1"), now));
+        if let Some(d) = released(&t.ok(|r| r.lifecycle_mut().tick())).first() {
             released_after = Some(*d);
             break;
         }
     }
     assert_eq!(released_after, Some(306 * SEC));
-    assert_eq!(t.reg.state(ip("10.0.0.1")), StateName::Free);
+    assert_eq!(t.reg.records().state(ip("10.0.0.1")), StateName::Free);
     let mut t = Harness::new(EarlyReusePolicy::FenceOld);
     t.claim("10.0.0.1", h(5), Source::Cni);
-    t.ok(|r| r.holder_gone(5));
-    t.ok(|r| r.stale_seen(ip("10.0.0.1"), since + 299 * SEC));
-    assert_eq!(t.reg.next_deadline(), Some(since + 300 * SEC));
+    t.ok(|r| r.lifecycle_mut().holder_gone(5));
+    t.ok(|r| {
+        r.lifecycle_mut()
+            .stale_seen(ip("10.0.0.1"), since + 299 * SEC)
+    });
+    assert_eq!(
+        t.reg.records().indexes().next_deadline(),
+        Some(since + 300 * SEC)
+    );
     t.advance(299);
-    assert!(t.ok(|r| r.tick()).is_empty());
+    assert!(t.ok(|r| r.lifecycle_mut().tick()).is_empty());
     t.advance(1);
-    assert_eq!(released(&t.ok(|r| r.tick())), vec![300 * SEC]);
+    assert_eq!(
+        released(&t.ok(|r| r.lifecycle_mut().tick())),
+        vec![300 * SEC]
+    );
 }
 
 #[test]
@@ -362,9 +415,11 @@ fn stale_seen_on_a_live_or_unknown_address() {
     let mut t = Harness::new(EarlyReusePolicy::FenceOld);
     t.claim("10.0.0.1", h(5), Source::Cni);
     let now = t.now();
-    assert!(t.ok(|r| r.stale_seen(ip("10.0.0.1"), now)).is_empty());
+    assert!(t
+        .ok(|r| r.lifecycle_mut().stale_seen(ip("10.0.0.1"), now))
+        .is_empty());
     assert!(matches!(
-        t.run(|r| r.stale_seen(ip("10.0.0.2"), now)),
+        t.run(|r| r.lifecycle_mut().stale_seen(ip("10.0.0.2"), now)),
         Err(RegistryError::NotFound { .. })
     ));
 }

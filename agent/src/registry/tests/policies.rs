@@ -9,7 +9,7 @@ use super::*;
 fn fence_old_early_reuse_of_a_draining_address_fences_the_old_holder() {
     let mut t = Harness::new(EarlyReusePolicy::FenceOld);
     t.claim("10.0.0.1", h(5), Source::Cni);
-    t.ok(|r| r.drain(ip("10.0.0.1"), None));
+    t.ok(|r| r.lifecycle_mut().drain(ip("10.0.0.1"), None));
     t.advance(2);
     let effects = t.claim("10.0.0.1", h(6), Source::Cni);
     assert_eq!(
@@ -55,9 +55,9 @@ fn fence_old_double_allocation_of_an_active_address_fences_the_first() {
 fn fenced_holder_gone_clears_the_fence_and_the_new_holder_keeps_the_address() {
     let mut t = Harness::new(EarlyReusePolicy::FenceOld);
     t.claim("10.0.0.1", h(5), Source::Cni);
-    t.ok(|r| r.drain(ip("10.0.0.1"), None));
+    t.ok(|r| r.lifecycle_mut().drain(ip("10.0.0.1"), None));
     t.claim("10.0.0.1", h(6), Source::Cni);
-    let effects = t.ok(|r| r.holder_gone(5));
+    let effects = t.ok(|r| r.lifecycle_mut().holder_gone(5));
     assert!(transitions(&effects).is_empty());
     let record = t.record("10.0.0.1");
     assert_eq!(
@@ -76,7 +76,9 @@ fn fenced_holder_seen_again_on_netlink_stays_fenced() {
     assert!(t.claim("10.0.0.1", h(5), Source::Netlink).is_empty());
     assert_eq!(t.record("10.0.0.1").status.holder(), Some(&h(6)));
     // A late CNI DEL of the old pod is accepted and changes nothing.
-    assert!(t.ok(|r| r.drain(ip("10.0.0.1"), Some(&h(5)))).is_empty());
+    assert!(t
+        .ok(|r| r.lifecycle_mut().drain(ip("10.0.0.1"), Some(&h(5))))
+        .is_empty());
     // An explicit claim by it is a new early reuse: it wins, the other is fenced.
     let effects = t.claim("10.0.0.1", h(5), Source::Api);
     assert_eq!(conflicts(&effects).len(), 1);
@@ -92,9 +94,9 @@ fn fenced_holder_seen_again_on_netlink_stays_fenced() {
 fn new_holder_gone_while_old_fenced_quarantines_and_then_keeps_the_old_one_fenced() {
     let mut t = Harness::new(EarlyReusePolicy::FenceOld);
     t.claim("10.0.0.1", h(5), Source::Cni);
-    t.ok(|r| r.drain(ip("10.0.0.1"), None));
+    t.ok(|r| r.lifecycle_mut().drain(ip("10.0.0.1"), None));
     t.claim("10.0.0.1", h(6), Source::Cni);
-    t.ok(|r| r.holder_gone(6));
+    t.ok(|r| r.lifecycle_mut().holder_gone(6));
     let record = t.record("10.0.0.1");
     assert_eq!(
         (record.state(), record.fenced().cloned()),
@@ -104,7 +106,7 @@ fn new_holder_gone_while_old_fenced_quarantines_and_then_keeps_the_old_one_fence
     // The stuck old holder is still alive when the quarantine ends: it is neither reconnected
     // nor forgotten.
     t.advance(30);
-    let effects = t.ok(|r| r.tick());
+    let effects = t.ok(|r| r.lifecycle_mut().tick());
     assert_eq!(released(&effects), vec![30 * SEC]);
     let record = t.record("10.0.0.1");
     assert_eq!(record.status.holder(), Some(&h(5)));
@@ -112,10 +114,10 @@ fn new_holder_gone_while_old_fenced_quarantines_and_then_keeps_the_old_one_fence
     assert_eq!(t.entry("10.0.0.1").fenced_ifindex, 5);
     assert_eq!(t.entry("10.0.0.1").holder_ifindex, 5);
     // When it is finally gone, the address cools down and is free.
-    t.ok(|r| r.holder_gone(5));
+    t.ok(|r| r.lifecycle_mut().holder_gone(5));
     t.advance(30);
-    t.ok(|r| r.tick());
-    assert!(t.reg.is_empty());
+    t.ok(|r| r.lifecycle_mut().tick());
+    assert!(t.reg.records().is_empty());
 }
 
 #[test]
@@ -141,7 +143,7 @@ fn another_container_on_the_holders_interface_replaces_it_without_fencing() {
 fn fence_old_claim_during_quarantine_is_reuse_in_cooldown() {
     let mut t = Harness::new(EarlyReusePolicy::FenceOld);
     t.claim("10.0.0.1", h(5), Source::Cni);
-    t.ok(|r| r.holder_gone(5));
+    t.ok(|r| r.lifecycle_mut().holder_gone(5));
     t.advance(10);
     let effects = t.claim("10.0.0.1", h(6), Source::Cni);
     assert_eq!(
@@ -155,7 +157,11 @@ fn fence_old_claim_during_quarantine_is_reuse_in_cooldown() {
         (c[0].old.clone(), c[0].new.clone()),
         (Some(h(5)), Some(h(6)))
     );
-    assert_eq!(t.reg.next_deadline(), None, "no quarantine left to end");
+    assert_eq!(
+        t.reg.records().indexes().next_deadline(),
+        None,
+        "no quarantine left to end"
+    );
     assert_eq!(
         t.entry("10.0.0.1"),
         AddrEntry::new(AddrState::Active, 6, START + 10 * SEC)
@@ -166,7 +172,7 @@ fn fence_old_claim_during_quarantine_is_reuse_in_cooldown() {
 fn observe_claim_during_quarantine_is_claimed_and_reported() {
     let mut t = Harness::new(EarlyReusePolicy::Observe);
     t.claim("10.0.0.1", h(5), Source::Cni);
-    t.ok(|r| r.holder_gone(5));
+    t.ok(|r| r.lifecycle_mut().holder_gone(5));
     let effects = t.claim("10.0.0.1", h(6), Source::Cni);
     assert_eq!(conflicts(&effects)[0].kind, ConflictKind::ReuseInCooldown);
     assert_eq!(conflicts(&effects)[0].policy, EarlyReusePolicy::Observe);
@@ -179,7 +185,7 @@ fn observe_claim_during_quarantine_is_claimed_and_reported() {
 fn observe_early_reuse_reports_and_fences_nothing() {
     let mut t = Harness::new(EarlyReusePolicy::Observe);
     t.claim("10.0.0.1", h(5), Source::Cni);
-    t.ok(|r| r.drain(ip("10.0.0.1"), None));
+    t.ok(|r| r.lifecycle_mut().drain(ip("10.0.0.1"), None));
     let effects = t.claim("10.0.0.1", h(6), Source::Cni);
     assert_eq!(conflicts(&effects)[0].kind, ConflictKind::EarlyReuse);
     let record = t.record("10.0.0.1");
@@ -201,8 +207,8 @@ fn observe_early_reuse_reports_and_fences_nothing() {
 fn refuse_new_refuses_an_explicit_claim_and_changes_nothing() {
     let mut t = Harness::new(EarlyReusePolicy::RefuseNew);
     t.claim("10.0.0.1", h(5), Source::Cni);
-    t.ok(|r| r.drain(ip("10.0.0.1"), None));
-    let before = t.reg.snapshot();
+    t.ok(|r| r.lifecycle_mut().drain(ip("10.0.0.1"), None));
+    let before = t.reg.lifecycle().snapshot();
     for source in [Source::Cni, Source::Api] {
         let err = t
             .run(|r| r.claim(ip("10.0.0.1"), h(6), source))
@@ -218,15 +224,15 @@ fn refuse_new_refuses_an_explicit_claim_and_changes_nothing() {
         assert_eq!(err.conflict_kind(), Some(ConflictKind::EarlyReuse));
         assert!(err.to_string().contains("try again later"), "{err}");
     }
-    assert_eq!(t.reg.snapshot(), before);
-    assert_eq!(t.reg.refused_claims(), 2);
+    assert_eq!(t.reg.lifecycle().snapshot(), before);
+    assert_eq!(t.reg.refusals().refused_claims(), 2);
 }
 
 #[test]
 fn refuse_new_refuses_an_explicit_claim_in_cooldown_until_it_ends() {
     let mut t = Harness::new(EarlyReusePolicy::RefuseNew);
     t.claim("10.0.0.1", h(5), Source::Cni);
-    t.ok(|r| r.holder_gone(5));
+    t.ok(|r| r.lifecycle_mut().holder_gone(5));
     let until = t.now() + 30 * SEC;
     let err = t
         .run(|r| r.claim(ip("10.0.0.1"), h(6), Source::Cni))
@@ -241,17 +247,17 @@ fn refuse_new_refuses_an_explicit_claim_in_cooldown_until_it_ends() {
     );
     assert_eq!(err.conflict_kind(), Some(ConflictKind::ReuseInCooldown));
     t.advance(30);
-    t.ok(|r| r.tick());
+    t.ok(|r| r.lifecycle_mut().tick());
     t.claim("10.0.0.1", h(6), Source::Cni);
     assert_eq!(t.record("10.0.0.1").status.holder(), Some(&h(6)));
-    assert_eq!(t.reg.refused_claims(), 1);
+    assert_eq!(t.reg.refusals().refused_claims(), 1);
 }
 
 #[test]
 fn refuse_new_netlink_claim_is_blocked_then_promoted_when_the_old_holder_is_gone() {
     let mut t = Harness::new(EarlyReusePolicy::RefuseNew);
     t.claim("10.0.0.1", h(5), Source::Cni);
-    t.ok(|r| r.drain(ip("10.0.0.1"), None));
+    t.ok(|r| r.lifecycle_mut().drain(ip("10.0.0.1"), None));
     let drained_at = t.now();
     t.advance(1);
     let effects = t.claim("10.0.0.1", h(6), Source::Netlink);
@@ -273,10 +279,10 @@ fn refuse_new_netlink_claim_is_blocked_then_promoted_when_the_old_holder_is_gone
         t.claim("10.0.0.1", h(6), Source::Netlink).is_empty(),
         "seen again: no-op"
     );
-    assert_eq!(t.reg.refused_claims(), 0);
+    assert_eq!(t.reg.refusals().refused_claims(), 0);
     // The old holder goes: the claimant has the address, no quarantine, no action needed.
     t.advance(1);
-    let effects = t.ok(|r| r.holder_gone(5));
+    let effects = t.ok(|r| r.lifecycle_mut().holder_gone(5));
     assert_eq!(
         transitions(&effects),
         vec![(StateName::Draining, StateName::Active)]
@@ -288,22 +294,22 @@ fn refuse_new_netlink_claim_is_blocked_then_promoted_when_the_old_holder_is_gone
         t.entry("10.0.0.1"),
         AddrEntry::new(AddrState::Active, 6, t.now())
     );
-    assert_eq!(t.reg.next_deadline(), None);
+    assert_eq!(t.reg.records().indexes().next_deadline(), None);
 }
 
 #[test]
 fn refuse_new_netlink_claim_in_cooldown_is_promoted_when_the_quarantine_ends() {
     let mut t = Harness::new(EarlyReusePolicy::RefuseNew);
     t.claim("10.0.0.1", h(5), Source::Cni);
-    t.ok(|r| r.holder_gone(5));
+    t.ok(|r| r.lifecycle_mut().holder_gone(5));
     let effects = t.claim("10.0.0.1", h(6), Source::Netlink);
     assert_eq!(conflicts(&effects)[0].kind, ConflictKind::ReuseInCooldown);
     assert_eq!(t.entry("10.0.0.1").fenced_ifindex, 6);
     assert_eq!(t.entry("10.0.0.1").state(), Some(AddrState::Quarantined));
     t.advance(29);
-    assert!(t.ok(|r| r.tick()).is_empty());
+    assert!(t.ok(|r| r.lifecycle_mut().tick()).is_empty());
     t.advance(1);
-    let effects = t.ok(|r| r.tick());
+    let effects = t.ok(|r| r.lifecycle_mut().tick());
     assert_eq!(
         transitions(&effects),
         vec![(StateName::Quarantined, StateName::Active)]
@@ -320,14 +326,14 @@ fn refuse_new_blocked_claimant_gone_first_is_forgotten() {
     let mut t = Harness::new(EarlyReusePolicy::RefuseNew);
     t.claim("10.0.0.1", h(5), Source::Cni);
     t.claim("10.0.0.1", h(6), Source::Netlink);
-    t.ok(|r| r.holder_gone(6));
+    t.ok(|r| r.lifecycle_mut().holder_gone(6));
     let record = t.record("10.0.0.1");
     assert_eq!(
         (record.state(), record.blocked_claimant().cloned()),
         (StateName::Active, None)
     );
     assert_eq!(t.entry("10.0.0.1").fenced_ifindex, NO_IFINDEX);
-    t.ok(|r| r.holder_gone(5));
+    t.ok(|r| r.lifecycle_mut().holder_gone(5));
     assert_eq!(t.record("10.0.0.1").state(), StateName::Quarantined);
 }
 
@@ -337,32 +343,32 @@ fn refuse_new_blocked_claimant_gone_first_is_forgotten() {
 fn release_needs_force_before_the_quarantine_is_over() {
     let mut t = Harness::new(EarlyReusePolicy::FenceOld);
     t.claim("10.0.0.1", h(5), Source::Cni);
-    t.ok(|r| r.holder_gone(5));
+    t.ok(|r| r.lifecycle_mut().holder_gone(5));
     assert_eq!(
-        t.run(|r| r.release(ip("10.0.0.1"), false)),
+        t.run(|r| r.lifecycle_mut().release(ip("10.0.0.1"), false)),
         Err(RegistryError::NotReleasable {
             addr: ip("10.0.0.1"),
             state: StateName::Quarantined
         })
     );
     t.advance(5);
-    let effects = t.ok(|r| r.release(ip("10.0.0.1"), true));
+    let effects = t.ok(|r| r.lifecycle_mut().release(ip("10.0.0.1"), true));
     assert_eq!(
         transitions(&effects),
         vec![(StateName::Quarantined, StateName::Free)]
     );
     assert_eq!(released(&effects), vec![5 * SEC]);
-    assert!(t.reg.is_empty());
+    assert!(t.reg.records().is_empty());
 }
 
 #[test]
 fn release_of_an_expired_quarantine_needs_no_force() {
     let mut t = Harness::new(EarlyReusePolicy::FenceOld);
     t.claim("10.0.0.1", h(5), Source::Cni);
-    t.ok(|r| r.holder_gone(5));
+    t.ok(|r| r.lifecycle_mut().holder_gone(5));
     t.advance(31);
-    t.ok(|r| r.release(ip("10.0.0.1"), false));
-    assert!(t.reg.is_empty());
+    t.ok(|r| r.lifecycle_mut().release(ip("10.0.0.1"), false));
+    assert!(t.reg.records().is_empty());
 }
 
 #[test]
@@ -370,24 +376,24 @@ fn release_of_a_live_address_needs_force() {
     let mut t = Harness::new(EarlyReusePolicy::FenceOld);
     t.claim("10.0.0.1", h(5), Source::Cni);
     t.claim("10.0.0.2", h(6), Source::Cni);
-    t.ok(|r| r.drain(ip("10.0.0.2"), None));
+    t.ok(|r| r.lifecycle_mut().drain(ip("10.0.0.2"), None));
     for (addr, state) in [
         ("10.0.0.1", StateName::Active),
         ("10.0.0.2", StateName::Draining),
     ] {
         let a = ip(addr);
         assert_eq!(
-            t.run(|r| r.release(a, false)),
+            t.run(|r| r.lifecycle_mut().release(a, false)),
             Err(RegistryError::NotReleasable { addr: a, state })
         );
-        let effects = t.ok(|r| r.release(a, true));
+        let effects = t.ok(|r| r.lifecycle_mut().release(a, true));
         assert!(effects.contains(&Effect::Remove { addr: a }));
         assert_eq!(transitions(&effects), vec![(state, StateName::Free)]);
         assert!(released(&effects).is_empty(), "no quarantine ended");
     }
-    assert!(t.reg.is_empty());
+    assert!(t.reg.records().is_empty());
     assert!(matches!(
-        t.run(|r| r.release(ip("10.0.0.1"), true)),
+        t.run(|r| r.lifecycle_mut().release(ip("10.0.0.1"), true)),
         Err(RegistryError::NotFound { .. })
     ));
 }
@@ -396,9 +402,9 @@ fn release_of_a_live_address_needs_force() {
 fn forced_release_of_a_quarantine_hands_it_to_the_blocked_claimant() {
     let mut t = Harness::new(EarlyReusePolicy::RefuseNew);
     t.claim("10.0.0.1", h(5), Source::Cni);
-    t.ok(|r| r.holder_gone(5));
+    t.ok(|r| r.lifecycle_mut().holder_gone(5));
     t.claim("10.0.0.1", h(6), Source::Netlink);
-    t.ok(|r| r.release(ip("10.0.0.1"), true));
+    t.ok(|r| r.lifecycle_mut().release(ip("10.0.0.1"), true));
     assert_eq!(t.record("10.0.0.1").status.holder(), Some(&h(6)));
     assert_eq!(t.entry("10.0.0.1").fenced_ifindex, NO_IFINDEX);
 }
@@ -414,8 +420,8 @@ fn a_full_registry_refuses_new_addresses_and_keeps_every_old_one() {
     t.claim("10.0.0.1", h(1), Source::Cni);
     t.claim("10.0.0.2", h(2), Source::Cni);
     t.claim("10.0.0.3", h(3), Source::Cni);
-    t.ok(|r| r.holder_gone(3)); // a quarantined entry counts too
-    let before = t.reg.snapshot();
+    t.ok(|r| r.lifecycle_mut().holder_gone(3)); // a quarantined entry counts too
+    let before = t.reg.lifecycle().snapshot();
     let err = t
         .run(|r| r.claim(ip("10.0.0.4"), h(4), Source::Cni))
         .unwrap_err();
@@ -427,16 +433,16 @@ fn a_full_registry_refuses_new_addresses_and_keeps_every_old_one() {
         }
     );
     assert!(err.to_string().contains("existing entries are kept"));
-    assert_eq!(t.reg.snapshot().records, before.records);
-    assert_eq!(t.reg.full_rejections(), 1);
-    assert_eq!((t.reg.len(), t.reg.capacity()), (3, 3));
+    assert_eq!(t.reg.lifecycle().snapshot().records, before.records);
+    assert_eq!(t.reg.refusals().full_rejections(), 1);
+    assert_eq!((t.reg.records().len(), t.reg.records().capacity()), (3, 3));
     // Addresses already registered can still change hands.
     t.claim("10.0.0.1", h(9), Source::Cni);
     t.claim("10.0.0.3", h(8), Source::Cni);
     // Room again once one is free.
-    t.ok(|r| r.release(ip("10.0.0.2"), true));
+    t.ok(|r| r.lifecycle_mut().release(ip("10.0.0.2"), true));
     t.claim("10.0.0.4", h(4), Source::Cni);
-    assert_eq!(t.reg.len(), 3);
+    assert_eq!(t.reg.records().len(), 3);
 }
 
 // ---- remote claim and duplicate source ---------------------------------------------------
@@ -445,7 +451,7 @@ fn a_full_registry_refuses_new_addresses_and_keeps_every_old_one() {
 fn remote_claim_of_an_active_address_is_only_reported() {
     let mut t = Harness::new(EarlyReusePolicy::FenceOld);
     t.claim("10.0.0.1", h(5), Source::Cni);
-    let effects = t.ok(|r| r.remote_claim(ip("10.0.0.1")));
+    let effects = t.ok(|r| r.lifecycle_mut().remote_claim(ip("10.0.0.1")));
     assert_eq!(effects.len(), 1, "{effects:?}");
     let c = conflicts(&effects)[0];
     assert_eq!(
@@ -460,14 +466,14 @@ fn remote_claim_of_an_active_address_is_only_reported() {
 fn remote_claim_of_a_draining_address_fences_the_local_holder() {
     let mut t = Harness::new(EarlyReusePolicy::FenceOld);
     t.claim("10.0.0.1", h(5), Source::Cni);
-    t.ok(|r| r.drain(ip("10.0.0.1"), None));
-    let effects = t.ok(|r| r.remote_claim(ip("10.0.0.1")));
+    t.ok(|r| r.lifecycle_mut().drain(ip("10.0.0.1"), None));
+    let effects = t.ok(|r| r.lifecycle_mut().remote_claim(ip("10.0.0.1")));
     assert_eq!(conflicts(&effects)[0].kind, ConflictKind::RemoteClaim);
     assert_eq!(t.record("10.0.0.1").fenced().cloned(), Some(h(5)));
     let entry = t.entry("10.0.0.1");
     assert_eq!((entry.holder_ifindex, entry.fenced_ifindex), (5, 5));
     // Gone later: quarantined as usual, fence cleared.
-    t.ok(|r| r.holder_gone(5));
+    t.ok(|r| r.lifecycle_mut().holder_gone(5));
     let record = t.record("10.0.0.1");
     assert_eq!(
         (record.state(), record.fenced().cloned()),
@@ -479,10 +485,12 @@ fn remote_claim_of_a_draining_address_fences_the_local_holder() {
 fn remote_claim_of_a_quarantined_or_unknown_address() {
     let mut t = Harness::new(EarlyReusePolicy::FenceOld);
     t.claim("10.0.0.1", h(5), Source::Cni);
-    t.ok(|r| r.holder_gone(5));
-    assert!(t.ok(|r| r.remote_claim(ip("10.0.0.1"))).is_empty());
+    t.ok(|r| r.lifecycle_mut().holder_gone(5));
+    assert!(t
+        .ok(|r| r.lifecycle_mut().remote_claim(ip("10.0.0.1")))
+        .is_empty());
     assert!(matches!(
-        t.run(|r| r.remote_claim(ip("10.0.0.2"))),
+        t.run(|r| r.lifecycle_mut().remote_claim(ip("10.0.0.2"))),
         Err(RegistryError::NotFound { .. })
     ));
 }
@@ -494,7 +502,7 @@ fn duplicate_source_is_reported_only() {
     t.claim("10.0.0.1", h(5), Source::Cni);
     t.claim("10.0.0.2", b.clone(), Source::Cni);
     let before = t.entry("10.0.0.1");
-    let effects = t.ok(|r| r.duplicate_source(ip("10.0.0.1"), 6));
+    let effects = t.ok(|r| r.lifecycle_mut().duplicate_source(ip("10.0.0.1"), 6));
     assert_eq!(
         effects,
         vec![Effect::Conflict(Box::new(Conflict {
@@ -509,12 +517,14 @@ fn duplicate_source_is_reported_only() {
     assert_eq!(t.entry("10.0.0.1"), before);
     assert_eq!(t.record("10.0.0.1").conflicts, 1);
     // An interface the registry does not know is named by its index alone.
-    let effects = t.ok(|r| r.duplicate_source(ip("10.0.0.1"), 42));
+    let effects = t.ok(|r| r.lifecycle_mut().duplicate_source(ip("10.0.0.1"), 42));
     assert_eq!(conflicts(&effects)[0].new, Some(Holder::new(42, "")));
     // The holder's own interface is no duplicate.
-    assert!(t.ok(|r| r.duplicate_source(ip("10.0.0.1"), 5)).is_empty());
+    assert!(t
+        .ok(|r| r.lifecycle_mut().duplicate_source(ip("10.0.0.1"), 5))
+        .is_empty());
     assert!(matches!(
-        t.run(|r| r.duplicate_source(ip("10.0.0.9"), 5)),
+        t.run(|r| r.lifecycle_mut().duplicate_source(ip("10.0.0.9"), 5)),
         Err(RegistryError::NotFound { .. })
     ));
 }
@@ -537,7 +547,7 @@ fn three_claimants_keep_every_old_holder_tracked_and_cut_off() {
     assert_eq!(record.displaced().to_vec(), vec![h(5)]);
     assert_eq!(record.conflicts, 2);
     // The slot frees when its holder goes; the next displaced holder takes it.
-    t.ok(|r| r.holder_gone(6));
+    t.ok(|r| r.lifecycle_mut().holder_gone(6));
     let record = t.record("10.0.0.1");
     assert_eq!(
         (record.fenced().cloned(), record.displaced().to_vec()),
@@ -546,16 +556,16 @@ fn three_claimants_keep_every_old_holder_tracked_and_cut_off() {
     assert_eq!(t.entry("10.0.0.1").fenced_ifindex, 5);
     // The holder goes; the quarantine ends; the still-living old holder keeps the address,
     // cut off, rather than the address falling Free and reconnecting it.
-    t.ok(|r| r.holder_gone(7));
+    t.ok(|r| r.lifecycle_mut().holder_gone(7));
     t.advance(30);
-    t.ok(|r| r.tick());
+    t.ok(|r| r.lifecycle_mut().tick());
     let entry = t.entry("10.0.0.1");
     assert_eq!(entry.state(), Some(AddrState::Draining));
     assert_eq!((entry.holder_ifindex, entry.fenced_ifindex), (5, 5));
-    t.ok(|r| r.holder_gone(5));
+    t.ok(|r| r.lifecycle_mut().holder_gone(5));
     t.advance(30);
-    t.ok(|r| r.tick());
-    assert!(t.reg.is_empty());
+    t.ok(|r| r.lifecycle_mut().tick());
+    assert!(t.reg.records().is_empty());
 }
 
 #[test]
@@ -563,8 +573,8 @@ fn remote_claim_fencing_a_draining_holder_keeps_the_earlier_fenced_one() {
     let mut t = Harness::new(EarlyReusePolicy::FenceOld);
     t.claim("10.0.0.1", h(5), Source::Cni);
     t.claim("10.0.0.1", h(6), Source::Cni);
-    t.ok(|r| r.drain(ip("10.0.0.1"), None));
-    t.ok(|r| r.remote_claim(ip("10.0.0.1")));
+    t.ok(|r| r.lifecycle_mut().drain(ip("10.0.0.1"), None));
+    t.ok(|r| r.lifecycle_mut().remote_claim(ip("10.0.0.1")));
     let record = t.record("10.0.0.1");
     assert_eq!(
         (record.fenced().cloned(), record.displaced().to_vec()),
@@ -583,7 +593,7 @@ fn refuse_new_newest_netlink_claimant_takes_the_slot_and_the_earlier_one_is_kept
     assert_eq!(record.fenced().cloned(), Some(h(6)));
     assert_eq!(t.entry("10.0.0.1").fenced_ifindex, 7);
     assert_eq!(t.entry("10.0.0.1").holder_ifindex, 5);
-    t.ok(|r| r.holder_gone(5));
+    t.ok(|r| r.lifecycle_mut().holder_gone(5));
     let entry = t.entry("10.0.0.1");
     assert_eq!(entry.state(), Some(AddrState::Active));
     assert_eq!((entry.holder_ifindex, entry.fenced_ifindex), (7, 6));

@@ -83,7 +83,11 @@ impl ApiService<'_> {
         let conflicts = conflicts
             .iter()
             .map(|c| {
-                let outcome = outcome_of(c, self.core.registry.get(c.addr), self.core.config.mode);
+                let outcome = outcome_of(
+                    c,
+                    self.core.registry.records().get(c.addr),
+                    self.core.config.mode,
+                );
                 conflict_view(c, outcome, &time)
             })
             .collect();

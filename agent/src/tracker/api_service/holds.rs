@@ -28,6 +28,7 @@ impl<'a> ApiService<'a> {
     {
         self.core
             .registry
+            .records()
             .held_by_container(container_id)
             .filter(move |r| {
                 r.status
@@ -82,7 +83,7 @@ impl IpamSide {
         self.holds
             .all()
             .into_iter()
-            .filter(|(addr, _)| registry.get(*addr).is_none())
+            .filter(|(addr, _)| registry.records().get(*addr).is_none())
             .filter_map(|(addr, _)| self.held_free_view(addr))
             .collect()
     }

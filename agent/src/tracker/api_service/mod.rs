@@ -124,6 +124,7 @@ impl ApiService<'_> {
         let mut addresses: Vec<AddressView> = self
             .core
             .registry
+            .records()
             .iter()
             .filter(|r| state.is_none_or(|s| r.state() == s))
             .map(|r| self.view_of(r, &time))
@@ -139,6 +140,7 @@ impl ApiService<'_> {
         let time = TimeBase::now();
         self.core
             .registry
+            .records()
             .get(addr)
             .map(|r| self.view_of(r, &time))
             .or_else(|| self.ipam.held_free_view(addr))
@@ -171,7 +173,13 @@ impl ApiService<'_> {
         let time = TimeBase::now();
         addrs
             .into_iter()
-            .filter_map(|a| self.core.registry.get(a).map(|r| self.view_of(r, &time)))
+            .filter_map(|a| {
+                self.core
+                    .registry
+                    .records()
+                    .get(a)
+                    .map(|r| self.view_of(r, &time))
+            })
             .collect()
     }
 

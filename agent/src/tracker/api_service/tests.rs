@@ -92,7 +92,7 @@ fn gc_drains_exactly_the_attachments_the_runtime_no_longer_lists() {
         ("10.0.0.4", StateName::Active),
         ("10.0.0.5", StateName::Active),
     ] {
-        assert_eq!(t.core.registry.state(ip(addr)), state, "{addr}");
+        assert_eq!(t.core.registry.records().state(ip(addr)), state, "{addr}");
     }
 }
 
@@ -108,7 +108,7 @@ fn a_claim_is_answered_unavailable_until_it_is_saved() {
     assert_eq!(error.code(), ErrorCode::Unavailable);
     assert!(error.0.message.contains("journal"), "{}", error.0.message);
     assert_eq!(t.metrics.journal_write_failures.get(), 1);
-    assert!(!journal.is_saved(t.core.registry.generation()));
+    assert!(!journal.is_saved(t.core.registry.changes().generation()));
 
     // Once the directory is back, the retry saves it and the same claim is answered. (The
     // journal tries a failed rewrite again at most once a second, so a failing disk is not
@@ -124,7 +124,7 @@ fn a_claim_is_answered_unavailable_until_it_is_saved() {
     let response =
         claim_saved_by(&mut t, Some(&mut journal), "10.0.0.9").expect("the claim, now durable");
     assert_eq!(response.addresses[0].state, StateName::Active);
-    assert!(journal.is_saved(t.core.registry.generation()));
+    assert!(journal.is_saved(t.core.registry.changes().generation()));
     assert_eq!(t.metrics.journal_unsaved_seconds.get(), 0.0);
 }
 

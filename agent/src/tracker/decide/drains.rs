@@ -34,6 +34,7 @@ impl Core {
         };
         let targets: Vec<(IpAddr, Holder)> = self
             .registry
+            .records()
             .held_by_container(&request.container_id)
             .filter_map(|r| {
                 let holder = r.status.holder()?;
@@ -72,6 +73,7 @@ impl Core {
         };
         let targets: Vec<(IpAddr, Holder)> = self
             .registry
+            .records()
             .iter()
             .filter(|r| r.state() == StateName::Active)
             .filter_map(|r| {
@@ -87,7 +89,7 @@ impl Core {
 fn drain_all(registry: &mut Registry, targets: Vec<(IpAddr, Holder)>, why: &str) -> Drained {
     let mut drained = Drained::default();
     for (addr, holder) in targets {
-        let result = registry.drain(addr, Some(&holder));
+        let result = registry.lifecycle_mut().drain(addr, Some(&holder));
         if result.is_ok() {
             drained.addresses.insert(addr);
         }

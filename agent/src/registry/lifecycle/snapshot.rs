@@ -1,13 +1,13 @@
-//! The registry's durable form, for the journal: [`Registry::snapshot`] and a validating
-//! [`Registry::restore`]. Nothing in a snapshot is trusted blindly.
+//! The registry's durable form, for the journal: [`Lifecycle::snapshot`] and a validating
+//! [`Lifecycle::restore`]. Nothing in a snapshot is trusted blindly.
 
 use std::{collections::BTreeMap, net::IpAddr};
 
 use ipq_common::addr::NO_IFINDEX;
 use serde::{Deserialize, Serialize};
 
-use super::{
-    AddrRecord, AddrStatus, Clock, Effect, MonoNs, RecordProblem, Registry, RegistryError,
+use crate::registry::{
+    AddrRecord, AddrStatus, Clock, Effect, Lifecycle, MonoNs, RecordProblem, RegistryError,
 };
 
 /// The snapshot format this build writes and reads.
@@ -58,13 +58,13 @@ impl Snapshot {
     }
 }
 
-impl<C: Clock> Registry<C> {
+impl<C: Clock> Lifecycle<C> {
     /// A copy of every record, in address order.
     pub fn snapshot(&self) -> Snapshot {
         Snapshot {
             version: SNAPSHOT_VERSION,
             taken_at: self.clock.now(),
-            records: self.records.values().cloned().collect(),
+            records: self.records.iter().cloned().collect(),
         }
     }
 
@@ -82,10 +82,11 @@ impl<C: Clock> Registry<C> {
                 supported: SNAPSHOT_VERSION,
             });
         }
-        if snapshot.records.len() > self.settings.capacity as usize {
+        let capacity = self.records.capacity();
+        if snapshot.records.len() > capacity as usize {
             return Err(RegistryError::OverCapacity {
                 records: snapshot.records.len(),
-                capacity: self.settings.capacity,
+                capacity,
             });
         }
         let now = self.clock.now();
@@ -103,15 +104,15 @@ impl<C: Clock> Registry<C> {
         let mut out = Vec::new();
         let gone: Vec<IpAddr> = self
             .records
-            .keys()
+            .iter()
+            .map(|record| record.addr)
             .filter(|addr| !records.contains_key(addr))
-            .copied()
             .collect();
         for addr in gone {
-            self.put(addr, None, &mut out);
+            self.records.put(addr, None, &mut out);
         }
         for (addr, record) in records {
-            self.put(addr, Some(record), &mut out);
+            self.records.put(addr, Some(record), &mut out);
         }
         out.retain(|e| matches!(e, Effect::Upsert { .. } | Effect::Remove { .. }));
         Ok(out)

@@ -1,16 +1,15 @@
-//! The transitions of DESIGN §2. Each works on a copy of the record and commits it through
-//! `Registry::put`, so an error leaves the registry exactly as it was.
+//! The transitions of DESIGN §2 after a claim. Each works on a copy of the record and commits
+//! it through `RecordBook::put`, so an error leaves the registry exactly as it was.
 
 use std::net::IpAddr;
 
 use ipq_common::addr::NO_IFINDEX;
 
-use super::{
-    canonical, AddrRecord, AddrStatus, Clock, Conflict, ConflictKind, Effect, Holder, MonoNs,
-    Registry, RegistryError,
+use crate::registry::{
+    canonical, AddrStatus, Clock, ConflictKind, Effect, Holder, Lifecycle, MonoNs, RegistryError,
 };
 
-impl<C: Clock> Registry<C> {
+impl<C: Clock> Lifecycle<C> {
     /// The holder of `addr` starts to terminate: Active → Draining; its traffic keeps flowing.
     ///
     /// Idempotent on Draining, a no-op on Quarantined (the holder is already gone) and when
@@ -25,7 +24,7 @@ impl<C: Clock> Registry<C> {
         let addr = canonical(addr)?;
         let record = self
             .records
-            .get(&addr)
+            .record(&addr)
             .ok_or(RegistryError::NotFound { addr })?;
         let mut out = Vec::new();
         let Some(current) = record.status.holder() else {
@@ -53,7 +52,7 @@ impl<C: Clock> Registry<C> {
                 holder: h,
                 since: self.clock.now(),
             };
-            self.put(addr, Some(next), &mut out);
+            self.records.put(addr, Some(next), &mut out);
         }
         Ok(out)
     }
@@ -68,18 +67,18 @@ impl<C: Clock> Registry<C> {
         if ifindex == NO_IFINDEX {
             return Ok(out);
         }
-        let Some(addrs) = self.by_ifindex.get(&ifindex).cloned() else {
+        let Some(addrs) = self.records.indexes().on_interface(ifindex).cloned() else {
             return Ok(out);
         };
         let now = self.clock.now();
         for addr in addrs {
-            let Some(mut next) = self.records.get(&addr).cloned() else {
+            let Some(mut next) = self.records.record(&addr).cloned() else {
                 continue;
             };
-            next.forget_contestant(ifindex);
+            next.contest.forget(ifindex);
             if let Some(holder) = next.status.holder().filter(|h| h.ifindex == ifindex) {
                 let holder = holder.clone();
-                next.status = match next.take_blocked_claimant() {
+                next.status = match next.contest.take_blocked_claimant() {
                     Some(claimant) => AddrStatus::Active {
                         holder: claimant,
                         since: now,
@@ -92,7 +91,7 @@ impl<C: Clock> Registry<C> {
                     },
                 };
             }
-            self.put(addr, Some(next), &mut out);
+            self.records.put(addr, Some(next), &mut out);
         }
         Ok(out)
     }
@@ -105,7 +104,7 @@ impl<C: Clock> Registry<C> {
         let addr = canonical(addr)?;
         let record = self
             .records
-            .get(&addr)
+            .record(&addr)
             .ok_or(RegistryError::NotFound { addr })?;
         let mut out = Vec::new();
         if let AddrStatus::Quarantined {
@@ -125,7 +124,7 @@ impl<C: Clock> Registry<C> {
                 *until = release;
                 *last_stale = Some(last);
             }
-            self.put(addr, Some(next), &mut out);
+            self.records.put(addr, Some(next), &mut out);
         }
         Ok(out)
     }
@@ -136,15 +135,16 @@ impl<C: Clock> Registry<C> {
     /// stays fenced, so a stuck workload is neither reconnected nor forgotten.
     pub fn tick(&mut self) -> Result<Vec<Effect>, RegistryError> {
         let now = self.clock.now();
-        let due: Vec<IpAddr> = self
-            .deadlines
-            .iter()
-            .take_while(|(until, _)| *until <= now)
-            .map(|(_, addr)| *addr)
-            .collect();
+        let due: Vec<IpAddr> = self.records.indexes().due(now).collect();
         let mut out = Vec::new();
         for addr in due {
-            self.end_quarantine(addr, now, &mut out);
+            let Some(record) = self.records.record(&addr) else {
+                continue;
+            };
+            if let Some((after, released)) = record.quarantine_over(now) {
+                self.records.put(addr, after, &mut out);
+                out.push(released);
+            }
         }
         Ok(out)
     }
@@ -156,7 +156,7 @@ impl<C: Clock> Registry<C> {
         let addr = canonical(addr)?;
         let record = self
             .records
-            .get(&addr)
+            .record(&addr)
             .ok_or(RegistryError::NotFound { addr })?;
         let now = self.clock.now();
         let over = matches!(record.status, AddrStatus::Quarantined { until, .. } if until <= now);
@@ -167,10 +167,12 @@ impl<C: Clock> Registry<C> {
             });
         }
         let mut out = Vec::new();
-        if matches!(record.status, AddrStatus::Quarantined { .. }) {
-            self.end_quarantine(addr, now, &mut out);
-        } else {
-            self.put(addr, None, &mut out);
+        match record.quarantine_over(now) {
+            Some((after, released)) => {
+                self.records.put(addr, after, &mut out);
+                out.push(released);
+            }
+            None => self.records.put(addr, None, &mut out),
         }
         Ok(out)
     }
@@ -179,11 +181,11 @@ impl<C: Clock> Registry<C> {
     /// goes, whatever state it was in, and nothing is handed to anyone.
     pub fn forget(&mut self, addr: IpAddr) -> Result<Vec<Effect>, RegistryError> {
         let addr = canonical(addr)?;
-        if !self.records.contains_key(&addr) {
+        if self.records.record(&addr).is_none() {
             return Err(RegistryError::NotFound { addr });
         }
         let mut out = Vec::new();
-        self.put(addr, None, &mut out);
+        self.records.put(addr, None, &mut out);
         Ok(out)
     }
 
@@ -196,7 +198,7 @@ impl<C: Clock> Registry<C> {
         let addr = canonical(addr)?;
         let record = self
             .records
-            .get(&addr)
+            .record(&addr)
             .ok_or(RegistryError::NotFound { addr })?;
         let mut out = Vec::new();
         let Some(holder) = record.status.holder().cloned() else {
@@ -207,14 +209,14 @@ impl<C: Clock> Registry<C> {
             next.fence(holder.clone());
         }
         let now = self.clock.now();
-        let conflict = self.conflict(
-            &mut next,
+        let conflict = next.conflict(
             ConflictKind::RemoteClaim,
             Some(holder),
             None,
+            self.settings.policy,
             now,
         );
-        self.put(addr, Some(next), &mut out);
+        self.records.put(addr, Some(next), &mut out);
         out.push(conflict);
         Ok(out)
     }
@@ -229,7 +231,7 @@ impl<C: Clock> Registry<C> {
         let addr = canonical(addr)?;
         let record = self
             .records
-            .get(&addr)
+            .record(&addr)
             .ok_or(RegistryError::NotFound { addr })?;
         let mut out = Vec::new();
         let old = match &record.status {
@@ -240,83 +242,26 @@ impl<C: Clock> Registry<C> {
             return Ok(out);
         }
         let old = old.clone();
-        let new = self.known_holder(ifindex);
+        // The fullest identity the registry knows for `ifindex`, else the bare interface index.
+        let new = self
+            .records
+            .indexes()
+            .on_interface(ifindex)
+            .and_then(|addrs| addrs.iter().next())
+            .and_then(|addr| self.records.record(addr))
+            .and_then(|r| r.live_holders().find(|h| h.ifindex == ifindex).cloned())
+            .unwrap_or_else(|| Holder::new(ifindex, String::new()));
         let mut next = record.clone();
         let now = self.clock.now();
-        let conflict = self.conflict(
-            &mut next,
+        let conflict = next.conflict(
             ConflictKind::DuplicateSource,
             Some(old),
             Some(new),
+            self.settings.policy,
             now,
         );
-        self.put(addr, Some(next), &mut out);
+        self.records.put(addr, Some(next), &mut out);
         out.push(conflict);
         Ok(out)
-    }
-
-    /// Ends the quarantine of `addr` at `now`. The address goes to whoever still lives on it:
-    /// the blocked claimant (`refuse-new`) becomes its Active holder; a fenced holder that is
-    /// still alive (a stuck, terminating workload) keeps it as Draining and stays fenced, so it
-    /// is neither reconnected nor forgotten; with neither, the address is Free.
-    fn end_quarantine(&mut self, addr: IpAddr, now: MonoNs, out: &mut Vec<Effect>) {
-        let Some(record) = self.records.get(&addr) else {
-            return;
-        };
-        let AddrStatus::Quarantined { since, .. } = record.status else {
-            return;
-        };
-        let mut next = record.clone();
-        let after = if let Some(claimant) = next.take_blocked_claimant() {
-            next.status = AddrStatus::Active {
-                holder: claimant,
-                since: now,
-            };
-            Some(next)
-        } else if let Some(fenced) = next.fenced().cloned() {
-            // (`put` keeps the fence slot filled while any displaced holder lives.)
-            next.status = AddrStatus::Draining {
-                holder: fenced,
-                since: now,
-            };
-            Some(next)
-        } else {
-            None
-        };
-        self.put(addr, after, out);
-        out.push(Effect::Released {
-            addr,
-            quarantined_for_ns: now.saturating_sub(since),
-        });
-    }
-
-    /// The fullest identity the registry knows for `ifindex`, else the bare interface index.
-    fn known_holder(&self, ifindex: u32) -> Holder {
-        self.by_ifindex
-            .get(&ifindex)
-            .and_then(|addrs| addrs.iter().next())
-            .and_then(|addr| self.records.get(addr))
-            .and_then(|r| r.live_holders().find(|h| h.ifindex == ifindex).cloned())
-            .unwrap_or_else(|| Holder::new(ifindex, String::new()))
-    }
-
-    /// Counts a conflict on `record` and builds its effect.
-    pub(super) fn conflict(
-        &self,
-        record: &mut AddrRecord,
-        kind: ConflictKind,
-        old: Option<Holder>,
-        new: Option<Holder>,
-        at: MonoNs,
-    ) -> Effect {
-        record.conflicts = record.conflicts.saturating_add(1);
-        Effect::Conflict(Box::new(Conflict {
-            kind,
-            addr: record.addr,
-            old,
-            new,
-            policy: self.settings.policy,
-            at,
-        }))
     }
 }

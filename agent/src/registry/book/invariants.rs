@@ -1,17 +1,17 @@
-//! The registry's self-check, run by the tests and property tests after every operation: its
+//! The record book's self-check, run by the tests and property tests after every operation: its
 //! indexes list exactly what its records say, and each record keeps the rules of its state.
 
-use std::{
-    collections::{BTreeSet, HashMap},
-    net::IpAddr,
-};
+use std::net::IpAddr;
 
 use thiserror::Error;
 
-use super::{container_of, AddrStatus, Clock, MonoNs, Registry, StateName};
-use crate::invariant::{same_index, InvariantViolation};
+use super::{
+    super::{AddrStatus, MonoNs, StateName},
+    RecordBook,
+};
+use crate::invariant::InvariantViolation;
 
-/// What [`Registry::check_invariants`] found broken.
+/// What [`RecordBook::check_invariants`] found broken.
 #[derive(Debug, Error)]
 pub(crate) enum RegistryViolation {
     #[error(transparent)]
@@ -41,17 +41,11 @@ pub(crate) enum RegistryViolation {
     OverCapacity { records: usize },
 }
 
-impl<C: Clock> Registry<C> {
+impl RecordBook {
     /// Checks the indexes and record invariants.
     pub(crate) fn check_invariants(&self) -> Result<(), RegistryViolation> {
-        let mut by_ifindex: HashMap<u32, BTreeSet<IpAddr>> = HashMap::new();
-        let mut deadlines = BTreeSet::new();
-        let mut by_container: HashMap<String, BTreeSet<IpAddr>> = HashMap::new();
         for (addr, record) in self.records.iter() {
             let addr = *addr;
-            if let Some(id) = container_of(record) {
-                by_container.entry(id.to_owned()).or_default().insert(addr);
-            }
             if addr != record.addr || addr.to_canonical() != addr || addr.is_unspecified() {
                 return Err(RegistryViolation::RecordKey {
                     key: addr,
@@ -62,13 +56,11 @@ impl<C: Clock> Registry<C> {
                 if ifindex == ipq_common::addr::NO_IFINDEX {
                     return Err(RegistryViolation::NoIfindex { addr });
                 }
-                by_ifindex.entry(ifindex).or_default().insert(addr);
             }
             if let AddrStatus::Quarantined { since, until, .. } = record.status {
                 if until < since {
                     return Err(RegistryViolation::EndsBeforeItStarts { addr, since, until });
                 }
-                deadlines.insert((until, addr));
             }
             if record.fenced().is_none() && !record.displaced().is_empty() {
                 return Err(RegistryViolation::DisplacedWithoutFence { addr });
@@ -79,15 +71,14 @@ impl<C: Clock> Registry<C> {
                 }
             }
         }
-        same_index("by_ifindex", &self.by_ifindex, &by_ifindex)?;
-        same_index("by_container", &self.by_container, &by_container)?;
-        same_index("deadlines", &self.deadlines, &deadlines)?;
+        self.indexes.check(self.records.values())?;
         for state in [
             StateName::Active,
             StateName::Draining,
             StateName::Quarantined,
         ] {
-            let (counted, records) = (self.count(state), self.recount(state));
+            let counted = self.indexes.count(state);
+            let records = self.iter().filter(|r| r.state() == state).count();
             if counted != records {
                 return Err(RegistryViolation::Count {
                     state,
@@ -96,9 +87,9 @@ impl<C: Clock> Registry<C> {
                 });
             }
         }
-        if self.records.len() > self.settings.capacity as usize {
+        if self.len() > self.capacity as usize {
             return Err(RegistryViolation::OverCapacity {
-                records: self.records.len(),
+                records: self.len(),
             });
         }
         Ok(())

@@ -5,31 +5,16 @@ use std::net::IpAddr;
 
 use ipq_common::addr::NO_IFINDEX;
 
-use super::{
-    canonical, AddrRecord, AddrStatus, Clock, ConflictKind, Effect, Holder, Registry,
+use crate::config::EarlyReusePolicy;
+use crate::registry::{
+    canonical, AddrRecord, AddrStatus, Clock, ConflictKind, Effect, Holder, Lifecycle,
     RegistryError, Source,
 };
-use crate::config::EarlyReusePolicy;
 
-impl<C: Clock> Registry<C> {
-    /// `holder` claims `addr`, as seen by `source`.
-    ///
-    /// - Free → Active(holder), unless the registry is full ([`RegistryError::Full`]; nothing is
-    ///   evicted).
-    /// - The current holder again: a no-op (identity it lacked is filled in, no effects). A
-    ///   Draining holder that claims again explicitly (CNI, API) is Active again; the same claim
-    ///   seen on netlink (a resync still listing its route) changes nothing.
-    /// - The fenced holder or blocked claimant seen again on netlink: a no-op (it stays fenced).
-    /// - Another live holder (Active or Draining) has it: an `early_reuse` conflict.
-    ///   `fence-old`: the claimant becomes the holder, the old holder is fenced.
-    ///   `refuse-new`: an explicit claim is refused ([`RegistryError::Refused`], nothing changes);
-    ///   a netlink claim is kept as the blocked claimant (its traffic dropped) and promoted to
-    ///   holder once the old holder is gone. `observe`: the claimant becomes the holder, nothing
-    ///   is fenced.
-    /// - Quarantined: a `reuse_in_cooldown` conflict. `fence-old`, `observe`: claimed.
-    ///   `refuse-new`: an explicit claim is refused until the quarantine ends; a netlink claimant
-    ///   is blocked until then and promoted by [`tick`](Self::tick).
-    pub fn claim(
+impl<C: Clock> Lifecycle<C> {
+    /// `holder` claims `addr`, as seen by `source`: the rules of
+    /// [`Registry::claim`](crate::registry::Registry::claim), which counts the refusals.
+    pub(in crate::registry) fn claim(
         &mut self,
         addr: IpAddr,
         holder: Holder,
@@ -44,16 +29,13 @@ impl<C: Clock> Registry<C> {
         }
         let now = self.clock.now();
         let mut out = Vec::new();
-        let Some(current) = self.records.get(&addr) else {
-            if self.records.len() >= self.settings.capacity as usize {
-                self.full_rejections += 1;
-                return Err(RegistryError::Full {
-                    addr,
-                    capacity: self.settings.capacity,
-                });
+        let Some(current) = self.records.record(&addr) else {
+            let capacity = self.records.capacity();
+            if self.records.len() >= capacity as usize {
+                return Err(RegistryError::Full { addr, capacity });
             }
             let record = AddrRecord::new(addr, AddrStatus::Active { holder, since: now });
-            self.put(addr, Some(record), &mut out);
+            self.records.put(addr, Some(record), &mut out);
             return Ok(out);
         };
         let mut next = current.clone();
@@ -62,7 +44,7 @@ impl<C: Clock> Registry<C> {
         match &mut next.status {
             AddrStatus::Active { holder: h, .. } if h.same_as(&holder) => {
                 if h.merge_identity(&holder) {
-                    self.put(addr, Some(next), &mut out);
+                    self.records.put(addr, Some(next), &mut out);
                 }
                 return Ok(out);
             }
@@ -74,9 +56,9 @@ impl<C: Clock> Registry<C> {
                         holder: h,
                         since: now,
                     };
-                    self.put(addr, Some(next), &mut out);
+                    self.records.put(addr, Some(next), &mut out);
                 } else if changed {
-                    self.put(addr, Some(next), &mut out);
+                    self.records.put(addr, Some(next), &mut out);
                 }
                 return Ok(out);
             }
@@ -104,14 +86,13 @@ impl<C: Clock> Registry<C> {
         };
         let policy = self.settings.policy;
         if policy == EarlyReusePolicy::RefuseNew && source.is_explicit() {
-            self.refused_claims += 1;
             return Err(RegistryError::Refused {
                 addr,
                 holder: Box::new(old),
                 until,
             });
         }
-        next.unfence(&holder);
+        next.contest.unfence(&holder);
         let live_old = kind == ConflictKind::EarlyReuse;
         // Another container on the very interface of the live holder: the interface changed
         // hands, so the old holder cannot be told apart in the datapath and is not fenced.
@@ -125,13 +106,13 @@ impl<C: Clock> Registry<C> {
                 // Only a netlink claim gets here: the workload exists, so it is fenced until
                 // the address is free for it. The newest claimant takes the datapath's slot
                 // (its route is the one just installed); an earlier one is displaced.
-                if let Some(earlier) = next.replace_blocked_claimant(holder.clone()) {
+                if let Some(earlier) = next.contest.replace_blocked_claimant(holder.clone()) {
                     next.displace(earlier);
                 }
             }
             EarlyReusePolicy::FenceOld => {
                 // A claimant left blocked by an earlier `refuse-new` loses to this claim.
-                if let Some(blocked) = next.take_blocked_claimant() {
+                if let Some(blocked) = next.contest.take_blocked_claimant() {
                     next.fence(blocked);
                 }
                 // The old live holder takes the fence slot (unless the interface itself
@@ -147,8 +128,8 @@ impl<C: Clock> Registry<C> {
                 next.observe_only = true;
             }
         }
-        let conflict = self.conflict(&mut next, kind, Some(old), Some(holder), now);
-        self.put(addr, Some(next), &mut out);
+        let conflict = next.conflict(kind, Some(old), Some(holder), policy, now);
+        self.records.put(addr, Some(next), &mut out);
         out.push(conflict);
         Ok(out)
     }
