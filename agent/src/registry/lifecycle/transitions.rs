@@ -6,8 +6,20 @@ use std::net::IpAddr;
 use ipq_common::addr::NO_IFINDEX;
 
 use crate::registry::{
-    canonical, AddrStatus, Clock, ConflictKind, Effect, Holder, Lifecycle, MonoNs, RegistryError,
+    canonical, AddrRecord, AddrStatus, Clock, ConflictKind, Effect, Holder, Lifecycle, MonoNs,
+    RecordBook, RegistryError,
 };
+
+/// `addr` in its canonical form with its record: what every transition of one address starts
+/// from. Errors: [`RegistryError::NotFound`], and [`RegistryError::InvalidAddress`] for the
+/// unspecified address.
+fn known(records: &RecordBook, addr: IpAddr) -> Result<(IpAddr, &AddrRecord), RegistryError> {
+    let addr = canonical(addr)?;
+    let record = records
+        .record(&addr)
+        .ok_or(RegistryError::NotFound { addr })?;
+    Ok((addr, record))
+}
 
 impl<C: Clock> Lifecycle<C> {
     /// The holder of `addr` starts to terminate: Active → Draining; its traffic keeps flowing.
@@ -21,11 +33,7 @@ impl<C: Clock> Lifecycle<C> {
         addr: IpAddr,
         holder: Option<&Holder>,
     ) -> Result<Vec<Effect>, RegistryError> {
-        let addr = canonical(addr)?;
-        let record = self
-            .records
-            .record(&addr)
-            .ok_or(RegistryError::NotFound { addr })?;
+        let (addr, record) = known(&self.records, addr)?;
         let mut out = Vec::new();
         let Some(current) = record.status.holder() else {
             return Ok(out);
@@ -101,11 +109,7 @@ impl<C: Clock> Lifecycle<C> {
     /// at `since + max_cooldown` (never earlier than it already was). On a live address it is a
     /// no-op (a report that raced a claim).
     pub fn stale_seen(&mut self, addr: IpAddr, at: MonoNs) -> Result<Vec<Effect>, RegistryError> {
-        let addr = canonical(addr)?;
-        let record = self
-            .records
-            .record(&addr)
-            .ok_or(RegistryError::NotFound { addr })?;
+        let (addr, record) = known(&self.records, addr)?;
         let mut out = Vec::new();
         if let AddrStatus::Quarantined {
             since,
@@ -153,11 +157,7 @@ impl<C: Clock> Lifecycle<C> {
     /// release of a live holder's address, does (the API's `release --force`).
     /// A claimant blocked on a quarantine takes the address, as when it ends by itself.
     pub fn release(&mut self, addr: IpAddr, force: bool) -> Result<Vec<Effect>, RegistryError> {
-        let addr = canonical(addr)?;
-        let record = self
-            .records
-            .record(&addr)
-            .ok_or(RegistryError::NotFound { addr })?;
+        let (addr, record) = known(&self.records, addr)?;
         let now = self.clock.now();
         let over = matches!(record.status, AddrStatus::Quarantined { until, .. } if until <= now);
         if !force && !over {
@@ -180,10 +180,7 @@ impl<C: Clock> Lifecycle<C> {
     /// `addr` turned out to be no workload's at all (the node itself holds it): its record
     /// goes, whatever state it was in, and nothing is handed to anyone.
     pub fn forget(&mut self, addr: IpAddr) -> Result<Vec<Effect>, RegistryError> {
-        let addr = canonical(addr)?;
-        if self.records.record(&addr).is_none() {
-            return Err(RegistryError::NotFound { addr });
-        }
+        let (addr, _) = known(&self.records, addr)?;
         let mut out = Vec::new();
         self.records.put(addr, None, &mut out);
         Ok(out)
@@ -195,11 +192,7 @@ impl<C: Clock> Lifecycle<C> {
     /// Draining one while a blocked claimant holds the datapath's fence slot. A Quarantined
     /// address moving to another machine is no conflict.
     pub fn remote_claim(&mut self, addr: IpAddr) -> Result<Vec<Effect>, RegistryError> {
-        let addr = canonical(addr)?;
-        let record = self
-            .records
-            .record(&addr)
-            .ok_or(RegistryError::NotFound { addr })?;
+        let (addr, record) = known(&self.records, addr)?;
         let mut out = Vec::new();
         let Some(holder) = record.status.holder().cloned() else {
             return Ok(out);
@@ -228,11 +221,7 @@ impl<C: Clock> Lifecycle<C> {
         addr: IpAddr,
         ifindex: u32,
     ) -> Result<Vec<Effect>, RegistryError> {
-        let addr = canonical(addr)?;
-        let record = self
-            .records
-            .record(&addr)
-            .ok_or(RegistryError::NotFound { addr })?;
+        let (addr, record) = known(&self.records, addr)?;
         let mut out = Vec::new();
         let old = match &record.status {
             AddrStatus::Active { holder, .. } | AddrStatus::Draining { holder, .. } => holder,
