@@ -68,31 +68,11 @@ fn assert_conflicts_logged(agent: &Agent, kind: &str, addr: IpAddr, want: usize)
 
 /// What one pod gets through with `addr`: (to the peer, from the node through its own veth).
 fn pod_traffic(lab: &Lab, pod: &str, addr: IpAddr, peer: IpAddr) -> (usize, usize) {
-    let (ns, dev) = match pod {
+    let (ns, veth) = match pod {
         "a" => (&lab.pod_a, "vethpa"),
         _ => (&lab.pod_b, "vethpb"),
     };
-    let out = udp_burst_with(
-        ns,
-        UdpSender {
-            bind: Some(addr),
-            device: None,
-        },
-        &lab.peer,
-        peer,
-        N,
-    );
-    let inbound = udp_burst_with(
-        &lab.node,
-        UdpSender {
-            bind: None,
-            device: Some(dev),
-        },
-        ns,
-        addr,
-        N,
-    );
-    (out, inbound)
+    ipq_tests::lab::pod_traffic(lab, ns, veth, addr, peer, N)
 }
 
 fn fenced_drops(n: usize) -> BTreeMap<String, f64> {

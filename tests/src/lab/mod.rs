@@ -344,7 +344,7 @@ pub use agent::Agent;
 pub use entries::{map_entry, wait_claimed_at_start, wait_for_entry, MapEntry};
 pub use metrics::{Sample, Scrape};
 pub use packets::{
-    bind_to_device, mac_bytes, ping, pod_a_traffic, send_frames, udp_burst, udp_burst_with,
-    UdpSender,
+    bind_to_device, mac_bytes, ping, pod_a_traffic, pod_traffic, send_frames, udp_burst,
+    udp_burst_with, UdpSender,
 };
 pub use routes::ifindex;

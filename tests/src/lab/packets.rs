@@ -110,12 +110,19 @@ pub struct UdpSender<'a> {
     pub device: Option<&'a str>,
 }
 
-/// What pod a gets through with `addr`, `n` datagrams each way: (sent from `addr` to `peer` in
-/// the peer's namespace, sent from the node through vethpa to `addr` in pod a). A fenced
-/// address gets (0, 0).
-pub fn pod_a_traffic(lab: &Lab, addr: IpAddr, peer: IpAddr, n: usize) -> (usize, usize) {
+/// What a pod gets through with `addr`, `n` datagrams each way: (sent from `addr` in `pod` to
+/// `peer` in the peer's namespace, sent from the node through `veth`, the pod's host side, to
+/// `addr` in `pod`). A fenced address gets (0, 0).
+pub fn pod_traffic(
+    lab: &Lab,
+    pod: &NetNs,
+    veth: &str,
+    addr: IpAddr,
+    peer: IpAddr,
+    n: usize,
+) -> (usize, usize) {
     let out = udp_burst_with(
-        &lab.pod_a,
+        pod,
         UdpSender {
             bind: Some(addr),
             device: None,
@@ -128,13 +135,18 @@ pub fn pod_a_traffic(lab: &Lab, addr: IpAddr, peer: IpAddr, n: usize) -> (usize,
         &lab.node,
         UdpSender {
             bind: None,
-            device: Some("vethpa"),
+            device: Some(veth),
         },
-        &lab.pod_a,
+        pod,
         addr,
         n,
     );
     (out, inbound)
+}
+
+/// [`pod_traffic`] of pod a (behind vethpa).
+pub fn pod_a_traffic(lab: &Lab, addr: IpAddr, peer: IpAddr, n: usize) -> (usize, usize) {
+    pod_traffic(lab, &lab.pod_a, "vethpa", addr, peer, n)
 }
 
 /// Binds `socket` to interface `dev` (SO_BINDTODEVICE).
