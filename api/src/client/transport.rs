@@ -81,12 +81,7 @@ impl Transport {
         let work = async {
             let response = self.send(method, path, body).await?;
             let response = self.check(path, response).await?;
-            let bytes = response
-                .into_body()
-                .collect()
-                .await
-                .map_err(|e| self.protocol(path, e))?
-                .to_bytes();
+            let bytes = self.body(path, response).await?;
             serde_json::from_slice(&bytes).map_err(|e| self.protocol(path, e))
         };
         tokio::time::timeout(self.timeout, work)
@@ -123,6 +118,16 @@ impl Transport {
             .map_err(|e| self.unavailable(e.to_string()))
     }
 
+    /// The whole body of `response`, an answer to `path`.
+    async fn body(&self, path: &str, response: Response<Incoming>) -> Result<Bytes, ClientError> {
+        Ok(response
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| self.protocol(path, e))?
+            .to_bytes())
+    }
+
     /// Turns an error status into [`ClientError::Api`].
     async fn check(
         &self,
@@ -133,12 +138,7 @@ impl Transport {
         if status.is_success() {
             return Ok(response);
         }
-        let bytes = response
-            .into_body()
-            .collect()
-            .await
-            .map_err(|e| self.protocol(path, e))?
-            .to_bytes();
+        let bytes = self.body(path, response).await?;
         match serde_json::from_slice::<ErrorResponse>(&bytes) {
             Ok(body) => Err(ClientError::Api {
                 status: status.as_u16(),
