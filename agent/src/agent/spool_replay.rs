@@ -75,6 +75,8 @@ fn drain(tracker: &mut Tracker, spooled: &SpooledDel) {
 /// Reads `dir` every [`SPOOL_EVERY`], off the loop, and hands what it holds to the loop; a
 /// file goes once the loop said the journal holds its drain. Ends when the loop is gone.
 pub(super) async fn read_spool(dir: PathBuf, loop_tx: mpsc::Sender<SpooledDels>) {
+    // Why the last replay's save failed, while saves fail: said once, not every second.
+    let mut failing: Option<String> = None;
     loop {
         tokio::time::sleep(SPOOL_EVERY).await;
         let read = {
@@ -100,6 +102,7 @@ pub(super) async fn read_spool(dir: PathBuf, loop_tx: mpsc::Sender<SpooledDels>)
         }
         match answer.await {
             Ok(Ok(())) => {
+                failing = None;
                 let removed = tokio::task::spawn_blocking(move || {
                     for path in paths {
                         if let Err(e) = std::fs::remove_file(&path) {
@@ -111,11 +114,16 @@ pub(super) async fn read_spool(dir: PathBuf, loop_tx: mpsc::Sender<SpooledDels>)
                     error!("CNI spool: removing replayed DELs stopped: {e}");
                 }
             }
-            Ok(Err(reason)) => warn!(
-                "CNI spool: {} replayed DELs are kept for a later replay: the journal could \
-                 not be saved ({reason})",
-                paths.len()
-            ),
+            Ok(Err(reason)) => {
+                if failing.as_deref() != Some(reason.as_str()) {
+                    warn!(
+                        "CNI spool: {} replayed DELs are kept for a later replay: the journal \
+                         could not be saved ({reason})",
+                        paths.len()
+                    );
+                }
+                failing = Some(reason);
+            }
             // The loop stopped before the save was known: the files stay for the next agent.
             Err(_) => return,
         }

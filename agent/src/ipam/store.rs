@@ -1,7 +1,10 @@
 //! Where ipq-ipam's held releases are written, off the owner loop: one thread that writes each
 //! release's file (a write, an fsync of it and one of its directory) and answers ipq-ipam only
 //! once the file is durable. A burst of held DELs then waits on the disk here, never in front
-//! of a claim on the owner loop.
+//! of a claim on the owner loop; and what is queued is written in one pass
+//! (`spool::write_all_at`: concurrent fsyncs, one per directory), so that the burst costs the
+//! file system a few commits instead of two per release, which the journal's own flushes (and
+//! the claims waiting for them) would queue behind.
 //!
 //! A release answered as stored is remembered from that moment ([`Handed`]): the releaser
 //! takes it into its memory at its next scan whether or not its file is still there, writes
@@ -31,6 +34,8 @@ use crate::{
 
 /// Releases waiting for the thread at most: beyond, ipq-ipam is told to retry.
 const QUEUE: usize = 1024;
+/// Releases written in one pass at most.
+const BATCH: usize = 64;
 /// How often a write is tried while releases cannot be written, to say when they can again.
 const PROBE_EVERY: Duration = Duration::from_secs(1);
 /// What readiness names while releases cannot be written.
@@ -136,57 +141,89 @@ impl Writer {
                 Duration::MAX
             };
             match queue.recv_timeout(wait) {
-                Ok(request) => self.store(request),
+                Ok(first) => {
+                    // What else is queued goes in the same pass: a burst of held DELs costs
+                    // the file system a few commits, not two per release.
+                    let mut batch = vec![first];
+                    while batch.len() < BATCH {
+                        match queue.try_recv() {
+                            Ok(request) => batch.push(request),
+                            Err(_) => break,
+                        }
+                    }
+                    self.store(batch);
+                }
                 Err(mpsc::RecvTimeoutError::Timeout) => self.probe(),
                 Err(mpsc::RecvTimeoutError::Disconnected) => return,
             }
         }
     }
 
-    fn store(&mut self, request: StoreRequest) {
-        let StoreRequest {
+    /// Writes `batch`'s releases durably and answers each once its file is.
+    fn store(&mut self, batch: Vec<StoreRequest>) {
+        let mut to_write: Vec<(PathBuf, HeldRelease, Reply<HeldRelease>)> = Vec::new();
+        for StoreRequest {
             mut release,
             file,
             reply,
-        } = request;
-        if let ReleaseFile::Recorded(path) = &file {
-            if let Some(stored) = read_stored(path) {
-                let _ = reply.send(Ok(stored));
-                return;
-            }
+        } in batch
+        {
+            let path = match file {
+                ReleaseFile::Recorded(path) => {
+                    // A runtime repeating its DEL: the release stored first, its time kept.
+                    if let Some(stored) = read_stored(&path) {
+                        let _ = reply.send(Ok(stored));
+                        continue;
+                    }
+                    if to_write.iter().any(|(p, ..)| *p == path) {
+                        let _ = reply.send(Err(ApiError::new(
+                            ErrorCode::Unavailable,
+                            "the same release is being stored: retry later",
+                        )));
+                        continue;
+                    }
+                    path
+                }
+                ReleaseFile::New => spool::new_path(&self.dir),
+            };
+            release.held_at_unix_ms = now_unix_ms();
+            release.held_at_boot = kernel_clock::boot_id().map(|boot_id| BootStamp {
+                boot_id,
+                boottime_ns: kernel_clock::boottime_ns(),
+            });
+            to_write.push((path, release, reply));
         }
-        release.held_at_unix_ms = now_unix_ms();
-        release.held_at_boot = kernel_clock::boot_id().map(|boot_id| BootStamp {
-            boot_id,
-            boottime_ns: kernel_clock::boottime_ns(),
-        });
-        let written = match file {
-            ReleaseFile::Recorded(path) => spool::write_at(&path, &release).map(|()| path),
-            ReleaseFile::New => spool::spool(&self.dir, &release),
-        };
-        match written {
-            Ok(path) => {
-                self.succeeded();
-                debug!(
-                    "ipam: holding the allocation of container {} ({}) until {:?} are free ({})",
-                    release.container_id,
-                    release.ifname,
-                    release.addresses,
-                    path.display()
-                );
-                self.holds.hold(&release);
-                self.handed.push(Spooled {
-                    path,
-                    request: release.clone(),
-                });
-                let _ = reply.send(Ok(release));
-            }
-            Err(e) => {
-                self.failed(&e);
-                let _ = reply.send(Err(ApiError::new(
-                    ErrorCode::Unavailable,
-                    format!("storing the release: {e}; nothing stored: retry later"),
-                )));
+        let requests: Vec<(&Path, &HeldRelease)> = to_write
+            .iter()
+            .map(|(path, release, _)| (path.as_path(), release))
+            .collect();
+        let written = spool::write_all_at(&requests);
+        for ((path, release, reply), written) in to_write.into_iter().zip(written) {
+            match written {
+                Ok(()) => {
+                    self.succeeded();
+                    debug!(
+                        "ipam: holding the allocation of container {} ({}) until {:?} are free \
+                         ({})",
+                        release.container_id,
+                        release.ifname,
+                        release.addresses,
+                        path.display()
+                    );
+                    self.holds.hold(&release);
+                    self.handed.push(Spooled {
+                        path,
+                        request: release.clone(),
+                    });
+                    let _ = reply.send(Ok(release));
+                }
+                Err(e) => {
+                    self.failed(&e);
+                    let _ = reply.send(Err(ApiError::new(
+                        ErrorCode::Unavailable,
+                        format!("storing the release: {e}; nothing stored: retry later"),
+                    )));
+                }
             }
         }
     }
