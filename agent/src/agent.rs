@@ -61,6 +61,8 @@ pub enum AgentError {
          ipq on x86-64 nodes (the DaemonSet selects kubernetes.io/arch: amd64)"
     )]
     UnsupportedCpu(&'static str),
+    #[error("the kernel's clocks cannot be read as the datapath programs read them: {0}")]
+    Clock(#[from] crate::kernel_clock::ClockError),
     #[error("{what}: the task stopped: {source}")]
     Task {
         what: &'static str,

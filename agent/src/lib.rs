@@ -16,6 +16,7 @@ pub mod hygiene;
 mod invariant;
 pub mod ipam;
 pub mod journal;
+pub mod kernel_clock;
 pub mod listen;
 pub mod metrics;
 #[cfg(test)]

@@ -97,20 +97,10 @@ pub fn coarse_clock() -> bool {
 /// The datapath's clock in nanoseconds: CLOCK_MONOTONIC_COARSE where the kernel programs use
 /// `bpf_ktime_get_coarse_ns` (5.11+; one tick of resolution, the clock the drop path can afford:
 /// it reads a cached value instead of the clock source), CLOCK_MONOTONIC where they fall back to
-/// `bpf_ktime_get_ns`. Both sides then compare stamps directly.
+/// `bpf_ktime_get_ns`. Both sides then compare stamps directly: read as the kernel reads it,
+/// without the offset of a time namespace the agent may run in ([`crate::kernel_clock`]).
 pub fn monotonic_ns() -> u64 {
-    let clock = if coarse_clock() {
-        libc::CLOCK_MONOTONIC_COARSE
-    } else {
-        libc::CLOCK_MONOTONIC
-    };
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid out-parameter; both clocks always exist on Linux.
-    unsafe { libc::clock_gettime(clock, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    crate::kernel_clock::monotonic_ns(coarse_clock())
 }
 
 /// Whether `name` no longer names interface `ifindex`: it was deleted (or renamed) after an

@@ -1,11 +1,15 @@
 //! Whether the agent is ready: what `/readyz` answers, `ipq status` shows and `ipq_ready`
 //! exports, decided in one place. Ready means started (datapath loaded, registry recovered and
 //! reconciled, every configured interface attached once) and nothing blocking since: no
-//! interface left unprotected, the pins kept, every datapath write through.
+//! interface left unprotected, the pins kept, every datapath write through, every change
+//! saved.
 
-use std::sync::{
-    atomic::{AtomicBool, Ordering},
-    Mutex,
+use std::{
+    collections::BTreeMap,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Mutex,
+    },
 };
 
 use prometheus::IntGauge;
@@ -25,6 +29,10 @@ pub enum NotReady {
     /// registry says for those addresses until a retry goes through.
     #[error("{0}")]
     DatapathWrites(String),
+    /// Changes cannot be saved in `state_dir` (a full or read-only disk): requests that make
+    /// them are answered `unavailable`.
+    #[error("changes cannot be saved: {0}")]
+    Unsaved(String),
 }
 
 /// The agent's readiness, shared by the owner loop (which sets it) and the listeners.
@@ -37,6 +45,9 @@ pub struct Readiness {
     pins: Mutex<Option<String>>,
     /// Which datapath writes are pending, while any is.
     writes: Mutex<Option<String>>,
+    /// Why changes cannot be saved, by what cannot save them (the journal, ipq-ipam's
+    /// releases), while any cannot.
+    unsaved: Mutex<BTreeMap<&'static str, String>>,
     /// `ipq_ready`, kept equal to [`Readiness::check`] being `Ok`.
     gauge: IntGauge,
 }
@@ -50,6 +61,7 @@ impl Readiness {
             blocker: Mutex::new(None),
             pins: Mutex::new(None),
             writes: Mutex::new(None),
+            unsaved: Mutex::new(BTreeMap::new()),
             gauge,
         }
     }
@@ -78,6 +90,18 @@ impl Readiness {
         self.update();
     }
 
+    /// Sets (or clears) why `what` (the journal, ipq-ipam's releases) cannot save changes.
+    pub fn set_unsaved(&self, what: &'static str, reason: Option<String>) {
+        {
+            let mut unsaved = self.unsaved.lock().unwrap_or_else(|p| p.into_inner());
+            match reason {
+                Some(reason) => unsaved.insert(what, reason),
+                None => unsaved.remove(what),
+            };
+        }
+        self.update();
+    }
+
     /// `Ok` when ready, else why not.
     pub fn check(&self) -> Result<(), NotReady> {
         if !self.started.load(Ordering::SeqCst) {
@@ -88,6 +112,16 @@ impl Readiness {
         }
         if let Some(pending) = &*self.writes.lock().unwrap_or_else(|p| p.into_inner()) {
             return Err(NotReady::DatapathWrites(pending.clone()));
+        }
+        {
+            let unsaved = self.unsaved.lock().unwrap_or_else(|p| p.into_inner());
+            if !unsaved.is_empty() {
+                let reasons: Vec<String> = unsaved
+                    .iter()
+                    .map(|(what, reason)| format!("{what}: {reason}"))
+                    .collect();
+                return Err(NotReady::Unsaved(reasons.join("; ")));
+            }
         }
         match &*self.blocker.lock().unwrap_or_else(|p| p.into_inner()) {
             Some(blocker) => Err(NotReady::Unprotected(blocker.clone())),
@@ -134,6 +168,25 @@ mod tests {
         );
         assert_eq!(gauge.get(), 0);
         readiness.set_writes_pending(None);
+        assert!(readiness.is_ready());
+        assert_eq!(gauge.get(), 1);
+        readiness.set_unsaved(
+            "journal",
+            Some("No space left on device (os error 28)".into()),
+        );
+        readiness.set_unsaved("ipam releases", Some("ENOSPC".into()));
+        assert_eq!(
+            readiness.check().map_err(|e| e.to_string()),
+            Err(
+                "changes cannot be saved: ipam releases: ENOSPC; journal: No space left on \
+                 device (os error 28)"
+                    .into()
+            )
+        );
+        assert_eq!(gauge.get(), 0);
+        readiness.set_unsaved("journal", None);
+        assert!(!readiness.is_ready(), "the releases still cannot be saved");
+        readiness.set_unsaved("ipam releases", None);
         assert!(readiness.is_ready());
         assert_eq!(gauge.get(), 1);
         readiness.set_started(false);

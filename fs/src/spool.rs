@@ -75,40 +75,55 @@ const STALE_TEMP: Duration = Duration::from_secs(60);
 
 static NEXT: AtomicU32 = AtomicU32::new(0);
 
+mod batch;
+
+pub use batch::write_all_at;
+
 /// Writes `request` into `dir` (created 0700 if missing, refused if another user owns it),
 /// durably, and returns its path.
 pub fn spool(dir: &Path, request: &impl Serialize) -> Result<PathBuf, SpoolError> {
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_nanos();
-    let name = format!(
-        "{PREFIX}{nanos:020}-{}-{}{SUFFIX}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    );
-    let path = dir.join(&name);
+    let path = new_path(dir);
     write_at(&path, request)?;
     Ok(path)
 }
 
-/// Writes `request` at `path` (a spool file's name in its spool directory), durably, as
-/// [`spool`] does: the agent puts back a pending file that vanished under it.
-pub fn write_at(path: &Path, request: &impl Serialize) -> Result<(), SpoolError> {
+/// A new spool file's path in `dir`: named after now (oldest first), this process and a
+/// counter, so that no two writers pick the same.
+pub fn new_path(dir: &Path) -> PathBuf {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos();
+    dir.join(format!(
+        "{PREFIX}{nanos:020}-{}-{}{SUFFIX}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ))
+}
+
+/// The hidden temp file a spool file at `path` is written as before its rename.
+fn temp_path(path: &Path) -> Result<PathBuf, SpoolError> {
     let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
         return Err(io(path)(std::io::Error::new(
             std::io::ErrorKind::InvalidInput,
             "not a file in a spool directory",
         )));
     };
+    let mut temp_name = std::ffi::OsString::from(".");
+    temp_name.push(name);
+    temp_name.push(".tmp");
+    Ok(dir.join(temp_name))
+}
+
+/// Writes `request` at `path` (a spool file's name in its spool directory), durably, as
+/// [`spool`] does: the agent puts back a pending file that vanished under it.
+pub fn write_at(path: &Path, request: &impl Serialize) -> Result<(), SpoolError> {
+    let temp = temp_path(path)?;
+    let dir = path.parent().unwrap_or(Path::new("."));
     if let Some(state_dir) = dir.parent() {
         safe_fs::ensure_private_dir(state_dir)?;
     }
     safe_fs::ensure_private_dir(dir)?;
-    let mut temp_name = std::ffi::OsString::from(".");
-    temp_name.push(name);
-    temp_name.push(".tmp");
-    let temp = dir.join(temp_name);
     let body = serde_json::to_vec(request).map_err(SpoolError::Encode)?;
     let write = || -> std::io::Result<()> {
         let mut file = safe_fs::create_excl_nofollow(&temp, 0o600)?;

@@ -32,6 +32,8 @@ use serde_json::{json, Value};
 
 #[path = "cni_ipam/adversary.rs"]
 mod adversary;
+#[path = "cni_ipam/burst.rs"]
+mod burst;
 #[path = "cni_ipam/delegate_del.rs"]
 mod delegate_del;
 #[path = "cni_ipam/dhcp.rs"]
@@ -478,6 +480,65 @@ fn a_lost_journal_and_lost_pins_release_no_earlier_than_max_cooldown_after_the_d
     wait_for_release(&lab, &chain, &api, &a, not_before)?;
     assert_released_once(&lab, &chain, &agent)?;
     handed_out_again(&lab, &chain, &a)
+}
+
+/// Issue 36 (5): a simulated reboot (the stored release names another boot) across which the
+/// wall clock stepped two hours ahead (its wall-clock stamp two hours old), on a node that
+/// lost its journal and pins. Measured before: the release ran at once. Its boottime stamp is
+/// another boot's clock and the wall clock cannot be trusted: the whole `max_cooldown` counts
+/// from the restart.
+#[test]
+fn across_a_simulated_reboot_a_wall_clock_step_releases_nothing_early() -> anyhow::Result<()> {
+    let lab = Lab::new()?;
+    let chain = bridge_chain(&lab, "1.0.0")?;
+    let mut agent = lab.start_agent(&QUARANTINE)?;
+    let api = AgentApi::new(&lab)?;
+    let a = add(&chain, "ia")?;
+    api.wait_state(a.v4, StateName::Active)?;
+    chain.del(&a.attachment, Some(&a.result))?;
+    deadline(&api, &a)?;
+    agent.kill9();
+    let dir = paths::ipam_release_dir(&state_dir(&lab));
+    let mut rewritten = 0;
+    for entry in std::fs::read_dir(&dir)? {
+        let path = entry?.path();
+        let mut release: Value = serde_json::from_slice(&std::fs::read(&path)?)?;
+        ensure!(
+            release["heldAtBoot"]["bootId"].is_string(),
+            "the agent stamps the release with its boot: {release}"
+        );
+        release["heldAtBoot"]["bootId"] = json!("a-boot-before-the-reboot");
+        let two_hours_ago = release["heldAtUnixMs"].as_u64().context("heldAtUnixMs")? - 7_200_000;
+        release["heldAtUnixMs"] = json!(two_hours_ago);
+        std::fs::write(&path, release.to_string())?;
+        rewritten += 1;
+    }
+    ensure!(rewritten == 1, "one stored release, not {rewritten}");
+    std::fs::remove_file(state_dir(&lab).join("registry.journal"))
+        .context("removing the journal")?;
+    for dir in ["links", "maps", "progs"] {
+        for entry in std::fs::read_dir(lab.bpffs.path().join(dir))? {
+            std::fs::remove_file(entry?.path())?;
+        }
+    }
+    let restarted = SystemTime::now();
+    let agent = lab.start_agent(&QUARANTINE)?;
+    ensure!(
+        api.get(a.v4)?.is_none_or(|v| v.state == StateName::Free),
+        "the registry must have forgotten A's {} for this test to mean anything",
+        a.v4
+    );
+    let not_before = restarted + Duration::from_secs(6);
+    wait_for_release(&lab, &chain, &api, &a, not_before)?;
+    poll("no held release left", RELEASE_WITHIN, || {
+        Ok(held_releases(&lab)?.is_empty().then_some(()))
+    })?;
+    let released = agent.metric(
+        "ipq_ipam_releases_total",
+        &[("network", chain.name.as_str()), ("outcome", "released")],
+    )?;
+    ensure!(released == 1.0, "A's release, once: {released}");
+    Ok(())
 }
 
 #[test]

@@ -7,6 +7,11 @@
 //! - (g) an agent SIGKILLed mid-quarantine and restarted: the quarantine holds throughout and
 //!   ends at its original deadline (the AWS VPC CNI restart bug must not exist here).
 //!
+//! (c) and (g) run again with the agent in a time namespace whose monotonic and boottime
+//! clocks are 100000 s ahead (`unshare --time`, issue 36): the programs' stamps
+//! (`bpf_ktime_get_*`) are not namespaced, and the agent must read the kernel's clock as they
+//! do, or stale traffic looks 100000 s old and journal deadlines long past.
+//!
 //! Times are measured from just before the test acts, so a lower bound ("not released before
 //! t") can only be met early by an agent that really releases early; upper bounds carry slack
 //! for a loaded machine.
@@ -27,6 +32,17 @@ use ipq_tests::lab::{
 const N: usize = 20;
 const PING_COUNT: u32 = 5;
 const SETTLE: Duration = Duration::from_secs(5);
+
+/// The agent run in a time namespace whose monotonic and boottime clocks are 100000 s ahead
+/// of the kernel's (the machine's own clocks untouched).
+const TIME_NAMESPACE: [&str; 6] = [
+    "unshare",
+    "--time",
+    "--monotonic",
+    "100000",
+    "--boottime",
+    "100000",
+];
 
 /// How late a release may be observed after it is due, on a loaded machine.
 const SLACK: Duration = Duration::from_millis(1500);
@@ -211,11 +227,23 @@ fn histogram(agent: &Agent, name: &str) -> (f64, f64) {
 /// fd77::2, which gets no stale traffic, is released at its cool-down, not before.
 #[test]
 fn stale_inbound_is_dropped_at_the_uplink_and_holds_the_quarantine_until_quiet() {
+    stale_inbound_holds_the_quarantine_until_quiet(&[]);
+}
+
+/// (c) with the agent in a time namespace 100000 s ahead: measured before, the agent took the
+/// programs' stamps of the stale traffic for 100000 s old and ended the quarantine at its
+/// cool-down, ignoring the traffic.
+#[test]
+fn in_a_time_namespace_stale_inbound_still_holds_the_quarantine_until_quiet() {
+    stale_inbound_holds_the_quarantine_until_quiet(&TIME_NAMESPACE);
+}
+
+fn stale_inbound_holds_the_quarantine_until_quiet(wrapper: &[&str]) {
     let cooldown = Duration::from_secs(2);
     let quiet = Duration::from_secs(2);
     let lab = Lab::new().expect("building the lab");
     let agent = lab
-        .start_agent(&agent_args("2s", "2s"))
+        .start_agent_wrapped(wrapper, &agent_args("2s", "2s"))
         .expect("starting ipq-agent");
     wait_pod_a_claimed(&lab);
     let (stale, silent) = (IpAddr::from(POD_A_V4), IpAddr::from(POD_A_V6));
@@ -382,6 +410,19 @@ fn graceful_termination_keeps_a_draining_pod_connected_until_it_is_gone() {
 /// last stale packet plus the quiet period must still end before it.
 #[test]
 fn restart_mid_quarantine_keeps_the_quarantine_and_its_original_deadline() {
+    restart_mid_quarantine_keeps_the_original_deadline(&[]);
+}
+
+/// (g) with the restarted agent in a time namespace 100000 s ahead: measured before, it took
+/// the journal's deadlines (the kernel's clock) for long past and ended the quarantines at
+/// once.
+#[test]
+fn restarted_in_a_time_namespace_the_quarantine_keeps_its_original_deadline() {
+    restart_mid_quarantine_keeps_the_original_deadline(&TIME_NAMESPACE);
+}
+
+/// (g), the second agent run through `wrapper`.
+fn restart_mid_quarantine_keeps_the_original_deadline(wrapper: &[&str]) {
     let cooldown = Duration::from_secs(10);
     let lab = Lab::new().expect("building the lab");
     let args = agent_args("10s", "1s");
@@ -401,7 +442,9 @@ fn restart_mid_quarantine_keeps_the_quarantine_and_its_original_deadline() {
     }
 
     sleep_until(t0 + Duration::from_secs(3));
-    let second = lab.start_agent(&args).expect("restarting ipq-agent");
+    let second = lab
+        .start_agent_wrapped(wrapper, &args)
+        .expect("restarting ipq-agent");
     let restarted = Instant::now();
     for addr in pod_a() {
         wait_for_entry(&lab, addr, &entry("quarantined", 0, 0), SETTLE);

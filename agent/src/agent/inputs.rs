@@ -10,7 +10,7 @@ use tokio::{
     sync::mpsc,
 };
 
-use super::AgentError;
+use super::{spool_replay::SpooledDels, AgentError};
 use crate::{
     api::command::Command,
     datapath::{
@@ -45,6 +45,8 @@ pub(super) enum Input {
     Commands(Vec<Command>),
     /// Journal flushes that finished off the loop.
     Synced(Vec<Synced>),
+    /// DELs ipq-cni spooled, read off the loop, to drain.
+    Spooled(SpooledDels),
 }
 
 impl From<Observed> for Input {
@@ -70,6 +72,7 @@ pub(super) struct Inputs {
     samples: mpsc::Receiver<ConflictSample>,
     commands: mpsc::Receiver<Command>,
     synced: mpsc::Receiver<Synced>,
+    spooled: mpsc::Receiver<SpooledDels>,
 }
 
 /// The queues of the node and the datapath, gathered through start-up (the netlink
@@ -86,13 +89,13 @@ pub(super) struct DatapathInputs {
 
 impl DatapathInputs {
     /// Everything the loop reads: these, the stop signals, hygiene's reports, the API's
-    /// requests and the journal's flushes.
+    /// requests, the journal's flushes and the CNI spool's DELs.
     pub(super) fn with(
         self,
         (sigterm, sigint): (Signal, Signal),
         hygiene_reports: mpsc::Receiver<hygiene::Report>,
         commands: mpsc::Receiver<Command>,
-        synced: mpsc::Receiver<Synced>,
+        (synced, spooled): (mpsc::Receiver<Synced>, mpsc::Receiver<SpooledDels>),
     ) -> Inputs {
         Inputs {
             sigterm,
@@ -106,6 +109,7 @@ impl DatapathInputs {
             samples: self.samples,
             commands,
             synced,
+            spooled,
         }
     }
 }
@@ -176,6 +180,7 @@ impl Inputs {
             Some(report) = self.synced.recv() => {
                 Input::Synced(burst(report, &mut self.synced, MAX_BURST))
             }
+            Some(dels) = self.spooled.recv() => Input::Spooled(dels),
             _ = tokio::time::sleep(delay) => Observed::Tick.into(),
         };
         Ok(input)
@@ -204,7 +209,7 @@ mod tests {
             stop_signals().unwrap(),
             mpsc::channel(1).1,
             commands,
-            mpsc::channel(1).1,
+            (mpsc::channel(1).1, mpsc::channel(1).1),
         );
         (inputs, net_tx, command_tx)
     }

@@ -2,7 +2,6 @@
 //! owes (a save of what changed, the publisher's changes, the heap's trim).
 
 use std::{
-    path::PathBuf,
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -11,7 +10,7 @@ use log::{error, info, warn};
 
 use super::{
     inputs::{Input, Inputs, Stop},
-    spool_replay::replay_spool,
+    spool_replay::drain_spooled,
     waiting::WaitingAnswers,
 };
 use crate::{
@@ -21,7 +20,7 @@ use crate::{
     tracker::{Durable, Observed, Tracker},
 };
 
-/// Longest sleep between two ticks: the CNI spool is replayed on each.
+/// Longest sleep between two ticks.
 const MAX_TICK: Duration = Duration::from_secs(1);
 
 pub(super) struct OwnerLoop {
@@ -30,7 +29,6 @@ pub(super) struct OwnerLoop {
     pub(super) durable: Durable,
     pub(super) inputs: Inputs,
     pub(super) metrics: Arc<Metrics>,
-    pub(super) spool_dir: PathBuf,
     pub(super) waiting: WaitingAnswers,
     pub(super) trimmer: Trimmer,
     pub(super) last_tick: Instant,
@@ -74,9 +72,13 @@ impl OwnerLoop {
                 if resync {
                     self::resync(tracker, &self.metrics).await;
                 }
-                if tick {
-                    replay_spool(tracker, &mut self.durable, &self.spool_dir);
-                }
+            }
+            Input::Spooled(dels) => {
+                self.trimmer.on_activity();
+                // The reader removes the files once the journal holds their drains.
+                let answer = drain_spooled(tracker, dels);
+                let saved = self.durable.persist_deferred(tracker.journaled());
+                self.waiting.after_save(vec![answer], saved);
             }
             Input::Commands(commands) => {
                 self.trimmer.on_activity();
@@ -98,8 +100,8 @@ impl OwnerLoop {
 
 /// Sleeps until the registry's next deadline or the next attach retry, and at most until
 /// `MAX_TICK` after the last tick: the sleep starts again on every input, so a steady stream of
-/// inputs less than `MAX_TICK` apart must not put off the periodic work (spool replay,
-/// readiness) for ever.
+/// inputs less than `MAX_TICK` apart must not put off the periodic work (a failed save's
+/// retry, readiness) for ever.
 fn tick_delay(tracker: &Tracker, last_tick: Instant) -> Duration {
     tracker
         .until_next_work()

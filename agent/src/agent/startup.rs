@@ -17,7 +17,7 @@ use super::{
     inputs::{self, DatapathInputs},
     kernel_rings::{self, forward_kernel_logs, read_samples},
     owner_loop::OwnerLoop,
-    spool_replay::replay_spool,
+    spool_replay::{self, replay_spool},
     waiting::WaitingAnswers,
     AgentError,
 };
@@ -55,6 +55,15 @@ pub(super) fn preflight(config: &Config) -> Result<ClaimedDir, AgentError> {
         config.on_early_reuse,
         config.bpffs_dir.display()
     );
+    // The programs stamp with the kernel's clock, which a time namespace does not move: the
+    // agent reads it the same way, its namespace's offsets taken off (`kernel_clock`).
+    match crate::kernel_clock::offsets()? {
+        offsets if offsets.is_zero() => {}
+        offsets => info!(
+            "running in a time namespace (monotonic offset {} ns, boottime offset {} ns):              reading the kernel's clocks without them, as the datapath programs do",
+            offsets.monotonic_ns, offsets.boottime_ns
+        ),
+    }
     // Before anything opens descriptors: the listeners' caps, not a soft limit of 1024, are
     // what bound the connections.
     match listen::raise_fd_limit() {
@@ -316,18 +325,34 @@ impl Recovered {
         let (mut tracker, mut durable) = (self.tracker, self.durable);
         let (command_tx, commands) = mpsc::channel(1024);
         let (urgent_tx, urgent_rx) = mpsc::channel(64);
+        let release_dir = ipq_fs::paths::ipam_release_dir(&config.state_dir);
+        // Releases answered as stored, from the store's thread to the releaser.
+        let handed = crate::ipam::store::Handed::default();
         let serving = tracker.serve(ServeWith {
             urgent: urgent_tx,
             publish: start_publishing(&config, &metrics),
         })?;
         let (ipam_holds, ipam_records) = (serving.ipam_holds, serving.ipam_records);
+        let store = crate::ipam::store::ReleaseStore::start(
+            release_dir.clone(),
+            handed.clone(),
+            ipam_holds.clone(),
+            metrics.clone(),
+        )
+        .map_err(|source| AgentError::Io {
+            what: "starting the thread that stores ipq-ipam's releases",
+            source,
+        })?;
+        tracker.store_releases_with(store);
         let ipam_bins = Arc::new(crate::ipam::trust::TrustedBins::new(
             config.ipam_cni_bin_dirs.clone(),
         ));
         let releaser_settings = crate::ipam::releaser::Settings {
-            dir: ipq_fs::paths::ipam_release_dir(&config.state_dir),
+            dir: release_dir,
+            handed,
             max_cooldown: config.max_cooldown,
-            registry_lost_at: (recovery == Recovery::PinnedMaps).then(ipq_api::model::now_unix_ms),
+            registry_lost_at: (recovery == Recovery::PinnedMaps)
+                .then(crate::kernel_clock::boottime_ns),
             bins: ipam_bins.clone(),
             records: ipam_records.clone(),
         };
@@ -361,16 +386,21 @@ impl Recovered {
         );
         // From here on a save's fdatasync runs off the loop; answers wait for it.
         let synced = durable.defer_syncs();
-        let inputs = self
-            .inputs
-            .with(stop_signals, serving.hygiene_reports, commands, synced);
+        // From here on the CNI spool is read off the loop too.
+        let (spooled_tx, spooled) = mpsc::channel(1);
+        tokio::spawn(spool_replay::read_spool(self.spool_dir, spooled_tx));
+        let inputs = self.inputs.with(
+            stop_signals,
+            serving.hygiene_reports,
+            commands,
+            (synced, spooled),
+        );
         Ok(Serving {
             owner: OwnerLoop {
                 tracker,
                 durable,
                 inputs,
                 metrics: metrics.clone(),
-                spool_dir: self.spool_dir,
                 waiting: WaitingAnswers::default(),
                 trimmer: Trimmer::new(),
                 last_tick: std::time::Instant::now(),

@@ -53,6 +53,17 @@ impl Holds {
         }
     }
 
+    /// `held` was just stored: its addresses are held from now, before the releaser's next
+    /// scan.
+    pub fn hold(&self, held: &HeldRelease) {
+        let mut table = self.table();
+        for addr in &held.addresses {
+            table
+                .entry(*addr)
+                .or_insert_with(|| Hold::of(held, 0, None));
+        }
+    }
+
     /// Puts back the hold of `held`, whose release just failed (forgotten before its DEL ran):
     /// at once, not at the next scan, so that a requested-IP ADD meanwhile is told the address
     /// is held rather than asking the delegate for it.

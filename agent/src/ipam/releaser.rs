@@ -17,7 +17,14 @@
 //! the later of the release's own time (stamped when stored, persisted in its file) and the
 //! last moment it was seen busy: no quarantine lasts longer than that ([`memory`]).
 //!
-//! The releaser keeps the pending releases in memory too: a file removed behind its back is
+//! Every wait counts in CLOCK_BOOTTIME (`kernel_clock::boottime_ns`), which a wall-clock step
+//! does not move. A release's file keeps its boot id beside its boottime stamp; within that
+//! boot the stamp counts, and across a reboot (another boot id, or none) the wait starts again
+//! from when this releaser first saw the release: never early, whatever the wall clock did
+//! meanwhile. The wall-clock stamp (`held_at_unix_ms`) is kept for people, not for deciding.
+//!
+//! The releaser keeps the pending releases in memory too, from the moment the store's thread
+//! answered them as stored ([`super::store::Handed`]): a file removed behind its back is
 //! written back at the next scan, never silently lost ([`memory`]).
 //!
 //! The delegate is run only from the CNI bin directories the agent trusts (`ipam_cni_bin_dirs`,
@@ -37,7 +44,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use ipq_api::model::{now_unix_ms, HeldRelease, InvalidRelease};
+use ipq_api::model::{HeldRelease, InvalidRelease};
 use ipq_delegate::{self as delegate, error::CniError};
 use ipq_fs::spool::{self, Spooled};
 use log::{debug, error, warn};
@@ -52,10 +59,12 @@ use self::{
 use super::{
     holds::Holds,
     records::Records,
+    store::Handed,
     trust::{TrustError, TrustedBins},
 };
 use crate::{
     api::command::{AllocationQuery, Command},
+    kernel_clock,
     metrics::Metrics,
 };
 
@@ -100,26 +109,34 @@ fn backoff(failures: u32) -> Duration {
 }
 
 /// How long `release` must still wait whatever the registry says. A registry rebuilt without
-/// its journal (`registry_lost_at`, ms since the epoch) cannot vouch for a release handed over
-/// before it started: an address it never heard of may be one whose quarantine it forgot. Such
-/// a release waits `max_cooldown` from its hand-over (from the loss, if it does not say when),
-/// since no quarantine lasts longer.
+/// its journal (`registry_lost_at`, CLOCK_BOOTTIME ns of this boot) cannot vouch for a release
+/// handed over before it started: an address it never heard of may be one whose quarantine it
+/// forgot. Such a release waits `max_cooldown` from its hand-over, since no quarantine lasts
+/// longer; from the loss when its hand-over is not known in this boot's clock (another boot's,
+/// an older agent's, one ipq-ipam spooled while the agent was away): the safe side.
 fn unvouched_wait(
     release: &HeldRelease,
     registry_lost_at: Option<u64>,
     max_cooldown: Duration,
-    now_ms: u64,
+    (now_ns, boot_id): (u64, Option<&str>),
 ) -> Duration {
     let Some(lost_at) = registry_lost_at else {
         return Duration::ZERO;
     };
-    let held_at = match release.held_at_unix_ms {
-        0 => lost_at,
-        at if at >= lost_at => return Duration::ZERO,
-        at => at,
+    let held_at = match held_in_this_boot(release, boot_id) {
+        None => lost_at,
+        Some(at) if at >= lost_at => return Duration::ZERO,
+        Some(at) => at,
     };
-    let until = held_at.saturating_add(u64::try_from(max_cooldown.as_millis()).unwrap_or(u64::MAX));
-    Duration::from_millis(until.saturating_sub(now_ms))
+    let until = held_at.saturating_add(u64::try_from(max_cooldown.as_nanos()).unwrap_or(u64::MAX));
+    Duration::from_nanos(until.saturating_sub(now_ns))
+}
+
+/// When `release` was handed over, in CLOCK_BOOTTIME ns, if it was in boot `boot_id` (this
+/// one): a stamp of another boot counts from another origin and says nothing here.
+fn held_in_this_boot(release: &HeldRelease, boot_id: Option<&str>) -> Option<u64> {
+    let stamp = release.held_at_boot.as_ref()?;
+    (Some(stamp.boot_id.as_str()) == boot_id).then_some(stamp.boottime_ns)
 }
 
 /// What the releaser is started with, besides its channels and the tables it shares.
@@ -127,8 +144,11 @@ pub struct Settings {
     /// `state_dir/ipam-releases`.
     pub dir: PathBuf,
     pub max_cooldown: Duration,
-    /// Set when the registry was rebuilt without its journal (see [`unvouched_wait`]).
+    /// Set when the registry was rebuilt without its journal (CLOCK_BOOTTIME ns; see
+    /// [`unvouched_wait`]).
     pub registry_lost_at: Option<u64>,
+    /// The releases the store's thread answered as stored, for this task to remember.
+    pub handed: Handed,
     /// Where delegates may be run from (`ipam_cni_bin_dirs`).
     pub bins: Arc<TrustedBins>,
     /// The records of ipq-ipam's allocations: adopted at each scan, forgotten once released.
@@ -148,14 +168,16 @@ pub async fn run(
         dir,
         max_cooldown,
         registry_lost_at,
+        handed,
         bins,
         records,
     } = settings;
+    let boot_id = kernel_clock::boot_id();
     let mut retries: HashMap<PathBuf, Retry> = HashMap::new();
-    let mut known = Known::new(records);
+    let mut known = Known::new(records, boot_id.clone());
     let mut networks: HashSet<String> = HashSet::new();
     loop {
-        if let Some(pending) = scan(&dir, &mut known, &metrics).await {
+        if let Some(pending) = scan(&dir, (&mut known, &handed), &metrics).await {
             metrics
                 .ipam_pending_releases
                 .set(i64::try_from(pending.len()).unwrap_or(i64::MAX));
@@ -193,7 +215,7 @@ pub async fn run(
                     &spooled.request,
                     registry_lost_at,
                     max_cooldown,
-                    ipq_api::model::now_unix_ms(),
+                    (kernel_clock::boottime_ns(), boot_id.as_deref()),
                 );
                 if !wait.is_zero() {
                     continue;
@@ -207,7 +229,12 @@ pub async fn run(
                     Some(free) => free,
                 };
                 let ready = if addresses.is_empty() {
-                    known.quiet_long_enough(&spooled.path, !free, now_unix_ms(), max_cooldown)
+                    known.quiet_long_enough(
+                        &spooled.path,
+                        !free,
+                        kernel_clock::boottime_ns(),
+                        max_cooldown,
+                    )
                 } else {
                     free
                 };
@@ -237,19 +264,23 @@ pub async fn run(
         tokio::select! {
             () = tokio::time::sleep(POLL) => {}
             Some(now) = urgent.recv() => {
-                release_now(&dir, now, &metrics, (&mut retries, &mut known), &holds, &bins).await;
+                let memory = (&mut retries, &mut known, &handed);
+                release_now(&dir, now, &metrics, memory, &holds, &bins).await;
             }
         }
     }
 }
 
 /// The pending releases, read off the async threads and merged with what `known` remembers
-/// (a vanished file written back); None (logged) when the directory cannot be read.
+/// (a vanished file written back); None (logged) when the directory cannot be read. The
+/// releases `handed` over since the last scan are taken before the directory is read: one
+/// stored meanwhile is not in the listing and must not be taken for one that vanished.
 async fn scan(
     dir: &Path,
-    known: &mut Known,
+    (known, handed): (&mut Known, &Handed),
     metrics: &Metrics,
 ) -> Option<Vec<Spooled<HeldRelease>>> {
+    known.remember(handed.take(), kernel_clock::boottime_ns());
     let dir = dir.to_owned();
     let records = known.records().clone();
     let read = move || {
@@ -258,7 +289,7 @@ async fn scan(
         spool::pending_of::<HeldRelease>(&dir)
     };
     match tokio::task::spawn_blocking(read).await {
-        Ok(Ok(scanned)) => Some(known.reconcile(scanned, now_unix_ms(), metrics)),
+        Ok(Ok(scanned)) => Some(known.reconcile(scanned, kernel_clock::boottime_ns(), metrics)),
         Ok(Err(e)) => {
             error!("ipam releases: {e}");
             None

@@ -19,8 +19,9 @@
 //!   rewritten in the current one.
 //!
 //! Each file belongs to one boot: its header names the boot id, and monotonic stamps are
-//! carried across a reboot by wall-clock time ([`Loaded::same_boot`]); the first commit after
-//! such a load rewrites the file for this boot.
+//! carried across a reboot as if the last write were the agent's start, never by the wall
+//! clock, which can step ([`Loaded::same_boot`]); the first commit after such a load rewrites
+//! the file for this boot.
 //!
 //! [`Journal`] composes parts that each own one concern and its state:
 //! - `location::Location`: the state directory, the file in it this agent journals to,
@@ -45,7 +46,7 @@ mod tests;
 mod tickets;
 
 use std::{
-    fs, io,
+    io,
     net::IpAddr,
     path::{Path, PathBuf},
     sync::Arc,
@@ -140,7 +141,8 @@ pub struct Loaded<E> {
     pub records: Vec<E>,
     /// Written during this boot: its monotonic stamps compare with the clock directly.
     pub same_boot: bool,
-    /// The clocks at the latest write: monotonic ns and Unix ms.
+    /// The clocks at the latest write: monotonic ns and Unix ms (the latter for the record:
+    /// recovery does not carry deadlines by it).
     pub written_mono_ns: u64,
     pub written_unix_ms: u64,
     /// The format version read (1: the earlier full-snapshot format, rewritten on commit).
@@ -171,9 +173,7 @@ fn unix_ms() -> u64 {
 
 /// The kernel's id of this boot: monotonic clocks restart with it.
 pub fn boot_id() -> Option<String> {
-    fs::read_to_string("/proc/sys/kernel/random/boot_id")
-        .ok()
-        .map(|s| s.trim().to_owned())
+    crate::kernel_clock::boot_id()
 }
 
 fn invalid_data(e: impl std::fmt::Display) -> io::Error {

@@ -37,10 +37,10 @@ impl Tracker {
                 return Box::new(|_| {});
             }
             Command::HoldRelease { release, reply } => {
-                return answer(
-                    reply,
-                    self.ipam.hold_release(*release, &self.api(), &self.metrics),
-                )
+                // Answered by the store's thread once the release is durable.
+                self.ipam
+                    .hold_release(*release, reply, &self.api(), &self.metrics);
+                return Box::new(|_| {});
             }
             Command::DatapathPut {
                 addr,

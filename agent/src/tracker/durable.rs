@@ -46,6 +46,9 @@ impl Contents<AddrRecord> for Journaled<'_> {
 /// every commit before it), so the generation known saved can only lag, never run ahead.
 const SYNCING_MAX: usize = 1024;
 
+/// What readiness names while the journal cannot be saved.
+const UNSAVED: &str = "journal";
+
 /// How often a journal save that keeps failing is logged (every failure is counted).
 const SAVE_FAILURE_LOG_EVERY: Duration = Duration::from_secs(30);
 
@@ -206,6 +209,7 @@ impl Durable {
         }
         state.last_logged = None;
         metrics.journal_unsaved_seconds.set(0.0);
+        metrics.readiness.set_unsaved(UNSAVED, None);
     }
 
     /// A save or a flush failed: counted, and logged when the reason changes or every so often.
@@ -219,6 +223,9 @@ impl Durable {
             .set(now.duration_since(since).as_secs_f64());
         let reason = e.to_string();
         let changed = state.failing.as_deref() != Some(reason.as_str());
+        if changed {
+            metrics.readiness.set_unsaved(UNSAVED, Some(reason.clone()));
+        }
         let due = state
             .last_logged
             .is_none_or(|at| now.duration_since(at) >= SAVE_FAILURE_LOG_EVERY);

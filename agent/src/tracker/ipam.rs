@@ -6,15 +6,20 @@
 use std::{collections::BTreeSet, net::IpAddr};
 
 use ipq_api::model::{AllocationRecord, HeldRelease};
-use ipq_fs::{paths, spool};
-use log::{debug, warn};
+use ipq_fs::paths;
+use log::warn;
 
 use tokio::sync::mpsc;
 
 use super::api_service::ApiService;
 use crate::{
-    api::{model::ErrorCode, views::ApiError},
-    ipam::{holds::Holds, records::Records, releaser::Urgent},
+    api::{command::Reply, model::ErrorCode, views::ApiError},
+    ipam::{
+        holds::Holds,
+        records::Records,
+        releaser::Urgent,
+        store::{ReleaseFile, ReleaseStore, StoreRequest},
+    },
     metrics::Metrics,
     registry::StateName,
 };
@@ -27,6 +32,8 @@ pub(super) struct IpamSide {
     records: Records,
     /// The releaser's queue of releases wanted now (pool pressure); none in tests.
     urgent: Option<mpsc::Sender<Urgent>>,
+    /// The thread that writes held releases, off this loop; none before the agent serves.
+    store: Option<ReleaseStore>,
     /// Where released allocations are stored (`state_dir/ipam-releases`).
     release_dir: std::path::PathBuf,
 }
@@ -37,6 +44,7 @@ impl IpamSide {
             holds: Holds::default(),
             records: Records::new(paths::ipam_allocation_dir(state_dir), capacity),
             urgent: None,
+            store: None,
             release_dir: paths::ipam_release_dir(state_dir),
         }
     }
@@ -46,25 +54,58 @@ impl IpamSide {
         self.urgent = Some(urgent);
     }
 
+    /// The thread that writes held releases.
+    pub(super) fn set_store(&mut self, store: ReleaseStore) {
+        self.store = Some(store);
+    }
+
     /// The releaser's queue, when one runs.
     pub(super) fn urgent(&self) -> Option<&mpsc::Sender<Urgent>> {
         self.urgent.as_ref()
     }
 
-    /// Stores a release durably under `state_dir/ipam-releases`, stamped with the agent's own
-    /// time (what "never early" counts from). What it runs is its allocation's record, never
-    /// the request: a request naming another delegate, or an address the allocation did not
-    /// get, is refused (409) and nothing stored. A release with no record (an allocation an
-    /// older ipq-ipam made) is taken as [`unrecorded`](Self::unrecorded). Its addresses are
-    /// completed with what the registry has for its attachment (at ipq-ipam's DEL the holder
-    /// still lives, so a DEL without prevResult still names them). O(k) plus one file write
-    /// and fsync, as a journal save.
+    /// Checks a release and hands it to the store's thread, which writes it durably under
+    /// `state_dir/ipam-releases`, stamped with the agent's own time (what "never early" counts
+    /// from), and only then answers `reply`: nothing here waits on the disk. What it runs is
+    /// its allocation's record, never the request: a request naming another delegate, or an
+    /// address the allocation did not get, is refused (409) here and nothing stored. A release
+    /// with no record (an allocation an older ipq-ipam made) is taken as
+    /// [`unrecorded`](unrecorded). Its addresses are completed with what the registry has for
+    /// its attachment (at ipq-ipam's DEL the holder still lives, so a DEL without prevResult
+    /// still names them). O(k) on this loop.
     pub(super) fn hold_release(
+        &self,
+        release: HeldRelease,
+        reply: Reply<HeldRelease>,
+        api: &ApiService<'_>,
+        metrics: &Metrics,
+    ) {
+        let checked = self.check_release(release, api, metrics);
+        match (checked, &self.store) {
+            (Ok((release, file)), Some(store)) => store.store(StoreRequest {
+                release,
+                file,
+                reply,
+            }),
+            (Ok(_), None) => {
+                let _ = reply.send(Err(ApiError::new(
+                    ErrorCode::Unavailable,
+                    "the agent is starting: nothing stored; retry later",
+                )));
+            }
+            (Err(e), _) => {
+                let _ = reply.send(Err(e));
+            }
+        }
+    }
+
+    /// The release to store for `release` and its file, or why none is (409).
+    fn check_release(
         &self,
         release: HeldRelease,
         api: &ApiService<'_>,
         metrics: &Metrics,
-    ) -> Result<HeldRelease, ApiError> {
+    ) -> Result<(HeldRelease, ReleaseFile), ApiError> {
         let record = self.records.get(
             release.network.as_deref(),
             &release.container_id,
@@ -73,34 +114,19 @@ impl IpamSide {
         let known: BTreeSet<IpAddr> = api
             .attachment_addresses(&release.container_id, &release.ifname)
             .collect();
-        let dir = &self.release_dir;
         // A recorded allocation's release has one file, named after the record: a runtime
-        // repeating its DEL gets the release stored first (its time, and so its wait, kept).
-        let stored_at = record.as_ref().map(|r| dir.join(release_file_name(r)));
+        // repeating its DEL gets the release stored first (the store's thread looks).
+        let file = match &record {
+            Some(r) => ReleaseFile::Recorded(self.release_dir.join(release_file_name(r))),
+            None => ReleaseFile::New,
+        };
         let mut release = match &record {
             Some(record) => recorded(&release, record)?,
             None => unrecorded(release, &known, api, metrics)?,
         };
-        if let Some(stored) = stored_at.as_deref().and_then(read_stored) {
-            return Ok(stored);
-        }
         let all: BTreeSet<IpAddr> = release.addresses.iter().copied().chain(known).collect();
         release.addresses = all.into_iter().collect();
-        release.held_at_unix_ms = ipq_api::model::now_unix_ms();
-        let stored = match &stored_at {
-            Some(path) => spool::write_at(path, &release).map(|()| path.clone()),
-            None => spool::spool(dir, &release),
-        };
-        let path = stored
-            .map_err(|e| ApiError::new(ErrorCode::Internal, format!("storing the release: {e}")))?;
-        debug!(
-            "ipam: holding the allocation of container {} ({}) until {:?} are free ({})",
-            release.container_id,
-            release.ifname,
-            release.addresses,
-            path.display()
-        );
-        Ok(release)
+        Ok((release, file))
     }
 
     /// The shared table of ipq-ipam's holds, for its releaser to keep up to date.
@@ -204,12 +230,6 @@ fn recorded(request: &HeldRelease, record: &AllocationRecord) -> Result<HeldRele
 fn release_file_name(record: &AllocationRecord) -> String {
     let name = record.file_name();
     format!("del-{}", name.trim_start_matches("alloc-"))
-}
-
-/// The release stored at `path`, if there is one that reads.
-fn read_stored(path: &std::path::Path) -> Option<HeldRelease> {
-    let bytes = ipq_fs::safe_fs::read_regular(path).ok()?;
-    serde_json::from_slice(&bytes).ok()
 }
 
 fn listed<'a>(addresses: impl Iterator<Item = &'a IpAddr>) -> String {

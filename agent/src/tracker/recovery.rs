@@ -34,7 +34,6 @@ pub(super) fn read_journal(
     path: &Path,
     newer: Option<&NewerJournal>,
     now_mono_ns: u64,
-    now_unix_ms: u64,
 ) -> JournalReading {
     let mut problems = Vec::new();
     let (records, from) = match loaded {
@@ -56,10 +55,12 @@ pub(super) fn read_journal(
                 records: loaded.records,
             };
             if !loaded.same_boot {
-                // Monotonic stamps of another boot: carry them over by wall-clock time.
-                let elapsed_ns = now_unix_ms.saturating_sub(loaded.written_unix_ms) * 1_000_000;
-                let written_now = now_mono_ns.saturating_sub(elapsed_ns);
-                snapshot.rebase(loaded.written_mono_ns, written_now);
+                // Monotonic stamps of another boot, carried over on the safe side: as if the
+                // journal's last write were now, so that every deadline keeps at least the
+                // time it had left then, counted from this start. The wall clock is not
+                // asked how long the node was down: a step of it (NTP at boot, an RTC off by
+                // hours) would end carried quarantines early.
+                snapshot.rebase(loaded.written_mono_ns, now_mono_ns);
             }
             (snapshot.records, Recovery::Journal)
         }
@@ -141,9 +142,6 @@ impl Tracker {
         loaded: Result<Option<Loaded<AddrRecord>>, JournalError>,
         journal: &mut Journal,
     ) -> Recovery {
-        let now_unix_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
         let JournalReading {
             records,
             from: recovery,
@@ -153,7 +151,6 @@ impl Tracker {
             &journal.path(),
             journal.newer(),
             netdev::monotonic_ns(),
-            now_unix_ms,
         );
         for line in self.sinks.enforcer.table().opened_disagreeing() {
             problems.push(format!("pinned maps at start: {line}"));

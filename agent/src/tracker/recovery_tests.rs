@@ -46,7 +46,6 @@ fn a_journal_of_this_boot_is_taken_as_it_is() {
         Path::new(PATH),
         None,
         500 * SECOND,
-        9_000_000,
     );
     assert_eq!(read.from, Recovery::Journal);
     assert!(read.problems.is_empty(), "{:?}", read.problems);
@@ -54,18 +53,18 @@ fn a_journal_of_this_boot_is_taken_as_it_is() {
 }
 
 #[test]
-fn a_journal_of_another_boot_is_carried_over_by_wall_clock_time() {
-    // Written 30 s of wall-clock time ago; this boot's monotonic clock reads 50 s now.
+fn a_journal_of_another_boot_keeps_the_time_it_had_left_from_this_start() {
+    // This boot's monotonic clock reads 50 s now. However far the wall clock moved since the
+    // write (a +2 h step across the reboot included), the write is taken as now: the record
+    // is as old as it was then, and no deadline ends earlier than it had left.
     let read = read_journal(
         Ok(Some(loaded(false, None))),
         Path::new(PATH),
         None,
         50 * SECOND,
-        1_000_000 + 30_000,
     );
     assert_eq!(read.from, Recovery::Journal);
-    // The write was at 20 s of this boot's clock, and the record as old then as it was.
-    assert_eq!(since(&read.records[0]), 20 * SECOND);
+    assert_eq!(since(&read.records[0]), 50 * SECOND);
 }
 
 #[test]
@@ -81,7 +80,6 @@ fn a_torn_tail_is_a_problem_naming_the_file_and_the_bytes_dropped() {
         Path::new(PATH),
         None,
         500 * SECOND,
-        9_000_000,
     );
     assert_eq!(read.from, Recovery::Journal);
     assert_eq!(read.records.len(), 1, "what came before the tear is kept");
@@ -93,7 +91,7 @@ fn a_torn_tail_is_a_problem_naming_the_file_and_the_bytes_dropped() {
 
 #[test]
 fn no_journal_or_a_corrupt_one_rebuilds_from_the_pinned_maps() {
-    let none = read_journal(Ok(None), Path::new(PATH), None, 0, 0);
+    let none = read_journal(Ok(None), Path::new(PATH), None, 0);
     assert_eq!(none.from, Recovery::PinnedMaps);
     assert!(none.problems.is_empty(), "a first start is no problem");
 
@@ -105,7 +103,6 @@ fn no_journal_or_a_corrupt_one_rebuilds_from_the_pinned_maps() {
         }),
         Path::new(PATH),
         None,
-        0,
         0,
     );
     assert_eq!(corrupt.from, Recovery::PinnedMaps);
@@ -126,7 +123,7 @@ fn a_newer_agents_journal_is_a_problem_that_says_where_this_one_writes() {
         beside: PathBuf::from("/var/lib/ipq/registry.journal.v3"),
         stale_set_aside: None,
     };
-    let read = read_journal(Ok(None), Path::new(PATH), Some(&newer), 0, 0);
+    let read = read_journal(Ok(None), Path::new(PATH), Some(&newer), 0);
     assert_eq!(read.problems.len(), 1, "{:?}", read.problems);
     assert!(
         read.problems[0].contains("newer ipq") && read.problems[0].contains("registry.journal.v3"),

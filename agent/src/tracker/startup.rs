@@ -10,7 +10,7 @@ use crate::{
     api::model::StartedView,
     datapath::attach::JobReport,
     hygiene::{self, HygieneError},
-    ipam::{holds::Holds, records::Records, releaser::Urgent},
+    ipam::{holds::Holds, records::Records, releaser::Urgent, store::ReleaseStore},
     publish::{whereabouts, Feed},
 };
 
@@ -71,5 +71,11 @@ impl Tracker {
             started: self.protection.mark_started(),
             addresses: self.core.registry.records().len(),
         })
+    }
+
+    /// ipq-ipam's held releases are written by `store`'s thread from now on (started once
+    /// serving gave it the holds to keep).
+    pub fn store_releases_with(&mut self, store: ReleaseStore) {
+        self.ipam.set_store(store);
     }
 }

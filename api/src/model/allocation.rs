@@ -42,6 +42,7 @@ impl AllocationRecord {
             netns: self.netns.clone(),
             addresses: self.addresses.clone(),
             held_at_unix_ms,
+            held_at_boot: None,
         }
     }
 

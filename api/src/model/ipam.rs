@@ -48,6 +48,22 @@ pub struct HeldRelease {
     /// cannot vouch for (its journal was lost) waits `max_cooldown` from here.
     #[serde(default)]
     pub held_at_unix_ms: u64,
+    /// The boot and its CLOCK_BOOTTIME at the hand-over, stamped by the agent: within that
+    /// boot the releaser's waits count from here, never from the wall clock (which steps).
+    /// Absent in a release of an older agent, or written by hand.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_at_boot: Option<BootStamp>,
+}
+
+/// A moment as the kernel counts it within one boot: CLOCK_BOOTTIME (which counts across
+/// suspend and never steps) and the boot it belongs to.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BootStamp {
+    /// `/proc/sys/kernel/random/boot_id`.
+    pub boot_id: String,
+    /// CLOCK_BOOTTIME in nanoseconds.
+    pub boottime_ns: u64,
 }
 
 /// Now, in ms since the epoch, as [`HeldRelease::held_at_unix_ms`] has it.
@@ -182,6 +198,7 @@ mod tests {
             netns: None,
             addresses: Vec::new(),
             held_at_unix_ms: 0,
+            held_at_boot: None,
         }
     }
 

@@ -11,7 +11,8 @@ use crate::{AttachedHook, Attachment, EarlyReusePolicy, Protection, RecoveredFro
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Status {
     pub ready: bool,
-    /// Why not ready: starting, or the unprotected interfaces with their errors.
+    /// Why not ready: starting, the unprotected interfaces with their errors, the pins, the
+    /// datapath writes pending, or what cannot save changes and why.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub not_ready: Option<String>,
     /// How TC programs attach on this node: `tcx`, `netlink`, or `netlink-then-tcx` (`auto` on

@@ -105,6 +105,9 @@ fn hold(
         netns: env.netns.clone(),
         addresses,
         held_at_unix_ms: super::release::now_unix_ms(),
+        // The agent stamps what it stores with its boot and CLOCK_BOOTTIME; one spooled here
+        // while it is away waits from when the agent first sees it (the safe side).
+        held_at_boot: None,
     };
     hand_over(&release, conf)
 }

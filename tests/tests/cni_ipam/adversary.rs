@@ -6,7 +6,8 @@
 //! a 409; a release naming a quarantined pod's attachment with some free address frees
 //! nothing before that pod's quarantine ends; one naming no address waits `max_cooldown` from
 //! its own time on an agent that has run longer than that; and the spool directory removed
-//! under a running agent is written back and still released, once, after the quarantine.
+//! under a running agent (even right after the DEL, before any scan) is written back and
+//! still released, once, after the quarantine.
 
 use std::{
     net::IpAddr,
@@ -56,6 +57,7 @@ pub(super) fn release_of(
         addresses: addresses.to_vec(),
         // Now, as ipq-ipam stamps it (the agent stamps its own since issue 27).
         held_at_unix_ms: now_unix_ms(),
+        held_at_boot: None,
     }
 }
 
@@ -295,6 +297,44 @@ fn a_removed_spool_directory_is_rebuilt_and_nothing_leaks() -> anyhow::Result<()
         "the same release: {back:?}"
     );
     wait_for_release(&lab, &chain, &api, &a, not_before)?;
+    poll("no held release left", RELEASE_WITHIN, || {
+        Ok(held_releases(&lab)?.is_empty().then_some(()))
+    })?;
+    Ok(())
+}
+
+/// Measured from outside before: `state_dir/ipam-releases` removed 0.1 s after a held DEL,
+/// before the releaser's next scan had seen its file, lost the release (only files a scan had
+/// seen were written back) and host-local kept the address for good. The release is
+/// remembered from its answer: removed at once after the DEL, it is written back, and the
+/// delegate's DEL still runs when the quarantine ends, not before.
+#[test]
+fn a_release_directory_removed_right_after_the_del_is_still_released() -> anyhow::Result<()> {
+    let lab = Lab::new()?;
+    let chain = bridge_chain(&lab, "1.0.0")?;
+    let agent = lab.start_agent(&QUARANTINE)?;
+    let api = AgentApi::new(&lab)?;
+    let a = add(&chain, "ia")?;
+    api.wait_state(a.v4, StateName::Active)?;
+    chain.del(&a.attachment, Some(&a.result))?;
+    let dir = paths::ipam_release_dir(&state_dir(&lab));
+    std::fs::remove_dir_all(&dir)?;
+    let not_before = deadline(&api, &a)?;
+    poll("the release written back", RELEASE_WITHIN, || {
+        let restored = agent.metric("ipq_ipam_spool_restored_total", &[])?;
+        Ok((restored == 1.0 && held_releases(&lab)?.len() == 1).then_some(()))
+    })?;
+    ensure!(
+        host_local_allocations(&data_dir(&lab), &chain.name)?.contains_key(&a.v4),
+        "host-local still holds {} mid-quarantine",
+        a.v4
+    );
+    wait_for_release(&lab, &chain, &api, &a, not_before)?;
+    ensure!(
+        !host_local_allocations(&data_dir(&lab), &chain.name)?.contains_key(&a.v4),
+        "host-local's file for {} is gone",
+        a.v4
+    );
     poll("no held release left", RELEASE_WITHIN, || {
         Ok(held_releases(&lab)?.is_empty().then_some(()))
     })?;

@@ -113,6 +113,7 @@ fn a_release_whose_delegate_is_outside_the_trusted_dirs_is_refused() -> anyhow::
         netns: None,
         addresses: Vec::new(),
         held_at_unix_ms: 0,
+        held_at_boot: None,
     };
     let path_as_type = HeldRelease {
         delegate_type: "../../../bin/sh".into(),

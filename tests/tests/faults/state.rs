@@ -295,7 +295,9 @@ fn claim(lab: &Lab, addrs: &[IpAddr], container: &str) -> anyhow::Result<HttpRes
 /// Injected: the state directory's file system fills up (a small tmpfs, filled with zeros)
 /// while claims and a spooled CNI DEL arrive, then frees up / Holds: nothing is answered 200
 /// and no spool file is removed until what it changed is saved; the failures are counted;
-/// once space is back the claim is durable: a SIGKILL restart still knows its container.
+/// `/readyz` and `ipq status` say changes cannot be saved, naming ENOSPC, and clear once
+/// writes succeed; once space is back the claim is durable: a SIGKILL restart still knows its
+/// container.
 #[test]
 fn nothing_is_answered_before_it_is_durable() -> anyhow::Result<()> {
     let lab = Lab::new()?;
@@ -349,6 +351,20 @@ fn nothing_is_answered_before_it_is_durable() -> anyhow::Result<()> {
         v >= 1.0
     });
     wait_metric(&agent, "ipq_journal_unsaved_seconds", &[], |v| v > 0.0);
+    // Not ready while nothing can be saved, naming why, in `/readyz` and `ipq status` alike.
+    let (code, body) = agent.readyz()?;
+    ensure!(
+        code == 503 && body.contains("changes cannot be saved") && body.contains("No space left"),
+        "/readyz while the state disk is full: {code} {body}"
+    );
+    let status = request(&socket(&lab), "GET", "/v1/status", None)?.json()?;
+    let not_ready = status["not_ready"].as_str().unwrap_or_default();
+    ensure!(
+        status["ready"] == false
+            && not_ready.contains("journal")
+            && not_ready.contains("No space left"),
+        "ipq status while the state disk is full: {status}"
+    );
 
     // The spooled DEL arrives while the disk is full: it is replayed, but its file stays.
     let spooled = spool_dir.join(held.file_name().context("a spool file name")?);
@@ -377,6 +393,10 @@ fn nothing_is_answered_before_it_is_durable() -> anyhow::Result<()> {
     wait_metric(&agent, "ipq_journal_unsaved_seconds", &[], |v| v == 0.0);
     let answer = claim(&lab, &addrs, "c0ffee")?;
     ensure!(answer.status == 200, "claim once saved: {answer:?}");
+    // Saved again: ready again, with no other event.
+    poll("/readyz 200 once writes succeed", SETTLE, || {
+        Ok((agent.readyz()?.0 == 200).then_some(()))
+    })?;
 
     // SIGKILL: what was answered is what the journal brings back.
     agent.kill9();

@@ -13,34 +13,71 @@ fn release_held_at(ms: u64) -> HeldRelease {
         netns: None,
         addresses: Vec::new(),
         held_at_unix_ms: ms,
+        held_at_boot: None,
     }
+}
+
+const BOOT: &str = "this-boot";
+
+/// A release stamped at `secs` of this boot's CLOCK_BOOTTIME, and at a wall-clock time that
+/// says nothing of it.
+fn release_held_at_boot(boot: &str, secs: u64) -> HeldRelease {
+    HeldRelease {
+        held_at_boot: Some(ipq_api::model::BootStamp {
+            boot_id: boot.to_owned(),
+            boottime_ns: secs * 1_000_000_000,
+        }),
+        ..release_held_at(1)
+    }
+}
+
+/// Now, at `secs` of this boot's CLOCK_BOOTTIME.
+fn at(secs: u64) -> (u64, Option<&'static str>) {
+    (secs * 1_000_000_000, Some(BOOT))
 }
 
 #[test]
 fn a_release_the_registry_cannot_vouch_for_waits_max_cooldown_from_its_hand_over() {
     let max = Duration::from_secs(60);
+    let s = 1_000_000_000;
     // The journal was there: the registry decides alone.
     assert_eq!(
-        unvouched_wait(&release_held_at(1_000), None, max, 2_000),
+        unvouched_wait(&release_held_at_boot(BOOT, 1), None, max, at(2)),
         Duration::ZERO
     );
     // Lost at 10 s: one held at 1 s waits until 61 s, one held after the loss not at all.
-    let lost = Some(10_000);
+    let lost = Some(10 * s);
     assert_eq!(
-        unvouched_wait(&release_held_at(1_000), lost, max, 20_000),
+        unvouched_wait(&release_held_at_boot(BOOT, 1), lost, max, at(20)),
         Duration::from_secs(41)
     );
     assert_eq!(
-        unvouched_wait(&release_held_at(1_000), lost, max, 61_000),
+        unvouched_wait(&release_held_at_boot(BOOT, 1), lost, max, at(61)),
         Duration::ZERO
     );
     assert_eq!(
-        unvouched_wait(&release_held_at(12_000), lost, max, 12_001),
+        unvouched_wait(&release_held_at_boot(BOOT, 12), lost, max, at(13)),
         Duration::ZERO
     );
-    // An older release without its time waits from the loss.
+    // An older release without its boot stamp waits from the loss, whatever its wall clock
+    // stamp says.
     assert_eq!(
-        unvouched_wait(&release_held_at(0), lost, max, 20_000),
+        unvouched_wait(&release_held_at(0), lost, max, at(20)),
+        Duration::from_secs(50)
+    );
+    assert_eq!(
+        unvouched_wait(&release_held_at(u64::MAX / 2), lost, max, at(20)),
+        Duration::from_secs(50)
+    );
+    // One stamped in another boot (a reboot; the wall clock stepped two hours meanwhile)
+    // waits from the loss too: its boottime is another clock's.
+    assert_eq!(
+        unvouched_wait(
+            &release_held_at_boot("boot-before", 9_000),
+            lost,
+            max,
+            at(20)
+        ),
         Duration::from_secs(50)
     );
 }

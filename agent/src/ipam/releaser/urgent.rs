@@ -16,7 +16,7 @@ use super::{
 };
 use crate::{
     api::{command::Reply, model::ExhaustedAnswer},
-    ipam::{holds::Holds, trust::TrustedBins},
+    ipam::{holds::Holds, store::Handed, trust::TrustedBins},
     metrics::Metrics,
 };
 
@@ -36,7 +36,7 @@ pub(super) async fn release_now(
     dir: &Path,
     urgent: Urgent,
     metrics: &Metrics,
-    (retries, known): (&mut HashMap<PathBuf, Retry>, &mut Known),
+    (retries, known, handed): (&mut HashMap<PathBuf, Retry>, &mut Known, &Handed),
     holds: &Holds,
     bins: &Arc<TrustedBins>,
 ) {
@@ -47,7 +47,9 @@ pub(super) async fn release_now(
         mut answer,
         reply,
     } = urgent;
-    let pending = scan(dir, known, metrics).await.unwrap_or_default();
+    let pending = scan(dir, (known, handed), metrics)
+        .await
+        .unwrap_or_default();
     let held = addresses_by_attachment(&pending);
     let (mine, others): (Vec<_>, Vec<_>) = pending
         .into_iter()

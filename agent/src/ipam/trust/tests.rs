@@ -15,6 +15,7 @@ fn release(cni_path: &str, kind: &str) -> HeldRelease {
         netns: None,
         addresses: Vec::new(),
         held_at_unix_ms: 0,
+        held_at_boot: None,
     }
 }
 
