@@ -15,7 +15,7 @@ fn a_process_without_net_admin_or_of_another_user_namespace_is_not_root() {
     };
     assert_eq!(full.not_root(), None);
     let no_net_admin = Process {
-        cap_eff: u64::MAX & !(1 << CAP_NET_ADMIN),
+        cap_eff: !(1 << CAP_NET_ADMIN),
         same_user_ns: true,
     };
     assert_eq!(no_net_admin.not_root(), Some(NotRoot::NoNetAdmin));
