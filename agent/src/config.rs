@@ -129,8 +129,15 @@ pub struct Config {
     pub bpffs_dir: PathBuf,
     pub state_dir: PathBuf,
     pub api_socket: PathBuf,
-    /// A group (name or numeric gid) whose members may use the API besides root.
+    /// A group (name or numeric gid) whose members may read the API (status, addresses,
+    /// conflicts, events).
     pub api_group: Option<String>,
+    /// A group whose members may also change things through the API (claims, drains,
+    /// releases, GC, break-glass datapath writes); the IPAM routes stay root's.
+    pub api_admin_group: Option<String>,
+    /// The procfs a uid-0 peer's process is read from (its capabilities and user namespace):
+    /// `/proc` unless the agent's own `/proc` shows only its PID namespace.
+    pub api_peer_procfs: Option<PathBuf>,
     pub metrics_addr: SocketAddr,
     pub interfaces: Interfaces,
     pub tc_attach: TcAttach,
@@ -163,6 +170,8 @@ impl Default for Config {
             state_dir: paths::DEFAULT_STATE_DIR.into(),
             api_socket: paths::DEFAULT_API_SOCKET.into(),
             api_group: None,
+            api_admin_group: None,
+            api_peer_procfs: None,
             metrics_addr: SocketAddr::from(([127, 0, 0, 1], 9740)),
             interfaces: Interfaces {
                 // The host side of pod veths as the common CNIs name it: the reference plugins

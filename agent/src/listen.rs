@@ -48,9 +48,14 @@ pub const METRICS_MAX_CONNECTIONS: usize = 64;
 /// or two each; what is left stays for the others.
 pub const METRICS_MAX_PER_PEER: usize = 8;
 
-/// Connections the API socket serves at once: bursts of CNI ADDs and DELs, the CLI, event
-/// followers.
+/// Connections the API socket serves at once to anyone allowed on it: bursts of CNI ADDs and
+/// DELs, the CLI, event followers.
 pub const API_MAX_CONNECTIONS: usize = 256;
+
+/// Connections the API socket keeps, beyond [`API_MAX_CONNECTIONS`], for root peers only (the
+/// root role: the CNI plugins, the kubelet's exec probes, `sudo ipq`): another user holding
+/// every shared slot (event followers, say) never makes a pod's claim wait.
+pub const API_ROOT_RESERVE: usize = 64;
 
 /// How long one write may wait for a client to read: a follower of `/v1/events` or a scraper
 /// reads as fast as the agent writes.
@@ -107,6 +112,8 @@ pub struct Guard {
     name: &'static str,
     max: usize,
     slots: Arc<Semaphore>,
+    /// Slots only privileged peers may take once `slots` are all taken.
+    reserve: Option<Arc<Semaphore>>,
     /// At most this many connections per peer address, for a listener open to the network.
     per_peer: Option<usize>,
     peers: PeerCounts,
@@ -159,6 +166,7 @@ impl Guard {
             name,
             max,
             slots: Arc::new(Semaphore::new(max)),
+            reserve: None,
             per_peer: None,
             peers: PeerCounts::default(),
             backoff: BACKOFF_MIN,
@@ -184,6 +192,31 @@ impl Guard {
                 .with_label_values(&[self.name.to_ascii_lowercase().as_str(), reason])
                 .inc();
         }
+    }
+
+    /// A guard that also keeps `reserved` slots for privileged peers ([`Guard::admit_reserving`]).
+    pub fn with_reserve(self, reserved: usize) -> Self {
+        Self {
+            reserve: Some(Arc::new(Semaphore::new(reserved))),
+            ..self
+        }
+    }
+
+    /// A slot for the connection just accepted, held for its lifetime: a shared one, else,
+    /// for a `privileged` peer, a reserved one; `None` when none is left for this peer, and the
+    /// caller closes the connection at once.
+    pub fn admit_reserving(&mut self, privileged: bool) -> Option<OwnedSemaphorePermit> {
+        if let Ok(permit) = self.slots.clone().try_acquire_owned() {
+            self.backoff = BACKOFF_MIN;
+            return Some(permit);
+        }
+        if privileged {
+            if let Some(Ok(permit)) = self.reserve.clone().map(Semaphore::try_acquire_owned) {
+                self.backoff = BACKOFF_MIN;
+                return Some(permit);
+            }
+        }
+        self.admit()
     }
 
     /// A guard that also serves at most `per_peer` connections from any one peer address.

@@ -348,3 +348,23 @@ fn a_newer_agents_error_code_reads_as_unknown_with_its_message() {
     assert_eq!(answer.error.message, "10.0.0.1: over quota");
     assert_eq!(ErrorCode::Unknown.http_status(), 500);
 }
+
+/// The roles a refusal names (`needs`), spelled one way on the wire and in messages; one a
+/// newer agent adds reads as `unknown`, the refusal still readable; an older agent's refusal
+/// without `needs` reads as none.
+#[test]
+fn roles() {
+    use crate::model::{ErrorResponse, Role};
+    let spelled: Vec<&str> = Role::VARIANTS.iter().map(|r| r.as_ref()).collect();
+    assert_eq!(spelled, ["read", "admin", "root", "unknown"]);
+    for role in Role::VARIANTS {
+        assert_eq!(serde_json::to_string(role).unwrap(), format!("\"{role}\""));
+    }
+    assert!(Role::Read < Role::Admin && Role::Admin < Role::Root);
+    let newer = r#"{"error":{"code":"forbidden","message":"m","needs":"auditor"}}"#;
+    let answer: ErrorResponse = serde_json::from_str(newer).unwrap();
+    assert_eq!(answer.error.needs, Some(Role::Unknown));
+    let older = r#"{"error":{"code":"forbidden","message":"m"}}"#;
+    let answer: ErrorResponse = serde_json::from_str(older).unwrap();
+    assert_eq!(answer.error.needs, None);
+}

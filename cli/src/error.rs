@@ -9,8 +9,9 @@ use ipq_api::client::ClientError;
 
 #[derive(Debug, Error)]
 pub enum CliError {
-    /// The agent could not be reached or answered with an error.
-    #[error(transparent)]
+    /// The agent could not be reached or answered with an error (a refusal says which role
+    /// the request needed).
+    #[error("{}", client_message(.0))]
     Client(#[from] ClientError),
     /// The async runtime the client runs on could not be built.
     #[error("starting the I/O runtime: {0}")]
@@ -21,6 +22,20 @@ pub enum CliError {
     /// The answer could not be written as JSON.
     #[error("encoding the answer as JSON: {0}")]
     Encode(#[from] serde_json::Error),
+}
+
+fn client_message(error: &ClientError) -> String {
+    match error {
+        ClientError::Api { error: body, .. } => match body.needs {
+            Some(role) => format!(
+                "{} (this needs the {role} role: {})",
+                body.message,
+                role.holders()
+            ),
+            None => body.message.clone(),
+        },
+        other => other.to_string(),
+    }
 }
 
 impl CliError {
@@ -41,7 +56,7 @@ mod tests {
     use std::path::PathBuf;
 
     use super::*;
-    use ipq_api::model::{ApiErrorBody, ErrorCode};
+    use ipq_api::model::{ApiErrorBody, ErrorCode, Role};
 
     fn api(code: ErrorCode) -> CliError {
         CliError::from(ClientError::Api {
@@ -52,6 +67,7 @@ mod tests {
                 address: None,
                 holder: None,
                 until: None,
+                needs: None,
             }),
         })
     }
@@ -80,5 +96,29 @@ mod tests {
     #[test]
     fn an_api_error_prints_the_agents_message() {
         assert_eq!(api(ErrorCode::NotFound).to_string(), "not_found happened");
+    }
+
+    #[test]
+    fn a_refusal_says_which_role_it_needed() {
+        let refused = CliError::from(ClientError::Api {
+            status: 403,
+            error: Box::new(ApiErrorBody {
+                needs: Some(Role::Admin),
+                ..*api_body(ErrorCode::Forbidden)
+            }),
+        });
+        assert_eq!(refused.exit(), Exit::Forbidden);
+        assert_eq!(
+            refused.to_string(),
+            "forbidden happened (this needs the admin role: root with CAP_NET_ADMIN in the \
+             initial user namespace, or members of api_admin_group)"
+        );
+    }
+
+    fn api_body(code: ErrorCode) -> Box<ApiErrorBody> {
+        match api(code) {
+            CliError::Client(ClientError::Api { error, .. }) => error,
+            other => panic!("{other:?}"),
+        }
     }
 }

@@ -107,6 +107,7 @@ mod tests {
                 address: None,
                 holder: None,
                 until: None,
+                needs: None,
             }),
         }
     }
@@ -152,6 +153,7 @@ mod tests {
             address: Some("10.1.0.5".parse().unwrap()),
             holder: Some(holder),
             until: Some("2026-01-01T00:00:30Z".into()),
+            needs: None,
         };
         let err = refused(&body, &[]);
         assert_eq!(err.code, code::TRY_AGAIN_LATER);

@@ -1128,8 +1128,9 @@ fn only_root_and_the_api_group_may_use_the_socket() {
         ipq_as(who, &sock, &["list"]).unwrap().ok();
     }
 
-    // api_group opens the API, never a delegate run as root: only root may hand the agent a
-    // release or an allocation record (or an exhausted range, which may release one at once).
+    // api_group opens reading the API, never a delegate run as root: only root may hand the
+    // agent a release or an allocation record (or an exhausted range, which may release one
+    // at once). Every role is tested in api_roles.rs.
     let member = [NOBODY, NOGROUP, in_group.as_str()];
     for path in [
         "/v1/ipam/releases",
@@ -1141,7 +1142,7 @@ fn only_root_and_the_api_group_may_use_the_socket() {
         assert_eq!(body["error"]["code"], "forbidden", "{path}: {body}");
         let message = body["error"]["message"].as_str().unwrap_or_default();
         assert!(
-            message.contains("only root") && message.contains("uid 65534"),
+            message.contains("root role") && message.contains("uid 65534"),
             "{path}: the refusal says why: {message}"
         );
     }

@@ -4,8 +4,9 @@
 //! start): only the watcher can repair within the tests' deadlines. Without it, each test
 //! fails at its first deadline.
 //!
-//! Needs root, bpffs, kprobes and `target/debug/ipq-agent` on a kernel with TCX and XDP links
-//! and `__sys_bpf` (Linux 6.6+; this host); `cargo xtask test` provides them.
+//! Needs root, bpffs, the `raw_syscalls:sys_enter` raw tracepoint the watcher attaches to (no
+//! kprobes) and `target/debug/ipq-agent` on a kernel with TCX and XDP links (Linux 6.6+; this
+//! host); `cargo xtask test` provides them.
 
 use std::{net::IpAddr, time::Duration};
 

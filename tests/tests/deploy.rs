@@ -142,7 +142,7 @@ fn daemonset_runs_with_least_privilege_and_answers_its_probes() {
         "Bidirectional"
     );
 
-    // Probes, the scrape annotation and the bound address agree on one port.
+    // The scrape annotation and the bound address agree on one port.
     let port = agent["ports"][0]["containerPort"].as_u64().unwrap();
     let annotations = &ds["spec"]["template"]["metadata"]["annotations"];
     assert_eq!(annotations["prometheus.io/scrape"], "true");
@@ -156,8 +156,16 @@ fn daemonset_runs_with_least_privilege_and_answers_its_probes() {
         agent["env"][0]["valueFrom"]["fieldRef"]["fieldPath"],
         "status.podIP"
     );
-    assert_eq!(agent["livenessProbe"]["httpGet"]["path"], "/healthz");
-    assert_eq!(agent["readinessProbe"]["httpGet"]["path"], "/readyz");
+    // The probes ask over the API socket (root's reserved slots), not the metrics port any
+    // local user can fill (#39).
+    assert_eq!(
+        agent["livenessProbe"]["exec"]["command"],
+        serde_json::json!(["ipq-agent", "probe", "healthz"])
+    );
+    assert_eq!(
+        agent["readinessProbe"]["exec"]["command"],
+        serde_json::json!(["ipq-agent", "probe", "readyz"])
+    );
     assert!(agent["resources"]["requests"].is_object() && agent["resources"]["limits"].is_object());
 }
 
@@ -212,6 +220,16 @@ fn configmap_holds_a_valid_agent_config_that_matches_the_pod() {
         assert_eq!(mount["readOnly"], true, "{mount}");
         assert_eq!(host_path(mount), dir);
     }
+    // A root peer's capabilities are read in the node's /proc: mounted read-only where
+    // api_peer_procfs says.
+    let procfs = config
+        .api_peer_procfs
+        .as_ref()
+        .expect("api_peer_procfs set");
+    let procfs = procfs.to_str().unwrap();
+    let mount = mount_of(agent, procfs).unwrap_or_else(|| panic!("{procfs} is not mounted"));
+    assert_eq!(mount["readOnly"], true, "{mount}");
+    assert_eq!(host_path(mount), "/proc");
     let cni_state = mount_of(agent, "/var/lib/cni").expect("host-local's state dir mounted");
     assert_ne!(cni_state["readOnly"], true, "host-local's DEL writes there");
     assert_eq!(host_path(cni_state), "/var/lib/cni");

@@ -57,7 +57,7 @@ enum Command {
     },
     /// Run the cluster tier alone: a one-node Kubernetes cluster of the test's own (built from
     /// Go modules by `setup --for cluster`), ipq installed from deploy/kubernetes/, the
-    /// incidents (needs root; not part of `cargo xtask test`)
+    /// incidents (needs root; also the last step of `cargo xtask test`)
     TestCluster,
     /// Run the demo (needs root)
     Demo {

@@ -91,7 +91,11 @@ type JournalLoad = Result<Option<journal::Loaded<AddrRecord>>, JournalError>;
 
 pub(super) async fn load(config: Config, bpffs_dir: ClaimedDir) -> Result<Loaded, AgentError> {
     // A group that does not resolve stops the agent before anything is loaded.
-    let access = Access::from_config(config.api_group.as_deref())?;
+    let access = Access::from_config(
+        config.api_group.as_deref(),
+        config.api_admin_group.as_deref(),
+        config.api_peer_procfs.as_deref(),
+    )?;
     // Bound now, served once the registry is back: a CNI DEL sent during start-up waits in the
     // socket's backlog for this agent instead of being spooled after the spool was replayed,
     // where the netlink dump would see its pod's veth gone and quarantine the address before

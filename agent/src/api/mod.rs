@@ -22,6 +22,8 @@
 //! [`ErrorCode`](model::ErrorCode); a request that fails changes nothing.
 
 pub mod command;
+mod peer;
+pub mod probe;
 mod routes;
 pub mod server;
 pub mod views;

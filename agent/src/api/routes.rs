@@ -2,7 +2,7 @@
 //! an HTTP response. Every input is checked here, before anything reaches the registry, and
 //! every error names the input it is about.
 
-use std::{convert::Infallible, sync::Arc, time::Duration};
+use std::{convert::Infallible, os::fd::RawFd, sync::Arc, time::Duration};
 
 use bytes::Bytes;
 use futures::StreamExt;
@@ -17,7 +17,8 @@ use tokio::sync::{broadcast, mpsc, oneshot};
 
 use super::{
     command::{Command, Reply, Subscription, RECENT_CONFLICTS},
-    model::{ErrorCode, ErrorResponse, Event, EventBody, ReleaseRequest, API_PREFIX},
+    model::{ErrorCode, ErrorResponse, Event, EventBody, ReleaseRequest, Role, API_PREFIX},
+    peer::Peer,
     views::{ApiError, TimeBase},
 };
 use crate::{
@@ -27,6 +28,7 @@ use crate::{
     netdev,
 };
 
+mod hangup;
 mod input;
 mod ipam;
 
@@ -57,34 +59,35 @@ pub struct Context {
     pub ipam_records: Records,
 }
 
-/// Who asks, as the socket's `SO_PEERCRED` says (the connection's, fixed at `connect`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Peer {
-    pub uid: u32,
+/// Refuses what `peer` may not ask for: changes need the admin role, and what makes the agent
+/// run a delegate plugin as root (ipq-ipam runs as root, as every CNI plugin) the root role.
+fn require(peer: Peer, role: Role, what: &str) -> Result<(), ApiError> {
+    peer.needs(role, what)
+        .map_err(|message| ApiError::forbidden(role, message))
 }
 
-impl Peer {
-    /// Only root may ask for what makes the agent run a delegate plugin as root (ipq-ipam runs
-    /// as root, as every CNI plugin): `api_group` opens the rest of the API to monitoring and
-    /// operators, never a root exec.
-    fn must_be_root(self, what: &str) -> Result<(), ApiError> {
-        if self.uid == 0 {
-            return Ok(());
-        }
-        Err(ApiError::new(
-            ErrorCode::Forbidden,
-            format!(
-                "{what}: uid {} may not ask for this: only root may (the agent runs the IPAM \
-                 delegate's DEL as root); api_group opens the rest of the API only",
-                self.uid
-            ),
-        ))
+/// What a request needs: the IPAM routes make the agent run a delegate's DEL as root (an
+/// exhausted range may release a held allocation at once), so they are root's; every other
+/// route but a GET changes something, the admin role's; reading is everyone's on the socket.
+fn role_needed(method: &Method, segments: &[&str]) -> Role {
+    if segments.first() == Some(&"ipam") {
+        Role::Root
+    } else if *method == Method::GET {
+        Role::Read
+    } else {
+        Role::Admin
     }
 }
 
-/// Answers one request.
-pub async fn handle(request: Request<Incoming>, ctx: Context, peer: Peer) -> Response<Body> {
-    match route(request, &ctx, peer).await {
+/// Answers one request on the connection whose descriptor is `connection` (an event follower
+/// ends when its peer hangs up).
+pub async fn handle(
+    request: Request<Incoming>,
+    ctx: Context,
+    peer: Peer,
+    connection: RawFd,
+) -> Response<Body> {
+    match route(request, &ctx, peer, connection).await {
         Ok(response) => response,
         Err(error) => error_response(&error),
     }
@@ -94,15 +97,20 @@ async fn route(
     request: Request<Incoming>,
     ctx: &Context,
     peer: Peer,
+    connection: RawFd,
 ) -> Result<Response<Body>, ApiError> {
     let method = request.method().clone();
     let path = request.uri().path().to_owned();
     let query = Query::parse(request.uri().query().unwrap_or(""))?;
+    if let Some(probe) = probe(&method, &path, ctx) {
+        return probe;
+    }
     let Some(rest) = path.strip_prefix(API_PREFIX) else {
         return Err(not_found(&path));
     };
     let segments: Vec<&str> = rest.split('/').skip(1).collect();
     let what = format!("{method} {}", Echo(&path));
+    require(peer, role_needed(&method, &segments), &what)?;
     match segments.as_slice() {
         ["status"] => {
             only(&method, Method::GET, &path)?;
@@ -164,13 +172,12 @@ async fn route(
         }
         ["ipam", "releases"] => {
             only(&method, Method::POST, &path)?;
-            peer.must_be_root(&what)?;
             query.allow(&[])?;
             let release: ipq_api::model::HeldRelease =
                 decode(&read_body(request, &what).await?, &what)?;
             release.validate().map_err(|e| invalid(e.to_string()))?;
             // Refused here rather than failing at every retry of its DEL: the agent would run
-            // this delegate as root, and the caller needs only be in api_group.
+            // this delegate as root.
             ctx.ipam_bins
                 .check(&release)
                 .map_err(|e| invalid(e.to_string()))?;
@@ -179,7 +186,6 @@ async fn route(
         }
         ["ipam", "allocations"] => {
             only(&method, Method::POST, &path)?;
-            peer.must_be_root(&what)?;
             query.allow(&[])?;
             let record: ipq_api::model::AllocationRecord =
                 decode(&read_body(request, &what).await?, &what)?;
@@ -191,8 +197,6 @@ async fn route(
         }
         ["ipam", "exhausted"] => {
             only(&method, Method::POST, &path)?;
-            // It may release a held allocation at once: a delegate DEL run as root.
-            peer.must_be_root(&what)?;
             query.allow(&[])?;
             let request: super::model::ExhaustedRequest =
                 decode(&read_body(request, &what).await?, &what)?;
@@ -254,7 +258,7 @@ async fn route(
                     )))
                 }
             };
-            events(ctx, follow).await
+            events(ctx, follow, connection).await
         }
         _ => Err(not_found(&path)),
     }
@@ -277,7 +281,39 @@ fn stopping() -> ApiError {
     )
 }
 
-async fn events(ctx: &Context, follow: bool) -> Result<Response<Body>, ApiError> {
+/// `GET /healthz` and `GET /readyz` on the API socket, as on the metrics port: the kubelet's
+/// exec probe (`ipq-agent probe`) asks here, where root has connections of its own that no
+/// other user can take (the metrics port is open to every local user and the node's network).
+fn probe(method: &Method, path: &str, ctx: &Context) -> Option<Result<Response<Body>, ApiError>> {
+    let answer = match path {
+        "/healthz" => Ok("ok\n".to_owned()),
+        "/readyz" => ctx
+            .metrics
+            .readiness
+            .check()
+            .map(|()| "ready\n".to_owned())
+            .map_err(|why| format!("not ready: {why}\n")),
+        _ => return None,
+    };
+    if let Err(e) = only(method, Method::GET, path) {
+        return Some(Err(e));
+    }
+    let (status, text) = match answer {
+        Ok(text) => (StatusCode::OK, text),
+        Err(text) => (StatusCode::SERVICE_UNAVAILABLE, text),
+    };
+    Some(Ok(Response::builder()
+        .status(status)
+        .header(header::CONTENT_TYPE, "text/plain")
+        .body(full(text))
+        .expect("a static response is valid")))
+}
+
+async fn events(
+    ctx: &Context,
+    follow: bool,
+    connection: RawFd,
+) -> Result<Response<Body>, ApiError> {
     let (reply, answer) = oneshot::channel();
     ctx.commands
         .send(Command::Subscribe(reply))
@@ -291,11 +327,22 @@ async fn events(ctx: &Context, follow: bool) -> Result<Response<Body>, ApiError>
     let backlog = futures::stream::iter(backlog.into_iter().map(|e| ndjson_line(&e)));
     let body: Body = if follow {
         let metrics = ctx.metrics.clone();
+        // Ends the stream once the peer hangs up, with or without an event to write: a
+        // follower that is gone gives its slot back at once.
+        let hangup = Arc::new(
+            hangup::Hangup::watch(connection)
+                .map_err(|e| ApiError::new(ErrorCode::Internal, format!("following: {e}")))?,
+        );
         // `open` lives as long as the stream: the agent's stop waits for it to end.
         let live = futures::stream::unfold((live, open), move |(mut live, open)| {
             let metrics = metrics.clone();
+            let hangup = hangup.clone();
             async move {
-                match live.recv().await {
+                let next = tokio::select! {
+                    next = live.recv() => next,
+                    () = hangup.wait() => return None,
+                };
+                match next {
                     Ok(event) => Some((ndjson_line(&event), (live, open))),
                     Err(broadcast::error::RecvError::Lagged(n)) => {
                         metrics.events_lost(LostAt::Api, n);

@@ -25,8 +25,9 @@ use tokio::{
 
 use super::{
     command::Command,
-    model::ErrorCode,
-    routes::{self, Context, Peer},
+    model::{ErrorCode, Role},
+    peer::{self, Peer},
+    routes::{self, Context},
     views::ApiError,
 };
 use crate::{
@@ -50,39 +51,63 @@ pub enum ServerError {
     InUse { path: PathBuf },
     #[error("api_socket {}: exists and is not a socket; refusing to replace it", path.display())]
     NotASocket { path: PathBuf },
-    #[error("api_group `{name}`: no such group on this node")]
+    #[error("api_group or api_admin_group `{name}`: no such group on this node")]
     UnknownGroup { name: String },
     #[error("api_socket's directory: {0}")]
     Dir(#[from] DirError),
 }
 
-/// Who may use the API besides root.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Who may use the API, and for what (see [`super::peer`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Access {
+    /// `api_group`: read-only.
     pub group: Option<u32>,
+    /// `api_admin_group`: every change but the IPAM routes.
+    pub admin_group: Option<u32>,
+    /// Where a uid-0 peer's process is read from (`api_peer_procfs`).
+    pub procfs: PathBuf,
 }
 
 impl Access {
-    /// Resolves `api_group` (a name or a numeric gid).
-    pub fn from_config(group: Option<&str>) -> Result<Self, ServerError> {
-        let group = match group {
-            None => None,
-            Some(raw) => Some(match raw.parse::<u32>() {
-                Ok(gid) => gid,
-                Err(_) => gid_of(raw).ok_or_else(|| ServerError::UnknownGroup {
-                    name: raw.to_owned(),
-                })?,
-            }),
-        };
-        Ok(Self { group })
+    /// Resolves `api_group` and `api_admin_group` (each a name or a numeric gid).
+    pub fn from_config(
+        group: Option<&str>,
+        admin_group: Option<&str>,
+        procfs: Option<&Path>,
+    ) -> Result<Self, ServerError> {
+        Ok(Self {
+            group: group.map(resolve_group).transpose()?,
+            admin_group: admin_group.map(resolve_group).transpose()?,
+            procfs: peer::procfs_or_default(procfs),
+        })
     }
 
-    /// Whether a peer with these credentials may use the API.
-    pub fn allows(&self, uid: u32, gid: u32, supplementary: &[u32]) -> bool {
-        uid == 0
-            || self
-                .group
-                .is_some_and(|g| gid == g || supplementary.contains(&g))
+    /// The socket file's group: `api_group`, else `api_admin_group` (an admin member of
+    /// another group than `api_group` reaches a socket of `api_group` only as its member too).
+    pub fn socket_group(&self) -> Option<u32> {
+        self.group.or(self.admin_group)
+    }
+
+    /// The role of a non-root peer with these groups; `None` when it may not use the API.
+    pub fn role_of_groups(&self, gid: u32, supplementary: &[u32]) -> Option<Role> {
+        let member =
+            |group: Option<u32>| group.is_some_and(|g| gid == g || supplementary.contains(&g));
+        if member(self.admin_group) {
+            Some(Role::Admin)
+        } else if member(self.group) {
+            Some(Role::Read)
+        } else {
+            None
+        }
+    }
+}
+
+fn resolve_group(raw: &str) -> Result<u32, ServerError> {
+    match raw.parse::<u32>() {
+        Ok(gid) => Ok(gid),
+        Err(_) => gid_of(raw).ok_or_else(|| ServerError::UnknownGroup {
+            name: raw.to_owned(),
+        }),
     }
 }
 
@@ -140,8 +165,9 @@ impl ApiServer {
             Err(e) => return Err(err("inspecting it")(e)),
         }
         let listener = UnixListener::bind(path).map_err(err("binding"))?;
-        let mode = if access.group.is_some() { 0o660 } else { 0o600 };
-        if let Some(gid) = access.group {
+        let group = access.socket_group();
+        let mode = if group.is_some() { 0o660 } else { 0o600 };
+        if let Some(gid) = group {
             std::os::unix::fs::chown(path, None, Some(gid))
                 .map_err(err("giving it to api_group"))?;
         }
@@ -170,6 +196,7 @@ impl ApiServer {
             ipam_records,
         };
         let mut guard = Guard::new("API", listen::API_MAX_CONNECTIONS)
+            .with_reserve(listen::API_ROOT_RESERVE)
             .counting_refusals(ctx.metrics.connections_refused.clone());
         let mut refusals = RateLimited::new(listen::LOG_PERIOD);
         loop {
@@ -180,11 +207,15 @@ impl ApiServer {
                     continue;
                 }
             };
-            let Some(slot) = guard.admit() else {
+            let allowed = self.peer_allowed(&stream, &mut refusals);
+            // Only root (the CNI plugins, the probes) may take the reserved slots: other
+            // users' connections, however many, never make a pod's claim wait.
+            let privileged = allowed.as_ref().is_ok_and(|peer| peer.role == Role::Root);
+            let Some(slot) = guard.admit_reserving(privileged) else {
                 drop(stream);
                 continue;
             };
-            let allowed = self.peer_allowed(&stream, &mut refusals);
+            let connection_fd = stream.as_raw_fd();
             let ctx = ctx.clone();
             tokio::spawn(async move {
                 let refused = allowed.is_err();
@@ -193,7 +224,7 @@ impl ApiServer {
                     let allowed = allowed.clone();
                     async move {
                         let response = match &allowed {
-                            Ok(peer) => routes::handle(request, ctx, *peer).await,
+                            Ok(peer) => routes::handle(request, ctx, *peer, connection_fd).await,
                             Err(error) => routes::error_response(error),
                         };
                         Ok::<_, std::convert::Infallible>(response)
@@ -222,7 +253,7 @@ impl ApiServer {
         }
     }
 
-    /// The peer, if it may use the API (root, or a member of `api_group`).
+    /// The peer and its role, if it may use the API at all.
     fn peer_allowed(
         &self,
         stream: &UnixStream,
@@ -234,9 +265,31 @@ impl ApiServer {
                 format!("the peer's credentials cannot be read: {e}"),
             )
         })?;
+        if cred.uid() == 0 {
+            let not_root = peer::root_privilege(&self.access.procfs, stream, cred.pid());
+            if let Some(why) = not_root {
+                if let Some(n) = refusals.allow(Instant::now()) {
+                    warn!(
+                        "API: a peer of uid 0 (pid {:?}) is read-only: {}{}",
+                        cred.pid(),
+                        why.reason(),
+                        held_back(n)
+                    );
+                }
+            }
+            return Ok(Peer {
+                uid: 0,
+                role: if not_root.is_some() {
+                    Role::Read
+                } else {
+                    Role::Root
+                },
+                not_root,
+            });
+        }
         // From the socket itself: /proc/<pid> cannot be used when the agent runs in its own
         // PID namespace, where a peer outside it has pid 0.
-        let supplementary = if cred.uid() == 0 || self.access.group.is_none() {
+        let supplementary = if self.access.socket_group().is_none() {
             Vec::new()
         } else {
             peer_groups(stream).unwrap_or_else(|e| {
@@ -244,8 +297,12 @@ impl ApiServer {
                 Vec::new()
             })
         };
-        if self.access.allows(cred.uid(), cred.gid(), &supplementary) {
-            return Ok(Peer { uid: cred.uid() });
+        if let Some(role) = self.access.role_of_groups(cred.gid(), &supplementary) {
+            return Ok(Peer {
+                uid: cred.uid(),
+                role,
+                not_root: None,
+            });
         }
         if let Some(n) = refusals.allow(Instant::now()) {
             warn!(
@@ -253,30 +310,44 @@ impl ApiServer {
                 cred.uid(),
                 cred.gid(),
                 cred.pid(),
-                if self.access.group.is_some() {
-                    " nor in api_group"
+                if self.access.socket_group().is_some() {
+                    " nor in api_group or api_admin_group"
                 } else {
                     ""
                 },
-                if n > 0 {
-                    format!(" ({n} more refusals since the last report)")
-                } else {
-                    String::new()
-                }
+                held_back(n)
             );
         }
-        Err(ApiError::new(
-            ErrorCode::Forbidden,
+        let groups: Vec<String> = [
+            self.access.group.map(|g| format!("group {g} (api_group)")),
+            self.access
+                .admin_group
+                .map(|g| format!("group {g} (api_admin_group)")),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        Err(ApiError::forbidden(
+            Role::Read,
             format!(
                 "uid {} gid {} may not use this API: only root{}",
                 cred.uid(),
                 cred.gid(),
-                self.access
-                    .group
-                    .map(|g| format!(" and members of group {g} (api_group)"))
-                    .unwrap_or_default()
+                if groups.is_empty() {
+                    String::new()
+                } else {
+                    format!(" and members of {}", groups.join(" or "))
+                }
             ),
         ))
+    }
+}
+
+fn held_back(n: u64) -> String {
+    if n > 0 {
+        format!(" ({n} more since the last report)")
+    } else {
+        String::new()
     }
 }
 
@@ -286,10 +357,6 @@ impl Drop for ApiServer {
         let _ = fs::remove_file(&self.path);
     }
 }
-
-/// `SO_PEERGROUPS` (Linux 4.13): not exported by every libc crate version; 59 on x86-64, the
-/// one architecture ipq runs on (and on arm64 alike).
-const SO_PEERGROUPS: libc::c_int = 59;
 
 /// The peer's supplementary groups as of its `connect` (SO_PEERCRED gives only the primary
 /// one), read from the socket so that no PID is involved.
@@ -302,7 +369,7 @@ fn peer_groups(stream: &UnixStream) -> io::Result<Vec<u32>> {
             libc::getsockopt(
                 stream.as_raw_fd(),
                 libc::SOL_SOCKET,
-                SO_PEERGROUPS,
+                libc::SO_PEERGROUPS,
                 groups.as_mut_ptr().cast(),
                 &mut len,
             )
@@ -327,21 +394,38 @@ mod tests {
     use super::*;
 
     #[test]
-    fn root_and_the_api_group_are_allowed() {
-        let none = Access { group: None };
-        assert!(none.allows(0, 0, &[]));
-        assert!(!none.allows(1000, 1000, &[1000]));
-        let group = Access { group: Some(54321) };
-        assert!(group.allows(1000, 54321, &[]));
-        assert!(group.allows(1000, 1000, &[7, 54321]));
-        assert!(!group.allows(1000, 1000, &[7]));
+    fn the_api_group_reads_and_the_admin_group_changes() {
+        let none = Access::from_config(None, None, None).unwrap();
+        assert_eq!(none.role_of_groups(1000, &[1000]), None);
+        let both = Access {
+            group: Some(54321),
+            admin_group: Some(54322),
+            ..none.clone()
+        };
+        assert_eq!(both.role_of_groups(54321, &[]), Some(Role::Read));
+        assert_eq!(both.role_of_groups(1000, &[7, 54321]), Some(Role::Read));
+        assert_eq!(both.role_of_groups(1000, &[54322]), Some(Role::Admin));
+        assert_eq!(both.role_of_groups(54321, &[54322]), Some(Role::Admin));
+        assert_eq!(both.role_of_groups(1000, &[7]), None);
+        assert_eq!(both.socket_group(), Some(54321));
+        let admin_only = Access {
+            group: None,
+            admin_group: Some(54322),
+            ..none
+        };
+        assert_eq!(admin_only.socket_group(), Some(54322));
+        assert_eq!(admin_only.role_of_groups(54321, &[]), None);
     }
 
     #[test]
     fn api_group_resolves_names_and_gids() {
-        assert_eq!(Access::from_config(Some("0")).unwrap().group, Some(0));
-        assert_eq!(Access::from_config(Some("root")).unwrap().group, Some(0));
-        let err = Access::from_config(Some("no-such-group-ipq")).unwrap_err();
+        assert_eq!(
+            Access::from_config(Some("0"), None, None).unwrap().group,
+            Some(0)
+        );
+        let access = Access::from_config(Some("root"), Some("0"), None).unwrap();
+        assert_eq!((access.group, access.admin_group), (Some(0), Some(0)));
+        let err = Access::from_config(None, Some("no-such-group-ipq"), None).unwrap_err();
         assert!(err.to_string().contains("no-such-group-ipq"), "{err}");
     }
 }

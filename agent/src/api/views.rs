@@ -19,7 +19,7 @@ use ipq_common::{
 
 use super::model::{
     AddressView, ApiErrorBody, ClaimFlushView, ConflictView, ErrorCode, EventBody, InterfaceStatus,
-    PendingWriteView, RecoveryView, RegistryCounts, StartedView, Status, VerificationView,
+    PendingWriteView, RecoveryView, RegistryCounts, Role, StartedView, Status, VerificationView,
 };
 /// What a policy did about a conflict, as `ConflictView::outcome` says it: the API's type.
 pub use ipq_api::ConflictOutcome as Outcome;
@@ -159,6 +159,7 @@ impl ApiError {
             address: None,
             holder: None,
             until: None,
+            needs: None,
         }))
     }
 
@@ -178,6 +179,13 @@ impl ApiError {
     pub fn with_address(mut self, addr: IpAddr) -> Self {
         self.0.address = Some(addr);
         self
+    }
+
+    /// A refusal of a request that needs `role`: the caller can tell what it lacks.
+    pub fn forbidden(role: Role, message: impl Into<String>) -> Self {
+        let mut error = Self::new(ErrorCode::Forbidden, message);
+        error.0.needs = Some(role);
+        error
     }
 
     pub fn with_holder(mut self, holder: &Holder) -> Self {

@@ -1,5 +1,6 @@
 //! `ipq-agent`: the node agent. `ipq-agent --config FILE` runs it; `ipq-agent datapath ...`
-//! inspects or repairs the pinned datapath directly (break-glass, works with no agent running).
+//! inspects or repairs the pinned datapath directly (break-glass, works with no agent running);
+//! `ipq-agent probe healthz|readyz` is the kubelet's exec probe of a running agent.
 
 use std::{net::IpAddr, path::PathBuf, process::ExitCode};
 use strum::VariantArray as _;
@@ -101,6 +102,17 @@ enum Command {
     /// Inspect or repair the pinned datapath maps directly.
     #[command(subcommand)]
     Datapath(DatapathCommand),
+    /// Ask the running agent's /healthz or /readyz over its API socket (the kubelet's exec
+    /// probe: root's connections there are kept for root, whoever else holds the others).
+    Probe {
+        #[arg(value_enum)]
+        probe: ipq::api::probe::Probe,
+        #[arg(long, default_value = ipq_api::DEFAULT_SOCKET)]
+        api_socket: PathBuf,
+        /// Longest wait for each read and write.
+        #[arg(long, default_value = "4s", value_parser = humantime::parse_duration)]
+        timeout: std::time::Duration,
+    },
 }
 
 #[derive(Subcommand)]
@@ -235,6 +247,13 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Some(Command::Datapath(command)) => datapath_command(command),
+        Some(Command::Probe {
+            probe,
+            api_socket,
+            timeout,
+        }) => ipq::api::probe::ask(&api_socket, probe, timeout)
+            .map(|body| print!("{body}"))
+            .map_err(anyhow::Error::from),
         None => run(cli.run),
     };
     match result {

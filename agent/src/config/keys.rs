@@ -247,10 +247,35 @@ pub const KEYS: &[Key] = &[
         name: "api_group",
         flag: "api-group",
         alias: None,
-        help: "Group (name or gid) allowed on the API socket besides root",
+        help: "Group (name or gid) whose members may read the API (status, addresses, \
+               conflicts, events)",
         kind: Kind::Text,
         set: |c, p, k, v| {
             c.api_group = Some(p.group(k, v)?);
+            Ok(())
+        },
+    },
+    Key {
+        name: "api_admin_group",
+        flag: "api-admin-group",
+        alias: None,
+        help: "Group (name or gid) whose members may also change things through the API \
+               (claims, drains, releases, GC, datapath writes; not the IPAM routes)",
+        kind: Kind::Text,
+        set: |c, p, k, v| {
+            c.api_admin_group = Some(p.group(k, v)?);
+            Ok(())
+        },
+    },
+    Key {
+        name: "api_peer_procfs",
+        flag: "api-peer-procfs",
+        alias: None,
+        help: "The procfs a root peer's capabilities are read from (default /proc; a procfs \
+               of the node's PID namespace when the agent's own /proc shows only its own)",
+        kind: Kind::Text,
+        set: |c, p, k, v| {
+            c.api_peer_procfs = Some(p.abs_path(k, v)?);
             Ok(())
         },
     },

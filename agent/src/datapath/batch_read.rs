@@ -9,14 +9,12 @@ use std::{io, mem::size_of, os::fd::AsRawFd as _, os::fd::BorrowedFd};
 
 use aya::Pod;
 
-use super::bpf_call::bpf;
+use aya_obj::generated::bpf_cmd;
 
-/// `BPF_MAP_LOOKUP_BATCH` (linux/bpf.h).
-const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
+use super::bpf_call::{bpf_with, zeroed_attr};
+
 /// Entries asked for per call.
 const CHUNK: u32 = 4096;
-/// `struct { in_batch, out_batch, keys, values, count, map_fd, elem_flags, flags }`.
-const ATTR_LEN: usize = 56;
 /// `ENOTSUPP`, the kernel-internal errno a map type without batch operations answers.
 const ENOTSUPP: i32 = 524;
 
@@ -45,17 +43,17 @@ pub(crate) fn for_each_batch<K: Pod, V: Pod>(
     let mut next = [0u8; 16];
     let mut first = true;
     loop {
-        let mut attr = [0u8; ATTR_LEN];
-        let in_batch = if first { 0 } else { token.as_ptr() as u64 };
-        attr[0..8].copy_from_slice(&in_batch.to_ne_bytes());
-        attr[8..16].copy_from_slice(&(next.as_mut_ptr() as u64).to_ne_bytes());
-        attr[16..24].copy_from_slice(&(keys.as_mut_ptr() as u64).to_ne_bytes());
-        attr[24..32].copy_from_slice(&(values.as_mut_ptr() as u64).to_ne_bytes());
-        attr[32..36].copy_from_slice(&CHUNK.to_ne_bytes());
-        attr[36..40].copy_from_slice(&(map.as_raw_fd() as u32).to_ne_bytes());
-        let result = bpf(BPF_MAP_LOOKUP_BATCH, &attr);
+        let mut attr = zeroed_attr();
+        attr.batch.in_batch = if first { 0 } else { token.as_ptr() as u64 };
+        attr.batch.out_batch = next.as_mut_ptr() as u64;
+        attr.batch.keys = keys.as_mut_ptr() as u64;
+        attr.batch.values = values.as_mut_ptr() as u64;
+        attr.batch.count = CHUNK;
+        attr.batch.map_fd = map.as_raw_fd() as u32;
+        let result = bpf_with(bpf_cmd::BPF_MAP_LOOKUP_BATCH, &mut attr);
         // The kernel writes how many entries it filled, also with ENOENT (the last batch).
-        let count = u32::from_ne_bytes(attr[32..36].try_into().expect("4 bytes")).min(CHUNK);
+        // SAFETY: the `batch` member, which the kernel wrote back.
+        let count = unsafe { attr.batch.count }.min(CHUNK);
         let done = match result {
             // A batch that neither filled anything nor ended the walk would be asked again
             // for ever: iterate instead.

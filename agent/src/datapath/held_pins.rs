@@ -16,8 +16,9 @@
 //! purpose (an interface forgotten, a link replaced) calls [`release`] first, or the held
 //! descriptor would keep the link attached.
 
-use crate::datapath::bpf_call::bpf;
+use crate::datapath::bpf_call::{bpf_with, zeroed_attr};
 use crate::paths::AttachPoint;
+use aya_obj::generated::{bpf_attach_type, bpf_cmd, bpf_link_info};
 use std::{
     collections::BTreeMap,
     ffi::CString,
@@ -29,10 +30,6 @@ use std::{
     path::{Path, PathBuf},
     sync::{Mutex, MutexGuard},
 };
-
-const BPF_OBJ_PIN: libc::c_long = 6;
-const BPF_OBJ_GET: libc::c_long = 7;
-const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
 
 /// An object ipq pinned, held by a descriptor of the agent's own.
 struct Held {
@@ -60,9 +57,9 @@ fn c_path(path: &Path) -> io::Result<CString> {
 /// A new descriptor on the object pinned at `path`.
 fn obj_get(path: &Path) -> io::Result<OwnedFd> {
     let path = c_path(path)?;
-    let mut attr = [0u8; 64];
-    attr[0..8].copy_from_slice(&(path.as_ptr() as u64).to_ne_bytes());
-    let fd = bpf(BPF_OBJ_GET, &attr)?;
+    let mut attr = zeroed_attr();
+    attr.__bindgen_anon_4.pathname = path.as_ptr() as u64;
+    let fd = bpf_with(bpf_cmd::BPF_OBJ_GET, &mut attr)?;
     // SAFETY: a new fd the kernel just returned, owned by nobody else.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
@@ -70,31 +67,30 @@ fn obj_get(path: &Path) -> io::Result<OwnedFd> {
 /// Pins the object of `fd` at `path` (which must not exist).
 fn obj_pin(fd: &OwnedFd, path: &Path) -> io::Result<()> {
     let path = c_path(path)?;
-    let mut attr = [0u8; 64];
-    attr[0..8].copy_from_slice(&(path.as_ptr() as u64).to_ne_bytes());
-    attr[8..12].copy_from_slice(&(fd.as_raw_fd() as u32).to_ne_bytes());
-    bpf(BPF_OBJ_PIN, &attr).map(drop)
+    let mut attr = zeroed_attr();
+    attr.__bindgen_anon_4.pathname = path.as_ptr() as u64;
+    attr.__bindgen_anon_4.bpf_fd = fd.as_raw_fd() as u32;
+    bpf_with(bpf_cmd::BPF_OBJ_PIN, &mut attr).map(drop)
 }
 
-/// The first 24 bytes of the object's info (`bpf_link_info`, `bpf_map_info`, `bpf_prog_info`).
-fn obj_info(fd: &OwnedFd) -> io::Result<[u8; 24]> {
-    let mut info = [0u8; 24];
-    let mut attr = [0u8; 64];
-    attr[0..4].copy_from_slice(&(fd.as_raw_fd() as u32).to_ne_bytes());
-    attr[4..8].copy_from_slice(&(info.len() as u32).to_ne_bytes());
-    attr[8..16].copy_from_slice(&(info.as_mut_ptr() as u64).to_ne_bytes());
-    bpf(BPF_OBJ_GET_INFO_BY_FD, &attr)?;
+/// The object's info, read as a `bpf_link_info`: `bpf_map_info` and `bpf_prog_info` start with
+/// the same type and id, and the kernel fills only what its own struct of that object has
+/// (the rest stays zero).
+fn obj_info(fd: &OwnedFd) -> io::Result<bpf_link_info> {
+    // SAFETY: a C struct of integers and unions of them: all zeros is valid.
+    let mut info: bpf_link_info = unsafe { std::mem::zeroed() };
+    let mut attr = zeroed_attr();
+    attr.info.bpf_fd = fd.as_raw_fd() as u32;
+    attr.info.info_len = std::mem::size_of::<bpf_link_info>() as u32;
+    attr.info.info = std::ptr::from_mut(&mut info) as u64;
+    bpf_with(bpf_cmd::BPF_OBJ_GET_INFO_BY_FD, &mut attr)?;
     Ok(info)
-}
-
-fn word(info: &[u8; 24], at: usize) -> u32 {
-    u32::from_ne_bytes([info[at], info[at + 1], info[at + 2], info[at + 3]])
 }
 
 /// The kernel's id of the object behind `fd`: every info struct starts with its type and then
 /// its id.
 fn obj_id(fd: &OwnedFd) -> io::Result<u32> {
-    obj_info(fd).map(|info| word(&info, 4))
+    obj_info(fd).map(|info| info.id)
 }
 
 /// Where a held link stands.
@@ -109,24 +105,22 @@ pub enum LinkState {
 }
 
 /// Where the link held for `path` stands; `None` when the agent holds nothing there.
-/// `bpf_link_info` is the type, the id and the program id, then (at byte 16, after padding)
-/// a union that starts with the device's ifindex for TCX and XDP links, 0 once detached.
+/// `bpf_link_info`'s union holds the device's ifindex for TCX and XDP links (the same place in
+/// both), 0 once detached.
 pub fn link_state(path: &Path) -> Option<LinkState> {
     let held = held();
     let object = held.get(path)?;
     let info = obj_info(&object.fd).ok()?;
-    Some(if word(&info, 16) == 0 {
+    // SAFETY: a union of plain integers; the kernel zeroes what a link type does not fill.
+    let ifindex = unsafe { info.__bindgen_anon_1.tcx.ifindex };
+    Some(if ifindex == 0 {
         LinkState::Detached
-    } else if word(&info, 8) != object.program {
+    } else if info.prog_id != object.program {
         LinkState::Replaced
     } else {
         LinkState::Attached
     })
 }
-
-const BPF_PROG_QUERY: libc::c_long = 16;
-const BPF_TCX_INGRESS: u32 = 46;
-const BPF_TCX_EGRESS: u32 = 47;
 
 /// Where ipq's TCX link stands on its hook.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -146,27 +140,28 @@ pub enum TcxPlace {
 /// the order the programs run. `None` when the agent holds nothing at `path`.
 pub fn tcx_place(path: &Path, ifindex: u32, point: AttachPoint) -> Option<TcxPlace> {
     let attach_type = match point {
-        AttachPoint::TcxIngress => BPF_TCX_INGRESS,
-        AttachPoint::TcxEgress => BPF_TCX_EGRESS,
+        AttachPoint::TcxIngress => bpf_attach_type::BPF_TCX_INGRESS,
+        AttachPoint::TcxEgress => bpf_attach_type::BPF_TCX_EGRESS,
         AttachPoint::Xdp => return None,
     };
     let (id, program) = held().get(path).map(|h| (h.id, h.program))?;
     let mut prog_ids = [0u32; 64];
     let mut link_ids = [0u32; 64];
-    let mut attr = [0u8; 64];
-    attr[0..4].copy_from_slice(&ifindex.to_ne_bytes());
-    attr[4..8].copy_from_slice(&attach_type.to_ne_bytes());
-    attr[16..24].copy_from_slice(&(prog_ids.as_mut_ptr() as u64).to_ne_bytes());
-    attr[24..28].copy_from_slice(&(prog_ids.len() as u32).to_ne_bytes());
-    attr[40..48].copy_from_slice(&(link_ids.as_mut_ptr() as u64).to_ne_bytes());
-    match bpf(BPF_PROG_QUERY, &attr) {
+    let mut attr = zeroed_attr();
+    attr.query.__bindgen_anon_1.target_ifindex = ifindex;
+    attr.query.attach_type = attach_type as u32;
+    attr.query.prog_ids = prog_ids.as_mut_ptr() as u64;
+    attr.query.__bindgen_anon_2.count = prog_ids.len() as u32;
+    attr.query.link_ids = link_ids.as_mut_ptr() as u64;
+    match bpf_with(bpf_cmd::BPF_PROG_QUERY, &mut attr) {
         Ok(_) => {}
         // More programs on the hook than listed: ipq's, if there, is not first.
         Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => {}
         Err(e) if e.raw_os_error() == Some(libc::ENODEV) => return Some(TcxPlace::Absent),
         Err(_) => return None,
     }
-    let count = u32::from_ne_bytes([attr[24], attr[25], attr[26], attr[27]]) as usize;
+    // SAFETY: a union of two u32 (`prog_cnt`, `count`); the kernel wrote how many are on it.
+    let count = unsafe { attr.query.__bindgen_anon_2.count } as usize;
     let listed = &link_ids[..count.min(link_ids.len())];
     Some(match listed.iter().position(|link| *link == id) {
         // The query lists each link's program beside it, in the same order.
@@ -178,8 +173,6 @@ pub fn tcx_place(path: &Path, ifindex: u32, point: AttachPoint) -> Option<TcxPla
     })
 }
 
-const BPF_LINK_DETACH: libc::c_long = 34;
-
 /// Detaches the link held for `path` from its hook now (`BPF_LINK_DETACH`): the kernel takes
 /// the program off under `rtnl_lock` before answering. Letting go of the descriptors and the
 /// pin frees the link only once the last reference is dropped, which may come after a new
@@ -189,9 +182,9 @@ pub fn detach(path: &Path) -> io::Result<()> {
     let Some(object) = held.get(path) else {
         return Ok(());
     };
-    let mut attr = [0u8; 16];
-    attr[0..4].copy_from_slice(&(object.fd.as_raw_fd() as u32).to_ne_bytes());
-    bpf(BPF_LINK_DETACH, &attr).map(drop)
+    let mut attr = zeroed_attr();
+    attr.link_detach.link_fd = object.fd.as_raw_fd() as u32;
+    bpf_with(bpf_cmd::BPF_LINK_DETACH, &mut attr).map(drop)
 }
 
 /// Takes a descriptor of the agent's own on the object pinned at `path` (replacing any held
@@ -200,7 +193,7 @@ pub fn detach(path: &Path) -> io::Result<()> {
 pub fn hold(path: &Path) -> io::Result<()> {
     let fd = obj_get(path)?;
     let info = obj_info(&fd)?;
-    let (id, program) = (word(&info, 4), word(&info, 8));
+    let (id, program) = (info.id, info.prog_id);
     held().insert(path.to_owned(), Held { fd, id, program });
     Ok(())
 }

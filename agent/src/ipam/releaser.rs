@@ -402,9 +402,18 @@ async fn release(
 /// held and is retried: it is never dropped (the address would stay allocated for good
 /// without a word) nor released another way (early).
 fn run_del(release: &HeldRelease, bins: &TrustedBins) -> Result<(), ReleaseError> {
-    use std::os::fd::AsFd as _;
     release.validate()?;
     let opened = bins.open(release)?;
+    exec_opened(release, &opened)
+}
+
+/// Runs the delegate's DEL from the descriptor the trust check held: whatever its path names
+/// by now, the file checked is the file run.
+fn exec_opened(
+    release: &HeldRelease,
+    opened: &crate::ipam::trust::Opened,
+) -> Result<(), ReleaseError> {
+    use std::os::fd::AsFd as _;
     let stdin = release.delegate_conf.to_string();
     delegate::exec_fd(
         &release.delegate_type,

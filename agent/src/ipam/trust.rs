@@ -1,11 +1,13 @@
-//! Which delegate binaries the agent runs. A held release comes from the API (any member of
-//! `api_group`) or from the spool, and the agent runs its delegate's DEL as root: were
-//! `cniPath` and `delegateType` taken as given, anyone allowed on the API could run any binary
-//! as root. So the agent only runs a plugin by its bare name (`is_plugin_name`), found in the
-//! CNI bin directories the operator configured (`ipam_cni_bin_dirs`) that the release's
-//! `cniPath` also names, and only a regular file that neither group nor others can write,
-//! that root (or the agent's own user) owns, in directories (up to `/`) that nobody else may
-//! write either (a sticky one, as `/tmp`, lets nobody replace another's file).
+//! Which delegate binaries the agent runs. A held release comes from the API (root peers only:
+//! `POST /v1/ipam/releases` needs the root role, uid 0 with `CAP_NET_ADMIN`, whatever
+//! `api_group` and `api_admin_group` say) or from the spool (root's directory), and the agent
+//! runs its delegate's DEL as root: were `cniPath` and `delegateType` taken as given, whoever
+//! can hand the agent a release could run any binary as root. So the agent only runs a plugin
+//! by its bare name (`is_plugin_name`), found in the CNI bin directories the operator
+//! configured (`ipam_cni_bin_dirs`) that the release's `cniPath` also names, and only a
+//! regular file that neither group nor others can write, that root (or the agent's own user)
+//! owns, in directories (up to `/`) that nobody else may write either (a sticky one, as
+//! `/tmp`, lets nobody replace another's file).
 //!
 //! Directories are compared as written, component by component (`/opt/cni/bin/` is
 //! `/opt/cni/bin`, `/opt/cni/bin/../x` is not): no symlink or `..` is resolved, so a release

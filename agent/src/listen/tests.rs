@@ -23,6 +23,31 @@ async fn slots_run_out_and_come_back() {
 }
 
 #[tokio::test]
+async fn the_reserve_is_for_privileged_peers_only() {
+    let mut guard = Guard::new("test", 2).with_reserve(1);
+    let shared: Vec<_> = (0..2)
+        .map(|_| guard.admit_reserving(false).unwrap())
+        .collect();
+    assert!(
+        guard.admit_reserving(false).is_none(),
+        "the shared slots are taken"
+    );
+    let reserved = guard.admit_reserving(true).expect("the reserved slot");
+    assert!(
+        guard.admit_reserving(true).is_none(),
+        "the reserve is taken too"
+    );
+    drop(reserved);
+    assert!(
+        guard.admit_reserving(false).is_none(),
+        "not for the unprivileged"
+    );
+    assert!(guard.admit_reserving(true).is_some());
+    drop(shared);
+    assert!(guard.admit_reserving(false).is_some());
+}
+
+#[tokio::test]
 async fn one_peer_gets_its_allowance_and_leaves_the_rest_to_others() {
     let mut guard = Guard::with_peer_limit("test", 10, 3);
     let greedy: IpAddr = "192.0.2.7".parse().unwrap();

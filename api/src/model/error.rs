@@ -25,6 +25,58 @@ pub struct ApiErrorBody {
     /// Until when the address is not free (refused during a quarantine).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub until: Option<String>,
+    /// The role the refused request needed (`forbidden`): what the caller lacks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub needs: Option<Role>,
+}
+
+/// What a peer of the API socket may do, from the least to the most.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    strum::IntoStaticStr,
+    strum::AsRefStr,
+    strum::Display,
+)]
+#[strum(serialize_all = "snake_case")]
+#[serde(rename_all = "snake_case")]
+#[cfg_attr(test, derive(strum::VariantArray))]
+pub enum Role {
+    /// Status, addresses, conflicts, events: a member of `api_group`, or uid 0 without
+    /// `CAP_NET_ADMIN` in the initial user namespace.
+    Read,
+    /// Besides reading, every change but the IPAM routes (claims, drains, releases, GC,
+    /// break-glass datapath writes): a member of `api_admin_group`.
+    Admin,
+    /// Everything: uid 0 with `CAP_NET_ADMIN` in the initial user namespace (the CNI
+    /// plugins, `sudo ipq`).
+    Root,
+    /// A role a newer agent names that this client does not know.
+    #[serde(other)]
+    Unknown,
+}
+
+impl Role {
+    /// Who holds this role, for a refusal's message.
+    pub const fn holders(self) -> &'static str {
+        match self {
+            Self::Read => "members of api_group, api_admin_group or root",
+            Self::Admin => {
+                "root with CAP_NET_ADMIN in the initial user namespace, or members of \
+                 api_admin_group"
+            }
+            Self::Root => "root with CAP_NET_ADMIN in the initial user namespace",
+            Self::Unknown => "a role this client does not know",
+        }
+    }
 }
 
 /// Stable error codes. Scripts and the CNI plugin branch on these, never on messages; a newer

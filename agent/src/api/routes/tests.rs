@@ -50,15 +50,50 @@ fn query_parameters_are_checked() {
 }
 
 #[test]
+fn reads_are_everyones_changes_the_admins_and_ipam_roots() {
+    let get = |path: &[&str]| role_needed(&Method::GET, path);
+    for path in [
+        &["status"][..],
+        &["addresses"],
+        &["addresses", "10.0.0.1"],
+        &["conflicts"],
+        &["events"],
+    ] {
+        assert_eq!(get(path), Role::Read, "{path:?}");
+    }
+    for (method, path) in [
+        (Method::POST, &["claims"][..]),
+        (Method::POST, &["drains"]),
+        (Method::POST, &["addresses", "10.0.0.1", "drain"]),
+        (Method::POST, &["addresses", "10.0.0.1", "release"]),
+        (Method::POST, &["gc"]),
+        (Method::PUT, &["datapath", "10.0.0.1"]),
+        (Method::DELETE, &["datapath", "10.0.0.1"]),
+    ] {
+        assert_eq!(role_needed(&method, path), Role::Admin, "{method} {path:?}");
+    }
+    for path in [
+        &["ipam", "releases"][..],
+        &["ipam", "allocations"],
+        &["ipam", "exhausted"],
+    ] {
+        assert_eq!(role_needed(&Method::POST, path), Role::Root, "{path:?}");
+        assert_eq!(get(path), Role::Root, "GET {path:?}");
+    }
+}
+
+#[test]
 fn only_root_may_ask_for_a_delegate_run_as_root() {
-    assert!(Peer { uid: 0 }
-        .must_be_root("POST /v1/ipam/releases")
-        .is_ok());
-    let err = Peer { uid: 65534 }
-        .must_be_root("POST /v1/ipam/releases")
-        .unwrap_err();
+    assert!(require(Peer::root(), Role::Root, "POST /v1/ipam/releases").is_ok());
+    let admin = Peer {
+        uid: 65534,
+        role: Role::Admin,
+        not_root: None,
+    };
+    let err = require(admin, Role::Root, "POST /v1/ipam/releases").unwrap_err();
     assert_eq!(err.code(), ErrorCode::Forbidden);
-    for needed in ["uid 65534", "only root", "POST /v1/ipam/releases"] {
+    assert_eq!(err.0.needs, Some(Role::Root));
+    for needed in ["uid 65534", "root role", "POST /v1/ipam/releases"] {
         assert!(
             err.0.message.contains(needed),
             "{needed}: {}",

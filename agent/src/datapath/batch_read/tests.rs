@@ -2,21 +2,19 @@
 
 use std::os::fd::{AsFd as _, FromRawFd as _, OwnedFd};
 
-use super::*;
+use aya_obj::generated::bpf_map_type;
 
-const BPF_MAP_CREATE: libc::c_long = 0;
-const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
-const BPF_MAP_TYPE_HASH: u32 = 1;
+use super::*;
 
 /// A hash map of u64 → u64 with room for `max` entries.
 fn hash_map(max: u32) -> OwnedFd {
     crate::needs_root::needs_root("create a BPF hash map");
-    let mut attr = [0u8; 20];
-    attr[0..4].copy_from_slice(&BPF_MAP_TYPE_HASH.to_ne_bytes());
-    attr[4..8].copy_from_slice(&8u32.to_ne_bytes());
-    attr[8..12].copy_from_slice(&8u32.to_ne_bytes());
-    attr[12..16].copy_from_slice(&max.to_ne_bytes());
-    let fd = bpf(BPF_MAP_CREATE, &attr).unwrap_or_else(|e| {
+    let mut attr = zeroed_attr();
+    attr.__bindgen_anon_1.map_type = bpf_map_type::BPF_MAP_TYPE_HASH as u32;
+    attr.__bindgen_anon_1.key_size = 8;
+    attr.__bindgen_anon_1.value_size = 8;
+    attr.__bindgen_anon_1.max_entries = max;
+    let fd = bpf_with(bpf_cmd::BPF_MAP_CREATE, &mut attr).unwrap_or_else(|e| {
         panic!("creating a BPF hash map: {e} (this test needs CAP_BPF: run it as root)")
     });
     // SAFETY: a descriptor the kernel just returned, owned by nobody else.
@@ -24,11 +22,11 @@ fn hash_map(max: u32) -> OwnedFd {
 }
 
 fn put(map: &OwnedFd, key: u64, value: u64) {
-    let mut attr = [0u8; 32];
-    attr[0..4].copy_from_slice(&(map.as_raw_fd() as u32).to_ne_bytes());
-    attr[8..16].copy_from_slice(&(std::ptr::addr_of!(key) as u64).to_ne_bytes());
-    attr[16..24].copy_from_slice(&(std::ptr::addr_of!(value) as u64).to_ne_bytes());
-    bpf(BPF_MAP_UPDATE_ELEM, &attr).expect("BPF_MAP_UPDATE_ELEM");
+    let mut attr = zeroed_attr();
+    attr.__bindgen_anon_2.map_fd = map.as_raw_fd() as u32;
+    attr.__bindgen_anon_2.key = std::ptr::addr_of!(key) as u64;
+    attr.__bindgen_anon_2.__bindgen_anon_1.value = std::ptr::addr_of!(value) as u64;
+    bpf_with(bpf_cmd::BPF_MAP_UPDATE_ELEM, &mut attr).expect("BPF_MAP_UPDATE_ELEM");
 }
 
 #[test]

@@ -91,47 +91,38 @@ fn backoff_doubles_up_to_the_cap() {
 }
 
 /// The delegate's trust check and its exec must be about the same file. A trusted directory's
-/// plugin is a link that another thread swaps, thousands of times, between a good binary and
-/// an "evil" script in a directory others may write (which the check refuses when it sees it):
-/// the evil one must never run, whatever the interleaving.
+/// plugin is a link to a good binary; another one, "evil", sits in a directory others may
+/// write (which the check refuses when it sees it). The race is made to happen, not hoped for:
+/// the link is swapped to the evil one right after the check held the good one and before the
+/// exec, and the good one runs; swapped before the check, nothing runs.
 #[test]
 fn a_delegate_swapped_between_the_check_and_the_exec_never_runs() {
-    use std::{
-        os::unix::fs::PermissionsExt as _,
-        sync::atomic::{AtomicBool, Ordering},
-    };
+    use std::os::unix::fs::PermissionsExt as _;
 
     let root = tempfile::tempdir().unwrap();
-    let script = |dir: &Path, body: &str| {
+    let script = |dir: &Path, marker: &Path| {
         std::fs::create_dir(dir).unwrap();
         let path = dir.join("swapped");
-        std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+        std::fs::write(&path, format!("#!/bin/sh\ntouch '{}'\n", marker.display())).unwrap();
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
         path
     };
-    let good = script(&root.path().join("good"), "exit 0");
-    let marker = root.path().join("evil-ran");
+    let good_ran = root.path().join("good-ran");
+    let evil_ran = root.path().join("evil-ran");
+    let good = script(&root.path().join("good"), &good_ran);
     let evil_dir = root.path().join("evil");
-    let evil = script(&evil_dir, &format!("touch '{}'", marker.display()));
+    let evil = script(&evil_dir, &evil_ran);
     std::fs::set_permissions(&evil_dir, std::fs::Permissions::from_mode(0o777)).unwrap();
     let trusted = root.path().join("trusted");
     std::fs::create_dir(&trusted).unwrap();
     let link = trusted.join("swapped");
-    std::os::unix::fs::symlink(&good, &link).unwrap();
-
-    let stop = Arc::new(AtomicBool::new(false));
-    let swapper = {
-        let (stop, trusted, link) = (Arc::clone(&stop), trusted.clone(), link.clone());
-        std::thread::spawn(move || {
-            let next = trusted.join(".next");
-            while !stop.load(Ordering::Relaxed) {
-                for target in [&evil, &good] {
-                    let _ = std::fs::remove_file(&next);
-                    std::os::unix::fs::symlink(target, &next).unwrap();
-                    std::fs::rename(&next, &link).unwrap();
-                }
-            }
-        })
+    // As an attacker swaps it: a new link renamed over the old one, atomically.
+    let point_at = |target: &Path| {
+        let next = trusted.join(".next");
+        let _ = std::fs::remove_file(&next);
+        std::os::unix::fs::symlink(target, &next).unwrap();
+        std::fs::rename(&next, &link).unwrap();
+        assert_eq!(std::fs::read_link(&link).unwrap(), target);
     };
     let bins = TrustedBins::new(vec![trusted.clone()]);
     let release = HeldRelease {
@@ -140,21 +131,27 @@ fn a_delegate_swapped_between_the_check_and_the_exec_never_runs() {
         cni_path: trusted.display().to_string(),
         ..release_held_at(1)
     };
-    let (mut ran, mut refused) = (0, 0);
-    for _ in 0..3000 {
-        match run_del(&release, &bins) {
-            Ok(()) => ran += 1,
-            Err(_) => refused += 1,
-        }
-        if marker.exists() {
-            break;
-        }
-    }
-    stop.store(true, Ordering::Relaxed);
-    swapper.join().unwrap();
+
+    // Swapped before the check: the check sees the evil one and refuses; nothing runs.
+    point_at(&evil);
+    let refused = run_del(&release, &bins).expect_err("the evil delegate is refused");
     assert!(
-        !marker.exists(),
-        "the evil script ran as the delegate ({ran} runs, {refused} refusals before it)"
+        refused.to_string().contains("lets group or others replace"),
+        "refused for its writable directory: {refused}"
     );
-    assert!(ran > 0, "the good delegate ran too: {refused} refusals");
+    assert!(!evil_ran.exists() && !good_ran.exists());
+
+    // Swapped between the check and the exec: the path names the evil one when the exec
+    // comes, and the good one, which the check held, is what runs.
+    point_at(&good);
+    let opened = bins
+        .open(&release)
+        .expect("the good delegate passes the check");
+    point_at(&evil);
+    exec_opened(&release, &opened).expect("the held delegate runs");
+    assert!(good_ran.exists(), "the delegate the check held ran");
+    assert!(
+        !evil_ran.exists(),
+        "the evil script ran as the delegate: the exec followed the swapped path"
+    );
 }

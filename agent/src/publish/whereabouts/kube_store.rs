@@ -429,19 +429,49 @@ impl Store for KubeStore {
 mod tests {
     use super::*;
 
+    /// The digest is FNV-1a 64 of the name: the expected values were computed outside the code
+    /// under test (by a separate FNV-1a in Python), so a changed hash, seed or format fails
+    /// here, not only one that varies between calls.
     #[test]
     fn a_long_node_name_is_labelled_by_a_stable_digest() {
         assert_eq!(node_label_value("ipq-node"), "ipq-node");
-        let long = "n".repeat(100);
-        let label = node_label_value(&long);
-        assert!(label.len() <= 63 && label.starts_with("node-"), "{label}");
-        assert_eq!(label, node_label_value(&long));
+        let exactly_63 = "m".repeat(63);
+        assert_eq!(node_label_value(&exactly_63), exactly_63);
+        assert_eq!(node_label_value(&"x".repeat(64)), "node-b96a5acbb56db825");
+        assert_eq!(node_label_value(&"n".repeat(100)), "node-798e0af16b2cf3f5");
+    }
+
+    /// A namespace is a DNS-1123 label (RFC 1123: lowercase letters, digits and `-`, starting
+    /// and ending with a letter or digit, at most 63): what the API server accepts for one.
+    fn is_dns1123_label(s: &str) -> bool {
+        let bytes = s.as_bytes();
+        (1..=63).contains(&bytes.len())
+            && bytes
+                .iter()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
+            && bytes[0] != b'-'
+            && bytes[bytes.len() - 1] != b'-'
     }
 
     #[test]
     fn the_pod_ref_names_no_pod_that_can_exist() {
-        let pod_ref = quarantine_pod_ref("ipq-node");
-        let (namespace, name) = pod_ref.split_once('/').unwrap();
-        assert!(namespace.contains(':') && name == "ipq-node");
+        assert_eq!(
+            quarantine_pod_ref("ipq-node"),
+            "ipq.dev:quarantine/ipq-node"
+        );
+        for node in ["ipq-node", "n1", &"n".repeat(253)] {
+            let pod_ref = quarantine_pod_ref(node);
+            let (namespace, name) = pod_ref.split_once('/').unwrap();
+            assert_eq!(name, node);
+            // Whatever the node, the namespace part can name no namespace, so no pod.
+            assert!(
+                !is_dns1123_label(namespace),
+                "{namespace} is a valid namespace"
+            );
+        }
+        // The check itself tells a real namespace from this one.
+        for real in ["default", "kube-system", "a", "ns-1"] {
+            assert!(is_dns1123_label(real), "{real}");
+        }
     }
 }

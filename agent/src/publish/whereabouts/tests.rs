@@ -217,6 +217,18 @@ impl Harness {
         }
         panic!("{what}: calls {:?}", self.world.lock().unwrap().calls);
     }
+
+    /// Lets the task run until its metrics show `done`: what the task sets once a round has
+    /// taken in a change, whether or not that round called the store.
+    async fn until_counted(&self, what: &str, done: impl Fn(&Metrics) -> bool) {
+        for _ in 0..200 {
+            if done(&self.metrics) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("{what}: calls {:?}", self.world.lock().unwrap().calls);
+    }
 }
 
 #[tokio::test(start_paused = true)]
@@ -293,8 +305,18 @@ async fn another_pods_reservation_is_never_touched() {
         w.calls.iter().any(|c| c.starts_with("reserve"))
     })
     .await;
+    h.until_counted("counted as another pod's", |m| {
+        m.whereabouts.foreign.get() == 1
+    })
+    .await;
+    assert_eq!(h.reservation(addr(10)), Some(other.clone()));
+    // The address is no longer wanted: the round that takes that in sets the count of foreign
+    // reservations to 0, after any call it would have made about them.
     h.feed.send(addr(10), None);
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    h.until_counted("the unwanted address taken in", |m| {
+        m.whereabouts.foreign.get() == 0
+    })
+    .await;
     assert_eq!(h.reservation(addr(10)), Some(other));
     assert!(!h
         .world
