@@ -359,6 +359,7 @@ fn load(bpffs: &BpffsDir, capacity: u32) -> anyhow::Result<Datapath> {
         bpffs_dir: bpffs.path().to_path_buf(),
         capacity,
         mode: Mode::Enforce,
+        slots_order: None,
     })
     .context("loading the datapath")?;
     let tc: &mut SchedClassifier = dp
