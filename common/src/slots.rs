@@ -46,7 +46,10 @@
 //!   pair and `dmb ish`; the kernel selftests' `bpf_atomic.h` builds `smp_mb()` the same way):
 //!   [`SlotsOrder::FetchBarrier`], a fetch-add of 0 on the program's stack around each read. A
 //!   plain atomic add (`lock` add, no fetch) would order nothing on arm64: the object has none,
-//!   which a test of the built object checks.
+//!   which a test of the built object checks. These programs are an object of their own (the
+//!   eBPF crate's `fetch-barriers` feature): 5.10's verifier refuses a fetch atomic before it
+//!   looks at any path, even in code the order's constant makes dead, so the object every
+//!   other case loads has no atomic instruction at all.
 //! - a weakly ordered CPU whose kernel has no fetch atomics (before 5.12):
 //!   [`SlotsOrder::HashOnly`], the table is not read at all and every lookup asks `IPQ_ADDRS`.
 //!

@@ -3,7 +3,7 @@
 #![no_std]
 #![no_main]
 // `asm!` on the bpf target: the slots' barrier is one instruction that must stay what it is.
-#![feature(asm_experimental_arch)]
+#![cfg_attr(feature = "fetch-barriers", feature(asm_experimental_arch))]
 
 mod act;
 mod floor;

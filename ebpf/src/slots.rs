@@ -33,11 +33,14 @@ static IPQ_SLOTS_SEED: u64 = 0;
 #[unsafe(no_mangle)]
 static IPQ_SLOTS_ORDER: u32 = SlotsOrder::InOrder as u32;
 
-/// Whether the loads of the table need barriers between them.
+/// Whether the loads of the table need barriers between them: only in the object built with
+/// `fetch-barriers` (an object without it has no atomic instruction at all, which 5.10 needs),
+/// and there as the loader chose.
 #[inline(always)]
 fn fenced() -> bool {
     // SAFETY: a plain read of a constant; volatile so that the default is not folded in.
-    unsafe { read_volatile(&IPQ_SLOTS_ORDER) == SlotsOrder::FetchBarrier as u32 }
+    cfg!(feature = "fetch-barriers")
+        && unsafe { read_volatile(&IPQ_SLOTS_ORDER) == SlotsOrder::FetchBarrier as u32 }
 }
 
 /// A full memory barrier where [`fenced`]: an atomic fetch-add of 0 on a word of the stack, which
@@ -50,6 +53,13 @@ fn barrier() {
     if !fenced() {
         return;
     }
+    #[cfg(feature = "fetch-barriers")]
+    fetch_add_zero();
+}
+
+#[cfg(feature = "fetch-barriers")]
+#[inline(always)]
+fn fetch_add_zero() {
     let mut word: u64 = 0;
     // SAFETY: the instruction reads and writes `word`, an initialised stack slot, and nothing
     // else.
@@ -153,8 +163,7 @@ fn read(slot: *mut AddrSlot, want: Words) -> Probe {
         }
         // Acquire: the key and the entry below are read after `seq`.
         barrier();
-        if fenced() && (read_volatile(key) != want.high || read_volatile(key.add(1)) != want.low)
-        {
+        if fenced() && (read_volatile(key) != want.high || read_volatile(key.add(1)) != want.low) {
             // The slot changed between the two reads of its key: a write is under way.
             return Probe::Unsure;
         }

@@ -159,7 +159,7 @@ impl Datapath {
             // The watcher reports every process's bpf() calls but this one's.
             .override_global(GLOBAL_WATCH_TGID, &own_pid, true);
         let mut ebpf = loader
-            .load(OBJECT)
+            .load(object::for_order(slots_order))
             .map_err(|e| DatapathError::Load(Box::new(e)))?;
 
         for name in [names::PROG_TC_INGRESS, names::PROG_TC_EGRESS] {
