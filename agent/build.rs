@@ -14,12 +14,23 @@ fn main() -> anyhow::Result<()> {
     let pin_file = std::path::Path::new(&manifest_dir).join("../ebpf/rust-toolchain.toml");
     println!("cargo:rerun-if-changed={}", pin_file.display());
     let toolchain = pinned_nightly(&pin_file)?;
+    // Twice: with `fetch-barriers` (its binary `ipq-fetch-barriers` is the object for weakly
+    // ordered CPUs) and then without (the object `ipq`, which the first build also wrote with
+    // the barriers in and this one writes again without them).
     aya_build::build_ebpf(
-        [aya_build::Package {
-            name: "ipq-ebpf",
-            root_dir: ebpf_dir,
-            ..Default::default()
-        }],
+        [
+            aya_build::Package {
+                name: "ipq-ebpf",
+                root_dir: ebpf_dir,
+                features: &["fetch-barriers"],
+                ..Default::default()
+            },
+            aya_build::Package {
+                name: "ipq-ebpf",
+                root_dir: ebpf_dir,
+                ..Default::default()
+            },
+        ],
         aya_build::Toolchain::Custom(&toolchain),
     )
     .with_context(|| {

@@ -54,13 +54,6 @@ pub enum AgentError {
         what: &'static str,
         source: std::io::Error,
     },
-    #[error(
-        "this CPU ({0}) is not supported: the programs read IPQ_SLOTS with a sequence lock \
-         whose loads only x86-64 keeps in order (BPF has no read barrier before Linux 6.15), \
-         so a packet racing the agent's write could be judged on a mix of two entries. Run \
-         ipq on x86-64 nodes (the DaemonSet selects kubernetes.io/arch: amd64)"
-    )]
-    UnsupportedCpu(&'static str),
     #[error("the kernel's clocks cannot be read as the datapath programs read them: {0}")]
     Clock(#[from] crate::kernel_clock::ClockError),
     #[error("{what}: the task stopped: {source}")]

@@ -31,11 +31,67 @@
 //!   before and after the probe.
 //!
 //! A reader that cannot trust its probe asks `IPQ_ADDRS`, which the agent keeps exact and
-//! writes before the copy (an address is added here first and removed here first). Loads are
-//! `volatile`, so neither LLVM nor the JIT reorders them; x86-64 keeps loads in order. On
-//! weakly ordered CPUs (arm64) BPF has no read barrier before 6.15, so a reader racing a write
-//! of the very slot it reads could, in a window of nanoseconds, take a mix of two writes: the
-//! agent therefore refuses to start on any CPU but x86-64 (`AgentError::UnsupportedCpu`).
+//! writes before the copy (an address is added here first and removed here first).
+//!
+//! # Memory order
+//! The protocol needs the loads between two reads of a counter to happen after the first read
+//! and before the second: a seqlock reader's acquire and read barrier. Loads are `volatile`, so
+//! neither LLVM nor the JIT reorders them; what the CPU may do depends on it, and the loader
+//! tells the programs which [`SlotsOrder`] to use:
+//! - x86-64 keeps loads in order with loads (x86-TSO), and its JIT emits one load for each BPF
+//!   load: [`SlotsOrder::InOrder`], plain loads, no barrier;
+//! - a weakly ordered CPU (arm64) may take a later load early. The BPF instruction set has
+//!   load-acquire only from Linux 6.15 (cpu v4), but from 5.12 on an atomic read-modify-write
+//!   with `BPF_FETCH` is fully ordered on every JIT (arm64 emits `ldaddal`, or an exclusive
+//!   pair and `dmb ish`; the kernel selftests' `bpf_atomic.h` builds `smp_mb()` the same way):
+//!   [`SlotsOrder::FetchBarrier`], a fetch-add of 0 on the program's stack around each read. A
+//!   plain atomic add (`lock` add, no fetch) would order nothing on arm64: the object has none,
+//!   which a test of the built object checks. These programs are an object of their own (the
+//!   eBPF crate's `fetch-barriers` feature): 5.10's verifier refuses a fetch atomic before it
+//!   looks at any path, even in code the order's constant makes dead, so the object every
+//!   other case loads has no atomic instruction at all.
+//! - a weakly ordered CPU whose kernel has no fetch atomics (before 5.12):
+//!   [`SlotsOrder::HashOnly`], the table is not read at all and every lookup asks `IPQ_ADDRS`.
+//!
+//! The barriers sit where the order matters, and only there: after a bucket's `version` is
+//! read and before it is read again (a miss is trusted only across them), and, once a slot's
+//! key matched without a barrier, after its `seq` and before its `seq` is read again (the key
+//! and the entry are read again between them). A probe that misses pays two, one that hits four.
+
+/// How the programs order their loads of the table: a `.rodata` constant
+/// ([`SLOTS_ORDER_GLOBAL`]) the loader chooses for the CPU and the kernel; the branches of the
+/// other orders are dead code the verifier removes.
+#[repr(u32)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+#[cfg_attr(
+    feature = "names",
+    derive(strum::IntoStaticStr),
+    strum(serialize_all = "kebab-case")
+)]
+pub enum SlotsOrder {
+    /// Plain loads: the CPU keeps loads in order (x86-64).
+    #[default]
+    InOrder = 0,
+    /// A full barrier (an atomic fetch-add of 0 on the stack) where the protocol needs one.
+    FetchBarrier = 1,
+    /// The table is not read; every lookup asks `IPQ_ADDRS`.
+    HashOnly = 2,
+}
+
+impl SlotsOrder {
+    /// The order for a CPU that keeps loads in order or not, on a kernel with fetch atomics
+    /// (`BPF_ATOMIC | BPF_FETCH`, Linux 5.12) or not.
+    pub const fn choose(loads_in_order: bool, fetch_atomics: bool) -> Self {
+        match (loads_in_order, fetch_atomics) {
+            (true, _) => Self::InOrder,
+            (false, true) => Self::FetchBarrier,
+            (false, false) => Self::HashOnly,
+        }
+    }
+}
+
+/// The `.rodata` global holding the [`SlotsOrder`] the loader chose.
+pub const SLOTS_ORDER_GLOBAL: &str = "IPQ_SLOTS_ORDER";
 
 use crate::addr::{AddrEntry, AddrKey};
 

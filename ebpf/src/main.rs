@@ -2,6 +2,8 @@
 //! module and turns the verdict into the hook's return code.
 #![no_std]
 #![no_main]
+// `asm!` on the bpf target: the slots' barrier is one instruction that must stay what it is.
+#![cfg_attr(feature = "fetch-barriers", feature(asm_experimental_arch))]
 
 mod act;
 mod floor;

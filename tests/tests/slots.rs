@@ -51,6 +51,7 @@ fn load(bpffs: &Path, capacity: u32) -> Result<Datapath, DatapathError> {
         bpffs_dir: bpffs.to_path_buf(),
         capacity,
         mode: Mode::Enforce,
+        slots_order: None,
     })
 }
 

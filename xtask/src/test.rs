@@ -22,10 +22,13 @@ use crate::util;
 const EBPF_PACKAGE: &str = "ipq-ebpf";
 
 /// The kernel crate's lints: for the bpf target, which needs nightly and `-Z build-std`.
-const CLIPPY_EBPF: [&str; 10] = [
+const CLIPPY_EBPF: [&str; 12] = [
     "clippy",
     "--package",
     EBPF_PACKAGE,
+    // The barriers of the ordered object are code only with it (the rest is the same source).
+    "--features",
+    "fetch-barriers",
     "--target",
     "bpfel-unknown-none",
     "-Z",

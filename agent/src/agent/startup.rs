@@ -43,11 +43,6 @@ use crate::{
 /// Refuses what ipq cannot run on, raises the descriptors' limit and claims the pins'
 /// directory: nothing is loaded yet.
 pub(super) fn preflight(config: &Config) -> Result<ClaimedDir, AgentError> {
-    // Refused before anything is loaded: a datapath that is right only most of the time is
-    // not one to leave attached.
-    if !cfg!(target_arch = "x86_64") {
-        return Err(AgentError::UnsupportedCpu(std::env::consts::ARCH));
-    }
     info!(
         "ipq-agent {} starting: mode {:?}, on_early_reuse {:?}, bpffs_dir {}",
         env!("CARGO_PKG_VERSION"),
@@ -124,6 +119,7 @@ pub(super) async fn load(config: Config, bpffs_dir: ClaimedDir) -> Result<Loaded
             bpffs_dir: config.bpffs_dir.clone(),
             capacity: config.capacity,
             mode: config.mode,
+            slots_order: None,
         },
     )?;
     let metrics = Metrics::new(&config.bpffs_dir, queues)?;

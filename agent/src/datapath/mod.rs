@@ -13,6 +13,8 @@ pub mod lock;
 pub mod map_check;
 pub mod maps;
 mod object;
+#[cfg(test)]
+mod object_check;
 mod pin_check;
 mod pinned_maps;
 mod port;
@@ -36,7 +38,7 @@ use ipq_common::{
     filter::FILTER_MASK_GLOBAL,
     names,
     sample::ConflictSample,
-    slots::{slot_entries, SLOTS_MASK_GLOBAL, SLOTS_SEED_GLOBAL},
+    slots::{slot_entries, SlotsOrder, SLOTS_MASK_GLOBAL, SLOTS_ORDER_GLOBAL, SLOTS_SEED_GLOBAL},
     watch::{GLOBAL_WATCH_TGID, WATCHED_TRACEPOINT},
 };
 use log::{info, warn};
@@ -60,6 +62,9 @@ pub struct LoadOptions {
     pub bpffs_dir: PathBuf,
     pub capacity: u32,
     pub mode: Mode,
+    /// How the programs order their reads of `IPQ_SLOTS`; `None`: what this CPU and kernel need
+    /// (`SlotsOrder::choose`). Tests and the benchmark run the other orders on this machine.
+    pub slots_order: Option<SlotsOrder>,
 }
 
 /// A loaded datapath: the programs, the maps, and the attachments this agent made.
@@ -127,6 +132,11 @@ impl Datapath {
         let coarse_clock = u32::from(features.coarse_clock);
         crate::netdev::use_coarse_clock(features.coarse_clock);
 
+        let slots_order = options.slots_order.unwrap_or(SlotsOrder::choose(
+            cfg!(target_arch = "x86_64"),
+            features.fetch_atomics,
+        ));
+        let slots_order_global = slots_order as u32;
         let log_level = kernel_log_level();
         let filter_mask = filter_words - 1;
         let own_pid = std::process::id();
@@ -142,12 +152,14 @@ impl Datapath {
             // The programs find addresses with these: they must be the table's own.
             .override_global(SLOTS_MASK_GLOBAL, &slot_mask, true)
             .override_global(SLOTS_SEED_GLOBAL, &slot_seed, true)
+            // How the programs order their reads of the table on this CPU and kernel.
+            .override_global(SLOTS_ORDER_GLOBAL, &slots_order_global, true)
             // The kernel skips log records the agent's logger would discard anyway.
             .override_global("AYA_LOG_LEVEL", &log_level, false)
             // The watcher reports every process's bpf() calls but this one's.
             .override_global(GLOBAL_WATCH_TGID, &own_pid, true);
         let mut ebpf = loader
-            .load(OBJECT)
+            .load(object::for_order(slots_order))
             .map_err(|e| DatapathError::Load(Box::new(e)))?;
 
         for name in [names::PROG_TC_INGRESS, names::PROG_TC_EGRESS] {
@@ -186,10 +198,17 @@ impl Datapath {
         let mut maps = DatapathMaps::open(maps::Source::Loaded(&mut ebpf), Some(slot_seed))?;
         maps.set_mode(options.mode)?;
         info!(
-            "datapath loaded: {} addresses in pinned maps under {}; kernel has TCX: {}, clock: {}",
+            "datapath loaded: {} addresses in pinned maps under {}; kernel has TCX: {}, reads of \
+             the address table: {}, clock: {}",
             maps.table.len(),
             layout.root().display(),
             features.tcx,
+            match slots_order {
+                SlotsOrder::InOrder => "plain loads (the CPU keeps loads in order)",
+                SlotsOrder::FetchBarrier => "ordered by fetch-atomic barriers",
+                SlotsOrder::HashOnly =>
+                    "hash map only (a weakly ordered CPU and no fetch atomics before Linux 5.12)",
+            },
             if features.coarse_clock {
                 "CLOCK_MONOTONIC_COARSE (bpf_ktime_get_coarse_ns)"
             } else {

@@ -32,6 +32,7 @@ use ipq_common::{
     addr::{AddrEntry, AddrKey, AddrState, NO_IFINDEX},
     config::Mode,
     names,
+    slots::SlotsOrder,
 };
 use ipq_tests::{
     netns::{require_root, BpffsDir, NetNs},
@@ -99,6 +100,9 @@ fn args() -> anyhow::Result<Args> {
 }
 
 /// One measurement line.
+/// Names the figures of the programs loaded with fetch-atomic barriers.
+const FETCH_BARRIER_PREFIX: &str = "fetch_barrier_";
+
 fn emit(name: &str, size: u32, unit: &str, trial: u32, value: f64) {
     println!(
         "{}",
@@ -354,11 +358,16 @@ fn fill(dp: &mut Datapath, here: u32, other: u32, size: u32) -> anyhow::Result<(
     Ok(())
 }
 
-fn load(bpffs: &BpffsDir, capacity: u32) -> anyhow::Result<Datapath> {
+fn load(
+    bpffs: &BpffsDir,
+    capacity: u32,
+    slots_order: Option<SlotsOrder>,
+) -> anyhow::Result<Datapath> {
     let mut dp = Datapath::load(&LoadOptions {
         bpffs_dir: bpffs.path().to_path_buf(),
         capacity,
         mode: Mode::Enforce,
+        slots_order,
     })
     .context("loading the datapath")?;
     let tc: &mut SchedClassifier = dp
@@ -384,7 +393,14 @@ fn load(bpffs: &BpffsDir, capacity: u32) -> anyhow::Result<Datapath> {
     Ok(dp)
 }
 
-fn test_runs(dp: &mut Datapath, args: &Args, here: u32, other: u32) -> anyhow::Result<()> {
+/// Every figure through `BPF_PROG_TEST_RUN`, named `<prefix><figure>`.
+fn test_runs(
+    dp: &mut Datapath,
+    args: &Args,
+    here: u32,
+    other: u32,
+    prefix: &str,
+) -> anyhow::Result<()> {
     let figures = figures();
     for &size in &args.sizes {
         fill(dp, here, other, size)?;
@@ -400,17 +416,18 @@ fn test_runs(dp: &mut Datapath, args: &Args, here: u32, other: u32) -> anyhow::R
             }
             for figure in &figures {
                 let value = ns[figure.name];
-                emit(figure.name, size, "ns", trial, value);
+                let name = format!("{prefix}{}", figure.name);
+                emit(&name, size, "ns", trial, value);
                 if figure.compare {
                     let empty = match figure.hook {
                         Hook::Tc => ns["tc_empty"],
                         Hook::Xdp => ns["xdp_empty"],
                     };
-                    let ratio_name = format!("{}_ratio", figure.name);
+                    let ratio_name = format!("{name}_ratio");
                     emit(&ratio_name, size, "x", trial, value / empty);
                 }
                 if let Some(floor) = figure.floor {
-                    let floor_name = format!("{}_over_floor", figure.name);
+                    let floor_name = format!("{name}_over_floor");
                     emit(&floor_name, size, "x", trial, value / ns[floor]);
                 }
             }
@@ -589,12 +606,20 @@ fn main() -> anyhow::Result<()> {
         let here = netdev::ifindex("bd-host").context("bd-host missing")?;
         let other = netdev::ifindex("bd-other").context("bd-other missing")?;
         let started = Instant::now();
-        let mut dp = load(&bpffs, capacity)?;
+        let mut dp = load(&bpffs, capacity, None)?;
         eprintln!(
             "datapath: loaded at capacity {capacity} in {:?}",
             started.elapsed()
         );
-        test_runs(&mut dp, &args, here, other)?;
+        test_runs(&mut dp, &args, here, other, "")?;
+        // The same figures with the reads of the table ordered as a weakly ordered CPU needs
+        // them (fetch-atomic barriers), on this CPU: what the barriers would cost here, where
+        // x86-64 does without them (`SlotsOrder`).
+        {
+            let bpffs = BpffsDir::new()?;
+            let mut ordered = load(&bpffs, capacity, Some(SlotsOrder::FetchBarrier))?;
+            test_runs(&mut ordered, &args, here, other, FETCH_BARRIER_PREFIX)?;
+        }
         // The pod's neighbour entry, so no ARP is in the measured loop.
         // (`/sys` is the host's here: ask `ip` for the MAC.)
         let brief = node.ip(&["-br", "link", "show", "bd-host"])?;

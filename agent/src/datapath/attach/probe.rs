@@ -17,6 +17,9 @@ pub struct KernelFeatures {
     pub coarse_clock: bool,
     /// TCX links (`BPF_TCX_INGRESS`/`EGRESS`, 6.6+ or a backport).
     pub tcx: bool,
+    /// Atomic read-modify-writes with `BPF_FETCH` (5.12+): the full barrier the programs' reads
+    /// of `IPQ_SLOTS` need on a weakly ordered CPU (`ipq_common::slots::SlotsOrder`).
+    pub fetch_atomics: bool,
 }
 
 const BPF_PROG_LOAD: libc::c_long = 5;
@@ -45,6 +48,17 @@ fn mov_r0(imm: i32) -> [u8; 8] {
     insn(0xb7, 0, 0, imm)
 }
 
+/// `*(u64 *)(r10 - 8) = 0` (BPF_ST | BPF_MEM | BPF_DW).
+fn zero_stack_word() -> [u8; 8] {
+    insn(0x7a, 10, -8, 0)
+}
+
+/// `r1 = atomic_fetch_add((u64 *)(r10 - 8), r1)` (BPF_STX | BPF_DW | BPF_ATOMIC, imm BPF_ADD |
+/// BPF_FETCH): src r1, dst r10.
+fn fetch_add_stack_word() -> [u8; 8] {
+    insn(0xdb, (1 << 4) | 10, -8, 0x01)
+}
+
 /// `exit`.
 fn exit() -> [u8; 8] {
     insn(0x95, 0, 0, 0)
@@ -69,6 +83,23 @@ fn load_sched_cls(insns: &[[u8; 8]]) -> io::Result<OwnedFd> {
 /// helper with EINVAL; anything else (EPERM, ENOMEM) is an error of the probe itself.
 pub fn coarse_clock() -> io::Result<bool> {
     match load_sched_cls(&[call(BPF_FUNC_KTIME_GET_COARSE_NS), exit()]) {
+        Ok(_) => Ok(true),
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Whether a program with an atomic fetch-add loads. Before 5.12 the instruction was
+/// `BPF_XADD`, whose verifier refuses any `imm` but 0 with EINVAL.
+pub fn fetch_atomics() -> io::Result<bool> {
+    let program = [
+        zero_stack_word(),
+        insn(0xb7, 1, 0, 0),
+        fetch_add_stack_word(),
+        mov_r0(0),
+        exit(),
+    ];
+    match load_sched_cls(&program) {
         Ok(_) => Ok(true),
         Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(false),
         Err(e) => Err(e),
@@ -103,5 +134,6 @@ pub fn features() -> io::Result<KernelFeatures> {
     Ok(KernelFeatures {
         coarse_clock: coarse_clock()?,
         tcx: tcx()?,
+        fetch_atomics: fetch_atomics()?,
     })
 }
