@@ -212,8 +212,10 @@ impl Loaded {
             attacher.ledger().netlink_hooks(),
             self.config.verify_interval,
             mirror,
-            watcher.as_ref().ok().cloned(),
-            self.metrics.tamper.verify_passes.clone(),
+            verify::Triggers {
+                pokes: watcher.as_ref().ok().cloned(),
+                passes: self.metrics.tamper.verify_passes.clone(),
+            },
             findings,
             stopped,
         ));

@@ -175,12 +175,12 @@ mod tests {
         // `id` follows the ops, inner map meta and security pointers, the type fields and
         // sizes: well inside the struct, and 4-aligned; `writecnt` after it.
         assert!(
-            offsets.map_id >= 8 && offsets.map_id % 4 == 0,
+            offsets.map_id >= 8 && offsets.map_id.is_multiple_of(4),
             "{offsets:?}"
         );
         assert!(offsets.map_writecnt > offsets.map_id, "{offsets:?}");
-        assert_eq!(offsets.map_writecnt % 8, 0, "{offsets:?}");
-        assert_eq!(offsets.file_private_data % 8, 0, "{offsets:?}");
+        assert!(offsets.map_writecnt.is_multiple_of(8), "{offsets:?}");
+        assert!(offsets.file_private_data.is_multiple_of(8), "{offsets:?}");
     }
 
     #[test]

@@ -375,6 +375,14 @@ pub const POKED_GAP: Duration = Duration::from_millis(50);
 /// or with a mapping of ipq's maps held by another process, every periodic pass is full.
 pub const FULL_SWEEP_EVERY: Duration = Duration::from_secs(60);
 
+/// What asks for a pass besides the clock, and where passes are counted.
+pub struct Triggers {
+    /// The watcher of other processes' bpf() calls, if one is attached.
+    pub pokes: Option<Arc<Pokes>>,
+    /// `ipq_datapath_verify_passes_total{cause, maps}`.
+    pub passes: prometheus::IntCounterVec,
+}
+
 /// Verifies every `every`, and at once (after [`WATCH_SETTLE`]) when `pokes` (the watcher of
 /// other processes' bpf() calls) says so, until `stop` says so. Each pass's findings are sent
 /// to the owner loop (a periodic pass is skipped while the loop has not taken the last one; a
@@ -385,11 +393,11 @@ pub async fn run(
     netlink_hooks: NetlinkHooks,
     every: Duration,
     mirror: Option<IntentMirror>,
-    pokes: Option<Arc<Pokes>>,
-    passes: prometheus::IntCounterVec,
+    triggers: Triggers,
     findings: mpsc::Sender<Verification>,
     mut stop: watch::Receiver<bool>,
 ) {
+    let Triggers { pokes, passes } = triggers;
     let mirror = Arc::new(Mutex::new(mirror));
     let mut ticks = tokio::time::interval(every);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
