@@ -1,7 +1,8 @@
 //! `bpf()` calls by other processes that can change what ipq enforces with, as the watcher
-//! program (a raw tracepoint on `sys_enter` that leaves every system call but `bpf()`) reports
-//! them through the
-//! `IPQ_BPF_CALLS` ring buffer.
+//! programs report them through the `IPQ_BPF_CALLS` ring buffer: BPF trampolines (fentry) on
+//! the kernel's own bpf() path where the kernel has them ([`WatchMode::Trampolines`]), else a
+//! raw tracepoint on `sys_enter` that leaves every system call but `bpf()` (x86-64 only,
+//! [`WatchMode::RawTracepoint`]).
 //!
 //! Nothing in the kernel announces a TCX or XDP link detached, a program attached ahead of
 //! ipq's, or a write to a map: the watcher reports the commands that do those, with the
@@ -31,6 +32,12 @@ pub enum BpfCmd {
     LinkCreate = 28,
     LinkUpdate = 29,
     LinkDetach = 34,
+    /// Not a command: a memory mapping of one of ipq's maps made (`bpf_map_mmap`, trampolines
+    /// only); reported with the kernel's count of the map's writable mappings before it.
+    MapMmap = 0x1000,
+    /// Not a command: a new descriptor of one of ipq's maps (`security_bpf_map`, trampolines
+    /// only), by whatever path, id or link the caller named it.
+    MapOpen = 0x1001,
 }
 
 impl BpfCmd {
@@ -60,12 +67,17 @@ pub struct BpfCall {
     /// `BPF_LINK_CREATE`'s and `BPF_PROG_ATTACH`'s target (an ifindex for TCX and XDP),
     /// `BPF_MAP_GET_FD_BY_ID`'s map id; for `BPF_MAP_UPDATE_ELEM` and `BPF_MAP_DELETE_ELEM`, how
     /// many bytes of the key are in `path` ([`WATCH_KEY_BYTES`], 4, or 0 where none could be
-    /// read); 0 for the other commands, whose attribute names only the caller's descriptors.
+    /// read); for [`BpfCmd::MapMmap`], the writable mappings of the map the kernel counted
+    /// before this one; 0 for the other commands, whose attribute names only the caller's
+    /// descriptors.
     pub target: u32,
-    /// Reserved; zero.
-    pub _reserved: u32,
+    /// The map opened, written or mapped, by its id, where the trampolines report it (they
+    /// see the kernel's `struct bpf_map`); 0 where the watcher could not tell (the raw
+    /// tracepoint sees only the caller's descriptor).
+    pub map_id: u32,
     /// `BPF_OBJ_GET`'s path, NUL-terminated (cut at [`WATCH_PATH_BYTES`] - 1 bytes); the key
-    /// of a map update or delete, in its first `target` bytes; zero for the other commands.
+    /// of a map update or delete, in its first `target` bytes; for [`BpfCmd::MapMmap`], one
+    /// byte: 1 if the agent itself made the mapping; zero for the other commands.
     pub path: [u8; WATCH_PATH_BYTES],
 }
 crate::assert_layout!(BpfCall, size = 128, align = 4);
@@ -73,7 +85,7 @@ crate::assert_offsets!(BpfCall {
     cmd: 0,
     tgid: 4,
     target: 8,
-    _reserved: 12,
+    map_id: 12,
     path: 16,
 });
 
@@ -90,7 +102,7 @@ impl Default for BpfCall {
             cmd: 0,
             tgid: 0,
             target: 0,
-            _reserved: 0,
+            map_id: 0,
             path: [0; WATCH_PATH_BYTES],
         }
     }
@@ -99,19 +111,87 @@ impl Default for BpfCall {
 /// Processes whose map writes the watcher reports, at most (an LRU map the agent writes).
 pub const WATCHED_TGIDS: u32 = 256;
 
-/// The watcher's program and maps (not pinned: they watch for the agent that loaded them).
+/// The watcher's programs and maps (not pinned: they watch for the agent that loaded them).
+/// The raw tracepoint, the fallback:
 pub const PROG_WATCH_BPF: &str = "ipq_watch_bpf";
+/// The trampolines, each on the kernel function of the same name after `ipq_watch_`.
+pub const PROG_WATCH_SECURITY_BPF: &str = "ipq_watch_security_bpf";
+pub const PROG_WATCH_MAP_OPEN: &str = "ipq_watch_security_bpf_map";
+pub const PROG_WATCH_MAP_UPDATE: &str = "ipq_watch_bpf_map_update_value";
+pub const PROG_WATCH_HTAB_DELETE: &str = "ipq_watch_htab_map_delete_elem";
+pub const PROG_WATCH_HTAB_LOOKUP_DELETE: &str = "ipq_watch_htab_map_lookup_and_delete_elem";
+pub const PROG_WATCH_HTAB_LOOKUP_DELETE_BATCH: &str = "ipq_watch_htab_map_lookup_and_delete_batch";
+pub const PROG_WATCH_MAP_MMAP: &str = "ipq_watch_bpf_map_mmap";
+
+/// The trampolines the agent attaches, each with the kernel function it attaches to and
+/// whether the watcher is whole without it (`false`: all of these attach, or the trampolines
+/// are not used at all).
+pub const TRAMPOLINES: [(&str, &str, bool); 7] = [
+    (PROG_WATCH_SECURITY_BPF, "security_bpf", false),
+    (PROG_WATCH_MAP_OPEN, "security_bpf_map", false),
+    (PROG_WATCH_MAP_UPDATE, "bpf_map_update_value", false),
+    (PROG_WATCH_HTAB_DELETE, "htab_map_delete_elem", false),
+    (PROG_WATCH_MAP_MMAP, "bpf_map_mmap", false),
+    // Linux 5.14+ (BPF_MAP_LOOKUP_AND_DELETE_ELEM of a hash map): where it does not exist,
+    // neither does the command.
+    (
+        PROG_WATCH_HTAB_LOOKUP_DELETE,
+        "htab_map_lookup_and_delete_elem",
+        true,
+    ),
+    (
+        PROG_WATCH_HTAB_LOOKUP_DELETE_BATCH,
+        "htab_map_lookup_and_delete_batch",
+        true,
+    ),
+];
+
 pub const MAP_BPF_CALLS: &str = "IPQ_BPF_CALLS";
 pub const MAP_WATCHED: &str = "IPQ_WATCHED";
+/// The ids of ipq's pinned maps, which the trampolines report writes of (written by the
+/// agent before it attaches them).
+pub const MAP_WATCHED_MAPS: &str = "IPQ_WATCHED_MAPS";
+/// Entries of [`MAP_WATCHED_MAPS`]; 0 is no map.
+pub const WATCHED_MAPS: u32 = 8;
 /// Per CPU, the calls the watcher could not report because its ring was full.
 pub const MAP_BPF_CALLS_LOST: &str = "IPQ_BPF_CALLS_LOST";
 /// The raw tracepoint the watcher is attached to: every system call's entry (x86-64 only:
 /// the program reads x86-64's system call number and registers).
 pub const WATCHED_TRACEPOINT: &str = "sys_enter";
 
-/// The `.rodata` global the loader sets to the agent's own process id: its calls are not
-/// reported.
+/// The `.rodata` globals the loader sets so that the agent's own calls are not reported, in
+/// whatever PID namespace it runs: its process id in its own PID namespace, and that
+/// namespace's device and inode (`stat /proc/self/ns/pid`; the device as the kernel's
+/// `dev_t`, `MKDEV(major, minor)`), which `bpf_get_ns_current_pid_tgid` translates the
+/// caller's id into. A caller in another PID namespace is someone else.
 pub const GLOBAL_WATCH_TGID: &str = "IPQ_WATCH_TGID";
+pub const GLOBAL_WATCH_PIDNS_DEV: &str = "IPQ_WATCH_PIDNS_DEV";
+pub const GLOBAL_WATCH_PIDNS_INO: &str = "IPQ_WATCH_PIDNS_INO";
+
+/// The `.rodata` globals of the offsets in the kernel's `struct bpf_map` of its `id` (u32)
+/// and `writecnt` (atomic64_t), and in `struct file` of `private_data` (the map of a map's
+/// file), as the kernel's BTF says, set by the loader for the trampolines.
+pub const GLOBAL_MAP_ID_OFFSET: &str = "IPQ_MAP_ID_OFFSET";
+pub const GLOBAL_MAP_WRITECNT_OFFSET: &str = "IPQ_MAP_WRITECNT_OFFSET";
+pub const GLOBAL_FILE_PRIVATE_DATA_OFFSET: &str = "IPQ_FILE_PRIVATE_DATA_OFFSET";
+
+/// Which watcher reports other processes' bpf() calls.
+#[repr(u32)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[cfg_attr(
+    feature = "names",
+    derive(strum::IntoStaticStr, strum::VariantArray),
+    strum(serialize_all = "snake_case")
+)]
+pub enum WatchMode {
+    /// fentry trampolines on the kernel's bpf() path: other system calls pay nothing; every
+    /// command (compat included) and every write of ipq's maps, by any descriptor.
+    Trampolines,
+    /// A raw tracepoint on `sys_enter` (x86-64): every system call of the node pays for it.
+    RawTracepoint,
+    /// Neither attached: the periodic verification alone.
+    None,
+}
 
 /// Size of the `IPQ_BPF_CALLS` ring buffer in bytes (a power-of-two number of pages).
 pub const BPF_CALLS_RING_BYTES: u32 = 64 * 1024;

@@ -16,10 +16,10 @@ mod xdp;
 
 use aya_ebpf::{
     bindings::{xdp_action, TC_ACT_SHOT},
-    macros::{classifier, raw_tracepoint, xdp},
-    programs::{RawTracePointContext, TcContext, XdpContext},
+    macros::{classifier, fentry, raw_tracepoint, xdp},
+    programs::{FEntryContext, RawTracePointContext, TcContext, XdpContext},
 };
-use ipq_common::counters::Hook;
+use ipq_common::{counters::Hook, watch::BpfCmd};
 
 /// What a program decided for one packet.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -67,11 +67,61 @@ pub fn ipq_xdp_uplink(ctx: XdpContext) -> u32 {
     xdp_code(xdp::try_uplink(&ctx))
 }
 
-/// The watcher: `bpf()` calls of other processes that can undo ipq's attachments or write its
-/// maps, reported to the agent (a raw tracepoint on `sys_enter`, leaving all but `bpf()`).
+/// The fallback watcher: `bpf()` calls of other processes that can undo ipq's attachments or
+/// write its maps, reported to the agent (a raw tracepoint on `sys_enter`, leaving all but
+/// `bpf()`; x86-64).
 #[raw_tracepoint(tracepoint = "sys_enter")]
 pub fn ipq_watch_bpf(ctx: RawTracePointContext) -> i32 {
-    let _ = watch::watch(&ctx);
+    let _ = watch::raw_tp::watch(&ctx);
+    0
+}
+
+/// The watcher's trampolines ([`watch::fentry`]): every bpf() command.
+#[fentry(function = "security_bpf")]
+pub fn ipq_watch_security_bpf(ctx: FEntryContext) -> i32 {
+    let _ = watch::fentry::security_bpf(&ctx);
+    0
+}
+
+/// Every new descriptor of a map.
+#[fentry(function = "security_bpf_map")]
+pub fn ipq_watch_security_bpf_map(ctx: FEntryContext) -> i32 {
+    let _ = watch::fentry::map_open(&ctx);
+    0
+}
+
+/// `bpf_map_update_value(map, map_file, key, value, flags)`: every update by bpf().
+#[fentry(function = "bpf_map_update_value")]
+pub fn ipq_watch_bpf_map_update_value(ctx: FEntryContext) -> i32 {
+    let _ = watch::fentry::map_write(BpfCmd::MapUpdateElem, ctx.arg(0), Some(ctx.arg(2)));
+    0
+}
+
+/// `htab_map_delete_elem(map, key)`: a hash map's delete, single or batch.
+#[fentry(function = "htab_map_delete_elem")]
+pub fn ipq_watch_htab_map_delete_elem(ctx: FEntryContext) -> i32 {
+    let _ = watch::fentry::map_write(BpfCmd::MapDeleteElem, ctx.arg(0), Some(ctx.arg(1)));
+    0
+}
+
+/// `htab_map_lookup_and_delete_elem(map, key, value, flags)`.
+#[fentry(function = "htab_map_lookup_and_delete_elem")]
+pub fn ipq_watch_htab_map_lookup_and_delete_elem(ctx: FEntryContext) -> i32 {
+    let _ = watch::fentry::map_write(BpfCmd::MapDeleteElem, ctx.arg(0), Some(ctx.arg(1)));
+    0
+}
+
+/// `htab_map_lookup_and_delete_batch(map, attr, uattr)`: no key; the maps are compared.
+#[fentry(function = "htab_map_lookup_and_delete_batch")]
+pub fn ipq_watch_htab_map_lookup_and_delete_batch(ctx: FEntryContext) -> i32 {
+    let _ = watch::fentry::map_write(BpfCmd::MapDeleteBatch, ctx.arg(0), None);
+    0
+}
+
+/// `bpf_map_mmap(file, vma)`: a memory mapping of a map.
+#[fentry(function = "bpf_map_mmap")]
+pub fn ipq_watch_bpf_map_mmap(ctx: FEntryContext) -> i32 {
+    let _ = watch::fentry::map_mmap(&ctx);
     0
 }
 

@@ -70,3 +70,162 @@ pub fn foreign_program_first(ifindex: u32) -> (i32, i32) {
     let link = bpf(BPF_LINK_CREATE, &attr).expect("attaching the foreign program first");
     (prog, link)
 }
+
+pub const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
+/// `BPF_MAP_UPDATE_ELEM`'s attribute size the helpers below pass: `map_fd`, its padding,
+/// `key`, `value`, `flags`.
+const MAP_UPDATE_ATTR_BYTES: usize = 32;
+
+/// `BPF_MAP_UPDATE_ELEM` of `key` to `value` in the map `map_fd`, the attribute laid out in
+/// `attr` (which must outlive the call with `key` and `value`).
+fn map_update_attr(map_fd: i32, key: &[u8], value: &[u8]) -> [u8; 64] {
+    let mut attr = [0u8; 64];
+    attr[0..4].copy_from_slice(&(map_fd as u32).to_ne_bytes());
+    attr[8..16].copy_from_slice(&(key.as_ptr() as u64).to_ne_bytes());
+    attr[16..24].copy_from_slice(&(value.as_ptr() as u64).to_ne_bytes());
+    attr
+}
+
+/// `BPF_MAP_UPDATE_ELEM` of `key` to `value` in the map `map_fd`, a plain 64-bit `bpf()`.
+pub fn map_update(map_fd: i32, key: &[u8], value: &[u8]) -> std::io::Result<()> {
+    bpf(BPF_MAP_UPDATE_ELEM, &map_update_attr(map_fd, key, value)).map(|_| ())
+}
+
+/// `BPF_MAP_UPDATE_ELEM` of `key` to `value` in the map `map_fd` through the 32-bit compat
+/// entry (`int 0x80`, system call 357: what a 32-bit `bpftool` on a 64-bit kernel makes). The
+/// attribute, key and value are copied below 4 GiB (`MAP_32BIT`), where 32-bit pointers reach.
+#[cfg(target_arch = "x86_64")]
+pub fn compat_map_update(map_fd: i32, key: &[u8], value: &[u8]) -> std::io::Result<()> {
+    const NR_BPF_32: u32 = 357;
+    const PAGE: usize = 4096;
+    assert!(MAP_UPDATE_ATTR_BYTES + key.len() + value.len() <= PAGE);
+    // SAFETY: a fresh anonymous private page, unmapped below.
+    let page = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            PAGE,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_32BIT,
+            -1,
+            0,
+        )
+    };
+    if page == libc::MAP_FAILED {
+        return Err(std::io::Error::last_os_error());
+    }
+    assert!((page as u64) < 1 << 32, "MAP_32BIT gave {page:p}");
+    // SAFETY: the page is ours and large enough (asserted above).
+    let buf = unsafe { std::slice::from_raw_parts_mut(page.cast::<u8>(), PAGE) };
+    let (key_at, value_at) = (64, 64 + key.len());
+    buf[key_at..key_at + key.len()].copy_from_slice(key);
+    buf[value_at..value_at + value.len()].copy_from_slice(value);
+    let attr = map_update_attr(
+        map_fd,
+        &buf[key_at..key_at + key.len()],
+        &buf[value_at..value_at + value.len()],
+    );
+    buf[..64].copy_from_slice(&attr);
+    let rc: i32;
+    // SAFETY: the compat system call reads the attribute, key and value in `page`; rbx (which
+    // LLVM reserves) is swapped in and out around it; the compat entry may clobber r8-r11.
+    unsafe {
+        std::arch::asm!(
+            "xchg rbx, {cmd}",
+            "int 0x80",
+            "xchg rbx, {cmd}",
+            cmd = inout(reg) BPF_MAP_UPDATE_ELEM as u64 => _,
+            inlateout("eax") NR_BPF_32 => rc,
+            in("ecx") page as u32,
+            in("edx") MAP_UPDATE_ATTR_BYTES as u32,
+            out("r8") _,
+            out("r9") _,
+            out("r10") _,
+            out("r11") _,
+        );
+        libc::munmap(page, PAGE);
+    }
+    if rc < 0 {
+        Err(std::io::Error::from_raw_os_error(-rc))
+    } else {
+        Ok(())
+    }
+}
+
+/// In a child process (forked, so that the test's own working directory stays), opens the pin
+/// `name` by a path relative to `dir` (`chdir` into it first) and updates `key` to `value`
+/// there: the pin's absolute path appears in no call. Returns the child's outcome.
+pub fn map_update_by_relative_path(
+    dir: &Path,
+    name: &str,
+    key: &[u8],
+    value: &[u8],
+) -> std::io::Result<()> {
+    let c_dir = CString::new(dir.as_os_str().as_bytes()).expect("no NUL");
+    let c_name = CString::new(name).expect("no NUL");
+    let mut get = [0u8; 64];
+    get[0..8].copy_from_slice(&(c_name.as_ptr() as u64).to_ne_bytes());
+    let mut update = map_update_attr(-1, key, value);
+    in_child(move || {
+        // SAFETY: system calls on buffers prepared before the fork; nothing allocates.
+        unsafe {
+            if libc::chdir(c_dir.as_ptr()) != 0 {
+                return false;
+            }
+            let fd = libc::syscall(libc::SYS_bpf, BPF_OBJ_GET, get.as_ptr(), get.len());
+            if fd < 0 {
+                return false;
+            }
+            update[0..4].copy_from_slice(&(fd as u32).to_ne_bytes());
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_MAP_UPDATE_ELEM,
+                update.as_ptr(),
+                update.len(),
+            ) == 0
+        }
+    })
+}
+
+/// In a child forked after this process opened `map_fd`: updates `key` to `value` through
+/// the inherited descriptor.
+pub fn map_update_in_forked_child(map_fd: i32, key: &[u8], value: &[u8]) -> std::io::Result<()> {
+    let update = map_update_attr(map_fd, key, value);
+    in_child(move || {
+        // SAFETY: a system call on a buffer prepared before the fork.
+        unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_MAP_UPDATE_ELEM,
+                update.as_ptr(),
+                update.len(),
+            ) == 0
+        }
+    })
+}
+
+/// Runs `work` in a forked child that exits with its outcome (it must not allocate: the test
+/// process has other threads), and waits for it.
+fn in_child(work: impl FnOnce() -> bool) -> std::io::Result<()> {
+    // SAFETY: the child runs `work` (system calls only) and `_exit`s.
+    let child = unsafe { libc::fork() };
+    if child == 0 {
+        let ok = work();
+        // SAFETY: ends the child without running the parent's destructors.
+        unsafe { libc::_exit(if ok { 0 } else { *libc::__errno_location() }) };
+    }
+    if child < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let mut status = 0;
+    // SAFETY: waits for the child forked above.
+    if unsafe { libc::waitpid(child, &mut status, 0) } != child {
+        return Err(std::io::Error::last_os_error());
+    }
+    match (libc::WIFEXITED(status), libc::WEXITSTATUS(status)) {
+        (true, 0) => Ok(()),
+        (true, errno) => Err(std::io::Error::from_raw_os_error(errno)),
+        _ => Err(std::io::Error::other(format!(
+            "the child ended with status {status}"
+        ))),
+    }
+}

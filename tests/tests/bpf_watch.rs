@@ -4,9 +4,8 @@
 //! start): only the watcher can repair within the tests' deadlines. Without it, each test
 //! fails at its first deadline.
 //!
-//! Needs root, bpffs, the `raw_syscalls:sys_enter` raw tracepoint the watcher attaches to (no
-//! kprobes) and `target/debug/ipq-agent` on a kernel with TCX and XDP links (Linux 6.6+; this
-//! host); `cargo xtask test` provides them.
+//! Needs root, bpffs, the kernel's BTF and `target/debug/ipq-agent` on a kernel with TCX and
+//! XDP links and BPF trampolines (Linux 6.6+; this host); `cargo xtask test` provides them.
 
 use std::{net::IpAddr, time::Duration};
 
@@ -25,27 +24,48 @@ use ipq_tests::{
     attach::wait_tc_upgrades,
     attachments::{self, Attachment},
     lab::{ifindex, poll, udp_burst, Agent, Lab, PEER_V4, POD_A_V4},
-    raw_bpf::{detach_through_pin, foreign_program_first, obj_get},
+    raw_bpf::{
+        detach_through_pin, foreign_program_first, map_update_by_relative_path,
+        map_update_in_forked_child, obj_get,
+    },
 };
 
 /// Far below the 60 s between the agent's periodic passes, far above the watcher's few
 /// milliseconds (a loaded test machine included).
 const WATCHER_DEADLINE: Duration = Duration::from_secs(2);
 
+/// How soon a write of ipq's maps by another process is undone, whatever way it reached the
+/// map (the watcher's trampolines see it in the kernel).
+const REPAIR_DEADLINE: Duration = Duration::from_millis(100);
+
 /// `lab`'s agent, holding pod a's veth by TCX links and verifying every 60 s, pod a fenced and
 /// its traffic to the peer dropped; its status says the watcher is attached.
 fn fenced_and_watching(lab: &Lab) -> Agent<'_> {
+    fenced_and_watching_in(lab, &[], "tcx", "60s")
+}
+
+/// [`fenced_and_watching`], the agent started through `wrapper`, attaching TC by `tc_attach`
+/// (`auto` where the test does not need TCX: the kernel tier's older kernels have none),
+/// verifying every `every`.
+fn fenced_and_watching_in<'l>(
+    lab: &'l Lab,
+    wrapper: &[&str],
+    tc_attach: &str,
+    every: &str,
+) -> Agent<'l> {
     let args = [
         "--workload",
         "vethp*",
         "--uplink",
         "up0",
         "--tc-attach",
-        "tcx",
+        tc_attach,
         "--verify-interval",
-        "60s",
+        every,
     ];
-    let agent = lab.start_agent(&args).expect("starting ipq-agent");
+    let agent = lab
+        .start_agent_wrapped(wrapper, &args)
+        .expect("starting ipq-agent");
     lab.maps().fence_pod_a().expect("fencing pod a");
     wait_tc_upgrades(&agent);
     assert_eq!(
@@ -372,4 +392,215 @@ fn calls_lost_to_a_full_ring_are_answered_by_verifying_everything() {
         0,
         "fenced again"
     );
+}
+
+/// The watcher's mode, as the metric says: exactly one of them is 1.
+fn watcher_mode(agent: &Agent) -> &'static str {
+    let modes: Vec<&'static str> = ["trampolines", "raw_tracepoint", "none"]
+        .into_iter()
+        .filter(|mode| {
+            agent
+                .metric("ipq_datapath_bpf_watcher_mode", &[("mode", mode)])
+                .unwrap_or_else(|e| panic!("{e:#}"))
+                == 1.0
+        })
+        .collect();
+    assert_eq!(
+        modes.len(),
+        1,
+        "one watcher mode: {modes:?}\n{}",
+        agent.log()
+    );
+    modes[0]
+}
+
+/// A test of what only the trampolines see: fails, saying why, where they are not the watcher
+/// (a kernel that refuses tracing programs, as some sandboxes' do, or lacks a hooked function).
+fn assert_trampolines(agent: &Agent) {
+    let mode = watcher_mode(agent);
+    assert_eq!(
+        mode,
+        "trampolines",
+        "this needs the watcher's trampolines (fentry on the kernel's bpf() path); the agent \
+         says why they are not the watcher here:\n{}",
+        agent
+            .log()
+            .lines()
+            .filter(|line| line.contains("bpf() watcher"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
+
+fn passes(agent: &Agent, cause: &str) -> f64 {
+    ["compared", "not_compared"]
+        .iter()
+        .map(|maps| {
+            agent
+                .metric(
+                    "ipq_datapath_verify_passes_total",
+                    &[("cause", cause), ("maps", maps)],
+                )
+                .unwrap_or_else(|e| panic!("{e:#}"))
+        })
+        .sum()
+}
+
+/// Pod a's `IPQ_ADDRS` key and its entry unfenced: what the writes below put there.
+fn pod_a_unfenced(map: &HashMap<MapData, AddrKey, AddrEntry>) -> (AddrKey, AddrEntry) {
+    let pod_a = AddrKey::from(IpAddr::from(POD_A_V4));
+    let mut entry = map.get(&pod_a, 0).expect("pod a's entry");
+    assert_ne!(entry.fenced_ifindex, NO_IFINDEX, "fenced to begin with");
+    entry.fenced_ifindex = NO_IFINDEX;
+    (pod_a, entry)
+}
+
+fn bytes_of<T>(value: &T) -> &[u8] {
+    // SAFETY: the plain-data map types of ipq_common (repr(C), no padding), read as bytes.
+    unsafe { std::slice::from_raw_parts((value as *const T).cast::<u8>(), size_of::<T>()) }
+}
+
+/// Waits until pod a is fenced again in `IPQ_ADDRS` and one more entry was rewritten than
+/// `before`, and says it took no longer than [`REPAIR_DEADLINE`] after `written`.
+fn repaired_within_deadline(
+    agent: &Agent,
+    map: &HashMap<MapData, AddrKey, AddrEntry>,
+    before: f64,
+    written: std::time::Instant,
+    how: &str,
+) {
+    let pod_a = AddrKey::from(IpAddr::from(POD_A_V4));
+    poll(how, WATCHER_DEADLINE, || {
+        let fenced = map
+            .get(&pod_a, 0)
+            .is_ok_and(|e| e.fenced_ifindex != NO_IFINDEX);
+        Ok((fenced && rewritten(agent, names::MAP_ADDRS) == before + 1.0).then_some(()))
+    })
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", agent.log()));
+    let took = written.elapsed();
+    // Stretched like every deadline of the tests where they run slower (the kernel tier's
+    // emulated guests: IPQ_TEST_TIME_SCALE); 100 ms as it is on a node.
+    let deadline = ipq_tests::time::scaled(REPAIR_DEADLINE);
+    assert!(
+        took <= deadline,
+        "{how}: undone {took:?} after the write, over {deadline:?}\n{}",
+        agent.log()
+    );
+}
+
+/// As the DaemonSet runs it, in a PID namespace of its own (where it is pid 1), the agent's
+/// own opens of its pins at each pass are not reported to it as another process's: the
+/// passes stay at the periodic rate, none asked for by the watcher. (Left out by its host
+/// tgid, every pass's opens asked for the next one 50 ms later: 12.6 passes a second.) And
+/// another process's write is still undone within [`REPAIR_DEADLINE`].
+#[test]
+fn in_a_pid_namespace_of_its_own_the_agents_own_calls_are_not_reported() {
+    let lab = Lab::new().expect("building the lab");
+    let own_pid_namespace = ["unshare", "--pid", "--fork", "--mount-proc", "--"];
+    let agent = fenced_and_watching_in(&lab, &own_pid_namespace, "auto", "1s");
+    assert_ne!(watcher_mode(&agent), "none", "{}", agent.log());
+    let (periodic, poked) = (passes(&agent, "periodic"), passes(&agent, "watcher"));
+    // The scenario's length: passes enough at 1 s to see a rate, not a wait for an event.
+    std::thread::sleep(Duration::from_secs(4));
+    let (periodic, poked) = (
+        passes(&agent, "periodic") - periodic,
+        passes(&agent, "watcher") - poked,
+    );
+    assert!(
+        (2.0..=6.0).contains(&periodic),
+        "periodic passes over 4 s at 1 s: {periodic}\n{}",
+        agent.log()
+    );
+    // Reported to itself, the agent's own opens would ask for a pass every 50 ms (80 in 4 s).
+    // Other processes of a shared test machine (this binary's ring flood among them) may ask
+    // for a few.
+    assert!(
+        poked <= 8.0,
+        "passes the watcher asked for in 4 s with nobody writing ipq's maps: {poked}\n{}",
+        agent.log()
+    );
+
+    let before = rewritten(&agent, names::MAP_ADDRS);
+    let mut map = opened(&agent, || addrs(&lab));
+    let (pod_a, entry) = pod_a_unfenced(&map);
+    map.insert(pod_a, entry, 0).expect("writing IPQ_ADDRS");
+    let written = std::time::Instant::now();
+    repaired_within_deadline(&agent, &map, before, written, "IPQ_ADDRS written back");
+}
+
+/// A 32-bit `bpf()` (the compat entry, `int 0x80`, number 357) writing `IPQ_ADDRS` is seen
+/// like a 64-bit one: the trampolines are on the kernel's path both take (the raw tracepoint
+/// is not: where it is the watcher, this fails with the reason the agent gives).
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn a_compat_bpf_write_is_undone_at_once() {
+    use std::os::fd::{AsFd as _, AsRawFd as _};
+    let lab = Lab::new().expect("building the lab");
+    let agent = fenced_and_watching_in(&lab, &[], "auto", "60s");
+    assert_trampolines(&agent);
+    let before = rewritten(&agent, names::MAP_ADDRS);
+    let map = opened(&agent, || addrs(&lab));
+    let (pod_a, entry) = pod_a_unfenced(&map);
+    let fd = opened(&agent, || map_fd(&lab));
+    ipq_tests::raw_bpf::compat_map_update(
+        fd.fd().as_fd().as_raw_fd(),
+        bytes_of(&pod_a),
+        bytes_of(&entry),
+    )
+    .expect("the compat BPF_MAP_UPDATE_ELEM");
+    let written = std::time::Instant::now();
+    repaired_within_deadline(&agent, &map, before, written, "the compat write undone");
+}
+
+/// A descriptor of `IPQ_ADDRS` of the test's own, opened by its pin.
+fn map_fd(lab: &Lab) -> MapData {
+    let path = map_path(lab, names::MAP_ADDRS);
+    MapData::from_pin(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// A process that opens `IPQ_ADDRS`'s pin by a path relative to the maps directory (its
+/// working directory) and writes it: the absolute path is in no call. Only the trampolines
+/// see that (they know the map).
+#[test]
+fn a_write_through_a_pin_opened_by_a_relative_path_is_undone_at_once() {
+    let lab = Lab::new().expect("building the lab");
+    let agent = fenced_and_watching_in(&lab, &[], "auto", "60s");
+    assert_trampolines(&agent);
+    let before = rewritten(&agent, names::MAP_ADDRS);
+    let map = opened(&agent, || addrs(&lab));
+    let (pod_a, entry) = pod_a_unfenced(&map);
+    map_update_by_relative_path(
+        &lab.bpffs.path().join("maps"),
+        names::MAP_ADDRS,
+        bytes_of(&pod_a),
+        bytes_of(&entry),
+    )
+    .expect("the write through the relative path");
+    let written = std::time::Instant::now();
+    repaired_within_deadline(&agent, &map, before, written, "the write undone");
+}
+
+/// A child forked after its parent opened `IPQ_ADDRS` writes through the inherited
+/// descriptor: another process than the one that opened it. Only the trampolines see that
+/// (they know the map, not the process): where the raw tracepoint is the watcher, this fails
+/// with the reason the agent gives.
+#[test]
+fn a_write_by_a_child_forked_after_the_open_is_undone_at_once() {
+    use std::os::fd::{AsFd as _, AsRawFd as _};
+    let lab = Lab::new().expect("building the lab");
+    let agent = fenced_and_watching_in(&lab, &[], "auto", "60s");
+    assert_trampolines(&agent);
+    let before = rewritten(&agent, names::MAP_ADDRS);
+    let map = opened(&agent, || addrs(&lab));
+    // Reported too: its pass is over before the child writes.
+    let fd = opened(&agent, || map_fd(&lab));
+    let (pod_a, entry) = pod_a_unfenced(&map);
+    map_update_in_forked_child(
+        fd.fd().as_fd().as_raw_fd(),
+        bytes_of(&pod_a),
+        bytes_of(&entry),
+    )
+    .expect("the child's write");
+    let written = std::time::Instant::now();
+    repaired_within_deadline(&agent, &map, before, written, "the child's write undone");
 }

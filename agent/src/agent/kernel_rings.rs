@@ -95,7 +95,8 @@ pub(super) fn start_bpf_watch(
     settled: mpsc::Sender<Vec<ReportedKey>>,
     metrics: &Arc<Metrics>,
 ) -> Arc<Pokes> {
-    let pokes = Arc::new(Pokes::default());
+    let pokes = Arc::new(Pokes::new(watch.mode, watch.why_not_trampolines.clone()));
+    metrics.tamper.set_bpf_watcher_mode(watch.mode);
     let (keys_tx, keys_rx) = mpsc::channel(REPORTED_KEY_BATCHES);
     tokio::spawn(settle_reported_keys(keys_rx, settled, pokes.clone()));
     let reader = pokes.clone();
@@ -109,6 +110,9 @@ pub(super) fn start_bpf_watch(
             Err(e) => e.to_string(),
         };
         metrics.tamper.bpf_watcher.set(0);
+        metrics
+            .tamper
+            .set_bpf_watcher_mode(ipq_common::watch::WatchMode::None);
         metrics.tamper.bpf_watcher_stops.inc();
         error!("bpf() watcher stopped: {why}; periodic verification only");
         reader.stop(why);
@@ -159,6 +163,7 @@ pub(super) async fn read_bpf_calls(
         calls,
         lost,
         mut classifier,
+        ..
     } = watch;
     // SAFETY: as for the samples: the ring owns its map fd for as long as the AsyncFd owns it.
     let mut ring =
@@ -197,6 +202,12 @@ pub(super) async fn read_bpf_calls(
                         scope |= POKE_MAPS;
                     }
                 },
+                Some(Seen::Mapped { tgid, foreign }) => {
+                    if foreign {
+                        log::debug!("process {tgid}: a memory mapping of ipq's maps");
+                        pokes.mapped_by_another();
+                    }
+                }
                 Some(Seen::Elsewhere) => {}
                 None => warn!("bpf() watcher: record of {} bytes ignored", item.len()),
             }

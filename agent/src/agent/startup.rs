@@ -205,6 +205,11 @@ impl Loaded {
             .tamper
             .bpf_watcher
             .set(i64::from(watcher.is_ok()));
+        if watcher.is_err() {
+            self.metrics
+                .tamper
+                .set_bpf_watcher_mode(ipq_common::watch::WatchMode::None);
+        }
         let (findings, verifications) = mpsc::channel(1);
         let (stop, stopped) = watch::channel(false);
         let mirror = self
@@ -216,7 +221,10 @@ impl Loaded {
             attacher.ledger().netlink_hooks(),
             self.config.verify_interval,
             mirror,
-            watcher.as_ref().ok().cloned(),
+            verify::Triggers {
+                pokes: watcher.as_ref().ok().cloned(),
+                passes: self.metrics.tamper.verify_passes.clone(),
+            },
             findings,
             stopped,
         ));

@@ -1,32 +1,37 @@
-//! The watcher's user side: its raw tracepoint attached at load, its ring read as it becomes readable,
-//! and each reported `bpf()` call of another process turned into a poke of the verification
-//! ([`Pokes`]), which then looks at once at what the call may have changed.
+//! The watcher's user side: its programs attached at load, its ring read as it becomes
+//! readable, and each reported `bpf()` call of another process turned into a poke of the
+//! verification ([`Pokes`]), which then looks at once at what the call may have changed.
+//!
+//! Which programs ([`WatchMode`]): the trampolines on the kernel's bpf() path where every one
+//! of them attaches (the kernel's BTF, Linux 5.5+ on x86-64, 6.0+ on arm64, and the functions
+//! with the arguments they read: 6.1+ for `bpf_map_update_value`); else the raw tracepoint on
+//! `sys_enter` (x86-64 only); else none, and the periodic verification is all there is.
+//! `ipq status` and `ipq_datapath_bpf_watcher_mode` say which, and why not the better one.
 //!
 //! What is reported (`ipq_common::watch`): every link detach, update and create and every
 //! program attach and detach (anything may have been ipq's: its links are verified); every
-//! open of one of ipq's pinned maps by its path or by its id (its maps are compared: a one-shot
-//! tool writes right after it opens), after which the process's map writes are reported too
-//! (this side puts it in `IPQ_WATCHED`).
-//!
-//! Where the program cannot be attached (another architecture than x86-64, a kernel or a policy
-//! that refuses tracing programs), the periodic verification is all there is, and `ipq status`
-//! says so.
+//! open of one of ipq's maps (its maps are compared: a one-shot tool writes right after it
+//! opens). Map writes: with the trampolines, every write of ipq's maps by any process, with
+//! the kernel's copy of the key, however the caller got its descriptor, and every memory
+//! mapping of them; with the raw tracepoint, the writes of the processes that opened one of
+//! ipq's pins by its absolute path (this side puts them in `IPQ_WATCHED`).
 
 use std::{
     path::{Path, PathBuf},
-    sync::atomic::{AtomicU64, AtomicU8, Ordering},
+    sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering},
 };
 
 use aya::{
-    maps::{HashMap, MapData, PerCpuArray, RingBuf},
-    programs::RawTracePoint,
-    Ebpf,
+    maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
+    programs::{FEntry, RawTracePoint},
+    Btf, Ebpf,
 };
 use ipq_common::{
     names,
     watch::{
-        BpfCall, BpfCmd, MAP_BPF_CALLS, MAP_BPF_CALLS_LOST, MAP_WATCHED, PROG_WATCH_BPF,
-        WATCHED_TRACEPOINT, WATCH_KEY_BYTES,
+        BpfCall, BpfCmd, WatchMode, MAP_BPF_CALLS, MAP_BPF_CALLS_LOST, MAP_WATCHED,
+        MAP_WATCHED_MAPS, PROG_WATCH_BPF, TRAMPOLINES, WATCHED_MAPS, WATCHED_TRACEPOINT,
+        WATCH_KEY_BYTES,
     },
 };
 use strum::VariantArray as _;
@@ -38,23 +43,75 @@ use crate::paths::{AttachPoint, PinLayout};
 /// What the verification should look at, as the watcher pokes it; and whether the watcher
 /// still reads its ring, so that `ipq status` says what finds another tool's changes as it is
 /// now, not as it was at start.
-#[derive(Default)]
 pub struct Pokes {
     pending: AtomicU8,
     notify: Notify,
     stopped: std::sync::OnceLock<String>,
     /// Calls the kernel could not report (its ring was full), as last read.
     lost: AtomicU64,
+    /// The programs that report the calls.
+    mode: WatchMode,
+    /// Why not the trampolines, where the mode is another.
+    why_not_trampolines: Option<String>,
+    /// Another process mapped one of ipq's maps, whose writes through the mapping no call
+    /// announces: from then on every periodic pass compares the maps in full.
+    mapped_by_another: AtomicBool,
 }
 
 /// A poke's scope: bits of [`Pokes::pending`].
 pub const POKE_LINKS: u8 = 1;
 pub const POKE_MAPS: u8 = 2;
+/// The pins and netlink filters alone (a periodic pass while the trampolines see every bpf()
+/// change of links and maps): no question per link under `rtnl_lock`, no comparison.
+pub const POKE_PINS: u8 = 8;
 /// A link detached: a look at the held links' state alone (one question each, no `rtnl_lock`)
 /// finds it, if it was one of ipq's; nothing else can have changed.
 pub const POKE_DETACH: u8 = 4;
 
 impl Pokes {
+    pub fn new(mode: WatchMode, why_not_trampolines: Option<String>) -> Self {
+        Self {
+            pending: AtomicU8::new(0),
+            notify: Notify::new(),
+            stopped: std::sync::OnceLock::new(),
+            lost: AtomicU64::new(0),
+            mode,
+            why_not_trampolines,
+            mapped_by_another: AtomicBool::new(false),
+        }
+    }
+
+    /// The programs that report the calls.
+    pub fn mode(&self) -> WatchMode {
+        self.mode
+    }
+
+    /// Why the trampolines are not the watcher, where they are not.
+    pub fn why_not_trampolines(&self) -> Option<&str> {
+        self.why_not_trampolines.as_deref()
+    }
+
+    /// Another process mapped one of ipq's maps (or one was mapped before the agent looked):
+    /// its writes through the mapping are seen by no call, only by comparing the maps.
+    pub fn mapped_by_another(&self) {
+        if !self.mapped_by_another.swap(true, Ordering::AcqRel) {
+            log::warn!(
+                "another process holds a memory mapping of ipq's maps: its writes through it \
+                 are announced by no call; the maps are compared in full at every periodic pass"
+            );
+        }
+        self.poke(POKE_MAPS);
+    }
+
+    /// Whether every change of ipq's maps and attachments reaches the agent as a reported call
+    /// (the trampolines read their ring, and no other process has mapped ipq's maps): then the
+    /// periodic pass need not compare everything every time. Lost calls poke a full pass.
+    pub fn sees_every_change(&self) -> bool {
+        self.mode == WatchMode::Trampolines
+            && self.stopped.get().is_none()
+            && !self.mapped_by_another.load(Ordering::Acquire)
+    }
+
     pub fn poke(&self, scope: u8) {
         self.pending.fetch_or(scope, Ordering::AcqRel);
         self.notify.notify_one();
@@ -107,6 +164,10 @@ pub struct BpfWatch {
     pub calls: RingBuf<MapData>,
     pub lost: LostCalls,
     pub classifier: Classifier,
+    /// The programs that report the calls.
+    pub mode: WatchMode,
+    /// Why not the trampolines, where the mode is another.
+    pub why_not_trampolines: Option<String>,
 }
 
 /// The kernel's per-CPU count of calls it could not report because the ring was full.
@@ -121,46 +182,26 @@ impl LostCalls {
 
 /// What a record means for ipq: the processes whose map writes are reported, ipq's maps.
 pub struct Classifier {
+    /// The raw tracepoint's watched processes (unused by the trampolines).
     watched: HashMap<MapData, u32, u32>,
+    mode: WatchMode,
     /// ipq's pinned maps' ids, and the directory of their pins.
     map_ids: Vec<u32>,
     maps_dir: PathBuf,
     /// Where ipq's links are pinned, by interface and hook.
     layout: PinLayout,
+    /// Writable mappings of ipq's maps the agent itself made, as the trampolines reported them.
+    own_mappings: u32,
 }
 
-/// Loads and attaches the watcher of the loaded object `ebpf`, its maps pinned under `layout`.
-pub fn attach(ebpf: &mut Ebpf, layout: &PinLayout) -> Result<BpfWatch, DatapathError> {
-    if !cfg!(target_arch = "x86_64") {
-        return Err(DatapathError::WatcherArch);
-    }
-    let prog: &mut RawTracePoint = program(ebpf, PROG_WATCH_BPF)?;
-    let program_error = |source| DatapathError::Program {
-        name: PROG_WATCH_BPF,
-        source,
-    };
-    prog.load().map_err(program_error)?;
-    prog.attach(WATCHED_TRACEPOINT).map_err(program_error)?;
-    let take = |ebpf: &mut Ebpf, name: &'static str| {
-        ebpf.take_map(name)
-            .ok_or(DatapathError::MissingMap { name })
-    };
-    let calls =
-        RingBuf::try_from(take(ebpf, MAP_BPF_CALLS)?).map_err(|source| DatapathError::Map {
-            name: MAP_BPF_CALLS,
-            source,
-        })?;
-    let lost = PerCpuArray::try_from(take(ebpf, MAP_BPF_CALLS_LOST)?).map_err(|source| {
-        DatapathError::Map {
-            name: MAP_BPF_CALLS_LOST,
-            source,
-        }
-    })?;
-    let watched =
-        HashMap::try_from(take(ebpf, MAP_WATCHED)?).map_err(|source| DatapathError::Map {
-            name: MAP_WATCHED,
-            source,
-        })?;
+/// Loads and attaches the watcher of the loaded object `ebpf`, its maps pinned under `layout`:
+/// the trampolines if they all attach (`trampolines` says why not, if the kernel's BTF could
+/// not be read at load), else the raw tracepoint.
+pub fn attach(
+    ebpf: &mut Ebpf,
+    layout: &PinLayout,
+    trampolines: Result<(), String>,
+) -> Result<BpfWatch, DatapathError> {
     let mut map_ids = Vec::new();
     for name in names::PINNED_MAPS {
         let path = layout.map(name);
@@ -174,16 +215,138 @@ pub fn attach(ebpf: &mut Ebpf, layout: &PinLayout) -> Result<BpfWatch, DatapathE
                 .id(),
         );
     }
+    let take = |ebpf: &mut Ebpf, name: &'static str| {
+        ebpf.take_map(name)
+            .ok_or(DatapathError::MissingMap { name })
+    };
+    let map_error = |name| move |source| DatapathError::Map { name, source };
+    let mut watched_maps: Array<MapData, u32> =
+        Array::try_from(take(ebpf, MAP_WATCHED_MAPS)?).map_err(map_error(MAP_WATCHED_MAPS))?;
+    if map_ids.len() > WATCHED_MAPS as usize {
+        return Err(DatapathError::WatchedMaps {
+            maps: map_ids.len(),
+            room: WATCHED_MAPS,
+        });
+    }
+    // Before anything is attached: the trampolines report these maps' writes from the start.
+    for (index, id) in (0u32..).zip(&map_ids) {
+        watched_maps
+            .set(index, id, 0)
+            .map_err(map_error(MAP_WATCHED_MAPS))?;
+    }
+    let (mode, why_not_trampolines) = match trampolines.and_then(|()| attach_trampolines(ebpf)) {
+        Ok(()) => (WatchMode::Trampolines, None),
+        Err(why) => {
+            attach_raw_tracepoint(ebpf).map_err(|e| DatapathError::Watcher {
+                trampolines: why.clone(),
+                raw_tracepoint: e.to_string(),
+            })?;
+            (WatchMode::RawTracepoint, Some(why))
+        }
+    };
+    let calls = RingBuf::try_from(take(ebpf, MAP_BPF_CALLS)?).map_err(map_error(MAP_BPF_CALLS))?;
+    let lost = PerCpuArray::try_from(take(ebpf, MAP_BPF_CALLS_LOST)?)
+        .map_err(map_error(MAP_BPF_CALLS_LOST))?;
+    let watched = HashMap::try_from(take(ebpf, MAP_WATCHED)?).map_err(map_error(MAP_WATCHED))?;
     Ok(BpfWatch {
         calls,
         lost: LostCalls(lost),
         classifier: Classifier {
             watched,
+            mode,
             map_ids,
             maps_dir: layout.maps_dir(),
             layout: layout.clone(),
+            own_mappings: 0,
         },
+        mode,
+        why_not_trampolines,
     })
+}
+
+/// How `ipq status` and the log name a watcher mode.
+pub fn describe(mode: WatchMode) -> String {
+    match mode {
+        WatchMode::Trampolines => {
+            "fentry trampolines on the kernel's bpf() path: other system calls pay nothing"
+                .to_owned()
+        }
+        WatchMode::RawTracepoint => format!(
+            "raw tracepoint {WATCHED_TRACEPOINT}: every system call of the node pays for it"
+        ),
+        WatchMode::None => "none".to_owned(),
+    }
+}
+
+/// Loads and attaches every trampoline; where one that the watcher needs does not, those
+/// attached already are unloaded (detached) and the reason returned.
+fn attach_trampolines(ebpf: &mut Ebpf) -> Result<(), String> {
+    let btf = Btf::from_sys_fs().map_err(|e| format!("the kernel's BTF: {e}"))?;
+    let mut attached = Vec::new();
+    let mut failure = None;
+    for (name, function, optional) in TRAMPOLINES {
+        let attach = |ebpf: &mut Ebpf| -> Result<(), String> {
+            let prog: &mut FEntry = program(ebpf, name).map_err(|e| e.to_string())?;
+            prog.load(function, &btf)
+                .map_err(|e| format!("loading {name} for {function}: {}", program_error(&e)))?;
+            prog.attach()
+                .map_err(|e| format!("attaching {name} to {function}: {}", program_error(&e)))?;
+            Ok(())
+        };
+        match attach(ebpf) {
+            Ok(()) => attached.push(name),
+            Err(why) if optional => {
+                log::info!("bpf() watcher: {why}; that path does not exist on this kernel")
+            }
+            Err(why) => {
+                failure = Some(why);
+                break;
+            }
+        }
+    }
+    let Some(why) = failure else {
+        return Ok(());
+    };
+    for name in attached {
+        if let Ok(prog) = program::<FEntry>(ebpf, name) {
+            let _ = prog.unload();
+        }
+    }
+    Err(why)
+}
+
+/// An aya program error with its verifier log's last lines, if any.
+fn program_error(e: &aya::programs::ProgramError) -> String {
+    match e {
+        aya::programs::ProgramError::LoadError {
+            io_error,
+            verifier_log,
+        } => {
+            let log = verifier_log.to_string();
+            let tail: Vec<&str> = log.lines().rev().take(3).collect();
+            format!(
+                "{io_error} ({})",
+                tail.into_iter().rev().collect::<Vec<_>>().join(" / ")
+            )
+        }
+        other => other.to_string(),
+    }
+}
+
+/// The fallback: the raw tracepoint on `sys_enter` (x86-64 only: it reads that architecture's
+/// system call registers).
+fn attach_raw_tracepoint(ebpf: &mut Ebpf) -> Result<(), DatapathError> {
+    if !cfg!(target_arch = "x86_64") {
+        return Err(DatapathError::WatcherArch);
+    }
+    let prog: &mut RawTracePoint = program(ebpf, PROG_WATCH_BPF)?;
+    let program_error = |source| DatapathError::Program {
+        name: PROG_WATCH_BPF,
+        source,
+    };
+    prog.load().map_err(program_error)?;
+    prog.attach(WATCHED_TRACEPOINT).map_err(program_error)?;
+    Ok(())
 }
 
 /// One reported call, as the verification sees it.
@@ -199,6 +362,10 @@ pub enum Seen {
         tgid: u32,
         key: Option<ReportedKey>,
     },
+    /// A memory mapping of one of ipq's maps made: `foreign` if another process made it, or
+    /// the kernel counted writable mappings before the agent's own that the agent did not
+    /// make (a process that mapped it before the agent started).
+    Mapped { tgid: u32, foreign: bool },
     /// Something of no concern to ipq (another tool's pin or map opened).
     Elsewhere,
 }
@@ -231,7 +398,21 @@ impl Classifier {
             BpfCmd::MapGetFdById if self.map_ids.contains(&call.target) => {
                 self.watch(cmd, call.tgid)
             }
-            BpfCmd::ObjGet | BpfCmd::MapGetFdById => Seen::Elsewhere,
+            BpfCmd::MapOpen if self.map_ids.contains(&call.map_id) => self.watch(cmd, call.tgid),
+            BpfCmd::ObjGet | BpfCmd::MapGetFdById | BpfCmd::MapOpen => Seen::Elsewhere,
+            BpfCmd::MapMmap => {
+                let own = call.path[0] == 1;
+                // The count before this mapping: the agent's own earlier ones are all it may
+                // hold if nobody else maps the map.
+                let foreign = !own || call.target > self.own_mappings;
+                if own {
+                    self.own_mappings += 1;
+                }
+                Seen::Mapped {
+                    tgid: call.tgid,
+                    foreign,
+                }
+            }
             BpfCmd::MapUpdateElem | BpfCmd::MapDeleteElem => Seen::Maps {
                 cmd,
                 tgid: call.tgid,
@@ -247,15 +428,22 @@ impl Classifier {
     }
 
     fn watch(&mut self, cmd: BpfCmd, tgid: u32) -> Seen {
-        if let Err(e) = self.watched.insert(tgid, 1, 0) {
-            log::warn!(
-                "process {tgid} opened one of ipq's maps; its writes will not be announced: {e}"
-            );
+        // The trampolines report every write of ipq's maps whoever makes it.
+        if self.mode == WatchMode::RawTracepoint {
+            self.watch_writes_of(tgid);
         }
         Seen::Maps {
             cmd,
             tgid,
             key: None,
+        }
+    }
+
+    fn watch_writes_of(&mut self, tgid: u32) {
+        if let Err(e) = self.watched.insert(tgid, 1, 0) {
+            log::warn!(
+                "process {tgid} opened one of ipq's maps; its writes will not be announced: {e}"
+            );
         }
     }
 
@@ -266,7 +454,8 @@ impl Classifier {
             .any(|point| self.layout.link(ifindex, *point).exists())
     }
 
-    /// Whether `path` (NUL-terminated) names a pin under ipq's maps directory.
+    /// Whether `path` (NUL-terminated) names a pin under ipq's maps directory (the raw
+    /// tracepoint's reports; a relative path is not resolved).
     fn is_ipq_pin(&self, path: &[u8]) -> bool {
         let end = path.iter().position(|b| *b == 0).unwrap_or(path.len());
         let Ok(path) = std::str::from_utf8(&path[..end]) else {

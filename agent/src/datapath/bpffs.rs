@@ -99,13 +99,14 @@ fn mount_namespace_shared() -> bool {
     let Some(own) = ns("self") else {
         return false;
     };
-    let me = std::process::id().to_string();
+    // This process as this `/proc` numbers it (its PID namespace may not be the process's).
+    let me = super::lock::pid_in_proc().map(|pid| pid.to_string());
     std::fs::read_dir("/proc")
         .into_iter()
         .flatten()
         .flatten()
         .filter_map(|entry| entry.file_name().into_string().ok())
-        .filter(|pid| pid.bytes().all(|b| b.is_ascii_digit()) && *pid != me)
+        .filter(|pid| pid.bytes().all(|b| b.is_ascii_digit()) && Some(pid) != me.as_ref())
         .any(|pid| ns(&pid).as_ref() == Some(&own))
 }
 

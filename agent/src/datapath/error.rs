@@ -44,8 +44,18 @@ pub enum DatapathError {
     MissingProgram { name: &'static str },
     #[error("map {name} is missing from the eBPF object")]
     MissingMap { name: &'static str },
-    #[error("the bpf() watcher reads x86-64's system call registers: not on this architecture")]
+    #[error(
+        "the bpf() watcher's raw tracepoint reads x86-64's system call registers: not on this \
+         architecture"
+    )]
     WatcherArch,
+    #[error("neither of the bpf() watchers: trampolines: {trampolines}; raw tracepoint: {raw_tracepoint}")]
+    Watcher {
+        trampolines: String,
+        raw_tracepoint: String,
+    },
+    #[error("ipq has {maps} pinned maps, the bpf() watcher room for {room}")]
+    WatchedMaps { maps: usize, room: u32 },
     #[error("program {name}: {source}")]
     Program {
         name: &'static str,

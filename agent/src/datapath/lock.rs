@@ -66,9 +66,12 @@ pub fn acquire(dir: &Path) -> Result<BpffsLock, LockError> {
             return Err(io_err(e));
         }
         // The kernel records the pid that took a lock; a fork's copy keeps it. Gone already,
-        // or ours: a child of this process that has not reached its exec yet.
+        // or ours: a child of this process that has not reached its exec yet. Both numbers
+        // are of the PID namespace of the `/proc` read (in a pod, every agent is pid 1 of its
+        // own, and another namespace's holder is not listed at all): either way a holder that
+        // is not this process is refused when the window ends.
         let holder = holder(dir);
-        let ours = holder.is_none_or(|pid| pid == std::process::id());
+        let ours = holder.is_none_or(|pid| Some(pid) == pid_in_proc());
         if !ours || std::time::Instant::now() >= deadline {
             return Err(LockError::Held {
                 dir: dir.to_owned(),
@@ -77,6 +80,13 @@ pub fn acquire(dir: &Path) -> Result<BpffsLock, LockError> {
         }
         std::thread::sleep(std::time::Duration::from_millis(1));
     }
+}
+
+/// This process's id as `/proc` numbers processes (`/proc/self`): the PID namespace of the
+/// `/proc` mounted, which need not be the process's own; `None` if it does not show this
+/// process at all.
+pub fn pid_in_proc() -> Option<u32> {
+    fs::read_link("/proc/self").ok()?.to_str()?.parse().ok()
 }
 
 /// Who holds the flock of `dir`, as `/proc/locks` says: lines like
@@ -162,5 +172,76 @@ mod tests {
         // SAFETY: waits for the child forked above.
         unsafe { libc::waitpid(child, &mut status, 0) };
         again.expect("taken once the fork's copy is gone");
+    }
+
+    /// How the DaemonSet runs agents: each in a PID namespace (and a `/proc`) of its own, where
+    /// each is pid 1. A second agent on the same directory is refused all the same. Needs
+    /// root (a PID namespace, a mount of `/proc`); the outcome is the child's exit code.
+    #[test]
+    fn a_second_agent_as_pid_1_of_another_pid_namespace_is_refused() {
+        const REFUSED: i32 = 10;
+        const TAKEN: i32 = 11;
+        const NOT_PID_1: i32 = 12;
+        const SETUP: i32 = 13;
+        let dir = tempfile::tempdir().unwrap();
+        let _first = acquire(dir.path()).unwrap();
+        // SAFETY: the child and its child make system calls and exit; the grandchild runs
+        // `acquire` in a fresh PID namespace, where it is pid 1, with its own `/proc`.
+        let child = unsafe { libc::fork() };
+        if child == 0 {
+            unsafe {
+                if libc::unshare(libc::CLONE_NEWPID | libc::CLONE_NEWNS) != 0 {
+                    libc::_exit(SETUP + 1);
+                }
+                let grandchild = libc::fork();
+                if grandchild == 0 {
+                    let root = c"/";
+                    let (proc_, fstype) = (c"/proc", c"proc");
+                    if libc::mount(
+                        std::ptr::null(),
+                        root.as_ptr(),
+                        std::ptr::null(),
+                        libc::MS_REC | libc::MS_PRIVATE,
+                        std::ptr::null(),
+                    ) != 0
+                        || libc::mount(
+                            fstype.as_ptr(),
+                            proc_.as_ptr(),
+                            fstype.as_ptr(),
+                            0,
+                            std::ptr::null(),
+                        ) != 0
+                    {
+                        libc::_exit(SETUP + 2);
+                    }
+                    if std::process::id() != 1 {
+                        libc::_exit(NOT_PID_1);
+                    }
+                    libc::_exit(match acquire(dir.path()) {
+                        Err(LockError::Held { .. }) => REFUSED,
+                        Ok(_) => TAKEN,
+                        Err(_) => SETUP + 3,
+                    });
+                }
+                let mut status = 0;
+                libc::waitpid(grandchild, &mut status, 0);
+                libc::_exit(if libc::WIFEXITED(status) {
+                    libc::WEXITSTATUS(status)
+                } else {
+                    SETUP
+                });
+            }
+        }
+        assert!(child > 0, "fork: {}", io::Error::last_os_error());
+        let mut status = 0;
+        // SAFETY: waits for the child forked above.
+        unsafe { libc::waitpid(child, &mut status, 0) };
+        assert!(libc::WIFEXITED(status), "child ended by a signal: {status}");
+        match libc::WEXITSTATUS(status) {
+            REFUSED => {}
+            TAKEN => panic!("an agent in another PID namespace took the held lock"),
+            NOT_PID_1 => panic!("the grandchild is not pid 1 of its namespace"),
+            other => panic!("setting the namespaces up failed (root needed): exit {other}"),
+        }
     }
 }

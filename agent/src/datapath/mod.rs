@@ -9,6 +9,7 @@ pub mod bpffs;
 mod error;
 pub mod held_pins;
 pub mod intent;
+pub mod kernel_btf;
 pub mod lock;
 pub mod map_check;
 pub mod maps;
@@ -39,7 +40,10 @@ use ipq_common::{
     names,
     sample::ConflictSample,
     slots::{slot_entries, SlotsOrder, SLOTS_MASK_GLOBAL, SLOTS_ORDER_GLOBAL, SLOTS_SEED_GLOBAL},
-    watch::{GLOBAL_WATCH_TGID, WATCHED_TRACEPOINT},
+    watch::{
+        GLOBAL_FILE_PRIVATE_DATA_OFFSET, GLOBAL_MAP_ID_OFFSET, GLOBAL_MAP_WRITECNT_OFFSET,
+        GLOBAL_WATCH_PIDNS_DEV, GLOBAL_WATCH_PIDNS_INO, GLOBAL_WATCH_TGID,
+    },
 };
 use log::{info, warn};
 
@@ -139,7 +143,24 @@ impl Datapath {
         let slots_order_global = slots_order as u32;
         let log_level = kernel_log_level();
         let filter_mask = filter_words - 1;
-        let own_pid = std::process::id();
+        // The watcher leaves out this process's own calls by its id in its own PID namespace,
+        // whichever that is (in a pod: its own, where it is pid 1).
+        let own = OwnPidNamespace::read()?;
+        // The trampolines read the kernel's structures at the offsets its BTF gives; without
+        // them, the raw tracepoint is the watcher.
+        let offsets =
+            kernel_btf::WatchOffsets::from_file(std::path::Path::new(kernel_btf::VMLINUX_BTF));
+        let (trampolines, offsets) = match offsets {
+            Ok(offsets) => (Ok(()), offsets),
+            Err(e) => (
+                Err(e.to_string()),
+                kernel_btf::WatchOffsets {
+                    map_id: 0,
+                    map_writecnt: 0,
+                    file_private_data: 0,
+                },
+            ),
+        };
         let mut loader = EbpfLoader::new();
         loader
             .default_map_pin_directory(layout.maps_dir())
@@ -157,7 +178,16 @@ impl Datapath {
             // The kernel skips log records the agent's logger would discard anyway.
             .override_global("AYA_LOG_LEVEL", &log_level, false)
             // The watcher reports every process's bpf() calls but this one's.
-            .override_global(GLOBAL_WATCH_TGID, &own_pid, true);
+            .override_global(GLOBAL_WATCH_TGID, &own.pid, true)
+            .override_global(GLOBAL_WATCH_PIDNS_DEV, &own.dev, true)
+            .override_global(GLOBAL_WATCH_PIDNS_INO, &own.ino, true)
+            .override_global(GLOBAL_MAP_ID_OFFSET, &offsets.map_id, true)
+            .override_global(GLOBAL_MAP_WRITECNT_OFFSET, &offsets.map_writecnt, true)
+            .override_global(
+                GLOBAL_FILE_PRIVATE_DATA_OFFSET,
+                &offsets.file_private_data,
+                true,
+            );
         let mut ebpf = loader
             .load(object::for_order(slots_order))
             .map_err(|e| DatapathError::Load(Box::new(e)))?;
@@ -179,11 +209,18 @@ impl Datapath {
         for dir in [layout.maps_dir(), layout.programs_dir()] {
             held_pins::hold_dir(&dir).map_err(|source| DatapathError::Io { path: dir, source })?;
         }
-        let bpf_watch = bpf_watch::attach(&mut ebpf, &layout).map_err(|e| e.to_string());
+        let bpf_watch =
+            bpf_watch::attach(&mut ebpf, &layout, trampolines).map_err(|e| e.to_string());
         match &bpf_watch {
-            Ok(_) => info!(
-                "bpf() watcher attached (raw tracepoint {WATCHED_TRACEPOINT}): another process's link \
-                 detach, program attach or write to ipq's maps is verified at once"
+            Ok(watch) => info!(
+                "bpf() watcher attached ({}): another process's link detach, program attach or \
+                 write to ipq's maps is verified at once{}",
+                bpf_watch::describe(watch.mode),
+                watch
+                    .why_not_trampolines
+                    .as_ref()
+                    .map(|why| format!(" (not the trampolines: {why})"))
+                    .unwrap_or_default()
             ),
             Err(e) => warn!(
                 "bpf() watcher not attached ({e}): another process's link detach, program \
@@ -287,6 +324,34 @@ impl Datapath {
     /// `BPF_PROG_TEST_RUN`, including the empty floor programs the agent never attaches.
     pub fn program_mut(&mut self, name: &str) -> Option<&mut aya::programs::Program> {
         self.ebpf.program_mut(name)
+    }
+}
+
+/// This process's id in its own PID namespace, and that namespace's identity as
+/// `bpf_get_ns_current_pid_tgid` takes it: the device as the kernel's `dev_t` (`MKDEV`, major
+/// in the top 12 bits of 32), the inode.
+#[derive(Clone, Copy, Debug)]
+pub struct OwnPidNamespace {
+    pub pid: u32,
+    pub dev: u64,
+    pub ino: u64,
+}
+
+impl OwnPidNamespace {
+    const PATH: &'static str = "/proc/self/ns/pid";
+
+    pub fn read() -> Result<Self, DatapathError> {
+        use std::os::unix::fs::MetadataExt as _;
+        let meta = fs::metadata(Self::PATH).map_err(|source| DatapathError::Io {
+            path: PathBuf::from(Self::PATH),
+            source,
+        })?;
+        let (major, minor) = (libc::major(meta.dev()), libc::minor(meta.dev()));
+        Ok(Self {
+            pid: std::process::id(),
+            dev: (u64::from(major) << 20) | u64::from(minor),
+            ino: meta.ino(),
+        })
     }
 }
 

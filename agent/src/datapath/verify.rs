@@ -34,7 +34,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::{
     attach::tc_filter::{self, Direction},
-    bpf_watch::{Pokes, POKE_LINKS, POKE_MAPS},
+    bpf_watch::{Pokes, POKE_LINKS, POKE_MAPS, POKE_PINS},
     held_pins::{self, LinkState, Restored, TcxPlace},
     intent::IntentMirror,
     map_check::{self, MapSuspects},
@@ -247,11 +247,13 @@ pub fn look_at_filters(hooks: &BTreeMap<u32, Vec<AttachPoint>>) -> (Vec<Hook>, V
     (missing, ahead)
 }
 
-/// One pass over the pins under `root` (one `bpffs_dir`) and the hooks of `netlink_hooks`, and
-/// the maps compared with `mirror` when `compare_maps`.
+/// One pass over the pins under `root` (one `bpffs_dir`) and the hooks of `netlink_hooks`; the
+/// held links' place on their hooks when `look_at_links`, and the maps compared with `mirror`
+/// when `compare_maps`.
 pub fn verify(
     root: &Path,
     netlink_hooks: &NetlinkHooks,
+    look_at_links: bool,
     compare_maps: bool,
     mirror: Option<&mut IntentMirror>,
 ) -> Verification {
@@ -260,7 +262,8 @@ pub fn verify(
     held_pins::report(&restored);
     let held = held_pins::held_under(root);
     let (mut detached, mut behind, mut replaced) = (Vec::new(), Vec::new(), Vec::new());
-    for (path, link) in held_links(root, &held) {
+    let links = held_links(root, &held).filter(|_| look_at_links);
+    for (path, link) in links {
         let (ifindex, point) = link;
         // One question to the kernel per link: each takes rtnl_lock, which every pod
         // creation on the node needs too.
@@ -365,6 +368,21 @@ pub const WATCH_SETTLE: Duration = Duration::from_millis(2);
 /// spell waits only [`WATCH_SETTLE`].
 pub const POKED_GAP: Duration = Duration::from_millis(50);
 
+/// The longest time between two periodic passes that look at everything (every link's place
+/// on its hook, the maps compared in full) while the trampolines see every change: the
+/// backstop for what they cannot see (a kernel bug, a change by a path not hooked). Between
+/// them a periodic pass checks the pins and the netlink filters only. Without trampolines,
+/// or with a mapping of ipq's maps held by another process, every periodic pass is full.
+pub const FULL_SWEEP_EVERY: Duration = Duration::from_secs(60);
+
+/// What asks for a pass besides the clock, and where passes are counted.
+pub struct Triggers {
+    /// The watcher of other processes' bpf() calls, if one is attached.
+    pub pokes: Option<Arc<Pokes>>,
+    /// `ipq_datapath_verify_passes_total{cause, maps}`.
+    pub passes: prometheus::IntCounterVec,
+}
+
 /// Verifies every `every`, and at once (after [`WATCH_SETTLE`]) when `pokes` (the watcher of
 /// other processes' bpf() calls) says so, until `stop` says so. Each pass's findings are sent
 /// to the owner loop (a periodic pass is skipped while the loop has not taken the last one; a
@@ -375,19 +393,31 @@ pub async fn run(
     netlink_hooks: NetlinkHooks,
     every: Duration,
     mirror: Option<IntentMirror>,
-    pokes: Option<Arc<Pokes>>,
+    triggers: Triggers,
     findings: mpsc::Sender<Verification>,
     mut stop: watch::Receiver<bool>,
 ) {
+    let Triggers { pokes, passes } = triggers;
     let mirror = Arc::new(Mutex::new(mirror));
     let mut ticks = tokio::time::interval(every);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut absorbs = tokio::time::interval(ABSORB_EVERY);
     absorbs.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_poked: Option<tokio::time::Instant> = None;
+    let mut last_full: Option<tokio::time::Instant> = None;
     loop {
         let (scope, poked) = tokio::select! {
-            _ = ticks.tick() => (POKE_LINKS | POKE_MAPS, false),
+            _ = ticks.tick() => {
+                let now = tokio::time::Instant::now();
+                let sees_every_change = pokes.as_deref().is_some_and(Pokes::sees_every_change);
+                let sweep_due = last_full.is_none_or(|last| now >= last + FULL_SWEEP_EVERY);
+                if sees_every_change && !sweep_due {
+                    (POKE_PINS, false)
+                } else {
+                    last_full = Some(now);
+                    (POKE_LINKS | POKE_MAPS, false)
+                }
+            }
             _ = absorbs.tick() => {
                 absorb(&mirror).await;
                 continue;
@@ -396,7 +426,18 @@ pub async fn run(
             _ = stop.changed() => return,
         };
         let compare_maps = scope & POKE_MAPS != 0;
-        let links_state_only = scope & (POKE_LINKS | POKE_MAPS) == 0;
+        let look_at_links = scope & POKE_LINKS != 0;
+        let links_state_only = scope & (POKE_LINKS | POKE_MAPS | POKE_PINS) == 0;
+        passes
+            .with_label_values(&[
+                if poked { "watcher" } else { "periodic" },
+                if compare_maps {
+                    "compared"
+                } else {
+                    "not_compared"
+                },
+            ])
+            .inc();
         if poked {
             last_poked = Some(tokio::time::Instant::now());
         }
@@ -408,7 +449,7 @@ pub async fn run(
             let mut mirror = mirror
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
-            verify(&root, &hooks, compare_maps, mirror.as_mut())
+            verify(&root, &hooks, look_at_links, compare_maps, mirror.as_mut())
         };
         match tokio::task::spawn_blocking(pass).await {
             Ok(verification) if poked => {

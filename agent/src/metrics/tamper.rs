@@ -20,6 +20,11 @@ pub struct TamperMetrics {
     /// 1 while the bpf() watcher reports other processes' calls, 0 where the periodic
     /// verification alone finds them.
     pub bpf_watcher: IntGauge,
+    /// 1 for the watcher's mode (`trampolines`, `raw_tracepoint`, `none`), 0 for the others.
+    pub bpf_watcher_mode: IntGaugeVec,
+    /// Verification passes, by cause (`periodic`, `watcher`) and whether the maps were
+    /// compared (`maps`: `compared`, `not_compared`).
+    pub verify_passes: IntCounterVec,
     /// Times the watcher stopped reporting after it was attached (its ring reader ended).
     pub bpf_watcher_stops: IntCounter,
     /// Calls the watcher could not report (its ring was full), each answered by verifying
@@ -32,6 +37,17 @@ pub struct TamperMetrics {
 }
 
 impl TamperMetrics {
+    /// Marks `mode` as the watcher's, and the others not.
+    pub fn set_bpf_watcher_mode(&self, mode: ipq_common::watch::WatchMode) {
+        use ipq_common::watch::WatchMode;
+        for &other in WatchMode::VARIANTS {
+            let name: &'static str = other.into();
+            self.bpf_watcher_mode
+                .with_label_values(&[name])
+                .set(i64::from(other == mode));
+        }
+    }
+
     pub fn register(registry: &Registry) -> prometheus::Result<Self> {
         let map_entries_rewritten = registered(
             registry,
@@ -79,6 +95,38 @@ impl TamperMetrics {
                  verification finds them (every verify_interval).",
             )?,
         )?;
+        let bpf_watcher_mode = registered(
+            registry,
+            IntGaugeVec::new(
+                Opts::new(
+                    "ipq_datapath_bpf_watcher_mode",
+                    "1 for the programs that report other processes' bpf() calls: \
+                     `trampolines` (fentry on the kernel's bpf() path; other system calls pay \
+                     nothing), `raw_tracepoint` (sys_enter; every system call pays), or `none` \
+                     (the periodic verification alone); 0 for the others.",
+                ),
+                &["mode"],
+            )?,
+        )?;
+        let verify_passes = registered(
+            registry,
+            IntCounterVec::new(
+                Opts::new(
+                    "ipq_datapath_verify_passes_total",
+                    "Verification passes of ipq's pins, links and maps, by cause: `periodic` \
+                     (every verify_interval) or `watcher` (a reported bpf() call of another \
+                     process), and by whether the maps were compared in full (`compared`) or \
+                     not (`not_compared`: the watcher's trampolines see every write, or the \
+                     pass was for links).",
+                ),
+                &["cause", "maps"],
+            )?,
+        )?;
+        for cause in ["periodic", "watcher"] {
+            for maps in ["compared", "not_compared"] {
+                verify_passes.with_label_values(&[cause, maps]).inc_by(0);
+            }
+        }
         let bpf_watcher_stops = registered(
             registry,
             IntCounter::new(
@@ -131,6 +179,8 @@ impl TamperMetrics {
             verify_maps_compare_seconds,
             verify_maps_seconds,
             bpf_watcher,
+            bpf_watcher_mode,
+            verify_passes,
             bpf_watcher_stops,
             bpf_watcher_lost_calls,
             bypassed_interfaces,

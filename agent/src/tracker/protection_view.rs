@@ -7,6 +7,7 @@ use std::{sync::Arc, time::Duration};
 
 use super::protection::Protection;
 use ipq_api::TcAttachMode;
+use ipq_common::watch::WatchMode;
 
 use crate::{
     api::model::{AddressView, InterfaceStatus, StartedView, VerificationView},
@@ -93,20 +94,44 @@ fn unannounced(bpf_watcher: &Result<Arc<Pokes>, String>, verify_interval: Durati
             a detached link, a program put ahead of ipq's TCX link and a map written by \
             another process are found within it"
         ),
-        Ok(None) => format!(
-            "bpf() watcher (raw tracepoint {}): another process's link detach, program \
-            attach or write to ipq's maps is verified within milliseconds; periodic \
-            verification every {every} as the backstop (a map written through a mapping \
-            or a descriptor opened before the agent started){}",
-            ipq_common::watch::WATCHED_TRACEPOINT,
-            match bpf_watcher.as_ref().map_or(0, |pokes| pokes.lost_total()) {
-                0 => String::new(),
-                lost => format!(
-                    "; {lost} calls lost to its full ring, each time answered by \
-                    verifying everything"
-                ),
-            }
-        ),
+        Ok(None) => {
+            let pokes = bpf_watcher.as_ref().ok();
+            let mode = pokes.map_or(WatchMode::None, |pokes| pokes.mode());
+            let backstop = if mode == WatchMode::Trampolines {
+                format!(
+                    "periodic verification every {every} of the pins and filters, and of every \
+                    link and map at least every {} as the backstop{}",
+                    humantime::format_duration(crate::datapath::verify::FULL_SWEEP_EVERY),
+                    if pokes.is_some_and(|pokes| !pokes.sees_every_change()) {
+                        " (the maps at every pass: another process mapped them)"
+                    } else {
+                        ""
+                    }
+                )
+            } else {
+                format!(
+                    "periodic verification every {every} as the backstop (a map written \
+                    through a mapping, by a compat or relative-path call, or through a \
+                    descriptor opened before the agent started or passed on){}",
+                    pokes
+                        .and_then(|pokes| pokes.why_not_trampolines())
+                        .map(|why| format!("; not the trampolines: {why}"))
+                        .unwrap_or_default()
+                )
+            };
+            format!(
+                "bpf() watcher ({}): another process's link detach, program attach or write \
+                to ipq's maps is verified within milliseconds; {backstop}{}",
+                crate::datapath::bpf_watch::describe(mode),
+                match pokes.map_or(0, |pokes| pokes.lost_total()) {
+                    0 => String::new(),
+                    lost => format!(
+                        "; {lost} calls lost to its full ring, each time answered by \
+                        verifying everything"
+                    ),
+                }
+            )
+        }
         Err(why) => format!(
             "periodic verification only, every {every} (the bpf() watcher is not attached: \
             {why}): a detached link, a program put ahead of ipq's TCX link and a map \

@@ -494,7 +494,10 @@ impl crate::journal::Contents<crate::registry::AddrRecord> for OlderJournal {
 fn a_bpf_watcher_that_stopped_is_reported_as_stopped() {
     let dir = tempfile::tempdir().unwrap();
     let mut t = tracker(EarlyReusePolicy::FenceOld, dir.path());
-    let pokes = std::sync::Arc::new(crate::datapath::bpf_watch::Pokes::default());
+    let pokes = std::sync::Arc::new(crate::datapath::bpf_watch::Pokes::new(
+        ipq_common::watch::WatchMode::Trampolines,
+        None,
+    ));
     t.protection.bpf_watcher = Ok(pokes.clone());
     let attached = t.api().status().unannounced;
     assert!(attached.starts_with("bpf() watcher"), "{attached}");

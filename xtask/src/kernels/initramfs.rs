@@ -215,7 +215,7 @@ pub fn build(
         out.file(&format!("/lib/modules/{name}"), 0o644, &decompress(module)?)?;
         load_order.push(name);
     }
-    let init = init_script(config, &binaries.sets, &load_order);
+    let init = init_script(config, &kernel.name, &binaries.sets, &load_order);
     out.file("/init", 0o755, init.as_bytes())?;
     let size = out.finish()?;
     println!(
@@ -351,7 +351,12 @@ fn decompress(path: &Path) -> Result<Vec<u8>> {
 }
 
 /// `/init`: a busybox shell script. Every line the host reads is prefixed with [`MARKER`].
-fn init_script(config: &Config, sets: &[(TestSet, PathBuf)], modules: &[String]) -> String {
+fn init_script(
+    config: &Config,
+    kernel: &str,
+    sets: &[(TestSet, PathBuf)],
+    modules: &[String],
+) -> String {
     let scale = config.qemu.time_scale;
     let mut s = format!(
         r#"#!/bin/busybox sh
@@ -374,7 +379,7 @@ echo "{MARKER} booted $(uname -r)"
             "insmod /lib/modules/{module} || echo \"{MARKER} insmod-failed {module}\"\n"
         ));
     }
-    for (set, _) in sets {
+    for (set, _) in sets.iter().filter(|(set, _)| set.runs_on(kernel)) {
         let mut args = String::from("--test-threads=1");
         if !set.names.is_empty() {
             args.push_str(" --exact");

@@ -47,6 +47,18 @@ pub struct TestSet {
     /// Exact test names; every test of the target when empty.
     #[serde(default)]
     pub names: Vec<String>,
+    /// The kernels (by name) that run this set; every kernel when empty. For what only some
+    /// kernels have (the watcher's trampolines attach where BTF lets fentry take every hook's
+    /// arguments: not 5.10).
+    #[serde(default)]
+    pub kernels: Vec<String>,
+}
+
+impl TestSet {
+    /// Whether the kernel named `kernel` runs this set.
+    pub fn runs_on(&self, kernel: &str) -> bool {
+        self.kernels.is_empty() || self.kernels.iter().any(|k| k == kernel)
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -70,6 +82,17 @@ pub fn load_config() -> Result<Config> {
         toml::from_str(&text).with_context(|| format!("{} is not valid", path.display()))?;
     if config.kernels.is_empty() || config.tests.is_empty() {
         bail!("{}: needs at least one kernel and one test", path.display());
+    }
+    for set in &config.tests {
+        for kernel in &set.kernels {
+            if !config.kernels.iter().any(|k| &k.name == kernel) {
+                bail!(
+                    "{}: test target {} names kernel {kernel:?}, which is not in `kernels`",
+                    path.display(),
+                    set.target
+                );
+            }
+        }
     }
     if config.qemu.time_scale == 0 || config.qemu.cpus == 0 {
         bail!(

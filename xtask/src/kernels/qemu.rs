@@ -248,7 +248,13 @@ pub fn boot(config: &Config, kernel: &Kernel, tree: &Tree, initrd: &Path) -> Res
         }
     }
     let status = child.wait().context("waiting for qemu")?;
-    let mut failure = console.failure(&config.tests, timed_out);
+    let expected: Vec<TestSet> = config
+        .tests
+        .iter()
+        .filter(|set| set.runs_on(&kernel.name))
+        .cloned()
+        .collect();
+    let mut failure = console.failure(&expected, timed_out);
     if !status.success() && timed_out.is_none() {
         let why = format!("qemu exited with {status}");
         failure = Some(failure.map_or(why.clone(), |f| format!("{why}; {f}")));
@@ -341,6 +347,7 @@ mod tests {
         let set = |target: &str| TestSet {
             target: target.into(),
             names: Vec::new(),
+            kernels: Vec::new(),
         };
         let why = console
             .failure(&[set("verdicts"), set("traffic")], None)
@@ -380,6 +387,7 @@ mod tests {
                 "every_address_of_a_full_registry_is_judged_from_the_copy".into(),
                 "a_test_since_renamed".into(),
             ],
+            kernels: Vec::new(),
         };
         let why = console.failure(&[slots], None).expect("a failure");
         assert!(why.contains("slots ran 1 of its 2 named tests"), "{why}");

@@ -1,44 +1,25 @@
-//! The watcher: every `bpf()` call of another process that can take an attachment from ipq or
-//! write its maps, reported to the agent through `IPQ_BPF_CALLS` (see `ipq_common::watch`).
+//! The fallback watcher: a raw tracepoint on `sys_enter`, where trampolines cannot attach.
 //!
-//! A raw tracepoint on `sys_enter`: it needs neither kprobes, BPF trampolines (fentry), nor
-//! tracefs, which many nodes lack or forbid, only Linux 4.17. It runs for every system call of
-//! the node, so the first thing it does is leave every one but `bpf()` (one compare); the
-//! tracepoint itself sends system calls through the kernel's tracing entry path while it is
-//! attached (measured in `cargo xtask bench`). It runs before the call does its work; the agent
-//! waits a moment before it looks. The system call's number and registers are x86-64's: the
-//! agent attaches it only there. The agent's own calls (`IPQ_WATCH_TGID`) are left out first,
-//! then every command but the few that matter; map writes only of the processes the agent put
-//! in `IPQ_WATCHED`.
+//! It needs neither kprobes, BPF trampolines (fentry), nor tracefs, only Linux 5.7 (for
+//! [`super::is_agent`]'s helper). It runs for every system call of the node, so the first
+//! thing it does is leave every one but `bpf()` (one compare); the tracepoint itself sends
+//! system calls through the kernel's tracing entry path while it is attached (measured in
+//! `cargo xtask bench`). It runs before the call does its work; the agent waits a moment
+//! before it looks. The system call's number and registers are x86-64's: the agent attaches
+//! it only there. The agent's own calls are left out first, then every command but the few
+//! that matter; map writes only of the processes the agent put in `IPQ_WATCHED`. It reads the
+//! attributes from the caller's memory (another thread may change them before the kernel
+//! copies them) and sees native calls only: a compat call, a pin opened by a relative path or
+//! `BPF_F_PATH_FD`, a descriptor inherited by a fork or passed to another process write
+//! unseen, and the periodic pass finds those.
 
 use aya_ebpf::{
-    helpers::{
-        bpf_get_current_pid_tgid, bpf_probe_read_kernel, bpf_probe_read_user,
-        bpf_probe_read_user_str_bytes,
-    },
-    macros::map,
-    maps::{LruHashMap, PerCpuArray, RingBuf},
+    helpers::{bpf_probe_read_kernel, bpf_probe_read_user, bpf_probe_read_user_str_bytes},
     programs::RawTracePointContext,
 };
-use ipq_common::watch::{BpfCall, BpfCmd, BPF_CALLS_RING_BYTES, WATCHED_TGIDS, WATCH_KEY_BYTES};
+use ipq_common::watch::{BpfCmd, WATCH_KEY_BYTES};
 
-/// What the watcher reports; read by the agent that loaded it (not pinned).
-#[map]
-static IPQ_BPF_CALLS: RingBuf = RingBuf::with_byte_size(BPF_CALLS_RING_BYTES, 0);
-
-/// Calls not reported because `IPQ_BPF_CALLS` was full: the agent, which cannot know what
-/// they were, verifies everything when this grows (per CPU; read by the agent that loaded it).
-#[map]
-static IPQ_BPF_CALLS_LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
-
-/// Processes that opened one of ipq's maps, whose map writes are reported. Written by the
-/// agent only.
-#[map]
-static IPQ_WATCHED: LruHashMap<u32, u32> = LruHashMap::with_max_entries(WATCHED_TGIDS, 0);
-
-/// The agent's process id, set at load: its own calls are not reported.
-#[unsafe(no_mangle)]
-static IPQ_WATCH_TGID: u32 = 0;
+use super::{is_agent, reserve, IPQ_WATCHED};
 
 /// `__NR_bpf` on x86-64.
 const NR_BPF: u64 = 321;
@@ -51,12 +32,10 @@ pub fn watch(ctx: &RawTracePointContext) -> Option<()> {
     if ctx.arg::<u64>(1) != NR_BPF {
         return None;
     }
-    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
-    // SAFETY: a plain read of a constant the loader sets; volatile so that the default is not
-    // folded into the code.
-    if tgid == unsafe { core::ptr::read_volatile(&IPQ_WATCH_TGID) } {
+    if is_agent() {
         return None;
     }
+    let tgid = (aya_ebpf::helpers::bpf_get_current_pid_tgid() >> 32) as u32;
     let regs = ctx.arg::<u64>(0) as *const u8;
     // SAFETY: the registers the system call was entered with, read by the helper.
     let cmd = unsafe { bpf_probe_read_kernel(regs.add(PT_REGS_DI).cast::<u64>()) }.ok()? as u32;
@@ -70,15 +49,7 @@ pub fn watch(ctx: &RawTracePointContext) -> Option<()> {
     // SAFETY: as above: `uattr`, a user pointer.
     let attr = unsafe { bpf_probe_read_kernel(regs.add(PT_REGS_SI).cast::<u64>()) }.ok()?;
     let attr = attr as *const u32;
-    let Some(mut entry) = IPQ_BPF_CALLS.reserve::<BpfCall>(0) else {
-        if let Some(lost) = IPQ_BPF_CALLS_LOST.get_ptr_mut(0) {
-            // SAFETY: this CPU's slot. A task preempted on this CPU between the load and the
-            // store may lose an increment of another: the agent needs to know that calls were
-            // lost, not exactly how many.
-            unsafe { *lost += 1 };
-        }
-        return None;
-    };
+    let mut entry = reserve()?;
     let call = entry.as_mut_ptr();
     // SAFETY: the reserved record, written field by field before it is submitted; user memory
     // only through the probe-read helpers (a failed read leaves the field zero).
@@ -86,7 +57,7 @@ pub fn watch(ctx: &RawTracePointContext) -> Option<()> {
         (*call).cmd = cmd;
         (*call).tgid = tgid;
         (*call).target = 0;
-        (*call)._reserved = 0;
+        (*call).map_id = 0;
         (*call).path[0] = 0;
         if cmd == BpfCmd::ObjGet as u32 {
             // `pathname`, a user pointer, first in the attribute.
