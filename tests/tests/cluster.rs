@@ -35,6 +35,7 @@ use ipq_tests::cluster::{
     kubectl::pod_ready,
     node::{HOST_LOCAL_DIR, NETWORK_NAME, POD_ADDRESS},
     peer::Witness,
+    tasks,
     workloads::sender_deployment,
     Cluster,
 };
@@ -366,6 +367,13 @@ fn force_delete_leaves_no_stale_holder_reachable(
         "the force-deleted pod {} is still in the API",
         rollout.old_name
     );
+    // It was terminating already (the rollout's), so the kubelet goes on waiting out its
+    // grace: its container must still run, or what follows tests a plain quarantine.
+    tasks::ensure_running(
+        &cluster.host,
+        &rollout.old_name,
+        "right after the force delete",
+    )?;
     let deleted = Instant::now();
     // The stale holder still sends, and ipq still drops it.
     let fenced_before = fenced_drops(cluster)?;
