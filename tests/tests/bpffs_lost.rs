@@ -70,6 +70,9 @@ fn a_bpffs_dir_unmounted_from_under_the_agent_fails_readyz_and_term_says_enforce
     run(Command::new("mount")
         .args(["-t", "bpf", "bpf"])
         .arg(&mount.0));
+    // Shared, so that its unmount reaches the agent's own mount namespace (a slave copy of
+    // the test's), as a host's unmount reaches a pod's HostToContainer volume.
+    run(Command::new("mount").arg("--make-shared").arg(&mount.0));
     let bpffs_dir = mount.0.join("ipq");
     let args = args(&bpffs_dir);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -102,7 +105,13 @@ fn a_bpffs_dir_unmounted_from_under_the_agent_fails_readyz_and_term_says_enforce
     .expect("the fenced pod's packets flow once the agent is gone");
 
     // A new agent: bpffs_dir is on /tmp's filesystem now; it mounts a bpf filesystem there.
-    let agent = lab.start_agent(&args).expect("restarting ipq-agent");
+    // In the test's mount namespace: the test writes the pins through that mount below, and
+    // a mount made in the agent's own namespace would reach neither the test nor anything
+    // that outlives the agent (which it would say at TERM). The DaemonSet's agent cannot
+    // mount at all (no CAP_SYS_ADMIN); its init step mounts the host's /sys/fs/bpf.
+    let agent = lab
+        .start_agent_in_host_namespaces(&args)
+        .expect("restarting ipq-agent");
     assert!(agent.log().contains("mounted one at"), "{}", agent.log());
     lab.maps().fence_pod_a().expect("fencing pod a again");
     assert_eq!(

@@ -187,8 +187,13 @@ impl Setup {
         let config = self.work.join("agent.toml");
         fs::write(&config, "")?;
         let log = fs::File::create(self.work.join("agent.log"))?;
-        let mut command = in_netns(&self.node, &binary);
+        // In PID and mount namespaces of its own, as the DaemonSet runs it; dropped with
+        // `unshare` (`--kill-child`).
+        let [launcher, launcher_args @ ..] = super::pod_ns::LAUNCHER;
+        let mut command = in_netns(&self.node, launcher);
         command
+            .args(launcher_args)
+            .arg(&binary)
             .arg("--config")
             .arg(&config)
             .arg("--bpffs-dir")
