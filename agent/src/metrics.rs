@@ -124,6 +124,9 @@ pub struct Metrics {
     pub connections_refused: IntCounterVec,
     /// How long the last verification of the datapath took.
     pub verify_seconds: Gauge,
+    /// Verification passes done (`ipq_datapath_verifications_total`): one per
+    /// `verify_interval` on a quiet node, more when the watcher reports calls.
+    pub verifications: IntCounter,
     /// Protected workload interfaces whose netlink filters still wait for their TCX links.
     pub tc_upgrades_pending: IntGauge,
     pub registry_entries: IntGauge,

@@ -141,6 +141,17 @@ impl Metrics {
                  addresses)).",
             )?,
         )?;
+        let verifications = registered(
+            &registry,
+            IntCounter::new(
+                "ipq_datapath_verifications_total",
+                "Verification passes of ipq's pins, links and maps against the kernel: one \
+                 every verify_interval, and one soon after the bpf() watcher reports another \
+                 process's call on ipq's objects or loses calls. Each pass queries every link \
+                 under the rtnl lock and compares the maps (O(addresses)): a quiet node's rate \
+                 is 1/verify_interval.",
+            )?,
+        )?;
         for &hook in Hook::VARIANTS {
             for what in crate::datapath::attach::Lost::VARIANTS {
                 attachments_lost
@@ -368,6 +379,7 @@ impl Metrics {
             whereabouts,
             connections_refused,
             verify_seconds,
+            verifications,
             tc_upgrades_pending,
             registry_entries,
             registry_capacity,

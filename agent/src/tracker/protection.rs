@@ -146,6 +146,7 @@ impl Protection {
         core: &Core,
         sinks: &mut Sinks,
     ) {
+        self.metrics.verifications.inc();
         if !self.on_verified(verification, &core.config.bpffs_dir, &mut sinks.observer) {
             return;
         }
