@@ -219,6 +219,18 @@ impl Host {
         }
     }
 
+    /// `path` as the node's mount namespace has it, for the test's own process to open
+    /// (through the root of the process that holds that namespace): what a process on the
+    /// node, outside every pod, reaches at `path`.
+    pub fn path_on_node(&self, path: &str) -> std::path::PathBuf {
+        let holder = self
+            .holder
+            .as_ref()
+            .expect("the holder runs once created")
+            .id();
+        Path::new(&format!("/proc/{holder}/root")).join(path.trim_start_matches('/'))
+    }
+
     /// A file's content as the node sees it (its mount namespace).
     pub fn read(&self, path: &str) -> anyhow::Result<String> {
         crate::netns::output_of(self.command("cat").arg(path))
