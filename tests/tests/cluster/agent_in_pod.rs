@@ -72,16 +72,17 @@ pub fn runs_as_its_daemonset_says(cluster: &Cluster) -> anyhow::Result<()> {
 }
 
 /// While the rollout's old pod is fenced: a process on the node outside the pod (the test's,
-/// through the pin in the node's mount namespace) unfences its entry in `IPQ_ADDRS`, as
-/// `bpftool map update pinned` would; the agent writes the fence back within 100 ms.
+/// opening the pin by its path in the node's mount namespace) unfences its entry in
+/// `IPQ_ADDRS`, as `bpftool map update pinned` would; the agent writes the fence back within
+/// 100 ms.
 pub fn a_foreign_write_to_its_map_is_undone_at_once(cluster: &Cluster) -> anyhow::Result<()> {
-    let pin = cluster.host.path_on_node(ADDRS_PIN);
     let key = AddrKey::from(POD_ADDRESS.parse::<IpAddr>()?);
-    let mut map: HashMap<MapData, AddrKey, AddrEntry> = HashMap::try_from(aya::maps::Map::HashMap(
-        MapData::from_pin(&pin)
-            .with_context(|| format!("opening {} (the node's {ADDRS_PIN})", pin.display()))?,
-    ))
-    .context("IPQ_ADDRS as a hash map")?;
+    let pin = cluster
+        .host
+        .run_in_mount_namespace(|| MapData::from_pin(ADDRS_PIN))?
+        .with_context(|| format!("opening the node's {ADDRS_PIN}"))?;
+    let mut map: HashMap<MapData, AddrKey, AddrEntry> =
+        HashMap::try_from(aya::maps::Map::HashMap(pin)).context("IPQ_ADDRS as a hash map")?;
     let rewritten = || {
         metric(
             cluster,
