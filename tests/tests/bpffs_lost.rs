@@ -1,5 +1,7 @@
 //! The pins' filesystem taken from under the agent: `bpffs_dir` on a bpf mount of its own
-//! under /tmp, lazily unmounted while the agent runs. The pins cannot be restored there any
+//! under /tmp (on a shared tmpfs of the test's, so that the unmount reaches the agent's own
+//! mount namespace, a slave copy of the test's, as a host's unmount reaches a pod's
+//! `HostToContainer` volume), lazily unmounted while the agent runs. The pins cannot be restored there any
 //! more and enforcement would end with the agent: `/readyz` fails and says why at the next
 //! verification; at TERM the agent says enforcement ends (and it does: the fenced pod's
 //! packets flow once it is gone); a new agent mounts a bpf filesystem at `bpffs_dir` itself
@@ -20,9 +22,18 @@ use ipq_tests::lab::{poll, udp_burst, Lab, PEER_V4};
 /// and the directory removed on drop, also when the test fails.
 struct TmpMount(PathBuf);
 
+impl TmpMount {
+    /// Where the bpf filesystem is mounted: under the shared tmpfs at the root, since an
+    /// unmount propagates from the mount it is made on (the parent), not from the mount
+    /// that goes.
+    fn bpf(&self) -> PathBuf {
+        self.0.join("bpf")
+    }
+}
+
 impl Drop for TmpMount {
     fn drop(&mut self) {
-        for dir in [self.0.join("ipq"), self.0.clone()] {
+        for dir in [self.bpf().join("ipq"), self.bpf(), self.0.clone()] {
             while Command::new("umount")
                 .arg("-l")
                 .arg(&dir)
@@ -68,9 +79,14 @@ fn a_bpffs_dir_unmounted_from_under_the_agent_fails_readyz_and_term_says_enforce
     )));
     std::fs::create_dir_all(&mount.0).expect("mkdir");
     run(Command::new("mount")
-        .args(["-t", "bpf", "bpf"])
+        .args(["-t", "tmpfs", "-o", "mode=0700", "ipq-bpffs-lost"])
         .arg(&mount.0));
-    let bpffs_dir = mount.0.join("ipq");
+    run(Command::new("mount").arg("--make-shared").arg(&mount.0));
+    std::fs::create_dir(mount.bpf()).expect("mkdir");
+    run(Command::new("mount")
+        .args(["-t", "bpf", "bpf"])
+        .arg(mount.bpf()));
+    let bpffs_dir = mount.bpf().join("ipq");
     let args = args(&bpffs_dir);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut agent = lab.start_agent(&args).expect("starting ipq-agent");
@@ -78,7 +94,7 @@ fn a_bpffs_dir_unmounted_from_under_the_agent_fails_readyz_and_term_says_enforce
     let peer = IpAddr::from(PEER_V4);
     assert_eq!(udp_burst(&lab.pod_a, &lab.peer, peer, 10), 0, "fenced");
 
-    run(Command::new("umount").arg("-l").arg(&mount.0));
+    run(Command::new("umount").arg("-l").arg(mount.bpf()));
     poll(
         "/readyz failing on the lost pins",
         Duration::from_secs(10),
@@ -101,8 +117,14 @@ fn a_bpffs_dir_unmounted_from_under_the_agent_fails_readyz_and_term_says_enforce
     )
     .expect("the fenced pod's packets flow once the agent is gone");
 
-    // A new agent: bpffs_dir is on /tmp's filesystem now; it mounts a bpf filesystem there.
-    let agent = lab.start_agent(&args).expect("restarting ipq-agent");
+    // A new agent: bpffs_dir is on the test's tmpfs now; it mounts a bpf filesystem there.
+    // In the test's mount namespace: the test writes the pins through that mount below, and
+    // a mount made in the agent's own namespace would reach neither the test nor anything
+    // that outlives the agent (which it would say at TERM). The DaemonSet's agent cannot
+    // mount at all (no CAP_SYS_ADMIN); its init step mounts the host's /sys/fs/bpf.
+    let agent = lab
+        .start_agent_in_host_namespaces(&args)
+        .expect("restarting ipq-agent");
     assert!(agent.log().contains("mounted one at"), "{}", agent.log());
     lab.maps().fence_pod_a().expect("fencing pod a again");
     assert_eq!(

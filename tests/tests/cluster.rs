@@ -15,6 +15,8 @@ use std::{
 
 use anyhow::{ensure, Context as _};
 
+#[path = "cluster/agent_in_pod.rs"]
+mod agent_in_pod;
 #[path = "cluster/agent_lifecycle.rs"]
 mod agent_lifecycle;
 #[path = "cluster/churn.rs"]
@@ -35,6 +37,7 @@ use ipq_tests::cluster::{
     kubectl::pod_ready,
     node::{HOST_LOCAL_DIR, NETWORK_NAME, POD_ADDRESS},
     peer::Witness,
+    tasks,
     workloads::sender_deployment,
     Cluster,
 };
@@ -60,6 +63,10 @@ fn ipq_deployed_from_the_manifests_fences_a_rollouts_old_pod() -> anyhow::Result
         cluster.started_in
     );
     phase("install ipq", || installed_as_the_readme_says(&mut cluster))?;
+    phase(
+        "the agent in its own PID namespace under RuntimeDefault seccomp",
+        || agent_in_pod::runs_as_its_daemonset_says(&cluster),
+    )?;
     phase("the node's NodeQuarantine, owned by its Node", || {
         publish::published_and_owned_by_its_node(&mut cluster)
     })?;
@@ -81,6 +88,10 @@ fn ipq_deployed_from_the_manifests_fences_a_rollouts_old_pod() -> anyhow::Result
         "NodeQuarantine lists the force-deleted pod as fenced",
         || publish::lists_the_force_deleted_pod_as_fenced(&mut cluster, &rollout),
     )?;
+    phase(
+        "a foreign write to the pinned IPQ_ADDRS undone within 100 ms",
+        || agent_in_pod::a_foreign_write_to_its_map_is_undone_at_once(&cluster),
+    )?;
     phase("rollout restart of the agent", || {
         agent_lifecycle::agent_restart_keeps_the_fence(&mut cluster, &rollout)
     })?;
@@ -99,6 +110,10 @@ fn ipq_deployed_from_the_manifests_fences_a_rollouts_old_pod() -> anyhow::Result
     )?;
     phase("NodeQuarantine entry gone once the quarantine ends", || {
         publish::entry_goes_when_the_quarantine_ends(&mut cluster, &rollout)
+    })?;
+    // Last, so that a bound it fails masks none of the scenarios above.
+    phase("the agent idle for a minute", || {
+        agent_in_pod::idle_it_is_quiet(&cluster)
     })?;
     Ok(())
 }
@@ -366,6 +381,13 @@ fn force_delete_leaves_no_stale_holder_reachable(
         "the force-deleted pod {} is still in the API",
         rollout.old_name
     );
+    // It was terminating already (the rollout's), so the kubelet goes on waiting out its
+    // grace: its container must still run, or what follows tests a plain quarantine.
+    tasks::ensure_running(
+        &cluster.host,
+        &rollout.old_name,
+        "right after the force delete",
+    )?;
     let deleted = Instant::now();
     // The stale holder still sends, and ipq still drops it.
     let fenced_before = fenced_drops(cluster)?;

@@ -21,7 +21,7 @@ use std::{
     ffi::CString,
     fs, io,
     io::{BufRead as _, BufReader},
-    os::unix::process::CommandExt as _,
+    os::{fd::AsRawFd as _, unix::process::CommandExt as _},
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     sync::Arc,
@@ -217,6 +217,45 @@ impl Host {
                 Ok(())
             });
         }
+    }
+
+    /// Runs `f` on a fresh thread of the test's process that entered the node's mount
+    /// namespace (after leaving the process's shared filesystem context, which `setns` of a
+    /// mount namespace needs): paths resolve as on the node, outside every pod, e.g. a pin
+    /// under the node's `/sys/fs/bpf` opened by its plain path. Descriptors `f` opens work
+    /// on any thread.
+    pub fn run_in_mount_namespace<T: Send>(
+        &self,
+        f: impl FnOnce() -> T + Send,
+    ) -> anyhow::Result<T> {
+        let holder = self
+            .holder
+            .as_ref()
+            .expect("the holder runs once created")
+            .id();
+        let ns = fs::File::open(format!("/proc/{holder}/ns/mnt"))
+            .context("the node's mount namespace")?;
+        std::thread::scope(|scope| {
+            scope
+                .spawn(|| {
+                    // SAFETY: plain syscalls that change only this thread's filesystem
+                    // context and mount namespace.
+                    unsafe {
+                        if libc::unshare(libc::CLONE_FS) != 0 {
+                            bail!("unshare(CLONE_FS): {}", io::Error::last_os_error());
+                        }
+                        if libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNS) != 0 {
+                            bail!(
+                                "setns into the node's mount namespace: {}",
+                                io::Error::last_os_error()
+                            );
+                        }
+                    }
+                    Ok(f())
+                })
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+        })
     }
 
     /// A file's content as the node sees it (its mount namespace).

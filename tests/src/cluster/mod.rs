@@ -14,6 +14,7 @@ pub mod kubectl;
 pub mod node;
 pub mod peer;
 pub mod pki;
+pub mod tasks;
 pub mod whereabouts;
 pub mod workloads;
 

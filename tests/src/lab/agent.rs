@@ -43,14 +43,18 @@ fn http_get(ns: &NetNs, path: &str) -> anyhow::Result<(u16, String)> {
 /// A running `ipq-agent`, killed on drop if still running.
 pub struct Agent<'l> {
     lab: &'l Lab,
-    child: Option<Child>,
+    /// What the test spawned: `unshare` in a pod's namespaces, else the agent (or a wrapper
+    /// that became it by `exec`). Waited for to know the agent gone: `unshare` exits with it.
+    launcher: Option<Child>,
+    /// The agent's own pid in the test's PID namespace: what the test signals and reads.
     pid: u32,
     log: PathBuf,
 }
 
 impl<'l> Agent<'l> {
     /// Starts the agent in `lab`'s node namespace on `lab`'s bpffs dir, with its own state dir,
-    /// API socket and an empty config file (so nothing on the host leaks in), plus `extra`.
+    /// API socket and an empty config file (so nothing on the host leaks in), plus `extra`; in
+    /// PID and mount namespaces of its own, as the DaemonSet runs it.
     pub fn start(lab: &'l Lab, extra: &[&str]) -> anyhow::Result<Agent<'l>> {
         Self::start_with(lab, &[], extra)
     }
@@ -67,6 +71,18 @@ impl<'l> Agent<'l> {
         wrapper: &[&str],
         extra: &[&str],
     ) -> anyhow::Result<Agent<'l>> {
+        Self::start_in(lab, AgentNamespaces::Pod, config_text, wrapper, extra)
+    }
+
+    /// [`start_configured`](Self::start_configured) in `namespaces` (see
+    /// [`AgentNamespaces::Host`] for when a test may ask for the host's).
+    pub fn start_in(
+        lab: &'l Lab,
+        namespaces: AgentNamespaces,
+        config_text: &str,
+        wrapper: &[&str],
+        extra: &[&str],
+    ) -> anyhow::Result<Agent<'l>> {
         let work = lab.work_dir();
         let config = work.join("agent.toml");
         fs::write(&config, config_text)?;
@@ -76,7 +92,14 @@ impl<'l> Agent<'l> {
             .count();
         let log = work.join(format!("agent-{}.log", runs + 1));
         let out = fs::File::create(&log)?;
-        let mut cmd = match wrapper {
+        let host_proc = work.join("host-proc");
+        fs::create_dir_all(&host_proc)?;
+        let launcher: Vec<String> = namespaces
+            .launcher(&host_proc)
+            .into_iter()
+            .chain(wrapper.iter().map(|w| (*w).to_owned()))
+            .collect();
+        let mut cmd = match launcher.as_slice() {
             [] => lab.node.command(agent_binary()),
             [program, args @ ..] => {
                 let mut cmd = lab.node.command(program);
@@ -97,6 +120,9 @@ impl<'l> Agent<'l> {
         for dir in lab.trusted_cni_bin_dirs() {
             cmd.arg("--ipam-cni-bin-dirs").arg(dir);
         }
+        if !extra.contains(&"--api-peer-procfs") {
+            cmd.args(namespaces.agent_args(&host_proc));
+        }
         cmd.args(extra)
             // The per-address lines an operator's INFO log leaves out (transitions, hygiene
             // passes) are what a failed test's agent log is read for.
@@ -111,11 +137,20 @@ impl<'l> Agent<'l> {
         // If the test process dies without unwinding, the agent must not live on holding
         // pins and attachments.
         die_with_parent(&mut cmd);
-        let child = cmd.spawn().with_context(|| format!("starting {cmd:?}"))?;
+        let mut launcher = cmd.spawn().with_context(|| format!("starting {cmd:?}"))?;
+        let pid = match namespaces.agent_pid(&mut launcher) {
+            Ok(pid) => pid,
+            Err(e) => {
+                let _ = launcher.kill();
+                let _ = launcher.wait();
+                let text = fs::read_to_string(&log).unwrap_or_default();
+                return Err(e.context(format!("starting {cmd:?}; its output:\n{text}")));
+            }
+        };
         let mut agent = Agent {
             lab,
-            pid: child.id(),
-            child: Some(child),
+            pid,
+            launcher: Some(launcher),
             log,
         };
         agent.wait_ready()?;
@@ -126,8 +161,12 @@ impl<'l> Agent<'l> {
         let timeout = scaled(READY_TIMEOUT);
         let deadline = Instant::now() + timeout;
         loop {
-            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().transpose()) {
-                self.child = None;
+            if let Some(status) = self
+                .launcher
+                .as_mut()
+                .and_then(|c| c.try_wait().transpose())
+            {
+                self.launcher = None;
                 bail!(
                     "ipq-agent exited ({}) before it was ready; log {}:\n{}",
                     status?,
@@ -151,6 +190,8 @@ impl<'l> Agent<'l> {
         }
     }
 
+    /// The agent's pid in the test's PID namespace (for `/proc/<pid>`, signals, prlimit); to
+    /// itself, in a pod's namespaces, it is pid 1.
     pub fn pid(&self) -> u32 {
         self.pid
     }
@@ -220,20 +261,29 @@ impl<'l> Agent<'l> {
 
     /// SIGKILL, as an OOM kill or a node crash would: no clean-up code runs.
     pub fn kill9(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            // SAFETY: signals our own child, which has not been reaped yet.
-            unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
-            let _ = child.wait();
+        if let Some(mut launcher) = self.launcher.take() {
+            if matches!(launcher.try_wait(), Ok(None)) {
+                // SAFETY: the agent's launcher has not exited, so neither has the agent (it
+                // dies with it): the pid is still the agent's.
+                unsafe { libc::kill(self.pid as i32, libc::SIGKILL) };
+            }
+            let _ = launcher.wait();
         }
     }
 
-    /// SIGTERM, then waits (bounded); the agent must exit 0.
+    /// SIGTERM, then waits (bounded); the agent must exit 0 (`unshare` exits with its status).
     pub fn terminate(&mut self) -> anyhow::Result<()> {
-        let mut child = self.child.take().context("the agent is not running")?;
-        // SAFETY: signals our own child, which has not been reaped yet.
-        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let mut launcher = self.launcher.take().context("the agent is not running")?;
+        if let Some(status) = launcher.try_wait()? {
+            bail!(
+                "ipq-agent had exited ({status}) before SIGTERM; log:\n{}",
+                self.log()
+            );
+        }
+        // SAFETY: the launcher still runs, so the agent does: the pid is still the agent's.
+        unsafe { libc::kill(self.pid as i32, libc::SIGTERM) };
         let timeout = scaled(Duration::from_secs(10));
-        let Some(status) = exit_within(&mut child, timeout)? else {
+        let Some(status) = exit_within(&mut launcher, timeout)? else {
             bail!(
                 "ipq-agent ignored SIGTERM for {timeout:?}; log:\n{}",
                 self.log()

@@ -4,7 +4,8 @@
 //! Here: the lab's set-up and addresses. Beside it, one concern each (every item re-exported
 //! here, so `ipq_tests::lab::...` is the one path): `agent` the running agent, `entries`
 //! the pinned address map written, read and waited for, `metrics` `/metrics` parsed,
-//! `packets` traffic and crafted frames, `routes` veths and routes added later. The one
+//! `packets` traffic and crafted frames, `routes` veths and routes added later, `namespaces`
+//! the agent's own PID and mount namespaces, as in the DaemonSet's pod. The one
 //! bounded wait is [`poll`] (`crate::wait`).
 //!
 //! ```text
@@ -235,9 +236,22 @@ impl Lab {
         ]
     }
 
-    /// Starts the agent in the node namespace and waits until it is ready.
+    /// Starts the agent in the node namespace and waits until it is ready; in PID and mount
+    /// namespaces of its own, as the DaemonSet runs it.
     pub fn start_agent(&self, extra: &[&str]) -> anyhow::Result<Agent<'_>> {
         Agent::start(self, extra)
+    }
+
+    /// Like [`start_agent`](Self::start_agent), in the test's own PID and mount namespaces:
+    /// only where the test must say why ([`AgentNamespaces::Host`]).
+    pub fn start_agent_in_host_namespaces(&self, extra: &[&str]) -> anyhow::Result<Agent<'_>> {
+        Agent::start_in(
+            self,
+            AgentNamespaces::Host,
+            "# every key from the command line\n",
+            &[],
+            extra,
+        )
     }
 
     /// An agent on the lab's pods (`vethp*`, uplink `up0`, `fence-old`) that publishes the
@@ -266,8 +280,8 @@ impl Lab {
     }
 
     /// Like [`start_agent`](Self::start_agent), with the agent run through `wrapper` (a
-    /// command line that ends by running its arguments: `unshare --pid --fork --kill-child`,
-    /// `prlimit --nofile=1024:4096`).
+    /// command line that ends by `exec`ing its arguments, inside the agent's namespaces:
+    /// `prlimit --nofile=1024:4096 --`, `setpriv --inh-caps -net_admin ... --`).
     pub fn start_agent_wrapped(
         &self,
         wrapper: &[&str],
@@ -337,12 +351,14 @@ pub fn pod_a_and_peer() -> [(IpAddr, IpAddr); 2] {
 mod agent;
 mod entries;
 mod metrics;
+mod namespaces;
 mod packets;
 mod routes;
 
 pub use agent::Agent;
 pub use entries::{map_entry, wait_claimed_at_start, wait_for_entry, MapEntry};
 pub use metrics::{Sample, Scrape};
+pub use namespaces::AgentNamespaces;
 pub use packets::{
     bind_to_device, mac_bytes, ping, pod_a_traffic, pod_traffic, send_frames, udp_burst,
     udp_burst_with, UdpSender,

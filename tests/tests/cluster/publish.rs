@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 use anyhow::{ensure, Context as _};
 use ipq_tests::cluster::{
     deploy::ipq,
-    node::{ctr, NODE_NAME, POD_ADDRESS},
-    Cluster,
+    node::{NODE_NAME, POD_ADDRESS},
+    tasks, Cluster,
 };
 use serde_json::Value;
 
@@ -160,20 +160,9 @@ pub fn entry_goes_when_the_quarantine_ends(
     cluster: &mut Cluster,
     rollout: &Rollout,
 ) -> anyhow::Result<()> {
-    let filter = format!(
-        "labels.\"io.kubernetes.pod.name\"=={},labels.\"io.cri-containerd.kind\"==container",
-        rollout.old_name
-    );
-    let ids = ctr(&cluster.host, &["containers", "ls", "-q", &filter])?;
-    let ids: Vec<&str> = ids.split_whitespace().collect();
-    ensure!(
-        !ids.is_empty(),
-        "no container of the force-deleted pod {} on the node",
-        rollout.old_name
-    );
-    for id in &ids {
-        ctr(&cluster.host, &["tasks", "kill", "--signal", "SIGKILL", id])?;
-    }
+    // It has run all along (asserted here, before the kill): else the quarantine below would
+    // have begun long ago, and its end would prove nothing about the kill.
+    tasks::kill_running(&cluster.host, &rollout.old_name)?;
     // The quarantine lasts cooldown at least, max_cooldown at most (the ConfigMap's 5m).
     let (object, _) = wait_object(
         cluster,

@@ -1,6 +1,8 @@
 //! whereabouts as the cluster IPAM (#30's real consumer): a pod whose container ignores SIGTERM
-//! is force-deleted; whereabouts' control loop frees its address on the Pod's DELETE while the
-//! container still runs. Without ipq's projection the next pod is given that address at once;
+//! is deleted (terminating, its kubelet waiting out a long grace) and then force-deleted;
+//! whereabouts' control loop frees its address on the Pod's DELETE while the container still
+//! runs (a pod force-deleted before it terminates is killed by its kubelet within a second or
+//! two: no holder would live on). Without ipq's projection the next pod is given that address at once;
 //! with it (`kubernetes.whereabouts = true`), pods created meanwhile get the other address or
 //! none, until the old holder is gone and ipq's quarantine of the address has ended, and then
 //! the address is handed out again. Each wait is for the state that proves the point.
@@ -10,7 +12,8 @@ use std::time::Duration;
 use anyhow::{ensure, Context as _};
 use ipq_tests::cluster::{
     deploy::{self, NAMESPACE},
-    node::{ctr, NODE_NAME},
+    node::NODE_NAME,
+    tasks,
     whereabouts::{self, allocations, reservation, RANGE_END, RANGE_START},
     Cluster,
 };
@@ -37,9 +40,32 @@ fn running(cluster: &mut Cluster, name: &str, ignores_sigterm: bool) -> anyhow::
     Ok(pod["status"]["podIP"].as_str().context("podIP")?.to_owned())
 }
 
-/// `kubectl delete --force --grace-period=0`, then waits until whereabouts' control loop has
-/// freed the pod's address (its IPPool no longer names the pod).
-fn force_delete_and_wait_freed(cluster: &mut Cluster, name: &str) -> anyhow::Result<()> {
+/// Deletes the pod (its container ignores SIGTERM through a long grace), waits until its
+/// kubelet has begun that termination, then `kubectl delete --force --grace-period=0`: the Pod
+/// object goes while its container runs on (asserted, from containerd's tasks), and waits until
+/// whereabouts' control loop has freed the pod's address (its IPPool no longer names the pod).
+fn terminate_then_force_delete_and_wait_freed(
+    cluster: &mut Cluster,
+    name: &str,
+) -> anyhow::Result<()> {
+    cluster
+        .kubectl()
+        .run(&["-n", "default", "delete", "pod", name, "--wait=false"])?;
+    // The kubelet's `Killing` event: it has sent SIGTERM and waits out the pod's grace, so the
+    // force delete that follows cannot cut that grace short.
+    cluster.wait_for(
+        &format!("the kubelet to begin terminating {name}"),
+        Duration::from_secs(60),
+        &[
+            "-n",
+            "default",
+            "get",
+            "events",
+            "--field-selector",
+            &format!("involvedObject.name={name},reason=Killing"),
+        ],
+        |events| events["items"].as_array().is_some_and(|i| !i.is_empty()),
+    )?;
     cluster.kubectl().run(&[
         "-n",
         "default",
@@ -49,6 +75,7 @@ fn force_delete_and_wait_freed(cluster: &mut Cluster, name: &str) -> anyhow::Res
         "--force",
         "--grace-period=0",
     ])?;
+    tasks::ensure_running(&cluster.host, name, "right after the force delete")?;
     let pod_ref = format!("default/{name}");
     ipq_tests::lab::poll(
         "whereabouts' control loop to free the force-deleted pod's address",
@@ -72,26 +99,6 @@ fn control_loop_logs(cluster: &Cluster) -> String {
             "--tail=40",
         ])
         .unwrap_or_else(|e| format!("{e:#}"))
-}
-
-/// The containers of `pod` still on the node (a force delete leaves them running).
-fn containers_of(cluster: &Cluster, pod: &str) -> anyhow::Result<Vec<String>> {
-    let filter = format!(
-        "labels.\"io.kubernetes.pod.name\"=={pod},labels.\"io.cri-containerd.kind\"==container"
-    );
-    let ids = ctr(&cluster.host, &["containers", "ls", "-q", &filter])?;
-    Ok(ids.split_whitespace().map(str::to_owned).collect())
-}
-
-/// Kills the force-deleted pod's container, as its node would at the end of its grace.
-fn kill(cluster: &Cluster, pod: &str) -> anyhow::Result<()> {
-    for id in containers_of(cluster, pod)? {
-        ctr(
-            &cluster.host,
-            &["tasks", "kill", "--signal", "SIGKILL", &id],
-        )?;
-    }
-    Ok(())
 }
 
 /// Waits until ipq's NodeQuarantine lists nothing: every quarantine of the phase has ended.
@@ -121,11 +128,8 @@ pub fn without_the_projection_the_address_is_handed_out_at_once(
     let victim = "wb-a-victim";
     let address = running(cluster, victim, true)?;
     ensure!(address == RANGE_START, "the first pod's address: {address}");
-    force_delete_and_wait_freed(cluster, victim)?;
-    ensure!(
-        !containers_of(cluster, victim)?.is_empty(),
-        "the force-deleted pod's container no longer runs"
-    );
+    terminate_then_force_delete_and_wait_freed(cluster, victim)?;
+    tasks::ensure_running(&cluster.host, victim, "once its address was freed")?;
     let next = running(cluster, "wb-a-next", false)?;
     ensure!(
         next == address,
@@ -135,7 +139,7 @@ pub fn without_the_projection_the_address_is_handed_out_at_once(
         reservation(cluster, &address).is_none_or(|r| r["spec"]["podref"] != own_pod_ref()),
         "no reservation of ipq's without the projection"
     );
-    kill(cluster, victim)?;
+    tasks::kill_running(&cluster.host, victim)?;
     cluster
         .kubectl()
         .run(&["-n", "default", "delete", "pod", "wb-a-next", "--wait"])?;
@@ -201,11 +205,8 @@ pub fn with_the_projection_the_address_waits_for_the_quarantine(
         |r| label(r) && r["spec"]["podref"] == format!("default/{victim}").as_str(),
     )?;
 
-    force_delete_and_wait_freed(cluster, victim)?;
-    ensure!(
-        !containers_of(cluster, victim)?.is_empty(),
-        "the force-deleted pod's container no longer runs"
-    );
+    terminate_then_force_delete_and_wait_freed(cluster, victim)?;
+    tasks::ensure_running(&cluster.host, victim, "once its address was freed")?;
     let own = wait_reservation(cluster, &address, "ipq's own", |r| {
         r["spec"]["podref"] == own_pod_ref().as_str()
     })?;
@@ -267,9 +268,9 @@ pub fn with_the_projection_the_address_waits_for_the_quarantine(
         allocations(cluster)?
     );
 
-    // The old holder goes; ipq's quarantine of the address then runs and ends, and the third
-    // pod is given the address.
-    kill(cluster, victim)?;
+    // The old holder goes (it ran until now: asserted before the kill); ipq's quarantine of
+    // the address then runs and ends, and the third pod is given the address.
+    tasks::kill_running(&cluster.host, victim)?;
     let pod = cluster.wait_for(
         "the third pod to run on the address once the quarantine ended",
         Duration::from_secs(480),

@@ -243,7 +243,7 @@ fn idle_connections_on_both_listeners_exhaust_nothing() {
             .unwrap_or_else(|e| panic!("/metrics after the idle connections: {e:#}"));
         assert_eq!(n, 0.0, "{failures} under idle connections");
     }
-    let (soft, hard_seen) = fd_limits(agent_pid(agent.pid()));
+    let (soft, hard_seen) = fd_limits(agent.pid());
     assert_eq!(soft, hard_seen, "the agent's soft open files limit");
 
     agent.terminate().unwrap();
@@ -400,18 +400,6 @@ fn one_peer_cannot_take_the_metrics_port() {
     assert!(refused >= 1.0, "the refusal is not counted: {refused}");
 }
 
-/// The pid of the agent itself when it runs under a wrapper that forks it (prlimit execs,
-/// unshare --fork forks): the wrapper's only child, or the wrapper when it has none.
-fn agent_pid(wrapper: u32) -> u32 {
-    let children =
-        fs::read_to_string(format!("/proc/{wrapper}/task/{wrapper}/children")).unwrap_or_default();
-    children
-        .split_whitespace()
-        .next()
-        .and_then(|p| p.parse().ok())
-        .unwrap_or(wrapper)
-}
-
 /// Injected: 20 claims from a client that shuts down its write side after the request
 /// (`nc -N`, socat) / Holds: each one is answered 200.
 #[test]
@@ -441,9 +429,9 @@ fn a_half_closed_client_gets_its_answer() {
     }
 }
 
-/// Injected: the agent in its own PID namespace (as in the DaemonSet, without hostPID) with
-/// `--api-group`, and a client in that group only as a supplementary group / Holds: the
-/// client is allowed; one in no group is still refused.
+/// Injected: the agent in its own PID namespace (as in the DaemonSet, without hostPID, and as
+/// every lab runs it) with `--api-group`, and a client in that group only as a supplementary
+/// group / Holds: the client is allowed; one in no group is still refused.
 #[test]
 fn api_group_through_a_supplementary_group_works_across_pid_namespaces() {
     const GID: u32 = 54322;
@@ -457,7 +445,7 @@ fn api_group_through_a_supplementary_group_works_across_pid_namespaces() {
     let mut args = agent_args();
     args.extend(["--api-group", &gid]);
     let _agent = lab
-        .start_agent_wrapped(&["unshare", "--pid", "--fork", "--kill-child"], &args)
+        .start_agent(&args)
         .expect("starting ipq-agent in a new PID namespace (unshare, package util-linux)");
     let sock = socket(&lab);
     let in_group = format!("--groups={GID}");

@@ -187,8 +187,15 @@ impl Setup {
         let config = self.work.join("agent.toml");
         fs::write(&config, "")?;
         let log = fs::File::create(self.work.join("agent.log"))?;
-        let mut command = in_netns(&self.node, &binary);
+        // In PID and mount namespaces of its own, as the DaemonSet runs it; dropped with
+        // `unshare` (`--kill-child`).
+        let host_proc = self.work.join("host-proc");
+        let launcher = super::pod_ns::launcher(&host_proc)?;
+        let mut command = in_netns(&self.node, &launcher[0]);
         command
+            .args(&launcher[1..])
+            .arg(&binary)
+            .args(super::pod_ns::agent_args(&host_proc))
             .arg("--config")
             .arg(&config)
             .arg("--bpffs-dir")

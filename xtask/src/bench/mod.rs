@@ -11,6 +11,7 @@
 mod conntrack;
 mod control;
 mod datapath;
+mod pod_ns;
 mod publish;
 mod repair;
 mod svg;

@@ -1,5 +1,7 @@
-//! The initramfs of one kernel: a static busybox, iproute2's `ip` and `tc` and iputils' `ping`
-//! with the libraries `ldd` lists, the test executables and the agent binaries (debug info
+//! The initramfs of one kernel: a static busybox, iproute2's `ip` and `tc`, iputils' `ping`
+//! and util-linux's `unshare` (the labs start the agent through it, in PID and mount
+//! namespaces of its own as the DaemonSet runs it; busybox's has no `--kill-child`) with the
+//! libraries `ldd` lists, the test executables and the agent binaries (debug info
 //! stripped), the kernel's modules the tests need (decompressed), and an `/init` that mounts
 //! what the tests need, loads the modules, runs the tests and powers off.
 //!
@@ -26,10 +28,11 @@ use crate::util::{self, cmd};
 const AGENT_BINARIES: [&str; 3] = ["ipq-agent", "ipq", "ipq-cni"];
 
 /// Host tools copied in, with the path they get in the guest.
-const TOOLS: [(&str, &str); 3] = [
+const TOOLS: [(&str, &str); 4] = [
     ("ip", "/usr/sbin/ip"),
     ("tc", "/usr/sbin/tc"),
     ("ping", "/usr/bin/ping"),
+    ("unshare", "/usr/bin/unshare"),
 ];
 
 /// Printed by `/init` at the start of every line the host reads as a marker.
@@ -167,7 +170,10 @@ pub fn build(
     files.insert("/bin/busybox".into(), (0o755, static_busybox()?));
     for (tool, guest) in TOOLS {
         let host = which::which(tool).with_context(|| {
-            format!("{tool} is not on PATH (iproute2 and iputils-ping are in setup's list)")
+            format!(
+                "{tool} is not on PATH (iproute2 and iputils-ping are in setup's list, \
+                 util-linux is in every Debian)"
+            )
         })?;
         add_with_libraries(&mut files, guest, &host)?;
     }

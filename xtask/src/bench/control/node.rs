@@ -38,7 +38,10 @@ pub struct Node {
     ns_path: PathBuf,
     pub work: PathBuf,
     pub bpffs: PathBuf,
+    /// `unshare`, which runs the agent in a pod's PID and mount namespaces and exits with it.
     agent: Option<Child>,
+    /// The agent's own pid in the bench's PID namespace.
+    agent_pid: u32,
     runs: u32,
     /// Arguments every agent of this node gets.
     args: Vec<String>,
@@ -56,6 +59,7 @@ impl Node {
             work,
             bpffs,
             agent: None,
+            agent_pid: 0,
             runs: 0,
             args: args.iter().map(|s| (*s).to_owned()).collect(),
         };
@@ -114,13 +118,19 @@ impl Node {
         run_in(&self.ns_path, f)
     }
 
-    /// Starts the release agent and waits until `/readyz` answers 200; the time that took.
+    /// Starts the release agent in PID and mount namespaces of its own (as the DaemonSet runs
+    /// it) and waits until `/readyz` answers 200; the time that took.
     pub fn start_agent(&mut self) -> Result<Duration> {
         let binary = util::workspace_root().join("target/release/ipq-agent");
         self.runs += 1;
         let log = fs::File::create(self.work.join(format!("agent-{}.log", self.runs)))?;
-        let mut cmd = self.command(&binary);
-        cmd.arg("--config")
+        let host_proc = self.work.join("host-proc");
+        let launcher = super::super::pod_ns::launcher(&host_proc)?;
+        let mut cmd = self.command(&launcher[0]);
+        cmd.args(&launcher[1..])
+            .arg(&binary)
+            .args(super::super::pod_ns::agent_args(&host_proc))
+            .arg("--config")
             .arg(self.work.join("agent.toml"))
             .arg("--bpffs-dir")
             .arg(&self.bpffs)
@@ -134,9 +144,17 @@ impl Node {
             .stdout(log.try_clone()?)
             .stderr(log);
         let started = Instant::now();
-        let child = cmd
+        let mut child = cmd
             .spawn()
             .with_context(|| format!("starting {}", binary.display()))?;
+        self.agent_pid = match super::super::pod_ns::agent_pid(&mut child) {
+            Ok(pid) => pid,
+            Err(e) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(e.context(format!("starting {}", binary.display())));
+            }
+        };
         self.agent = Some(child);
         loop {
             if let Some(status) = self
@@ -168,15 +186,20 @@ impl Node {
         tail.into_iter().rev().collect::<Vec<_>>().join("\n")
     }
 
+    /// The agent's pid in the bench's PID namespace (for `/proc/<pid>`).
     pub fn agent_pid(&self) -> Result<i32> {
-        Ok(self.agent.as_ref().context("no agent running")?.id() as i32)
+        self.agent.as_ref().context("no agent running")?;
+        Ok(self.agent_pid as i32)
     }
 
-    /// SIGTERM, and waits for the exit.
+    /// SIGTERM to the agent, and waits for its exit (`unshare` exits with it).
     pub fn stop_agent(&mut self) -> Result<()> {
         if let Some(mut child) = self.agent.take() {
-            // SAFETY: our own child, not yet reaped.
-            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+            if child.try_wait()?.is_none() {
+                // SAFETY: `unshare` still runs, so the agent it waits for does: the pid is
+                // still the agent's.
+                unsafe { libc::kill(self.agent_pid as i32, libc::SIGTERM) };
+            }
             child.wait()?;
         }
         Ok(())
