@@ -520,11 +520,13 @@ fn in_a_pid_namespace_of_its_own_the_agents_own_calls_are_not_reported() {
         "periodic passes over 4 s at 1 s: {periodic}\n{}",
         agent.log()
     );
-    // Reported to itself, the agent's own opens would ask for a pass every 50 ms (80 in 4 s).
-    // Other processes of a shared test machine (this binary's ring flood among them) may ask
-    // for a few.
+    // Reported to itself, the agent's own opens would ask for a pass every 50 ms (80 in 4 s):
+    // each pass's opens ask for the next, a loop that never stops. Other processes of a shared
+    // test machine ask for some (the other tests' agents attach links to their own veths, and
+    // the raw tracepoint, where it is the watcher, cannot tell whose interface that is): 9
+    // were seen in a full `cargo xtask test`. A fifth of the loop's rate tells the two apart.
     assert!(
-        poked <= 8.0,
+        poked <= 16.0,
         "passes the watcher asked for in 4 s with nobody writing ipq's maps: {poked}\n{}",
         agent.log()
     );
