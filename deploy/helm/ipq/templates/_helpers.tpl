@@ -29,7 +29,7 @@ value to set instead, so that no setting is silently overridden.
   "api_peer_procfs" "nothing: the DaemonSet mounts the node's /proc at /host/proc" -}}
 {{- range $key, $use := $owned }}
 {{- if hasKey ($.Values.config | default dict) $key }}
-{{- fail (printf "config.%s is set: set %s instead (docs/deploy.md)" $key $use) }}
+{{- fail (printf "config.%s is set: set %s instead (docs/kubernetes.md)" $key $use) }}
 {{- end }}
 {{- end }}
 {{- if not (has .Values.mode (list "enforce" "observe")) }}
@@ -65,7 +65,7 @@ value to set instead, so that no setting is silently overridden.
 
 {{/* The agent's agent.toml. */}}
 {{- define "ipq.agentToml" -}}
-# Rendered by ipq's Helm chart from its values (docs/deploy.md); every key is in docs/config.md.
+# Rendered by ipq's Helm chart from its values (docs/kubernetes.md); every key is in docs/config.md.
 {{ include "ipq.toml" (dict "table" (include "ipq.agentConfigMap" . | fromJson) "prefix" "") }}
 {{- end }}
 
