@@ -1,4 +1,4 @@
-//! ipq installed on the cluster as docs/deploy.md tells users: its image (made here, see
+//! ipq installed on the cluster as docs/kubernetes.md tells users: its image (made here, see
 //! [`super::image`]) imported into the node's containerd, then `helm install ipq
 //! deploy/helm/ipq --namespace ipq-system --create-namespace` with the image and the API
 //! server's address as the only values ([`tier_values`]), and the DaemonSet waited for. The

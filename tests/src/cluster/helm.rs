@@ -14,7 +14,7 @@ use serde_json::Value;
 
 use super::{daemon::component, deploy::NAMESPACE, host::Host};
 
-/// The release's name, as docs/deploy.md installs it.
+/// The release's name, as docs/kubernetes.md installs it.
 pub const RELEASE: &str = "ipq";
 
 /// The repository's chart.
@@ -66,7 +66,7 @@ impl<'h> Helm<'h> {
     }
 
     /// `helm install ipq deploy/helm/ipq --namespace ipq-system --create-namespace --values
-    /// <values>`, as docs/deploy.md has users install it.
+    /// <values>`, as docs/kubernetes.md has users install it.
     pub fn install(&self, values: &Path) -> anyhow::Result<String> {
         let chart = chart_dir();
         self.run(&[
