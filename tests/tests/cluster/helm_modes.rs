@@ -36,7 +36,7 @@ use super::{
 /// The annotation the chart puts the config's checksum in.
 const CHECKSUM: &str = "checksum/config";
 
-/// One helm step: what it runs, and the mode it leaves.
+/// What a step runs: `helm upgrade --reuse-values --set <value>`, or `helm rollback <revision>`.
 enum Step {
     Upgrade(&'static str),
     Rollback(u64),
