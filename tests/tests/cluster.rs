@@ -1,7 +1,8 @@
 //! The cluster tier: ipq on a real Kubernetes node. A one-node cluster of the test's own (etcd,
 //! kube-apiserver, kube-controller-manager, kube-scheduler, a kubelet on containerd 2.x with
-//! runc and cgroupfs; `ipq_tests::cluster`), ipq installed from `deploy/kubernetes/` as users
-//! install it, and the incidents caused by Kubernetes itself.
+//! runc and cgroupfs; `ipq_tests::cluster`), ipq installed with `helm install` of
+//! `deploy/helm/ipq/` (whose default rendering is `deploy/kubernetes/`) as users install it, and
+//! the incidents caused by Kubernetes itself.
 //!
 //! One cluster per test, brought up in phases whose durations are printed: the cluster, the
 //! install, each scenario. Run it with `cargo xtask test-cluster` (it builds the Go components
@@ -23,6 +24,8 @@ mod agent_lifecycle;
 mod churn;
 #[path = "cluster/drain.rs"]
 mod drain;
+#[path = "cluster/helm_modes.rs"]
+mod helm_modes;
 #[path = "cluster/prometheus.rs"]
 mod prometheus;
 #[path = "cluster/publish.rs"]
@@ -51,7 +54,7 @@ fn phase<T>(name: &str, f: impl FnOnce() -> anyhow::Result<T>) -> anyhow::Result
     result
 }
 
-/// ipq applied as the README says: the DaemonSet becomes ready, its init step chains ipq-cni
+/// ipq installed as the README says (helm install): the DaemonSet becomes ready, its init step chains ipq-cni
 /// into the node's conflist, and `ipq status` answers through `kubectl exec`. Then the
 /// Deployment rollout whose old pod ignores SIGTERM while its address goes to the new pod, and
 /// that old pod force-deleted while it still runs.
@@ -95,9 +98,10 @@ fn ipq_deployed_from_the_manifests_fences_a_rollouts_old_pod() -> anyhow::Result
     phase("rollout restart of the agent", || {
         agent_lifecycle::agent_restart_keeps_the_fence(&mut cluster, &rollout)
     })?;
-    phase("observe, then enforce, through the ConfigMap", || {
-        agent_lifecycle::observe_then_enforce(&mut cluster, &rollout)
-    })?;
+    phase(
+        "helm upgrade to observe, to enforce, helm rollback to each",
+        || helm_modes::observe_enforce_and_back_through_helm(&mut cluster, &rollout),
+    )?;
     phase("rollout restart of the agent while pods churn", || {
         churn::agent_restart_while_pods_churn(&mut cluster, &rollout)
     })?;

@@ -1,12 +1,14 @@
 //! The cluster tier's Go components, built from source into `target/cluster/bin/`.
 //!
-//! Three Go modules committed under `xtask/cluster/` pin them, each with its `go.sum`:
+//! Four Go modules committed under `xtask/cluster/` pin them, each with its `go.sum`:
 //! `kubernetes/` (kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kubectl, and
 //! the etcd server Kubernetes itself is tested with), `containerd/` (containerd 2.x, its runc
-//! shim, ctr) and `whereabouts/` (the whereabouts IPAM plugin and its `ip-control-loop`, the
-//! cluster IPAM ipq's projection is tested against). Separate modules: containerd's dependency
-//! graph (its own `k8s.io/cri-api`, gRPC, OpenTelemetry) and whereabouts' (client-go 0.31)
-//! would otherwise move Kubernetes' under minimal version selection.
+//! shim, ctr), `whereabouts/` (the whereabouts IPAM plugin and its `ip-control-loop`, the
+//! cluster IPAM ipq's projection is tested against) and `helm/` (Helm 3, which installs ipq's
+//! chart in the cluster tier and lints and renders it in the host suite's deploy tests).
+//! Separate modules: containerd's dependency graph (its own `k8s.io/cri-api`, gRPC,
+//! OpenTelemetry), whereabouts' (client-go 0.31) and Helm's (client-go 0.37) would otherwise
+//! move Kubernetes' under minimal version selection.
 //!
 //! A binary is rebuilt only when it is missing or does not report the pinned version, so a
 //! second run builds nothing. Builds run one at a time (kube-apiserver needs about 4 GB to link)
@@ -54,10 +56,11 @@ const CRDS: &[(&str, &str, &str)] = &[
     ),
 ];
 
-/// The two modules, below the workspace root.
+/// The modules, below the workspace root.
 const KUBERNETES_MODULE: &str = "xtask/cluster/kubernetes";
 const CONTAINERD_MODULE: &str = "xtask/cluster/containerd";
 const WHEREABOUTS_MODULE: &str = "xtask/cluster/whereabouts";
+const HELM_MODULE: &str = "xtask/cluster/helm";
 
 /// One binary: its Go package, the module that pins it, and how it reports its version.
 struct Component {
@@ -105,6 +108,13 @@ const COMPONENTS: &[Component] = &[
         package: "github.com/k8snetworkplumbingwg/whereabouts/cmd/controlloop",
         version_args: &[],
     },
+    Component {
+        binary: "helm",
+        module: HELM_MODULE,
+        versioned_by: "helm.sh/helm/v3",
+        package: "helm.sh/helm/v3/cmd/helm",
+        version_args: &["version", "--short"],
+    },
 ];
 
 const fn kubernetes(binary: &'static str) -> Component {
@@ -137,8 +147,9 @@ impl Component {
         }
     }
 
-    /// `-ldflags` stamping `version` (`v1.35.4`) where this component keeps its version.
-    fn ldflags(&self, version: &str) -> Result<String> {
+    /// `-ldflags` stamping `version` (`v1.35.4`) where this component keeps its version;
+    /// `module` is the directory of the Go module that pins it.
+    fn ldflags(&self, version: &str, module: &Path) -> Result<String> {
         // -s -w: no symbol table or DWARF; the binaries are tools of the test, not debugged here.
         let mut flags = vec!["-s".to_string(), "-w".to_string()];
         match self.versioned_by {
@@ -168,6 +179,24 @@ impl Component {
                 let package = "github.com/k8snetworkplumbingwg/whereabouts/pkg/version";
                 flags.push(format!("-X {package}.Version={version}"));
                 flags.push(format!("-X {package}.ReleaseStatus=released"));
+            }
+            "helm.sh/helm/v3" => {
+                // What Helm's Makefile stamps: its version, and the Kubernetes version that
+                // `helm template` and `helm lint` assume (`.Capabilities.KubeVersion`), from
+                // the client-go it is built with (v0.37 -> 1.37).
+                flags.push(format!(
+                    "-X helm.sh/helm/v3/internal/version.version={version}"
+                ));
+                let client_go = pinned_version(module, "k8s.io/client-go")?;
+                let (major, minor) = major_minor(&client_go)?;
+                let major = major.parse::<u32>().context("client-go's major version")? + 1;
+                for package in [
+                    "helm.sh/helm/v3/pkg/lint/rules",
+                    "helm.sh/helm/v3/pkg/chartutil",
+                ] {
+                    flags.push(format!("-X {package}.k8sVersionMajor={major}"));
+                    flags.push(format!("-X {package}.k8sVersionMinor={minor}"));
+                }
             }
             // etcd's version is a constant of its source, right as it is.
             _ => {}
@@ -306,7 +335,7 @@ pub fn ensure() -> Result<Outcome> {
         let mut build = cmd(&go, ["build", "-trimpath"]);
         build
             .args(["-tags", "no_btrfs", "-ldflags"])
-            .arg(component.ldflags(&version)?)
+            .arg(component.ldflags(&version, &module)?)
             .arg("-o")
             .arg(&binary)
             .arg(component.package())
@@ -355,21 +384,34 @@ mod tests {
     fn the_committed_modules_pin_every_component() {
         let root = util::workspace_root();
         for component in COMPONENTS {
-            let version =
-                pinned_version(&root.join(component.module), component.versioned_by).unwrap();
+            let module = root.join(component.module);
+            let version = pinned_version(&module, component.versioned_by).unwrap();
             assert!(version.starts_with('v'), "{}: {version}", component.binary);
-            component.ldflags(&version).unwrap();
+            component.ldflags(&version, &module).unwrap();
         }
     }
 
     #[test]
     fn kubernetes_ldflags_stamp_the_version() {
-        let flags = kubernetes("kubelet").ldflags("v1.35.4").unwrap();
+        let module = util::workspace_root().join(KUBERNETES_MODULE);
+        let flags = kubernetes("kubelet").ldflags("v1.35.4", &module).unwrap();
         assert!(flags.contains("-X k8s.io/component-base/version.gitVersion=v1.35.4"));
         assert!(flags.contains("-X k8s.io/component-base/version.gitMinor=35"));
         assert_eq!(
             kubernetes("kubelet").package(),
             "k8s.io/kubernetes/cmd/kubelet"
         );
+    }
+
+    #[test]
+    fn helm_ldflags_stamp_its_version_and_the_kubernetes_it_assumes() {
+        let helm = COMPONENTS.iter().find(|c| c.binary == "helm").unwrap();
+        let module = util::workspace_root().join(HELM_MODULE);
+        let flags = helm.ldflags("v3.22.0", &module).unwrap();
+        assert!(flags.contains("-X helm.sh/helm/v3/internal/version.version=v3.22.0"));
+        // client-go v0.37.x is Kubernetes 1.37.
+        assert!(flags.contains("-X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1"));
+        assert!(flags.contains("-X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=37"));
+        assert_eq!(helm.package(), "helm.sh/helm/v3/cmd/helm");
     }
 }

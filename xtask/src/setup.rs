@@ -141,8 +141,10 @@ const DEBIAN_PACKAGES: Step = Step {
     run: debian_packages,
 };
 
+/// The cluster tier's Go components, helm among them: in `Scope::All` too, because the host
+/// suite's Helm chart tests (tests/tests/helm_chart.rs) lint and render with that helm.
 const CLUSTER_STEPS: [Step; 1] = [Step {
-    name: "kubernetes components (go)",
+    name: "cluster components and helm (go)",
     run: |_| crate::cluster_build::ensure(),
 }];
 

@@ -1,6 +1,6 @@
 //! `cargo xtask demo --runtime kubernetes`: the incident on a one-node Kubernetes cluster of the
 //! demo's own (the cluster tier's: etcd, kube-apiserver, controller manager, scheduler, a
-//! kubelet on containerd 2.x), ipq installed with `kubectl apply -f deploy/kubernetes/`, and a
+//! kubelet on containerd 2.x), ipq installed with `helm install` of deploy/helm/ipq, and a
 //! Deployment rolled while its old pod ignores SIGTERM and its address goes to the new pod.
 //! What a newcomer recognises is shown: `kubectl get pods -o wide`, the DaemonSet, `ipq
 //! conflicts` through `kubectl exec`. Everything is removed at the end, whatever happens.
@@ -59,7 +59,7 @@ fn main() -> Result<()> {
     println!("  node Ready after {:.1?}", cluster.started_in);
     show(&cluster, &["get", "nodes", "-o", "wide"])?;
 
-    say("ipq installed as the README says: kubectl apply -f deploy/kubernetes/ (image built locally)");
+    say("ipq installed as the README says: helm install ipq deploy/helm/ipq -n ipq-system --create-namespace (image built locally)");
     deploy::install_ipq(&mut cluster)?;
     show(
         &cluster,

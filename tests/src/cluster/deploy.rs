@@ -1,6 +1,9 @@
-//! ipq installed on the cluster as the README tells users: its image (made here, see
-//! [`super::image`]) imported into the node's containerd, then `kubectl apply -f
-//! deploy/kubernetes/` with only the image name changed, and the DaemonSet waited for.
+//! ipq installed on the cluster as docs/kubernetes.md tells users: its image (made here, see
+//! [`super::image`]) imported into the node's containerd, then `helm install ipq
+//! deploy/helm/ipq --namespace ipq-system --create-namespace` with the image and the API
+//! server's address as the only values ([`tier_values`]), and the DaemonSet waited for. The
+//! chart's default rendering is `deploy/kubernetes/`, field for field (the host suite's
+//! `helm_chart` tests), so this is also what `kubectl apply -f deploy/kubernetes/` installs.
 
 use std::{path::Path, time::Duration};
 
@@ -17,44 +20,37 @@ pub fn manifests_dir() -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/kubernetes")
 }
 
-/// Builds and imports ipq's image, applies the manifests and waits until the DaemonSet's pod on
+/// Builds and imports ipq's image, installs the chart and waits until the DaemonSet's pod on
 /// the node is ready; that pod.
 pub fn install_ipq(cluster: &mut Cluster) -> anyhow::Result<Value> {
     let work = cluster.host.dir().join("ipq-image");
     let archive = image::build(&work)?;
     node::import_image(&cluster.host, &archive)?;
-    let manifests = cluster.host.dir().join("manifests");
-    image::manifests_with_test_image(&manifests_dir(), &manifests)?;
-    api_server_without_kube_proxy(&manifests)?;
-    cluster
-        .kubectl()
-        .run(&["apply", "-f", &manifests.to_string_lossy()])?;
+    let values = cluster.host.dir().join("ipq-values.yaml");
+    std::fs::write(&values, tier_values()?)
+        .with_context(|| format!("writing {}", values.display()))?;
+    cluster.helm()?.install(&values)?;
     wait_daemonset_ready(cluster)
 }
 
+/// The chart's values the tier sets: the image made here, and the API server's own address.
 /// The tier runs no kube-proxy, so the `kubernetes` Service's address (what a pod's
 /// KUBERNETES_SERVICE_HOST names) leads nowhere: the agent's container is told the API
-/// server's own address instead, as clusters without kube-proxy (Cilium's replacement) do for
-/// host-network pods. Nothing else of the manifest changes.
-fn api_server_without_kube_proxy(manifests: &Path) -> anyhow::Result<()> {
-    let path = manifests.join("30-daemonset.yaml");
-    let text = std::fs::read_to_string(&path)?;
-    let env = "          env:\n";
-    anyhow::ensure!(
-        text.matches(env).count() == 1,
-        "{} has not the one `env:` of the agent's container",
-        path.display()
-    );
+/// server's address instead, as clusters without kube-proxy (Cilium's replacement) do for
+/// host-network pods. Nothing else differs from the defaults.
+pub fn tier_values() -> anyhow::Result<String> {
+    let (repository, tag) = image::IPQ_IMAGE
+        .rsplit_once(':')
+        .context("the test image has a tag")?;
     let (host, port) = super::control_plane::APISERVER_URL
         .trim_start_matches("https://")
         .split_once(':')
         .context("the API server's URL has a port")?;
-    let added = format!(
-        "{env}            - name: KUBERNETES_SERVICE_HOST\n              value: \"{host}\"\n            \
-         - name: KUBERNETES_SERVICE_PORT\n              value: \"{port}\"\n"
-    );
-    std::fs::write(&path, text.replacen(env, &added, 1))?;
-    Ok(())
+    Ok(format!(
+        "image:\n  repository: {repository}\n  tag: {tag}\nextraEnv:\n  \
+         - name: KUBERNETES_SERVICE_HOST\n    value: \"{host}\"\n  \
+         - name: KUBERNETES_SERVICE_PORT\n    value: \"{port}\"\n"
+    ))
 }
 
 /// Waits until the DaemonSet has its one pod scheduled, updated and ready; that pod.

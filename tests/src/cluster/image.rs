@@ -13,7 +13,8 @@ use std::{
 
 use anyhow::{bail, Context as _};
 
-/// The image name the test gives ipq's manifests in place of the shipped one.
+/// The image the tier installs ipq's chart with (its `image.repository` and `image.tag`), in
+/// place of the shipped one.
 pub const IPQ_IMAGE: &str = "ipq.test/ipq/ipq:cluster-tier";
 
 /// The binaries the Dockerfile copies into /usr/local/bin.
@@ -104,39 +105,4 @@ fn linked_libraries(binary: &Path) -> anyhow::Result<Vec<PathBuf>> {
             path.starts_with('/').then(|| PathBuf::from(path))
         })
         .collect())
-}
-
-/// The manifests of `deploy/kubernetes/` with only the image name changed: every
-/// `image: <shipped>` becomes [`IPQ_IMAGE`]. Fails when there is nothing to change, so a
-/// renamed image in the manifests is noticed rather than deployed from nowhere.
-pub fn manifests_with_test_image(deploy_dir: &Path, out_dir: &Path) -> anyhow::Result<()> {
-    fs::create_dir_all(out_dir)?;
-    let mut replaced = 0;
-    let mut entries: Vec<_> = fs::read_dir(deploy_dir)
-        .with_context(|| format!("reading {}", deploy_dir.display()))?
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|e| e == "yaml" || e == "yml"))
-        .collect();
-    entries.sort();
-    for path in entries {
-        let text = fs::read_to_string(&path)?;
-        let changed: Vec<String> = text
-            .lines()
-            .map(|line| match line.trim_start().strip_prefix("image: ") {
-                Some(_) => {
-                    replaced += 1;
-                    let indent = &line[..line.len() - line.trim_start().len()];
-                    format!("{indent}image: {IPQ_IMAGE}")
-                }
-                None => line.to_owned(),
-            })
-            .collect();
-        let name = path.file_name().context("a manifest has a name")?;
-        fs::write(out_dir.join(name), changed.join("\n") + "\n")?;
-    }
-    if replaced == 0 {
-        bail!("no `image:` line in {}", deploy_dir.display());
-    }
-    Ok(())
 }

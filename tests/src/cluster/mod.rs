@@ -8,6 +8,7 @@ pub mod api_server;
 pub mod control_plane;
 pub mod daemon;
 pub mod deploy;
+pub mod helm;
 pub mod host;
 pub mod image;
 pub mod kubectl;
@@ -65,6 +66,11 @@ impl Cluster {
     pub fn kubectl(&self) -> Kubectl<'_> {
         Kubectl::new(&self.host, self.control_plane.admin_kubeconfig.clone())
             .expect("kubectl was there when the cluster started")
+    }
+
+    /// helm as the cluster's admin.
+    pub fn helm(&self) -> anyhow::Result<helm::Helm<'_>> {
+        helm::Helm::new(&self.host, self.control_plane.admin_kubeconfig.clone())
     }
 
     /// The cluster admin's kubeconfig.

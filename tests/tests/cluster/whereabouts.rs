@@ -19,7 +19,7 @@ use ipq_tests::cluster::{
 };
 use serde_json::Value;
 
-use super::{agent_lifecycle::restart_agent, metric};
+use super::{agent_lifecycle::wait_rolled, metric};
 
 /// What ipq's own reservations name as their pod.
 fn own_pod_ref() -> String {
@@ -146,16 +146,26 @@ pub fn without_the_projection_the_address_is_handed_out_at_once(
     wait_no_quarantine(cluster)
 }
 
-/// `kubernetes.whereabouts = true` in the ConfigMap (and the RBAC of
-/// deploy/kubernetes/whereabouts/), the agent restarted to take it.
+/// `helm upgrade --reuse-values --set whereabouts.enabled=true`: the chart adds the Role in
+/// whereabouts' namespace and `[kubernetes] whereabouts = true` to agent.toml, and the config's
+/// checksum on the pod template rolls the agent, which then projects.
 pub fn enable_the_projection(cluster: &mut Cluster) -> anyhow::Result<()> {
-    cluster.kubectl().run(&[
-        "apply",
-        "-f",
-        &deploy::manifests_dir()
-            .join("whereabouts")
-            .to_string_lossy(),
+    let before = deploy::agent_pod(cluster)?["metadata"]["name"]
+        .as_str()
+        .context("name")?
+        .to_owned();
+    cluster.helm()?.upgrade(&["whereabouts.enabled=true"])?;
+    let role = cluster.kubectl().json(&[
+        "-n",
+        whereabouts::NAMESPACE,
+        "get",
+        "role",
+        "ipq-agent-whereabouts",
     ])?;
+    ensure!(
+        role["rules"][0]["resources"][0] == "overlappingrangeipreservations",
+        "the chart's whereabouts Role: {role}"
+    );
     let config =
         cluster
             .kubectl()
@@ -164,26 +174,10 @@ pub fn enable_the_projection(cluster: &mut Cluster) -> anyhow::Result<()> {
         .as_str()
         .context("the ConfigMap has agent.toml")?;
     ensure!(
-        !toml.contains("[kubernetes]"),
-        "the shipped agent.toml has a [kubernetes] table already: {toml}"
+        toml.contains("[kubernetes]\nwhereabouts = true"),
+        "agent.toml after the upgrade: {toml}"
     );
-    let edited = format!("{toml}\n[kubernetes]\nwhereabouts = true\n");
-    let patch = serde_json::json!({"data": {"agent.toml": edited}}).to_string();
-    cluster.kubectl().run(&[
-        "-n",
-        NAMESPACE,
-        "patch",
-        "configmap",
-        "ipq-agent-config",
-        "--type=merge",
-        "-p",
-        &patch,
-    ])?;
-    let before = deploy::agent_pod(cluster)?["metadata"]["name"]
-        .as_str()
-        .context("name")?
-        .to_owned();
-    restart_agent(cluster, &before)?;
+    wait_rolled(cluster, &before)?;
     Ok(())
 }
 
