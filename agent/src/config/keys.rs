@@ -450,6 +450,36 @@ pub const KEYS: &[Key] = &[
         },
     },
     Key {
+        name: "kubernetes.pod_events",
+        flag: "kubernetes-pod-events",
+        alias: None,
+        help: "true | false: write Kubernetes Events on the pods involved in a conflict, a \
+               fence or a held quarantine (default: true; needs the node name)",
+        kind: Kind::Boolean,
+        set: |c, p, k, v| {
+            c.kubernetes.pod_events = p.boolean(k, v)?;
+            Ok(())
+        },
+    },
+    Key {
+        name: "kubernetes.pod_events_interval",
+        flag: "kubernetes-pod-events-interval",
+        alias: None,
+        help: "Between two writes of one pod's Event of one reason at least, 1s to 1h (default \
+               1m); occurrences meanwhile are counted into its series",
+        kind: Kind::Text,
+        set: |c, p, k, v| {
+            let interval = p.duration(k, v)?;
+            if interval < std::time::Duration::from_secs(1)
+                || interval > std::time::Duration::from_secs(3600)
+            {
+                return Err(p.invalid(k, v, "must be between 1s and 1h"));
+            }
+            c.kubernetes.pod_events_interval = interval;
+            Ok(())
+        },
+    },
+    Key {
         name: "tc_attach",
         flag: "tc-attach",
         alias: None,

@@ -422,3 +422,21 @@ fn the_whereabouts_projection_is_off_unless_asked_for() {
         "{e}"
     );
 }
+
+#[test]
+fn pod_events_are_on_by_default_and_their_interval_is_bounded() {
+    let defaults = Config::default().kubernetes;
+    assert!(defaults.pod_events);
+    assert_eq!(defaults.pod_events_interval, Duration::from_secs(60));
+    let config = Config::from_toml(
+        "[kubernetes]\npod_events = false\npod_events_interval = \"5s\"\n",
+        "test",
+    )
+    .unwrap();
+    assert!(!config.kubernetes.pod_events);
+    assert_eq!(config.kubernetes.pod_events_interval, Duration::from_secs(5));
+    for bad in ["\"500ms\"", "\"2h\"", "\"often\"", "60"] {
+        let e = err(&format!("[kubernetes]\npod_events_interval = {bad}"));
+        assert!(e.contains("`kubernetes.pod_events_interval`"), "{bad}: {e}");
+    }
+}

@@ -20,6 +20,8 @@ use crate::{
 pub struct ServeWith {
     pub urgent: mpsc::Sender<Urgent>,
     pub publish: Option<(Feed, Option<whereabouts::Feed>)>,
+    /// The pod Events' writer, when the agent writes them.
+    pub pod_events: Option<crate::pod_events::Feed>,
 }
 
 /// What serving gives the rest of the agent.
@@ -60,6 +62,10 @@ impl Tracker {
     pub fn serve(&mut self, with: ServeWith) -> Result<Served, HygieneError> {
         let hygiene_reports = self.sinks.start_hygiene(&self.core.config, &self.metrics)?;
         self.ipam.set_releaser(with.urgent);
+        if let Some(mut events) = with.pod_events {
+            events.launch();
+            self.sinks.observer.set_pod_events(events);
+        }
         if let Some((feed, projection)) = with.publish {
             self.publishing
                 .start(&mut self.core.registry, feed, projection);
