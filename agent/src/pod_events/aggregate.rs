@@ -159,7 +159,7 @@ impl Aggregator {
     }
 
     /// Series kept now.
-    pub fn len(&self) -> usize {
+    pub fn series_kept(&self) -> usize {
         self.series.len()
     }
 

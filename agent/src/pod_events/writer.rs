@@ -99,7 +99,9 @@ impl<S: EventSink> Writer<S> {
                 Taken::SeriesFull => self.metrics.dropped(DropCause::SeriesFull),
             }
         }
-        self.metrics.series.set(self.aggregator.len() as i64);
+        self.metrics
+            .series
+            .set(self.aggregator.series_kept() as i64);
     }
 
     fn backing_off(&self) -> bool {
@@ -116,7 +118,9 @@ impl<S: EventSink> Writer<S> {
             }
             self.write(write).await;
         }
-        self.metrics.series.set(self.aggregator.len() as i64);
+        self.metrics
+            .series
+            .set(self.aggregator.series_kept() as i64);
     }
 
     async fn write(&mut self, write: Write) {

@@ -103,7 +103,7 @@ fn each_pod_and_reason_is_a_series_of_its_own() {
             "{taken:?}"
         );
     }
-    assert_eq!(a.len(), 3);
+    assert_eq!(a.series_kept(), 3);
     // The same name with another uid is another pod.
     let mut again = notice("web-1", EventReason::IpqFenced, wall);
     again.pod.uid = Some("uid-web-1-recreated".into());
@@ -135,7 +135,7 @@ fn past_the_cap_a_new_series_is_refused_until_an_old_one_is_forgotten() {
         a.take(notice("c", EventReason::IpqFenced, wall), hour),
         Taken::Write(_)
     ));
-    assert_eq!(a.len(), 2);
+    assert_eq!(a.series_kept(), 2);
     match a.due(hour).as_slice() {
         [Write::Patch { key, count: 2, .. }] => assert_eq!(key.name, "a"),
         other => panic!("expected a's patch, got {other:?}"),
