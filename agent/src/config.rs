@@ -19,6 +19,9 @@ use toml::{Table, Value};
 
 use crate::paths;
 
+mod namespaces;
+pub use namespaces::NamespaceScope;
+
 /// How the TC programs are attached to workload interfaces (`tc_attach`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TcAttach {
@@ -175,6 +178,8 @@ pub struct Config {
     pub ipam_cni_bin_dirs: Vec<PathBuf>,
     pub hygiene: HygieneConfig,
     pub kubernetes: KubernetesConfig,
+    /// Which pods' addresses are only observed (`observe_namespaces`, `enforce_namespaces`).
+    pub namespaces: NamespaceScope,
 }
 
 /// Largest registry the datapath map is created with (16 Mi entries, ~1 GiB of kernel memory).
@@ -211,6 +216,7 @@ impl Default for Config {
             ipam_cni_bin_dirs: vec![PathBuf::from("/opt/cni/bin")],
             hygiene: HygieneConfig::default(),
             kubernetes: KubernetesConfig::default(),
+            namespaces: NamespaceScope::Everywhere,
         }
     }
 }

@@ -460,6 +460,7 @@ fn start_publishing(
 ) -> Option<(
     crate::publish::Feed,
     Option<crate::publish::whereabouts::Feed>,
+    crate::publish::cluster::ClusterReader,
 )> {
     let Some(settings) = crate::publish::Settings::from_config(&config.kubernetes) else {
         if config.kubernetes.whereabouts {
@@ -497,5 +498,13 @@ fn start_publishing(
         );
         crate::publish::whereabouts::start(target, settings.kubeconfig.clone(), metrics.clone())
     });
-    Some((crate::publish::start(settings, metrics.clone()), projection))
+    let cluster = crate::publish::cluster::ClusterReader::start(
+        settings.node.clone(),
+        settings.kubeconfig.clone(),
+    );
+    Some((
+        crate::publish::start(settings, metrics.clone()),
+        projection,
+        cluster,
+    ))
 }

@@ -327,6 +327,45 @@ pub const KEYS: &[Key] = &[
         },
     },
     Key {
+        name: "observe_namespaces",
+        flag: "observe-namespaces",
+        alias: None,
+        help: "A namespace whose pods' addresses are only observed: what would be dropped is \
+               counted and let through (repeatable; the rest enforced; not with \
+               enforce_namespaces)",
+        kind: Kind::List,
+        set: |c, p, k, v| {
+            if matches!(c.namespaces, super::NamespaceScope::EnforceOnly(_)) {
+                return Err(p.invalid(k, v, "cannot be set with enforce_namespaces"));
+            }
+            let names = p.namespaces(k, v)?;
+            c.namespaces = if names.is_empty() {
+                super::NamespaceScope::Everywhere
+            } else {
+                super::NamespaceScope::Observe(names)
+            };
+            Ok(())
+        },
+    },
+    Key {
+        name: "enforce_namespaces",
+        flag: "enforce-namespaces",
+        alias: None,
+        help: "A namespace whose pods' addresses are enforced while every other known \
+               namespace is only observed (repeatable; not with observe_namespaces)",
+        kind: Kind::List,
+        set: |c, p, k, v| {
+            if matches!(c.namespaces, super::NamespaceScope::Observe(_)) {
+                return Err(p.invalid(k, v, "cannot be set with observe_namespaces"));
+            }
+            let names = p.namespaces(k, v)?;
+            if !names.is_empty() {
+                c.namespaces = super::NamespaceScope::EnforceOnly(names);
+            }
+            Ok(())
+        },
+    },
+    Key {
         name: "hygiene.flush",
         flag: "hygiene-flush",
         alias: None,

@@ -18,6 +18,7 @@
 //! With no node name (neither `kubernetes.node_name` nor `NODE_NAME`) the agent starts no
 //! publisher and makes no client: nothing is attempted.
 
+pub mod cluster;
 mod entry;
 mod kube_sink;
 mod metrics;

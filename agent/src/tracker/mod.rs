@@ -108,8 +108,10 @@ impl Tracker {
     ) -> Self {
         let settings = RegistrySettings::from(&config);
         let ipam = ipam::IpamSide::new(&config.state_dir, config.capacity as usize);
+        let mut registry = Registry::new(settings, SystemClock);
+        registry.set_namespace_scope(config.namespaces.clone());
         Self {
-            core: decide::Core::new(config, Registry::new(settings, SystemClock)),
+            core: decide::Core::new(config, registry),
             sinks: effects::Sinks {
                 enforcer: enforcer::Enforcer::new(datapath, metrics.clone()),
                 hand_written: Default::default(),

@@ -19,7 +19,11 @@ use crate::{
 /// ends.
 pub struct ServeWith {
     pub urgent: mpsc::Sender<Urgent>,
-    pub publish: Option<(Feed, Option<whereabouts::Feed>)>,
+    pub publish: Option<(
+        Feed,
+        Option<whereabouts::Feed>,
+        crate::publish::cluster::ClusterReader,
+    )>,
     /// The pod Events' writer, when the agent writes them.
     pub pod_events: Option<crate::pod_events::Feed>,
 }
@@ -66,9 +70,9 @@ impl Tracker {
             events.launch();
             self.sinks.observer.set_pod_events(events);
         }
-        if let Some((feed, projection)) = with.publish {
+        if let Some((feed, projection, cluster)) = with.publish {
             self.publishing
-                .start(&mut self.core.registry, feed, projection);
+                .start(&mut self.core.registry, feed, projection, Some(cluster));
         }
         Ok(Served {
             hygiene_reports,
