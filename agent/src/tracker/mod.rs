@@ -42,6 +42,8 @@ mod ipam_pressure;
 mod map_drift;
 mod observer;
 mod pending_writes;
+#[cfg(test)]
+mod pod_events_tests;
 mod protection;
 mod protection_view;
 mod publish;
