@@ -224,3 +224,53 @@ fn the_event_regards_the_pod_and_names_ipq_and_the_node() {
         "2023-11-14T22:13:20.123456Z"
     );
 }
+
+/// A sink whose every write fails as an API server that refuses (RBAC) would.
+#[derive(Clone, Default)]
+struct Refusing(Arc<Mutex<u32>>);
+
+impl EventSink for Refusing {
+    async fn create(&mut self, _notice: &Notice) -> Result<String, SinkError> {
+        *self.0.lock().unwrap() += 1;
+        Err(SinkError::Failed(crate::publish::WriteError {
+            reason: crate::publish::FailureReason::Refused,
+            message: "forbidden".into(),
+        }))
+    }
+
+    async fn patch(&mut self, _: &str, _: &str, _: u32, _: SystemTime) -> Result<(), SinkError> {
+        unreachable!("nothing was created")
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_refusing_api_server_is_counted_and_waited_out_not_hammered() {
+    let (_registry, metrics) = metrics();
+    let refusing = Refusing::default();
+    let pacing = Pacing {
+        interval: Duration::from_secs(60),
+        max_series: MAX_SERIES,
+        forget_after: FORGET_AFTER,
+    };
+    let mut feed = start_with("node-a".into(), refusing.clone(), pacing, metrics.clone());
+    feed.launch();
+    // Each conflict is two notices (the fenced pod, the new holder).
+    for _ in 0..10 {
+        feed.conflict(&early_reuse(), Outcome::FencedOld);
+    }
+    settle().await;
+    assert_eq!(
+        *refusing.0.lock().unwrap(),
+        1,
+        "one attempt, then the backoff: what follows within it is not written"
+    );
+    assert_eq!(counter(&metrics.failed, "refused"), 1);
+    assert_eq!(counter(&metrics.dropped, "backoff"), 19);
+    assert_eq!(counter(&metrics.emitted, "IpqFenced"), 0);
+    // After the backoff the next occurrence is tried again.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    feed.conflict(&early_reuse(), Outcome::FencedOld);
+    settle().await;
+    assert_eq!(*refusing.0.lock().unwrap(), 2);
+    assert_eq!(counter(&metrics.failed, "refused"), 2);
+}
