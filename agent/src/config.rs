@@ -19,6 +19,9 @@ use toml::{Table, Value};
 
 use crate::paths;
 
+mod namespaces;
+pub use namespaces::NamespaceScope;
+
 /// How the TC programs are attached to workload interfaces (`tc_attach`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TcAttach {
@@ -99,7 +102,7 @@ impl Default for HygieneConfig {
 /// Publishing this node's quarantine as a `NodeQuarantine` object (`[kubernetes]`,
 /// docs/kubernetes.md). With no node name (neither `node_name` nor the `NODE_NAME` variable
 /// the DaemonSet sets from the downward API) nothing is published and nothing is attempted.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KubernetesConfig {
     /// The node's name; `None`: the `NODE_NAME` environment variable at start.
     pub node_name: Option<String>,
@@ -113,6 +116,29 @@ pub struct KubernetesConfig {
     pub whereabouts_namespace: Option<String>,
     /// The whereabouts IPAM config's `network_name` (empty: the unnamed network).
     pub whereabouts_network_name: String,
+    /// Write Kubernetes Events on the pods involved in conflicts, fences and held quarantines
+    /// (`crate::pod_events`); on by default, wherever a node name is known.
+    pub pod_events: bool,
+    /// Between two writes of one pod's Event of one reason at least: every occurrence
+    /// meanwhile is counted into the Event's series.
+    pub pod_events_interval: Duration,
+}
+
+/// Default of `kubernetes.pod_events_interval`.
+pub const DEFAULT_POD_EVENTS_INTERVAL: Duration = Duration::from_secs(60);
+
+impl Default for KubernetesConfig {
+    fn default() -> Self {
+        Self {
+            node_name: None,
+            kubeconfig: None,
+            whereabouts: false,
+            whereabouts_namespace: None,
+            whereabouts_network_name: String::new(),
+            pod_events: true,
+            pod_events_interval: DEFAULT_POD_EVENTS_INTERVAL,
+        }
+    }
 }
 
 /// Upper bound of `hygiene.announce_per_second`.
@@ -152,6 +178,8 @@ pub struct Config {
     pub ipam_cni_bin_dirs: Vec<PathBuf>,
     pub hygiene: HygieneConfig,
     pub kubernetes: KubernetesConfig,
+    /// Which pods' addresses are only observed (`observe_namespaces`, `enforce_namespaces`).
+    pub namespaces: NamespaceScope,
 }
 
 /// Largest registry the datapath map is created with (16 Mi entries, ~1 GiB of kernel memory).
@@ -188,6 +216,7 @@ impl Default for Config {
             ipam_cni_bin_dirs: vec![PathBuf::from("/opt/cni/bin")],
             hygiene: HygieneConfig::default(),
             kubernetes: KubernetesConfig::default(),
+            namespaces: NamespaceScope::Everywhere,
         }
     }
 }

@@ -24,6 +24,7 @@ mod needs_root;
 pub mod netdev;
 pub mod netlink;
 pub mod paths;
+pub mod pod_events;
 pub mod publish;
 pub mod queues;
 pub mod readiness;

@@ -132,6 +132,8 @@ pub struct Metrics {
     /// own count through [`observe_registry`](Self::observe_registry).
     pub registry_full_rejections: IntCounter,
     pub addresses: IntGaugeVec,
+    /// `ipq_addresses_by_mode{mode}`: by whether their pod's namespace is only observed.
+    pub addresses_by_mode: IntGaugeVec,
     pub conflicts: IntCounterVec,
     pub refused_claims: IntCounter,
     pub netlink_resyncs: IntCounter,
@@ -198,6 +200,13 @@ impl Metrics {
                 .with_label_values(&[state.as_ref()])
                 .set(registry.records().indexes().count(state) as i64);
         }
+        let observed = registry.records().namespace_observed();
+        self.addresses_by_mode
+            .with_label_values(&["observe"])
+            .set(observed as i64);
+        self.addresses_by_mode
+            .with_label_values(&["enforce"])
+            .set(registry.records().len().saturating_sub(observed) as i64);
         let counted = self.registry_full_rejections.get();
         let seen = registry.refusals().full_rejections();
         if seen > counted {

@@ -129,6 +129,14 @@ pub fn address_detail(view: &AddressView, now: SystemTime) -> String {
             format!("NOT WRITTEN: {}", pending_write(pending, now)),
         ));
     }
+    if view.namespace_observed {
+        pairs.push((
+            "Mode".to_owned(),
+            "observe: its pod's namespace is only observed (observe_namespaces / \
+             enforce_namespaces); what would be dropped is counted and let through"
+                .to_owned(),
+        ));
+    }
     if view.observe_only {
         pairs.push((
             "Observe only".to_owned(),

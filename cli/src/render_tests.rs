@@ -222,6 +222,10 @@ fn status_shows_readiness_counts_and_hooks() {
         pending_writes: Vec::new(),
         publish: None,
         whereabouts: None,
+        cluster: None,
+        observe_namespaces: Vec::new(),
+        enforce_namespaces: Vec::new(),
+        namespace_observed: 0,
     };
     assert_eq!(
         render::status(&status, now()),
@@ -369,6 +373,52 @@ Recovered:       from the journal, 3 addresses
              10.0.0.5: forbidden\n"
         ),
         "{text}"
+    );
+    use ipq_api::model::{ClusterEntry, ClusterView, NodeQuarantineSummary};
+    let mut clustered = projecting.clone();
+    clustered.cluster = Some(ClusterView {
+        read_at: Some("2026-11-22T10:00:30Z".into()),
+        last_error: None,
+        nodes: vec![NodeQuarantineSummary {
+            node: "node-b".into(),
+            quarantined: 4,
+            fenced: 1,
+            newest: vec![ClusterEntry {
+                address: "10.0.3.7".into(),
+                state: "fenced".into(),
+                since: "2026-11-22T10:00:20Z".into(),
+                pod: Some("default/web-1".into()),
+            }],
+        }],
+        nodes_omitted: 2,
+    });
+    let text = render::status(&clustered, now());
+    assert!(
+        text.contains(
+            "node-b: 4 quarantined, 1 fenced; newest: 10.0.3.7 fenced (default/web-1) since \
+             2026-11-22T10:00:20Z; 2 more nodes (read 2026-11-22T10:00:30Z)"
+        ),
+        "{text}"
+    );
+    if let Some(cluster) = clustered.cluster.as_mut() {
+        cluster.last_error = Some("refused: listing nodequarantines: forbidden".into());
+    }
+    let text = render::status(&clustered, now());
+    assert!(
+        text.contains("(last read FAILED: refused: listing nodequarantines: forbidden)"),
+        "{text}"
+    );
+    let mut scoped = clustered.clone();
+    scoped.observe_namespaces = vec!["audit".into(), "dev".into()];
+    scoped.namespace_observed = 3;
+    let text = render::status(&scoped, now());
+    assert!(
+        text.contains("observe audit, dev, enforce the rest; 3 addresses observed"),
+        "{text}"
+    );
+    assert!(
+        !render::status(&clustered, now()).contains("Namespaces:"),
+        "no scope configured: no line"
     );
     let starting = Status {
         ready: false,
@@ -562,6 +612,25 @@ fn get_says_when_an_address_is_observe_only() {
         now(),
     );
     assert!(!plain.contains("Observe only"), "{plain}");
+}
+
+#[test]
+fn get_and_status_say_when_a_namespace_is_only_observed() {
+    let detail = AddressView {
+        holder: Some(Holder::new(6, "vethpb")),
+        namespace_observed: true,
+        ..view("10.77.0.2", StateName::Active, "2026-11-22T10:00:00Z")
+    };
+    let text = render::address_detail(&detail, now());
+    assert!(
+        text.contains("observe: its pod's namespace is only observed"),
+        "{text}"
+    );
+    let plain = render::address_detail(
+        &view("10.77.0.3", StateName::Active, "2026-11-22T10:00:00Z"),
+        now(),
+    );
+    assert!(!plain.contains("namespace is only observed"), "{plain}");
 }
 
 #[test]

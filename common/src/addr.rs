@@ -128,6 +128,11 @@ pub const NO_IFINDEX: u32 = 0;
 /// but never dropped (`on_early_reuse = observe`); stale traffic still is, in enforce mode.
 pub const FLAG_OBSERVE_ONLY: u32 = 1;
 
+/// [`AddrEntry::flags`]: the address's holder (for a quarantine, the pod that left it) is in a
+/// namespace the agent only observes (`observe_namespaces` / `enforce_namespaces`): every drop
+/// on this address is counted as observed and let through, as under `mode = observe`.
+pub const FLAG_OBSERVE_NAMESPACE: u32 = 2;
+
 /// Value of the `IPQ_ADDRS` map: what the datapath must know of one address.
 ///
 /// The first block is written by the agent only. `last_stale_ns` and `last_sample_ns` are written

@@ -3,7 +3,7 @@
 //! tested without a kernel as well as through `BPF_PROG_TEST_RUN`.
 
 use crate::{
-    addr::{AddrEntry, AddrState, FLAG_OBSERVE_ONLY, NO_IFINDEX},
+    addr::{AddrEntry, AddrState, FLAG_OBSERVE_NAMESPACE, FLAG_OBSERVE_ONLY, NO_IFINDEX},
     config::Mode,
     counters::{Action, Reason},
 };
@@ -76,7 +76,20 @@ pub fn action_for(mode: Mode, reason: Reason) -> Action {
 /// conflicts between workloads on an observe-only address are counted, never dropped.
 #[inline(always)]
 pub fn action_for_entry(mode: Mode, reason: Reason, entry: &AddrEntry) -> Action {
-    action_for_address(mode, reason, entry.flags & FLAG_OBSERVE_ONLY != 0)
+    action_for_flags(mode, reason, entry.flags)
+}
+
+/// The one judgment for an address whose entry carries `flags`: an address of an observed
+/// namespace ([`FLAG_OBSERVE_NAMESPACE`]) is judged as under `mode = observe`, whatever the
+/// mode; otherwise [`action_for_address`] with its observe-only flag. The kernel programs reach
+/// it through [`action_for_entry`], the agent with the registry's derivation of the flags.
+#[inline(always)]
+pub fn action_for_flags(mode: Mode, reason: Reason, flags: u32) -> Action {
+    if flags & FLAG_OBSERVE_NAMESPACE != 0 {
+        action_for(Mode::Observe, reason)
+    } else {
+        action_for_address(mode, reason, flags & FLAG_OBSERVE_ONLY != 0)
+    }
 }
 
 /// The one judgment of observe versus drop, for an address that is `observe_only` (its early
@@ -192,6 +205,35 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn an_observed_namespaces_address_never_drops_whatever_the_mode_and_the_reason() {
+        for mode in [Mode::Enforce, Mode::Observe] {
+            for &reason in Reason::VARIANTS {
+                for flags in [
+                    FLAG_OBSERVE_NAMESPACE,
+                    FLAG_OBSERVE_NAMESPACE | FLAG_OBSERVE_ONLY,
+                ] {
+                    let mut e = entry(AddrState::Quarantined, NO_IFINDEX, B);
+                    e.flags = flags;
+                    let action = action_for_entry(mode, reason, &e);
+                    assert_eq!(
+                        action,
+                        action_for(Mode::Observe, reason),
+                        "{mode:?} {reason:?}"
+                    );
+                    assert_ne!(action, Action::Dropped, "{mode:?} {reason:?}");
+                    assert_eq!(action, action_for_flags(mode, reason, flags));
+                }
+            }
+        }
+        // Without the flag, enforce still drops what it drops.
+        let e = entry(AddrState::Quarantined, NO_IFINDEX, B);
+        assert_eq!(
+            action_for_entry(Mode::Enforce, Reason::StaleTraffic, &e),
+            Action::Dropped
+        );
     }
 
     #[test]

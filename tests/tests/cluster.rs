@@ -26,6 +26,8 @@ mod churn;
 mod drain;
 #[path = "cluster/helm_modes.rs"]
 mod helm_modes;
+#[path = "cluster/pod_events.rs"]
+mod pod_events;
 #[path = "cluster/prometheus.rs"]
 mod prometheus;
 #[path = "cluster/publish.rs"]
@@ -118,6 +120,26 @@ fn ipq_deployed_from_the_manifests_fences_a_rollouts_old_pod() -> anyhow::Result
     // Last, so that a bound it fails masks none of the scenarios above.
     phase("the agent idle for a minute", || {
         agent_in_pod::idle_it_is_quiet(&cluster)
+    })?;
+    Ok(())
+}
+
+/// Events on the pods involved (#39 item 2): the rollout's early reuse leaves an Event on
+/// each pod, and a storm of conflicts a bounded number of them.
+#[test]
+fn the_pods_involved_in_a_conflict_get_events_and_a_storm_stays_bounded() -> anyhow::Result<()> {
+    let mut cluster = phase("cluster start", Cluster::start)?;
+    phase("install ipq", || {
+        deploy::install_ipq(&mut cluster).map(|_| ())
+    })?;
+    let rollout = phase("rollout with an old pod ignoring SIGTERM", || {
+        rollout_fences_the_old_pod(&mut cluster)
+    })?;
+    phase("Events on the old and the new pod", || {
+        pod_events::both_pods_have_their_events(&mut cluster, &rollout)
+    })?;
+    phase("1000 conflicts, a bounded number of Events", || {
+        pod_events::a_storm_writes_a_bounded_number_of_events(&mut cluster)
     })?;
     Ok(())
 }

@@ -339,6 +339,8 @@ impl Recovered {
         let serving = tracker.serve(ServeWith {
             urgent: urgent_tx,
             publish: start_publishing(&config, &metrics),
+            pod_events: start_pod_events(&config, &metrics)
+                .map_err(|e| AgentError::Metrics(e.into()))?,
         })?;
         let (ipam_holds, ipam_records) = (serving.ipam_holds, serving.ipam_records);
         let store = crate::ipam::store::ReleaseStore::start(
@@ -422,6 +424,34 @@ impl Recovered {
     }
 }
 
+/// Registers the pod Events' metrics (always: the same series on every node) and starts their
+/// writer when the agent knows its Kubernetes node and `kubernetes.pod_events` is on.
+fn start_pod_events(
+    config: &Config,
+    metrics: &Arc<Metrics>,
+) -> Result<Option<crate::pod_events::Feed>, prometheus::Error> {
+    let event_metrics = Arc::new(crate::pod_events::EventMetrics::register(
+        &metrics.registry,
+    )?);
+    let Some(publish) = crate::publish::Settings::from_config(&config.kubernetes) else {
+        return Ok(None);
+    };
+    if !config.kubernetes.pod_events {
+        info!("kubernetes.pod_events is off: no Events are written on pods");
+        return Ok(None);
+    }
+    info!(
+        "writing Events on the pods involved (at most one write per pod and reason every {:?})",
+        config.kubernetes.pod_events_interval
+    );
+    let settings = crate::pod_events::Settings {
+        node: publish.node,
+        kubeconfig: publish.kubeconfig,
+        interval: config.kubernetes.pod_events_interval,
+    };
+    Ok(Some(crate::pod_events::start(settings, event_metrics)))
+}
+
 /// Starts the NodeQuarantine publisher and, when asked, the whereabouts projection, when the
 /// agent knows its Kubernetes node; their ends, for the tracker.
 fn start_publishing(
@@ -430,6 +460,7 @@ fn start_publishing(
 ) -> Option<(
     crate::publish::Feed,
     Option<crate::publish::whereabouts::Feed>,
+    crate::publish::cluster::ClusterReader,
 )> {
     let Some(settings) = crate::publish::Settings::from_config(&config.kubernetes) else {
         if config.kubernetes.whereabouts {
@@ -467,5 +498,13 @@ fn start_publishing(
         );
         crate::publish::whereabouts::start(target, settings.kubeconfig.clone(), metrics.clone())
     });
-    Some((crate::publish::start(settings, metrics.clone()), projection))
+    let cluster = crate::publish::cluster::ClusterReader::start(
+        settings.node.clone(),
+        settings.kubeconfig.clone(),
+    );
+    Some((
+        crate::publish::start(settings, metrics.clone()),
+        projection,
+        cluster,
+    ))
 }

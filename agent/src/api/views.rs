@@ -99,6 +99,7 @@ pub fn address_view(record: &AddrRecord, time: &TimeBase) -> AddressView {
         protection: None,
         attachment: None,
         observe_only: record.observe_only,
+        namespace_observed: record.namespace_observed,
         last_flush: None,
         ipam_hold: None,
         pending_write: None,
@@ -113,12 +114,9 @@ pub fn outcome_of(conflict: &Conflict, record: Option<&AddrRecord>, mode: Mode) 
         (Some(record), Some(old)) => record.is_fenced(old),
         _ => false,
     };
-    let duplicate = verdict::action_for_address(
-        mode,
-        Reason::DuplicateSource,
-        record.is_some_and(|r| r.observe_only),
-    );
-    match conflict.kind {
+    let flags = record.map_or(0, |r| crate::registry::datapath_entry(r).flags);
+    let duplicate = verdict::action_for_flags(mode, Reason::DuplicateSource, flags);
+    let outcome = match conflict.kind {
         ConflictKind::EarlyReuse | ConflictKind::ReuseInCooldown => match conflict.policy {
             EarlyReusePolicy::Observe => Outcome::Observed,
             EarlyReusePolicy::RefuseNew => Outcome::BlockedNew,
@@ -132,6 +130,14 @@ pub fn outcome_of(conflict: &Conflict, record: Option<&AddrRecord>, mode: Mode) 
         },
         ConflictKind::RemoteClaim if old_fenced => Outcome::FencedOld,
         ConflictKind::RemoteClaim => Outcome::Reported,
+    };
+    // An address of a namespace only observed drops nothing: whatever the policy chose is
+    // counted and let through.
+    let observed = record.is_some_and(|r| r.namespace_observed);
+    if observed && matches!(outcome, Outcome::FencedOld | Outcome::BlockedNew) {
+        Outcome::Observed
+    } else {
+        outcome
     }
 }
 
@@ -245,6 +251,9 @@ pub struct StatusFacts {
     pub pending_writes: Vec<PendingWriteView>,
     pub publish: Option<super::model::PublishView>,
     pub whereabouts: Option<super::model::WhereaboutsView>,
+    pub cluster: Option<super::model::ClusterView>,
+    /// Observe by namespace: (observed, enforced) as configured.
+    pub namespaces: (Vec<String>, Vec<String>),
 }
 
 /// The agent's status: readiness, policy, registry counts (O(1): the registry keeps them) and
@@ -287,6 +296,10 @@ pub fn status_view<C: Clock>(
         pending_writes: facts.pending_writes,
         publish: facts.publish,
         whereabouts: facts.whereabouts,
+        cluster: facts.cluster,
+        observe_namespaces: facts.namespaces.0,
+        enforce_namespaces: facts.namespaces.1,
+        namespace_observed: registry.records().namespace_observed() as u64,
     }
 }
 

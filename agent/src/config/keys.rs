@@ -327,6 +327,45 @@ pub const KEYS: &[Key] = &[
         },
     },
     Key {
+        name: "observe_namespaces",
+        flag: "observe-namespaces",
+        alias: None,
+        help: "A namespace whose pods' addresses are only observed: what would be dropped is \
+               counted and let through (repeatable; the rest enforced; not with \
+               enforce_namespaces)",
+        kind: Kind::List,
+        set: |c, p, k, v| {
+            if matches!(c.namespaces, super::NamespaceScope::EnforceOnly(_)) {
+                return Err(p.invalid(k, v, "cannot be set with enforce_namespaces"));
+            }
+            let names = p.namespaces(k, v)?;
+            c.namespaces = if names.is_empty() {
+                super::NamespaceScope::Everywhere
+            } else {
+                super::NamespaceScope::Observe(names)
+            };
+            Ok(())
+        },
+    },
+    Key {
+        name: "enforce_namespaces",
+        flag: "enforce-namespaces",
+        alias: None,
+        help: "A namespace whose pods' addresses are enforced while every other known \
+               namespace is only observed (repeatable; not with observe_namespaces)",
+        kind: Kind::List,
+        set: |c, p, k, v| {
+            if matches!(c.namespaces, super::NamespaceScope::Observe(_)) {
+                return Err(p.invalid(k, v, "cannot be set with observe_namespaces"));
+            }
+            let names = p.namespaces(k, v)?;
+            if !names.is_empty() {
+                c.namespaces = super::NamespaceScope::EnforceOnly(names);
+            }
+            Ok(())
+        },
+    },
+    Key {
         name: "hygiene.flush",
         flag: "hygiene-flush",
         alias: None,
@@ -446,6 +485,36 @@ pub const KEYS: &[Key] = &[
         kind: Kind::Text,
         set: |c, p, k, v| {
             c.kubernetes.whereabouts_network_name = p.string(k, v)?.to_owned();
+            Ok(())
+        },
+    },
+    Key {
+        name: "kubernetes.pod_events",
+        flag: "kubernetes-pod-events",
+        alias: None,
+        help: "true | false: write Kubernetes Events on the pods involved in a conflict, a \
+               fence or a held quarantine (default: true; needs the node name)",
+        kind: Kind::Boolean,
+        set: |c, p, k, v| {
+            c.kubernetes.pod_events = p.boolean(k, v)?;
+            Ok(())
+        },
+    },
+    Key {
+        name: "kubernetes.pod_events_interval",
+        flag: "kubernetes-pod-events-interval",
+        alias: None,
+        help: "Between two writes of one pod's Event of one reason at least, 1s to 1h (default \
+               1m); occurrences meanwhile are counted into its series",
+        kind: Kind::Text,
+        set: |c, p, k, v| {
+            let interval = p.duration(k, v)?;
+            if interval < std::time::Duration::from_secs(1)
+                || interval > std::time::Duration::from_secs(3600)
+            {
+                return Err(p.invalid(k, v, "must be between 1s and 1h"));
+            }
+            c.kubernetes.pod_events_interval = interval;
             Ok(())
         },
     },

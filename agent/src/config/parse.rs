@@ -184,6 +184,21 @@ impl Parser<'_> {
         })
     }
 
+    /// A list of namespace names, each checked.
+    pub(super) fn namespaces(
+        &self,
+        key: &str,
+        value: &Value,
+    ) -> Result<std::collections::BTreeSet<String>, ConfigError> {
+        let names = self.strings(key, value)?;
+        for name in &names {
+            if let Some(problem) = super::namespaces::namespace_problem(name) {
+                return Err(self.invalid(key, value, &format!("\"{name}\" {problem}")));
+            }
+        }
+        Ok(names.into_iter().collect())
+    }
+
     pub(super) fn strings(&self, key: &str, value: &Value) -> Result<Vec<String>, ConfigError> {
         let array = value
             .as_array()

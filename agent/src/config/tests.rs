@@ -422,3 +422,45 @@ fn the_whereabouts_projection_is_off_unless_asked_for() {
         "{e}"
     );
 }
+
+#[test]
+fn pod_events_are_on_by_default_and_their_interval_is_bounded() {
+    let defaults = Config::default().kubernetes;
+    assert!(defaults.pod_events);
+    assert_eq!(defaults.pod_events_interval, Duration::from_secs(60));
+    let config = Config::from_toml(
+        "[kubernetes]\npod_events = false\npod_events_interval = \"5s\"\n",
+        "test",
+    )
+    .unwrap();
+    assert!(!config.kubernetes.pod_events);
+    assert_eq!(
+        config.kubernetes.pod_events_interval,
+        Duration::from_secs(5)
+    );
+    for bad in ["\"500ms\"", "\"2h\"", "\"often\"", "60"] {
+        let e = err(&format!("[kubernetes]\npod_events_interval = {bad}"));
+        assert!(e.contains("`kubernetes.pod_events_interval`"), "{bad}: {e}");
+    }
+}
+
+#[test]
+fn observe_by_namespace_takes_one_direction_and_checks_the_names() {
+    assert_eq!(Config::default().namespaces, NamespaceScope::Everywhere);
+    let observe = Config::from_toml("observe_namespaces = [\"audit\", \"dev\"]\n", "test").unwrap();
+    assert!(observe.namespaces.observes(Some("dev")));
+    assert!(!observe.namespaces.observes(Some("prod")));
+    let enforce = Config::from_toml("enforce_namespaces = [\"prod\"]\n", "test").unwrap();
+    assert!(enforce.namespaces.observes(Some("dev")));
+    assert!(!enforce.namespaces.observes(Some("prod")));
+    let e = err("observe_namespaces = [\"a\"]\nenforce_namespaces = [\"b\"]\n");
+    assert!(
+        e.contains("_namespaces`") && e.contains("cannot be set with"),
+        "{e}"
+    );
+    let e = err("observe_namespaces = [\"Not_A_Namespace\"]\n");
+    assert!(
+        e.contains("`observe_namespaces`") && e.contains("\"Not_A_Namespace\" is not a namespace"),
+        "{e}"
+    );
+}

@@ -4,19 +4,22 @@
 //! tool (a raw `bpf()` write that unfences an address); the stricter one is kept, so that a
 //! tampered map can loosen nothing, and the disagreement is reported.
 //!
-//! The order: no entry (free) < an observe-only entry (it drops nothing) < a live holder's
+//! The order: no entry (free) < an observe-only or observed namespace's entry (it drops
+//! nothing, or only stale traffic) < a live holder's
 //! entry < a quarantined entry (every packet to the address dropped at the uplinks) < an entry
 //! that fences an interface (that interface's packets dropped both ways). A tie keeps the copy
 //! the caller trusts by default.
 
-use ipq_common::addr::{AddrEntry, AddrState, FLAG_OBSERVE_ONLY, NO_IFINDEX};
+use ipq_common::addr::{
+    AddrEntry, AddrState, FLAG_OBSERVE_NAMESPACE, FLAG_OBSERVE_ONLY, NO_IFINDEX,
+};
 
 /// How much `entry` enforces (see the module's order).
 pub fn strictness(entry: Option<&AddrEntry>) -> u8 {
     let Some(entry) = entry else {
         return 0;
     };
-    if entry.flags & FLAG_OBSERVE_ONLY != 0 {
+    if entry.flags & (FLAG_OBSERVE_ONLY | FLAG_OBSERVE_NAMESPACE) != 0 {
         return 1;
     }
     if entry.fenced_ifindex != NO_IFINDEX {
@@ -50,6 +53,9 @@ pub fn describe(entry: Option<&AddrEntry>) -> String {
     if entry.flags & FLAG_OBSERVE_ONLY != 0 {
         line.push_str(" observe-only");
     }
+    if entry.flags & FLAG_OBSERVE_NAMESPACE != 0 {
+        line.push_str(" observed namespace");
+    }
     line
 }
 
@@ -70,6 +76,10 @@ mod tests {
         assert!(stricter(Some(&quarantined), Some(&active)));
         assert!(stricter(Some(&fenced), Some(&quarantined)));
         assert!(stricter(Some(&active), Some(&observed)));
+        let mut namespace_observed = fenced;
+        namespace_observed.flags |= FLAG_OBSERVE_NAMESPACE;
+        assert!(stricter(Some(&active), Some(&namespace_observed)));
+        assert!(describe(Some(&namespace_observed)).ends_with(" observed namespace"));
         assert!(
             !stricter(Some(&active), Some(&active)),
             "a tie keeps the trusted copy"

@@ -262,6 +262,22 @@ impl Metrics {
         for state in STATES {
             addresses.with_label_values(&[state.as_ref()]).set(0);
         }
+        let addresses_by_mode = registered(
+            &registry,
+            IntGaugeVec::new(
+                Opts::new(
+                    "ipq_addresses_by_mode",
+                    "Addresses in the registry by how the namespace of their pod is treated \
+                     (observe_namespaces / enforce_namespaces): observe (what would be \
+                     dropped is counted as observed and let through), enforce. Bounded: never \
+                     the namespace's name.",
+                ),
+                &["mode"],
+            )?,
+        )?;
+        for mode in ["observe", "enforce"] {
+            addresses_by_mode.with_label_values(&[mode]).set(0);
+        }
         let conflicts = registered(
             &registry,
             IntCounterVec::new(
@@ -373,6 +389,7 @@ impl Metrics {
             registry_capacity,
             registry_full_rejections,
             addresses,
+            addresses_by_mode,
             conflicts,
             refused_claims,
             netlink_resyncs,

@@ -27,7 +27,7 @@ pub const FIELD_MANAGER: &str = "ipq-agent";
 /// Short: a node's agent must not sit on a dead API server while changes pile up (they are
 /// carried by the retry anyway).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-pub(super) const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The API server as the publisher's sink.
 pub struct KubeSink {
@@ -115,7 +115,7 @@ impl KubeSink {
 
 /// A client for the API server of `kubeconfig`, or of the pod's service account, that waits
 /// `read_timeout` at most for an answer (a watch's client waits longer than its watch lasts).
-pub(super) async fn client_for(
+pub(crate) async fn client_for(
     kubeconfig: Option<&Path>,
     read_timeout: Duration,
 ) -> Result<Client, WriteError> {
@@ -152,7 +152,7 @@ fn apply_params() -> PatchParams {
 
 /// A client error as a failure: an answer from the API server is `refused`, anything else
 /// (connect, TLS, timeout) `unreachable`.
-pub(super) fn failure(what: &str, e: kube::Error) -> WriteError {
+pub(crate) fn failure(what: &str, e: kube::Error) -> WriteError {
     let reason = match &e {
         kube::Error::Api(_) => FailureReason::Refused,
         _ => FailureReason::Unreachable,

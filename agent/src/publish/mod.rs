@@ -18,6 +18,7 @@
 //! With no node name (neither `kubernetes.node_name` nor `NODE_NAME`) the agent starts no
 //! publisher and makes no client: nothing is attempted.
 
+pub mod cluster;
 mod entry;
 mod kube_sink;
 mod metrics;
@@ -40,6 +41,17 @@ pub use entry::{status_body, EntryState, PublishedEntry};
 pub use kube_sink::{KubeSink, FIELD_MANAGER, GROUP, KIND, PLURAL, VERSION};
 pub use metrics::{FailureReason, PublishMetrics};
 pub use writer::{run, Sink, Timing, WriteError};
+
+/// A client of the API server as the publisher makes one (its timeouts, its kubeconfig or the
+/// pod's service account), for the agent's other writers (pod Events).
+pub async fn kube_client(kubeconfig: Option<&std::path::Path>) -> Result<kube::Client, WriteError> {
+    kube_sink::client_for(kubeconfig, kube_sink::REQUEST_TIMEOUT).await
+}
+
+/// A client error as the publisher classifies it (`refused` for an answer, else `unreachable`).
+pub fn kube_failure(what: &str, e: kube::Error) -> WriteError {
+    kube_sink::failure(what, e)
+}
 
 use crate::{api::model::PublishView, config::KubernetesConfig, metrics::Metrics};
 

@@ -6,6 +6,8 @@ use std::{collections::BTreeMap, net::IpAddr};
 
 use ipq_common::addr::AddrEntry;
 
+use crate::config::NamespaceScope;
+
 use super::{
     changes::Changes, effects, entry::datapath_entry, indexes::Indexes, records::RecordMap,
     AddrRecord, Effect, StateName,
@@ -20,6 +22,10 @@ pub struct RecordBook {
     changes: Changes,
     /// Records kept at most: a full book refuses new addresses and never evicts one.
     capacity: u32,
+    /// Which namespaces are only observed: decides each record's `namespace_observed`.
+    scope: NamespaceScope,
+    /// Records with `namespace_observed` set.
+    namespace_observed: usize,
 }
 
 impl RecordBook {
@@ -29,7 +35,20 @@ impl RecordBook {
             indexes: Indexes::default(),
             changes: Changes::default(),
             capacity,
+            scope: NamespaceScope::Everywhere,
+            namespace_observed: 0,
         }
+    }
+
+    /// From now on records are observed or enforced by the namespace of their pod as `scope`
+    /// says (set once, before the registry holds anything).
+    pub(super) fn set_scope(&mut self, scope: NamespaceScope) {
+        self.scope = scope;
+    }
+
+    /// Records whose pod's namespace is only observed.
+    pub fn namespace_observed(&self) -> usize {
+        self.namespace_observed
     }
 
     /// The record of `addr` (IPv4-mapped IPv6 addresses are looked up as IPv4), if not Free.
@@ -106,8 +125,13 @@ impl RecordBook {
     ) {
         if let Some(record) = &mut after {
             record.contest.refill_fence_slot();
+            // The one place the verdict's namespace part is decided, O(log n) in the lists.
+            record.namespace_observed = self.scope.observes(record.owner_namespace());
         }
         let before = self.records.remove(&addr);
+        let observed = |r: &Option<AddrRecord>| r.as_ref().is_some_and(|r| r.namespace_observed);
+        self.namespace_observed = self.namespace_observed + usize::from(observed(&after))
+            - usize::from(observed(&before));
         self.changes.note(addr, before != after);
         if let Some(before) = &before {
             self.indexes.unindex(before);

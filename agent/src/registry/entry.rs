@@ -4,7 +4,9 @@
 
 use std::{collections::BTreeMap, net::IpAddr};
 
-use ipq_common::addr::{AddrEntry, AddrKey, AddrState, FLAG_OBSERVE_ONLY, NO_IFINDEX};
+use ipq_common::addr::{
+    AddrEntry, AddrKey, AddrState, FLAG_OBSERVE_NAMESPACE, FLAG_OBSERVE_ONLY, NO_IFINDEX,
+};
 use log::warn;
 
 use super::settings::RegistrySettings;
@@ -25,6 +27,9 @@ pub fn datapath_entry(record: &AddrRecord) -> AddrEntry {
         .with_fenced(record.fenced_ifindex());
     if record.observe_only {
         entry.flags |= FLAG_OBSERVE_ONLY;
+    }
+    if record.namespace_observed {
+        entry.flags |= FLAG_OBSERVE_NAMESPACE;
     }
     entry
 }

@@ -128,6 +128,11 @@ impl<C: Clock> Registry<C> {
         }
     }
 
+    /// Which namespaces' pods are only observed; set before the registry holds anything.
+    pub fn set_namespace_scope(&mut self, scope: crate::config::NamespaceScope) {
+        self.lifecycle.records_mut().set_scope(scope);
+    }
+
     pub fn settings(&self) -> &RegistrySettings {
         self.lifecycle.settings()
     }

@@ -118,6 +118,12 @@ pub struct AddrRecord {
     /// restart, an upgrade or a lost journal never turns observation into enforcement.
     /// (Journals written before this field read as `false`; the pinned flag fills it in.)
     pub observe_only: bool,
+    /// Its holder (for a quarantine, the pod that left it) is in a namespace the agent only
+    /// observes (`observe_namespaces`, `enforce_namespaces`): mirrored in the datapath entry's
+    /// `FLAG_OBSERVE_NAMESPACE`. Derived, never journaled: the record book sets it from the
+    /// configuration on every change of the record, a restore included
+    /// ([`super::book::RecordBook`]), so a changed configuration applies at the next start.
+    pub namespace_observed: bool,
 }
 
 /// A record as JSON has it: the status flattened into one object with the other fields.
@@ -192,7 +198,18 @@ impl AddrRecord {
             contest: Contest::default(),
             conflicts: 0,
             observe_only: false,
+            namespace_observed: false,
         }
+    }
+
+    /// The namespace of the pod the address belongs to: its live holder's, or for a
+    /// quarantine the one that left it; `None` when the CNI named no pod.
+    pub fn owner_namespace(&self) -> Option<&str> {
+        let owner = match &self.status {
+            AddrStatus::Active { holder, .. } | AddrStatus::Draining { holder, .. } => holder,
+            AddrStatus::Quarantined { previous, .. } => previous,
+        };
+        owner.pod().map(|pod| pod.namespace.as_str())
     }
 
     pub const fn state(&self) -> StateName {

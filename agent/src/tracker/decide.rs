@@ -333,8 +333,19 @@ impl Core {
             .is_some_and(|r| r.observe_only)
             || (self.config.on_early_reuse == EarlyReusePolicy::Observe
                 && matches!(from, StateName::Active | StateName::Draining));
-        verdict::action_for_address(self.config.mode, Reason::Fenced, observed_reuse)
-            == Action::Dropped
+        let namespace_observed = self
+            .registry
+            .records()
+            .get(addr)
+            .is_some_and(|r| r.namespace_observed);
+        let flags = if namespace_observed {
+            ipq_common::addr::FLAG_OBSERVE_NAMESPACE
+        } else if observed_reuse {
+            ipq_common::addr::FLAG_OBSERVE_ONLY
+        } else {
+            0
+        };
+        verdict::action_for_flags(self.config.mode, Reason::Fenced, flags) == Action::Dropped
     }
 
     /// The conflict a claim by `claimant` that the policy refused (`refuse-new`) is: the

@@ -127,6 +127,22 @@ impl Sinks {
                 metrics.stale_traffic_age_seconds.observe(age);
             }
         }
+        if let (Some(events), Some(record)) = (
+            self.observer.pod_events(),
+            core.registry.records().get(addr),
+        ) {
+            match (Reason::from_repr(sample.reason), &record.status) {
+                (Some(Reason::Fenced), status) => {
+                    if let Some(fenced) = record.fenced() {
+                        events.fenced_traffic(addr, fenced, status.holder());
+                    }
+                }
+                (Some(Reason::StaleTraffic), AddrStatus::Quarantined { previous, .. }) => {
+                    events.stale_traffic(addr, previous);
+                }
+                _ => {}
+            }
+        }
         let seen_on = interface_name(core, attacher, sample.ifindex);
         self.observer.sample(sample, seen_on, holder);
         let effects = core.on_sample(sample);

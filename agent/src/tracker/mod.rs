@@ -42,6 +42,8 @@ mod ipam_pressure;
 mod map_drift;
 mod observer;
 mod pending_writes;
+#[cfg(test)]
+mod pod_events_tests;
 mod protection;
 mod protection_view;
 mod publish;
@@ -108,8 +110,10 @@ impl Tracker {
     ) -> Self {
         let settings = RegistrySettings::from(&config);
         let ipam = ipam::IpamSide::new(&config.state_dir, config.capacity as usize);
+        let mut registry = Registry::new(settings, SystemClock);
+        registry.set_namespace_scope(config.namespaces.clone());
         Self {
-            core: decide::Core::new(config, Registry::new(settings, SystemClock)),
+            core: decide::Core::new(config, registry),
             sinks: effects::Sinks {
                 enforcer: enforcer::Enforcer::new(datapath, metrics.clone()),
                 hand_written: Default::default(),

@@ -22,6 +22,8 @@ pub struct Observer {
     metrics: Arc<Metrics>,
     /// The API's event feed and recent conflicts.
     feed: EventHub,
+    /// The pod Events' writer, when the agent writes them.
+    pod_events: Option<crate::pod_events::Feed>,
 }
 
 impl Observer {
@@ -29,7 +31,18 @@ impl Observer {
         Self {
             metrics,
             feed: EventHub::new(),
+            pod_events: None,
         }
+    }
+
+    /// From now on conflicts, fences and held quarantines also go to `feed` (Events on pods).
+    pub fn set_pod_events(&mut self, feed: crate::pod_events::Feed) {
+        self.pod_events = Some(feed);
+    }
+
+    /// The pod Events' writer, when the agent writes them.
+    pub fn pod_events(&self) -> Option<&crate::pod_events::Feed> {
+        self.pod_events.as_ref()
     }
 
     /// The feed, for its subscribers and the recent conflicts.
@@ -61,6 +74,9 @@ impl Observer {
             self.metrics.events_lost(LostAt::Log, 1);
         }
         self.feed.conflict(view);
+        if let Some(events) = &self.pod_events {
+            events.conflict(conflict, outcome);
+        }
     }
 
     /// One address changed state.

@@ -15,6 +15,8 @@ pub(super) struct Publishing {
     pub(super) publish: Option<Feed>,
     /// The whereabouts projection's end, when enabled.
     pub(super) whereabouts: Option<whereabouts::Feed>,
+    /// The other nodes' NodeQuarantine objects as last read, when the agent publishes.
+    pub(super) cluster: Option<crate::publish::cluster::ClusterReader>,
 }
 
 impl Publishing {
@@ -65,11 +67,13 @@ impl Publishing {
         registry: &mut Registry,
         feed: Feed,
         projection: Option<whereabouts::Feed>,
+        cluster: Option<crate::publish::cluster::ClusterReader>,
     ) {
         registry.track_published_changes();
         *self = Publishing {
             publish: Some(feed),
             whereabouts: projection,
+            cluster,
         };
         self.send_changes(registry);
         if let Some(feed) = &mut self.publish {

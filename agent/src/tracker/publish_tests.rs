@@ -69,6 +69,7 @@ async fn changes_beyond_a_full_feed_stay_in_the_registry_and_are_published_later
         &mut t.core.registry,
         start_with("node-a".into(), written.clone(), timing, metrics),
         None,
+        None,
     );
     // The writer is spawned but has not run: this test's thread does not yield until below.
     let passes = FEED_BATCHES + 20;

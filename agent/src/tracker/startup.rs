@@ -19,7 +19,13 @@ use crate::{
 /// ends.
 pub struct ServeWith {
     pub urgent: mpsc::Sender<Urgent>,
-    pub publish: Option<(Feed, Option<whereabouts::Feed>)>,
+    pub publish: Option<(
+        Feed,
+        Option<whereabouts::Feed>,
+        crate::publish::cluster::ClusterReader,
+    )>,
+    /// The pod Events' writer, when the agent writes them.
+    pub pod_events: Option<crate::pod_events::Feed>,
 }
 
 /// What serving gives the rest of the agent.
@@ -60,9 +66,13 @@ impl Tracker {
     pub fn serve(&mut self, with: ServeWith) -> Result<Served, HygieneError> {
         let hygiene_reports = self.sinks.start_hygiene(&self.core.config, &self.metrics)?;
         self.ipam.set_releaser(with.urgent);
-        if let Some((feed, projection)) = with.publish {
+        if let Some(mut events) = with.pod_events {
+            events.launch();
+            self.sinks.observer.set_pod_events(events);
+        }
+        if let Some((feed, projection, cluster)) = with.publish {
             self.publishing
-                .start(&mut self.core.registry, feed, projection);
+                .start(&mut self.core.registry, feed, projection, Some(cluster));
         }
         Ok(Served {
             hygiene_reports,

@@ -67,6 +67,60 @@ pub struct Status {
     /// goes; absent unless `kubernetes.whereabouts` is on, and from agents before it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub whereabouts: Option<WhereaboutsView>,
+    /// The other nodes' quarantines, from their NodeQuarantine objects; absent when the agent
+    /// publishes nothing, and from agents before it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<ClusterView>,
+    /// Observe by namespace: the namespaces only observed (`observe_namespaces`), or those
+    /// enforced while every other known one is observed (`enforce_namespaces`); both empty:
+    /// every namespace as `mode` says.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub observe_namespaces: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub enforce_namespaces: Vec<String>,
+    /// Addresses whose pod's namespace is only observed.
+    #[serde(default)]
+    pub namespace_observed: u64,
+}
+
+/// The other nodes' NodeQuarantine objects as the agent last read them (a bounded summary:
+/// per node its counts and its newest entries).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterView {
+    /// When the objects were last read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_at: Option<String>,
+    /// Why the last read failed (RBAC without `list`, an unreachable API server).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    /// Other nodes with anything in quarantine or fenced, most first; at most a few dozen.
+    #[serde(default)]
+    pub nodes: Vec<NodeQuarantineSummary>,
+    /// Nodes with something listed that the summary leaves out (over its cap).
+    #[serde(default)]
+    pub nodes_omitted: u64,
+}
+
+/// One other node's NodeQuarantine, summarized.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeQuarantineSummary {
+    pub node: String,
+    pub quarantined: u64,
+    pub fenced: u64,
+    /// Its newest entries (by `since`), at most a few.
+    #[serde(default)]
+    pub newest: Vec<ClusterEntry>,
+}
+
+/// One entry of another node's NodeQuarantine.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterEntry {
+    pub address: String,
+    pub state: String,
+    pub since: String,
+    /// `namespace/name` of the pod that held it, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<String>,
 }
 
 /// How the projection into whereabouts' OverlappingRangeIPReservations (docs/kubernetes.md)

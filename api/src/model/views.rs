@@ -72,6 +72,10 @@ pub struct AddressView {
     /// holders are counted, never dropped, until it is Free again.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub observe_only: bool,
+    /// Its pod's namespace is only observed (`observe_namespaces` / `enforce_namespaces`):
+    /// what would be dropped on it is counted and let through.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub namespace_observed: bool,
     /// The last reuse-hygiene pass on it (conntrack and neighbour entries flushed, the new
     /// holder announced), if one ran since it entered the registry.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -121,6 +125,7 @@ impl AddressView {
             protection: None,
             attachment: None,
             observe_only: false,
+            namespace_observed: false,
             last_flush: None,
             ipam_hold: None,
             pending_write: None,

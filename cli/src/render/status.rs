@@ -70,6 +70,12 @@ pub fn status(status: &Status, now: SystemTime) -> String {
     if let Some(whereabouts) = &status.whereabouts {
         pairs.push(("whereabouts".to_owned(), projected(whereabouts, now)));
     }
+    if let Some(scope) = namespace_scope(status) {
+        pairs.push(("Namespaces".to_owned(), scope));
+    }
+    if let Some(cluster) = &status.cluster {
+        pairs.push(("Other nodes".to_owned(), other_nodes(cluster)));
+    }
     if !status.unannounced.is_empty() {
         pairs.push(("Unannounced".to_owned(), status.unannounced.clone()));
     }
@@ -170,6 +176,64 @@ fn verification(status: &Status, now: SystemTime) -> String {
             v.found.join("; ")
         )
     }
+}
+
+/// Observe by namespace, when configured: which namespaces are only observed, and how many
+/// addresses that covers.
+fn namespace_scope(status: &Status) -> Option<String> {
+    let covered = format!("{} addresses observed", status.namespace_observed);
+    if !status.observe_namespaces.is_empty() {
+        return Some(format!(
+            "observe {}, enforce the rest; {covered}",
+            status.observe_namespaces.join(", ")
+        ));
+    }
+    if !status.enforce_namespaces.is_empty() {
+        return Some(format!(
+            "enforce {}, observe the rest (pods of no known namespace enforced); {covered}",
+            status.enforce_namespaces.join(", ")
+        ));
+    }
+    None
+}
+
+/// The other nodes' NodeQuarantine objects, summarized: per node its counts and newest entries.
+fn other_nodes(c: &ipq_api::model::ClusterView) -> String {
+    let mut parts: Vec<String> = c
+        .nodes
+        .iter()
+        .map(|n| {
+            let newest: Vec<String> = n
+                .newest
+                .iter()
+                .map(|e| match &e.pod {
+                    Some(pod) => format!("{} {} ({pod}) since {}", e.address, e.state, e.since),
+                    None => format!("{} {} since {}", e.address, e.state, e.since),
+                })
+                .collect();
+            format!(
+                "{}: {} quarantined, {} fenced; newest: {}",
+                n.node,
+                n.quarantined,
+                n.fenced,
+                newest.join(", ")
+            )
+        })
+        .collect();
+    if c.nodes_omitted > 0 {
+        parts.push(format!("{} more nodes", c.nodes_omitted));
+    }
+    let mut text = if parts.is_empty() {
+        "none in quarantine".to_owned()
+    } else {
+        parts.join("; ")
+    };
+    match (&c.read_at, &c.last_error) {
+        (_, Some(error)) => text.push_str(&format!(" (last read FAILED: {error})")),
+        (Some(at), None) => text.push_str(&format!(" (read {at})")),
+        (None, None) => text = "not read yet".to_owned(),
+    }
+    text
 }
 
 /// The projection into whereabouts' reservations: what ipq holds, and why writing fails.

@@ -113,6 +113,8 @@ impl ApiService<'_> {
                 .whereabouts
                 .as_ref()
                 .map(crate::publish::whereabouts::Feed::view),
+            cluster: self.publishing.cluster.as_ref().map(|c| c.view()),
+            namespaces: self.core.config.namespaces.lists(),
         };
         status_view(facts, &self.core.registry, protection.interfaces)
     }
