@@ -154,6 +154,12 @@ fn ipq_keeps_whereabouts_from_handing_out_a_quarantined_address() -> anyhow::Res
     phase("whereabouts with ipq's projection", || {
         whereabouts::with_the_projection_the_address_waits_for_the_quarantine(&mut cluster)
     })?;
+    phase("ipq's own reservation across an agent restart", || {
+        whereabouts::the_own_reservation_survives_an_agent_restart(&mut cluster)
+    })?;
+    phase("a force delete while no agent runs", || {
+        whereabouts::a_force_delete_while_no_agent_runs_is_made_good_by_the_next(&mut cluster)
+    })?;
     Ok(())
 }
 

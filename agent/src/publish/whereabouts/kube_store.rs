@@ -7,6 +7,7 @@
 use std::{net::IpAddr, path::PathBuf, time::Duration};
 
 use futures::StreamExt as _;
+use k8s_openapi::api::core::v1::Pod;
 use kube::{
     api::{
         ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
@@ -179,9 +180,15 @@ impl KubeStore {
             .is_some_and(|value| *value == node_label_value(&self.target.node));
         let own = object.data["spec"]["podref"].as_str()
             == Some(quarantine_pod_ref(&self.target.node).as_str());
+        let holder = own
+            .then(|| object.metadata.annotations.as_ref()?.get(HOLDER_ANNOTATION))
+            .flatten()
+            .filter(|holder| !holder.is_empty())
+            .cloned();
         watched.then(|| Hold {
             uid: object.metadata.uid.clone().unwrap_or_default(),
             own,
+            holder,
         })
     }
 
@@ -328,6 +335,20 @@ async fn watch_ours(
     }
 }
 
+/// Whether the pod `namespace/name` (of `uid`, when known) is in the API server: a pod made
+/// again under the same name (a StatefulSet's) is another pod.
+async fn pod_exists(client: &Client, pod_ref: &str, uid: Option<&str>) -> Result<bool, WriteError> {
+    let Some((namespace, name)) = pod_ref.split_once('/') else {
+        return Ok(true);
+    };
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let found = pods
+        .get_metadata_opt(name)
+        .await
+        .map_err(|e| failure(&format!("getting pod {pod_ref}"), e))?;
+    Ok(found.is_some_and(|pod| uid.is_none() || pod.metadata.uid.as_deref() == uid))
+}
+
 impl Store for KubeStore {
     async fn sync(&mut self) -> Result<Vec<(IpAddr, Hold)>, WriteError> {
         let client = self.client().await?;
@@ -388,14 +409,26 @@ impl Store for KubeStore {
         }
     }
 
-    async fn watch(&mut self, addr: IpAddr, pod_ref: &str) -> Result<Reserved, WriteError> {
+    async fn watch(
+        &mut self,
+        addr: IpAddr,
+        pod_ref: &str,
+        pod_uid: Option<&str>,
+    ) -> Result<Reserved, WriteError> {
         let client = self.client().await?;
-        let api = self.reservations(client);
+        let api = self.reservations(client.clone());
         let name = self.name(addr);
-        match self.get(&api, &name).await? {
-            Some(existing) => self.label(&api, addr, &existing, Some(pod_ref)).await,
-            None => Ok(Reserved::NotHeld),
+        if let Some(existing) = self.get(&api, &name).await? {
+            return self.label(&api, addr, &existing, Some(pod_ref)).await;
         }
+        // No reservation: not whereabouts' address, or whereabouts freed it when the pod was
+        // deleted (force-deleted while its container runs here) and no run of the agent was
+        // watching (the delete landed during a restart). Whereabouts' control loop frees on
+        // the Pod's DELETE, so a reservation found missing after the pod is gone is the second.
+        if pod_exists(&client, pod_ref, pod_uid).await? {
+            return Ok(Reserved::NotHeld);
+        }
+        self.reserve(addr, Some(pod_ref)).await
     }
 
     async fn delete(&mut self, addr: IpAddr, uid: &str) -> Result<(), WriteError> {

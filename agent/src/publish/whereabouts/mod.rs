@@ -71,7 +71,7 @@ pub struct Target {
 /// What a reserve or a watch found, or did.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Reserved {
-    /// ipq's own made, of this uid.
+    /// ipq's own made, of this uid (for a watch: the pod was gone and its reservation too).
     Made(String),
     /// The pod's own (whereabouts') labelled, of this uid.
     Labelled(String),
@@ -101,11 +101,13 @@ pub trait Store {
         addr: IpAddr,
         pod_ref: Option<&str>,
     ) -> impl Future<Output = Result<Reserved, WriteError>> + Send;
-    /// [`Op::Watch`]: labels `pod_ref`'s own if it is there.
+    /// [`Op::Watch`]: labels `pod_ref`'s own if it is there; if it is not and that pod (of
+    /// `pod_uid`, when known) is gone from the API, makes ipq's own for it.
     fn watch(
         &mut self,
         addr: IpAddr,
         pod_ref: &str,
+        pod_uid: Option<&str>,
     ) -> impl Future<Output = Result<Reserved, WriteError>> + Send;
     /// Deletes `addr`'s reservation if it is still the one of `uid` (else leaves it).
     fn delete(
@@ -386,7 +388,11 @@ impl<S: Store> Task<S> {
     async fn call(&mut self, op: &Op) -> Result<(), WriteError> {
         let reserved = match op {
             Op::Reserve { addr, pod_ref } => self.store.reserve(*addr, pod_ref.as_deref()).await?,
-            Op::Watch { addr, pod_ref } => self.store.watch(*addr, pod_ref).await?,
+            Op::Watch {
+                addr,
+                pod_ref,
+                pod_uid,
+            } => self.store.watch(*addr, pod_ref, pod_uid.as_deref()).await?,
             Op::Delete { addr, uid } => {
                 self.store.delete(*addr, uid).await?;
                 self.metrics.whereabouts.writes.inc();
@@ -398,11 +404,32 @@ impl<S: Store> Task<S> {
         match reserved {
             Reserved::Made(uid) => {
                 self.metrics.whereabouts.writes.inc();
-                self.projection.held(addr, Hold { uid, own: true });
+                let holder = match op {
+                    Op::Reserve { pod_ref, .. } => pod_ref.clone(),
+                    Op::Watch { pod_ref, .. } => {
+                        // Its pod went while no run of the agent watched its reservation.
+                        debug!("whereabouts reservation of {addr} gone with its live pod: made");
+                        self.metrics.whereabouts.recreated.inc();
+                        lock(&self.view).recreated_total += 1;
+                        Some(pod_ref.clone())
+                    }
+                    Op::Delete { .. } => None,
+                };
+                let hold = Hold {
+                    uid,
+                    own: true,
+                    holder,
+                };
+                self.projection.held(addr, hold);
             }
             Reserved::Labelled(uid) => {
                 self.metrics.whereabouts.writes.inc();
-                self.projection.held(addr, Hold { uid, own: false });
+                let hold = Hold {
+                    uid,
+                    own: false,
+                    holder: None,
+                };
+                self.projection.held(addr, hold);
             }
             Reserved::AlreadyHeld(hold) => self.projection.held(addr, hold),
             Reserved::NotHeld => self.projection.not_held(addr),
