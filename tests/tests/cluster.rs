@@ -27,6 +27,8 @@ mod drain;
 mod prometheus;
 #[path = "cluster/publish.rs"]
 mod publish;
+#[path = "cluster/publish_outage.rs"]
+mod publish_outage;
 #[path = "cluster/publish_refused.rs"]
 mod publish_refused;
 #[path = "cluster/whereabouts.rs"]

@@ -451,6 +451,8 @@ fn start_publishing(
             |path| format!("kubeconfig {}", path.display())
         )
     );
+    // One view of the API server for both: a return either sees ends both backoffs.
+    let health = crate::publish::ApiHealth::new();
     let projection = config.kubernetes.whereabouts.then(|| {
         let target = crate::publish::whereabouts::Target {
             node: settings.node.clone(),
@@ -465,7 +467,15 @@ fn start_publishing(
             "projecting it into whereabouts' reservations in namespace {} (network name {:?})",
             target.namespace, target.network_name
         );
-        crate::publish::whereabouts::start(target, settings.kubeconfig.clone(), metrics.clone())
+        crate::publish::whereabouts::start(
+            target,
+            settings.kubeconfig.clone(),
+            metrics.clone(),
+            health.clone(),
+        )
     });
-    Some((crate::publish::start(settings, metrics.clone()), projection))
+    Some((
+        crate::publish::start(settings, metrics.clone(), health),
+        projection,
+    ))
 }

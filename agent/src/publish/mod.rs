@@ -18,6 +18,8 @@
 //! With no node name (neither `kubernetes.node_name` nor `NODE_NAME`) the agent starts no
 //! publisher and makes no client: nothing is attempted.
 
+pub mod api_health;
+mod backoff;
 mod entry;
 mod kube_sink;
 mod metrics;
@@ -36,6 +38,8 @@ use std::{
 use ipq_api::PublishState;
 use tokio::sync::mpsc;
 
+pub use api_health::ApiHealth;
+pub use backoff::Backoff;
 pub use entry::{status_body, EntryState, PublishedEntry};
 pub use kube_sink::{KubeSink, FIELD_MANAGER, GROUP, KIND, PLURAL, VERSION};
 pub use metrics::{FailureReason, PublishMetrics};
@@ -87,6 +91,8 @@ pub struct Feed {
     metrics: Arc<Metrics>,
     /// The writer, until [`Feed::launch`] spawns it.
     writer: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
+    /// The API server's prober, spawned with the writer (none in tests of the writer alone).
+    prober: Option<(ApiHealth, Option<PathBuf>)>,
 }
 
 impl Feed {
@@ -125,6 +131,9 @@ impl Feed {
         if let Some(writer) = self.writer.take() {
             tokio::spawn(writer);
         }
+        if let Some((health, kubeconfig)) = self.prober.take() {
+            health.spawn_prober(kubeconfig);
+        }
     }
 
     /// How publishing stands, for `ipq status`.
@@ -139,6 +148,7 @@ pub fn start_with<S: Sink + Send + 'static>(
     sink: S,
     timing: Timing,
     metrics: Arc<Metrics>,
+    health: ApiHealth,
 ) -> Feed {
     let (changes, received) = mpsc::channel(FEED_BATCHES);
     let view = Arc::new(Mutex::new(PublishView {
@@ -146,19 +156,37 @@ pub fn start_with<S: Sink + Send + 'static>(
         state: PublishState::Starting,
         ..PublishView::default()
     }));
-    let writer = run(node, sink, received, timing, view.clone(), metrics.clone());
+    let writer = run(
+        node,
+        sink,
+        received,
+        timing,
+        view.clone(),
+        metrics.clone(),
+        health,
+    );
     Feed {
         changes,
         view,
         metrics,
         writer: Some(Box::pin(writer)),
+        prober: None,
     }
 }
 
-/// The publisher to the API server `settings` name, once [`Feed::launch`]ed.
-pub fn start(settings: Settings, metrics: Arc<Metrics>) -> Feed {
-    let sink = KubeSink::new(settings.node.clone(), settings.kubeconfig);
-    start_with(settings.node, sink, Timing::default(), metrics)
+/// The publisher to the API server `settings` name, once [`Feed::launch`]ed; `health` is
+/// shared with the whereabouts projection (its prober is the caller's to spawn).
+pub fn start(settings: Settings, metrics: Arc<Metrics>, health: ApiHealth) -> Feed {
+    let sink = KubeSink::new(settings.node.clone(), settings.kubeconfig.clone());
+    let mut feed = start_with(
+        settings.node,
+        sink,
+        Timing::default(),
+        metrics,
+        health.clone(),
+    );
+    feed.prober = Some((health, settings.kubeconfig));
+    feed
 }
 
 fn lock(view: &Mutex<PublishView>) -> std::sync::MutexGuard<'_, PublishView> {

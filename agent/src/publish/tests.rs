@@ -66,7 +66,13 @@ async fn a_burst_of_changes_is_a_few_writes_and_each_change_is_written_within_th
     let metrics = crate::metrics::Metrics::for_tests();
     let sink = Recorder::default();
     let timing = Timing::default();
-    let mut feed = start_with("node-a".into(), sink.clone(), timing, metrics.clone());
+    let mut feed = start_with(
+        "node-a".into(),
+        sink.clone(),
+        timing,
+        metrics.clone(),
+        ApiHealth::new(),
+    );
     feed.launch();
     settle().await;
     // The first write at once: the object as this agent has it (empty).
@@ -123,7 +129,13 @@ async fn an_unreachable_api_server_is_retried_with_backoff_counted_shown_and_cau
     let sink = Recorder::default();
     *sink.failing.lock().unwrap() = Some(FailureReason::Unreachable);
     let timing = Timing::default();
-    let mut feed = start_with("node-a".into(), sink.clone(), timing, metrics.clone());
+    let mut feed = start_with(
+        "node-a".into(),
+        sink.clone(),
+        timing,
+        metrics.clone(),
+        ApiHealth::new(),
+    );
     for i in 0..10 {
         feed.send(addr(i), Some(quarantined(i)));
     }
@@ -181,6 +193,53 @@ async fn an_unreachable_api_server_is_retried_with_backoff_counted_shown_and_cau
     assert_eq!(metrics.publish.pending_seconds.get(), 0.0);
 }
 
+/// After a minute of outage the backoff is at tens of seconds; the API server's return (seen
+/// by the prober or by the projection's calls) ends it: the write follows within
+/// `RETURN_SPREAD`, not on the backoff.
+#[tokio::test(start_paused = true)]
+async fn the_api_servers_return_is_caught_up_at_once_not_on_the_backoff() {
+    let metrics = crate::metrics::Metrics::for_tests();
+    let sink = Recorder::default();
+    *sink.failing.lock().unwrap() = Some(FailureReason::Unreachable);
+    let health = ApiHealth::new();
+    let mut feed = start_with(
+        "node-a".into(),
+        sink.clone(),
+        Timing::default(),
+        metrics.clone(),
+        health.clone(),
+    );
+    feed.send(addr(1), Some(quarantined(1)));
+    feed.launch();
+    for _ in 0..600 {
+        tokio::time::advance(Duration::from_millis(100)).await;
+        settle().await;
+    }
+    assert!(health.is_down(), "the writer's failures marked it down");
+    let attempts = sink.attempts.lock().unwrap().clone();
+    let last = *attempts.last().unwrap();
+    assert!(
+        attempts.len() <= 9,
+        "{} attempts in 60 s: it backs off",
+        attempts.len()
+    );
+    *sink.failing.lock().unwrap() = None;
+    let back = Instant::now();
+    health.answered();
+    while sink.writes.lock().unwrap().is_empty() {
+        assert!(
+            Instant::now() - back < api_health::RETURN_SPREAD,
+            "no write within {:?} of the return (last failed attempt {:?} before it)",
+            api_health::RETURN_SPREAD,
+            back - last
+        );
+        tokio::time::advance(Duration::from_millis(10)).await;
+        settle().await;
+    }
+    assert_eq!(listed(&sink.writes.lock().unwrap()[0].1), 1);
+    assert!(!health.is_down());
+}
+
 /// A kubeconfig naming `server`, with a token (nothing checks it: nothing answers).
 fn kubeconfig_for(dir: &std::path::Path, server: &str) -> std::path::PathBuf {
     let path = dir.join("kubeconfig");
@@ -227,7 +286,13 @@ async fn the_real_client_against_a_closed_port_fails_as_unreachable_naming_the_o
 async fn a_quarantine_ending_later_waits_for_a_lazy_write_but_any_other_change_does_not() {
     let metrics = crate::metrics::Metrics::for_tests();
     let sink = Recorder::default();
-    let mut feed = start_with("node-a".into(), sink.clone(), Timing::default(), metrics);
+    let mut feed = start_with(
+        "node-a".into(),
+        sink.clone(),
+        Timing::default(),
+        metrics,
+        ApiHealth::new(),
+    );
     feed.launch();
     feed.send(addr(1), Some(quarantined(1)));
     tokio::time::advance(Duration::from_secs(1)).await;
@@ -266,7 +331,13 @@ async fn a_quarantine_ending_later_waits_for_a_lazy_write_but_any_other_change_d
 async fn the_first_write_after_a_start_is_the_whole_state_never_an_empty_list() {
     let metrics = crate::metrics::Metrics::for_tests();
     let sink = Recorder::default();
-    let mut feed = start_with("node-a".into(), sink.clone(), Timing::default(), metrics);
+    let mut feed = start_with(
+        "node-a".into(),
+        sink.clone(),
+        Timing::default(),
+        metrics,
+        ApiHealth::new(),
+    );
     // What the registry holds at start, sent before the writer runs (Publishing::start).
     for i in 0..3 {
         feed.send(addr(i), Some(quarantined(i)));
@@ -292,7 +363,13 @@ async fn a_full_feed_refuses_a_batch_without_taking_it_counts_it_and_takes_it_on
     let metrics = crate::metrics::Metrics::for_tests();
     let sink = Recorder::default();
     let timing = Timing::default();
-    let mut feed = start_with("node-a".into(), sink.clone(), timing, metrics.clone());
+    let mut feed = start_with(
+        "node-a".into(),
+        sink.clone(),
+        timing,
+        metrics.clone(),
+        ApiHealth::new(),
+    );
     // The writer is not running: nothing takes the batches.
     for i in 0..FEED_BATCHES as u32 {
         assert!(

@@ -67,7 +67,13 @@ async fn changes_beyond_a_full_feed_stay_in_the_registry_and_are_published_later
     }
     t.publishing.start(
         &mut t.core.registry,
-        start_with("node-a".into(), written.clone(), timing, metrics),
+        start_with(
+            "node-a".into(),
+            written.clone(),
+            timing,
+            metrics,
+            crate::publish::ApiHealth::new(),
+        ),
         None,
     );
     // The writer is spawned but has not run: this test's thread does not yield until below.

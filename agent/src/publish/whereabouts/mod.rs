@@ -47,7 +47,10 @@ pub use kube_store::{
 pub use metrics::ProjectionMetrics;
 pub use projection::{pod_ref, reservation_name, Hold, Op, Projection, Want};
 
-use super::{Timing, WriteError};
+use super::{
+    api_health::{ApiHealth, RETURN_SPREAD},
+    Backoff, FailureReason, Timing, WriteError,
+};
 use crate::{api::model::WhereaboutsView, metrics::Metrics};
 
 /// The namespace whereabouts keeps its objects in when installed from its manifests.
@@ -185,6 +188,7 @@ pub fn start_with<S: Store + Send + 'static>(
     target: &Target,
     timing: Timing,
     metrics: Arc<Metrics>,
+    health: ApiHealth,
 ) -> Feed {
     let (changes, received) = mpsc::channel(crate::publish::FEED_BATCHES);
     let view = Arc::new(Mutex::new(WhereaboutsView {
@@ -196,17 +200,26 @@ pub fn start_with<S: Store + Send + 'static>(
         changes,
         full: metrics.publish.feed_full.clone(),
         view: view.clone(),
-        task: Some(Box::pin(run(store, received, timing, view, metrics))),
+        task: Some(Box::pin(run(
+            store, received, timing, view, metrics, health,
+        ))),
     }
 }
 
-/// The projection to the API server of `kubeconfig`.
-pub fn start(target: Target, kubeconfig: Option<PathBuf>, metrics: Arc<Metrics>) -> Feed {
+/// The projection to the API server of `kubeconfig`; `health` is the NodeQuarantine
+/// writer's (whose feed probes the API server).
+pub fn start(
+    target: Target,
+    kubeconfig: Option<PathBuf>,
+    metrics: Arc<Metrics>,
+    health: ApiHealth,
+) -> Feed {
     start_with(
         KubeStore::new(target.clone(), kubeconfig),
         &target,
         Timing::default(),
         metrics,
+        health,
     )
 }
 
@@ -216,7 +229,10 @@ struct Task<S> {
     timing: Timing,
     synced: bool,
     next_round: Instant,
-    retry_delay: Duration,
+    backoff: Backoff,
+    /// Whether the last round failed (its next one waits on the backoff).
+    failing: bool,
+    health: ApiHealth,
     foreign_recheck_at: Option<Instant>,
     failing_since: Option<SystemTime>,
     last_logged: Option<(Instant, String)>,
@@ -231,14 +247,18 @@ pub async fn run<S: Store>(
     timing: Timing,
     view: Arc<Mutex<WhereaboutsView>>,
     metrics: Arc<Metrics>,
+    health: ApiHealth,
 ) {
+    let mut returns = health.returns();
     let mut task = Task {
         store,
         projection: Projection::default(),
         timing,
         synced: false,
         next_round: Instant::now(),
-        retry_delay: timing.first_retry,
+        backoff: Backoff::new(timing.first_retry, timing.max_retry),
+        failing: false,
+        health,
         foreign_recheck_at: None,
         failing_since: None,
         last_logged: None,
@@ -261,6 +281,13 @@ pub async fn run<S: Store>(
                     task.want(batch);
                 }
                 task.round().await;
+            }
+            // The API server answers again: the backoff gives way to a round within a moment.
+            returned = returns.changed() => {
+                if returned.is_ok() && task.failing {
+                    task.backoff.reset();
+                    task.next_round = Instant::now() + task.backoff.up_to(RETURN_SPREAD);
+                }
             }
             () = sleep_until(task.foreign_recheck_at), if task.foreign_recheck_at.is_some() => {
                 task.foreign_recheck_at = None;
@@ -313,11 +340,13 @@ impl<S: Store> Task<S> {
         let now = Instant::now();
         match outcome {
             Ok(listed) => {
+                self.health.answered();
+                self.failing = false;
                 self.next_round = now + self.timing.min_interval;
                 // Not after a list: the watch it starts may fail at once, again and again, and
                 // must back off as a failing call does.
                 if !listed {
-                    self.retry_delay = self.timing.first_retry;
+                    self.backoff.reset();
                 }
                 if let Some(since) = self.failing_since.take() {
                     let for_s = SystemTime::now()
@@ -349,6 +378,10 @@ impl<S: Store> Task<S> {
     /// A call (or the watch) failed: counted, shown, logged, and the next round backed off.
     fn failed(&mut self, e: &WriteError, now: Instant) {
         self.metrics.whereabouts.failed(e.reason);
+        if e.reason == FailureReason::Unreachable {
+            self.health.unreachable();
+        }
+        self.failing = true;
         let since = *self.failing_since.get_or_insert_with(SystemTime::now);
         {
             let mut view = lock(&self.view);
@@ -356,9 +389,9 @@ impl<S: Store> Task<S> {
             view.last_error = Some(format!("{}: {e}", <&str>::from(e.reason)));
             view.failing_since = Some(humantime::format_rfc3339_millis(since).to_string());
         }
-        self.next_round = now + self.retry_delay;
-        self.log_failure(e);
-        self.retry_delay = (self.retry_delay * 2).min(self.timing.max_retry);
+        let delay = self.backoff.next_delay();
+        self.next_round = now + delay;
+        self.log_failure(e, delay);
     }
 
     /// The calls of a round; whether it listed.
@@ -437,7 +470,7 @@ impl<S: Store> Task<S> {
         Ok(())
     }
 
-    fn log_failure(&mut self, e: &WriteError) {
+    fn log_failure(&mut self, e: &WriteError, retry_in: Duration) {
         let text = e.to_string();
         let due = self
             .last_logged
@@ -448,7 +481,7 @@ impl<S: Store> Task<S> {
                 "whereabouts reservations: write failed ({}): {text}; retrying in {:?} \
                  (enforcement on this node is not affected)",
                 <&str>::from(e.reason),
-                self.retry_delay
+                retry_in
             );
             self.last_logged = Some((Instant::now(), text));
         }

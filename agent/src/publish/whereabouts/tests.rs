@@ -187,7 +187,13 @@ fn harness() -> Harness {
         namespace: "kube-system".into(),
         network_name: String::new(),
     };
-    let feed = start_with(store, &target, Timing::default(), metrics.clone());
+    let feed = start_with(
+        store,
+        &target,
+        Timing::default(),
+        metrics.clone(),
+        ApiHealth::new(),
+    );
     Harness {
         world,
         events,
