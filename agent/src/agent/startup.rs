@@ -338,7 +338,7 @@ impl Recovered {
         let handed = crate::ipam::store::Handed::default();
         let serving = tracker.serve(ServeWith {
             urgent: urgent_tx,
-            publish: start_publishing(&config, &metrics),
+            publish: start_publishing(&config, &metrics)?,
         })?;
         let (ipam_holds, ipam_records) = (serving.ipam_holds, serving.ipam_records);
         let store = crate::ipam::store::ReleaseStore::start(
@@ -427,10 +427,19 @@ impl Recovered {
 fn start_publishing(
     config: &Config,
     metrics: &Arc<Metrics>,
-) -> Option<(
-    crate::publish::Feed,
-    Option<crate::publish::whereabouts::Feed>,
-)> {
+) -> Result<
+    Option<(
+        crate::publish::Feed,
+        Option<crate::publish::whereabouts::Feed>,
+    )>,
+    MetricsError,
+> {
+    // Registered whether or not the agent publishes (all zeros then): dashboards and alerts
+    // see the same series on every node. Each part registers its own.
+    let publish_metrics = Arc::new(crate::publish::PublishMetrics::register(&metrics.registry)?);
+    let projection_metrics = Arc::new(crate::publish::whereabouts::ProjectionMetrics::register(
+        &metrics.registry,
+    )?);
     let Some(settings) = crate::publish::Settings::from_config(&config.kubernetes) else {
         if config.kubernetes.whereabouts {
             warn!(
@@ -441,7 +450,7 @@ fn start_publishing(
         } else {
             info!("no Kubernetes node name (NODE_NAME): no NodeQuarantine is published");
         }
-        return None;
+        return Ok(None);
     };
     info!(
         "publishing NodeQuarantine {} ({})",
@@ -467,15 +476,19 @@ fn start_publishing(
             "projecting it into whereabouts' reservations in namespace {} (network name {:?})",
             target.namespace, target.network_name
         );
+        let task_metrics = crate::publish::whereabouts::TaskMetrics {
+            projection: projection_metrics,
+            feed_full: publish_metrics.feed_full.clone(),
+        };
         crate::publish::whereabouts::start(
             target,
             settings.kubeconfig.clone(),
-            metrics.clone(),
+            task_metrics,
             health.clone(),
         )
     });
-    Some((
-        crate::publish::start(settings, metrics.clone(), health),
+    Ok(Some((
+        crate::publish::start(settings, publish_metrics, health),
         projection,
-    ))
+    )))
 }

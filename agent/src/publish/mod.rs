@@ -45,7 +45,7 @@ pub use kube_sink::{KubeSink, FIELD_MANAGER, GROUP, KIND, PLURAL, VERSION};
 pub use metrics::{FailureReason, PublishMetrics};
 pub use writer::{run, Sink, Timing, WriteError};
 
-use crate::{api::model::PublishView, config::KubernetesConfig, metrics::Metrics};
+use crate::{api::model::PublishView, config::KubernetesConfig};
 
 /// The environment variable the DaemonSet sets to the node's name (downward API).
 pub const NODE_NAME_ENV: &str = "NODE_NAME";
@@ -88,7 +88,7 @@ pub const FEED_BATCHES: usize = 64;
 pub struct Feed {
     changes: mpsc::Sender<Vec<Change>>,
     view: Arc<Mutex<PublishView>>,
-    metrics: Arc<Metrics>,
+    metrics: Arc<PublishMetrics>,
     /// The writer, until [`Feed::launch`] spawns it.
     writer: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
     /// The API server's prober, spawned with the writer (none in tests of the writer alone).
@@ -110,7 +110,7 @@ impl Feed {
                 true
             }
             Err(mpsc::error::TrySendError::Full(())) => {
-                self.metrics.publish.feed_full.inc();
+                self.metrics.feed_full.inc();
                 false
             }
             // A writer that stopped (it does not, short of a panic) leaves the view saying so;
@@ -147,7 +147,7 @@ pub fn start_with<S: Sink + Send + 'static>(
     node: String,
     sink: S,
     timing: Timing,
-    metrics: Arc<Metrics>,
+    metrics: Arc<PublishMetrics>,
     health: ApiHealth,
 ) -> Feed {
     let (changes, received) = mpsc::channel(FEED_BATCHES);
@@ -176,7 +176,7 @@ pub fn start_with<S: Sink + Send + 'static>(
 
 /// The publisher to the API server `settings` name, once [`Feed::launch`]ed; `health` is
 /// shared with the whereabouts projection (its prober is the caller's to spawn).
-pub fn start(settings: Settings, metrics: Arc<Metrics>, health: ApiHealth) -> Feed {
+pub fn start(settings: Settings, metrics: Arc<PublishMetrics>, health: ApiHealth) -> Feed {
     let sink = KubeSink::new(settings.node.clone(), settings.kubeconfig.clone());
     let mut feed = start_with(
         settings.node,

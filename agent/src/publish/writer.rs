@@ -18,9 +18,9 @@ use super::{
     api_health::{ApiHealth, RETURN_SPREAD},
     backoff::Backoff,
     entry::status_body,
-    lock, Change, FailureReason, PublishedEntry,
+    lock, Change, FailureReason, PublishMetrics, PublishedEntry,
 };
-use crate::{api::model::PublishView, api::views::TimeBase, metrics::Metrics};
+use crate::{api::model::PublishView, api::views::TimeBase};
 
 /// How often a failure that keeps happening is logged (every one is counted).
 const FAILURE_LOG_EVERY: Duration = Duration::from_secs(60);
@@ -75,7 +75,7 @@ struct Writer {
     failing_since: Option<SystemTime>,
     last_logged: Option<(Instant, String)>,
     view: Arc<Mutex<PublishView>>,
-    metrics: Arc<Metrics>,
+    metrics: Arc<PublishMetrics>,
 }
 
 /// Runs until the owner's end of the channel is dropped. `health` is told of every write's
@@ -86,7 +86,7 @@ pub async fn run<S: Sink>(
     mut changes: mpsc::Receiver<Vec<Change>>,
     timing: Timing,
     view: Arc<Mutex<PublishView>>,
-    metrics: Arc<Metrics>,
+    metrics: Arc<PublishMetrics>,
     health: ApiHealth,
 ) {
     let mut returns = health.returns();
@@ -206,7 +206,7 @@ impl Writer {
         let waited = self
             .waiting_since()
             .map_or(0.0, |since| since.elapsed().as_secs_f64());
-        self.metrics.publish.pending_seconds.set(waited);
+        self.metrics.pending_seconds.set(waited);
         if self.waiting_since().is_some() && self.failing_since.is_none() {
             let mut view = lock(&self.view);
             if view.state == PublishState::Published {
@@ -229,7 +229,7 @@ impl Writer {
         match sink.write(&body.status).await {
             Ok(()) => {
                 self.health.answered();
-                let m = &self.metrics.publish;
+                let m = &self.metrics;
                 m.writes.inc();
                 if let Some(since) = carried_since {
                     m.latency.observe(since.elapsed().as_secs_f64());
@@ -263,7 +263,7 @@ impl Writer {
                 view.failing_since = None;
             }
             Err(e) => {
-                self.metrics.publish.failed(e.reason);
+                self.metrics.failed(e.reason);
                 if e.reason == FailureReason::Unreachable {
                     self.health.unreachable();
                 }

@@ -51,7 +51,7 @@ use super::{
     api_health::{ApiHealth, RETURN_SPREAD},
     Backoff, FailureReason, Timing, WriteError,
 };
-use crate::{api::model::WhereaboutsView, metrics::Metrics};
+use crate::api::model::WhereaboutsView;
 
 /// The namespace whereabouts keeps its objects in when installed from its manifests.
 pub const DEFAULT_NAMESPACE: &str = "kube-system";
@@ -60,6 +60,14 @@ pub const DEFAULT_NAMESPACE: &str = "kube-system";
 pub const FOREIGN_RECHECK: Duration = Duration::from_millis(500);
 /// How often a failure that keeps happening is logged (every one is counted).
 const FAILURE_LOG_EVERY: Duration = Duration::from_secs(60);
+
+/// The metrics the projection writes: its own (`ipq_publish_whereabouts_*`), and the feed's
+/// refusals it shares with the NodeQuarantine writer (`ipq_publish_feed_full_total`).
+#[derive(Clone)]
+pub struct TaskMetrics {
+    pub projection: Arc<ProjectionMetrics>,
+    pub feed_full: prometheus::IntCounter,
+}
 
 /// Where the reservations go.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -187,7 +195,7 @@ pub fn start_with<S: Store + Send + 'static>(
     store: S,
     target: &Target,
     timing: Timing,
-    metrics: Arc<Metrics>,
+    metrics: TaskMetrics,
     health: ApiHealth,
 ) -> Feed {
     let (changes, received) = mpsc::channel(crate::publish::FEED_BATCHES);
@@ -198,7 +206,7 @@ pub fn start_with<S: Store + Send + 'static>(
     }));
     Feed {
         changes,
-        full: metrics.publish.feed_full.clone(),
+        full: metrics.feed_full.clone(),
         view: view.clone(),
         task: Some(Box::pin(run(
             store, received, timing, view, metrics, health,
@@ -211,7 +219,7 @@ pub fn start_with<S: Store + Send + 'static>(
 pub fn start(
     target: Target,
     kubeconfig: Option<PathBuf>,
-    metrics: Arc<Metrics>,
+    metrics: TaskMetrics,
     health: ApiHealth,
 ) -> Feed {
     start_with(
@@ -237,7 +245,7 @@ struct Task<S> {
     failing_since: Option<SystemTime>,
     last_logged: Option<(Instant, String)>,
     view: Arc<Mutex<WhereaboutsView>>,
-    metrics: Arc<Metrics>,
+    metrics: TaskMetrics,
 }
 
 /// Runs until the owner's end of the channel is dropped.
@@ -246,7 +254,7 @@ pub async fn run<S: Store>(
     mut changes: mpsc::Receiver<Vec<Change>>,
     timing: Timing,
     view: Arc<Mutex<WhereaboutsView>>,
-    metrics: Arc<Metrics>,
+    metrics: TaskMetrics,
     health: ApiHealth,
 ) {
     let mut returns = health.returns();
@@ -316,7 +324,7 @@ impl<S: Store> Task<S> {
             StoreEvent::Deleted(uid) => {
                 if let Some(addr) = self.projection.deleted(&uid) {
                     debug!("whereabouts reservation of {addr} deleted by someone else: made again");
-                    self.metrics.whereabouts.recreated.inc();
+                    self.metrics.projection.recreated.inc();
                     lock(&self.view).recreated_total += 1;
                     // At once: the address has no reservation now.
                     self.next_round = Instant::now();
@@ -366,7 +374,7 @@ impl<S: Store> Task<S> {
             self.foreign_recheck_at = Some(now + FOREIGN_RECHECK);
         }
         // O(reservations), after a round only (a few a second at most), off the owner loop.
-        let m = &self.metrics.whereabouts;
+        let m = &self.metrics.projection;
         m.reservations.set(self.projection.own_count() as i64);
         m.foreign.set(self.projection.foreign_count() as i64);
         let mut view = lock(&self.view);
@@ -377,7 +385,7 @@ impl<S: Store> Task<S> {
 
     /// A call (or the watch) failed: counted, shown, logged, and the next round backed off.
     fn failed(&mut self, e: &WriteError, now: Instant) {
-        self.metrics.whereabouts.failed(e.reason);
+        self.metrics.projection.failed(e.reason);
         if e.reason == FailureReason::Unreachable {
             self.health.unreachable();
         }
@@ -428,7 +436,7 @@ impl<S: Store> Task<S> {
             } => self.store.watch(*addr, pod_ref, pod_uid.as_deref()).await?,
             Op::Delete { addr, uid } => {
                 self.store.delete(*addr, uid).await?;
-                self.metrics.whereabouts.writes.inc();
+                self.metrics.projection.writes.inc();
                 self.projection.released(*addr);
                 return Ok(());
             }
@@ -436,13 +444,13 @@ impl<S: Store> Task<S> {
         let addr = op.addr();
         match reserved {
             Reserved::Made(uid) => {
-                self.metrics.whereabouts.writes.inc();
+                self.metrics.projection.writes.inc();
                 let holder = match op {
                     Op::Reserve { pod_ref, .. } => pod_ref.clone(),
                     Op::Watch { pod_ref, .. } => {
                         // Its pod went while no run of the agent watched its reservation.
                         debug!("whereabouts reservation of {addr} gone with its live pod: made");
-                        self.metrics.whereabouts.recreated.inc();
+                        self.metrics.projection.recreated.inc();
                         lock(&self.view).recreated_total += 1;
                         Some(pod_ref.clone())
                     }
@@ -456,7 +464,7 @@ impl<S: Store> Task<S> {
                 self.projection.held(addr, hold);
             }
             Reserved::Labelled(uid) => {
-                self.metrics.whereabouts.writes.inc();
+                self.metrics.projection.writes.inc();
                 let hold = Hold {
                     uid,
                     own: false,

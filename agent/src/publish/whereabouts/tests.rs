@@ -170,13 +170,21 @@ struct Harness {
     world: Arc<Mutex<World>>,
     events: mpsc::UnboundedSender<StoreEvent>,
     feed: Feed,
-    metrics: Arc<Metrics>,
+    metrics: Arc<ProjectionMetrics>,
 }
 
 fn harness() -> Harness {
     let world = Arc::new(Mutex::new(World::default()));
     let (events, received) = mpsc::unbounded_channel();
-    let metrics = Metrics::for_tests();
+    let registry = prometheus::Registry::new();
+    let metrics = Arc::new(ProjectionMetrics::register(&registry).expect("metrics register"));
+    let feed_full = crate::publish::PublishMetrics::register(&registry)
+        .expect("metrics register")
+        .feed_full;
+    let task_metrics = TaskMetrics {
+        projection: metrics.clone(),
+        feed_full,
+    };
     let store = FakeStore {
         world: world.clone(),
         events: received,
@@ -191,7 +199,7 @@ fn harness() -> Harness {
         store,
         &target,
         Timing::default(),
-        metrics.clone(),
+        task_metrics,
         ApiHealth::new(),
     );
     Harness {
@@ -250,7 +258,7 @@ impl Harness {
 
     /// Lets the task run until its metrics show `done`: what the task sets once a round has
     /// taken in a change, whether or not that round called the store.
-    async fn until_counted(&self, what: &str, done: impl Fn(&Metrics) -> bool) {
+    async fn until_counted(&self, what: &str, done: impl Fn(&ProjectionMetrics) -> bool) {
         for _ in 0..200 {
             if done(&self.metrics) {
                 return;
@@ -279,11 +287,11 @@ async fn a_quarantine_is_reserved_made_again_when_deleted_and_released_when_it_e
     h.until("made again", |w| w.reservations.contains_key(&addr(10)))
         .await;
     assert_ne!(h.reservation(addr(10)).unwrap().uid, made.uid);
-    assert_eq!(h.metrics.whereabouts.recreated.get(), 1);
+    assert_eq!(h.metrics.recreated.get(), 1);
 
     h.feed.send(addr(10), None);
     h.until("released", |w| w.reservations.is_empty()).await;
-    assert_eq!(h.metrics.whereabouts.writes.get(), 3);
+    assert_eq!(h.metrics.writes.get(), 3);
 }
 
 #[tokio::test(start_paused = true)]
@@ -335,18 +343,14 @@ async fn another_pods_reservation_is_never_touched() {
         w.calls.iter().any(|c| c.starts_with("reserve"))
     })
     .await;
-    h.until_counted("counted as another pod's", |m| {
-        m.whereabouts.foreign.get() == 1
-    })
-    .await;
+    h.until_counted("counted as another pod's", |m| m.foreign.get() == 1)
+        .await;
     assert_eq!(h.reservation(addr(10)), Some(other.clone()));
     // The address is no longer wanted: the round that takes that in sets the count of foreign
     // reservations to 0, after any call it would have made about them.
     h.feed.send(addr(10), None);
-    h.until_counted("the unwanted address taken in", |m| {
-        m.whereabouts.foreign.get() == 0
-    })
-    .await;
+    h.until_counted("the unwanted address taken in", |m| m.foreign.get() == 0)
+        .await;
     assert_eq!(h.reservation(addr(10)), Some(other));
     assert!(!h
         .world
@@ -391,12 +395,7 @@ async fn a_refusing_api_server_is_retried_with_backoff_and_counted() {
     let tries = h.world.lock().unwrap().calls.len();
     // 0.5 + 1 + 2 s of backoff: at most 3 attempts in 3 s.
     assert!((1..=3).contains(&tries), "{tries} attempts in 3 s");
-    let refused = h
-        .metrics
-        .whereabouts
-        .failures
-        .with_label_values(&["refused"])
-        .get();
+    let refused = h.metrics.failures.with_label_values(&["refused"]).get();
     assert_eq!(refused, tries as u64);
     let view = h.feed.view();
     assert_eq!(view.failures_total, tries as u64);
@@ -444,7 +443,7 @@ async fn a_previous_runs_reservations_are_kept_or_deleted_by_the_first_round() {
     })
     .await;
     assert_eq!(h.reservation(addr(10)).unwrap().uid, "kept");
-    assert_eq!(h.metrics.whereabouts.reservations.get(), 1);
+    assert_eq!(h.metrics.reservations.get(), 1);
 }
 
 #[tokio::test(start_paused = true)]
@@ -466,12 +465,7 @@ async fn a_watch_that_keeps_failing_backs_off_and_is_counted() {
     // The first list, then lists after 0.5 + 1 + 2 s of backoff: not one every round.
     assert!((2..=4).contains(&syncs), "{syncs} lists in 4 s");
     assert!(h.feed.view().last_error.is_some());
-    let refused = h
-        .metrics
-        .whereabouts
-        .failures
-        .with_label_values(&["refused"])
-        .get();
+    let refused = h.metrics.failures.with_label_values(&["refused"]).get();
     assert_eq!(refused, syncs as u64);
 }
 
@@ -509,7 +503,7 @@ async fn a_restarted_agent_keeps_the_reservation_of_a_live_holder_whose_pod_went
             .any(|c| c.starts_with("delete")),
         "never deleted while the holder lives or its quarantine runs"
     );
-    assert_eq!(h.metrics.whereabouts.reservations.get(), 1);
+    assert_eq!(h.metrics.reservations.get(), 1);
     h.feed.send(addr(10), None);
     h.until("released when the quarantine ends", |w| {
         w.reservations.is_empty()
@@ -538,7 +532,7 @@ async fn a_pod_force_deleted_while_the_agent_was_down_gets_ipqs_reservation() {
         })
     })
     .await;
-    assert_eq!(h.metrics.whereabouts.recreated.get(), 1);
+    assert_eq!(h.metrics.recreated.get(), 1);
     tokio::time::sleep(Duration::from_secs(30)).await;
     let world = h.world.lock().unwrap();
     assert!(world.reservations.contains_key(&addr(10)), "kept");
