@@ -23,6 +23,8 @@ mod agent_lifecycle;
 mod churn;
 #[path = "cluster/drain.rs"]
 mod drain;
+#[path = "cluster/own_objects.rs"]
+mod own_objects;
 #[path = "cluster/prometheus.rs"]
 mod prometheus;
 #[path = "cluster/publish.rs"]
@@ -161,6 +163,9 @@ fn ipq_keeps_whereabouts_from_handing_out_a_quarantined_address() -> anyhow::Res
     })?;
     phase("a force delete while no agent runs", || {
         whereabouts::a_force_delete_while_no_agent_runs_is_made_good_by_the_next(&mut cluster)
+    })?;
+    phase("each node's agent writes only its own objects", || {
+        own_objects::a_nodes_token_is_refused_on_other_nodes_objects(&mut cluster)
     })?;
     Ok(())
 }
