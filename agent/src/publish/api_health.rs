@@ -17,7 +17,7 @@ use std::{
 use log::{debug, info};
 use tokio::sync::{watch, Notify};
 
-use super::{backoff::Backoff, kube_sink::client_for};
+use super::{backoff::Backoff, client::CachedClient, FailureReason, WriteError};
 
 /// Between two probes while the API server is down, before jitter (up to half of it more).
 pub const PROBE_EVERY: Duration = Duration::from_millis(400);
@@ -89,15 +89,14 @@ impl ApiHealth {
 
     async fn probe(self, kubeconfig: Option<PathBuf>) {
         let mut jitter = Backoff::new(PROBE_EVERY, PROBE_EVERY);
+        let mut clients = CachedClient::new(kubeconfig, PROBE_TIMEOUT);
         loop {
             if !self.is_down() {
                 self.inner.went_down.notified().await;
                 continue;
             }
             tokio::time::sleep(jitter.next_delay()).await;
-            // A client per probe: a rotated CA or token is read again, and a connection the
-            // outage left half-open is not reused.
-            let Ok(client) = client_for(kubeconfig.as_deref(), PROBE_TIMEOUT).await else {
+            let Ok(client) = clients.get().await else {
                 continue;
             };
             let request = match http::Request::get("/readyz").body(Vec::new()) {
@@ -110,7 +109,14 @@ impl ApiHealth {
                     self.answered();
                 }
                 Ok(text) => debug!("API server not ready yet: {text}"),
-                Err(e) => debug!("API server probe: {e}"),
+                Err(e) => {
+                    debug!("API server probe: {e}");
+                    // A connection the outage left half-open is not reused.
+                    clients.after_failure(&WriteError {
+                        reason: FailureReason::Unreachable,
+                        message: e.to_string(),
+                    });
+                }
             }
         }
     }

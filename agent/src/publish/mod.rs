@@ -20,6 +20,7 @@
 
 pub mod api_health;
 mod backoff;
+mod client;
 mod entry;
 mod kube_sink;
 mod metrics;
