@@ -5,7 +5,10 @@
 //! two: no holder would live on). Without ipq's projection the next pod is given that address at once;
 //! with it (`kubernetes.whereabouts = true`), pods created meanwhile get the other address or
 //! none, until the old holder is gone and ipq's quarantine of the address has ended, and then
-//! the address is handed out again. Each wait is for the state that proves the point.
+//! the address is handed out again. Then the same across the agent's restarts: ipq's own
+//! reservation watched through `kubectl rollout restart daemonset/ipq-agent` (never deleted),
+//! and a force delete while no agent runs made good by the agent that comes back. Each wait is
+//! for the state that proves the point.
 
 use std::time::Duration;
 

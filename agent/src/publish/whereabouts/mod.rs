@@ -16,7 +16,10 @@
 //!   collected with it, and with the Node).
 //!
 //! A watched reservation deleted while its address is still wanted is made again at once as
-//! ipq's own. A reservation naming another pod is never touched: it already keeps the address
+//! ipq's own. Nothing it must keep lives only in memory: ipq's own names the holder it was
+//! made for (`ipq.dev/holder`) and a restarted agent keeps it while its registry has that holder
+//! live; a live holder's reservation found missing with its pod gone from the API (a force
+//! delete while no agent ran) is made as ipq's own. A reservation naming another pod is never touched: it already keeps the address
 //! from the next pod. ipq deletes its own, by uid, when its address is wanted no more (the
 //! quarantine ended).
 //!
