@@ -120,6 +120,8 @@ fn after_an_api_server_outage_the_object_is_written_within_a_second_of_its_retur
         pod_a_traffic(&lab, addr, peer, 20) == (0, 0),
         "{addr}: the fence went with the catch-up"
     );
-    api.check_running()?;
+    // Not `api.check_running()`: kube-controller-manager exits when the API server goes away
+    // while it initializes (this outage begins seconds after the start), and nothing here
+    // needs it.
     Ok(())
 }
