@@ -116,10 +116,6 @@ pub struct Metrics {
     pub tamper: TamperMetrics,
     /// The datapath writer's refused writes, pending and retried.
     pub writes: WriteMetrics,
-    /// How writing the node's NodeQuarantine goes (`ipq_publish_*`).
-    pub publish: crate::publish::PublishMetrics,
-    /// How projecting it into whereabouts' reservations goes (`ipq_publish_whereabouts_*`).
-    pub whereabouts: crate::publish::whereabouts::ProjectionMetrics,
     /// `ipq_connections_refused_total{listener, reason}`, counted by the listeners' guards.
     pub connections_refused: IntCounterVec,
     /// How long the last verification of the datapath took.

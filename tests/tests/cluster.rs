@@ -26,12 +26,16 @@ mod churn;
 mod drain;
 #[path = "cluster/helm_modes.rs"]
 mod helm_modes;
+#[path = "cluster/own_objects.rs"]
+mod own_objects;
 #[path = "cluster/pod_events.rs"]
 mod pod_events;
 #[path = "cluster/prometheus.rs"]
 mod prometheus;
 #[path = "cluster/publish.rs"]
 mod publish;
+#[path = "cluster/publish_outage.rs"]
+mod publish_outage;
 #[path = "cluster/publish_refused.rs"]
 mod publish_refused;
 #[path = "cluster/whereabouts.rs"]
@@ -179,6 +183,15 @@ fn ipq_keeps_whereabouts_from_handing_out_a_quarantined_address() -> anyhow::Res
     })?;
     phase("whereabouts with ipq's projection", || {
         whereabouts::with_the_projection_the_address_waits_for_the_quarantine(&mut cluster)
+    })?;
+    phase("ipq's own reservation across an agent restart", || {
+        whereabouts::the_own_reservation_survives_an_agent_restart(&mut cluster)
+    })?;
+    phase("a force delete while no agent runs", || {
+        whereabouts::a_force_delete_while_no_agent_runs_is_made_good_by_the_next(&mut cluster)
+    })?;
+    phase("each node's agent writes only its own objects", || {
+        own_objects::a_nodes_token_is_refused_on_other_nodes_objects(&mut cluster)
     })?;
     Ok(())
 }

@@ -338,7 +338,7 @@ impl Recovered {
         let handed = crate::ipam::store::Handed::default();
         let serving = tracker.serve(ServeWith {
             urgent: urgent_tx,
-            publish: start_publishing(&config, &metrics),
+            publish: start_publishing(&config, &metrics)?,
             pod_events: start_pod_events(&config, &metrics)
                 .map_err(|e| AgentError::Metrics(e.into()))?,
         })?;
@@ -457,11 +457,20 @@ fn start_pod_events(
 fn start_publishing(
     config: &Config,
     metrics: &Arc<Metrics>,
-) -> Option<(
-    crate::publish::Feed,
-    Option<crate::publish::whereabouts::Feed>,
-    crate::publish::cluster::ClusterReader,
-)> {
+) -> Result<
+    Option<(
+        crate::publish::Feed,
+        Option<crate::publish::whereabouts::Feed>,
+        crate::publish::cluster::ClusterReader,
+    )>,
+    MetricsError,
+> {
+    // Registered whether or not the agent publishes (all zeros then): dashboards and alerts
+    // see the same series on every node. Each part registers its own.
+    let publish_metrics = Arc::new(crate::publish::PublishMetrics::register(&metrics.registry)?);
+    let projection_metrics = Arc::new(crate::publish::whereabouts::ProjectionMetrics::register(
+        &metrics.registry,
+    )?);
     let Some(settings) = crate::publish::Settings::from_config(&config.kubernetes) else {
         if config.kubernetes.whereabouts {
             warn!(
@@ -472,7 +481,7 @@ fn start_publishing(
         } else {
             info!("no Kubernetes node name (NODE_NAME): no NodeQuarantine is published");
         }
-        return None;
+        return Ok(None);
     };
     info!(
         "publishing NodeQuarantine {} ({})",
@@ -482,6 +491,8 @@ fn start_publishing(
             |path| format!("kubeconfig {}", path.display())
         )
     );
+    // One view of the API server for both: a return either sees ends both backoffs.
+    let health = crate::publish::ApiHealth::new();
     let projection = config.kubernetes.whereabouts.then(|| {
         let target = crate::publish::whereabouts::Target {
             node: settings.node.clone(),
@@ -496,15 +507,24 @@ fn start_publishing(
             "projecting it into whereabouts' reservations in namespace {} (network name {:?})",
             target.namespace, target.network_name
         );
-        crate::publish::whereabouts::start(target, settings.kubeconfig.clone(), metrics.clone())
+        let task_metrics = crate::publish::whereabouts::TaskMetrics {
+            projection: projection_metrics,
+            feed_full: publish_metrics.feed_full.clone(),
+        };
+        crate::publish::whereabouts::start(
+            target,
+            settings.kubeconfig.clone(),
+            task_metrics,
+            health.clone(),
+        )
     });
     let cluster = crate::publish::cluster::ClusterReader::start(
         settings.node.clone(),
         settings.kubeconfig.clone(),
     );
-    Some((
-        crate::publish::start(settings, metrics.clone()),
+    Ok(Some((
+        crate::publish::start(settings, publish_metrics, health),
         projection,
         cluster,
-    ))
+    )))
 }

@@ -130,8 +130,6 @@ impl Metrics {
         )?;
         let tamper = TamperMetrics::register(&registry)?;
         let writes = WriteMetrics::register(&registry)?;
-        let publish = crate::publish::PublishMetrics::register(&registry)?;
-        let whereabouts = crate::publish::whereabouts::ProjectionMetrics::register(&registry)?;
         let verify_seconds = registered(
             &registry,
             Gauge::new(
@@ -380,8 +378,6 @@ impl Metrics {
             attachments_lost,
             tamper,
             writes,
-            publish,
-            whereabouts,
             connections_refused,
             verify_seconds,
             tc_upgrades_pending,

@@ -10,13 +10,13 @@ use std::{
 
 use kube::{
     api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams},
-    Api, Client,
+    Api,
 };
 use serde_json::{json, Value};
 use thiserror::Error;
 
 use super::notice::Notice;
-use crate::publish::{kube_client, kube_failure, WriteError};
+use crate::publish::{kube_failure, CachedClient, WriteError, REQUEST_TIMEOUT};
 
 /// The Events' `reportingController`: ipq's agent, named in ipq's API group.
 pub const REPORTING_CONTROLLER: &str = "ipq.dev/agent";
@@ -52,28 +52,21 @@ pub trait EventSink {
 /// The API server as the Events' sink.
 pub struct KubeEvents {
     node: String,
-    kubeconfig: Option<PathBuf>,
-    client: Option<Client>,
+    /// Made again when its credentials' files change or a call fails to connect or
+    /// authenticate, as the publisher's.
+    client: CachedClient,
 }
 
 impl KubeEvents {
     pub fn new(node: String, kubeconfig: Option<PathBuf>) -> Self {
         Self {
             node,
-            kubeconfig,
-            client: None,
+            client: CachedClient::new(kubeconfig, REQUEST_TIMEOUT),
         }
     }
 
     async fn events(&mut self, namespace: &str) -> Result<Api<DynamicObject>, WriteError> {
-        let client = match &self.client {
-            Some(client) => client.clone(),
-            None => {
-                let client = kube_client(self.kubeconfig.as_deref()).await?;
-                self.client = Some(client.clone());
-                client
-            }
-        };
+        let client = self.client.get().await?;
         let gvk = GroupVersionKind::gvk("events.k8s.io", "v1", "Event");
         Ok(Api::namespaced_with(
             client,
@@ -154,16 +147,19 @@ impl EventSink for KubeEvents {
             reason: crate::publish::FailureReason::Config,
             message: format!("building Event {name}: {e}"),
         })?;
-        self.events(&notice.pod.namespace)
+        let created = self
+            .events(&notice.pod.namespace)
             .await?
             .create(&PostParams::default(), &object)
-            .await
-            .map_err(|e| {
-                kube_failure(
-                    &format!("creating Event {}/{name}", notice.pod.namespace),
-                    e,
-                )
-            })?;
+            .await;
+        if let Err(e) = created {
+            let failure = kube_failure(
+                &format!("creating Event {}/{name}", notice.pod.namespace),
+                e,
+            );
+            self.client.after_failure(&failure);
+            return Err(failure.into());
+        }
         Ok(name)
     }
 
@@ -186,7 +182,11 @@ impl EventSink for KubeEvents {
         match patched {
             Ok(_) => Ok(()),
             Err(kube::Error::Api(status)) if status.code == 404 => Err(SinkError::Gone),
-            Err(e) => Err(kube_failure(&format!("patching Event {namespace}/{event}"), e).into()),
+            Err(e) => {
+                let failure = kube_failure(&format!("patching Event {namespace}/{event}"), e);
+                self.client.after_failure(&failure);
+                Err(failure.into())
+            }
         }
     }
 }

@@ -15,7 +15,7 @@ use kube::{
 };
 use serde_json::{json, Value};
 
-use super::{FailureReason, Sink, WriteError};
+use super::{client::CachedClient, FailureReason, Sink, WriteError};
 
 pub const GROUP: &str = "ipq.dev";
 pub const VERSION: &str = "v1alpha1";
@@ -27,13 +27,12 @@ pub const FIELD_MANAGER: &str = "ipq-agent";
 /// Short: a node's agent must not sit on a dead API server while changes pile up (they are
 /// carried by the retry anyway).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The API server as the publisher's sink.
 pub struct KubeSink {
     node: String,
-    kubeconfig: Option<PathBuf>,
-    client: Option<Client>,
+    client: CachedClient,
     /// The Node's uid, for the owner reference; fetched with the object's first apply.
     node_uid: Option<String>,
     /// The object exists as this agent applied it (else the next write applies it first).
@@ -44,20 +43,10 @@ impl KubeSink {
     pub fn new(node: String, kubeconfig: Option<PathBuf>) -> Self {
         Self {
             node,
-            kubeconfig,
-            client: None,
+            client: CachedClient::new(kubeconfig, REQUEST_TIMEOUT),
             node_uid: None,
             object_applied: false,
         }
-    }
-
-    async fn client(&mut self) -> Result<Client, WriteError> {
-        if let Some(client) = &self.client {
-            return Ok(client.clone());
-        }
-        let client = client_for(self.kubeconfig.as_deref(), REQUEST_TIMEOUT).await?;
-        self.client = Some(client.clone());
-        Ok(client)
     }
 
     fn objects(client: Client) -> Api<DynamicObject> {
@@ -150,10 +139,12 @@ fn apply_params() -> PatchParams {
     PatchParams::apply(FIELD_MANAGER).force()
 }
 
-/// A client error as a failure: an answer from the API server is `refused`, anything else
-/// (connect, TLS, timeout) `unreachable`.
+/// A client error as a failure: credentials the API server does not accept (401) are
+/// `config`, any other answer from it `refused`, anything else (connect, TLS, timeout)
+/// `unreachable`.
 pub(crate) fn failure(what: &str, e: kube::Error) -> WriteError {
     let reason = match &e {
+        kube::Error::Api(status) if status.code == 401 => FailureReason::Config,
         kube::Error::Api(_) => FailureReason::Refused,
         _ => FailureReason::Unreachable,
     };
@@ -169,7 +160,17 @@ pub(super) fn not_found(e: &kube::Error) -> bool {
 
 impl Sink for KubeSink {
     async fn write(&mut self, status: &Value) -> Result<(), WriteError> {
-        let client = self.client().await?;
+        let written = self.write_with_client(status).await;
+        if let Err(e) = &written {
+            self.client.after_failure(e);
+        }
+        written
+    }
+}
+
+impl KubeSink {
+    async fn write_with_client(&mut self, status: &Value) -> Result<(), WriteError> {
+        let client = self.client.get().await?;
         if !self.object_applied {
             self.apply_object(&client).await?;
         }

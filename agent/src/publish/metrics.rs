@@ -11,7 +11,8 @@ use crate::series::registered;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, strum::IntoStaticStr, strum::EnumIter)]
 #[strum(serialize_all = "lowercase")]
 pub enum FailureReason {
-    /// No client could be made (no in-cluster service account, a bad kubeconfig).
+    /// No client could be made (no in-cluster service account, a bad kubeconfig), or the API
+    /// server does not accept its credentials (401).
     Config,
     /// The API server was not reached, or did not answer in time.
     Unreachable,

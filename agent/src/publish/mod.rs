@@ -18,6 +18,9 @@
 //! With no node name (neither `kubernetes.node_name` nor `NODE_NAME`) the agent starts no
 //! publisher and makes no client: nothing is attempted.
 
+pub mod api_health;
+mod backoff;
+mod client;
 pub mod cluster;
 mod entry;
 mod kube_sink;
@@ -37,8 +40,11 @@ use std::{
 use ipq_api::PublishState;
 use tokio::sync::mpsc;
 
+pub use api_health::ApiHealth;
+pub use backoff::Backoff;
+pub use client::CachedClient;
 pub use entry::{status_body, EntryState, PublishedEntry};
-pub use kube_sink::{KubeSink, FIELD_MANAGER, GROUP, KIND, PLURAL, VERSION};
+pub use kube_sink::{KubeSink, FIELD_MANAGER, GROUP, KIND, PLURAL, REQUEST_TIMEOUT, VERSION};
 pub use metrics::{FailureReason, PublishMetrics};
 pub use writer::{run, Sink, Timing, WriteError};
 
@@ -53,7 +59,7 @@ pub fn kube_failure(what: &str, e: kube::Error) -> WriteError {
     kube_sink::failure(what, e)
 }
 
-use crate::{api::model::PublishView, config::KubernetesConfig, metrics::Metrics};
+use crate::{api::model::PublishView, config::KubernetesConfig};
 
 /// The environment variable the DaemonSet sets to the node's name (downward API).
 pub const NODE_NAME_ENV: &str = "NODE_NAME";
@@ -96,9 +102,11 @@ pub const FEED_BATCHES: usize = 64;
 pub struct Feed {
     changes: mpsc::Sender<Vec<Change>>,
     view: Arc<Mutex<PublishView>>,
-    metrics: Arc<Metrics>,
+    metrics: Arc<PublishMetrics>,
     /// The writer, until [`Feed::launch`] spawns it.
     writer: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
+    /// The API server's prober, spawned with the writer (none in tests of the writer alone).
+    prober: Option<(ApiHealth, Option<PathBuf>)>,
 }
 
 impl Feed {
@@ -116,7 +124,7 @@ impl Feed {
                 true
             }
             Err(mpsc::error::TrySendError::Full(())) => {
-                self.metrics.publish.feed_full.inc();
+                self.metrics.feed_full.inc();
                 false
             }
             // A writer that stopped (it does not, short of a panic) leaves the view saying so;
@@ -137,6 +145,9 @@ impl Feed {
         if let Some(writer) = self.writer.take() {
             tokio::spawn(writer);
         }
+        if let Some((health, kubeconfig)) = self.prober.take() {
+            health.spawn_prober(kubeconfig);
+        }
     }
 
     /// How publishing stands, for `ipq status`.
@@ -150,7 +161,8 @@ pub fn start_with<S: Sink + Send + 'static>(
     node: String,
     sink: S,
     timing: Timing,
-    metrics: Arc<Metrics>,
+    metrics: Arc<PublishMetrics>,
+    health: ApiHealth,
 ) -> Feed {
     let (changes, received) = mpsc::channel(FEED_BATCHES);
     let view = Arc::new(Mutex::new(PublishView {
@@ -158,19 +170,37 @@ pub fn start_with<S: Sink + Send + 'static>(
         state: PublishState::Starting,
         ..PublishView::default()
     }));
-    let writer = run(node, sink, received, timing, view.clone(), metrics.clone());
+    let writer = run(
+        node,
+        sink,
+        received,
+        timing,
+        view.clone(),
+        metrics.clone(),
+        health,
+    );
     Feed {
         changes,
         view,
         metrics,
         writer: Some(Box::pin(writer)),
+        prober: None,
     }
 }
 
-/// The publisher to the API server `settings` name, once [`Feed::launch`]ed.
-pub fn start(settings: Settings, metrics: Arc<Metrics>) -> Feed {
-    let sink = KubeSink::new(settings.node.clone(), settings.kubeconfig);
-    start_with(settings.node, sink, Timing::default(), metrics)
+/// The publisher to the API server `settings` name, once [`Feed::launch`]ed; `health` is
+/// shared with the whereabouts projection (its prober is the caller's to spawn).
+pub fn start(settings: Settings, metrics: Arc<PublishMetrics>, health: ApiHealth) -> Feed {
+    let sink = KubeSink::new(settings.node.clone(), settings.kubeconfig.clone());
+    let mut feed = start_with(
+        settings.node,
+        sink,
+        Timing::default(),
+        metrics,
+        health.clone(),
+    );
+    feed.prober = Some((health, settings.kubeconfig));
+    feed
 }
 
 fn lock(view: &Mutex<PublishView>) -> std::sync::MutexGuard<'_, PublishView> {

@@ -54,6 +54,11 @@ fn listed(status: &Value) -> usize {
     status["entries"].as_array().map_or(0, Vec::len)
 }
 
+/// The writer's metrics, in a registry of their own.
+fn test_metrics() -> Arc<PublishMetrics> {
+    Arc::new(PublishMetrics::register(&prometheus::Registry::new()).expect("metrics register"))
+}
+
 /// Lets the writer task run until it waits on time again.
 async fn settle() {
     for _ in 0..10 {
@@ -63,10 +68,16 @@ async fn settle() {
 
 #[tokio::test(start_paused = true)]
 async fn a_burst_of_changes_is_a_few_writes_and_each_change_is_written_within_the_interval() {
-    let metrics = crate::metrics::Metrics::for_tests();
+    let metrics = test_metrics();
     let sink = Recorder::default();
     let timing = Timing::default();
-    let mut feed = start_with("node-a".into(), sink.clone(), timing, metrics.clone());
+    let mut feed = start_with(
+        "node-a".into(),
+        sink.clone(),
+        timing,
+        metrics.clone(),
+        ApiHealth::new(),
+    );
     feed.launch();
     settle().await;
     // The first write at once: the object as this agent has it (empty).
@@ -100,7 +111,7 @@ async fn a_burst_of_changes_is_a_few_writes_and_each_change_is_written_within_th
     assert_eq!(last["quarantined"], 2000);
     // The last change (at began + 2 s) is in a write no later than one interval after it.
     assert!(*last_at <= began + Duration::from_secs(2) + timing.min_interval);
-    assert!(metrics.publish.writes.get() as usize == writes.len());
+    assert!(metrics.writes.get() as usize == writes.len());
 
     // An entry that goes leaves the object at the next write.
     feed.send(addr(7), None);
@@ -119,11 +130,17 @@ async fn a_burst_of_changes_is_a_few_writes_and_each_change_is_written_within_th
 
 #[tokio::test(start_paused = true)]
 async fn an_unreachable_api_server_is_retried_with_backoff_counted_shown_and_caught_up() {
-    let metrics = crate::metrics::Metrics::for_tests();
+    let metrics = test_metrics();
     let sink = Recorder::default();
     *sink.failing.lock().unwrap() = Some(FailureReason::Unreachable);
     let timing = Timing::default();
-    let mut feed = start_with("node-a".into(), sink.clone(), timing, metrics.clone());
+    let mut feed = start_with(
+        "node-a".into(),
+        sink.clone(),
+        timing,
+        metrics.clone(),
+        ApiHealth::new(),
+    );
     for i in 0..10 {
         feed.send(addr(i), Some(quarantined(i)));
     }
@@ -149,14 +166,10 @@ async fn an_unreachable_api_server_is_retried_with_backoff_counted_shown_and_cau
             "the retries do not back off: {attempts:?}"
         );
     }
-    let failures = metrics
-        .publish
-        .failures
-        .with_label_values(&["unreachable"])
-        .get();
+    let failures = metrics.failures.with_label_values(&["unreachable"]).get();
     assert_eq!(failures as usize, attempts.len());
-    assert_eq!(metrics.publish.writes.get(), 0);
-    assert!(metrics.publish.pending_seconds.get() >= 19.0);
+    assert_eq!(metrics.writes.get(), 0);
+    assert!(metrics.pending_seconds.get() >= 19.0);
     let view = feed.view();
     assert_eq!(view.state, PublishState::Failing);
     assert_eq!(view.failures_total as usize, attempts.len());
@@ -178,7 +191,54 @@ async fn an_unreachable_api_server_is_retried_with_backoff_counted_shown_and_cau
     let view = feed.view();
     assert_eq!(view.state, PublishState::Published);
     assert_eq!(view.last_error, None);
-    assert_eq!(metrics.publish.pending_seconds.get(), 0.0);
+    assert_eq!(metrics.pending_seconds.get(), 0.0);
+}
+
+/// After a minute of outage the backoff is at tens of seconds; the API server's return (seen
+/// by the prober or by the projection's calls) ends it: the write follows within
+/// `RETURN_SPREAD`, not on the backoff.
+#[tokio::test(start_paused = true)]
+async fn the_api_servers_return_is_caught_up_at_once_not_on_the_backoff() {
+    let metrics = test_metrics();
+    let sink = Recorder::default();
+    *sink.failing.lock().unwrap() = Some(FailureReason::Unreachable);
+    let health = ApiHealth::new();
+    let mut feed = start_with(
+        "node-a".into(),
+        sink.clone(),
+        Timing::default(),
+        metrics.clone(),
+        health.clone(),
+    );
+    feed.send(addr(1), Some(quarantined(1)));
+    feed.launch();
+    for _ in 0..600 {
+        tokio::time::advance(Duration::from_millis(100)).await;
+        settle().await;
+    }
+    assert!(health.is_down(), "the writer's failures marked it down");
+    let attempts = sink.attempts.lock().unwrap().clone();
+    let last = *attempts.last().unwrap();
+    assert!(
+        attempts.len() <= 9,
+        "{} attempts in 60 s: it backs off",
+        attempts.len()
+    );
+    *sink.failing.lock().unwrap() = None;
+    let back = Instant::now();
+    health.answered();
+    while sink.writes.lock().unwrap().is_empty() {
+        assert!(
+            Instant::now() - back < api_health::RETURN_SPREAD,
+            "no write within {:?} of the return (last failed attempt {:?} before it)",
+            api_health::RETURN_SPREAD,
+            back - last
+        );
+        tokio::time::advance(Duration::from_millis(10)).await;
+        settle().await;
+    }
+    assert_eq!(listed(&sink.writes.lock().unwrap()[0].1), 1);
+    assert!(!health.is_down());
 }
 
 /// A kubeconfig naming `server`, with a token (nothing checks it: nothing answers).
@@ -225,9 +285,15 @@ async fn the_real_client_against_a_closed_port_fails_as_unreachable_naming_the_o
 
 #[tokio::test(start_paused = true)]
 async fn a_quarantine_ending_later_waits_for_a_lazy_write_but_any_other_change_does_not() {
-    let metrics = crate::metrics::Metrics::for_tests();
+    let metrics = test_metrics();
     let sink = Recorder::default();
-    let mut feed = start_with("node-a".into(), sink.clone(), Timing::default(), metrics);
+    let mut feed = start_with(
+        "node-a".into(),
+        sink.clone(),
+        Timing::default(),
+        metrics,
+        ApiHealth::new(),
+    );
     feed.launch();
     feed.send(addr(1), Some(quarantined(1)));
     tokio::time::advance(Duration::from_secs(1)).await;
@@ -264,9 +330,15 @@ async fn a_quarantine_ending_later_waits_for_a_lazy_write_but_any_other_change_d
 
 #[tokio::test(start_paused = true)]
 async fn the_first_write_after_a_start_is_the_whole_state_never_an_empty_list() {
-    let metrics = crate::metrics::Metrics::for_tests();
+    let metrics = test_metrics();
     let sink = Recorder::default();
-    let mut feed = start_with("node-a".into(), sink.clone(), Timing::default(), metrics);
+    let mut feed = start_with(
+        "node-a".into(),
+        sink.clone(),
+        Timing::default(),
+        metrics,
+        ApiHealth::new(),
+    );
     // What the registry holds at start, sent before the writer runs (Publishing::start).
     for i in 0..3 {
         feed.send(addr(i), Some(quarantined(i)));
@@ -289,10 +361,16 @@ async fn the_first_write_after_a_start_is_the_whole_state_never_an_empty_list() 
 
 #[tokio::test(start_paused = true)]
 async fn a_full_feed_refuses_a_batch_without_taking_it_counts_it_and_takes_it_once_drained() {
-    let metrics = crate::metrics::Metrics::for_tests();
+    let metrics = test_metrics();
     let sink = Recorder::default();
     let timing = Timing::default();
-    let mut feed = start_with("node-a".into(), sink.clone(), timing, metrics.clone());
+    let mut feed = start_with(
+        "node-a".into(),
+        sink.clone(),
+        timing,
+        metrics.clone(),
+        ApiHealth::new(),
+    );
     // The writer is not running: nothing takes the batches.
     for i in 0..FEED_BATCHES as u32 {
         assert!(
@@ -302,7 +380,7 @@ async fn a_full_feed_refuses_a_batch_without_taking_it_counts_it_and_takes_it_on
     }
     let refused = feed.send_with(|| panic!("a full feed must not take the caller's changes"));
     assert!(!refused, "a full feed took one more batch: the queue grows");
-    assert_eq!(metrics.publish.feed_full.get(), 1);
+    assert_eq!(metrics.feed_full.get(), 1);
 
     // The writer takes every waiting batch at once; the kept change goes on the next offer.
     feed.launch();
@@ -313,5 +391,5 @@ async fn a_full_feed_refuses_a_batch_without_taking_it_counts_it_and_takes_it_on
     settle().await;
     let writes = sink.writes.lock().unwrap();
     assert_eq!(listed(&writes.last().unwrap().1), FEED_BATCHES + 1);
-    assert_eq!(metrics.publish.feed_full.get(), 1);
+    assert_eq!(metrics.feed_full.get(), 1);
 }

@@ -14,8 +14,13 @@ use serde_json::Value;
 use thiserror::Error;
 use tokio::{sync::mpsc, time::Instant};
 
-use super::{entry::status_body, lock, Change, FailureReason, PublishedEntry};
-use crate::{api::model::PublishView, api::views::TimeBase, metrics::Metrics};
+use super::{
+    api_health::{ApiHealth, RETURN_SPREAD},
+    backoff::Backoff,
+    entry::status_body,
+    lock, Change, FailureReason, PublishMetrics, PublishedEntry,
+};
+use crate::{api::model::PublishView, api::views::TimeBase};
 
 /// How often a failure that keeps happening is logged (every one is counted).
 const FAILURE_LOG_EVERY: Duration = Duration::from_secs(60);
@@ -45,7 +50,8 @@ pub trait Sink {
 pub struct Timing {
     /// Between two writes at least: the bound on the write rate per node.
     pub min_interval: Duration,
-    /// The first retry after a failure; doubled per failure up to `max_retry`.
+    /// The first retry after a failure; doubled per failure up to `max_retry`, each with up to
+    /// half of it more at random ([`Backoff`]).
     pub first_retry: Duration,
     pub max_retry: Duration,
     /// Entries listed at most (the rest counted as omitted).
@@ -64,22 +70,26 @@ struct Writer {
     lazy_since: Option<Instant>,
     last_attempt: Option<Instant>,
     retry_at: Option<Instant>,
-    retry_delay: Duration,
+    backoff: Backoff,
+    health: ApiHealth,
     failing_since: Option<SystemTime>,
     last_logged: Option<(Instant, String)>,
     view: Arc<Mutex<PublishView>>,
-    metrics: Arc<Metrics>,
+    metrics: Arc<PublishMetrics>,
 }
 
-/// Runs until the owner's end of the channel is dropped.
+/// Runs until the owner's end of the channel is dropped. `health` is told of every write's
+/// outcome, and a return of the API server it announces ends a backoff at once.
 pub async fn run<S: Sink>(
     node: String,
     mut sink: S,
     mut changes: mpsc::Receiver<Vec<Change>>,
     timing: Timing,
     view: Arc<Mutex<PublishView>>,
-    metrics: Arc<Metrics>,
+    metrics: Arc<PublishMetrics>,
+    health: ApiHealth,
 ) {
+    let mut returns = health.returns();
     let mut writer = Writer {
         node,
         timing,
@@ -88,7 +98,8 @@ pub async fn run<S: Sink>(
         lazy_since: None,
         last_attempt: None,
         retry_at: None,
-        retry_delay: timing.first_retry,
+        backoff: Backoff::new(timing.first_retry, timing.max_retry),
+        health,
         failing_since: None,
         last_logged: None,
         view,
@@ -112,6 +123,13 @@ pub async fn run<S: Sink>(
                     writer.apply_all(batch);
                 }
                 writer.attempt(&mut sink).await;
+            }
+            // The API server answers again: the backoff (tens of seconds by the end of an
+            // outage) gives way to a write within a moment.
+            returned = returns.changed() => {
+                if returned.is_ok() {
+                    writer.api_returned();
+                }
             }
             // While a change waits (a failing API server backs off up to `max_retry`), the
             // pending gauge still moves every second.
@@ -139,6 +157,15 @@ impl Writer {
             .last_attempt
             .map_or(pending, |at| (at + self.timing.min_interval).max(pending));
         Some(self.retry_at.map_or(paced, |retry| retry.max(paced)))
+    }
+
+    /// The API server is back: a write that waits on the backoff is made within
+    /// [`RETURN_SPREAD`] (at random, so that the nodes do not all write at once).
+    fn api_returned(&mut self) {
+        if self.retry_at.is_some() {
+            self.backoff.reset();
+            self.retry_at = Some(Instant::now() + self.backoff.up_to(RETURN_SPREAD));
+        }
     }
 
     fn apply_all(&mut self, batch: Vec<Change>) {
@@ -179,7 +206,7 @@ impl Writer {
         let waited = self
             .waiting_since()
             .map_or(0.0, |since| since.elapsed().as_secs_f64());
-        self.metrics.publish.pending_seconds.set(waited);
+        self.metrics.pending_seconds.set(waited);
         if self.waiting_since().is_some() && self.failing_since.is_none() {
             let mut view = lock(&self.view);
             if view.state == PublishState::Published {
@@ -201,7 +228,8 @@ impl Writer {
         );
         match sink.write(&body.status).await {
             Ok(()) => {
-                let m = &self.metrics.publish;
+                self.health.answered();
+                let m = &self.metrics;
                 m.writes.inc();
                 if let Some(since) = carried_since {
                     m.latency.observe(since.elapsed().as_secs_f64());
@@ -212,7 +240,7 @@ impl Writer {
                 self.pending_since = None;
                 self.lazy_since = None;
                 self.retry_at = None;
-                self.retry_delay = self.timing.first_retry;
+                self.backoff.reset();
                 if let Some(since) = self.failing_since.take() {
                     let for_s = SystemTime::now()
                         .duration_since(since)
@@ -235,11 +263,14 @@ impl Writer {
                 view.failing_since = None;
             }
             Err(e) => {
-                self.metrics.publish.failed(e.reason);
-                self.retry_at = Some(now + self.retry_delay);
+                self.metrics.failed(e.reason);
+                if e.reason == FailureReason::Unreachable {
+                    self.health.unreachable();
+                }
+                let delay = self.backoff.next_delay();
+                self.retry_at = Some(now + delay);
                 let since = *self.failing_since.get_or_insert_with(SystemTime::now);
-                self.log_failure(&e);
-                self.retry_delay = (self.retry_delay * 2).min(self.timing.max_retry);
+                self.log_failure(&e, delay);
                 let mut view = lock(&self.view);
                 view.state = PublishState::Failing;
                 view.failures_total += 1;
@@ -250,7 +281,7 @@ impl Writer {
     }
 
     /// Logs a failure when its reason is new, and every `FAILURE_LOG_EVERY` while it lasts.
-    fn log_failure(&mut self, e: &WriteError) {
+    fn log_failure(&mut self, e: &WriteError, retry_in: Duration) {
         let text = e.to_string();
         let due = self
             .last_logged
@@ -262,7 +293,7 @@ impl Writer {
                  on this node is not affected)",
                 self.node,
                 <&str>::from(e.reason),
-                self.retry_delay
+                retry_in
             );
             self.last_logged = Some((Instant::now(), text));
         }

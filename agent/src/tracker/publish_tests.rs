@@ -58,7 +58,10 @@ async fn changes_beyond_a_full_feed_stay_in_the_registry_and_are_published_later
     let mut t = tracker(EarlyReusePolicy::FenceOld, dir.path());
     let written = Written::default();
     let timing = Timing::default();
-    let metrics = t.metrics.clone();
+    let metrics = Arc::new(
+        crate::publish::PublishMetrics::register(&prometheus::Registry::new())
+            .expect("metrics register"),
+    );
     for (ifindex, name) in [(11, "vetha"), (12, "vethb")] {
         t.on_input(Observed::Net(vec![NetEvent::Link {
             ifindex,
@@ -67,7 +70,13 @@ async fn changes_beyond_a_full_feed_stay_in_the_registry_and_are_published_later
     }
     t.publishing.start(
         &mut t.core.registry,
-        start_with("node-a".into(), written.clone(), timing, metrics),
+        start_with(
+            "node-a".into(),
+            written.clone(),
+            timing,
+            metrics.clone(),
+            crate::publish::ApiHealth::new(),
+        ),
         None,
         None,
     );
@@ -89,7 +98,7 @@ async fn changes_beyond_a_full_feed_stay_in_the_registry_and_are_published_later
         expected.push(addr);
     }
     // The registry held nothing at the start: no batch then.
-    let refused = t.metrics.publish.feed_full.get();
+    let refused = metrics.feed_full.get();
     assert_eq!(refused as usize, passes - FEED_BATCHES, "refused passes");
     assert!(
         t.core.registry.changes().has_published_changes(),

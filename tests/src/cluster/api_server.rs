@@ -105,6 +105,17 @@ impl ApiServer {
         Ok(())
     }
 
+    /// Stops kube-apiserver: an outage, until [`ApiServer::start_apiserver`].
+    pub fn stop_apiserver(&mut self) {
+        self.control_plane.stop_apiserver();
+    }
+
+    /// Starts kube-apiserver again; returns once it answers `/readyz`, with when the probe
+    /// that saw it ready began.
+    pub fn start_apiserver(&mut self) -> anyhow::Result<std::time::SystemTime> {
+        self.control_plane.start_apiserver(&self.host)
+    }
+
     /// Fails naming the first component that has exited.
     pub fn check_running(&mut self) -> anyhow::Result<()> {
         self.control_plane.check_running()
@@ -173,27 +184,33 @@ current-context: ipq
             "/apis/ipq.dev/v1alpha1/nodequarantines?watch=true&fieldSelector=metadata.name%3D{}",
             self.node
         );
-        let mut cmd = self.kubectl().command(&["get", "--raw", &path]);
-        cmd.stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null());
-        crate::wait::die_with_parent(&mut cmd);
-        let mut child = cmd.spawn().context("starting kubectl's watch")?;
-        let stdout = child.stdout.take().context("the watch's stdout")?;
-        let (events, received) = mpsc::channel();
-        thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                let at = Instant::now();
-                let event = serde_json::from_str::<Value>(&line)
-                    .map_err(|e| format!("watch line {line:?}: {e}"));
-                if events.send((at, event)).is_err() {
-                    break;
-                }
-            }
-        });
-        Ok(Watch { child, received })
+        watch_raw(&self.kubectl(), &path)
     }
+}
+
+/// A watch of the API path `path` (`?watch=true` in it) through kubectl, as a reader of the API
+/// does: every event, with the time it was read. A DELETED event fails the reader's next call.
+pub fn watch_raw(kubectl: &Kubectl<'_>, path: &str) -> anyhow::Result<Watch> {
+    let mut cmd = kubectl.command(&["get", "--raw", path]);
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    crate::wait::die_with_parent(&mut cmd);
+    let mut child = cmd.spawn().context("starting kubectl's watch")?;
+    let stdout = child.stdout.take().context("the watch's stdout")?;
+    let (events, received) = mpsc::channel();
+    thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            let at = Instant::now();
+            let event = serde_json::from_str::<Value>(&line)
+                .map_err(|e| format!("watch line {line:?}: {e}"));
+            if events.send((at, event)).is_err() {
+                break;
+            }
+        }
+    });
+    Ok(Watch { child, received })
 }
 
 /// A running watch; dropping it stops kubectl.

@@ -20,7 +20,12 @@ pub struct ControlPlane {
     /// In start order; dropped (killed) in reverse.
     daemons: Vec<Daemon>,
     pub admin_kubeconfig: std::path::PathBuf,
+    /// kube-apiserver's program and arguments, to start it again after an outage.
+    apiserver_command: (std::path::PathBuf, Vec<std::ffi::OsString>),
 }
+
+/// Where kube-apiserver is in `daemons`.
+const APISERVER: usize = 1;
 
 impl ControlPlane {
     pub fn start(host: &Host, pki: &Pki) -> anyhow::Result<ControlPlane> {
@@ -34,6 +39,7 @@ impl ControlPlane {
         let mut plane = ControlPlane {
             daemons: Vec::new(),
             admin_kubeconfig,
+            apiserver_command: (component("kube-apiserver")?, Vec::new()),
         };
 
         let etcd_dir = dir.join("etcd");
@@ -88,6 +94,13 @@ impl ControlPlane {
             // The DaemonSet's init step mounts bpffs from a privileged container.
             .arg("--allow-privileged=true")
             .arg("--profiling=false");
+        // `host.command` runs nsenter: the component's own arguments follow its path.
+        plane.apiserver_command.1 = apiserver
+            .get_args()
+            .skip_while(|arg| *arg != plane.apiserver_command.0.as_os_str())
+            .skip(1)
+            .map(ToOwned::to_owned)
+            .collect();
         plane
             .daemons
             .push(Daemon::spawn("kube-apiserver", apiserver, dir)?);
@@ -131,20 +144,26 @@ impl ControlPlane {
         Ok(plane)
     }
 
-    /// Waits until the API server answers `/readyz` (etcd reached, its post-start hooks done).
-    fn wait_ready(&mut self, host: &Host) -> anyhow::Result<()> {
+    /// Waits until the API server answers `/readyz` (etcd reached, its post-start hooks done);
+    /// when the probe that saw it ready began (the API server was not ready at the start of
+    /// the probe before, one poll interval and a kubectl run earlier).
+    fn wait_ready(&mut self, host: &Host) -> anyhow::Result<std::time::SystemTime> {
         let kubectl = component("kubectl")?;
         let kubeconfig = self.admin_kubeconfig.clone();
         let result = crate::lab::poll("the API server's /readyz", Duration::from_secs(120), || {
-            for daemon in &mut self.daemons {
+            // etcd and the API server: the components started after it (the controller
+            // manager exits when the API server goes away while it initializes) are not what
+            // this waits for.
+            for daemon in self.daemons.iter_mut().take(APISERVER + 1) {
                 daemon.check_running()?;
             }
+            let began = std::time::SystemTime::now();
             let out = host
                 .command(&kubectl)
                 .arg(format!("--kubeconfig={}", kubeconfig.display()))
                 .args(["get", "--raw", "/readyz"])
                 .output()?;
-            Ok((out.status.success() && out.stdout.starts_with(b"ok")).then_some(()))
+            Ok((out.status.success() && out.stdout.starts_with(b"ok")).then_some(began))
         });
         result.with_context(|| {
             format!(
@@ -153,6 +172,22 @@ impl ControlPlane {
                 self.daemons[0].log_tail(10)
             )
         })
+    }
+
+    /// Stops kube-apiserver (killed: its port refuses connections) until
+    /// [`ControlPlane::start_apiserver`].
+    pub fn stop_apiserver(&mut self) {
+        self.daemons[APISERVER].stop();
+    }
+
+    /// Starts kube-apiserver again with its arguments of the first start; returns once it
+    /// answers `/readyz`, with when the probe that saw it ready began.
+    pub fn start_apiserver(&mut self, host: &Host) -> anyhow::Result<std::time::SystemTime> {
+        let (program, args) = &self.apiserver_command;
+        let mut cmd = host.command(program);
+        cmd.args(args);
+        self.daemons[APISERVER].restart(cmd)?;
+        self.wait_ready(host)
     }
 
     /// Fails naming the first component that has exited.

@@ -50,6 +50,29 @@ impl Daemon {
         })
     }
 
+    /// Kills it and waits for it (an outage of the component); [`Daemon::restart`] brings it
+    /// back.
+    pub fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Starts `cmd` in its place (it should be stopped), its output appended to the same log.
+    pub fn restart(&mut self, mut cmd: Command) -> anyhow::Result<()> {
+        self.stop();
+        let file = fs::OpenOptions::new()
+            .append(true)
+            .open(&self.log)
+            .with_context(|| format!("opening {}", self.log.display()))?;
+        cmd.stdin(Stdio::null())
+            .stdout(file.try_clone()?)
+            .stderr(file);
+        self.child = cmd
+            .spawn()
+            .with_context(|| format!("starting {} again", self.name))?;
+        Ok(())
+    }
+
     /// The last `lines` lines of its log, for an error message; the kubelet's periodic
     /// complaints about filesystem stats of the node's tmpfs mounts left out.
     pub fn log_tail(&self, lines: usize) -> String {

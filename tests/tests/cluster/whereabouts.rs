@@ -5,12 +5,16 @@
 //! two: no holder would live on). Without ipq's projection the next pod is given that address at once;
 //! with it (`kubernetes.whereabouts = true`), pods created meanwhile get the other address or
 //! none, until the old holder is gone and ipq's quarantine of the address has ended, and then
-//! the address is handed out again. Each wait is for the state that proves the point.
+//! the address is handed out again. Then the same across the agent's restarts: ipq's own
+//! reservation watched through `kubectl rollout restart daemonset/ipq-agent` (never deleted),
+//! and a force delete while no agent runs made good by the agent that comes back. Each wait is
+//! for the state that proves the point.
 
 use std::time::Duration;
 
 use anyhow::{ensure, Context as _};
 use ipq_tests::cluster::{
+    api_server::{watch_raw, Watch},
     deploy::{self, NAMESPACE},
     node::NODE_NAME,
     tasks,
@@ -296,6 +300,190 @@ pub fn with_the_projection_the_address_waits_for_the_quarantine(
             && view.get("last_error").is_none(),
         "ipq status: {view}"
     );
+    Ok(())
+}
+
+/// Deletes the pods of the previous phase and waits until their quarantines have ended: the
+/// range is whole again.
+fn clear(cluster: &mut Cluster, pods: &[&str]) -> anyhow::Result<()> {
+    for pod in pods {
+        cluster.kubectl().run(&[
+            "-n",
+            "default",
+            "delete",
+            "pod",
+            pod,
+            "--ignore-not-found",
+            "--wait",
+        ])?;
+    }
+    wait_no_quarantine(cluster)?;
+    ensure!(
+        allocations(cluster)?.is_empty(),
+        "whereabouts still allocates: {:?}",
+        allocations(cluster)?
+    );
+    Ok(())
+}
+
+/// A watch of `address`'s reservation: a DELETED event fails its reader.
+fn watch_reservation(cluster: &Cluster, address: &str) -> anyhow::Result<Watch> {
+    let path = format!(
+        "/apis/whereabouts.cni.cncf.io/v1alpha1/namespaces/{}/overlappingrangeipreservations\
+         ?watch=true&fieldSelector=metadata.name%3D{address}",
+        whereabouts::NAMESPACE
+    );
+    watch_raw(&cluster.kubectl(), &path)
+}
+
+/// ipq's own reservation of `address`, made for the live holder of pod `victim`.
+fn own_for(r: &Value, victim: &str) -> bool {
+    r["spec"]["podref"] == own_pod_ref().as_str()
+        && r["metadata"]["annotations"]["ipq.dev/holder"] == format!("default/{victim}").as_str()
+}
+
+/// The agent's own reservations, as `ipq status` shows them once a round has run.
+fn status_reservations(cluster: &Cluster) -> anyhow::Result<u64> {
+    let status: Value = serde_json::from_str(&deploy::ipq(cluster, &["-o", "json", "status"])?)?;
+    status["whereabouts"]["reservations"]
+        .as_u64()
+        .with_context(|| format!("ipq status: {status}"))
+}
+
+/// ipq's own reservation, made when whereabouts freed a force-deleted pod's address under its
+/// live container, survives `kubectl rollout restart daemonset/ipq-agent`: watched from before
+/// the restart until the new agent has taken it over (and a while after), it is never deleted,
+/// and a pod created then is given the range's other address.
+pub fn the_own_reservation_survives_an_agent_restart(cluster: &mut Cluster) -> anyhow::Result<()> {
+    clear(cluster, &["wb-b-second", "wb-b-third"])?;
+    let victim = "wb-c-victim";
+    let address = running(cluster, victim, true)?;
+    ensure!(address == RANGE_START, "the first pod's address: {address}");
+    terminate_then_force_delete_and_wait_freed(cluster, victim)?;
+    wait_reservation(cluster, &address, "ipq's own", |r| own_for(r, victim))?;
+    let mut watch = watch_reservation(cluster, &address)?;
+    let (_, own) = watch.wait_for(
+        "ipq's own, through the watch",
+        Duration::from_secs(10),
+        |r| own_for(r, victim),
+    )?;
+
+    let before = deploy::agent_pod(cluster)?["metadata"]["name"]
+        .as_str()
+        .context("name")?
+        .to_owned();
+    restart_agent(cluster, &before)?;
+    // The new agent's first round has listed and judged the reservation once its status
+    // counts it (0 until then).
+    ipq_tests::lab::poll(
+        "the new agent to count ipq's own reservation",
+        Duration::from_secs(30),
+        || Ok((status_reservations(cluster)? == 1).then_some(())),
+    )?;
+    // Every event of the reservation until 5 s after: none may be a DELETED (the watch fails
+    // the read then), and the object is still the one made before the restart.
+    let settle = std::time::Instant::now() + Duration::from_secs(5);
+    while let Some((_, object)) = watch.next_before(settle)? {
+        ensure!(
+            object["metadata"]["uid"] == own["metadata"]["uid"],
+            "the reservation was made again across the restart: {object}"
+        );
+    }
+    let now = reservation(cluster, &address).context("the reservation after the restart")?;
+    ensure!(
+        now["metadata"]["uid"] == own["metadata"]["uid"] && own_for(&now, victim),
+        "the reservation after the restart: {now}"
+    );
+    tasks::ensure_running(&cluster.host, victim, "after the agent's restart")?;
+    let next = running(cluster, "wb-c-next", false)?;
+    ensure!(
+        next == RANGE_END,
+        "after the agent's restart the next pod got {next}, not the range's other address"
+    );
+    tasks::kill_running(&cluster.host, victim)?;
+    Ok(())
+}
+
+/// The force delete lands while no agent runs on the node (its DaemonSet's pod taken off the
+/// node by a nodeSelector no node matches, the harsh form of a restart's gap): whereabouts
+/// frees the address and deletes its reservation with nobody watching. The agent that comes
+/// back finds the live holder's reservation missing and its pod gone, and makes its own; a pod
+/// created then is given the range's other address.
+pub fn a_force_delete_while_no_agent_runs_is_made_good_by_the_next(
+    cluster: &mut Cluster,
+) -> anyhow::Result<()> {
+    clear(cluster, &["wb-c-next"])?;
+    let victim = "wb-d-victim";
+    let address = running(cluster, victim, true)?;
+    ensure!(address == RANGE_START, "the first pod's address: {address}");
+    wait_reservation(
+        cluster,
+        &address,
+        "whereabouts' own, labelled by ipq",
+        |r| {
+            r["metadata"]["labels"]["ipq.dev/node"] == NODE_NAME
+                && r["spec"]["podref"] == format!("default/{victim}").as_str()
+        },
+    )?;
+
+    agent_off_the_node(cluster, true)?;
+    terminate_then_force_delete_and_wait_freed(cluster, victim)?;
+    ensure!(
+        reservation(cluster, &address).is_none(),
+        "with no agent running, whereabouts' freeing left a reservation: {:?}",
+        reservation(cluster, &address)
+    );
+    agent_off_the_node(cluster, false)?;
+    wait_reservation(
+        cluster,
+        &address,
+        "ipq's own, made by the agent back",
+        |r| own_for(r, victim),
+    )?;
+    tasks::ensure_running(&cluster.host, victim, "once the agent was back")?;
+    let next = running(cluster, "wb-d-next", false)?;
+    ensure!(
+        next == RANGE_END,
+        "the next pod got {next}, not the range's other address"
+    );
+    tasks::kill_running(&cluster.host, victim)?;
+    Ok(())
+}
+
+/// Takes the agent's DaemonSet pod off the node (`off`: a nodeSelector label no node has) and
+/// waits until it is gone, or puts it back and waits until it is ready.
+fn agent_off_the_node(cluster: &mut Cluster, off: bool) -> anyhow::Result<()> {
+    let value = if off { "\"true\"" } else { "null" };
+    let patch = format!(
+        r#"{{"spec":{{"template":{{"spec":{{"nodeSelector":{{"ipq.dev/test-no-agent":{value}}}}}}}}}}}"#
+    );
+    cluster.kubectl().run(&[
+        "-n",
+        NAMESPACE,
+        "patch",
+        "daemonset",
+        "ipq-agent",
+        "--type=strategic",
+        "-p",
+        &patch,
+    ])?;
+    if off {
+        cluster.wait_for(
+            "the agent's pod to leave the node",
+            Duration::from_secs(120),
+            &[
+                "-n",
+                NAMESPACE,
+                "get",
+                "pods",
+                "-l",
+                "app.kubernetes.io/name=ipq,app.kubernetes.io/component=agent",
+            ],
+            |pods| pods["items"].as_array().is_some_and(|i| i.is_empty()),
+        )?;
+    } else {
+        deploy::wait_daemonset_ready(cluster)?;
+    }
     Ok(())
 }
 

@@ -7,6 +7,7 @@
 use std::{net::IpAddr, path::PathBuf, time::Duration};
 
 use futures::StreamExt as _;
+use k8s_openapi::api::core::v1::Pod;
 use kube::{
     api::{
         ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
@@ -18,7 +19,10 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
 use super::{
-    super::kube_sink::{self, client_for, failure, not_found, REQUEST_TIMEOUT},
+    super::{
+        client::CachedClient,
+        kube_sink::{self, failure, not_found, REQUEST_TIMEOUT},
+    },
     projection::reservation_name,
     Hold, Reserved, Store, StoreEvent, Target,
 };
@@ -62,8 +66,9 @@ pub fn node_label_value(node: &str) -> String {
 
 pub struct KubeStore {
     target: Target,
-    kubeconfig: Option<PathBuf>,
-    client: Option<Client>,
+    client: CachedClient,
+    /// The watch's own: a watch is quiet for minutes, longer than a request may be.
+    watch_client: CachedClient,
     /// The NodeQuarantine's uid, for the owner reference.
     owner_uid: Option<String>,
     events_tx: mpsc::Sender<StoreEvent>,
@@ -79,8 +84,8 @@ impl KubeStore {
         let (events_tx, events) = mpsc::channel(WATCH_EVENTS);
         Self {
             target,
-            kubeconfig,
-            client: None,
+            client: CachedClient::new(kubeconfig.clone(), REQUEST_TIMEOUT),
+            watch_client: CachedClient::new(kubeconfig, WATCH_READ_TIMEOUT),
             owner_uid: None,
             events_tx,
             events,
@@ -89,12 +94,16 @@ impl KubeStore {
     }
 
     async fn client(&mut self) -> Result<Client, WriteError> {
-        if let Some(client) = &self.client {
-            return Ok(client.clone());
+        self.client.get().await
+    }
+
+    /// `result`, having dropped the client when the failure may be its credentials'.
+    fn checked<T>(&mut self, result: Result<T, WriteError>) -> Result<T, WriteError> {
+        if let Err(e) = &result {
+            self.client.after_failure(e);
+            self.watch_client.after_failure(e);
         }
-        let client = client_for(self.kubeconfig.as_deref(), REQUEST_TIMEOUT).await?;
-        self.client = Some(client.clone());
-        Ok(client)
+        result
     }
 
     fn reservations(&self, client: Client) -> Api<DynamicObject> {
@@ -179,9 +188,15 @@ impl KubeStore {
             .is_some_and(|value| *value == node_label_value(&self.target.node));
         let own = object.data["spec"]["podref"].as_str()
             == Some(quarantine_pod_ref(&self.target.node).as_str());
+        let holder = own
+            .then(|| object.metadata.annotations.as_ref()?.get(HOLDER_ANNOTATION))
+            .flatten()
+            .filter(|holder| !holder.is_empty())
+            .cloned();
         watched.then(|| Hold {
             uid: object.metadata.uid.clone().unwrap_or_default(),
             own,
+            holder,
         })
     }
 
@@ -328,8 +343,22 @@ async fn watch_ours(
     }
 }
 
-impl Store for KubeStore {
-    async fn sync(&mut self) -> Result<Vec<(IpAddr, Hold)>, WriteError> {
+/// Whether the pod `namespace/name` (of `uid`, when known) is in the API server: a pod made
+/// again under the same name (a StatefulSet's) is another pod.
+async fn pod_exists(client: &Client, pod_ref: &str, uid: Option<&str>) -> Result<bool, WriteError> {
+    let Some((namespace, name)) = pod_ref.split_once('/') else {
+        return Ok(true);
+    };
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let found = pods
+        .get_metadata_opt(name)
+        .await
+        .map_err(|e| failure(&format!("getting pod {pod_ref}"), e))?;
+    Ok(found.is_some_and(|pod| uid.is_none() || pod.metadata.uid.as_deref() == uid))
+}
+
+impl KubeStore {
+    async fn sync_inner(&mut self) -> Result<Vec<(IpAddr, Hold)>, WriteError> {
         let client = self.client().await?;
         self.owner_uid(&client).await?;
         let api = self.reservations(client);
@@ -352,13 +381,12 @@ impl Store for KubeStore {
             })
             .collect();
         let version = listed.metadata.resource_version.unwrap_or_default();
-        // A client of its own: a watch is quiet for minutes, longer than a request may be.
-        let watch_client = client_for(self.kubeconfig.as_deref(), WATCH_READ_TIMEOUT).await?;
+        let watch_client = self.watch_client.get().await?;
         self.start_watch(watch_client, version);
         Ok(held)
     }
 
-    async fn reserve(
+    async fn reserve_inner(
         &mut self,
         addr: IpAddr,
         pod_ref: Option<&str>,
@@ -388,17 +416,29 @@ impl Store for KubeStore {
         }
     }
 
-    async fn watch(&mut self, addr: IpAddr, pod_ref: &str) -> Result<Reserved, WriteError> {
+    async fn watch_inner(
+        &mut self,
+        addr: IpAddr,
+        pod_ref: &str,
+        pod_uid: Option<&str>,
+    ) -> Result<Reserved, WriteError> {
         let client = self.client().await?;
-        let api = self.reservations(client);
+        let api = self.reservations(client.clone());
         let name = self.name(addr);
-        match self.get(&api, &name).await? {
-            Some(existing) => self.label(&api, addr, &existing, Some(pod_ref)).await,
-            None => Ok(Reserved::NotHeld),
+        if let Some(existing) = self.get(&api, &name).await? {
+            return self.label(&api, addr, &existing, Some(pod_ref)).await;
         }
+        // No reservation: not whereabouts' address, or whereabouts freed it when the pod was
+        // deleted (force-deleted while its container runs here) and no run of the agent was
+        // watching (the delete landed during a restart). Whereabouts' control loop frees on
+        // the Pod's DELETE, so a reservation found missing after the pod is gone is the second.
+        if pod_exists(&client, pod_ref, pod_uid).await? {
+            return Ok(Reserved::NotHeld);
+        }
+        self.reserve_inner(addr, Some(pod_ref)).await
     }
 
-    async fn delete(&mut self, addr: IpAddr, uid: &str) -> Result<(), WriteError> {
+    async fn delete_inner(&mut self, addr: IpAddr, uid: &str) -> Result<(), WriteError> {
         let client = self.client().await?;
         let api = self.reservations(client);
         let name = self.name(addr);
@@ -417,6 +457,37 @@ impl Store for KubeStore {
             Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
             Err(e) => Err(failure(&format!("deleting {KIND} {name}"), e)),
         }
+    }
+}
+
+impl Store for KubeStore {
+    async fn sync(&mut self) -> Result<Vec<(IpAddr, Hold)>, WriteError> {
+        let result = self.sync_inner().await;
+        self.checked(result)
+    }
+
+    async fn reserve(
+        &mut self,
+        addr: IpAddr,
+        pod_ref: Option<&str>,
+    ) -> Result<Reserved, WriteError> {
+        let result = self.reserve_inner(addr, pod_ref).await;
+        self.checked(result)
+    }
+
+    async fn watch(
+        &mut self,
+        addr: IpAddr,
+        pod_ref: &str,
+        pod_uid: Option<&str>,
+    ) -> Result<Reserved, WriteError> {
+        let result = self.watch_inner(addr, pod_ref, pod_uid).await;
+        self.checked(result)
+    }
+
+    async fn delete(&mut self, addr: IpAddr, uid: &str) -> Result<(), WriteError> {
+        let result = self.delete_inner(addr, uid).await;
+        self.checked(result)
     }
 
     async fn event(&mut self) -> StoreEvent {

@@ -16,7 +16,10 @@
 //!   collected with it, and with the Node).
 //!
 //! A watched reservation deleted while its address is still wanted is made again at once as
-//! ipq's own. A reservation naming another pod is never touched: it already keeps the address
+//! ipq's own. Nothing it must keep lives only in memory: ipq's own names the holder it was
+//! made for (`ipq.dev/holder`) and a restarted agent keeps it while its registry has that holder
+//! live; a live holder's reservation found missing with its pod gone from the API (a force
+//! delete while no agent ran) is made as ipq's own. A reservation naming another pod is never touched: it already keeps the address
 //! from the next pod. ipq deletes its own, by uid, when its address is wanted no more (the
 //! quarantine ended).
 //!
@@ -47,8 +50,11 @@ pub use kube_store::{
 pub use metrics::ProjectionMetrics;
 pub use projection::{pod_ref, reservation_name, Hold, Op, Projection, Want};
 
-use super::{Timing, WriteError};
-use crate::{api::model::WhereaboutsView, metrics::Metrics};
+use super::{
+    api_health::{ApiHealth, RETURN_SPREAD},
+    Backoff, FailureReason, Timing, WriteError,
+};
+use crate::api::model::WhereaboutsView;
 
 /// The namespace whereabouts keeps its objects in when installed from its manifests.
 pub const DEFAULT_NAMESPACE: &str = "kube-system";
@@ -57,6 +63,14 @@ pub const DEFAULT_NAMESPACE: &str = "kube-system";
 pub const FOREIGN_RECHECK: Duration = Duration::from_millis(500);
 /// How often a failure that keeps happening is logged (every one is counted).
 const FAILURE_LOG_EVERY: Duration = Duration::from_secs(60);
+
+/// The metrics the projection writes: its own (`ipq_publish_whereabouts_*`), and the feed's
+/// refusals it shares with the NodeQuarantine writer (`ipq_publish_feed_full_total`).
+#[derive(Clone)]
+pub struct TaskMetrics {
+    pub projection: Arc<ProjectionMetrics>,
+    pub feed_full: prometheus::IntCounter,
+}
 
 /// Where the reservations go.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -71,7 +85,7 @@ pub struct Target {
 /// What a reserve or a watch found, or did.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Reserved {
-    /// ipq's own made, of this uid.
+    /// ipq's own made, of this uid (for a watch: the pod was gone and its reservation too).
     Made(String),
     /// The pod's own (whereabouts') labelled, of this uid.
     Labelled(String),
@@ -101,11 +115,13 @@ pub trait Store {
         addr: IpAddr,
         pod_ref: Option<&str>,
     ) -> impl Future<Output = Result<Reserved, WriteError>> + Send;
-    /// [`Op::Watch`]: labels `pod_ref`'s own if it is there.
+    /// [`Op::Watch`]: labels `pod_ref`'s own if it is there; if it is not and that pod (of
+    /// `pod_uid`, when known) is gone from the API, makes ipq's own for it.
     fn watch(
         &mut self,
         addr: IpAddr,
         pod_ref: &str,
+        pod_uid: Option<&str>,
     ) -> impl Future<Output = Result<Reserved, WriteError>> + Send;
     /// Deletes `addr`'s reservation if it is still the one of `uid` (else leaves it).
     fn delete(
@@ -182,7 +198,8 @@ pub fn start_with<S: Store + Send + 'static>(
     store: S,
     target: &Target,
     timing: Timing,
-    metrics: Arc<Metrics>,
+    metrics: TaskMetrics,
+    health: ApiHealth,
 ) -> Feed {
     let (changes, received) = mpsc::channel(crate::publish::FEED_BATCHES);
     let view = Arc::new(Mutex::new(WhereaboutsView {
@@ -192,19 +209,28 @@ pub fn start_with<S: Store + Send + 'static>(
     }));
     Feed {
         changes,
-        full: metrics.publish.feed_full.clone(),
+        full: metrics.feed_full.clone(),
         view: view.clone(),
-        task: Some(Box::pin(run(store, received, timing, view, metrics))),
+        task: Some(Box::pin(run(
+            store, received, timing, view, metrics, health,
+        ))),
     }
 }
 
-/// The projection to the API server of `kubeconfig`.
-pub fn start(target: Target, kubeconfig: Option<PathBuf>, metrics: Arc<Metrics>) -> Feed {
+/// The projection to the API server of `kubeconfig`; `health` is the NodeQuarantine
+/// writer's (whose feed probes the API server).
+pub fn start(
+    target: Target,
+    kubeconfig: Option<PathBuf>,
+    metrics: TaskMetrics,
+    health: ApiHealth,
+) -> Feed {
     start_with(
         KubeStore::new(target.clone(), kubeconfig),
         &target,
         Timing::default(),
         metrics,
+        health,
     )
 }
 
@@ -214,12 +240,15 @@ struct Task<S> {
     timing: Timing,
     synced: bool,
     next_round: Instant,
-    retry_delay: Duration,
+    backoff: Backoff,
+    /// Whether the last round failed (its next one waits on the backoff).
+    failing: bool,
+    health: ApiHealth,
     foreign_recheck_at: Option<Instant>,
     failing_since: Option<SystemTime>,
     last_logged: Option<(Instant, String)>,
     view: Arc<Mutex<WhereaboutsView>>,
-    metrics: Arc<Metrics>,
+    metrics: TaskMetrics,
 }
 
 /// Runs until the owner's end of the channel is dropped.
@@ -228,15 +257,19 @@ pub async fn run<S: Store>(
     mut changes: mpsc::Receiver<Vec<Change>>,
     timing: Timing,
     view: Arc<Mutex<WhereaboutsView>>,
-    metrics: Arc<Metrics>,
+    metrics: TaskMetrics,
+    health: ApiHealth,
 ) {
+    let mut returns = health.returns();
     let mut task = Task {
         store,
         projection: Projection::default(),
         timing,
         synced: false,
         next_round: Instant::now(),
-        retry_delay: timing.first_retry,
+        backoff: Backoff::new(timing.first_retry, timing.max_retry),
+        failing: false,
+        health,
         foreign_recheck_at: None,
         failing_since: None,
         last_logged: None,
@@ -259,6 +292,13 @@ pub async fn run<S: Store>(
                     task.want(batch);
                 }
                 task.round().await;
+            }
+            // The API server answers again: the backoff gives way to a round within a moment.
+            returned = returns.changed() => {
+                if returned.is_ok() && task.failing {
+                    task.backoff.reset();
+                    task.next_round = Instant::now() + task.backoff.up_to(RETURN_SPREAD);
+                }
             }
             () = sleep_until(task.foreign_recheck_at), if task.foreign_recheck_at.is_some() => {
                 task.foreign_recheck_at = None;
@@ -287,7 +327,7 @@ impl<S: Store> Task<S> {
             StoreEvent::Deleted(uid) => {
                 if let Some(addr) = self.projection.deleted(&uid) {
                     debug!("whereabouts reservation of {addr} deleted by someone else: made again");
-                    self.metrics.whereabouts.recreated.inc();
+                    self.metrics.projection.recreated.inc();
                     lock(&self.view).recreated_total += 1;
                     // At once: the address has no reservation now.
                     self.next_round = Instant::now();
@@ -311,11 +351,13 @@ impl<S: Store> Task<S> {
         let now = Instant::now();
         match outcome {
             Ok(listed) => {
+                self.health.answered();
+                self.failing = false;
                 self.next_round = now + self.timing.min_interval;
                 // Not after a list: the watch it starts may fail at once, again and again, and
                 // must back off as a failing call does.
                 if !listed {
-                    self.retry_delay = self.timing.first_retry;
+                    self.backoff.reset();
                 }
                 if let Some(since) = self.failing_since.take() {
                     let for_s = SystemTime::now()
@@ -335,7 +377,7 @@ impl<S: Store> Task<S> {
             self.foreign_recheck_at = Some(now + FOREIGN_RECHECK);
         }
         // O(reservations), after a round only (a few a second at most), off the owner loop.
-        let m = &self.metrics.whereabouts;
+        let m = &self.metrics.projection;
         m.reservations.set(self.projection.own_count() as i64);
         m.foreign.set(self.projection.foreign_count() as i64);
         let mut view = lock(&self.view);
@@ -346,7 +388,11 @@ impl<S: Store> Task<S> {
 
     /// A call (or the watch) failed: counted, shown, logged, and the next round backed off.
     fn failed(&mut self, e: &WriteError, now: Instant) {
-        self.metrics.whereabouts.failed(e.reason);
+        self.metrics.projection.failed(e.reason);
+        if e.reason == FailureReason::Unreachable {
+            self.health.unreachable();
+        }
+        self.failing = true;
         let since = *self.failing_since.get_or_insert_with(SystemTime::now);
         {
             let mut view = lock(&self.view);
@@ -354,9 +400,9 @@ impl<S: Store> Task<S> {
             view.last_error = Some(format!("{}: {e}", <&str>::from(e.reason)));
             view.failing_since = Some(humantime::format_rfc3339_millis(since).to_string());
         }
-        self.next_round = now + self.retry_delay;
-        self.log_failure(e);
-        self.retry_delay = (self.retry_delay * 2).min(self.timing.max_retry);
+        let delay = self.backoff.next_delay();
+        self.next_round = now + delay;
+        self.log_failure(e, delay);
     }
 
     /// The calls of a round; whether it listed.
@@ -386,10 +432,14 @@ impl<S: Store> Task<S> {
     async fn call(&mut self, op: &Op) -> Result<(), WriteError> {
         let reserved = match op {
             Op::Reserve { addr, pod_ref } => self.store.reserve(*addr, pod_ref.as_deref()).await?,
-            Op::Watch { addr, pod_ref } => self.store.watch(*addr, pod_ref).await?,
+            Op::Watch {
+                addr,
+                pod_ref,
+                pod_uid,
+            } => self.store.watch(*addr, pod_ref, pod_uid.as_deref()).await?,
             Op::Delete { addr, uid } => {
                 self.store.delete(*addr, uid).await?;
-                self.metrics.whereabouts.writes.inc();
+                self.metrics.projection.writes.inc();
                 self.projection.released(*addr);
                 return Ok(());
             }
@@ -397,12 +447,33 @@ impl<S: Store> Task<S> {
         let addr = op.addr();
         match reserved {
             Reserved::Made(uid) => {
-                self.metrics.whereabouts.writes.inc();
-                self.projection.held(addr, Hold { uid, own: true });
+                self.metrics.projection.writes.inc();
+                let holder = match op {
+                    Op::Reserve { pod_ref, .. } => pod_ref.clone(),
+                    Op::Watch { pod_ref, .. } => {
+                        // Its pod went while no run of the agent watched its reservation.
+                        debug!("whereabouts reservation of {addr} gone with its live pod: made");
+                        self.metrics.projection.recreated.inc();
+                        lock(&self.view).recreated_total += 1;
+                        Some(pod_ref.clone())
+                    }
+                    Op::Delete { .. } => None,
+                };
+                let hold = Hold {
+                    uid,
+                    own: true,
+                    holder,
+                };
+                self.projection.held(addr, hold);
             }
             Reserved::Labelled(uid) => {
-                self.metrics.whereabouts.writes.inc();
-                self.projection.held(addr, Hold { uid, own: false });
+                self.metrics.projection.writes.inc();
+                let hold = Hold {
+                    uid,
+                    own: false,
+                    holder: None,
+                };
+                self.projection.held(addr, hold);
             }
             Reserved::AlreadyHeld(hold) => self.projection.held(addr, hold),
             Reserved::NotHeld => self.projection.not_held(addr),
@@ -410,7 +481,7 @@ impl<S: Store> Task<S> {
         Ok(())
     }
 
-    fn log_failure(&mut self, e: &WriteError) {
+    fn log_failure(&mut self, e: &WriteError, retry_in: Duration) {
         let text = e.to_string();
         let due = self
             .last_logged
@@ -421,7 +492,7 @@ impl<S: Store> Task<S> {
                 "whereabouts reservations: write failed ({}): {text}; retrying in {:?} \
                  (enforcement on this node is not affected)",
                 <&str>::from(e.reason),
-                self.retry_delay
+                retry_in
             );
             self.last_logged = Some((Instant::now(), text));
         }

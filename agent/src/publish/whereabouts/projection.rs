@@ -50,6 +50,9 @@ pub struct Want {
     /// The pod of its live holder (Active or Draining), else of the holder that went: the
     /// podRef of the reservation whereabouts made for it.
     pub pod_ref: Option<String>,
+    /// That pod's uid, when the CNI said it: a pod of the same name made again (a StatefulSet's)
+    /// is another pod.
+    pub pod_uid: Option<String>,
 }
 
 impl Want {
@@ -62,7 +65,12 @@ impl Want {
             AddrStatus::Quarantined { previous, .. } => previous,
         };
         let pod_ref = pod_ref(holder);
-        (listed || pod_ref.is_some()).then_some(Self { listed, pod_ref })
+        let pod_uid = holder.pod().and_then(|pod| pod.uid.clone());
+        (listed || pod_ref.is_some()).then_some(Self {
+            listed,
+            pod_ref,
+            pod_uid,
+        })
     }
 }
 
@@ -76,8 +84,14 @@ pub enum Op {
         pod_ref: Option<String>,
     },
     /// Label the reservation whereabouts made for `pod_ref`, the live holder, if there is one:
-    /// whereabouts may free it (a force delete) while the holder still runs.
-    Watch { addr: IpAddr, pod_ref: String },
+    /// whereabouts may free it (a force delete) while the holder still runs. If there is none
+    /// and the pod is gone from the API (force-deleted while this agent was not watching:
+    /// whereabouts freed its address then), make ipq's own.
+    Watch {
+        addr: IpAddr,
+        pod_ref: String,
+        pod_uid: Option<String>,
+    },
     /// Delete ipq's own reservation of `addr`, only if it is still the one of `uid`.
     Delete { addr: IpAddr, uid: String },
 }
@@ -96,6 +110,10 @@ pub struct Hold {
     pub uid: String,
     /// ipq's own (made by ipq, deleted by ipq); else whereabouts' own, only labelled.
     pub own: bool,
+    /// Of ipq's own: the podRef of the holder it keeps the address for (its `ipq.dev/holder`
+    /// annotation). What survives an agent restart: while that holder still holds the
+    /// address, its pod was deleted under it and the reservation must stay.
+    pub holder: Option<String>,
 }
 
 #[derive(Default)]
@@ -135,8 +153,16 @@ impl Projection {
         self.dirty.insert(addr);
     }
 
+    /// Whether `addr` must be kept from the next pod: it is listed (quarantined or fenced), or
+    /// its live holder's pod reservation was freed under it: seen deleted by this run, or found
+    /// as ipq's own made for that same holder (by an earlier run: the reservation is the memory
+    /// that survives a restart).
     fn needs_reservation(&self, addr: IpAddr, want: &Want) -> bool {
-        want.listed || self.needs_own.contains(&addr)
+        want.listed
+            || self.needs_own.contains(&addr)
+            || self.held.get(&addr).is_some_and(|hold| {
+                hold.own && hold.holder.is_some() && hold.holder == want.pod_ref
+            })
     }
 
     /// The calls that bring every dirty address to what is wanted; they are no longer dirty.
@@ -156,12 +182,14 @@ impl Projection {
                 (
                     Some(Want {
                         pod_ref: Some(pod_ref),
+                        pod_uid,
                         ..
                     }),
                     None,
                 ) if !self.unmanaged.contains(&addr) => ops.push(Op::Watch {
                     addr,
                     pod_ref: pod_ref.clone(),
+                    pod_uid: pod_uid.clone(),
                 }),
                 (Some(want), Some(hold)) if hold.own && !self.needs_reservation(addr, want) => {
                     ops.push(Op::Delete {
@@ -272,6 +300,7 @@ mod tests {
         Some(Want {
             listed: true,
             pod_ref: Some(format!("default/{pod}")),
+            pod_uid: None,
         })
     }
 
@@ -279,6 +308,7 @@ mod tests {
         Some(Want {
             listed: false,
             pod_ref: Some(format!("default/{pod}")),
+            pod_uid: None,
         })
     }
 
@@ -286,6 +316,15 @@ mod tests {
         Hold {
             uid: uid.into(),
             own: true,
+            holder: None,
+        }
+    }
+
+    /// ipq's own, made for `pod`'s live holder (its pod deleted under it).
+    fn own_for(uid: &str, pod: &str) -> Hold {
+        Hold {
+            holder: Some(format!("default/{pod}")),
+            ..own(uid)
         }
     }
 
@@ -293,6 +332,7 @@ mod tests {
         Hold {
             uid: uid.into(),
             own: false,
+            holder: None,
         }
     }
 
@@ -351,7 +391,8 @@ mod tests {
             p.take_ops(),
             [Op::Watch {
                 addr: a,
-                pod_ref: "default/web-1".into()
+                pod_ref: "default/web-1".into(),
+                pod_uid: None,
             }]
         );
         p.held(a, labelled("wb-uid"));
@@ -464,5 +505,33 @@ mod tests {
             "a stale own one goes; whereabouts' labelled one is only forgotten"
         );
         assert_eq!(p.own_count(), 2);
+    }
+
+    #[test]
+    fn a_restarted_agent_keeps_its_own_reservation_while_the_holder_it_was_made_for_lives() {
+        let mut p = Projection::default();
+        let (kept, moved_on) = (addr("10.88.0.10"), addr("10.88.0.11"));
+        // A new run: the registry says both holders live; the reservations say an earlier run
+        // made ipq's own for web-1 (its pod was force-deleted under it) and for web-2, whose
+        // address has another pod now.
+        p.want(kept, live("web-1"));
+        p.want(moved_on, live("web-3"));
+        p.relisted([
+            (kept, own_for("uid-k", "web-1")),
+            (moved_on, own_for("uid-m", "web-2")),
+        ]);
+        assert_eq!(
+            p.take_ops(),
+            [Op::Delete {
+                addr: moved_on,
+                uid: "uid-m".into()
+            }],
+            "only the one whose holder went"
+        );
+        // Its quarantine keeps it; it goes when the quarantine ends.
+        p.want(kept, listed("web-1"));
+        assert!(p.take_ops().is_empty());
+        p.want(kept, None);
+        assert!(matches!(&p.take_ops()[..], [Op::Delete { uid, .. }] if uid == "uid-k"));
     }
 }

@@ -2,7 +2,7 @@
 //! never touches, and that a refusing API server is retried with backoff and counted.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     net::IpAddr,
     sync::{Arc, Mutex},
     time::Duration,
@@ -20,6 +20,18 @@ struct Reservation {
     watched: bool,
     pod_ref: String,
     uid: String,
+    /// Of ipq's own: the holder's podRef it keeps the address for.
+    holder: Option<String>,
+}
+
+impl Reservation {
+    fn hold(&self) -> Hold {
+        Hold {
+            uid: self.uid.clone(),
+            own: self.pod_ref == OWN_POD_REF,
+            holder: self.holder.clone(),
+        }
+    }
 }
 
 #[derive(Default)]
@@ -31,6 +43,8 @@ struct World {
     /// Each watch a list starts fails at once while set.
     failing_watch: bool,
     calls: Vec<String>,
+    /// The podRefs of pods deleted from the API (their containers may still run).
+    pods_gone: BTreeSet<String>,
 }
 
 struct FakeStore {
@@ -53,16 +67,34 @@ impl FakeStore {
     fn reserved(world: &mut World, addr: IpAddr, pod_ref: Option<&str>) -> Reserved {
         match world.reservations.get_mut(&addr) {
             None => Reserved::NotHeld,
-            Some(r) if r.watched => Reserved::AlreadyHeld(Hold {
-                uid: r.uid.clone(),
-                own: r.pod_ref == OWN_POD_REF,
-            }),
+            Some(r) if r.watched => Reserved::AlreadyHeld(r.hold()),
             Some(r) if Some(r.pod_ref.as_str()) == pod_ref => {
                 r.watched = true;
                 Reserved::Labelled(r.uid.clone())
             }
             Some(_) => Reserved::NotHeld,
         }
+    }
+}
+
+impl FakeStore {
+    /// ipq's own, unless there is one already.
+    fn make(world: &mut World, addr: IpAddr, pod_ref: Option<&str>) -> Reserved {
+        if world.reservations.contains_key(&addr) {
+            return Self::reserved(world, addr, pod_ref);
+        }
+        world.next_uid += 1;
+        let uid = format!("uid-{}", world.next_uid);
+        world.reservations.insert(
+            addr,
+            Reservation {
+                watched: true,
+                pod_ref: OWN_POD_REF.into(),
+                uid: uid.clone(),
+                holder: pod_ref.map(str::to_owned),
+            },
+        );
+        Reserved::Made(uid)
     }
 }
 
@@ -80,13 +112,7 @@ impl Store for FakeStore {
             .reservations
             .iter()
             .filter(|(_, r)| r.watched)
-            .map(|(addr, r)| {
-                let hold = Hold {
-                    uid: r.uid.clone(),
-                    own: r.pod_ref == OWN_POD_REF,
-                };
-                (*addr, hold)
-            })
+            .map(|(addr, r)| (*addr, r.hold()))
             .collect())
     }
 
@@ -100,27 +126,22 @@ impl Store for FakeStore {
         if world.refusing {
             return Err(refused());
         }
-        if world.reservations.contains_key(&addr) {
-            return Ok(Self::reserved(&mut world, addr, pod_ref));
-        }
-        world.next_uid += 1;
-        let uid = format!("uid-{}", world.next_uid);
-        world.reservations.insert(
-            addr,
-            Reservation {
-                watched: true,
-                pod_ref: OWN_POD_REF.into(),
-                uid: uid.clone(),
-            },
-        );
-        Ok(Reserved::Made(uid))
+        Ok(Self::make(&mut world, addr, pod_ref))
     }
 
-    async fn watch(&mut self, addr: IpAddr, pod_ref: &str) -> Result<Reserved, WriteError> {
+    async fn watch(
+        &mut self,
+        addr: IpAddr,
+        pod_ref: &str,
+        _pod_uid: Option<&str>,
+    ) -> Result<Reserved, WriteError> {
         let mut world = self.world.lock().unwrap();
         world.calls.push(format!("watch {addr}"));
         if world.refusing {
             return Err(refused());
+        }
+        if !world.reservations.contains_key(&addr) && world.pods_gone.contains(pod_ref) {
+            return Ok(Self::make(&mut world, addr, Some(pod_ref)));
         }
         Ok(Self::reserved(&mut world, addr, Some(pod_ref)))
     }
@@ -149,13 +170,21 @@ struct Harness {
     world: Arc<Mutex<World>>,
     events: mpsc::UnboundedSender<StoreEvent>,
     feed: Feed,
-    metrics: Arc<Metrics>,
+    metrics: Arc<ProjectionMetrics>,
 }
 
 fn harness() -> Harness {
     let world = Arc::new(Mutex::new(World::default()));
     let (events, received) = mpsc::unbounded_channel();
-    let metrics = Metrics::for_tests();
+    let registry = prometheus::Registry::new();
+    let metrics = Arc::new(ProjectionMetrics::register(&registry).expect("metrics register"));
+    let feed_full = crate::publish::PublishMetrics::register(&registry)
+        .expect("metrics register")
+        .feed_full;
+    let task_metrics = TaskMetrics {
+        projection: metrics.clone(),
+        feed_full,
+    };
     let store = FakeStore {
         world: world.clone(),
         events: received,
@@ -166,7 +195,13 @@ fn harness() -> Harness {
         namespace: "kube-system".into(),
         network_name: String::new(),
     };
-    let feed = start_with(store, &target, Timing::default(), metrics.clone());
+    let feed = start_with(
+        store,
+        &target,
+        Timing::default(),
+        task_metrics,
+        ApiHealth::new(),
+    );
     Harness {
         world,
         events,
@@ -179,6 +214,7 @@ fn listed(pod: &str) -> Option<Want> {
     Some(Want {
         listed: true,
         pod_ref: Some(format!("default/{pod}")),
+        pod_uid: None,
     })
 }
 
@@ -186,6 +222,7 @@ fn live(pod: &str) -> Option<Want> {
     Some(Want {
         listed: false,
         pod_ref: Some(format!("default/{pod}")),
+        pod_uid: None,
     })
 }
 
@@ -195,6 +232,7 @@ fn whereabouts_own(pod: &str, uid: &str) -> Reservation {
         watched: false,
         pod_ref: format!("default/{pod}"),
         uid: uid.into(),
+        holder: None,
     }
 }
 
@@ -220,7 +258,7 @@ impl Harness {
 
     /// Lets the task run until its metrics show `done`: what the task sets once a round has
     /// taken in a change, whether or not that round called the store.
-    async fn until_counted(&self, what: &str, done: impl Fn(&Metrics) -> bool) {
+    async fn until_counted(&self, what: &str, done: impl Fn(&ProjectionMetrics) -> bool) {
         for _ in 0..200 {
             if done(&self.metrics) {
                 return;
@@ -249,11 +287,11 @@ async fn a_quarantine_is_reserved_made_again_when_deleted_and_released_when_it_e
     h.until("made again", |w| w.reservations.contains_key(&addr(10)))
         .await;
     assert_ne!(h.reservation(addr(10)).unwrap().uid, made.uid);
-    assert_eq!(h.metrics.whereabouts.recreated.get(), 1);
+    assert_eq!(h.metrics.recreated.get(), 1);
 
     h.feed.send(addr(10), None);
     h.until("released", |w| w.reservations.is_empty()).await;
-    assert_eq!(h.metrics.whereabouts.writes.get(), 3);
+    assert_eq!(h.metrics.writes.get(), 3);
 }
 
 #[tokio::test(start_paused = true)]
@@ -305,18 +343,14 @@ async fn another_pods_reservation_is_never_touched() {
         w.calls.iter().any(|c| c.starts_with("reserve"))
     })
     .await;
-    h.until_counted("counted as another pod's", |m| {
-        m.whereabouts.foreign.get() == 1
-    })
-    .await;
+    h.until_counted("counted as another pod's", |m| m.foreign.get() == 1)
+        .await;
     assert_eq!(h.reservation(addr(10)), Some(other.clone()));
     // The address is no longer wanted: the round that takes that in sets the count of foreign
     // reservations to 0, after any call it would have made about them.
     h.feed.send(addr(10), None);
-    h.until_counted("the unwanted address taken in", |m| {
-        m.whereabouts.foreign.get() == 0
-    })
-    .await;
+    h.until_counted("the unwanted address taken in", |m| m.foreign.get() == 0)
+        .await;
     assert_eq!(h.reservation(addr(10)), Some(other));
     assert!(!h
         .world
@@ -361,12 +395,7 @@ async fn a_refusing_api_server_is_retried_with_backoff_and_counted() {
     let tries = h.world.lock().unwrap().calls.len();
     // 0.5 + 1 + 2 s of backoff: at most 3 attempts in 3 s.
     assert!((1..=3).contains(&tries), "{tries} attempts in 3 s");
-    let refused = h
-        .metrics
-        .whereabouts
-        .failures
-        .with_label_values(&["refused"])
-        .get();
+    let refused = h.metrics.failures.with_label_values(&["refused"]).get();
     assert_eq!(refused, tries as u64);
     let view = h.feed.view();
     assert_eq!(view.failures_total, tries as u64);
@@ -402,6 +431,7 @@ async fn a_previous_runs_reservations_are_kept_or_deleted_by_the_first_round() {
                     watched: true,
                     pod_ref: OWN_POD_REF.into(),
                     uid: uid.into(),
+                    holder: None,
                 },
             );
         }
@@ -413,7 +443,7 @@ async fn a_previous_runs_reservations_are_kept_or_deleted_by_the_first_round() {
     })
     .await;
     assert_eq!(h.reservation(addr(10)).unwrap().uid, "kept");
-    assert_eq!(h.metrics.whereabouts.reservations.get(), 1);
+    assert_eq!(h.metrics.reservations.get(), 1);
 }
 
 #[tokio::test(start_paused = true)]
@@ -435,11 +465,77 @@ async fn a_watch_that_keeps_failing_backs_off_and_is_counted() {
     // The first list, then lists after 0.5 + 1 + 2 s of backoff: not one every round.
     assert!((2..=4).contains(&syncs), "{syncs} lists in 4 s");
     assert!(h.feed.view().last_error.is_some());
-    let refused = h
-        .metrics
-        .whereabouts
-        .failures
-        .with_label_values(&["refused"])
-        .get();
+    let refused = h.metrics.failures.with_label_values(&["refused"]).get();
     assert_eq!(refused, syncs as u64);
+}
+
+/// An earlier run made ipq's own for a live holder whose pod was force-deleted; the new run
+/// (a DaemonSet rollout) finds it and keeps it for as long as the holder lives and its
+/// quarantine runs: never a delete in between.
+#[tokio::test(start_paused = true)]
+async fn a_restarted_agent_keeps_the_reservation_of_a_live_holder_whose_pod_went() {
+    let mut h = harness();
+    let own = Reservation {
+        watched: true,
+        pod_ref: OWN_POD_REF.into(),
+        uid: "made-before".into(),
+        holder: Some("default/web-1".into()),
+    };
+    h.world
+        .lock()
+        .unwrap()
+        .reservations
+        .insert(addr(10), own.clone());
+    h.feed.send(addr(10), live("web-1"));
+    h.feed.launch();
+    h.until("listed", |w| w.calls.iter().any(|c| c == "sync"))
+        .await;
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    h.feed.send(addr(10), listed("web-1"));
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert_eq!(h.reservation(addr(10)), Some(own));
+    assert!(
+        !h.world
+            .lock()
+            .unwrap()
+            .calls
+            .iter()
+            .any(|c| c.starts_with("delete")),
+        "never deleted while the holder lives or its quarantine runs"
+    );
+    assert_eq!(h.metrics.reservations.get(), 1);
+    h.feed.send(addr(10), None);
+    h.until("released when the quarantine ends", |w| {
+        w.reservations.is_empty()
+    })
+    .await;
+}
+
+/// The force delete lands while the agent restarts: whereabouts deletes its reservation with
+/// no agent watching. The new run finds the live holder's reservation missing and its pod
+/// gone, and makes ipq's own.
+#[tokio::test(start_paused = true)]
+async fn a_pod_force_deleted_while_the_agent_was_down_gets_ipqs_reservation() {
+    let mut h = harness();
+    h.world
+        .lock()
+        .unwrap()
+        .pods_gone
+        .insert("default/web-1".into());
+    // A pod that lives, not whereabouts': looked at, left alone.
+    h.feed.send(addr(11), live("web-2"));
+    h.feed.send(addr(10), live("web-1"));
+    h.feed.launch();
+    h.until("ipq's own made", |w| {
+        w.reservations.get(&addr(10)).is_some_and(|r| {
+            r.pod_ref == OWN_POD_REF && r.holder.as_deref() == Some("default/web-1")
+        })
+    })
+    .await;
+    assert_eq!(h.metrics.recreated.get(), 1);
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let world = h.world.lock().unwrap();
+    assert!(world.reservations.contains_key(&addr(10)), "kept");
+    assert!(!world.reservations.contains_key(&addr(11)));
+    assert!(!world.calls.iter().any(|c| c.starts_with("delete")));
 }
