@@ -175,6 +175,14 @@ pub const GLOBAL_MAP_ID_OFFSET: &str = "IPQ_MAP_ID_OFFSET";
 pub const GLOBAL_MAP_WRITECNT_OFFSET: &str = "IPQ_MAP_WRITECNT_OFFSET";
 pub const GLOBAL_FILE_PRIVATE_DATA_OFFSET: &str = "IPQ_FILE_PRIVATE_DATA_OFFSET";
 
+/// The `.rodata` global of the trampoline context's slot (a u64 each) that holds
+/// `bpf_map_update_value`'s `key`: 2 where its second parameter is `struct file *` (recent
+/// kernels), 3 where it is `struct fd` passed by value, two slots (older ones), as its BTF
+/// says. The program reads one of these two; the loader refuses the trampoline otherwise.
+pub const GLOBAL_UPDATE_KEY_SLOT: &str = "IPQ_UPDATE_KEY_SLOT";
+/// The slots [`GLOBAL_UPDATE_KEY_SLOT`] may hold.
+pub const UPDATE_KEY_SLOTS: [u32; 2] = [2, 3];
+
 /// Which watcher reports other processes' bpf() calls.
 #[repr(u32)]
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]

@@ -90,10 +90,12 @@ pub fn ipq_watch_security_bpf_map(ctx: FEntryContext) -> i32 {
     0
 }
 
-/// `bpf_map_update_value(map, map_file, key, value, flags)`: every update by bpf().
+/// `bpf_map_update_value(map, map_file, key, value, flags)` (older: `(map, struct fd, key, ...)`):
+/// every update by bpf().
 #[fentry(function = "bpf_map_update_value")]
 pub fn ipq_watch_bpf_map_update_value(ctx: FEntryContext) -> i32 {
-    let _ = watch::fentry::map_write(BpfCmd::MapUpdateElem, ctx.arg(0), Some(ctx.arg(2)));
+    let key = watch::fentry::update_key(&ctx);
+    let _ = watch::fentry::map_write(BpfCmd::MapUpdateElem, ctx.arg(0), Some(key));
     0
 }
 

@@ -42,7 +42,7 @@ use ipq_common::{
     slots::{slot_entries, SlotsOrder, SLOTS_MASK_GLOBAL, SLOTS_ORDER_GLOBAL, SLOTS_SEED_GLOBAL},
     watch::{
         GLOBAL_FILE_PRIVATE_DATA_OFFSET, GLOBAL_MAP_ID_OFFSET, GLOBAL_MAP_WRITECNT_OFFSET,
-        GLOBAL_WATCH_PIDNS_DEV, GLOBAL_WATCH_PIDNS_INO, GLOBAL_WATCH_TGID,
+        GLOBAL_UPDATE_KEY_SLOT, GLOBAL_WATCH_PIDNS_DEV, GLOBAL_WATCH_PIDNS_INO, GLOBAL_WATCH_TGID,
     },
 };
 use log::{info, warn};
@@ -158,6 +158,7 @@ impl Datapath {
                     map_id: 0,
                     map_writecnt: 0,
                     file_private_data: 0,
+                    update_key_slot: 2,
                 },
             ),
         };
@@ -187,7 +188,8 @@ impl Datapath {
                 GLOBAL_FILE_PRIVATE_DATA_OFFSET,
                 &offsets.file_private_data,
                 true,
-            );
+            )
+            .override_global(GLOBAL_UPDATE_KEY_SLOT, &offsets.update_key_slot, true);
         let mut ebpf = loader
             .load(object::for_order(slots_order))
             .map_err(|e| DatapathError::Load(Box::new(e)))?;
