@@ -10,7 +10,7 @@
 
 use std::path::{Path, PathBuf};
 
-use ipq_common::watch::UPDATE_KEY_SLOTS;
+use ipq_common::watch::{UpdateHook, UPDATE_KEY_SLOTS};
 use thiserror::Error;
 
 /// The kernel's BTF, where the running kernel publishes it.
@@ -37,12 +37,13 @@ pub enum KernelBtfError {
     },
     #[error(
         "{function}'s parameter {param} is in slot {slot} of the trampoline's context; the \
-         watcher reads it in slot 2 or 3"
+         watcher reads it in slot {expected}"
     )]
     UnexpectedSlot {
         function: &'static str,
         param: &'static str,
         slot: u32,
+        expected: String,
     },
 }
 
@@ -52,8 +53,10 @@ pub struct WatchOffsets {
     pub map_id: u32,
     pub map_writecnt: u32,
     pub file_private_data: u32,
+    /// Where map updates are seen.
+    pub update_hook: UpdateHook,
     /// The context slot of `bpf_map_update_value`'s `key`
-    /// ([`ipq_common::watch::GLOBAL_UPDATE_KEY_SLOT`]).
+    /// ([`ipq_common::watch::GLOBAL_UPDATE_KEY_SLOT`]; 2, unused, with the map types' hooks).
     pub update_key_slot: u32,
 }
 
@@ -72,22 +75,52 @@ impl WatchOffsets {
     }
 
     fn from_table(btf: &TypeTable<'_>) -> Result<Self, KernelBtfError> {
-        const UPDATE: &str = "bpf_map_update_value";
-        let update_key_slot = btf.param_slot(UPDATE, "key")?;
-        if !UPDATE_KEY_SLOTS.contains(&update_key_slot) {
-            return Err(KernelBtfError::UnexpectedSlot {
-                function: UPDATE,
-                param: "key",
-                slot: update_key_slot,
-            });
-        }
+        let (update_hook, update_key_slot) = update_hook(btf)?;
         Ok(Self {
             map_id: btf.member_offset("bpf_map", "id")?,
             map_writecnt: btf.member_offset("bpf_map", "writecnt")?,
             file_private_data: btf.member_offset("file", "private_data")?,
+            update_hook,
             update_key_slot,
         })
     }
+}
+
+/// Where the trampolines see map updates on this kernel, and the key's slot there: bpf()'s own
+/// path where the BTF gives `bpf_map_update_value`, else the map types' update functions.
+fn update_hook(btf: &TypeTable<'_>) -> Result<(UpdateHook, u32), KernelBtfError> {
+    const UPDATE: &str = "bpf_map_update_value";
+    const KEY: &str = "key";
+    let expect = |function: &'static str, slot: u32, slots: &[u32]| {
+        if slots.contains(&slot) {
+            Ok(slot)
+        } else {
+            Err(KernelBtfError::UnexpectedSlot {
+                function,
+                param: KEY,
+                slot,
+                expected: format!("{slots:?}"),
+            })
+        }
+    };
+    if let Some(slot) = btf.param_slot(UPDATE, KEY)? {
+        return Ok((
+            UpdateHook::SyscallPath,
+            expect(UPDATE, slot, &UPDATE_KEY_SLOTS)?,
+        ));
+    }
+    for function in ["htab_map_update_elem", "array_map_update_elem"] {
+        let slot = btf
+            .param_slot(function, KEY)?
+            .ok_or_else(|| KernelBtfError::NoParam {
+                function: function.to_owned(),
+                param: KEY.to_owned(),
+                why: format!("no such function (nor {UPDATE})"),
+            })?;
+        // The map, then the key: what the programs on these read.
+        expect(function, slot, &[1])?;
+    }
+    Ok((UpdateHook::MapOps, UPDATE_KEY_SLOTS[0]))
 }
 
 const BTF_MAGIC: u16 = 0xeb9f;
@@ -261,17 +294,20 @@ impl<'a> TypeTable<'a> {
     /// The slot of a trampoline's context (a u64 each) that holds parameter `param` of the
     /// kernel function `function`: a parameter passed by value takes as many slots as its
     /// size in u64s (a struct of 16 bytes, two), as the trampolines lay them out.
-    fn param_slot(&self, function: &str, param: &str) -> Result<u32, KernelBtfError> {
+    /// `None` where the BTF has no such function (inlined into its callers, or not built).
+    fn param_slot(&self, function: &str, param: &str) -> Result<Option<u32>, KernelBtfError> {
         let no_param = |why: String| KernelBtfError::NoParam {
             function: function.to_owned(),
             param: param.to_owned(),
             why,
         };
-        let func = self
+        let Some(func) = self
             .types
             .iter()
             .find(|t| t.kind == KIND_FUNC && self.name(t.name) == function.as_bytes())
-            .ok_or_else(|| no_param("no such function".to_owned()))?;
+        else {
+            return Ok(None);
+        };
         let proto = self
             .get(func.size_or_type)
             .filter(|t| t.kind == KIND_FUNC_PROTO)
@@ -279,7 +315,7 @@ impl<'a> TypeTable<'a> {
         let mut slot = 0;
         for (name, ty) in &proto.entries {
             if self.name(*name) == param.as_bytes() {
-                return Ok(slot);
+                return Ok(Some(slot));
             }
             let size = self.size_of(*ty).ok_or_else(|| {
                 no_param(format!(
@@ -316,16 +352,20 @@ mod tests {
         assert_eq!(offsets.update_key_slot, 2, "{offsets:?}");
     }
 
-    /// A BTF blob of `bpf_map_update_value`'s prototype with `second` as its second
-    /// parameter's type: `struct fd` by value (older kernels) or a pointer (recent ones).
-    fn update_value_btf(second_by_value: bool) -> Vec<u8> {
-        let mut strings =
-            b"\0u64\0fd\0file\0flags\0map\0f\0key\0value\0bpf_map_update_value\0".to_vec();
-        let name = |strings: &[u8], n: &str| -> u32 {
-            let needle = [n.as_bytes(), b"\0"].concat();
-            (0..strings.len())
-                .find(|i| strings[*i..].starts_with(&needle) && (*i == 0 || strings[i - 1] == 0))
-                .unwrap() as u32
+    /// Parameter types of the blobs below: 1 u64, 2 void *, 4 struct fd (through a typedef).
+    const U64: u32 = 1;
+    const PTR: u32 = 2;
+    const FD: u32 = 4;
+
+    /// A BTF blob with the basic types and one function per `functions` entry (its name and
+    /// its parameters' names and types).
+    fn btf_of(functions: &[(&str, &[(&str, u32)])]) -> Vec<u8> {
+        let mut strings = vec![0u8];
+        let mut name = |n: &str| -> u32 {
+            let at = strings.len() as u32;
+            strings.extend_from_slice(n.as_bytes());
+            strings.push(0);
+            at
         };
         let mut types = Vec::new();
         let mut ty = |name: u32, kind: u32, vlen: u32, size_or_type: u32, trailing: &[u32]| {
@@ -336,35 +376,26 @@ mod tests {
                 types.extend_from_slice(&word.to_le_bytes());
             }
         };
-        // 1: u64; 2: void *; 3: struct fd { void *file; u64 flags; }.
-        ty(name(&strings, "u64"), KIND_INT, 0, 8, &[64]);
+        // 1: u64; 2: void *; 3: struct fd { void *file; u64 flags; }; 4: a typedef of it
+        // (the kernel's types are often reached through one).
+        ty(name("u64"), KIND_INT, 0, 8, &[64]);
         ty(0, KIND_PTR, 0, 0, &[]);
-        let (file, flags) = (name(&strings, "file"), name(&strings, "flags"));
+        let (file, flags) = (name("file"), name("flags"));
         ty(
-            name(&strings, "fd"),
+            name("fd"),
             KIND_STRUCT,
             2,
             16,
-            &[file, 2, 0, flags, 1, 64],
+            &[file, PTR, 0, flags, U64, 64],
         );
-        // 4: a typedef of 3 (the kernel's are often reached through one); 5: the prototype.
-        ty(name(&strings, "fd"), KIND_TYPEDEF, 0, 3, &[]);
-        let second = if second_by_value { 4 } else { 2 };
-        let params = [
-            name(&strings, "map"),
-            2,
-            name(&strings, "f"),
-            second,
-            name(&strings, "key"),
-            2,
-            name(&strings, "value"),
-            2,
-            name(&strings, "flags"),
-            1,
-        ];
-        ty(0, KIND_FUNC_PROTO, 5, 1, &params);
-        ty(name(&strings, "bpf_map_update_value"), KIND_FUNC, 0, 5, &[]);
-        strings.push(0);
+        ty(name("fd_t"), KIND_TYPEDEF, 0, 3, &[]);
+        let mut next_id = 5;
+        for (function, params) in functions {
+            let words: Vec<u32> = params.iter().flat_map(|(n, t)| [name(n), *t]).collect();
+            ty(0, KIND_FUNC_PROTO, params.len() as u32, U64, &words);
+            ty(name(function), KIND_FUNC, 0, next_id, &[]);
+            next_id += 2;
+        }
         let mut blob = Vec::new();
         blob.extend_from_slice(&BTF_MAGIC.to_le_bytes());
         blob.extend_from_slice(&[1, 0]);
@@ -382,15 +413,73 @@ mod tests {
         blob
     }
 
+    /// `bpf_map_update_value`'s prototype with `struct fd` by value as its second parameter
+    /// (older kernels) or a pointer (recent ones).
+    fn update_value_btf(second_by_value: bool) -> Vec<u8> {
+        let second = if second_by_value { FD } else { PTR };
+        btf_of(&[(
+            "bpf_map_update_value",
+            &[
+                ("map", PTR),
+                ("f", second),
+                ("key", PTR),
+                ("value", PTR),
+                ("flags", U64),
+            ],
+        )])
+    }
+
+    const MAP_OP: &[(&str, u32)] = &[("map", PTR), ("key", PTR), ("value", PTR), ("flags", U64)];
+
+    #[test]
+    fn without_bpf_map_update_value_the_map_types_update_functions_are_hooked() {
+        let blob = btf_of(&[
+            ("htab_map_update_elem", MAP_OP),
+            ("array_map_update_elem", MAP_OP),
+        ]);
+        let btf = TypeTable::parse(&blob).unwrap();
+        assert_eq!(update_hook(&btf).unwrap(), (UpdateHook::MapOps, 2));
+        // One of them missing: refused, naming it.
+        let blob = btf_of(&[("htab_map_update_elem", MAP_OP)]);
+        let btf = TypeTable::parse(&blob).unwrap();
+        assert_eq!(
+            update_hook(&btf).unwrap_err().to_string(),
+            "the kernel's BTF does not give array_map_update_elem's parameter key: no such \
+             function (nor bpf_map_update_value)"
+        );
+        // A key where the programs do not read it: refused, naming the slot.
+        let moved: &[(&str, u32)] = &[("map", PTR), ("f", FD), ("key", PTR)];
+        let blob = btf_of(&[
+            ("htab_map_update_elem", moved),
+            ("array_map_update_elem", MAP_OP),
+        ]);
+        let btf = TypeTable::parse(&blob).unwrap();
+        assert_eq!(
+            update_hook(&btf).unwrap_err().to_string(),
+            "htab_map_update_elem's parameter key is in slot 3 of the trampoline's context; the \
+             watcher reads it in slot [1]"
+        );
+    }
+
     #[test]
     fn a_struct_passed_by_value_moves_the_key_one_slot_on() {
         let by_value = update_value_btf(true);
         let btf = TypeTable::parse(&by_value).unwrap();
-        assert_eq!(btf.param_slot("bpf_map_update_value", "key").unwrap(), 3);
-        assert_eq!(btf.param_slot("bpf_map_update_value", "flags").unwrap(), 5);
+        assert_eq!(
+            btf.param_slot("bpf_map_update_value", "key").unwrap(),
+            Some(3)
+        );
+        assert_eq!(
+            btf.param_slot("bpf_map_update_value", "flags").unwrap(),
+            Some(5)
+        );
         let by_pointer = update_value_btf(false);
         let btf = TypeTable::parse(&by_pointer).unwrap();
-        assert_eq!(btf.param_slot("bpf_map_update_value", "key").unwrap(), 2);
+        assert_eq!(
+            btf.param_slot("bpf_map_update_value", "key").unwrap(),
+            Some(2)
+        );
+        assert_eq!(update_hook(&btf).unwrap(), (UpdateHook::SyscallPath, 2));
     }
 
     #[test]
@@ -403,12 +492,8 @@ mod tests {
             "the kernel's BTF does not give bpf_map_update_value's parameter attr: no parameter \
              of that name"
         );
-        let e = btf.param_slot("map_update_elem", "key").unwrap_err();
-        assert!(
-            e.to_string()
-                .contains("map_update_elem's parameter key: no such function"),
-            "{e}"
-        );
+        // A function the BTF does not give: none (the caller decides what that means).
+        assert_eq!(btf.param_slot("map_update_elem", "key").unwrap(), None);
         // The rest of what the trampolines need is not in this blob: refused by name too.
         let e = WatchOffsets::from_table(&btf).unwrap_err();
         assert_eq!(e.to_string(), "the kernel's BTF has no struct bpf_map");

@@ -151,13 +151,14 @@ impl Datapath {
         let offsets =
             kernel_btf::WatchOffsets::from_file(std::path::Path::new(kernel_btf::VMLINUX_BTF));
         let (trampolines, offsets) = match offsets {
-            Ok(offsets) => (Ok(()), offsets),
+            Ok(offsets) => (Ok(offsets.update_hook), offsets),
             Err(e) => (
                 Err(e.to_string()),
                 kernel_btf::WatchOffsets {
                     map_id: 0,
                     map_writecnt: 0,
                     file_private_data: 0,
+                    update_hook: ipq_common::watch::UpdateHook::SyscallPath,
                     update_key_slot: 2,
                 },
             ),

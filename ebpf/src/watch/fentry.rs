@@ -21,7 +21,7 @@
 //! compares. The agent's own calls are left out ([`super::is_agent`]), except its mappings,
 //! whose count the agent needs.
 
-use aya_ebpf::{helpers::bpf_probe_read_kernel, programs::FEntryContext};
+use aya_ebpf::{helpers::bpf_probe_read_kernel, programs::FEntryContext, EbpfContext as _};
 use ipq_common::watch::{BpfCall, BpfCmd, WATCH_KEY_BYTES};
 
 use super::{global, is_agent, is_ipq_map, reserve};
@@ -38,13 +38,24 @@ static IPQ_FILE_PRIVATE_DATA_OFFSET: u32 = 0;
 #[unsafe(no_mangle)]
 static IPQ_UPDATE_KEY_SLOT: u32 = 2;
 
-/// `bpf_map_update_value`'s key, at the slot the kernel's BTF gave.
+/// `bpf_map_update_value`'s key, at the slot the kernel's BTF gave. Both slots are read, each
+/// at its constant offset, and the value chosen after: the verifier refuses a context read at
+/// a computed offset, which is what LLVM makes of a branch between two plain reads.
 #[inline(always)]
 pub fn update_key(ctx: &FEntryContext) -> u64 {
+    let args = ctx.as_ptr() as *const u64;
+    // SAFETY: the trampoline's context holds the function's arguments, 5 or 6 slots of u64
+    // (see `IPQ_UPDATE_KEY_SLOT`); volatile, so that the two reads stay two.
+    let (at_2, at_3) = unsafe {
+        (
+            core::ptr::read_volatile(args.add(2)),
+            core::ptr::read_volatile(args.add(3)),
+        )
+    };
     if global(&IPQ_UPDATE_KEY_SLOT) == 3 {
-        ctx.arg(3)
+        at_3
     } else {
-        ctx.arg(2)
+        at_2
     }
 }
 
