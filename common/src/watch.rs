@@ -118,6 +118,11 @@ pub const PROG_WATCH_BPF: &str = "ipq_watch_bpf";
 pub const PROG_WATCH_SECURITY_BPF: &str = "ipq_watch_security_bpf";
 pub const PROG_WATCH_MAP_OPEN: &str = "ipq_watch_security_bpf_map";
 pub const PROG_WATCH_MAP_UPDATE: &str = "ipq_watch_bpf_map_update_value";
+/// Where the kernel's BTF has no `bpf_map_update_value` (inlined into its callers, as in
+/// Debian's 6.1), map updates are seen one level down, at the update functions of the map
+/// types ipq's maps are (hash and array; its per-CPU counters are not enforcement state).
+pub const PROG_WATCH_HTAB_UPDATE: &str = "ipq_watch_htab_map_update_elem";
+pub const PROG_WATCH_ARRAY_UPDATE: &str = "ipq_watch_array_map_update_elem";
 pub const PROG_WATCH_HTAB_DELETE: &str = "ipq_watch_htab_map_delete_elem";
 pub const PROG_WATCH_HTAB_LOOKUP_DELETE: &str = "ipq_watch_htab_map_lookup_and_delete_elem";
 pub const PROG_WATCH_HTAB_LOOKUP_DELETE_BATCH: &str = "ipq_watch_htab_map_lookup_and_delete_batch";
@@ -125,11 +130,10 @@ pub const PROG_WATCH_MAP_MMAP: &str = "ipq_watch_bpf_map_mmap";
 
 /// The trampolines the agent attaches, each with the kernel function it attaches to and
 /// whether the watcher is whole without it (`false`: all of these attach, or the trampolines
-/// are not used at all).
-pub const TRAMPOLINES: [(&str, &str, bool); 7] = [
+/// are not used at all). Map updates are seen by one of [`UPDATE_HOOKS`]' sets besides.
+pub const TRAMPOLINES: [(&str, &str, bool); 6] = [
     (PROG_WATCH_SECURITY_BPF, "security_bpf", false),
     (PROG_WATCH_MAP_OPEN, "security_bpf_map", false),
-    (PROG_WATCH_MAP_UPDATE, "bpf_map_update_value", false),
     (PROG_WATCH_HTAB_DELETE, "htab_map_delete_elem", false),
     (PROG_WATCH_MAP_MMAP, "bpf_map_mmap", false),
     // Linux 5.14+ (BPF_MAP_LOOKUP_AND_DELETE_ELEM of a hash map): where it does not exist,
@@ -143,6 +147,33 @@ pub const TRAMPOLINES: [(&str, &str, bool); 7] = [
         PROG_WATCH_HTAB_LOOKUP_DELETE_BATCH,
         "htab_map_lookup_and_delete_batch",
         true,
+    ),
+];
+
+/// Where the trampolines see map updates.
+#[repr(u32)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum UpdateHook {
+    /// `bpf_map_update_value`: bpf()'s own path (single and batch updates); nothing else pays.
+    SyscallPath = 0,
+    /// The hash and array maps' update functions, where the kernel's BTF has no
+    /// `bpf_map_update_value`: they also run for BPF programs' `bpf_map_update_elem` on maps of
+    /// those types, which then pay a trampoline and a compare.
+    MapOps = 1,
+}
+
+/// The trampolines of each [`UpdateHook`], as [`TRAMPOLINES`] lists them.
+pub const UPDATE_HOOKS: [(UpdateHook, &[(&str, &str)]); 2] = [
+    (
+        UpdateHook::SyscallPath,
+        &[(PROG_WATCH_MAP_UPDATE, "bpf_map_update_value")],
+    ),
+    (
+        UpdateHook::MapOps,
+        &[
+            (PROG_WATCH_HTAB_UPDATE, "htab_map_update_elem"),
+            (PROG_WATCH_ARRAY_UPDATE, "array_map_update_elem"),
+        ],
     ),
 ];
 
@@ -174,6 +205,14 @@ pub const GLOBAL_WATCH_PIDNS_INO: &str = "IPQ_WATCH_PIDNS_INO";
 pub const GLOBAL_MAP_ID_OFFSET: &str = "IPQ_MAP_ID_OFFSET";
 pub const GLOBAL_MAP_WRITECNT_OFFSET: &str = "IPQ_MAP_WRITECNT_OFFSET";
 pub const GLOBAL_FILE_PRIVATE_DATA_OFFSET: &str = "IPQ_FILE_PRIVATE_DATA_OFFSET";
+
+/// The `.rodata` global of the trampoline context's slot (a u64 each) that holds
+/// `bpf_map_update_value`'s `key`: 2 where its second parameter is `struct file *` (recent
+/// kernels), 3 where it is `struct fd` passed by value, two slots (older ones), as its BTF
+/// says. The program reads one of these two; the loader refuses the trampoline otherwise.
+pub const GLOBAL_UPDATE_KEY_SLOT: &str = "IPQ_UPDATE_KEY_SLOT";
+/// The slots [`GLOBAL_UPDATE_KEY_SLOT`] may hold.
+pub const UPDATE_KEY_SLOTS: [u32; 2] = [2, 3];
 
 /// Which watcher reports other processes' bpf() calls.
 #[repr(u32)]

@@ -90,10 +90,27 @@ pub fn ipq_watch_security_bpf_map(ctx: FEntryContext) -> i32 {
     0
 }
 
-/// `bpf_map_update_value(map, map_file, key, value, flags)`: every update by bpf().
+/// `bpf_map_update_value(map, map_file, key, value, flags)` (older: `(map, struct fd, key, ...)`):
+/// every update by bpf().
 #[fentry(function = "bpf_map_update_value")]
 pub fn ipq_watch_bpf_map_update_value(ctx: FEntryContext) -> i32 {
-    let _ = watch::fentry::map_write(BpfCmd::MapUpdateElem, ctx.arg(0), Some(ctx.arg(2)));
+    let key = watch::fentry::update_key(&ctx);
+    let _ = watch::fentry::map_write(BpfCmd::MapUpdateElem, ctx.arg(0), Some(key));
+    0
+}
+
+/// `htab_map_update_elem(map, key, value, flags)`: where `bpf_map_update_value` is not in the
+/// kernel's BTF, every update of a hash map (bpf()'s and BPF programs').
+#[fentry(function = "htab_map_update_elem")]
+pub fn ipq_watch_htab_map_update_elem(ctx: FEntryContext) -> i32 {
+    let _ = watch::fentry::map_write(BpfCmd::MapUpdateElem, ctx.arg(0), Some(ctx.arg(1)));
+    0
+}
+
+/// `array_map_update_elem(map, key, value, flags)`: likewise, every update of an array.
+#[fentry(function = "array_map_update_elem")]
+pub fn ipq_watch_array_map_update_elem(ctx: FEntryContext) -> i32 {
+    let _ = watch::fentry::map_write(BpfCmd::MapUpdateElem, ctx.arg(0), Some(ctx.arg(1)));
     0
 }
 

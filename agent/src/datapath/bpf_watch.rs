@@ -4,7 +4,8 @@
 //!
 //! Which programs ([`WatchMode`]): the trampolines on the kernel's bpf() path where every one
 //! of them attaches (the kernel's BTF, Linux 5.5+ on x86-64, 6.0+ on arm64, and the functions
-//! with the arguments they read: 6.1+ for `bpf_map_update_value`); else the raw tracepoint on
+//! with the arguments they read; map updates at `bpf_map_update_value`, or where the BTF has
+//! none, at the hash and array maps' update functions: [`UpdateHook`]); else the raw tracepoint on
 //! `sys_enter` (x86-64 only); else none, and the periodic verification is all there is.
 //! `ipq status` and `ipq_datapath_bpf_watcher_mode` say which, and why not the better one.
 //!
@@ -29,9 +30,9 @@ use aya::{
 use ipq_common::{
     names,
     watch::{
-        BpfCall, BpfCmd, WatchMode, MAP_BPF_CALLS, MAP_BPF_CALLS_LOST, MAP_WATCHED,
-        MAP_WATCHED_MAPS, PROG_WATCH_BPF, TRAMPOLINES, WATCHED_MAPS, WATCHED_TRACEPOINT,
-        WATCH_KEY_BYTES,
+        BpfCall, BpfCmd, UpdateHook, WatchMode, MAP_BPF_CALLS, MAP_BPF_CALLS_LOST, MAP_WATCHED,
+        MAP_WATCHED_MAPS, PROG_WATCH_BPF, TRAMPOLINES, UPDATE_HOOKS, WATCHED_MAPS,
+        WATCHED_TRACEPOINT, WATCH_KEY_BYTES,
     },
 };
 use strum::VariantArray as _;
@@ -200,7 +201,7 @@ pub struct Classifier {
 pub fn attach(
     ebpf: &mut Ebpf,
     layout: &PinLayout,
-    trampolines: Result<(), String>,
+    trampolines: Result<UpdateHook, String>,
 ) -> Result<BpfWatch, DatapathError> {
     let mut map_ids = Vec::new();
     for name in names::PINNED_MAPS {
@@ -234,16 +235,17 @@ pub fn attach(
             .set(index, id, 0)
             .map_err(map_error(MAP_WATCHED_MAPS))?;
     }
-    let (mode, why_not_trampolines) = match trampolines.and_then(|()| attach_trampolines(ebpf)) {
-        Ok(()) => (WatchMode::Trampolines, None),
-        Err(why) => {
-            attach_raw_tracepoint(ebpf).map_err(|e| DatapathError::Watcher {
-                trampolines: why.clone(),
-                raw_tracepoint: e.to_string(),
-            })?;
-            (WatchMode::RawTracepoint, Some(why))
-        }
-    };
+    let (mode, why_not_trampolines) =
+        match trampolines.and_then(|hook| attach_trampolines(ebpf, hook)) {
+            Ok(()) => (WatchMode::Trampolines, None),
+            Err(why) => {
+                attach_raw_tracepoint(ebpf).map_err(|e| DatapathError::Watcher {
+                    trampolines: why.clone(),
+                    raw_tracepoint: e.to_string(),
+                })?;
+                (WatchMode::RawTracepoint, Some(why))
+            }
+        };
     let calls = RingBuf::try_from(take(ebpf, MAP_BPF_CALLS)?).map_err(map_error(MAP_BPF_CALLS))?;
     let lost = PerCpuArray::try_from(take(ebpf, MAP_BPF_CALLS_LOST)?)
         .map_err(map_error(MAP_BPF_CALLS_LOST))?;
@@ -278,13 +280,20 @@ pub fn describe(mode: WatchMode) -> String {
     }
 }
 
-/// Loads and attaches every trampoline; where one that the watcher needs does not, those
-/// attached already are unloaded (detached) and the reason returned.
-fn attach_trampolines(ebpf: &mut Ebpf) -> Result<(), String> {
+/// Loads and attaches every trampoline, map updates seen by `update_hook`'s; where one that
+/// the watcher needs does not, those attached already are unloaded (detached) and the reason
+/// returned.
+fn attach_trampolines(ebpf: &mut Ebpf, update_hook: UpdateHook) -> Result<(), String> {
     let btf = Btf::from_sys_fs().map_err(|e| format!("the kernel's BTF: {e}"))?;
+    let updates = UPDATE_HOOKS
+        .iter()
+        .find(|(hook, _)| *hook == update_hook)
+        .map_or(&[][..], |(_, programs)| *programs)
+        .iter()
+        .map(|(name, function)| (*name, *function, false));
     let mut attached = Vec::new();
     let mut failure = None;
-    for (name, function, optional) in TRAMPOLINES {
+    for (name, function, optional) in TRAMPOLINES.into_iter().chain(updates) {
         let attach = |ebpf: &mut Ebpf| -> Result<(), String> {
             let prog: &mut FEntry = program(ebpf, name).map_err(|e| e.to_string())?;
             prog.load(function, &btf)
@@ -305,6 +314,13 @@ fn attach_trampolines(ebpf: &mut Ebpf) -> Result<(), String> {
         }
     }
     let Some(why) = failure else {
+        if update_hook == UpdateHook::MapOps {
+            log::info!(
+                "bpf() watcher: this kernel's BTF has no bpf_map_update_value (inlined): map \
+                 updates are seen at the hash and array maps' update functions, which other \
+                 tools' BPF programs' map updates also pass (one compare each)"
+            );
+        }
         return Ok(());
     };
     for name in attached {

@@ -42,7 +42,7 @@ use ipq_common::{
     slots::{slot_entries, SlotsOrder, SLOTS_MASK_GLOBAL, SLOTS_ORDER_GLOBAL, SLOTS_SEED_GLOBAL},
     watch::{
         GLOBAL_FILE_PRIVATE_DATA_OFFSET, GLOBAL_MAP_ID_OFFSET, GLOBAL_MAP_WRITECNT_OFFSET,
-        GLOBAL_WATCH_PIDNS_DEV, GLOBAL_WATCH_PIDNS_INO, GLOBAL_WATCH_TGID,
+        GLOBAL_UPDATE_KEY_SLOT, GLOBAL_WATCH_PIDNS_DEV, GLOBAL_WATCH_PIDNS_INO, GLOBAL_WATCH_TGID,
     },
 };
 use log::{info, warn};
@@ -151,13 +151,15 @@ impl Datapath {
         let offsets =
             kernel_btf::WatchOffsets::from_file(std::path::Path::new(kernel_btf::VMLINUX_BTF));
         let (trampolines, offsets) = match offsets {
-            Ok(offsets) => (Ok(()), offsets),
+            Ok(offsets) => (Ok(offsets.update_hook), offsets),
             Err(e) => (
                 Err(e.to_string()),
                 kernel_btf::WatchOffsets {
                     map_id: 0,
                     map_writecnt: 0,
                     file_private_data: 0,
+                    update_hook: ipq_common::watch::UpdateHook::SyscallPath,
+                    update_key_slot: 2,
                 },
             ),
         };
@@ -187,7 +189,8 @@ impl Datapath {
                 GLOBAL_FILE_PRIVATE_DATA_OFFSET,
                 &offsets.file_private_data,
                 true,
-            );
+            )
+            .override_global(GLOBAL_UPDATE_KEY_SLOT, &offsets.update_key_slot, true);
         let mut ebpf = loader
             .load(object::for_order(slots_order))
             .map_err(|e| DatapathError::Load(Box::new(e)))?;

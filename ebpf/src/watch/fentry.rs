@@ -9,7 +9,8 @@
 //!   absolute or relative path, `BPF_F_PATH_FD`, a hard link, another mount of the bpffs, an
 //!   id): reported for ipq's maps.
 //! - `bpf_map_update_value(map, file, key, value, flags)`: every update by bpf(), single and
-//!   batch, with the kernel's copy of the key: reported for ipq's maps.
+//!   batch, with the kernel's copy of the key: reported for ipq's maps. (older kernels pass `struct fd`
+//!   by value as the second parameter, two slots of the context: the key's slot is the BTF's.)
 //! - `htab_map_delete_elem(map, key)` and the hash map's lookup-and-delete paths: deletes of
 //!   `IPQ_ADDRS` (ipq's one hash map; its arrays cannot lose an entry).
 //! - `bpf_map_mmap(file, vma)`: a memory mapping of ipq's mmapable map, whose writes no call
@@ -20,7 +21,7 @@
 //! compares. The agent's own calls are left out ([`super::is_agent`]), except its mappings,
 //! whose count the agent needs.
 
-use aya_ebpf::{helpers::bpf_probe_read_kernel, programs::FEntryContext};
+use aya_ebpf::{helpers::bpf_probe_read_kernel, programs::FEntryContext, EbpfContext as _};
 use ipq_common::watch::{BpfCall, BpfCmd, WATCH_KEY_BYTES};
 
 use super::{global, is_agent, is_ipq_map, reserve};
@@ -32,6 +33,31 @@ static IPQ_MAP_ID_OFFSET: u32 = 0;
 static IPQ_MAP_WRITECNT_OFFSET: u32 = 0;
 #[unsafe(no_mangle)]
 static IPQ_FILE_PRIVATE_DATA_OFFSET: u32 = 0;
+/// The context slot of `bpf_map_update_value`'s key (`ipq_common::watch::GLOBAL_UPDATE_KEY_SLOT`):
+/// 3 where `struct fd` came by value before it (older kernels), else 2.
+#[unsafe(no_mangle)]
+static IPQ_UPDATE_KEY_SLOT: u32 = 2;
+
+/// `bpf_map_update_value`'s key, at the slot the kernel's BTF gave. Both slots are read, each
+/// at its constant offset, and the value chosen after: the verifier refuses a context read at
+/// a computed offset, which is what LLVM makes of a branch between two plain reads.
+#[inline(always)]
+pub fn update_key(ctx: &FEntryContext) -> u64 {
+    let args = ctx.as_ptr() as *const u64;
+    // SAFETY: the trampoline's context holds the function's arguments, 5 or 6 slots of u64
+    // (see `IPQ_UPDATE_KEY_SLOT`); volatile, so that the two reads stay two.
+    let (at_2, at_3) = unsafe {
+        (
+            core::ptr::read_volatile(args.add(2)),
+            core::ptr::read_volatile(args.add(3)),
+        )
+    };
+    if global(&IPQ_UPDATE_KEY_SLOT) == 3 {
+        at_3
+    } else {
+        at_2
+    }
+}
 
 /// `struct bpf_map *`'s id, read from kernel memory (0 where it cannot be).
 #[inline(always)]
