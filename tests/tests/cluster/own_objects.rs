@@ -4,13 +4,19 @@
 //! but its node's own (or a metadata-only label of another). The agent's own writes pass it:
 //! every scenario of the tier runs with it.
 //!
+//! The other node's object, written by hand as that node's agent would, is also what this
+//! node's `ipq status` must show in its cluster-wide view (#39·6).
+//!
 //! The token is the one a compromised node would hold: `kubectl create token ipq-agent
 //! --bound-object-kind Pod` bound to the agent pod of this node (the API server puts the pod's
 //! node in it). Each refusal is checked with `--dry-run=server` (admission runs, nothing is
 //! stored), beside a request of the same token the policy lets through, so that a refusal is
 //! the policy's and not RBAC's.
 
-use std::path::PathBuf;
+use std::{
+    path::PathBuf,
+    time::{Duration, Instant},
+};
 
 use anyhow::{ensure, Context as _};
 use ipq_tests::cluster::{
@@ -28,6 +34,8 @@ const POLICY: &str = "ipq-agent-own-node";
 const OTHER_NODE: &str = "ipq-other-node";
 /// A reservation of another pod's.
 const OTHER_RESERVATION: &str = "10.88.0.99";
+/// The address the other node's NodeQuarantine lists.
+const OTHER_ADDRESS: &str = "10.244.7.7";
 
 /// A kubeconfig for `token`, with the cluster's CA and API server.
 fn token_kubeconfig(cluster: &Cluster, token: &str, name: &str) -> anyhow::Result<PathBuf> {
@@ -85,6 +93,23 @@ pub fn a_nodes_token_is_refused_on_other_nodes_objects(
         })
         .to_string(),
     )?;
+    // What that node's agent would publish: one quarantined address (the admin writes it).
+    let other_status = json!({"status": {
+        "nodeName": OTHER_NODE, "quarantined": 1, "fenced": 0,
+        "entries": [{"address": OTHER_ADDRESS, "state": "quarantined",
+                     "since": "2026-01-01T00:00:00Z",
+                     "holder": {"namespace": "default", "pod": "web-gone"}}],
+    }})
+    .to_string();
+    admin.run(&[
+        "patch",
+        "nodequarantines",
+        OTHER_NODE,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        &other_status,
+    ])?;
     admin.apply(
         &json!({
             "apiVersion": "whereabouts.cni.cncf.io/v1alpha1",
@@ -246,6 +271,33 @@ pub fn a_nodes_token_is_refused_on_other_nodes_objects(
         patch_status(&as_nobody, NODE_NAME),
         "this token names no node",
     )?;
+
+    // The cluster-wide view (#39·6): this node's agent lists the other node's object (RBAC
+    // `list`, which the policy does not restrict) and `ipq status` shows its quarantine. The
+    // agent reads every `READ_EVERY` (30 s): waited for up to that and a margin.
+    let deadline = Instant::now() + Duration::from_secs(45);
+    loop {
+        let status: serde_json::Value =
+            serde_json::from_str(&deploy::ipq(cluster, &["-o", "json", "status"])?)?;
+        let shown = status["cluster"]["nodes"].as_array().is_some_and(|nodes| {
+            nodes.iter().any(|n| {
+                n["node"] == OTHER_NODE
+                    && n["quarantined"] == 1
+                    && n["newest"][0]["address"] == OTHER_ADDRESS
+                    && n["newest"][0]["pod"] == "default/web-gone"
+            })
+        });
+        if shown {
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "ipq status does not show {OTHER_NODE}'s quarantine of {OTHER_ADDRESS} 45 s after \
+             it was written: {}",
+            status["cluster"]
+        );
+        std::thread::sleep(Duration::from_secs(1));
+    }
 
     let admin = cluster.kubectl();
     admin.run(&["delete", "nodequarantines", OTHER_NODE])?;
