@@ -6,7 +6,10 @@
 mod bench;
 mod build_ebpf;
 mod cluster_build;
+mod cross;
 mod demo;
+mod elf;
+mod foreign_debs;
 mod kernels;
 mod setup;
 mod test;
@@ -36,6 +39,20 @@ enum Command {
         /// etcd and containerd from Go modules (slow the first time)
         #[arg(long = "for", value_enum, default_value = "test")]
         scope: setup::Scope,
+    },
+    /// Build the shipped binaries (ipq-agent, ipq, ipq-cni, ipq-ipam) for one architecture
+    /// into target/<triple>/, check each is an executable for it and that the agent embeds the
+    /// same eBPF object as the host build (arm64 on an x86-64 machine: Debian's cross gcc)
+    Build {
+        /// amd64 or arm64
+        #[arg(long, value_enum)]
+        arch: cross::Arch,
+        /// Build in release mode
+        #[arg(long)]
+        release: bool,
+        /// Refuse to update Cargo.lock (cargo's --locked; the image's build uses it)
+        #[arg(long)]
+        locked: bool,
     },
     /// Build the eBPF programs (through the agent's build script) and print the object's path
     BuildEbpf {
@@ -88,6 +105,11 @@ enum Command {
 fn main() -> Result<()> {
     match Cli::parse().command {
         Command::Setup { scope } => setup::run(scope),
+        Command::Build {
+            arch,
+            release,
+            locked,
+        } => cross::run(arch, release, locked),
         Command::BuildEbpf { release } => build_ebpf::run(release),
         Command::Test { args } => test::run(&args),
         Command::TestKernels { names } => test::run_kernels(&names),

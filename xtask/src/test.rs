@@ -74,6 +74,13 @@ pub fn run(test_args: &[OsString]) -> Result<()> {
     )?;
     step("clippy-ebpf", util::nightly("cargo", CLIPPY_EBPF)?)?;
     step("build", host(["build", "--bins"]))?;
+    // The shipped binaries for arm64 (checked: aarch64 ELFs embedding the host's eBPF
+    // object); the host suite's image test makes the arm64 image of them.
+    if crate::cross::Arch::host()? == crate::cross::Arch::Amd64 {
+        println!("==> build-arm64");
+        crate::cross::build(crate::cross::Arch::Arm64, false, &["--bins"])
+            .context("xtask test: step `build-arm64` failed")?;
+    }
     // Doc tests are left out: there are none, and their empty result would be the last line.
     let mut test = host(["test", "--no-fail-fast", "--lib", "--bins", "--tests"]);
     test.args(test_args).env("RUST_BACKTRACE", "1");
