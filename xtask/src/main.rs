@@ -69,8 +69,12 @@ enum Command {
     /// Run the kernel tier alone: Debian's kernels under QEMU running the datapath and lab
     /// tests (needs root); the kernels are listed in xtask/kernels.toml
     TestKernels {
-        /// Kernels to boot, by name in xtask/kernels.toml (all when none is given)
+        /// Kernels to boot, by name in xtask/kernels.toml (all of --arch when none is given)
         names: Vec<String>,
+        /// The architecture: amd64 (qemu-system-x86_64, part of `cargo xtask test`) or arm64
+        /// (qemu-system-aarch64 over the tests built for aarch64; its own command)
+        #[arg(long, value_enum, default_value = "amd64")]
+        arch: cross::Arch,
     },
     /// Run the cluster tier alone: a one-node Kubernetes cluster of the test's own (built from
     /// Go modules by `setup --for cluster`), ipq installed from deploy/kubernetes/, the
@@ -112,7 +116,7 @@ fn main() -> Result<()> {
         } => cross::run(arch, release, locked),
         Command::BuildEbpf { release } => build_ebpf::run(release),
         Command::Test { args } => test::run(&args),
-        Command::TestKernels { names } => test::run_kernels(&names),
+        Command::TestKernels { names, arch } => test::run_kernels(arch, &names),
         Command::TestCluster => test_cluster::run(),
         Command::Demo { runtime } => {
             util::require_root(
