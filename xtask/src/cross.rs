@@ -70,13 +70,19 @@ impl Arch {
         }
     }
 
-    /// The setup this architecture's build needs on this host.
+    /// The setup this architecture's build needs on this host. Cross builds go from x86-64 to
+    /// arm64 only (Debian's cross gcc for aarch64); an arm64 machine builds arm64.
     fn setup_scope(self) -> Result<Scope> {
-        Ok(if self == Arch::host()? {
-            Scope::Build
-        } else {
-            Scope::Arm64
-        })
+        match (Arch::host()?, self) {
+            (host, arch) if host == arch => Ok(Scope::Build),
+            (Arch::Amd64, Arch::Arm64) => Ok(Scope::Arm64),
+            (host, arch) => bail!(
+                "building for {} on {} is not set up: ipq cross-builds from x86-64 to arm64 \
+                 only (in Docker, build on an amd64 builder)",
+                arch.name(),
+                host.name()
+            ),
+        }
     }
 }
 
