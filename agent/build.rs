@@ -14,6 +14,13 @@ fn main() -> anyhow::Result<()> {
     let pin_file = std::path::Path::new(&manifest_dir).join("../ebpf/rust-toolchain.toml");
     println!("cargo:rerun-if-changed={}", pin_file.display());
     let toolchain = pinned_nightly(&pin_file)?;
+    // One object for every architecture the agent is built for. aya-build passes
+    // `--cfg bpf_target_arch` from the target's architecture, which selects aya-ebpf's bindings
+    // for kprobe registers: ipq uses none of them (its raw tracepoint reads x86-64's registers
+    // by offset, and the agent attaches it on x86-64 only), so the arch changes nothing but
+    // the names in the debug info. Pinned, so that the aarch64 agent embeds the same bytes as
+    // the x86-64 one (`cargo xtask build --arch arm64` checks it).
+    std::env::set_var("CARGO_CFG_TARGET_ARCH", "x86_64");
     // Twice: with `fetch-barriers` (its binary `ipq-fetch-barriers` is the object for weakly
     // ordered CPUs) and then without (the object `ipq`, which the first build also wrote with
     // the barriers in and this one writes again without them).

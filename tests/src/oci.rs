@@ -32,11 +32,23 @@ fn blob(layout: &Path, media_type: &str, bytes: &[u8]) -> anyhow::Result<serde_j
 }
 
 /// Writes an OCI image archive of `rootfs` named `image` (its entrypoint and environment
-/// given) under `work`, and returns its path.
+/// given) under `work`, and returns its path. An amd64 image: what this machine runs.
 pub fn archive(
     rootfs: &Path,
     work: &Path,
     image: &str,
+    entrypoint: &[&str],
+    env: &[&str],
+) -> anyhow::Result<PathBuf> {
+    archive_for(rootfs, work, image, "amd64", entrypoint, env)
+}
+
+/// [`archive`] for the OCI `architecture` (`amd64`, `arm64`), in the config and the index.
+pub fn archive_for(
+    rootfs: &Path,
+    work: &Path,
+    image: &str,
+    architecture: &str,
     entrypoint: &[&str],
     env: &[&str],
 ) -> anyhow::Result<PathBuf> {
@@ -63,7 +75,7 @@ pub fn archive(
         &layer_bytes,
     )?;
     let config = json!({
-        "architecture": "amd64",
+        "architecture": architecture,
         "os": "linux",
         "config": {"Entrypoint": entrypoint, "Env": env},
         "rootfs": {"type": "layers", "diff_ids": [layer_desc["digest"]]},
@@ -88,7 +100,7 @@ pub fn archive(
         "io.containerd.image.name": image,
         "org.opencontainers.image.ref.name": image.rsplit(':').next().unwrap_or("test"),
     });
-    manifest_desc["platform"] = json!({"architecture": "amd64", "os": "linux"});
+    manifest_desc["platform"] = json!({"architecture": architecture, "os": "linux"});
     fs::write(
         layout.join("index.json"),
         json!({"schemaVersion": 2, "manifests": [manifest_desc]}).to_string(),

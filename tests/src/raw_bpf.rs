@@ -73,7 +73,8 @@ pub fn foreign_program_first(ifindex: u32) -> (i32, i32) {
 
 pub const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
 /// `BPF_MAP_UPDATE_ELEM`'s attribute size the helpers below pass: `map_fd`, its padding,
-/// `key`, `value`, `flags`.
+/// `key`, `value`, `flags`. (Only the compat entry, x86-64's, passes a size of its own.)
+#[cfg(target_arch = "x86_64")]
 const MAP_UPDATE_ATTR_BYTES: usize = 32;
 
 /// `BPF_MAP_UPDATE_ELEM` of `key` to `value` in the map `map_fd`, the attribute laid out in

@@ -94,8 +94,14 @@ fn daemonset_runs_with_least_privilege_and_answers_its_probes() {
         "hostPID is not needed"
     );
     assert_eq!(pod["priorityClassName"], "system-node-critical");
-    // The agent refuses other CPUs (IPQ_SLOTS' sequence lock needs x86-64's load order).
-    assert_eq!(pod["nodeSelector"]["kubernetes.io/arch"], "amd64");
+    // Every Linux node of a mixed cluster: the image is built for amd64 and arm64, and the
+    // agent orders IPQ_SLOTS' reads for its CPU (#38). No architecture is left out.
+    assert_eq!(pod["nodeSelector"]["kubernetes.io/os"], "linux");
+    assert!(
+        pod["nodeSelector"].get("kubernetes.io/arch").is_none(),
+        "an arch selector leaves nodes unprotected: {}",
+        pod["nodeSelector"]
+    );
     assert!(array(&pod["tolerations"])
         .iter()
         .any(|t| t["operator"] == "Exists" && t.get("key").is_none()));
@@ -411,12 +417,17 @@ fn dockerfile_copies_what_the_repository_has_and_ships_the_workspace_binaries() 
         if flags.iter().any(|f| f.starts_with("--from=")) {
             for source in sources {
                 let name = source
-                    .strip_prefix("/src/target/release/")
-                    .expect("copied from the build's target");
+                    .strip_prefix("/out/")
+                    .expect("copied from the build stage's /out");
                 // Fails unless `cargo build -p ipq -p ipq-cni -p ipq-cli --bins` built a binary of
                 // that name.
                 ipq_tests::netns::workspace_binary(name);
-                assert_eq!(*dest, format!("/usr/local/bin/{name}"));
+                // The build stage puts there what `cargo xtask build` built for the target.
+                assert!(
+                    dockerfile.contains(&format!("target/$triple/release/{name}")),
+                    "the build stage does not put {name} in /out"
+                );
+                assert_eq!(*dest, "/usr/local/bin/");
                 shipped.insert(name.to_owned());
             }
         } else {
@@ -453,6 +464,24 @@ fn dockerfile_copies_what_the_repository_has_and_ships_the_workspace_binaries() 
             "ipq-ipam".into()
         ])
     );
+
+    // Multi-arch without emulation: the build stage runs on the builder's platform and
+    // cross-compiles for each target platform buildx asks for.
+    assert!(
+        dockerfile.contains("FROM --platform=$BUILDPLATFORM rust:"),
+        "the build stage must run on the builder's platform"
+    );
+    assert!(dockerfile.contains("ARG TARGETARCH"));
+    assert!(dockerfile.contains(r#"cargo xtask build --arch "$TARGETARCH" --release --locked"#));
+    for (arch, triple) in [
+        ("amd64", "x86_64-unknown-linux-gnu"),
+        ("arm64", "aarch64-unknown-linux-gnu"),
+    ] {
+        assert!(
+            dockerfile.contains(&format!("{arch}) triple={triple} ;;")),
+            "the build stage does not map TARGETARCH {arch} to {triple}"
+        );
+    }
 
     // What the DaemonSet runs is what the image ships.
     let ds = manifest("DaemonSet");

@@ -295,10 +295,10 @@ fn non_default_values_render_what_they_say_and_validate() {
     assert!(env.contains(&json!({"name": "RUST_LOG", "value": "debug"})));
     assert!(env.contains(&json!({"name": "EXTRA", "value": "1"})));
     assert!(pod.get("priorityClassName").is_none(), "{pod}");
-    // Helm merges a map value with the default's: the arch selector stays (`null` removes it).
+    // Helm merges a map value with the default's: the OS selector stays (`null` removes it).
     assert_eq!(
         pod["nodeSelector"],
-        json!({"ipq.dev/enabled": "true", "kubernetes.io/arch": "amd64"})
+        json!({"ipq.dev/enabled": "true", "kubernetes.io/os": "linux"})
     );
     assert_eq!(pod["tolerations"][0]["key"], "dedicated");
 

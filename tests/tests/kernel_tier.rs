@@ -366,3 +366,60 @@ fn the_conntrack_filter_probe_gives_this_kernels_answer_and_a_claim_is_flushed_i
         assert_eq!(flush["conntrack_flush"], method, "{flush}");
     }
 }
+
+/// Which bpf() watcher the agent runs on this kernel and CPU, and `ipq status` saying it
+/// (#38·4). On arm64 the raw tracepoint is never the watcher (it reads x86-64's system call
+/// registers): the trampolines where arm64 has BPF trampolines (6.0+; asserted from 6.12,
+/// where every hooked function is in BTF), else the periodic verification alone, which the
+/// status says. On x86-64 one of the two watchers always attaches.
+#[test]
+fn the_bpf_watcher_is_the_one_this_kernel_and_cpu_allow_and_status_says_which() {
+    let lab = Lab::new().expect("lab");
+    let agent = lab.start_agent(&[]).expect("starting ipq-agent");
+    let mode = ipq_tests::wait::poll("one bpf() watcher mode", Duration::from_secs(5), || {
+        let on: Vec<&str> = ["trampolines", "raw_tracepoint", "none"]
+            .into_iter()
+            .filter(|mode| {
+                agent
+                    .metric("ipq_datapath_bpf_watcher_mode", &[("mode", mode)])
+                    .is_ok_and(|v| v == 1.0)
+            })
+            .collect();
+        Ok((on.len() == 1).then(|| on[0]))
+    })
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", agent.log()));
+    let version = kernel_version();
+    let status = ipq_tests::api::ipq(&agent.api_socket(), &["status"]).expect("ipq status");
+    let status = status.ok();
+    let watcher_lines = || {
+        agent
+            .log()
+            .lines()
+            .filter(|l| l.contains("bpf() watcher"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    if cfg!(target_arch = "aarch64") {
+        assert_ne!(mode, "raw_tracepoint", "{}", watcher_lines());
+        if version < (6, 0) {
+            assert_eq!(mode, "none", "{version:?}: {}", watcher_lines());
+        }
+        if version >= (6, 12) {
+            assert_eq!(mode, "trampolines", "{version:?}: {}", watcher_lines());
+        }
+    } else {
+        assert_ne!(mode, "none", "{version:?}: {}", watcher_lines());
+    }
+    if mode == "none" {
+        assert!(
+            status.contains("periodic verification only")
+                && status.contains("the bpf() watcher is not attached"),
+            "ipq status must say the verification is alone:\n{status}"
+        );
+    } else {
+        assert!(
+            status.contains("bpf() watcher (") && !status.contains("periodic verification only"),
+            "ipq status must name the watcher ({mode}):\n{status}"
+        );
+    }
+}

@@ -84,7 +84,7 @@ fn build(release: bool) -> Result<PathBuf> {
 }
 
 /// The `out_dir` of a `build-script-executed` message for the agent package, if `message` is one.
-fn agent_out_dir(message: &str) -> Option<PathBuf> {
+pub(crate) fn agent_out_dir(message: &str) -> Option<PathBuf> {
     let value: Value = serde_json::from_str(message).ok()?;
     if value.get("reason")?.as_str()? != "build-script-executed" {
         return None;

@@ -6,7 +6,10 @@
 mod bench;
 mod build_ebpf;
 mod cluster_build;
+mod cross;
 mod demo;
+mod elf;
+mod foreign_debs;
 mod kernels;
 mod setup;
 mod test;
@@ -37,6 +40,20 @@ enum Command {
         #[arg(long = "for", value_enum, default_value = "test")]
         scope: setup::Scope,
     },
+    /// Build the shipped binaries (ipq-agent, ipq, ipq-cni, ipq-ipam) for one architecture
+    /// into target/<triple>/, check each is an executable for it and that the agent embeds the
+    /// same eBPF object as the host build (arm64 on an x86-64 machine: Debian's cross gcc)
+    Build {
+        /// amd64 or arm64
+        #[arg(long, value_enum)]
+        arch: cross::Arch,
+        /// Build in release mode
+        #[arg(long)]
+        release: bool,
+        /// Refuse to update Cargo.lock (cargo's --locked; the image's build uses it)
+        #[arg(long)]
+        locked: bool,
+    },
     /// Build the eBPF programs (through the agent's build script) and print the object's path
     BuildEbpf {
         /// Build in release mode
@@ -52,8 +69,12 @@ enum Command {
     /// Run the kernel tier alone: Debian's kernels under QEMU running the datapath and lab
     /// tests (needs root); the kernels are listed in xtask/kernels.toml
     TestKernels {
-        /// Kernels to boot, by name in xtask/kernels.toml (all when none is given)
+        /// Kernels to boot, by name in xtask/kernels.toml (all of --arch when none is given)
         names: Vec<String>,
+        /// The architecture: amd64 (qemu-system-x86_64, part of `cargo xtask test`) or arm64
+        /// (qemu-system-aarch64 over the tests built for aarch64; its own command)
+        #[arg(long, value_enum, default_value = "amd64")]
+        arch: cross::Arch,
     },
     /// Run the cluster tier alone: a one-node Kubernetes cluster of the test's own (built from
     /// Go modules by `setup --for cluster`), ipq installed from deploy/kubernetes/, the
@@ -88,9 +109,14 @@ enum Command {
 fn main() -> Result<()> {
     match Cli::parse().command {
         Command::Setup { scope } => setup::run(scope),
+        Command::Build {
+            arch,
+            release,
+            locked,
+        } => cross::run(arch, release, locked),
         Command::BuildEbpf { release } => build_ebpf::run(release),
         Command::Test { args } => test::run(&args),
-        Command::TestKernels { names } => test::run_kernels(&names),
+        Command::TestKernels { names, arch } => test::run_kernels(arch, &names),
         Command::TestCluster => test_cluster::run(),
         Command::Demo { runtime } => {
             util::require_root(

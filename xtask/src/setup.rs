@@ -49,6 +49,8 @@ const TEST_ONLY_PACKAGES: &[&str] = &[
     // The kernel tier (xtask/src/kernels): QEMU, Debian's keyring for the kernel packages'
     // signatures, strip for the initramfs (busybox-static above is its userland).
     "qemu-system-x86",
+    // The arm64 kernel tier (`test-kernels --arch arm64`): qemu-system-aarch64.
+    "qemu-system-arm",
     "debian-archive-keyring",
     "binutils",
     // `cargo xtask bench`: the nftables netdev set the datapath is compared with.
@@ -56,6 +58,11 @@ const TEST_ONLY_PACKAGES: &[&str] = &[
     // Reuse-hygiene tests: a Service DNAT in nftables (above), and conntrack -L as the witness.
     "conntrack",
 ];
+
+/// Building for aarch64 (`cargo xtask build --arch arm64`): Debian's cross gcc links the
+/// binaries (and compiles `ring`'s C), the cross libc is what it links against (the gcc package
+/// only recommends it).
+const ARM64_PACKAGES: &[&str] = &["gcc-aarch64-linux-gnu", "libc6-dev-arm64-cross"];
 
 /// How much of the setup a command needs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -68,6 +75,9 @@ pub enum Scope {
     DemoContainerd,
     /// The cluster tier: Demo, plus pods and the Kubernetes components built from Go modules.
     Cluster,
+    /// Building for aarch64 on another machine: Build, the rustup target and Debian's cross
+    /// gcc.
+    Arm64,
     /// Everything `cargo xtask test` (and bench, test-kernels, plain `setup`) needs.
     #[value(name = "test")]
     All,
@@ -77,6 +87,7 @@ impl Scope {
     fn packages(self) -> Vec<&'static str> {
         let groups: &[&[&str]] = match self {
             Scope::Build => &[],
+            Scope::Arm64 => &[ARM64_PACKAGES],
             Scope::Demo => &[NETNS_PACKAGES],
             Scope::DemoContainerd => &[NETNS_PACKAGES, POD_PACKAGES, CRI_PACKAGES],
             Scope::Cluster => &[NETNS_PACKAGES, POD_PACKAGES, CLUSTER_PACKAGES],
@@ -86,6 +97,7 @@ impl Scope {
                 CRI_PACKAGES,
                 CLUSTER_PACKAGES,
                 TEST_ONLY_PACKAGES,
+                ARM64_PACKAGES,
             ],
         };
         groups.concat()
@@ -93,12 +105,21 @@ impl Scope {
 
     fn steps(self) -> Vec<&'static Step> {
         let mut steps: Vec<&Step> = BUILD_STEPS.iter().collect();
-        if self != Scope::Build {
-            steps.extend([&BPF_FILESYSTEM, &DEBIAN_PACKAGES]);
+        match self {
+            Scope::Build => {}
+            // A cross build mounts nothing: no bpffs.
+            Scope::Arm64 => steps.push(&DEBIAN_PACKAGES),
+            _ => steps.extend([&BPF_FILESYSTEM, &DEBIAN_PACKAGES]),
         }
         match self {
             Scope::Cluster => steps.extend(&CLUSTER_STEPS),
-            Scope::All => steps.extend(CLUSTER_STEPS.iter().chain(&TEST_STEPS)),
+            Scope::Arm64 => steps.push(&AARCH64_TARGET),
+            Scope::All => steps.extend(
+                CLUSTER_STEPS
+                    .iter()
+                    .chain(&TEST_STEPS)
+                    .chain([&AARCH64_TARGET]),
+            ),
             _ => {}
         }
         steps
@@ -139,6 +160,12 @@ const BPF_FILESYSTEM: Step = Step {
 const DEBIAN_PACKAGES: Step = Step {
     name: "debian packages",
     run: debian_packages,
+};
+
+/// After the Debian packages: the target's standard library is useless without the cross gcc.
+const AARCH64_TARGET: Step = Step {
+    name: "rustup target aarch64-unknown-linux-gnu",
+    run: |_| rustup_target(crate::cross::Arch::Arm64.triple()),
 };
 
 /// The cluster tier's Go components, helm among them: in `Scope::All` too, because the host
@@ -269,6 +296,34 @@ fn nightly_component(component: &str, why: &str) -> Result<Outcome> {
     })?;
     if !installed()? {
         bail!("rustup added {component} but does not list it as installed on {pinned}");
+    }
+    Ok(Outcome::Installed)
+}
+
+/// Adds `triple`'s standard library to the toolchain that builds the workspace (the one rustup
+/// picks in its root), unless `rustup target list --installed` lists it there already.
+fn rustup_target(triple: &str) -> Result<Outcome> {
+    let root = util::workspace_root();
+    let installed = || -> Result<bool> {
+        let mut list = cmd("rustup", ["target", "list", "--installed"]);
+        let list = util::output(list.current_dir(&root)).context(
+            "cannot list rustup's installed targets; install rustup from https://rustup.rs",
+        )?;
+        Ok(list.lines().any(|line| line.trim() == triple))
+    };
+    if installed()? {
+        return Ok(Outcome::Present);
+    }
+    let mut add = cmd("rustup", ["target", "add", triple]);
+    util::run(add.current_dir(&root)).with_context(|| {
+        format!(
+            "cannot add the rust target {triple} (cross builds need its standard library); \
+             check network access to static.rust-lang.org, or run `rustup target add {triple}` \
+             by hand"
+        )
+    })?;
+    if !installed()? {
+        bail!("rustup added {triple} but `rustup target list --installed` does not show it");
     }
     Ok(Outcome::Installed)
 }

@@ -74,6 +74,13 @@ pub fn run(test_args: &[OsString]) -> Result<()> {
     )?;
     step("clippy-ebpf", util::nightly("cargo", CLIPPY_EBPF)?)?;
     step("build", host(["build", "--bins"]))?;
+    // The shipped binaries for arm64 (checked: aarch64 ELFs embedding the host's eBPF
+    // object); the host suite's image test makes the arm64 image of them.
+    if crate::cross::Arch::host()? == crate::cross::Arch::Amd64 {
+        println!("==> build-arm64");
+        crate::cross::build(crate::cross::Arch::Arm64, false, &["--bins"])
+            .context("xtask test: step `build-arm64` failed")?;
+    }
     // Doc tests are left out: there are none, and their empty result would be the last line.
     let mut test = host(["test", "--no-fail-fast", "--lib", "--bins", "--tests"]);
     test.args(test_args).env("RUST_BACKTRACE", "1");
@@ -98,7 +105,8 @@ pub fn run(test_args: &[OsString]) -> Result<()> {
 
     // The kernel tier: the datapath and netns labs again, on Debian's own older kernels.
     println!("==> kernels");
-    let tier = kernels::run(&[]).context("xtask test: step `kernels` failed")?;
+    let tier = kernels::run(crate::cross::Arch::Amd64, &[])
+        .context("xtask test: step `kernels` failed")?;
     totals.add(&tier.totals);
     if !tier.failures.is_empty() {
         print_summary(
@@ -126,13 +134,13 @@ pub fn run(test_args: &[OsString]) -> Result<()> {
 }
 
 /// `cargo xtask test-kernels [NAME...]`: the kernel tier alone.
-pub fn run_kernels(names: &[String]) -> Result<()> {
+pub fn run_kernels(arch: crate::cross::Arch, names: &[String]) -> Result<()> {
     util::require_root(
         "cargo xtask test-kernels",
         "it downloads kernels with apt and the tests in the guests run as root",
     )?;
     setup::ensure(Scope::All)?;
-    let tier = kernels::run(names)?;
+    let tier = kernels::run(arch, names)?;
     print_summary(&tier.totals, &[]);
     if !tier.failures.is_empty() {
         anyhow::bail!("kernel tier failed:\n{}", tier.failures.join("\n"));

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 
 use super::{cache_dir, Kernel};
+use crate::cross::Arch;
 use crate::util::{self, cmd};
 
 /// Debian's archive keyring (package debian-archive-keyring): what apt checks the private
@@ -26,18 +27,25 @@ pub struct Tree {
 /// Downloads what is not cached yet. `apt-get update` of the private lists runs at most once
 /// per xtask run, and only when a package has to be downloaded.
 pub struct Fetcher {
+    arch: Arch,
     sources: Vec<String>,
     updated: bool,
 }
 
 impl Fetcher {
-    /// `all` is every kernel of the config: the private sources list has all their suites, so
-    /// it stays the same whichever kernels a run selects.
-    pub fn new(all: &[Kernel]) -> Fetcher {
-        let mut sources: Vec<String> = all.iter().map(|k| k.source.clone()).collect();
+    /// `all` is every kernel of the config: the private sources list has all the suites of
+    /// `arch`'s kernels, so it stays the same whichever kernels a run selects. Each
+    /// architecture has its own apt state (`target/kernels/apt`, `apt-arm64`).
+    pub fn new(arch: Arch, all: &[Kernel]) -> Fetcher {
+        let mut sources: Vec<String> = all
+            .iter()
+            .filter(|k| k.arch == arch)
+            .map(|k| k.source.clone())
+            .collect();
         sources.sort();
         sources.dedup();
         Fetcher {
+            arch,
             sources,
             updated: false,
         }
@@ -66,7 +74,7 @@ impl Fetcher {
         }
         self.update()?;
         fs::create_dir_all(&debs).with_context(|| format!("cannot create {}", debs.display()))?;
-        let package = match apt_download(&kernel.package, &debs) {
+        let package = match apt_download(self.arch, &kernel.package, &debs) {
             Ok(()) => kernel.package.clone(),
             Err(e) => {
                 // Debian removes a kernel package from its archive once an update supersedes
@@ -83,7 +91,7 @@ impl Fetcher {
                      — update xtask/kernels.toml",
                     kernel.package, successor
                 );
-                apt_download(&successor, &debs)?;
+                apt_download(self.arch, &successor, &debs)?;
                 successor
             }
         };
@@ -102,7 +110,7 @@ impl Fetcher {
         let Some(series) = series_prefix(package) else {
             return Ok(None);
         };
-        let names = util::output(apt("apt-cache").args(["pkgnames", &series]))
+        let names = util::output(apt(self.arch, "apt-cache").args(["pkgnames", &series]))
             .context("apt-cache pkgnames")?;
         Ok(newest_of_series(package, names.lines()))
     }
@@ -118,7 +126,7 @@ impl Fetcher {
                  apt checks the kernels' signatures against it"
             );
         }
-        let dir = apt_dir();
+        let dir = apt_dir(self.arch);
         for sub in ["lists/partial", "cache/archives/partial"] {
             let path = dir.join(sub);
             fs::create_dir_all(&path)
@@ -127,11 +135,16 @@ impl Fetcher {
         let list: String = self
             .sources
             .iter()
-            .map(|source| format!("deb [signed-by={KEYRING}] {source} main\n"))
+            .map(|source| {
+                format!(
+                    "deb [arch={} signed-by={KEYRING}] {source} main\n",
+                    self.arch.name()
+                )
+            })
             .collect();
         let path = dir.join("sources.list");
         fs::write(&path, list).with_context(|| format!("cannot write {}", path.display()))?;
-        util::run(apt("apt-get").arg("update")).with_context(|| {
+        util::run(apt(self.arch, "apt-get").arg("update")).with_context(|| {
             format!(
                 "`apt-get update` of the kernel tier's private sources ({}) failed; check \
                  network access to deb.debian.org",
@@ -143,8 +156,8 @@ impl Fetcher {
     }
 }
 
-fn apt_download(package: &str, into: &Path) -> Result<()> {
-    let mut download = apt("apt-get");
+fn apt_download(arch: Arch, package: &str, into: &Path) -> Result<()> {
+    let mut download = apt(arch, "apt-get");
     download.args(["download", package]).current_dir(into);
     util::run(&mut download).with_context(|| format!("apt-get download {package}"))
 }
@@ -187,15 +200,20 @@ fn newest_of_series<'a>(package: &str, names: impl Iterator<Item = &'a str>) -> 
         .map(str::to_owned)
 }
 
-/// `target/kernels/apt`: the private sources list, package lists and cache.
-fn apt_dir() -> PathBuf {
-    cache_dir().join("apt")
+/// `target/kernels/apt` (amd64) or `target/kernels/apt-<arch>`: the private sources list,
+/// package lists and cache.
+fn apt_dir(arch: Arch) -> PathBuf {
+    match arch {
+        Arch::Amd64 => cache_dir().join("apt"),
+        other => cache_dir().join(format!("apt-{}", other.name())),
+    }
 }
 
-/// An apt command that reads only the private sources list and keeps its lists and cache
-/// under `target/kernels/apt`.
-fn apt(program: &str) -> std::process::Command {
-    let dir = apt_dir();
+/// An apt command that reads only the private sources list of `arch`, keeps its lists and
+/// cache under [`apt_dir`], and takes `arch`'s packages (the machine's own list of
+/// architectures is left alone).
+fn apt(arch: Arch, program: &str) -> std::process::Command {
+    let dir = apt_dir(arch);
     let opt = |key: &str, value: &Path| format!("{key}={}", value.display());
     let mut command = cmd(program, ["-q"]);
     command
@@ -205,7 +223,9 @@ fn apt(program: &str) -> std::process::Command {
         .arg("-o")
         .arg(opt("Dir::State::Lists", &dir.join("lists")))
         .arg("-o")
-        .arg(opt("Dir::Cache", &dir.join("cache")));
+        .arg(opt("Dir::Cache", &dir.join("cache")))
+        .args(["-o", &format!("APT::Architecture={}", arch.name())])
+        .args(["-o", &format!("APT::Architectures={}", arch.name())]);
     command
 }
 

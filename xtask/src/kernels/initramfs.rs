@@ -21,7 +21,9 @@ use anyhow::{bail, Context, Result};
 
 use super::cpio;
 use super::fetch::Tree;
+use super::foreign_userland::ForeignUserland;
 use super::{cache_dir, Config, Kernel, TestSet};
+use crate::cross::Arch;
 use crate::util::{self, cmd};
 
 /// The agent's binaries the tests start (`workspace_binary`).
@@ -40,6 +42,8 @@ pub const MARKER: &str = "IPQ-TIER:";
 
 /// The tests to run, built, each with its stripped copy for the guest.
 pub struct TestBinaries {
+    /// What they were built for.
+    arch: Arch,
     /// (test set, stripped executable).
     pub sets: Vec<(TestSet, PathBuf)>,
     /// Stripped agent binaries, by name.
@@ -49,13 +53,24 @@ pub struct TestBinaries {
 impl TestBinaries {
     /// Builds the test targets and the agent binaries (a no-op when `cargo xtask test` built
     /// them already) and makes stripped copies under `target/kernels/stage`.
-    pub fn build(sets: &[TestSet]) -> Result<TestBinaries> {
+    pub fn build(arch: Arch, sets: &[TestSet]) -> Result<TestBinaries> {
         let root = util::workspace_root();
-        let mut build = util::cargo(["build", "-p", "ipq", "-p", "ipq-cni", "--bins"]);
-        util::run(build.current_dir(&root))
-            .context("building the agent and plugin binaries for the kernel tier")?;
-        let built = test_executables(sets)?;
-        let stage = cache_dir().join("stage");
+        let profile_dir = if arch == Arch::host()? {
+            let mut build = util::cargo(["build", "-p", "ipq", "-p", "ipq-cni", "--bins"]);
+            util::run(build.current_dir(&root))
+                .context("building the agent and plugin binaries for the kernel tier")?;
+            root.join("target/debug")
+        } else {
+            // Cross-built, and checked: aarch64 ELFs, the host's eBPF object embedded.
+            crate::cross::build(arch, false, &["--bins"])
+                .context("building the agent and plugin binaries for the kernel tier")?;
+            root.join("target").join(arch.triple()).join("debug")
+        };
+        let built = test_executables(arch, sets)?;
+        let stage = match arch {
+            Arch::Amd64 => cache_dir().join("stage"),
+            other => cache_dir().join(format!("stage-{}", other.name())),
+        };
         fs::create_dir_all(stage.join("deps"))
             .with_context(|| format!("cannot create {}", stage.display()))?;
         let mut staged = Vec::new();
@@ -69,15 +84,16 @@ impl TestBinaries {
             })?;
             staged.push((
                 set.clone(),
-                strip(exe, &stage.join("deps").join(&set.target))?,
+                strip(arch, exe, &stage.join("deps").join(&set.target))?,
             ));
         }
         let mut agent = Vec::new();
         for name in AGENT_BINARIES {
-            let built = root.join("target/debug").join(name);
-            agent.push((name.to_owned(), strip(&built, &stage.join(name))?));
+            let built = profile_dir.join(name);
+            agent.push((name.to_owned(), strip(arch, &built, &stage.join(name))?));
         }
         Ok(TestBinaries {
+            arch,
             sets: staged,
             agent,
         })
@@ -86,7 +102,7 @@ impl TestBinaries {
 
 /// `cargo test --no-run --message-format=json` of the selected targets: target name →
 /// executable.
-fn test_executables(sets: &[TestSet]) -> Result<BTreeMap<String, PathBuf>> {
+fn test_executables(arch: Arch, sets: &[TestSet]) -> Result<BTreeMap<String, PathBuf>> {
     let mut build = util::cargo([
         "test",
         "--no-run",
@@ -94,6 +110,10 @@ fn test_executables(sets: &[TestSet]) -> Result<BTreeMap<String, PathBuf>> {
         "--package",
         "ipq-tests",
     ]);
+    if arch != Arch::host()? {
+        build.args(["--target", arch.triple()]);
+        crate::cross::cross_environment(&mut build, arch);
+    }
     for set in sets {
         build.args(["--test", &set.target]);
     }
@@ -144,13 +164,20 @@ fn test_executables(sets: &[TestSet]) -> Result<BTreeMap<String, PathBuf>> {
     Ok(found)
 }
 
-/// A copy of `from` without debug info at `to` (a test binary shrinks ~10x).
-fn strip(from: &Path, to: &Path) -> Result<PathBuf> {
+/// A copy of `from` without debug info at `to` (a test binary shrinks ~10x); a foreign
+/// binary with its cross binutils' strip (`aarch64-linux-gnu-strip`, which Debian's cross gcc
+/// pulls in).
+fn strip(arch: Arch, from: &Path, to: &Path) -> Result<PathBuf> {
     if !from.is_file() {
         bail!("{} is missing", from.display());
     }
-    util::run(cmd("strip", ["--strip-debug", "-o"]).arg(to).arg(from))
-        .context("strip (binutils, in setup's package list) failed")?;
+    let program = match (arch, arch == Arch::host()?) {
+        (_, true) => "strip",
+        (Arch::Arm64, false) => "aarch64-linux-gnu-strip",
+        (Arch::Amd64, false) => "x86_64-linux-gnu-strip",
+    };
+    util::run(cmd(program, ["--strip-debug", "-o"]).arg(to).arg(from))
+        .with_context(|| format!("{program} (binutils, in setup's package lists) failed"))?;
     Ok(to.to_owned())
 }
 
@@ -167,23 +194,56 @@ pub fn build(
 
     // Every file: guest path → (mode, host path).
     let mut files: BTreeMap<String, (u32, PathBuf)> = BTreeMap::new();
-    files.insert("/bin/busybox".into(), (0o755, static_busybox()?));
-    for (tool, guest) in TOOLS {
-        let host = which::which(tool).with_context(|| {
-            format!(
-                "{tool} is not on PATH (iproute2 and iputils-ping are in setup's list, \
-                 util-linux is in every Debian)"
-            )
-        })?;
-        add_with_libraries(&mut files, guest, &host)?;
+    if kernel.arch != binaries.arch {
+        bail!(
+            "kernel {} is {}, the test binaries {}",
+            kernel.name,
+            kernel.arch.name(),
+            binaries.arch.name()
+        );
     }
+    let mut guest_executables: Vec<(String, PathBuf)> = Vec::new();
     for (set, exe) in &binaries.sets {
-        add_with_libraries(&mut files, &format!("/ipq/deps/{}", set.target), exe)?;
+        guest_executables.push((format!("/ipq/deps/{}", set.target), exe.clone()));
     }
     for (name, exe) in &binaries.agent {
-        add_with_libraries(&mut files, &format!("/ipq/{name}"), exe)?;
+        guest_executables.push((format!("/ipq/{name}"), exe.clone()));
     }
-    let modules = modules_to_load(&config.modules, &tree.modules)?;
+    if kernel.arch == Arch::host()? {
+        files.insert("/bin/busybox".into(), (0o755, static_busybox()?));
+        for (tool, guest) in TOOLS {
+            let host = which::which(tool).with_context(|| {
+                format!(
+                    "{tool} is not on PATH (iproute2 and iputils-ping are in setup's list, \
+                     util-linux is in every Debian)"
+                )
+            })?;
+            add_with_libraries(&mut files, guest, &host)?;
+        }
+        for (guest, exe) in &guest_executables {
+            add_with_libraries(&mut files, guest, exe)?;
+        }
+    } else {
+        let userland = ForeignUserland::fetch(kernel.arch)?;
+        files.insert(
+            "/bin/busybox".into(),
+            (0o755, userland.busybox().to_owned()),
+        );
+        for (tool, guest) in TOOLS {
+            let host = userland.tool(tool)?;
+            userland.add_with_libraries(&mut files, guest, &host)?;
+        }
+        for (guest, exe) in &guest_executables {
+            userland.add_with_libraries(&mut files, guest, exe)?;
+        }
+    }
+    let wanted: Vec<String> = kernel
+        .modules
+        .iter()
+        .chain(&config.modules)
+        .cloned()
+        .collect();
+    let modules = modules_to_load(&wanted, &tree.modules)?;
 
     let mut dirs: BTreeSet<String> = [
         "/bin",

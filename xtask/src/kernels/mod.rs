@@ -7,6 +7,7 @@
 
 mod cpio;
 mod fetch;
+mod foreign_userland;
 mod initramfs;
 mod qemu;
 
@@ -17,6 +18,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 
+use crate::cross::Arch;
 use crate::test::Totals;
 use crate::util;
 
@@ -34,9 +36,17 @@ pub struct Config {
 #[serde(deny_unknown_fields)]
 pub struct Kernel {
     pub name: String,
+    /// The architecture it boots on (amd64 when left out): arm64 kernels boot in
+    /// `qemu-system-aarch64` and run the tests built for aarch64.
+    #[serde(default)]
+    pub arch: Arch,
     pub package: String,
     /// `URI SUITE` of the apt source that has `package`.
     pub source: String,
+    /// Modules this kernel needs loaded ahead of the common ones (`modules`), e.g. a crypto
+    /// algorithm a module asks for at init through modprobe, which the initramfs has not.
+    #[serde(default)]
+    pub modules: Vec<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -128,12 +138,12 @@ pub struct Tier {
 /// Runs the tier on the kernels named in `only` (every kernel when empty). An error means the
 /// tier could not even start (bad config, no test binaries, apt sources unreachable); a kernel
 /// that fails is reported in [`Tier::failures`] and the next one still runs.
-pub fn run(only: &[String]) -> Result<Tier> {
+pub fn run(arch: Arch, only: &[String]) -> Result<Tier> {
     let started = Instant::now();
     let config = load_config()?;
-    let kernels = select(&config, only)?;
-    let binaries = initramfs::TestBinaries::build(&config.tests)?;
-    let mut fetcher = fetch::Fetcher::new(&config.kernels);
+    let kernels = select(&config, arch, only)?;
+    let binaries = initramfs::TestBinaries::build(arch, &config.tests)?;
+    let mut fetcher = fetch::Fetcher::new(arch, &config.kernels);
 
     let mut outcomes = Vec::new();
     for kernel in &kernels {
@@ -189,21 +199,30 @@ pub fn run(only: &[String]) -> Result<Tier> {
     Ok(Tier { totals, failures })
 }
 
-fn select(config: &Config, only: &[String]) -> Result<Vec<Kernel>> {
+/// The kernels of `arch` named in `only` (all of `arch` when empty).
+fn select(config: &Config, arch: Arch, only: &[String]) -> Result<Vec<Kernel>> {
+    let of_arch: Vec<&Kernel> = config.kernels.iter().filter(|k| k.arch == arch).collect();
+    if of_arch.is_empty() {
+        bail!(
+            "{} lists no kernel for {}",
+            config_path().display(),
+            arch.name()
+        );
+    }
     if only.is_empty() {
-        return Ok(config.kernels.clone());
+        return Ok(of_arch.into_iter().cloned().collect());
     }
     only.iter()
         .map(|name| {
-            config
-                .kernels
+            of_arch
                 .iter()
                 .find(|k| &k.name == name)
-                .cloned()
+                .map(|k| (*k).clone())
                 .with_context(|| {
-                    let known: Vec<&str> = config.kernels.iter().map(|k| k.name.as_str()).collect();
+                    let known: Vec<&str> = of_arch.iter().map(|k| k.name.as_str()).collect();
                     format!(
-                        "no kernel {name:?} in {} (known: {})",
+                        "no {} kernel {name:?} in {} (known: {})",
+                        arch.name(),
                         config_path().display(),
                         known.join(", ")
                     )

@@ -15,6 +15,7 @@ use anyhow::{Context, Result};
 use super::fetch::Tree;
 use super::initramfs::MARKER;
 use super::{cache_dir, Config, Kernel, TestSet};
+use crate::cross::Arch;
 use crate::test::{add_result_line, Totals};
 
 /// What a boot produced.
@@ -195,7 +196,7 @@ pub fn boot(config: &Config, kernel: &Kernel, tree: &Tree, initrd: &Path) -> Res
     let log_path = cache_dir().join(&kernel.name).join("console.log");
     let mut log =
         File::create(&log_path).with_context(|| format!("cannot create {}", log_path.display()))?;
-    let mut qemu = command(config, tree, initrd);
+    let mut qemu = command(config, kernel, tree, initrd);
     let line = crate::util::command_line(&qemu);
     eprintln!("+ {line}");
     let mut child = qemu
@@ -204,7 +205,10 @@ pub fn boot(config: &Config, kernel: &Kernel, tree: &Tree, initrd: &Path) -> Res
         .stderr(Stdio::piped())
         .spawn()
         .with_context(|| {
-            format!("cannot start `{line}` (qemu-system-x86 is in setup's package list)")
+            format!(
+                "cannot start `{line}` (qemu-system-x86 and qemu-system-arm are in setup's \
+                     package list)"
+            )
         })?;
     let (tx, rx) = mpsc::channel::<String>();
     let stdout = child.stdout.take().context("qemu stdout")?;
@@ -291,13 +295,29 @@ fn printable(line: &str) -> String {
     out
 }
 
-/// `qemu-system-x86_64` with the kernel, the initramfs and a serial console on stdout.
-fn command(config: &Config, tree: &Tree, initrd: &Path) -> Command {
-    let mut qemu = Command::new("qemu-system-x86_64");
-    // noapic: TCG guests sometimes panic with "IO-APIC + timer doesn't work" (aya saw it too).
+/// QEMU for the kernel's architecture with the kernel, the initramfs and a serial console on
+/// stdout: `qemu-system-x86_64`, or `qemu-system-aarch64 -M virt` (its PL011 UART is
+/// `ttyAMA0`).
+fn command(config: &Config, kernel: &Kernel, tree: &Tree, initrd: &Path) -> Command {
+    let (program, append) = match kernel.arch {
+        // noapic: TCG guests sometimes panic with "IO-APIC + timer doesn't work" (aya saw it
+        // too). random.trust_cpu: TCG's `max` CPU has RDRAND; the agent's getrandom must not
+        // block.
+        Arch::Amd64 => (
+            "qemu-system-x86_64",
+            "console=ttyS0 quiet noapic panic=-1 random.trust_cpu=on",
+        ),
+        // `-cpu max` has RNDR (ARMv8.5), which random.trust_cpu trusts as RDRAND on x86.
+        Arch::Arm64 => (
+            "qemu-system-aarch64",
+            "console=ttyAMA0 quiet panic=-1 random.trust_cpu=on",
+        ),
+    };
+    let mut qemu = Command::new(program);
+    if kernel.arch == Arch::Arm64 {
+        qemu.args(["-M", "virt"]);
+    }
     // panic=-1 with -no-reboot: a kernel panic ends QEMU at once instead of hanging.
-    // random.trust_cpu: TCG's `max` CPU has RDRAND; the agent's getrandom must not block.
-    let append = "console=ttyS0 quiet noapic panic=-1 random.trust_cpu=on";
     qemu.args(["-accel", "tcg,thread=single", "-cpu", "max"])
         .args(["-m", &config.qemu.memory_mib.to_string()])
         .args(["-smp", &config.qemu.cpus.to_string()])
