@@ -23,7 +23,10 @@ use ipq_tests::cluster::{
 };
 use serde_json::Value;
 
-use super::{agent_lifecycle::wait_rolled, metric};
+use super::{
+    agent_lifecycle::{restart_agent, wait_rolled},
+    metric,
+};
 
 /// What ipq's own reservations name as their pod.
 fn own_pod_ref() -> String {
