@@ -47,6 +47,10 @@ pub struct Kernel {
     /// algorithm a module asks for at init through modprobe, which the initramfs has not.
     #[serde(default)]
     pub modules: Vec<String>,
+    /// This kernel's limit in seconds, where it differs from `qemu.timeout_secs`: an arm64
+    /// guest under TCG on an x86-64 host runs the same tests several times slower.
+    #[serde(default)]
+    pub timeout_secs: Option<u64>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -229,7 +229,7 @@ pub fn boot(config: &Config, kernel: &Kernel, tree: &Tree, initrd: &Path) -> Res
     }
     drop(tx);
 
-    let limit = Duration::from_secs(config.qemu.timeout_secs);
+    let limit = Duration::from_secs(kernel.timeout_secs.unwrap_or(config.qemu.timeout_secs));
     let deadline = Instant::now() + limit;
     let mut console = Console::default();
     let mut timed_out = None;
