@@ -117,24 +117,31 @@ impl ForeignDebs {
 
     /// `program` (apt-get) with the private sources, lists, cache and architecture.
     fn apt(&self, program: &str) -> std::process::Command {
-        let opt = |key: &str, value: &Path| format!("{key}={}", value.display());
-        let mut command = cmd(program, ["-q"]);
-        command
-            .arg("-o")
-            .arg(opt("Dir::Etc::sourcelist", &self.dir.join("sources.list")))
-            .args(["-o", "Dir::Etc::sourceparts=-"])
-            .arg("-o")
-            .arg(opt("Dir::State::Lists", &self.dir.join("lists")))
-            .arg("-o")
-            .arg(opt("Dir::Cache", &self.dir.join("cache")))
-            .args(["-o", &format!("APT::Architecture={}", self.arch)])
-            .args(["-o", &format!("APT::Architectures={}", self.arch)]);
-        command
+        private_apt(program, &self.dir, self.arch)
     }
 }
 
+/// `program` (apt-get) reading only the sources list in `dir`, keeping its lists and cache
+/// there, and taking `arch`'s packages (the machine's own list of architectures is left
+/// alone): the kernel tier's downloads and these share it.
+pub(crate) fn private_apt(program: &str, dir: &Path, arch: &str) -> std::process::Command {
+    let opt = |key: &str, value: &Path| format!("{key}={}", value.display());
+    let mut command = cmd(program, ["-q"]);
+    command
+        .arg("-o")
+        .arg(opt("Dir::Etc::sourcelist", &dir.join("sources.list")))
+        .args(["-o", "Dir::Etc::sourceparts=-"])
+        .arg("-o")
+        .arg(opt("Dir::State::Lists", &dir.join("lists")))
+        .arg("-o")
+        .arg(opt("Dir::Cache", &dir.join("cache")))
+        .args(["-o", &format!("APT::Architecture={arch}")])
+        .args(["-o", &format!("APT::Architectures={arch}")]);
+    command
+}
+
 /// The `.deb` of `package` in `dir`, if one was downloaded.
-fn find_deb(dir: &Path, package: &str) -> Result<Option<PathBuf>> {
+pub(crate) fn find_deb(dir: &Path, package: &str) -> Result<Option<PathBuf>> {
     let Ok(entries) = fs::read_dir(dir) else {
         return Ok(None);
     };

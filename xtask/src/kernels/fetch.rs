@@ -69,7 +69,7 @@ impl Fetcher {
 
     fn download(&mut self, kernel: &Kernel) -> Result<PathBuf> {
         let debs = cache_dir().join("debs");
-        if let Some(deb) = find_deb(&debs, &kernel.package)? {
+        if let Some(deb) = crate::foreign_debs::find_deb(&debs, &kernel.package)? {
             return Ok(deb);
         }
         self.update()?;
@@ -95,7 +95,7 @@ impl Fetcher {
                 successor
             }
         };
-        find_deb(&debs, &package)?.with_context(|| {
+        crate::foreign_debs::find_deb(&debs, &package)?.with_context(|| {
             format!(
                 "apt-get download {package} succeeded but no {package}_*.deb is in {}",
                 debs.display()
@@ -213,35 +213,7 @@ fn apt_dir(arch: Arch) -> PathBuf {
 /// cache under [`apt_dir`], and takes `arch`'s packages (the machine's own list of
 /// architectures is left alone).
 fn apt(arch: Arch, program: &str) -> std::process::Command {
-    let dir = apt_dir(arch);
-    let opt = |key: &str, value: &Path| format!("{key}={}", value.display());
-    let mut command = cmd(program, ["-q"]);
-    command
-        .arg("-o")
-        .arg(opt("Dir::Etc::sourcelist", &dir.join("sources.list")))
-        .args(["-o", "Dir::Etc::sourceparts=-"])
-        .arg("-o")
-        .arg(opt("Dir::State::Lists", &dir.join("lists")))
-        .arg("-o")
-        .arg(opt("Dir::Cache", &dir.join("cache")))
-        .args(["-o", &format!("APT::Architecture={}", arch.name())])
-        .args(["-o", &format!("APT::Architectures={}", arch.name())]);
-    command
-}
-
-fn find_deb(dir: &Path, package: &str) -> Result<Option<PathBuf>> {
-    let Ok(entries) = fs::read_dir(dir) else {
-        return Ok(None);
-    };
-    let prefix = format!("{package}_");
-    for entry in entries {
-        let path = entry?.path();
-        let name = path.file_name().unwrap_or_default().to_string_lossy();
-        if name.starts_with(&prefix) && name.ends_with(".deb") {
-            return Ok(Some(path));
-        }
-    }
-    Ok(None)
+    crate::foreign_debs::private_apt(program, &apt_dir(arch), arch.name())
 }
 
 /// Unpacks `deb` into `root` and indexes its modules; `root/.complete` marks a finished job.
