@@ -122,10 +122,31 @@ pub fn run(test_args: &[OsString]) -> Result<()> {
     // The cluster tier: ipq applied to a one-node Kubernetes cluster of the test's own.
     let cluster = crate::test_cluster::tier().context("xtask test: step `cluster` failed")?;
     totals.add(&cluster);
+
+    // The kernel tier on arm64: the kernels marked `in_test` in xtask/kernels.toml (aarch64
+    // under TCG is several times slower than the amd64 guests; the others are run by
+    // `cargo xtask test-kernels --arch arm64`). Last, as the slowest step.
+    let mut arm64 = Totals::default();
+    let arm64_kernels = kernels::in_test(crate::cross::Arch::Arm64)?;
+    if crate::cross::Arch::host()? == crate::cross::Arch::Amd64 && !arm64_kernels.is_empty() {
+        println!("==> kernels-arm64 ({})", arm64_kernels.join(", "));
+        let tier = kernels::run(crate::cross::Arch::Arm64, &arm64_kernels)
+            .context("xtask test: step `kernels-arm64` failed")?;
+        totals.add(&tier.totals);
+        arm64 = tier.totals;
+        if !tier.failures.is_empty() {
+            print_summary(&totals, &[("arm64 kernel tier", &arm64)]);
+            anyhow::bail!(
+                "xtask test: step `kernels-arm64` failed:\n{}",
+                tier.failures.join("\n")
+            );
+        }
+    }
     let tiers = [
         ("CRI tier", &host.cri),
         ("kernel tier", &tier.totals),
         ("cluster tier", &cluster),
+        ("arm64 kernel tier", &arm64),
     ];
 
     println!("xtask test: all steps passed");

@@ -51,6 +51,12 @@ pub struct Kernel {
     /// guest under TCG on an x86-64 host runs the same tests several times slower.
     #[serde(default)]
     pub timeout_secs: Option<u64>,
+    /// Whether `cargo xtask test` (and so CI) boots this kernel. Every amd64 kernel is booted
+    /// there whatever this says; an arm64 kernel only when it is set: aarch64 under TCG runs
+    /// the tier several times slower, so CI boots one arm64 kernel and `cargo xtask
+    /// test-kernels --arch arm64` the rest.
+    #[serde(default)]
+    pub in_test: bool,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -201,6 +207,18 @@ pub fn run(arch: Arch, only: &[String]) -> Result<Tier> {
         );
     }
     Ok(Tier { totals, failures })
+}
+
+/// The names of the kernels of `arch` that `cargo xtask test` boots: every amd64 kernel, the
+/// arm64 kernels marked `in_test`. Empty when there are none (then the step is left out).
+pub fn in_test(arch: Arch) -> Result<Vec<String>> {
+    let config = load_config()?;
+    Ok(config
+        .kernels
+        .iter()
+        .filter(|k| k.arch == arch && (arch == Arch::Amd64 || k.in_test))
+        .map(|k| k.name.clone())
+        .collect())
 }
 
 /// The kernels of `arch` named in `only` (all of `arch` when empty).
