@@ -196,6 +196,7 @@ fn status_shows_readiness_counts_and_hooks() {
                 attachment: Some(Attachment::Netlink),
                 error: None,
                 failed_attempts: 0,
+                ahead: Vec::new(),
             },
             InterfaceStatus {
                 ifindex: 12,
@@ -205,6 +206,7 @@ fn status_shows_readiness_counts_and_hooks() {
                 attachment: Some(Attachment::Xdp),
                 error: None,
                 failed_attempts: 0,
+                ahead: Vec::new(),
             },
         ],
         conflicts_total: 4,

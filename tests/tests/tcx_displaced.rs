@@ -4,6 +4,10 @@
 //! that the hook is `bypassed`, not fought in silence: unprotected in `ipq status`, `/readyz`
 //! 503, counted. Once the tool stops, ipq is first again and the interface protected.
 //!
+//! A tool whose program at the head hands every packet on (`TCX_NEXT`) is no bypass: ipq's
+//! program still sees every packet, so its link is left behind it (reordering another tool's
+//! programs changes what they see), the interface stays protected and the agent ready.
+//!
 //! Needs root, bpffs and `target/debug/ipq-agent` on a kernel with TCX (this host).
 
 use std::{net::IpAddr, time::Duration};
@@ -13,7 +17,7 @@ use ipq_tests::{
     api,
     attach::wait_tc_upgrades,
     lab::{ifindex, poll, udp_burst, Agent, Lab, PEER_V4},
-    raw_bpf::foreign_program_first,
+    raw_bpf::{attach_first, foreign_program_first, program_returning},
 };
 
 /// Whether ipq's program runs first on vethpa's TCX ingress (the kernel lists the chain in
@@ -125,4 +129,106 @@ fn a_tool_that_keeps_displacing_ipqs_link_is_rate_limited_reported_and_then_let_
         // SAFETY: program descriptors foreign_program_first returned, closed once.
         unsafe { libc::close(prog) };
     }
+}
+
+/// `TCX_NEXT`: a TCX program returning it hands the packet to the next program.
+const TCX_NEXT: i32 = -1;
+
+fn verify_passes(agent: &Agent) -> f64 {
+    agent
+        .metric("ipq_datapath_verify_passes_total", &[("cause", "periodic")])
+        .expect("verify passes")
+}
+
+#[test]
+fn a_program_at_the_head_that_hands_packets_on_is_left_where_it_is() {
+    let lab = Lab::new().expect("building the lab");
+    let args = [
+        "--workload",
+        "vethp*",
+        "--uplink",
+        "up0",
+        "--tc-attach",
+        "tcx",
+        "--verify-interval",
+        "100ms",
+    ];
+    let agent = lab.start_agent(&args).expect("starting ipq-agent");
+    lab.maps().fence_pod_a().expect("fencing pod a");
+    wait_tc_upgrades(&agent);
+    let peer = IpAddr::from(PEER_V4);
+    assert_eq!(udp_burst(&lab.pod_a, &lab.peer, peer, 10), 0, "fenced");
+    let vethpa_index = ifindex(&lab.node, "vethpa").expect("ifindex");
+
+    let prog = program_returning(TCX_NEXT, "cotenant_next");
+    let link = lab
+        .node
+        .run(|| attach_first(prog, vethpa_index))
+        .expect("attaching the co-tenant at the head");
+    assert!(!ipq_first(&lab), "the co-tenant runs first");
+    let interface = poll("the program ahead judged", Duration::from_secs(10), || {
+        let interface = vethpa(&agent);
+        Ok(interface["ahead"]
+            .as_array()
+            .is_some_and(|a| !a.is_empty())
+            .then_some(interface))
+    })
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", agent.log()));
+    let ahead = interface["ahead"][0].as_str().unwrap_or_default();
+    assert!(
+        ahead.contains("hands packets on") && ahead.contains("TCX_NEXT"),
+        "{interface}"
+    );
+    assert_eq!(interface["protection"], "protected", "{interface}");
+    // Three more passes, each of which would have moved ipq's link: it stays behind.
+    let passes = verify_passes(&agent);
+    agent
+        .wait_metric(
+            "ipq_datapath_verify_passes_total",
+            &[("cause", "periodic")],
+            Duration::from_secs(10),
+            "three more passes",
+            |v| v >= passes + 3.0,
+        )
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    assert!(
+        !ipq_first(&lab),
+        "ipq does not reorder a co-tenant that hands packets on\n{}",
+        agent.log()
+    );
+    assert_eq!(vethpa(&agent)["protection"], "protected");
+    assert_eq!(agent.readyz().expect("readyz").0, 200);
+    assert_eq!(
+        udp_burst(&lab.pod_a, &lab.peer, peer, 200),
+        0,
+        "every fenced packet is handed on to ipq's program and dropped"
+    );
+    let bypasses = agent
+        .metric("ipq_datapath_bypasses_total", &[("hook", "tc_ingress")])
+        .expect("bypasses");
+    assert_eq!(bypasses, 0.0, "no move, no bypass");
+    assert_eq!(
+        agent
+            .metric(
+                "ipq_datapath_cotenants_ahead",
+                &[("hook", "tc_ingress"), ("verdict", "hands_on")]
+            )
+            .expect("gauge"),
+        1.0
+    );
+
+    // SAFETY: the descriptors above, closed once: the co-tenant goes.
+    unsafe {
+        libc::close(link);
+        libc::close(prog);
+    }
+    poll("nothing ahead any more", Duration::from_secs(10), || {
+        let interface = vethpa(&agent);
+        Ok(interface["ahead"]
+            .as_array()
+            .is_none_or(|a| a.is_empty())
+            .then_some(()))
+    })
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", agent.log()));
+    assert!(ipq_first(&lab));
 }

@@ -53,7 +53,7 @@ pub fn run(layout: PinLayout, mode: TcMode, jobs: Arc<JobQueue>, reports: Report
             job: job.clone(),
         };
         let mut report = run_one(&mut programs, &layout, mode, job);
-        report.bypassed = super::bypass::find(&report);
+        report.ahead = super::bypass::find(&layout, &report);
         // The loop gone means the agent is stopping: the job is handed back all the same.
         let _ = crate::queues::send_or_wait(&reports.tx, report, &reports.overflows);
     }
@@ -96,7 +96,7 @@ fn run_one(
                     job,
                     hooks,
                     found_missing: Vec::new(),
-                    bypassed: Vec::new(),
+                    ahead: Vec::new(),
                 };
             }
         },
@@ -135,7 +135,7 @@ fn run_one(
         job,
         hooks,
         found_missing: Vec::new(),
-        bypassed: Vec::new(),
+        ahead: Vec::new(),
     }
 }
 
