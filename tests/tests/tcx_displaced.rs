@@ -8,9 +8,18 @@
 //! program still sees every packet, so its link is left behind it (reordering another tool's
 //! programs changes what they see), the interface stays protected and the agent ready.
 //!
-//! Needs root, bpffs and `target/debug/ipq-agent` on a kernel with TCX (this host).
+//! Where ipq must move (a program ahead it cannot tell, or one that ends processing), the move
+//! is make-before-break: a link of the spare instance of ipq's program goes in at the head
+//! before the old link is detached, so a co-tenant that hands packets on leaks none of the
+//! fenced pod's packets while ipq moves (a continuous stream counted by a witness).
+//!
+//! Needs root, bpffs, `setpriv` and `target/debug/ipq-agent` on a kernel with TCX (this host).
 
-use std::{net::IpAddr, time::Duration};
+use std::{
+    net::{IpAddr, Ipv4Addr, UdpSocket},
+    sync::atomic::{AtomicBool, Ordering},
+    time::{Duration, Instant},
+};
 
 use aya::programs::{SchedClassifier, TcAttachType};
 use ipq_tests::{
@@ -231,4 +240,131 @@ fn a_program_at_the_head_that_hands_packets_on_is_left_where_it_is() {
     })
     .unwrap_or_else(|e| panic!("{e:#}\n{}", agent.log()));
     assert!(ipq_first(&lab));
+}
+
+/// Fenced datagrams from pod a to the peer, as fast as one thread sends them (a yield every
+/// 16), until `stop`, and how many of them the peer received: (sent, delivered). A gap of
+/// ipq's program of a few microseconds meets some.
+fn fenced_stream(lab: &Lab, stop: &AtomicBool) -> (usize, usize) {
+    let peer = IpAddr::from(PEER_V4);
+    let rx = lab
+        .peer
+        .run(|| UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)))
+        .expect("binding the witness");
+    let port = rx.local_addr().expect("bound").port();
+    rx.set_read_timeout(Some(Duration::from_millis(500)))
+        .expect("a timeout");
+    let tx = lab
+        .pod_a
+        .run(|| UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)))
+        .expect("binding the sender");
+    let tag = b"ipq-move-witness";
+    let delivered = std::thread::scope(|scope| {
+        let counter = scope.spawn(|| {
+            let mut delivered = 0;
+            let mut buf = [0u8; 64];
+            loop {
+                match rx.recv_from(&mut buf) {
+                    Ok((len, _)) if buf[..len] == tag[..] => delivered += 1,
+                    Ok(_) => {}
+                    Err(_) if stop.load(Ordering::Relaxed) => break delivered,
+                    Err(_) => {}
+                }
+            }
+        });
+        let mut sent = 0;
+        while !stop.load(Ordering::Relaxed) {
+            tx.send_to(tag, (peer, port)).expect("sending");
+            sent += 1;
+            if sent % 16 == 0 {
+                std::thread::yield_now();
+            }
+        }
+        (sent, counter.join().expect("the witness"))
+    });
+    delivered
+}
+
+#[test]
+fn ipqs_own_moves_ahead_of_a_program_it_cannot_tell_leak_no_fenced_packet() {
+    let lab = Lab::new().expect("building the lab");
+    // The DaemonSet's capabilities: the co-tenant cannot be run, so ipq moves ahead of it.
+    let daemonset = [
+        "setpriv",
+        "--inh-caps",
+        "-all",
+        "--bounding-set",
+        "-all,+bpf,+net_admin,+net_raw,+perfmon",
+        "--",
+    ];
+    let args = [
+        "--workload",
+        "vethp*",
+        "--uplink",
+        "up0",
+        "--tc-attach",
+        "tcx",
+        "--verify-interval",
+        "100ms",
+    ];
+    let agent = lab
+        .start_agent_wrapped(&daemonset, &args)
+        .expect("starting ipq-agent with the DaemonSet's capabilities");
+    lab.maps().fence_pod_a().expect("fencing pod a");
+    wait_tc_upgrades(&agent);
+    let vethpa_index = ifindex(&lab.node, "vethpa").expect("ifindex");
+    // It hands every packet on: whatever leaks, leaks through a gap of ipq's own.
+    let prog = program_returning(TCX_NEXT, "cotenant_next");
+
+    let stop = AtomicBool::new(false);
+    let ((sent, delivered), moves) = std::thread::scope(|scope| {
+        let stream = scope.spawn(|| fenced_stream(&lab, &stop));
+        let mut moves = 0;
+        let mut link = None;
+        // Three re-attaches at the head (the rate limit lets three moves a minute).
+        for round in 1..=3 {
+            if let Some(old) = link.take() {
+                // SAFETY: the co-tenant's link descriptor, closed once: it leaves the hook.
+                unsafe { libc::close(old) };
+            }
+            link = Some(
+                lab.node
+                    .run(|| attach_first(prog, vethpa_index))
+                    .expect("re-attaching the co-tenant at the head"),
+            );
+            let at = Instant::now();
+            poll(
+                &format!("ipq first again after re-attach {round}"),
+                Duration::from_secs(10),
+                || Ok(ipq_first(&lab).then_some(())),
+            )
+            .unwrap_or_else(|e| panic!("{e:#}\n{}", agent.log()));
+            eprintln!("re-attach {round}: ipq first again in {:?}", at.elapsed());
+            moves += 1;
+            std::thread::sleep(Duration::from_millis(500).saturating_sub(at.elapsed()));
+        }
+        // The stream goes on past the last move, then stops.
+        std::thread::sleep(Duration::from_millis(200));
+        stop.store(true, Ordering::Relaxed);
+        if let Some(old) = link.take() {
+            // SAFETY: as above.
+            unsafe { libc::close(old) };
+        }
+        (stream.join().expect("the stream"), moves)
+    });
+    // SAFETY: the co-tenant's program descriptor, closed once.
+    unsafe { libc::close(prog) };
+    eprintln!("{moves} moves of ipq's link: {delivered} of {sent} fenced datagrams delivered");
+    assert!(sent > 10_000, "a stream, not a trickle: {sent}");
+    assert_eq!(
+        delivered,
+        0,
+        "ipq's own moves leaked {delivered} of {sent} fenced datagrams\n{}",
+        agent.log()
+    );
+    assert!(
+        agent.log().contains("moved without a gap"),
+        "{}",
+        agent.log()
+    );
 }

@@ -246,6 +246,11 @@ pub fn hold_dir(dir: &Path) -> io::Result<usize> {
     Ok(count)
 }
 
+/// The id of the program the link held for `path` ran when the agent took hold of it.
+pub fn held_program(path: &Path) -> Option<u32> {
+    held().get(path).map(|h| h.program)
+}
+
 /// Lets go of the object at `path`: call before removing one of ipq's pins on purpose.
 pub fn release(path: &Path) {
     held().remove(path);

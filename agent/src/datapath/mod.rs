@@ -163,35 +163,40 @@ impl Datapath {
                 },
             ),
         };
-        let mut loader = EbpfLoader::new();
-        loader
-            .default_map_pin_directory(layout.maps_dir())
-            .map_max_entries(names::MAP_ADDRS, capacity)
-            .override_global(names::GLOBAL_COARSE_CLOCK, &coarse_clock, true)
-            .map_max_entries(names::MAP_QFILTER, filter_words)
-            // The program masks filter indices with this; it must match the map's real size.
-            .override_global(FILTER_MASK_GLOBAL, &filter_mask, true)
-            .map_max_entries(names::MAP_SLOTS, slot_entries(slot_buckets))
-            // The programs find addresses with these: they must be the table's own.
-            .override_global(SLOTS_MASK_GLOBAL, &slot_mask, true)
-            .override_global(SLOTS_SEED_GLOBAL, &slot_seed, true)
-            // How the programs order their reads of the table on this CPU and kernel.
-            .override_global(SLOTS_ORDER_GLOBAL, &slots_order_global, true)
-            // The kernel skips log records the agent's logger would discard anyway.
-            .override_global("AYA_LOG_LEVEL", &log_level, false)
-            // The watcher reports every process's bpf() calls but this one's.
-            .override_global(GLOBAL_WATCH_TGID, &own.pid, true)
-            .override_global(GLOBAL_WATCH_PIDNS_DEV, &own.dev, true)
-            .override_global(GLOBAL_WATCH_PIDNS_INO, &own.ino, true)
-            .override_global(GLOBAL_MAP_ID_OFFSET, &offsets.map_id, true)
-            .override_global(GLOBAL_MAP_WRITECNT_OFFSET, &offsets.map_writecnt, true)
-            .override_global(
-                GLOBAL_FILE_PRIVATE_DATA_OFFSET,
-                &offsets.file_private_data,
-                true,
-            )
-            .override_global(GLOBAL_UPDATE_KEY_SLOT, &offsets.update_key_slot, true);
-        let mut ebpf = loader
+        // Every load of the object is configured alike: the spare TC programs below must
+        // run on the same maps with the same globals as the first.
+        let configured = || {
+            let mut loader = EbpfLoader::new();
+            loader
+                .default_map_pin_directory(layout.maps_dir())
+                .map_max_entries(names::MAP_ADDRS, capacity)
+                .override_global(names::GLOBAL_COARSE_CLOCK, &coarse_clock, true)
+                .map_max_entries(names::MAP_QFILTER, filter_words)
+                // The program masks filter indices with this; it must match the map's real size.
+                .override_global(FILTER_MASK_GLOBAL, &filter_mask, true)
+                .map_max_entries(names::MAP_SLOTS, slot_entries(slot_buckets))
+                // The programs find addresses with these: they must be the table's own.
+                .override_global(SLOTS_MASK_GLOBAL, &slot_mask, true)
+                .override_global(SLOTS_SEED_GLOBAL, &slot_seed, true)
+                // How the programs order their reads of the table on this CPU and kernel.
+                .override_global(SLOTS_ORDER_GLOBAL, &slots_order_global, true)
+                // The kernel skips log records the agent's logger would discard anyway.
+                .override_global("AYA_LOG_LEVEL", &log_level, false)
+                // The watcher reports every process's bpf() calls but this one's.
+                .override_global(GLOBAL_WATCH_TGID, &own.pid, true)
+                .override_global(GLOBAL_WATCH_PIDNS_DEV, &own.dev, true)
+                .override_global(GLOBAL_WATCH_PIDNS_INO, &own.ino, true)
+                .override_global(GLOBAL_MAP_ID_OFFSET, &offsets.map_id, true)
+                .override_global(GLOBAL_MAP_WRITECNT_OFFSET, &offsets.map_writecnt, true)
+                .override_global(
+                    GLOBAL_FILE_PRIVATE_DATA_OFFSET,
+                    &offsets.file_private_data,
+                    true,
+                )
+                .override_global(GLOBAL_UPDATE_KEY_SLOT, &offsets.update_key_slot, true);
+            loader
+        };
+        let mut ebpf = configured()
             .load(object::for_order(slots_order))
             .map_err(|e| DatapathError::Load(Box::new(e)))?;
 
@@ -207,6 +212,23 @@ impl Datapath {
             source,
         })?;
         pin_program(|path| xdp.pin(path), &layout, names::PROG_XDP_UPLINK)?;
+        // A second instance of each TC program, on the same pinned maps: a TCX hook takes a
+        // program once, so moving ipq's link ahead of a co-tenant without a gap attaches the
+        // other instance first and only then detaches the old link (attach::pins).
+        let mut spare = configured()
+            .load(object::for_order(slots_order))
+            .map_err(|e| DatapathError::Load(Box::new(e)))?;
+        for (name, pin) in [
+            (names::PROG_TC_INGRESS, names::PROG_TC_INGRESS_SPARE),
+            (names::PROG_TC_EGRESS, names::PROG_TC_EGRESS_SPARE),
+        ] {
+            let prog: &mut SchedClassifier = program(&mut spare, name)?;
+            prog.load()
+                .map_err(|source| DatapathError::Program { name, source })?;
+            pin_program(|path| prog.pin(path), &layout, pin)?;
+        }
+        // Its pins keep the spare programs (and the maps they use); nothing else of it is used.
+        drop(spare);
 
         // Every map and program pin is held from here on: removing one detaches nothing.
         for dir in [layout.maps_dir(), layout.programs_dir()] {

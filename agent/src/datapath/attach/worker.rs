@@ -20,6 +20,9 @@ use crate::paths::{AttachPoint, PinLayout};
 pub(super) struct Programs {
     ingress: SchedClassifier,
     egress: SchedClassifier,
+    /// The second instances of the TC programs, for moves without a gap ([`pins::Instances`]).
+    ingress_spare: SchedClassifier,
+    egress_spare: SchedClassifier,
     xdp: Xdp,
 }
 
@@ -28,6 +31,8 @@ impl Programs {
         Ok(Self {
             ingress: SchedClassifier::from_pin(layout.program(names::PROG_TC_INGRESS))?,
             egress: SchedClassifier::from_pin(layout.program(names::PROG_TC_EGRESS))?,
+            ingress_spare: SchedClassifier::from_pin(layout.program(names::PROG_TC_INGRESS_SPARE))?,
+            egress_spare: SchedClassifier::from_pin(layout.program(names::PROG_TC_EGRESS_SPARE))?,
             xdp: Xdp::from_pin(
                 layout.program(names::PROG_XDP_UPLINK),
                 XdpAttachType::Interface,
@@ -105,12 +110,18 @@ fn run_one(
         let target = job.clone();
         return repair::run(job, layout, |point, fix| match (fix, point) {
             (repair::Fix::MoveFirst, AttachPoint::TcxIngress | AttachPoint::TcxEgress) => {
-                let prog = if point == AttachPoint::TcxIngress {
-                    &mut progs.ingress
+                let instances = if point == AttachPoint::TcxIngress {
+                    pins::Instances {
+                        main: &mut progs.ingress,
+                        spare: &mut progs.ingress_spare,
+                    }
                 } else {
-                    &mut progs.egress
+                    pins::Instances {
+                        main: &mut progs.egress,
+                        spare: &mut progs.egress_spare,
+                    }
                 };
-                pins::move_tc_first(prog, layout, &target.name, target.ifindex, point)
+                pins::move_tc_first(instances, layout, &target.name, target.ifindex, point)
                     .map(|how| Hooked {
                         how,
                         by: Mechanism::Tcx,
