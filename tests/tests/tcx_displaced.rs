@@ -13,6 +13,10 @@
 //! before the old link is detached, so a co-tenant that hands packets on leaks none of the
 //! fenced pod's packets while ipq moves (a continuous stream counted by a witness).
 //!
+//! A tool whose program ends processing and re-attaches at the head every 500 ms for 30 s:
+//! what it passes between its re-attach and ipq's move (and after ipq stops fighting it, past
+//! the rate limit) is delivered, and that is counted and reported (`bypassed`, `/readyz` 503).
+//!
 //! Needs root, bpffs, `setpriv` and `target/debug/ipq-agent` on a kernel with TCX (this host).
 
 use std::{
@@ -242,10 +246,11 @@ fn a_program_at_the_head_that_hands_packets_on_is_left_where_it_is() {
     assert!(ipq_first(&lab));
 }
 
-/// Fenced datagrams from pod a to the peer, as fast as one thread sends them (a yield every
-/// 16), until `stop`, and how many of them the peer received: (sent, delivered). A gap of
-/// ipq's program of a few microseconds meets some.
-fn fenced_stream(lab: &Lab, stop: &AtomicBool) -> (usize, usize) {
+/// Fenced datagrams from pod a to the peer until `stop`, and how many of them the peer
+/// received: (sent, delivered). Without `pace`, as fast as one thread sends them (a yield
+/// every 16): a gap of ipq's program of a few microseconds meets some; with it, one per
+/// `pace`.
+fn fenced_stream(lab: &Lab, stop: &AtomicBool, pace: Option<Duration>) -> (usize, usize) {
     let peer = IpAddr::from(PEER_V4);
     let rx = lab
         .peer
@@ -276,8 +281,10 @@ fn fenced_stream(lab: &Lab, stop: &AtomicBool) -> (usize, usize) {
         while !stop.load(Ordering::Relaxed) {
             tx.send_to(tag, (peer, port)).expect("sending");
             sent += 1;
-            if sent % 16 == 0 {
-                std::thread::yield_now();
+            match pace {
+                Some(pace) => std::thread::sleep(pace),
+                None if sent % 16 == 0 => std::thread::yield_now(),
+                None => {}
             }
         }
         (sent, counter.join().expect("the witness"))
@@ -318,7 +325,7 @@ fn ipqs_own_moves_ahead_of_a_program_it_cannot_tell_leak_no_fenced_packet() {
 
     let stop = AtomicBool::new(false);
     let ((sent, delivered), moves) = std::thread::scope(|scope| {
-        let stream = scope.spawn(|| fenced_stream(&lab, &stop));
+        let stream = scope.spawn(|| fenced_stream(&lab, &stop, None));
         let mut moves = 0;
         let mut link = None;
         // Three re-attaches at the head (the rate limit lets three moves a minute).
@@ -367,4 +374,84 @@ fn ipqs_own_moves_ahead_of_a_program_it_cannot_tell_leak_no_fenced_packet() {
         "{}",
         agent.log()
     );
+}
+
+/// `TCX_PASS`: a TCX program returning it ends processing; the packet goes on unseen by ipq.
+const TCX_PASS: i32 = 0;
+
+#[test]
+fn a_program_that_ends_processing_and_keeps_re_attaching_at_the_head_is_counted_and_reported() {
+    let lab = Lab::new().expect("building the lab");
+    let args = [
+        "--workload",
+        "vethp*",
+        "--uplink",
+        "up0",
+        "--tc-attach",
+        "tcx",
+        "--verify-interval",
+        "100ms",
+    ];
+    let agent = lab.start_agent(&args).expect("starting ipq-agent");
+    lab.maps().fence_pod_a().expect("fencing pod a");
+    wait_tc_upgrades(&agent);
+    let vethpa_index = ifindex(&lab.node, "vethpa").expect("ifindex");
+    let prog = program_returning(TCX_PASS, "cotenant_pass");
+
+    let stop = AtomicBool::new(false);
+    let (sent, delivered) = std::thread::scope(|scope| {
+        // Paced: 30 s of a flood would only load the machine; the leak is the co-tenant's.
+        let stream = scope.spawn(|| fenced_stream(&lab, &stop, Some(Duration::from_micros(200))));
+        let started = Instant::now();
+        let mut link: Option<i32> = None;
+        let mut reported_bypassed = false;
+        while started.elapsed() < Duration::from_secs(30) {
+            if let Some(old) = link.take() {
+                // SAFETY: the co-tenant's link descriptor, closed once: it leaves the hook.
+                unsafe { libc::close(old) };
+            }
+            link = Some(
+                lab.node
+                    .run(|| attach_first(prog, vethpa_index))
+                    .expect("re-attaching the co-tenant at the head"),
+            );
+            std::thread::sleep(Duration::from_millis(500));
+            reported_bypassed |= vethpa(&agent)["protection"] == "bypassed";
+        }
+        assert!(reported_bypassed, "the fight is reported\n{}", agent.log());
+        let interface = vethpa(&agent);
+        assert_eq!(interface["protection"], "bypassed", "{interface}");
+        assert!(
+            interface["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("rate-limited")),
+            "{interface}"
+        );
+        assert_eq!(agent.readyz().expect("readyz").0, 503);
+        stop.store(true, Ordering::Relaxed);
+        if let Some(old) = link.take() {
+            // SAFETY: as above.
+            unsafe { libc::close(old) };
+        }
+        stream.join().expect("the stream")
+    });
+    // SAFETY: the co-tenant's program descriptor, closed once.
+    unsafe { libc::close(prog) };
+    let bypasses = agent
+        .metric("ipq_datapath_bypasses_total", &[("hook", "tc_ingress")])
+        .expect("bypasses");
+    eprintln!(
+        "a co-tenant ending processing, re-attached at the head every 500 ms for 30 s: \
+         {delivered} of {sent} fenced datagrams delivered through it; {bypasses} bypasses \
+         counted"
+    );
+    assert!(delivered > 0, "what ipq reports is what the kernel does");
+    assert!(
+        bypasses >= 4.0,
+        "three moves and at least one refusal: {bypasses}"
+    );
+    poll("vethpa protected again", Duration::from_secs(10), || {
+        Ok((vethpa(&agent)["protection"] == "protected").then_some(()))
+    })
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", agent.log()));
 }

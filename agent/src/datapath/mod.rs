@@ -215,6 +215,7 @@ impl Datapath {
         // A second instance of each TC program, on the same pinned maps: a TCX hook takes a
         // program once, so moving ipq's link ahead of a co-tenant without a gap attaches the
         // other instance first and only then detaches the old link (attach::pins).
+        let spare_started = std::time::Instant::now();
         let mut spare = configured()
             .load(object::for_order(slots_order))
             .map_err(|e| DatapathError::Load(Box::new(e)))?;
@@ -229,6 +230,7 @@ impl Datapath {
         }
         // Its pins keep the spare programs (and the maps they use); nothing else of it is used.
         drop(spare);
+        let spare_took = spare_started.elapsed();
 
         // Every map and program pin is held from here on: removing one detaches nothing.
         for dir in [layout.maps_dir(), layout.programs_dir()] {
@@ -260,10 +262,11 @@ impl Datapath {
         let mut maps = DatapathMaps::open(maps::Source::Loaded(&mut ebpf), Some(slot_seed))?;
         maps.set_mode(options.mode)?;
         info!(
-            "datapath loaded: {} addresses in pinned maps under {}; kernel has TCX: {}, reads of \
-             the address table: {}, clock: {}",
+            "datapath loaded: {} addresses in pinned maps under {} (the spare TC programs in \
+             {} ms); kernel has TCX: {}, reads of the address table: {}, clock: {}",
             maps.table.len(),
             layout.root().display(),
+            spare_took.as_millis(),
             features.tcx,
             match slots_order {
                 SlotsOrder::InOrder => "plain loads (the CPU keeps loads in order)",

@@ -300,12 +300,13 @@ impl Attacher {
                 log::debug!("{} (if{ifindex}): {}", target.name, verdict.why());
             }
         }
-        let behind: Vec<(u32, AttachPoint)> = behind
+        // A program that cannot be told is moved past too, but is not called a bypass.
+        let behind: Vec<((u32, AttachPoint), bool)> = behind
             .iter()
             .filter(|(_, verdict)| !verdict.hands_on())
-            .map(|(hook, _)| *hook)
+            .map(|(hook, verdict)| (*hook, matches!(verdict, Verdict::EndsProcessing(_))))
             .collect();
-        for &(ifindex, point) in &behind {
+        for &((ifindex, point), ends) in &behind {
             // A hook whose move is already queued (a pass found it, the repair has not
             // reported yet) is not a second displacement.
             let by_tcx = self.ledger.target(ifindex).is_some_and(|t| {
@@ -318,7 +319,9 @@ impl Attacher {
             }
             let limited = match self.displaced.displaced(ifindex, point, now) {
                 Ok(()) => {
-                    self.findings.count_bypass(point);
+                    if ends {
+                        self.findings.count_bypass(point);
+                    }
                     changed |= self.on_link_lost(ifindex, point, seen);
                     continue;
                 }
@@ -327,16 +330,23 @@ impl Attacher {
             let Some(target) = self.ledger.get_mut(ifindex) else {
                 continue;
             };
+            let (state, word) = if ends {
+                (Protection::Bypassed, "bypassed")
+            } else {
+                (Protection::Unverified, "unverified")
+            };
             let why = format!(
-                "bypassed: {}: another program was put before ipq's link {} times in {}s; \
+                "{word}: {}: another program was put before ipq's link {} times in {}s; \
                  moving ipq's first again is rate-limited (next in {}s)",
                 point.as_ref(),
                 limited.count,
                 DISPLACED_WINDOW.as_secs(),
                 limited.next.saturating_duration_since(now).as_secs()
             );
-            if target.protection != Protection::Bypassed {
-                self.findings.count_bypass(point);
+            if target.protection != state {
+                if ends {
+                    self.findings.count_bypass(point);
+                }
                 warn!(
                     "{} (if{ifindex}): NOT PROTECTED: {why}: find the tool that keeps \
                      attaching at the head of the hook",
@@ -345,9 +355,24 @@ impl Attacher {
                 target.since = now;
                 changed = true;
             }
-            target.protection = Protection::Bypassed;
-            target.bypassed.insert(point);
+            target.protection = state;
+            if ends {
+                target.bypassed.insert(point);
+            }
             target.last_error = Some(why);
+        }
+        // An interface left `unverified` by a program ahead that is gone, or hands on now.
+        for target in self.ledger.targets_mut() {
+            if target.protection == Protection::Unverified && !target.held_back() {
+                info!(
+                    "{}: nothing ahead of ipq's links that cannot be told: protected",
+                    target.name
+                );
+                target.protection = Protection::Protected;
+                target.last_error = None;
+                target.since = now;
+                changed = true;
+            }
         }
         changed
     }

@@ -75,6 +75,10 @@ impl Ledger {
         self.targets.get_mut(&ifindex)
     }
 
+    pub(super) fn targets_mut(&mut self) -> impl Iterator<Item = &mut Target> + '_ {
+        self.targets.values_mut()
+    }
+
     pub fn targets(&self) -> &BTreeMap<u32, Target> {
         &self.targets
     }
