@@ -214,22 +214,39 @@ impl Datapath {
         pin_program(|path| xdp.pin(path), &layout, names::PROG_XDP_UPLINK)?;
         // A second instance of each TC program, on the same pinned maps: a TCX hook takes a
         // program once, so moving ipq's link ahead of a co-tenant without a gap attaches the
-        // other instance first and only then detaches the old link (attach::pins).
+        // other instance first and only then detaches the old link (attach::pins). Only where
+        // the kernel has TCX; without them a move has a gap, as before (said, not fatal).
         let spare_started = std::time::Instant::now();
-        let mut spare = configured()
-            .load(object::for_order(slots_order))
-            .map_err(|e| DatapathError::Load(Box::new(e)))?;
-        for (name, pin) in [
+        let spare_pins = [
             (names::PROG_TC_INGRESS, names::PROG_TC_INGRESS_SPARE),
             (names::PROG_TC_EGRESS, names::PROG_TC_EGRESS_SPARE),
-        ] {
-            let prog: &mut SchedClassifier = program(&mut spare, name)?;
-            prog.load()
-                .map_err(|source| DatapathError::Program { name, source })?;
-            pin_program(|path| prog.pin(path), &layout, pin)?;
+        ];
+        let spare_loaded = features.tcx.then(|| -> Result<(), DatapathError> {
+            let mut spare = configured()
+                .load(object::for_order(slots_order))
+                .map_err(|e| DatapathError::Load(Box::new(e)))?;
+            for (name, pin) in spare_pins {
+                let prog: &mut SchedClassifier = program(&mut spare, name)?;
+                prog.load()
+                    .map_err(|source| DatapathError::Program { name, source })?;
+                pin_program(|path| prog.pin(path), &layout, pin)?;
+            }
+            // Its pins keep the spare programs (and the maps they use); nothing else of it
+            // is used.
+            Ok(())
+        });
+        if let Some(Err(e)) = &spare_loaded {
+            warn!(
+                "the spare TC programs did not load ({e}): moving ipq's TCX link ahead of \
+                 another tool's program leaves a gap of a grace period"
+            );
         }
-        // Its pins keep the spare programs (and the maps they use); nothing else of it is used.
-        drop(spare);
+        if !matches!(spare_loaded, Some(Ok(()))) {
+            // No spare of an earlier agent's is left to be attached by mistake.
+            for (_, pin) in spare_pins {
+                let _ = fs::remove_file(layout.program(pin));
+            }
+        }
         let spare_took = spare_started.elapsed();
 
         // Every map and program pin is held from here on: removing one detaches nothing.

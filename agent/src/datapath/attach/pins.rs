@@ -141,7 +141,8 @@ fn new_tcx_link_first(
 /// program once, so a link of the other instance can go in ahead while the old one still runs.
 pub struct Instances<'a> {
     pub main: &'a mut SchedClassifier,
-    pub spare: &'a mut SchedClassifier,
+    /// `None` where the agent has no spare instance (then a move has a gap).
+    pub spare: Option<&'a mut SchedClassifier>,
 }
 
 /// Puts ipq's program first again on a TCX hook where something was attached before ipq's
@@ -162,19 +163,26 @@ pub fn move_tc_first(
     let path = layout.link(ifindex, point);
     let running = held_pins::held_program(&path);
     let id_of = |prog: &SchedClassifier| prog.info().ok().map(|info| info.id());
-    let main_runs = running.is_some() && id_of(programs.main) == running;
-    let (next, old) = if main_runs {
-        (programs.spare, programs.main)
-    } else {
-        (programs.main, programs.spare)
+    let Instances { main, spare } = programs;
+    let main_runs = running.is_some() && id_of(main) == running;
+    // The instance the old link does not run, if there is one; else the main one after a gap.
+    let (next, fallback): (Option<&mut SchedClassifier>, &mut SchedClassifier) =
+        match (spare, main_runs) {
+            (Some(spare), true) => (Some(spare), main),
+            (Some(spare), false) => (Some(main), spare),
+            (None, _) => (None, main),
+        };
+    let made = match next {
+        Some(next) => next
+            .attach_with_options(
+                ifname,
+                tc_attach_type(point),
+                TcAttachOptions::TcxOrder(LinkOrder::first()),
+            )
+            .and_then(|id| next.take_link(id))
+            .map_err(|e| e.to_string()),
+        None => Err("the agent has no spare instance of the program".to_owned()),
     };
-    let made = next
-        .attach_with_options(
-            ifname,
-            tc_attach_type(point),
-            TcAttachOptions::TcxOrder(LinkOrder::first()),
-        )
-        .and_then(|id| next.take_link(id));
     let link = match made {
         Ok(link) => FdLink::try_from(link).map_err(|source| DatapathError::Link {
             path: path.clone(),
@@ -190,12 +198,7 @@ pub fn move_tc_first(
                 debug!("{ifname}: detaching ipq's {} link: {e}", point);
             }
             remove_pin(&path)?;
-            let prog = if running.is_some() && id_of(old) == running {
-                old
-            } else {
-                next
-            };
-            let attached = new_tcx_link_first(prog, ifname, point, &path)?;
+            let attached = new_tcx_link_first(fallback, ifname, point, &path)?;
             info!("{ifname}: ipq's {} link is first again", point);
             return Ok(attached);
         }

@@ -20,9 +20,10 @@ use crate::paths::{AttachPoint, PinLayout};
 pub(super) struct Programs {
     ingress: SchedClassifier,
     egress: SchedClassifier,
-    /// The second instances of the TC programs, for moves without a gap ([`pins::Instances`]).
-    ingress_spare: SchedClassifier,
-    egress_spare: SchedClassifier,
+    /// The second instances of the TC programs, for moves without a gap ([`pins::Instances`]);
+    /// `None` where the agent did not load them (no TCX, or their load failed).
+    ingress_spare: Option<SchedClassifier>,
+    egress_spare: Option<SchedClassifier>,
     xdp: Xdp,
 }
 
@@ -31,8 +32,12 @@ impl Programs {
         Ok(Self {
             ingress: SchedClassifier::from_pin(layout.program(names::PROG_TC_INGRESS))?,
             egress: SchedClassifier::from_pin(layout.program(names::PROG_TC_EGRESS))?,
-            ingress_spare: SchedClassifier::from_pin(layout.program(names::PROG_TC_INGRESS_SPARE))?,
-            egress_spare: SchedClassifier::from_pin(layout.program(names::PROG_TC_EGRESS_SPARE))?,
+            // Absent where the agent did not load them: a move then has a gap (said where it
+            // happens).
+            ingress_spare: SchedClassifier::from_pin(layout.program(names::PROG_TC_INGRESS_SPARE))
+                .ok(),
+            egress_spare: SchedClassifier::from_pin(layout.program(names::PROG_TC_EGRESS_SPARE))
+                .ok(),
             xdp: Xdp::from_pin(
                 layout.program(names::PROG_XDP_UPLINK),
                 XdpAttachType::Interface,
@@ -113,12 +118,12 @@ fn run_one(
                 let instances = if point == AttachPoint::TcxIngress {
                     pins::Instances {
                         main: &mut progs.ingress,
-                        spare: &mut progs.ingress_spare,
+                        spare: progs.ingress_spare.as_mut(),
                     }
                 } else {
                     pins::Instances {
                         main: &mut progs.egress,
-                        spare: &mut progs.egress_spare,
+                        spare: progs.egress_spare.as_mut(),
                     }
                 };
                 pins::move_tc_first(instances, layout, &target.name, target.ifindex, point)
