@@ -23,7 +23,7 @@ use std::{
 
 use ipq_tests::{
     api,
-    lab::{poll, udp_burst, Agent, Lab, PEER_V4},
+    lab::{poll, udp_burst, Agent, Lab, PEER_V4, POD_A_V4},
     netns::{output_of, BpffsDir, NetNs},
     raw_bpf::{obj_pin, program_returning},
 };
@@ -196,6 +196,10 @@ fn a_bpf_filter_ahead_that_hands_packets_on_keeps_the_interface_protected_and_on
             && ahead.contains("hands packets on")
             && ahead.contains("TC_ACT_UNSPEC"),
         "the status names the filter and what it does: {interface}"
+    );
+    assert!(
+        ahead.contains(&POD_A_V4.to_string()),
+        "it was run on a packet of the fenced pod's address: {interface}"
     );
     let (code, body) = agent.readyz().expect("readyz");
     assert_eq!(

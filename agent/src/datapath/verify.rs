@@ -230,15 +230,15 @@ impl Verification {
 /// The hooks of `hooks` whose netlink filter is not ipq's any more, as the kernel lists them
 /// (one filter dump per hook; an interface gone meanwhile is skipped, its removal forgets it).
 pub fn missing_filters(hooks: &BTreeMap<u32, Vec<AttachPoint>>) -> Vec<(u32, AttachPoint)> {
-    look_at_filters(None, hooks).0
+    look_at_filters(false, hooks).0
 }
 
 /// One filter dump per hook of `hooks`: the hooks whose netlink filter is not ipq's any more,
 /// and the hooks where another filter runs before ipq's (a notification lost would hide
 /// either), each with what the filters ahead do with the interface's addresses' packets
-/// (judged with the maps under `layout`; not looked for without one).
+/// (looked for and judged only when `judge`).
 pub fn look_at_filters(
-    layout: Option<&PinLayout>,
+    judge: bool,
     hooks: &BTreeMap<u32, Vec<AttachPoint>>,
 ) -> (Vec<Hook>, Vec<(Hook, Verdict)>) {
     let (mut missing, mut ahead) = (Vec::new(), Vec::new());
@@ -254,15 +254,15 @@ pub fn look_at_filters(
                 missing.push((ifindex, point));
                 continue;
             }
-            let Some(layout) = layout else {
+            if !judge {
                 continue;
-            };
+            }
             let found: Vec<Ahead> = tc_filter::all_ahead_of_ipq(&filters)
                 .into_iter()
                 .map(Ahead::Filter)
                 .collect();
             if !found.is_empty() {
-                let verdict = cotenant::judge(layout, ifindex, point, &found);
+                let verdict = cotenant::judge(ifindex, point, &found);
                 ahead.push(((ifindex, point), verdict));
             }
         }
@@ -305,7 +305,7 @@ pub fn verify(
                 let verdict = match held_pins::tcx_programs_ahead(path, ifindex, point) {
                     Some(ids) => {
                         let ahead: Vec<Ahead> = ids.into_iter().map(Ahead::Program).collect();
-                        cotenant::judge(&layout, ifindex, point, &ahead)
+                        cotenant::judge(ifindex, point, &ahead)
                     }
                     None => Verdict::CannotTell(format!(
                         "{}: ipq's link is behind more programs than one query lists",
@@ -323,7 +323,7 @@ pub fn verify(
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
         .clone();
-    let (filters_missing, filters_ahead) = look_at_filters(Some(&layout), &hooks);
+    let (filters_missing, filters_ahead) = look_at_filters(true, &hooks);
     let maps = compare_maps.then(|| match mirror {
         Some(mirror) => map_check::compare(&layout, mirror).map_err(|e| e.to_string()),
         None => Err("no mirror of the address table to compare with".to_owned()),

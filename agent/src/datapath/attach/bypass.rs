@@ -25,12 +25,12 @@ use super::{
     tc_filter::{self, Direction},
     Attacher, JobKind, JobReport, Lost, Mechanism, Protection, Target,
 };
-use crate::paths::{AttachPoint, PinLayout};
+use crate::paths::AttachPoint;
 
 /// The hooks of `report` held by ipq's netlink filter where other filters run first, with
 /// what those filters do with the interface's addresses' packets, as one dump per such hook
 /// and [`cotenant::judge`] find them (worker side, off the owner loop).
-pub(super) fn find(layout: &PinLayout, report: &JobReport) -> Vec<(AttachPoint, Verdict)> {
+pub(super) fn find(report: &JobReport) -> Vec<(AttachPoint, Verdict)> {
     report
         .hooks
         .iter()
@@ -42,12 +42,8 @@ pub(super) fn find(layout: &PinLayout, report: &JobReport) -> Vec<(AttachPoint, 
                 .into_iter()
                 .map(Ahead::Filter)
                 .collect();
-            (!ahead.is_empty()).then(|| {
-                (
-                    *point,
-                    cotenant::judge(layout, report.job.ifindex, *point, &ahead),
-                )
-            })
+            (!ahead.is_empty())
+                .then(|| (*point, cotenant::judge(report.job.ifindex, *point, &ahead)))
         })
         .collect()
 }

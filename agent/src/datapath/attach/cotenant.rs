@@ -8,8 +8,9 @@
 //! packet on, and ipq's program decides it as if nothing were there. What a program returns
 //! cannot be read off the hook, so it is asked: the program is run (`BPF_PROG_TEST_RUN`, no
 //! packet leaves the kernel's test harness) on a packet of each address of the interface in
-//! `IPQ_ADDRS` (its holder's and the one fenced there), in the hook's direction, on the
-//! interface itself (`__sk_buff.ifindex`), and what it returns decides:
+//! `IPQ_ADDRS` (its holder's and those fenced there, as the table's index of them has it), in
+//! the hook's direction, on the interface itself (`__sk_buff.ifindex`), and what it returns
+//! decides:
 //!
 //! - a filter of another kind (u32, flower, matchall, ...) ends classification where it
 //!   matches: read structurally, never run;
@@ -38,12 +39,10 @@ use std::{
     sync::{Mutex, MutexGuard},
 };
 
-use ipq_common::addr::NO_IFINDEX;
-
 use super::tc_filter::{Direction, Filter};
 use crate::{
-    datapath::{bpf_call::bpf, maps},
-    paths::{AttachPoint, PinLayout},
+    datapath::{bpf_call::bpf, table::by_interface},
+    paths::AttachPoint,
 };
 
 /// What runs before ipq's program on a hook, in the order it runs.
@@ -121,18 +120,10 @@ pub fn forget(ifindex: u32) {
 }
 
 /// What `ahead` (what runs before ipq's program on `point` of `ifindex`, in order) does with
-/// the packets of the interface's addresses in `IPQ_ADDRS` under `layout`. Off the owner loop:
-/// a map read and, when the hook or the addresses changed, a few program runs.
-pub fn judge(layout: &PinLayout, ifindex: u32, point: AttachPoint, ahead: &[Ahead]) -> Verdict {
-    let addresses = match addresses_of(layout, ifindex) {
-        Ok(addresses) => addresses,
-        Err(e) => {
-            return Verdict::CannotTell(format!(
-                "{}: reading the interface's addresses from IPQ_ADDRS: {e}",
-                point_name(ahead, point)
-            ))
-        }
-    };
+/// the packets of the interface's addresses in `IPQ_ADDRS`. Off the owner loop: a look at
+/// the table's index and, when the hook or the addresses changed, a few program runs.
+pub fn judge(ifindex: u32, point: AttachPoint, ahead: &[Ahead]) -> Verdict {
+    let addresses = by_interface::of(ifindex);
     if let Some(known) = judged().get(&(ifindex, point)) {
         if known.ahead == ahead && known.addresses == addresses {
             return known.verdict.clone();
@@ -353,23 +344,6 @@ const PLACEHOLDER_V6: IpAddr = IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 
 /// The other end of a packet tried (documentation ranges too).
 const PEER_V4: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 1);
 const PEER_V6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 0x100);
-
-/// The addresses of `ifindex` in `IPQ_ADDRS`: its holder's, and those fenced there.
-fn addresses_of(layout: &PinLayout, ifindex: u32) -> Result<Vec<IpAddr>, String> {
-    let map = maps::AddrMap::open(&mut maps::Source::Pinned(layout)).map_err(|e| e.to_string())?;
-    let mut addresses: Vec<IpAddr> = map
-        .entries()
-        .map_err(|e| e.to_string())?
-        .into_iter()
-        .filter(|(_, entry)| {
-            ifindex != NO_IFINDEX
-                && (entry.holder_ifindex == ifindex || entry.fenced_ifindex == ifindex)
-        })
-        .map(|(key, _)| key.to_ip())
-        .collect();
-    addresses.sort_unstable();
-    Ok(addresses)
-}
 
 /// A UDP datagram of `address` as the hook sees it: from it on ingress (the workload sends),
 /// to it on egress (the workload receives). Locally administered MACs: the run does not

@@ -54,7 +54,7 @@ fn in_place(
     Ok(match held_pins::tcx_place(&path, ifindex, point) {
         Some(TcxPlace::First) => Ok(Mechanism::Tcx),
         // Programs ahead that hand every packet on are left where they are.
-        Some(TcxPlace::Behind) if hands_on(layout, &path, ifindex, point) => Ok(Mechanism::Tcx),
+        Some(TcxPlace::Behind) if hands_on(&path, ifindex, point) => Ok(Mechanism::Tcx),
         Some(TcxPlace::Behind) => Err(Fix::MoveFirst),
         // Attaching reuses the pinned link: ipq's program is swapped back into it.
         Some(TcxPlace::Absent | TcxPlace::Replaced) => Err(Fix::Attach),
@@ -66,10 +66,10 @@ fn in_place(
 
 /// Whether the programs before ipq's TCX link at `path` hand the interface's addresses'
 /// packets on ([`cotenant::judge`]).
-fn hands_on(layout: &PinLayout, path: &std::path::Path, ifindex: u32, point: AttachPoint) -> bool {
+fn hands_on(path: &std::path::Path, ifindex: u32, point: AttachPoint) -> bool {
     held_pins::tcx_programs_ahead(path, ifindex, point).is_some_and(|ids| {
         let ahead: Vec<Ahead> = ids.into_iter().map(Ahead::Program).collect();
-        cotenant::judge(layout, ifindex, point, &ahead).hands_on()
+        cotenant::judge(ifindex, point, &ahead).hands_on()
     })
 }
 

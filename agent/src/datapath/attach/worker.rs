@@ -63,7 +63,7 @@ pub fn run(layout: PinLayout, mode: TcMode, jobs: Arc<JobQueue>, reports: Report
             job: job.clone(),
         };
         let mut report = run_one(&mut programs, &layout, mode, job);
-        report.ahead = super::bypass::find(&layout, &report);
+        report.ahead = super::bypass::find(&report);
         // The loop gone means the agent is stopping: the job is handed back all the same.
         let _ = crate::queues::send_or_wait(&reports.tx, report, &reports.overflows);
     }
