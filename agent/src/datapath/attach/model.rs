@@ -224,8 +224,9 @@ pub struct LostAttachment {
 }
 
 /// Where an interface stands: the API's one vocabulary (`bypassed`: ipq's netlink filter or
-/// TCX link is in place, but another tool's runs before it on a hook and can end processing;
-/// ipq does not touch it, and the interface is unprotected until it goes).
+/// TCX link is in place, but another tool's runs before it on a hook and ends processing for a
+/// protected address's packet; `unverified`: what it does cannot be told; either way ipq does
+/// not touch it, and the interface is unprotected until it goes or hands packets on).
 pub use ipq_api::Protection;
 
 /// One wanted interface.
