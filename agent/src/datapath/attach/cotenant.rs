@@ -105,7 +105,7 @@ struct Judged {
 
 /// The last verdict per hook: the workers' and the verification's looks share it, so a
 /// co-tenant's program is run once per change of the hook or of the interface's addresses,
-/// not at every pass.
+/// not at every pass. A verdict that could not be told is not kept.
 static JUDGED: Mutex<BTreeMap<(u32, AttachPoint), Judged>> = Mutex::new(BTreeMap::new());
 
 fn judged() -> MutexGuard<'static, BTreeMap<(u32, AttachPoint), Judged>> {
@@ -130,6 +130,12 @@ pub fn judge(ifindex: u32, point: AttachPoint, ahead: &[Ahead]) -> Verdict {
         }
     }
     let verdict = decide(ifindex, point, ahead, &addresses);
+    // What could not be told is asked again at the next look (a failed run costs a system
+    // call or two): a passing fault must not leave the interface unverified for good.
+    if matches!(verdict, Verdict::CannotTell(_)) {
+        judged().remove(&(ifindex, point));
+        return verdict;
+    }
     judged().insert(
         (ifindex, point),
         Judged {
