@@ -312,6 +312,28 @@ Recovered:       from the journal, 3 addresses
         ),
         "{text}"
     );
+    // A co-tenant ahead that hands packets on: protected, and the line says what and why.
+    let mut shared = status.clone();
+    shared.interfaces[0].ahead = vec![
+        "tc-ingress: bpf filter pref 1 handle 0x1 (program cni_next, id 42) (TC_ACT_UNSPEC) runs \
+         before ipq's and hands packets on (run on 10.77.0.2)"
+            .into(),
+    ];
+    let text = render::status(&shared, now());
+    assert!(
+        text.contains(
+            "vethpa  tc-ingress,tc-egress  netlink     protected (co-tenant ahead hands on)"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "  ahead of ipq on vethpa: tc-ingress: bpf filter pref 1 handle 0x1 (program \
+             cni_next, id 42) (TC_ACT_UNSPEC) runs before ipq's and hands packets on (run on \
+             10.77.0.2)\n"
+        ),
+        "{text}"
+    );
     let mut unwritten = status.clone();
     unwritten.ready = false;
     unwritten.datapath_writes_pending = 1;
