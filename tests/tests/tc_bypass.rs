@@ -176,7 +176,7 @@ fn a_bpf_filter_ahead_that_hands_packets_on_keeps_the_interface_protected_and_on
     tc(
         &lab.node,
         &format!(
-            "filter add dev vethpa ingress pref 1 bpf da object-pinned {}",
+            "filter add dev vethpa ingress pref 1 handle 1 bpf da object-pinned {}",
             hands_on.display()
         ),
     );
@@ -222,13 +222,12 @@ fn a_bpf_filter_ahead_that_hands_packets_on_keeps_the_interface_protected_and_on
         "ipq status says why vethpa is protected:\n{status}"
     );
 
-    // Ends classification: TC_ACT_OK for every packet.
-    tc(&lab.node, "filter del dev vethpa ingress pref 1");
+    // Ends classification: TC_ACT_OK for every packet (the filter's program replaced in place).
     let passes = pinned_program(&pins, TC_ACT_OK, "cotenant_ok");
     tc(
         &lab.node,
         &format!(
-            "filter add dev vethpa ingress pref 1 bpf da object-pinned {}",
+            "filter replace dev vethpa ingress pref 1 handle 1 bpf da object-pinned {}",
             passes.display()
         ),
     );
@@ -251,13 +250,44 @@ fn a_bpf_filter_ahead_that_hands_packets_on_keeps_the_interface_protected_and_on
     eprintln!("{delivered} of 200 fenced datagrams delivered past the TC_ACT_OK filter");
     assert!(delivered > 0, "what ipq reports is what the kernel does");
 
-    tc(&lab.node, "filter del dev vethpa ingress pref 1");
+    // Back to handing packets on, in place: protected and ready again, fenced again.
+    tc(
+        &lab.node,
+        &format!(
+            "filter replace dev vethpa ingress pref 1 handle 1 bpf da object-pinned {}",
+            hands_on.display()
+        ),
+    );
     poll("vethpa protected again", Duration::from_secs(5), || {
         Ok((vethpa(&agent)["protection"] == "protected").then_some(()))
     })
     .unwrap_or_else(|e| panic!("{e:#}\n{}", agent.log()));
+    let interface = vethpa(&agent);
+    assert!(
+        interface["ahead"][0]
+            .as_str()
+            .is_some_and(|a| a.contains("cotenant_next") && a.contains("hands packets on")),
+        "{interface}"
+    );
     assert_eq!(agent.readyz().expect("readyz").0, 200);
     assert_eq!(cotenants(&agent, "ends_processing"), 0.0);
+    assert_eq!(cotenants(&agent, "hands_on"), 1.0);
+    assert_eq!(
+        udp_burst(&lab.pod_a, &lab.peer, peer, 200),
+        0,
+        "fenced again behind the filter that hands packets on"
+    );
+
+    tc(&lab.node, "filter del dev vethpa ingress pref 1");
+    poll("nothing ahead any more", Duration::from_secs(5), || {
+        Ok(vethpa(&agent)["ahead"]
+            .as_array()
+            .is_none_or(|a| a.is_empty())
+            .then_some(()))
+    })
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", agent.log()));
+    assert_eq!(vethpa(&agent)["protection"], "protected");
+    assert_eq!(cotenants(&agent, "hands_on"), 0.0);
 }
 
 #[test]

@@ -77,7 +77,12 @@ pub(super) fn apply(
         .filter(|(_, v)| matches!(v, Verdict::EndsProcessing(_)))
         .map(|(p, _)| *p)
         .collect();
-    if !target.held_back() && ends.is_empty() {
+    let newly: Vec<AttachPoint> = ends.difference(&target.bypassed).copied().collect();
+    // The netlink hooks' bypasses are what this dump found; a TCX hook's stay the
+    // verification's.
+    target.bypassed.retain(|p| !netlink.contains(p));
+    target.bypassed.extend(ends.iter().copied());
+    if !target.held_back() {
         if matches!(
             target.protection,
             Protection::Bypassed | Protection::Unverified
@@ -94,16 +99,21 @@ pub(super) fn apply(
         }
         return Vec::new();
     }
-    if ends.is_empty() {
-        target.bypassed.clear();
+    if target.bypassed.is_empty() {
         let why = format!(
             "unverified: {}",
-            describe(target.ahead.values().filter(|v| !v.hands_on()))
+            describe(
+                target
+                    .ahead
+                    .values()
+                    .filter(|v| matches!(v, Verdict::CannotTell(_)))
+            )
         );
         if target.protection != Protection::Unverified || target.last_error.as_deref() != Some(&why)
         {
             warn!(
-                "{} (if{ifindex}): NOT PROTECTED: {why}; ipq does not touch another tool's                  filter",
+                "{} (if{ifindex}): NOT PROTECTED: {why}; ipq does not touch another tool's \
+                 filter",
                 target.name
             );
             target.since = Instant::now();
@@ -115,13 +125,12 @@ pub(super) fn apply(
     let why = format!(
         "bypassed: {}",
         describe(
-            ahead
-                .iter()
-                .filter(|(p, _)| ends.contains(p))
-                .map(|(_, v)| v)
+            target
+                .ahead
+                .values()
+                .filter(|v| matches!(v, Verdict::EndsProcessing(_)))
         )
     );
-    let newly: Vec<AttachPoint> = ends.difference(&target.bypassed).copied().collect();
     if target.protection != Protection::Bypassed || target.last_error.as_deref() != Some(&why) {
         warn!(
             "{} (if{ifindex}): NOT PROTECTED: {why}; what it passes never reaches ipq's \
@@ -133,7 +142,6 @@ pub(super) fn apply(
     }
     target.protection = Protection::Bypassed;
     target.last_error = Some(why);
-    target.bypassed = ends;
     newly
 }
 
