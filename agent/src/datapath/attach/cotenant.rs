@@ -192,6 +192,11 @@ fn decide(ifindex: u32, point: AttachPoint, ahead: &[Ahead], addresses: &[IpAddr
     if let Some(why) = unknown {
         return Verdict::CannotTell(why);
     }
+    if handed_on.is_empty() {
+        return Verdict::HandsOn(format!(
+            "{hook}: only empty filter chains run before ipq's (nothing to hand on)"
+        ));
+    }
     let on = if placeholder {
         "a placeholder address (none of ipq's on the interface yet)".to_owned()
     } else {
