@@ -189,9 +189,13 @@ pub enum Protection {
     /// Another tool took ipq's program off a hook (the kernel announced it, or a verification
     /// found it): unprotected until the repair already queued puts it back.
     Repairing,
-    /// Another tool's filter or program runs before ipq's on a hook and can end processing:
-    /// packets it decides never reach ipq's program.
+    /// Another tool's filter or program runs before ipq's on a hook and ends processing for a
+    /// protected address's packet: packets it decides never reach ipq's program.
     Bypassed,
+    /// Another tool's filter or program runs before ipq's on a hook, and what it does with the
+    /// protected addresses' packets cannot be told (the agent may not run it, or it is not a
+    /// program that can be run): unprotected, not ready, until it goes or can be told.
+    Unverified,
     /// Attaching failed; retried with backoff.
     Failed,
     /// A state this build does not know (an answer of a newer agent).

@@ -65,6 +65,7 @@ fn protections() {
             "protected",
             "repairing",
             "bypassed",
+            "unverified",
             "failed",
             "unknown"
         ]
@@ -83,6 +84,7 @@ fn protections() {
     );
     assert!(Protection::Protected.is_protected());
     assert!(!Protection::Bypassed.is_protected());
+    assert!(!Protection::Unverified.is_protected());
 }
 
 /// A pending write's operation: its spelling is its serde form and the metric's label; a newer

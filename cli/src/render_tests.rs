@@ -196,6 +196,7 @@ fn status_shows_readiness_counts_and_hooks() {
                 attachment: Some(Attachment::Netlink),
                 error: None,
                 failed_attempts: 0,
+                ahead: Vec::new(),
             },
             InterfaceStatus {
                 ifindex: 12,
@@ -205,6 +206,7 @@ fn status_shows_readiness_counts_and_hooks() {
                 attachment: Some(Attachment::Xdp),
                 error: None,
                 failed_attempts: 0,
+                ahead: Vec::new(),
             },
         ],
         conflicts_total: 4,
@@ -307,6 +309,28 @@ Recovered:       from the journal, 3 addresses
     assert!(
         text.contains(
             "5        vethpa  tcx-egress  netlink     failed      tcx-ingress: boom (3 attempts)"
+        ),
+        "{text}"
+    );
+    // A co-tenant ahead that hands packets on: protected, and the line says what and why.
+    let mut shared = status.clone();
+    shared.interfaces[0].ahead = vec![
+        "tc-ingress: bpf filter pref 1 handle 0x1 (program cni_next, id 42) (TC_ACT_UNSPEC) runs \
+         before ipq's and hands packets on (run on 10.77.0.2)"
+            .into(),
+    ];
+    let text = render::status(&shared, now());
+    assert!(
+        text.contains(
+            "vethpa  tc-ingress,tc-egress  netlink     protected (co-tenant ahead hands on)"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "  ahead of ipq on vethpa: tc-ingress: bpf filter pref 1 handle 0x1 (program \
+             cni_next, id 42) (TC_ACT_UNSPEC) runs before ipq's and hands packets on (run on \
+             10.77.0.2)\n"
         ),
         "{text}"
     );

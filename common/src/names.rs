@@ -29,6 +29,11 @@ pub const PINNED_MAPS: [&str; 7] = [
 pub const PROG_TC_INGRESS: &str = "ipq_tc_ingress";
 pub const PROG_TC_EGRESS: &str = "ipq_tc_egress";
 pub const PROG_XDP_UPLINK: &str = "ipq_xdp_uplink";
+/// The pins of the TC programs' second instances (the same code on the same maps): what ipq
+/// attaches first on a TCX hook before detaching its old link, when it must move ahead of
+/// another tool's program (a hook takes a program once).
+pub const PROG_TC_INGRESS_SPARE: &str = "ipq_tc_ingress_spare";
+pub const PROG_TC_EGRESS_SPARE: &str = "ipq_tc_egress_spare";
 /// Empty programs of each hook: the floor the benchmarks and tests compare against.
 pub const PROG_TC_EMPTY: &str = "ipq_tc_empty";
 pub const PROG_XDP_EMPTY: &str = "ipq_xdp_empty";

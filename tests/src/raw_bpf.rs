@@ -5,6 +5,7 @@
 use std::{ffi::CString, os::unix::ffi::OsStrExt as _, path::Path};
 
 pub const BPF_PROG_LOAD: libc::c_long = 5;
+pub const BPF_OBJ_PIN: libc::c_long = 6;
 pub const BPF_OBJ_GET: libc::c_long = 7;
 pub const BPF_LINK_CREATE: libc::c_long = 28;
 pub const BPF_LINK_UPDATE: libc::c_long = 29;
@@ -44,8 +45,18 @@ pub fn detach_through_pin(path: &Path) {
 
 /// A foreign program (`TCX_PASS`) loaded on its own: its descriptor.
 pub fn foreign_program() -> i32 {
-    // r0 = 0 (TCX_PASS); exit
-    let insns: [[u8; 8]; 2] = [[0xb7, 0, 0, 0, 0, 0, 0, 0], [0x95, 0, 0, 0, 0, 0, 0, 0]];
+    program_returning(0, "foreign")
+}
+
+/// A SCHED_CLS program named `name` (at most 15 bytes) that returns `code` for every packet:
+/// `TC_ACT_UNSPEC`/`TCX_NEXT` (-1) hands it on, `TC_ACT_OK`/`TCX_PASS` (0) ends processing.
+/// Its descriptor.
+pub fn program_returning(code: i32, name: &str) -> i32 {
+    assert!(name.len() < 16, "a program name has at most 15 bytes");
+    // r0 = code (BPF_ALU64 | BPF_MOV | BPF_K, sign-extended); exit
+    let mut mov = [0xb7u8, 0, 0, 0, 0, 0, 0, 0];
+    mov[4..8].copy_from_slice(&code.to_ne_bytes());
+    let insns: [[u8; 8]; 2] = [mov, [0x95, 0, 0, 0, 0, 0, 0, 0]];
     let code: Vec<u8> = insns.iter().flatten().copied().collect();
     let license = b"GPL\0";
     let mut attr = [0u8; 64];
@@ -53,8 +64,29 @@ pub fn foreign_program() -> i32 {
     attr[4..8].copy_from_slice(&(insns.len() as u32).to_ne_bytes());
     attr[8..16].copy_from_slice(&(code.as_ptr() as u64).to_ne_bytes());
     attr[16..24].copy_from_slice(&(license.as_ptr() as u64).to_ne_bytes());
-    attr[48..55].copy_from_slice(b"foreign");
-    bpf(BPF_PROG_LOAD, &attr).expect("loading the foreign program")
+    attr[48..48 + name.len()].copy_from_slice(name.as_bytes());
+    bpf(BPF_PROG_LOAD, &attr).unwrap_or_else(|e| panic!("loading program {name}: {e}"))
+}
+
+/// `BPF_OBJ_PIN` of `fd` at `path` (on a bpf filesystem): what `tc ... bpf object-pinned`
+/// takes.
+pub fn obj_pin(fd: i32, path: &Path) {
+    let c_path = CString::new(path.as_os_str().as_bytes()).expect("no NUL");
+    let mut attr = [0u8; 64];
+    attr[0..8].copy_from_slice(&(c_path.as_ptr() as u64).to_ne_bytes());
+    attr[8..12].copy_from_slice(&(fd as u32).to_ne_bytes());
+    bpf(BPF_OBJ_PIN, &attr).unwrap_or_else(|e| panic!("pinning at {}: {e}", path.display()));
+}
+
+/// `prog` attached at the head of `ifindex`'s TCX ingress (`BPF_F_BEFORE`, no anchor): the
+/// link's descriptor.
+pub fn attach_first(prog: i32, ifindex: u32) -> std::io::Result<i32> {
+    let mut attr = [0u8; 64];
+    attr[0..4].copy_from_slice(&(prog as u32).to_ne_bytes());
+    attr[4..8].copy_from_slice(&ifindex.to_ne_bytes());
+    attr[8..12].copy_from_slice(&BPF_TCX_INGRESS.to_ne_bytes());
+    attr[12..16].copy_from_slice(&BPF_F_BEFORE.to_ne_bytes());
+    bpf(BPF_LINK_CREATE, &attr)
 }
 
 /// Another tool's TCX program put first on `ifindex`'s ingress, ahead of ipq's: it returns
@@ -62,12 +94,7 @@ pub fn foreign_program() -> i32 {
 /// descriptors keep the program and its link alive.
 pub fn foreign_program_first(ifindex: u32) -> (i32, i32) {
     let prog = foreign_program();
-    let mut attr = [0u8; 64];
-    attr[0..4].copy_from_slice(&(prog as u32).to_ne_bytes());
-    attr[4..8].copy_from_slice(&ifindex.to_ne_bytes());
-    attr[8..12].copy_from_slice(&BPF_TCX_INGRESS.to_ne_bytes());
-    attr[12..16].copy_from_slice(&BPF_F_BEFORE.to_ne_bytes());
-    let link = bpf(BPF_LINK_CREATE, &attr).expect("attaching the foreign program first");
+    let link = attach_first(prog, ifindex).expect("attaching the foreign program first");
     (prog, link)
 }
 

@@ -4,16 +4,33 @@
 //! that the hook is `bypassed`, not fought in silence: unprotected in `ipq status`, `/readyz`
 //! 503, counted. Once the tool stops, ipq is first again and the interface protected.
 //!
-//! Needs root, bpffs and `target/debug/ipq-agent` on a kernel with TCX (this host).
+//! A tool whose program at the head hands every packet on (`TCX_NEXT`) is no bypass: ipq's
+//! program still sees every packet, so its link is left behind it (reordering another tool's
+//! programs changes what they see), the interface stays protected and the agent ready.
+//!
+//! Where ipq must move (a program ahead it cannot tell, or one that ends processing), the move
+//! is make-before-break: a link of the spare instance of ipq's program goes in at the head
+//! before the old link is detached, so a co-tenant that hands packets on leaks none of the
+//! fenced pod's packets while ipq moves (a continuous stream counted by a witness).
+//!
+//! A tool whose program ends processing and re-attaches at the head every 500 ms for 30 s:
+//! what it passes between its re-attach and ipq's move (and after ipq stops fighting it, past
+//! the rate limit) is delivered, and that is counted and reported (`bypassed`, `/readyz` 503).
+//!
+//! Needs root, bpffs, `setpriv` and `target/debug/ipq-agent` on a kernel with TCX (this host).
 
-use std::{net::IpAddr, time::Duration};
+use std::{
+    net::{IpAddr, Ipv4Addr, UdpSocket},
+    sync::atomic::{AtomicBool, Ordering},
+    time::{Duration, Instant},
+};
 
 use aya::programs::{SchedClassifier, TcAttachType};
 use ipq_tests::{
     api,
     attach::wait_tc_upgrades,
     lab::{ifindex, poll, udp_burst, Agent, Lab, PEER_V4},
-    raw_bpf::foreign_program_first,
+    raw_bpf::{attach_first, foreign_program_first, program_returning},
 };
 
 /// Whether ipq's program runs first on vethpa's TCX ingress (the kernel lists the chain in
@@ -125,4 +142,316 @@ fn a_tool_that_keeps_displacing_ipqs_link_is_rate_limited_reported_and_then_let_
         // SAFETY: program descriptors foreign_program_first returned, closed once.
         unsafe { libc::close(prog) };
     }
+}
+
+/// `TCX_NEXT`: a TCX program returning it hands the packet to the next program.
+const TCX_NEXT: i32 = -1;
+
+fn verify_passes(agent: &Agent) -> f64 {
+    agent
+        .metric("ipq_datapath_verify_passes_total", &[("cause", "periodic")])
+        .expect("verify passes")
+}
+
+#[test]
+fn a_program_at_the_head_that_hands_packets_on_is_left_where_it_is() {
+    let lab = Lab::new().expect("building the lab");
+    let args = [
+        "--workload",
+        "vethp*",
+        "--uplink",
+        "up0",
+        "--tc-attach",
+        "tcx",
+        "--verify-interval",
+        "100ms",
+    ];
+    let agent = lab.start_agent(&args).expect("starting ipq-agent");
+    lab.maps().fence_pod_a().expect("fencing pod a");
+    wait_tc_upgrades(&agent);
+    let peer = IpAddr::from(PEER_V4);
+    assert_eq!(udp_burst(&lab.pod_a, &lab.peer, peer, 10), 0, "fenced");
+    let vethpa_index = ifindex(&lab.node, "vethpa").expect("ifindex");
+
+    let prog = program_returning(TCX_NEXT, "cotenant_next");
+    let link = lab
+        .node
+        .run(|| attach_first(prog, vethpa_index))
+        .expect("attaching the co-tenant at the head");
+    assert!(!ipq_first(&lab), "the co-tenant runs first");
+    let interface = poll("the program ahead judged", Duration::from_secs(10), || {
+        let interface = vethpa(&agent);
+        Ok(interface["ahead"]
+            .as_array()
+            .is_some_and(|a| !a.is_empty())
+            .then_some(interface))
+    })
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", agent.log()));
+    let ahead = interface["ahead"][0].as_str().unwrap_or_default();
+    assert!(
+        ahead.contains("hands packets on") && ahead.contains("TCX_NEXT"),
+        "{interface}"
+    );
+    assert_eq!(interface["protection"], "protected", "{interface}");
+    // Three more passes, each of which would have moved ipq's link: it stays behind.
+    let passes = verify_passes(&agent);
+    agent
+        .wait_metric(
+            "ipq_datapath_verify_passes_total",
+            &[("cause", "periodic")],
+            Duration::from_secs(10),
+            "three more passes",
+            |v| v >= passes + 3.0,
+        )
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    assert!(
+        !ipq_first(&lab),
+        "ipq does not reorder a co-tenant that hands packets on\n{}",
+        agent.log()
+    );
+    assert_eq!(vethpa(&agent)["protection"], "protected");
+    assert_eq!(agent.readyz().expect("readyz").0, 200);
+    assert_eq!(
+        udp_burst(&lab.pod_a, &lab.peer, peer, 200),
+        0,
+        "every fenced packet is handed on to ipq's program and dropped"
+    );
+    let bypasses = agent
+        .metric("ipq_datapath_bypasses_total", &[("hook", "tc_ingress")])
+        .expect("bypasses");
+    assert_eq!(bypasses, 0.0, "no move, no bypass");
+    assert_eq!(
+        agent
+            .metric(
+                "ipq_datapath_cotenants_ahead",
+                &[("hook", "tc_ingress"), ("verdict", "hands_on")]
+            )
+            .expect("gauge"),
+        1.0
+    );
+
+    // SAFETY: the descriptors above, closed once: the co-tenant goes.
+    unsafe {
+        libc::close(link);
+        libc::close(prog);
+    }
+    poll("nothing ahead any more", Duration::from_secs(10), || {
+        let interface = vethpa(&agent);
+        Ok(interface["ahead"]
+            .as_array()
+            .is_none_or(|a| a.is_empty())
+            .then_some(()))
+    })
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", agent.log()));
+    assert!(ipq_first(&lab));
+}
+
+/// Fenced datagrams from pod a to the peer until `stop`, and how many of them the peer
+/// received: (sent, delivered). Without `pace`, as fast as one thread sends them (a yield
+/// every 16): a gap of ipq's program of a few microseconds meets some; with it, one per
+/// `pace`.
+fn fenced_stream(lab: &Lab, stop: &AtomicBool, pace: Option<Duration>) -> (usize, usize) {
+    let peer = IpAddr::from(PEER_V4);
+    let rx = lab
+        .peer
+        .run(|| UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)))
+        .expect("binding the witness");
+    let port = rx.local_addr().expect("bound").port();
+    rx.set_read_timeout(Some(Duration::from_millis(500)))
+        .expect("a timeout");
+    let tx = lab
+        .pod_a
+        .run(|| UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)))
+        .expect("binding the sender");
+    let tag = b"ipq-move-witness";
+    let delivered = std::thread::scope(|scope| {
+        let counter = scope.spawn(|| {
+            let mut delivered = 0;
+            let mut buf = [0u8; 64];
+            loop {
+                match rx.recv_from(&mut buf) {
+                    Ok((len, _)) if buf[..len] == tag[..] => delivered += 1,
+                    Ok(_) => {}
+                    Err(_) if stop.load(Ordering::Relaxed) => break delivered,
+                    Err(_) => {}
+                }
+            }
+        });
+        let mut sent = 0;
+        while !stop.load(Ordering::Relaxed) {
+            tx.send_to(tag, (peer, port)).expect("sending");
+            sent += 1;
+            match pace {
+                Some(pace) => std::thread::sleep(pace),
+                None if sent % 16 == 0 => std::thread::yield_now(),
+                None => {}
+            }
+        }
+        (sent, counter.join().expect("the witness"))
+    });
+    delivered
+}
+
+#[test]
+fn ipqs_own_moves_ahead_of_a_program_it_cannot_tell_leak_no_fenced_packet() {
+    let lab = Lab::new().expect("building the lab");
+    // The DaemonSet's capabilities: the co-tenant cannot be run, so ipq moves ahead of it.
+    let daemonset = [
+        "setpriv",
+        "--inh-caps",
+        "-all",
+        "--bounding-set",
+        "-all,+bpf,+net_admin,+net_raw,+perfmon",
+        "--",
+    ];
+    let args = [
+        "--workload",
+        "vethp*",
+        "--uplink",
+        "up0",
+        "--tc-attach",
+        "tcx",
+        "--verify-interval",
+        "100ms",
+    ];
+    let agent = lab
+        .start_agent_wrapped(&daemonset, &args)
+        .expect("starting ipq-agent with the DaemonSet's capabilities");
+    lab.maps().fence_pod_a().expect("fencing pod a");
+    wait_tc_upgrades(&agent);
+    let vethpa_index = ifindex(&lab.node, "vethpa").expect("ifindex");
+    // It hands every packet on: whatever leaks, leaks through a gap of ipq's own.
+    let prog = program_returning(TCX_NEXT, "cotenant_next");
+
+    let stop = AtomicBool::new(false);
+    let ((sent, delivered), moves) = std::thread::scope(|scope| {
+        let stream = scope.spawn(|| fenced_stream(&lab, &stop, None));
+        let mut moves = 0;
+        let mut link = None;
+        // Three re-attaches at the head (the rate limit lets three moves a minute).
+        for round in 1..=3 {
+            if let Some(old) = link.take() {
+                // SAFETY: the co-tenant's link descriptor, closed once: it leaves the hook.
+                unsafe { libc::close(old) };
+            }
+            link = Some(
+                lab.node
+                    .run(|| attach_first(prog, vethpa_index))
+                    .expect("re-attaching the co-tenant at the head"),
+            );
+            let at = Instant::now();
+            poll(
+                &format!("ipq first again after re-attach {round}"),
+                Duration::from_secs(10),
+                || Ok(ipq_first(&lab).then_some(())),
+            )
+            .unwrap_or_else(|e| panic!("{e:#}\n{}", agent.log()));
+            eprintln!("re-attach {round}: ipq first again in {:?}", at.elapsed());
+            moves += 1;
+            std::thread::sleep(Duration::from_millis(500).saturating_sub(at.elapsed()));
+        }
+        // The stream goes on past the last move, then stops.
+        std::thread::sleep(Duration::from_millis(200));
+        stop.store(true, Ordering::Relaxed);
+        if let Some(old) = link.take() {
+            // SAFETY: as above.
+            unsafe { libc::close(old) };
+        }
+        (stream.join().expect("the stream"), moves)
+    });
+    // SAFETY: the co-tenant's program descriptor, closed once.
+    unsafe { libc::close(prog) };
+    eprintln!("{moves} moves of ipq's link: {delivered} of {sent} fenced datagrams delivered");
+    assert!(sent > 10_000, "a stream, not a trickle: {sent}");
+    assert_eq!(
+        delivered,
+        0,
+        "ipq's own moves leaked {delivered} of {sent} fenced datagrams\n{}",
+        agent.log()
+    );
+    assert!(
+        agent.log().contains("moved without a gap"),
+        "{}",
+        agent.log()
+    );
+}
+
+/// `TCX_PASS`: a TCX program returning it ends processing; the packet goes on unseen by ipq.
+const TCX_PASS: i32 = 0;
+
+#[test]
+fn a_program_that_ends_processing_and_keeps_re_attaching_at_the_head_is_counted_and_reported() {
+    let lab = Lab::new().expect("building the lab");
+    let args = [
+        "--workload",
+        "vethp*",
+        "--uplink",
+        "up0",
+        "--tc-attach",
+        "tcx",
+        "--verify-interval",
+        "100ms",
+    ];
+    let agent = lab.start_agent(&args).expect("starting ipq-agent");
+    lab.maps().fence_pod_a().expect("fencing pod a");
+    wait_tc_upgrades(&agent);
+    let vethpa_index = ifindex(&lab.node, "vethpa").expect("ifindex");
+    let prog = program_returning(TCX_PASS, "cotenant_pass");
+
+    let stop = AtomicBool::new(false);
+    let (sent, delivered) = std::thread::scope(|scope| {
+        // Paced: 30 s of a flood would only load the machine; the leak is the co-tenant's.
+        let stream = scope.spawn(|| fenced_stream(&lab, &stop, Some(Duration::from_micros(200))));
+        let started = Instant::now();
+        let mut link: Option<i32> = None;
+        let mut reported_bypassed = false;
+        while started.elapsed() < Duration::from_secs(30) {
+            if let Some(old) = link.take() {
+                // SAFETY: the co-tenant's link descriptor, closed once: it leaves the hook.
+                unsafe { libc::close(old) };
+            }
+            link = Some(
+                lab.node
+                    .run(|| attach_first(prog, vethpa_index))
+                    .expect("re-attaching the co-tenant at the head"),
+            );
+            std::thread::sleep(Duration::from_millis(500));
+            reported_bypassed |= vethpa(&agent)["protection"] == "bypassed";
+        }
+        assert!(reported_bypassed, "the fight is reported\n{}", agent.log());
+        let interface = vethpa(&agent);
+        assert_eq!(interface["protection"], "bypassed", "{interface}");
+        assert!(
+            interface["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("rate-limited")),
+            "{interface}"
+        );
+        assert_eq!(agent.readyz().expect("readyz").0, 503);
+        stop.store(true, Ordering::Relaxed);
+        if let Some(old) = link.take() {
+            // SAFETY: as above.
+            unsafe { libc::close(old) };
+        }
+        stream.join().expect("the stream")
+    });
+    // SAFETY: the co-tenant's program descriptor, closed once.
+    unsafe { libc::close(prog) };
+    let bypasses = agent
+        .metric("ipq_datapath_bypasses_total", &[("hook", "tc_ingress")])
+        .expect("bypasses");
+    eprintln!(
+        "a co-tenant ending processing, re-attached at the head every 500 ms for 30 s: \
+         {delivered} of {sent} fenced datagrams delivered through it; {bypasses} bypasses \
+         counted"
+    );
+    assert!(delivered > 0, "what ipq reports is what the kernel does");
+    assert!(
+        bypasses >= 4.0,
+        "three moves and at least one refusal: {bypasses}"
+    );
+    poll("vethpa protected again", Duration::from_secs(10), || {
+        Ok((vethpa(&agent)["protection"] == "protected").then_some(()))
+    })
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", agent.log()));
 }

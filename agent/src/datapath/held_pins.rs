@@ -135,42 +135,76 @@ pub enum TcxPlace {
     Replaced,
 }
 
-/// Where the TCX link held for `path` (the link of `point` on `ifindex`) stands: one
-/// `BPF_PROG_QUERY` of the hook (the kernel takes `rtnl_lock` for it), whose link ids come in
-/// the order the programs run. `None` when the agent holds nothing at `path`.
-pub fn tcx_place(path: &Path, ifindex: u32, point: AttachPoint) -> Option<TcxPlace> {
+/// One hook's TCX chain as `BPF_PROG_QUERY` lists it, in the order the programs run.
+struct TcxChain {
+    prog_ids: Vec<u32>,
+    link_ids: Vec<u32>,
+    /// More programs on the hook than listed.
+    truncated: bool,
+}
+
+/// The most programs of one hook a query lists.
+const TCX_QUERY_MAX: usize = 64;
+
+/// One `BPF_PROG_QUERY` of `point` on `ifindex` (the kernel takes `rtnl_lock` for it).
+fn tcx_chain(ifindex: u32, point: AttachPoint) -> Option<io::Result<TcxChain>> {
     let attach_type = match point {
         AttachPoint::TcxIngress => bpf_attach_type::BPF_TCX_INGRESS,
         AttachPoint::TcxEgress => bpf_attach_type::BPF_TCX_EGRESS,
         AttachPoint::Xdp => return None,
     };
-    let (id, program) = held().get(path).map(|h| (h.id, h.program))?;
-    let mut prog_ids = [0u32; 64];
-    let mut link_ids = [0u32; 64];
+    let mut prog_ids = [0u32; TCX_QUERY_MAX];
+    let mut link_ids = [0u32; TCX_QUERY_MAX];
     let mut attr = zeroed_attr();
     attr.query.__bindgen_anon_1.target_ifindex = ifindex;
     attr.query.attach_type = attach_type as u32;
     attr.query.prog_ids = prog_ids.as_mut_ptr() as u64;
     attr.query.__bindgen_anon_2.count = prog_ids.len() as u32;
     attr.query.link_ids = link_ids.as_mut_ptr() as u64;
-    match bpf_with(bpf_cmd::BPF_PROG_QUERY, &mut attr) {
-        Ok(_) => {}
+    let truncated = match bpf_with(bpf_cmd::BPF_PROG_QUERY, &mut attr) {
+        Ok(_) => false,
         // More programs on the hook than listed: ipq's, if there, is not first.
-        Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => {}
-        Err(e) if e.raw_os_error() == Some(libc::ENODEV) => return Some(TcxPlace::Absent),
-        Err(_) => return None,
-    }
+        Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => true,
+        Err(e) => return Some(Err(e)),
+    };
     // SAFETY: a union of two u32 (`prog_cnt`, `count`); the kernel wrote how many are on it.
     let count = unsafe { attr.query.__bindgen_anon_2.count } as usize;
-    let listed = &link_ids[..count.min(link_ids.len())];
-    Some(match listed.iter().position(|link| *link == id) {
+    let listed = count.min(TCX_QUERY_MAX);
+    Some(Ok(TcxChain {
+        prog_ids: prog_ids[..listed].to_vec(),
+        link_ids: link_ids[..listed].to_vec(),
+        truncated: truncated || count > TCX_QUERY_MAX,
+    }))
+}
+
+/// Where the TCX link held for `path` (the link of `point` on `ifindex`) stands: one
+/// `BPF_PROG_QUERY` of the hook (the kernel takes `rtnl_lock` for it), whose link ids come in
+/// the order the programs run. `None` when the agent holds nothing at `path`.
+pub fn tcx_place(path: &Path, ifindex: u32, point: AttachPoint) -> Option<TcxPlace> {
+    let (id, program) = held().get(path).map(|h| (h.id, h.program))?;
+    let chain = match tcx_chain(ifindex, point)? {
+        Ok(chain) => chain,
+        Err(e) if e.raw_os_error() == Some(libc::ENODEV) => return Some(TcxPlace::Absent),
+        Err(_) => return None,
+    };
+    Some(match chain.link_ids.iter().position(|link| *link == id) {
         // The query lists each link's program beside it, in the same order.
-        Some(at) if prog_ids[at] != program => TcxPlace::Replaced,
+        Some(at) if chain.prog_ids[at] != program => TcxPlace::Replaced,
         Some(0) => TcxPlace::First,
         Some(_) => TcxPlace::Behind,
-        None if count > link_ids.len() => TcxPlace::Behind,
+        None if chain.truncated => TcxPlace::Behind,
         None => TcxPlace::Absent,
     })
+}
+
+/// The ids of the programs that run before the TCX link held for `path` on its hook, in the
+/// order they run; `None` when the agent holds nothing there, the hook cannot be queried, or
+/// ipq's link is not among the programs listed (more than a query lists).
+pub fn tcx_programs_ahead(path: &Path, ifindex: u32, point: AttachPoint) -> Option<Vec<u32>> {
+    let id = held().get(path).map(|h| h.id)?;
+    let chain = tcx_chain(ifindex, point)?.ok()?;
+    let at = chain.link_ids.iter().position(|link| *link == id)?;
+    Some(chain.prog_ids[..at].to_vec())
 }
 
 /// Detaches the link held for `path` from its hook now (`BPF_LINK_DETACH`): the kernel takes
@@ -210,6 +244,11 @@ pub fn hold_dir(dir: &Path) -> io::Result<usize> {
         count += 1;
     }
     Ok(count)
+}
+
+/// The id of the program the link held for `path` ran when the agent took hold of it.
+pub fn held_program(path: &Path) -> Option<u32> {
+    held().get(path).map(|h| h.program)
 }
 
 /// Lets go of the object at `path`: call before removing one of ipq's pins on purpose.

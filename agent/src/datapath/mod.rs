@@ -163,35 +163,40 @@ impl Datapath {
                 },
             ),
         };
-        let mut loader = EbpfLoader::new();
-        loader
-            .default_map_pin_directory(layout.maps_dir())
-            .map_max_entries(names::MAP_ADDRS, capacity)
-            .override_global(names::GLOBAL_COARSE_CLOCK, &coarse_clock, true)
-            .map_max_entries(names::MAP_QFILTER, filter_words)
-            // The program masks filter indices with this; it must match the map's real size.
-            .override_global(FILTER_MASK_GLOBAL, &filter_mask, true)
-            .map_max_entries(names::MAP_SLOTS, slot_entries(slot_buckets))
-            // The programs find addresses with these: they must be the table's own.
-            .override_global(SLOTS_MASK_GLOBAL, &slot_mask, true)
-            .override_global(SLOTS_SEED_GLOBAL, &slot_seed, true)
-            // How the programs order their reads of the table on this CPU and kernel.
-            .override_global(SLOTS_ORDER_GLOBAL, &slots_order_global, true)
-            // The kernel skips log records the agent's logger would discard anyway.
-            .override_global("AYA_LOG_LEVEL", &log_level, false)
-            // The watcher reports every process's bpf() calls but this one's.
-            .override_global(GLOBAL_WATCH_TGID, &own.pid, true)
-            .override_global(GLOBAL_WATCH_PIDNS_DEV, &own.dev, true)
-            .override_global(GLOBAL_WATCH_PIDNS_INO, &own.ino, true)
-            .override_global(GLOBAL_MAP_ID_OFFSET, &offsets.map_id, true)
-            .override_global(GLOBAL_MAP_WRITECNT_OFFSET, &offsets.map_writecnt, true)
-            .override_global(
-                GLOBAL_FILE_PRIVATE_DATA_OFFSET,
-                &offsets.file_private_data,
-                true,
-            )
-            .override_global(GLOBAL_UPDATE_KEY_SLOT, &offsets.update_key_slot, true);
-        let mut ebpf = loader
+        // Every load of the object is configured alike: the spare TC programs below must
+        // run on the same maps with the same globals as the first.
+        let configured = || {
+            let mut loader = EbpfLoader::new();
+            loader
+                .default_map_pin_directory(layout.maps_dir())
+                .map_max_entries(names::MAP_ADDRS, capacity)
+                .override_global(names::GLOBAL_COARSE_CLOCK, &coarse_clock, true)
+                .map_max_entries(names::MAP_QFILTER, filter_words)
+                // The program masks filter indices with this; it must match the map's real size.
+                .override_global(FILTER_MASK_GLOBAL, &filter_mask, true)
+                .map_max_entries(names::MAP_SLOTS, slot_entries(slot_buckets))
+                // The programs find addresses with these: they must be the table's own.
+                .override_global(SLOTS_MASK_GLOBAL, &slot_mask, true)
+                .override_global(SLOTS_SEED_GLOBAL, &slot_seed, true)
+                // How the programs order their reads of the table on this CPU and kernel.
+                .override_global(SLOTS_ORDER_GLOBAL, &slots_order_global, true)
+                // The kernel skips log records the agent's logger would discard anyway.
+                .override_global("AYA_LOG_LEVEL", &log_level, false)
+                // The watcher reports every process's bpf() calls but this one's.
+                .override_global(GLOBAL_WATCH_TGID, &own.pid, true)
+                .override_global(GLOBAL_WATCH_PIDNS_DEV, &own.dev, true)
+                .override_global(GLOBAL_WATCH_PIDNS_INO, &own.ino, true)
+                .override_global(GLOBAL_MAP_ID_OFFSET, &offsets.map_id, true)
+                .override_global(GLOBAL_MAP_WRITECNT_OFFSET, &offsets.map_writecnt, true)
+                .override_global(
+                    GLOBAL_FILE_PRIVATE_DATA_OFFSET,
+                    &offsets.file_private_data,
+                    true,
+                )
+                .override_global(GLOBAL_UPDATE_KEY_SLOT, &offsets.update_key_slot, true);
+            loader
+        };
+        let mut ebpf = configured()
             .load(object::for_order(slots_order))
             .map_err(|e| DatapathError::Load(Box::new(e)))?;
 
@@ -207,6 +212,42 @@ impl Datapath {
             source,
         })?;
         pin_program(|path| xdp.pin(path), &layout, names::PROG_XDP_UPLINK)?;
+        // A second instance of each TC program, on the same pinned maps: a TCX hook takes a
+        // program once, so moving ipq's link ahead of a co-tenant without a gap attaches the
+        // other instance first and only then detaches the old link (attach::pins). Only where
+        // the kernel has TCX; without them a move has a gap, as before (said, not fatal).
+        let spare_started = std::time::Instant::now();
+        let spare_pins = [
+            (names::PROG_TC_INGRESS, names::PROG_TC_INGRESS_SPARE),
+            (names::PROG_TC_EGRESS, names::PROG_TC_EGRESS_SPARE),
+        ];
+        let spare_loaded = features.tcx.then(|| -> Result<(), DatapathError> {
+            let mut spare = configured()
+                .load(object::for_order(slots_order))
+                .map_err(|e| DatapathError::Load(Box::new(e)))?;
+            for (name, pin) in spare_pins {
+                let prog: &mut SchedClassifier = program(&mut spare, name)?;
+                prog.load()
+                    .map_err(|source| DatapathError::Program { name, source })?;
+                pin_program(|path| prog.pin(path), &layout, pin)?;
+            }
+            // Its pins keep the spare programs (and the maps they use); nothing else of it
+            // is used.
+            Ok(())
+        });
+        if let Some(Err(e)) = &spare_loaded {
+            warn!(
+                "the spare TC programs did not load ({e}): moving ipq's TCX link ahead of \
+                 another tool's program leaves a gap of a grace period"
+            );
+        }
+        if !matches!(spare_loaded, Some(Ok(()))) {
+            // No spare of an earlier agent's is left to be attached by mistake.
+            for (_, pin) in spare_pins {
+                let _ = fs::remove_file(layout.program(pin));
+            }
+        }
+        let spare_took = spare_started.elapsed();
 
         // Every map and program pin is held from here on: removing one detaches nothing.
         for dir in [layout.maps_dir(), layout.programs_dir()] {
@@ -238,10 +279,11 @@ impl Datapath {
         let mut maps = DatapathMaps::open(maps::Source::Loaded(&mut ebpf), Some(slot_seed))?;
         maps.set_mode(options.mode)?;
         info!(
-            "datapath loaded: {} addresses in pinned maps under {}; kernel has TCX: {}, reads of \
-             the address table: {}, clock: {}",
+            "datapath loaded: {} addresses in pinned maps under {} (the spare TC programs in \
+             {} ms); kernel has TCX: {}, reads of the address table: {}, clock: {}",
             maps.table.len(),
             layout.root().display(),
+            spare_took.as_millis(),
             features.tcx,
             match slots_order {
                 SlotsOrder::InOrder => "plain loads (the CPU keeps loads in order)",

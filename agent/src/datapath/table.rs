@@ -28,6 +28,7 @@ use ipq_common::{
 };
 
 mod bloom;
+pub(crate) mod by_interface;
 mod drift;
 mod entries;
 mod fast_path;
@@ -101,6 +102,7 @@ impl AddressTable {
             opened_disagreeing: disagreeing,
         };
         table.rebuild_accelerators(&held)?;
+        by_interface::rebuild(held.iter());
         table.mirror = Some(table.feed.mirror(
             held.iter(),
             table.fast_path.expected_all().into_iter(),
@@ -196,6 +198,7 @@ impl AddressTable {
         }
         self.feed.addr(addr, Some(&entry));
         self.fast_path.record(addr, old.as_ref(), Some(&entry));
+        by_interface::record(addr, old.as_ref(), Some(&entry));
         // 4. Stop looking once it no longer is.
         if old.as_ref().is_some_and(is_quarantined) && !is_quarantined(&entry) {
             self.bloom.remove(&addr)?;
@@ -217,6 +220,7 @@ impl AddressTable {
             return Ok(None);
         };
         self.fast_path.record(*addr, Some(&old), None);
+        by_interface::record(*addr, Some(&old), None);
         if is_quarantined(&old) {
             self.bloom.remove(addr)?;
         }

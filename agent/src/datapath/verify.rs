@@ -33,7 +33,10 @@ use std::{
 use tokio::sync::{mpsc, watch};
 
 use super::{
-    attach::tc_filter::{self, Direction},
+    attach::{
+        cotenant::{self, Ahead, Verdict},
+        tc_filter::{self, Direction},
+    },
     bpf_watch::{Pokes, POKE_LINKS, POKE_MAPS, POKE_PINS},
     held_pins::{self, LinkState, Restored, TcxPlace},
     intent::IntentMirror,
@@ -66,14 +69,16 @@ pub struct Verification {
     pub restored: Vec<Restored>,
     /// Held links no longer attached to their device: (ifindex, hook).
     pub detached: Vec<(u32, AttachPoint)>,
-    /// Held TCX links that something was attached before: (ifindex, hook).
-    pub behind: Vec<(u32, AttachPoint)>,
+    /// Held TCX links that something was attached before: (ifindex, hook), and what the
+    /// programs ahead do with the interface's addresses' packets ([`cotenant::judge`]).
+    pub behind: Vec<(Hook, Verdict)>,
     /// Held links someone updated to run another program: (ifindex, hook).
     pub replaced: Vec<(u32, AttachPoint)>,
     /// Hooks that should hold ipq's netlink filter and do not: (ifindex, hook).
     pub filters_missing: Vec<(u32, AttachPoint)>,
-    /// Hooks holding ipq's netlink filter where another filter runs first: (ifindex, hook).
-    pub filters_ahead: Vec<(u32, AttachPoint)>,
+    /// Hooks holding ipq's netlink filter where another filter runs first: (ifindex, hook),
+    /// and what the filters ahead do with the interface's addresses' packets.
+    pub filters_ahead: Vec<(Hook, Verdict)>,
     /// Whether the pins will outlive the agent (`bpffs_dir` still on its bpf filesystem), or
     /// why not.
     pub bpffs: Result<(), String>,
@@ -190,18 +195,22 @@ impl Verification {
                 point.name_under_filter()
             )
         }));
-        found.extend(self.behind.iter().map(|(ifindex, point)| {
-            format!(
-                "if{ifindex} {}: another program runs before ipq's: moving ipq's first",
-                point.as_ref()
-            )
-        }));
-        found.extend(self.filters_ahead.iter().map(|(ifindex, point)| {
-            format!(
-                "if{ifindex} {}: a filter runs before ipq's: looking at the hook",
-                point.name_under_filter()
-            )
-        }));
+        // A co-tenant that hands packets on is nothing wrong: `ipq status` shows it with
+        // its interface.
+        found.extend(
+            self.behind
+                .iter()
+                .filter(|(_, verdict)| !verdict.hands_on())
+                .map(|((ifindex, _), verdict)| {
+                    format!("if{ifindex} {}: moving ipq's first", verdict.why())
+                }),
+        );
+        found.extend(
+            self.filters_ahead
+                .iter()
+                .filter(|(_, verdict)| !verdict.hands_on())
+                .map(|((ifindex, _), verdict)| format!("if{ifindex} {}", verdict.why())),
+        );
         if let Some(problem) = self.pins_problem() {
             found.push(problem);
         }
@@ -221,13 +230,17 @@ impl Verification {
 /// The hooks of `hooks` whose netlink filter is not ipq's any more, as the kernel lists them
 /// (one filter dump per hook; an interface gone meanwhile is skipped, its removal forgets it).
 pub fn missing_filters(hooks: &BTreeMap<u32, Vec<AttachPoint>>) -> Vec<(u32, AttachPoint)> {
-    look_at_filters(hooks).0
+    look_at_filters(false, hooks).0
 }
 
 /// One filter dump per hook of `hooks`: the hooks whose netlink filter is not ipq's any more,
 /// and the hooks where another filter runs before ipq's (a notification lost would hide
-/// either).
-pub fn look_at_filters(hooks: &BTreeMap<u32, Vec<AttachPoint>>) -> (Vec<Hook>, Vec<Hook>) {
+/// either), each with what the filters ahead do with the interface's addresses' packets
+/// (looked for and judged only when `judge`).
+pub fn look_at_filters(
+    judge: bool,
+    hooks: &BTreeMap<u32, Vec<AttachPoint>>,
+) -> (Vec<Hook>, Vec<(Hook, Verdict)>) {
     let (mut missing, mut ahead) = (Vec::new(), Vec::new());
     for (&ifindex, points) in hooks {
         for &point in points {
@@ -239,8 +252,18 @@ pub fn look_at_filters(hooks: &BTreeMap<u32, Vec<AttachPoint>>) -> (Vec<Hook>, V
             };
             if !filters.iter().any(tc_filter::Filter::is_ipq) {
                 missing.push((ifindex, point));
-            } else if tc_filter::ahead_of_ipq(&filters).is_some() {
-                ahead.push((ifindex, point));
+                continue;
+            }
+            if !judge {
+                continue;
+            }
+            let found: Vec<Ahead> = tc_filter::all_ahead_of_ipq(&filters)
+                .into_iter()
+                .map(Ahead::Filter)
+                .collect();
+            if !found.is_empty() {
+                let verdict = cotenant::judge(ifindex, point, &found);
+                ahead.push(((ifindex, point), verdict));
             }
         }
     }
@@ -261,6 +284,7 @@ pub fn verify(
     let restored = held_pins::restore(root);
     held_pins::report(&restored);
     let held = held_pins::held_under(root);
+    let layout = PinLayout::new(root);
     let (mut detached, mut behind, mut replaced) = (Vec::new(), Vec::new(), Vec::new());
     let links = held_links(root, &held).filter(|_| look_at_links);
     for (path, link) in links {
@@ -277,7 +301,19 @@ pub fn verify(
         };
         match place {
             Some(TcxPlace::Absent) => detached.push(link),
-            Some(TcxPlace::Behind) => behind.push(link),
+            Some(TcxPlace::Behind) => {
+                let verdict = match held_pins::tcx_programs_ahead(path, ifindex, point) {
+                    Some(ids) => {
+                        let ahead: Vec<Ahead> = ids.into_iter().map(Ahead::Program).collect();
+                        cotenant::judge(ifindex, point, &ahead)
+                    }
+                    None => Verdict::CannotTell(format!(
+                        "{}: ipq's link is behind more programs than one query lists",
+                        point.as_ref()
+                    )),
+                };
+                behind.push((link, verdict));
+            }
             Some(TcxPlace::Replaced) => replaced.push(link),
             Some(TcxPlace::First) | None => {}
         }
@@ -287,11 +323,9 @@ pub fn verify(
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
         .clone();
-    let (filters_missing, filters_ahead) = look_at_filters(&hooks);
+    let (filters_missing, filters_ahead) = look_at_filters(true, &hooks);
     let maps = compare_maps.then(|| match mirror {
-        Some(mirror) => {
-            map_check::compare(&PinLayout::new(root), mirror).map_err(|e| e.to_string())
-        }
+        Some(mirror) => map_check::compare(&layout, mirror).map_err(|e| e.to_string()),
         None => Err("no mirror of the address table to compare with".to_owned()),
     });
     let bpffs = super::bpffs::outlives_agent(root);

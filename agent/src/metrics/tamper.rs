@@ -34,6 +34,8 @@ pub struct TamperMetrics {
     pub bypassed_interfaces: IntGaugeVec,
     /// Times a hook was found bypassed; follows the attacher's count.
     pub bypasses: IntCounterVec,
+    /// Hooks with another tool's filter or program ahead of ipq's, by hook and verdict.
+    pub cotenants_ahead: IntGaugeVec,
 }
 
 impl TamperMetrics {
@@ -168,11 +170,29 @@ impl TamperMetrics {
                 &["hook"],
             )?,
         )?;
+        let cotenants_ahead = registered(
+            registry,
+            IntGaugeVec::new(
+                Opts::new(
+                    "ipq_datapath_cotenants_ahead",
+                    "Hooks where another tool's filter (netlink) or program (TCX) runs before \
+                     ipq's, by hook and by what it does with the interface's addresses' \
+                     packets (verdict: hands_on, the hook stays protected; ends_processing, \
+                     bypassed; cannot_tell, unverified and not ready).",
+                ),
+                &["hook", "verdict"],
+            )?,
+        )?;
         for &hook in Hook::VARIANTS {
             bypassed_interfaces
                 .with_label_values(&[hook.as_ref()])
                 .set(0);
             bypasses.with_label_values(&[hook.as_ref()]).inc_by(0);
+            for verdict in COTENANT_VERDICTS {
+                cotenants_ahead
+                    .with_label_values(&[hook.as_ref(), verdict])
+                    .set(0);
+            }
         }
         Ok(Self {
             map_entries_rewritten,
@@ -185,6 +205,7 @@ impl TamperMetrics {
             bpf_watcher_lost_calls,
             bypassed_interfaces,
             bypasses,
+            cotenants_ahead,
         })
     }
 
@@ -214,4 +235,25 @@ impl TamperMetrics {
             }
         }
     }
+
+    /// Sets the co-tenant gauge from the hooks with something ahead of ipq's now: (attach
+    /// point, verdict label).
+    pub fn observe_cotenants<'a>(&self, ahead: impl Iterator<Item = (AttachPoint, &'a str)>) {
+        let mut now = [[0i64; COTENANT_VERDICTS.len()]; Hook::VARIANTS.len()];
+        for (point, verdict) in ahead {
+            if let Some(at) = COTENANT_VERDICTS.iter().position(|v| *v == verdict) {
+                now[point.hook() as usize][at] += 1;
+            }
+        }
+        for &hook in Hook::VARIANTS {
+            for (at, verdict) in COTENANT_VERDICTS.iter().enumerate() {
+                self.cotenants_ahead
+                    .with_label_values(&[hook.as_ref(), verdict])
+                    .set(now[hook as usize][at]);
+            }
+        }
+    }
 }
+
+/// The `verdict` labels of `ipq_datapath_cotenants_ahead` (`cotenant::Verdict::label`).
+const COTENANT_VERDICTS: [&str; 3] = ["hands_on", "ends_processing", "cannot_tell"];

@@ -247,6 +247,12 @@ impl Protection {
             attacher.ledger().bypassed_points().map(|(_, point)| point),
             attacher.findings().bypasses(),
         );
+        metrics.tamper.observe_cotenants(
+            attacher
+                .ledger()
+                .cotenants_ahead()
+                .map(|(_, point, verdict)| (point, verdict.label())),
+        );
         metrics
             .tc_upgrades_pending
             .set(attacher.ledger().pending_upgrades() as i64);

@@ -45,6 +45,7 @@ impl Protection {
                 attachment: target.attachment(),
                 error: target.last_error.clone(),
                 failed_attempts: target.failures,
+                ahead: target.ahead.values().map(|v| v.why().to_owned()).collect(),
             })
             .collect();
         let rfc3339 = |at| humantime::format_rfc3339_millis(at).to_string();

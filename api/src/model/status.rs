@@ -240,10 +240,16 @@ pub struct InterfaceStatus {
     /// link), `xdp`.
     pub hooks: Vec<AttachedHook>,
     /// `attaching`, `protected`, `repairing` (another tool took ipq's program off a hook; put
-    /// back at once), `bypassed` (another tool's filter or program runs first) or `failed`
-    /// (retried with backoff).
+    /// back at once), `bypassed` (another tool's filter or program runs first and ends
+    /// processing for a protected address's packet), `unverified` (one runs first and what it
+    /// does cannot be told) or `failed` (retried with backoff).
     #[serde(default)]
     pub protection: Protection,
+    /// What runs before ipq's program on a hook (another tool's filter or TCX program) and
+    /// what it does with the interface's addresses' packets, one line per hook: `protected`
+    /// with lines here means every such co-tenant hands packets on.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ahead: Vec<String>,
     /// What holds ipq's programs on the hooks: `tcx`, `netlink` (ipq's cls_bpf filter; under
     /// `tc_attach = "auto"` on a TCX kernel, until its TCX link is in), `xdp`, or
     /// `tcx+netlink` halfway through that move. Absent while nothing is attached.

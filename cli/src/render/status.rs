@@ -104,7 +104,11 @@ pub fn status(status: &Status, now: SystemTime) -> String {
                 iface
                     .attachment
                     .map_or_else(|| NONE.to_owned(), |a| a.to_string()),
-                iface.protection.to_string(),
+                if iface.protection.is_protected() && !iface.ahead.is_empty() {
+                    format!("{} (co-tenant ahead hands on)", iface.protection)
+                } else {
+                    iface.protection.to_string()
+                },
             ];
             if any_error {
                 row.push(match &iface.error {
@@ -115,6 +119,13 @@ pub fn status(status: &Status, now: SystemTime) -> String {
             table.row(row);
         }
         out.push_str(&table.render("  "));
+        // What runs before ipq's program, and what it does: why an interface with a
+        // co-tenant ahead is protected, bypassed or unverified.
+        for iface in &status.interfaces {
+            for line in &iface.ahead {
+                out.push_str(&format!("  ahead of ipq on {}: {line}\n", iface.name));
+            }
+        }
     }
     out
 }

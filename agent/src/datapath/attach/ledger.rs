@@ -10,7 +10,9 @@ use std::{
     time::Instant,
 };
 
-use super::{retry::Backoff, upgrade, Mechanism, Protection, Role, Target, TcMode};
+use super::{
+    cotenant::Verdict, retry::Backoff, upgrade, Mechanism, Protection, Role, Target, TcMode,
+};
 use crate::{datapath::verify::NetlinkHooks, paths::AttachPoint};
 
 /// How long an interface may stay `attaching` before `/readyz` counts it as unprotected (a
@@ -58,6 +60,7 @@ impl Ledger {
             lost: BTreeSet::new(),
             looked_at: None,
             bypassed: BTreeSet::new(),
+            ahead: BTreeMap::new(),
         };
         self.targets.insert(ifindex, target);
         &self.targets[&ifindex]
@@ -70,6 +73,10 @@ impl Ledger {
 
     pub(super) fn get_mut(&mut self, ifindex: u32) -> Option<&mut Target> {
         self.targets.get_mut(&ifindex)
+    }
+
+    pub(super) fn targets_mut(&mut self) -> impl Iterator<Item = &mut Target> + '_ {
+        self.targets.values_mut()
     }
 
     pub fn targets(&self) -> &BTreeMap<u32, Target> {
@@ -102,10 +109,20 @@ impl Ledger {
                 .points()
                 .iter()
                 .filter(|p| {
-                    !t.attached.contains_key(p) || t.lost.contains(p) || t.bypassed.contains(p)
+                    !t.attached.contains_key(p)
+                        || t.lost.contains(p)
+                        || t.bypassed.contains(p)
+                        || t.unverified().any(|u| u == **p)
                 })
                 .map(move |p| (*ifindex, t, *p))
         })
+    }
+
+    /// Hooks with a co-tenant ahead of ipq's program, by interface, and its verdict.
+    pub fn cotenants_ahead(&self) -> impl Iterator<Item = (u32, AttachPoint, &Verdict)> + '_ {
+        self.targets
+            .iter()
+            .flat_map(|(ifindex, t)| t.ahead.iter().map(move |(p, v)| (*ifindex, *p, v)))
     }
 
     /// Hooks bypassed by a filter or program ahead of ipq's, by interface.
@@ -128,6 +145,7 @@ impl Ledger {
                 Protection::Failed
                 | Protection::Repairing
                 | Protection::Bypassed
+                | Protection::Unverified
                 | Protection::Unknown => true,
                 Protection::Attaching => now.duration_since(t.since) > ATTACHING_GRACE,
             })

@@ -39,6 +39,7 @@
 //! mechanism left on that hook, after its own program is in place.
 
 mod bypass;
+pub mod cotenant;
 pub mod error;
 mod findings;
 mod ledger;
@@ -156,6 +157,7 @@ impl Attacher {
         self.workers.retries_mut().reindex(ifindex, before, None);
         self.workers.cancel(ifindex);
         self.ledger.share_netlink_hooks(ifindex);
+        cotenant::forget(ifindex);
     }
 
     /// Releases an interface whose new name no longer matches the configuration: forgets it

@@ -8,7 +8,9 @@ use std::{
 
 use ipq_api::Attachment;
 
-use super::{error::AttachError, pins::Attached, retry::Backoff, upgrade::Upgrade};
+use super::{
+    cotenant::Verdict, error::AttachError, pins::Attached, retry::Backoff, upgrade::Upgrade,
+};
 use crate::paths::AttachPoint;
 
 /// How TC programs are attached on this node.
@@ -204,9 +206,10 @@ pub struct JobReport {
     /// A repair's hooks that had no ipq program when the worker looked (attached again, or
     /// not, as `hooks` says).
     pub found_missing: Vec<AttachPoint>,
-    /// Hooks held by ipq's netlink filter where another filter runs first (a lower
-    /// priority), as the worker's dump found them: that filter, described.
-    pub bypassed: Vec<(AttachPoint, String)>,
+    /// Hooks held by ipq's netlink filter where other filters run first (a lower priority),
+    /// as the worker's dump found them, with what those filters do with the interface's
+    /// addresses' packets ([`super::cotenant::judge`]).
+    pub ahead: Vec<(AttachPoint, Verdict)>,
 }
 
 /// An attachment another tool took away, as a repair found it.
@@ -221,8 +224,9 @@ pub struct LostAttachment {
 }
 
 /// Where an interface stands: the API's one vocabulary (`bypassed`: ipq's netlink filter or
-/// TCX link is in place, but another tool's runs before it on a hook and can end processing;
-/// ipq does not touch it, and the interface is unprotected until it goes).
+/// TCX link is in place, but another tool's runs before it on a hook and ends processing for a
+/// protected address's packet; `unverified`: what it does cannot be told; either way ipq does
+/// not touch it, and the interface is unprotected until it goes or hands packets on).
 pub use ipq_api::Protection;
 
 /// One wanted interface.
@@ -249,8 +253,28 @@ pub struct Target {
     /// the hooks as they were then (perhaps ipq's own move first half done), and its findings
     /// of them are stale.
     pub(super) looked_at: Option<Instant>,
-    /// Hooks where another filter runs before ipq's ([`Protection::Bypassed`]).
+    /// Hooks where another filter or program runs before ipq's and ends processing
+    /// ([`Protection::Bypassed`]).
     pub(super) bypassed: BTreeSet<AttachPoint>,
+    /// What runs before ipq's program on a hook, as last judged: a co-tenant that hands
+    /// packets on leaves the hook protected; one that cannot be told leaves it `unverified`.
+    pub ahead: BTreeMap<AttachPoint, Verdict>,
+}
+
+impl Target {
+    /// Hooks whose co-tenant ahead could not be told ([`Protection::Unverified`]).
+    pub fn unverified(&self) -> impl Iterator<Item = AttachPoint> + '_ {
+        self.ahead
+            .iter()
+            .filter(|(_, v)| matches!(v, Verdict::CannotTell(_)))
+            .map(|(p, _)| *p)
+    }
+
+    /// Whether a co-tenant ahead keeps a hook unprotected: it ends processing, or cannot be
+    /// told.
+    pub(super) fn held_back(&self) -> bool {
+        !self.bypassed.is_empty() || self.unverified().next().is_some()
+    }
 }
 
 impl Target {

@@ -137,30 +137,88 @@ fn new_tcx_link_first(
     pin_new(prog.take_link(id).map_err(attach_err)?, path)
 }
 
+/// The two instances of one TC program (the same code on the same maps): a hook takes a
+/// program once, so a link of the other instance can go in ahead while the old one still runs.
+pub struct Instances<'a> {
+    pub main: &'a mut SchedClassifier,
+    /// `None` where the agent has no spare instance (then a move has a gap).
+    pub spare: Option<&'a mut SchedClassifier>,
+}
+
 /// Puts ipq's program first again on a TCX hook where something was attached before ipq's
-/// link. A hook takes a program once (`bpf_mprog` answers EEXIST to a second link of the same
-/// program), so the old link is detached first, explicitly (`BPF_LINK_DETACH`: letting go of
-/// its pin and descriptors frees it only with the last reference, which could come after the
-/// new link asks for the hook: the EEXIST a first repair used to meet), then a new one is
-/// created at the front: for one RCU grace period (~16 ms) ipq's program is off the hook.
-/// That costs nothing where the program before it ends processing (ipq saw no packet anyway)
-/// and is the price where it does not.
+/// link, make-before-break: a new link of the instance the old link does not run goes in at
+/// the head, then the old link is detached explicitly (`BPF_LINK_DETACH`) and the new one
+/// pinned in its place. Every packet meets one of ipq's two links throughout: a co-tenant that
+/// hands some packets on leaks none while ipq moves. Where the new link cannot go in (an
+/// instance missing, the kernel refusing), the old way: the old link detached first, then a new
+/// one of its own program created at the front (for one RCU grace period, ~16 ms, ipq's program
+/// is off the hook).
 pub fn move_tc_first(
-    prog: &mut SchedClassifier,
+    programs: Instances<'_>,
     layout: &PinLayout,
     ifname: &str,
     ifindex: u32,
     point: AttachPoint,
 ) -> Result<Attached, DatapathError> {
     let path = layout.link(ifindex, point);
+    let running = held_pins::held_program(&path);
+    let id_of = |prog: &SchedClassifier| prog.info().ok().map(|info| info.id());
+    let Instances { main, spare } = programs;
+    let main_runs = running.is_some() && id_of(main) == running;
+    // The instance the old link does not run, if there is one; else the main one after a gap.
+    let (next, fallback): (Option<&mut SchedClassifier>, &mut SchedClassifier) =
+        match (spare, main_runs) {
+            (Some(spare), true) => (Some(spare), main),
+            (Some(spare), false) => (Some(main), spare),
+            (None, _) => (None, main),
+        };
+    let made = match next {
+        Some(next) => next
+            .attach_with_options(
+                ifname,
+                tc_attach_type(point),
+                TcAttachOptions::TcxOrder(LinkOrder::first()),
+            )
+            .and_then(|id| next.take_link(id))
+            .map_err(|e| e.to_string()),
+        None => Err("the agent has no spare instance of the program".to_owned()),
+    };
+    let link = match made {
+        Ok(link) => FdLink::try_from(link).map_err(|source| DatapathError::Link {
+            path: path.clone(),
+            source,
+        })?,
+        Err(e) => {
+            warn!(
+                "{ifname}: a second link of ipq's {point} program cannot go in ahead ({e}); \
+                 moving the old one first instead (ipq's program is off the hook for a grace \
+                 period)"
+            );
+            if let Err(e) = held_pins::detach(&path) {
+                debug!("{ifname}: detaching ipq's {} link: {e}", point);
+            }
+            remove_pin(&path)?;
+            let attached = new_tcx_link_first(fallback, ifname, point, &path)?;
+            info!("{ifname}: ipq's {} link is first again", point);
+            return Ok(attached);
+        }
+    };
+    // The new link runs first: only now does the old one go.
     if let Err(e) = held_pins::detach(&path) {
-        // Already detached (the device went, or another tool detached it): nothing to wait for.
-        debug!("{ifname}: detaching ipq's {} link: {e}", point);
+        // Already detached (the device went, or another tool detached it).
+        debug!("{ifname}: detaching ipq's old {} link: {e}", point);
     }
     remove_pin(&path)?;
-    let attached = new_tcx_link_first(prog, ifname, point, &path)?;
-    info!("{ifname}: ipq's {} link is first again", point);
-    Ok(attached)
+    link.pin(&path).map_err(|source| DatapathError::Pin {
+        path: path.clone(),
+        source,
+    })?;
+    hold(&path)?;
+    info!(
+        "{ifname}: ipq's {} link is first again (moved without a gap)",
+        point
+    );
+    Ok(Attached::Created)
 }
 
 /// Swaps `prog` into the pinned TCX link of (`ifindex`, `point`), if there is one that still

@@ -7,6 +7,7 @@
 use std::io;
 
 use super::{
+    cotenant::{self, Ahead},
     pins::Attached,
     tc_filter::{self, Direction, Place},
     AttachError, Hooked, Job, JobReport, Mechanism,
@@ -52,12 +53,23 @@ fn in_place(
     }
     Ok(match held_pins::tcx_place(&path, ifindex, point) {
         Some(TcxPlace::First) => Ok(Mechanism::Tcx),
+        // Programs ahead that hand every packet on are left where they are.
+        Some(TcxPlace::Behind) if hands_on(&path, ifindex, point) => Ok(Mechanism::Tcx),
         Some(TcxPlace::Behind) => Err(Fix::MoveFirst),
         // Attaching reuses the pinned link: ipq's program is swapped back into it.
         Some(TcxPlace::Absent | TcxPlace::Replaced) => Err(Fix::Attach),
         // Not held (an earlier agent's pin this one has not taken over yet): as the pin says.
         None if path.exists() => Ok(Mechanism::Tcx),
         None => Err(Fix::Attach),
+    })
+}
+
+/// Whether the programs before ipq's TCX link at `path` hand the interface's addresses'
+/// packets on ([`cotenant::judge`]).
+fn hands_on(path: &std::path::Path, ifindex: u32, point: AttachPoint) -> bool {
+    held_pins::tcx_programs_ahead(path, ifindex, point).is_some_and(|ids| {
+        let ahead: Vec<Ahead> = ids.into_iter().map(Ahead::Program).collect();
+        cotenant::judge(ifindex, point, &ahead).hands_on()
     })
 }
 
@@ -89,6 +101,6 @@ pub(super) fn run(
         job,
         hooks,
         found_missing,
-        bypassed: Vec::new(),
+        ahead: Vec::new(),
     }
 }

@@ -54,11 +54,11 @@ pub(super) fn apply(
     }
     let now = Instant::now();
     if errors.is_empty() {
-        for point in bypass::apply(target, ifindex, &report.bypassed) {
+        for point in bypass::apply(target, ifindex, &report.ahead) {
             findings.count_bypass(point);
         }
     }
-    if errors.is_empty() && !target.bypassed.is_empty() {
+    if errors.is_empty() && target.held_back() {
         target.failures = 0;
         target.retry_at = None;
         if mode == TcMode::NetlinkThenTcx && upgrade::wanted(target) {

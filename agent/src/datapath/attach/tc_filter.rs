@@ -17,7 +17,7 @@ use rtnetlink::{
         NLM_F_ECHO, NLM_F_EXCL, NLM_F_REQUEST,
     },
     packet_route::{
-        tc::{TcAttribute, TcFilterBpfOption, TcHandle, TcHeader, TcMessage, TcOption},
+        tc::{TcAttribute, TcBpfFlags, TcFilterBpfOption, TcHandle, TcHeader, TcMessage, TcOption},
         RouteNetlinkMessage,
     },
     sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr},
@@ -75,6 +75,14 @@ pub struct Filter {
     pub kind: String,
     /// For a cls_bpf filter, its program's name (as `tc filter show` prints it).
     pub program: Option<String>,
+    /// For a cls_bpf filter of an eBPF program, the program's id (`TCA_BPF_ID`): what
+    /// [`super::cotenant`] runs to tell what the filter does with a packet.
+    pub program_id: Option<u32>,
+    /// A cls_bpf filter in direct-action mode: its program's return value is the verdict.
+    pub direct_action: bool,
+    /// A cls_bpf filter with actions of its own (`TCA_BPF_ACT`), or a classic BPF program
+    /// (`TCA_BPF_OPS`, which has no program id): what it does is not its program's alone.
+    pub opaque: bool,
 }
 
 impl Filter {
@@ -103,14 +111,33 @@ impl Filter {
             handle: u32::from(tc.header.handle),
             kind: String::new(),
             program: None,
+            program_id: None,
+            direct_action: false,
+            opaque: false,
         };
         for attr in &tc.attributes {
             match attr {
                 TcAttribute::Kind(kind) => filter.kind.clone_from(kind),
                 TcAttribute::Options(options) => {
                     for option in options {
-                        if let TcOption::Bpf(TcFilterBpfOption::ProgName(name)) = option {
-                            filter.program = Some(name.clone());
+                        let TcOption::Bpf(option) = option else {
+                            continue;
+                        };
+                        match option {
+                            TcFilterBpfOption::ProgName(name) => {
+                                filter.program = Some(name.clone());
+                            }
+                            TcFilterBpfOption::ProgId(id) => filter.program_id = Some(*id),
+                            TcFilterBpfOption::Flags(flags) => {
+                                filter.direct_action = flags.contains(TcBpfFlags::DirectAction);
+                            }
+                            // TCA_BPF_ACT (1), TCA_BPF_OPS_LEN (4), TCA_BPF_OPS (5).
+                            TcFilterBpfOption::Other(nla)
+                                if matches!(rtnetlink::packet_core::Nla::kind(nla), 1 | 4 | 5) =>
+                            {
+                                filter.opaque = true;
+                            }
+                            _ => {}
                         }
                     }
                 }
@@ -126,10 +153,11 @@ impl Filter {
             self.kind,
             self.priority,
             self.handle,
-            self.program
-                .as_deref()
-                .map(|p| format!(" (program {p})"))
-                .unwrap_or_default()
+            match (self.program.as_deref(), self.program_id) {
+                (Some(p), Some(id)) => format!(" (program {p}, id {id})"),
+                (Some(p), None) => format!(" (program {p})"),
+                (None, _) => String::new(),
+            }
         )
     }
 }
@@ -138,13 +166,29 @@ impl Filter {
 /// the kernel classifies first. The dump lists each priority's chain head (handle 0) beside
 /// its filters; a filter with a handle describes it best.
 pub fn ahead_of_ipq(filters: &[Filter]) -> Option<Filter> {
-    let ahead = |f: &&Filter| f.priority != 0 && f.priority < TC_FILTER_PRIORITY && !f.is_ipq();
-    filters
+    let ahead = all_ahead_of_ipq(filters);
+    ahead
         .iter()
-        .filter(ahead)
         .find(|f| f.handle != 0)
-        .or_else(|| filters.iter().find(ahead))
+        .or_else(|| ahead.first())
         .cloned()
+}
+
+/// Every filter of `filters` (one hook's dump) that runs before ipq's, in the order the kernel
+/// classifies (priority, then the dump's order within a priority). A priority's chain head
+/// (handle 0) is left out where a filter of that priority has a handle: it holds no program.
+pub fn all_ahead_of_ipq(filters: &[Filter]) -> Vec<Filter> {
+    let ahead = |f: &&Filter| f.priority != 0 && f.priority < TC_FILTER_PRIORITY && !f.is_ipq();
+    let mut found: Vec<Filter> = filters.iter().filter(ahead).cloned().collect();
+    let with_handle: std::collections::BTreeSet<u16> = found
+        .iter()
+        .filter(|f| f.handle != 0)
+        .map(|f| f.priority)
+        .collect();
+    found.retain(|f| f.handle != 0 || !with_handle.contains(&f.priority));
+    // Stable: within a priority, the dump's order stays.
+    found.sort_by_key(|f| f.priority);
+    found
 }
 
 /// What is at ipq's place on a hook.

@@ -11,7 +11,8 @@
 //! ipq's own changes (an upgrade removing its filter once the TCX link holds the hook) are
 //! announced the same way. A filter added (or deleted) at a priority before ipq's is
 //! announced too: one that can end classification there hides every packet it classifies
-//! from ipq's program, so the hook is looked at and the interface reported `bypassed`.
+//! from ipq's program, so the hook is looked at and what the filter does judged
+//! ([`super::cotenant`]): `bypassed` if it ends processing, protected if it hands packets on.
 
 use futures::StreamExt as _;
 use ipq_common::names::{TC_FILTER_HANDLE, TC_FILTER_PRIORITY};

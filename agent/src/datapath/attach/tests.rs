@@ -49,7 +49,7 @@ fn report_by(job: &Job, ok: bool, by: Mechanism) -> JobReport {
             })
             .collect(),
         found_missing: Vec::new(),
-        bypassed: Vec::new(),
+        ahead: Vec::new(),
     }
 }
 

@@ -38,7 +38,7 @@ pub(super) fn wanted(target: &Target) -> bool {
     target.role == Role::Workload
         && matches!(
             target.protection,
-            Protection::Protected | Protection::Bypassed
+            Protection::Protected | Protection::Bypassed | Protection::Unverified
         )
         && target.attached.values().any(|m| *m == Mechanism::Netlink)
 }
@@ -57,7 +57,10 @@ pub(super) fn on_report(
             Ok(hooked) => {
                 target.attached.insert(point, hooked.by);
                 // A TCX link runs before every clsact filter: nothing bypasses it.
-                if target.bypassed.remove(&point) && target.bypassed.is_empty() {
+                let was_held_back = target.held_back();
+                target.bypassed.remove(&point);
+                target.ahead.remove(&point);
+                if was_held_back && !target.held_back() {
                     info!("{name} (if{ifindex}): on TCX now, no filter runs before ipq's");
                     target.protection = Protection::Protected;
                     target.last_error = None;

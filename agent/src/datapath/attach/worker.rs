@@ -20,6 +20,10 @@ use crate::paths::{AttachPoint, PinLayout};
 pub(super) struct Programs {
     ingress: SchedClassifier,
     egress: SchedClassifier,
+    /// The second instances of the TC programs, for moves without a gap ([`pins::Instances`]);
+    /// `None` where the agent did not load them (no TCX, or their load failed).
+    ingress_spare: Option<SchedClassifier>,
+    egress_spare: Option<SchedClassifier>,
     xdp: Xdp,
 }
 
@@ -28,6 +32,12 @@ impl Programs {
         Ok(Self {
             ingress: SchedClassifier::from_pin(layout.program(names::PROG_TC_INGRESS))?,
             egress: SchedClassifier::from_pin(layout.program(names::PROG_TC_EGRESS))?,
+            // Absent where the agent did not load them: a move then has a gap (said where it
+            // happens).
+            ingress_spare: SchedClassifier::from_pin(layout.program(names::PROG_TC_INGRESS_SPARE))
+                .ok(),
+            egress_spare: SchedClassifier::from_pin(layout.program(names::PROG_TC_EGRESS_SPARE))
+                .ok(),
             xdp: Xdp::from_pin(
                 layout.program(names::PROG_XDP_UPLINK),
                 XdpAttachType::Interface,
@@ -53,7 +63,7 @@ pub fn run(layout: PinLayout, mode: TcMode, jobs: Arc<JobQueue>, reports: Report
             job: job.clone(),
         };
         let mut report = run_one(&mut programs, &layout, mode, job);
-        report.bypassed = super::bypass::find(&report);
+        report.ahead = super::bypass::find(&report);
         // The loop gone means the agent is stopping: the job is handed back all the same.
         let _ = crate::queues::send_or_wait(&reports.tx, report, &reports.overflows);
     }
@@ -96,7 +106,7 @@ fn run_one(
                     job,
                     hooks,
                     found_missing: Vec::new(),
-                    bypassed: Vec::new(),
+                    ahead: Vec::new(),
                 };
             }
         },
@@ -105,12 +115,18 @@ fn run_one(
         let target = job.clone();
         return repair::run(job, layout, |point, fix| match (fix, point) {
             (repair::Fix::MoveFirst, AttachPoint::TcxIngress | AttachPoint::TcxEgress) => {
-                let prog = if point == AttachPoint::TcxIngress {
-                    &mut progs.ingress
+                let instances = if point == AttachPoint::TcxIngress {
+                    pins::Instances {
+                        main: &mut progs.ingress,
+                        spare: progs.ingress_spare.as_mut(),
+                    }
                 } else {
-                    &mut progs.egress
+                    pins::Instances {
+                        main: &mut progs.egress,
+                        spare: progs.egress_spare.as_mut(),
+                    }
                 };
-                pins::move_tc_first(prog, layout, &target.name, target.ifindex, point)
+                pins::move_tc_first(instances, layout, &target.name, target.ifindex, point)
                     .map(|how| Hooked {
                         how,
                         by: Mechanism::Tcx,
@@ -135,7 +151,7 @@ fn run_one(
         job,
         hooks,
         found_missing: Vec::new(),
-        bypassed: Vec::new(),
+        ahead: Vec::new(),
     }
 }
 

@@ -52,7 +52,7 @@ fn repair_report(job: &Job, missing: &[AttachPoint], attached_again: bool) -> Jo
         job: job.clone(),
         hooks,
         found_missing: missing.to_vec(),
-        bypassed: Vec::new(),
+        ahead: Vec::new(),
     }
 }
 
