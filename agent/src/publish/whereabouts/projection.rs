@@ -379,6 +379,14 @@ mod tests {
         text.parse().unwrap()
     }
 
+    /// The one call that deletes ipq's own of `addr`, of `uid`.
+    fn deletes(addr: IpAddr, uid: &str) -> [Op; 1] {
+        [Op::Delete {
+            addr,
+            uid: uid.into(),
+        }]
+    }
+
     #[test]
     fn names_are_whereabouts_normalized_ips() {
         assert_eq!(reservation_name(addr("10.88.0.10"), ""), "10.88.0.10");
@@ -409,13 +417,7 @@ mod tests {
         p.want(a, listed("web-1"));
         assert!(!p.has_work(), "the same want is no new call");
         p.want(a, None);
-        assert_eq!(
-            p.take_ops(),
-            [Op::Delete {
-                addr: a,
-                uid: "uid-1".into()
-            }]
-        );
+        assert_eq!(p.take_ops(), deletes(a, "uid-1"));
         p.released(a, "uid-1");
         assert!(p.take_ops().is_empty());
         assert_eq!(p.own_count(), 0);
@@ -516,13 +518,7 @@ mod tests {
         p.take_ops();
         p.want(a, None);
         p.held(a, own("uid-1"));
-        assert_eq!(
-            p.take_ops(),
-            [Op::Delete {
-                addr: a,
-                uid: "uid-1".into()
-            }]
-        );
+        assert_eq!(p.take_ops(), deletes(a, "uid-1"));
     }
 
     #[test]
@@ -537,10 +533,7 @@ mod tests {
         ]);
         assert_eq!(
             p.take_ops(),
-            [Op::Delete {
-                addr: stale,
-                uid: "uid-s".into()
-            }],
+            deletes(stale, "uid-s"),
             "a stale own one goes; whereabouts' labelled one is only forgotten"
         );
         assert_eq!(p.own_count(), 2);
@@ -561,10 +554,7 @@ mod tests {
         ]);
         assert_eq!(
             p.take_ops(),
-            [Op::Delete {
-                addr: moved_on,
-                uid: "uid-m".into()
-            }],
+            deletes(moved_on, "uid-m"),
             "only the one whose holder went"
         );
         // Its quarantine keeps it; it goes when the quarantine ends.
@@ -587,13 +577,7 @@ mod tests {
         p.take_ops();
         // The quarantine ends; the address has a new live holder: ipq's own goes.
         p.want(a, live("web-2"));
-        assert_eq!(
-            p.take_ops(),
-            [Op::Delete {
-                addr: a,
-                uid: "uid-1".into()
-            }]
-        );
+        assert_eq!(p.take_ops(), deletes(a, "uid-1"));
         p.released(a, "uid-1");
         // The list the watcher took before that delete, then the delete's event.
         p.relisted(vec![(a, own_for("uid-1", "web-1"))]);
