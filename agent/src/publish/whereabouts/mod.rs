@@ -408,14 +408,14 @@ impl<S: Store> Task<S> {
         self.count_failure(e);
         let delay = self.backoff.next_delay();
         self.next_round = now + delay;
-        self.log_failure(e, &format!("retrying in {delay:?}"));
+        self.log_failure("write", e, &format!("retrying in {delay:?}"));
     }
 
     /// The watch failed: counted, shown and logged; the store retries it with its own backoff,
     /// and the calls go on (what the watch misses meanwhile, a list after it tells).
     fn watch_failed(&mut self, e: &WriteError) {
         self.count_failure(e);
-        self.log_failure(e, "the watch is retried with backoff");
+        self.log_failure("watch", e, "retried with backoff");
     }
 
     fn count_failure(&mut self, e: &WriteError) {
@@ -496,7 +496,9 @@ impl<S: Store> Task<S> {
         Ok(())
     }
 
-    fn log_failure(&mut self, e: &WriteError, then: &str) {
+    /// Logs a failure of a `what` (a write, the watch) when its reason is new, and every
+    /// `FAILURE_LOG_EVERY` while it lasts.
+    fn log_failure(&mut self, what: &str, e: &WriteError, then: &str) {
         let text = e.to_string();
         let due = self
             .last_logged
@@ -504,8 +506,8 @@ impl<S: Store> Task<S> {
             .is_none_or(|(at, last)| *last != text || at.elapsed() >= FAILURE_LOG_EVERY);
         if due {
             warn!(
-                "whereabouts reservations: call failed ({}): {text}; {then} (enforcement on \
-                 this node is not affected)",
+                "whereabouts reservations: {what} failed ({}): {text}; {then} (enforcement \
+                 on this node is not affected)",
                 <&str>::from(e.reason),
             );
             self.last_logged = Some((Instant::now(), text));
