@@ -48,17 +48,13 @@ fn an_unreachable_api_server_leaves_the_node_enforcing_and_the_projection_retryi
         "{addr}: the fenced old holder's traffic passed while the API server was down"
     );
 
-    let failures = poll(
-        "two failed projection watch attempts counted",
-        SETTLE,
-        || {
-            let n = agent.metric(
-                "ipq_publish_whereabouts_failures_total",
-                &[("reason", "unreachable")],
-            )?;
-            Ok((n >= 2.0).then_some(n))
-        },
-    )?;
+    let failures = poll("two failed watch attempts counted", SETTLE, || {
+        let n = agent.metric(
+            "ipq_publish_whereabouts_failures_total",
+            &[("reason", "unreachable")],
+        )?;
+        Ok((n >= 2.0).then_some(n))
+    })?;
     let status: Value = request(&agent.api_socket(), "GET", "/v1/status", None)?.json()?;
     let view = &status["whereabouts"];
     ensure!(
