@@ -190,6 +190,10 @@ fn ipq_keeps_whereabouts_from_handing_out_a_quarantined_address() -> anyhow::Res
     phase("a force delete while no agent runs", || {
         whereabouts::a_force_delete_while_no_agent_runs_is_made_good_by_the_next(&mut cluster)
     })?;
+    phase(
+        "the agent's watch across a restart of kube-apiserver",
+        || whereabouts::the_watch_comes_back_after_an_api_server_restart(&mut cluster),
+    )?;
     phase("each node's agent writes only its own objects", || {
         own_objects::a_nodes_token_is_refused_on_other_nodes_objects(&mut cluster)
     })?;

@@ -11,6 +11,8 @@ use tokio::{
     time::{sleep_until, Instant},
 };
 
+use crate::publish::Backoff;
+
 use super::{
     aggregate::{Aggregator, Pacing, Taken, Write},
     kube_events::{EventSink, SinkError},
@@ -18,7 +20,9 @@ use super::{
     notice::Happening,
 };
 
-/// The first wait after a failed write; doubled per failure up to [`MAX_RETRY`].
+/// The first wait after a failed write; doubled per failure up to [`MAX_RETRY`], each with up
+/// to half of it more at random (the publisher's [`Backoff`]: the nodes do not retry in
+/// lockstep after an outage).
 const FIRST_RETRY: Duration = Duration::from_millis(500);
 const MAX_RETRY: Duration = Duration::from_secs(30);
 /// How often a failure that keeps happening is logged (every one is counted).
@@ -31,7 +35,7 @@ struct Writer<S> {
     metrics: Arc<EventMetrics>,
     /// No write before then (a failure's backoff).
     retry_at: Option<Instant>,
-    retry_delay: Duration,
+    backoff: Backoff,
     last_logged: Option<Instant>,
 }
 
@@ -49,7 +53,7 @@ pub async fn run<S: EventSink>(
         aggregator: Aggregator::new(pacing),
         metrics,
         retry_at: None,
-        retry_delay: FIRST_RETRY,
+        backoff: Backoff::new(FIRST_RETRY, MAX_RETRY),
         last_logged: None,
     };
     loop {
@@ -153,7 +157,7 @@ impl<S: EventSink> Writer<S> {
             Ok(()) => {
                 self.metrics.emitted(key.reason);
                 self.retry_at = None;
-                self.retry_delay = FIRST_RETRY;
+                self.backoff.reset();
             }
             Err(SinkError::Gone) => {
                 debug!(
@@ -165,8 +169,7 @@ impl<S: EventSink> Writer<S> {
             Err(SinkError::Failed(e)) => {
                 self.metrics.failed(e.reason);
                 self.aggregator.lost(&key);
-                self.retry_at = Some(Instant::now() + self.retry_delay);
-                self.retry_delay = (self.retry_delay * 2).min(MAX_RETRY);
+                self.retry_at = Some(Instant::now() + self.backoff.next_delay());
                 let now = Instant::now();
                 if self
                     .last_logged

@@ -1,8 +1,9 @@
 //! The one backoff of every loop that retries a call to the API server (the NodeQuarantine
-//! writer, the whereabouts projection): doubling from a first delay up to a cap, each delay
-//! stretched by a random part of up to half of it. After an API server outage every node's
-//! agent fails at the same moment; without the random part they would retry in lockstep for as
-//! long as it lasts (and after it, when the API server is busiest).
+//! writer, the whereabouts projection's calls and its watch, kube's watcher included, the pod
+//! Events writer, the API server's prober, the other nodes' view): doubling from a first delay
+//! up to a cap, each delay stretched by a random part of up to half of it. After an API server
+//! outage every node's agent fails at the same moment; without the random part they would
+//! retry in lockstep for as long as it lasts (and after it, when the API server is busiest).
 
 use std::{
     collections::hash_map::RandomState,
@@ -66,6 +67,22 @@ impl Backoff {
     }
 }
 
+/// kube's watcher takes its retries from an iterator of delays, reset after each success
+/// (`WatchStreamExt::backoff`): the same delays as every other loop's, never giving up.
+impl Iterator for Backoff {
+    type Item = Duration;
+
+    fn next(&mut self) -> Option<Duration> {
+        Some(self.next_delay())
+    }
+}
+
+impl kube::runtime::utils::Backoff for Backoff {
+    fn reset(&mut self) {
+        Backoff::reset(self);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -94,5 +111,46 @@ mod tests {
         );
         assert_ne!(a, b, "two backoffs drew the same 8 delays");
         assert!(a.iter().all(|d| *d < first));
+    }
+
+    /// Two nodes' agents failing at the same moment (an API server outage) retry at different
+    /// moments from the first retry on, and keep apart: the schedules, as sums of the delays,
+    /// differ at every step.
+    #[test]
+    fn two_agents_retry_schedules_differ() {
+        let schedule = |mut b: Backoff| {
+            let mut at = Duration::ZERO;
+            (0..10)
+                .map(|_| {
+                    at += b.next_delay();
+                    at
+                })
+                .collect::<Vec<_>>()
+        };
+        let first = Duration::from_millis(500);
+        let max = Duration::from_secs(30);
+        let (a, b) = (
+            schedule(Backoff::new(first, max)),
+            schedule(Backoff::new(first, max)),
+        );
+        let same = a.iter().zip(&b).filter(|(a, b)| a == b).count();
+        assert_eq!(same, 0, "retries at the same moments: {a:?} and {b:?}");
+    }
+
+    /// kube's watcher takes the same delays through the iterator, and a reset (after the
+    /// watcher's next success) starts again from the first delay.
+    #[test]
+    fn the_watchers_backoff_is_this_one() {
+        let first = Duration::from_millis(500);
+        let mut backoff = Backoff::new(first, Duration::from_secs(30));
+        let delays: Vec<Duration> = backoff.by_ref().take(3).collect();
+        assert!(
+            delays[0] >= first && delays[0] < first * 3 / 2,
+            "{delays:?}"
+        );
+        assert!(delays[2] >= first * 4, "doubling: {delays:?}");
+        kube::runtime::utils::Backoff::reset(&mut backoff);
+        let after_reset = backoff.next().expect("never gives up");
+        assert!(after_reset < first * 3 / 2, "{after_reset:?}");
     }
 }

@@ -65,6 +65,14 @@ impl CachedClient {
         }
     }
 
+    /// Whether the next [`Self::get`] makes a new client: none is kept, or a credentials file
+    /// changed since it was made. A long-lived user of a client (a watch) starts again then.
+    pub fn files_changed(&self) -> bool {
+        self.cached
+            .as_ref()
+            .is_none_or(|(_, made_with)| *made_with != fingerprint(self.kubeconfig.as_deref()))
+    }
+
     /// How many clients were made.
     #[cfg(test)]
     pub fn builds(&self) -> u64 {
@@ -166,7 +174,12 @@ mod tests {
 
         // The CA the kubeconfig names is rotated (a relative path, as kubectl resolves it).
         write_ca(&ca, 22);
+        assert!(
+            clients.files_changed(),
+            "a long-lived watch sees the rotation"
+        );
         clients.get().await.expect("a client");
+        assert!(!clients.files_changed());
         assert_eq!(clients.builds(), 2, "a rotated CA: a new client");
 
         // The kubeconfig's token is rotated.

@@ -1,5 +1,6 @@
 //! The other nodes' quarantines, for `ipq status`: their NodeQuarantine objects, listed every
-//! [`READ_EVERY`] by a task off the agent's loop (where RBAC grants `list`), summarized with a
+//! [`READ_EVERY`] (and up to half of it more at random, as [`Backoff`] spreads every retry:
+//! the nodes' lists do not meet at the API server) by a task off the agent's loop (where RBAC grants `list`), summarized with a
 //! bound ([`summarize`]: per node its counts and its [`NEWEST`] newest entries, at most
 //! [`MAX_NODES`] nodes). Enforcement never depends on it; a failing read is shown, not retried
 //! faster.
@@ -14,7 +15,7 @@ use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams};
 use log::debug;
 use serde_json::Value;
 
-use super::{kube_client, kube_failure, GROUP, KIND, PLURAL, VERSION};
+use super::{kube_client, kube_failure, Backoff, GROUP, KIND, PLURAL, VERSION};
 use crate::api::model::{ClusterEntry, ClusterView, NodeQuarantineSummary};
 
 /// How often the objects are listed.
@@ -46,6 +47,7 @@ impl ClusterReader {
 }
 
 async fn read_forever(own: String, kubeconfig: Option<PathBuf>, view: Arc<Mutex<ClusterView>>) {
+    let mut pace = Backoff::new(READ_EVERY, READ_EVERY);
     loop {
         let read = read_once(&own, kubeconfig.as_deref()).await;
         {
@@ -62,7 +64,7 @@ async fn read_forever(own: String, kubeconfig: Option<PathBuf>, view: Arc<Mutex<
                 }
             }
         }
-        tokio::time::sleep(READ_EVERY).await;
+        tokio::time::sleep(pace.next_delay()).await;
     }
 }
 

@@ -78,6 +78,18 @@ impl Cluster {
         &self.control_plane.admin_kubeconfig
     }
 
+    /// Stops kube-apiserver (killed: its port refuses connections) until
+    /// [`Cluster::start_apiserver`].
+    pub fn stop_apiserver(&mut self) {
+        self.control_plane.stop_apiserver();
+    }
+
+    /// Starts kube-apiserver again; returns once it answers `/readyz`, with when the probe that
+    /// saw it ready began.
+    pub fn start_apiserver(&mut self) -> anyhow::Result<std::time::SystemTime> {
+        self.control_plane.start_apiserver(&self.host)
+    }
+
     /// Fails naming the first component that has exited.
     pub fn check_running(&mut self) -> anyhow::Result<()> {
         self.control_plane.check_running()?;

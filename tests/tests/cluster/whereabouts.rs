@@ -55,6 +55,12 @@ fn terminate_then_force_delete_and_wait_freed(
     cluster: &mut Cluster,
     name: &str,
 ) -> anyhow::Result<()> {
+    begin_termination(cluster, name)?;
+    force_delete_and_wait_freed(cluster, name)
+}
+
+/// Deletes the pod and waits until its kubelet has begun terminating it.
+fn begin_termination(cluster: &mut Cluster, name: &str) -> anyhow::Result<()> {
     cluster
         .kubectl()
         .run(&["-n", "default", "delete", "pod", name, "--wait=false"])?;
@@ -73,6 +79,12 @@ fn terminate_then_force_delete_and_wait_freed(
         ],
         |events| events["items"].as_array().is_some_and(|i| !i.is_empty()),
     )?;
+    Ok(())
+}
+
+/// Force-deletes the terminating pod (its container runs on: asserted) and waits until
+/// whereabouts' control loop has freed its address.
+fn force_delete_and_wait_freed(cluster: &mut Cluster, name: &str) -> anyhow::Result<()> {
     cluster.kubectl().run(&[
         "-n",
         "default",
@@ -417,17 +429,7 @@ pub fn a_force_delete_while_no_agent_runs_is_made_good_by_the_next(
 ) -> anyhow::Result<()> {
     clear(cluster, &["wb-c-next"])?;
     let victim = "wb-d-victim";
-    let address = running(cluster, victim, true)?;
-    ensure!(address == RANGE_START, "the first pod's address: {address}");
-    wait_reservation(
-        cluster,
-        &address,
-        "whereabouts' own, labelled by ipq",
-        |r| {
-            r["metadata"]["labels"]["ipq.dev/node"] == NODE_NAME
-                && r["spec"]["podref"] == format!("default/{victim}").as_str()
-        },
-    )?;
+    let address = running_and_labelled(cluster, victim)?;
 
     agent_off_the_node(cluster, true)?;
     terminate_then_force_delete_and_wait_freed(cluster, victim)?;
@@ -451,6 +453,94 @@ pub fn a_force_delete_while_no_agent_runs_is_made_good_by_the_next(
     );
     tasks::kill_running(&cluster.host, victim)?;
     Ok(())
+}
+
+/// The agent's watch of the reservations across a restart of kube-apiserver (kube's watcher
+/// and its backoff): kube-apiserver is stopped while a pod whose container ignores SIGTERM is
+/// terminating, and the agent's watch fails (counted as `unreachable`). kube-apiserver is
+/// started again and the pod force-deleted at once: whereabouts frees its address while the
+/// agent's watch is coming back (from a version the restarted API server may no longer have:
+/// 410 Gone, a fresh list). The agent lists again (counted) and ends with exactly one
+/// reservation labelled for its node, ipq's own for the live holder: none lost, none made
+/// twice; the next pod is given the range's other address.
+pub fn the_watch_comes_back_after_an_api_server_restart(
+    cluster: &mut Cluster,
+) -> anyhow::Result<()> {
+    clear(cluster, &["wb-d-next"])?;
+    let victim = "wb-e-victim";
+    let address = running_and_labelled(cluster, victim)?;
+    let lists = "ipq_publish_whereabouts_lists_total";
+    let unreachable = "ipq_publish_whereabouts_failures_total{reason=\"unreachable\"}";
+    let lists_before = metric(cluster, lists)?;
+    ensure!(
+        lists_before >= 1.0,
+        "{lists} is {lists_before} with the watch running"
+    );
+    let unreachable_before = metric(cluster, unreachable)?;
+    begin_termination(cluster, victim)?;
+
+    cluster.stop_apiserver();
+    ipq_tests::lab::poll(
+        "the agent's watch to fail on the stopped API server",
+        Duration::from_secs(60),
+        || Ok((metric(cluster, unreachable)? > unreachable_before).then_some(())),
+    )?;
+    cluster.start_apiserver()?;
+    force_delete_and_wait_freed(cluster, victim)?;
+
+    wait_reservation(cluster, &address, "ipq's own, after the restart", |r| {
+        own_for(r, victim)
+    })?;
+    ipq_tests::lab::poll(
+        "the agent's watch to list again",
+        Duration::from_secs(60),
+        || Ok((metric(cluster, lists)? > lists_before).then_some(())),
+    )?;
+    let labelled = cluster.kubectl().json(&[
+        "-n",
+        whereabouts::NAMESPACE,
+        "get",
+        "overlappingrangeipreservations.whereabouts.cni.cncf.io",
+        "-l",
+        &format!("ipq.dev/node={NODE_NAME}"),
+    ])?;
+    let items = labelled["items"].as_array().context("items")?;
+    ensure!(
+        items.len() == 1
+            && items[0]["metadata"]["name"] == address.as_str()
+            && own_for(&items[0], victim),
+        "the reservations labelled for the node after the restart: {items:?}"
+    );
+    ipq_tests::lab::poll(
+        "ipq status to count its one reservation",
+        Duration::from_secs(30),
+        || Ok((status_reservations(cluster)? == 1).then_some(())),
+    )?;
+    tasks::ensure_running(&cluster.host, victim, "after the API server's restart")?;
+    let next = running(cluster, "wb-e-next", false)?;
+    ensure!(
+        next == RANGE_END,
+        "after the API server's restart the next pod got {next}, not the range's other address"
+    );
+    tasks::kill_running(&cluster.host, victim)?;
+    Ok(())
+}
+
+/// Starts `victim` (its container ignores SIGTERM) on the range's first address and waits until
+/// ipq has labelled whereabouts' reservation of it; that address.
+fn running_and_labelled(cluster: &mut Cluster, victim: &str) -> anyhow::Result<String> {
+    let address = running(cluster, victim, true)?;
+    ensure!(address == RANGE_START, "the first pod's address: {address}");
+    wait_reservation(
+        cluster,
+        &address,
+        "whereabouts' own, labelled by ipq",
+        |r| {
+            r["metadata"]["labels"]["ipq.dev/node"] == NODE_NAME
+                && r["spec"]["podref"] == format!("default/{victim}").as_str()
+        },
+    )?;
+    Ok(address)
 }
 
 /// Takes the agent's DaemonSet pod off the node (`off`: a nodeSelector label no node has) and

@@ -48,7 +48,7 @@ fn an_unreachable_api_server_leaves_the_node_enforcing_and_the_projection_retryi
         "{addr}: the fenced old holder's traffic passed while the API server was down"
     );
 
-    let failures = poll("two failed projection calls counted", SETTLE, || {
+    let failures = poll("two failed watch attempts counted", SETTLE, || {
         let n = agent.metric(
             "ipq_publish_whereabouts_failures_total",
             &[("reason", "unreachable")],
@@ -77,7 +77,8 @@ fn an_unreachable_api_server_leaves_the_node_enforcing_and_the_projection_retryi
     ensure!(
         agent
             .log()
-            .contains("whereabouts reservations: write failed (unreachable)"),
+            // No write before the watch's first list: it is the watch that fails.
+            .contains("whereabouts reservations: watch failed (unreachable)"),
         "the failure is logged:\n{}",
         agent.log()
     );

@@ -1,17 +1,16 @@
 //! whereabouts' OverlappingRangeIPReservations in the API server: ipq's own made and deleted
 //! (only by uid), whereabouts' own of a live pod labelled (a merge patch of metadata, refused
 //! if the object changed since it was read), all of them listed and watched by the label naming
-//! this node, and the node's NodeQuarantine read once for the owner reference that has ipq's
-//! own collected with it.
+//! this node (kube's watcher: [`super::watch`]), and the node's NodeQuarantine read once for
+//! the owner reference that has ipq's own collected with it.
 
 use std::{net::IpAddr, path::PathBuf, time::Duration};
 
-use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::Pod;
 use kube::{
     api::{
-        ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
-        PostParams, Preconditions, WatchEvent, WatchParams,
+        ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
+        Preconditions,
     },
     Api, Client,
 };
@@ -20,10 +19,12 @@ use tokio::sync::mpsc;
 
 use super::{
     super::{
+        api_health::ApiHealth,
         client::CachedClient,
         kube_sink::{self, failure, not_found, REQUEST_TIMEOUT},
     },
     projection::reservation_name,
+    watch::{self, WATCH_SECONDS},
     Hold, Reserved, Store, StoreEvent, Target,
 };
 use crate::publish::{FailureReason, WriteError};
@@ -39,11 +40,10 @@ pub const ADDRESS_ANNOTATION: &str = "ipq.dev/address";
 /// The annotation naming the holder the address is kept from the next pod for.
 pub const HOLDER_ANNOTATION: &str = "ipq.dev/holder";
 
-/// How long a watch lasts before the API server ends it (and it is started again); its
-/// client waits a little longer for a word, so that a dead connection is noticed.
-const WATCH_SECONDS: u32 = 290;
 /// Watch events waiting for the projection (one per deletion seen): past them the watch waits.
 const WATCH_EVENTS: usize = 256;
+/// The watch's client waits a little longer than a watch lasts for a word from the API server
+/// (a watch is quiet for minutes, longer than a request may be).
 const WATCH_READ_TIMEOUT: Duration = Duration::from_secs(WATCH_SECONDS as u64 + 40);
 
 /// The podRef of ipq's reservations: not a pod that can exist (`:` is in no namespace's
@@ -66,9 +66,10 @@ pub fn node_label_value(node: &str) -> String {
 
 pub struct KubeStore {
     target: Target,
+    kubeconfig: Option<PathBuf>,
     client: CachedClient,
-    /// The watch's own: a watch is quiet for minutes, longer than a request may be.
-    watch_client: CachedClient,
+    /// Told of the watch's failures and returns (the NodeQuarantine writer's).
+    health: ApiHealth,
     /// The NodeQuarantine's uid, for the owner reference.
     owner_uid: Option<String>,
     events_tx: mpsc::Sender<StoreEvent>,
@@ -77,7 +78,7 @@ pub struct KubeStore {
 }
 
 impl KubeStore {
-    pub fn new(target: Target, kubeconfig: Option<PathBuf>) -> Self {
+    pub fn new(target: Target, kubeconfig: Option<PathBuf>, health: ApiHealth) -> Self {
         // Bounded: a watch whose deletions are not taken waits (and the API server's stream
         // with it, which ends the watch if it waits too long: a fresh list then says what was
         // missed), so a flood of deletions never grows the agent's heap.
@@ -85,7 +86,8 @@ impl KubeStore {
         Self {
             target,
             client: CachedClient::new(kubeconfig.clone(), REQUEST_TIMEOUT),
-            watch_client: CachedClient::new(kubeconfig, WATCH_READ_TIMEOUT),
+            kubeconfig,
+            health,
             owner_uid: None,
             events_tx,
             events,
@@ -101,22 +103,12 @@ impl KubeStore {
     fn checked<T>(&mut self, result: Result<T, WriteError>) -> Result<T, WriteError> {
         if let Err(e) = &result {
             self.client.after_failure(e);
-            self.watch_client.after_failure(e);
         }
         result
     }
 
     fn reservations(&self, client: Client) -> Api<DynamicObject> {
-        let gvk = GroupVersionKind::gvk(GROUP, VERSION, KIND);
-        Api::namespaced_with(
-            client,
-            &self.target.namespace,
-            &ApiResource::from_gvk_with_plural(&gvk, PLURAL),
-        )
-    }
-
-    fn selector(&self) -> String {
-        format!("{NODE_LABEL}={}", node_label_value(&self.target.node))
+        reservations(client, &self.target.namespace)
     }
 
     fn name(&self, addr: IpAddr) -> String {
@@ -178,28 +170,6 @@ impl KubeStore {
         })
     }
 
-    /// How ipq holds `object`: `None` when this node's agent does not watch it.
-    fn hold_of(&self, object: &DynamicObject) -> Option<Hold> {
-        let watched = object
-            .metadata
-            .labels
-            .as_ref()
-            .and_then(|labels| labels.get(NODE_LABEL))
-            .is_some_and(|value| *value == node_label_value(&self.target.node));
-        let own = object.data["spec"]["podref"].as_str()
-            == Some(quarantine_pod_ref(&self.target.node).as_str());
-        let holder = own
-            .then(|| object.metadata.annotations.as_ref()?.get(HOLDER_ANNOTATION))
-            .flatten()
-            .filter(|holder| !holder.is_empty())
-            .cloned();
-        watched.then(|| Hold {
-            uid: object.metadata.uid.clone().unwrap_or_default(),
-            own,
-            holder,
-        })
-    }
-
     /// `addr`'s reservation, if there is one.
     async fn get(
         &self,
@@ -220,7 +190,7 @@ impl KubeStore {
         existing: &DynamicObject,
         pod_ref: Option<&str>,
     ) -> Result<Reserved, WriteError> {
-        if let Some(hold) = self.hold_of(existing) {
+        if let Some(hold) = hold_of(&self.target.node, existing) {
             return Ok(Reserved::AlreadyHeld(hold));
         }
         let its_pod_ref = existing.data["spec"]["podref"].as_str();
@@ -247,21 +217,6 @@ impl KubeStore {
             Err(e) => Err(failure(&format!("labelling {KIND} {name}"), e)),
         }
     }
-
-    fn start_watch(&mut self, client: Client, resource_version: String) {
-        if let Some(old) = self.watch.take() {
-            old.abort();
-        }
-        let api = self.reservations(client);
-        let selector = self.selector();
-        let events = self.events_tx.clone();
-        self.watch = Some(tokio::spawn(watch_ours(
-            api,
-            selector,
-            resource_version,
-            events,
-        )));
-    }
 }
 
 impl Drop for KubeStore {
@@ -272,75 +227,35 @@ impl Drop for KubeStore {
     }
 }
 
-/// Reports each deletion of a reservation ipq watches; `Lost` when the watch cannot go on
-/// (the store then lists again; with the error when it failed rather than expired).
-async fn watch_ours(
-    api: Api<DynamicObject>,
-    selector: String,
-    mut resource_version: String,
-    events: mpsc::Sender<StoreEvent>,
-) {
-    let params = WatchParams::default()
-        .labels(&selector)
-        .timeout(WATCH_SECONDS);
-    loop {
-        let stream = match api.watch(&params, &resource_version).await {
-            Ok(stream) => stream,
-            Err(e) => {
-                let _ = events
-                    .send(StoreEvent::Lost(Some(failure(
-                        &format!("watching ipq's {KIND}s"),
-                        e,
-                    ))))
-                    .await;
-                return;
-            }
-        };
-        let mut stream = std::pin::pin!(stream);
-        while let Some(event) = stream.next().await {
-            match event {
-                Ok(WatchEvent::Deleted(object)) => {
-                    if let Some(version) = object.metadata.resource_version {
-                        resource_version = version;
-                    }
-                    if let Some(uid) = object.metadata.uid {
-                        let _ = events.send(StoreEvent::Deleted(uid)).await;
-                    }
-                }
-                Ok(WatchEvent::Added(object) | WatchEvent::Modified(object)) => {
-                    if let Some(version) = object.metadata.resource_version {
-                        resource_version = version;
-                    }
-                }
-                Ok(WatchEvent::Bookmark(bookmark)) => {
-                    resource_version = bookmark.metadata.resource_version;
-                }
-                // Expired: a fresh list tells what was missed.
-                Ok(WatchEvent::Error(status)) if status.code == 410 => {
-                    let _ = events.send(StoreEvent::Lost(None)).await;
-                    return;
-                }
-                Ok(WatchEvent::Error(status)) => {
-                    let _ = events
-                        .send(StoreEvent::Lost(Some(WriteError {
-                            reason: FailureReason::Refused,
-                            message: format!("watching ipq's {KIND}s: {}", status.message),
-                        })))
-                        .await;
-                    return;
-                }
-                Err(e) => {
-                    let _ = events
-                        .send(StoreEvent::Lost(Some(failure(
-                            &format!("watching ipq's {KIND}s"),
-                            e,
-                        ))))
-                        .await;
-                    return;
-                }
-            }
-        }
-    }
+/// The reservations in whereabouts' `namespace`.
+pub(super) fn reservations(client: Client, namespace: &str) -> Api<DynamicObject> {
+    let gvk = GroupVersionKind::gvk(GROUP, VERSION, KIND);
+    Api::namespaced_with(
+        client,
+        namespace,
+        &ApiResource::from_gvk_with_plural(&gvk, PLURAL),
+    )
+}
+
+/// How ipq holds `object`: `None` when `node`'s agent does not watch it.
+pub(super) fn hold_of(node: &str, object: &DynamicObject) -> Option<Hold> {
+    let watched = object
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|labels| labels.get(NODE_LABEL))
+        .is_some_and(|value| *value == node_label_value(node));
+    let own = object.data["spec"]["podref"].as_str() == Some(quarantine_pod_ref(node).as_str());
+    let holder = own
+        .then(|| object.metadata.annotations.as_ref()?.get(HOLDER_ANNOTATION))
+        .flatten()
+        .filter(|holder| !holder.is_empty())
+        .cloned();
+    watched.then(|| Hold {
+        uid: object.metadata.uid.clone().unwrap_or_default(),
+        own,
+        holder,
+    })
 }
 
 /// Whether the pod `namespace/name` (of `uid`, when known) is in the API server: a pod made
@@ -358,34 +273,6 @@ async fn pod_exists(client: &Client, pod_ref: &str, uid: Option<&str>) -> Result
 }
 
 impl KubeStore {
-    async fn sync_inner(&mut self) -> Result<Vec<(IpAddr, Hold)>, WriteError> {
-        let client = self.client().await?;
-        self.owner_uid(&client).await?;
-        let api = self.reservations(client);
-        let listed = api
-            .list(&ListParams::default().labels(&self.selector()))
-            .await
-            .map_err(|e| failure(&format!("listing ipq's {KIND}s"), e))?;
-        let held = listed
-            .items
-            .iter()
-            .filter_map(|object| {
-                let addr = object
-                    .metadata
-                    .annotations
-                    .as_ref()?
-                    .get(ADDRESS_ANNOTATION)?
-                    .parse()
-                    .ok()?;
-                Some((addr, self.hold_of(object)?))
-            })
-            .collect();
-        let version = listed.metadata.resource_version.unwrap_or_default();
-        let watch_client = self.watch_client.get().await?;
-        self.start_watch(watch_client, version);
-        Ok(held)
-    }
-
     async fn reserve_inner(
         &mut self,
         addr: IpAddr,
@@ -461,9 +348,16 @@ impl KubeStore {
 }
 
 impl Store for KubeStore {
-    async fn sync(&mut self) -> Result<Vec<(IpAddr, Hold)>, WriteError> {
-        let result = self.sync_inner().await;
-        self.checked(result)
+    fn follow(&mut self) {
+        if let Some(old) = self.watch.take() {
+            old.abort();
+        }
+        self.watch = Some(tokio::spawn(watch::follow(
+            self.target.clone(),
+            CachedClient::new(self.kubeconfig.clone(), WATCH_READ_TIMEOUT),
+            self.health.clone(),
+            self.events_tx.clone(),
+        )));
     }
 
     async fn reserve(
@@ -491,8 +385,11 @@ impl Store for KubeStore {
     }
 
     async fn event(&mut self) -> StoreEvent {
-        // The store keeps a sender: this never ends.
-        self.events.recv().await.unwrap_or(StoreEvent::Lost(None))
+        match self.events.recv().await {
+            Some(event) => event,
+            // Not before the store is dropped: it keeps a sender.
+            None => std::future::pending().await,
+        }
     }
 }
 

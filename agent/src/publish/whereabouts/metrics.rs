@@ -17,6 +17,8 @@ pub struct ProjectionMetrics {
     pub reservations: IntGauge,
     /// Listed addresses whose reservation names another pod (left alone, checked again).
     pub foreign: IntGauge,
+    /// Complete lists the watch took (its start, and each restart after it expired).
+    pub lists: IntCounter,
 }
 
 impl ProjectionMetrics {
@@ -35,10 +37,11 @@ impl ProjectionMetrics {
             IntCounterVec::new(
                 Opts::new(
                     "ipq_publish_whereabouts_failures_total",
-                    "Writes of whereabouts reservations that failed, by reason: config (no \
-                     client could be made), unreachable (no answer from the API server), \
-                     refused (an error answer: RBAC, CRD missing, no NodeQuarantine yet). \
-                     Retried with backoff; enforcement on the node does not depend on them.",
+                    "Writes of whereabouts reservations, and failures of their watch, that \
+                     failed, by reason: config (no client could be made), unreachable (no \
+                     answer from the API server), refused (an error answer: RBAC, CRD missing, \
+                     no NodeQuarantine yet). Retried with backoff; enforcement on the node does \
+                     not depend on them.",
                 ),
                 &["reason"],
             )?,
@@ -72,12 +75,23 @@ impl ProjectionMetrics {
                  pod: left alone (whereabouts skips the address while it exists), checked again.",
             )?,
         )?;
+        let lists = registered(
+            registry,
+            IntCounter::new(
+                "ipq_publish_whereabouts_lists_total",
+                "Complete lists of this node's whereabouts reservations the agent's watch took: \
+                 one at start, one more each time the watch expired (410 Gone: the API \
+                 server's history moved past it) or was started again (the API server back \
+                 after an outage, rotated credentials).",
+            )?,
+        )?;
         Ok(Self {
             writes,
             failures,
             recreated,
             reservations,
             foreign,
+            lists,
         })
     }
 

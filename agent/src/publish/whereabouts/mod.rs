@@ -31,6 +31,7 @@
 mod kube_store;
 mod metrics;
 mod projection;
+mod watch;
 
 use std::{
     future::Future,
@@ -98,17 +99,20 @@ pub enum Reserved {
 /// What the store saw happen to ipq's reservations.
 #[derive(Debug)]
 pub enum StoreEvent {
+    /// Every reservation ipq watches, as a complete list found them: the first, or a new one
+    /// after the watch expired (410 Gone) or was started again. It replaces what was held.
+    Listed(Vec<(IpAddr, Hold)>),
     /// The reservation of this uid was deleted.
     Deleted(String),
-    /// The watch ended: what is held is to be listed again; with why, when it failed (a watch
-    /// that keeps failing backs off like any call, rather than listing again at once).
-    Lost(Option<WriteError>),
+    /// The watch failed; the store retries it with backoff (and lists again if it must).
+    Failed(WriteError),
 }
 
 /// The API server, or a test's double.
 pub trait Store {
-    /// Lists the reservations ipq watches and starts watching them.
-    fn sync(&mut self) -> impl Future<Output = Result<Vec<(IpAddr, Hold)>, WriteError>> + Send;
+    /// Starts listing and watching the reservations ipq watches: a [`StoreEvent::Listed`]
+    /// first, then what changes, for as long as the store lives.
+    fn follow(&mut self);
     /// [`Op::Reserve`]: makes ipq's own, or labels `pod_ref`'s own if it is there.
     fn reserve(
         &mut self,
@@ -226,7 +230,7 @@ pub fn start(
     health: ApiHealth,
 ) -> Feed {
     start_with(
-        KubeStore::new(target.clone(), kubeconfig),
+        KubeStore::new(target.clone(), kubeconfig, health.clone()),
         &target,
         Timing::default(),
         metrics,
@@ -238,6 +242,8 @@ struct Task<S> {
     store: S,
     projection: Projection,
     timing: Timing,
+    /// Whether the watch's first complete list came: no call before it (a previous run's
+    /// reservations would look unheld, and be made again or deleted).
     synced: bool,
     next_round: Instant,
     backoff: Backoff,
@@ -261,6 +267,8 @@ pub async fn run<S: Store>(
     health: ApiHealth,
 ) {
     let mut returns = health.returns();
+    let mut store = store;
+    store.follow();
     let mut task = Task {
         store,
         projection: Projection::default(),
@@ -277,7 +285,7 @@ pub async fn run<S: Store>(
         metrics,
     };
     loop {
-        let due = (!task.synced || task.projection.has_work()).then_some(task.next_round);
+        let due = (task.synced && task.projection.has_work()).then_some(task.next_round);
         tokio::select! {
             batch = changes.recv() => {
                 let Some(batch) = batch else { break };
@@ -324,7 +332,26 @@ impl<S: Store> Task<S> {
 
     fn saw(&mut self, event: StoreEvent) {
         match event {
+            StoreEvent::Listed(held) => {
+                self.health.answered();
+                self.metrics.projection.lists.inc();
+                info!(
+                    "whereabouts reservations: {} of this node's listed, watching them",
+                    held.len()
+                );
+                self.projection.relisted(held);
+                self.synced = true;
+                // A round waiting out failing calls keeps its backoff.
+                if !self.failing {
+                    self.next_round = Instant::now();
+                    self.failing_since = None;
+                    let mut view = lock(&self.view);
+                    view.last_error = None;
+                    view.failing_since = None;
+                }
+            }
             StoreEvent::Deleted(uid) => {
+                self.health.answered();
                 if let Some(addr) = self.projection.deleted(&uid) {
                     debug!("whereabouts reservation of {addr} deleted by someone else: made again");
                     self.metrics.projection.recreated.inc();
@@ -333,32 +360,21 @@ impl<S: Store> Task<S> {
                     self.next_round = Instant::now();
                 }
             }
-            StoreEvent::Lost(None) => {
-                self.synced = false;
-                self.next_round = Instant::now();
-            }
-            StoreEvent::Lost(Some(e)) => {
-                self.synced = false;
-                self.failed(&e, Instant::now());
-            }
+            StoreEvent::Failed(e) => self.watch_failed(&e),
         }
     }
 
-    /// Lists if needed, then makes every call due; stops at the first failure (the API server
-    /// is likely down for the rest too) and backs off.
+    /// Makes every call due; stops at the first failure (the API server is likely down for the
+    /// rest too) and backs off.
     async fn round(&mut self) {
         let outcome = self.calls().await;
         let now = Instant::now();
         match outcome {
-            Ok(listed) => {
+            Ok(()) => {
                 self.health.answered();
                 self.failing = false;
                 self.next_round = now + self.timing.min_interval;
-                // Not after a list: the watch it starts may fail at once, again and again, and
-                // must back off as a failing call does.
-                if !listed {
-                    self.backoff.reset();
-                }
+                self.backoff.reset();
                 if let Some(since) = self.failing_since.take() {
                     let for_s = SystemTime::now()
                         .duration_since(since)
@@ -386,37 +402,36 @@ impl<S: Store> Task<S> {
         view.writes_total = m.writes.get();
     }
 
-    /// A call (or the watch) failed: counted, shown, logged, and the next round backed off.
+    /// A call failed: counted, shown, logged, and the next round backed off.
     fn failed(&mut self, e: &WriteError, now: Instant) {
+        self.failing = true;
+        self.count_failure(e);
+        let delay = self.backoff.next_delay();
+        self.next_round = now + delay;
+        self.log_failure("write", e, &format!("retrying in {delay:?}"));
+    }
+
+    /// The watch failed: counted, shown and logged; the store retries it with its own backoff,
+    /// and the calls go on (what the watch misses meanwhile, a list after it tells).
+    fn watch_failed(&mut self, e: &WriteError) {
+        self.count_failure(e);
+        self.log_failure("watch", e, "retried with backoff");
+    }
+
+    fn count_failure(&mut self, e: &WriteError) {
         self.metrics.projection.failed(e.reason);
         if e.reason == FailureReason::Unreachable {
             self.health.unreachable();
         }
-        self.failing = true;
         let since = *self.failing_since.get_or_insert_with(SystemTime::now);
-        {
-            let mut view = lock(&self.view);
-            view.failures_total += 1;
-            view.last_error = Some(format!("{}: {e}", <&str>::from(e.reason)));
-            view.failing_since = Some(humantime::format_rfc3339_millis(since).to_string());
-        }
-        let delay = self.backoff.next_delay();
-        self.next_round = now + delay;
-        self.log_failure(e, delay);
+        let mut view = lock(&self.view);
+        view.failures_total += 1;
+        view.last_error = Some(format!("{}: {e}", <&str>::from(e.reason)));
+        view.failing_since = Some(humantime::format_rfc3339_millis(since).to_string());
     }
 
-    /// The calls of a round; whether it listed.
-    async fn calls(&mut self) -> Result<bool, WriteError> {
-        let listed = !self.synced;
-        if listed {
-            let held = self.store.sync().await?;
-            info!(
-                "whereabouts reservations: {} of this node's found, watching them",
-                held.len()
-            );
-            self.projection.relisted(held);
-            self.synced = true;
-        }
+    /// The calls of a round.
+    async fn calls(&mut self) -> Result<(), WriteError> {
         let mut ops = self.projection.take_ops().into_iter();
         while let Some(op) = ops.next() {
             if let Err(e) = self.call(&op).await {
@@ -426,7 +441,7 @@ impl<S: Store> Task<S> {
                 return Err(e);
             }
         }
-        Ok(listed)
+        Ok(())
     }
 
     async fn call(&mut self, op: &Op) -> Result<(), WriteError> {
@@ -440,7 +455,7 @@ impl<S: Store> Task<S> {
             Op::Delete { addr, uid } => {
                 self.store.delete(*addr, uid).await?;
                 self.metrics.projection.writes.inc();
-                self.projection.released(*addr);
+                self.projection.released(*addr, uid);
                 return Ok(());
             }
         };
@@ -481,7 +496,9 @@ impl<S: Store> Task<S> {
         Ok(())
     }
 
-    fn log_failure(&mut self, e: &WriteError, retry_in: Duration) {
+    /// Logs a failure of a `what` (a write, the watch) when its reason is new, and every
+    /// `FAILURE_LOG_EVERY` while it lasts.
+    fn log_failure(&mut self, what: &str, e: &WriteError, then: &str) {
         let text = e.to_string();
         let due = self
             .last_logged
@@ -489,10 +506,9 @@ impl<S: Store> Task<S> {
             .is_none_or(|(at, last)| *last != text || at.elapsed() >= FAILURE_LOG_EVERY);
         if due {
             warn!(
-                "whereabouts reservations: write failed ({}): {text}; retrying in {:?} \
-                 (enforcement on this node is not affected)",
+                "whereabouts reservations: {what} failed ({}): {text}; {then} (enforcement \
+                 on this node is not affected)",
                 <&str>::from(e.reason),
-                retry_in
             );
             self.last_logged = Some((Instant::now(), text));
         }

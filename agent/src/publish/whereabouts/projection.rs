@@ -4,7 +4,7 @@
 //! reports their outcome back; a test drives it directly.
 
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
     net::IpAddr,
 };
 
@@ -120,6 +120,16 @@ pub struct Hold {
 pub struct Projection {
     wanted: BTreeMap<IpAddr, Want>,
     held: BTreeMap<IpAddr, Hold>,
+    /// `held` by uid: a deletion the watch reports is found without a scan.
+    held_by_uid: HashMap<String, IpAddr>,
+    /// How many of `held` are ipq's own.
+    own: usize,
+    /// The uids of reservations ipq deleted whose deletion the watch has not reported yet: a
+    /// list taken before such a delete (the watcher lists again while calls go on) still has
+    /// the reservation, and its deletion, reported after that list, is ipq's, not someone
+    /// else's. Pruned at each list (what it lacks was deleted before it and is reported by no
+    /// later watch).
+    deleted_by_ipq: HashSet<String>,
     /// Live-held addresses whose reservation whereabouts deleted: ipq's own keeps them now.
     needs_own: BTreeSet<IpAddr>,
     /// Live-held addresses with no reservation of their pod's to watch (not whereabouts'):
@@ -203,7 +213,7 @@ impl Projection {
                 }),
                 // whereabouts' own, no longer of interest: forgotten, left as it is.
                 (None, Some(_)) => {
-                    self.held.remove(&addr);
+                    self.unhold(addr);
                 }
                 _ => {}
             }
@@ -219,9 +229,25 @@ impl Projection {
     /// ipq watches `addr`'s reservation now (made, labelled, or found at a relist).
     pub fn held(&mut self, addr: IpAddr, hold: Hold) {
         self.foreign.remove(&addr);
-        self.held.insert(addr, hold);
+        self.hold(addr, hold);
         // Changed meanwhile: looked at again.
         self.dirty.insert(addr);
+    }
+
+    fn hold(&mut self, addr: IpAddr, hold: Hold) {
+        self.unhold(addr);
+        self.own += usize::from(hold.own);
+        self.held_by_uid.insert(hold.uid.clone(), addr);
+        self.held.insert(addr, hold);
+    }
+
+    fn unhold(&mut self, addr: IpAddr) -> Option<Hold> {
+        let hold = self.held.remove(&addr)?;
+        self.own -= usize::from(hold.own);
+        if self.held_by_uid.get(&hold.uid) == Some(&addr) {
+            self.held_by_uid.remove(&hold.uid);
+        }
+        Some(hold)
     }
 
     /// `addr`'s reservation names another pod (or, for a live-held address, there is none of
@@ -239,9 +265,11 @@ impl Projection {
         }
     }
 
-    /// ipq's reservation of `addr` is gone (deleted by ipq, or found not to be ipq's).
-    pub fn released(&mut self, addr: IpAddr) {
-        self.held.remove(&addr);
+    /// ipq's reservation of `addr`, of `uid`, is gone (deleted by ipq, or found not to be
+    /// ipq's).
+    pub fn released(&mut self, addr: IpAddr, uid: &str) {
+        self.deleted_by_ipq.insert(uid.to_owned());
+        self.unhold(addr);
         if self.wanted.contains_key(&addr) {
             self.dirty.insert(addr);
         }
@@ -255,11 +283,11 @@ impl Projection {
     /// Someone deleted the reservation of `uid` ipq watched. The address it kept, when that is
     /// still wanted (ipq's own then keeps it).
     pub fn deleted(&mut self, uid: &str) -> Option<IpAddr> {
-        let addr = self
-            .held
-            .iter()
-            .find_map(|(addr, hold)| (hold.uid == uid).then_some(*addr))?;
-        self.held.remove(&addr);
+        if self.deleted_by_ipq.remove(uid) {
+            return None;
+        }
+        let addr = *self.held_by_uid.get(uid)?;
+        self.unhold(addr);
         self.wanted.contains_key(&addr).then(|| {
             self.needs_own.insert(addr);
             self.dirty.insert(addr);
@@ -269,8 +297,19 @@ impl Projection {
 
     /// What a fresh list of the reservations ipq watches found: it replaces what was held, and
     /// every address, wanted or held, is looked at again.
-    pub fn relisted(&mut self, listed: impl IntoIterator<Item = (IpAddr, Hold)>) {
-        self.held = listed.into_iter().collect();
+    pub fn relisted(&mut self, listed: Vec<(IpAddr, Hold)>) {
+        let uids: HashSet<&str> = listed.iter().map(|(_, hold)| hold.uid.as_str()).collect();
+        self.deleted_by_ipq
+            .retain(|uid| uids.contains(uid.as_str()));
+        self.held.clear();
+        self.held_by_uid.clear();
+        self.own = 0;
+        for (addr, hold) in listed {
+            // Deleted by ipq since the list was taken: its deletion is on its way.
+            if !self.deleted_by_ipq.contains(&hold.uid) {
+                self.hold(addr, hold);
+            }
+        }
         self.foreign.clear();
         self.unmanaged.clear();
         self.dirty.extend(self.wanted.keys().copied());
@@ -284,7 +323,7 @@ impl Projection {
 
     /// ipq's own reservations.
     pub fn own_count(&self) -> usize {
-        self.held.values().filter(|hold| hold.own).count()
+        self.own
     }
 
     pub fn foreign_count(&self) -> usize {
@@ -340,6 +379,14 @@ mod tests {
         text.parse().unwrap()
     }
 
+    /// The one call that deletes ipq's own of `addr`, of `uid`.
+    fn deletes(addr: IpAddr, uid: &str) -> [Op; 1] {
+        [Op::Delete {
+            addr,
+            uid: uid.into(),
+        }]
+    }
+
     #[test]
     fn names_are_whereabouts_normalized_ips() {
         assert_eq!(reservation_name(addr("10.88.0.10"), ""), "10.88.0.10");
@@ -370,14 +417,8 @@ mod tests {
         p.want(a, listed("web-1"));
         assert!(!p.has_work(), "the same want is no new call");
         p.want(a, None);
-        assert_eq!(
-            p.take_ops(),
-            [Op::Delete {
-                addr: a,
-                uid: "uid-1".into()
-            }]
-        );
-        p.released(a);
+        assert_eq!(p.take_ops(), deletes(a, "uid-1"));
+        p.released(a, "uid-1");
         assert!(p.take_ops().is_empty());
         assert_eq!(p.own_count(), 0);
     }
@@ -477,13 +518,7 @@ mod tests {
         p.take_ops();
         p.want(a, None);
         p.held(a, own("uid-1"));
-        assert_eq!(
-            p.take_ops(),
-            [Op::Delete {
-                addr: a,
-                uid: "uid-1".into()
-            }]
-        );
+        assert_eq!(p.take_ops(), deletes(a, "uid-1"));
     }
 
     #[test]
@@ -491,17 +526,14 @@ mod tests {
         let mut p = Projection::default();
         let (kept, stale, theirs) = (addr("10.88.0.10"), addr("10.88.0.12"), addr("10.88.0.13"));
         p.want(kept, listed("web-1"));
-        p.relisted([
+        p.relisted(vec![
             (kept, own("uid-k")),
             (stale, own("uid-s")),
             (theirs, labelled("uid-t")),
         ]);
         assert_eq!(
             p.take_ops(),
-            [Op::Delete {
-                addr: stale,
-                uid: "uid-s".into()
-            }],
+            deletes(stale, "uid-s"),
             "a stale own one goes; whereabouts' labelled one is only forgotten"
         );
         assert_eq!(p.own_count(), 2);
@@ -516,16 +548,13 @@ mod tests {
         // address has another pod now.
         p.want(kept, live("web-1"));
         p.want(moved_on, live("web-3"));
-        p.relisted([
+        p.relisted(vec![
             (kept, own_for("uid-k", "web-1")),
             (moved_on, own_for("uid-m", "web-2")),
         ]);
         assert_eq!(
             p.take_ops(),
-            [Op::Delete {
-                addr: moved_on,
-                uid: "uid-m".into()
-            }],
+            deletes(moved_on, "uid-m"),
             "only the one whose holder went"
         );
         // Its quarantine keeps it; it goes when the quarantine ends.
@@ -533,5 +562,54 @@ mod tests {
         assert!(p.take_ops().is_empty());
         p.want(kept, None);
         assert!(matches!(&p.take_ops()[..], [Op::Delete { uid, .. }] if uid == "uid-k"));
+    }
+
+    /// The watcher lists again (a watch that expired) while the task goes on calling: a list
+    /// taken before ipq deleted its own still has it, and the deletion is reported after the
+    /// list. Neither makes the address look freed under its holder.
+    #[test]
+    fn a_list_taken_before_ipqs_own_delete_does_not_bring_it_back() {
+        let mut p = Projection::default();
+        let a = addr("10.88.0.10");
+        p.want(a, listed("web-1"));
+        p.take_ops();
+        p.held(a, own_for("uid-1", "web-1"));
+        p.take_ops();
+        // The quarantine ends; the address has a new live holder: ipq's own goes.
+        p.want(a, live("web-2"));
+        assert_eq!(p.take_ops(), deletes(a, "uid-1"));
+        p.released(a, "uid-1");
+        // The list the watcher took before that delete, then the delete's event.
+        p.relisted(vec![(a, own_for("uid-1", "web-1"))]);
+        assert_eq!(p.own_count(), 0, "not held again");
+        assert!(
+            matches!(&p.take_ops()[..], [Op::Watch { pod_ref, .. }] if pod_ref == "default/web-2"),
+            "the new holder's reservation is looked at, nothing deleted or made"
+        );
+        assert_eq!(p.deleted("uid-1"), None, "ipq's own deletion");
+        assert!(p.take_ops().is_empty());
+        // Its deletion seen, the next list forgets it; another's deletion counts again.
+        p.held(a, labelled("wb-uid"));
+        p.take_ops();
+        assert_eq!(p.deleted("wb-uid"), Some(a));
+    }
+
+    #[test]
+    fn a_deletion_seen_before_the_list_that_lacks_it_is_forgotten_by_that_list() {
+        let mut p = Projection::default();
+        let a = addr("10.88.0.10");
+        p.want(a, listed("web-1"));
+        p.take_ops();
+        p.held(a, own("uid-1"));
+        p.want(a, None);
+        p.take_ops();
+        p.released(a, "uid-1");
+        // The watch expired before reporting the deletion; the fresh list lacks it.
+        p.relisted(Vec::new());
+        assert!(
+            p.deleted_by_ipq.is_empty(),
+            "nothing kept for a deletion never reported"
+        );
+        assert_eq!(p.own_count(), 0);
     }
 }

@@ -40,11 +40,22 @@ struct World {
     next_uid: u32,
     /// Calls refused while set.
     refusing: bool,
-    /// Each watch a list starts fails at once while set.
+    /// The watch fails (and lists nothing) while set.
     failing_watch: bool,
     calls: Vec<String>,
     /// The podRefs of pods deleted from the API (their containers may still run).
     pods_gone: BTreeSet<String>,
+}
+
+impl World {
+    /// What a list of the reservations ipq watches finds now.
+    fn listed(&self) -> Vec<(IpAddr, Hold)> {
+        self.reservations
+            .iter()
+            .filter(|(_, r)| r.watched)
+            .map(|(addr, r)| (*addr, r.hold()))
+            .collect()
+    }
 }
 
 struct FakeStore {
@@ -99,21 +110,16 @@ impl FakeStore {
 }
 
 impl Store for FakeStore {
-    async fn sync(&mut self) -> Result<Vec<(IpAddr, Hold)>, WriteError> {
-        let mut world = self.world.lock().unwrap();
-        world.calls.push("sync".into());
-        if world.refusing {
-            return Err(refused());
-        }
-        if world.failing_watch {
-            self.watch.send(StoreEvent::Lost(Some(refused()))).unwrap();
-        }
-        Ok(world
-            .reservations
-            .iter()
-            .filter(|(_, r)| r.watched)
-            .map(|(addr, r)| (*addr, r.hold()))
-            .collect())
+    fn follow(&mut self) {
+        let world = self.world.lock().unwrap();
+        let event = if world.failing_watch {
+            StoreEvent::Failed(refused())
+        } else {
+            StoreEvent::Listed(world.listed())
+        };
+        drop(world);
+        self.world.lock().unwrap().calls.push("list".into());
+        self.watch.send(event).unwrap();
     }
 
     async fn reserve(
@@ -392,7 +398,15 @@ async fn a_refusing_api_server_is_retried_with_backoff_and_counted() {
     h.feed.send(addr(10), listed("web-1"));
     h.feed.launch();
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let tries = h.world.lock().unwrap().calls.len();
+    // The list is the watch's (not refused here); the calls are the rounds'.
+    let tries = h
+        .world
+        .lock()
+        .unwrap()
+        .calls
+        .iter()
+        .filter(|c| *c != "list")
+        .count();
     // 0.5 + 1 + 2 s of backoff: at most 3 attempts in 3 s.
     assert!((1..=3).contains(&tries), "{tries} attempts in 3 s");
     let refused = h.metrics.failures.with_label_values(&["refused"]).get();
@@ -446,27 +460,91 @@ async fn a_previous_runs_reservations_are_kept_or_deleted_by_the_first_round() {
     assert_eq!(h.metrics.reservations.get(), 1);
 }
 
+/// A watch that fails before its first list (RBAC without `list`, say): counted and shown, and
+/// no call is made until a complete list says what is held (a previous run's reservations would
+/// otherwise be made again or deleted).
 #[tokio::test(start_paused = true)]
-async fn a_watch_that_keeps_failing_backs_off_and_is_counted() {
+async fn nothing_is_called_before_the_watchs_first_complete_list() {
     let mut h = harness();
-    // Every watch a list starts fails at once (RBAC without `watch`, say).
     h.world.lock().unwrap().failing_watch = true;
     h.feed.send(addr(10), listed("web-1"));
     h.feed.launch();
-    tokio::time::sleep(Duration::from_secs(4)).await;
-    let syncs = h
-        .world
+    h.until_counted("the watch's failure counted", |m| {
+        m.failures.with_label_values(&["refused"]).get() == 1
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert_eq!(
+        h.world.lock().unwrap().calls,
+        ["list"],
+        "no call before a list"
+    );
+    assert!(h.feed.view().last_error.is_some());
+    // The watcher, retrying, lists at last.
+    let listed = h.world.lock().unwrap().listed();
+    h.events.send(StoreEvent::Listed(listed)).unwrap();
+    h.until("reserved after the list", |w| {
+        w.reservations.contains_key(&addr(10))
+    })
+    .await;
+}
+
+/// The watch expired (410 Gone: the API server's history compacted, or the API server
+/// restarted) and the watcher lists again: what changed while it did not watch is taken from
+/// the new list. A reservation of ipq's deleted meanwhile is made again, a live holder's freed
+/// by whereabouts (its pod force-deleted) becomes ipq's own, and nothing is made twice or
+/// deleted.
+#[tokio::test(start_paused = true)]
+async fn a_list_after_the_watch_expired_makes_good_what_it_missed() {
+    let mut h = harness();
+    h.world
         .lock()
         .unwrap()
-        .calls
-        .iter()
-        .filter(|c| *c == "sync")
-        .count();
-    // The first list, then lists after 0.5 + 1 + 2 s of backoff: not one every round.
-    assert!((2..=4).contains(&syncs), "{syncs} lists in 4 s");
-    assert!(h.feed.view().last_error.is_some());
-    let refused = h.metrics.failures.with_label_values(&["refused"]).get();
-    assert_eq!(refused, syncs as u64);
+        .reservations
+        .insert(addr(11), whereabouts_own("web-2", "wb-2"));
+    h.feed.send(addr(10), listed("web-1"));
+    h.feed.send(addr(11), live("web-2"));
+    h.feed.send(addr(12), listed("web-3"));
+    h.feed.launch();
+    h.until("held", |w| {
+        w.reservations.len() == 3 && w.reservations.values().all(|r| r.watched)
+    })
+    .await;
+    let before = h.world.lock().unwrap().reservations.clone();
+    // Unseen by the watch: someone deletes ipq's own of .10; web-2 is force-deleted and
+    // whereabouts frees its address while its container runs here.
+    {
+        let mut world = h.world.lock().unwrap();
+        world.reservations.remove(&addr(10));
+        world.reservations.remove(&addr(11));
+        world.pods_gone.insert("default/web-2".into());
+        world.calls.clear();
+    }
+    let listed = h.world.lock().unwrap().listed();
+    h.events.send(StoreEvent::Listed(listed)).unwrap();
+    h.until("both made good", |w| {
+        w.reservations.len() == 3 && w.reservations.values().all(|r| r.pod_ref == OWN_POD_REF)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let world = h.world.lock().unwrap();
+    assert_eq!(
+        world.reservations[&addr(11)].holder.as_deref(),
+        Some("default/web-2"),
+        "kept for the live holder"
+    );
+    assert_eq!(
+        world.reservations[&addr(12)],
+        before[&addr(12)],
+        "untouched"
+    );
+    let mut calls = world.calls.clone();
+    calls.sort();
+    assert_eq!(
+        calls,
+        ["reserve 10.88.0.10", "watch 10.88.0.11"],
+        "one call per address that changed, no delete"
+    );
 }
 
 /// An earlier run made ipq's own for a live holder whose pod was force-deleted; the new run
@@ -488,7 +566,7 @@ async fn a_restarted_agent_keeps_the_reservation_of_a_live_holder_whose_pod_went
         .insert(addr(10), own.clone());
     h.feed.send(addr(10), live("web-1"));
     h.feed.launch();
-    h.until("listed", |w| w.calls.iter().any(|c| c == "sync"))
+    h.until("listed", |w| w.calls.iter().any(|c| c == "list"))
         .await;
     tokio::time::sleep(Duration::from_secs(30)).await;
     h.feed.send(addr(10), listed("web-1"));
