@@ -1,7 +1,8 @@
-//! The cluster tier: a one-node Kubernetes cluster of the test's own (etcd, kube-apiserver,
-//! kube-controller-manager, kube-scheduler, a kubelet on containerd 2.x), built from the Go
-//! modules pinned under `xtask/cluster/`, on namespaces that leave the machine untouched
-//! ([`host`]). Dropping the [`Cluster`] stops everything and removes it; a run killed hard is
+//! The cluster tier: a Kubernetes cluster of the test's own (etcd, kube-apiserver,
+//! kube-controller-manager, kube-scheduler, a kubelet on containerd 2.x per node), built from
+//! the Go modules pinned under `xtask/cluster/`, on namespaces that leave the machine untouched
+//! ([`host`]): one node with a bridge network, or three joined by an L2 with flannel
+//! ([`Cluster::start_nodes`]). Dropping the [`Cluster`] stops everything and removes it; a run killed hard is
 //! swept by the next.
 
 pub mod api_server;

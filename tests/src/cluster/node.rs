@@ -1,7 +1,8 @@
 //! The node's runtime and kubelet: containerd 2.x (runc, cgroupfs) at its default paths inside
 //! the node's mount namespace, the node's conflist (bridge + host-local, as a kubeadm node with
-//! the reference plugins has it), the local images, and a kubelet registered with the API
-//! server.
+//! the reference plugins has it; on a flannel node, only the reference plugins flannel
+//! delegates to), the local images, and a kubelet registered with the API server under the
+//! node's name and address.
 
 use std::{fs, path::Path, time::Duration};
 
