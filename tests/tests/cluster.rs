@@ -219,6 +219,10 @@ fn three_nodes_on_flannel_with_ipq_chained() -> anyhow::Result<()> {
         "pods on every node, the first reaching the last through flannel",
         || many_nodes::pods_on_every_node_reach_each_other(&mut cluster),
     )?;
+    phase(
+        "node C lost: kubelet and agent killed, Node deleted",
+        || many_nodes::a_lost_node_is_collected_and_the_others_go_on(&mut cluster),
+    )?;
     eprintln!("cluster tier: three nodes: {:.1?} in all", began.elapsed());
     Ok(())
 }

@@ -188,6 +188,18 @@ impl Cluster {
         Ok(self.host_at(index))
     }
 
+    /// Kills the kubelet of the node named `name` (a lost node): its Node stays until deleted,
+    /// its containers run on.
+    pub fn stop_kubelet(&mut self, name: &str) -> anyhow::Result<()> {
+        let node = self
+            .nodes
+            .iter_mut()
+            .find(|n| n.spec.name == name)
+            .with_context(|| format!("no node {name} in the cluster"))?;
+        node.stop_kubelet();
+        Ok(())
+    }
+
     /// The API server's URL as every node (and every host-network pod) reaches it.
     pub fn apiserver_url(&self) -> &str {
         &self.apiserver_url

@@ -144,6 +144,11 @@ impl Node {
         })
     }
 
+    /// Kills the kubelet, as on a node that is lost: what it started runs on, unattended.
+    pub fn stop_kubelet(&mut self) {
+        drop(self.kubelet.take());
+    }
+
     /// Fails naming containerd or the kubelet when one has exited.
     pub fn check_running(&mut self) -> anyhow::Result<()> {
         for daemon in [&mut self.containerd, &mut self.kubelet]

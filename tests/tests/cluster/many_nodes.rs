@@ -2,7 +2,8 @@
 //! flannel's conflist on every node, each node's agent is ready and publishes its own
 //! NodeQuarantine (owned by its Node), pods run on every node with flannel's per-node ranges,
 //! ipq on each node holds its pod's address, and a pod on the first node reaches a pod on the
-//! third through flannel's vxlan overlay.
+//! third through flannel's vxlan overlay. Then the third node lost: its NodeQuarantine is
+//! collected with its Node, the others go on.
 
 use std::time::Duration;
 
@@ -12,7 +13,7 @@ use ipq_tests::cluster::{
     flannel,
     kubectl::pod_ready,
     node::BUSYBOX_IMAGE,
-    Cluster,
+    tasks, Cluster,
 };
 use serde_json::{json, Value};
 
@@ -194,5 +195,69 @@ pub fn pods_on_every_node_reach_each_other(cluster: &mut Cluster) -> anyhow::Res
         addresses[0],
         addresses[count - 1]
     );
+    Ok(())
+}
+
+/// A node lost: the third node's kubelet and its ipq agent killed, then its Node deleted. Its
+/// NodeQuarantine goes with it (owned by the Node: the garbage collector deletes it), and the
+/// other nodes' agents go on enforcing and publishing: a pod deleted on the second node has
+/// its address quarantined and listed in that node's NodeQuarantine.
+pub fn a_lost_node_is_collected_and_the_others_go_on(cluster: &mut Cluster) -> anyhow::Result<()> {
+    let names: Vec<String> = cluster.node_names().iter().map(|n| n.to_string()).collect();
+    let (lost, others) = names.split_last().context("nodes")?;
+    cluster.stop_kubelet(lost)?;
+    let pid = tasks::running_pid(cluster.host_of(lost)?, deploy::NAMESPACE, "agent")?;
+    // SAFETY: kill has no memory-safety preconditions; the pid is the agent's, read just now.
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    ipq_tests::lab::poll(
+        &format!("{lost}'s agent to be gone"),
+        Duration::from_secs(30),
+        || Ok((!std::path::Path::new(&format!("/proc/{pid}")).exists()).then_some(())),
+    )?;
+    cluster.kubectl().run(&["delete", "node", lost])?;
+    cluster.wait_for(
+        &format!("{lost}'s NodeQuarantine to be collected with its Node"),
+        Duration::from_secs(60),
+        &["get", "nodequarantines"],
+        |list| {
+            list["items"].as_array().is_some_and(|items| {
+                !items.iter().any(|o| o["metadata"]["name"] == lost.as_str())
+                    && items.len() == names.len() - 1
+            })
+        },
+    )?;
+
+    let (second, pod) = (&others[1], "across-1");
+    let address = cluster
+        .kubectl()
+        .json(&["-n", "default", "get", "pod", pod])?["status"]["podIP"]
+        .as_str()
+        .context("the pod's address")?
+        .to_owned();
+    cluster
+        .kubectl()
+        .run(&["-n", "default", "delete", "pod", pod, "--wait"])?;
+    cluster.wait_for(
+        &format!("{second}'s NodeQuarantine to list {address} as quarantined"),
+        Duration::from_secs(30),
+        &["get", "nodequarantines", second],
+        |o| {
+            o["status"]["entries"].as_array().is_some_and(|entries| {
+                entries
+                    .iter()
+                    .any(|e| e["address"] == address.as_str() && e["state"] == "quarantined")
+            })
+        },
+    )?;
+    for name in others {
+        let status: Value =
+            serde_json::from_str(&ipq_on(cluster, name, &["-o", "json", "status"])?)?;
+        ensure!(
+            status["ready"] == true
+                && status["mode"] == "enforce"
+                && status["publish"]["state"] == "published",
+            "ipq status on {name} after {lost} was lost: {status}"
+        );
+    }
     Ok(())
 }
