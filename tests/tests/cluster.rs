@@ -22,10 +22,14 @@ mod agent_in_pod;
 mod agent_lifecycle;
 #[path = "cluster/churn.rs"]
 mod churn;
+#[path = "cluster/cross_node.rs"]
+mod cross_node;
 #[path = "cluster/drain.rs"]
 mod drain;
 #[path = "cluster/helm_modes.rs"]
 mod helm_modes;
+#[path = "cluster/many_nodes.rs"]
+mod many_nodes;
 #[path = "cluster/own_objects.rs"]
 mod own_objects;
 #[path = "cluster/pod_events.rs"]
@@ -197,6 +201,66 @@ fn ipq_keeps_whereabouts_from_handing_out_a_quarantined_address() -> anyhow::Res
     phase("each node's agent writes only its own objects", || {
         own_objects::a_nodes_token_is_refused_on_other_nodes_objects(&mut cluster)
     })?;
+    Ok(())
+}
+
+/// Three nodes on one machine (#37): one control plane, per node its own namespaces, cgroup,
+/// containerd and kubelet, joined by an L2; flannel (vxlan) as the pod network, installed as
+/// kube-flannel installs it, with ipq chained into its conflist by ipq's own init step.
+#[test]
+fn three_nodes_on_flannel_with_ipq_chained() -> anyhow::Result<()> {
+    let began = Instant::now();
+    let mut cluster = phase("three-node cluster start (flannel)", || {
+        Cluster::start_nodes(3)
+    })?;
+    phase("install ipq on three nodes, chained into flannel", || {
+        many_nodes::ipq_chained_into_flannel_on_every_node(&mut cluster)
+    })?;
+    phase("every node's NodeQuarantine, owned by its Node", || {
+        many_nodes::every_node_publishes_its_own(&mut cluster)
+    })?;
+    phase(
+        "pods on every node, the first reaching the last through flannel",
+        || many_nodes::pods_on_every_node_reach_each_other(&mut cluster),
+    )?;
+    phase(
+        "node C lost: kubelet and agent killed, Node deleted",
+        || many_nodes::a_lost_node_is_collected_and_the_others_go_on(&mut cluster),
+    )?;
+    eprintln!("cluster tier: three nodes: {:.1?} in all", began.elapsed());
+    Ok(())
+}
+
+/// The seeds' cross-node race (#37 item 2): whereabouts' one range shared by three nodes on
+/// flannel; a force-deleted pod on node A whose container lives on; without ipq's projection
+/// node B's pod gets the address and node A fences its stale holder on B's announcement; with
+/// it no other node's pod gets the address until the quarantine ends.
+#[test]
+fn the_seeds_cross_node_race_on_three_nodes() -> anyhow::Result<()> {
+    let began = Instant::now();
+    let mut cluster = phase("three-node cluster start (flannel)", || {
+        Cluster::start_nodes(3)
+    })?;
+    phase("install whereabouts across the nodes", || {
+        ipq_tests::cluster::whereabouts::install(&mut cluster)
+    })?;
+    phase("install ipq, uplink eth1", || {
+        deploy::install_ipq_with(&mut cluster, cross_node::UPLINK_VALUES).map(|_| ())
+    })?;
+    phase("without the projection: node A fences on B's claim", || {
+        cross_node::without_the_projection_a_remote_claim_fences_the_stale_holder(&mut cluster)
+    })?;
+    phase("kubernetes.whereabouts = true on every node", || {
+        cross_node::enable_the_projection(&mut cluster)
+    })?;
+    phase(
+        "with the projection: no other node gets the address",
+        || cross_node::with_the_projection_no_other_node_gets_the_address(&mut cluster),
+    )?;
+    eprintln!(
+        "cluster tier: the cross-node race: {:.1?} in all",
+        began.elapsed()
+    );
     Ok(())
 }
 

@@ -4,8 +4,11 @@
 //! IPv4, an unsolicited neighbour advertisement for IPv6. The frames are crafted here and sent
 //! through an AF_PACKET socket in the peer, so no arping/ndisc6 is needed.
 //!
-//! While the local pod is Draining, the announcement is a `remote_claim` conflict and the pod is
-//! fenced: its packets are dropped both ways. While it is Active, the claim is only reported.
+//! The announcement is a `remote_claim` conflict and the local pod is fenced, its packets
+//! dropped both ways: while it is Draining, and while it is Active under the default
+//! `on_early_reuse = fence-old` (an Active holder claimed elsewhere is the stale one: a cluster
+//! IPAM freed its address while it runs, docs/design.md "Remote claim"; under `refuse-new` and
+//! `observe` it would only be reported, the registry's unit tests cover that).
 //!
 //! Needs root, bpffs and `target/debug/ipq-agent`; `cargo xtask test` provides all three.
 
@@ -118,12 +121,12 @@ fn traffic(lab: &Lab, pod: &NetNs, addr: IpAddr, peer: IpAddr) -> (usize, usize)
 }
 
 /// (e) The peer announces pod b's addresses while pod b is Active here: two `remote_claim`
-/// conflicts, reported only (pod b not fenced, its traffic flows). Then pod a's routes are
+/// conflicts, and pod b fenced (fence-old), its packets dropped both ways. Then pod a's routes are
 /// withdrawn (Draining; it still flows, through policy routes outside the main table) and the
 /// peer announces pod a's addresses: two more `remote_claim` conflicts and pod a is fenced,
 /// its packets dropped both ways.
 #[test]
-fn swarm_1488_remote_claim_fences_a_draining_holder_and_only_reports_an_active_one() {
+fn swarm_1488_remote_claim_fences_a_draining_and_an_active_holder() {
     let lab = Lab::new().expect("building the lab");
     let agent = lab
         .start_agent(&["--workload", "vethp*", "--uplink", "up0"])
@@ -140,7 +143,7 @@ fn swarm_1488_remote_claim_fences_a_draining_holder_and_only_reports_an_active_o
     }
     let peers = [IpAddr::from(PEER_V4), PEER_V6.into()];
 
-    // Pod b is Active: the remote claim is reported, nothing else.
+    // Pod b is Active: the remote claim is reported and pod b fenced (fence-old).
     let before = agent.scrape().expect("scrape");
     announce(&lab.peer, &pod_b);
     wait_conflicts(&agent, "remote_claim", 2.0);
@@ -151,20 +154,23 @@ fn swarm_1488_remote_claim_fences_a_draining_holder_and_only_reports_an_active_o
             "remote_claim conflicts logged for {addr}; log:\n{}",
             agent.log()
         );
-        wait_for_entry(&lab, addr, &entry("active", vethpb, 0), SETTLE);
+        wait_for_entry(&lab, addr, &entry("active", vethpb, vethpb), SETTLE);
     }
     for (addr, peer) in pod_b.into_iter().zip(peers) {
         assert_eq!(
             traffic(&lab, &lab.pod_b, addr, peer),
-            (N, N),
-            "{addr}: Active pod b, claimed remotely, still flows (out, in)"
+            (0, 0),
+            "{addr}: Active pod b, claimed remotely, is fenced (out, in)"
         );
     }
     let after = agent.scrape().expect("scrape");
     assert_eq!(
         after.changes_since(&before, "ipq_dropped_packets_total"),
-        BTreeMap::new(),
-        "nothing dropped for an Active holder claimed remotely"
+        BTreeMap::from([
+            ("hook=tc_egress,reason=fenced".to_owned(), (2 * N) as f64),
+            ("hook=tc_ingress,reason=fenced".to_owned(), (2 * N) as f64),
+        ]),
+        "pod b's packets dropped both ways, both families"
     );
     assert_eq!(
         after.changes_since(&before, "ipq_reported_packets_total"),

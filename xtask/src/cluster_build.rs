@@ -1,11 +1,15 @@
 //! The cluster tier's Go components, built from source into `target/cluster/bin/`.
 //!
-//! Four Go modules committed under `xtask/cluster/` pin them, each with its `go.sum`:
+//! Six Go modules committed under `xtask/cluster/` pin them, each with its `go.sum`:
 //! `kubernetes/` (kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kubectl, and
 //! the etcd server Kubernetes itself is tested with), `containerd/` (containerd 2.x, its runc
 //! shim, ctr), `whereabouts/` (the whereabouts IPAM plugin and its `ip-control-loop`, the
-//! cluster IPAM ipq's projection is tested against) and `helm/` (Helm 3, which installs ipq's
-//! chart in the cluster tier and lints and renders it in the host suite's deploy tests).
+//! cluster IPAM ipq's projection is tested against), `helm/` (Helm 3, which installs ipq's
+//! chart in the cluster tier and lints and renders it in the host suite's deploy tests),
+//! `flannel/` (flanneld, the three-node cluster's pod network; the Tencent Cloud SDK one of its
+//! backends links is not served by the proxy and is stubbed there) and `flannel-cni/` (the
+//! `flannel` CNI plugin of containernetworking/plugins v0.9.1, the last release that has it:
+//! v1.0.0 moved it to flannel-io/cni-plugin, which the proxy does not serve).
 //! Separate modules: containerd's dependency graph (its own `k8s.io/cri-api`, gRPC,
 //! OpenTelemetry), whereabouts' (client-go 0.31) and Helm's (client-go 0.37) would otherwise
 //! move Kubernetes' under minimal version selection.
@@ -61,6 +65,8 @@ const KUBERNETES_MODULE: &str = "xtask/cluster/kubernetes";
 const CONTAINERD_MODULE: &str = "xtask/cluster/containerd";
 const WHEREABOUTS_MODULE: &str = "xtask/cluster/whereabouts";
 const HELM_MODULE: &str = "xtask/cluster/helm";
+const FLANNEL_MODULE: &str = "xtask/cluster/flannel";
+const FLANNEL_CNI_MODULE: &str = "xtask/cluster/flannel-cni";
 
 /// One binary: its Go package, the module that pins it, and how it reports its version.
 struct Component {
@@ -72,6 +78,8 @@ struct Component {
     /// The arguments that make it print its version; empty: it has none (whereabouts'
     /// control loop), and the module versions Go embeds in every binary are read instead.
     version_args: &'static [&'static str],
+    /// Built with cgo, as its project releases it (flanneld's udp backend is C).
+    cgo: bool,
 }
 
 const COMPONENTS: &[Component] = &[
@@ -89,6 +97,7 @@ const COMPONENTS: &[Component] = &[
         versioned_by: "go.etcd.io/etcd/server/v3",
         package: "go.etcd.io/etcd/server/v3",
         version_args: &["--version"],
+        cgo: false,
     },
     containerd("containerd", &["--version"]),
     containerd("containerd-shim-runc-v2", &["-v"]),
@@ -100,6 +109,7 @@ const COMPONENTS: &[Component] = &[
         // The CNI plugin is the module's `cmd` package itself.
         package: "github.com/k8snetworkplumbingwg/whereabouts/cmd",
         version_args: &[],
+        cgo: false,
     },
     Component {
         binary: "ip-control-loop",
@@ -107,6 +117,7 @@ const COMPONENTS: &[Component] = &[
         versioned_by: "github.com/k8snetworkplumbingwg/whereabouts",
         package: "github.com/k8snetworkplumbingwg/whereabouts/cmd/controlloop",
         version_args: &[],
+        cgo: false,
     },
     Component {
         binary: "helm",
@@ -114,6 +125,26 @@ const COMPONENTS: &[Component] = &[
         versioned_by: "helm.sh/helm/v3",
         package: "helm.sh/helm/v3/cmd/helm",
         version_args: &["version", "--short"],
+        cgo: false,
+    },
+    // The three-node cluster's pod network, as kube-flannel runs it: flanneld (its main
+    // package, with every backend linked in, as its Makefile builds it: cgo on amd64) and the
+    // `flannel` CNI plugin, which delegates to bridge + host-local.
+    Component {
+        binary: "flanneld",
+        module: FLANNEL_MODULE,
+        versioned_by: "github.com/flannel-io/flannel",
+        package: "github.com/flannel-io/flannel",
+        version_args: &["--version"],
+        cgo: true,
+    },
+    Component {
+        binary: "flannel",
+        module: FLANNEL_CNI_MODULE,
+        versioned_by: "github.com/containernetworking/plugins",
+        package: "github.com/containernetworking/plugins/plugins/meta/flannel",
+        version_args: &[],
+        cgo: false,
     },
 ];
 
@@ -125,6 +156,7 @@ const fn kubernetes(binary: &'static str) -> Component {
         // Filled in by `package()`: const fns cannot format.
         package: "",
         version_args: &["--version"],
+        cgo: false,
     }
 }
 
@@ -135,6 +167,7 @@ const fn containerd(binary: &'static str, version_args: &'static [&'static str])
         versioned_by: "github.com/containerd/containerd/v2",
         package: "",
         version_args,
+        cgo: false,
     }
 }
 
@@ -179,6 +212,18 @@ impl Component {
                 let package = "github.com/k8snetworkplumbingwg/whereabouts/pkg/version";
                 flags.push(format!("-X {package}.Version={version}"));
                 flags.push(format!("-X {package}.ReleaseStatus=released"));
+            }
+            "github.com/flannel-io/flannel" => {
+                // Where its Makefile puts it (`flanneld --version`).
+                flags.push(format!(
+                    "-X github.com/flannel-io/flannel/pkg/version.Version={version}"
+                ));
+            }
+            "github.com/containernetworking/plugins" => {
+                // Where the plugins' build_linux.sh puts it (the plugin's `about` string).
+                flags.push(format!(
+                    "-X github.com/containernetworking/plugins/pkg/utils/buildversion.BuildVersion={version}"
+                ));
             }
             "helm.sh/helm/v3" => {
                 // What Helm's Makefile stamps: its version, and the Kubernetes version that
@@ -298,8 +343,11 @@ fn is_current(component: &Component, binary: &Path, expected: &str) -> bool {
                 })
         });
     }
+    // flanneld prints its version on stderr.
     util::probe(&mut cmd(binary, component.version_args)).is_ok_and(|out| {
-        out.status.success() && String::from_utf8_lossy(&out.stdout).contains(expected)
+        out.status.success()
+            && (String::from_utf8_lossy(&out.stdout).contains(expected)
+                || String::from_utf8_lossy(&out.stderr).contains(expected))
     })
 }
 
@@ -340,8 +388,9 @@ pub fn ensure() -> Result<Outcome> {
             .arg(&binary)
             .arg(component.package())
             .current_dir(&module)
-            // Static binaries, as the projects release them; no C toolchain involved.
-            .env("CGO_ENABLED", "0")
+            // Static binaries, as the projects release them, but for flanneld (cgo, linked
+            // against the machine's libc, which its image carries).
+            .env("CGO_ENABLED", if component.cgo { "1" } else { "0" })
             // go.sum is committed: a build never edits it, and never fetches a Go toolchain.
             .env("GOFLAGS", "-mod=readonly -buildvcs=false")
             .env("GOTOOLCHAIN", "local");

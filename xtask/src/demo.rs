@@ -238,9 +238,10 @@ pub fn run_containerd() -> Result<()> {
     ]))
 }
 
-/// The Kubernetes demo: the test crate's `ipq-cluster-demo`, on the cluster tier's node, with
-/// ipq's image made of the release build (as the cluster tier's).
-pub fn run_kubernetes() -> Result<()> {
+/// The Kubernetes demo: the test crate's `ipq-cluster-demo`, on the cluster tier's node (or its
+/// three nodes, `nodes` = 3: the cross-node race), with ipq's image made of the release build
+/// (as the cluster tier's).
+pub fn run_kubernetes(nodes: u8) -> Result<()> {
     util::run(&mut util::cargo([
         "build",
         "--quiet",
@@ -260,6 +261,9 @@ pub fn run_kubernetes() -> Result<()> {
         "ipq-tests",
         "--bin",
         "ipq-cluster-demo",
+        "--",
+        "--nodes",
+        &nodes.to_string(),
     ]))
 }
 

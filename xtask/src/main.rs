@@ -87,6 +87,10 @@ enum Command {
         /// one-node cluster, ipq applied from deploy/kubernetes/ (builds Kubernetes first)
         #[arg(long, value_enum, default_value = "netns")]
         runtime: demo::Runtime,
+        /// With `--runtime kubernetes`: 1 (the rollout incident) or 3 (the seeds' cross-node
+        /// race on three nodes with flannel and whereabouts)
+        #[arg(long, default_value_t = 1)]
+        nodes: u8,
     },
     /// Measure the datapath (and the other sections): prints a table, writes
     /// target/bench/bench.json and target/bench/latency.svg (needs root; not a test)
@@ -118,7 +122,13 @@ fn main() -> Result<()> {
         Command::Test { args } => test::run(&args),
         Command::TestKernels { names, arch } => test::run_kernels(arch, &names),
         Command::TestCluster => test_cluster::run(),
-        Command::Demo { runtime } => {
+        Command::Demo { runtime, nodes } => {
+            if nodes != 1 && !matches!(runtime, demo::Runtime::Kubernetes) {
+                anyhow::bail!("--nodes {nodes} needs --runtime kubernetes");
+            }
+            if ![1, 3].contains(&nodes) {
+                anyhow::bail!("--nodes is 1 or 3, not {nodes}");
+            }
             util::require_root(
                 "cargo xtask demo",
                 "the demo loads BPF programs and creates network namespaces",
@@ -127,7 +137,7 @@ fn main() -> Result<()> {
             match runtime {
                 demo::Runtime::Netns => demo::run(),
                 demo::Runtime::Containerd => demo::run_containerd(),
-                demo::Runtime::Kubernetes => demo::run_kubernetes(),
+                demo::Runtime::Kubernetes => demo::run_kubernetes(nodes),
             }
         }
         Command::Bench {

@@ -4,10 +4,15 @@
 //! Deployment rolled while its old pod ignores SIGTERM and its address goes to the new pod.
 //! What a newcomer recognises is shown: `kubectl get pods -o wide`, the DaemonSet, `ipq
 //! conflicts` through `kubectl exec`. Everything is removed at the end, whatever happens.
+//!
+//! With `--nodes 3` (`cargo xtask demo --runtime kubernetes --nodes 3`): the seeds' cross-node
+//! race on three nodes with flannel, whereabouts' one range shared by them
+//! ([`cross_node`]).
 
 use std::time::Duration;
 
 use anyhow::{Context as _, Result};
+
 use ipq_tests::cluster::{
     deploy::{self, ipq, NAMESPACE},
     kubectl::pod_ready,
@@ -54,6 +59,15 @@ fn senders(
 }
 
 fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.iter().map(String::as_str).collect::<Vec<_>>()[..] {
+        [] | ["--nodes", "1"] => one_node(),
+        ["--nodes", "3"] => cross_node::run(),
+        _ => anyhow::bail!("usage: ipq-cluster-demo [--nodes 1|3], not {args:?}"),
+    }
+}
+
+fn one_node() -> Result<()> {
     say("a one-node cluster of the demo's own: etcd, kube-apiserver, controller manager, scheduler, kubelet on containerd 2.x");
     let mut cluster = Cluster::start()?;
     println!("  node Ready after {:.1?}", cluster.started_in);
@@ -107,4 +121,181 @@ fn main() -> Result<()> {
     drop(cluster);
     println!("  done: namespaces, cgroups, processes and directories removed");
     Ok(())
+}
+
+/// The seeds' cross-node race on three nodes: whereabouts frees a force-deleted pod's address
+/// on node A while its container lives on, node B's pod gets it, and node A's agent fences the
+/// stale holder on B's announcement.
+mod cross_node {
+    use std::{
+        net::IpAddr,
+        time::{Duration, Instant},
+    };
+
+    use anyhow::{ensure, Context as _, Result};
+    use ipq_tests::cluster::{
+        deploy::{self, ipq_on, NAMESPACE},
+        peer::Witness,
+        tasks,
+        whereabouts::{self, allocations},
+        Cluster, NODE_NAMES,
+    };
+
+    use super::{say, show};
+
+    const STALE: usize = 111;
+    const NEW: usize = 222;
+
+    fn show_ipq_on(cluster: &Cluster, node: &str, args: &[&str]) -> Result<()> {
+        println!(
+            "  $ kubectl -n {NAMESPACE} exec <ipq-agent on {node}> -- ipq {}",
+            args.join(" ")
+        );
+        for line in ipq_on(cluster, node, args)?.lines() {
+            println!("  {line}");
+        }
+        Ok(())
+    }
+
+    fn pods_per_node(cluster: &Cluster) -> Result<()> {
+        for node in cluster.node_names() {
+            println!("  pods on {node}:");
+            let selector = format!("spec.nodeName={node}");
+            show(
+                cluster,
+                &[
+                    "-n",
+                    "default",
+                    "get",
+                    "pods",
+                    "-o",
+                    "wide",
+                    "--field-selector",
+                    &selector,
+                ],
+            )?;
+        }
+        Ok(())
+    }
+
+    fn running(cluster: &mut Cluster, name: &str, manifest: &str) -> Result<String> {
+        cluster.kubectl().apply(manifest)?;
+        let pod = cluster.wait_for(
+            &format!("pod {name} to run"),
+            Duration::from_secs(180),
+            &["-n", "default", "get", "pod", name],
+            |pod| ipq_tests::cluster::kubectl::pod_ready(pod) && pod["status"]["podIP"].is_string(),
+        )?;
+        Ok(pod["status"]["podIP"].as_str().context("podIP")?.to_owned())
+    }
+
+    pub fn run() -> Result<()> {
+        let (a, b) = (NODE_NAMES[0], NODE_NAMES[1]);
+        say("three nodes of the demo's own on one L2, each its own containerd and kubelet; flannel (vxlan) as the pod network");
+        let mut cluster = Cluster::start_nodes(3)?;
+        println!("  every node Ready after {:.1?}", cluster.started_in);
+        show(&cluster, &["get", "nodes", "-o", "wide"])?;
+
+        say("whereabouts: one range (10.88.0.20-21) shared by the three nodes on a second L2 (each node's eth1)");
+        whereabouts::install(&mut cluster)?;
+        say("ipq installed with helm install, uplink eth1 (where other nodes' announcements arrive)");
+        deploy::install_ipq_with(&mut cluster, "interfaces:\n  uplink: [eth1]\n")?;
+        show(&cluster, &["-n", NAMESPACE, "get", "pods", "-o", "wide"])?;
+
+        let witness = Witness::start(&cluster.host.peer)?;
+        say(&format!(
+            "pod `stale` on {a}: its container ignores SIGTERM; it pings the range's gateway"
+        ));
+        let address = running(
+            &mut cluster,
+            "stale",
+            &whereabouts::pod_pinging_on("stale", a, true, STALE),
+        )?;
+        let ip: IpAddr = address.parse()?;
+        pods_per_node(&cluster)?;
+
+        say("kubectl delete pod stale, then --force --grace-period=0 while its kubelet waits out the grace");
+        cluster
+            .kubectl()
+            .run(&["-n", "default", "delete", "pod", "stale", "--wait=false"])?;
+        cluster.wait_for(
+            "the kubelet to begin terminating stale",
+            Duration::from_secs(60),
+            &[
+                "-n",
+                "default",
+                "get",
+                "events",
+                "--field-selector",
+                "involvedObject.name=stale,reason=Killing",
+            ],
+            |events| events["items"].as_array().is_some_and(|i| !i.is_empty()),
+        )?;
+        cluster.kubectl().run(&[
+            "-n",
+            "default",
+            "delete",
+            "pod",
+            "stale",
+            "--force",
+            "--grace-period=0",
+        ])?;
+        ipq_tests::lab::poll(
+            "whereabouts to free the address",
+            Duration::from_secs(60),
+            || {
+                Ok((!allocations(&cluster)?
+                    .iter()
+                    .any(|(_, p)| p == "default/stale"))
+                .then_some(()))
+            },
+        )?;
+        tasks::ensure_running(&cluster.host, "stale", "after the force delete")?;
+        println!("  the Pod object is gone and whereabouts freed {address}; its container still runs on {a}");
+
+        say(&format!(
+            "pod `new` on {b}: whereabouts hands it {address} at once"
+        ));
+        let asked = Instant::now();
+        let got = running(
+            &mut cluster,
+            "new",
+            &whereabouts::pod_pinging_on("new", b, false, NEW),
+        )?;
+        ensure!(got == address, "new got {got}, not {address}");
+        pods_per_node(&cluster)?;
+        let first_new = ipq_tests::lab::poll(
+            "new's pings at the gateway",
+            Duration::from_secs(60),
+            || Ok(witness.first(ip, NEW, asked)),
+        )?;
+        ipq_tests::lab::poll(
+            &format!("{a}'s agent to fence on {b}'s claim"),
+            Duration::from_secs(30),
+            || {
+                let view: serde_json::Value =
+                    serde_json::from_str(&ipq_on(&cluster, a, &["-o", "json", "get", &address])?)?;
+                Ok(view["fenced"].to_string().contains("stale").then_some(()))
+            },
+        )?;
+        // A window of pings to count: five seconds of both pods sending.
+        std::thread::sleep(Duration::from_secs(5));
+
+        say(&format!("{a} saw {b}'s announcement of {address} on eth1: a remote claim, and the stale holder fenced"));
+        show_ipq_on(&cluster, a, &["get", &address])?;
+        show_ipq_on(&cluster, a, &["conflicts"])?;
+        let stale = witness.count(ip, STALE, first_new);
+        let new = witness.count(ip, NEW, first_new);
+        println!(
+            "  pings from {address} at the gateway since new's first: new {new}, stale {stale} \
+             (the stale holder is fenced: 0 expected)"
+        );
+        show(&cluster, &["get", "nodequarantines"])?;
+
+        say("removing the cluster");
+        tasks::kill_running(&cluster.host, "stale")?;
+        drop(cluster);
+        println!("  done: namespaces, cgroups, processes and directories removed");
+        Ok(())
+    }
 }

@@ -62,7 +62,11 @@ impl ApiServer {
     /// API manifests, waits until the CRD is served, and makes the Node `node`.
     pub fn start(node: &str) -> anyhow::Result<ApiServer> {
         let host = Host::create()?;
-        let pki = Pki::create(&host.dir().join("pki"), node, &ControlPlane::serving_ips())?;
+        let pki = Pki::create(
+            &host.dir().join("pki"),
+            &[node],
+            &ControlPlane::serving_ips(),
+        )?;
         let control_plane = ControlPlane::start(&host, &pki)?;
         let api = ApiServer {
             forwards: Vec::new(),

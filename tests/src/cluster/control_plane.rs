@@ -27,8 +27,25 @@ pub struct ControlPlane {
 /// Where kube-apiserver is in `daemons`.
 const APISERVER: usize = 1;
 
+/// What differs for a cluster of several nodes: the API server is reached from the other
+/// nodes (on the nodes' L2, at [`NODE_IP`]), and the controller manager gives each Node a pod
+/// range of `cluster_cidr` (flannel's `--kube-subnet-mgr` reads it).
+#[derive(Clone, Copy, Debug)]
+pub struct ManyNodes<'a> {
+    pub cluster_cidr: &'a str,
+}
+
 impl ControlPlane {
     pub fn start(host: &Host, pki: &Pki) -> anyhow::Result<ControlPlane> {
+        ControlPlane::start_for(host, pki, None)
+    }
+
+    /// [`ControlPlane::start`], for several nodes when `many` says so.
+    pub fn start_for(
+        host: &Host,
+        pki: &Pki,
+        many: Option<ManyNodes<'_>>,
+    ) -> anyhow::Result<ControlPlane> {
         let dir = host.dir();
         let kubeconfig = |name: &str, user| -> anyhow::Result<std::path::PathBuf> {
             let path = dir.join(format!("{name}.kubeconfig"));
@@ -59,7 +76,12 @@ impl ControlPlane {
         let file = |p: &Path| p.display().to_string();
         apiserver
             .arg(format!("--etcd-servers={ETCD_URL}"))
-            .arg("--bind-address=127.0.0.1")
+            // The other nodes dial it on the nodes' L2.
+            .arg(if many.is_some() {
+                "--bind-address=0.0.0.0"
+            } else {
+                "--bind-address=127.0.0.1"
+            })
             .arg("--secure-port=6443")
             // The address the `kubernetes` Service names; nothing in the tier dials it.
             .arg(format!("--advertise-address={NODE_IP}"))
@@ -124,6 +146,13 @@ impl ControlPlane {
             // patch nodes or create a DaemonSet's pods.
             .arg("--use-service-account-credentials=true")
             .arg(format!("--service-cluster-ip-range={SERVICE_RANGE}"));
+        if let Some(many) = many {
+            // What kubeadm's `--pod-network-cidr` sets, and what flannel's manifests ask for.
+            controller_manager
+                .arg("--allocate-node-cidrs=true")
+                .arg(format!("--cluster-cidr={}", many.cluster_cidr))
+                .arg("--node-cidr-mask-size=24");
+        }
         plane.daemons.push(Daemon::spawn(
             "kube-controller-manager",
             controller_manager,

@@ -23,26 +23,34 @@ pub fn manifests_dir() -> std::path::PathBuf {
 /// Builds and imports ipq's image, installs the chart and waits until the DaemonSet's pod on
 /// the node is ready; that pod.
 pub fn install_ipq(cluster: &mut Cluster) -> anyhow::Result<Value> {
+    install_ipq_with(cluster, "")
+}
+
+/// [`install_ipq`] with `extra` (YAML) appended to the tier's values.
+pub fn install_ipq_with(cluster: &mut Cluster, extra: &str) -> anyhow::Result<Value> {
     let work = cluster.host.dir().join("ipq-image");
     let archive = image::build(&work)?;
-    node::import_image(&cluster.host, &archive)?;
+    for host in cluster.hosts() {
+        node::import_image(host, &archive)?;
+    }
     let values = cluster.host.dir().join("ipq-values.yaml");
-    std::fs::write(&values, tier_values()?)
+    std::fs::write(&values, tier_values(cluster.apiserver_url())? + extra)
         .with_context(|| format!("writing {}", values.display()))?;
     cluster.helm()?.install(&values)?;
     wait_daemonset_ready(cluster)
 }
 
-/// The chart's values the tier sets: the image made here, and the API server's own address.
+/// The chart's values the tier sets: the image made here, and the API server's own address
+/// (`apiserver`, its URL as the nodes reach it).
 /// The tier runs no kube-proxy, so the `kubernetes` Service's address (what a pod's
 /// KUBERNETES_SERVICE_HOST names) leads nowhere: the agent's container is told the API
 /// server's address instead, as clusters without kube-proxy (Cilium's replacement) do for
 /// host-network pods. Nothing else differs from the defaults.
-pub fn tier_values() -> anyhow::Result<String> {
+pub fn tier_values(apiserver: &str) -> anyhow::Result<String> {
     let (repository, tag) = image::IPQ_IMAGE
         .rsplit_once(':')
         .context("the test image has a tag")?;
-    let (host, port) = super::control_plane::APISERVER_URL
+    let (host, port) = apiserver
         .trim_start_matches("https://")
         .split_once(':')
         .context("the API server's URL has a port")?;
@@ -53,19 +61,21 @@ pub fn tier_values() -> anyhow::Result<String> {
     ))
 }
 
-/// Waits until the DaemonSet has its one pod scheduled, updated and ready; that pod.
+/// Waits until the DaemonSet has its pod on every node scheduled, updated and ready; the
+/// first node's pod.
 pub fn wait_daemonset_ready(cluster: &mut Cluster) -> anyhow::Result<Value> {
+    let nodes = cluster.node_names().len();
     let waited = cluster.wait_for(
-        "the ipq-agent DaemonSet to be ready on the node",
+        "the ipq-agent DaemonSet to be ready on every node",
         Duration::from_secs(240),
         &["-n", NAMESPACE, "get", "daemonset", DAEMONSET],
         |ds| {
             let status = &ds["status"];
             let generation = &ds["metadata"]["generation"];
             status["observedGeneration"] == *generation
-                && status["desiredNumberScheduled"] == 1
-                && status["updatedNumberScheduled"] == 1
-                && status["numberReady"] == 1
+                && status["desiredNumberScheduled"] == nodes
+                && status["updatedNumberScheduled"] == nodes
+                && status["numberReady"] == nodes
                 && status["numberUnavailable"].as_u64().unwrap_or(0) == 0
         },
     );
@@ -96,8 +106,14 @@ pub fn diagnose(cluster: &Cluster) -> String {
     report
 }
 
-/// The DaemonSet's ready pod (there is one node).
+/// The DaemonSet's ready pod on the first node.
 pub fn agent_pod(cluster: &mut Cluster) -> anyhow::Result<Value> {
+    let first = cluster.node_names()[0].to_owned();
+    agent_pod_on(cluster, &first)
+}
+
+/// The DaemonSet's ready pod on `node`.
+pub fn agent_pod_on(cluster: &Cluster, node: &str) -> anyhow::Result<Value> {
     let pods = cluster.kubectl().json(&[
         "-n",
         NAMESPACE,
@@ -109,12 +125,23 @@ pub fn agent_pod(cluster: &mut Cluster) -> anyhow::Result<Value> {
     pods["items"]
         .as_array()
         .and_then(|items| {
-            items
-                .iter()
-                .find(|p| pod_ready(p) && p["metadata"]["deletionTimestamp"].is_null())
+            items.iter().find(|p| {
+                pod_ready(p)
+                    && p["metadata"]["deletionTimestamp"].is_null()
+                    && p["spec"]["nodeName"] == node
+            })
         })
         .cloned()
-        .with_context(|| format!("no ready ipq-agent pod: {pods}"))
+        .with_context(|| format!("no ready ipq-agent pod on {node}: {pods}"))
+}
+
+/// `kubectl -n ipq-system exec <the agent's pod on node> -- ipq <args>`.
+pub fn ipq_on(cluster: &Cluster, node: &str, args: &[&str]) -> anyhow::Result<String> {
+    let pod = agent_pod_on(cluster, node)?;
+    let name = pod["metadata"]["name"].as_str().context("the pod's name")?;
+    let mut all = vec!["-n", NAMESPACE, "exec", name, "-c", "agent", "--", "ipq"];
+    all.extend(args);
+    cluster.kubectl().run(&all)
 }
 
 /// `kubectl -n ipq-system exec ds/ipq-agent -- ipq <args>`: what an operator runs.

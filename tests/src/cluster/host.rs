@@ -14,6 +14,10 @@
 //!   (`system/`) and that the kubelet uses as its cgroup root: killing what is in the tree
 //!   ends everything the node started, shims and pods included.
 //!
+//! A node of a cluster of several ([`Host::create_on`]) has the same namespaces, but its `eth0`
+//! leads to a port of a bridge (`br0`) in a segment namespace shared by every node
+//! ([`Segment`]): the L2 the nodes are joined by, which also holds the peer (the witness).
+//!
 //! Dropping the host kills all of that and removes it; a run killed hard (no Drop) is swept by
 //! the next one, by the pid in the names.
 
@@ -57,6 +61,26 @@ impl Host {
         sweep_dead_runs();
         let node = NetNs::new("kn")?;
         let peer = Arc::new(NetNs::new("kp")?);
+        let host = Host::assemble(node, peer, |host| host.wire())?;
+        Ok(host)
+    }
+
+    /// A node of a cluster of several: its `eth0` (`address`/24, default route via
+    /// [`PEER_IP`]) is a port of the segment's bridge. Sweeping dead runs is the segment's.
+    pub fn create_on(segment: &Segment, address: &str) -> anyhow::Result<Host> {
+        let node = NetNs::new("kn")?;
+        Host::assemble(node, Arc::clone(&segment.peer), |host| {
+            segment.plug(&host.node, "eth0", address)?;
+            host.node.ip(&["route", "add", "default", "via", PEER_IP])?;
+            host.node.sysctl("net.ipv4.ip_forward", "1")
+        })
+    }
+
+    fn assemble(
+        node: NetNs,
+        peer: Arc<NetNs>,
+        wire: impl FnOnce(&Host) -> anyhow::Result<()>,
+    ) -> anyhow::Result<Host> {
         let cgroup = node.name().to_owned();
         let dir = std::env::temp_dir().join(&cgroup);
         let mut host = Host {
@@ -68,7 +92,7 @@ impl Host {
         };
         fs::create_dir_all(&host.dir)
             .with_context(|| format!("creating {}", host.dir.display()))?;
-        host.wire()?;
+        wire(&host)?;
         host.make_cgroup()?;
         host.holder = Some(host.mount_namespace()?);
         Ok(host)
@@ -301,6 +325,98 @@ impl Drop for Host {
         }
         let _ = fs::remove_dir_all(&self.dir);
         // The network namespaces go with their own guards, after this.
+    }
+}
+
+/// The L2 segment the nodes of a cluster of several are joined by: a namespace of the test's
+/// own (`ipq-kp-<pid>-<n>`, the peer: it holds the witness and [`PEER_IP`], the nodes'
+/// default gateway) with a bridge per segment; each node's uplink is a veth whose other end is
+/// a port of that bridge.
+pub struct Segment {
+    pub peer: Arc<NetNs>,
+    ports: std::sync::atomic::AtomicUsize,
+}
+
+impl Segment {
+    /// Sweeps what dead runs left, then makes the peer namespace and its bridge `br0`
+    /// ([`PEER_IP`]/24).
+    pub fn create() -> anyhow::Result<Segment> {
+        crate::netns::require_root()?;
+        sweep_dead_runs();
+        let segment = Segment {
+            peer: Arc::new(NetNs::new("kp")?),
+            ports: std::sync::atomic::AtomicUsize::new(0),
+        };
+        segment.add_bridge("br0", Some(&format!("{PEER_IP}/24")))?;
+        Ok(segment)
+    }
+
+    /// A further bridge (a second L2 across the nodes), with the peer's `address` on it.
+    pub fn add_bridge(&self, bridge: &str, address: Option<&str>) -> anyhow::Result<()> {
+        let peer = &self.peer;
+        peer.ip(&["link", "add", bridge, "type", "bridge"])?;
+        // No STP delay, no multicast snooping: frames flow the moment a port is up.
+        peer.ip(&[
+            "link",
+            "set",
+            bridge,
+            "type",
+            "bridge",
+            "forward_delay",
+            "0",
+        ])?;
+        peer.ip(&[
+            "link",
+            "set",
+            bridge,
+            "type",
+            "bridge",
+            "mcast_snooping",
+            "0",
+        ])?;
+        if let Some(address) = address {
+            peer.ip(&["addr", "add", address, "dev", bridge])?;
+        }
+        peer.ip(&["link", "set", bridge, "up"])?;
+        Ok(())
+    }
+
+    /// Plugs `node`'s interface `ifname` (`address`/24, up) into `br0`.
+    pub fn plug(&self, node: &NetNs, ifname: &str, address: &str) -> anyhow::Result<()> {
+        self.plug_into("br0", node, ifname, Some(address))
+    }
+
+    /// Plugs `node`'s interface `ifname` (with `address`/24 if given, up) into `bridge`.
+    pub fn plug_into(
+        &self,
+        bridge: &str,
+        node: &NetNs,
+        ifname: &str,
+        address: Option<&str>,
+    ) -> anyhow::Result<()> {
+        let n = self
+            .ports
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let port = format!("port{n}");
+        node.ip(&[
+            "link",
+            "add",
+            ifname,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            &port,
+            "netns",
+            self.peer.name(),
+        ])?;
+        if let Some(address) = address {
+            node.ip(&["addr", "add", &format!("{address}/24"), "dev", ifname])?;
+        }
+        node.ip(&["link", "set", ifname, "up"])?;
+        self.peer
+            .ip(&["link", "set", &port, "master", bridge, "up"])?;
+        Ok(())
     }
 }
 

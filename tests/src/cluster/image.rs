@@ -307,7 +307,7 @@ fn readelf(args: &[&str], file: &Path) -> anyhow::Result<String> {
 }
 
 /// The absolute paths of the shared objects `binary` loads, the dynamic loader included.
-fn linked_libraries(binary: &Path) -> anyhow::Result<Vec<PathBuf>> {
+pub fn linked_libraries(binary: &Path) -> anyhow::Result<Vec<PathBuf>> {
     let out = Command::new("ldd")
         .arg(binary)
         .output()

@@ -1,7 +1,8 @@
 //! The node's runtime and kubelet: containerd 2.x (runc, cgroupfs) at its default paths inside
 //! the node's mount namespace, the node's conflist (bridge + host-local, as a kubeadm node with
-//! the reference plugins has it), the local images, and a kubelet registered with the API
-//! server.
+//! the reference plugins has it; on a flannel node, only the reference plugins flannel
+//! delegates to), the local images, and a kubelet registered with the API server under the
+//! node's name and address.
 
 use std::{fs, path::Path, time::Duration};
 
@@ -10,7 +11,7 @@ use anyhow::{bail, Context as _};
 use super::{
     daemon::{bin_dir, component, Daemon},
     host::{Host, NODE_IP, POD_SUBNET},
-    pki::{write_kubeconfig, Pki},
+    pki::{write_kubeconfig, CertFiles, Pki},
 };
 
 /// The node's name in the API.
@@ -39,17 +40,58 @@ pub const HOST_LOCAL_DIR: &str = "/var/lib/cni/networks/ipq-cluster";
 /// The node's network: its name is what the CNI results and host-local's dataDir carry.
 pub const NETWORK_NAME: &str = "ipq-cluster";
 
+/// What a node's pod network is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PodNetwork {
+    /// The one-node tier's: the node's own conflist of a bridge with host-local on
+    /// [`POD_SUBNET`], written here.
+    Bridge,
+    /// flannel's (its DaemonSet installs the plugin and `10-flannel.conflist`): only the
+    /// reference plugins it delegates to are put in `/opt/cni/bin` here.
+    Flannel,
+}
+
+/// Who a node is: its name in the API, its address on the nodes' L2, its pod network.
+#[derive(Clone, Debug)]
+pub struct NodeSpec {
+    pub name: String,
+    pub ip: String,
+    pub network: PodNetwork,
+}
+
+impl NodeSpec {
+    /// The one-node tier's node.
+    pub fn single() -> NodeSpec {
+        NodeSpec {
+            name: NODE_NAME.to_owned(),
+            ip: NODE_IP.to_owned(),
+            network: PodNetwork::Bridge,
+        }
+    }
+}
+
 /// containerd and the kubelet; dropping stops them (kubelet first).
 pub struct Node {
+    pub spec: NodeSpec,
     kubelet: Option<Daemon>,
     containerd: Option<Daemon>,
 }
 
 impl Node {
-    /// Starts containerd (with the images imported) and the kubelet.
-    pub fn start(host: &Host, pki: &Pki, apiserver: &str) -> anyhow::Result<Node> {
+    /// Starts containerd (with the images imported) and the kubelet, which registers as
+    /// `spec.name` with the client certificate `kubelet`.
+    pub fn start(
+        host: &Host,
+        pki: &Pki,
+        kubelet_cert: &CertFiles,
+        apiserver: &str,
+        spec: NodeSpec,
+    ) -> anyhow::Result<Node> {
         let dir = host.dir();
-        install_cni(host)?;
+        match spec.network {
+            PodNetwork::Bridge => install_cni(host)?,
+            PodNetwork::Flannel => link_reference_plugins(host)?,
+        }
         let config = dir.join("containerd.toml");
         fs::write(&config, containerd_config())?;
         let mut containerd = host.command(component("containerd")?);
@@ -61,6 +103,7 @@ impl Node {
         );
         containerd.env("PATH", &path);
         let mut node = Node {
+            spec,
             kubelet: None,
             containerd: Some(Daemon::spawn("containerd", containerd, dir)?),
         };
@@ -68,7 +111,7 @@ impl Node {
         import_busybox_images(host)?;
 
         let kubeconfig = dir.join("kubelet.kubeconfig");
-        write_kubeconfig(&kubeconfig, apiserver, &pki.ca.cert, &pki.kubelet)?;
+        write_kubeconfig(&kubeconfig, apiserver, &pki.ca.cert, kubelet_cert)?;
         let kubelet_config = dir.join("kubelet.yaml");
         fs::write(
             &kubelet_config,
@@ -78,8 +121,8 @@ impl Node {
         kubelet
             .arg(format!("--config={}", kubelet_config.display()))
             .arg(format!("--kubeconfig={}", kubeconfig.display()))
-            .arg(format!("--node-ip={NODE_IP}"))
-            .arg(format!("--hostname-override={NODE_NAME}"))
+            .arg(format!("--node-ip={}", node.spec.ip))
+            .arg(format!("--hostname-override={}", node.spec.name))
             .arg("--v=2")
             .env("PATH", &path);
         node.kubelet = Some(Daemon::spawn("kubelet", kubelet, dir)?);
@@ -99,6 +142,11 @@ impl Node {
                 self.containerd.as_ref().expect("started").log_tail(30)
             )
         })
+    }
+
+    /// Kills the kubelet, as on a node that is lost: what it started runs on, unattended.
+    pub fn stop_kubelet(&mut self) {
+        drop(self.kubelet.take());
     }
 
     /// Fails naming containerd or the kubelet when one has exited.
@@ -168,6 +216,25 @@ fn import_busybox_images(host: &Host) -> anyhow::Result<()> {
         let work = host.dir().join("images").join(tag);
         let archive = crate::containerd::build_oci_archive(&work, image, &entrypoint)?;
         import_image(host, &archive)?;
+    }
+    Ok(())
+}
+
+/// The reference plugins in the node's `/opt/cni/bin` (links to Debian's): what a node whose
+/// pod network installs its own conflist has.
+fn link_reference_plugins(host: &Host) -> anyhow::Result<()> {
+    let script = format!(
+        "set -e
+        for plugin in {DEBIAN_PLUGIN_DIR}/*; do ln -sf \"$plugin\" /opt/cni/bin/; done"
+    );
+    let mut cmd = host.command("sh");
+    cmd.args(["-c", &script]);
+    let out = crate::podman::run_bounded(&mut cmd, Duration::from_secs(30))?;
+    if !out.status.success() {
+        bail!(
+            "installing the node's CNI plugins: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     Ok(())
 }

@@ -100,6 +100,30 @@ impl Witness {
         Ok(Witness { arrivals, stop })
     }
 
+    /// When the first echo request from `src` with a payload of `size` bytes arrived after
+    /// `since`.
+    pub fn first(&self, src: IpAddr, size: usize, since: Instant) -> Option<Instant> {
+        self.arrivals
+            .lock()
+            .expect("no panic holds the lock")
+            .iter()
+            .filter(|a| a.src == src && a.size == size && a.at >= since)
+            .map(|a| a.at)
+            .min()
+    }
+
+    /// When the last echo request from `src` with a payload of `size` bytes arrived after
+    /// `since`.
+    pub fn last(&self, src: IpAddr, size: usize, since: Instant) -> Option<Instant> {
+        self.arrivals
+            .lock()
+            .expect("no panic holds the lock")
+            .iter()
+            .filter(|a| a.src == src && a.size == size && a.at >= since)
+            .map(|a| a.at)
+            .max()
+    }
+
     /// The echo requests from `src` with a payload of `size` bytes, arrived after `since`.
     pub fn count(&self, src: IpAddr, size: usize, since: Instant) -> usize {
         self.arrivals

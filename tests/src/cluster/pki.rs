@@ -27,7 +27,8 @@ pub struct Pki {
     pub admin: CertFiles,
     pub controller_manager: CertFiles,
     pub scheduler: CertFiles,
-    pub kubelet: CertFiles,
+    /// Each node's kubelet (`system:node:<name>`), in the order of the names given.
+    pub kubelets: Vec<CertFiles>,
     /// The service-account signing key (PKCS#8) and its public half.
     pub service_account_key: std::path::PathBuf,
     pub service_account_pub: std::path::PathBuf,
@@ -40,9 +41,9 @@ struct Subject<'a> {
 }
 
 impl Pki {
-    /// Writes a fresh PKI under `dir`; `node` is the node's name, `serving_ips` the addresses
-    /// the API server is reached at.
-    pub fn create(dir: &Path, node: &str, serving_ips: &[IpAddr]) -> anyhow::Result<Pki> {
+    /// Writes a fresh PKI under `dir`; `nodes` are the nodes' names (a kubelet certificate
+    /// each), `serving_ips` the addresses the API server is reached at.
+    pub fn create(dir: &Path, nodes: &[&str], serving_ips: &[IpAddr]) -> anyhow::Result<Pki> {
         fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         let ca_key = KeyPair::generate()?;
         let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
@@ -112,7 +113,6 @@ impl Pki {
             ],
             serving_ips,
         )?;
-        let node_user = format!("system:node:{node}");
         let service_account = KeyPair::generate()?;
         let service_account_key = dir.join("sa.key");
         let service_account_pub = dir.join("sa.pub");
@@ -133,7 +133,16 @@ impl Pki {
                 &[],
             )?,
             scheduler: client("scheduler", "system:kube-scheduler", &[])?,
-            kubelet: client("kubelet", &node_user, &["system:nodes"])?,
+            kubelets: nodes
+                .iter()
+                .map(|node| {
+                    client(
+                        &format!("kubelet-{node}"),
+                        &format!("system:node:{node}"),
+                        &["system:nodes"],
+                    )
+                })
+                .collect::<anyhow::Result<_>>()?,
             service_account_key,
             service_account_pub,
         })

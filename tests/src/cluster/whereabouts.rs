@@ -80,11 +80,20 @@ pub fn install(cluster: &mut Cluster) -> anyhow::Result<()> {
         "crd/overlappingrangeipreservations.whereabouts.cni.cncf.io",
         "crd/network-attachment-definitions.k8s.cni.cncf.io",
     ])?;
-    install_on_node(cluster)?;
+    let bridge = if cluster.other_hosts.is_empty() {
+        "cni0"
+    } else {
+        shared_segment(cluster)?;
+        SHARED_BRIDGE
+    };
+    for index in 0..cluster.node_names().len() {
+        install_on_node(cluster, cluster.host_at(index), bridge)?;
+    }
     let nad_config = json!({
         "cniVersion": "1.0.0",
         "name": NAD,
         "type": "bridge",
+        "bridge": bridge,
         "ipam": ipam(),
     });
     let nad = json!({
@@ -97,9 +106,49 @@ pub fn install(cluster: &mut Cluster) -> anyhow::Result<()> {
     start_control_loop(cluster)
 }
 
-/// The plugin, its flat config and kubeconfig, and the conflist, in the node's mount namespace.
-fn install_on_node(cluster: &Cluster) -> anyhow::Result<()> {
-    let dir = cluster.host.dir().join("whereabouts");
+/// The node-side bridge of whereabouts' network on a cluster of several nodes: its port
+/// `eth1` is each node's second uplink, a port of the segment's `br1`.
+pub const SHARED_BRIDGE: &str = "wb0";
+/// The second uplink of every node, on the L2 whereabouts' range is shared on.
+pub const SHARED_UPLINK: &str = "eth1";
+
+/// On a cluster of several nodes, the range is one L2 across them: a second bridge (`br1`) in
+/// the peer's namespace holding the range's gateway 10.88.0.1 (the peer, where the witness
+/// counts), and on each node a bridge [`SHARED_BRIDGE`] whose port [`SHARED_UPLINK`] is a port
+/// of `br1`; the bridge plugin puts the pods' veths on [`SHARED_BRIDGE`].
+fn shared_segment(cluster: &Cluster) -> anyhow::Result<()> {
+    let segment = cluster
+        .segment
+        .as_ref()
+        .context("a cluster of several nodes has a segment")?;
+    segment.add_bridge("br1", Some("10.88.0.1/24"))?;
+    for host in cluster.hosts() {
+        segment.plug_into("br1", &host.node, SHARED_UPLINK, None)?;
+        let node = &host.node;
+        node.ip(&["link", "add", SHARED_BRIDGE, "type", "bridge"])?;
+        node.ip(&[
+            "link",
+            "set",
+            SHARED_BRIDGE,
+            "type",
+            "bridge",
+            "forward_delay",
+            "0",
+        ])?;
+        node.ip(&["link", "set", SHARED_UPLINK, "master", SHARED_BRIDGE])?;
+        node.ip(&["link", "set", SHARED_BRIDGE, "up"])?;
+    }
+    Ok(())
+}
+
+/// The plugin, its flat config and kubeconfig, and the conflist, in `host`'s mount namespace;
+/// the pods' veths on `bridge`.
+fn install_on_node(
+    cluster: &Cluster,
+    host: &super::host::Host,
+    bridge: &str,
+) -> anyhow::Result<()> {
+    let dir = host.dir().join("whereabouts");
     fs::create_dir_all(&dir)?;
     // The admin's credentials, with whereabouts' namespace as the context's: the plugin keeps
     // its pools and reservations in the context's namespace.
@@ -112,6 +161,8 @@ fn install_on_node(cluster: &Cluster) -> anyhow::Result<()> {
     if kubeconfig == admin {
         bail!("the admin kubeconfig has no context to set a namespace in:\n{admin}");
     }
+    // Every node dials the API server where the cluster says it is reached.
+    let kubeconfig = kubeconfig.replace(APISERVER_URL, cluster.apiserver_url());
     fs::write(dir.join("whereabouts.kubeconfig"), kubeconfig)?;
     // What whereabouts' install script writes; its control loop reads the reconciler's
     // schedule from it (daily, as shipped: it does not run during the test).
@@ -127,8 +178,9 @@ fn install_on_node(cluster: &Cluster) -> anyhow::Result<()> {
         "plugins": [
             {
                 "type": "bridge",
-                "bridge": "cni0",
-                "isGateway": true,
+                "bridge": bridge,
+                // The one-node tier's node is its pods' gateway; across nodes the peer is.
+                "isGateway": bridge == "cni0",
                 "ipMasq": false,
                 "hairpinMode": true,
                 "ipam": ipam(),
@@ -145,7 +197,7 @@ fn install_on_node(cluster: &Cluster) -> anyhow::Result<()> {
         plugin = component("whereabouts")?.display(),
         dir = dir.display(),
     );
-    let mut cmd = cluster.host.command("sh");
+    let mut cmd = host.command("sh");
     cmd.args(["-c", &script]);
     let out = crate::podman::run_bounded(&mut cmd, Duration::from_secs(30))?;
     if !out.status.success() {
@@ -174,8 +226,11 @@ fn start_control_loop(cluster: &mut Cluster) -> anyhow::Result<()> {
         &["/ip-control-loop"],
         &["PATH=/"],
     )?;
-    import_image(&cluster.host, &archive)?;
-    let (host, port) = APISERVER_URL
+    for host in cluster.hosts() {
+        import_image(host, &archive)?;
+    }
+    let url = cluster.apiserver_url().to_owned();
+    let (host, port) = url
         .trim_start_matches("https://")
         .split_once(':')
         .context("the API server's URL has a port")?;
@@ -301,6 +356,22 @@ pub fn pod(name: &str, ignores_sigterm: bool) -> String {
     } else {
         (1, "trap 'exit 0' TERM; sleep 2147483647 & wait")
     };
+    pod_running(name, grace, command, None)
+}
+
+/// [`pod`] on `node`, pinging the range's gateway (the peer, where the witness counts) every
+/// 200 ms with a payload of `size` bytes, its signature.
+pub fn pod_pinging_on(name: &str, node: &str, ignores_sigterm: bool, size: usize) -> String {
+    let (grace, trap) = if ignores_sigterm {
+        (900, "trap '' TERM")
+    } else {
+        (1, "trap 'exit 0' TERM")
+    };
+    let command = format!("{trap}; while true; do ping -i 0.2 -s {size} 10.88.0.1; sleep 1; done");
+    pod_running(name, grace, &command, Some(node))
+}
+
+fn pod_running(name: &str, grace: u32, command: &str, node: Option<&str>) -> String {
     let status = json!([{"name": format!("default/{NAD}"), "interface": "eth0", "default": false}]);
     let pod = json!({
         "apiVersion": "v1",
@@ -321,6 +392,10 @@ pub fn pod(name: &str, ignores_sigterm: bool) -> String {
             }],
         },
     });
+    let mut pod = pod;
+    if let Some(node) = node {
+        pod["spec"]["nodeName"] = json!(node);
+    }
     pod.to_string()
 }
 

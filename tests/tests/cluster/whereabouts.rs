@@ -34,10 +34,21 @@ fn own_pod_ref() -> String {
 }
 
 /// Creates the pod and waits until it runs; its address.
-fn running(cluster: &mut Cluster, name: &str, ignores_sigterm: bool) -> anyhow::Result<String> {
-    cluster
-        .kubectl()
-        .apply(&whereabouts::pod(name, ignores_sigterm))?;
+pub(super) fn running(
+    cluster: &mut Cluster,
+    name: &str,
+    ignores_sigterm: bool,
+) -> anyhow::Result<String> {
+    running_pod(cluster, name, &whereabouts::pod(name, ignores_sigterm))
+}
+
+/// Applies `manifest` (the pod `name`) and waits until it runs; its address.
+pub(super) fn running_pod(
+    cluster: &mut Cluster,
+    name: &str,
+    manifest: &str,
+) -> anyhow::Result<String> {
+    cluster.kubectl().apply(manifest)?;
     let pod = cluster.wait_for(
         &format!("pod {name} to run"),
         Duration::from_secs(180),
@@ -51,7 +62,7 @@ fn running(cluster: &mut Cluster, name: &str, ignores_sigterm: bool) -> anyhow::
 /// kubelet has begun that termination, then `kubectl delete --force --grace-period=0`: the Pod
 /// object goes while its container runs on (asserted, from containerd's tasks), and waits until
 /// whereabouts' control loop has freed the pod's address (its IPPool no longer names the pod).
-fn terminate_then_force_delete_and_wait_freed(
+pub(super) fn terminate_then_force_delete_and_wait_freed(
     cluster: &mut Cluster,
     name: &str,
 ) -> anyhow::Result<()> {
@@ -121,13 +132,18 @@ fn control_loop_logs(cluster: &Cluster) -> String {
 }
 
 /// Waits until ipq's NodeQuarantine lists nothing: every quarantine of the phase has ended.
-fn wait_no_quarantine(cluster: &mut Cluster) -> anyhow::Result<()> {
+pub(super) fn wait_no_quarantine(cluster: &mut Cluster) -> anyhow::Result<()> {
+    wait_no_quarantine_on(cluster, NODE_NAME)
+}
+
+/// Waits until `node`'s NodeQuarantine lists nothing.
+pub(super) fn wait_no_quarantine_on(cluster: &mut Cluster, node: &str) -> anyhow::Result<()> {
     // cooldown 30s at least, max_cooldown (the ConfigMap's 5m) at most.
     cluster
         .wait_for(
             "every quarantine to end",
             Duration::from_secs(420),
-            &["get", "nodequarantines", NODE_NAME],
+            &["get", "nodequarantines", node],
             |o| {
                 o["status"]["publishedAt"].is_string()
                     && o["status"]["entries"]

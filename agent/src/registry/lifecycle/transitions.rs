@@ -5,6 +5,7 @@ use std::net::IpAddr;
 
 use ipq_common::addr::NO_IFINDEX;
 
+use crate::config::EarlyReusePolicy;
 use crate::registry::{
     canonical, AddrRecord, AddrStatus, Clock, ConflictKind, Effect, Holder, Lifecycle, MonoNs,
     RecordBook, RegistryError,
@@ -188,9 +189,14 @@ impl<C: Clock> Lifecycle<C> {
 
     /// Another machine announced `addr` (gratuitous ARP, unsolicited NA) while a holder here
     /// still has it: a `remote_claim` conflict. A Draining holder is fenced (it is on its way
-    /// out and the address now lives elsewhere); an Active one is only reported, as is a
-    /// Draining one while a blocked claimant holds the datapath's fence slot. A Quarantined
-    /// address moving to another machine is no conflict.
+    /// out and the address now lives elsewhere). An Active one is fenced under `fence-old`:
+    /// the remote claim is an early reuse whose new holder is on another node, and a cluster
+    /// IPAM that handed the address to another node (whereabouts on a force-deleted pod whose
+    /// container still runs) has made the local holder the stale one, whose packets would
+    /// otherwise answer for the new holder's address; under `refuse-new` and `observe` it is
+    /// only reported (nothing here can refuse a claim made on another node). Neither is fenced
+    /// while a blocked claimant holds the datapath's fence slot. A Quarantined address moving
+    /// to another machine is no conflict. docs/design.md "Remote claim" says why.
     pub fn remote_claim(&mut self, addr: IpAddr) -> Result<Vec<Effect>, RegistryError> {
         let (addr, record) = known(&self.records, addr)?;
         let mut out = Vec::new();
@@ -198,7 +204,12 @@ impl<C: Clock> Lifecycle<C> {
             return Ok(out);
         };
         let mut next = record.clone();
-        if matches!(next.status, AddrStatus::Draining { .. }) && next.blocked_claimant().is_none() {
+        let fence = match next.status {
+            AddrStatus::Draining { .. } => true,
+            AddrStatus::Active { .. } => self.settings.policy == EarlyReusePolicy::FenceOld,
+            AddrStatus::Quarantined { .. } => false,
+        };
+        if fence && next.blocked_claimant().is_none() {
             next.fence(holder.clone());
         }
         let now = self.clock.now();

@@ -1,0 +1,280 @@
+//! flannel as the pod network of a cluster of several nodes, installed the way kube-flannel's
+//! manifest (v0.28) installs it: a hostNetwork DaemonSet in `kube-flannel` running
+//! `flanneld --ip-masq --kube-subnet-mgr` (each Node's `spec.podCIDR`, given by the controller
+//! manager's `--allocate-node-cidrs`, is its subnet), its init containers copying the `flannel`
+//! CNI plugin into the node's `/opt/cni/bin` and the ConfigMap's `cni-conf.json` to
+//! `/etc/cni/net.d/10-flannel.conflist`, and `net-conf.json` naming the backend: vxlan,
+//! flannel's default (the kernel here has it). The plugin delegates to bridge + host-local
+//! (Debian's, linked into `/opt/cni/bin` by the node), and ipq's init step chains ipq-cni
+//! into that conflist.
+//!
+//! The image is made here from the binaries `cargo xtask setup --for cluster` builds from their
+//! Go modules (no registry is reachable): flanneld (cgo) with the libraries it links, the
+//! plugin, busybox for the init containers' `cp`, and the `iptables` (nft) and `nft` that
+//! flanneld runs for its masquerade and forward rules, with their libraries and iptables'
+//! extensions.
+
+use std::{
+    fs,
+    os::unix::fs::symlink,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use anyhow::Context as _;
+
+use super::{daemon::component, image::linked_libraries, kubectl::pod_ready, node, Cluster};
+
+pub const NAMESPACE: &str = "kube-flannel";
+pub const DAEMONSET: &str = "kube-flannel-ds";
+/// The cluster's pod range (`--cluster-cidr`, net-conf.json's `Network`).
+pub const CLUSTER_CIDR: &str = "10.244.0.0/16";
+/// The conflist flannel's init container writes, and ipq's init step chains into.
+pub const CONFLIST: &str = "/etc/cni/net.d/10-flannel.conflist";
+const IMAGE: &str = "ipq.test/flannel:cluster-tier";
+/// Where Debian keeps iptables' extensions (loaded by name at run time).
+const XTABLES_DIR: &str = "/usr/lib/x86_64-linux-gnu/xtables";
+
+/// Builds flannel's image, imports it on every node, applies kube-flannel's manifests and
+/// waits until flannel runs on every node and every node is Ready.
+pub fn install(cluster: &mut Cluster) -> anyhow::Result<()> {
+    let archive = build_image(&cluster.host.dir().join("flannel-image"))?;
+    for host in cluster.hosts() {
+        node::import_image(host, &archive)?;
+    }
+    let url = cluster.apiserver_url().to_owned();
+    let (host, port) = url
+        .trim_start_matches("https://")
+        .split_once(':')
+        .context("the API server's URL has a port")?;
+    cluster.kubectl().apply(&manifests(host, port))?;
+    let nodes = cluster.node_names().len();
+    cluster.wait_for(
+        "flannel to run on every node",
+        Duration::from_secs(240),
+        &["-n", NAMESPACE, "get", "pods", "-l", "app=flannel"],
+        |pods| {
+            pods["items"]
+                .as_array()
+                .is_some_and(|items| items.iter().filter(|p| pod_ready(p)).count() == nodes)
+        },
+    )?;
+    cluster.wait_nodes_ready()
+}
+
+/// flannel's image: `/opt/bin/flanneld`, `/flannel` (the CNI plugin), busybox, iptables, nft.
+fn build_image(work: &Path) -> anyhow::Result<PathBuf> {
+    let rootfs = work.join("rootfs");
+    for dir in ["bin", "opt/bin", "etc", "tmp", "run", "proc", "sys", "dev"] {
+        fs::create_dir_all(rootfs.join(dir))?;
+    }
+    let flanneld = component("flanneld")?;
+    fs::copy(&flanneld, rootfs.join("opt/bin/flanneld"))?;
+    fs::copy(component("flannel")?, rootfs.join("flannel"))?;
+    fs::copy("/bin/busybox", rootfs.join("bin/busybox"))
+        .context("copying /bin/busybox (install busybox-static)")?;
+    for applet in ["sh", "cp", "mkdir", "cat", "ls"] {
+        symlink("busybox", rootfs.join("bin").join(applet))?;
+    }
+    let mut executables = vec![flanneld];
+    for (file, names) in [
+        (
+            "/usr/sbin/xtables-nft-multi",
+            &[
+                "iptables",
+                "iptables-save",
+                "iptables-restore",
+                "ip6tables",
+                "ip6tables-save",
+                "ip6tables-restore",
+            ][..],
+        ),
+        ("/usr/sbin/nft", &["nft"][..]),
+    ] {
+        let inside = rootfs.join(file.trim_start_matches('/'));
+        fs::create_dir_all(inside.parent().context("in a directory")?)?;
+        fs::copy(file, &inside)
+            .with_context(|| format!("copying {file} (install iptables, nftables)"))?;
+        for name in names {
+            symlink(file, rootfs.join("bin").join(name))?;
+        }
+        executables.push(PathBuf::from(file));
+    }
+    let extensions = rootfs.join(XTABLES_DIR.trim_start_matches('/'));
+    fs::create_dir_all(&extensions)?;
+    for entry in fs::read_dir(XTABLES_DIR).with_context(|| format!("reading {XTABLES_DIR}"))? {
+        let entry = entry?;
+        let path = fs::canonicalize(entry.path())?;
+        fs::copy(&path, extensions.join(entry.file_name()))?;
+        executables.push(path);
+    }
+    let mut libraries = Vec::new();
+    for executable in &executables {
+        libraries.extend(linked_libraries(executable)?);
+    }
+    libraries.sort();
+    libraries.dedup();
+    for library in libraries {
+        let inside = rootfs.join(library.strip_prefix("/").unwrap_or(&library));
+        fs::create_dir_all(inside.parent().context("in a directory")?)?;
+        fs::copy(&library, &inside).with_context(|| format!("copying {}", library.display()))?;
+    }
+    for file in ["/etc/protocols", "/etc/ethertypes"] {
+        if Path::new(file).is_file() {
+            fs::copy(file, rootfs.join(file.trim_start_matches('/')))?;
+        }
+    }
+    crate::oci::archive(
+        &rootfs,
+        work,
+        IMAGE,
+        &["/opt/bin/flanneld"],
+        &["PATH=/bin:/opt/bin"],
+    )
+}
+
+/// kube-flannel.yml (v0.28) with the image made here and, as for every host-network pod of
+/// the tier (no kube-proxy), the API server's own address. Its `cni-conf.json` says
+/// cniVersion 0.4.0 where kube-flannel's says 0.3.1: ipq-cni refuses 0.3.x (docs/testing.md).
+fn manifests(apiserver_host: &str, apiserver_port: &str) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: Namespace
+metadata:
+  name: {NAMESPACE}
+  labels:
+    pod-security.kubernetes.io/enforce: privileged
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata:
+  name: flannel
+  namespace: {NAMESPACE}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata:
+  name: flannel
+rules:
+  - apiGroups: [""]
+    resources: [pods]
+    verbs: [get]
+  - apiGroups: [""]
+    resources: [nodes]
+    verbs: [get, list, watch]
+  - apiGroups: [""]
+    resources: [nodes/status]
+    verbs: [patch]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata:
+  name: flannel
+roleRef:
+  apiGroup: rbac.authorization.k8s.io
+  kind: ClusterRole
+  name: flannel
+subjects:
+  - kind: ServiceAccount
+    name: flannel
+    namespace: {NAMESPACE}
+---
+apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: kube-flannel-cfg
+  namespace: {NAMESPACE}
+  labels: {{tier: node, app: flannel}}
+data:
+  cni-conf.json: |
+    {{
+      "name": "cbr0",
+      "cniVersion": "0.4.0",
+      "plugins": [
+        {{"type": "flannel", "delegate": {{"hairpinMode": true, "isDefaultGateway": true}}}},
+        {{"type": "portmap", "capabilities": {{"portMappings": true}}}}
+      ]
+    }}
+  net-conf.json: |
+    {{
+      "Network": "{CLUSTER_CIDR}",
+      "EnableNFTables": false,
+      "Backend": {{"Type": "vxlan"}}
+    }}
+---
+apiVersion: apps/v1
+kind: DaemonSet
+metadata:
+  name: {DAEMONSET}
+  namespace: {NAMESPACE}
+  labels: {{tier: node, app: flannel}}
+spec:
+  selector:
+    matchLabels: {{app: flannel}}
+  template:
+    metadata:
+      labels: {{tier: node, app: flannel}}
+    spec:
+      hostNetwork: true
+      priorityClassName: system-node-critical
+      tolerations:
+        - operator: Exists
+          effect: NoSchedule
+      serviceAccountName: flannel
+      initContainers:
+        - name: install-cni-plugin
+          image: {IMAGE}
+          imagePullPolicy: Never
+          command: [cp]
+          args: [-f, /flannel, /opt/cni/bin/flannel]
+          volumeMounts:
+            - {{name: cni-plugin, mountPath: /opt/cni/bin}}
+        - name: install-cni
+          image: {IMAGE}
+          imagePullPolicy: Never
+          command: [cp]
+          args: [-f, /etc/kube-flannel/cni-conf.json, /etc/cni/net.d/10-flannel.conflist]
+          volumeMounts:
+            - {{name: cni, mountPath: /etc/cni/net.d}}
+            - {{name: flannel-cfg, mountPath: /etc/kube-flannel/}}
+      containers:
+        - name: kube-flannel
+          image: {IMAGE}
+          imagePullPolicy: Never
+          command: [/opt/bin/flanneld]
+          args: [--ip-masq, --kube-subnet-mgr]
+          resources:
+            requests: {{cpu: 100m, memory: 50Mi}}
+          securityContext:
+            privileged: false
+            capabilities:
+              add: [NET_ADMIN, NET_RAW]
+          env:
+            - name: POD_NAME
+              valueFrom: {{fieldRef: {{fieldPath: metadata.name}}}}
+            - name: POD_NAMESPACE
+              valueFrom: {{fieldRef: {{fieldPath: metadata.namespace}}}}
+            - name: EVENT_QUEUE_DEPTH
+              value: "5000"
+            - name: KUBERNETES_SERVICE_HOST
+              value: "{apiserver_host}"
+            - name: KUBERNETES_SERVICE_PORT
+              value: "{apiserver_port}"
+          volumeMounts:
+            - {{name: run, mountPath: /run/flannel}}
+            - {{name: flannel-cfg, mountPath: /etc/kube-flannel/}}
+            - {{name: xtables-lock, mountPath: /run/xtables.lock}}
+      volumes:
+        - name: run
+          hostPath: {{path: /run/flannel}}
+        - name: cni-plugin
+          hostPath: {{path: /opt/cni/bin}}
+        - name: cni
+          hostPath: {{path: /etc/cni/net.d}}
+        - name: flannel-cfg
+          configMap: {{name: kube-flannel-cfg}}
+        - name: xtables-lock
+          hostPath: {{path: /run/xtables.lock, type: FileOrCreate}}
+"#
+    )
+}
