@@ -12,8 +12,9 @@ use super::{
     error::{code, CniError},
 };
 
-/// The spec versions ipq-cni speaks, oldest first.
-pub const SUPPORTED_VERSIONS: [&str; 3] = ["0.4.0", "1.0.0", "1.1.0"];
+/// The spec versions ipq-cni speaks, oldest first. 0.3.x because kube-flannel's stock conflist
+/// (and other CNIs' still) says 0.3.1: its results have the 0.4.0 shape, and it has no CHECK.
+pub const SUPPORTED_VERSIONS: [&str; 5] = ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"];
 
 /// The newest of [`SUPPORTED_VERSIONS`]: what errors say when the config's version is unknown.
 pub const LATEST_VERSION: &str = "1.1.0";
@@ -183,6 +184,14 @@ impl NetConf {
             return Err(decode_error("not a JSON object"));
         };
         let cni_version = parse_version(&map)?;
+        if command == Command::Check && !at_least(&cni_version, "0.4.0") {
+            return Err(CniError::new(
+                code::INCOMPATIBLE_VERSION,
+                format!(
+                    "config version {cni_version} does not allow CHECK: it needs cniVersion 0.4.0"
+                ),
+            ));
+        }
         if matches!(command, Command::Gc | Command::Status) && !at_least(&cni_version, "1.1.0") {
             return Err(CniError::new(
                 code::INCOMPATIBLE_VERSION,

@@ -78,7 +78,7 @@ fn versions_are_checked() {
         1,
         "no cniVersion",
     );
-    for bad in ["0.3.1", "2.0.0", "1.0", ""] {
+    for bad in ["0.2.0", "2.0.0", "1.0", ""] {
         assert_code(
             parse(json!({"cniVersion": bad}), Command::Add),
             1,
@@ -104,12 +104,25 @@ fn versions_are_checked() {
         )
         .unwrap();
     }
-    for version in SUPPORTED_VERSIONS {
+    for old in ["0.3.0", "0.3.1"] {
+        assert_code(
+            parse(json!({"cniVersion": old}), Command::Check),
+            1,
+            "needs cniVersion 0.4.0",
+        );
+        assert_eq!(
+            parse(json!({"cniVersion": old}), Command::Add)
+                .unwrap()
+                .cni_version,
+            old
+        );
+    }
+    for version in &SUPPORTED_VERSIONS[2..] {
         assert_eq!(
             parse(json!({"cniVersion": version}), Command::Check)
                 .unwrap()
                 .cni_version,
-            version
+            *version
         );
     }
 }

@@ -134,8 +134,8 @@ fn build_image(work: &Path) -> anyhow::Result<PathBuf> {
 }
 
 /// kube-flannel.yml (v0.28) with the image made here and, as for every host-network pod of
-/// the tier (no kube-proxy), the API server's own address. Its `cni-conf.json` says
-/// cniVersion 0.4.0 where kube-flannel's says 0.3.1: ipq-cni refuses 0.3.x (docs/testing.md).
+/// the tier (no kube-proxy), the API server's own address. Its `cni-conf.json` is
+/// kube-flannel's, cniVersion 0.3.1 included: ipq-cni is chained into it as users have it.
 fn manifests(apiserver_host: &str, apiserver_port: &str) -> String {
     format!(
         r#"apiVersion: v1
@@ -189,7 +189,7 @@ data:
   cni-conf.json: |
     {{
       "name": "cbr0",
-      "cniVersion": "0.4.0",
+      "cniVersion": "0.3.1",
       "plugins": [
         {{"type": "flannel", "delegate": {{"hairpinMode": true, "isDefaultGateway": true}}}},
         {{"type": "portmap", "capabilities": {{"portMappings": true}}}}

@@ -58,12 +58,12 @@ fn missing_environment_is_code_4_naming_the_variable() {
 fn unknown_versions_are_code_1() {
     let tmp = tempfile::tempdir().unwrap();
     for command in COMMANDS {
-        for version in ["0.3.1", "1.2.0", "banana"] {
+        for version in ["0.2.0", "1.2.0", "banana"] {
             let stdin = conf(version, &tmp.path().join("none.sock"), tmp.path());
             let err = assert_error(
                 &invoke(&environment(command), &stdin),
                 1,
-                "supports 0.4.0, 1.0.0, 1.1.0",
+                "supports 0.3.0, 0.3.1, 0.4.0, 1.0.0, 1.1.0",
             );
             assert_eq!(err["cniVersion"], LATEST_VERSION);
         }
@@ -97,7 +97,7 @@ fn version_lists_what_ipq_cni_speaks() {
         let value: Value = serde_json::from_str(&outcome.stdout).unwrap();
         assert_eq!(
             value,
-            json!({"cniVersion": echoed, "supportedVersions": ["0.4.0", "1.0.0", "1.1.0"]})
+            json!({"cniVersion": echoed, "supportedVersions": ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"]})
         );
     }
 }
