@@ -46,6 +46,26 @@ fn ipq_first(lab: &Lab) -> bool {
         .is_some_and(|name| name.starts_with("ipq_tc"))
 }
 
+/// The agent's arguments in every test here: TCX, and a verification every 100 ms.
+const TCX_AGENT: [&str; 8] = [
+    "--workload",
+    "vethp*",
+    "--uplink",
+    "up0",
+    "--tc-attach",
+    "tcx",
+    "--verify-interval",
+    "100ms",
+];
+
+/// Fences pod a, waits until the agent holds its hooks by TCX links, and returns vethpa's
+/// ifindex.
+fn fence_pod_a_under_tcx(lab: &Lab, agent: &Agent) -> u32 {
+    lab.maps().fence_pod_a().expect("fencing pod a");
+    wait_tc_upgrades(agent);
+    ifindex(&lab.node, "vethpa").expect("ifindex")
+}
+
 fn vethpa(agent: &Agent) -> serde_json::Value {
     let status = api::request(&agent.api_socket(), "GET", "/v1/status", None)
         .expect("GET /v1/status")
@@ -60,22 +80,10 @@ fn vethpa(agent: &Agent) -> serde_json::Value {
 #[test]
 fn a_tool_that_keeps_displacing_ipqs_link_is_rate_limited_reported_and_then_let_go() {
     let lab = Lab::new().expect("building the lab");
-    let args = [
-        "--workload",
-        "vethp*",
-        "--uplink",
-        "up0",
-        "--tc-attach",
-        "tcx",
-        "--verify-interval",
-        "100ms",
-    ];
-    let agent = lab.start_agent(&args).expect("starting ipq-agent");
-    lab.maps().fence_pod_a().expect("fencing pod a");
-    wait_tc_upgrades(&agent);
+    let agent = lab.start_agent(&TCX_AGENT).expect("starting ipq-agent");
+    let vethpa_index = fence_pod_a_under_tcx(&lab, &agent);
     let peer = IpAddr::from(PEER_V4);
     assert_eq!(udp_burst(&lab.pod_a, &lab.peer, peer, 10), 0, "fenced");
-    let vethpa_index = ifindex(&lab.node, "vethpa").expect("ifindex");
     // A hook takes a program once: each displacement is a program (and link) of its own.
     let mut progs = Vec::new();
     let mut displace = || {
@@ -156,22 +164,10 @@ fn verify_passes(agent: &Agent) -> f64 {
 #[test]
 fn a_program_at_the_head_that_hands_packets_on_is_left_where_it_is() {
     let lab = Lab::new().expect("building the lab");
-    let args = [
-        "--workload",
-        "vethp*",
-        "--uplink",
-        "up0",
-        "--tc-attach",
-        "tcx",
-        "--verify-interval",
-        "100ms",
-    ];
-    let agent = lab.start_agent(&args).expect("starting ipq-agent");
-    lab.maps().fence_pod_a().expect("fencing pod a");
-    wait_tc_upgrades(&agent);
+    let agent = lab.start_agent(&TCX_AGENT).expect("starting ipq-agent");
+    let vethpa_index = fence_pod_a_under_tcx(&lab, &agent);
     let peer = IpAddr::from(PEER_V4);
     assert_eq!(udp_burst(&lab.pod_a, &lab.peer, peer, 10), 0, "fenced");
-    let vethpa_index = ifindex(&lab.node, "vethpa").expect("ifindex");
 
     let prog = program_returning(TCX_NEXT, "cotenant_next");
     let link = lab
@@ -304,22 +300,10 @@ fn ipqs_own_moves_ahead_of_a_program_it_cannot_tell_leak_no_fenced_packet() {
         "-all,+bpf,+net_admin,+net_raw,+perfmon",
         "--",
     ];
-    let args = [
-        "--workload",
-        "vethp*",
-        "--uplink",
-        "up0",
-        "--tc-attach",
-        "tcx",
-        "--verify-interval",
-        "100ms",
-    ];
     let agent = lab
-        .start_agent_wrapped(&daemonset, &args)
+        .start_agent_wrapped(&daemonset, &TCX_AGENT)
         .expect("starting ipq-agent with the DaemonSet's capabilities");
-    lab.maps().fence_pod_a().expect("fencing pod a");
-    wait_tc_upgrades(&agent);
-    let vethpa_index = ifindex(&lab.node, "vethpa").expect("ifindex");
+    let vethpa_index = fence_pod_a_under_tcx(&lab, &agent);
     // It hands every packet on: whatever leaks, leaks through a gap of ipq's own.
     let prog = program_returning(TCX_NEXT, "cotenant_next");
 
@@ -382,20 +366,8 @@ const TCX_PASS: i32 = 0;
 #[test]
 fn a_program_that_ends_processing_and_keeps_re_attaching_at_the_head_is_counted_and_reported() {
     let lab = Lab::new().expect("building the lab");
-    let args = [
-        "--workload",
-        "vethp*",
-        "--uplink",
-        "up0",
-        "--tc-attach",
-        "tcx",
-        "--verify-interval",
-        "100ms",
-    ];
-    let agent = lab.start_agent(&args).expect("starting ipq-agent");
-    lab.maps().fence_pod_a().expect("fencing pod a");
-    wait_tc_upgrades(&agent);
-    let vethpa_index = ifindex(&lab.node, "vethpa").expect("ifindex");
+    let agent = lab.start_agent(&TCX_AGENT).expect("starting ipq-agent");
+    let vethpa_index = fence_pod_a_under_tcx(&lab, &agent);
     let prog = program_returning(TCX_PASS, "cotenant_pass");
 
     let stop = AtomicBool::new(false);
