@@ -138,6 +138,7 @@ struct Outcome {
 }
 
 /// What the whole tier did.
+#[derive(Default)]
 pub struct Tier {
     /// The libtest totals of every kernel.
     pub totals: Totals,
@@ -149,42 +150,81 @@ pub struct Tier {
 /// tier could not even start (bad config, no test binaries, apt sources unreachable); a kernel
 /// that fails is reported in [`Tier::failures`] and the next one still runs.
 pub fn run(arch: Arch, only: &[String]) -> Result<Tier> {
+    Ok(prepare(arch, only)?.boot_all())
+}
+
+/// What a tier needs before its first boot: the test binaries built and every kernel
+/// downloaded and unpacked. Made on one thread, so that two tiers booted at once (amd64 and
+/// arm64, `cargo xtask test`) never build into one target dir or download into one apt cache
+/// together; [`Prepared::boot_all`] then touches only its own kernels' directories.
+pub struct Prepared {
+    config: Config,
+    kernels: Vec<(Kernel, fetch::Tree)>,
+    binaries: initramfs::TestBinaries,
+    started: Instant,
+}
+
+/// Builds the test binaries for `arch` and fetches the kernels named in `only` (all of
+/// `arch` when empty).
+pub fn prepare(arch: Arch, only: &[String]) -> Result<Prepared> {
     let started = Instant::now();
     let config = load_config()?;
-    let kernels = select(&config, arch, only)?;
+    let selected = select(&config, arch, only)?;
     let binaries = initramfs::TestBinaries::build(arch, &config.tests)?;
     let mut fetcher = fetch::Fetcher::new(arch, &config.kernels);
-
-    let mut outcomes = Vec::new();
-    for kernel in &kernels {
-        let began = Instant::now();
-        println!("==> kernel {}: {}", kernel.name, kernel.package);
-        let result = boot_one(&config, kernel, &mut fetcher, &binaries);
-        let (totals, failure) = match result {
-            Ok(report) => (report.totals, report.failure),
-            Err(e) => (Totals::default(), Some(format!("{e:#}"))),
-        };
-        let outcome = Outcome {
-            name: kernel.name.clone(),
-            took: began.elapsed(),
-            totals,
-            failure,
-        };
-        println!(
-            "==> kernel {}: {} in {:.0?} ({} passed, {} failed)",
-            outcome.name,
-            if outcome.failure.is_none() {
-                "ok"
-            } else {
-                "FAILED"
-            },
-            outcome.took,
-            outcome.totals.passed,
-            outcome.totals.failed
-        );
-        outcomes.push(outcome);
+    let mut kernels = Vec::new();
+    for kernel in selected {
+        let tree = fetcher
+            .kernel(&kernel)
+            .with_context(|| format!("kernel {}: {}", kernel.name, kernel.package))?;
+        kernels.push((kernel, tree));
     }
+    Ok(Prepared {
+        config,
+        kernels,
+        binaries,
+        started,
+    })
+}
 
+impl Prepared {
+    /// Boots every kernel in turn; a kernel that fails is reported and the next one runs.
+    pub fn boot_all(self) -> Tier {
+        let mut outcomes = Vec::new();
+        for (kernel, tree) in &self.kernels {
+            let began = Instant::now();
+            println!("==> kernel {}: {}", kernel.name, kernel.package);
+            let result = initramfs::build(&self.config, kernel, tree, &self.binaries)
+                .and_then(|initrd| qemu::boot(&self.config, kernel, tree, &initrd));
+            let (totals, failure) = match result {
+                Ok(report) => (report.totals, report.failure),
+                Err(e) => (Totals::default(), Some(format!("{e:#}"))),
+            };
+            let outcome = Outcome {
+                name: kernel.name.clone(),
+                took: began.elapsed(),
+                totals,
+                failure,
+            };
+            println!(
+                "==> kernel {}: {} in {:.0?} ({} passed, {} failed)",
+                outcome.name,
+                if outcome.failure.is_none() {
+                    "ok"
+                } else {
+                    "FAILED"
+                },
+                outcome.took,
+                outcome.totals.passed,
+                outcome.totals.failed
+            );
+            outcomes.push(outcome);
+        }
+        summarise(&outcomes, self.started)
+    }
+}
+
+fn summarise(outcomes: &[Outcome], started: Instant) -> Tier {
     let mut totals = Totals::default();
     println!(
         "kernel tier: {} kernels in {:.0?}",
@@ -192,7 +232,7 @@ pub fn run(arch: Arch, only: &[String]) -> Result<Tier> {
         started.elapsed()
     );
     let mut failures = Vec::new();
-    for outcome in &outcomes {
+    for outcome in outcomes {
         totals.add(&outcome.totals);
         let verdict = match &outcome.failure {
             None => "ok".to_owned(),
@@ -206,7 +246,7 @@ pub fn run(arch: Arch, only: &[String]) -> Result<Tier> {
             outcome.name, outcome.took, outcome.totals.passed, outcome.totals.failed
         );
     }
-    Ok(Tier { totals, failures })
+    Tier { totals, failures }
 }
 
 /// The names of the kernels of `arch` that `cargo xtask test` boots: every amd64 kernel, the
@@ -251,15 +291,4 @@ fn select(config: &Config, arch: Arch, only: &[String]) -> Result<Vec<Kernel>> {
                 })
         })
         .collect()
-}
-
-fn boot_one(
-    config: &Config,
-    kernel: &Kernel,
-    fetcher: &mut fetch::Fetcher,
-    binaries: &initramfs::TestBinaries,
-) -> Result<qemu::Report> {
-    let tree = fetcher.kernel(kernel)?;
-    let initrd = initramfs::build(config, kernel, &tree, binaries)?;
-    qemu::boot(config, kernel, &tree, &initrd)
 }
