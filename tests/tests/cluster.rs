@@ -275,17 +275,10 @@ fn installed_as_the_readme_says(cluster: &mut Cluster) -> anyhow::Result<()> {
 
     // The init step chained ipq-cni last into the conflist the runtime reads, and put the
     // plugin where the runtime runs plugins from.
-    let conflist = cluster
-        .host
-        .read(&format!("/etc/cni/net.d/10-{NETWORK_NAME}.conflist"))?;
-    let conflist: Value = serde_json::from_str(&conflist)
-        .with_context(|| format!("the node's conflist after install: {conflist}"))?;
-    let types: Vec<&str> = conflist["plugins"]
-        .as_array()
-        .context("plugins")?
-        .iter()
-        .filter_map(|p| p["type"].as_str())
-        .collect();
+    let types = deploy::chained_plugins(
+        &cluster.host,
+        &format!("/etc/cni/net.d/10-{NETWORK_NAME}.conflist"),
+    )?;
     ensure!(
         types == ["bridge", "portmap", "ipq-cni"],
         "the node's conflist after the install step: {types:?}"

@@ -20,6 +20,20 @@ pub fn manifests_dir() -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/kubernetes")
 }
 
+/// The `type` of every plugin of the conflist at `path` on `host`, in order: what ipq's init
+/// step chained ipq-cni into.
+pub fn chained_plugins(host: &super::host::Host, path: &str) -> anyhow::Result<Vec<String>> {
+    let text = host.read(path)?;
+    let conflist: Value =
+        serde_json::from_str(&text).with_context(|| format!("{path} is not JSON: {text}"))?;
+    Ok(conflist["plugins"]
+        .as_array()
+        .with_context(|| format!("{path} has no plugins: {text}"))?
+        .iter()
+        .filter_map(|p| p["type"].as_str().map(str::to_owned))
+        .collect())
+}
+
 /// Builds and imports ipq's image, installs the chart and waits until the DaemonSet's pod on
 /// the node is ready; that pod.
 pub fn install_ipq(cluster: &mut Cluster) -> anyhow::Result<Value> {

@@ -24,15 +24,7 @@ pub fn ipq_chained_into_flannel_on_every_node(cluster: &mut Cluster) -> anyhow::
     let names: Vec<String> = cluster.node_names().iter().map(|n| n.to_string()).collect();
     for name in &names {
         let host = cluster.host_of(name)?;
-        let text = host.read(flannel::CONFLIST)?;
-        let conflist: Value = serde_json::from_str(&text)
-            .with_context(|| format!("{name}'s {} after install: {text}", flannel::CONFLIST))?;
-        let types: Vec<&str> = conflist["plugins"]
-            .as_array()
-            .context("plugins")?
-            .iter()
-            .filter_map(|p| p["type"].as_str())
-            .collect();
+        let types = deploy::chained_plugins(host, flannel::CONFLIST)?;
         ensure!(
             types == ["flannel", "portmap", "ipq-cni"],
             "{name}'s {} after ipq's install step: {types:?}",

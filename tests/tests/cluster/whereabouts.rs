@@ -268,27 +268,7 @@ pub fn with_the_projection_the_address_waits_for_the_quarantine(
     // The range is full but for the kept address: the third pod gets none.
     let third = "wb-b-third";
     cluster.kubectl().apply(&whereabouts::pod(third, false))?;
-    cluster.wait_for(
-        "the third pod's sandbox to fail for want of an address",
-        Duration::from_secs(120),
-        &[
-            "-n",
-            "default",
-            "get",
-            "events",
-            "--field-selector",
-            &format!("involvedObject.name={third},reason=FailedCreatePodSandBox"),
-        ],
-        |events| events["items"].as_array().is_some_and(|i| !i.is_empty()),
-    )?;
-    let pod = cluster
-        .kubectl()
-        .json(&["-n", "default", "get", "pod", third])?;
-    ensure!(
-        pod["status"]["podIP"].is_null(),
-        "the third pod got an address while the range's other one was kept: {}",
-        pod["status"]
-    );
+    wait_no_address(cluster, third, "while the range's other address was kept")?;
     ensure!(
         !allocations(cluster)?
             .iter()
@@ -336,6 +316,32 @@ pub fn with_the_projection_the_address_waits_for_the_quarantine(
 
 /// Deletes the pods of the previous phase and waits until their quarantines have ended: the
 /// range is whole again.
+/// Waits for `pod`'s sandbox to fail for want of an address (its `FailedCreatePodSandBox`
+/// event), then checks that it has none; `when` says why it must not.
+pub fn wait_no_address(cluster: &mut Cluster, pod: &str, when: &str) -> anyhow::Result<()> {
+    cluster.wait_for(
+        &format!("{pod}'s sandbox to fail for want of an address"),
+        Duration::from_secs(120),
+        &[
+            "-n",
+            "default",
+            "get",
+            "events",
+            "--field-selector",
+            &format!("involvedObject.name={pod},reason=FailedCreatePodSandBox"),
+        ],
+        |events| events["items"].as_array().is_some_and(|i| !i.is_empty()),
+    )?;
+    let status = &cluster
+        .kubectl()
+        .json(&["-n", "default", "get", "pod", pod])?["status"];
+    ensure!(
+        status["podIP"].is_null(),
+        "{pod} got an address {when}: {status}"
+    );
+    Ok(())
+}
+
 fn clear(cluster: &mut Cluster, pods: &[&str]) -> anyhow::Result<()> {
     for pod in pods {
         cluster.kubectl().run(&[

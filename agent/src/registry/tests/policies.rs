@@ -448,26 +448,33 @@ fn a_full_registry_refuses_new_addresses_and_keeps_every_old_one() {
 // ---- remote claim and duplicate source ---------------------------------------------------
 
 #[test]
-fn remote_claim_of_an_active_address_fences_it_under_fence_old() {
-    let mut t = Harness::new(EarlyReusePolicy::FenceOld);
-    t.claim("10.0.0.1", h(5), Source::Cni);
-    let effects = t.ok(|r| r.lifecycle_mut().remote_claim(ip("10.0.0.1")));
-    let c = conflicts(&effects)[0];
-    assert_eq!(
-        (c.kind, c.old.clone(), c.new.clone()),
-        (ConflictKind::RemoteClaim, Some(h(5)), None)
-    );
-    assert_eq!(t.record("10.0.0.1").fenced().cloned(), Some(h(5)));
-    assert_eq!(t.record("10.0.0.1").conflicts, 1);
-    let entry = t.entry("10.0.0.1");
-    assert_eq!((entry.holder_ifindex, entry.fenced_ifindex), (5, 5));
-    // Gone later: quarantined as usual, fence cleared.
-    t.ok(|r| r.lifecycle_mut().holder_gone(5));
-    let record = t.record("10.0.0.1");
-    assert_eq!(
-        (record.state(), record.fenced().cloned()),
-        (StateName::Quarantined, None)
-    );
+fn remote_claim_of_an_active_or_draining_address_fences_it_under_fence_old() {
+    for drained in [false, true] {
+        let mut t = Harness::new(EarlyReusePolicy::FenceOld);
+        t.claim("10.0.0.1", h(5), Source::Cni);
+        if drained {
+            t.ok(|r| r.lifecycle_mut().drain(ip("10.0.0.1"), None));
+        }
+        let effects = t.ok(|r| r.lifecycle_mut().remote_claim(ip("10.0.0.1")));
+        let c = conflicts(&effects)[0];
+        assert_eq!(
+            (c.kind, c.old.clone(), c.new.clone()),
+            (ConflictKind::RemoteClaim, Some(h(5)), None),
+            "drained: {drained}"
+        );
+        assert_eq!(t.record("10.0.0.1").fenced().cloned(), Some(h(5)));
+        assert_eq!(t.record("10.0.0.1").conflicts, 1);
+        let entry = t.entry("10.0.0.1");
+        assert_eq!((entry.holder_ifindex, entry.fenced_ifindex), (5, 5));
+        // Gone later: quarantined as usual, fence cleared.
+        t.ok(|r| r.lifecycle_mut().holder_gone(5));
+        let record = t.record("10.0.0.1");
+        assert_eq!(
+            (record.state(), record.fenced().cloned()),
+            (StateName::Quarantined, None),
+            "drained: {drained}"
+        );
+    }
 }
 
 #[test]
@@ -480,25 +487,6 @@ fn remote_claim_of_an_active_address_is_only_reported_under_refuse_new_and_obser
         assert_eq!(t.record("10.0.0.1").fenced().cloned(), None, "{policy:?}");
         assert_eq!(t.record("10.0.0.1").conflicts, 1);
     }
-}
-
-#[test]
-fn remote_claim_of_a_draining_address_fences_the_local_holder() {
-    let mut t = Harness::new(EarlyReusePolicy::FenceOld);
-    t.claim("10.0.0.1", h(5), Source::Cni);
-    t.ok(|r| r.lifecycle_mut().drain(ip("10.0.0.1"), None));
-    let effects = t.ok(|r| r.lifecycle_mut().remote_claim(ip("10.0.0.1")));
-    assert_eq!(conflicts(&effects)[0].kind, ConflictKind::RemoteClaim);
-    assert_eq!(t.record("10.0.0.1").fenced().cloned(), Some(h(5)));
-    let entry = t.entry("10.0.0.1");
-    assert_eq!((entry.holder_ifindex, entry.fenced_ifindex), (5, 5));
-    // Gone later: quarantined as usual, fence cleared.
-    t.ok(|r| r.lifecycle_mut().holder_gone(5));
-    let record = t.record("10.0.0.1");
-    assert_eq!(
-        (record.state(), record.fenced().cloned()),
-        (StateName::Quarantined, None)
-    );
 }
 
 #[test]
