@@ -99,10 +99,12 @@ fn args() -> anyhow::Result<Args> {
     Ok(args)
 }
 
-/// One measurement line.
 /// Names the figures of the programs loaded with fetch-atomic barriers.
 const FETCH_BARRIER_PREFIX: &str = "fetch_barrier_";
+/// The figures with the address table unread (`SlotsOrder::HashOnly`).
+const HASH_ONLY_PREFIX: &str = "hash_only_";
 
+/// One measurement line.
 fn emit(name: &str, size: u32, unit: &str, trial: u32, value: f64) {
     println!(
         "{}",
@@ -619,6 +621,14 @@ fn main() -> anyhow::Result<()> {
             let bpffs = BpffsDir::new()?;
             let mut ordered = load(&bpffs, capacity, Some(SlotsOrder::FetchBarrier))?;
             test_runs(&mut ordered, &args, here, other, FETCH_BARRIER_PREFIX)?;
+        }
+        // The same figures with the table not read at all: every lookup asks `IPQ_ADDRS`
+        // and reads the verdict twice (it may be torn by the agent's reuse of an element),
+        // as arm64 kernels before 5.12 run them, and any CPU while a slot is mid-write.
+        {
+            let bpffs = BpffsDir::new()?;
+            let mut hashed = load(&bpffs, capacity, Some(SlotsOrder::HashOnly))?;
+            test_runs(&mut hashed, &args, here, other, HASH_ONLY_PREFIX)?;
         }
         // The pod's neighbour entry, so no ARP is in the measured loop.
         // (`/sys` is the host's here: ask `ip` for the MAC.)
