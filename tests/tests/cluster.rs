@@ -42,6 +42,8 @@ mod publish;
 mod publish_outage;
 #[path = "cluster/publish_refused.rs"]
 mod publish_refused;
+#[path = "cluster/rolling.rs"]
+mod rolling;
 #[path = "cluster/whereabouts.rs"]
 mod whereabouts;
 use ipq_tests::cluster::{
@@ -222,6 +224,10 @@ fn three_nodes_on_flannel_with_ipq_chained() -> anyhow::Result<()> {
     phase(
         "pods on every node, the first reaching the last through flannel",
         || many_nodes::pods_on_every_node_reach_each_other(&mut cluster),
+    )?;
+    phase(
+        "helm upgrade and rollback node by node under long-lived flows",
+        || rolling::upgrade_and_rollback_node_by_node(&mut cluster),
     )?;
     phase(
         "node C lost: kubelet and agent killed, Node deleted",
