@@ -199,14 +199,7 @@ pub fn lose_the_last_node(cluster: &mut Cluster) -> anyhow::Result<()> {
     let names: Vec<String> = cluster.node_names().iter().map(|n| n.to_string()).collect();
     let lost = names.last().context("nodes")?;
     cluster.stop_kubelet(lost)?;
-    let pid = tasks::running_pid(cluster.host_of(lost)?, deploy::NAMESPACE, "agent")?;
-    // SAFETY: kill has no memory-safety preconditions; the pid is the agent's, read just now.
-    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-    ipq_tests::lab::poll(
-        &format!("{lost}'s agent to be gone"),
-        Duration::from_secs(30),
-        || Ok((!std::path::Path::new(&format!("/proc/{pid}")).exists()).then_some(())),
-    )?;
+    kill_container(cluster, lost, deploy::NAMESPACE, "agent")?;
     cluster.kubectl().run(&["delete", "node", lost])?;
     cluster.wait_for(
         &format!("{lost}'s NodeQuarantine to be collected with its Node"),
@@ -220,6 +213,25 @@ pub fn lose_the_last_node(cluster: &mut Cluster) -> anyhow::Result<()> {
         },
     )?;
     Ok(())
+}
+
+/// Kills the process of the running container `container` of a pod in `namespace` on `node`
+/// (SIGKILL, as a node's crash would) and waits until it is gone.
+pub fn kill_container(
+    cluster: &Cluster,
+    node: &str,
+    namespace: &str,
+    container: &str,
+) -> anyhow::Result<()> {
+    let pid = tasks::running_pid(cluster.host_of(node)?, namespace, container)?;
+    // SAFETY: kill has no memory-safety preconditions; the pid is the container's, read just
+    // now.
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    ipq_tests::lab::poll(
+        &format!("{node}'s {namespace}/{container} to be gone"),
+        Duration::from_secs(30),
+        || Ok((!std::path::Path::new(&format!("/proc/{pid}")).exists()).then_some(())),
+    )
 }
 
 /// After the last node was lost ([`lose_the_last_node`]), the others go on: `pod`, on the
