@@ -28,6 +28,8 @@ mod cross_node;
 mod drain;
 #[path = "cluster/helm_modes.rs"]
 mod helm_modes;
+#[path = "cluster/lost_node.rs"]
+mod lost_node;
 #[path = "cluster/many_nodes.rs"]
 mod many_nodes;
 #[path = "cluster/own_objects.rs"]
@@ -42,6 +44,8 @@ mod publish;
 mod publish_outage;
 #[path = "cluster/publish_refused.rs"]
 mod publish_refused;
+#[path = "cluster/rolling.rs"]
+mod rolling;
 #[path = "cluster/whereabouts.rs"]
 mod whereabouts;
 use ipq_tests::cluster::{
@@ -224,6 +228,10 @@ fn three_nodes_on_flannel_with_ipq_chained() -> anyhow::Result<()> {
         || many_nodes::pods_on_every_node_reach_each_other(&mut cluster),
     )?;
     phase(
+        "helm upgrade and rollback node by node under long-lived flows",
+        || rolling::upgrade_and_rollback_node_by_node(&mut cluster),
+    )?;
+    phase(
         "node C lost: kubelet and agent killed, Node deleted",
         || many_nodes::a_lost_node_is_collected_and_the_others_go_on(&mut cluster),
     )?;
@@ -234,7 +242,8 @@ fn three_nodes_on_flannel_with_ipq_chained() -> anyhow::Result<()> {
 /// The seeds' cross-node race (#37 item 2): whereabouts' one range shared by three nodes on
 /// flannel; a force-deleted pod on node A whose container lives on; without ipq's projection
 /// node B's pod gets the address and node A fences its stale holder on B's announcement; with
-/// it no other node's pod gets the address until the quarantine ends.
+/// it no other node's pod gets the address until the quarantine ends. Then node C lost: its
+/// pod's address left to whereabouts' own rules, untouched by ipq.
 #[test]
 fn the_seeds_cross_node_race_on_three_nodes() -> anyhow::Result<()> {
     let began = Instant::now();
@@ -256,6 +265,10 @@ fn the_seeds_cross_node_race_on_three_nodes() -> anyhow::Result<()> {
     phase(
         "with the projection: no other node gets the address",
         || cross_node::with_the_projection_no_other_node_gets_the_address(&mut cluster),
+    )?;
+    phase(
+        "node C lost: its pod's whereabouts address left to whereabouts",
+        || lost_node::a_lost_nodes_address_is_left_to_whereabouts(&mut cluster),
     )?;
     eprintln!(
         "cluster tier: the cross-node race: {:.1?} in all",

@@ -14,6 +14,8 @@ use super::{image, kubectl::pod_ready, node, Cluster};
 
 pub const NAMESPACE: &str = "ipq-system";
 pub const DAEMONSET: &str = "ipq-agent";
+/// The labels of the DaemonSet's pods.
+pub const AGENT_SELECTOR: &str = "app.kubernetes.io/name=ipq,app.kubernetes.io/component=agent";
 
 /// The repository's `deploy/kubernetes/`.
 pub fn manifests_dir() -> std::path::PathBuf {
@@ -128,14 +130,9 @@ pub fn agent_pod(cluster: &mut Cluster) -> anyhow::Result<Value> {
 
 /// The DaemonSet's ready pod on `node`.
 pub fn agent_pod_on(cluster: &Cluster, node: &str) -> anyhow::Result<Value> {
-    let pods = cluster.kubectl().json(&[
-        "-n",
-        NAMESPACE,
-        "get",
-        "pods",
-        "-l",
-        "app.kubernetes.io/name=ipq,app.kubernetes.io/component=agent",
-    ])?;
+    let pods = cluster
+        .kubectl()
+        .json(&["-n", NAMESPACE, "get", "pods", "-l", AGENT_SELECTOR])?;
     pods["items"]
         .as_array()
         .and_then(|items| {

@@ -16,6 +16,7 @@
 
 use std::{
     fs,
+    net::Ipv4Addr,
     os::unix::fs::symlink,
     path::{Path, PathBuf},
     time::Duration,
@@ -23,7 +24,9 @@ use std::{
 
 use anyhow::Context as _;
 
-use super::{daemon::component, image::linked_libraries, kubectl::pod_ready, node, Cluster};
+use super::{
+    daemon::component, host::Host, image::linked_libraries, kubectl::pod_ready, node, Cluster,
+};
 
 pub const NAMESPACE: &str = "kube-flannel";
 pub const DAEMONSET: &str = "kube-flannel-ds";
@@ -32,6 +35,9 @@ pub const CLUSTER_CIDR: &str = "10.244.0.0/16";
 /// The conflist flannel's init container writes, and ipq's init step chains into.
 pub const CONFLIST: &str = "/etc/cni/net.d/10-flannel.conflist";
 const IMAGE: &str = "ipq.test/flannel:cluster-tier";
+/// Where host-local keeps a flannel node's allocations (one file per address): flannel's
+/// plugin delegates to host-local without a `dataDir`, so under the conflist's network name.
+pub const HOST_LOCAL_DIR: &str = "/var/lib/cni/networks/cbr0";
 /// Where Debian keeps iptables' extensions (loaded by name at run time).
 const XTABLES_DIR: &str = "/usr/lib/x86_64-linux-gnu/xtables";
 
@@ -60,6 +66,20 @@ pub fn install(cluster: &mut Cluster) -> anyhow::Result<()> {
         },
     )?;
     cluster.wait_nodes_ready()
+}
+
+/// Frees `address` in host-local's store on the node of `host` and points its round robin
+/// (`last_reserved_ip.0`: the one range) just before it, so that the next pod on that node is
+/// given it: what an IPAM that frees a terminating pod's address too early does, the
+/// incident, made on purpose. The address must be allocated (its file is removed).
+pub fn hand_out_again(host: &Host, address: Ipv4Addr) -> anyhow::Result<()> {
+    host.remove(&format!("{HOST_LOCAL_DIR}/{address}"))
+        .with_context(|| format!("freeing {address} in host-local's store"))?;
+    let before = Ipv4Addr::from(u32::from(address) - 1);
+    let script = format!("printf %s {before} > {HOST_LOCAL_DIR}/last_reserved_ip.0");
+    crate::netns::output_of(host.command("sh").args(["-c", &script]))
+        .with_context(|| format!("pointing host-local's round robin at {address}"))?;
+    Ok(())
 }
 
 /// flannel's image: `/opt/bin/flanneld`, `/flannel` (the CNI plugin), busybox, iptables, nft.

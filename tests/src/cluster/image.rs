@@ -24,6 +24,15 @@ use anyhow::{bail, Context as _};
 /// place of the shipped one.
 pub const IPQ_IMAGE: &str = "ipq.test/ipq/ipq:cluster-tier";
 
+/// A second image of the same release build, for the tier's upgrade node by node: what it
+/// rolls to and back from. The same code: only the file naming the image
+/// ([`IMAGE_NAME_FILE`]) differs, so its layer, and with it its digest, is another (building a
+/// real previous release from git would cost a cold release build).
+pub const IPQ_IMAGE_NEXT: &str = "ipq.test/ipq/ipq:cluster-tier-next";
+
+/// The file in every image made here that holds the image's own name.
+pub const IMAGE_NAME_FILE: &str = "etc/ipq-test-image";
+
 /// The binaries the Dockerfile copies into /usr/local/bin.
 pub const SHIPPED_BINARIES: [&str; 4] = ["ipq-agent", "ipq", "ipq-cni", "ipq-ipam"];
 
@@ -135,16 +144,26 @@ pub fn release_binary(name: &str) -> anyhow::Result<PathBuf> {
 
 /// Writes the image's OCI archive under `work`; its path.
 pub fn build(work: &Path) -> anyhow::Result<PathBuf> {
+    build_as(work, IPQ_IMAGE)
+}
+
+/// Writes the OCI archive of the release build's image named `image` ([`IPQ_IMAGE`] or
+/// [`IPQ_IMAGE_NEXT`]) under `work`; its path.
+pub fn build_as(work: &Path, image: &str) -> anyhow::Result<PathBuf> {
     let source = ImageSource::host_release();
     for name in SHIPPED_BINARIES {
         release_binary(name)?;
     }
-    build_for(work, &source)
+    build_named(work, &source, image)
 }
 
 /// Writes the OCI archive of the image made of `source` under `work`; its path. Fails, naming
 /// the file, when a binary or the busybox is missing or is not for `source.arch`.
 pub fn build_for(work: &Path, source: &ImageSource) -> anyhow::Result<PathBuf> {
+    build_named(work, source, IPQ_IMAGE)
+}
+
+fn build_named(work: &Path, source: &ImageSource, image: &str) -> anyhow::Result<PathBuf> {
     let arch = source.arch;
     let cross = arch != Arch::host();
     let rootfs = work.join("rootfs");
@@ -155,6 +174,7 @@ pub fn build_for(work: &Path, source: &ImageSource) -> anyhow::Result<PathBuf> {
     for dir in ["proc", "sys", "dev", "etc", "tmp", "run", "var/lib"] {
         fs::create_dir_all(rootfs.join(dir))?;
     }
+    fs::write(rootfs.join(IMAGE_NAME_FILE), format!("{image}\n"))?;
     let mut inputs = vec![source.busybox.clone()];
     inputs.extend(SHIPPED_BINARIES.map(|name| source.binaries.join(name)));
     for input in &inputs {
@@ -217,7 +237,7 @@ pub fn build_for(work: &Path, source: &ImageSource) -> anyhow::Result<PathBuf> {
     crate::oci::archive_for(
         &rootfs,
         work,
-        IPQ_IMAGE,
+        image,
         arch.oci_name(),
         &["/usr/local/bin/ipq-agent"],
         &["PATH=/usr/local/bin:/bin"],

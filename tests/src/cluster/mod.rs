@@ -18,6 +18,7 @@ pub mod node;
 pub mod peer;
 pub mod pki;
 pub mod tasks;
+pub mod watch;
 pub mod whereabouts;
 pub mod workloads;
 

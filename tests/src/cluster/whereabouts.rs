@@ -4,7 +4,12 @@
 //! `/etc/cni/net.d/whereabouts.d/` (what its install script writes), a conflist of the bridge
 //! with whereabouts' IPAM on a range of [`RANGE`] addresses (lexically first, so the runtime
 //! uses it and ipq's init step chains ipq-cni into it), and its control loop
-//! (`ip-control-loop`) as a host-network Deployment with the RBAC of its manifests.
+//! (`ip-control-loop`) as a host-network DaemonSet with the RBAC of its manifests.
+//!
+//! A DaemonSet, as whereabouts ships it (doc/crds/daemonset-install.yaml): each node's control
+//! loop watches only the pods whose `spec.nodeName` is its own (`NODENAME`), so a single
+//! replica would free the addresses of the pods of whichever node it was scheduled on, and
+//! of no other.
 //!
 //! whereabouts' control loop frees a deleted pod's addresses from the NetworkAttachmentDefinition
 //! its `k8s.v1.cni.cncf.io/network-status` annotation names (Multus writes it; the tier runs no
@@ -38,6 +43,8 @@ pub const POOL: &str = "10.88.0.0-24";
 const CONFLIST: &str = "/etc/cni/net.d/05-whereabouts.conflist";
 const CONFIG_DIR: &str = "/etc/cni/net.d/whereabouts.d";
 const CONTROL_LOOP_IMAGE: &str = "ipq.test/whereabouts-control-loop:cluster-tier";
+/// The labels of the control loop's pods.
+pub const CONTROL_LOOP_SELECTOR: &str = "app=whereabouts-control-loop";
 
 /// The IPAM section both the node's conflist and the NAD carry.
 fn ipam() -> Value {
@@ -237,29 +244,23 @@ fn start_control_loop(cluster: &mut Cluster) -> anyhow::Result<()> {
     cluster
         .kubectl()
         .apply(&control_loop_manifests(host, port))?;
+    let nodes = cluster.node_names().len();
     cluster
         .wait_for(
-            "whereabouts' control loop to run",
+            "whereabouts' control loop to run on every node",
             Duration::from_secs(120),
-            &[
-                "-n",
-                NAMESPACE,
-                "get",
-                "pods",
-                "-l",
-                "app=whereabouts-control-loop",
-            ],
+            &["-n", NAMESPACE, "get", "pods", "-l", CONTROL_LOOP_SELECTOR],
             |pods| {
                 pods["items"]
                     .as_array()
-                    .is_some_and(|items| items.iter().any(pod_ready))
+                    .is_some_and(|items| items.iter().filter(|p| pod_ready(p)).count() == nodes)
             },
         )
         .map(|_| ())
 }
 
 /// The RBAC of whereabouts' doc/crds/daemonset-install.yaml (v0.9.2) and the control loop's
-/// Deployment. The tier runs no kube-proxy: the API server's own address is given, as for
+/// DaemonSet. The tier runs no kube-proxy: the API server's own address is given, as for
 /// ipq's agent.
 fn control_loop_manifests(host: &str, port: &str) -> String {
     format!(
@@ -307,12 +308,11 @@ subjects:
     namespace: {NAMESPACE}
 ---
 apiVersion: apps/v1
-kind: Deployment
+kind: DaemonSet
 metadata:
   name: whereabouts-control-loop
   namespace: {NAMESPACE}
 spec:
-  replicas: 1
   selector:
     matchLabels: {{app: whereabouts-control-loop}}
   template:

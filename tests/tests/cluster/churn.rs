@@ -22,7 +22,7 @@ use std::{
 use anyhow::{ensure, Context as _};
 use ipq_tests::cluster::{
     daemon::Daemon,
-    deploy::{self, ipq, NAMESPACE},
+    deploy::{self, ipq, AGENT_SELECTOR, NAMESPACE},
     kubectl::pod_ready,
     node::{self, HOST_LOCAL_DIR, POD_ADDRESS},
     workloads::churn_pods,
@@ -39,8 +39,6 @@ const DELETED_PER_ROUND: usize = 2;
 /// Rounds of churn once the new agent serves, and pods with an address it must see deleted.
 const ROUNDS_UNDER_THE_NEW_AGENT: u32 = 3;
 const DELETED_UNDER_THE_NEW_AGENT: usize = 2;
-
-const AGENT_SELECTOR: &str = "app.kubernetes.io/name=ipq,app.kubernetes.io/component=agent";
 
 /// The churn: every pod it made, in order, with its address once the API showed one.
 #[derive(Default)]

@@ -12,10 +12,9 @@ use ipq_tests::cluster::{
     deploy::{self, ipq_on},
     flannel,
     kubectl::pod_ready,
-    node::BUSYBOX_IMAGE,
-    tasks, Cluster,
+    tasks, workloads, Cluster,
 };
-use serde_json::{json, Value};
+use serde_json::Value;
 
 /// ipq installed with helm on every node: the DaemonSet ready on each, ipq-cni chained last
 /// into flannel's conflist on each node, `ipq status` ready and enforcing on each.
@@ -92,33 +91,19 @@ pub fn every_node_publishes_its_own(cluster: &mut Cluster) -> anyhow::Result<()>
     Ok(())
 }
 
-/// A pod pinned to `node` that sleeps (and leaves at once on SIGTERM).
-fn pinned_pod(name: &str, node: &str) -> String {
-    json!({
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": "default", "labels": {"app": "across"}},
-        "spec": {
-            "nodeName": node,
-            "automountServiceAccountToken": false,
-            "terminationGracePeriodSeconds": 1,
-            "containers": [{
-                "name": "main",
-                "image": BUSYBOX_IMAGE,
-                "command": ["/bin/sh", "-c", "trap 'exit 0' TERM; sleep 2147483647 & wait"],
-            }],
-        },
-    })
-    .to_string()
-}
-
 /// A pod on every node, each Ready with an address of its node's flannel range and held by
 /// that node's agent; the first node's pod pings the last node's through the overlay, and back.
 pub fn pods_on_every_node_reach_each_other(cluster: &mut Cluster) -> anyhow::Result<()> {
     let names: Vec<String> = cluster.node_names().iter().map(|n| n.to_string()).collect();
     let pods: Vec<String> = (0..names.len()).map(|i| format!("across-{i}")).collect();
     for (pod, node) in pods.iter().zip(&names) {
-        cluster.kubectl().apply(&pinned_pod(pod, node))?;
+        cluster.kubectl().apply(&workloads::pod_on(
+            pod,
+            node,
+            "across",
+            1,
+            workloads::SLEEPS,
+        ))?;
     }
     let count = pods.len();
     let running = cluster.wait_for(
@@ -195,17 +180,18 @@ pub fn pods_on_every_node_reach_each_other(cluster: &mut Cluster) -> anyhow::Res
 /// other nodes' agents go on enforcing and publishing: a pod deleted on the second node has
 /// its address quarantined and listed in that node's NodeQuarantine.
 pub fn a_lost_node_is_collected_and_the_others_go_on(cluster: &mut Cluster) -> anyhow::Result<()> {
+    lose_the_last_node(cluster)?;
+    the_others_go_on(cluster, "across-1")
+}
+
+/// The last node lost: its kubelet and its ipq agent killed (its other containers run on, as
+/// on a node cut off from the cluster), then its Node deleted; returns once its
+/// NodeQuarantine was collected with its Node.
+pub fn lose_the_last_node(cluster: &mut Cluster) -> anyhow::Result<()> {
     let names: Vec<String> = cluster.node_names().iter().map(|n| n.to_string()).collect();
-    let (lost, others) = names.split_last().context("nodes")?;
+    let lost = names.last().context("nodes")?;
     cluster.stop_kubelet(lost)?;
-    let pid = tasks::running_pid(cluster.host_of(lost)?, deploy::NAMESPACE, "agent")?;
-    // SAFETY: kill has no memory-safety preconditions; the pid is the agent's, read just now.
-    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-    ipq_tests::lab::poll(
-        &format!("{lost}'s agent to be gone"),
-        Duration::from_secs(30),
-        || Ok((!std::path::Path::new(&format!("/proc/{pid}")).exists()).then_some(())),
-    )?;
+    kill_container(cluster, lost, deploy::NAMESPACE, "agent")?;
     cluster.kubectl().run(&["delete", "node", lost])?;
     cluster.wait_for(
         &format!("{lost}'s NodeQuarantine to be collected with its Node"),
@@ -218,8 +204,35 @@ pub fn a_lost_node_is_collected_and_the_others_go_on(cluster: &mut Cluster) -> a
             })
         },
     )?;
+    Ok(())
+}
 
-    let (second, pod) = (&others[1], "across-1");
+/// Kills the process of the running container `container` of a pod in `namespace` on `node`
+/// (SIGKILL, as a node's crash would) and waits until it is gone.
+pub fn kill_container(
+    cluster: &Cluster,
+    node: &str,
+    namespace: &str,
+    container: &str,
+) -> anyhow::Result<()> {
+    let pid = tasks::running_pid(cluster.host_of(node)?, namespace, container)?;
+    // SAFETY: kill has no memory-safety preconditions; the pid is the container's, read just
+    // now.
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    ipq_tests::lab::poll(
+        &format!("{node}'s {namespace}/{container} to be gone"),
+        Duration::from_secs(30),
+        || Ok((!std::path::Path::new(&format!("/proc/{pid}")).exists()).then_some(())),
+    )
+}
+
+/// After the last node was lost ([`lose_the_last_node`]), the others go on: `pod`, on the
+/// second node, deleted, has its address listed as quarantined in that node's NodeQuarantine,
+/// and every other node's agent is ready, enforcing and published.
+pub fn the_others_go_on(cluster: &mut Cluster, pod: &str) -> anyhow::Result<()> {
+    let names: Vec<String> = cluster.node_names().iter().map(|n| n.to_string()).collect();
+    let (lost, others) = names.split_last().context("nodes")?;
+    let second = &others[1];
     let address = cluster
         .kubectl()
         .json(&["-n", "default", "get", "pod", pod])?["status"]["podIP"]

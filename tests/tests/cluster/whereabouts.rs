@@ -125,7 +125,9 @@ fn control_loop_logs(cluster: &Cluster) -> String {
             "-n",
             whereabouts::NAMESPACE,
             "logs",
-            "deploy/whereabouts-control-loop",
+            "-l",
+            whereabouts::CONTROL_LOOP_SELECTOR,
+            "--prefix",
             "--tail=40",
         ])
         .unwrap_or_else(|e| format!("{e:#}"))
