@@ -14,7 +14,7 @@ use crate::{
     act::{act, Hooked, Seen},
     maps,
     parse::{parse, Frame, Kind},
-    Verdict,
+    probe, Verdict,
 };
 
 /// Headers every packet needs linear: Ethernet, two VLAN tags, IPv6, ICMPv6 up to the NDP
@@ -39,13 +39,17 @@ pub fn try_workload(ctx: &TcContext, hook: Hook) -> Verdict {
         }
     }
     let ifindex = ctx.ifindex();
+    let packet = parsed.packet;
+    // The agent's co-tenant probe: counted and dropped before any verdict.
+    if probe::may_be_probe(hook, &packet) && probe::seen(ctx, hook, &packet, ifindex) {
+        return Verdict::Drop;
+    }
     let own = maps::iface_entry(ifindex);
     let seen = Seen {
         ctx,
         hook,
         len: ctx.len(),
     };
-    let packet = parsed.packet;
     match (hook, packet.kind) {
         // What the workload sends: its source address (the sender of its ARP), and the target
         // of what it advertises.
