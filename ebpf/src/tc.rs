@@ -11,7 +11,7 @@ use ipq_common::{
 };
 
 use crate::{
-    act::{act, Hooked, Seen},
+    act::{act, Seen},
     maps,
     parse::{parse, Frame, Kind},
     probe, Verdict,
@@ -38,7 +38,7 @@ pub fn try_workload(ctx: &TcContext, hook: Hook) -> Verdict {
             None => return Verdict::Pass,
         }
     }
-    let ifindex = ctx.ifindex();
+    let ifindex = ifindex(ctx);
     let packet = parsed.packet;
     // The agent's co-tenant probe: counted and dropped before any verdict.
     if probe::may_be_probe(hook, &packet) && probe::seen(ctx, hook, &packet, ifindex) {
@@ -66,6 +66,14 @@ pub fn try_workload(ctx: &TcContext, hook: Hook) -> Verdict {
             check(&seen, ifindex, own, &packet.dst)
         }
     }
+}
+
+/// The interface the program runs on: a plain load of the context's field (the sample path
+/// reads it its own way, `act::Hooked::ifindex`).
+#[inline(always)]
+pub fn ifindex(ctx: &TcContext) -> u32 {
+    // SAFETY: the context of a running program.
+    unsafe { (*ctx.skb.skb).ifindex }
 }
 
 /// Makes up to `max` bytes of headers linear when the skb is not (direct packet access sees
