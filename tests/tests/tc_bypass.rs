@@ -24,7 +24,7 @@ use std::{
 
 use ipq_tests::{
     api,
-    lab::{poll, udp_burst, Agent, Lab, PEER_V4, POD_A_V4, POD_A_V6},
+    lab::{poll, udp_burst, Agent, Lab, DAEMONSET_CAPS, PEER_V4, POD_A_V4, POD_A_V6},
     netns::{output_of, BpffsDir, NetNs},
     raw_bpf::{obj_pin, program_returning},
 };
@@ -153,17 +153,6 @@ fn cotenants(agent: &Agent, verdict: &str) -> f64 {
         .unwrap_or(-1.0)
 }
 
-/// What deploy/helm/ipq/templates/daemonset.yaml grants the agent: no CAP_SYS_ADMIN, so no
-/// other tool's program can be opened, let alone run; the probes need none of it.
-const DAEMONSET: [&str; 6] = [
-    "setpriv",
-    "--inh-caps",
-    "-all",
-    "--bounding-set",
-    "-all,+bpf,+net_admin,+net_raw,+perfmon",
-    "--",
-];
-
 const NETLINK_AGENT: [&str; 6] = [
     "--workload",
     "vethp*",
@@ -205,7 +194,7 @@ fn a_bpf_filter_ahead_that_hands_packets_on_keeps_the_interface_protected_and_on
 ) {
     let lab = Lab::new().expect("building the lab");
     let agent = lab
-        .start_agent_wrapped(&DAEMONSET, &NETLINK_AGENT)
+        .start_agent_wrapped(&DAEMONSET_CAPS, &NETLINK_AGENT)
         .expect("starting ipq-agent with the DaemonSet's capabilities");
     lab.maps().fence_pod_a().expect("fencing pod a");
     lab.maps().register_pod_b().expect("registering pod b");
@@ -402,7 +391,7 @@ impl PodTap {
 fn probes_never_reach_the_pod_nor_count_as_fenced_and_fenced_traffic_is_still_dropped() {
     let lab = Lab::new().expect("building the lab");
     let agent = lab
-        .start_agent_wrapped(&DAEMONSET, &NETLINK_AGENT)
+        .start_agent_wrapped(&DAEMONSET_CAPS, &NETLINK_AGENT)
         .expect("starting ipq-agent with the DaemonSet's capabilities");
     lab.maps().fence_pod_a().expect("fencing pod a");
     let peer = IpAddr::from(PEER_V4);

@@ -34,7 +34,7 @@ use ipq_common::probe::PROBE_PORT;
 use ipq_tests::{
     api,
     attach::wait_tc_upgrades,
-    lab::{ifindex, poll, udp_burst, Agent, Lab, PEER_V4},
+    lab::{ifindex, poll, udp_burst, Agent, Lab, DAEMONSET_CAPS, PEER_V4},
     raw_bpf::{attach_first, foreign_program_first, program_passing_port, program_returning},
 };
 
@@ -50,17 +50,6 @@ fn ipq_first(lab: &Lab) -> bool {
         .and_then(|p| p.name_as_str())
         .is_some_and(|name| name.starts_with("ipq_tc"))
 }
-
-/// What deploy/helm/ipq/templates/daemonset.yaml grants the agent (no CAP_SYS_ADMIN): the
-/// co-tenant probes need nothing more.
-const DAEMONSET: [&str; 6] = [
-    "setpriv",
-    "--inh-caps",
-    "-all",
-    "--bounding-set",
-    "-all,+bpf,+net_admin,+net_raw,+perfmon",
-    "--",
-];
 
 /// The agent's arguments in every test here: TCX, and a verification every 100 ms.
 const TCX_AGENT: [&str; 8] = [
@@ -181,7 +170,7 @@ fn verify_passes(agent: &Agent) -> f64 {
 fn a_program_at_the_head_that_hands_packets_on_is_left_where_it_is() {
     let lab = Lab::new().expect("building the lab");
     let agent = lab
-        .start_agent_wrapped(&DAEMONSET, &TCX_AGENT)
+        .start_agent_wrapped(&DAEMONSET_CAPS, &TCX_AGENT)
         .expect("starting ipq-agent with the DaemonSet's capabilities");
     let vethpa_index = fence_pod_a_under_tcx(&lab, &agent);
     let peer = IpAddr::from(PEER_V4);
@@ -312,7 +301,7 @@ fn fenced_stream(lab: &Lab, stop: &AtomicBool, pace: Option<Duration>) -> (usize
 fn ipqs_own_moves_ahead_of_a_program_that_ends_processing_for_its_probe_leak_no_fenced_packet() {
     let lab = Lab::new().expect("building the lab");
     let agent = lab
-        .start_agent_wrapped(&DAEMONSET, &TCX_AGENT)
+        .start_agent_wrapped(&DAEMONSET_CAPS, &TCX_AGENT)
         .expect("starting ipq-agent with the DaemonSet's capabilities");
     let vethpa_index = fence_pod_a_under_tcx(&lab, &agent);
     // It hands every packet on but ipq's probe (its port): the probe says it ends processing,
@@ -380,7 +369,7 @@ const TCX_PASS: i32 = 0;
 fn a_program_that_ends_processing_and_keeps_re_attaching_at_the_head_is_counted_and_reported() {
     let lab = Lab::new().expect("building the lab");
     let agent = lab
-        .start_agent_wrapped(&DAEMONSET, &TCX_AGENT)
+        .start_agent_wrapped(&DAEMONSET_CAPS, &TCX_AGENT)
         .expect("starting ipq-agent with the DaemonSet's capabilities");
     let vethpa_index = fence_pod_a_under_tcx(&lab, &agent);
     let prog = program_returning(TCX_PASS, "cotenant_pass");
