@@ -224,7 +224,7 @@ fn a_program_at_the_head_that_hands_packets_on_is_left_where_it_is() {
     let bypasses = agent
         .metric("ipq_datapath_bypasses_total", &[("hook", "tc_ingress")])
         .expect("bypasses");
-    assert_eq!(bypasses, 0.0, "no move, no bypass");
+    assert_eq!(bypasses, 0.0, "no move, no bypass\n{}", agent.log());
     assert_eq!(
         agent
             .metric(
