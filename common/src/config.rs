@@ -48,14 +48,15 @@ pub const DEFAULT_SAMPLE_INTERVAL_NS: u64 = 1_000_000_000;
 pub struct DatapathConfig {
     /// A [`Mode`] discriminant.
     pub mode: u32,
-    /// Reserved; zero.
-    pub _reserved: u32,
+    /// What a co-tenant probe carries (`probe::ProbeMark::cookie`); 0: no probe is counted.
+    /// Written by the agent at load, random per load.
+    pub probe_cookie: u32,
     /// Minimum interval between two conflict samples of one address, in nanoseconds.
     pub sample_interval_ns: u64,
 }
 crate::assert_layout!(DatapathConfig, size = 16, align = 8);
 crate::assert_offsets!(DatapathConfig {
     mode: 0,
-    _reserved: 4,
+    probe_cookie: 4,
     sample_interval_ns: 8,
 });

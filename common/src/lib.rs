@@ -13,6 +13,7 @@ pub mod counters;
 pub mod filter;
 pub mod iface;
 pub mod names;
+pub mod probe;
 pub mod sample;
 pub mod slots;
 pub mod verdict;

@@ -14,6 +14,9 @@ pub const MAP_QFILTER_LEGACY: &str = "IPQ_QFILTER";
 pub const MAP_COUNTERS: &str = "IPQ_COUNTERS";
 pub const MAP_SAMPLES: &str = "IPQ_SAMPLES";
 pub const MAP_CONFIG: &str = "IPQ_CONFIG";
+/// Co-tenant probes seen by ipq's TC programs, per hook (`probe`): written by the programs
+/// only, read by the agent.
+pub const MAP_PROBES: &str = "IPQ_PROBES";
 
 /// Every map ipq pins, in the order the loader checks them.
 pub const PINNED_MAPS: [&str; 7] = [

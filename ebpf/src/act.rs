@@ -59,8 +59,12 @@ impl Hooked for TcContext {
 
     #[inline(always)]
     fn ifindex(&self) -> u32 {
+        // The context pointer as the program got it, then the field: otherwise LLVM may keep
+        // a pointer to the field (ctx + 40) from the workload program's own read of it, which
+        // the verifier refuses to dereference ("modified ctx ptr"). Rare path: a sample.
+        let skb = core::hint::black_box(self.skb.skb);
         // SAFETY: the context of a running program.
-        unsafe { (*self.skb.skb).ifindex }
+        unsafe { (*skb).ifindex }
     }
 }
 

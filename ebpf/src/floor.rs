@@ -8,7 +8,6 @@ use aya_ebpf::programs::{TcContext, XdpContext};
 use ipq_common::addr::AddrKey;
 
 use crate::{
-    act::Hooked,
     maps,
     parse::{parse, Frame, Kind},
     tc::{pull_headers, HEADERS_MIN},
@@ -34,7 +33,7 @@ pub fn tc(ctx: &TcContext) -> Verdict {
     if parsed.packet.kind != Kind::Ip {
         return Verdict::Pass;
     }
-    if let Some(own) = maps::iface_entry(ctx.ifindex()) {
+    if let Some(own) = maps::iface_entry(crate::tc::ifindex(ctx)) {
         if own.owns(&parsed.packet.src) {
             return Verdict::Pass;
         }

@@ -9,6 +9,7 @@ mod act;
 mod floor;
 mod maps;
 mod parse;
+mod probe;
 mod slots;
 mod tc;
 mod watch;

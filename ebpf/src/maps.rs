@@ -8,10 +8,11 @@ use aya_ebpf::{
 use ipq_common::{
     addr::{AddrEntry, AddrKey},
     config::{DatapathConfig, Mode, DEFAULT_SAMPLE_INTERVAL_NS},
-    counters::{Counter, COUNTER_SLOTS, SAMPLES_LOST_INDEX},
+    counters::{Counter, Hook, COUNTER_SLOTS, SAMPLES_LOST_INDEX},
     filter::{filter_position, FILTER_WORDS_DEFAULT},
     iface::{iface_slot, IfaceEntry, IFACE_SLOTS},
     names::{DEFAULT_ADDR_CAPACITY, SAMPLES_RING_BYTES},
+    probe::PROBE_SLOTS,
     sample::ConflictSample,
 };
 
@@ -38,6 +39,10 @@ static IPQ_SAMPLES: RingBuf = RingBuf::pinned(SAMPLES_RING_BYTES, 0);
 
 #[map]
 static IPQ_CONFIG: Array<DatapathConfig> = Array::pinned(1, 0);
+
+/// Co-tenant probes seen, per hook: the programs are its one writer, the agent reads it.
+#[map]
+static IPQ_PROBES: Array<u64> = Array::pinned(PROBE_SLOTS, 0);
 
 /// What a lookup found for an address: the entry as it was at one instant (only its first
 /// block is copied; the stamps are read and written through `stamps`), and where the programs
@@ -196,6 +201,22 @@ pub fn settings() -> Settings {
             mode: Mode::Enforce,
             sample_interval_ns: DEFAULT_SAMPLE_INTERVAL_NS,
         },
+    }
+}
+
+/// The cookie a probe must carry; 0 (an agent that sends none) matches nothing.
+#[inline(always)]
+pub fn probe_cookie() -> u32 {
+    IPQ_CONFIG.get(0).map_or(0, |config| config.probe_cookie)
+}
+
+/// One probe seen on `hook`. A plain add: the agent sends one probe at a time and only looks
+/// for a change, which a lost concurrent increment would not hide.
+#[inline(always)]
+pub fn count_probe(hook: Hook) {
+    if let Some(seen) = IPQ_PROBES.get_ptr_mut(hook as u32) {
+        // SAFETY: a map value alive for this program run.
+        unsafe { *seen += 1 };
     }
 }
 

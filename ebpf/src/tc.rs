@@ -11,10 +11,10 @@ use ipq_common::{
 };
 
 use crate::{
-    act::{act, Hooked, Seen},
+    act::{act, Seen},
     maps,
     parse::{parse, Frame, Kind},
-    Verdict,
+    probe, Verdict,
 };
 
 /// Headers every packet needs linear: Ethernet, two VLAN tags, IPv6, ICMPv6 up to the NDP
@@ -38,14 +38,18 @@ pub fn try_workload(ctx: &TcContext, hook: Hook) -> Verdict {
             None => return Verdict::Pass,
         }
     }
-    let ifindex = ctx.ifindex();
+    let ifindex = ifindex(ctx);
+    let packet = parsed.packet;
+    // The agent's co-tenant probe: counted and dropped before any verdict.
+    if probe::may_be_probe(hook, &packet) && probe::seen(ctx, hook, &packet, ifindex) {
+        return Verdict::Drop;
+    }
     let own = maps::iface_entry(ifindex);
     let seen = Seen {
         ctx,
         hook,
         len: ctx.len(),
     };
-    let packet = parsed.packet;
     match (hook, packet.kind) {
         // What the workload sends: its source address (the sender of its ARP), and the target
         // of what it advertises.
@@ -62,6 +66,14 @@ pub fn try_workload(ctx: &TcContext, hook: Hook) -> Verdict {
             check(&seen, ifindex, own, &packet.dst)
         }
     }
+}
+
+/// The interface the program runs on: a plain load of the context's field (the sample path
+/// reads it its own way, `act::Hooked::ifindex`).
+#[inline(always)]
+pub fn ifindex(ctx: &TcContext) -> u32 {
+    // SAFETY: the context of a running program.
+    unsafe { (*ctx.skb.skb).ifindex }
 }
 
 /// Makes up to `max` bytes of headers linear when the skb is not (direct packet access sees

@@ -52,11 +52,61 @@ pub fn foreign_program() -> i32 {
 /// `TC_ACT_UNSPEC`/`TCX_NEXT` (-1) hands it on, `TC_ACT_OK`/`TCX_PASS` (0) ends processing.
 /// Its descriptor.
 pub fn program_returning(code: i32, name: &str) -> i32 {
-    assert!(name.len() < 16, "a program name has at most 15 bytes");
     // r0 = code (BPF_ALU64 | BPF_MOV | BPF_K, sign-extended); exit
-    let mut mov = [0xb7u8, 0, 0, 0, 0, 0, 0, 0];
-    mov[4..8].copy_from_slice(&code.to_ne_bytes());
-    let insns: [[u8; 8]; 2] = [mov, [0x95, 0, 0, 0, 0, 0, 0, 0]];
+    load_sched_cls(&[mov_r0(code), EXIT], name)
+}
+
+/// A SCHED_CLS program that hands every packet on (`TCX_NEXT`, `TC_ACT_UNSPEC`) but ends
+/// processing (`TCX_PASS`, `TC_ACT_OK`) for a UDP datagram to or from port `port` over IPv4
+/// without options: a co-tenant whose verdict depends on a field of ipq's probe (its port,
+/// 0x4951), so a probe of it says "ends processing" while every other packet is handed on.
+pub fn program_passing_port(port: u16, name: &str) -> i32 {
+    // Where the source port of such a datagram starts: Ethernet and IPv4 headers.
+    const PORTS_AT: i16 = 14 + 20;
+    // The port as a 2-byte load reads it on a little-endian machine.
+    let wire = i32::from(u16::from_ne_bytes(port.to_be_bytes()));
+    let insns = [
+        // r2 = skb->data, r3 = skb->data_end (struct __sk_buff offsets 76 and 80)
+        insn(0x61, 2 | (1 << 4), 76, 0),
+        insn(0x61, 3 | (1 << 4), 80, 0),
+        // r4 = r2 + PORTS_AT + 4; if r4 > r3 goto next (+4: jumps count from the next one)
+        insn(0xbf, 4 | (2 << 4), 0, 0),
+        insn(0x07, 4, 0, i32::from(PORTS_AT) + 4),
+        insn(0x2d, 4 | (3 << 4), 4, 0),
+        // r5 = *(u16 *)(r2 + PORTS_AT + 2) (the destination port); if r5 == port goto pass
+        insn(0x69, 5 | (2 << 4), PORTS_AT + 2, 0),
+        insn(0x15, 5, 4, wire),
+        // r5 = *(u16 *)(r2 + PORTS_AT) (the source port); if r5 == port goto pass
+        insn(0x69, 5 | (2 << 4), PORTS_AT, 0),
+        insn(0x15, 5, 2, wire),
+        // next: r0 = -1; exit
+        mov_r0(-1),
+        EXIT,
+        // pass: r0 = 0; exit
+        mov_r0(0),
+        EXIT,
+    ];
+    load_sched_cls(&insns, name)
+}
+
+/// One `struct bpf_insn` (`regs`: dst in the low nibble, src in the high one).
+fn insn(code: u8, regs: u8, off: i16, imm: i32) -> [u8; 8] {
+    let mut out = [0u8; 8];
+    out[0] = code;
+    out[1] = regs;
+    out[2..4].copy_from_slice(&off.to_ne_bytes());
+    out[4..8].copy_from_slice(&imm.to_ne_bytes());
+    out
+}
+
+fn mov_r0(code: i32) -> [u8; 8] {
+    insn(0xb7, 0, 0, code)
+}
+
+const EXIT: [u8; 8] = [0x95, 0, 0, 0, 0, 0, 0, 0];
+
+fn load_sched_cls(insns: &[[u8; 8]], name: &str) -> i32 {
+    assert!(name.len() < 16, "a program name has at most 15 bytes");
     let code: Vec<u8> = insns.iter().flatten().copied().collect();
     let license = b"GPL\0";
     let mut attr = [0u8; 64];

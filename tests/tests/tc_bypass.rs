@@ -6,12 +6,13 @@
 //! bypassed gauge and counter set. ipq never touches the filter; once it is deleted, the
 //! interface is protected again and the pod fenced.
 //!
-//! A co-tenant's cls_bpf direct-action filter ahead of ipq's is run on a packet of each of the
-//! interface's addresses: one that hands packets on (`TC_ACT_UNSPEC`) leaves the interface
-//! protected and the agent ready, and the fenced pod's packets are still dropped; one that ends
-//! classification (`TC_ACT_OK`) makes it `bypassed`, as above. An agent with the DaemonSet's
-//! capabilities (no `CAP_SYS_ADMIN`) cannot run another tool's program: the interface is
-//! `unverified`, not ready, and the status says why.
+//! A co-tenant's cls_bpf direct-action filter ahead of ipq's is judged by probes the agent
+//! puts through the hook, one of each of the interface's addresses, with the DaemonSet's
+//! capabilities (no `CAP_SYS_ADMIN`): one that hands packets on (`TC_ACT_UNSPEC`) lets them
+//! reach ipq's program, the interface stays protected and the agent ready, and the fenced pod's
+//! packets are still dropped; one that ends classification (`TC_ACT_OK`) keeps them from it and
+//! makes the interface `bypassed`, as above. The probes never reach the pod and are never
+//! counted as fenced traffic.
 //!
 //! Needs root, bpffs, `tc` (iproute2), `setpriv` (util-linux) and `target/debug/ipq-agent`;
 //! `cargo xtask test` provides them.
@@ -23,7 +24,7 @@ use std::{
 
 use ipq_tests::{
     api,
-    lab::{poll, udp_burst, Agent, Lab, PEER_V4, POD_A_V4},
+    lab::{poll, udp_burst, Agent, Lab, DAEMONSET_CAPS, PEER_V4, POD_A_V4, POD_A_V6},
     netns::{output_of, BpffsDir, NetNs},
     raw_bpf::{obj_pin, program_returning},
 };
@@ -152,19 +153,49 @@ fn cotenants(agent: &Agent, verdict: &str) -> f64 {
         .unwrap_or(-1.0)
 }
 
+const NETLINK_AGENT: [&str; 6] = [
+    "--workload",
+    "vethp*",
+    "--uplink",
+    "up0",
+    "--tc-attach",
+    "netlink",
+];
+
+/// Waits until `hook`'s line on vethpa's `ahead` says something, and returns the interface.
+fn judged(agent: &Agent, hook: &str) -> serde_json::Value {
+    poll("the filter ahead judged", Duration::from_secs(5), || {
+        let interface = vethpa(agent);
+        Ok(interface["ahead"]
+            .as_array()
+            .is_some_and(|a| {
+                a.iter()
+                    .any(|l| l.as_str().is_some_and(|l| l.contains(hook)))
+            })
+            .then_some(interface))
+    })
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", agent.log()))
+}
+
+/// Fenced packets ipq's programs dropped on vethpa's hooks, by hook, as the metrics count them.
+fn fenced_drops(agent: &Agent) -> [f64; 2] {
+    ["tc_ingress", "tc_egress"].map(|hook| {
+        agent
+            .metric(
+                "ipq_dropped_packets_total",
+                &[("hook", hook), ("reason", "fenced")],
+            )
+            .unwrap_or(0.0)
+    })
+}
+
 #[test]
 fn a_bpf_filter_ahead_that_hands_packets_on_keeps_the_interface_protected_and_one_that_passes_them_does_not(
 ) {
     let lab = Lab::new().expect("building the lab");
-    let args = [
-        "--workload",
-        "vethp*",
-        "--uplink",
-        "up0",
-        "--tc-attach",
-        "netlink",
-    ];
-    let agent = lab.start_agent(&args).expect("starting ipq-agent");
+    let agent = lab
+        .start_agent_wrapped(&DAEMONSET_CAPS, &NETLINK_AGENT)
+        .expect("starting ipq-agent with the DaemonSet's capabilities");
     lab.maps().fence_pod_a().expect("fencing pod a");
     lab.maps().register_pod_b().expect("registering pod b");
     let peer = IpAddr::from(PEER_V4);
@@ -180,26 +211,19 @@ fn a_bpf_filter_ahead_that_hands_packets_on_keeps_the_interface_protected_and_on
             hands_on.display()
         ),
     );
-    let interface = poll("the filter ahead judged", Duration::from_secs(5), || {
-        let interface = vethpa(&agent);
-        Ok(interface["ahead"]
-            .as_array()
-            .is_some_and(|a| !a.is_empty())
-            .then_some(interface))
-    })
-    .unwrap_or_else(|e| panic!("{e:#}\n{}", agent.log()));
+    let interface = judged(&agent, "tc-ingress");
     assert_eq!(interface["protection"], "protected", "{interface}");
     let ahead = interface["ahead"][0].as_str().unwrap_or_default();
     assert!(
         ahead.contains("bpf filter pref 1")
             && ahead.contains("cotenant_next")
             && ahead.contains("hands packets on")
-            && ahead.contains("TC_ACT_UNSPEC"),
-        "the status names the filter and what it does: {interface}"
+            && ahead.contains("reached ipq's program"),
+        "the status names the filter and what the probe found: {interface}"
     );
     assert!(
         ahead.contains(&POD_A_V4.to_string()),
-        "it was run on a packet of the fenced pod's address: {interface}"
+        "a probe from the fenced pod's address went through it: {interface}"
     );
     let (code, body) = agent.readyz().expect("readyz");
     assert_eq!(
@@ -238,8 +262,8 @@ fn a_bpf_filter_ahead_that_hands_packets_on_keeps_the_interface_protected_and_on
     let interface = vethpa(&agent);
     let error = interface["error"].as_str().unwrap_or_default();
     assert!(
-        error.contains("cotenant_ok") && error.contains("TC_ACT_OK"),
-        "the filter and its verdict are named: {interface}"
+        error.contains("cotenant_ok") && error.contains("never reached ipq's program"),
+        "the filter and what the probe found are named: {interface}"
     );
     let (code, body) = agent.readyz().expect("readyz");
     assert_eq!(code, 503, "{body}");
@@ -290,63 +314,154 @@ fn a_bpf_filter_ahead_that_hands_packets_on_keeps_the_interface_protected_and_on
     assert_eq!(cotenants(&agent, "hands_on"), 0.0);
 }
 
+/// Frames that arrived at pod a's `eth0` carrying ipq's probe port, read from a packet socket
+/// opened there before the probes: what its stack would have been handed, whatever it did
+/// with them.
+struct PodTap(std::os::fd::OwnedFd);
+
+impl PodTap {
+    fn open(lab: &Lab) -> Self {
+        use std::os::fd::FromRawFd as _;
+        let eth0 = ipq_tests::lab::ifindex(&lab.pod_a, "eth0").expect("pod a's eth0");
+        let fd = lab.pod_a.run(|| {
+            // SAFETY: plain system calls; the fd is owned below.
+            let protocol = (libc::ETH_P_ALL as u16).to_be();
+            let fd = unsafe {
+                libc::socket(
+                    libc::AF_PACKET,
+                    libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+                    i32::from(protocol),
+                )
+            };
+            assert!(
+                fd >= 0,
+                "a packet socket in pod a: {}",
+                std::io::Error::last_os_error()
+            );
+            let mut at: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+            at.sll_family = libc::AF_PACKET as u16;
+            at.sll_protocol = protocol;
+            at.sll_ifindex = eth0 as i32;
+            let bound = unsafe {
+                libc::bind(
+                    fd,
+                    std::ptr::from_ref(&at).cast(),
+                    std::mem::size_of::<libc::sockaddr_ll>() as u32,
+                )
+            };
+            assert_eq!(bound, 0, "binding: {}", std::io::Error::last_os_error());
+            fd
+        });
+        // SAFETY: the socket just made, owned by nobody else.
+        Self(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+    }
+
+    /// The probe frames received so far (UDP to port 0x4951 over IPv4 or IPv6).
+    fn probes(&self) -> usize {
+        use std::os::fd::AsRawFd as _;
+        let mut probes = 0;
+        let mut frame = [0u8; 2048];
+        loop {
+            // SAFETY: reads into the buffer above, at most its length.
+            let n = unsafe {
+                libc::recv(
+                    self.0.as_raw_fd(),
+                    frame.as_mut_ptr().cast(),
+                    frame.len(),
+                    0,
+                )
+            };
+            if n < 0 {
+                return probes;
+            }
+            let frame = &frame[..n as usize];
+            let port_at = match frame.get(12..14) {
+                Some([0x08, 0x00]) => 14 + 20 + 2,
+                Some([0x86, 0xdd]) => 14 + 40 + 2,
+                _ => continue,
+            };
+            if frame.get(port_at..port_at + 2) == Some(&[0x49, 0x51][..]) {
+                probes += 1;
+            }
+        }
+    }
+}
+
 #[test]
-fn an_agent_with_the_daemonsets_capabilities_says_it_cannot_tell_what_a_bpf_filter_ahead_does() {
+fn probes_never_reach_the_pod_nor_count_as_fenced_and_fenced_traffic_is_still_dropped() {
     let lab = Lab::new().expect("building the lab");
-    // What deploy/kubernetes/30-daemonset.yaml grants: no CAP_SYS_ADMIN, so no
-    // BPF_PROG_GET_FD_BY_ID of another tool's program.
-    let daemonset = [
-        "setpriv",
-        "--inh-caps",
-        "-all",
-        "--bounding-set",
-        "-all,+bpf,+net_admin,+net_raw,+perfmon",
-        "--",
-    ];
-    let args = [
-        "--workload",
-        "vethp*",
-        "--uplink",
-        "up0",
-        "--tc-attach",
-        "netlink",
-    ];
     let agent = lab
-        .start_agent_wrapped(&daemonset, &args)
+        .start_agent_wrapped(&DAEMONSET_CAPS, &NETLINK_AGENT)
         .expect("starting ipq-agent with the DaemonSet's capabilities");
     lab.maps().fence_pod_a().expect("fencing pod a");
+    let peer = IpAddr::from(PEER_V4);
+    assert_eq!(udp_burst(&lab.pod_a, &lab.peer, peer, 10), 0, "fenced");
+    let tap = PodTap::open(&lab);
+    let drops_before = fenced_drops(&agent);
+
+    // A filter that hands packets on, ahead of ipq's on both hooks: each is probed, once per
+    // address of the interface.
     let pins = BpffsDir::new().expect("a bpffs dir of the test's own");
     let hands_on = pinned_program(&pins, TC_ACT_UNSPEC, "cotenant_next");
+    for hook in ["ingress", "egress"] {
+        tc(
+            &lab.node,
+            &format!(
+                "filter add dev vethpa {hook} pref 1 handle 1 bpf da object-pinned {}",
+                hands_on.display()
+            ),
+        );
+    }
+    judged(&agent, "tc-ingress");
+    let interface = judged(&agent, "tc-egress");
+    assert_eq!(interface["protection"], "protected", "{interface}");
+    assert_eq!(agent.readyz().expect("readyz").0, 200);
+    let ahead = interface["ahead"].to_string();
+    assert!(
+        ahead.contains(&POD_A_V4.to_string()) && ahead.contains(&POD_A_V6.to_string()),
+        "a probe of each of pod a's addresses on each hook: {interface}"
+    );
+    assert_eq!(
+        fenced_drops(&agent),
+        drops_before,
+        "probes are dropped by ipq's program without counting as fenced traffic"
+    );
+    assert_eq!(tap.probes(), 0, "no probe reached pod a's interface");
+
+    // Fenced traffic both ways is still dropped and counted, behind the co-tenant.
+    assert_eq!(
+        udp_burst(&lab.pod_a, &lab.peer, peer, 50),
+        0,
+        "from the pod"
+    );
+    assert_eq!(
+        udp_burst(&lab.peer, &lab.pod_a, IpAddr::from(POD_A_V4), 50),
+        0,
+        "to the pod"
+    );
+    let drops_after = fenced_drops(&agent);
+    assert!(
+        drops_after[0] >= drops_before[0] + 50.0 && drops_after[1] >= drops_before[1] + 50.0,
+        "{drops_before:?} -> {drops_after:?}"
+    );
+
+    // A filter that ends processing on egress: the probe to the pod gets past ipq, and still
+    // never reaches the pod's stack (a MAC not the pod's), but its interface sees it.
+    let passes = pinned_program(&pins, TC_ACT_OK, "cotenant_ok");
     tc(
         &lab.node,
         &format!(
-            "filter add dev vethpa ingress pref 1 bpf da object-pinned {}",
-            hands_on.display()
+            "filter replace dev vethpa egress pref 1 handle 1 bpf da object-pinned {}",
+            passes.display()
         ),
     );
-    poll("vethpa unverified", Duration::from_secs(5), || {
-        Ok((vethpa(&agent)["protection"] == "unverified").then_some(()))
+    poll("vethpa bypassed", Duration::from_secs(5), || {
+        Ok((vethpa(&agent)["protection"] == "bypassed").then_some(()))
     })
     .unwrap_or_else(|e| panic!("{e:#}\n{}", agent.log()));
-    let interface = vethpa(&agent);
-    let error = interface["error"].as_str().unwrap_or_default();
+    assert_eq!(agent.readyz().expect("readyz").0, 503);
     assert!(
-        error.contains("CAP_SYS_ADMIN") && error.contains("cotenant_next"),
-        "the status says what it cannot tell and why: {interface}"
+        tap.probes() > 0,
+        "the tap sees what a co-tenant that ends processing lets through: it can fail"
     );
-    let (code, body) = agent.readyz().expect("readyz");
-    assert_eq!(code, 503, "cannot tell is not ready: {body}");
-    assert!(body.contains("unverified"), "{body}");
-    assert_eq!(cotenants(&agent, "cannot_tell"), 1.0);
-    assert_eq!(
-        metric(&agent, "ipq_datapath_bypasses_total"),
-        0.0,
-        "not counted as a bypass: nothing was seen to end processing"
-    );
-    tc(&lab.node, "filter del dev vethpa ingress pref 1");
-    poll("vethpa protected again", Duration::from_secs(5), || {
-        Ok((vethpa(&agent)["protection"] == "protected").then_some(()))
-    })
-    .unwrap_or_else(|e| panic!("{e:#}\n{}", agent.log()));
-    assert_eq!(agent.readyz().expect("readyz").0, 200);
 }

@@ -8,10 +8,14 @@
 //! program still sees every packet, so its link is left behind it (reordering another tool's
 //! programs changes what they see), the interface stays protected and the agent ready.
 //!
-//! Where ipq must move (a program ahead it cannot tell, or one that ends processing), the move
-//! is make-before-break: a link of the spare instance of ipq's program goes in at the head
-//! before the old link is detached, so a co-tenant that hands packets on leaks none of the
-//! fenced pod's packets while ipq moves (a continuous stream counted by a witness).
+//! Where ipq must move (a program ahead that ends processing for ipq's probe, or one it cannot
+//! tell), the move is make-before-break: a link of the spare instance of ipq's program goes in
+//! at the head before the old link is detached, so a co-tenant that hands the fenced pod's
+//! packets on (and ends processing only for the probe's port) leaks none of them while ipq
+//! moves (a continuous stream counted by a witness).
+//!
+//! What a program ahead does is told by ipq's probes (docs/datapath.md), with the DaemonSet's
+//! capabilities (no `CAP_SYS_ADMIN`).
 //!
 //! A tool whose program ends processing and re-attaches at the head every 500 ms for 30 s:
 //! what it passes between its re-attach and ipq's move (and after ipq stops fighting it, past
@@ -26,11 +30,12 @@ use std::{
 };
 
 use aya::programs::{SchedClassifier, TcAttachType};
+use ipq_common::probe::PROBE_PORT;
 use ipq_tests::{
     api,
     attach::wait_tc_upgrades,
-    lab::{ifindex, poll, udp_burst, Agent, Lab, PEER_V4},
-    raw_bpf::{attach_first, foreign_program_first, program_returning},
+    lab::{ifindex, poll, udp_burst, Agent, Lab, DAEMONSET_CAPS, PEER_V4},
+    raw_bpf::{attach_first, foreign_program_first, program_passing_port, program_returning},
 };
 
 /// Whether ipq's program runs first on vethpa's TCX ingress (the kernel lists the chain in
@@ -164,7 +169,9 @@ fn verify_passes(agent: &Agent) -> f64 {
 #[test]
 fn a_program_at_the_head_that_hands_packets_on_is_left_where_it_is() {
     let lab = Lab::new().expect("building the lab");
-    let agent = lab.start_agent(&TCX_AGENT).expect("starting ipq-agent");
+    let agent = lab
+        .start_agent_wrapped(&DAEMONSET_CAPS, &TCX_AGENT)
+        .expect("starting ipq-agent with the DaemonSet's capabilities");
     let vethpa_index = fence_pod_a_under_tcx(&lab, &agent);
     let peer = IpAddr::from(PEER_V4);
     assert_eq!(udp_burst(&lab.pod_a, &lab.peer, peer, 10), 0, "fenced");
@@ -185,7 +192,9 @@ fn a_program_at_the_head_that_hands_packets_on_is_left_where_it_is() {
     .unwrap_or_else(|e| panic!("{e:#}\n{}", agent.log()));
     let ahead = interface["ahead"][0].as_str().unwrap_or_default();
     assert!(
-        ahead.contains("hands packets on") && ahead.contains("TCX_NEXT"),
+        ahead.contains("hands packets on")
+            && ahead.contains("reached ipq's program")
+            && ahead.contains("TCX program id"),
         "{interface}"
     );
     assert_eq!(interface["protection"], "protected", "{interface}");
@@ -215,7 +224,7 @@ fn a_program_at_the_head_that_hands_packets_on_is_left_where_it_is() {
     let bypasses = agent
         .metric("ipq_datapath_bypasses_total", &[("hook", "tc_ingress")])
         .expect("bypasses");
-    assert_eq!(bypasses, 0.0, "no move, no bypass");
+    assert_eq!(bypasses, 0.0, "no move, no bypass\n{}", agent.log());
     assert_eq!(
         agent
             .metric(
@@ -289,23 +298,16 @@ fn fenced_stream(lab: &Lab, stop: &AtomicBool, pace: Option<Duration>) -> (usize
 }
 
 #[test]
-fn ipqs_own_moves_ahead_of_a_program_it_cannot_tell_leak_no_fenced_packet() {
+fn ipqs_own_moves_ahead_of_a_program_that_ends_processing_for_its_probe_leak_no_fenced_packet() {
     let lab = Lab::new().expect("building the lab");
-    // The DaemonSet's capabilities: the co-tenant cannot be run, so ipq moves ahead of it.
-    let daemonset = [
-        "setpriv",
-        "--inh-caps",
-        "-all",
-        "--bounding-set",
-        "-all,+bpf,+net_admin,+net_raw,+perfmon",
-        "--",
-    ];
     let agent = lab
-        .start_agent_wrapped(&daemonset, &TCX_AGENT)
+        .start_agent_wrapped(&DAEMONSET_CAPS, &TCX_AGENT)
         .expect("starting ipq-agent with the DaemonSet's capabilities");
     let vethpa_index = fence_pod_a_under_tcx(&lab, &agent);
-    // It hands every packet on: whatever leaks, leaks through a gap of ipq's own.
-    let prog = program_returning(TCX_NEXT, "cotenant_next");
+    // It hands every packet on but ipq's probe (its port): the probe says it ends processing,
+    // so ipq moves ahead of it, and whatever of the stream leaks, leaks through a gap of ipq's
+    // own.
+    let prog = program_passing_port(PROBE_PORT, "cotenant_port");
 
     let stop = AtomicBool::new(false);
     let ((sent, delivered), moves) = std::thread::scope(|scope| {
@@ -366,7 +368,9 @@ const TCX_PASS: i32 = 0;
 #[test]
 fn a_program_that_ends_processing_and_keeps_re_attaching_at_the_head_is_counted_and_reported() {
     let lab = Lab::new().expect("building the lab");
-    let agent = lab.start_agent(&TCX_AGENT).expect("starting ipq-agent");
+    let agent = lab
+        .start_agent_wrapped(&DAEMONSET_CAPS, &TCX_AGENT)
+        .expect("starting ipq-agent with the DaemonSet's capabilities");
     let vethpa_index = fence_pod_a_under_tcx(&lab, &agent);
     let prog = program_returning(TCX_PASS, "cotenant_pass");
 

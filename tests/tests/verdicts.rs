@@ -1093,3 +1093,73 @@ fn fast_path_slots_follow_their_interfaces_addresses() -> anyhow::Result<()> {
         Ok(())
     })
 }
+
+/// The count of `hook`'s probes in the pinned `IPQ_PROBES`.
+fn probes_seen(dp: &Datapath, hook: Hook) -> anyhow::Result<u64> {
+    let pin = dp.layout().map(names::MAP_PROBES);
+    let map = aya::maps::MapData::from_pin(&pin).with_context(|| pin.display().to_string())?;
+    let probes: aya::maps::Array<_, u64> = aya::maps::Array::try_from(aya::maps::Map::Array(map))?;
+    Ok(probes.get(&(hook as u32), 0)?)
+}
+
+#[test]
+fn the_agents_probe_is_counted_and_dropped_before_any_verdict_and_nothing_else_is(
+) -> anyhow::Result<()> {
+    use ipq::datapath::attach::{tc_filter::Direction, witness::frame};
+    use ipq_common::probe::ProbeMark;
+    with_datapath("vp", |dp, here, other| {
+        let cookie = dp.maps.config.get()?.probe_cookie;
+        anyhow::ensure!(cookie != 0, "the load drew a probe cookie");
+        let mark = |cookie, ifindex, hook: Hook| ProbeMark {
+            cookie,
+            ifindex,
+            hook: hook as u32,
+            _reserved: 0,
+        };
+        let mut failures = Vec::new();
+        for address in [IpAddr::from(X4), IpAddr::from(X6)] {
+            for (hook, direction) in [
+                (Hook::TcIngress, Direction::Ingress),
+                (Hook::TcEgress, Direction::Egress),
+            ] {
+                // (what, frame, hook run on, counted as a probe)
+                let cases = [
+                    ("the probe", mark(cookie, here, hook), hook, true),
+                    ("another cookie", mark(cookie ^ 1, here, hook), hook, false),
+                    ("another interface", mark(cookie, other, hook), hook, false),
+                ];
+                for (what, probe, run_on, counted) in cases {
+                    let sent = frame(address, direction, probe);
+                    let counters = dp.maps.counters()?;
+                    let seen = probes_seen(dp, run_on)?;
+                    let code = run(dp, run_on, &sent, here)?;
+                    let expected = if counted { TC_DROP } else { TC_PASS };
+                    let now_seen = probes_seen(dp, run_on)? - seen;
+                    let moved = diff(&counters, &dp.maps.counters()?);
+                    if code != expected || now_seen != u64::from(counted) || !moved.is_empty() {
+                        failures.push(format!(
+                            "{what} of {address} on {hook:?}: returned {code}, wanted \
+                             {expected}; probes counted {now_seen}; verdict counters moved \
+                             {moved:?}"
+                        ));
+                    }
+                }
+            }
+            // An egress probe run on ingress is not marked where ingress looks (its peer is
+            // the source): judged as any packet of an unknown address.
+            let egress_probe = frame(
+                address,
+                Direction::Egress,
+                mark(cookie, here, Hook::TcEgress),
+            );
+            let code = run(dp, Hook::TcIngress, &egress_probe, here)?;
+            if code != TC_PASS {
+                failures.push(format!(
+                    "an egress probe of {address} run on ingress: {code}"
+                ));
+            }
+        }
+        anyhow::ensure!(failures.is_empty(), "{}", failures.join("\n"));
+        Ok(())
+    })
+}

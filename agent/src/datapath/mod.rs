@@ -278,6 +278,11 @@ impl Datapath {
         // Sets a new table up with the seed before anything can attach the programs.
         let mut maps = DatapathMaps::open(maps::Source::Loaded(&mut ebpf), Some(slot_seed))?;
         maps.set_mode(options.mode)?;
+        // A new cookie per load: only this agent's probes are counted (never 0, which counts
+        // nothing).
+        let probe_cookie = (random_seed()? as u32) | 1;
+        maps.set_probe_cookie(probe_cookie)?;
+        attach::witness::install(&layout.map(names::MAP_PROBES), probe_cookie);
         info!(
             "datapath loaded: {} addresses in pinned maps under {} (the spare TC programs in \
              {} ms); kernel has TCX: {}, reads of the address table: {}, clock: {}",

@@ -80,4 +80,11 @@ impl DatapathMaps {
         }
         self.config.set(&config)
     }
+
+    /// What the programs expect a co-tenant probe to carry (`attach::witness`).
+    pub fn set_probe_cookie(&mut self, cookie: u32) -> Result<(), DatapathError> {
+        let mut config = self.config.get()?;
+        config.probe_cookie = cookie;
+        self.config.set(&config)
+    }
 }

@@ -54,6 +54,18 @@ const PEER_MAC: &str = "02:78:00:00:00:02";
 /// Inside the node namespace only, so every lab can use the agent's default port.
 pub const METRICS_ADDR: &str = "127.0.0.1:9740";
 
+/// A wrapper for [`Lab::start_agent_wrapped`] that runs the agent with what
+/// deploy/helm/ipq/templates/daemonset.yaml grants it: `BPF`, `NET_ADMIN`, `NET_RAW` and
+/// `PERFMON`, no `CAP_SYS_ADMIN`.
+pub const DAEMONSET_CAPS: [&str; 6] = [
+    "setpriv",
+    "--inh-caps",
+    "-all",
+    "--bounding-set",
+    "-all,+bpf,+net_admin,+net_raw,+perfmon",
+    "--",
+];
+
 /// How long an agent may take from exec to `/readyz` answering 200 (times the time scale).
 const READY_TIMEOUT: Duration = Duration::from_secs(20);
 

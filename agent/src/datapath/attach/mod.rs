@@ -59,6 +59,7 @@ pub mod tc_watch;
 #[cfg(test)]
 mod tests;
 mod upgrade;
+pub mod witness;
 mod worker;
 
 use std::time::Instant;
