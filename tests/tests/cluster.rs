@@ -36,6 +36,8 @@ mod many_nodes;
 mod own_objects;
 #[path = "cluster/pod_events.rs"]
 mod pod_events;
+#[path = "cluster/pod_network_e2e.rs"]
+mod pod_network_e2e;
 #[path = "cluster/prometheus.rs"]
 mod prometheus;
 #[path = "cluster/publish.rs"]
@@ -217,6 +219,15 @@ fn three_nodes_on_flannel_with_ipq_chained() -> anyhow::Result<()> {
     let mut cluster = phase("three-node cluster start (flannel)", || {
         Cluster::start_nodes(3)
     })?;
+    let without = phase(
+        "Kubernetes' pod-network conformance specs without ipq",
+        || {
+            pod_network_e2e::import_agnhost(&cluster)?;
+            let outcomes = pod_network_e2e::run(&cluster, "without-ipq")?;
+            pod_network_e2e::all_passed(&outcomes, "without ipq")?;
+            Ok(outcomes)
+        },
+    )?;
     phase("install ipq on three nodes, chained into flannel", || {
         many_nodes::ipq_chained_into_flannel_on_every_node(&mut cluster)
     })?;
@@ -226,6 +237,13 @@ fn three_nodes_on_flannel_with_ipq_chained() -> anyhow::Result<()> {
     phase(
         "pods on every node, the first reaching the last through flannel",
         || many_nodes::pods_on_every_node_reach_each_other(&mut cluster),
+    )?;
+    phase(
+        "the same conformance specs with ipq chained, enforcing",
+        || {
+            let with = pod_network_e2e::run(&cluster, "with-ipq")?;
+            pod_network_e2e::none_broken_by_ipq(&without, &with)
+        },
     )?;
     phase(
         "helm upgrade and rollback node by node under long-lived flows",

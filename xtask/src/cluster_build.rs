@@ -67,6 +67,7 @@ const WHEREABOUTS_MODULE: &str = "xtask/cluster/whereabouts";
 const HELM_MODULE: &str = "xtask/cluster/helm";
 const FLANNEL_MODULE: &str = "xtask/cluster/flannel";
 const FLANNEL_CNI_MODULE: &str = "xtask/cluster/flannel-cni";
+const E2E_MODULE: &str = "xtask/cluster/e2e";
 
 /// One binary: its Go package, the module that pins it, and how it reports its version.
 struct Component {
@@ -80,6 +81,8 @@ struct Component {
     version_args: &'static [&'static str],
     /// Built with cgo, as its project releases it (flanneld's udp backend is C).
     cgo: bool,
+    /// A package's test binary (`go test -c`): Kubernetes' e2e suite is one.
+    test_binary: bool,
 }
 
 const COMPONENTS: &[Component] = &[
@@ -98,6 +101,7 @@ const COMPONENTS: &[Component] = &[
         package: "go.etcd.io/etcd/server/v3",
         version_args: &["--version"],
         cgo: false,
+        test_binary: false,
     },
     containerd("containerd", &["--version"]),
     containerd("containerd-shim-runc-v2", &["-v"]),
@@ -110,6 +114,7 @@ const COMPONENTS: &[Component] = &[
         package: "github.com/k8snetworkplumbingwg/whereabouts/cmd",
         version_args: &[],
         cgo: false,
+        test_binary: false,
     },
     Component {
         binary: "ip-control-loop",
@@ -118,6 +123,7 @@ const COMPONENTS: &[Component] = &[
         package: "github.com/k8snetworkplumbingwg/whereabouts/cmd/controlloop",
         version_args: &[],
         cgo: false,
+        test_binary: false,
     },
     Component {
         binary: "helm",
@@ -126,6 +132,7 @@ const COMPONENTS: &[Component] = &[
         package: "helm.sh/helm/v3/cmd/helm",
         version_args: &["version", "--short"],
         cgo: false,
+        test_binary: false,
     },
     // The three-node cluster's pod network, as kube-flannel runs it: flanneld (its main
     // package, with every backend linked in, as its Makefile builds it: cgo on amd64) and the
@@ -137,6 +144,7 @@ const COMPONENTS: &[Component] = &[
         package: "github.com/flannel-io/flannel",
         version_args: &["--version"],
         cgo: true,
+        test_binary: false,
     },
     Component {
         binary: "flannel",
@@ -145,6 +153,27 @@ const COMPONENTS: &[Component] = &[
         package: "github.com/containernetworking/plugins/plugins/meta/flannel",
         version_args: &[],
         cgo: false,
+        test_binary: false,
+    },
+    // Kubernetes' own pod-network conformance tests, run on the three-node cluster with and
+    // without ipq: the e2e suite and the agnhost server its tests' pods run.
+    Component {
+        binary: "e2e.test",
+        module: E2E_MODULE,
+        versioned_by: "k8s.io/kubernetes",
+        package: "k8s.io/kubernetes/test/e2e",
+        version_args: &[],
+        cgo: false,
+        test_binary: true,
+    },
+    Component {
+        binary: "agnhost",
+        module: E2E_MODULE,
+        versioned_by: "k8s.io/kubernetes",
+        package: "k8s.io/kubernetes/test/images/agnhost",
+        version_args: &[],
+        cgo: false,
+        test_binary: false,
     },
 ];
 
@@ -157,6 +186,7 @@ const fn kubernetes(binary: &'static str) -> Component {
         package: "",
         version_args: &["--version"],
         cgo: false,
+        test_binary: false,
     }
 }
 
@@ -168,6 +198,7 @@ const fn containerd(binary: &'static str, version_args: &'static [&'static str])
         package: "",
         version_args,
         cgo: false,
+        test_binary: false,
     }
 }
 
@@ -380,7 +411,11 @@ pub fn ensure() -> Result<Outcome> {
     let built = stale.len();
     for (component, module, version, binary, expected) in stale {
         let started = Instant::now();
-        let mut build = cmd(&go, ["build", "-trimpath"]);
+        let mut build = if component.test_binary {
+            cmd(&go, ["test", "-c", "-trimpath"])
+        } else {
+            cmd(&go, ["build", "-trimpath"])
+        };
         build
             .args(["-tags", "no_btrfs", "-ldflags"])
             .arg(component.ldflags(&version, &module)?)

@@ -34,7 +34,10 @@ const POD_PACKAGES: &[&str] = &[
 
 /// The cluster tier (Debian's Prometheus scraping the agent's pod with the shipped rules) and
 /// the observability tests (promtool, a Prometheus server scraping the lab).
-const CLUSTER_PACKAGES: &[&str] = &["prometheus"];
+///
+/// netcat-openbsd: the image of Kubernetes' networking e2e tests (agnhost) runs `nc -u` for
+/// their UDP checks from a node (busybox's nc has no UDP).
+const CLUSTER_PACKAGES: &[&str] = &["prometheus", "netcat-openbsd"];
 
 /// The CRI tier and its demo: Debian's containerd 1.6 (its CRI plugin built in).
 const CRI_PACKAGES: &[&str] = &["containerd"];
