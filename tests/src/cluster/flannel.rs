@@ -25,7 +25,7 @@ use std::{
 use anyhow::Context as _;
 
 use super::{
-    daemon::component, host::Host, image::linked_libraries, kubectl::pod_ready, node, Cluster,
+    daemon::component, host::Host, image::copy_linked_libraries, kubectl::pod_ready, node, Cluster,
 };
 
 pub const NAMESPACE: &str = "kube-flannel";
@@ -128,17 +128,7 @@ fn build_image(work: &Path) -> anyhow::Result<PathBuf> {
         fs::copy(&path, extensions.join(entry.file_name()))?;
         executables.push(path);
     }
-    let mut libraries = Vec::new();
-    for executable in &executables {
-        libraries.extend(linked_libraries(executable)?);
-    }
-    libraries.sort();
-    libraries.dedup();
-    for library in libraries {
-        let inside = rootfs.join(library.strip_prefix("/").unwrap_or(&library));
-        fs::create_dir_all(inside.parent().context("in a directory")?)?;
-        fs::copy(&library, &inside).with_context(|| format!("copying {}", library.display()))?;
-    }
+    copy_linked_libraries(&rootfs, &executables)?;
     for file in ["/etc/protocols", "/etc/ethertypes"] {
         if Path::new(file).is_file() {
             fs::copy(file, rootfs.join(file.trim_start_matches('/')))?;

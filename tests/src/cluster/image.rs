@@ -326,6 +326,24 @@ fn readelf(args: &[&str], file: &Path) -> anyhow::Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// Copies every shared object the `executables` load (the dynamic loader included) into
+/// `rootfs` at the path it has on this machine: what an image of the machine's own binaries
+/// needs.
+pub fn copy_linked_libraries(rootfs: &Path, executables: &[PathBuf]) -> anyhow::Result<()> {
+    let mut libraries = Vec::new();
+    for executable in executables {
+        libraries.extend(linked_libraries(executable)?);
+    }
+    libraries.sort();
+    libraries.dedup();
+    for library in libraries {
+        let inside = rootfs.join(library.strip_prefix("/").unwrap_or(&library));
+        fs::create_dir_all(inside.parent().context("in a directory")?)?;
+        fs::copy(&library, &inside).with_context(|| format!("copying {}", library.display()))?;
+    }
+    Ok(())
+}
+
 /// The absolute paths of the shared objects `binary` loads, the dynamic loader included.
 pub fn linked_libraries(binary: &Path) -> anyhow::Result<Vec<PathBuf>> {
     let out = Command::new("ldd")

@@ -12,7 +12,7 @@
 use std::{collections::BTreeMap, fs, os::unix::fs::symlink, path::PathBuf, time::Duration};
 
 use anyhow::{bail, ensure, Context as _};
-use ipq_tests::cluster::{daemon::component, image::linked_libraries, node, Cluster};
+use ipq_tests::cluster::{daemon::component, image, node, Cluster};
 use serde_json::Value;
 
 /// The specs: Kubernetes' conformance checks of the pod network itself (not the SCTP ones
@@ -54,20 +54,13 @@ pub fn import_agnhost(cluster: &Cluster) -> anyhow::Result<()> {
     for applet in APPLETS {
         symlink("busybox", rootfs.join("bin").join(applet))?;
     }
-    let mut libraries = Vec::new();
     for (path, inside) in TOOLS {
         fs::copy(path, rootfs.join(inside.trim_start_matches('/'))).with_context(|| {
             format!("copying {path} (cargo xtask setup installs curl and netcat-openbsd)")
         })?;
-        libraries.extend(linked_libraries(std::path::Path::new(path))?);
     }
-    libraries.sort();
-    libraries.dedup();
-    for library in libraries {
-        let inside = rootfs.join(library.strip_prefix("/").unwrap_or(&library));
-        fs::create_dir_all(inside.parent().context("in a directory")?)?;
-        fs::copy(&library, &inside).with_context(|| format!("copying {}", library.display()))?;
-    }
+    let tools: Vec<PathBuf> = TOOLS.iter().map(|(path, _)| PathBuf::from(path)).collect();
+    image::copy_linked_libraries(&rootfs, &tools)?;
     let archive = ipq_tests::oci::archive(
         &rootfs,
         &work,
