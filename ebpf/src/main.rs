@@ -63,7 +63,12 @@ pub fn ipq_tc_egress(ctx: TcContext) -> i32 {
 }
 
 /// Uplink: stale traffic to quarantined addresses, and remote claims.
+///
+/// `inline(always)`: the macro's entry point calls this function, and once the lookup code grew
+/// (58a5292) LLVM stopped inlining it, so every packet paid a BPF-to-BPF call: XDP pass 33 →
+/// 42 ns on the bench's VM (bisected, 2026-11-29), back to 35 ns with it.
 #[xdp]
+#[inline(always)]
 pub fn ipq_xdp_uplink(ctx: XdpContext) -> u32 {
     xdp_code(xdp::try_uplink(&ctx))
 }
