@@ -49,6 +49,31 @@ fn now_ns() -> u64 {
 pub trait Hooked: EbpfContext {
     fn frame(&self) -> Frame;
     fn ifindex(&self) -> u32;
+    /// Whether another of ipq's programs on this hook already counted this packet and let it
+    /// through ([`mark_passed`](Self::mark_passed)).
+    fn passed_before(&self, hook: Hook) -> bool;
+    /// Says to a later ipq program on this hook that this packet was counted and let through.
+    fn mark_passed(&self, hook: Hook);
+}
+
+/// The mark of a packet ipq counted and let through on a TC hook, in the skb's control block
+/// (`__sk_buff.cb[0]`, with the interface in `cb[1]`): "ipq" and the hook.
+///
+/// Twice ipq runs two of its programs on one hook, for a moment: when an interface moves from
+/// its netlink filter to a TCX link, and when its TCX link moves ahead of a co-tenant's (the
+/// spare instance goes in before the old link goes). A packet ipq drops never meets the second
+/// program; one it counts and passes (`observe`, a reported claim) would be counted twice.
+/// The control block is the tc layer's scratch space, kept from one program of a hook to the
+/// next: the first program marks the packet, the second sees the mark and only passes it.
+/// The mark names the interface and the hook, and IPv4's and IPv6's receive paths zero these
+/// words, so a mark left from one hook is not mistaken on another; the layer above's leftovers
+/// would have to hold this word and the interface's index side by side. Written only on the
+/// packets ipq counts and passes: every other packet's control block is left as it came.
+const PASSED_MARK: u32 = 0x6970_7100;
+
+#[inline(always)]
+fn passed_mark(hook: Hook) -> u32 {
+    PASSED_MARK | hook as u32
 }
 
 impl Hooked for TcContext {
@@ -66,6 +91,26 @@ impl Hooked for TcContext {
         // SAFETY: the context of a running program.
         unsafe { (*skb).ifindex }
     }
+
+    #[inline(always)]
+    fn passed_before(&self, hook: Hook) -> bool {
+        // As in `ifindex`: constant offsets from the context pointer itself.
+        let skb = core::hint::black_box(self.skb.skb);
+        // SAFETY: the context of a running program; `cb` is readable by TC programs.
+        let (mark, ifindex) = unsafe { ((*skb).cb[0], (*skb).cb[1]) };
+        mark == passed_mark(hook) && ifindex == self.ifindex()
+    }
+
+    #[inline(always)]
+    fn mark_passed(&self, hook: Hook) {
+        let ifindex = self.ifindex();
+        let skb = core::hint::black_box(self.skb.skb);
+        // SAFETY: the context of a running program; `cb` is writable by TC programs.
+        unsafe {
+            (*skb).cb[0] = passed_mark(hook);
+            (*skb).cb[1] = ifindex;
+        }
+    }
 }
 
 impl Hooked for XdpContext {
@@ -78,6 +123,15 @@ impl Hooked for XdpContext {
     fn ifindex(&self) -> u32 {
         self.ingress_ifindex() as u32
     }
+
+    /// One XDP program per interface: ipq's never runs twice on a frame.
+    #[inline(always)]
+    fn passed_before(&self, _hook: Hook) -> bool {
+        false
+    }
+
+    #[inline(always)]
+    fn mark_passed(&self, _hook: Hook) {}
 }
 
 /// Where and what a program saw.
@@ -114,6 +168,10 @@ pub fn act<C: Hooked>(seen: &Seen<C>, addr: &AddrKey, found: &Found, reason: Rea
     // One read of the configuration for the whole decision.
     let settings = maps::settings();
     let action = action_for_entry(settings.mode, reason, entry);
+    let passes = action != Action::Dropped;
+    if passes && seen.ctx.passed_before(seen.hook) {
+        return Verdict::Pass;
+    }
     maps::count(counter_index(action, seen.hook, reason), seen.len);
 
     let now = now();
@@ -127,10 +185,11 @@ pub fn act<C: Hooked>(seen: &Seen<C>, addr: &AddrKey, found: &Found, reason: Rea
         sample(seen, addr, entry, judged(reason, action), now);
     }
 
-    if action == Action::Dropped {
-        Verdict::Drop
-    } else {
+    if passes {
+        seen.ctx.mark_passed(seen.hook);
         Verdict::Pass
+    } else {
+        Verdict::Drop
     }
 }
 

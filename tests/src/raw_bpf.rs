@@ -12,6 +12,7 @@ pub const BPF_LINK_UPDATE: libc::c_long = 29;
 pub const BPF_LINK_DETACH: libc::c_long = 34;
 const BPF_PROG_TYPE_SCHED_CLS: u32 = 3;
 const BPF_TCX_INGRESS: u32 = 46;
+const BPF_TCX_EGRESS: u32 = 47;
 const BPF_F_BEFORE: u32 = 1 << 3;
 
 pub fn bpf(cmd: libc::c_long, attr: &[u8; 64]) -> std::io::Result<i32> {
@@ -131,10 +132,21 @@ pub fn obj_pin(fd: i32, path: &Path) {
 /// `prog` attached at the head of `ifindex`'s TCX ingress (`BPF_F_BEFORE`, no anchor): the
 /// link's descriptor.
 pub fn attach_first(prog: i32, ifindex: u32) -> std::io::Result<i32> {
+    attach_tcx_first(prog, ifindex, true)
+}
+
+/// `prog` attached at the head of `ifindex`'s TCX ingress (`ingress`) or egress: the link's
+/// descriptor.
+pub fn attach_tcx_first(prog: i32, ifindex: u32, ingress: bool) -> std::io::Result<i32> {
     let mut attr = [0u8; 64];
+    let attach_type = if ingress {
+        BPF_TCX_INGRESS
+    } else {
+        BPF_TCX_EGRESS
+    };
     attr[0..4].copy_from_slice(&(prog as u32).to_ne_bytes());
     attr[4..8].copy_from_slice(&ifindex.to_ne_bytes());
-    attr[8..12].copy_from_slice(&BPF_TCX_INGRESS.to_ne_bytes());
+    attr[8..12].copy_from_slice(&attach_type.to_ne_bytes());
     attr[12..16].copy_from_slice(&BPF_F_BEFORE.to_ne_bytes());
     bpf(BPF_LINK_CREATE, &attr)
 }

@@ -7,14 +7,22 @@
 //!
 //! Needs root, bpffs and `target/debug/ipq-agent`; `cargo xtask test` provides all three.
 
-use std::{collections::BTreeMap, net::IpAddr, time::Duration};
+use std::{
+    collections::BTreeMap,
+    net::IpAddr,
+    os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
+    time::Duration,
+};
+
+use ipq_common::names;
 
 use ipq_tests::{
     api::request,
     lab::{
-        map_entry as entry, pod_a_and_peer, poll, wait_claimed_at_start, wait_for_entry, Lab,
-        POD_A_V4, POD_B_LLADDR,
+        ifindex, map_entry as entry, pod_a_and_peer, poll, wait_claimed_at_start, wait_for_entry,
+        Lab, POD_A_V4, POD_B_LLADDR,
     },
+    raw_bpf::{attach_tcx_first, obj_get},
 };
 use serde_json::{json, Value};
 
@@ -62,8 +70,25 @@ fn fenced(hook_count: f64) -> BTreeMap<String, f64> {
 /// Pod a (namespace `namespace`) holds 10.77.0.2; pod b of the same namespace is given it
 /// while pod a still runs (fence-old). Pod a's traffic with it gets through iff `observed`.
 fn fenced_pod_in(scope: &[&str], namespace: &str, observed: bool) {
+    fenced_pod_judged(scope, namespace, observed, Programs::AsAttached);
+}
+
+/// How many of ipq's programs judge each of vethpa's hooks.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Programs {
+    /// Whatever the agent attached.
+    AsAttached,
+    /// The agent's netlink filter, and ahead of it ipq's own program again on a TCX link: what
+    /// every interface has for a moment when it moves to TCX, or ahead of a co-tenant.
+    Twice,
+}
+
+fn fenced_pod_judged(scope: &[&str], namespace: &str, observed: bool, programs: Programs) {
     let lab = Lab::new().expect("building the lab");
     let mut args = vec!["--workload", "vethp*", "--uplink", "up0"];
+    if programs == Programs::Twice {
+        args.extend_from_slice(&["--tc-attach", "netlink"]);
+    }
     args.extend_from_slice(scope);
     let agent = lab.start_agent(&args).expect("starting ipq-agent");
     let socket = agent.api_socket();
@@ -88,6 +113,7 @@ fn fenced_pod_in(scope: &[&str], namespace: &str, observed: bool) {
         "pod b's claim is an early reuse: {second}"
     );
     wait_for_entry(&lab, addr, &entry("active", vethpb, vethpa), SETTLE);
+    let _second_programs = (programs == Programs::Twice).then(|| twice_on_vethpa(&lab));
 
     let view = request(&socket, "GET", &format!("/v1/addresses/{addr}"), None)
         .and_then(|a| a.json())
@@ -147,9 +173,45 @@ fn fenced_pod_in(scope: &[&str], namespace: &str, observed: bool) {
     );
 }
 
+/// ipq's pinned TC programs attached again to vethpa, on TCX links ahead of the agent's
+/// netlink filters: the links' descriptors (closing them detaches the programs).
+fn twice_on_vethpa(lab: &Lab) -> Vec<OwnedFd> {
+    let index = ifindex(&lab.node, "vethpa").expect("vethpa's ifindex");
+    [
+        (names::PROG_TC_INGRESS, true),
+        (names::PROG_TC_EGRESS, false),
+    ]
+    .into_iter()
+    .map(|(name, ingress)| {
+        let pin = lab.bpffs.path().join("progs").join(name);
+        let prog = obj_get(&pin).unwrap_or_else(|e| panic!("opening {}: {e}", pin.display()));
+        // SAFETY: a fresh descriptor nobody else owns.
+        let prog = unsafe { OwnedFd::from_raw_fd(prog) };
+        let link = lab
+            .node
+            .run(|| attach_tcx_first(prog.as_raw_fd(), index, ingress))
+            .unwrap_or_else(|e| panic!("attaching {name} to vethpa by TCX: {e}"));
+        // SAFETY: likewise.
+        unsafe { OwnedFd::from_raw_fd(link) }
+    })
+    .collect()
+}
+
 #[test]
 fn observe_namespaces_a_fenced_pod_of_a_listed_namespace_delivers_and_counts_would_drop() {
     fenced_pod_in(&["--observe-namespaces", "audit"], "audit", true);
+}
+
+/// Two of ipq's programs on each hook (the moment of a move to TCX, where CI once counted
+/// pod a's packets twice on egress): each packet is still counted once.
+#[test]
+fn observe_namespaces_a_packet_two_of_ipqs_programs_pass_is_counted_once() {
+    fenced_pod_judged(
+        &["--observe-namespaces", "audit"],
+        "audit",
+        true,
+        Programs::Twice,
+    );
 }
 
 #[test]
