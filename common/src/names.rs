@@ -18,8 +18,9 @@ pub const MAP_CONFIG: &str = "IPQ_CONFIG";
 /// only, read by the agent.
 pub const MAP_PROBES: &str = "IPQ_PROBES";
 
-/// Every map ipq pins, in the order the loader checks them.
-pub const PINNED_MAPS: [&str; 7] = [
+/// Every map ipq pins, in the order the loader checks them; the bpf() watcher reports other
+/// processes' writes of each (`watch::WATCHED_MAPS` is its room).
+pub const PINNED_MAPS: [&str; 8] = [
     MAP_ADDRS,
     MAP_SLOTS,
     MAP_IFACES,
@@ -27,6 +28,7 @@ pub const PINNED_MAPS: [&str; 7] = [
     MAP_COUNTERS,
     MAP_SAMPLES,
     MAP_CONFIG,
+    MAP_PROBES,
 ];
 
 pub const PROG_TC_INGRESS: &str = "ipq_tc_ingress";

@@ -184,6 +184,8 @@ pub const MAP_WATCHED: &str = "IPQ_WATCHED";
 pub const MAP_WATCHED_MAPS: &str = "IPQ_WATCHED_MAPS";
 /// Entries of [`MAP_WATCHED_MAPS`]; 0 is no map.
 pub const WATCHED_MAPS: u32 = 8;
+// Every pinned map is watched: one more needs room here (and in the program's array).
+const _: () = assert!(crate::names::PINNED_MAPS.len() <= WATCHED_MAPS as usize);
 /// Per CPU, the calls the watcher could not report because its ring was full.
 pub const MAP_BPF_CALLS_LOST: &str = "IPQ_BPF_CALLS_LOST";
 /// The raw tracepoint the watcher is attached to: every system call's entry (x86-64 only:

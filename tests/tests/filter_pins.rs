@@ -162,3 +162,22 @@ fn a_pinned_filter_of_an_unusable_size_is_refused_by_name() -> anyhow::Result<()
         Ok(_) => bail!("a 1000-word filter was accepted"),
     }
 }
+
+/// A pinned `IPQ_PROBES` that is not ipq's (another size of array): refused by name, before
+/// any program is loaded on it, instead of a verifier error or probes nobody counts.
+#[test]
+fn a_pinned_probe_count_of_another_shape_is_refused_by_name() -> anyhow::Result<()> {
+    require_root()?;
+    let bpffs = BpffsDir::new()?;
+    pin_array(bpffs.path(), names::MAP_PROBES, 1)?;
+    match load(bpffs.path(), 1024) {
+        Err(e @ DatapathError::IncompatiblePin { .. }) => {
+            let text = e.to_string();
+            assert!(text.contains(names::MAP_PROBES), "{text}");
+            assert!(text.contains("number of entries"), "{text}");
+            Ok(())
+        }
+        Err(e) => bail!("refused for another reason: {e}"),
+        Ok(_) => bail!("a 1-entry IPQ_PROBES was accepted"),
+    }
+}

@@ -22,6 +22,8 @@ use std::{
     time::{Duration, Instant},
 };
 
+use aya::maps::{Array, MapData};
+use ipq_common::{counters::Hook, names};
 use ipq_tests::{
     api,
     lab::{poll, udp_burst, Agent, Lab, DAEMONSET_CAPS, PEER_V4, POD_A_V4, POD_A_V6},
@@ -464,4 +466,75 @@ fn probes_never_reach_the_pod_nor_count_as_fenced_and_fenced_traffic_is_still_dr
         tap.probes() > 0,
         "the tap sees what a co-tenant that ends processing lets through: it can fail"
     );
+}
+
+/// ipq's count of the probes its TC ingress program saw (`IPQ_PROBES`, by hook).
+fn probes_counted(probes: &Array<MapData, u64>) -> u64 {
+    probes
+        .get(&(Hook::TcIngress as u32), 0)
+        .expect("reading IPQ_PROBES")
+}
+
+/// When the last verification pass finished, as `/v1/status` says.
+fn verified_at(agent: &Agent) -> serde_json::Value {
+    api::request(&agent.api_socket(), "GET", "/v1/status", None)
+        .and_then(|r| r.json())
+        .map(|status| status["verification"]["at"].clone())
+        .unwrap_or_default()
+}
+
+/// `IPQ_PROBES` written by another process: a count raised at the right moment would make a
+/// co-tenant that ends processing look like one that hands packets on. The watcher reports the
+/// write (the trampolines name the map; the raw tracepoint, which cannot, reports any write by a
+/// process that opened one of ipq's pins), and every co-tenant ahead is probed again at once:
+/// a new probe reaches ipq's program, counted above the forged count.
+#[test]
+fn a_write_of_the_probe_count_by_another_process_gets_the_cotenant_probed_again() {
+    let lab = Lab::new().expect("building the lab");
+    // As root: the kernel tier's guests have no setpriv (the probes' capabilities are the
+    // other tests' concern).
+    let agent = lab.start_agent(&NETLINK_AGENT).expect("starting ipq-agent");
+    lab.maps().fence_pod_a().expect("fencing pod a");
+    let pins = BpffsDir::new().expect("a bpffs dir of the test's own");
+    let hands_on = pinned_program(&pins, TC_ACT_UNSPEC, "cotenant_next");
+    tc(
+        &lab.node,
+        &format!(
+            "filter add dev vethpa ingress pref 1 handle 1 bpf da object-pinned {}",
+            hands_on.display()
+        ),
+    );
+    let interface = judged(&agent, "tc-ingress");
+    assert_eq!(interface["protection"], "protected", "{interface}");
+
+    // Opened, and the pass its open asked for over: what follows is the write alone.
+    let before_open = verified_at(&agent);
+    let path = lab.bpffs.path().join("maps").join(names::MAP_PROBES);
+    let mut probes: Array<MapData, u64> = Array::try_from(aya::maps::Map::Array(
+        MapData::from_pin(&path).expect("opening IPQ_PROBES"),
+    ))
+    .expect("IPQ_PROBES as an array");
+    poll(
+        "the pass the open asked for",
+        Duration::from_secs(5),
+        || {
+            let now = verified_at(&agent);
+            Ok((!now.is_null() && now != before_open).then_some(()))
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", agent.log()));
+    let counted = probes_counted(&probes);
+    assert!(counted > 0, "the co-tenant was probed: {counted}");
+
+    let forged = counted + 1_000_000;
+    probes
+        .set(Hook::TcIngress as u32, forged, 0)
+        .expect("writing IPQ_PROBES");
+    poll(
+        "a new probe counted above the forged count",
+        Duration::from_secs(5),
+        || Ok((probes_counted(&probes) > forged).then_some(())),
+    )
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", agent.log()));
+    assert_eq!(vethpa(&agent)["protection"], "protected");
 }

@@ -15,6 +15,7 @@ use tokio::{
 use super::AgentError;
 use crate::{
     datapath::{
+        attach::cotenant,
         bpf_watch::{
             BpfWatch, Pokes, ReportedKey, ReportedKeys, Seen, POKE_DETACH, POKE_LINKS, POKE_MAPS,
             REPORTED_KEYS_AT_ONCE,
@@ -173,6 +174,8 @@ pub(super) async fn read_bpf_calls(
                 source: e.into_parts().1,
             }
         })?;
+    // The last writer of IPQ_PROBES warned about: once per writer, not per write.
+    let mut probes_written_by = None;
     loop {
         let mut guard = ring.readable_mut().await.map_err(|source| AgentError::Io {
             what: "polling the bpf() watcher's ring buffer",
@@ -190,18 +193,40 @@ pub(super) async fn read_bpf_calls(
                         _ => POKE_LINKS,
                     };
                 }
-                Some(Seen::Maps { cmd, tgid, key }) => match key {
-                    // One entry written, with its key: looked at by its key first, then the
-                    // whole maps compared (`settle_reported_keys`).
-                    Some(key) if keys.len() < REPORTED_KEYS_AT_ONCE => {
-                        log::debug!("process {tgid}: bpf({cmd:?}) of ipq's maps: its key first");
-                        keys.push(key);
+                Some(Seen::Probes { cmd, tgid }) => {
+                    if probes_written_by != Some(tgid) {
+                        warn!(
+                            "process {tgid}: bpf({cmd:?}) wrote IPQ_PROBES, the count of \
+                             co-tenant probes: every co-tenant ahead of ipq is judged again"
+                        );
+                        probes_written_by = Some(tgid);
                     }
-                    _ => {
-                        log::debug!("process {tgid}: bpf({cmd:?}) of ipq's maps: comparing them");
-                        scope |= POKE_MAPS;
+                    cotenant::forget_all();
+                    scope |= POKE_LINKS;
+                }
+                Some(Seen::Maps { cmd, tgid, key }) => {
+                    // A write the raw tracepoint cannot place may be of IPQ_PROBES.
+                    if BpfCmd::writes_map(cmd as u32) && !classifier.names_written_maps() {
+                        cotenant::forget_all();
+                        scope |= POKE_LINKS;
                     }
-                },
+                    match key {
+                        // One entry written, with its key: looked at by its key first, then the
+                        // whole maps compared (`settle_reported_keys`).
+                        Some(key) if keys.len() < REPORTED_KEYS_AT_ONCE => {
+                            log::debug!(
+                                "process {tgid}: bpf({cmd:?}) of ipq's maps: its key first"
+                            );
+                            keys.push(key);
+                        }
+                        _ => {
+                            log::debug!(
+                                "process {tgid}: bpf({cmd:?}) of ipq's maps: comparing them"
+                            );
+                            scope |= POKE_MAPS;
+                        }
+                    }
+                }
                 Some(Seen::Mapped { tgid, foreign }) => {
                     if foreign {
                         log::debug!("process {tgid}: a memory mapping of ipq's maps");

@@ -188,6 +188,8 @@ pub struct Classifier {
     mode: WatchMode,
     /// ipq's pinned maps' ids, and the directory of their pins.
     map_ids: Vec<u32>,
+    /// `IPQ_PROBES`' id: a write of it may fake what a co-tenant probe found.
+    probes_map_id: u32,
     maps_dir: PathBuf,
     /// Where ipq's links are pinned, by interface and hook.
     layout: PinLayout,
@@ -256,6 +258,10 @@ pub fn attach(
         classifier: Classifier {
             watched,
             mode,
+            probes_map_id: names::PINNED_MAPS
+                .iter()
+                .position(|name| *name == names::MAP_PROBES)
+                .map_or(0, |at| map_ids[at]),
             map_ids,
             maps_dir: layout.maps_dir(),
             layout: layout.clone(),
@@ -378,6 +384,9 @@ pub enum Seen {
         tgid: u32,
         key: Option<ReportedKey>,
     },
+    /// `IPQ_PROBES` written by another process (the trampolines name the map): what the
+    /// co-tenant probes found may have been faked, so every co-tenant is judged again.
+    Probes { cmd: BpfCmd, tgid: u32 },
     /// A memory mapping of one of ipq's maps made: `foreign` if another process made it, or
     /// the kernel counted writable mappings before the agent's own that the agent did not
     /// make (a process that mapped it before the agent started).
@@ -429,6 +438,17 @@ impl Classifier {
                     foreign,
                 }
             }
+            BpfCmd::MapUpdateElem
+            | BpfCmd::MapDeleteElem
+            | BpfCmd::MapUpdateBatch
+            | BpfCmd::MapDeleteBatch
+                if call.map_id != 0 && call.map_id == self.probes_map_id =>
+            {
+                Seen::Probes {
+                    cmd,
+                    tgid: call.tgid,
+                }
+            }
             BpfCmd::MapUpdateElem | BpfCmd::MapDeleteElem => Seen::Maps {
                 cmd,
                 tgid: call.tgid,
@@ -441,6 +461,12 @@ impl Classifier {
             },
         };
         Some(seen)
+    }
+
+    /// Whether a map write's record names the map written (the trampolines do; the raw
+    /// tracepoint sees a descriptor only, so any of its writes may be of `IPQ_PROBES`).
+    pub fn names_written_maps(&self) -> bool {
+        self.mode == WatchMode::Trampolines
     }
 
     fn watch(&mut self, cmd: BpfCmd, tgid: u32) -> Seen {

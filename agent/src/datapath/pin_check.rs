@@ -12,6 +12,7 @@ use ipq_common::{
     filter::{filter_words, valid_filter_words},
     iface::IfaceEntry,
     names,
+    probe::PROBE_SLOTS,
     slots::{
         buckets_of_entries, slot_buckets, AddrSlot, SlotsMeta, BPF_F_MMAPABLE, SLOTS_MAGIC,
         SLOT_WAYS,
@@ -40,6 +41,7 @@ fn expected_layout(name: &str) -> Option<(u32, u32)> {
         names::MAP_QFILTER => (size_of::<u32>(), size_of::<u64>()),
         names::MAP_COUNTERS => (size_of::<u32>(), size_of::<Counter>()),
         names::MAP_CONFIG => (size_of::<u32>(), size_of::<DatapathConfig>()),
+        names::MAP_PROBES => (size_of::<u32>(), size_of::<u64>()),
         _ => return None,
     };
     Some((sizes.0 as u32, sizes.1 as u32))
@@ -113,6 +115,16 @@ pub(super) fn check_pins(layout: &PinLayout, capacity: u32) -> Result<Sizes, Dat
                     });
                 }
             }
+        }
+        // A shorter array would leave some hook's probes uncounted: every co-tenant ahead
+        // there would look like a bypass.
+        if name == names::MAP_PROBES && map_info.max_entries() != PROBE_SLOTS {
+            return Err(DatapathError::IncompatiblePin {
+                path,
+                what: "number of entries",
+                pinned: map_info.max_entries(),
+                needed: PROBE_SLOTS,
+            });
         }
         if name == names::MAP_ADDRS && map_info.max_entries() != capacity {
             log::warn!(

@@ -117,6 +117,12 @@ pub fn forget(ifindex: u32) {
     judged().retain(|(i, _), _| *i != ifindex);
 }
 
+/// Forgets every verdict: what the probes counted may have been written by another process
+/// (`IPQ_PROBES` written), so each hook with something ahead is probed again at its next look.
+pub fn forget_all() {
+    judged().clear();
+}
+
 /// What `ahead` (what runs before ipq's program on `point` of `ifindex`, in order) does with
 /// the packets of the interface's addresses in `IPQ_ADDRS`. Off the owner loop: a look at
 /// the table's index and, when the hook or the addresses changed, a probe per address.
