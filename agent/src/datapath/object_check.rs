@@ -160,3 +160,34 @@ fn each_reader_of_the_table_has_guarded_stack_barriers_around_its_reads() {
         }
     }
 }
+
+/// Fewest instructions a packet program's own function may hold: the parse, the filter and
+/// the table's lookup (1500-4300 today). A program whose body LLVM moved out of line is a
+/// handful (a call and the return code), and every packet then pays a BPF-to-BPF call:
+/// 58a5292 did that to the XDP program (33 -> 42 ns a pass, found by a bisected benchmark).
+const ENTRY_MIN_INSNS: usize = 500;
+
+#[test]
+fn each_packet_programs_body_is_in_its_entry_point() {
+    for bytes in [OBJECT, OBJECT_FETCH_BARRIERS] {
+        let object = object(bytes);
+        for program in READERS {
+            let prog = object
+                .programs
+                .get(program)
+                .unwrap_or_else(|| panic!("no program {program} in the object"));
+            let own = object
+                .functions
+                .get(&(prog.section_index, prog.address))
+                .unwrap_or_else(|| panic!("no code for {program}"))
+                .instructions
+                .len();
+            assert!(
+                own >= ENTRY_MIN_INSNS,
+                "{program}: {own} instructions in its entry point: its body went out of line \
+                 (a BPF-to-BPF call on every packet); `#[inline(always)]` on the function the \
+                 entry point calls"
+            );
+        }
+    }
+}
