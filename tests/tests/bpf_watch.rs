@@ -209,21 +209,13 @@ fn rewritten(agent: &Agent, map: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
-/// When the last verification pass finished, as `/v1/status` says.
-fn verified_at(agent: &Agent) -> serde_json::Value {
-    api::request(&agent.api_socket(), "GET", "/v1/status", None)
-        .and_then(|r| r.json())
-        .map(|status| status["verification"]["at"].clone())
-        .unwrap_or_default()
-}
-
 /// What `open` returns once the pass its opening of one of ipq's pins asked for is over (the
 /// watcher reports the open): a write made after it is the only thing left to find.
 fn opened<T>(agent: &Agent, open: impl FnOnce() -> T) -> T {
-    let before = verified_at(agent);
+    let before = agent.verified_at();
     let opened = open();
     poll("the pass the open asked for", WATCHER_DEADLINE, || {
-        let now = verified_at(agent);
+        let now = agent.verified_at();
         Ok((!now.is_null() && now != before).then_some(()))
     })
     .unwrap_or_else(|e| panic!("{e:#}\n{}", agent.log()));

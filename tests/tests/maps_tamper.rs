@@ -181,16 +181,12 @@ fn a_foreign_write_to_ipqs_maps_is_found_written_back_and_reported() {
     // Written back exactly: no further pass finds anything.
     let before = rewritten(&agent, names::MAP_SLOTS);
     poll("two more passes", Duration::from_secs(5), || {
-        let at = status_at(&agent);
+        let at = agent.verified_at();
         Ok((at != status["verification"]["at"]).then_some(()))
     })
     .expect("a later verification");
     assert_eq!(rewritten(&agent, names::MAP_SLOTS), before);
     assert_eq!(agent.readyz().expect("readyz").0, 200);
-}
-
-fn status_at(agent: &Agent) -> serde_json::Value {
-    status(agent)["verification"]["at"].clone()
 }
 
 #[test]

@@ -475,14 +475,6 @@ fn probes_counted(probes: &Array<MapData, u64>) -> u64 {
         .expect("reading IPQ_PROBES")
 }
 
-/// When the last verification pass finished, as `/v1/status` says.
-fn verified_at(agent: &Agent) -> serde_json::Value {
-    api::request(&agent.api_socket(), "GET", "/v1/status", None)
-        .and_then(|r| r.json())
-        .map(|status| status["verification"]["at"].clone())
-        .unwrap_or_default()
-}
-
 /// `IPQ_PROBES` written by another process: a count raised at the right moment would make a
 /// co-tenant that ends processing look like one that hands packets on. The watcher reports the
 /// write (the trampolines name the map; the raw tracepoint, which cannot, reports any write by a
@@ -508,7 +500,7 @@ fn a_write_of_the_probe_count_by_another_process_gets_the_cotenant_probed_again(
     assert_eq!(interface["protection"], "protected", "{interface}");
 
     // Opened, and the pass its open asked for over: what follows is the write alone.
-    let before_open = verified_at(&agent);
+    let before_open = agent.verified_at();
     let path = lab.bpffs.path().join("maps").join(names::MAP_PROBES);
     let mut probes: Array<MapData, u64> = Array::try_from(aya::maps::Map::Array(
         MapData::from_pin(&path).expect("opening IPQ_PROBES"),
@@ -518,7 +510,7 @@ fn a_write_of_the_probe_count_by_another_process_gets_the_cotenant_probed_again(
         "the pass the open asked for",
         Duration::from_secs(5),
         || {
-            let now = verified_at(&agent);
+            let now = agent.verified_at();
             Ok((!now.is_null() && now != before_open).then_some(()))
         },
     )

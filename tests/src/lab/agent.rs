@@ -211,6 +211,15 @@ impl<'l> Agent<'l> {
         self.lab.work_dir().join("ipq.sock")
     }
 
+    /// When the last verification pass finished, as `/v1/status` says (null before the
+    /// first, or when the API does not answer).
+    pub fn verified_at(&self) -> serde_json::Value {
+        crate::api::request(&self.api_socket(), "GET", "/v1/status", None)
+            .and_then(|r| r.json())
+            .map(|status| status["verification"]["at"].clone())
+            .unwrap_or_default()
+    }
+
     /// `/metrics`, as text.
     pub fn metrics(&self) -> anyhow::Result<String> {
         match http_get(&self.lab.node, "/metrics")? {
