@@ -251,6 +251,33 @@ fn a_program_at_the_head_that_hands_packets_on_is_left_where_it_is() {
     assert!(ipq_first(&lab));
 }
 
+/// `prog` attached at the head of vethpa's TCX ingress again, its previous link just closed.
+/// The hook takes a program once, and the old link outlives its close while a process that
+/// another test of this binary is spawning holds a copy of this process's descriptors (until
+/// its exec closes them): EEXIST then, retried for up to a second.
+fn reattach_first(lab: &Lab, prog: i32, ifindex: u32) -> i32 {
+    let deadline = Instant::now() + Duration::from_secs(1);
+    loop {
+        match lab.node.run(|| attach_first(prog, ifindex)) {
+            Ok(link) => return link,
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) => panic!("re-attaching the co-tenant at the head: {e}"),
+        }
+    }
+}
+
+/// Sets its flag when dropped: a panic in a test's body stops the stream too, instead of
+/// leaving `thread::scope` waiting for it forever (a hung test, not a failed one).
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
 /// Fenced datagrams from pod a to the peer until `stop`, and how many of them the peer
 /// received: (sent, delivered). Without `pace`, as fast as one thread sends them (a yield
 /// every 16): a gap of ipq's program of a few microseconds meets some; with it, one per
@@ -312,6 +339,7 @@ fn ipqs_own_moves_ahead_of_a_program_that_ends_processing_for_its_probe_leak_no_
     let stop = AtomicBool::new(false);
     let ((sent, delivered), moves) = std::thread::scope(|scope| {
         let stream = scope.spawn(|| fenced_stream(&lab, &stop, None));
+        let stopper = StopOnDrop(&stop);
         let mut moves = 0;
         let mut link = None;
         // Three re-attaches at the head (the rate limit lets three moves a minute).
@@ -320,11 +348,7 @@ fn ipqs_own_moves_ahead_of_a_program_that_ends_processing_for_its_probe_leak_no_
                 // SAFETY: the co-tenant's link descriptor, closed once: it leaves the hook.
                 unsafe { libc::close(old) };
             }
-            link = Some(
-                lab.node
-                    .run(|| attach_first(prog, vethpa_index))
-                    .expect("re-attaching the co-tenant at the head"),
-            );
+            link = Some(reattach_first(&lab, prog, vethpa_index));
             let at = Instant::now();
             poll(
                 &format!("ipq first again after re-attach {round}"),
@@ -338,7 +362,7 @@ fn ipqs_own_moves_ahead_of_a_program_that_ends_processing_for_its_probe_leak_no_
         }
         // The stream goes on past the last move, then stops.
         std::thread::sleep(Duration::from_millis(200));
-        stop.store(true, Ordering::Relaxed);
+        drop(stopper);
         if let Some(old) = link.take() {
             // SAFETY: as above.
             unsafe { libc::close(old) };
@@ -378,6 +402,7 @@ fn a_program_that_ends_processing_and_keeps_re_attaching_at_the_head_is_counted_
     let (sent, delivered) = std::thread::scope(|scope| {
         // Paced: 30 s of a flood would only load the machine; the leak is the co-tenant's.
         let stream = scope.spawn(|| fenced_stream(&lab, &stop, Some(Duration::from_micros(200))));
+        let stopper = StopOnDrop(&stop);
         let started = Instant::now();
         let mut link: Option<i32> = None;
         let mut reported_bypassed = false;
@@ -386,11 +411,7 @@ fn a_program_that_ends_processing_and_keeps_re_attaching_at_the_head_is_counted_
                 // SAFETY: the co-tenant's link descriptor, closed once: it leaves the hook.
                 unsafe { libc::close(old) };
             }
-            link = Some(
-                lab.node
-                    .run(|| attach_first(prog, vethpa_index))
-                    .expect("re-attaching the co-tenant at the head"),
-            );
+            link = Some(reattach_first(&lab, prog, vethpa_index));
             std::thread::sleep(Duration::from_millis(500));
             reported_bypassed |= vethpa(&agent)["protection"] == "bypassed";
         }
@@ -404,7 +425,7 @@ fn a_program_that_ends_processing_and_keeps_re_attaching_at_the_head_is_counted_
             "{interface}"
         );
         assert_eq!(agent.readyz().expect("readyz").0, 503);
-        stop.store(true, Ordering::Relaxed);
+        drop(stopper);
         if let Some(old) = link.take() {
             // SAFETY: as above.
             unsafe { libc::close(old) };
