@@ -191,6 +191,27 @@ fn fenced_drops(agent: &Agent) -> [f64; 2] {
     })
 }
 
+/// A co-tenant's cls_bpf filter ahead of ipq's on vethpa's ingress that hands every packet on
+/// (`TC_ACT_UNSPEC`), judged so: the bpffs directory holding its program, the program's pin,
+/// and vethpa's status.
+fn hands_on_filter_ahead(
+    lab: &Lab,
+    agent: &Agent,
+) -> (BpffsDir, std::path::PathBuf, serde_json::Value) {
+    let pins = BpffsDir::new().expect("a bpffs dir of the test's own");
+    let hands_on = pinned_program(&pins, TC_ACT_UNSPEC, "cotenant_next");
+    tc(
+        &lab.node,
+        &format!(
+            "filter add dev vethpa ingress pref 1 handle 1 bpf da object-pinned {}",
+            hands_on.display()
+        ),
+    );
+    let interface = judged(agent, "tc-ingress");
+    assert_eq!(interface["protection"], "protected", "{interface}");
+    (pins, hands_on, interface)
+}
+
 #[test]
 fn a_bpf_filter_ahead_that_hands_packets_on_keeps_the_interface_protected_and_one_that_passes_them_does_not(
 ) {
@@ -202,19 +223,8 @@ fn a_bpf_filter_ahead_that_hands_packets_on_keeps_the_interface_protected_and_on
     lab.maps().register_pod_b().expect("registering pod b");
     let peer = IpAddr::from(PEER_V4);
     assert_eq!(udp_burst(&lab.pod_a, &lab.peer, peer, 10), 0, "fenced");
-    let pins = BpffsDir::new().expect("a bpffs dir of the test's own");
-
     // Hands on: TC_ACT_UNSPEC for every packet.
-    let hands_on = pinned_program(&pins, TC_ACT_UNSPEC, "cotenant_next");
-    tc(
-        &lab.node,
-        &format!(
-            "filter add dev vethpa ingress pref 1 handle 1 bpf da object-pinned {}",
-            hands_on.display()
-        ),
-    );
-    let interface = judged(&agent, "tc-ingress");
-    assert_eq!(interface["protection"], "protected", "{interface}");
+    let (pins, hands_on, interface) = hands_on_filter_ahead(&lab, &agent);
     let ahead = interface["ahead"][0].as_str().unwrap_or_default();
     assert!(
         ahead.contains("bpf filter pref 1")
@@ -487,17 +497,7 @@ fn a_write_of_the_probe_count_by_another_process_gets_the_cotenant_probed_again(
     // other tests' concern).
     let agent = lab.start_agent(&NETLINK_AGENT).expect("starting ipq-agent");
     lab.maps().fence_pod_a().expect("fencing pod a");
-    let pins = BpffsDir::new().expect("a bpffs dir of the test's own");
-    let hands_on = pinned_program(&pins, TC_ACT_UNSPEC, "cotenant_next");
-    tc(
-        &lab.node,
-        &format!(
-            "filter add dev vethpa ingress pref 1 handle 1 bpf da object-pinned {}",
-            hands_on.display()
-        ),
-    );
-    let interface = judged(&agent, "tc-ingress");
-    assert_eq!(interface["protection"], "protected", "{interface}");
+    let (_pins, _, _) = hands_on_filter_ahead(&lab, &agent);
 
     // Opened, and the pass its open asked for over: what follows is the write alone.
     let before_open = agent.verified_at();
