@@ -12,6 +12,7 @@ mod elf;
 mod foreign_debs;
 mod kernels;
 mod setup;
+mod stall;
 mod test;
 mod test_cluster;
 mod toolchain;

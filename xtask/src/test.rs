@@ -255,7 +255,6 @@ pub(crate) fn add_result_line(totals: &mut Totals, line: &str) {
 /// run, and this project does not count it as passing. The `whole_suite` (no test filter) must
 /// also have run the CRI tier.
 pub(crate) fn run_tests(mut command: Command, whole_suite: bool) -> Result<HostResults> {
-    use std::io::{BufRead as _, BufReader};
     use std::process::Stdio;
 
     command.current_dir(util::workspace_root());
@@ -274,24 +273,28 @@ pub(crate) fn run_tests(mut command: Command, whole_suite: bool) -> Result<HostR
     drop(command);
     let mut results = HostResults::default();
     let mut in_cri_tier = false;
-    for text in BufReader::new(output).lines() {
-        let text = text.context("reading cargo test output")?;
+    // A test binary silent for `stall::STALL` is killed as hung: its target fails, the rest
+    // run, and the run ends with the reason instead of at CI's limit.
+    let hung = crate::stall::read_lines(output, child.id(), crate::stall::STALL, |text| {
         println!("{text}");
         // "     Running tests/cri.rs (target/debug/deps/cri-...)" comes before its results.
         if let Some(target) = text.trim().strip_prefix("Running ") {
             in_cri_tier = target.starts_with(CRI_TIER);
         }
-        add_result_line(&mut results.all, &text);
+        add_result_line(&mut results.all, text);
         if in_cri_tier {
-            add_result_line(&mut results.cri, &text);
+            add_result_line(&mut results.cri, text);
         }
-    }
+    })?;
     let totals = &results.all;
     let status = child
         .wait()
         .with_context(|| format!("waiting for `{line}`"))?;
     if !status.success() {
         print_summary(totals, &[("CRI tier", &results.cri)]);
+        if !hung.is_empty() {
+            anyhow::bail!("`{line}` failed with {status}:\n{}", hung.join("\n"));
+        }
         anyhow::bail!("`{line}` failed with {status}");
     }
     if totals.passed == 0 {
