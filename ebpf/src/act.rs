@@ -62,7 +62,8 @@ pub trait Hooked: EbpfContext {
 /// Twice ipq runs two of its programs on one hook, for a moment: when an interface moves from
 /// its netlink filter to a TCX link, and when its TCX link moves ahead of a co-tenant's (the
 /// spare instance goes in before the old link goes). A packet ipq drops never meets the second
-/// program; one it counts and passes (`observe`, a reported claim) would be counted twice.
+/// program; one it counts and passes (`observe`) would be counted twice. (A reported claim is
+/// XDP's, where one program runs: its context's mark is a no-op.)
 /// The control block is the tc layer's scratch space, kept from one program of a hook to the
 /// next: the first program marks the packet, the second sees the mark and only passes it.
 /// The mark names the interface and the hook, and IPv4's and IPv6's receive paths zero these

@@ -94,22 +94,32 @@ mod tests {
     use super::*;
     use std::process::{Command, Stdio};
 
-    #[test]
-    fn a_silent_child_is_killed_and_the_output_read_to_its_end() {
-        // The shell stands for cargo, its `sleep` for a hung test binary.
+    /// `script` run by a shell standing for cargo, its output read with `stall`: the lines,
+    /// the kills, and whether the shell exited 0.
+    fn watched(script: &str, stall: Duration) -> (Vec<String>, Vec<String>, bool) {
         let mut shell = Command::new("sh")
-            .args(["-c", "echo before; sleep 600; echo after"])
+            .args(["-c", script])
             .stderr(Stdio::null())
             .stdout(Stdio::piped())
             .spawn()
             .expect("sh");
         let output = shell.stdout.take().expect("its stdout");
         let mut lines = Vec::new();
-        let kills = read_lines(output, shell.id(), Duration::from_millis(500), |line| {
+        let kills = read_lines(output, shell.id(), stall, |line| {
             lines.push(line.to_owned())
         })
         .expect("reading");
-        shell.wait().expect("sh ends");
+        let ok = shell.wait().expect("sh ends").success();
+        (lines, kills, ok)
+    }
+
+    #[test]
+    fn a_silent_child_is_killed_and_the_output_read_to_its_end() {
+        // Its `sleep` stands for a hung test binary.
+        let (lines, kills, _) = watched(
+            "echo before; sleep 600; echo after",
+            Duration::from_millis(500),
+        );
         assert_eq!(lines, ["before", "after"]);
         assert_eq!(kills.len(), 1, "{kills:?}");
         assert!(kills[0].contains("killed sleep"), "{kills:?}");
@@ -117,18 +127,11 @@ mod tests {
 
     #[test]
     fn output_that_keeps_coming_is_left_alone() {
-        let mut shell = Command::new("sh")
-            .args(["-c", "for i in 1 2 3 4 5; do echo $i; sleep 0.1; done"])
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("sh");
-        let output = shell.stdout.take().expect("its stdout");
-        let mut lines = Vec::new();
-        let kills = read_lines(output, shell.id(), Duration::from_secs(2), |line| {
-            lines.push(line.to_owned())
-        })
-        .expect("reading");
-        assert!(shell.wait().expect("sh ends").success());
+        let (lines, kills, ok) = watched(
+            "for i in 1 2 3 4 5; do echo $i; sleep 0.1; done",
+            Duration::from_secs(2),
+        );
+        assert!(ok);
         assert_eq!(lines, ["1", "2", "3", "4", "5"]);
         assert!(kills.is_empty(), "{kills:?}");
     }
