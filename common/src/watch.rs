@@ -186,6 +186,27 @@ pub const MAP_WATCHED_MAPS: &str = "IPQ_WATCHED_MAPS";
 pub const WATCHED_MAPS: u32 = 8;
 // Every pinned map is watched: one more needs room here (and in the program's array).
 const _: () = assert!(crate::names::PINNED_MAPS.len() <= WATCHED_MAPS as usize);
+// A write of IPQ_PROBES could fake a co-tenant probe's count: the watcher must watch it.
+const _: () = assert!(listed(&crate::names::PINNED_MAPS, crate::names::MAP_PROBES));
+
+/// Whether `name` is one of `names` (a `const` comparison, byte by byte).
+const fn listed(names: &[&str], name: &str) -> bool {
+    let mut i = 0;
+    while i < names.len() {
+        let (a, b) = (names[i].as_bytes(), name.as_bytes());
+        if a.len() == b.len() {
+            let mut j = 0;
+            while j < a.len() && a[j] == b[j] {
+                j += 1;
+            }
+            if j == a.len() {
+                return true;
+            }
+        }
+        i += 1;
+    }
+    false
+}
 /// Per CPU, the calls the watcher could not report because its ring was full.
 pub const MAP_BPF_CALLS_LOST: &str = "IPQ_BPF_CALLS_LOST";
 /// The raw tracepoint the watcher is attached to: every system call's entry (x86-64 only:

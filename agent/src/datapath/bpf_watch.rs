@@ -261,7 +261,8 @@ pub fn attach(
             probes_map_id: names::PINNED_MAPS
                 .iter()
                 .position(|name| *name == names::MAP_PROBES)
-                .map_or(0, |at| map_ids[at]),
+                .map(|at| map_ids[at])
+                .expect("IPQ_PROBES is one of PINNED_MAPS (asserted in ipq-common)"),
             map_ids,
             maps_dir: layout.maps_dir(),
             layout: layout.clone(),
