@@ -22,7 +22,7 @@ use crate::{
     mountns::private_mount_namespace,
     netns::NetNs,
     podman::{run_bounded, which_in_path},
-    wait::die_with_parent,
+    wait::{die_with_parent, unix_socket_accepts},
 };
 
 /// The images the CRI tier runs.
@@ -182,12 +182,20 @@ impl Containerd {
             .stdout(log.try_clone()?)
             .stderr(log);
         die_with_parent(&mut cmd);
-        self.daemon = Some(cmd.spawn().context("starting containerd")?);
+        let mut daemon = cmd.spawn().context("starting containerd")?;
         let socket = self.socket();
-        crate::lab::poll("containerd's socket", Duration::from_secs(30), || {
-            Ok(socket.exists().then_some(()))
-        })
-        .with_context(|| format!("containerd log:\n{}", self.log()))?;
+        let up = crate::lab::poll(
+            "containerd accepting on its socket",
+            Duration::from_secs(30),
+            || {
+                if let Some(status) = daemon.try_wait()? {
+                    bail!("containerd exited ({status})");
+                }
+                Ok(unix_socket_accepts(&socket).then_some(()))
+            },
+        );
+        self.daemon = Some(daemon);
+        up.with_context(|| format!("containerd log:\n{}", self.log()))?;
         Ok(())
     }
 

@@ -36,6 +36,13 @@ pub fn poll<T>(
     }
 }
 
+/// Whether something accepts connections on the unix socket at `path`. The file appears at
+/// `bind()`, before `listen()`: a connect in between is refused (ECONNREFUSED), so a socket's
+/// existence does not prove its server is up; an accepted connection does.
+pub fn unix_socket_accepts(path: &std::path::Path) -> bool {
+    std::os::unix::net::UnixStream::connect(path).is_ok()
+}
+
 /// `child`'s exit status once it exits within `timeout` (as given: callers scale it where the
 /// time scale applies); `None` when it did not, after it was killed and reaped.
 pub fn exit_within(child: &mut Child, timeout: Duration) -> anyhow::Result<Option<ExitStatus>> {

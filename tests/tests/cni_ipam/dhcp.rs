@@ -100,9 +100,11 @@ fn dhcp_server(lab: &Lab) -> anyhow::Result<(Killed, Killed)> {
         ],
         &work.join("dhcp-daemon.log"),
     )?;
-    poll("the dhcp daemon's socket", Duration::from_secs(10), || {
-        Ok(socket.exists().then_some(()))
-    })?;
+    poll(
+        "the dhcp daemon accepting on its socket",
+        Duration::from_secs(10),
+        || Ok(ipq_tests::wait::unix_socket_accepts(&socket).then_some(())),
+    )?;
     Ok((dnsmasq, daemon))
 }
 
