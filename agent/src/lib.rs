@@ -29,6 +29,7 @@ pub mod publish;
 pub mod queues;
 pub mod readiness;
 pub mod registry;
+pub mod remote_claim;
 pub mod series;
 pub mod tracker;
 

@@ -11,7 +11,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize, Serializer};
 
 /// The Kubernetes pod a holder belongs to, as CNI args name it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct PodRef {
     pub namespace: String,
     pub name: String,

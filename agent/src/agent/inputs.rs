@@ -21,6 +21,7 @@ use crate::{
     hygiene,
     journal::Synced,
     netlink::NetEvent,
+    remote_claim,
     tracker::Observed,
 };
 
@@ -70,6 +71,7 @@ pub(super) struct Inputs {
     attach_reports: mpsc::Receiver<JobReport>,
     hygiene_reports: mpsc::Receiver<hygiene::Report>,
     samples: mpsc::Receiver<ConflictSample>,
+    remote_claim_answers: mpsc::Receiver<remote_claim::Answer>,
     commands: mpsc::Receiver<Command>,
     synced: mpsc::Receiver<Synced>,
     spooled: mpsc::Receiver<SpooledDels>,
@@ -94,6 +96,7 @@ impl DatapathInputs {
         self,
         (sigterm, sigint): (Signal, Signal),
         hygiene_reports: mpsc::Receiver<hygiene::Report>,
+        remote_claim_answers: mpsc::Receiver<remote_claim::Answer>,
         commands: mpsc::Receiver<Command>,
         (synced, spooled): (mpsc::Receiver<Synced>, mpsc::Receiver<SpooledDels>),
     ) -> Inputs {
@@ -107,6 +110,7 @@ impl DatapathInputs {
             attach_reports: self.attach_reports,
             hygiene_reports,
             samples: self.samples,
+            remote_claim_answers,
             commands,
             synced,
             spooled,
@@ -174,6 +178,10 @@ impl Inputs {
             Some(sample) = self.samples.recv() => {
                 Observed::Samples(burst(sample, &mut self.samples, MAX_BURST)).into()
             }
+            Some(answer) = self.remote_claim_answers.recv() => {
+                let answers = burst(answer, &mut self.remote_claim_answers, MAX_BURST);
+                Observed::RemoteClaimAnswers(answers).into()
+            }
             Some(command) = self.commands.recv() => {
                 Input::Commands(burst(command, &mut self.commands, MAX_REQUEST_BURST))
             }
@@ -207,6 +215,7 @@ mod tests {
         };
         let inputs = datapath.with(
             stop_signals().unwrap(),
+            mpsc::channel(1).1,
             mpsc::channel(1).1,
             commands,
             (mpsc::channel(1).1, mpsc::channel(1).1),

@@ -336,11 +336,14 @@ impl Recovered {
         let release_dir = ipq_fs::paths::ipam_release_dir(&config.state_dir);
         // Releases answered as stored, from the store's thread to the releaser.
         let handed = crate::ipam::store::Handed::default();
+        let (remote_claims, remote_claim_answers) = start_remote_claim_checks(&config, &metrics)
+            .map_err(|e| AgentError::Metrics(e.into()))?;
         let serving = tracker.serve(ServeWith {
             urgent: urgent_tx,
             publish: start_publishing(&config, &metrics)?,
             pod_events: start_pod_events(&config, &metrics)
                 .map_err(|e| AgentError::Metrics(e.into()))?,
+            remote_claims,
         })?;
         let (ipam_holds, ipam_records) = (serving.ipam_holds, serving.ipam_records);
         let store = crate::ipam::store::ReleaseStore::start(
@@ -402,6 +405,7 @@ impl Recovered {
         let inputs = self.inputs.with(
             stop_signals,
             serving.hygiene_reports,
+            remote_claim_answers,
             commands,
             (synced, spooled),
         );
@@ -422,6 +426,38 @@ impl Recovered {
             pins_root: config.bpffs_dir.clone(),
         })
     }
+}
+
+/// Registers the remote-claim checks' metrics (always) and, when the agent knows its
+/// Kubernetes node, starts asking the API server about remote claims' local holders; the
+/// answers' queue (never fires when nothing asks).
+fn start_remote_claim_checks(
+    config: &Config,
+    metrics: &Arc<Metrics>,
+) -> Result<
+    (
+        Option<crate::remote_claim::Asker>,
+        mpsc::Receiver<crate::remote_claim::Answer>,
+    ),
+    prometheus::Error,
+> {
+    let check_metrics = Arc::new(crate::remote_claim::RemoteClaimMetrics::register(
+        &metrics.registry,
+    )?);
+    let Some(publish) = crate::publish::Settings::from_config(&config.kubernetes) else {
+        return Ok((None, mpsc::channel(1).1));
+    };
+    info!(
+        "a remote claim of an Active pod's address is checked with the API server before the \
+         pod is fenced"
+    );
+    let (asker, answers) = crate::remote_claim::start(
+        crate::remote_claim::Settings {
+            kubeconfig: publish.kubeconfig,
+        },
+        check_metrics,
+    );
+    Ok((Some(asker), answers))
 }
 
 /// Registers the pod Events' metrics (always: the same series on every node) and starts their

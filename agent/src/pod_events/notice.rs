@@ -214,7 +214,8 @@ fn conflict_notices(
                 );
             }
         }
-        // Another machine claimed the address: the pod here is fenced when it was Draining.
+        // Another machine claimed the address: the pod here is fenced when it was Draining, or
+        // Active under fence-old with its pod gone from the API server (or no answer).
         ConflictKind::RemoteClaim => {
             if let (Outcome::FencedOld, Some(fenced)) = (outcome, &conflict.old) {
                 push(
@@ -223,7 +224,7 @@ fn conflict_notices(
                     EventReason::IpqFenced,
                     format!(
                         "traffic from {addr} dropped: another machine on the network claimed \
-                         the address while this pod drains on {node}"
+                         the address this pod still holds on {node}"
                     ),
                     at,
                 );

@@ -50,6 +50,10 @@ pub enum Effect {
         addr: IpAddr,
         quarantined_for_ns: u64,
     },
+    /// Another machine announced `addr` while `holder` (Active, naming its pod) has it: ask
+    /// the API server whether the pod is still there, and hand the answer to
+    /// [`Lifecycle::remote_claim_answered`](super::Lifecycle::remote_claim_answered).
+    AskAboutHolder { addr: IpAddr, holder: Holder },
 }
 
 impl Effect {
@@ -58,7 +62,8 @@ impl Effect {
             Self::Upsert { addr, .. }
             | Self::Remove { addr }
             | Self::Transition { addr, .. }
-            | Self::Released { addr, .. } => *addr,
+            | Self::Released { addr, .. }
+            | Self::AskAboutHolder { addr, .. } => *addr,
             Self::Conflict(c) => c.addr,
         }
     }
@@ -78,7 +83,10 @@ pub fn apply_to_mirror<'a>(
             Effect::Remove { addr } => {
                 mirror.remove(addr);
             }
-            Effect::Conflict(_) | Effect::Transition { .. } | Effect::Released { .. } => {}
+            Effect::Conflict(_)
+            | Effect::Transition { .. }
+            | Effect::Released { .. }
+            | Effect::AskAboutHolder { .. } => {}
         }
     }
 }

@@ -39,5 +39,6 @@ impl<C: Clock> Lifecycle<C> {
 }
 
 mod claim;
+pub(super) mod remote;
 pub(super) mod snapshot;
 mod transitions;

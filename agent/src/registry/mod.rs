@@ -77,6 +77,7 @@ pub use effects::{apply_to_mirror, Conflict, ConflictKind, Effect};
 pub use entry::datapath_entry;
 pub use error::{RecordProblem, RegistryError};
 pub use indexes::Indexes;
+pub use lifecycle::remote::PodStanding;
 pub use lifecycle::snapshot::{Snapshot, SNAPSHOT_VERSION};
 pub use lifecycle::Lifecycle;
 pub use settings::RegistrySettings;

@@ -47,6 +47,12 @@ fn holder(i: usize) -> Holder {
     let ifindex = 1 + (i / CONTAINERS.len()) as u32 % IFINDEXES;
     let h = Holder::new(ifindex, format!("veth{ifindex}"));
     match CONTAINERS[i % CONTAINERS.len()] {
+        // One container names its pod: a remote claim of its address asks the cluster.
+        Some(id @ "b") => h.with_container_id(id).with_pod(PodRef {
+            namespace: "default".into(),
+            name: format!("pod-{ifindex}"),
+            uid: None,
+        }),
         Some(id) => h.with_container_id(id),
         None => h,
     }
@@ -62,7 +68,8 @@ enum Op {
     Tick,
     Release(usize, bool),
     Forget(usize),
-    RemoteClaim(usize),
+    RemoteClaim(usize, bool),
+    RemoteClaimAnswered(usize, usize, usize),
     DuplicateSource(usize, u32),
     SnapshotRestore,
 }
@@ -85,14 +92,16 @@ fn op() -> impl Strategy<Value = Op> {
     let i = 0..=IFINDEXES + 1;
     prop_oneof![
         6 => (a.clone(), h.clone(), source()).prop_map(|(a, h, s)| Op::Claim(a, h, s)),
-        2 => (a.clone(), proptest::option::of(h)).prop_map(|(a, h)| Op::Drain(a, h)),
+        2 => (a.clone(), proptest::option::of(h.clone())).prop_map(|(a, h)| Op::Drain(a, h)),
         2 => i.clone().prop_map(Op::Gone),
         2 => (a.clone(), 0..60_000u64).prop_map(|(a, back)| Op::Stale(a, back)),
         3 => (0..40_000u64).prop_map(Op::Advance),
         2 => Just(Op::Tick),
         1 => (a.clone(), any::<bool>()).prop_map(|(a, f)| Op::Release(a, f)),
         1 => a.clone().prop_map(Op::Forget),
-        1 => a.clone().prop_map(Op::RemoteClaim),
+        1 => (a.clone(), any::<bool>()).prop_map(|(a, ask)| Op::RemoteClaim(a, ask)),
+        1 => (a.clone(), h.clone(), 0..3usize)
+            .prop_map(|(a, h, s)| Op::RemoteClaimAnswered(a, h, s)),
         1 => (a, i).prop_map(|(a, i)| Op::DuplicateSource(a, i)),
         1 => Just(Op::SnapshotRestore),
     ]
@@ -155,7 +164,16 @@ fn run(policy: EarlyReusePolicy, ops: &[Op]) -> Result<(), TestCaseError> {
             Op::Tick => reg.lifecycle_mut().tick(),
             Op::Release(a, force) => reg.lifecycle_mut().release(addr(*a), *force),
             Op::Forget(a) => reg.lifecycle_mut().forget(addr(*a)),
-            Op::RemoteClaim(a) => reg.lifecycle_mut().remote_claim(addr(*a)),
+            Op::RemoteClaim(a, ask) => reg.lifecycle_mut().remote_claim(addr(*a), *ask),
+            Op::RemoteClaimAnswered(a, h, standing) => {
+                let standing = [
+                    PodStanding::Gone,
+                    PodStanding::Present,
+                    PodStanding::Unknown,
+                ][*standing];
+                reg.lifecycle_mut()
+                    .remote_claim_answered(addr(*a), &holder(*h), standing)
+            }
             Op::DuplicateSource(a, i) => reg.lifecycle_mut().duplicate_source(addr(*a), *i),
             Op::SnapshotRestore => {
                 // Property 4: through the journal's encoding, into a fresh registry.

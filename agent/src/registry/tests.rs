@@ -18,6 +18,7 @@ mod durability;
 mod footprint;
 mod lifecycle;
 mod policies;
+mod remote_claim;
 
 const START: MonoNs = 1_000_000_000_000;
 const SEC: u64 = 1_000_000_000;

@@ -25,6 +25,9 @@ pub(super) struct Core {
     pub(super) registry: Registry,
     /// The node's links, routes, addresses and neighbours, as netlink last said.
     pub(super) net: NetState,
+    /// Whether a remote claim's local holder can be asked about (the API server): set when
+    /// the asker starts.
+    pub(super) asks_the_cluster: bool,
 }
 
 /// What a netlink event asks of the attacher, beside the registry's effects.
@@ -98,6 +101,7 @@ impl Core {
             config,
             registry,
             net: NetState::default(),
+            asks_the_cluster: false,
         }
     }
 
@@ -286,7 +290,9 @@ impl Core {
                 "stale traffic",
             ),
             Some(Reason::RemoteClaim) => settled(
-                self.registry.lifecycle_mut().remote_claim(addr),
+                self.registry
+                    .lifecycle_mut()
+                    .remote_claim(addr, self.asks_the_cluster),
                 "remote claim",
             ),
             // On an address whose early reuse was let through, the old holder's packets are the
@@ -300,6 +306,21 @@ impl Core {
             ),
             _ => Vec::new(),
         }
+    }
+
+    /// The API server's answer about a remote claim's local holder.
+    pub(super) fn on_remote_claim_answer(
+        &mut self,
+        answer: &crate::remote_claim::Answer,
+    ) -> Vec<Effect> {
+        settled(
+            self.registry.lifecycle_mut().remote_claim_answered(
+                answer.addr,
+                &answer.holder,
+                answer.standing,
+            ),
+            "remote claim answered",
+        )
     }
 
     /// The kernel's stale-traffic stamp of a quarantine due now (`last_stale_ns`, from its

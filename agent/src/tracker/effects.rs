@@ -34,6 +34,9 @@ pub(super) struct Sinks {
     pub(super) observer: Observer,
     /// Reuse hygiene's jobs and last reports (inert until started).
     pub(super) hygiene: Hygiene,
+    /// Where a remote claim's local holder is asked about (the API server), when the agent
+    /// knows its Kubernetes node.
+    pub(super) remote_claims: Option<crate::remote_claim::Asker>,
 }
 
 impl Sinks {
@@ -70,6 +73,12 @@ impl Sinks {
                     addr,
                     quarantined_for_ns,
                 } => self.observer.released(addr, quarantined_for_ns),
+                Effect::AskAboutHolder { addr, holder } => {
+                    // Asked only when `Core::asks_the_cluster`, which the asker's presence sets.
+                    if let Some(asker) = &self.remote_claims {
+                        asker.ask(addr, holder);
+                    }
+                }
             }
         }
         if freed > 0 {

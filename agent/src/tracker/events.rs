@@ -28,6 +28,8 @@ pub enum Observed {
     AttachReports(Vec<JobReport>),
     HygieneReports(Vec<hygiene::Report>),
     Samples(Vec<ConflictSample>),
+    /// The API server's answers about remote claims' local holders.
+    RemoteClaimAnswers(Vec<crate::remote_claim::Answer>),
     /// Time passed: cool-downs, retries, readiness.
     Tick,
 }
@@ -77,6 +79,12 @@ impl Tracker {
                     let attacher = &self.protection.attacher;
                     self.sinks
                         .on_sample(&mut self.core, attacher, &self.metrics, sample);
+                }
+            }
+            Observed::RemoteClaimAnswers(answers) => {
+                for answer in &answers {
+                    let effects = self.core.on_remote_claim_answer(answer);
+                    self.sinks.apply(&mut self.core, effects);
                 }
             }
             Observed::Tick => {

@@ -119,6 +119,7 @@ impl Tracker {
                 hand_written: Default::default(),
                 observer: observer::Observer::new(metrics.clone()),
                 hygiene: crate::hygiene::Hygiene::disabled(),
+                remote_claims: None,
             },
             protection: protection::Protection::new(attacher, bpf_watcher, metrics.clone()),
             metrics,

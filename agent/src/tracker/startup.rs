@@ -26,6 +26,8 @@ pub struct ServeWith {
     )>,
     /// The pod Events' writer, when the agent writes them.
     pub pod_events: Option<crate::pod_events::Feed>,
+    /// Where remote claims' local holders are asked about, when the agent knows its node.
+    pub remote_claims: Option<crate::remote_claim::Asker>,
 }
 
 /// What serving gives the rest of the agent.
@@ -70,6 +72,8 @@ impl Tracker {
             events.launch();
             self.sinks.observer.set_pod_events(events);
         }
+        self.core.asks_the_cluster = with.remote_claims.is_some();
+        self.sinks.remote_claims = with.remote_claims;
         if let Some((feed, projection, cluster)) = with.publish {
             self.publishing
                 .start(&mut self.core.registry, feed, projection, Some(cluster));

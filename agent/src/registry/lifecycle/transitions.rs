@@ -5,7 +5,6 @@ use std::net::IpAddr;
 
 use ipq_common::addr::NO_IFINDEX;
 
-use crate::config::EarlyReusePolicy;
 use crate::registry::{
     canonical, AddrRecord, AddrStatus, Clock, ConflictKind, Effect, Holder, Lifecycle, MonoNs,
     RecordBook, RegistryError,
@@ -14,7 +13,10 @@ use crate::registry::{
 /// `addr` in its canonical form with its record: what every transition of one address starts
 /// from. Errors: [`RegistryError::NotFound`], and [`RegistryError::InvalidAddress`] for the
 /// unspecified address.
-fn known(records: &RecordBook, addr: IpAddr) -> Result<(IpAddr, &AddrRecord), RegistryError> {
+pub(super) fn known(
+    records: &RecordBook,
+    addr: IpAddr,
+) -> Result<(IpAddr, &AddrRecord), RegistryError> {
     let addr = canonical(addr)?;
     let record = records
         .record(&addr)
@@ -184,44 +186,6 @@ impl<C: Clock> Lifecycle<C> {
         let (addr, _) = known(&self.records, addr)?;
         let mut out = Vec::new();
         self.records.put(addr, None, &mut out);
-        Ok(out)
-    }
-
-    /// Another machine announced `addr` (gratuitous ARP, unsolicited NA) while a holder here
-    /// still has it: a `remote_claim` conflict. A Draining holder is fenced (it is on its way
-    /// out and the address now lives elsewhere). An Active one is fenced under `fence-old`:
-    /// the remote claim is an early reuse whose new holder is on another node, and a cluster
-    /// IPAM that handed the address to another node (whereabouts on a force-deleted pod whose
-    /// container still runs) has made the local holder the stale one, whose packets would
-    /// otherwise answer for the new holder's address; under `refuse-new` and `observe` it is
-    /// only reported (nothing here can refuse a claim made on another node). Neither is fenced
-    /// while a blocked claimant holds the datapath's fence slot. A Quarantined address moving
-    /// to another machine is no conflict. docs/design.md "Remote claim" says why.
-    pub fn remote_claim(&mut self, addr: IpAddr) -> Result<Vec<Effect>, RegistryError> {
-        let (addr, record) = known(&self.records, addr)?;
-        let mut out = Vec::new();
-        let Some(holder) = record.status.holder().cloned() else {
-            return Ok(out);
-        };
-        let mut next = record.clone();
-        let fence = match next.status {
-            AddrStatus::Draining { .. } => true,
-            AddrStatus::Active { .. } => self.settings.policy == EarlyReusePolicy::FenceOld,
-            AddrStatus::Quarantined { .. } => false,
-        };
-        if fence && next.blocked_claimant().is_none() {
-            next.fence(holder.clone());
-        }
-        let now = self.clock.now();
-        let conflict = next.conflict(
-            ConflictKind::RemoteClaim,
-            Some(holder),
-            None,
-            self.settings.policy,
-            now,
-        );
-        self.records.put(addr, Some(next), &mut out);
-        out.push(conflict);
         Ok(out)
     }
 

@@ -455,7 +455,7 @@ fn remote_claim_of_an_active_or_draining_address_fences_it_under_fence_old() {
         if drained {
             t.ok(|r| r.lifecycle_mut().drain(ip("10.0.0.1"), None));
         }
-        let effects = t.ok(|r| r.lifecycle_mut().remote_claim(ip("10.0.0.1")));
+        let effects = t.ok(|r| r.lifecycle_mut().remote_claim(ip("10.0.0.1"), false));
         let c = conflicts(&effects)[0];
         assert_eq!(
             (c.kind, c.old.clone(), c.new.clone()),
@@ -482,7 +482,7 @@ fn remote_claim_of_an_active_address_is_only_reported_under_refuse_new_and_obser
     for policy in [EarlyReusePolicy::RefuseNew, EarlyReusePolicy::Observe] {
         let mut t = Harness::new(policy);
         t.claim("10.0.0.1", h(5), Source::Cni);
-        let effects = t.ok(|r| r.lifecycle_mut().remote_claim(ip("10.0.0.1")));
+        let effects = t.ok(|r| r.lifecycle_mut().remote_claim(ip("10.0.0.1"), false));
         assert_eq!(conflicts(&effects)[0].kind, ConflictKind::RemoteClaim);
         assert_eq!(t.record("10.0.0.1").fenced().cloned(), None, "{policy:?}");
         assert_eq!(t.record("10.0.0.1").conflicts, 1);
@@ -495,10 +495,10 @@ fn remote_claim_of_a_quarantined_or_unknown_address() {
     t.claim("10.0.0.1", h(5), Source::Cni);
     t.ok(|r| r.lifecycle_mut().holder_gone(5));
     assert!(t
-        .ok(|r| r.lifecycle_mut().remote_claim(ip("10.0.0.1")))
+        .ok(|r| r.lifecycle_mut().remote_claim(ip("10.0.0.1"), false))
         .is_empty());
     assert!(matches!(
-        t.run(|r| r.lifecycle_mut().remote_claim(ip("10.0.0.2"))),
+        t.run(|r| r.lifecycle_mut().remote_claim(ip("10.0.0.2"), false)),
         Err(RegistryError::NotFound { .. })
     ));
 }
@@ -582,7 +582,7 @@ fn remote_claim_fencing_a_draining_holder_keeps_the_earlier_fenced_one() {
     t.claim("10.0.0.1", h(5), Source::Cni);
     t.claim("10.0.0.1", h(6), Source::Cni);
     t.ok(|r| r.lifecycle_mut().drain(ip("10.0.0.1"), None));
-    t.ok(|r| r.lifecycle_mut().remote_claim(ip("10.0.0.1")));
+    t.ok(|r| r.lifecycle_mut().remote_claim(ip("10.0.0.1"), false));
     let record = t.record("10.0.0.1");
     assert_eq!(
         (record.fenced().cloned(), record.displaced().to_vec()),
