@@ -149,6 +149,22 @@ pub fn arp(op: u16, sender: Ipv4Addr, target: Ipv4Addr) -> Vec<u8> {
     arp
 }
 
+/// A whole gratuitous ARP frame from `mac`: a broadcast request whose sender and target are
+/// both `addr`.
+pub fn gratuitous_arp(mac: [u8; 6], addr: Ipv4Addr) -> Vec<u8> {
+    let mut frame = Vec::with_capacity(42);
+    frame.extend_from_slice(&[0xff; 6]);
+    frame.extend_from_slice(&mac);
+    frame.extend_from_slice(&0x0806u16.to_be_bytes());
+    // Ethernet/IPv4, request.
+    frame.extend_from_slice(&[0, 1, 0x08, 0x00, 6, 4, 0, 1]);
+    frame.extend_from_slice(&mac);
+    frame.extend_from_slice(&addr.octets());
+    frame.extend_from_slice(&[0; 6]);
+    frame.extend_from_slice(&addr.octets());
+    frame
+}
+
 pub const ICMPV6_NS: u8 = 135;
 pub const ICMPV6_NA: u8 = 136;
 /// Bytes of an NS/NA message up to the end of its target address.

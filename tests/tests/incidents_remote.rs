@@ -14,7 +14,7 @@
 
 use std::{
     collections::BTreeMap,
-    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    net::{IpAddr, Ipv6Addr},
     time::Duration,
 };
 
@@ -29,21 +29,6 @@ use ipq_tests::{
 
 const N: usize = 20;
 const SETTLE: Duration = Duration::from_secs(5);
-
-/// A gratuitous ARP from `mac`: a broadcast request whose sender and target are both `addr`.
-fn gratuitous_arp(mac: [u8; 6], addr: Ipv4Addr) -> Vec<u8> {
-    let mut frame = Vec::with_capacity(42);
-    frame.extend_from_slice(&[0xff; 6]);
-    frame.extend_from_slice(&mac);
-    frame.extend_from_slice(&0x0806u16.to_be_bytes());
-    // Ethernet/IPv4, request.
-    frame.extend_from_slice(&[0, 1, 0x08, 0x00, 6, 4, 0, 1]);
-    frame.extend_from_slice(&mac);
-    frame.extend_from_slice(&addr.octets());
-    frame.extend_from_slice(&[0; 6]);
-    frame.extend_from_slice(&addr.octets());
-    frame
-}
 
 /// The Internet checksum of `parts`, concatenated.
 fn checksum(parts: &[&[u8]]) -> u16 {
@@ -88,7 +73,7 @@ fn announce(peer: &NetNs, addrs: &[IpAddr]) {
     let frames: Vec<Vec<u8>> = addrs
         .iter()
         .map(|addr| match addr {
-            IpAddr::V4(a) => gratuitous_arp(mac, *a),
+            IpAddr::V4(a) => ipq_tests::packets::gratuitous_arp(mac, *a),
             IpAddr::V6(a) => unsolicited_na(mac, src, *a),
         })
         .collect();

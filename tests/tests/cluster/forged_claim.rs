@@ -28,21 +28,6 @@ const SHARED_SEGMENT_BRIDGE: &str = "br1";
 /// The forger's MAC (locally administered, no interface's).
 const FORGER_MAC: [u8; 6] = [0x02, 0x66, 0x6f, 0x72, 0x67, 0x64];
 
-/// A gratuitous ARP request announcing `addr` at the forger's MAC, broadcast.
-fn gratuitous_arp(addr: Ipv4Addr) -> Vec<u8> {
-    let mut frame = Vec::with_capacity(42);
-    frame.extend_from_slice(&[0xff; 6]);
-    frame.extend_from_slice(&FORGER_MAC);
-    frame.extend_from_slice(&0x0806u16.to_be_bytes());
-    // Ethernet, IPv4, lengths 6 and 4, request.
-    frame.extend_from_slice(&[0, 1, 0x08, 0x00, 6, 4, 0, 1]);
-    frame.extend_from_slice(&FORGER_MAC);
-    frame.extend_from_slice(&addr.octets());
-    frame.extend_from_slice(&[0; 6]);
-    frame.extend_from_slice(&addr.octets());
-    frame
-}
-
 pub fn a_forged_announcement_of_a_live_pods_address_fences_nothing(
     cluster: &mut Cluster,
 ) -> anyhow::Result<()> {
@@ -75,7 +60,7 @@ pub fn a_forged_announcement_of_a_live_pods_address_fences_nothing(
         .segment
         .as_ref()
         .context("a cluster of several nodes has a segment")?;
-    let frame = gratuitous_arp(v4);
+    let frame = ipq_tests::packets::gratuitous_arp(FORGER_MAC, v4);
     ipq_tests::lab::send_frames(
         &segment.peer,
         SHARED_SEGMENT_BRIDGE,
