@@ -92,6 +92,12 @@ impl Attacher {
     /// A verification found ipq's netlink filter missing from `point` of `ifindex`, with no
     /// notification seen: a repair is queued if ipq's filter is still meant to be there.
     /// True when it made the interface unprotected.
+    ///
+    /// Under `tc_attach = auto` the filter may be gone by ipq's own upgrade, half done as the
+    /// pass saw it (the TCX link made, the filter deleted, the report not yet taken, so the
+    /// hooks the pass looked at still listed it): as for a deleted filter's notice, the
+    /// repair's look says whether anything was lost. Marking it lost at once made a fresh
+    /// agent unready for a moment while it moved its interfaces to TCX.
     pub fn on_filter_missing(&mut self, ifindex: u32, point: AttachPoint) -> bool {
         let mode = self.workers.mode();
         let Some(target) = self.ledger.get_mut(ifindex) else {
@@ -100,7 +106,9 @@ impl Attacher {
         if !concerned(mode, target, &[point]) {
             return false;
         }
-        let marked = mark_lost(target, &[point]);
+        let own_upgrade_may_be_under_way =
+            mode == TcMode::NetlinkThenTcx && super::upgrade::wanted(target);
+        let marked = !own_upgrade_may_be_under_way && mark_lost(target, &[point]);
         self.workers
             .queue(ifindex, target, JobKind::Repair(Lost::Filter));
         marked

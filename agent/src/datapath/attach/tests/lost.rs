@@ -277,6 +277,36 @@ fn a_deleted_filter_under_auto_waits_for_the_repairs_look_before_saying_lost() {
     );
 }
 
+#[test]
+fn a_filter_missing_at_verification_under_auto_waits_for_the_repairs_look_too() {
+    // The pass may have looked while ipq's own upgrade had deleted the filter and not yet
+    // reported: the interface stays protected (and the agent ready) until the repair says.
+    let (mut attacher, queue) = without_workers(TcMode::NetlinkThenTcx);
+    attacher.want(VETH, "veth7", Role::Workload);
+    let job = queue.try_take().expect("the first attach");
+    queue.done(&job);
+    attacher.on_report(report_by(&job, true, Mechanism::Netlink));
+    assert!(!attacher.on_filter_missing(VETH, AttachPoint::TcxIngress));
+    assert_eq!(
+        attacher.ledger().target(VETH).map(|t| t.protection),
+        Some(Protection::Protected)
+    );
+    assert!(attacher
+        .ledger()
+        .readiness_blocker(Instant::now())
+        .is_none());
+    let repair = std::iter::from_fn(|| queue.try_take())
+        .find(|j| j.kind == JobKind::Repair(Lost::Filter))
+        .expect("the repair still looks");
+    // What it finds decides: the filter really gone (no TCX link either) is a lost hook.
+    queue.done(&repair);
+    attacher.on_report(repair_report(&repair, &[AttachPoint::TcxIngress], false));
+    assert_eq!(
+        attacher.ledger().target(VETH).map(|t| t.protection),
+        Some(Protection::Failed)
+    );
+}
+
 /// TC notices through a queue too small for them: the notice of the second interface is
 /// dropped, and the overrun that takes its place still has that interface repaired. A full
 /// notice queue costs a look at every hook, never a lost repair.
