@@ -8,7 +8,12 @@ const VETH: u32 = 7;
 
 /// A netlink-mode attacher with one workload interface protected by ipq's filters.
 fn protected() -> (Attacher, Arc<JobQueue>) {
-    let (mut attacher, queue) = without_workers(TcMode::Netlink);
+    protected_in(TcMode::Netlink)
+}
+
+/// VETH protected by ipq's netlink filters under `mode`.
+fn protected_in(mode: TcMode) -> (Attacher, Arc<JobQueue>) {
+    let (mut attacher, queue) = without_workers(mode);
     attacher.want(VETH, "veth7", Role::Workload);
     let job = queue.try_take().expect("the first attach");
     queue.done(&job);
@@ -253,11 +258,7 @@ fn a_filter_missing_at_verification_is_unprotected_until_repaired() {
 fn a_deleted_filter_under_auto_waits_for_the_repairs_look_before_saying_lost() {
     // Under `tc_attach = auto` an upgrade deletes ipq's own filter once the TCX link holds
     // the hook: the notice alone proves nothing.
-    let (mut attacher, queue) = without_workers(TcMode::NetlinkThenTcx);
-    attacher.want(VETH, "veth7", Role::Workload);
-    let job = queue.try_take().expect("the first attach");
-    queue.done(&job);
-    attacher.on_report(report_by(&job, true, Mechanism::Netlink));
+    let (mut attacher, queue) = protected_in(TcMode::NetlinkThenTcx);
     attacher.on_tc_notice(TcNotice::Change {
         ifindex: VETH,
         change: TcChange::FilterDeleted(AttachPoint::TcxIngress),
@@ -281,11 +282,7 @@ fn a_deleted_filter_under_auto_waits_for_the_repairs_look_before_saying_lost() {
 fn a_filter_missing_at_verification_under_auto_waits_for_the_repairs_look_too() {
     // The pass may have looked while ipq's own upgrade had deleted the filter and not yet
     // reported: the interface stays protected (and the agent ready) until the repair says.
-    let (mut attacher, queue) = without_workers(TcMode::NetlinkThenTcx);
-    attacher.want(VETH, "veth7", Role::Workload);
-    let job = queue.try_take().expect("the first attach");
-    queue.done(&job);
-    attacher.on_report(report_by(&job, true, Mechanism::Netlink));
+    let (mut attacher, queue) = protected_in(TcMode::NetlinkThenTcx);
     assert!(!attacher.on_filter_missing(VETH, AttachPoint::TcxIngress));
     assert_eq!(
         attacher.ledger().target(VETH).map(|t| t.protection),
