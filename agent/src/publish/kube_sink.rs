@@ -154,6 +154,25 @@ pub(crate) fn failure(what: &str, e: kube::Error) -> WriteError {
     }
 }
 
+/// Whether pod `namespace/name` is in the API server: the same name and, when `uid` is given,
+/// the same uid (a pod made again under its name, a StatefulSet's, is another pod). One `get`
+/// of its metadata. Asked by the whereabouts projection (a live holder's reservation gone) and
+/// before a remote claim fences a live pod.
+pub async fn pod_present(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    uid: Option<&str>,
+) -> Result<bool, WriteError> {
+    let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
+        kube::Api::namespaced(client.clone(), namespace);
+    let found = pods
+        .get_metadata_opt(name)
+        .await
+        .map_err(|e| failure(&format!("getting pod {namespace}/{name}"), e))?;
+    Ok(found.is_some_and(|pod| uid.is_none() || pod.metadata.uid.as_deref() == uid))
+}
+
 pub(super) fn not_found(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(status) if status.code == 404)
 }

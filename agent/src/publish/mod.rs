@@ -44,7 +44,9 @@ pub use api_health::ApiHealth;
 pub use backoff::Backoff;
 pub use client::CachedClient;
 pub use entry::{status_body, EntryState, PublishedEntry};
-pub use kube_sink::{KubeSink, FIELD_MANAGER, GROUP, KIND, PLURAL, REQUEST_TIMEOUT, VERSION};
+pub use kube_sink::{
+    pod_present, KubeSink, FIELD_MANAGER, GROUP, KIND, PLURAL, REQUEST_TIMEOUT, VERSION,
+};
 pub use metrics::{FailureReason, PublishMetrics};
 pub use writer::{run, Sink, Timing, WriteError};
 

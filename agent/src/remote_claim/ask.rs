@@ -2,14 +2,12 @@
 
 use std::{collections::HashMap, future::Future, path::PathBuf, sync::Arc, time::Duration};
 
-use k8s_openapi::api::core::v1::Pod;
-use kube::Api;
 use log::{debug, warn};
 use tokio::{sync::mpsc, time::Instant};
 
 use super::{Answer, Question, RemoteClaimMetrics, ANSWER_WITHIN, PRESENT_FOR};
 use crate::{
-    publish::{kube_failure, Backoff, CachedClient, WriteError, REQUEST_TIMEOUT},
+    publish::{pod_present, Backoff, CachedClient, WriteError, REQUEST_TIMEOUT},
     registry::{PodRef, PodStanding},
 };
 
@@ -41,18 +39,11 @@ impl KubePods {
 impl PodLookup for KubePods {
     async fn present(&mut self, pod: &PodRef) -> Result<bool, WriteError> {
         let client = self.client.get().await?;
-        let pods: Api<Pod> = Api::namespaced(client, &pod.namespace);
-        match pods.get_metadata_opt(&pod.name).await {
-            Ok(found) => Ok(found.is_some_and(|found| {
-                pod.uid.is_none() || found.metadata.uid.as_deref() == pod.uid.as_deref()
-            })),
-            Err(e) => {
-                let failure =
-                    kube_failure(&format!("getting pod {}/{}", pod.namespace, pod.name), e);
-                self.client.after_failure(&failure);
-                Err(failure)
-            }
+        let present = pod_present(&client, &pod.namespace, &pod.name, pod.uid.as_deref()).await;
+        if let Err(failure) = &present {
+            self.client.after_failure(failure);
         }
+        present
     }
 }
 

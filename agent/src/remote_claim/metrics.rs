@@ -29,8 +29,12 @@ impl RemoteClaimMetrics {
                 &["answer"],
             )?,
         )?;
-        for answer in ["gone", "present", "unknown"] {
-            answers.with_label_values(&[answer]);
+        for standing in [
+            PodStanding::Gone,
+            PodStanding::Present,
+            PodStanding::Unknown,
+        ] {
+            answers.with_label_values(&[label(standing)]);
         }
         let dropped = registered(
             registry,
@@ -44,11 +48,15 @@ impl RemoteClaimMetrics {
     }
 
     pub fn answered(&self, standing: PodStanding) {
-        let label = match standing {
-            PodStanding::Gone => "gone",
-            PodStanding::Present => "present",
-            PodStanding::Unknown => "unknown",
-        };
-        self.answers.with_label_values(&[label]).inc();
+        self.answers.with_label_values(&[label(standing)]).inc();
+    }
+}
+
+/// The `answer` label of `standing`.
+fn label(standing: PodStanding) -> &'static str {
+    match standing {
+        PodStanding::Gone => "gone",
+        PodStanding::Present => "present",
+        PodStanding::Unknown => "unknown",
     }
 }

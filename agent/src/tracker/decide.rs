@@ -25,9 +25,6 @@ pub(super) struct Core {
     pub(super) registry: Registry,
     /// The node's links, routes, addresses and neighbours, as netlink last said.
     pub(super) net: NetState,
-    /// Whether a remote claim's local holder can be asked about (the API server): set when
-    /// the asker starts.
-    pub(super) asks_the_cluster: bool,
 }
 
 /// What a netlink event asks of the attacher, beside the registry's effects.
@@ -101,7 +98,6 @@ impl Core {
             config,
             registry,
             net: NetState::default(),
-            asks_the_cluster: false,
         }
     }
 
@@ -276,8 +272,13 @@ impl Core {
         self.observed_claim(addr, holder, "neighbour behind a bridge port")
     }
 
-    /// What a conflict sample from the kernel means for the registry.
-    pub(super) fn on_sample(&mut self, sample: &ConflictSample) -> Vec<Effect> {
+    /// What a conflict sample from the kernel means for the registry; `asks_the_cluster`
+    /// when a remote claim's local holder can be asked about (the API server).
+    pub(super) fn on_sample(
+        &mut self,
+        sample: &ConflictSample,
+        asks_the_cluster: bool,
+    ) -> Vec<Effect> {
         let addr = sample.addr.to_ip();
         let observe_only = self
             .registry
@@ -292,7 +293,7 @@ impl Core {
             Some(Reason::RemoteClaim) => settled(
                 self.registry
                     .lifecycle_mut()
-                    .remote_claim(addr, self.asks_the_cluster),
+                    .remote_claim(addr, asks_the_cluster),
                 "remote claim",
             ),
             // On an address whose early reuse was let through, the old holder's packets are the

@@ -332,3 +332,52 @@ fn a_cni_gc_drains_only_the_cni_made_holders_the_runtime_no_longer_lists() {
         vec![ip("10.0.0.1")]
     );
 }
+
+#[test]
+fn a_remote_claim_sample_of_a_pods_address_asks_the_cluster_and_its_answer_decides() {
+    let mut core = core();
+    let addr = ip("10.0.0.7");
+    let pod = Holder::new(VETH_A, "vethA").with_pod(crate::registry::PodRef {
+        namespace: "default".into(),
+        name: "web-0".into(),
+        uid: Some("uid-1".into()),
+    });
+    core.registry.claim(addr, pod.clone(), Source::Cni).unwrap();
+    let sample = ipq_common::sample::ConflictSample {
+        addr: addr.into(),
+        ifindex: ETH0,
+        reason: ipq_common::counters::Reason::RemoteClaim as u32,
+        ..Default::default()
+    };
+    let fenced = |core: &Core| core.registry.records().get(addr).unwrap().fenced().cloned();
+
+    // Without an asker: fenced on the announcement's word (fence-old, the default).
+    let mut without = core_with_capacity(1024);
+    without
+        .registry
+        .claim(addr, pod.clone(), Source::Cni)
+        .unwrap();
+    without.on_sample(&sample, false);
+    assert_eq!(fenced(&without), Some(pod.clone()));
+
+    // With one: the cluster is asked, nothing decided yet.
+    let effects = core.on_sample(&sample, true);
+    assert_eq!(
+        effects,
+        vec![Effect::AskAboutHolder {
+            addr,
+            holder: pod.clone()
+        }]
+    );
+    assert_eq!(fenced(&core), None);
+    let answer = |standing| crate::remote_claim::Answer {
+        addr,
+        holder: pod.clone(),
+        standing,
+    };
+    core.on_remote_claim_answer(&answer(crate::registry::PodStanding::Present));
+    assert_eq!(fenced(&core), None, "the pod is still there");
+    core.on_sample(&sample, true);
+    core.on_remote_claim_answer(&answer(crate::registry::PodStanding::Gone));
+    assert_eq!(fenced(&core), Some(pod));
+}

@@ -74,7 +74,7 @@ impl Sinks {
                     quarantined_for_ns,
                 } => self.observer.released(addr, quarantined_for_ns),
                 Effect::AskAboutHolder { addr, holder } => {
-                    // Asked only when `Core::asks_the_cluster`, which the asker's presence sets.
+                    // Asked only when there is an asker (`on_sample` says so to the core).
                     if let Some(asker) = &self.remote_claims {
                         asker.ask(addr, holder);
                     }
@@ -154,7 +154,7 @@ impl Sinks {
         }
         let seen_on = interface_name(core, attacher, sample.ifindex);
         self.observer.sample(sample, seen_on, holder);
-        let effects = core.on_sample(sample);
+        let effects = core.on_sample(sample, self.remote_claims.is_some());
         self.apply(core, effects);
     }
 

@@ -72,7 +72,6 @@ impl Tracker {
             events.launch();
             self.sinks.observer.set_pod_events(events);
         }
-        self.core.asks_the_cluster = with.remote_claims.is_some();
         self.sinks.remote_claims = with.remote_claims;
         if let Some((feed, projection, cluster)) = with.publish {
             self.publishing

@@ -6,7 +6,6 @@
 
 use std::{net::IpAddr, path::PathBuf, time::Duration};
 
-use k8s_openapi::api::core::v1::Pod;
 use kube::{
     api::{
         ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
@@ -258,18 +257,13 @@ pub(super) fn hold_of(node: &str, object: &DynamicObject) -> Option<Hold> {
     })
 }
 
-/// Whether the pod `namespace/name` (of `uid`, when known) is in the API server: a pod made
-/// again under the same name (a StatefulSet's) is another pod.
+/// Whether the pod `namespace/name` (of `uid`, when known) is in the API server; a reference
+/// that names no pod is taken as present (nothing to make a reservation for).
 async fn pod_exists(client: &Client, pod_ref: &str, uid: Option<&str>) -> Result<bool, WriteError> {
-    let Some((namespace, name)) = pod_ref.split_once('/') else {
-        return Ok(true);
-    };
-    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
-    let found = pods
-        .get_metadata_opt(name)
-        .await
-        .map_err(|e| failure(&format!("getting pod {pod_ref}"), e))?;
-    Ok(found.is_some_and(|pod| uid.is_none() || pod.metadata.uid.as_deref() == uid))
+    match pod_ref.split_once('/') {
+        Some((namespace, name)) => kube_sink::pod_present(client, namespace, name, uid).await,
+        None => Ok(true),
+    }
 }
 
 impl KubeStore {

@@ -25,6 +25,18 @@ fn protected_in(mode: TcMode) -> (Attacher, Arc<JobQueue>) {
     (attacher, queue)
 }
 
+/// VETH is protected and nothing keeps the agent from being ready.
+fn assert_protected_and_ready(attacher: &Attacher) {
+    assert_eq!(
+        attacher.ledger().target(VETH).map(|t| t.protection),
+        Some(Protection::Protected)
+    );
+    assert!(attacher
+        .ledger()
+        .readiness_blocker(Instant::now())
+        .is_none());
+}
+
 fn clsact_deleted(ifindex: u32) -> TcNotice {
     TcNotice::Change {
         ifindex,
@@ -108,14 +120,7 @@ fn a_repair_that_attached_again_reports_the_loss_and_stays_protected() {
         ]
     );
     assert!(attacher.findings_mut().take_lost().is_empty(), "taken once");
-    assert_eq!(
-        attacher.ledger().target(VETH).map(|t| t.protection),
-        Some(Protection::Protected)
-    );
-    assert!(attacher
-        .ledger()
-        .readiness_blocker(Instant::now())
-        .is_none());
+    assert_protected_and_ready(&attacher);
 }
 
 #[test]
@@ -284,14 +289,7 @@ fn a_filter_missing_at_verification_under_auto_waits_for_the_repairs_look_too() 
     // reported: the interface stays protected (and the agent ready) until the repair says.
     let (mut attacher, queue) = protected_in(TcMode::NetlinkThenTcx);
     assert!(!attacher.on_filter_missing(VETH, AttachPoint::TcxIngress));
-    assert_eq!(
-        attacher.ledger().target(VETH).map(|t| t.protection),
-        Some(Protection::Protected)
-    );
-    assert!(attacher
-        .ledger()
-        .readiness_blocker(Instant::now())
-        .is_none());
+    assert_protected_and_ready(&attacher);
     let repair = std::iter::from_fn(|| queue.try_take())
         .find(|j| j.kind == JobKind::Repair(Lost::Filter))
         .expect("the repair still looks");
