@@ -6,7 +6,9 @@
 use std::process::Command;
 
 use anyhow::{bail, Context as _};
+use aya::programs::links::LinkError;
 use aya::programs::{loaded_links, loaded_programs, ProgramError, SchedClassifier, TcAttachType};
+use aya::sys::SyscallError;
 use ipq_common::names;
 
 use crate::lab::ifindex;
@@ -99,12 +101,23 @@ fn tcx(ns: &NetNs, ifname: &str, attach: TcAttachType) -> anyhow::Result<Vec<Att
 /// many interfaces, so the program alone does not name the link.
 fn link_of(prog_id: u32, ifindex: u32) -> anyhow::Result<Option<u32>> {
     for link in loaded_links() {
-        let link = link.context("listing bpf links")?;
+        let link = match link {
+            Ok(link) => link,
+            Err(LinkError::SyscallError(e)) if vanished(&e) => continue,
+            Err(e) => return Err(e).context("listing bpf links"),
+        };
         if link.program_id() == prog_id && link_ifindex(link.id())? == Some(ifindex) {
             return Ok(Some(link.id()));
         }
     }
     Ok(None)
+}
+
+/// Whether listing a bpf object failed because it went away between the kernel naming its id
+/// and the listing opening it: other tests (and agents) detach and unload all the time, and
+/// such an object is simply not there any more.
+fn vanished(e: &SyscallError) -> bool {
+    e.io_error.raw_os_error() == Some(libc::ENOENT)
 }
 
 /// The interface index of a TCX or XDP link (the first field of both kinds' part of
@@ -172,7 +185,11 @@ fn link_ifindex(link_id: u32) -> anyhow::Result<Option<u32>> {
 /// The name of loaded program `id`.
 fn prog_name(id: u32) -> anyhow::Result<String> {
     for program in loaded_programs() {
-        let program = program.context("listing bpf programs")?;
+        let program = match program {
+            Ok(program) => program,
+            Err(ProgramError::SyscallError(e)) if vanished(&e) => continue,
+            Err(e) => return Err(e).context("listing bpf programs"),
+        };
         if program.id() == id {
             return Ok(program.name_as_str().unwrap_or("?").to_owned());
         }
