@@ -34,6 +34,21 @@ pub enum TcAttach {
     Netlink,
 }
 
+/// Which programs report other processes' bpf() calls (`bpf_watcher`): what finds a link
+/// detached, a program put ahead of ipq's or a map written by another tool within
+/// milliseconds instead of at the next periodic verification.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BpfWatcher {
+    /// The trampolines on the kernel's bpf() path; where the kernel refuses them, the raw
+    /// tracepoint on `sys_enter` (x86-64), which every system call of the node pays for.
+    Auto,
+    /// The trampolines only: where the kernel refuses them, no watcher (the periodic
+    /// verification alone), and no other system call pays anything.
+    Trampolines,
+    /// No watcher: the periodic verification alone.
+    Off,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Interfaces {
     /// Globs of workload interface names (host side of pod veths, bridge ports).
@@ -167,6 +182,7 @@ pub struct Config {
     pub metrics_addr: SocketAddr,
     pub interfaces: Interfaces,
     pub tc_attach: TcAttach,
+    pub bpf_watcher: BpfWatcher,
     /// How often the datapath is verified against what ipq believes (pins, links), off the
     /// owner loop.
     pub verify_interval: Duration,
@@ -209,6 +225,7 @@ impl Default for Config {
                 uplink: Vec::new(),
             },
             tc_attach: TcAttach::Auto,
+            bpf_watcher: BpfWatcher::Auto,
             verify_interval: Duration::from_secs(5),
             ipam_on_exhausted: ipq_api::OnExhausted::Wait,
             // Where the reference plugins go on Kubernetes nodes; a distribution's own plugin

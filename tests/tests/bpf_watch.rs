@@ -388,22 +388,7 @@ fn calls_lost_to_a_full_ring_are_answered_by_verifying_everything() {
 
 /// The watcher's mode, as the metric says: exactly one of them is 1.
 fn watcher_mode(agent: &Agent) -> &'static str {
-    let modes: Vec<&'static str> = ["trampolines", "raw_tracepoint", "none"]
-        .into_iter()
-        .filter(|mode| {
-            agent
-                .metric("ipq_datapath_bpf_watcher_mode", &[("mode", mode)])
-                .unwrap_or_else(|e| panic!("{e:#}"))
-                == 1.0
-        })
-        .collect();
-    assert_eq!(
-        modes.len(),
-        1,
-        "one watcher mode: {modes:?}\n{}",
-        agent.log()
-    );
-    modes[0]
+    agent.bpf_watcher_mode().unwrap_or_else(|e| panic!("{e:#}"))
 }
 
 /// A test of what only the trampolines see: fails, saying why, where they are not the watcher
@@ -606,4 +591,71 @@ fn a_write_by_a_child_forked_after_the_open_is_undone_at_once() {
     .expect("the child's write");
     let written = std::time::Instant::now();
     repaired_within_deadline(&agent, &map, before, written, "the child's write undone");
+}
+
+/// `bpf_watcher`: the operator keeps the raw tracepoint off every other system call of the
+/// node (`trampolines`: they where the kernel takes them, else no watcher) or turns the watcher
+/// off. Whatever `auto` gets on this kernel, neither choice leaves a link on `sys_enter` in the
+/// agent's hands, and where no watcher runs `ipq status` says the periodic verification is
+/// alone, and why.
+#[test]
+fn the_operator_can_keep_the_raw_tracepoint_off_every_system_call() {
+    let lab = Lab::new().expect("lab");
+    let mut agent = lab.start_agent(&[]).expect("starting ipq-agent");
+    let auto = watcher_mode(&agent);
+    let kinds = agent.bpf_link_kinds().expect("the agent's links");
+    assert_eq!(
+        kinds.iter().any(|k| k == "raw_tracepoint"),
+        auto == "raw_tracepoint",
+        "auto: {auto}, links held: {kinds:?}"
+    );
+    agent.terminate().expect("stopping the agent");
+    drop(agent);
+
+    for (choice, expected) in [
+        (
+            "trampolines",
+            if auto == "trampolines" {
+                "trampolines"
+            } else {
+                "none"
+            },
+        ),
+        ("off", "none"),
+    ] {
+        let mut agent = lab
+            .start_agent(&["--bpf-watcher", choice])
+            .expect("starting ipq-agent");
+        let mode = watcher_mode(&agent);
+        assert_eq!(mode, expected, "bpf_watcher = {choice} (auto: {auto})");
+        let kinds = agent.bpf_link_kinds().expect("the agent's links");
+        assert!(
+            !kinds.iter().any(|k| k == "raw_tracepoint"),
+            "bpf_watcher = {choice}: the agent holds a raw tracepoint link ({kinds:?})"
+        );
+        assert_eq!(
+            kinds.iter().any(|k| k == "tracing"),
+            mode == "trampolines",
+            "bpf_watcher = {choice}: links held {kinds:?}"
+        );
+        assert_eq!(
+            agent
+                .metric("ipq_datapath_bpf_watcher", &[])
+                .unwrap_or_else(|e| panic!("{e:#}")),
+            f64::from(u8::from(mode != "none")),
+        );
+        let status = api::request(&agent.api_socket(), "GET", "/v1/status", None)
+            .expect("status")
+            .json()
+            .expect("status json");
+        let unannounced = status["unannounced"].as_str().unwrap_or_default();
+        if mode == "none" {
+            assert!(
+                unannounced.starts_with("periodic verification only")
+                    && unannounced.contains(&format!("bpf_watcher = {choice}")),
+                "bpf_watcher = {choice}: {unannounced}"
+            );
+        }
+        agent.terminate().expect("stopping the agent");
+    }
 }

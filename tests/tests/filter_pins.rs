@@ -65,6 +65,7 @@ fn load(bpffs: &Path, capacity: u32) -> Result<Datapath, DatapathError> {
         capacity,
         mode: Mode::Enforce,
         slots_order: None,
+        bpf_watcher: ipq::config::BpfWatcher::Auto,
     })
 }
 

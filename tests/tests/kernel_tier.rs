@@ -375,19 +375,8 @@ fn the_conntrack_filter_probe_gives_this_kernels_answer_and_a_claim_is_flushed_i
 #[test]
 fn the_bpf_watcher_is_the_one_this_kernel_and_cpu_allow_and_status_says_which() {
     let lab = Lab::new().expect("lab");
-    let agent = lab.start_agent(&[]).expect("starting ipq-agent");
-    let mode = ipq_tests::wait::poll("one bpf() watcher mode", Duration::from_secs(5), || {
-        let on: Vec<&str> = ["trampolines", "raw_tracepoint", "none"]
-            .into_iter()
-            .filter(|mode| {
-                agent
-                    .metric("ipq_datapath_bpf_watcher_mode", &[("mode", mode)])
-                    .is_ok_and(|v| v == 1.0)
-            })
-            .collect();
-        Ok((on.len() == 1).then(|| on[0]))
-    })
-    .unwrap_or_else(|e| panic!("{e:#}\n{}", agent.log()));
+    let mut agent = lab.start_agent(&[]).expect("starting ipq-agent");
+    let mode = agent.bpf_watcher_mode().unwrap_or_else(|e| panic!("{e:#}"));
     let version = kernel_version();
     let status = ipq_tests::api::ipq(&agent.api_socket(), &["status"]).expect("ipq status");
     let status = status.ok();
@@ -422,4 +411,24 @@ fn the_bpf_watcher_is_the_one_this_kernel_and_cpu_allow_and_status_says_which() 
             "ipq status must name the watcher ({mode}):\n{status}"
         );
     }
+    agent.terminate().expect("stopping the agent");
+    drop(agent);
+
+    // `bpf_watcher = trampolines`: the same trampolines where this kernel takes them, and
+    // never the raw tracepoint on `sys_enter`, which every system call would pay for.
+    let agent = lab
+        .start_agent(&["--bpf-watcher", "trampolines"])
+        .expect("starting ipq-agent");
+    let only = agent.bpf_watcher_mode().unwrap_or_else(|e| panic!("{e:#}"));
+    let expected = if mode == "trampolines" {
+        "trampolines"
+    } else {
+        "none"
+    };
+    assert_eq!(only, expected, "bpf_watcher = trampolines (auto: {mode})");
+    let kinds = agent.bpf_link_kinds().expect("the agent's links");
+    assert!(
+        !kinds.iter().any(|k| k == "raw_tracepoint"),
+        "bpf_watcher = trampolines: a raw tracepoint link held ({kinds:?})"
+    );
 }

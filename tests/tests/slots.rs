@@ -61,6 +61,7 @@ fn load_ordered(
         capacity,
         mode: Mode::Enforce,
         slots_order,
+        bpf_watcher: ipq::config::BpfWatcher::Auto,
     })
 }
 

@@ -884,6 +884,7 @@ fn load(bpffs_dir: &Path, slots_order: Option<SlotsOrder>) -> anyhow::Result<Dat
         capacity: 1024,
         mode: Mode::Enforce,
         slots_order,
+        bpf_watcher: ipq::config::BpfWatcher::Auto,
     })
     .with_context(|| {
         format!(

@@ -120,6 +120,7 @@ pub(super) async fn load(config: Config, bpffs_dir: ClaimedDir) -> Result<Loaded
             capacity: config.capacity,
             mode: config.mode,
             slots_order: None,
+            bpf_watcher: config.bpf_watcher,
         },
     )?;
     let metrics = Metrics::new(&config.bpffs_dir, queues)?;

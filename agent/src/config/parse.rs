@@ -1,14 +1,15 @@
 //! Reading one configuration value: each conversion names the key and the value it refuses,
 //! as the operator wrote them. A setting that is one of a few words (`mode`, `on_early_reuse`,
-//! `ipam_on_exhausted`, `tc_attach`) is read by one conversion, [`Parser::choice`], from its
-//! type's [`Choice`]: the words it takes and how one is read.
+//! `ipam_on_exhausted`, `tc_attach`, `bpf_watcher`) is read by one conversion,
+//! [`Parser::choice`], from its type's [`Choice`]: the words it takes and how one is read.
 
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use toml::Value;
 
 use super::{
-    ConfigError, EarlyReusePolicy, Globs, Mode, TcAttach, MAX_ANNOUNCE_PER_SECOND, MAX_CAPACITY,
+    BpfWatcher, ConfigError, EarlyReusePolicy, Globs, Mode, TcAttach, MAX_ANNOUNCE_PER_SECOND,
+    MAX_CAPACITY,
 };
 
 /// A setting written as one of a few words.
@@ -46,6 +47,18 @@ impl Choice for TcAttach {
             "auto" => Some(Self::Auto),
             "tcx" => Some(Self::Tcx),
             "netlink" => Some(Self::Netlink),
+            _ => None,
+        }
+    }
+}
+
+impl Choice for BpfWatcher {
+    const WORDS: &'static str = "\"auto\", \"trampolines\" or \"off\"";
+    fn from_word(word: &str) -> Option<Self> {
+        match word {
+            "auto" => Some(Self::Auto),
+            "trampolines" => Some(Self::Trampolines),
+            "off" => Some(Self::Off),
             _ => None,
         }
     }

@@ -29,6 +29,7 @@ fn every_key_is_read() {
         api_socket = "/tmp/ipq.sock"
         metrics_addr = "[::1]:9999"
         tc_attach = "netlink"
+        bpf_watcher = "trampolines"
         verify_interval = "2s"
         ipam_on_exhausted = "release-quietest"
         ipam_cni_bin_dirs = ["/opt/cni/bin", "/usr/lib/cni"]
@@ -55,6 +56,7 @@ fn every_key_is_read() {
     assert_eq!(config.workload_glob_matching("eth0"), None);
     assert!(config.is_uplink("bond0"));
     assert_eq!(config.tc_attach, TcAttach::Netlink);
+    assert_eq!(config.bpf_watcher, BpfWatcher::Trampolines);
     assert_eq!(config.verify_interval, Duration::from_secs(2));
     assert_eq!(
         config.ipam_on_exhausted,
@@ -162,6 +164,10 @@ fn a_choice_refuses_another_word_listing_the_words() {
             r#""wait" or "release-quietest""#,
         ),
         (r#"tc_attach = "drop""#, r#""auto", "tcx" or "netlink""#),
+        (
+            r#"bpf_watcher = "drop""#,
+            r#""auto", "trampolines" or "off""#,
+        ),
     ] {
         let key = text.split(' ').next().unwrap();
         assert_eq!(
@@ -222,6 +228,7 @@ fn flags_override_keys_and_are_validated() {
             ("mode", "enforce".into()),
             ("capacity", "42".into()),
             ("tc_attach", "tcx".into()),
+            ("bpf_watcher", "off".into()),
             ("interfaces.workload", "pod*".into()),
             ("interfaces.uplink", "eth9".into()),
             ("interfaces.workload", "lxc*".into()),
@@ -232,6 +239,7 @@ fn flags_override_keys_and_are_validated() {
     assert_eq!(config.cooldown, Duration::from_secs(60));
     assert_eq!(config.capacity, 42);
     assert_eq!(config.tc_attach, TcAttach::Tcx);
+    assert_eq!(config.bpf_watcher, BpfWatcher::Off);
     // A list's flag repeats, and the flags together replace the file's list.
     assert_eq!(config.interfaces.workload.as_strs(), ["pod*", "lxc*"]);
     assert_eq!(config.interfaces.uplink, ["eth9"]);

@@ -199,11 +199,13 @@ pub struct Classifier {
 
 /// Loads and attaches the watcher of the loaded object `ebpf`, its maps pinned under `layout`:
 /// the trampolines if they all attach (`trampolines` says why not, if the kernel's BTF could
-/// not be read at load), else the raw tracepoint.
+/// not be read at load), else the raw tracepoint if `raw_tracepoint_allowed` (the operator's
+/// `bpf_watcher = trampolines` keeps its cost off every other system call of the node).
 pub fn attach(
     ebpf: &mut Ebpf,
     layout: &PinLayout,
     trampolines: Result<UpdateHook, String>,
+    raw_tracepoint_allowed: bool,
 ) -> Result<BpfWatch, DatapathError> {
     let mut map_ids = Vec::new();
     for name in names::PINNED_MAPS {
@@ -240,6 +242,14 @@ pub fn attach(
     let (mode, why_not_trampolines) =
         match trampolines.and_then(|hook| attach_trampolines(ebpf, hook)) {
             Ok(()) => (WatchMode::Trampolines, None),
+            Err(why) if !raw_tracepoint_allowed => {
+                return Err(DatapathError::Watcher {
+                    trampolines: why,
+                    raw_tracepoint: "not tried: bpf_watcher = trampolines (every system call of \
+                                     the node would pay for it)"
+                        .to_owned(),
+                })
+            }
             Err(why) => {
                 attach_raw_tracepoint(ebpf).map_err(|e| DatapathError::Watcher {
                     trampolines: why.clone(),

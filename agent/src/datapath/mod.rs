@@ -48,7 +48,7 @@ use ipq_common::{
 use log::{info, warn};
 
 use self::attach::{probe::KernelFeatures, Attacher, JobReport, TcMode, WorkerPool};
-use crate::config::TcAttach;
+use crate::config::{BpfWatcher, TcAttach};
 
 pub use attach::Attached;
 pub use error::DatapathError;
@@ -69,6 +69,8 @@ pub struct LoadOptions {
     /// How the programs order their reads of `IPQ_SLOTS`; `None`: what this CPU and kernel need
     /// (`SlotsOrder::choose`). Tests and the benchmark run the other orders on this machine.
     pub slots_order: Option<SlotsOrder>,
+    /// Which bpf() watcher may attach (`bpf_watcher`).
+    pub bpf_watcher: BpfWatcher,
 }
 
 /// A loaded datapath: the programs, the maps, and the attachments this agent made.
@@ -253,8 +255,13 @@ impl Datapath {
         for dir in [layout.maps_dir(), layout.programs_dir()] {
             held_pins::hold_dir(&dir).map_err(|source| DatapathError::Io { path: dir, source })?;
         }
-        let bpf_watch =
-            bpf_watch::attach(&mut ebpf, &layout, trampolines).map_err(|e| e.to_string());
+        let bpf_watch = match options.bpf_watcher {
+            BpfWatcher::Off => Err("bpf_watcher = off".to_owned()),
+            choice => {
+                bpf_watch::attach(&mut ebpf, &layout, trampolines, choice == BpfWatcher::Auto)
+                    .map_err(|e| e.to_string())
+            }
+        };
         match &bpf_watch {
             Ok(watch) => info!(
                 "bpf() watcher attached ({}): another process's link detach, program attach or \
@@ -265,6 +272,11 @@ impl Datapath {
                     .as_ref()
                     .map(|why| format!(" (not the trampolines: {why})"))
                     .unwrap_or_default()
+            ),
+            // What the operator chose is said, not warned about.
+            Err(e) if options.bpf_watcher != BpfWatcher::Auto => info!(
+                "bpf() watcher not attached ({e}): another process's link detach, program \
+                 attach or map write is found by the periodic verification only"
             ),
             Err(e) => warn!(
                 "bpf() watcher not attached ({e}): another process's link detach, program \

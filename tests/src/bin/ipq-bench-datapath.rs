@@ -370,6 +370,7 @@ fn load(
         capacity,
         mode: Mode::Enforce,
         slots_order,
+        bpf_watcher: ipq::config::BpfWatcher::Auto,
     })
     .context("loading the datapath")?;
     let tc: &mut SchedClassifier = dp

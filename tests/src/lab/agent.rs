@@ -256,6 +256,40 @@ impl<'l> Agent<'l> {
         .with_context(|| format!("agent log:\n{}", self.log()))
     }
 
+    /// The bpf() watcher the agent says it runs (`ipq_datapath_bpf_watcher_mode`):
+    /// `trampolines`, `raw_tracepoint` or `none`, waited for (at most 5 s) until exactly one
+    /// of them is 1.
+    pub fn bpf_watcher_mode(&self) -> anyhow::Result<&'static str> {
+        crate::wait::poll("one bpf() watcher mode", Duration::from_secs(5), || {
+            let mut on = Vec::new();
+            for mode in ["trampolines", "raw_tracepoint", "none"] {
+                if self.metric("ipq_datapath_bpf_watcher_mode", &[("mode", mode)])? == 1.0 {
+                    on.push(mode);
+                }
+            }
+            Ok((on.len() == 1).then(|| on[0]))
+        })
+        .with_context(|| format!("agent log:\n{}", self.log()))
+    }
+
+    /// The kinds of the bpf links the agent holds open (`link_type` in its
+    /// `/proc/<pid>/fdinfo`: `raw_tracepoint`, `tracing`, `tcx`, `xdp`, ...): what this agent
+    /// attached, whatever the other agents on the machine hold.
+    pub fn bpf_link_kinds(&self) -> anyhow::Result<Vec<String>> {
+        let dir = format!("/proc/{}/fdinfo", self.pid);
+        let mut kinds = Vec::new();
+        for entry in fs::read_dir(&dir).with_context(|| format!("listing {dir}"))? {
+            // A descriptor closed since the listing has no fdinfo any more.
+            let Ok(info) = fs::read_to_string(entry?.path()) else {
+                continue;
+            };
+            if let Some(kind) = info.lines().find_map(|l| l.strip_prefix("link_type:")) {
+                kinds.push(kind.trim().to_owned());
+            }
+        }
+        Ok(kinds)
+    }
+
     /// Pod a's fenced drops so far: (tc_ingress, tc_egress).
     pub fn fenced_drops(&self) -> (f64, f64) {
         let get = |hook| {
