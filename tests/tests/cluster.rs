@@ -279,8 +279,8 @@ fn the_seeds_cross_node_race_on_three_nodes() -> anyhow::Result<()> {
     phase("without the projection: node A fences on B's claim", || {
         cross_node::without_the_projection_a_remote_claim_fences_the_stale_holder(&mut cluster)
     })?;
-    phase("a forged announcement of a live pod's address", || {
-        forged_claim::a_forged_announcement_of_a_live_pods_address_fences_nothing(&mut cluster)
+    phase("forged announcements of live pods' addresses", || {
+        forged_claim::forged_announcements_of_live_pods_addresses(&mut cluster)
     })?;
     phase("kubernetes.whereabouts = true on every node", || {
         cross_node::enable_the_projection(&mut cluster)

@@ -49,6 +49,11 @@ pub(super) fn running_pod(
     manifest: &str,
 ) -> anyhow::Result<String> {
     cluster.kubectl().apply(manifest)?;
+    address_once_running(cluster, name)
+}
+
+/// The address of pod `name` (in `default`) once it runs and is ready.
+pub(super) fn address_once_running(cluster: &mut Cluster, name: &str) -> anyhow::Result<String> {
     let pod = cluster.wait_for(
         &format!("pod {name} to run"),
         Duration::from_secs(180),
