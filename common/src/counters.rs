@@ -1,7 +1,9 @@
 //! Layout of the per-CPU `IPQ_COUNTERS` array: packets and bytes by action, hook and reason.
 
 use strum::VariantArray as _;
-/// Where a packet was seen.
+/// Where a packet was seen. The discriminants are stable: they index the pinned
+/// `IPQ_PROBES`, which agents of other versions share across upgrades and rollbacks, so a
+/// new hook takes the next number and none is ever renumbered.
 #[repr(u32)]
 #[derive(Clone, Copy, PartialEq, Eq, Debug, strum::FromRepr)]
 #[cfg_attr(

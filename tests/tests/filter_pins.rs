@@ -19,6 +19,7 @@ use ipq_common::{
     addr::{AddrEntry, AddrKey, AddrState, NO_IFINDEX},
     config::Mode,
     names,
+    probe::PROBE_SLOTS,
 };
 use ipq_tests::{
     netns::{require_root, BpffsDir, NetNs},
@@ -164,21 +165,37 @@ fn a_pinned_filter_of_an_unusable_size_is_refused_by_name() -> anyhow::Result<()
     }
 }
 
-/// A pinned `IPQ_PROBES` that is not ipq's (another size of array): refused by name, before
-/// any program is loaded on it, instead of a verifier error or probes nobody counts.
+/// A pinned `IPQ_PROBES` shorter than this build's hooks (an earlier version's, or anyone's):
+/// replaced by a new one, not refused, so that an upgrade past a new hook goes through; the
+/// probes of every hook are then counted in the new array.
 #[test]
-fn a_pinned_probe_count_of_another_shape_is_refused_by_name() -> anyhow::Result<()> {
+fn a_shorter_pinned_probe_count_is_replaced() -> anyhow::Result<()> {
     require_root()?;
     let bpffs = BpffsDir::new()?;
     pin_array(bpffs.path(), names::MAP_PROBES, 1)?;
-    match load(bpffs.path(), 1024) {
-        Err(e @ DatapathError::IncompatiblePin { .. }) => {
-            let text = e.to_string();
-            assert!(text.contains(names::MAP_PROBES), "{text}");
-            assert!(text.contains("number of entries"), "{text}");
-            Ok(())
-        }
-        Err(e) => bail!("refused for another reason: {e}"),
-        Ok(_) => bail!("a 1-entry IPQ_PROBES was accepted"),
-    }
+    let _dp = load(bpffs.path(), 1024)?;
+    let pinned = bpffs.path().join("maps").join(names::MAP_PROBES);
+    assert_eq!(words_of(&pinned)?.len(), PROBE_SLOTS as usize);
+    Ok(())
+}
+
+/// A pinned `IPQ_PROBES` longer than this build's hooks (a later version's, which this one is
+/// rolled back to): used as it is, the same map, this build's programs counting in its first
+/// entries.
+#[test]
+fn a_longer_pinned_probe_count_is_kept() -> anyhow::Result<()> {
+    require_root()?;
+    let bpffs = BpffsDir::new()?;
+    let longer = PROBE_SLOTS + 2;
+    pin_array(bpffs.path(), names::MAP_PROBES, longer)?;
+    let pinned = bpffs.path().join("maps").join(names::MAP_PROBES);
+    let id_before = map_id(&pinned)?;
+    let _dp = load(bpffs.path(), 1024)?;
+    assert_eq!(words_of(&pinned)?.len(), longer as usize);
+    assert_eq!(map_id(&pinned)?, id_before, "the pinned map was replaced");
+    Ok(())
+}
+
+fn map_id(path: &Path) -> anyhow::Result<u32> {
+    Ok(MapData::from_pin(path)?.info()?.id())
 }

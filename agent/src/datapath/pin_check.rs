@@ -116,15 +116,25 @@ pub(super) fn check_pins(layout: &PinLayout, capacity: u32) -> Result<Sizes, Dat
                 }
             }
         }
-        // A shorter array would leave some hook's probes uncounted: every co-tenant ahead
-        // there would look like a bypass.
-        if name == names::MAP_PROBES && map_info.max_entries() != PROBE_SLOTS {
-            return Err(DatapathError::IncompatiblePin {
-                path,
-                what: "number of entries",
-                pinned: map_info.max_entries(),
-                needed: PROBE_SLOTS,
-            });
+        // The probe counts are a moment's, nothing to keep across agents. A shorter array,
+        // an earlier version's (fewer hooks), would leave some hook's probes uncounted, every
+        // co-tenant ahead there looking like a bypass: it is replaced, so that an upgrade past
+        // a new hook goes through. A longer one, a later version's that this one is rolled
+        // back to, counts this build's hooks in its first entries as they are numbered
+        // everywhere (`Hook`'s ordinals only ever grow): it is used as it is.
+        if name == names::MAP_PROBES && map_info.max_entries() < PROBE_SLOTS {
+            log::info!(
+                "{} has {} entries, this build counts the probes of {PROBE_SLOTS} hooks (an \
+                 earlier version's): replaced by a new one",
+                path.display(),
+                map_info.max_entries()
+            );
+            drop(data);
+            std::fs::remove_file(&path).map_err(|source| DatapathError::Io {
+                path: path.clone(),
+                source,
+            })?;
+            continue;
         }
         if name == names::MAP_ADDRS && map_info.max_entries() != capacity {
             log::warn!(
