@@ -9,7 +9,7 @@
 
 use std::{net::Ipv4Addr, path::Path, process::Command};
 
-use anyhow::{bail, Context as _};
+use anyhow::{bail, ensure, Context as _};
 use aya::{
     maps::{Array, MapData},
     programs::{TestRun, TestRunOptions, Xdp},
@@ -18,6 +18,7 @@ use ipq::datapath::{Datapath, DatapathError, LoadOptions};
 use ipq_common::{
     addr::{AddrEntry, AddrKey, AddrState, NO_IFINDEX},
     config::Mode,
+    counters::COUNTER_SLOTS,
     names,
     probe::PROBE_SLOTS,
 };
@@ -193,6 +194,35 @@ fn a_longer_pinned_probe_count_is_kept() -> anyhow::Result<()> {
     let _dp = load(bpffs.path(), 1024)?;
     assert_eq!(words_of(&pinned)?.len(), longer as usize);
     assert_eq!(map_id(&pinned)?, id_before, "the pinned map was replaced");
+    Ok(())
+}
+
+/// A pinned `IPQ_COUNTERS` of another length (another version's layout of actions, hooks and
+/// reasons): replaced by one of this build's, its counts starting again from zero, instead of
+/// counts read under the wrong labels or lost past its end.
+#[test]
+fn pinned_counters_of_another_layout_are_replaced() -> anyhow::Result<()> {
+    require_root()?;
+    let bpffs = BpffsDir::new()?;
+    let dir = bpffs.path().join("maps");
+    std::fs::create_dir_all(&dir)?;
+    let pinned = dir.join(names::MAP_COUNTERS);
+    let out = Command::new("bpftool")
+        .args(["map", "create"])
+        .arg(&pinned)
+        .args(["type", "percpu_array", "key", "4", "value", "16", "entries"])
+        .arg((COUNTER_SLOTS + 5).to_string())
+        .args(["name", names::MAP_COUNTERS])
+        .output()
+        .context("running bpftool (cargo xtask setup installs it)")?;
+    ensure!(
+        out.status.success(),
+        "bpftool map create: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _dp = load(bpffs.path(), 1024)?;
+    let entries = MapData::from_pin(&pinned)?.info()?.max_entries();
+    assert_eq!(entries, COUNTER_SLOTS);
     Ok(())
 }
 

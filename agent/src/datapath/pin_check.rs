@@ -8,7 +8,7 @@ use aya::maps::MapData;
 use ipq_common::{
     addr::{AddrEntry, AddrKey},
     config::DatapathConfig,
-    counters::Counter,
+    counters::{Counter, COUNTER_SLOTS},
     filter::{filter_words, valid_filter_words},
     iface::IfaceEntry,
     names,
@@ -123,17 +123,31 @@ pub(super) fn check_pins(layout: &PinLayout, capacity: u32) -> Result<Sizes, Dat
         // back to, counts this build's hooks in its first entries as they are numbered
         // everywhere (`Hook`'s ordinals only ever grow): it is used as it is.
         if name == names::MAP_PROBES && map_info.max_entries() < PROBE_SLOTS {
-            log::info!(
-                "{} has {} entries, this build counts the probes of {PROBE_SLOTS} hooks (an \
-                 earlier version's): replaced by a new one",
-                path.display(),
-                map_info.max_entries()
-            );
-            drop(data);
-            std::fs::remove_file(&path).map_err(|source| DatapathError::Io {
-                path: path.clone(),
-                source,
-            })?;
+            replace_pin(
+                &path,
+                data,
+                &format!(
+                    "has {} entries, this build counts the probes of {PROBE_SLOTS} hooks (an \
+                     earlier version's)",
+                    map_info.max_entries()
+                ),
+            )?;
+            continue;
+        }
+        // The counters' indices are laid out by the numbers of actions, hooks and reasons
+        // (`counter_index`): another version's array, of another length, holds its counts
+        // under other indices, and would have this build's misread or lost. It is replaced:
+        // the counters start again from zero, which Prometheus takes as a reset.
+        if name == names::MAP_COUNTERS && map_info.max_entries() != COUNTER_SLOTS {
+            replace_pin(
+                &path,
+                data,
+                &format!(
+                    "has {} entries, this build's counters {COUNTER_SLOTS} (another version's \
+                     layout; the counts start again from zero)",
+                    map_info.max_entries()
+                ),
+            )?;
             continue;
         }
         if name == names::MAP_ADDRS && map_info.max_entries() != capacity {
@@ -203,6 +217,18 @@ pub(super) fn check_pins(layout: &PinLayout, capacity: u32) -> Result<Sizes, Dat
         filter_words,
         slot_buckets,
         slot_seed,
+    })
+}
+
+/// Removes the pin at `path` of a map whose contents need not outlive this start (`why` it is
+/// not this build's), so that the loader creates this build's map in its place. Programs of
+/// an earlier agent still attached keep the old map until this agent's replace them.
+fn replace_pin(path: &Path, data: MapData, why: &str) -> Result<(), DatapathError> {
+    log::info!("{} {why}: replaced by a new one", path.display());
+    drop(data);
+    std::fs::remove_file(path).map_err(|source| DatapathError::Io {
+        path: path.to_owned(),
+        source,
     })
 }
 
