@@ -291,7 +291,8 @@ pub fn describe(mode: WatchMode) -> String {
                 .to_owned()
         }
         WatchMode::RawTracepoint => format!(
-            "raw tracepoint {WATCHED_TRACEPOINT}: every system call of the node pays for it"
+            "raw tracepoint {WATCHED_TRACEPOINT}: every system call of the node pays for it \
+             (bpf_watcher = \"trampolines\" keeps it off)"
         ),
         WatchMode::None => "none".to_owned(),
     }
