@@ -27,6 +27,7 @@
 //!   that comparison alone; `verify_maps_compare`: the owner loop's look at what differed;
 //! - `rss_with_1000_veths`: then 64k host routes spread over those veths, the agent's resident
 //!   memory once they are all in the registry (a full node, not a node of 16 interfaces);
+//!   `idle_cpu_1000_veths`: its CPU over four verification intervals of quiet there;
 //! - `rss_after_churn_1000_veths`: then 63 000 new pods' claims on that node, each drained,
 //!   until their addresses are released: the resident memory the node's past churn leaves
 //!   (`churn_1000_veths`: those claims and drains a second, reported).
@@ -397,6 +398,17 @@ pub fn run(opts: &BenchOptions) -> Result<Vec<Row>> {
         ),
         "≤ 64 MB",
         |v| v <= 64.0,
+    ));
+    rows.push(at_target(
+        populated,
+        row(
+            &format!("idle_cpu_{veths}_veths"),
+            Some(populated),
+            "%",
+            &[cold.idle_cpu_populated],
+        ),
+        "≤ 1 %",
+        |v| v <= 1.0,
     ));
     rows.push(row(
         &format!("churn_{veths}_veths"),
