@@ -9,7 +9,7 @@
 
 use std::{net::Ipv4Addr, path::Path, process::Command};
 
-use anyhow::{bail, ensure, Context as _};
+use anyhow::{bail, Context as _};
 use aya::{
     maps::{Array, MapData},
     programs::{TestRun, TestRunOptions, Xdp},
@@ -32,14 +32,28 @@ const XDP_DROP: u32 = 1;
 
 /// Pins an array map of u64 words at `bpffs/maps/<name>`, as an older agent left it.
 fn pin_array(bpffs: &Path, name: &str, words: u32) -> anyhow::Result<()> {
+    pin_map(bpffs, name, "array", 8, words)
+}
+
+/// A map made by `bpftool`, pinned at `name` in `bpffs`'s maps directory: another tool's or
+/// another version's, of `kind` with 4-byte keys.
+fn pin_map(bpffs: &Path, name: &str, kind: &str, value: u32, entries: u32) -> anyhow::Result<()> {
     let dir = bpffs.join("maps");
     std::fs::create_dir_all(&dir)?;
     let path = dir.join(name);
     let out = Command::new("bpftool")
         .args(["map", "create"])
         .arg(&path)
-        .args(["type", "array", "key", "4", "value", "8", "entries"])
-        .arg(words.to_string())
+        .args([
+            "type",
+            kind,
+            "key",
+            "4",
+            "value",
+            &value.to_string(),
+            "entries",
+        ])
+        .arg(entries.to_string())
         .args(["name", name])
         .output()
         .context("running bpftool (cargo xtask setup installs it)")?;
@@ -204,22 +218,14 @@ fn a_longer_pinned_probe_count_is_kept() -> anyhow::Result<()> {
 fn pinned_counters_of_another_layout_are_replaced() -> anyhow::Result<()> {
     require_root()?;
     let bpffs = BpffsDir::new()?;
-    let dir = bpffs.path().join("maps");
-    std::fs::create_dir_all(&dir)?;
-    let pinned = dir.join(names::MAP_COUNTERS);
-    let out = Command::new("bpftool")
-        .args(["map", "create"])
-        .arg(&pinned)
-        .args(["type", "percpu_array", "key", "4", "value", "16", "entries"])
-        .arg((COUNTER_SLOTS + 5).to_string())
-        .args(["name", names::MAP_COUNTERS])
-        .output()
-        .context("running bpftool (cargo xtask setup installs it)")?;
-    ensure!(
-        out.status.success(),
-        "bpftool map create: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    pin_map(
+        bpffs.path(),
+        names::MAP_COUNTERS,
+        "percpu_array",
+        16,
+        COUNTER_SLOTS + 5,
+    )?;
+    let pinned = bpffs.path().join("maps").join(names::MAP_COUNTERS);
     let _dp = load(bpffs.path(), 1024)?;
     let entries = MapData::from_pin(&pinned)?.info()?.max_entries();
     assert_eq!(entries, COUNTER_SLOTS);
