@@ -181,8 +181,8 @@ fn a_pinned_filter_of_an_unusable_size_is_refused_by_name() -> anyhow::Result<()
 }
 
 /// A pinned `IPQ_PROBES` shorter than this build's hooks (an earlier version's, or anyone's):
-/// replaced by a new one, not refused, so that an upgrade past a new hook goes through; the
-/// probes of every hook are then counted in the new array.
+/// replaced by one of this build's length, not refused, so that an upgrade past a new hook
+/// goes through.
 #[test]
 fn a_shorter_pinned_probe_count_is_replaced() -> anyhow::Result<()> {
     require_root()?;
@@ -195,8 +195,8 @@ fn a_shorter_pinned_probe_count_is_replaced() -> anyhow::Result<()> {
 }
 
 /// A pinned `IPQ_PROBES` longer than this build's hooks (a later version's, which this one is
-/// rolled back to): used as it is, the same map, this build's programs counting in its first
-/// entries.
+/// rolled back to): the same map kept, and the datapath loads on it (its programs, the spare
+/// TC ones among them, pass the verifier with the longer array).
 #[test]
 fn a_longer_pinned_probe_count_is_kept() -> anyhow::Result<()> {
     require_root()?;

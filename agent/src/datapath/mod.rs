@@ -273,12 +273,13 @@ impl Datapath {
                     .map(|why| format!(" (not the trampolines: {why})"))
                     .unwrap_or_default()
             ),
-            // What the operator chose is said, not warned about.
-            Err(e) if options.bpf_watcher != BpfWatcher::Auto => info!(
-                "bpf() watcher not attached ({e}): another process's link detach, program \
-                 attach or map write is found by the periodic verification only"
-            ),
-            Err(e) => warn!(
+            Err(e) => log::log!(
+                // What the operator chose is said, not warned about.
+                if options.bpf_watcher == BpfWatcher::Auto {
+                    log::Level::Warn
+                } else {
+                    log::Level::Info
+                },
                 "bpf() watcher not attached ({e}): another process's link detach, program \
                  attach or map write is found by the periodic verification only"
             ),
