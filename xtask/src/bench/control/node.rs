@@ -48,6 +48,11 @@ pub struct Node {
 }
 
 impl Node {
+    /// Adds `args` to what every later agent of this node gets.
+    pub fn add_args(&mut self, args: &[&str]) {
+        self.args.extend(args.iter().map(|s| (*s).to_owned()));
+    }
+
     pub fn new(args: &[&str]) -> Result<Node> {
         let ns = unique("ipqb-node");
         util::output(&mut util::cmd("ip", ["netns", "add", &ns]))?;
