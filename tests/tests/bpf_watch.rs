@@ -23,7 +23,7 @@ use ipq_tests::{
     api,
     attach::wait_tc_upgrades,
     attachments::{self, Attachment},
-    lab::{ifindex, poll, udp_burst, Agent, Lab, PEER_V4, POD_A_V4},
+    lab::{ifindex, poll, udp_burst, Agent, Lab, PEER_V4, POD_A_V4, WATCHER_DEFAULT},
     raw_bpf::{
         detach_through_pin, foreign_program_first, map_update_by_relative_path,
         map_update_in_forked_child, obj_get,
@@ -593,15 +593,17 @@ fn a_write_by_a_child_forked_after_the_open_is_undone_at_once() {
     repaired_within_deadline(&agent, &map, before, written, "the child's write undone");
 }
 
-/// `bpf_watcher`: the operator keeps the raw tracepoint off every other system call of the
-/// node (`trampolines`: they where the kernel takes them, else no watcher) or turns the watcher
-/// off. Whatever `auto` gets on this kernel, neither choice leaves a link on `sys_enter` in the
-/// agent's hands, and where no watcher runs `ipq status` says the periodic verification is
-/// alone, and why.
+/// `bpf_watcher`: the raw tracepoint stays off every other system call of the node unless the
+/// operator asks for it (`auto`): by default and with `trampolines` the agent takes the
+/// trampolines where the kernel does, else no watcher; `off` none. Whatever `auto` gets on this
+/// kernel, no other choice leaves a link on `sys_enter` in the agent's hands, and where no
+/// watcher runs `ipq status` says the periodic verification is alone, and why.
 #[test]
 fn the_operator_can_keep_the_raw_tracepoint_off_every_system_call() {
     let lab = Lab::new().expect("lab");
-    let mut agent = lab.start_agent(&[]).expect("starting ipq-agent");
+    let mut agent = lab
+        .start_agent(&["--bpf-watcher", "auto"])
+        .expect("starting ipq-agent");
     let auto = watcher_mode(&agent);
     let kinds = agent.bpf_link_kinds().expect("the agent's links");
     assert_eq!(
@@ -612,22 +614,25 @@ fn the_operator_can_keep_the_raw_tracepoint_off_every_system_call() {
     agent.terminate().expect("stopping the agent");
     drop(agent);
 
-    for (choice, expected) in [
-        (
-            "trampolines",
-            if auto == "trampolines" {
-                "trampolines"
-            } else {
-                "none"
-            },
-        ),
-        ("off", "none"),
+    let only_trampolines = if auto == "trampolines" {
+        "trampolines"
+    } else {
+        "none"
+    };
+    // (what the operator wrote, the key's value the agent then runs, what it attaches)
+    for (written, choice, expected) in [
+        ("nothing (the default)", "trampolines", only_trampolines),
+        ("trampolines", "trampolines", only_trampolines),
+        ("off", "off", "none"),
     ] {
-        let mut agent = lab
-            .start_agent(&["--bpf-watcher", choice])
-            .expect("starting ipq-agent");
+        let agent = if written == "trampolines" || written == "off" {
+            lab.start_agent(&["--bpf-watcher", written])
+        } else {
+            Agent::start_configured(&lab, WATCHER_DEFAULT, &[], &[])
+        };
+        let mut agent = agent.expect("starting ipq-agent");
         let mode = watcher_mode(&agent);
-        assert_eq!(mode, expected, "bpf_watcher = {choice} (auto: {auto})");
+        assert_eq!(mode, expected, "bpf_watcher: {written} (auto: {auto})");
         let kinds = agent.bpf_link_kinds().expect("the agent's links");
         assert!(
             !kinds.iter().any(|k| k == "raw_tracepoint"),

@@ -110,7 +110,7 @@ fn ipq_deployed_from_the_manifests_fences_a_rollouts_old_pod() -> anyhow::Result
         || publish::lists_the_force_deleted_pod_as_fenced(&mut cluster, &rollout),
     )?;
     phase(
-        "a foreign write to the pinned IPQ_ADDRS undone within 100 ms",
+        "a foreign write to the pinned IPQ_ADDRS undone (the watcher's 100 ms, else one pass)",
         || agent_in_pod::a_foreign_write_to_its_map_is_undone_at_once(&cluster),
     )?;
     phase("rollout restart of the agent", || {

@@ -534,10 +534,11 @@ pub const KEYS: &[Key] = &[
         name: "bpf_watcher",
         flag: "bpf-watcher",
         alias: None,
-        help: "auto | trampolines | off: what reports another tool's bpf() calls on ipq's \
-               links and maps at once (auto: the trampolines, else the raw tracepoint, which \
-               every system call of the node pays for; trampolines: never the raw tracepoint; \
-               off: the periodic verification alone)",
+        help: "trampolines | auto | off: what reports another tool's bpf() calls on ipq's \
+               links and maps at once (trampolines, the default: the kernel's bpf() path only, \
+               where the kernel takes them, else the periodic verification alone; auto: the \
+               trampolines, else the raw tracepoint, which every system call of the node pays \
+               for; off: the periodic verification alone)",
         kind: Kind::Text,
         set: |c, p, k, v| {
             c.bpf_watcher = p.choice(k, v)?;

@@ -14,6 +14,13 @@ fn empty_file_gives_defaults() {
     );
 }
 
+/// The default watcher never puts a raw tracepoint on every system call of the node: the
+/// workloads beside the agent pay nothing for it unless the operator asks for `auto`.
+#[test]
+fn the_default_watcher_taxes_no_other_system_call() {
+    assert_eq!(Config::default().bpf_watcher, BpfWatcher::Trampolines);
+}
+
 #[test]
 fn every_key_is_read() {
     let config = Config::from_toml(
@@ -29,7 +36,7 @@ fn every_key_is_read() {
         api_socket = "/tmp/ipq.sock"
         metrics_addr = "[::1]:9999"
         tc_attach = "netlink"
-        bpf_watcher = "trampolines"
+        bpf_watcher = "auto"
         verify_interval = "2s"
         ipam_on_exhausted = "release-quietest"
         ipam_cni_bin_dirs = ["/opt/cni/bin", "/usr/lib/cni"]
@@ -56,7 +63,7 @@ fn every_key_is_read() {
     assert_eq!(config.workload_glob_matching("eth0"), None);
     assert!(config.is_uplink("bond0"));
     assert_eq!(config.tc_attach, TcAttach::Netlink);
-    assert_eq!(config.bpf_watcher, BpfWatcher::Trampolines);
+    assert_eq!(config.bpf_watcher, BpfWatcher::Auto);
     assert_eq!(config.verify_interval, Duration::from_secs(2));
     assert_eq!(
         config.ipam_on_exhausted,

@@ -51,6 +51,10 @@ pub struct Agent<'l> {
     log: PathBuf,
 }
 
+/// A config file that leaves `bpf_watcher` to the agent's default (the lab otherwise asks for
+/// `auto`): it names the key, in a comment.
+pub const WATCHER_DEFAULT: &str = "# bpf_watcher: the agent's default\n";
+
 impl<'l> Agent<'l> {
     /// Starts the agent in `lab`'s node namespace on `lab`'s bpffs dir, with its own state dir,
     /// API socket and an empty config file (so nothing on the host leaks in), plus `extra`; in
@@ -119,6 +123,14 @@ impl<'l> Agent<'l> {
             .args(["--metrics-addr", METRICS_ADDR]);
         for dir in lab.trusted_cni_bin_dirs() {
             cmd.arg("--ipam-cni-bin-dirs").arg(dir);
+        }
+        // The lab's agents run the watcher's fallback where the kernel refuses the trampolines
+        // (this kind of build machine's): the tests of repair within milliseconds are tests of
+        // the watcher, whatever the kernel. The shipped default (`trampolines`) is tested where
+        // a test names it ([`WATCHER_DEFAULT`]) and in the cluster tier, which runs the
+        // DaemonSet's own config.
+        if !extra.contains(&"--bpf-watcher") && !config_text.contains("bpf_watcher") {
+            cmd.args(["--bpf-watcher", "auto"]);
         }
         if !extra.contains(&"--api-peer-procfs") {
             cmd.args(namespaces.agent_args(&host_proc));
@@ -276,18 +288,7 @@ impl<'l> Agent<'l> {
     /// `/proc/<pid>/fdinfo`: `raw_tracepoint`, `tracing`, `tcx`, `xdp`, ...): what this agent
     /// attached, whatever the other agents on the machine hold.
     pub fn bpf_link_kinds(&self) -> anyhow::Result<Vec<String>> {
-        let dir = format!("/proc/{}/fdinfo", self.pid);
-        let mut kinds = Vec::new();
-        for entry in fs::read_dir(&dir).with_context(|| format!("listing {dir}"))? {
-            // A descriptor closed since the listing has no fdinfo any more.
-            let Ok(info) = fs::read_to_string(entry?.path()) else {
-                continue;
-            };
-            if let Some(kind) = info.lines().find_map(|l| l.strip_prefix("link_type:")) {
-                kinds.push(kind.trim().to_owned());
-            }
-        }
-        Ok(kinds)
+        bpf_link_kinds_of(self.pid)
     }
 
     /// Pod a's fenced drops so far: (tc_ingress, tc_egress).
@@ -357,4 +358,21 @@ impl Agent<'_> {
             .filter(|l| l.contains(&kind) && l.contains(&addr))
             .count()
     }
+}
+
+/// The kinds of the bpf links process `pid` holds (`link_type` in its `/proc/<pid>/fdinfo`):
+/// what it has attached, not what the machine's other agents have.
+pub fn bpf_link_kinds_of(pid: u32) -> anyhow::Result<Vec<String>> {
+    let dir = format!("/proc/{pid}/fdinfo");
+    let mut kinds = Vec::new();
+    for entry in fs::read_dir(&dir).with_context(|| format!("listing {dir}"))? {
+        // A descriptor closed since the listing has no fdinfo any more.
+        let Ok(info) = fs::read_to_string(entry?.path()) else {
+            continue;
+        };
+        if let Some(kind) = info.lines().find_map(|l| l.strip_prefix("link_type:")) {
+            kinds.push(kind.trim().to_owned());
+        }
+    }
+    Ok(kinds)
 }

@@ -367,7 +367,7 @@ mod namespaces;
 mod packets;
 mod routes;
 
-pub use agent::Agent;
+pub use agent::{bpf_link_kinds_of, Agent, WATCHER_DEFAULT};
 pub use entries::{map_entry, wait_claimed_at_start, wait_for_entry, MapEntry};
 pub use metrics::{Sample, Scrape};
 pub use namespaces::AgentNamespaces;
