@@ -11,7 +11,10 @@ use std::{
     os::unix::{fs::PermissionsExt as _, io::AsRawFd as _, process::CommandExt as _},
     path::{Path, PathBuf},
     process::Command,
-    sync::atomic::{AtomicU32, Ordering},
+    sync::{
+        atomic::{AtomicU32, Ordering},
+        Once,
+    },
 };
 
 use anyhow::{bail, Context as _};
@@ -26,6 +29,58 @@ pub(crate) fn unique(prefix: &str) -> String {
         std::process::id(),
         NEXT.fetch_add(1, Ordering::Relaxed)
     )
+}
+
+/// Where `ip netns` keeps its named namespaces, and the bpffs the tests make dirs in.
+const NETNS_DIR: &str = "/run/netns";
+const BPFFS: &str = "/sys/fs/bpf";
+
+/// The pid in a name [`unique`] made (`<prefix>-<pid>-<n>`) whose prefix starts with `ipq-`.
+fn owner_of(name: &str) -> Option<u32> {
+    let mut parts = name.rsplitn(3, '-');
+    let (n, pid, prefix) = (parts.next()?, parts.next()?, parts.next()?);
+    n.parse::<u32>().ok()?;
+    prefix
+        .starts_with("ipq-")
+        .then(|| pid.parse().ok())
+        .flatten()
+}
+
+/// Removes the namespaces and bpffs dirs that test processes no longer alive left behind: a
+/// test killed by a signal (a timeout's SIGKILL, a cancelled CI job) runs no `Drop`, and its
+/// pins keep their maps and programs in the kernel. Once per test process, before its first
+/// namespace or dir. A name whose pid lives (this run's other test binaries, or a pid reused
+/// since) is left alone.
+fn sweep_what_dead_tests_left() {
+    static SWEEP: Once = Once::new();
+    SWEEP.call_once(|| {
+        let alive = |pid: u32| Path::new("/proc").join(pid.to_string()).exists();
+        let dead_owned = |dir: &str| -> Vec<String> {
+            fs::read_dir(dir)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter_map(|entry| entry.file_name().into_string().ok())
+                .filter(|name| owner_of(name).is_some_and(|pid| !alive(pid)))
+                .collect()
+        };
+        for name in dead_owned(NETNS_DIR) {
+            match output_of(Command::new("ip").args(["netns", "del", &name])) {
+                Ok(_) => eprintln!("cleanup: deleted netns {name}, left by a test no longer alive"),
+                Err(e) => eprintln!("cleanup: deleting netns {name}: {e:#}"),
+            }
+        }
+        for name in dead_owned(BPFFS) {
+            let path = Path::new(BPFFS).join(&name);
+            match fs::remove_dir_all(&path) {
+                Ok(()) => eprintln!(
+                    "cleanup: removed {}, left by a test no longer alive",
+                    path.display()
+                ),
+                Err(e) => eprintln!("cleanup: removing {}: {e}", path.display()),
+            }
+        }
+    });
 }
 
 /// Fails unless the test runs as root: namespaces, veths and BPF all need it.
@@ -103,11 +158,12 @@ impl NetNs {
     /// Creates `ipq-<role>-<pid>-<n>` with `lo` up and duplicate address detection off, so
     /// addresses are usable at once and no DAD probe ever shows up in a packet count.
     pub fn new(role: &str) -> anyhow::Result<NetNs> {
+        sweep_what_dead_tests_left();
         let name = unique(&format!("ipq-{role}"));
         output_of(Command::new("ip").args(["netns", "add", &name]))?;
         // From here on the guard exists, so a failure below still deletes the namespace.
         let ns = NetNs {
-            path: Path::new("/run/netns").join(&name),
+            path: Path::new(NETNS_DIR).join(&name),
             name,
         };
         for scope in ["all", "default"] {
@@ -204,7 +260,6 @@ pub struct BpffsDir {
 
 impl BpffsDir {
     pub fn new() -> anyhow::Result<BpffsDir> {
-        const BPFFS: &str = "/sys/fs/bpf";
         const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
         let c_path = CString::new(BPFFS).expect("no NUL");
         // SAFETY: statfs is plain old data, filled in by the call.
@@ -217,6 +272,7 @@ impl BpffsDir {
                  (or mount -t bpf bpf {BPFFS})"
             );
         }
+        sweep_what_dead_tests_left();
         let path = Path::new(BPFFS).join(unique("ipq-test"));
         fs::create_dir(&path).with_context(|| format!("creating {}", path.display()))?;
         fs::set_permissions(&path, fs::Permissions::from_mode(0o700))
@@ -235,5 +291,23 @@ impl Drop for BpffsDir {
         if let Err(e) = fs::remove_dir_all(&self.path) {
             eprintln!("cleanup: removing {}: {e}", self.path.display());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::owner_of;
+
+    #[test]
+    fn a_name_made_by_unique_names_its_owner_and_nothing_else_does() {
+        assert_eq!(owner_of("ipq-test-13253-19"), Some(13253));
+        assert_eq!(owner_of("ipq-bench-node-77-0"), Some(77));
+        assert_eq!(owner_of("ipq-kn-5-3"), Some(5));
+        assert_eq!(owner_of("ipq"), None);
+        assert_eq!(owner_of("ipq-test"), None);
+        assert_eq!(owner_of("ipqprof"), None);
+        assert_eq!(owner_of("cni-1234-5678"), None);
+        assert_eq!(owner_of("ipq-demo-node"), None);
+        assert_eq!(owner_of("ipq-x-12-y"), None);
     }
 }
