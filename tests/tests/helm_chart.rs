@@ -404,6 +404,10 @@ fn contradicting_or_unknown_values_are_refused_naming_them() {
         ("mode=audit", "mode"),
         ("mdoe=observe", "mdoe"),
         ("whereabouts.enabeld=true", "enabeld"),
+        // A choice the agent would refuse at start (a DaemonSet crash-looping on every node)
+        // is refused by the install.
+        ("config.bpf_watcher=trampoline", "bpf_watcher"),
+        ("config.tc_attach=tc", "tc_attach"),
     ] {
         let result = template(&["--set", set]);
         let out = result.expect_err(&format!("--set {set} was accepted"));

@@ -53,7 +53,7 @@ impl Choice for TcAttach {
 }
 
 impl Choice for BpfWatcher {
-    const WORDS: &'static str = "\"auto\", \"trampolines\" or \"off\"";
+    const WORDS: &'static str = "\"trampolines\", \"auto\" or \"off\"";
     fn from_word(word: &str) -> Option<Self> {
         match word {
             "auto" => Some(Self::Auto),

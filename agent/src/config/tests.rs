@@ -173,7 +173,7 @@ fn a_choice_refuses_another_word_listing_the_words() {
         (r#"tc_attach = "drop""#, r#""auto", "tcx" or "netlink""#),
         (
             r#"bpf_watcher = "drop""#,
-            r#""auto", "trampolines" or "off""#,
+            r#""trampolines", "auto" or "off""#,
         ),
     ] {
         let key = text.split(' ').next().unwrap();
