@@ -6,8 +6,9 @@
 //!   starts and while its watcher is attached with `bpf_watcher = auto` (where the kernel
 //!   refuses the trampolines, every system call of the node passes the raw tracepoint);
 //!   `watcher_syscall_ns_default` (the small node only): while an agent of the shipped
-//!   default (`trampolines`) runs, target within 3 ns of `_off`; `watcher_map_update_ns_off/on`: one `BPF_MAP_UPDATE_ELEM` on a map of the
-//!   bench's own (another CNI's map updates: reported by nobody, but each passes the program);
+//!   default (`trampolines`) runs, target within 3 ns of `_off`;
+//!   `watcher_map_update_ns_off/on`: one `BPF_MAP_UPDATE_ELEM` on a map of the bench's own
+//!   (another CNI's map updates: reported by nobody, but each passes the program);
 //! - `watcher_tcx_detach_p50/p99`: a veth's TCX ingress link detached through its pin
 //!   (`bpftool link detach pinned ...`), until the kernel lists a program on that hook again;
 //! - `watcher_xdp_detach_p99`: the uplink's XDP link likewise, until `ip link` shows a program
