@@ -46,6 +46,19 @@ fn owner_of(name: &str) -> Option<u32> {
         .flatten()
 }
 
+/// The entries of `dir` named by [`unique`] for a process no longer alive (a pid that lives,
+/// this run's or reused since, keeps its names).
+pub(crate) fn names_of_dead_tests(dir: &Path) -> Vec<String> {
+    let alive = |pid: u32| Path::new("/proc").join(pid.to_string()).exists();
+    fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| entry.file_name().into_string().ok())
+        .filter(|name| owner_of(name).is_some_and(|pid| !alive(pid)))
+        .collect()
+}
+
 /// Removes the namespaces and bpffs dirs that test processes no longer alive left behind: a
 /// test killed by a signal (a timeout's SIGKILL, a cancelled CI job) runs no `Drop`, and its
 /// pins keep their maps and programs in the kernel. Once per test process, before its first
@@ -54,23 +67,15 @@ fn owner_of(name: &str) -> Option<u32> {
 fn sweep_what_dead_tests_left() {
     static SWEEP: Once = Once::new();
     SWEEP.call_once(|| {
-        let alive = |pid: u32| Path::new("/proc").join(pid.to_string()).exists();
-        let dead_owned = |dir: &str| -> Vec<String> {
-            fs::read_dir(dir)
-                .into_iter()
-                .flatten()
-                .flatten()
-                .filter_map(|entry| entry.file_name().into_string().ok())
-                .filter(|name| owner_of(name).is_some_and(|pid| !alive(pid)))
-                .collect()
-        };
-        for name in dead_owned(NETNS_DIR) {
+        // A dead cluster run's processes live on in its namespaces once they are deleted:
+        // its own sweep (`cluster::host`) stops them by their cgroups.
+        for name in names_of_dead_tests(Path::new(NETNS_DIR)) {
             match output_of(Command::new("ip").args(["netns", "del", &name])) {
                 Ok(_) => eprintln!("cleanup: deleted netns {name}, left by a test no longer alive"),
                 Err(e) => eprintln!("cleanup: deleting netns {name}: {e:#}"),
             }
         }
-        for name in dead_owned(BPFFS) {
+        for name in names_of_dead_tests(Path::new(BPFFS)) {
             let path = Path::new(BPFFS).join(&name);
             match fs::remove_dir_all(&path) {
                 Ok(()) => eprintln!(

@@ -485,35 +485,15 @@ fn remove_tree(dir: &Path) {
     }
 }
 
-/// The pid in a name `ipq-k?-<pid>-<n>`, when that process is gone.
-fn dead_owner(name: &str) -> bool {
-    let Some(rest) = name
-        .strip_prefix("ipq-kn-")
-        .or_else(|| name.strip_prefix("ipq-kp-"))
-    else {
-        return false;
-    };
-    let Some((pid, n)) = rest.split_once('-') else {
-        return false;
-    };
-    n.parse::<u32>().is_ok()
-        && pid
-            .parse::<u32>()
-            .is_ok_and(|pid| !Path::new("/proc").join(pid.to_string()).exists())
-}
-
 /// What a run killed hard left behind: its processes and cgroups (by the cgroup's name), its
 /// network namespaces and its work dir. Only names whose pid is gone: a concurrent run keeps
 /// its own.
 fn sweep_dead_runs() {
+    // A cluster run's names: `ipq-kn-<pid>-<n>` (the node) and `ipq-kp-<pid>-<n>` (its peer).
     let names = |dir: &Path| -> Vec<String> {
-        fs::read_dir(dir)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .filter(|n| dead_owner(n))
-            .collect()
+        let mut names = crate::netns::names_of_dead_tests(dir);
+        names.retain(|n| n.starts_with("ipq-kn-") || n.starts_with("ipq-kp-"));
+        names
     };
     let mut cgroups: Vec<String> = hierarchies().iter().flat_map(|h| names(h)).collect();
     cgroups.sort();
