@@ -445,7 +445,7 @@ echo "{MARKER} booted $(uname -r)"
             "insmod /lib/modules/{module} || echo \"{MARKER} insmod-failed {module}\"\n"
         ));
     }
-    for (set, _) in sets.iter().filter(|(set, _)| set.runs_on(kernel)) {
+    for set in TestSet::for_kernel(sets.iter().map(|(set, _)| set), kernel) {
         let mut args = String::from("--test-threads=1");
         if !set.names.is_empty() {
             args.push_str(" --exact");

@@ -79,6 +79,29 @@ impl TestSet {
     pub fn runs_on(&self, kernel: &str) -> bool {
         self.kernels.is_empty() || self.kernels.iter().any(|k| k == kernel)
     }
+
+    /// The sets `kernel` runs, one per target: two sets of a target that both run on it (tests
+    /// only some kernels run, beside those every kernel runs) are one run of the target with
+    /// both sets' names, so that the console's one exit per run answers for both. A set that
+    /// names no test runs the whole target.
+    pub fn for_kernel<'a>(sets: impl IntoIterator<Item = &'a TestSet>, kernel: &str) -> Vec<Self> {
+        let mut merged: Vec<TestSet> = Vec::new();
+        for set in sets.into_iter().filter(|set| set.runs_on(kernel)) {
+            match merged.iter_mut().find(|m| m.target == set.target) {
+                None => merged.push(set.clone()),
+                Some(m) if m.names.is_empty() => {}
+                Some(m) if set.names.is_empty() => m.names.clear(),
+                Some(m) => {
+                    for name in &set.names {
+                        if !m.names.contains(name) {
+                            m.names.push(name.clone());
+                        }
+                    }
+                }
+            }
+        }
+        merged
+    }
 }
 
 #[derive(Debug, Deserialize)]

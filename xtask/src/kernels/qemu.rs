@@ -252,12 +252,7 @@ pub fn boot(config: &Config, kernel: &Kernel, tree: &Tree, initrd: &Path) -> Res
         }
     }
     let status = child.wait().context("waiting for qemu")?;
-    let expected: Vec<TestSet> = config
-        .tests
-        .iter()
-        .filter(|set| set.runs_on(&kernel.name))
-        .cloned()
-        .collect();
+    let expected = TestSet::for_kernel(&config.tests, &kernel.name);
     let mut failure = console.failure(&expected, timed_out);
     if !status.success() && timed_out.is_none() {
         let why = format!("qemu exited with {status}");
@@ -411,5 +406,26 @@ mod tests {
         };
         let why = console.failure(&[slots], None).expect("a failure");
         assert!(why.contains("slots ran 1 of its 2 named tests"), "{why}");
+    }
+
+    /// Two sets of one target on one kernel are one run with both sets' names (the console
+    /// reads one exit per run); a set that names nothing runs all of the target.
+    #[test]
+    fn sets_of_one_target_on_one_kernel_are_one_run() {
+        let set = |names: &[&str], kernels: &[&str]| TestSet {
+            target: "slots".into(),
+            names: names.iter().map(|n| n.to_string()).collect(),
+            kernels: kernels.iter().map(|k| k.to_string()).collect(),
+        };
+        let sets = [set(&["a", "b"], &[]), set(&["c", "a"], &["5.10"])];
+        let on_510 = TestSet::for_kernel(&sets, "5.10");
+        assert_eq!(on_510.len(), 1);
+        assert_eq!(on_510[0].names, ["a", "b", "c"]);
+        let on_61 = TestSet::for_kernel(&sets, "6.1");
+        assert_eq!(on_61.len(), 1);
+        assert_eq!(on_61[0].names, ["a", "b"]);
+        let whole = [set(&["a"], &[]), set(&[], &["5.10"])];
+        assert!(TestSet::for_kernel(&whole, "5.10")[0].names.is_empty());
+        assert_eq!(TestSet::for_kernel(&whole, "6.1")[0].names, ["a"]);
     }
 }
