@@ -121,6 +121,15 @@ pub enum AddrState {
 
 impl AddrState {}
 
+/// `BPF_F_NO_PREALLOC`, the flag `IPQ_ADDRS` is created with: its elements are allocated per
+/// update, and before Linux 6.1 an element the agent replaces or deletes is freed only after an
+/// RCU grace period, so a program that looked an address up reads that address's value to the
+/// end of its run. A preallocated map hands the element to the agent's next update at once (of
+/// any address), which can copy another address's value under a program still reading it. From
+/// 6.1 on both kinds may reuse an element at once (`bpf_mem_alloc`); the programs then rely on
+/// `IPQ_SLOTS`, and read the hash map only when a probe overlapped a write (`ipq_common::slots`).
+pub const BPF_F_NO_PREALLOC: u32 = 1;
+
 /// No interface: the holder is gone, or nothing is fenced.
 pub const NO_IFINDEX: u32 = 0;
 

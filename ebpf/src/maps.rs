@@ -6,7 +6,7 @@ use aya_ebpf::{
     maps::{Array, HashMap, PerCpuArray, RingBuf},
 };
 use ipq_common::{
-    addr::{AddrEntry, AddrKey},
+    addr::{AddrEntry, AddrKey, BPF_F_NO_PREALLOC},
     config::{DatapathConfig, Mode, DEFAULT_SAMPLE_INTERVAL_NS},
     counters::{Counter, Hook, COUNTER_SLOTS, SAMPLES_LOST_INDEX},
     filter::{filter_position, FILTER_WORDS_DEFAULT},
@@ -16,8 +16,10 @@ use ipq_common::{
     sample::ConflictSample,
 };
 
+/// Not preallocated: see [`BPF_F_NO_PREALLOC`] and [`hashed`].
 #[map]
-static IPQ_ADDRS: HashMap<AddrKey, AddrEntry> = HashMap::pinned(DEFAULT_ADDR_CAPACITY, 0);
+static IPQ_ADDRS: HashMap<AddrKey, AddrEntry> =
+    HashMap::pinned(DEFAULT_ADDR_CAPACITY, BPF_F_NO_PREALLOC);
 
 #[map]
 static IPQ_IFACES: Array<IfaceEntry> = Array::pinned(IFACE_SLOTS, 0);
@@ -73,17 +75,24 @@ const HASH_READS: usize = 4;
 
 /// The entry of an address in the authoritative hash map.
 ///
-/// A value of `IPQ_ADDRS` can change under the program that reads it: the map is preallocated,
-/// and when the agent replaces or deletes an entry the kernel puts the old element back on its
-/// free list at once (no RCU grace period), so the next update, of this or any address, may
-/// copy another value into the element this run is still reading. One copy may thus be torn,
-/// or another address's (the kernel tier saw it under QEMU, which lets one vCPU stall mid-read
-/// while the other writes: 75 of 42 million runs of the racing test on 6.12, 122 of 9 million on
-/// arm64 5.10, whose programs read only this map). So the verdict's fields are read, the
-/// address looked up again and the fields read again through the new lookup: two equal reads
-/// are a value the address had (a value replaced in between changes them; the kernel writes a
-/// whole new value before it publishes an element). Pointers are not compared: the verifier
-/// allows that only with CAP_PERFMON.
+/// A value of `IPQ_ADDRS` can change under the program that reads it where the kernel reuses
+/// an element the agent replaced or deleted before the program's run ends: a preallocated map
+/// (an earlier build's pin) always does, and from Linux 6.1 the map this build creates may too
+/// ([`BPF_F_NO_PREALLOC`]). The next update, of this or any address, may then copy another
+/// value into the element this run is still reading. One copy may thus be torn, or another
+/// address's (the kernel tier saw it under QEMU, which lets one vCPU stall mid-read while the
+/// other writes: 75 of 42 million runs of the racing test on 6.12, 122 of 9 million on arm64
+/// 5.10 with a preallocated map; 20 of 34 million on 6.1 with the reads below). So the
+/// verdict's fields are read, the address looked up again and the fields read again through
+/// the new lookup: two equal reads are a value the address had, unless both lookups' elements
+/// were reused between lookup and read. That narrows the window, it does not close it; what
+/// closes it is where the programs read this map: every verdict only where the loader chose
+/// [`SlotsOrder::HashOnly`], a weakly ordered CPU before 5.12, whose kernel frees this map's
+/// elements after a grace period; elsewhere only a probe of `IPQ_SLOTS` that overlapped the
+/// agent's write of the slot that decides. Pointers are not compared: the verifier allows that
+/// only with CAP_PERFMON.
+///
+/// [`SlotsOrder::HashOnly`]: ipq_common::slots::SlotsOrder::HashOnly
 #[inline(always)]
 fn hashed(key: AddrKey) -> Option<Found> {
     let mut entry = IPQ_ADDRS.get_ptr_mut(key)?;

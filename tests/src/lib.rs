@@ -8,6 +8,7 @@ pub mod containerd;
 pub mod cri;
 pub mod cri_node;
 pub mod flows;
+pub mod kernel;
 pub mod lab;
 pub mod mountns;
 pub mod netns;

@@ -292,14 +292,6 @@ fn sigkill_under_traffic_delivers_no_fenced_packet_and_the_restart_readopts_each
 // ---------------------------------------------------------------------------------------------
 // Reuse hygiene: the probe that decides how a claim's conntrack entries are flushed.
 
-/// This kernel's version, from `uname -r` ("6.12.100+deb12-cloud-amd64" -> (6, 12)).
-fn kernel_version() -> (u32, u32) {
-    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").expect("osrelease");
-    let mut parts = release.trim().split(['.', '-', '+']);
-    let mut next = || parts.next().and_then(|p| p.parse().ok()).expect("version");
-    (next(), next())
-}
-
 /// The agent's start-up log line for `family`'s claim flush.
 fn probe_line(agent: &ipq_tests::lab::Agent, family: &str) -> String {
     let needle = format!("conntrack flush on claims, {family}:");
@@ -317,7 +309,7 @@ fn probe_line(agent: &ipq_tests::lab::Agent, family: &str) -> String {
 fn the_conntrack_filter_probe_gives_this_kernels_answer_and_a_claim_is_flushed_its_way() {
     let lab = Lab::new().expect("lab");
     let agent = lab.start_agent(&[]).expect("starting ipq-agent");
-    let version = kernel_version();
+    let version = ipq_tests::kernel::version();
     let (v4, v6) = (probe_line(&agent, "IPv4"), probe_line(&agent, "IPv6"));
     // Before 6.12 the kernel refuses CTA_FILTER on a flush; from 6.12 it honours it for IPv4
     // and inverts it for IPv6 (it deletes every entry *not* carrying the address).
@@ -377,7 +369,7 @@ fn the_bpf_watcher_is_the_one_this_kernel_and_cpu_allow_and_status_says_which() 
     let lab = Lab::new().expect("lab");
     let mut agent = lab.start_agent(&[]).expect("starting ipq-agent");
     let mode = agent.bpf_watcher_mode().unwrap_or_else(|e| panic!("{e:#}"));
-    let version = kernel_version();
+    let version = ipq_tests::kernel::version();
     let status = ipq_tests::api::ipq(&agent.api_socket(), &["status"]).expect("ipq status");
     let status = status.ok();
     let watcher_lines = || {

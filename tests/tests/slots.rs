@@ -282,11 +282,24 @@ fn packets_racing_the_agents_writes_get_the_old_or_the_new_verdict() -> anyhow::
 }
 
 /// The same race with the table not read (what a weakly ordered CPU before 5.12 runs): every
-/// verdict comes from `IPQ_ADDRS`, whose preallocated elements the kernel hands to the next
-/// update as soon as they are replaced or deleted, while a program may still be reading one.
+/// verdict comes from `IPQ_ADDRS`. Exact where that order is chosen: before 6.1, where the
+/// unpreallocated map frees a replaced element after a grace period. From 6.1 the kernel may
+/// copy the next update into an element a program still reads (`BPF_F_NO_PREALLOC`'s
+/// comment), no loader chooses this order there, and the test refuses to run rather than pass
+/// or fail by luck (the kernel tier runs it on 5.10).
 #[test]
 fn packets_racing_the_agents_writes_get_the_old_or_the_new_verdict_from_the_hash_map(
 ) -> anyhow::Result<()> {
+    let version = ipq_tests::kernel::version();
+    if version >= (6, 1) {
+        bail!(
+            "this kernel is {}.{}: from 6.1 the hash map may reuse an element under a reader, so \
+             only a kernel before 6.1 can show that hash-only verdicts are exact (run by the \
+             kernel tier on 5.10)",
+            version.0,
+            version.1
+        );
+    }
     race_the_writer("slhash", Some(ipq_common::slots::SlotsOrder::HashOnly))
 }
 

@@ -124,6 +124,7 @@ impl Datapath {
             filter_words,
             slot_buckets,
             slot_seed,
+            addrs_preallocated,
         } = pin_check::check_pins(&layout, options.capacity)?;
         // A new table gets a random seed: nobody choosing addresses can aim them at one bucket.
         let slot_seed = match slot_seed {
@@ -142,6 +143,17 @@ impl Datapath {
             cfg!(target_arch = "x86_64"),
             features.fetch_atomics,
         ));
+        if slots_order == SlotsOrder::HashOnly && addrs_preallocated {
+            // The map is kept for its entries (an upgrade must not forget a quarantine); what it
+            // costs is the exactness of a verdict read while the agent rewrites addresses.
+            warn!(
+                "the pinned address map {} is preallocated (made by an earlier ipq): every \
+                 verdict on this CPU and kernel reads it, and a packet judged while the agent \
+                 rewrites addresses may get another address's verdict; drain the node and \
+                 remove the pin so that this build makes one that is freed after a grace period",
+                layout.map(names::MAP_ADDRS).display()
+            );
+        }
         let slots_order_global = slots_order as u32;
         let log_level = kernel_log_level();
         let filter_mask = filter_words - 1;

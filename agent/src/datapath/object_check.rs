@@ -191,3 +191,24 @@ fn each_packet_programs_body_is_in_its_entry_point() {
         }
     }
 }
+
+/// Both objects create `IPQ_ADDRS` unpreallocated: where the programs read only that map (a
+/// weakly ordered CPU before 5.12), its kernel then frees a replaced element after a grace
+/// period instead of copying the next update into it under a program still reading it.
+#[test]
+fn both_objects_create_the_address_map_unpreallocated() {
+    for (which, bytes) in [("plain", OBJECT), ("ordered", OBJECT_FETCH_BARRIERS)] {
+        let object = object(bytes);
+        let map = object
+            .maps
+            .get(names::MAP_ADDRS)
+            .unwrap_or_else(|| panic!("no {} in the {which} object", names::MAP_ADDRS));
+        assert_ne!(
+            map.map_flags() & ipq_common::addr::BPF_F_NO_PREALLOC,
+            0,
+            "the {which} object's {} is preallocated (flags {:#x})",
+            names::MAP_ADDRS,
+            map.map_flags()
+        );
+    }
+}

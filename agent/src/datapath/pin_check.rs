@@ -6,7 +6,7 @@ use std::{ffi::CString, path::Path};
 
 use aya::maps::MapData;
 use ipq_common::{
-    addr::{AddrEntry, AddrKey},
+    addr::{AddrEntry, AddrKey, BPF_F_NO_PREALLOC},
     config::DatapathConfig,
     counters::{Counter, COUNTER_SLOTS},
     filter::{filter_words, valid_filter_words},
@@ -29,6 +29,10 @@ pub(super) struct Sizes {
     pub(super) slot_buckets: u32,
     /// The seed of a pinned `IPQ_SLOTS` that an agent set up; `None` when there is none yet.
     pub(super) slot_seed: Option<u64>,
+    /// Whether the pinned `IPQ_ADDRS` is preallocated (an earlier build's pin): its kernel hands
+    /// a replaced element to the next update at once, even where this build's map would wait
+    /// for a grace period (`ipq_common::addr::BPF_F_NO_PREALLOC`).
+    pub(super) addrs_preallocated: bool,
 }
 
 /// Key and value sizes every pinned map must have, from the shared types.
@@ -89,6 +93,7 @@ pub(super) fn check_pins(layout: &PinLayout, capacity: u32) -> Result<Sizes, Dat
     let mut effective = capacity;
     let mut pinned_filter_words = None;
     let mut pinned_slots = None;
+    let mut addrs_preallocated = false;
     for name in names::PINNED_MAPS {
         let path = layout.map(name);
         if !path.exists() {
@@ -149,6 +154,9 @@ pub(super) fn check_pins(layout: &PinLayout, capacity: u32) -> Result<Sizes, Dat
                 ),
             )?;
             continue;
+        }
+        if name == names::MAP_ADDRS {
+            addrs_preallocated = map_info.map_flags() & BPF_F_NO_PREALLOC == 0;
         }
         if name == names::MAP_ADDRS && map_info.max_entries() != capacity {
             log::warn!(
@@ -217,6 +225,7 @@ pub(super) fn check_pins(layout: &PinLayout, capacity: u32) -> Result<Sizes, Dat
         filter_words,
         slot_buckets,
         slot_seed,
+        addrs_preallocated,
     })
 }
 
