@@ -4,6 +4,8 @@
 //! so running setup again is cheap and changes nothing.
 
 use std::fs;
+use std::os::fd::AsRawFd as _;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::{bail, Context, Result};
 
@@ -208,8 +210,61 @@ pub fn ensure(scope: Scope) -> Result<()> {
     run_steps(scope, false).map(|_| ())
 }
 
+/// Whether this process holds the setup lock (a step may set up a narrower scope itself).
+static HOLDING_LOCK: AtomicBool = AtomicBool::new(false);
+
+/// Waits until no other xtask on this machine is setting up, and holds that until the returned
+/// file is dropped: two at once (a `cargo xtask test` and a `test-kernels` started beside it)
+/// would each run apt and build the same Go binaries into the same paths.
+fn setup_lock() -> Result<Option<fs::File>> {
+    if HOLDING_LOCK.load(Ordering::Relaxed) {
+        return Ok(None);
+    }
+    let path = util::workspace_root()
+        .join("target")
+        .join(".xtask-setup.lock");
+    if let Some(dir) = path.parent() {
+        fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    let file = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("cannot open {}", path.display()))?;
+    let lock = |how| {
+        // SAFETY: flock on a descriptor this function owns.
+        if unsafe { libc::flock(file.as_raw_fd(), how) } == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
+        }
+    };
+    if let Err(e) = lock(libc::LOCK_EX | libc::LOCK_NB) {
+        if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
+            bail!("cannot lock {}: {e}", path.display());
+        }
+        println!(
+            "setup: another xtask is setting up this machine ({} is locked): waiting for it",
+            path.display()
+        );
+        lock(libc::LOCK_EX).with_context(|| format!("cannot lock {}", path.display()))?;
+    }
+    HOLDING_LOCK.store(true, Ordering::Relaxed);
+    Ok(Some(file))
+}
+
 /// Runs the steps of `scope`; returns whether any of them installed something.
 fn run_steps(scope: Scope, verbose: bool) -> Result<bool> {
+    let lock = setup_lock()?;
+    let result = run_steps_locked(scope, verbose);
+    if lock.is_some() {
+        HOLDING_LOCK.store(false, Ordering::Relaxed);
+    }
+    result
+}
+
+fn run_steps_locked(scope: Scope, verbose: bool) -> Result<bool> {
     let mut changed = false;
     for step in scope.steps() {
         let outcome = (step.run)(scope).with_context(|| format!("setup: {}: failed", step.name))?;
