@@ -56,7 +56,10 @@ impl TestBinaries {
     pub fn build(arch: Arch, sets: &[TestSet]) -> Result<TestBinaries> {
         let root = util::workspace_root();
         let profile_dir = if arch == Arch::host()? {
-            let mut build = util::cargo(["build", "-p", "ipq", "-p", "ipq-cni", "--bins"]);
+            // The packages of AGENT_BINARIES: the agent's, the CLI's (`ipq`) and the plugin's.
+            let mut build = util::cargo([
+                "build", "-p", "ipq", "-p", "ipq-cli", "-p", "ipq-cni", "--bins",
+            ]);
             util::run(build.current_dir(&root))
                 .context("building the agent and plugin binaries for the kernel tier")?;
             root.join("target/debug")
