@@ -29,7 +29,7 @@ use ipq::{
     netdev,
 };
 use ipq_common::{
-    addr::{AddrEntry, AddrKey, AddrState, FLAG_OBSERVE_ONLY, NO_IFINDEX},
+    addr::{AddrEntry, AddrKey, AddrState, BPF_F_NO_PREALLOC, FLAG_OBSERVE_ONLY, NO_IFINDEX},
     config::Mode,
     counters::{counter_index, Action, Counter, Hook, Reason},
     names,
@@ -499,6 +499,89 @@ fn a_copy_left_behind_or_missing_is_rebuilt_from_the_hash_map_where_it_is_not_st
         assert_eq!(send(&mut dp, 1)?, TC_DROP);
         assert_eq!(send(&mut dp, 3)?, TC_DROP);
         assert_eq!(send(&mut dp, 2)?, TC_DROP);
+        Ok(())
+    })
+}
+
+/// The flags of the pinned `IPQ_ADDRS`, as the kernel reports them.
+fn addrs_flags(bpffs: &Path) -> anyhow::Result<u32> {
+    let path = bpffs.join("maps").join(names::MAP_ADDRS);
+    Ok(MapData::from_pin(&path)?.info()?.map_flags())
+}
+
+/// The address map this build makes is unpreallocated, as the kernel has it. One an earlier
+/// build pinned preallocated is kept as it is, with its entries (an upgrade must not forget a
+/// quarantine), and enforced from, also where the programs read only it.
+#[test]
+fn the_address_map_is_unpreallocated_and_an_earlier_builds_preallocated_pin_is_kept(
+) -> anyhow::Result<()> {
+    with_lab("slprealloc", |bpffs, here, _other| {
+        {
+            let _dp = load(bpffs, 64)?;
+            assert_ne!(
+                addrs_flags(bpffs)? & BPF_F_NO_PREALLOC,
+                0,
+                "the kernel's {} is preallocated",
+                names::MAP_ADDRS
+            );
+        }
+        let earlier = BpffsDir::new()?;
+        let dir = earlier.path().join("maps");
+        std::fs::create_dir_all(&dir)?;
+        let out = Command::new("bpftool")
+            .args(["map", "create"])
+            .arg(dir.join(names::MAP_ADDRS))
+            .args([
+                "type",
+                "hash",
+                "key",
+                "16",
+                "value",
+                "40",
+                "entries",
+                "64",
+                "name",
+                names::MAP_ADDRS,
+                "flags",
+                "0",
+            ])
+            .output()
+            .context("running bpftool (cargo xtask setup installs it)")?;
+        if !out.status.success() {
+            bail!(
+                "bpftool map create: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let fenced = AddrKey::from(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 7)));
+        let quarantined =
+            AddrEntry::new(AddrState::Quarantined, NO_IFINDEX, netdev::monotonic_ns());
+        {
+            let mut addrs: HashMap<MapData, AddrKey, AddrEntry> = HashMap::try_from(
+                aya::maps::Map::HashMap(MapData::from_pin(dir.join(names::MAP_ADDRS))?),
+            )?;
+            addrs.insert(fenced, quarantined, 0)?;
+        }
+        let mut dp = load_ordered(
+            earlier.path(),
+            64,
+            Some(ipq_common::slots::SlotsOrder::HashOnly),
+        )?;
+        assert_eq!(
+            addrs_flags(earlier.path())? & BPF_F_NO_PREALLOC,
+            0,
+            "the earlier build's map was replaced"
+        );
+        assert_eq!(
+            dp.maps.table.get(&fenced).and_then(|e| e.state()),
+            Some(AddrState::Quarantined),
+            "the earlier build's entry was lost"
+        );
+        assert_eq!(
+            tc_ingress(&mut dp, &frame(Ipv4Addr::new(10, 0, 0, 7), PEER), here, 1)?,
+            TC_DROP,
+            "the kept quarantine is enforced"
+        );
         Ok(())
     })
 }
