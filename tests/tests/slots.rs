@@ -527,32 +527,7 @@ fn the_address_map_is_unpreallocated_and_an_earlier_builds_preallocated_pin_is_k
         }
         let earlier = BpffsDir::new()?;
         let dir = earlier.path().join("maps");
-        std::fs::create_dir_all(&dir)?;
-        let out = Command::new("bpftool")
-            .args(["map", "create"])
-            .arg(dir.join(names::MAP_ADDRS))
-            .args([
-                "type",
-                "hash",
-                "key",
-                "16",
-                "value",
-                "40",
-                "entries",
-                "64",
-                "name",
-                names::MAP_ADDRS,
-                "flags",
-                "0",
-            ])
-            .output()
-            .context("running bpftool (cargo xtask setup installs it)")?;
-        if !out.status.success() {
-            bail!(
-                "bpftool map create: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
+        pin_map_by_bpftool(&dir, names::MAP_ADDRS, "hash", 16, 40, 64, 0)?;
         let fenced = AddrKey::from(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 7)));
         let quarantined =
             AddrEntry::new(AddrState::Quarantined, NO_IFINDEX, netdev::monotonic_ns());
@@ -588,15 +563,36 @@ fn the_address_map_is_unpreallocated_and_an_earlier_builds_preallocated_pin_is_k
 
 /// Pins an array at `IPQ_SLOTS` with `entries` 64-byte elements and `flags`.
 fn pin_foreign_table(bpffs: &Path, entries: u32, flags: u32) -> anyhow::Result<()> {
-    let dir = bpffs.join("maps");
-    std::fs::create_dir_all(&dir)?;
+    pin_map_by_bpftool(
+        &bpffs.join("maps"),
+        names::MAP_SLOTS,
+        "array",
+        4,
+        64,
+        entries,
+        flags,
+    )
+}
+
+/// Pins a map named `name` in `dir` as another build or tool would make it (`bpftool map
+/// create`), with the key and value sizes, elements and flags given.
+fn pin_map_by_bpftool(
+    dir: &Path,
+    name: &str,
+    kind: &str,
+    key: u32,
+    value: u32,
+    entries: u32,
+    flags: u32,
+) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir)?;
     let out = Command::new("bpftool")
         .args(["map", "create"])
-        .arg(dir.join(names::MAP_SLOTS))
-        .args(["type", "array", "key", "4", "value", "64", "entries"])
-        .arg(entries.to_string())
-        .args(["name", names::MAP_SLOTS, "flags"])
-        .arg(flags.to_string())
+        .arg(dir.join(name))
+        .args(["type", kind])
+        .args(["key", &key.to_string(), "value", &value.to_string()])
+        .args(["entries", &entries.to_string(), "name", name])
+        .args(["flags", &flags.to_string()])
         .output()
         .context("running bpftool (cargo xtask setup installs it)")?;
     if !out.status.success() {
