@@ -5,7 +5,7 @@
 
 use std::fs;
 use std::os::fd::AsRawFd as _;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::os::unix::fs::OpenOptionsExt as _;
 
 use anyhow::{bail, Context, Result};
 
@@ -210,16 +210,11 @@ pub fn ensure(scope: Scope) -> Result<()> {
     run_steps(scope, false).map(|_| ())
 }
 
-/// Whether this process holds the setup lock (a step may set up a narrower scope itself).
-static HOLDING_LOCK: AtomicBool = AtomicBool::new(false);
-
 /// Waits until no other xtask on this machine is setting up, and holds that until the returned
 /// file is dropped: two at once (a `cargo xtask test` and a `test-kernels` started beside it)
-/// would each run apt and build the same Go binaries into the same paths.
-fn setup_lock() -> Result<Option<fs::File>> {
-    if HOLDING_LOCK.load(Ordering::Relaxed) {
-        return Ok(None);
-    }
+/// would each run apt and build the same Go binaries into the same paths. No step sets up
+/// another scope itself: a nested call would wait for its own caller.
+fn setup_lock() -> Result<fs::File> {
     let path = util::workspace_root()
         .join("target")
         .join(".xtask-setup.lock");
@@ -230,6 +225,8 @@ fn setup_lock() -> Result<Option<fs::File>> {
         .create(true)
         .truncate(false)
         .write(true)
+        // Root opens it: never through a link someone put in its place.
+        .custom_flags(libc::O_NOFOLLOW)
         .open(&path)
         .with_context(|| format!("cannot open {}", path.display()))?;
     let lock = |how| {
@@ -250,21 +247,12 @@ fn setup_lock() -> Result<Option<fs::File>> {
         );
         lock(libc::LOCK_EX).with_context(|| format!("cannot lock {}", path.display()))?;
     }
-    HOLDING_LOCK.store(true, Ordering::Relaxed);
-    Ok(Some(file))
+    Ok(file)
 }
 
 /// Runs the steps of `scope`; returns whether any of them installed something.
 fn run_steps(scope: Scope, verbose: bool) -> Result<bool> {
-    let lock = setup_lock()?;
-    let result = run_steps_locked(scope, verbose);
-    if lock.is_some() {
-        HOLDING_LOCK.store(false, Ordering::Relaxed);
-    }
-    result
-}
-
-fn run_steps_locked(scope: Scope, verbose: bool) -> Result<bool> {
+    let _lock = setup_lock()?;
     let mut changed = false;
     for step in scope.steps() {
         let outcome = (step.run)(scope).with_context(|| format!("setup: {}: failed", step.name))?;
