@@ -11,6 +11,7 @@ mod demo;
 mod elf;
 mod foreign_debs;
 mod kernels;
+mod previous_release;
 mod setup;
 mod stall;
 mod test;
@@ -81,6 +82,10 @@ enum Command {
     /// Go modules by `setup --for cluster`), ipq installed from deploy/kubernetes/, the
     /// incidents (needs root; also the last step of `cargo xtask test`)
     TestCluster,
+    /// Build the previous release the cluster tier rolls back to (the commit
+    /// xtask/previous-release.toml names: its binaries and Helm chart, from its own tree, into
+    /// a cache outside the checkout) and print its directory; the cluster tier does it itself
+    PreviousRelease,
     /// Run the demo (needs root)
     Demo {
         /// `netns`: the node wired by hand (the default); `containerd`: the same incident with
@@ -123,6 +128,7 @@ fn main() -> Result<()> {
         Command::Test { args } => test::run(&args),
         Command::TestKernels { names, arch } => test::run_kernels(arch, &names),
         Command::TestCluster => test_cluster::run(),
+        Command::PreviousRelease => previous_release::run(),
         Command::Demo { runtime, nodes } => {
             if nodes != 1 && !matches!(runtime, demo::Runtime::Kubernetes) {
                 anyhow::bail!("--nodes {nodes} needs --runtime kubernetes");

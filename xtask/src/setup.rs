@@ -4,8 +4,6 @@
 //! so running setup again is cheap and changes nothing.
 
 use std::fs;
-use std::os::fd::AsRawFd as _;
-use std::os::unix::fs::OpenOptionsExt as _;
 
 use anyhow::{bail, Context, Result};
 
@@ -218,36 +216,7 @@ fn setup_lock() -> Result<fs::File> {
     let path = util::workspace_root()
         .join("target")
         .join(".xtask-setup.lock");
-    if let Some(dir) = path.parent() {
-        fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    }
-    let file = fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        // Root opens it: never through a link someone put in its place.
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(&path)
-        .with_context(|| format!("cannot open {}", path.display()))?;
-    let lock = |how| {
-        // SAFETY: flock on a descriptor this function owns.
-        if unsafe { libc::flock(file.as_raw_fd(), how) } == 0 {
-            Ok(())
-        } else {
-            Err(std::io::Error::last_os_error())
-        }
-    };
-    if let Err(e) = lock(libc::LOCK_EX | libc::LOCK_NB) {
-        if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
-            bail!("cannot lock {}: {e}", path.display());
-        }
-        println!(
-            "setup: another xtask is setting up this machine ({} is locked): waiting for it",
-            path.display()
-        );
-        lock(libc::LOCK_EX).with_context(|| format!("cannot lock {}", path.display()))?;
-    }
-    Ok(file)
+    util::exclusive_lock(&path, "setup: another xtask is setting up this machine")
 }
 
 /// Runs the steps of `scope`; returns whether any of them installed something.

@@ -1,7 +1,8 @@
 //! The cluster tier (tests/tests/cluster.rs): the last step of `cargo xtask test`, and
 //! `cargo xtask test-cluster` alone. It needs the Kubernetes components built from Go modules
 //! (`setup --for cluster`: about 30 minutes the first time on 2 cores, seconds once Go's build
-//! cache has them) and the release build its image is made of.
+//! cache has them), the release build its image is made of, and the previous release it rolls
+//! back to (built once per machine: `crate::previous_release`).
 
 use std::time::Instant;
 
@@ -32,6 +33,8 @@ pub fn run() -> Result<()> {
 
 /// The release build, then the tier's tests; their counts. Setup is the caller's.
 pub fn tier() -> Result<Totals> {
+    let previous = crate::previous_release::ensure()
+        .context("the cluster tier's previous release (its rollback) could not be built")?;
     println!("==> release build (what ipq's image ships)");
     let mut release = util::cargo([
         "build",
@@ -66,6 +69,8 @@ pub fn tier() -> Result<Totals> {
         "IPQ_AGENT_BINARY",
         util::workspace_root().join("target/release/ipq-agent"),
     );
+    // The release the upgrade phase rolls the DaemonSet to and back from.
+    test.env("IPQ_PREVIOUS_RELEASE", previous);
     let results = run_tests(test, false).context("the cluster tier did not run")?;
     Ok(results.all)
 }

@@ -150,3 +150,38 @@ pub fn free_space_of(path: &Path) -> String {
     let free = stat.f_bavail.saturating_mul(stat.f_frsize);
     format!("{} MiB free on {}", free >> 20, path.display())
 }
+
+/// Opens (creating) the lock file `path` and waits until this process holds it exclusively
+/// (flock); held until the returned file is dropped. When another holds it, prints
+/// `<waiting>` with the path first, so a second xtask says why it sits still.
+pub fn exclusive_lock(path: &Path, waiting: &str) -> Result<std::fs::File> {
+    use std::os::fd::AsRawFd as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        // Root opens it: never through a link someone put in its place.
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+        .with_context(|| format!("cannot open {}", path.display()))?;
+    let lock = |how| {
+        // SAFETY: flock on a descriptor this function owns.
+        if unsafe { libc::flock(file.as_raw_fd(), how) } == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
+        }
+    };
+    if let Err(e) = lock(libc::LOCK_EX | libc::LOCK_NB) {
+        if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
+            bail!("cannot lock {}: {e}", path.display());
+        }
+        println!("{waiting} ({} is locked): waiting for it", path.display());
+        lock(libc::LOCK_EX).with_context(|| format!("cannot lock {}", path.display()))?;
+    }
+    Ok(file)
+}
