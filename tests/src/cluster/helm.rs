@@ -82,7 +82,12 @@ impl<'h> Helm<'h> {
     /// `helm upgrade ipq deploy/helm/ipq --reuse-values --set <set>...`: the release's values
     /// with `set` changed.
     pub fn upgrade(&self, set: &[&str]) -> anyhow::Result<String> {
-        let chart = chart_dir();
+        self.upgrade_to(&chart_dir(), set)
+    }
+
+    /// `helm upgrade ipq <chart> --reuse-values --set <set>...`: the release moved to another
+    /// chart (another release's) with its values kept, `set` changed.
+    pub fn upgrade_to(&self, chart: &Path, set: &[&str]) -> anyhow::Result<String> {
         let mut args = vec!["upgrade", RELEASE, chart.to_str().context("a UTF-8 path")?];
         args.push("--reuse-values");
         for value in set {

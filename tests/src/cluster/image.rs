@@ -24,11 +24,14 @@ use anyhow::{bail, Context as _};
 /// place of the shipped one.
 pub const IPQ_IMAGE: &str = "ipq.test/ipq/ipq:cluster-tier";
 
-/// A second image of the same release build, for the tier's upgrade node by node: what it
-/// rolls to and back from. The same code: only the file naming the image
-/// ([`IMAGE_NAME_FILE`]) differs, so its layer, and with it its digest, is another (building a
-/// real previous release from git would cost a cold release build).
-pub const IPQ_IMAGE_NEXT: &str = "ipq.test/ipq/ipq:cluster-tier-next";
+/// The previous release's image, for the tier's upgrade node by node: what it rolls back to
+/// and forward from. Made of the binaries `cargo xtask previous-release` built from the commit
+/// `xtask/previous-release.toml` names ([`previous_release`]).
+pub const IPQ_IMAGE_PREVIOUS: &str = "ipq.test/ipq/ipq:previous-release";
+
+/// The environment variable naming the previous release's directory (xtask's cluster tier sets
+/// it).
+pub const PREVIOUS_RELEASE_ENV: &str = "IPQ_PREVIOUS_RELEASE";
 
 /// The file in every image made here that holds the image's own name.
 pub const IMAGE_NAME_FILE: &str = "etc/ipq-test-image";
@@ -144,17 +147,60 @@ pub fn release_binary(name: &str) -> anyhow::Result<PathBuf> {
 
 /// Writes the image's OCI archive under `work`; its path.
 pub fn build(work: &Path) -> anyhow::Result<PathBuf> {
-    build_as(work, IPQ_IMAGE)
-}
-
-/// Writes the OCI archive of the release build's image named `image` ([`IPQ_IMAGE`] or
-/// [`IPQ_IMAGE_NEXT`]) under `work`; its path.
-pub fn build_as(work: &Path, image: &str) -> anyhow::Result<PathBuf> {
     let source = ImageSource::host_release();
     for name in SHIPPED_BINARIES {
         release_binary(name)?;
     }
-    build_named(work, &source, image)
+    build_named(work, &source, IPQ_IMAGE)
+}
+
+/// The previous release built by `cargo xtask previous-release`: its binaries (`bin/`), its
+/// Helm chart (`chart/`) and the commit it is (`commit`).
+pub struct PreviousRelease {
+    pub dir: PathBuf,
+    pub commit: String,
+}
+
+impl PreviousRelease {
+    pub fn chart(&self) -> PathBuf {
+        self.dir.join("chart")
+    }
+}
+
+/// The previous release [`PREVIOUS_RELEASE_ENV`] names; fails saying how to build it.
+pub fn previous_release() -> anyhow::Result<PreviousRelease> {
+    let dir = std::env::var_os(PREVIOUS_RELEASE_ENV).with_context(|| {
+        format!(
+            "{PREVIOUS_RELEASE_ENV} is unset: the upgrade phase rolls back to the previous \
+             release; `cargo xtask test-cluster` builds it and sets it, or set it to what \
+             `cargo xtask previous-release` prints"
+        )
+    })?;
+    let dir = PathBuf::from(dir);
+    let commit = fs::read_to_string(dir.join("commit"))
+        .with_context(|| {
+            format!(
+                "{}/commit: not a previous release's directory",
+                dir.display()
+            )
+        })?
+        .trim()
+        .to_string();
+    if !dir.join("chart/Chart.yaml").is_file() {
+        bail!("{} has no chart/Chart.yaml", dir.display());
+    }
+    Ok(PreviousRelease { dir, commit })
+}
+
+/// Writes the OCI archive of the previous release's image ([`IPQ_IMAGE_PREVIOUS`]) under
+/// `work`; its path.
+pub fn build_previous(work: &Path, release: &PreviousRelease) -> anyhow::Result<PathBuf> {
+    let source = ImageSource {
+        arch: Arch::host(),
+        binaries: release.dir.join("bin"),
+        busybox: PathBuf::from("/bin/busybox"),
+    };
+    build_named(work, &source, IPQ_IMAGE_PREVIOUS)
 }
 
 /// Writes the OCI archive of the image made of `source` under `work`; its path. Fails, naming

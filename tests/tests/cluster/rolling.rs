@@ -10,10 +10,12 @@
 //!   tells pods apart by payload size: flannel's masquerade gives the node's source address),
 //!   is deleted, and its address is handed by host-local to a new pod on the same node while
 //!   it still runs: ipq fences it (fence-old), and its node's NodeQuarantine lists it.
-//! - The roll: ipq's DaemonSet to a second image of the same release build
-//!   ([`image::IPQ_IMAGE_NEXT`]: the same code, another digest) with `helm upgrade --set
-//!   image.tag=...`, then `helm rollback` to the installed revision. Each waited for until every
-//!   node's agent is a new pod, ready, on the revision's image.
+//! - The roll: ipq's DaemonSet back to the previous release (its chart and its image, built from
+//!   the commit `xtask/previous-release.toml` names: [`image::IPQ_IMAGE_PREVIOUS`]) with `helm
+//!   upgrade <its chart> --reuse-values --set image.tag=...`, then forward again to this tree's
+//!   with `helm rollback` to the installed revision: the rollback and the upgrade users do, each
+//!   taking over the other version's pins, journal, reservations and NodeQuarantines. Each
+//!   waited for until every node's agent is a new pod, ready, on the revision's image.
 //!
 //! Proven from what was recorded throughout (a `kubectl get --watch` of the agents' pods and one
 //! of the NodeQuarantines), not by sampling at the end: each roll went one node at a time, as
@@ -32,7 +34,7 @@ use anyhow::{bail, ensure, Context as _};
 use ipq_tests::cluster::{
     deploy::{agent_pod_on, ipq_on, AGENT_SELECTOR, DAEMONSET, NAMESPACE},
     flannel,
-    image::{self, IPQ_IMAGE, IPQ_IMAGE_NEXT},
+    image::{self, IPQ_IMAGE, IPQ_IMAGE_PREVIOUS},
     kubectl::pod_ready,
     node,
     peer::Witness,
@@ -72,9 +74,10 @@ struct Flow {
 pub fn upgrade_and_rollback_node_by_node(cluster: &mut Cluster) -> anyhow::Result<()> {
     let nodes: Vec<String> = cluster.node_names().iter().map(|n| n.to_string()).collect();
     ensure!(nodes.len() == STALE.len(), "the phase runs on 3 nodes");
-    let next = image::build_as(&cluster.host.dir().join("ipq-image-next"), IPQ_IMAGE_NEXT)?;
+    let previous = image::previous_release()?;
+    let archive = image::build_previous(&cluster.host.dir().join("ipq-image-previous"), &previous)?;
     for host in cluster.hosts() {
-        node::import_image(host, &next)?;
+        node::import_image(host, &archive)?;
     }
     let witness = Witness::start(&cluster.host.peer)?;
     let quarantines = Watch::start(
@@ -109,21 +112,26 @@ pub fn upgrade_and_rollback_node_by_node(cluster: &mut Cluster) -> anyhow::Resul
         "the chart's DaemonSet rolls {max_unavailable} nodes at a time, not one"
     );
     let installed = cluster.helm()?.revision()?;
-    let tag = IPQ_IMAGE_NEXT.rsplit_once(':').context("a tag")?.1;
+    let tag = IPQ_IMAGE_PREVIOUS.rsplit_once(':').context("a tag")?.1;
     let set = format!("image.tag={tag}");
+    let chart = previous.chart();
     let began = Instant::now();
-    let upgraded = roll(
-        cluster,
-        &agents,
-        IPQ_IMAGE_NEXT,
-        &format!("helm upgrade --set {set}"),
-        |c| c.helm()?.upgrade(&[&set]),
-    )?;
     let rolled_back = roll(
         cluster,
         &agents,
+        IPQ_IMAGE_PREVIOUS,
+        &format!(
+            "helm upgrade to the previous release {} ({}) --set {set}",
+            previous.commit,
+            chart.display()
+        ),
+        |c| c.helm()?.upgrade_to(&chart, &[&set]),
+    )?;
+    let upgraded = roll(
+        cluster,
+        &agents,
         IPQ_IMAGE,
-        &format!("helm rollback {installed}"),
+        &format!("helm rollback {installed} (this tree's release again)"),
         |c| c.helm()?.rollback(installed),
     )?;
     let ended = Instant::now();
@@ -133,7 +141,7 @@ pub fn upgrade_and_rollback_node_by_node(cluster: &mut Cluster) -> anyhow::Resul
         upgraded.image_id
     );
 
-    node_by_node(&agents.events(), &nodes, began, rolled_back.began)?;
+    node_by_node(&agents.events(), &nodes, began, upgraded.began)?;
     let echoes = flows
         .iter()
         .zip(echoed_before)
@@ -145,8 +153,10 @@ pub fn upgrade_and_rollback_node_by_node(cluster: &mut Cluster) -> anyhow::Resul
     }
     quarantines.check_running()?;
     eprintln!(
-        "cluster tier: upgrade and rollback of 3 nodes in {:.1?}: {} flows unbroken (echoes \
-         meanwhile: {echoes:?}), 0 of the fenced holders' pings delivered",
+        "cluster tier: rollback to the previous release {} and upgrade back, 3 nodes, in {:.1?}: \
+         {} flows unbroken (echoes meanwhile: {echoes:?}), 0 of the fenced holders' pings \
+         delivered",
+        previous.commit,
         ended - began,
         flows.len()
     );
@@ -510,15 +520,15 @@ impl Agents {
     }
 }
 
-/// From the recorded watch of the agents' pods: every node had a ready agent when the upgrade
-/// began; from then on never more than one node was without one; each node was without one
-/// exactly once in the upgrade and once in the rollback (which began at `rollback`), one after
-/// the other.
+/// From the recorded watch of the agents' pods: every node had a ready agent when the rollback
+/// to the previous release began; from then on never more than one node was without one; each
+/// node was without one exactly once in the rollback and once in the upgrade back (which began
+/// at `upgrade`), one after the other.
 fn node_by_node(
     events: &[Recorded],
     nodes: &[String],
     began: Instant,
-    rollback: Instant,
+    upgrade: Instant,
 ) -> anyhow::Result<()> {
     let mut replay = Agents::default();
     let (before, during): (Vec<&Recorded>, Vec<&Recorded>) =
@@ -526,7 +536,7 @@ fn node_by_node(
     before.iter().for_each(|e| replay.apply(e));
     ensure!(
         replay.unavailable(nodes).is_empty(),
-        "when the upgrade began, the recorded watch had no ready agent on {:?}",
+        "when the rollback began, the recorded watch had no ready agent on {:?}",
         replay.unavailable(nodes)
     );
     // (node, without a ready agent from, until)
@@ -563,12 +573,12 @@ fn node_by_node(
     );
     for (roll, spans) in [
         (
-            "upgrade",
-            spans.iter().filter(|s| s.1 < rollback).collect::<Vec<_>>(),
+            "rollback to the previous release",
+            spans.iter().filter(|s| s.1 < upgrade).collect::<Vec<_>>(),
         ),
         (
-            "rollback",
-            spans.iter().filter(|s| s.1 >= rollback).collect(),
+            "upgrade back",
+            spans.iter().filter(|s| s.1 >= upgrade).collect(),
         ),
     ] {
         let mut rolled: Vec<&str> = spans.iter().map(|s| s.0).collect();
