@@ -360,6 +360,8 @@ Recovered:       from the journal, 3 addresses
         last_published_at: Some("2026-11-22T10:00:58Z".into()),
         entries: 2,
         omitted: 0,
+        orphaned: 0,
+        orphans_withheld: None,
         writes_total: 7,
         failures_total: 3,
         last_error: Some("connecting to the API server: connection refused".into()),
@@ -382,6 +384,7 @@ Recovered:       from the journal, 3 addresses
         foreign: 1,
         writes_total: 9,
         recreated_total: 3,
+        orphaned: 0,
         failures_total: 1,
         last_error: Some(
             "refused: creating OverlappingRangeIPReservation 10.0.0.5: forbidden".into(),
@@ -398,6 +401,25 @@ Recovered:       from the journal, 3 addresses
         ),
         "{text}"
     );
+    let mut orphaned = projecting.clone();
+    if let Some(p) = orphaned.publish.as_mut() {
+        p.state = ipq_api::PublishState::Published;
+        p.orphaned = 1;
+        p.orphans_withheld = Some(2);
+        p.last_error = None;
+    }
+    if let Some(w) = orphaned.whereabouts.as_mut() {
+        w.orphaned = 3;
+    }
+    let text = render::status(&orphaned, now());
+    assert!(
+        text.contains(
+            "node-a (published), written 2026-11-22T10:00:58Z (2s ago), 2 entries (1 \
+             orphaned); 2 ORPHANED LEFT OUT: the cluster's NodeQuarantine CRD lacks the state \
+             (kubectl apply -f deploy/helm/ipq/crds/); 7 writes"
+        ) && text.contains("; 3 live holders whose pod was deleted under them (orphaned)"),
+        "{text}"
+    );
     use ipq_api::model::{ClusterEntry, ClusterView, NodeQuarantineSummary};
     let mut clustered = projecting.clone();
     clustered.cluster = Some(ClusterView {
@@ -407,6 +429,7 @@ Recovered:       from the journal, 3 addresses
             node: "node-b".into(),
             quarantined: 4,
             fenced: 1,
+            orphaned: 0,
             newest: vec![ClusterEntry {
                 address: "10.0.3.7".into(),
                 state: "fenced".into(),

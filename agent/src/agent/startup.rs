@@ -530,6 +530,7 @@ fn start_publishing(
     );
     // One view of the API server for both: a return either sees ends both backoffs.
     let health = crate::publish::ApiHealth::new();
+    let feed = crate::publish::start(settings.clone(), publish_metrics.clone(), health.clone());
     let projection = config.kubernetes.whereabouts.then(|| {
         let target = crate::publish::whereabouts::Target {
             node: settings.node.clone(),
@@ -553,15 +554,12 @@ fn start_publishing(
             settings.kubeconfig.clone(),
             task_metrics,
             health.clone(),
+            feed.orphans(),
         )
     });
     let cluster = crate::publish::cluster::ClusterReader::start(
         settings.node.clone(),
         settings.kubeconfig.clone(),
     );
-    Ok(Some((
-        crate::publish::start(settings, publish_metrics, health),
-        projection,
-        cluster,
-    )))
+    Ok(Some((feed, projection, cluster)))
 }

@@ -108,16 +108,13 @@ pub fn summarize(own: &str, objects: &[(String, Value)]) -> ClusterView {
                 node: node.clone(),
                 quarantined: count(status, "quarantined"),
                 fenced: count(status, "fenced"),
+                orphaned: count(status, "orphaned"),
                 newest: entries.into_iter().take(NEWEST).map(entry).collect(),
             }
         })
-        .filter(|n| n.quarantined + n.fenced > 0)
+        .filter(|n| listed(n) > 0)
         .collect();
-    nodes.sort_by(|a, b| {
-        (b.quarantined + b.fenced)
-            .cmp(&(a.quarantined + a.fenced))
-            .then_with(|| a.node.cmp(&b.node))
-    });
+    nodes.sort_by(|a, b| listed(b).cmp(&listed(a)).then_with(|| a.node.cmp(&b.node)));
     let nodes_omitted = nodes.len().saturating_sub(MAX_NODES) as u64;
     nodes.truncate(MAX_NODES);
     ClusterView {
@@ -126,6 +123,11 @@ pub fn summarize(own: &str, objects: &[(String, Value)]) -> ClusterView {
         nodes,
         nodes_omitted,
     }
+}
+
+/// Every entry a node's object counts.
+fn listed(node: &NodeQuarantineSummary) -> u64 {
+    node.quarantined + node.fenced + node.orphaned
 }
 
 fn entry(value: &Value) -> ClusterEntry {
@@ -179,11 +181,19 @@ mod tests {
                 ),
             ),
             ("node-c".to_owned(), status(0, 0, &[])),
+            (
+                "node-e".to_owned(),
+                json!({"quarantined": 0, "fenced": 0, "orphaned": 2, "entries": []}),
+            ),
             ("node-d".to_owned(), status(5, 0, &["2026-01-01T00:00:00Z"])),
         ];
         let view = summarize("node-a", &objects);
         let names: Vec<&str> = view.nodes.iter().map(|n| n.node.as_str()).collect();
-        assert_eq!(names, ["node-d", "node-b"]);
+        assert_eq!(names, ["node-d", "node-b", "node-e"]);
+        assert_eq!(
+            view.nodes[2].orphaned, 2,
+            "a node with only orphans is listed"
+        );
         let b = &view.nodes[1];
         assert_eq!((b.quarantined, b.fenced), (3, 1));
         let newest: Vec<&str> = b.newest.iter().map(|e| e.address.as_str()).collect();

@@ -19,7 +19,16 @@ pub enum EntryState {
     Quarantined,
     /// A live holder the address was taken from, whose traffic ipq drops.
     Fenced,
+    /// A live holder whose pod was deleted while it runs (a force delete), its address freed
+    /// by the cluster's IPAM (whereabouts deleted its reservation): nothing was taken from it
+    /// yet, and ipq keeps the address from the next pod. Only the whereabouts projection
+    /// learns of it ([`crate::publish::whereabouts`]), and lists it through [`Orphans`].
+    Orphaned,
 }
+
+/// The whereabouts projection's orphaned holders by address, handed to the NodeQuarantine
+/// writer whole whenever they change (they are few: force-deleted pods still running).
+pub type Orphans = std::sync::Arc<BTreeMap<IpAddr, PublishedEntry>>;
 
 /// One listed address.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -115,35 +124,62 @@ pub struct StatusBody {
     pub status: Value,
     pub listed: usize,
     pub omitted: usize,
+    /// Of the listed entries, the orphaned ones.
+    pub orphaned: usize,
 }
 
-/// The object's status from every entry the publisher holds. O(entries), off the owner loop.
+/// The registry's entries and the projection's orphans in address order, one entry per
+/// address: the registry's wins (a quarantine or a fence says more than "its pod is gone").
+fn merged<'a>(
+    entries: &'a BTreeMap<IpAddr, PublishedEntry>,
+    orphans: &'a BTreeMap<IpAddr, PublishedEntry>,
+) -> impl Iterator<Item = (&'a IpAddr, &'a PublishedEntry)> {
+    let mut ours = entries.iter().peekable();
+    let mut theirs = orphans
+        .iter()
+        .filter(|(addr, _)| !entries.contains_key(addr))
+        .peekable();
+    std::iter::from_fn(move || match (ours.peek(), theirs.peek()) {
+        (Some((a, _)), Some((b, _))) if b < a => theirs.next(),
+        (Some(_), _) => ours.next(),
+        (None, _) => theirs.next(),
+    })
+}
+
+/// The object's status from every entry the publisher holds and the projection's orphans.
+/// O(entries + orphans), off the owner loop.
 pub fn status_body(
     node: &str,
     entries: &BTreeMap<IpAddr, PublishedEntry>,
+    orphans: &BTreeMap<IpAddr, PublishedEntry>,
     max_entries: usize,
     time: &TimeBase,
     published_at: std::time::SystemTime,
 ) -> StatusBody {
-    let quarantined = entries
-        .values()
-        .filter(|e| e.state == EntryState::Quarantined)
-        .count();
-    let fenced = entries.len() - quarantined;
-    let listed: Vec<Value> = entries
-        .iter()
-        .take(max_entries)
-        .map(|(addr, entry)| entry.to_json(*addr, time))
-        .collect();
-    let omitted = entries.len() - listed.len();
+    let (mut quarantined, mut fenced, mut orphaned, mut listed_orphans) = (0, 0, 0, 0);
+    let mut listed = Vec::new();
+    for (addr, entry) in merged(entries, orphans) {
+        match entry.state {
+            EntryState::Quarantined => quarantined += 1,
+            EntryState::Fenced => fenced += 1,
+            EntryState::Orphaned => orphaned += 1,
+        }
+        if listed.len() < max_entries {
+            listed_orphans += usize::from(entry.state == EntryState::Orphaned);
+            listed.push(entry.to_json(*addr, time));
+        }
+    }
+    let omitted = quarantined + fenced + orphaned - listed.len();
     StatusBody {
         listed: listed.len(),
         omitted,
+        orphaned: listed_orphans,
         status: json!({
             "nodeName": node,
             "publishedAt": humantime::format_rfc3339_millis(published_at).to_string(),
             "quarantined": quarantined,
             "fenced": fenced,
+            "orphaned": orphaned,
             "omitted": omitted,
             "maxEntries": max_entries,
             "entries": listed,
@@ -233,7 +269,8 @@ mod tests {
                 (IpAddr::from([10, 0, 0, i]), entry)
             })
             .collect();
-        let body = status_body("node-a", &entries, 3, &time, SystemTime::UNIX_EPOCH);
+        let none = BTreeMap::new();
+        let body = status_body("node-a", &entries, &none, 3, &time, SystemTime::UNIX_EPOCH);
         assert_eq!((body.listed, body.omitted), (3, 2));
         assert_eq!(body.status["quarantined"], 4);
         assert_eq!(body.status["fenced"], 1);
@@ -246,5 +283,81 @@ mod tests {
             .collect();
         assert_eq!(listed, ["10.0.0.1", "10.0.0.2", "10.0.0.3"]);
         assert!(body.status["entries"][0].get("until").is_none());
+    }
+
+    #[test]
+    fn orphans_are_listed_in_address_order_and_the_registrys_entry_wins_on_an_address() {
+        let time = TimeBase::at(0, SystemTime::UNIX_EPOCH);
+        let entry = |state, i: u8| PublishedEntry {
+            state,
+            since: 0,
+            until: None,
+            holder: Holder::new(u32::from(i), format!("veth{i}")),
+        };
+        let addr = |i: u8| IpAddr::from([10, 0, 0, i]);
+        let entries: BTreeMap<IpAddr, PublishedEntry> = [
+            (addr(2), entry(EntryState::Quarantined, 2)),
+            (addr(4), entry(EntryState::Fenced, 4)),
+        ]
+        .into_iter()
+        .collect();
+        let orphans: BTreeMap<IpAddr, PublishedEntry> = [1, 3, 4, 5]
+            .into_iter()
+            .map(|i| (addr(i), entry(EntryState::Orphaned, i)))
+            .collect();
+        let body = status_body(
+            "node-a",
+            &entries,
+            &orphans,
+            10,
+            &time,
+            SystemTime::UNIX_EPOCH,
+        );
+        let listed: Vec<(String, String)> = body.status["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| {
+                (
+                    e["address"].as_str().unwrap().into(),
+                    e["state"].as_str().unwrap().into(),
+                )
+            })
+            .collect();
+        let expected: Vec<(String, String)> = [
+            ("10.0.0.1", "orphaned"),
+            ("10.0.0.2", "quarantined"),
+            ("10.0.0.3", "orphaned"),
+            ("10.0.0.4", "fenced"),
+            ("10.0.0.5", "orphaned"),
+        ]
+        .iter()
+        .map(|(a, s)| (a.to_string(), s.to_string()))
+        .collect();
+        assert_eq!(listed, expected);
+        assert_eq!(
+            (
+                &body.status["quarantined"],
+                &body.status["fenced"],
+                &body.status["orphaned"]
+            ),
+            (&json!(1), &json!(1), &json!(3))
+        );
+        assert_eq!((body.listed, body.omitted, body.orphaned), (5, 0, 3));
+        assert!(body.status["entries"][0].get("until").is_none());
+
+        let capped = status_body(
+            "node-a",
+            &entries,
+            &orphans,
+            2,
+            &time,
+            SystemTime::UNIX_EPOCH,
+        );
+        assert_eq!((capped.listed, capped.omitted, capped.orphaned), (2, 3, 1));
+        assert_eq!(
+            capped.status["orphaned"], 3,
+            "the counts cover what is left out"
+        );
     }
 }

@@ -27,6 +27,8 @@ pub struct PublishMetrics {
     pub pending_seconds: Gauge,
     pub entries: IntGauge,
     pub omitted_entries: IntGauge,
+    /// Orphaned entries the last write left out: the API server refused their state.
+    pub orphans_withheld: IntGauge,
     /// From the first change a write carries to the API server's answer.
     pub latency: Histogram,
     /// Passes of the owner loop that found the writer's feed full and kept their changes.
@@ -73,7 +75,8 @@ impl PublishMetrics {
             registry,
             IntGauge::new(
                 "ipq_publish_entries",
-                "Addresses (quarantined or fenced) the last written NodeQuarantine listed.",
+                "Addresses (quarantined, fenced or orphaned) the last written NodeQuarantine \
+                 listed.",
             )?,
         )?;
         let omitted_entries = registered(
@@ -82,6 +85,16 @@ impl PublishMetrics {
                 "ipq_publish_omitted_entries",
                 "Quarantined or fenced addresses left out of the last written NodeQuarantine \
                  (over its cap of entries, kept under the API server's object size limit).",
+            )?,
+        )?;
+        let orphans_withheld = registered(
+            registry,
+            IntGauge::new(
+                "ipq_publish_orphans_withheld",
+                "Orphaned holders (force-deleted pods still running) left out of the last \
+                 written NodeQuarantine because the API server refused the state: the \
+                 cluster's NodeQuarantine CRD is older than the agent (kubectl apply -f \
+                 deploy/helm/ipq/crds/). 0 when none were.",
             )?,
         )?;
         let latency = registered(
@@ -114,6 +127,7 @@ impl PublishMetrics {
             pending_seconds,
             entries,
             omitted_entries,
+            orphans_withheld,
             latency,
         })
     }

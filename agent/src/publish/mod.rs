@@ -38,12 +38,12 @@ use std::{
 };
 
 use ipq_api::PublishState;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 pub use api_health::ApiHealth;
 pub use backoff::Backoff;
 pub use client::CachedClient;
-pub use entry::{status_body, EntryState, PublishedEntry};
+pub use entry::{status_body, EntryState, Orphans, PublishedEntry};
 pub use kube_sink::{
     pod_present, KubeSink, FIELD_MANAGER, GROUP, KIND, PLURAL, REQUEST_TIMEOUT, VERSION,
 };
@@ -103,6 +103,8 @@ pub const FEED_BATCHES: usize = 64;
 /// The owner loop's end of the publisher.
 pub struct Feed {
     changes: mpsc::Sender<Vec<Change>>,
+    /// The whereabouts projection's orphaned holders, whole (it alone learns of them).
+    orphans: watch::Sender<Orphans>,
     view: Arc<Mutex<PublishView>>,
     metrics: Arc<PublishMetrics>,
     /// The writer, until [`Feed::launch`] spawns it.
@@ -152,6 +154,12 @@ impl Feed {
         }
     }
 
+    /// Where the whereabouts projection hands over its orphaned holders (each a force-deleted
+    /// pod still running), whole, whenever they change.
+    pub fn orphans(&self) -> watch::Sender<Orphans> {
+        self.orphans.clone()
+    }
+
     /// How publishing stands, for `ipq status`.
     pub fn view(&self) -> PublishView {
         lock(&self.view).clone()
@@ -167,6 +175,7 @@ pub fn start_with<S: Sink + Send + 'static>(
     health: ApiHealth,
 ) -> Feed {
     let (changes, received) = mpsc::channel(FEED_BATCHES);
+    let (orphans, orphans_received) = watch::channel(Orphans::default());
     let view = Arc::new(Mutex::new(PublishView {
         node: node.clone(),
         state: PublishState::Starting,
@@ -175,7 +184,10 @@ pub fn start_with<S: Sink + Send + 'static>(
     let writer = run(
         node,
         sink,
-        received,
+        writer::Inputs {
+            changes: received,
+            orphans: orphans_received,
+        },
         timing,
         view.clone(),
         metrics.clone(),
@@ -183,6 +195,7 @@ pub fn start_with<S: Sink + Send + 'static>(
     );
     Feed {
         changes,
+        orphans,
         view,
         metrics,
         writer: Some(Box::pin(writer)),

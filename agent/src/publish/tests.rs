@@ -6,7 +6,7 @@ use std::{
     time::Duration,
 };
 
-use serde_json::Value;
+use serde_json::{json, Value};
 use tokio::time::Instant;
 
 use super::*;
@@ -18,6 +18,9 @@ struct Recorder {
     writes: Arc<Mutex<Vec<(Instant, Value)>>>,
     failing: Arc<Mutex<Option<FailureReason>>>,
     attempts: Arc<Mutex<Vec<Instant>>>,
+    /// Refuses a status with an orphaned entry, as the API server does with a CRD older than
+    /// the state.
+    old_crd: Arc<Mutex<bool>>,
 }
 
 impl Sink for Recorder {
@@ -27,6 +30,19 @@ impl Sink for Recorder {
             return Err(WriteError {
                 reason,
                 message: "connection refused".into(),
+            });
+        }
+        let orphaned = status["entries"]
+            .as_array()
+            .is_some_and(|e| e.iter().any(|e| e["state"] == "orphaned"));
+        if orphaned && *self.old_crd.lock().unwrap() {
+            return Err(WriteError {
+                reason: FailureReason::Refused,
+                message: "writing NodeQuarantine node-a status: ApiError: NodeQuarantine.ipq.dev \
+                          \"node-a\" is invalid: status.entries[0].state: Unsupported value: \
+                          \"orphaned\": supported values: \"quarantined\", \"fenced\": Invalid \
+                          (ErrorResponse { status: \"Failure\", code: 422 })"
+                    .into(),
             });
         }
         self.writes
@@ -392,4 +408,139 @@ async fn a_full_feed_refuses_a_batch_without_taking_it_counts_it_and_takes_it_on
     let writes = sink.writes.lock().unwrap();
     assert_eq!(listed(&writes.last().unwrap().1), FEED_BATCHES + 1);
     assert_eq!(metrics.feed_full.get(), 1);
+}
+
+fn orphan(i: u32) -> PublishedEntry {
+    PublishedEntry {
+        state: EntryState::Orphaned,
+        since: 0,
+        until: None,
+        holder: Holder::new(i, format!("veth{i}")),
+    }
+}
+
+fn states(status: &Value) -> Vec<(String, String)> {
+    status["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["address"].as_str().unwrap().to_owned(),
+                e["state"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_projections_orphans_are_written_beside_the_registrys_entries_and_leave_with_them() {
+    let metrics = test_metrics();
+    let sink = Recorder::default();
+    let timing = Timing::default();
+    let mut feed = start_with(
+        "node-a".into(),
+        sink.clone(),
+        timing,
+        metrics.clone(),
+        ApiHealth::new(),
+    );
+    feed.send(addr(2), Some(quarantined(2)));
+    feed.launch();
+    settle().await;
+    let orphans = feed.orphans();
+    orphans.send_replace(Orphans::new(
+        [(addr(1), orphan(1)), (addr(2), orphan(2))].into(),
+    ));
+    tokio::time::advance(timing.min_interval).await;
+    settle().await;
+    let last = sink.writes.lock().unwrap().last().unwrap().1.clone();
+    assert_eq!(
+        states(&last),
+        [
+            ("10.1.0.1".to_owned(), "orphaned".to_owned()),
+            ("10.1.0.2".to_owned(), "quarantined".to_owned())
+        ],
+        "the registry's entry wins on its address"
+    );
+    assert_eq!(
+        (&last["orphaned"], &last["quarantined"]),
+        (&json!(1), &json!(1))
+    );
+    assert_eq!((feed.view().entries, feed.view().orphaned), (2, 1));
+
+    orphans.send_replace(Orphans::default());
+    tokio::time::advance(timing.min_interval).await;
+    settle().await;
+    let last = sink.writes.lock().unwrap().last().unwrap().1.clone();
+    assert_eq!(
+        states(&last),
+        [("10.1.0.2".to_owned(), "quarantined".to_owned())]
+    );
+    assert_eq!(feed.view().orphaned, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_crd_without_the_orphaned_state_costs_the_orphans_only_shown_and_tried_again_later() {
+    let metrics = test_metrics();
+    let sink = Recorder::default();
+    *sink.old_crd.lock().unwrap() = true;
+    let timing = Timing::default();
+    let mut feed = start_with(
+        "node-a".into(),
+        sink.clone(),
+        timing,
+        metrics.clone(),
+        ApiHealth::new(),
+    );
+    feed.send(addr(2), Some(quarantined(2)));
+    feed.launch();
+    settle().await;
+    feed.orphans()
+        .send_replace(Orphans::new([(addr(1), orphan(1))].into()));
+    tokio::time::advance(timing.min_interval).await;
+    settle().await;
+    // Refused once, then written without the orphan one interval later, not on a backoff.
+    tokio::time::advance(timing.min_interval).await;
+    settle().await;
+    let last = sink.writes.lock().unwrap().last().unwrap().1.clone();
+    assert_eq!(
+        states(&last),
+        [("10.1.0.2".to_owned(), "quarantined".to_owned())]
+    );
+    let view = feed.view();
+    assert_eq!(view.state, PublishState::Published);
+    assert_eq!(view.orphans_withheld, Some(1));
+    assert_eq!(view.failures_total, 1);
+    assert_eq!(metrics.orphans_withheld.get(), 1);
+    assert_eq!(
+        metrics.failures.with_label_values(&["refused"]).get(),
+        1,
+        "the refusal is counted"
+    );
+
+    // Other changes go on being written meanwhile, without the orphan.
+    feed.send(addr(3), Some(quarantined(3)));
+    tokio::time::advance(timing.min_interval).await;
+    settle().await;
+    let last = sink.writes.lock().unwrap().last().unwrap().1.clone();
+    assert_eq!(listed(&last), 2);
+    let attempts_before = sink.attempts.lock().unwrap().len();
+
+    // The operator applies the new CRD: the orphan is written within ORPHANS_RETRY.
+    *sink.old_crd.lock().unwrap() = false;
+    tokio::time::advance(writer::ORPHANS_RETRY).await;
+    settle().await;
+    let last = sink.writes.lock().unwrap().last().unwrap().1.clone();
+    assert_eq!(
+        states(&last)[0],
+        ("10.1.0.1".to_owned(), "orphaned".to_owned())
+    );
+    assert_eq!(feed.view().orphans_withheld, None);
+    assert_eq!(metrics.orphans_withheld.get(), 0);
+    assert_eq!(
+        sink.attempts.lock().unwrap().len(),
+        attempts_before + 1,
+        "one write tried the orphans again, not one per interval"
+    );
 }

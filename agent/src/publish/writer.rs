@@ -12,13 +12,16 @@ use ipq_api::PublishState;
 use log::{info, warn};
 use serde_json::Value;
 use thiserror::Error;
-use tokio::{sync::mpsc, time::Instant};
+use tokio::{
+    sync::{mpsc, watch},
+    time::Instant,
+};
 
 use super::{
     api_health::{ApiHealth, RETURN_SPREAD},
     backoff::Backoff,
     entry::status_body,
-    lock, Change, FailureReason, PublishMetrics, PublishedEntry,
+    lock, Change, FailureReason, Orphans, PublishMetrics, PublishedEntry,
 };
 use crate::{api::model::PublishView, api::views::TimeBase};
 
@@ -30,6 +33,16 @@ const FAILURE_LOG_EVERY: Duration = Duration::from_secs(60);
 pub const LAZY_DELAY: Duration = Duration::from_secs(5);
 /// How often `ipq_publish_pending_seconds` is refreshed while a change waits.
 const PENDING_REFRESH: Duration = Duration::from_secs(1);
+/// How long orphaned entries are left out after the API server refused their state (a
+/// NodeQuarantine CRD older than the agent: Helm never upgrades a CRD), before a write tries
+/// them again: the operator's `kubectl apply` of the new CRD is picked up within it.
+pub const ORPHANS_RETRY: Duration = Duration::from_secs(600);
+
+/// Whether `e` is the API server refusing the `orphaned` state (an enum of an older CRD):
+/// `... status.entries[0].state: Unsupported value: "orphaned": supported values: ...`.
+fn refuses_orphaned(e: &WriteError) -> bool {
+    e.reason == FailureReason::Refused && e.message.contains("\"orphaned\"")
+}
 
 /// A write that did not happen, and why.
 #[derive(Debug, Error)]
@@ -63,6 +76,11 @@ struct Writer {
     node: String,
     timing: Timing,
     entries: BTreeMap<IpAddr, PublishedEntry>,
+    /// The whereabouts projection's orphaned holders, as it last handed them over.
+    orphans: Orphans,
+    /// Since when the API server refuses the `orphaned` state: until [`ORPHANS_RETRY`] after
+    /// it, writes leave the orphans out (counted and shown) rather than fail whole.
+    orphans_refused_at: Option<Instant>,
     /// Since when the object lacks a change (the start counts: the object is written once
     /// whatever it held, so a previous run's entries go).
     pending_since: Option<Instant>,
@@ -78,22 +96,37 @@ struct Writer {
     metrics: Arc<PublishMetrics>,
 }
 
+/// What the writer is handed: the owner loop's changed entries, and the whereabouts
+/// projection's orphans, whole.
+pub struct Inputs {
+    pub changes: mpsc::Receiver<Vec<Change>>,
+    pub orphans: watch::Receiver<Orphans>,
+}
+
 /// Runs until the owner's end of the channel is dropped. `health` is told of every write's
 /// outcome, and a return of the API server it announces ends a backoff at once.
 pub async fn run<S: Sink>(
     node: String,
     mut sink: S,
-    mut changes: mpsc::Receiver<Vec<Change>>,
+    inputs: Inputs,
     timing: Timing,
     view: Arc<Mutex<PublishView>>,
     metrics: Arc<PublishMetrics>,
     health: ApiHealth,
 ) {
+    let Inputs {
+        mut changes,
+        mut orphans,
+    } = inputs;
     let mut returns = health.returns();
+    // Closed when the feed is dropped with no projection holding a sender: never again then.
+    let mut orphans_open = true;
     let mut writer = Writer {
         node,
         timing,
         entries: BTreeMap::new(),
+        orphans: Orphans::default(),
+        orphans_refused_at: None,
         pending_since: Some(Instant::now()),
         lazy_since: None,
         last_attempt: None,
@@ -124,6 +157,13 @@ pub async fn run<S: Sink>(
                 }
                 writer.attempt(&mut sink).await;
             }
+            changed = orphans.changed(), if orphans_open => match changed {
+                Ok(()) => {
+                    let now = orphans.borrow_and_update().clone();
+                    writer.set_orphans(now);
+                }
+                Err(_) => orphans_open = false,
+            },
             // The API server answers again: the backoff (tens of seconds by the end of an
             // outage) gives way to a write within a moment.
             returned = returns.changed() => {
@@ -149,10 +189,15 @@ impl Writer {
     /// When the next write is due: none while the object holds everything.
     fn due(&self) -> Option<Instant> {
         let lazy = self.lazy_since.map(|since| since + LAZY_DELAY);
-        let pending = match (self.pending_since, lazy) {
-            (Some(a), Some(b)) => a.min(b),
-            (a, b) => a.or(b)?,
-        };
+        // Orphans left out try again once their refusal is old.
+        let orphans_again = self
+            .orphans_refused_at
+            .filter(|_| !self.orphans.is_empty())
+            .map(|at| at + ORPHANS_RETRY);
+        let pending = [self.pending_since, lazy, orphans_again]
+            .into_iter()
+            .flatten()
+            .min()?;
         let paced = self
             .last_attempt
             .map_or(pending, |at| (at + self.timing.min_interval).max(pending));
@@ -166,6 +211,24 @@ impl Writer {
             self.backoff.reset();
             self.retry_at = Some(Instant::now() + self.backoff.up_to(RETURN_SPREAD));
         }
+    }
+
+    /// The projection's orphans now: a change to write unless they are being left out.
+    fn set_orphans(&mut self, orphans: Orphans) {
+        if *orphans == *self.orphans {
+            return;
+        }
+        self.orphans = orphans;
+        if !self.withholding_orphans() {
+            self.pending_since.get_or_insert_with(Instant::now);
+        }
+    }
+
+    /// Whether writes leave the orphans out: the API server refused their state a short while
+    /// ago.
+    fn withholding_orphans(&self) -> bool {
+        self.orphans_refused_at
+            .is_some_and(|at| at.elapsed() < ORPHANS_RETRY)
     }
 
     fn apply_all(&mut self, batch: Vec<Change>) {
@@ -219,13 +282,17 @@ impl Writer {
         let now = Instant::now();
         self.last_attempt = Some(now);
         let carried_since = self.waiting_since();
+        let withheld = self.withholding_orphans();
+        let none = BTreeMap::new();
         let body = status_body(
             &self.node,
             &self.entries,
+            if withheld { &none } else { &self.orphans },
             self.timing.max_entries,
             &TimeBase::now(),
             SystemTime::now(),
         );
+        let withheld_count = if withheld { self.orphans.len() } else { 0 };
         match sink.write(&body.status).await {
             Ok(()) => {
                 self.health.answered();
@@ -236,6 +303,14 @@ impl Writer {
                 }
                 m.entries.set(body.listed as i64);
                 m.omitted_entries.set(body.omitted as i64);
+                m.orphans_withheld.set(withheld_count as i64);
+                if !withheld && self.orphans_refused_at.take().is_some() {
+                    info!(
+                        "NodeQuarantine {}: the API server takes orphaned entries now (its \
+                         CRD was updated); {} listed",
+                        self.node, body.orphaned
+                    );
+                }
                 // Changes received during the write set it again when they are applied.
                 self.pending_since = None;
                 self.lazy_since = None;
@@ -258,9 +333,30 @@ impl Writer {
                     Some(humantime::format_rfc3339_millis(SystemTime::now()).to_string());
                 view.entries = body.listed as u64;
                 view.omitted = body.omitted as u64;
+                view.orphaned = body.orphaned as u64;
+                view.orphans_withheld = (withheld_count > 0).then_some(withheld_count as u64);
                 view.writes_total += 1;
                 view.last_error = None;
                 view.failing_since = None;
+            }
+            Err(e) if !withheld && !self.orphans.is_empty() && refuses_orphaned(&e) => {
+                // A CRD older than this agent: everything else is still written, at once.
+                self.metrics.failed(e.reason);
+                self.orphans_refused_at = Some(now);
+                self.retry_at = None;
+                self.pending_since.get_or_insert(now);
+                warn!(
+                    "NodeQuarantine {}: the API server refuses the state `orphaned` (the \
+                     cluster's NodeQuarantine CRD is older than this agent; Helm does not \
+                     upgrade CRDs: kubectl apply -f deploy/helm/ipq/crds/): {e}; writing \
+                     without the {} orphaned entries, trying them again every {:?}",
+                    self.node,
+                    self.orphans.len(),
+                    ORPHANS_RETRY
+                );
+                let mut view = lock(&self.view);
+                view.failures_total += 1;
+                view.orphans_withheld = Some(self.orphans.len() as u64);
             }
             Err(e) => {
                 self.metrics.failed(e.reason);

@@ -107,6 +107,9 @@ pub struct NodeQuarantineSummary {
     pub node: String,
     pub quarantined: u64,
     pub fenced: u64,
+    /// Live holders whose pod was deleted under them (absent from an older agent's object).
+    #[serde(default)]
+    pub orphaned: u64,
     /// Its newest entries (by `since`), at most a few.
     #[serde(default)]
     pub newest: Vec<ClusterEntry>,
@@ -137,6 +140,10 @@ pub struct WhereaboutsView {
     pub writes_total: u64,
     /// Reservations whereabouts deleted while still needed, made again.
     pub recreated_total: u64,
+    /// Live holders whose pod was deleted under them (their reservation freed by whereabouts):
+    /// the NodeQuarantine lists them as orphaned.
+    #[serde(default)]
+    pub orphaned: u64,
     pub failures_total: u64,
     /// While failing: why the last attempt failed, and since when.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -160,6 +167,15 @@ pub struct PublishView {
     /// Entries the last written object listed, and those left out of it (it has a cap).
     pub entries: u64,
     pub omitted: u64,
+    /// Of `entries`, the orphaned ones: live holders whose pod was deleted under them (a force
+    /// delete) and whose address the cluster's IPAM freed (learned by the whereabouts
+    /// projection).
+    #[serde(default)]
+    pub orphaned: u64,
+    /// Orphaned entries the last write left out because the API server refused their state (a
+    /// NodeQuarantine CRD older than the agent); absent when none were.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub orphans_withheld: Option<u64>,
     pub writes_total: u64,
     pub failures_total: u64,
     /// While failing: why the last attempt failed, since when, and when the next one is.

@@ -222,8 +222,13 @@ fn other_nodes(c: &ipq_api::model::ClusterView) -> String {
                     None => format!("{} {} since {}", e.address, e.state, e.since),
                 })
                 .collect();
+            let orphaned = if n.orphaned > 0 {
+                format!(", {} orphaned", n.orphaned)
+            } else {
+                String::new()
+            };
             format!(
-                "{}: {} quarantined, {} fenced; newest: {}",
+                "{}: {} quarantined, {} fenced{orphaned}; newest: {}",
                 n.node,
                 n.quarantined,
                 n.fenced,
@@ -258,6 +263,12 @@ fn projected(w: &WhereaboutsView, now: SystemTime) -> String {
          deleted them), {} failed",
         w.reservations, w.foreign, w.writes_total, w.recreated_total, w.failures_total
     ));
+    if w.orphaned > 0 {
+        text.push_str(&format!(
+            "; {} live holders whose pod was deleted under them (orphaned)",
+            w.orphaned
+        ));
+    }
     if let Some(error) = &w.last_error {
         let since = w
             .failing_since
@@ -277,8 +288,17 @@ fn published(p: &PublishView, now: SystemTime) -> String {
         None => text.push_str(", never written"),
     }
     text.push_str(&format!(", {} entries", p.entries));
+    if p.orphaned > 0 {
+        text.push_str(&format!(" ({} orphaned)", p.orphaned));
+    }
     if p.omitted > 0 {
         text.push_str(&format!(" ({} LEFT OUT: over the object's cap)", p.omitted));
+    }
+    if let Some(withheld) = p.orphans_withheld {
+        text.push_str(&format!(
+            "; {withheld} ORPHANED LEFT OUT: the cluster's NodeQuarantine CRD lacks the state \
+             (kubectl apply -f deploy/helm/ipq/crds/)"
+        ));
     }
     text.push_str(&format!(
         "; {} writes, {} failed",

@@ -43,7 +43,10 @@ use std::{
 };
 
 use log::{debug, info, warn};
-use tokio::{sync::mpsc, time::Instant};
+use tokio::{
+    sync::{mpsc, watch as latest},
+    time::Instant,
+};
 
 pub use kube_store::{
     node_label_value, quarantine_pod_ref, KubeStore, ADDRESS_ANNOTATION, NODE_LABEL,
@@ -53,7 +56,7 @@ pub use projection::{pod_ref, reservation_name, Hold, Op, Projection, Want};
 
 use super::{
     api_health::{ApiHealth, RETURN_SPREAD},
-    Backoff, FailureReason, Timing, WriteError,
+    Backoff, FailureReason, Orphans, Timing, WriteError,
 };
 use crate::api::model::WhereaboutsView;
 
@@ -197,13 +200,16 @@ fn lock(view: &Mutex<WhereaboutsView>) -> std::sync::MutexGuard<'_, WhereaboutsV
     view.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// The projection through `store` into `target`, once [`Feed::launch`]ed.
+/// The projection through `store` into `target`, once [`Feed::launch`]ed. The live holders it
+/// finds orphaned (their pod's reservation freed under them) go to `orphans`, the
+/// NodeQuarantine writer's.
 pub fn start_with<S: Store + Send + 'static>(
     store: S,
     target: &Target,
     timing: Timing,
     metrics: TaskMetrics,
     health: ApiHealth,
+    orphans: latest::Sender<Orphans>,
 ) -> Feed {
     let (changes, received) = mpsc::channel(crate::publish::FEED_BATCHES);
     let view = Arc::new(Mutex::new(WhereaboutsView {
@@ -216,7 +222,7 @@ pub fn start_with<S: Store + Send + 'static>(
         full: metrics.feed_full.clone(),
         view: view.clone(),
         task: Some(Box::pin(run(
-            store, received, timing, view, metrics, health,
+            store, received, timing, view, metrics, health, orphans,
         ))),
     }
 }
@@ -228,6 +234,7 @@ pub fn start(
     kubeconfig: Option<PathBuf>,
     metrics: TaskMetrics,
     health: ApiHealth,
+    orphans: latest::Sender<Orphans>,
 ) -> Feed {
     start_with(
         KubeStore::new(target.clone(), kubeconfig, health.clone()),
@@ -235,6 +242,7 @@ pub fn start(
         Timing::default(),
         metrics,
         health,
+        orphans,
     )
 }
 
@@ -255,6 +263,8 @@ struct Task<S> {
     last_logged: Option<(Instant, String)>,
     view: Arc<Mutex<WhereaboutsView>>,
     metrics: TaskMetrics,
+    /// The NodeQuarantine writer's end for the orphans.
+    orphans: latest::Sender<Orphans>,
 }
 
 /// Runs until the owner's end of the channel is dropped.
@@ -265,6 +275,7 @@ pub async fn run<S: Store>(
     view: Arc<Mutex<WhereaboutsView>>,
     metrics: TaskMetrics,
     health: ApiHealth,
+    orphans: latest::Sender<Orphans>,
 ) {
     let mut returns = health.returns();
     let mut store = store;
@@ -283,8 +294,10 @@ pub async fn run<S: Store>(
         last_logged: None,
         view,
         metrics,
+        orphans,
     };
     loop {
+        task.hand_over_orphans();
         let due = (task.synced && task.projection.has_work()).then_some(task.next_round);
         tokio::select! {
             batch = changes.recv() => {
@@ -323,6 +336,21 @@ async fn sleep_until(at: Option<Instant>) {
 }
 
 impl<S: Store> Task<S> {
+    /// Hands the orphans to the NodeQuarantine writer when they changed: O(addresses touched
+    /// since the last call), and O(orphans) when one did.
+    fn hand_over_orphans(&mut self) {
+        // Before the first list, a previous run's reservations are not known yet.
+        if self.synced
+            && self
+                .projection
+                .settle_orphans(crate::netdev::monotonic_ns())
+        {
+            let orphans = Orphans::new(self.projection.orphan_entries());
+            lock(&self.view).orphaned = orphans.len() as u64;
+            self.orphans.send_replace(orphans);
+        }
+    }
+
     /// Takes in a batch of changed addresses (coalesced per address by the projection).
     fn want(&mut self, batch: Vec<Change>) {
         for change in batch {

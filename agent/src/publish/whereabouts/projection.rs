@@ -8,8 +8,8 @@ use std::{
     net::IpAddr,
 };
 
-use super::super::PublishedEntry;
-use crate::registry::{AddrRecord, AddrStatus, Holder};
+use super::super::{EntryState, PublishedEntry};
+use crate::registry::{AddrRecord, AddrStatus, Holder, MonoNs};
 
 /// whereabouts' name for `addr`'s OverlappingRangeIPReservation: `NormalizeIP` of its
 /// pkg/storage/kubernetes/ipam.go (v0.9): the address as Go prints it, `:` made `-` (an IPv6
@@ -53,6 +53,9 @@ pub struct Want {
     /// That pod's uid, when the CNI said it: a pod of the same name made again (a StatefulSet's)
     /// is another pod.
     pub pod_uid: Option<String>,
+    /// The live holder (Active or Draining) of a pod the CNI named; `None` for a quarantine.
+    /// What an orphaned entry names, once whereabouts frees its pod's address under it.
+    pub live_holder: Option<Holder>,
 }
 
 impl Want {
@@ -60,16 +63,20 @@ impl Want {
     /// reservation could be freed under a live holder.
     pub fn of(record: &AddrRecord) -> Option<Self> {
         let listed = PublishedEntry::of(record).is_some();
-        let holder = match &record.status {
-            AddrStatus::Active { holder, .. } | AddrStatus::Draining { holder, .. } => holder,
-            AddrStatus::Quarantined { previous, .. } => previous,
+        let (holder, live) = match &record.status {
+            AddrStatus::Active { holder, .. } | AddrStatus::Draining { holder, .. } => {
+                (holder, true)
+            }
+            AddrStatus::Quarantined { previous, .. } => (previous, false),
         };
         let pod_ref = pod_ref(holder);
         let pod_uid = holder.pod().and_then(|pod| pod.uid.clone());
+        let live_holder = (live && pod_ref.is_some()).then(|| holder.clone());
         (listed || pod_ref.is_some()).then_some(Self {
             listed,
             pod_ref,
             pod_uid,
+            live_holder,
         })
     }
 }
@@ -139,6 +146,11 @@ pub struct Projection {
     foreign: BTreeSet<IpAddr>,
     /// Addresses whose reservation may not be what is wanted.
     dirty: BTreeSet<IpAddr>,
+    /// Live holders whose pod's reservation was freed under them (their pod deleted while they
+    /// run), since when this run knew it: the NodeQuarantine lists them as orphaned.
+    orphans: BTreeMap<IpAddr, MonoNs>,
+    /// Addresses whose orphan state may have changed since [`Projection::settle_orphans`].
+    orphans_dirty: BTreeSet<IpAddr>,
 }
 
 impl Projection {
@@ -160,7 +172,7 @@ impl Projection {
                 self.wanted.remove(&addr)
             }
         };
-        self.dirty.insert(addr);
+        self.touch(addr);
     }
 
     /// Whether `addr` must be kept from the next pod: it is listed (quarantined or fenced), or
@@ -168,11 +180,73 @@ impl Projection {
     /// as ipq's own made for that same holder (by an earlier run: the reservation is the memory
     /// that survives a restart).
     fn needs_reservation(&self, addr: IpAddr, want: &Want) -> bool {
-        want.listed
-            || self.needs_own.contains(&addr)
+        want.listed || self.freed_under_holder(addr, want)
+    }
+
+    /// Whether `addr`'s pod reservation was freed under its holder: seen deleted by this run,
+    /// or found as ipq's own made for that same holder.
+    fn freed_under_holder(&self, addr: IpAddr, want: &Want) -> bool {
+        self.needs_own.contains(&addr)
             || self.held.get(&addr).is_some_and(|hold| {
                 hold.own && hold.holder.is_some() && hold.holder == want.pod_ref
             })
+    }
+
+    /// `addr`'s live holder whose pod is gone under it, when it is one the NodeQuarantine does
+    /// not list otherwise (a fence or a quarantine says more).
+    fn orphaned(&self, addr: IpAddr) -> Option<&Holder> {
+        let want = self.wanted.get(&addr)?;
+        let holder = want.live_holder.as_ref()?;
+        (!want.listed && self.freed_under_holder(addr, want)).then_some(holder)
+    }
+
+    /// `addr` may need a call, and its orphan state may have changed.
+    fn touch(&mut self, addr: IpAddr) {
+        self.dirty.insert(addr);
+        self.orphans_dirty.insert(addr);
+    }
+
+    /// Brings the orphans up to date with every address touched since the last call (the new
+    /// ones orphaned since `now`); whether any orphan came, went or changed its holder.
+    /// O(addresses touched).
+    pub fn settle_orphans(&mut self, now: MonoNs) -> bool {
+        let mut changed = false;
+        for addr in std::mem::take(&mut self.orphans_dirty) {
+            let orphaned = self.orphaned(addr).is_some();
+            let was = self.orphans.contains_key(&addr);
+            match (orphaned, was) {
+                (true, false) => {
+                    self.orphans.insert(addr, now);
+                }
+                (false, true) => {
+                    self.orphans.remove(&addr);
+                }
+                // Its holder (an interface, a name) may have changed: sent again.
+                (true, true) => {}
+                (false, false) => continue,
+            }
+            changed = true;
+        }
+        changed
+    }
+
+    /// The orphaned entries, as the NodeQuarantine lists them. O(orphans).
+    pub fn orphan_entries(&self) -> BTreeMap<IpAddr, PublishedEntry> {
+        self.orphans
+            .iter()
+            .filter_map(|(&addr, &since)| {
+                let holder = self.orphaned(addr)?.clone();
+                Some((
+                    addr,
+                    PublishedEntry {
+                        state: EntryState::Orphaned,
+                        since,
+                        until: None,
+                        holder,
+                    },
+                ))
+            })
+            .collect()
     }
 
     /// The calls that bring every dirty address to what is wanted; they are no longer dirty.
@@ -231,7 +305,7 @@ impl Projection {
         self.foreign.remove(&addr);
         self.hold(addr, hold);
         // Changed meanwhile: looked at again.
-        self.dirty.insert(addr);
+        self.touch(addr);
     }
 
     fn hold(&mut self, addr: IpAddr, hold: Hold) {
@@ -270,6 +344,7 @@ impl Projection {
     pub fn released(&mut self, addr: IpAddr, uid: &str) {
         self.deleted_by_ipq.insert(uid.to_owned());
         self.unhold(addr);
+        self.orphans_dirty.insert(addr);
         if self.wanted.contains_key(&addr) {
             self.dirty.insert(addr);
         }
@@ -290,7 +365,7 @@ impl Projection {
         self.unhold(addr);
         self.wanted.contains_key(&addr).then(|| {
             self.needs_own.insert(addr);
-            self.dirty.insert(addr);
+            self.touch(addr);
             addr
         })
     }
@@ -314,6 +389,8 @@ impl Projection {
         self.unmanaged.clear();
         self.dirty.extend(self.wanted.keys().copied());
         self.dirty.extend(self.held.keys().copied());
+        self.orphans_dirty.extend(self.held.keys().copied());
+        self.orphans_dirty.extend(self.orphans.keys().copied());
     }
 
     /// The addresses held by another pod are looked at again (it may have gone).
@@ -332,7 +409,7 @@ impl Projection {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     fn listed(pod: &str) -> Option<Want> {
@@ -340,6 +417,7 @@ mod tests {
             listed: true,
             pod_ref: Some(format!("default/{pod}")),
             pod_uid: None,
+            live_holder: None,
         })
     }
 
@@ -348,7 +426,23 @@ mod tests {
             listed: false,
             pod_ref: Some(format!("default/{pod}")),
             pod_uid: None,
+            live_holder: Some(pod_holder(pod)),
         })
+    }
+
+    /// The live holder of `pod`'s address, as the CNI named it.
+    pub(in crate::publish::whereabouts) fn pod_holder(pod: &str) -> Holder {
+        Holder::new(7, format!("veth-{pod}")).with_identity(
+            Some(format!("sandbox-{pod}")),
+            Some("eth0".into()),
+            None,
+            None,
+            Some(crate::registry::PodRef {
+                namespace: "default".into(),
+                name: pod.into(),
+                uid: None,
+            }),
+        )
     }
 
     fn own(uid: &str) -> Hold {

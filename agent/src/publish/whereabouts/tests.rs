@@ -11,7 +11,7 @@ use std::{
 use tokio::sync::mpsc;
 
 use super::*;
-use crate::publish::FailureReason;
+use crate::publish::{EntryState, FailureReason};
 
 /// One reservation in the double: whether ipq watches it (labelled or its own), its podRef
 /// and its uid.
@@ -177,6 +177,8 @@ struct Harness {
     events: mpsc::UnboundedSender<StoreEvent>,
     feed: Feed,
     metrics: Arc<ProjectionMetrics>,
+    /// What the NodeQuarantine writer is handed: the orphaned holders.
+    orphans: latest::Receiver<Orphans>,
 }
 
 fn harness() -> Harness {
@@ -201,18 +203,21 @@ fn harness() -> Harness {
         namespace: "kube-system".into(),
         network_name: String::new(),
     };
+    let (orphans_sender, orphans) = latest::channel(Orphans::default());
     let feed = start_with(
         store,
         &target,
         Timing::default(),
         task_metrics,
         ApiHealth::new(),
+        orphans_sender,
     );
     Harness {
         world,
         events,
         feed,
         metrics,
+        orphans,
     }
 }
 
@@ -221,6 +226,7 @@ fn listed(pod: &str) -> Option<Want> {
         listed: true,
         pod_ref: Some(format!("default/{pod}")),
         pod_uid: None,
+        live_holder: None,
     })
 }
 
@@ -229,6 +235,7 @@ fn live(pod: &str) -> Option<Want> {
         listed: false,
         pod_ref: Some(format!("default/{pod}")),
         pod_uid: None,
+        live_holder: Some(super::projection::tests::pod_holder(pod)),
     })
 }
 
@@ -249,6 +256,33 @@ fn addr(last: u8) -> IpAddr {
 impl Harness {
     fn reservation(&self, addr: IpAddr) -> Option<Reservation> {
         self.world.lock().unwrap().reservations.get(&addr).cloned()
+    }
+
+    /// The orphans last handed to the writer: address, state and the holder's pod.
+    fn orphans(&self) -> Vec<(IpAddr, EntryState, String)> {
+        self.orphans
+            .borrow()
+            .iter()
+            .map(|(addr, entry)| {
+                let pod = entry.holder.pod().map_or(String::new(), |p| p.name.clone());
+                (*addr, entry.state, pod)
+            })
+            .collect()
+    }
+
+    /// Lets the task run until the orphans handed over are `expected`.
+    async fn until_orphans(&self, what: &str, expected: &[(IpAddr, &str)]) {
+        let expected: Vec<(IpAddr, EntryState, String)> = expected
+            .iter()
+            .map(|(addr, pod)| (*addr, EntryState::Orphaned, (*pod).to_owned()))
+            .collect();
+        for _ in 0..200 {
+            if self.orphans() == expected {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("{what}: orphans {:?}", self.orphans());
     }
 
     /// Lets the task run until `done` holds (paused time: the task's timers fire at once).
@@ -319,6 +353,7 @@ async fn a_force_deleted_pods_address_is_kept_when_whereabouts_frees_it_under_th
         "wb-1",
         "its own, only labelled"
     );
+    assert_eq!(h.orphans(), [], "a live pod's holder is no orphan");
     // The Pod's DELETE: whereabouts' control loop frees the address; the holder still runs.
     h.world.lock().unwrap().reservations.remove(&addr(10));
     h.events.send(StoreEvent::Deleted("wb-1".into())).unwrap();
@@ -328,8 +363,16 @@ async fn a_force_deleted_pods_address_is_kept_when_whereabouts_frees_it_under_th
             .is_some_and(|r| r.pod_ref == OWN_POD_REF)
     })
     .await;
-    // The holder dies, the quarantine runs and ends: ipq's goes.
+    h.until_orphans("the holder listed as orphaned", &[(addr(10), "web-1")])
+        .await;
+    let entry = h.orphans.borrow()[&addr(10)].clone();
+    assert_eq!(entry.until, None, "an orphan never ends on a timer");
+    assert_eq!(entry.holder.ifname, "veth-web-1");
+    // The holder dies: the registry lists its quarantine, and the orphan goes.
     h.feed.send(addr(10), listed("web-1"));
+    h.until_orphans("no orphan once the holder is gone", &[])
+        .await;
+    // The quarantine runs and ends: ipq's goes.
     h.feed.send(addr(10), None);
     h.until("released", |w| w.reservations.is_empty()).await;
 }
@@ -568,6 +611,11 @@ async fn a_restarted_agent_keeps_the_reservation_of_a_live_holder_whose_pod_went
     h.feed.launch();
     h.until("listed", |w| w.calls.iter().any(|c| c == "list"))
         .await;
+    h.until_orphans(
+        "the holder listed as orphaned again, from the reservation made before",
+        &[(addr(10), "web-1")],
+    )
+    .await;
     tokio::time::sleep(Duration::from_secs(30)).await;
     h.feed.send(addr(10), listed("web-1"));
     tokio::time::sleep(Duration::from_secs(30)).await;
@@ -611,6 +659,8 @@ async fn a_pod_force_deleted_while_the_agent_was_down_gets_ipqs_reservation() {
     })
     .await;
     assert_eq!(h.metrics.recreated.get(), 1);
+    h.until_orphans("only the pod that went is orphaned", &[(addr(10), "web-1")])
+        .await;
     tokio::time::sleep(Duration::from_secs(30)).await;
     let world = h.world.lock().unwrap();
     assert!(world.reservations.contains_key(&addr(10)), "kept");
