@@ -186,6 +186,8 @@ pub fn with_the_projection_no_other_node_gets_the_address(
     let (a, b, c) = (NODE_NAMES[0], NODE_NAMES[1], NODE_NAMES[2]);
     let victim = "race-a-kept";
     let address = force_deleted_holder_on(cluster, a, victim, |_| Ok(()))?;
+    // Every reader of node A's NodeQuarantine sees the address held by a pod that is gone.
+    super::whereabouts::wait_listed_on(cluster, a, &address, "orphaned", victim)?;
 
     let second = "race-b-second";
     let got = running_pod(

@@ -161,6 +161,52 @@ pub(super) fn wait_no_quarantine_on(cluster: &mut Cluster, node: &str) -> anyhow
         .map(|_| ())
 }
 
+/// Waits until `node`'s NodeQuarantine lists `address` as `state` with `pod` (in `default`)
+/// as its holder, as the CNI named it; an orphan must have no end and be counted. The entry,
+/// after printing how long it took.
+pub(super) fn wait_listed_on(
+    cluster: &mut Cluster,
+    node: &str,
+    address: &str,
+    state: &str,
+    pod: &str,
+) -> anyhow::Result<Value> {
+    let began = std::time::Instant::now();
+    let object = cluster.wait_for(
+        &format!("{node}'s NodeQuarantine to list {address} as {state}, held by {pod}"),
+        Duration::from_secs(10),
+        &["get", "nodequarantines", node],
+        |o| {
+            o["status"]["entries"].as_array().is_some_and(|entries| {
+                entries.iter().any(|e| {
+                    e["address"] == address && e["state"] == state && e["holder"]["pod"] == pod
+                })
+            })
+        },
+    )?;
+    eprintln!(
+        "cluster tier: {node}'s NodeQuarantine lists {address} {state} ({pod}) after {:.1?}",
+        began.elapsed()
+    );
+    let entry = object["status"]["entries"]
+        .as_array()
+        .and_then(|entries| entries.iter().find(|e| e["address"] == address))
+        .context("the entry")?
+        .clone();
+    ensure!(
+        entry["holder"]["namespace"] == "default" && entry["holder"]["containerID"].is_string(),
+        "the holder as the CNI told ipq: {entry}"
+    );
+    if state == "orphaned" {
+        ensure!(
+            entry.get("until").is_none() && object["status"]["orphaned"].as_u64() >= Some(1),
+            "an orphan has no end, and is counted: {}",
+            object["status"]
+        );
+    }
+    Ok(entry)
+}
+
 /// Without the projection (the shipped default): the force-deleted pod's address goes to the
 /// next pod at once, while the old container still runs. The phase ends with both pods gone
 /// and every quarantine over.
@@ -252,6 +298,9 @@ pub fn with_the_projection_the_address_waits_for_the_quarantine(
         "ipq's reservation is not owned by the NodeQuarantine: {}",
         own["metadata"]
     );
+    // The node's NodeQuarantine says so too, for every reader: the holder runs on, its pod is
+    // gone.
+    wait_listed_on(cluster, NODE_NAME, &address, "orphaned", victim)?;
 
     // whereabouts' reconciler deletes a reservation whose podRef is no live pod (as it would
     // on its schedule): ipq makes it again.
@@ -287,6 +336,7 @@ pub fn with_the_projection_the_address_waits_for_the_quarantine(
     // The old holder goes (it ran until now: asserted before the kill); ipq's quarantine of
     // the address then runs and ends, and the third pod is given the address.
     tasks::kill_running(&cluster.host, victim)?;
+    wait_listed_on(cluster, NODE_NAME, &address, "quarantined", victim)?;
     let pod = cluster.wait_for(
         "the third pod to run on the address once the quarantine ended",
         Duration::from_secs(480),
@@ -424,6 +474,8 @@ pub fn the_own_reservation_survives_an_agent_restart(cluster: &mut Cluster) -> a
         Duration::from_secs(30),
         || Ok((status_reservations(cluster)? == 1).then_some(())),
     )?;
+    // The new agent lists the holder as orphaned again, from the reservation it found.
+    wait_listed_on(cluster, NODE_NAME, &address, "orphaned", victim)?;
     // Every event of the reservation until 5 s after: none may be a DELETED (the watch fails
     // the read then), and the object is still the one made before the restart.
     let settle = std::time::Instant::now() + Duration::from_secs(5);
