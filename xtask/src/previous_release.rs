@@ -208,15 +208,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_pinned_previous_release_is_a_commit_of_this_history() {
-        let pin = read_pin().expect("xtask/previous-release.toml parses");
-        let known = Command::new("git")
-            .arg("-C")
-            .arg(util::workspace_root())
-            .args(["cat-file", "-e", &format!("{}^{{commit}}", pin.commit)])
-            .status()
-            .expect("git runs");
-        assert!(known.success(), "{} is not a commit here", pin.commit);
+    fn the_shipped_pin_parses() {
+        // Whether it is in this clone's history is checked when it is built (a shallow clone
+        // lacks it, and then says so), not here.
+        read_pin().expect("xtask/previous-release.toml parses");
     }
 
     #[test]
