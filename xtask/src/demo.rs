@@ -242,18 +242,7 @@ pub fn run_containerd() -> Result<()> {
 /// three nodes, `nodes` = 3: the cross-node race), with ipq's image made of the release build
 /// (as the cluster tier's).
 pub fn run_kubernetes(nodes: u8) -> Result<()> {
-    util::run(&mut util::cargo([
-        "build",
-        "--quiet",
-        "--release",
-        "-p",
-        "ipq",
-        "-p",
-        "ipq-cni",
-        "-p",
-        "ipq-cli",
-        "--bins",
-    ]))?;
+    util::run(util::release_build_of_shipped_binaries().arg("--quiet"))?;
     util::run(&mut util::cargo([
         "run",
         "--quiet",

@@ -116,19 +116,9 @@ pub fn ensure() -> Result<PathBuf> {
     fs::create_dir_all(&src)?;
     extract(&root, &pin.commit, &src)?;
     let target = cache.join("target");
-    let mut build = util::cargo([
-        "build",
-        "--release",
-        "--locked",
-        "-p",
-        "ipq",
-        "-p",
-        "ipq-cni",
-        "-p",
-        "ipq-cli",
-        "--bins",
-    ]);
+    let mut build = util::release_build_of_shipped_binaries();
     build
+        .arg("--locked")
         .current_dir(&src)
         .env("CARGO_TARGET_DIR", &target)
         // The release is built as its own tree builds, not with this checkout's settings.

@@ -36,17 +36,7 @@ pub fn tier() -> Result<Totals> {
     let previous = crate::previous_release::ensure()
         .context("the cluster tier's previous release (its rollback) could not be built")?;
     println!("==> release build (what ipq's image ships)");
-    let mut release = util::cargo([
-        "build",
-        "--release",
-        "-p",
-        "ipq",
-        "-p",
-        "ipq-cni",
-        "-p",
-        "ipq-cli",
-        "--bins",
-    ]);
+    let mut release = util::release_build_of_shipped_binaries();
     release.current_dir(util::workspace_root());
     util::run(&mut release).context("the cluster tier's release build failed")?;
     println!("==> cluster tier");

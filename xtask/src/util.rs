@@ -17,6 +17,22 @@ where
     command
 }
 
+/// `cargo build --release` of the binaries ipq's image ships (ipq-agent, ipq, ipq-cni,
+/// ipq-ipam: the packages `ipq`, `ipq-cni`, `ipq-cli`); a caller adds its own flags.
+pub fn release_build_of_shipped_binaries() -> Command {
+    cargo([
+        "build",
+        "--release",
+        "-p",
+        "ipq",
+        "-p",
+        "ipq-cni",
+        "-p",
+        "ipq-cli",
+        "--bins",
+    ])
+}
+
 /// A command running the cargo that runs xtask (the `CARGO` cargo sets), so that nested builds
 /// use the same toolchain.
 pub fn cargo<I, S>(args: I) -> Command

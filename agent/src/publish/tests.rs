@@ -84,16 +84,8 @@ async fn settle() {
 
 #[tokio::test(start_paused = true)]
 async fn a_burst_of_changes_is_a_few_writes_and_each_change_is_written_within_the_interval() {
-    let metrics = test_metrics();
     let sink = Recorder::default();
-    let timing = Timing::default();
-    let mut feed = start_with(
-        "node-a".into(),
-        sink.clone(),
-        timing,
-        metrics.clone(),
-        ApiHealth::new(),
-    );
+    let (mut feed, metrics, timing) = writer_on(&sink);
     feed.launch();
     settle().await;
     // The first write at once: the object as this agent has it (empty).
@@ -377,16 +369,8 @@ async fn the_first_write_after_a_start_is_the_whole_state_never_an_empty_list() 
 
 #[tokio::test(start_paused = true)]
 async fn a_full_feed_refuses_a_batch_without_taking_it_counts_it_and_takes_it_once_drained() {
-    let metrics = test_metrics();
     let sink = Recorder::default();
-    let timing = Timing::default();
-    let mut feed = start_with(
-        "node-a".into(),
-        sink.clone(),
-        timing,
-        metrics.clone(),
-        ApiHealth::new(),
-    );
+    let (mut feed, metrics, timing) = writer_on(&sink);
     // The writer is not running: nothing takes the batches.
     for i in 0..FEED_BATCHES as u32 {
         assert!(
@@ -433,28 +417,47 @@ fn states(status: &Value) -> Vec<(String, String)> {
         .collect()
 }
 
-#[tokio::test(start_paused = true)]
-async fn the_projections_orphans_are_written_beside_the_registrys_entries_and_leave_with_them() {
+/// A writer of node-a's object on `sink` at the default pace, not launched yet; its metrics
+/// and pace.
+fn writer_on(sink: &Recorder) -> (Feed, Arc<PublishMetrics>, Timing) {
     let metrics = test_metrics();
-    let sink = Recorder::default();
     let timing = Timing::default();
-    let mut feed = start_with(
+    let feed = start_with(
         "node-a".into(),
         sink.clone(),
         timing,
         metrics.clone(),
         ApiHealth::new(),
     );
+    (feed, metrics, timing)
+}
+
+/// What the writer has written once one interval has passed: the last status.
+async fn written_after_an_interval(sink: &Recorder, timing: Timing) -> Value {
+    tokio::time::advance(timing.min_interval).await;
+    settle().await;
+    sink.writes.lock().unwrap().last().unwrap().1.clone()
+}
+
+/// A writer on `sink` with 10.1.0.2 quarantined, launched and written once; its metrics and
+/// pace.
+async fn launched_with_one_quarantine(sink: &Recorder) -> (Feed, Arc<PublishMetrics>, Timing) {
+    let (mut feed, metrics, timing) = writer_on(sink);
     feed.send(addr(2), Some(quarantined(2)));
     feed.launch();
     settle().await;
+    (feed, metrics, timing)
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_projections_orphans_are_written_beside_the_registrys_entries_and_leave_with_them() {
+    let sink = Recorder::default();
+    let (feed, _, timing) = launched_with_one_quarantine(&sink).await;
     let orphans = feed.orphans();
     orphans.send_replace(Orphans::new(
         [(addr(1), orphan(1)), (addr(2), orphan(2))].into(),
     ));
-    tokio::time::advance(timing.min_interval).await;
-    settle().await;
-    let last = sink.writes.lock().unwrap().last().unwrap().1.clone();
+    let last = written_after_an_interval(&sink, timing).await;
     assert_eq!(
         states(&last),
         [
@@ -470,9 +473,7 @@ async fn the_projections_orphans_are_written_beside_the_registrys_entries_and_le
     assert_eq!((feed.view().entries, feed.view().orphaned), (2, 1));
 
     orphans.send_replace(Orphans::default());
-    tokio::time::advance(timing.min_interval).await;
-    settle().await;
-    let last = sink.writes.lock().unwrap().last().unwrap().1.clone();
+    let last = written_after_an_interval(&sink, timing).await;
     assert_eq!(
         states(&last),
         [("10.1.0.2".to_owned(), "quarantined".to_owned())]
@@ -482,28 +483,15 @@ async fn the_projections_orphans_are_written_beside_the_registrys_entries_and_le
 
 #[tokio::test(start_paused = true)]
 async fn a_crd_without_the_orphaned_state_costs_the_orphans_only_shown_and_tried_again_later() {
-    let metrics = test_metrics();
     let sink = Recorder::default();
     *sink.old_crd.lock().unwrap() = true;
-    let timing = Timing::default();
-    let mut feed = start_with(
-        "node-a".into(),
-        sink.clone(),
-        timing,
-        metrics.clone(),
-        ApiHealth::new(),
-    );
-    feed.send(addr(2), Some(quarantined(2)));
-    feed.launch();
-    settle().await;
+    let (feed, metrics, timing) = launched_with_one_quarantine(&sink).await;
     feed.orphans()
         .send_replace(Orphans::new([(addr(1), orphan(1))].into()));
     tokio::time::advance(timing.min_interval).await;
     settle().await;
     // Refused once, then written without the orphan one interval later, not on a backoff.
-    tokio::time::advance(timing.min_interval).await;
-    settle().await;
-    let last = sink.writes.lock().unwrap().last().unwrap().1.clone();
+    let last = written_after_an_interval(&sink, timing).await;
     assert_eq!(
         states(&last),
         [("10.1.0.2".to_owned(), "quarantined".to_owned())]
@@ -521,9 +509,7 @@ async fn a_crd_without_the_orphaned_state_costs_the_orphans_only_shown_and_tried
 
     // Other changes go on being written meanwhile, without the orphan.
     feed.send(addr(3), Some(quarantined(3)));
-    tokio::time::advance(timing.min_interval).await;
-    settle().await;
-    let last = sink.writes.lock().unwrap().last().unwrap().1.clone();
+    let last = written_after_an_interval(&sink, timing).await;
     assert_eq!(listed(&last), 2);
     let attempts_before = sink.attempts.lock().unwrap().len();
 

@@ -167,15 +167,7 @@ fn machine() -> serde_json::Value {
 /// Builds the release binaries the sections run and checks that `names` are there.
 pub fn release_binaries(names: &[&str]) -> Result<()> {
     let release = util::workspace_root().join("target/release");
-    util::run(&mut util::cargo([
-        "build",
-        "--release",
-        "-p",
-        "ipq",
-        "-p",
-        "ipq-cni",
-        "--bins",
-    ]))?;
+    util::run(&mut util::release_build_of_shipped_binaries())?;
     for name in names {
         if !release.join(name).is_file() {
             anyhow::bail!(
