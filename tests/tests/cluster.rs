@@ -44,6 +44,8 @@ mod pod_network_e2e;
 mod prometheus;
 #[path = "cluster/publish.rs"]
 mod publish;
+#[path = "cluster/publish_old_crd.rs"]
+mod publish_old_crd;
 #[path = "cluster/publish_outage.rs"]
 mod publish_outage;
 #[path = "cluster/publish_refused.rs"]

@@ -15,10 +15,8 @@ use std::process::{Command, Stdio};
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 
+use crate::cross::SHIPPED_BINARIES;
 use crate::util;
-
-/// The binaries ipq's image ships (deploy/docker/Dockerfile).
-const SHIPPED_BINARIES: [&str; 4] = ["ipq-agent", "ipq", "ipq-cni", "ipq-ipam"];
 
 /// What the release's directory holds once it is complete: written last.
 const COMPLETE: &str = "complete";

@@ -234,6 +234,7 @@ impl Default for Timing {
             first_retry: Duration::from_millis(500),
             max_retry: Duration::from_secs(30),
             max_entries: MAX_ENTRIES,
+            orphans_retry: Duration::from_secs(600),
         }
     }
 }

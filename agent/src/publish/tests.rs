@@ -513,9 +513,9 @@ async fn a_crd_without_the_orphaned_state_costs_the_orphans_only_shown_and_tried
     assert_eq!(listed(&last), 2);
     let attempts_before = sink.attempts.lock().unwrap().len();
 
-    // The operator applies the new CRD: the orphan is written within ORPHANS_RETRY.
+    // The operator applies the new CRD: the orphan is written within `orphans_retry`.
     *sink.old_crd.lock().unwrap() = false;
-    tokio::time::advance(writer::ORPHANS_RETRY).await;
+    tokio::time::advance(timing.orphans_retry).await;
     settle().await;
     let last = sink.writes.lock().unwrap().last().unwrap().1.clone();
     assert_eq!(

@@ -33,10 +33,6 @@ const FAILURE_LOG_EVERY: Duration = Duration::from_secs(60);
 pub const LAZY_DELAY: Duration = Duration::from_secs(5);
 /// How often `ipq_publish_pending_seconds` is refreshed while a change waits.
 const PENDING_REFRESH: Duration = Duration::from_secs(1);
-/// How long orphaned entries are left out after the API server refused their state (a
-/// NodeQuarantine CRD older than the agent: Helm never upgrades a CRD), before a write tries
-/// them again: the operator's `kubectl apply` of the new CRD is picked up within it.
-pub const ORPHANS_RETRY: Duration = Duration::from_secs(600);
 
 /// Whether `e` is the API server refusing the `orphaned` state (an enum of an older CRD):
 /// `... status.entries[0].state: Unsupported value: "orphaned": supported values: ...`.
@@ -69,6 +65,10 @@ pub struct Timing {
     pub max_retry: Duration,
     /// Entries listed at most (the rest counted as omitted).
     pub max_entries: usize,
+    /// How long orphaned entries are left out after the API server refused their state (a
+    /// NodeQuarantine CRD older than the agent: Helm never upgrades a CRD), before a write
+    /// tries them again: the operator's `kubectl apply` of the new CRD is picked up within it.
+    pub orphans_retry: Duration,
 }
 
 /// The writer's own state.
@@ -78,7 +78,7 @@ struct Writer {
     entries: BTreeMap<IpAddr, PublishedEntry>,
     /// The whereabouts projection's orphaned holders, as it last handed them over.
     orphans: Orphans,
-    /// Since when the API server refuses the `orphaned` state: until [`ORPHANS_RETRY`] after
+    /// Since when the API server refuses the `orphaned` state: until `timing.orphans_retry` after
     /// it, writes leave the orphans out (counted and shown) rather than fail whole.
     orphans_refused_at: Option<Instant>,
     /// Since when the object lacks a change (the start counts: the object is written once
@@ -193,7 +193,7 @@ impl Writer {
         let orphans_again = self
             .orphans_refused_at
             .filter(|_| !self.orphans.is_empty())
-            .map(|at| at + ORPHANS_RETRY);
+            .map(|at| at + self.timing.orphans_retry);
         let pending = [self.pending_since, lazy, orphans_again]
             .into_iter()
             .flatten()
@@ -228,7 +228,7 @@ impl Writer {
     /// ago.
     fn withholding_orphans(&self) -> bool {
         self.orphans_refused_at
-            .is_some_and(|at| at.elapsed() < ORPHANS_RETRY)
+            .is_some_and(|at| at.elapsed() < self.timing.orphans_retry)
     }
 
     fn apply_all(&mut self, batch: Vec<Change>) {
@@ -304,7 +304,8 @@ impl Writer {
                 m.entries.set(body.listed as i64);
                 m.omitted_entries.set(body.omitted as i64);
                 m.orphans_withheld.set(withheld_count as i64);
-                if !withheld && self.orphans_refused_at.take().is_some() {
+                // Only a write that carried orphans shows the API server takes them now.
+                if !withheld && body.orphaned > 0 && self.orphans_refused_at.take().is_some() {
                     info!(
                         "NodeQuarantine {}: the API server takes orphaned entries now (its \
                          CRD was updated); {} listed",
@@ -352,7 +353,7 @@ impl Writer {
                      without the {} orphaned entries, trying them again every {:?}",
                     self.node,
                     self.orphans.len(),
-                    ORPHANS_RETRY
+                    self.timing.orphans_retry
                 );
                 let mut view = lock(&self.view);
                 view.failures_total += 1;
