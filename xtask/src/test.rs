@@ -4,8 +4,7 @@
 //! the kernel crate for the bpf target), a build of every binary (the integration tests start the
 //! agent binaries from next to their own executables), the whole test suite on this kernel, then
 //! the kernel tier (`kernels`: Debian's older kernels under QEMU, the arm64 one beside the
-//! amd64 ones), then the cluster tier. It needs root,
-//! and says so, because the datapath and integration tests load BPF programs and create network
+//! amd64 ones) with the cluster tier beside it. It needs root, and says so, because the datapath and integration tests load BPF programs and create network
 //! namespaces: a privileged test never passes by being skipped.
 
 use std::ffi::OsString;
@@ -121,13 +120,17 @@ pub fn run(test_args: &[OsString]) -> Result<()> {
     let mut totals = Totals::default();
     totals.add(&host.all);
 
-    // The kernel tier: the datapath and netns labs again, on Debian's own older kernels; and
-    // on arm64, the kernels marked `in_test` in xtask/kernels.toml (aarch64 under TCG is
-    // several times slower than the amd64 guests; `cargo xtask test-kernels --arch arm64`
-    // boots the others). Every guest is one QEMU thread (`tcg,thread=single`), so the arm64
-    // guest boots beside the amd64 ones, on the machine's other core, instead of after the
-    // cluster tier: that keeps CI's run ~20 minutes shorter. Both are prepared (test
-    // binaries built, kernels fetched) first, one after the other.
+    // The kernel tier (the datapath and netns labs again, on Debian's own older kernels; and on
+    // arm64, the kernels marked `in_test` in xtask/kernels.toml) and the cluster tier (ipq
+    // applied to Kubernetes clusters of the test's own: one node, three) run at once. Every
+    // guest is one QEMU thread under TCG (`tcg,thread=single`), CPU-bound for ~30 minutes;
+    // the cluster tier mostly waits on its cluster (pods starting, watches, an idle minute).
+    // The guests run at a lower priority (`kernels::qemu`), so they fill the cores the
+    // cluster tier leaves idle without slowing its latency measurements, and their own
+    // timeouts are scaled for a busy host (`qemu.time_scale`). After each other this was
+    // ~50 minutes of CI; beside each other, the guests' ~35. Both kernel tiers are prepared
+    // (test binaries built, kernels fetched) first, one after the other, so that no two
+    // builds share the target dir at once; the cluster tier's own release build comes after.
     println!("==> kernels");
     let amd64 = kernels::prepare(crate::cross::Arch::Amd64, &[])
         .context("xtask test: step `kernels` failed")?;
@@ -135,13 +138,22 @@ pub fn run(test_args: &[OsString]) -> Result<()> {
     let arm64 =
         if crate::cross::Arch::host()? == crate::cross::Arch::Amd64 && !arm64_kernels.is_empty() {
             println!("==> kernels-arm64 ({})", arm64_kernels.join(", "));
-            let prepared = kernels::prepare(crate::cross::Arch::Arm64, &arm64_kernels)
-                .context("xtask test: step `kernels-arm64` failed")?;
-            Some(std::thread::spawn(move || prepared.boot_all()))
+            Some(
+                kernels::prepare(crate::cross::Arch::Arm64, &arm64_kernels)
+                    .context("xtask test: step `kernels-arm64` failed")?,
+            )
         } else {
             None
         };
-    let tier = amd64.boot_all();
+    let amd64 = std::thread::spawn(move || amd64.boot_all());
+    let arm64 = arm64.map(|prepared| std::thread::spawn(move || prepared.boot_all()));
+
+    // The guests are joined whatever the cluster tier does: returning before them would leave
+    // their QEMUs running after xtask.
+    let cluster = crate::test_cluster::tier();
+    let tier = amd64
+        .join()
+        .map_err(|_| anyhow::anyhow!("xtask test: step `kernels` panicked"))?;
     let arm64 = match arm64 {
         Some(booting) => booting
             .join()
@@ -150,37 +162,40 @@ pub fn run(test_args: &[OsString]) -> Result<()> {
     };
     totals.add(&tier.totals);
     totals.add(&arm64.totals);
-    let failures: Vec<String> = tier
-        .failures
-        .iter()
-        .chain(&arm64.failures)
-        .cloned()
-        .collect();
-    if !failures.is_empty() {
-        print_summary(
-            &totals,
-            &[
-                ("CRI tier", &host.cri),
-                ("kernel tier", &tier.totals),
-                ("arm64 kernel tier", &arm64.totals),
-            ],
-        );
-        anyhow::bail!(
-            "xtask test: step `kernels` failed:\n{}",
-            failures.join("\n")
-        );
-    }
-
-    // The cluster tier: ipq applied to Kubernetes clusters of the test's own (one node, three).
-    let cluster = crate::test_cluster::tier().context("xtask test: step `cluster` failed")?;
+    let (cluster, cluster_failure) = match cluster {
+        Ok(cluster) => (cluster, None),
+        Err(e) => (Totals::default(), Some(e)),
+    };
     totals.add(&cluster);
-
     let tiers = [
         ("CRI tier", &host.cri),
         ("kernel tier", &tier.totals),
         ("cluster tier", &cluster),
         ("arm64 kernel tier", &arm64.totals),
     ];
+    let kernel_failures: Vec<String> = tier
+        .failures
+        .iter()
+        .chain(&arm64.failures)
+        .cloned()
+        .collect();
+    match (kernel_failures.is_empty(), cluster_failure) {
+        (true, None) => {}
+        (kernels_passed, cluster_failure) => {
+            print_summary(&totals, &tiers);
+            let mut why = Vec::new();
+            if !kernels_passed {
+                why.push(format!(
+                    "xtask test: step `kernels` failed:\n{}",
+                    kernel_failures.join("\n")
+                ));
+            }
+            if let Some(e) = cluster_failure {
+                why.push(format!("xtask test: step `cluster` failed: {e:#}"));
+            }
+            anyhow::bail!("{}", why.join("\n"));
+        }
+    }
 
     println!("xtask test: all steps passed");
     print_summary(&totals, &tiers);
