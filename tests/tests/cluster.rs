@@ -215,8 +215,9 @@ fn ipq_keeps_whereabouts_from_handing_out_a_quarantined_address() -> anyhow::Res
 }
 
 /// Three nodes on one machine (#37): one control plane, per node its own namespaces, cgroup,
-/// containerd and kubelet, joined by an L2; flannel (vxlan) as the pod network, installed as
-/// kube-flannel installs it, with ipq chained into its conflist by ipq's own init step.
+/// containerd, kubelet and kube-proxy, joined by an L2; flannel (vxlan) as the pod network,
+/// installed as kube-flannel installs it, with ipq chained into its conflist by ipq's own init
+/// step; CoreDNS as the cluster's DNS.
 #[test]
 fn three_nodes_on_flannel_with_ipq_chained() -> anyhow::Result<()> {
     let began = Instant::now();
@@ -224,9 +225,9 @@ fn three_nodes_on_flannel_with_ipq_chained() -> anyhow::Result<()> {
         Cluster::start_nodes(3)
     })?;
     let without = phase(
-        "Kubernetes' pod-network conformance specs without ipq",
+        "Kubernetes' networking conformance specs (pods, Services, DNS) without ipq",
         || {
-            pod_network_e2e::import_agnhost(&cluster)?;
+            pod_network_e2e::import_images(&cluster)?;
             let outcomes = pod_network_e2e::run(&cluster, "without-ipq")?;
             pod_network_e2e::all_passed(&outcomes, "without ipq")?;
             Ok(outcomes)

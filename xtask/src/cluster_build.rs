@@ -1,18 +1,20 @@
 //! The cluster tier's Go components, built from source into `target/cluster/bin/`.
 //!
-//! Six Go modules committed under `xtask/cluster/` pin them, each with its `go.sum`:
-//! `kubernetes/` (kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kubectl, and
-//! the etcd server Kubernetes itself is tested with), `containerd/` (containerd 2.x, its runc
+//! Go modules committed under `xtask/cluster/` pin them, each with its `go.sum`:
+//! `kubernetes/` (kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kube-proxy,
+//! kubectl, and the etcd server Kubernetes itself is tested with), `containerd/` (containerd 2.x, its runc
 //! shim, ctr), `whereabouts/` (the whereabouts IPAM plugin and its `ip-control-loop`, the
 //! cluster IPAM ipq's projection is tested against), `helm/` (Helm 3, which installs ipq's
 //! chart in the cluster tier and lints and renders it in the host suite's deploy tests),
 //! `flannel/` (flanneld, the three-node cluster's pod network; the Tencent Cloud SDK one of its
 //! backends links is not served by the proxy and is stubbed there) and `flannel-cni/` (the
 //! `flannel` CNI plugin of containernetworking/plugins v0.9.1, the last release that has it:
-//! v1.0.0 moved it to flannel-io/cni-plugin, which the proxy does not serve).
+//! v1.0.0 moved it to flannel-io/cni-plugin, which the proxy does not serve), `e2e/`
+//! (Kubernetes' e2e suite and agnhost) and `coredns/` (the three-node cluster's DNS, CoreDNS
+//! with the plugins kubeadm's Corefile answers the cluster with).
 //! Separate modules: containerd's dependency graph (its own `k8s.io/cri-api`, gRPC,
-//! OpenTelemetry), whereabouts' (client-go 0.31) and Helm's (client-go 0.37) would otherwise
-//! move Kubernetes' under minimal version selection.
+//! OpenTelemetry), whereabouts' (client-go 0.31), Helm's (client-go 0.37) and CoreDNS's would
+//! otherwise move Kubernetes' under minimal version selection.
 //!
 //! A binary is rebuilt only when it is missing or does not report the pinned version, so a
 //! second run builds nothing. Builds run one at a time (kube-apiserver needs about 4 GB to link)
@@ -68,6 +70,7 @@ const HELM_MODULE: &str = "xtask/cluster/helm";
 const FLANNEL_MODULE: &str = "xtask/cluster/flannel";
 const FLANNEL_CNI_MODULE: &str = "xtask/cluster/flannel-cni";
 const E2E_MODULE: &str = "xtask/cluster/e2e";
+const COREDNS_MODULE: &str = "xtask/cluster/coredns";
 
 /// One binary: its Go package, the module that pins it, and how it reports its version.
 struct Component {
@@ -90,6 +93,9 @@ const COMPONENTS: &[Component] = &[
     kubernetes("kube-controller-manager"),
     kubernetes("kube-scheduler"),
     kubernetes("kubelet"),
+    // The three-node cluster's Services, in iptables mode: what Kubernetes' Services
+    // conformance specs test, with ipq chained.
+    kubernetes("kube-proxy"),
     Component {
         version_args: &["version", "--client"],
         ..kubernetes("kubectl")
@@ -165,6 +171,18 @@ const COMPONENTS: &[Component] = &[
         version_args: &[],
         cgo: false,
         test_binary: true,
+    },
+    // The three-node cluster's DNS (the Services specs reach a Service by its name): CoreDNS
+    // with the plugins of kubeadm's Corefile that answer for the cluster (the module's
+    // main.go says which and why).
+    Component {
+        binary: "coredns",
+        module: COREDNS_MODULE,
+        versioned_by: "github.com/coredns/coredns",
+        package: "github.com/ipq/ipq/xtask/cluster/coredns",
+        version_args: &["-version"],
+        cgo: false,
+        test_binary: false,
     },
     Component {
         binary: "agnhost",
@@ -274,7 +292,7 @@ impl Component {
                     flags.push(format!("-X {package}.k8sVersionMinor={minor}"));
                 }
             }
-            // etcd's version is a constant of its source, right as it is.
+            // etcd's and CoreDNS's versions are constants of their source, right as they are.
             _ => {}
         }
         Ok(flags.join(" "))
@@ -283,8 +301,10 @@ impl Component {
     /// What `<binary> <version_args>` prints when it is the pinned build.
     fn expected_version(&self, version: &str) -> String {
         match self.versioned_by {
-            // `etcd Version: 3.6.5`
-            "go.etcd.io/etcd/server/v3" => version.trim_start_matches('v').to_string(),
+            // `etcd Version: 3.6.5`, `CoreDNS-1.13.1`
+            "go.etcd.io/etcd/server/v3" | "github.com/coredns/coredns" => {
+                version.trim_start_matches('v').to_string()
+            }
             _ => version.to_string(),
         }
     }

@@ -36,8 +36,10 @@ const POD_PACKAGES: &[&str] = &[
 /// the observability tests (promtool, a Prometheus server scraping the lab).
 ///
 /// netcat-openbsd: the image of Kubernetes' networking e2e tests (agnhost) runs `nc -u` for
-/// their UDP checks from a node (busybox's nc has no UDP).
-const CLUSTER_PACKAGES: &[&str] = &["prometheus", "netcat-openbsd"];
+/// their UDP checks from a node (busybox's nc has no UDP), and dig (bind9-dnsutils) for their
+/// DNS probes. iptables: kube-proxy's (iptables mode) on the three-node cluster's nodes, and
+/// flannel's image.
+const CLUSTER_PACKAGES: &[&str] = &["prometheus", "netcat-openbsd", "bind9-dnsutils", "iptables"];
 
 /// The CRI tier and its demo: Debian's containerd 1.6 (its CRI plugin built in).
 const CRI_PACKAGES: &[&str] = &["containerd"];

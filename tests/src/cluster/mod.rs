@@ -1,11 +1,12 @@
 //! The cluster tier: a Kubernetes cluster of the test's own (etcd, kube-apiserver,
 //! kube-controller-manager, kube-scheduler, a kubelet on containerd 2.x per node), built from
 //! the Go modules pinned under `xtask/cluster/`, on namespaces that leave the machine untouched
-//! ([`host`]): one node with a bridge network, or three joined by an L2 with flannel
-//! ([`Cluster::start_nodes`]). Dropping the [`Cluster`] stops everything and removes it; a run killed hard is
+//! ([`host`]): one node with a bridge network, or three joined by an L2 with flannel,
+//! kube-proxy and CoreDNS ([`Cluster::start_nodes`]). Dropping the [`Cluster`] stops everything and removes it; a run killed hard is
 //! swept by the next.
 
 pub mod api_server;
+pub mod cluster_dns;
 pub mod control_plane;
 pub mod daemon;
 pub mod deploy;
@@ -157,6 +158,23 @@ impl Cluster {
             "cluster tier: flannel on {count} nodes and every node Ready in {:.1?}",
             flannel_began.elapsed()
         );
+        // Services and their DNS, as every cluster users run has them: kube-proxy on each
+        // node once its Node is registered (it reads its addresses from it), then CoreDNS,
+        // which reaches the API server through the `kubernetes` Service.
+        let services_began = Instant::now();
+        for (i, node) in cluster.nodes.iter_mut().enumerate() {
+            let host = if i == 0 {
+                &cluster.host
+            } else {
+                &cluster.other_hosts[i - 1]
+            };
+            node.start_kube_proxy(host, &pki, &cluster.apiserver_url, flannel::CLUSTER_CIDR)?;
+        }
+        cluster_dns::install(&mut cluster)?;
+        eprintln!(
+            "cluster tier: kube-proxy on {count} nodes and CoreDNS ready in {:.1?}",
+            services_began.elapsed()
+        );
         cluster.started_in = began.elapsed();
         Ok(cluster)
     }
@@ -254,6 +272,10 @@ impl Cluster {
                 node.kubelet_log(),
                 node.containerd_log()
             );
+            let kube_proxy = node.kube_proxy_log();
+            if !kube_proxy.is_empty() {
+                logs += &format!("{name}'s kube-proxy's log ends:\n{kube_proxy}\n");
+            }
         }
         logs
     }

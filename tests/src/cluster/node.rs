@@ -1,5 +1,5 @@
 //! The node's runtime and kubelet: containerd 2.x (runc, cgroupfs) at its default paths inside
-//! the node's mount namespace, the node's conflist (bridge + host-local, as a kubeadm node with
+//! the node's mount namespace (and on a node of several, kube-proxy), the node's conflist (bridge + host-local, as a kubeadm node with
 //! the reference plugins has it; on a flannel node, only the reference plugins flannel
 //! delegates to), the local images, and a kubelet registered with the API server under the
 //! node's name and address.
@@ -37,6 +37,10 @@ pub const POD_GATEWAY: &str = "10.88.0.1";
 /// Where host-local keeps the node's allocations (one file per address).
 pub const HOST_LOCAL_DIR: &str = "/var/lib/cni/networks/ipq-cluster";
 
+/// The cluster DNS Service's address (kube-dns's, in the API server's Service range), as
+/// kubeadm picks it: the range's tenth.
+pub const CLUSTER_DNS_IP: &str = "10.96.0.10";
+
 /// The node's network: its name is what the CNI results and host-local's dataDir carry.
 pub const NETWORK_NAME: &str = "ipq-cluster";
 
@@ -70,9 +74,11 @@ impl NodeSpec {
     }
 }
 
-/// containerd and the kubelet; dropping stops them (kubelet first).
+/// containerd, the kubelet and, on a node of several, kube-proxy; dropping stops them
+/// (kube-proxy, then the kubelet, then containerd).
 pub struct Node {
     pub spec: NodeSpec,
+    kube_proxy: Option<Daemon>,
     kubelet: Option<Daemon>,
     containerd: Option<Daemon>,
 }
@@ -104,6 +110,7 @@ impl Node {
         containerd.env("PATH", &path);
         let mut node = Node {
             spec,
+            kube_proxy: None,
             kubelet: None,
             containerd: Some(Daemon::spawn("containerd", containerd, dir)?),
         };
@@ -113,9 +120,12 @@ impl Node {
         let kubeconfig = dir.join("kubelet.kubeconfig");
         write_kubeconfig(&kubeconfig, apiserver, &pki.ca.cert, kubelet_cert)?;
         let kubelet_config = dir.join("kubelet.yaml");
+        // Pods on a flannel node resolve through the cluster's DNS (kube-dns's Service,
+        // `super::cluster_dns`), as on a kubeadm node.
+        let cluster_dns = (node.spec.network == PodNetwork::Flannel).then_some(CLUSTER_DNS_IP);
         fs::write(
             &kubelet_config,
-            kubelet_config_text(&host.kubelet_cgroup_root(), &pki.ca.cert),
+            kubelet_config_text(&host.kubelet_cgroup_root(), &pki.ca.cert, cluster_dns),
         )?;
         let mut kubelet = host.command(component("kubelet")?);
         kubelet
@@ -127,6 +137,46 @@ impl Node {
             .env("PATH", &path);
         node.kubelet = Some(Daemon::spawn("kubelet", kubelet, dir)?);
         Ok(node)
+    }
+
+    /// Starts kube-proxy in iptables mode, as a kubeadm node runs it (there as a hostNetwork
+    /// DaemonSet; here beside the kubelet, the way k3s and kops run it): the node's Services,
+    /// ClusterIPs and NodePorts DNATed in the node's network namespace. `cluster_cidr` is the
+    /// pods' range (traffic from outside it to a ClusterIP is masqueraded).
+    pub fn start_kube_proxy(
+        &mut self,
+        host: &Host,
+        pki: &Pki,
+        apiserver: &str,
+        cluster_cidr: &str,
+    ) -> anyhow::Result<()> {
+        let dir = host.dir();
+        let kubeconfig = dir.join("kube-proxy.kubeconfig");
+        write_kubeconfig(&kubeconfig, apiserver, &pki.ca.cert, &pki.kube_proxy)?;
+        let config = dir.join("kube-proxy.yaml");
+        fs::write(
+            &config,
+            kube_proxy_config_text(&kubeconfig, &self.spec.name, cluster_cidr),
+        )?;
+        let mut kube_proxy = host.command(component("kube-proxy")?);
+        kube_proxy
+            .arg(format!("--config={}", config.display()))
+            .arg("--v=1")
+            // iptables, iptables-restore and conntrack are Debian's.
+            .env(
+                "PATH",
+                "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            );
+        self.kube_proxy = Some(Daemon::spawn("kube-proxy", kube_proxy, dir)?);
+        Ok(())
+    }
+
+    /// kube-proxy's log tail, for an error message.
+    pub fn kube_proxy_log(&self) -> String {
+        self.kube_proxy
+            .as_ref()
+            .map(|k| k.log_tail(40))
+            .unwrap_or_default()
     }
 
     fn wait_containerd(&mut self, host: &Host) -> anyhow::Result<()> {
@@ -151,9 +201,13 @@ impl Node {
 
     /// Fails naming containerd or the kubelet when one has exited.
     pub fn check_running(&mut self) -> anyhow::Result<()> {
-        for daemon in [&mut self.containerd, &mut self.kubelet]
-            .into_iter()
-            .flatten()
+        for daemon in [
+            &mut self.containerd,
+            &mut self.kubelet,
+            &mut self.kube_proxy,
+        ]
+        .into_iter()
+        .flatten()
         {
             daemon.check_running()?;
         }
@@ -179,6 +233,7 @@ impl Node {
 
 impl Drop for Node {
     fn drop(&mut self) {
+        drop(self.kube_proxy.take());
         drop(self.kubelet.take());
         drop(self.containerd.take());
     }
@@ -333,7 +388,10 @@ fn containerd_config() -> String {
 /// (the API server's exec and logs go through it), no swap check, nothing evicted for the
 /// tmpfs it lives on, and no image garbage collection (the imported images cannot be pulled
 /// again).
-fn kubelet_config_text(cgroup_root: &str, ca: &Path) -> String {
+fn kubelet_config_text(cgroup_root: &str, ca: &Path, cluster_dns: Option<&str>) -> String {
+    let cluster_dns = cluster_dns
+        .map(|ip| format!("clusterDNS: [{ip}]\n"))
+        .unwrap_or_default();
     format!(
         "apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
@@ -366,7 +424,31 @@ evictionHard:
 syncFrequency: 5s
 fileCheckFrequency: 5s
 nodeStatusUpdateFrequency: 5s
-",
+{cluster_dns}",
         ca = ca.display()
+    )
+}
+
+/// kube-proxy's configuration: iptables mode; the conntrack sysctls left as they are (0), as
+/// they are the machine's and not the node namespace's (nf_conntrack_max is read-only outside
+/// the initial namespace); metrics and health on the node's loopback.
+fn kube_proxy_config_text(kubeconfig: &Path, node: &str, cluster_cidr: &str) -> String {
+    format!(
+        "apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+clientConnection:
+  kubeconfig: {kubeconfig}
+hostnameOverride: {node}
+mode: iptables
+clusterCIDR: {cluster_cidr}
+healthzBindAddress: 127.0.0.1:10256
+metricsBindAddress: 127.0.0.1:10249
+conntrack:
+  maxPerCore: 0
+  min: 0
+  tcpEstablishedTimeout: 0s
+  tcpCloseWaitTimeout: 0s
+",
+        kubeconfig = kubeconfig.display()
     )
 }

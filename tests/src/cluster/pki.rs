@@ -1,7 +1,7 @@
 //! The cluster's own certificates, made fresh for each cluster: one CA, the API server's
 //! serving certificate, a client certificate per component (the test's admin, the controller
-//! manager, the scheduler, the kubelet, the API server towards the kubelet), and the key pair
-//! that signs service-account tokens. Nothing is shared with the machine or another run.
+//! manager, the scheduler, the kubelets, kube-proxy, the API server towards the kubelet), and the
+//! key pair that signs service-account tokens. Nothing is shared with the machine or another run.
 
 use std::{fs, net::IpAddr, path::Path};
 
@@ -29,6 +29,9 @@ pub struct Pki {
     pub scheduler: CertFiles,
     /// Each node's kubelet (`system:node:<name>`), in the order of the names given.
     pub kubelets: Vec<CertFiles>,
+    /// Every node's kube-proxy: `system:kube-proxy`, whom the API server's default
+    /// ClusterRoleBinding `system:node-proxier` grants what kube-proxy reads.
+    pub kube_proxy: CertFiles,
     /// The service-account signing key (PKCS#8) and its public half.
     pub service_account_key: std::path::PathBuf,
     pub service_account_pub: std::path::PathBuf,
@@ -143,6 +146,7 @@ impl Pki {
                     )
                 })
                 .collect::<anyhow::Result<_>>()?,
+            kube_proxy: client("kube-proxy", "system:kube-proxy", &[])?,
             service_account_key,
             service_account_pub,
         })

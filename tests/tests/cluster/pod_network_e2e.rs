@@ -1,13 +1,18 @@
-//! Kubernetes' own pod-network conformance tests on the three-node cluster (#37): the
-//! `[sig-network] Networking Granular Checks: Pods` specs of `e2e.test` (pod to pod over HTTP
-//! and UDP, node to pod over HTTP and UDP, across flannel), built from `k8s.io/kubernetes` at
-//! the control plane's version, run once before ipq is installed and once with ipq chained
-//! into flannel in enforce mode: every spec that passes without ipq must pass with it, and
-//! without ipq every one of them must pass (else the cluster, not ipq, is what a failure says).
+//! Kubernetes' own networking conformance tests on the three-node cluster (#37): specs of
+//! `e2e.test`, built from `k8s.io/kubernetes` at the control plane's version, run once before
+//! ipq is installed and once with ipq chained into flannel in enforce mode: every spec that
+//! passes without ipq must pass with it, and without ipq every one of them must pass (else the
+//! cluster, not ipq, is what a failure says).
 //!
-//! Only these four of `[sig-network]`'s conformance specs run here: the rest need Services
-//! (kube-proxy, which the tier does not run), cluster DNS (no CoreDNS here) or images only a
-//! registry has (httpd, nginx); docs/testing.md lists them.
+//! The specs ([`SPECS`]): the pod network itself (`Networking Granular Checks: Pods`: pod to
+//! pod and node to pod, over HTTP and UDP, across flannel), and Services through kube-proxy
+//! and CoreDNS (`Services`: a ClusterIP's endpoints as pods come and go, several ports, a
+//! NodePort reached on every node's address, a type changed from ExternalName, TCP and UDP on
+//! one port), each reached by its ClusterIP and by its name; and the cluster's DNS (`DNS`: the
+//! API server's Service, a headless and a regular Service with their SRV and PTR records, and
+//! `/etc/hosts`, asked over UDP and TCP from two resolvers, the results read through the API
+//! server's proxy to the pod). The rest of `[sig-network]`'s conformance specs are not run
+//! here: docs/testing.md lists them and why.
 
 use std::{collections::BTreeMap, fs, os::unix::fs::symlink, path::PathBuf, time::Duration};
 
@@ -15,40 +20,72 @@ use anyhow::{bail, ensure, Context as _};
 use ipq_tests::cluster::{daemon::component, image, node, Cluster};
 use serde_json::Value;
 
-/// The specs: Kubernetes' conformance checks of the pod network itself (not the SCTP ones
-/// beside them, a feature this machine's kernel is built without).
-const FOCUS: &str = r"\[sig-network\] Networking Granular Checks: Pods .*\[Conformance\]";
-/// How many specs the focus selects in v1.35.
-const SPECS: usize = 4;
-/// The image those specs' pods run (test/utils/image/manifest.go of the pinned version).
+/// The specs, by the names ginkgo gives them (after `[sig-network] `, before their labels):
+/// each is focused exactly, and each must run.
+const SPECS: [&str; 12] = [
+    "Networking Granular Checks: Pods should function for intra-pod communication: http ",
+    "Networking Granular Checks: Pods should function for intra-pod communication: udp ",
+    "Networking Granular Checks: Pods should function for node-pod communication: http ",
+    "Networking Granular Checks: Pods should function for node-pod communication: udp ",
+    "Services should serve a basic endpoint from pods ",
+    "Services should serve multiport endpoints from pods ",
+    "Services should be able to create a functioning NodePort service ",
+    "Services should be able to change the type from ExternalName to ClusterIP ",
+    "Services should serve endpoints on same port and different protocols ",
+    "DNS should provide DNS for the cluster ",
+    "DNS should provide DNS for services ",
+    "DNS should provide /etc/hosts entries for the cluster ",
+];
+/// The images those specs' pods run (test/utils/image/manifest.go of the pinned version).
 const AGNHOST_IMAGE: &str = "registry.k8s.io/e2e-test-images/agnhost:2.59";
-/// What a spec runs inside agnhost's pods besides agnhost (the image's alpine has them): a
-/// shell, curl for the HTTP checks and an nc that speaks UDP. The shell is dash: Debian's
-/// static busybox runs its own applets before anything on PATH, and its nc has no `-u`.
-const TOOLS: [(&str, &str); 3] = [
+/// The DNS specs' second querier: Debian with dnsutils (glibc's resolver beside agnhost's
+/// musl one).
+const JESSIE_DNSUTILS_IMAGE: &str = "registry.k8s.io/e2e-test-images/jessie-dnsutils:1.7";
+/// What a spec runs inside these pods besides agnhost (the images have them): a shell, curl
+/// for the HTTP checks, an nc that speaks UDP, dig for the DNS probes and getent for
+/// `/etc/hosts`. The shell is dash: Debian's static busybox runs its own applets before
+/// anything on PATH, and its nc has no `-u`.
+const TOOLS: [(&str, &str); 5] = [
     ("/usr/bin/dash", "/bin/sh"),
     ("/usr/bin/curl", "/usr/bin/curl"),
     ("/usr/bin/nc", "/usr/bin/nc"),
+    ("/usr/bin/dig", "/usr/bin/dig"),
+    ("/usr/bin/getent", "/usr/bin/getent"),
 ];
-/// Busybox for the rest: the specs' commands pipe through grep (`... | grep -v '^\s*$'`).
-const APPLETS: [&str; 13] = [
+/// Busybox for the rest: the specs' commands pipe through grep (`... | grep -v '^\s*$'`), an
+/// ExternalName Service is checked with nslookup, the DNS probes loop over `seq`.
+const APPLETS: [&str; 15] = [
     "cat", "echo", "ls", "sleep", "hostname", "grep", "sed", "head", "tail", "wc", "tr", "cut",
-    "env",
+    "env", "nslookup", "seq",
 ];
 
 /// Each spec's name and how it ended (`passed`, `failed`, …) in one run of the focus.
 pub type Outcomes = BTreeMap<String, String>;
 
-/// agnhost's image, made from the binary setup builds and the machine's curl and nc, imported
-/// into every node's containerd under the name the specs ask for.
-pub fn import_agnhost(cluster: &Cluster) -> anyhow::Result<()> {
-    let work = cluster.host.dir().join("images/agnhost");
+/// The specs' images, made from the machine's tools (and for agnhost, the binary setup
+/// builds), imported into every node's containerd under the names the specs ask for.
+pub fn import_images(cluster: &Cluster) -> anyhow::Result<()> {
+    import_image(cluster, "agnhost", AGNHOST_IMAGE, true)?;
+    import_image(cluster, "jessie-dnsutils", JESSIE_DNSUTILS_IMAGE, false)
+}
+
+fn import_image(
+    cluster: &Cluster,
+    name: &str,
+    reference: &str,
+    with_agnhost: bool,
+) -> anyhow::Result<()> {
+    let work = cluster.host.dir().join("images").join(name);
     let rootfs = work.join("rootfs");
     for dir in ["bin", "usr/bin", "etc", "tmp", "proc", "sys", "dev"] {
         fs::create_dir_all(rootfs.join(dir))?;
     }
-    let agnhost = component("agnhost")?;
-    fs::copy(&agnhost, rootfs.join("agnhost"))?;
+    let entrypoint = if with_agnhost {
+        fs::copy(component("agnhost")?, rootfs.join("agnhost"))?;
+        "/agnhost"
+    } else {
+        "/bin/sh"
+    };
     fs::copy("/bin/busybox", rootfs.join("bin/busybox"))
         .context("copying /bin/busybox (install busybox-static)")?;
     for applet in APPLETS {
@@ -56,16 +93,21 @@ pub fn import_agnhost(cluster: &Cluster) -> anyhow::Result<()> {
     }
     for (path, inside) in TOOLS {
         fs::copy(path, rootfs.join(inside.trim_start_matches('/'))).with_context(|| {
-            format!("copying {path} (cargo xtask setup installs curl and netcat-openbsd)")
+            format!(
+                "copying {path} (cargo xtask setup installs curl, netcat-openbsd and \
+                 bind9-dnsutils)"
+            )
         })?;
     }
+    // glibc's resolver (nc, curl, getent) reads /etc/hosts first, as the images' own do.
+    fs::write(rootfs.join("etc/nsswitch.conf"), "hosts: files dns\n")?;
     let tools: Vec<PathBuf> = TOOLS.iter().map(|(path, _)| PathBuf::from(path)).collect();
     image::copy_linked_libraries(&rootfs, &tools)?;
     let archive = ipq_tests::oci::archive(
         &rootfs,
         &work,
-        AGNHOST_IMAGE,
-        &["/agnhost"],
+        reference,
+        &[entrypoint],
         &["PATH=/bin:/usr/bin"],
     )?;
     for host in cluster.hosts() {
@@ -74,7 +116,19 @@ pub fn import_agnhost(cluster: &Cluster) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Runs the focus with `e2e.test` against the cluster (from node A, as kubectl runs); each
+/// `[sig-network] <spec>` as a ginkgo focus: the text, its regex metacharacters escaped.
+fn focus(spec: &str) -> String {
+    let mut focus = String::from(r"\[sig-network\] ");
+    for c in spec.chars() {
+        if "\\.+*?()|[]{}^$".contains(c) {
+            focus.push('\\');
+        }
+        focus.push(c);
+    }
+    focus
+}
+
+/// Runs the specs with `e2e.test` against the cluster (from node A, as kubectl runs); each
 /// spec's outcome. `label` names the run's report.
 pub fn run(cluster: &Cluster, label: &str) -> anyhow::Result<Outcomes> {
     let report: PathBuf = cluster.host.dir().join(format!("e2e-{label}.json"));
@@ -84,15 +138,19 @@ pub fn run(cluster: &Cluster, label: &str) -> anyhow::Result<Outcomes> {
         "--kubeconfig={}",
         cluster.admin_kubeconfig().display()
     ))
-    .arg(format!("--ginkgo.focus={FOCUS}"))
+    .args(
+        SPECS
+            .iter()
+            .map(|spec| format!("--ginkgo.focus={}", focus(spec))),
+    )
     .arg(format!("--ginkgo.json-report={}", report.display()))
     .args([
         "--provider=skeleton",
         "--ginkgo.no-color",
-        "--ginkgo.timeout=15m",
+        "--ginkgo.timeout=25m",
         "--allowed-not-ready-nodes=0",
     ]);
-    let out = ipq_tests::podman::run_bounded(&mut e2e, Duration::from_secs(20 * 60))?;
+    let out = ipq_tests::podman::run_bounded(&mut e2e, Duration::from_secs(30 * 60))?;
     let text = fs::read_to_string(&report).with_context(|| {
         format!(
             "e2e.test ({label}) wrote no report ({}): {}{}",
@@ -104,10 +162,11 @@ pub fn run(cluster: &Cluster, label: &str) -> anyhow::Result<Outcomes> {
     let outcomes = outcomes(&text)
         .with_context(|| format!("e2e.test's report ({label}): {}", report.display()))?;
     eprintln!("cluster tier: e2e {label}: {outcomes:?}");
-    if outcomes.len() != SPECS {
+    if outcomes.len() != SPECS.len() {
         bail!(
-            "e2e.test ({label}) ran {} specs of {FOCUS:?}, not {SPECS}: {outcomes:?}\n{}",
+            "e2e.test ({label}) ran {} of the {} specs {SPECS:?}: {outcomes:?}\n{}",
             outcomes.len(),
+            SPECS.len(),
             tail(&out.stdout)
         );
     }
@@ -132,7 +191,7 @@ pub fn all_passed(outcomes: &Outcomes, label: &str) -> anyhow::Result<()> {
         .collect();
     ensure!(
         failed.is_empty(),
-        "{label}: Kubernetes' pod-network specs did not pass: {failed:?} ({outcomes:?})"
+        "{label}: Kubernetes' networking specs did not pass: {failed:?} ({outcomes:?})"
     );
     Ok(())
 }
@@ -170,7 +229,12 @@ fn outcomes(report: &str) -> anyhow::Result<Outcomes> {
                 .collect();
             name.push(spec["LeafNodeText"].as_str().unwrap_or_default());
             let name = name.join(" ");
-            if !(name.contains("Granular Checks: Pods") && name.contains("[Conformance]")) {
+            let Some(spec_name) = name.strip_prefix("[sig-network] ") else {
+                continue;
+            };
+            if !(SPECS.iter().any(|spec| spec_name.starts_with(spec))
+                && name.contains("[Conformance]"))
+            {
                 continue;
             }
             let state = spec["State"].as_str().unwrap_or("unknown");
