@@ -128,9 +128,10 @@ pub fn run(test_args: &[OsString]) -> Result<()> {
     // The guests run at a lower priority (`kernels::qemu`), so they fill the cores the
     // cluster tier leaves idle without slowing its latency measurements, and their own
     // timeouts are scaled for a busy host (`qemu.time_scale`). After each other this was
-    // ~50 minutes of CI; beside each other, the guests' ~35. Both kernel tiers are prepared
-    // (test binaries built, kernels fetched) first, one after the other, so that no two
-    // builds share the target dir at once; the cluster tier's own release build comes after.
+    // ~50 minutes of CI; beside each other, the guests' ~35. Both kernel tiers and the cluster
+    // tier are prepared first, one after the other (test binaries built, kernels fetched, the
+    // release build, the previous release): no two builds share the target dir at once, and
+    // no compile competes with the guests.
     println!("==> kernels");
     let amd64 = kernels::prepare(crate::cross::Arch::Amd64, &[])
         .context("xtask test: step `kernels` failed")?;
@@ -145,12 +146,13 @@ pub fn run(test_args: &[OsString]) -> Result<()> {
         } else {
             None
         };
+    let cluster = crate::test_cluster::prepare().context("xtask test: step `cluster` failed")?;
     let amd64 = std::thread::spawn(move || amd64.boot_all());
     let arm64 = arm64.map(|prepared| std::thread::spawn(move || prepared.boot_all()));
 
     // The guests are joined whatever the cluster tier does: returning before them would leave
     // their QEMUs running after xtask.
-    let cluster = crate::test_cluster::tier();
+    let cluster = cluster.run();
     let tier = amd64
         .join()
         .map_err(|_| anyhow::anyhow!("xtask test: step `kernels` panicked"))?;

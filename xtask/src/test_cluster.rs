@@ -4,6 +4,7 @@
 //! cache has them), the release build its image is made of, and the previous release it rolls
 //! back to (built once per machine: `crate::previous_release`).
 
+use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
@@ -33,34 +34,57 @@ pub fn run() -> Result<()> {
 
 /// The release build, then the tier's tests; their counts. Setup is the caller's.
 pub fn tier() -> Result<Totals> {
+    prepare()?.run()
+}
+
+/// What the tier's tests need built: the previous release, the release build the image is
+/// made of, and the tier's test binary. Made before `cargo xtask test` boots the kernel tier's
+/// guests beside the tier, so that no compile competes with them.
+pub struct Prepared {
+    previous: PathBuf,
+}
+
+pub fn prepare() -> Result<Prepared> {
     let previous = crate::previous_release::ensure()
         .context("the cluster tier's previous release (its rollback) could not be built")?;
     println!("==> release build (what ipq's image ships)");
     let mut release = util::release_build_of_shipped_binaries();
     release.current_dir(util::workspace_root());
     util::run(&mut release).context("the cluster tier's release build failed")?;
-    println!("==> cluster tier");
-    let mut test = util::cargo([
-        "test",
-        "-p",
-        "ipq-tests",
-        "--test",
-        CLUSTER_TEST,
-        "--",
-        // The tier prints each phase's duration.
-        "--nocapture",
-        // One cluster at a time: each is a control plane and a node on the machine's 2 cores.
-        "--test-threads=1",
-    ]);
-    test.env("RUST_BACKTRACE", "1");
-    // The labs' agents (the tests with a control plane and no node) run the release build
-    // just made, as the image does: the dev build is not made by this tier.
-    test.env(
-        "IPQ_AGENT_BINARY",
-        util::workspace_root().join("target/release/ipq-agent"),
-    );
-    // The release the upgrade phase rolls the DaemonSet to and back from.
-    test.env("IPQ_PREVIOUS_RELEASE", previous);
-    let results = run_tests(test, false).context("the cluster tier did not run")?;
-    Ok(results.all)
+    let mut build = test_command();
+    build.arg("--no-run").current_dir(util::workspace_root());
+    util::run(&mut build).context("the cluster tier's test binary did not build")?;
+    Ok(Prepared { previous })
+}
+
+/// `cargo test -p ipq-tests --test cluster`.
+fn test_command() -> std::process::Command {
+    util::cargo(["test", "-p", "ipq-tests", "--test", CLUSTER_TEST])
+}
+
+impl Prepared {
+    /// Runs the tier's tests; their counts.
+    pub fn run(self) -> Result<Totals> {
+        println!("==> cluster tier");
+        let mut test = test_command();
+        test.args([
+            "--",
+            // The tier prints each phase's duration.
+            "--nocapture",
+            // One cluster at a time: each is a control plane and its nodes on the machine's
+            // 2 cores.
+            "--test-threads=1",
+        ]);
+        test.env("RUST_BACKTRACE", "1");
+        // The labs' agents (the tests with a control plane and no node) run the release build
+        // just made, as the image does: the dev build is not made by this tier.
+        test.env(
+            "IPQ_AGENT_BINARY",
+            util::workspace_root().join("target/release/ipq-agent"),
+        );
+        // The release the upgrade phase rolls the DaemonSet to and back from.
+        test.env("IPQ_PREVIOUS_RELEASE", self.previous);
+        let results = run_tests(test, false).context("the cluster tier did not run")?;
+        Ok(results.all)
+    }
 }

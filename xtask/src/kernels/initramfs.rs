@@ -284,7 +284,7 @@ pub fn build(
         out.file(&format!("/lib/modules/{name}"), 0o644, &decompress(module)?)?;
         load_order.push(name);
     }
-    let init = init_script(config, &kernel.name, &binaries.sets, &load_order);
+    let init = init_script(config, kernel, &binaries.sets, &load_order);
     out.file("/init", 0o755, init.as_bytes())?;
     let size = out.finish()?;
     println!(
@@ -422,11 +422,12 @@ fn decompress(path: &Path) -> Result<Vec<u8>> {
 /// `/init`: a busybox shell script. Every line the host reads is prefixed with [`MARKER`].
 fn init_script(
     config: &Config,
-    kernel: &str,
+    kernel: &Kernel,
     sets: &[(TestSet, PathBuf)],
     modules: &[String],
 ) -> String {
-    let scale = config.qemu.time_scale;
+    let scale = kernel.time_scale.unwrap_or(config.qemu.time_scale);
+    let kernel = kernel.name.as_str();
     let mut s = format!(
         r#"#!/bin/busybox sh
 /bin/busybox --install -s /bin

@@ -51,6 +51,9 @@ pub struct Kernel {
     /// guest under TCG on an x86-64 host runs the same tests several times slower.
     #[serde(default)]
     pub timeout_secs: Option<u64>,
+    /// This kernel's time scale, where it differs from `qemu.time_scale`: the same reason.
+    #[serde(default)]
+    pub time_scale: Option<u32>,
     /// Whether `cargo xtask test` (and so CI) boots this kernel. Every amd64 kernel is booted
     /// there whatever this says; an arm64 kernel only when it is set: aarch64 under TCG runs
     /// the tier several times slower, so CI boots one arm64 kernel and `cargo xtask
@@ -137,9 +140,12 @@ pub fn load_config() -> Result<Config> {
             }
         }
     }
-    if config.qemu.time_scale == 0 || config.qemu.cpus == 0 {
+    if config.qemu.time_scale == 0
+        || config.qemu.cpus == 0
+        || config.kernels.iter().any(|k| k.time_scale == Some(0))
+    {
         bail!(
-            "{}: qemu.time_scale and qemu.cpus must be at least 1",
+            "{}: qemu.time_scale, a kernel's time_scale and qemu.cpus must be at least 1",
             path.display()
         );
     }
