@@ -9,9 +9,10 @@
 //! and CoreDNS (`Services`: a ClusterIP's endpoints as pods come and go, several ports, a
 //! NodePort reached on every node's address, a type changed from ExternalName, TCP and UDP on
 //! one port), each reached by its ClusterIP and by its name; and the cluster's DNS (`DNS`: the
-//! API server's Service, a headless and a regular Service with their SRV and PTR records, and
-//! `/etc/hosts`, asked over UDP and TCP from two resolvers, the results read through the API
-//! server's proxy to the pod). The rest of `[sig-network]`'s conformance specs are not run
+//! API server's Service, a headless and a regular Service with their SRV and PTR records by
+//! full and partial names, pods' hostnames and subdomains, an ExternalName's CNAME as it
+//! changes, `/etc/hosts`, asked over UDP and TCP from two resolvers, the results read through
+//! the API server's proxy to the pod; and a pod's own DNS config). The rest of `[sig-network]`'s conformance specs are not run
 //! here: docs/testing.md lists them and why.
 
 use std::{collections::BTreeMap, fs, os::unix::fs::symlink, path::PathBuf, time::Duration};
@@ -22,7 +23,7 @@ use serde_json::Value;
 
 /// The specs, by the names ginkgo gives them (after `[sig-network] `, before their labels):
 /// each is focused exactly, and each must run.
-const SPECS: [&str; 12] = [
+const SPECS: [&str; 17] = [
     "Networking Granular Checks: Pods should function for intra-pod communication: http ",
     "Networking Granular Checks: Pods should function for intra-pod communication: udp ",
     "Networking Granular Checks: Pods should function for node-pod communication: http ",
@@ -35,6 +36,11 @@ const SPECS: [&str; 12] = [
     "DNS should provide DNS for the cluster ",
     "DNS should provide DNS for services ",
     "DNS should provide /etc/hosts entries for the cluster ",
+    "DNS should resolve DNS of partial qualified names for services ",
+    "DNS should provide DNS for pods for Hostname ",
+    "DNS should provide DNS for pods for Subdomain ",
+    "DNS should provide DNS for ExternalName services ",
+    "DNS should support configurable pod DNS nameservers ",
 ];
 /// The images those specs' pods run (test/utils/image/manifest.go of the pinned version).
 const AGNHOST_IMAGE: &str = "registry.k8s.io/e2e-test-images/agnhost:2.59";
