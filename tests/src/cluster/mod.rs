@@ -2,8 +2,8 @@
 //! kube-controller-manager, kube-scheduler, a kubelet on containerd 2.x per node), built from
 //! the Go modules pinned under `xtask/cluster/`, on namespaces that leave the machine untouched
 //! ([`host`]): one node with a bridge network, or three joined by an L2 with flannel,
-//! kube-proxy and CoreDNS ([`Cluster::start_nodes`]). Dropping the [`Cluster`] stops everything and removes it; a run killed hard is
-//! swept by the next.
+//! kube-proxy and CoreDNS ([`Cluster::start_nodes`]). Dropping the [`Cluster`] stops
+//! everything and removes it; a run killed hard is swept by the next.
 
 pub mod api_server;
 pub mod cluster_dns;
