@@ -1,8 +1,8 @@
 //! The node's runtime and kubelet: containerd 2.x (runc, cgroupfs) at its default paths inside
-//! the node's mount namespace (and on a node of several, kube-proxy), the node's conflist (bridge + host-local, as a kubeadm node with
+//! the node's mount namespace, the node's conflist (bridge + host-local, as a kubeadm node with
 //! the reference plugins has it; on a flannel node, only the reference plugins flannel
-//! delegates to), the local images, and a kubelet registered with the API server under the
-//! node's name and address.
+//! delegates to), the local images, a kubelet registered with the API server under the node's
+//! name and address, and on a node of several, kube-proxy.
 
 use std::{fs, path::Path, time::Duration};
 
@@ -173,10 +173,7 @@ impl Node {
 
     /// kube-proxy's log tail, for an error message.
     pub fn kube_proxy_log(&self) -> String {
-        self.kube_proxy
-            .as_ref()
-            .map(|k| k.log_tail(40))
-            .unwrap_or_default()
+        log_tail(&self.kube_proxy)
     }
 
     fn wait_containerd(&mut self, host: &Host) -> anyhow::Result<()> {
@@ -216,19 +213,18 @@ impl Node {
 
     /// The kubelet's log tail, for an error message.
     pub fn kubelet_log(&self) -> String {
-        self.kubelet
-            .as_ref()
-            .map(|k| k.log_tail(40))
-            .unwrap_or_default()
+        log_tail(&self.kubelet)
     }
 
     /// containerd's log tail, for an error message.
     pub fn containerd_log(&self) -> String {
-        self.containerd
-            .as_ref()
-            .map(|k| k.log_tail(40))
-            .unwrap_or_default()
+        log_tail(&self.containerd)
     }
+}
+
+/// A daemon's last 40 lines; empty when it was never started or is stopped.
+fn log_tail(daemon: &Option<Daemon>) -> String {
+    daemon.as_ref().map(|d| d.log_tail(40)).unwrap_or_default()
 }
 
 impl Drop for Node {

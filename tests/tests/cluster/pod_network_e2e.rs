@@ -12,8 +12,8 @@
 //! API server's Service, a headless and a regular Service with their SRV and PTR records by
 //! full and partial names, pods' hostnames and subdomains, an ExternalName's CNAME as it
 //! changes, `/etc/hosts`, asked over UDP and TCP from two resolvers, the results read through
-//! the API server's proxy to the pod; and a pod's own DNS config). The rest of `[sig-network]`'s conformance specs are not run
-//! here: docs/testing.md lists them and why.
+//! the API server's proxy to the pod; and a pod's own DNS config). The rest of
+//! `[sig-network]`'s conformance specs are not run here: docs/testing.md lists them and why.
 
 use std::{collections::BTreeMap, fs, os::unix::fs::symlink, path::PathBuf, time::Duration};
 
@@ -44,8 +44,8 @@ const SPECS: [&str; 17] = [
 ];
 /// The images those specs' pods run (test/utils/image/manifest.go of the pinned version).
 const AGNHOST_IMAGE: &str = "registry.k8s.io/e2e-test-images/agnhost:2.59";
-/// The DNS specs' second querier: Debian with dnsutils (glibc's resolver beside agnhost's
-/// musl one).
+/// The DNS specs' second querier: Debian with dnsutils. (The registry's images pair glibc's
+/// resolver with agnhost's alpine musl; the images made here both have Debian's dig.)
 const JESSIE_DNSUTILS_IMAGE: &str = "registry.k8s.io/e2e-test-images/jessie-dnsutils:1.7";
 /// What a spec runs inside these pods besides agnhost (the images have them): a shell, curl
 /// for the HTTP checks, an nc that speaks UDP, dig for the DNS probes and getent for
@@ -122,6 +122,19 @@ fn import_image(
     Ok(())
 }
 
+/// How many of the outcomes are of `spec`.
+fn ran(outcomes: &Outcomes, spec: &str) -> usize {
+    outcomes
+        .keys()
+        .filter(|name| spec_of(name).is_some_and(|rest| rest.starts_with(spec)))
+        .count()
+}
+
+/// A spec's name without its `[sig-network] ` prefix, if it has it.
+fn spec_of(name: &str) -> Option<&str> {
+    name.strip_prefix("[sig-network] ")
+}
+
 /// `[sig-network] <spec>` as a ginkgo focus: the text, its regex metacharacters escaped.
 fn focus(spec: &str) -> String {
     let mut focus = String::from(r"\[sig-network\] ");
@@ -168,10 +181,16 @@ pub fn run(cluster: &Cluster, label: &str) -> anyhow::Result<Outcomes> {
     let outcomes = outcomes(&text)
         .with_context(|| format!("e2e.test's report ({label}): {}", report.display()))?;
     eprintln!("cluster tier: e2e {label}: {outcomes:?}");
-    if outcomes.len() != SPECS.len() {
+    // Each spec ran, once: a focus that matched another spec or none would show here.
+    let not_once: Vec<&str> = SPECS
+        .iter()
+        .filter(|spec| ran(&outcomes, spec) != 1)
+        .copied()
+        .collect();
+    if !not_once.is_empty() || outcomes.len() != SPECS.len() {
         bail!(
-            "e2e.test ({label}) ran {} of the {} specs {SPECS:?}: {outcomes:?}\n{}",
-            outcomes.len(),
+            "e2e.test ({label}) did not run each of the {} specs once (not once: \
+             {not_once:?}): {outcomes:?}\n{}",
             SPECS.len(),
             tail(&out.stdout)
         );
@@ -235,7 +254,7 @@ fn outcomes(report: &str) -> anyhow::Result<Outcomes> {
                 .collect();
             name.push(spec["LeafNodeText"].as_str().unwrap_or_default());
             let name = name.join(" ");
-            let Some(spec_name) = name.strip_prefix("[sig-network] ") else {
+            let Some(spec_name) = spec_of(&name) else {
                 continue;
             };
             if !(SPECS.iter().any(|spec| spec_name.starts_with(spec))
