@@ -109,6 +109,53 @@ impl ApiServer {
         Ok(())
     }
 
+    /// Whether the API server's authorizer lets the agent's ServiceAccount `verb` the
+    /// NodeQuarantine `subresource` (`""` for the object): `kubectl auth can-i --as`, a
+    /// SubjectAccessReview answered by the same RBAC cache the agent's writes meet.
+    pub fn agent_may(&self, verb: &str, subresource: &str) -> anyhow::Result<bool> {
+        let subject = format!("--as=system:serviceaccount:{NAMESPACE}:ipq-agent");
+        let subresource = format!("--subresource={subresource}");
+        let mut args = vec!["auth", "can-i", verb, "nodequarantines", subject.as_str()];
+        if !subresource.ends_with('=') {
+            args.push(&subresource);
+        }
+        let mut cmd = self.kubectl().command(&args);
+        let out = crate::podman::run_bounded(&mut cmd, Duration::from_secs(120))?;
+        // can-i prints its answer and exits 1 for "no": only the answer is trusted.
+        match String::from_utf8_lossy(&out.stdout).trim() {
+            "yes" => Ok(true),
+            "no" => Ok(false),
+            other => bail!(
+                "kubectl {}: printed {other:?}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
+        }
+    }
+
+    /// Returns once the API server's authorizer gives `allowed` for every write the agent
+    /// makes: a ClusterRoleBinding deleted or applied is only in force once the API server's
+    /// RBAC cache has seen it, which a loaded machine can delay well past `kubectl`'s return.
+    pub fn wait_for_agent_writes(&self, allowed: bool, within: Duration) -> anyhow::Result<()> {
+        let deadline = Instant::now() + within;
+        loop {
+            let mut answers = Vec::new();
+            for (verb, subresource) in [("patch", "status"), ("create", ""), ("patch", "")] {
+                answers.push(self.agent_may(verb, subresource)?);
+            }
+            if answers.iter().all(|&may| may == allowed) {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                bail!(
+                    "the API server's authorizer still answers {answers:?} for the agent's \
+                     writes {within:?} after the change (wanted all {allowed})"
+                );
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// Stops kube-apiserver: an outage, until [`ApiServer::start_apiserver`].
     pub fn stop_apiserver(&mut self) {
         self.control_plane.stop_apiserver();

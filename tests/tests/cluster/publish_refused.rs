@@ -70,6 +70,14 @@ fn a_refusing_api_server_is_counted_shown_backed_off_and_caught_up() -> anyhow::
 
     api.kubectl()
         .run(&["delete", "clusterrolebinding", CLUSTER_ROLE_BINDING])?;
+    // The deletion is in force once the API server's RBAC cache has it; a change before that
+    // would be written, and rightly.
+    let deleted_at = Instant::now();
+    api.wait_for_agent_writes(false, SETTLE)?;
+    eprintln!(
+        "publish refused: the deletion in force {:.1?} after kubectl returned",
+        deleted_at.elapsed()
+    );
     let vethpa = ifindex(&lab.node, "vethpa")?;
     let vethpb = ifindex(&lab.node, "vethpb")?;
     lab.routes().route_by_oif(
