@@ -102,7 +102,11 @@ pub fn run(test_args: &[OsString]) -> Result<()> {
     }
     // Doc tests are left out: there are none, and their empty result would be the last line.
     let mut test = host(["test", "--no-fail-fast", "--lib", "--bins", "--tests"]);
-    test.args(test_args).env("RUST_BACKTRACE", "1");
+    // Panics keep their backtraces; a test's returned error prints its message alone, so CI's
+    // tail of the output shows why it failed, not the frames of anyhow's capture.
+    test.args(test_args)
+        .env("RUST_BACKTRACE", "1")
+        .env("RUST_LIB_BACKTRACE", "0");
     if test_args.is_empty() {
         test.arg("--");
         for (name, _) in KERNEL_TIER_ONLY {
@@ -167,7 +171,13 @@ pub fn run(test_args: &[OsString]) -> Result<()> {
     totals.add(&arm64.totals);
     let (cluster, cluster_failure) = match cluster {
         Ok(cluster) => (cluster, None),
-        Err(e) => (Totals::default(), Some(e)),
+        // What the tier counted before it failed, when it ran at all.
+        Err(e) => (
+            e.downcast_ref::<TestsFailed>()
+                .map(|failed| failed.totals.clone())
+                .unwrap_or_default(),
+            Some(e),
+        ),
     };
     totals.add(&cluster);
     let tiers = [
@@ -245,7 +255,7 @@ pub(crate) struct HostResults {
 /// The CRI tier's test binary (containerd through its CRI), as cargo names it when running it.
 const CRI_TIER: &str = "tests/cri.rs";
 
-#[derive(Default, Debug, PartialEq, Eq)]
+#[derive(Default, Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Totals {
     pub passed: u64,
     pub failed: u64,
@@ -282,6 +292,56 @@ pub(crate) fn add_result_line(totals: &mut Totals, line: &str) {
     }
 }
 
+/// A test command that ran and failed: what it counted before it ended, and which tests
+/// failed, so a summary stays true and CI's tail of the output names them.
+#[derive(Debug, thiserror::Error)]
+#[error("`{command}` failed with {status}{}", failed_list(.failed, .hung))]
+pub(crate) struct TestsFailed {
+    pub command: String,
+    pub status: std::process::ExitStatus,
+    pub totals: Totals,
+    /// The names libtest listed under `failures:`.
+    pub failed: Vec<String>,
+    /// The test binaries killed as hung.
+    pub hung: Vec<String>,
+}
+
+fn failed_list(failed: &[String], hung: &[String]) -> String {
+    let mut text = String::new();
+    if !failed.is_empty() {
+        text.push_str(&format!("; failing tests: {}", failed.join(", ")));
+    }
+    if !hung.is_empty() {
+        text.push_str(&format!(":\n{}", hung.join("\n")));
+    }
+    text
+}
+
+/// Collects the names libtest lists at the end of a failed run: a `failures:` line, then one
+/// test name per line, indented by four spaces, up to a blank line. (The section of captured
+/// output, `---- name stdout ----`, has no such lines.)
+#[derive(Default)]
+struct FailureList {
+    in_list: bool,
+    names: Vec<String>,
+}
+
+impl FailureList {
+    fn add_line(&mut self, line: &str) {
+        if line == "failures:" {
+            self.in_list = true;
+        } else if line.trim().is_empty() {
+            self.in_list = false;
+        } else if self.in_list {
+            if let Some(name) = line.strip_prefix("    ") {
+                if !name.is_empty() && !name.contains(char::is_whitespace) {
+                    self.names.push(name.to_owned());
+                }
+            }
+        }
+    }
+}
+
 /// Runs cargo test, echoing its output, and totals its result lines. Fails when cargo test
 /// fails, when nothing ran, or when anything was ignored: an ignored test is one that does not
 /// run, and this project does not count it as passing. The `whole_suite` (no test filter) must
@@ -305,6 +365,7 @@ pub(crate) fn run_tests(mut command: Command, whole_suite: bool) -> Result<HostR
     drop(command);
     let mut results = HostResults::default();
     let mut in_cri_tier = false;
+    let mut failures = FailureList::default();
     // A test binary silent for `stall::STALL` is killed as hung: its target fails, the rest
     // run, and the run ends with the reason instead of at CI's limit.
     let hung = crate::stall::read_lines(output, child.id(), crate::stall::STALL, |text| {
@@ -314,6 +375,7 @@ pub(crate) fn run_tests(mut command: Command, whole_suite: bool) -> Result<HostR
             in_cri_tier = target.starts_with(CRI_TIER);
         }
         add_result_line(&mut results.all, text);
+        failures.add_line(text);
         if in_cri_tier {
             add_result_line(&mut results.cri, text);
         }
@@ -324,10 +386,14 @@ pub(crate) fn run_tests(mut command: Command, whole_suite: bool) -> Result<HostR
         .with_context(|| format!("waiting for `{line}`"))?;
     if !status.success() {
         print_summary(totals, &[("CRI tier", &results.cri)]);
-        if !hung.is_empty() {
-            anyhow::bail!("`{line}` failed with {status}:\n{}", hung.join("\n"));
+        return Err(TestsFailed {
+            command: line,
+            status,
+            totals: totals.clone(),
+            failed: failures.names,
+            hung,
         }
-        anyhow::bail!("`{line}` failed with {status}");
+        .into());
     }
     if totals.passed == 0 {
         anyhow::bail!("`{line}` ran no test");
@@ -379,5 +445,30 @@ mod tests {
                 ignored: 3
             }
         );
+    }
+
+    #[test]
+    fn the_failures_list_is_read_and_captured_output_is_not() {
+        let output = [
+            "test a::passes ... ok",
+            "test b::fails ... FAILED",
+            "",
+            "failures:",
+            "",
+            "---- b::fails stdout ----",
+            "Error: the reason",
+            "    indented output of a test",
+            "",
+            "failures:",
+            "    b::fails",
+            "    c::also_fails",
+            "",
+            "test result: FAILED. 1 passed; 2 failed; 0 ignored; 0 measured; 0 filtered out",
+        ];
+        let mut failures = FailureList::default();
+        for line in output {
+            failures.add_line(line);
+        }
+        assert_eq!(failures.names, ["b::fails", "c::also_fails"]);
     }
 }

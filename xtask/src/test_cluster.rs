@@ -75,7 +75,9 @@ impl Prepared {
             // 2 cores.
             "--test-threads=1",
         ]);
-        test.env("RUST_BACKTRACE", "1");
+        // As the host suite: a returned error prints its message, not anyhow's frames.
+        test.env("RUST_BACKTRACE", "1")
+            .env("RUST_LIB_BACKTRACE", "0");
         // The labs' agents (the tests with a control plane and no node) run the release build
         // just made, as the image does: the dev build is not made by this tier.
         test.env(
@@ -84,7 +86,7 @@ impl Prepared {
         );
         // The release the upgrade phase rolls the DaemonSet to and back from.
         test.env("IPQ_PREVIOUS_RELEASE", self.previous);
-        let results = run_tests(test, false).context("the cluster tier did not run")?;
+        let results = run_tests(test, false).context("the cluster tier failed")?;
         Ok(results.all)
     }
 }

@@ -431,7 +431,7 @@ fn init_script(
     let mut s = format!(
         r#"#!/bin/busybox sh
 /bin/busybox --install -s /bin
-export PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root RUST_BACKTRACE=1
+export PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root RUST_BACKTRACE=1 RUST_LIB_BACKTRACE=0
 export IPQ_TEST_TIME_SCALE={scale}
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
