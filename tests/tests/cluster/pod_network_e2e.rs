@@ -181,19 +181,8 @@ pub fn run(cluster: &Cluster, label: &str) -> anyhow::Result<Outcomes> {
     let outcomes = outcomes(&text)
         .with_context(|| format!("e2e.test's report ({label}): {}", report.display()))?;
     eprintln!("cluster tier: e2e {label}: {outcomes:?}");
-    // Each spec ran, once: a focus that matched another spec or none would show here.
-    let not_once: Vec<&str> = SPECS
-        .iter()
-        .filter(|spec| ran(&outcomes, spec) != 1)
-        .copied()
-        .collect();
-    if !not_once.is_empty() || outcomes.len() != SPECS.len() {
-        bail!(
-            "e2e.test ({label}) did not run each of the {} specs once (not once: \
-             {not_once:?}): {outcomes:?}\n{}",
-            SPECS.len(),
-            tail(&out.stdout)
-        );
+    if let Err(e) = each_spec_once(&outcomes) {
+        bail!("e2e.test ({label}): {e}\n{}", tail(&out.stdout));
     }
     if !out.status.success() && outcomes.values().all(|state| state == "passed") {
         bail!(
@@ -204,6 +193,21 @@ pub fn run(cluster: &Cluster, label: &str) -> anyhow::Result<Outcomes> {
         );
     }
     Ok(outcomes)
+}
+
+/// Each spec ran, once: a focus that matched another spec too, or none, shows here.
+fn each_spec_once(outcomes: &Outcomes) -> anyhow::Result<()> {
+    let not_once: Vec<&str> = SPECS
+        .iter()
+        .filter(|spec| ran(outcomes, spec) != 1)
+        .copied()
+        .collect();
+    ensure!(
+        not_once.is_empty() && outcomes.len() == SPECS.len(),
+        "did not run each of the {} specs once (not once: {not_once:?}): {outcomes:?}",
+        SPECS.len()
+    );
+    Ok(())
 }
 
 /// The baseline must be whole: a spec that fails without ipq is the cluster's problem, and
@@ -283,4 +287,97 @@ fn tail(bytes: &[u8]) -> String {
     let text = String::from_utf8_lossy(bytes);
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(40)..].join("\n")
+}
+
+/// The report's reading and the once-each check, on reports shaped as ginkgo writes them
+/// (`--ginkgo.json-report`): a check that cannot refuse would prove nothing about the run.
+#[cfg(test)]
+mod report_checks {
+    use serde_json::json;
+
+    use super::*;
+
+    fn spec_report(spec: &str, state: &str) -> Value {
+        let (container, leaf) = spec.split_once(" should ").expect("a spec's `should`");
+        json!({
+            "LeafNodeType": "It",
+            "ContainerHierarchyTexts": ["[sig-network] ".to_owned() + container],
+            "LeafNodeText": format!("should {}[Conformance]", leaf),
+            "State": state,
+            "Failure": { "Message": "why" },
+        })
+    }
+
+    fn report(specs: &[Value]) -> String {
+        json!([{ "SpecReports": specs }]).to_string()
+    }
+
+    fn all_specs(state: &str) -> Vec<Value> {
+        SPECS.iter().map(|spec| spec_report(spec, state)).collect()
+    }
+
+    #[test]
+    fn every_spec_once_is_read_and_accepted() -> anyhow::Result<()> {
+        let mut specs = all_specs("passed");
+        // A spec the focus left out: skipped, not one of ours, not read.
+        specs.push(spec_report("Services should be rejected ", "skipped"));
+        let outcomes = outcomes(&report(&specs))?;
+        assert_eq!(outcomes.len(), SPECS.len(), "{outcomes:?}");
+        each_spec_once(&outcomes)?;
+        all_passed(&outcomes, "test")?;
+        Ok(())
+    }
+
+    #[test]
+    fn a_spec_missing_or_matched_twice_is_refused_by_name() -> anyhow::Result<()> {
+        let mut missing = all_specs("passed");
+        missing.remove(4);
+        let error = each_spec_once(&outcomes(&report(&missing))?)
+            .expect_err("a spec that did not run")
+            .to_string();
+        assert!(
+            error.contains(&format!("not once: [{:?}]", SPECS[4])),
+            "{error}"
+        );
+
+        // Another spec the same focus would also match (its name extends one of ours, with
+        // the space at the end of ours kept) while one of ours did not run: as many outcomes
+        // as specs, which a count alone would take; refused, both named.
+        let mut twice = missing;
+        let mut extra = spec_report(SPECS[9], "passed");
+        extra["LeafNodeText"] = json!("should provide DNS for the cluster  again [Conformance]");
+        twice.push(extra);
+        let outcomes = outcomes(&report(&twice))?;
+        assert_eq!(outcomes.len(), SPECS.len());
+        let error = each_spec_once(&outcomes)
+            .expect_err("a spec matched twice")
+            .to_string();
+        let named = format!("not once: [{:?}, {:?}]", SPECS[4], SPECS[9]);
+        assert!(error.contains(&named), "{error}");
+        Ok(())
+    }
+
+    #[test]
+    fn a_failed_spec_fails_the_baseline_and_the_comparison() -> anyhow::Result<()> {
+        let without = outcomes(&report(&all_specs("passed")))?;
+        let mut specs = all_specs("passed");
+        specs[0] = spec_report(SPECS[0], "failed");
+        let with = outcomes(&report(&specs))?;
+        each_spec_once(&with)?;
+        assert!(all_passed(&with, "test").is_err());
+        let error = none_broken_by_ipq(&without, &with)
+            .expect_err("a spec broken with ipq")
+            .to_string();
+        assert!(error.contains(SPECS[0].trim_end()), "{error}");
+        none_broken_by_ipq(&without, &without)?;
+        Ok(())
+    }
+
+    #[test]
+    fn the_focus_escapes_what_regexes_read() {
+        assert_eq!(
+            focus("DNS should provide /etc/hosts entries (x) [y] "),
+            r"\[sig-network\] DNS should provide /etc/hosts entries \(x\) \[y\] "
+        );
+    }
 }
