@@ -3,9 +3,10 @@
 //! Go modules committed under `xtask/cluster/` pin them, each with its `go.sum`:
 //! `kubernetes/` (kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kube-proxy,
 //! kubectl, and the etcd server Kubernetes itself is tested with), `containerd/` (containerd
-//! 2.x, its runc shim, ctr), `whereabouts/` (the whereabouts IPAM plugin and its `ip-control-loop`, the
-//! cluster IPAM ipq's projection is tested against), `helm/` (Helm 3, which installs ipq's
-//! chart in the cluster tier and lints and renders it in the host suite's deploy tests),
+//! 2.x, its runc shim, ctr), `whereabouts/` (the whereabouts IPAM plugin and its
+//! `ip-control-loop`, the cluster IPAM ipq's projection is tested against), `helm/` (Helm 3,
+//! which installs ipq's chart in the cluster tier and lints and renders it in the host suite's
+//! deploy tests),
 //! `flannel/` (flanneld, the three-node cluster's pod network; the Tencent Cloud SDK one of its
 //! backends links is not served by the proxy and is stubbed there) and `flannel-cni/` (the
 //! `flannel` CNI plugin of containernetworking/plugins v0.9.1, the last release that has it:

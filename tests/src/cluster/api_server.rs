@@ -45,6 +45,11 @@ const API_MANIFESTS: [&str; 4] = [
 /// The manifest whose ClusterRoleBinding gives the agent its rights.
 pub const RBAC_MANIFEST: &str = "15-rbac.yaml";
 pub const CLUSTER_ROLE_BINDING: &str = "ipq-agent";
+/// The ServiceAccount the DaemonSet's pods run as (`10-serviceaccount.yaml`).
+const SERVICE_ACCOUNT: &str = "ipq-agent";
+/// The writes the agent's publisher makes, as (verb, NodeQuarantine subresource).
+const AGENT_WRITES: [(&str, Option<&str>); 3] =
+    [("create", None), ("patch", None), ("patch", Some("status"))];
 
 /// A running control plane with ipq's API objects; dropping it stops everything.
 pub struct ApiServer {
@@ -110,15 +115,13 @@ impl ApiServer {
     }
 
     /// Whether the API server's authorizer lets the agent's ServiceAccount `verb` the
-    /// NodeQuarantine `subresource` (`""` for the object): `kubectl auth can-i --as`, a
+    /// NodeQuarantines (or their `subresource`): `kubectl auth can-i --as`, a
     /// SubjectAccessReview answered by the same RBAC cache the agent's writes meet.
-    pub fn agent_may(&self, verb: &str, subresource: &str) -> anyhow::Result<bool> {
-        let subject = format!("--as=system:serviceaccount:{NAMESPACE}:ipq-agent");
-        let subresource = format!("--subresource={subresource}");
+    pub fn agent_may(&self, verb: &str, subresource: Option<&str>) -> anyhow::Result<bool> {
+        let subject = format!("--as=system:serviceaccount:{NAMESPACE}:{SERVICE_ACCOUNT}");
+        let subresource = subresource.map(|name| format!("--subresource={name}"));
         let mut args = vec!["auth", "can-i", verb, "nodequarantines", subject.as_str()];
-        if !subresource.ends_with('=') {
-            args.push(&subresource);
-        }
+        args.extend(subresource.as_deref());
         let mut cmd = self.kubectl().command(&args);
         let out = crate::podman::run_bounded(&mut cmd, Duration::from_secs(120))?;
         // can-i prints its answer and exits 1 for "no": only the answer is trusted.
@@ -133,23 +136,33 @@ impl ApiServer {
         }
     }
 
-    /// Returns once the API server's authorizer gives `allowed` for every write the agent
-    /// makes: a ClusterRoleBinding deleted or applied is only in force once the API server's
-    /// RBAC cache has seen it, which a loaded machine can delay well past `kubectl`'s return.
-    pub fn wait_for_agent_writes(&self, allowed: bool, within: Duration) -> anyhow::Result<()> {
+    /// Which of the agent's writes (verb, subresource) the API server's authorizer allows.
+    pub fn agent_writes_allowed(
+        &self,
+    ) -> anyhow::Result<Vec<(&'static str, Option<&'static str>)>> {
+        let mut allowed = Vec::new();
+        for (verb, subresource) in AGENT_WRITES {
+            if self.agent_may(verb, subresource)? {
+                allowed.push((verb, subresource));
+            }
+        }
+        Ok(allowed)
+    }
+
+    /// Returns once the API server's authorizer refuses every write the agent makes: a
+    /// ClusterRoleBinding deleted is only in force once the API server's RBAC cache has seen
+    /// the delete, which a loaded machine can delay past `kubectl`'s return.
+    pub fn wait_until_agent_writes_refused(&self, within: Duration) -> anyhow::Result<()> {
         let deadline = Instant::now() + within;
         loop {
-            let mut answers = Vec::new();
-            for (verb, subresource) in [("patch", "status"), ("create", ""), ("patch", "")] {
-                answers.push(self.agent_may(verb, subresource)?);
-            }
-            if answers.iter().all(|&may| may == allowed) {
+            let allowed = self.agent_writes_allowed()?;
+            if allowed.is_empty() {
                 return Ok(());
             }
             if Instant::now() >= deadline {
                 bail!(
-                    "the API server's authorizer still answers {answers:?} for the agent's \
-                     writes {within:?} after the change (wanted all {allowed})"
+                    "the API server's authorizer still allows the agent {allowed:?} \
+                     {within:?} after the change"
                 );
             }
             thread::sleep(Duration::from_millis(50));
@@ -186,7 +199,7 @@ impl ApiServer {
             NAMESPACE,
             "create",
             "token",
-            "ipq-agent",
+            SERVICE_ACCOUNT,
             &format!("--duration={}s", valid_for.as_secs()),
         ])?;
         let text = format!(

@@ -68,12 +68,19 @@ fn a_refusing_api_server_is_counted_shown_backed_off_and_caught_up() -> anyhow::
         .with_context(|| format!("agent log:\n{}\n{}", agent.log(), api.logs()))?;
     let writes_before = agent.metric("ipq_publish_writes_total", &[])?;
 
+    // The authorizer's answer is what the wait below trusts: with the binding it must allow
+    // all of the agent's writes, or a refusal would prove nothing.
+    let allowed = api.agent_writes_allowed()?;
+    ensure!(
+        allowed.len() == 3,
+        "with its binding the agent may only {allowed:?}"
+    );
     api.kubectl()
         .run(&["delete", "clusterrolebinding", CLUSTER_ROLE_BINDING])?;
     // The deletion is in force once the API server's RBAC cache has it; a change before that
     // would be written, and rightly.
     let deleted_at = Instant::now();
-    api.wait_for_agent_writes(false, SETTLE)?;
+    api.wait_until_agent_writes_refused(SETTLE)?;
     eprintln!(
         "publish refused: the deletion in force {:.1?} after kubectl returned",
         deleted_at.elapsed()
